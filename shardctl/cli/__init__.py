@@ -1,0 +1,127 @@
+"""The ``shardctl`` command: option parsing and rendering over the library.
+
+Every error is one line on stderr (``--debug`` adds the traceback) and maps to
+the exit codes of SPEC 4: 0 ok, 1 failed / work pending, 2 bad input, 3 host unreachable.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import click
+
+from .. import __version__
+from ..dsn import mask
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigErrors, ShardctlError
+from ..topology import LayoutWarning, Topology
+from .output import stderr, warn
+
+
+@dataclass
+class Settings:
+    config: str | None
+    allow_inline_password: bool
+    debug: bool
+    _topology: Topology | None = None
+
+    def topology(self) -> Topology:
+        """The validated topology (loaded once; warnings printed once)."""
+        if self._topology is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", LayoutWarning)
+                self._topology = Topology.load(self.config, allow_inline_password=self.allow_inline_password)
+            for message in self._topology.warnings:
+                warn(message)
+        return self._topology
+
+
+def settings() -> Settings:
+    return click.get_current_context().find_object(Settings)
+
+
+def json_option(func: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")(func)
+
+
+class ShardctlGroup(click.Group):
+    """Maps shardctl errors, and click's own usage errors, to one line and an exit code."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401
+        kwargs["standalone_mode"] = False
+        try:
+            result = super().main(*args, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            stderr.print("aborted")
+            sys.exit(EXIT_FAILED)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
+        except ShardctlError as exc:
+            report_error(exc, "--json" in sys.argv)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            stderr.print("interrupted")
+            sys.exit(130)
+        if isinstance(result, int):
+            sys.exit(result)
+        return result
+
+
+def report_error(exc: ShardctlError, as_json: bool) -> None:
+    debug = "--debug" in sys.argv
+    lines = exc.all_messages() if isinstance(exc, ConfigErrors) else [str(exc)]
+    for line in lines:
+        stderr.print(f"error: {mask(line)}", markup=False, highlight=False)
+    if debug:
+        stderr.print(mask("".join(traceback.format_exception(exc))), markup=False)
+    if as_json:
+        doc: dict[str, Any] = {"ok": False, "error": mask(lines[0]), "errors": [mask(x) for x in lines],
+                               "exit_code": exc.exit_code}
+        report = getattr(exc, "report", None)
+        if report is not None:
+            doc["report"] = report
+        sys.stdout.write(mask(json.dumps(doc, indent=2, default=str)) + "\n")
+
+
+@click.group(cls=ShardctlGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", "-c", envvar="SHARDCTL_CONFIG", metavar="FILE",
+              help="Topology file (default: $SHARDCTL_CONFIG, else ./shardctl.yaml).")
+@click.option("--allow-inline-password", is_flag=True, help="Accept a literal password inside a DSN.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.version_option(__version__, prog_name="shardctl")
+@click.pass_context
+def cli(ctx: click.Context, config: str | None, allow_inline_password: bool, debug: bool) -> None:
+    """Provision and operate Instagram-style sharded PostgreSQL fleets.
+
+    Exit codes: 0 ok; 1 the operation failed (or --check found work pending);
+    2 bad input (config, arguments, IDs); 3 a host could not be reached.
+    """
+    ctx.obj = Settings(config=config, allow_inline_password=allow_inline_password, debug=debug)
+
+
+def main() -> None:
+    _register()
+    cli.main(prog_name="shardctl")
+
+
+@functools.cache
+def _register() -> None:
+    # Each module adds its commands to ``cli``.
+    from . import offline  # noqa: F401
+    for name in ("fleet", "sandbox", "migrate", "grow", "move"):
+        try:
+            __import__(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+
+
+_register()

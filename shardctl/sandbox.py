@@ -145,8 +145,10 @@ def _run(args: list[str], user: str | None, log: Path | None = None, timeout: fl
     # Output goes to a file, never a pipe: the postmaster inherits it and would keep a pipe open.
     log = log or Path(os.devnull)
     with open(log, "ab") as sink:
-        proc = subprocess.run(args, user=user, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-                              timeout=timeout, start_new_session=True)
+        # Drop root's groups too: with gid 0 kept, root-owned 0711 directories deny access via the group bits.
+        ids = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
+        proc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
+                              timeout=timeout, start_new_session=True, **ids)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-2000:] if log.exists() and str(log) != os.devnull else ""
         raise OperationFailed(f"{Path(args[0]).name} failed (exit {proc.returncode}): {tail.strip()}")

@@ -1,0 +1,296 @@
+"""Commands that work on the fleet: init, migrate, plan, verify, status."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import click
+
+from ..apply import DEFAULT_BATCH, DEFAULT_RECYCLE, RunOptions
+from ..db import DEFAULT_CONNECT_TIMEOUT
+from ..errors import BadInput, HostUnreachable, PendingWork, ShardctlError
+from ..fleet import FleetReport
+from ..migrate import DEFAULT_LOCK_TIMEOUT, migrate, parse_shard_filter
+from ..provision import init
+from ..status import status
+from ..verify import verify
+from . import cli, json_option, report_error, settings
+from .output import emit, stdout, table
+from .progress import host_progress
+
+
+def host_options(func: Callable) -> Callable:
+    func = click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")(func)
+    func = click.option("--connect-timeout", type=click.IntRange(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
+                        show_default=True, help="Seconds to wait for a host to answer.")(func)
+    return json_option(func)
+
+
+def run_options(func: Callable) -> Callable:
+    func = click.option("--batch-size", type=click.IntRange(1, 10_000), default=DEFAULT_BATCH, show_default=True,
+                        help="Shards per transaction.")(func)
+    func = click.option("--recycle-after", type=click.IntRange(1, 1_000_000), default=DEFAULT_RECYCLE,
+                        show_default=True, help="Shards per connection before it is replaced.")(func)
+    func = click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
+                        help="Seconds to wait for another shardctl run's lock on a host.")(func)
+    return func
+
+
+def split_hosts(value: str | None) -> list[str] | None:
+    if not value:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise BadInput("--hosts: give host names separated by commas")
+    return names
+
+
+def finish(as_json: bool, doc: dict, human: Callable[[], None], error: ShardctlError | None) -> None:
+    """Print the result, then the one-line error and its exit code, if any."""
+    emit(as_json, doc, human)
+    if error is not None:
+        report_error(error, as_json=False)
+        sys.exit(error.exit_code)
+
+
+def _status_of(report: FleetReport) -> ShardctlError | None:
+    try:
+        report.raise_for_status()
+    except ShardctlError as exc:
+        return exc
+    return None
+
+
+def fleet_table(report: FleetReport, title: str) -> None:
+    rows = []
+    for h in report.hosts:
+        state = "unreachable" if not h.reachable else ("error" if h.error else ("failed" if h.failed else "ok"))
+        rows.append([h.host, state, len(h.created), len(h.migrated), h.unchanged, len(h.failed),
+                     len(h.not_started), f"{h.seconds:.2f}s"])
+    stdout.print(table(title, ["host", "state", "created", "migrated", "unchanged", "failed", "not started", "time"],
+                       rows))
+    for h in report.hosts:
+        if h.error:
+            stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
+    for f in report.failed[:50]:
+        version = f" at V{f['version']}" if f.get("version") else ""
+        stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']}{version}: {f['error']}",
+                     markup=True, highlight=False)
+    if len(report.failed) > 50:
+        stdout.print(f"… and {len(report.failed) - 50} more failed shards (see --json)")
+
+
+@cli.command("init")
+@host_options
+@run_options
+def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
+             wait: float) -> None:
+    """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
+    topo = settings().topology()
+    options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout)
+    with host_progress("init", not as_json) as progress:
+        report = init(topo, hosts=split_hosts(host_names), options=options, wait=wait, progress=progress)
+
+    def human() -> None:
+        fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts")
+        if report.ok and not report.changed:
+            stdout.print(f"Nothing to do: every shard exists and is at version {report.extra['latest_version']}. "
+                         f"({report.seconds:.2f}s)")
+        elif report.ok:
+            created = sum(len(h.created) for h in report.hosts)
+            migrated = sum(len(h.migrated) for h in report.hosts)
+            stdout.print(f"Created {created} shards, migrated {migrated}, in {report.seconds:.2f}s.")
+
+    finish(as_json, report.to_dict(), human, _status_of(report))
+
+
+@cli.command("migrate")
+@host_options
+@run_options
+@click.option("--shards", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 0-1023).")
+@click.option("--target", type=int, help="Migrate up to this version (default: the latest).")
+@click.option("--dry-run", is_flag=True, help="Show what would run; touch nothing.")
+@click.option("--check", is_flag=True, help="Exit 1 if anything is pending (for CI); touch nothing.")
+@click.option("--continue-on-error", is_flag=True, help="Keep starting shards after a failure.")
+@click.option("--lock-timeout", default=DEFAULT_LOCK_TIMEOUT, show_default=True,
+              help="Give up on a shard when a table lock is not granted in time (PostgreSQL interval).")
+@click.option("--statement-timeout", default=None, help="Cancel any one statement that runs longer (interval).")
+@click.option("--repair", is_flag=True, help="Accept changed applied migrations: record their new checksums.")
+@click.option("--yes", is_flag=True, help="Confirm --repair.")
+def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
+                wait: float, shard_spec: str | None, target: int | None, dry_run: bool, check: bool,
+                continue_on_error: bool, lock_timeout: str, statement_timeout: str | None, repair: bool,
+                yes: bool) -> None:
+    """Apply pending versioned migrations to every shard on every host."""
+    if repair and not yes:
+        raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
+    if repair and (check or dry_run):
+        raise BadInput("--repair cannot be combined with --check or --dry-run")
+    topo = settings().topology()
+    shards = parse_shard_filter(shard_spec, topo)
+    options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout,
+                         lock_timeout=lock_timeout, statement_timeout=statement_timeout,
+                         continue_on_error=continue_on_error)
+    with host_progress("migrate", not (as_json or check or dry_run)) as progress:
+        report = migrate(topo, target=target, hosts=split_hosts(host_names), shards=shards, dry_run=dry_run,
+                         check=check, repair=repair, options=options, wait=wait, progress=progress)
+    details = report.extra["details"]
+    error = _status_of(report)
+    if error is None and (check or dry_run):
+        pending = {h: d["pending"] for h, d in details.items() if d["pending"]}
+        missing = {h: d["missing"] for h, d in details.items() if d["missing"]}
+        drift = {h: d["drift"] for h, d in details.items() if d["drift"]}
+        if check and (pending or missing or drift):
+            parts = [f"{h}: " + ", ".join(f"V{v} on {n} shards" for v, n in p.items()) for h, p in pending.items()]
+            parts += [f"{h}: shards {m} not created (run shardctl init)" for h, m in missing.items()]
+            parts += [f"{h}: {d[0]['file']} changed after it was applied" for h, d in drift.items()]
+            error = PendingWork("pending: " + "; ".join(parts))
+
+    def human() -> None:
+        rows = []
+        for h in report.hosts:
+            d = details.get(h.host, {})
+            pend = ", ".join(f"V{v}×{n}" for v, n in d.get("pending", {}).items()) or "-"
+            state = "unreachable" if not h.reachable else ("error" if h.error else ("failed" if h.failed else "ok"))
+            rows.append([h.host, state, pend, len(h.migrated), h.unchanged, len(h.failed), d.get("missing") or "-",
+                         f"{h.seconds:.2f}s"])
+        mode = "check" if check else ("dry run" if dry_run else "migrate")
+        stdout.print(table(f"{mode} to V{report.extra['target']}", ["host", "state", "pending", "migrated",
+                                                                    "up to date", "failed", "missing shards", "time"],
+                           rows))
+        for h in report.hosts:
+            if h.error:
+                stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
+            for d in details.get(h.host, {}).get("drift", []):
+                stdout.print(f"[red]{h.host}[/red]: {d['file']} changed after it was applied (shards {d['shards']})",
+                             markup=True, highlight=False)
+            for v, s in details.get(h.host, {}).get("orphans", {}).items():
+                stdout.print(f"[yellow]{h.host}[/yellow]: V{v} is applied on shards {s} but its file is gone",
+                             markup=True, highlight=False)
+            if details.get(h.host, {}).get("repaired"):
+                stdout.print(f"{h.host}: recorded new checksums for {details[h.host]['repaired']} ledger rows")
+        for f in report.failed[:50]:
+            stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']} at V{f['version']}: "
+                         f"{f['error']}", markup=True, highlight=False)
+        if dry_run:
+            for h, d in details.items():
+                for label, text in d.get("dry_run_sql", {}).items():
+                    stdout.print(f"-- {h}, {label} (first pending shard; others alike)", markup=False)
+                    stdout.print(text, markup=False, highlight=False)
+        stdout.print(f"{mode} took {report.seconds:.3f}s")
+
+    finish(as_json, report.to_dict(), human, error)
+
+
+@cli.command("plan")
+@host_options
+def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> None:
+    """Per host: pending versions and how many shards are at each version."""
+    topo = settings().topology()
+    report = migrate(topo, hosts=split_hosts(host_names), check=True,
+                     options=RunOptions(connect_timeout=connect_timeout))
+    st = status(topo, hosts=split_hosts(host_names), connect_timeout=connect_timeout)
+    doc = {"command": "plan", "latest_version": report.extra["latest_version"], "hosts": []}
+    for h, s in zip(report.hosts, st["hosts"]):
+        d = report.extra["details"].get(h.host, {})
+        doc["hosts"].append({"host": h.host, "reachable": h.reachable, "error": h.error,
+                             "pending": d.get("pending", {}), "missing": d.get("missing", ""),
+                             "versions": s.get("versions", {})})
+
+    def human() -> None:
+        stdout.print(table(f"plan (latest V{doc['latest_version']})", ["host", "pending", "shards missing"],
+                           [[h["host"], ", ".join(f"V{v} on {n} shards" for v, n in h["pending"].items()) or
+                             ("unreachable" if not h["reachable"] else "nothing"), h["missing"] or "-"]
+                            for h in doc["hosts"]]))
+
+    finish(as_json, doc, human, _status_of(report) if report.unreachable else None)
+
+
+@cli.command("verify")
+@host_options
+@click.option("--samples", type=click.IntRange(2, 100_000), default=16, show_default=True,
+              help="next_id() calls per shard.")
+@click.option("--tolerance-ms", type=click.IntRange(1, 86_400_000), default=5000, show_default=True,
+              help="Allowed gap between an ID's time and the host clock.")
+def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samples: int, tolerance_ms: int) -> None:
+    """Check IDs, next_id() definitions, clocks and shard placement on every host."""
+    topo = settings().topology()
+    report = verify(topo, hosts=split_hosts(host_names), samples=samples, tolerance_ms=tolerance_ms,
+                    connect_timeout=connect_timeout)
+    doc = report.to_dict()
+
+    def human() -> None:
+        stdout.print(table("verify", ["host", "reachable", "shards", "IDs checked", "clock skew", "server",
+                                      "violations", "time"],
+                           [[h.host, "yes" if h.reachable else "NO", h.shards_checked, h.ids_checked,
+                             f"{h.clock_skew_ms:+.1f} ms" if h.clock_skew_ms is not None else "-",
+                             h.server_version or "-", len(h.violations), f"{h.seconds:.2f}s"]
+                            for h in report.hosts]))
+        lim = doc["layout"]
+        stdout.print(f"Layout {lim['name']}: {lim['ids_per_ms_per_shard']} IDs/ms per shard; IDs overflow on "
+                     f"{lim['overflow_at']}" + (f", turn negative on {lim['negative_at']}" if lim["negative_at"]
+                                                else ""))
+        for h in report.hosts:
+            if h.error:
+                stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
+        for v in report.violations[:100]:
+            where = f"shard {v.shard} ({v.schema})" if v.shard is not None else "host"
+            stdout.print(f"[red]violation[/red] {v.host} {where}: {v.reason}", markup=True, highlight=False)
+        if report.ok:
+            stdout.print(f"verify passed in {report.seconds:.2f}s")
+
+    error: ShardctlError | None = None
+    unreachable = [h for h in report.hosts if not h.reachable]
+    if unreachable:
+        error = HostUnreachable(", ".join(h.host for h in unreachable), unreachable[0].error or "unreachable")
+    elif not report.ok:
+        from ..errors import OperationFailed
+
+        first = report.violations[0] if report.violations else None
+        msg = (f"verify: {len(report.violations)} violation(s); first: {first.host} shard {first.shard}: "
+               f"{first.reason}") if first else "verify: a host could not be checked"
+        error = OperationFailed(msg)
+    finish(as_json, doc, human, error)
+
+
+@cli.command("status")
+@host_options
+def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> None:
+    """Fleet table: reachability, shards expected vs present, versions, drift, moves, last event."""
+    topo = settings().topology()
+    doc = status(topo, hosts=split_hosts(host_names), connect_timeout=connect_timeout)
+
+    def human() -> None:
+        rows = []
+        for h in doc["hosts"]:
+            versions = "-" if h["min_version"] is None else (
+                f"V{h['min_version']}" if h["min_version"] == h["max_version"] else
+                f"V{h['min_version']}–V{h['max_version']}")
+            drift = []
+            if h["missing"]:
+                drift.append(f"missing {h['missing']}")
+            if h["unexpected"]:
+                drift.append(f"unexpected {h['unexpected']}")
+            rows.append([h["host"], "yes" if h["reachable"] else "[red]NO[/red]", h["server_version"] or "-",
+                         f"{h['present']}/{h['expected']}", versions, "; ".join(drift) or "-",
+                         h["moving"] or "-", h["last_event"] or "-"])
+        t = table(f"status (latest migration V{doc['latest_version']})",
+                  ["host", "reachable", "server", "shards", "versions", "drift", "moving", "last event"], [])
+        for r in rows:
+            t.add_row(*[str(x) for x in r])
+        stdout.print(t)
+        for h in doc["hosts"]:
+            if h["error"]:
+                stdout.print(f"{h['host']}: {h['error']}", markup=False)
+            if h["orphan_versions"]:
+                stdout.print(f"{h['host']}: applied versions with no migration file: "
+                             f"{', '.join('V%d' % v for v in h['orphan_versions'])}", markup=False)
+
+    error = None
+    down = [h for h in doc["hosts"] if not h["reachable"]]
+    if down:
+        error = HostUnreachable(", ".join(h["host"] for h in down), down[0]["error"] or "unreachable")
+    finish(as_json, doc, human, error)
+
+

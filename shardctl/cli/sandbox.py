@@ -1,0 +1,119 @@
+"""``sandbox up/down/status`` and ``demo``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..demo import run_demo
+from ..errors import OperationFailed
+from ..sandbox import DEFAULT_SHARDS, Sandbox
+from . import cli, json_option
+from .output import emit, info, stdout, table
+
+DEFAULT_DIR = os.environ.get("SHARDCTL_SANDBOX", "shardctl-sandbox")
+
+
+def dir_option(default: str = DEFAULT_DIR):
+    return click.option("--dir", "directory", default=default, show_default=True, type=click.Path(file_okay=False),
+                        help="Sandbox directory (data, logs and shardctl.yaml).")
+
+
+@cli.group()
+def sandbox() -> None:
+    """Local PostgreSQL servers from embedded binaries, with a topology for them."""
+
+
+@sandbox.command("up")
+@dir_option()
+@click.option("--hosts", type=click.IntRange(1, 64), default=2, show_default=True, help="Number of servers.")
+@click.option("--shards", type=click.IntRange(1, 8192), default=DEFAULT_SHARDS, show_default=True,
+              help="Logical shards in the written topology (split evenly).")
+@click.option("--function", type=click.Choice(["plpgsql", "sql"]), default="plpgsql", show_default=True,
+              help="next_id() flavour in the written topology.")
+@click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
+@click.option("--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir).")
+@click.option("--engine", type=click.Choice(["embedded", "docker"]), default="embedded", show_default=True)
+@click.option("--password-env", metavar="VAR", help="Protect the servers with the password in $VAR.")
+@json_option
+def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: str | None, use_system: bool,
+               engine: str, password_env: str | None, as_json: bool) -> None:
+    """Start N local servers (creating them the first time) and write shardctl.yaml for them."""
+    if engine == "docker":
+        raise OperationFailed(_docker_unavailable())
+    result = Sandbox(directory).up(hosts=hosts, shards=shards, pg_bin=pg_bin, use_system=use_system,
+                                   password_env=password_env, function=function)
+
+    def human() -> None:
+        stdout.print(table(f"sandbox {result['dir']}", ["host", "port", "dsn"],
+                           [[h["name"], h["port"], h["dsn"]] for h in result["hosts"]]))
+        note = "wrote" if result["wrote_topology"] else "kept existing"
+        stdout.print(f"Topology: {result['topology']} ({note})")
+        stdout.print(f"Next: export SHARDCTL_CONFIG={result['topology']}; shardctl init")
+
+    emit(as_json, result, human)
+
+
+def _docker_unavailable() -> str:
+    try:
+        import docker  # type: ignore[import-not-found]
+    except ImportError:
+        return "--engine docker needs the docker extra: pip install 'shardctl[docker]'"
+    try:
+        docker.from_env().ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means no usable engine
+        return f"--engine docker: no Docker engine is reachable ({str(exc).splitlines()[0][:200]}); " \
+               f"use the default embedded engine"
+    return "--engine docker is not supported yet in this build; use the default embedded engine"
+
+
+@sandbox.command("down")
+@dir_option()
+@click.option("--destroy", is_flag=True, help="Also delete the sandbox directory and its data.")
+@json_option
+def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
+    """Stop the servers cleanly (data is kept unless --destroy)."""
+    box = Sandbox(directory)
+    if destroy:
+        box.destroy()
+        result = {"dir": str(box.dir), "destroyed": True}
+    else:
+        result = box.down()
+    emit(as_json, result, lambda: stdout.print(
+        f"Destroyed {result['dir']}" if destroy else f"Stopped: {', '.join(result['stopped']) or 'nothing running'}"))
+
+
+@sandbox.command("status")
+@dir_option()
+@json_option
+def sandbox_status(directory: str, as_json: bool) -> None:
+    """Which sandbox servers are running."""
+    result = Sandbox(directory).status()
+    emit(as_json, result, lambda: stdout.print(table(
+        f"sandbox {result['dir']}", ["host", "port", "running", "pid", "dsn"],
+        [[h["name"], h["port"], "yes" if h["running"] else "no", h["pid"] or "-", h["dsn"]]
+         for h in result["hosts"]])))
+    if not all(h["running"] for h in result["hosts"]):
+        sys.exit(3)
+
+
+@cli.command()
+@dir_option("shardctl-demo")
+@click.option("--hosts", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option("--shards", type=click.IntRange(2, 8192), default=256, show_default=True)
+@json_option
+def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
+    """One command tour: sandbox up, init, writes through the router, decode, verify."""
+    result = run_demo(directory, hosts=hosts, shards=shards, say=info if as_json else stdout.print)
+
+    def human() -> None:
+        stdout.print(f"\nDone in {result['seconds']:.1f}s. The servers keep running; try:")
+        stdout.print(f"  export SHARDCTL_CONFIG={result['topology']}")
+        stdout.print("  shardctl status; shardctl info; shardctl locate 31341; shardctl verify")
+        stdout.print(f"  shardctl sandbox down --dir {result['dir']}")
+
+    emit(as_json, result, human)
+    if not result["ok"]:
+        sys.exit(1)

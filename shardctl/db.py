@@ -1,0 +1,87 @@
+"""Connections to fleet hosts: timeouts, masked errors, and the per-host shardctl lock."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+import psycopg
+
+from .dsn import mask
+from .errors import HostUnreachable, LockBusy
+from .topology import Host
+
+DEFAULT_CONNECT_TIMEOUT = 10
+APPLICATION_NAME = "shardctl"
+# pg_advisory_lock(classid, objid): 'SC' and 1 = "changing shards on this host" (init, migrate, add-shard, moves).
+LOCK_CLASS = 0x5343
+LOCK_FLEET = 1
+
+
+def connect(host: Host, *, autocommit: bool = False, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+            purpose: str = "") -> psycopg.Connection:
+    """Open a connection to ``host``; an unreachable host raises HostUnreachable with a masked reason."""
+    kwargs = host.connect_kwargs(connect_timeout=max(1, int(connect_timeout)),
+                                 application_name=f"{APPLICATION_NAME} {purpose}".strip())
+    try:
+        return psycopg.connect(autocommit=autocommit, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise HostUnreachable(host.name, first_line(exc)) from None
+
+
+def first_line(exc: BaseException) -> str:
+    """A one-line, password-free version of a database error."""
+    text = mask(str(exc)).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    # libpq prefixes "connection failed: connection to server at ... failed:"; keep the reason.
+    return lines[0] if len(lines) == 1 else "; ".join(lines[:2])
+
+
+def set_timeouts(conn: psycopg.Connection, lock_timeout: str | None = None,
+                 statement_timeout: str | None = None) -> None:
+    for name, value in (("lock_timeout", lock_timeout), ("statement_timeout", statement_timeout)):
+        if value is not None:
+            conn.execute("SELECT set_config(%s, %s, false)", (name, str(value)))
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.commit()
+
+
+@contextmanager
+def host_lock(host: Host, *, wait: float = 0, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+              purpose: str = "") -> Iterator[psycopg.Connection]:
+    """Hold the per-host shardctl lock for the block, on a connection of its own.
+
+    The lock is session-level: if this process dies, the server releases it.
+    Waits up to ``wait`` seconds, then raises LockBusy naming the holder.
+    """
+    conn = connect(host, autocommit=True, connect_timeout=connect_timeout, purpose=f"{purpose} lock")
+    try:
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, LOCK_FLEET)).fetchone()[0]
+            if got:
+                break
+            if time.monotonic() >= deadline:
+                raise LockBusy(f"host {host.name}: another shardctl run holds the lock ({lock_holder(conn)}); "
+                               f"waited {wait:g}s (use --wait to wait longer)")
+            time.sleep(0.2)
+        yield conn
+    finally:
+        conn.close()
+
+
+def lock_holder(conn: psycopg.Connection) -> str:
+    row = conn.execute(
+        """SELECT a.pid, a.application_name, a.client_addr::text, a.backend_start
+             FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+            WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s AND l.granted
+            LIMIT 1""",
+        (LOCK_CLASS, LOCK_FLEET),
+    ).fetchone()
+    if not row:
+        return "holder unknown"
+    pid, app, addr, since = row
+    return f"pid {pid}, {app or 'unnamed client'}, from {addr or 'local socket'}, connected {since:%Y-%m-%d %H:%M:%S}"

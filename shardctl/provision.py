@@ -1,0 +1,69 @@
+"""``init``: the control schema and every owned shard, complete with all migrations, on every host."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from . import db
+from .apply import RunOptions, ShardPlan, Step
+from .fleet import (FleetReport, HostReport, ProgressFactory, apply_plans, ensure_control_schema, log_event,
+                    read_shards, run_on_host, select_hosts)
+from .migrations import Migration, checksum, for_topology
+from .render import render_shard
+from .topology import Host, Topology
+
+
+def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: int = 0,
+              target: int | None = None) -> list[Step]:
+    """Rendered migration steps for one shard, versions ``above < v <= target``."""
+    out = []
+    for m in migrations:
+        if m.version <= above or (target is not None and m.version > target):
+            continue
+        text = m.render(topo, shard)
+        out.append(Step(m.version, m.description, text, checksum(text), m.transactional))
+    return out
+
+
+def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions | None = None,
+         wait: float = 0, progress: ProgressFactory | None = None) -> FleetReport:
+    """Create the control schema and every missing shard (schema, sequence, next_id(), migrations),
+    and bring present shards to the latest migration. Idempotent."""
+    options = options or RunOptions()
+    options.purpose = options.purpose or "init"
+    migrations = for_topology(topo)  # bad files fail here, before any connection
+    for shard in (topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []):
+        steps_for(migrations, topo, shard)  # and templates that do not render, too
+    stop = threading.Event()
+    started = time.perf_counter()
+
+    def work(host: Host) -> HostReport:
+        report = HostReport(host.name)
+
+        def body() -> None:
+            with db.host_lock(host, wait=wait, connect_timeout=options.connect_timeout, purpose="init") as conn:
+                report.control_created = ensure_control_schema(conn, topo)
+                present = read_shards(conn)
+                plans = []
+                for n in host.shards:
+                    row = present.get(n)
+                    schema = topo.schema_name(n)
+                    if row is None:
+                        plans.append(ShardPlan(n, schema, render_shard(topo, n), steps_for(migrations, topo, n)))
+                    elif row.version < len(migrations):
+                        plans.append(ShardPlan(n, schema, None, steps_for(migrations, topo, n, row.version)))
+                report.unchanged = len(host.shards) - len(plans)
+                apply_plans(host, plans, options, stop, report, progress)
+                if report.changed or report.failed:
+                    log_event(conn, "init", report.created, {"created": len(report.created),
+                                                             "migrated": len(report.migrated),
+                                                             "failed": len(report.failed)})
+
+        return run_on_host(host, report, body)
+
+    from .fleet import for_each_host
+
+    reports = for_each_host(select_hosts(topo, hosts), work)
+    return FleetReport("init", reports, time.perf_counter() - started,
+                       extra={"latest_version": len(migrations)})

@@ -1,0 +1,201 @@
+"""``verify``: prove every shard's IDs are right, its function is the template's, and placement matches."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from . import db
+from .fleet import control_exists, for_each_host, select_hosts
+from .identifiers import quote_ident
+from .render import next_id_body, render_next_id
+from .topology import Host, Topology
+
+DEFAULT_SAMPLES = 16
+DEFAULT_TOLERANCE_MS = 5000
+SAMPLE_BATCH = 256
+
+
+@dataclass
+class Violation:
+    host: str
+    shard: int | None
+    schema: str | None
+    reason: str
+
+
+@dataclass
+class HostVerification:
+    host: str
+    reachable: bool = True
+    error: str | None = None
+    shards_checked: int = 0
+    ids_checked: int = 0
+    clock_skew_ms: float | None = None
+    server_version: str | None = None
+    seconds: float = 0.0
+    violations: list[Violation] = field(default_factory=list)
+
+
+@dataclass
+class VerifyReport:
+    hosts: list[HostVerification]
+    seconds: float
+    samples: int
+    layout: dict
+
+    @property
+    def violations(self) -> list[Violation]:
+        return [v for h in self.hosts for v in h.violations]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and all(h.reachable and not h.error for h in self.hosts)
+
+    def to_dict(self) -> dict:
+        return {
+            "command": "verify", "ok": self.ok, "seconds": round(self.seconds, 3), "samples": self.samples,
+            "layout": self.layout,
+            "hosts": [{"host": h.host, "reachable": h.reachable, "error": h.error, "shards_checked": h.shards_checked,
+                       "ids_checked": h.ids_checked, "clock_skew_ms": h.clock_skew_ms,
+                       "server_version": h.server_version, "seconds": round(h.seconds, 3),
+                       "violations": len(h.violations)} for h in self.hosts],
+            "violations": [v.__dict__ for v in self.violations],
+        }
+
+
+def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEFAULT_SAMPLES,
+           tolerance_ms: int = DEFAULT_TOLERANCE_MS, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> VerifyReport:
+    """Check every shard on every host; see SPEC 4 ``verify``. Touches nothing but the ID sequences."""
+    if samples < 2:
+        from .errors import BadInput
+
+        raise BadInput("--samples must be at least 2 (strict increase needs two IDs)")
+    started = time.perf_counter()
+    # Any name the schema format yields, within the layout's shard bits, is a shard schema.
+    names = {topo.schema_name(n): n for n in range(topo.layout.max_shards)}
+    expected_bodies: dict[int, str] = {}
+
+    def expected_body(n: int) -> str:
+        if n not in expected_bodies:
+            expected_bodies[n] = next_id_body(render_next_id(topo, n))
+        return expected_bodies[n]
+
+    def work(host: Host) -> HostVerification:
+        result = HostVerification(host.name)
+        t0 = time.perf_counter()
+        try:
+            with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
+                _check_host(conn, topo, host, result, names, expected_body, samples, tolerance_ms)
+        except Exception as exc:  # noqa: BLE001 - reported per host, never silently
+            from .errors import HostUnreachable
+
+            if isinstance(exc, HostUnreachable):
+                result.reachable, result.error = False, exc.reason
+            elif isinstance(exc, psycopg.Error):
+                result.error = db.first_line(exc)
+            else:
+                raise
+        result.seconds = time.perf_counter() - t0
+        return result
+
+    reports = for_each_host(select_hosts(topo, hosts), work)
+    layout = {"name": topo.layout.name, **topo.layout.limits()}
+    return VerifyReport(reports, time.perf_counter() - started, samples, layout)
+
+
+def _check_host(conn: psycopg.Connection, topo: Topology, host: Host, result: HostVerification,
+                names: dict[str, int], expected_body, samples: int, tolerance_ms: int) -> None:
+    def violation(shard: int | None, reason: str) -> None:
+        schema = topo.schema_name(shard) if shard is not None else None
+        result.violations.append(Violation(host.name, shard, schema, reason))
+
+    result.server_version = conn.execute("SHOW server_version").fetchone()[0]
+    before = time.time()
+    server_now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+    after = time.time()
+    result.clock_skew_ms = round((server_now - (before + after) / 2) * 1000, 1)
+    if abs(result.clock_skew_ms) > tolerance_ms:
+        violation(None, f"host clock is {result.clock_skew_ms:+.0f} ms off this machine's "
+                        f"(tolerance {tolerance_ms} ms)")
+
+    schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    present = {names[s] for s in schemas if s in names}
+    expected = set(host.shards)
+    recorded: set[int] = set()
+    if control_exists(conn):
+        recorded = {r[0] for r in conn.execute(
+            "SELECT shard_id FROM shardctl.shards WHERE state = 'active'").fetchall()}
+    else:
+        violation(None, "no shardctl control schema (run `shardctl init`)")
+    for n in sorted(expected - present):
+        violation(n, "shard schema is missing")
+    for n in sorted(present - expected):
+        owner = next((h.name for h in topo.hosts if n in h.shards), None)
+        where = f"it belongs to {owner}" if owner else "it is not in the topology"
+        if n in recorded:
+            violation(n, f"unexpected shard schema on this host ({where})")
+        else:
+            violation(n, f"unexpected shard schema on this host, not recorded by shardctl ({where})")
+    for n in sorted((expected & present) - recorded):
+        violation(n, "schema exists but shardctl has no record of creating it (half-built or created by hand)")
+
+    functions = dict(conn.execute(
+        """SELECT n.nspname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE p.proname = 'next_id' AND p.pronargs = 0""").fetchall())
+    checkable = []
+    for n in sorted(expected & present):
+        schema = topo.schema_name(n)
+        body = functions.get(schema)
+        if body is None:
+            violation(n, "next_id() is missing")
+            continue
+        if body != expected_body(n):
+            violation(n, "next_id() differs from the template's rendering (changed by hand or stale)")
+        checkable.append(n)
+
+    for i in range(0, len(checkable), SAMPLE_BATCH):
+        _sample(conn, topo, checkable[i:i + SAMPLE_BATCH], samples, tolerance_ms, result, violation)
+
+
+def _sample(conn: psycopg.Connection, topo: Topology, shards: list[int], samples: int, tolerance_ms: int,
+            result: HostVerification, violation) -> None:
+    parts = []
+    for n in shards:
+        fn = f"{quote_ident(topo.schema_name(n))}.next_id"
+        parts.append(f"SELECT {int(n)} AS shard, (SELECT array_agg({fn}() ORDER BY g) "
+                     f"FROM generate_series(1, {int(samples)}) AS g) AS ids, "
+                     f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS at_ms")
+    try:
+        rows = conn.execute("\nUNION ALL\n".join(parts)).fetchall()
+    except psycopg.Error:
+        rows = []
+        for n in shards:  # find the shard(s) whose next_id() fails
+            fn = f"{quote_ident(topo.schema_name(n))}.next_id"
+            try:
+                rows.append(conn.execute(
+                    f"SELECT {int(n)}, (SELECT array_agg({fn}() ORDER BY g) FROM generate_series(1, {int(samples)}) g), "
+                    "(extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone())
+            except psycopg.Error as exc:
+                violation(n, f"next_id() fails: {db.first_line(exc)}")
+    layout = topo.layout
+    for shard, ids, at_ms in rows:
+        result.shards_checked += 1
+        result.ids_checked += len(ids)
+        for a, b in zip(ids, ids[1:]):
+            if b <= a:
+                violation(shard, f"IDs do not strictly increase: {a} then {b}")
+                break
+        decoded = [layout.decode(i) for i in (ids[0], ids[-1])]
+        wrong = [d for d in decoded if d["shard"] != shard]
+        if wrong:
+            violation(shard, f"next_id() mints IDs for shard {wrong[0]['shard']}, not {shard} (e.g. {wrong[0]['id']})")
+        for d in decoded:
+            off = d["unix_ms"] - at_ms
+            if abs(off) > tolerance_ms:
+                violation(shard, f"ID {d['id']} decodes to {d['time']}, {off:+d} ms from the host clock "
+                                 f"(tolerance {tolerance_ms} ms; wrong epoch?)")
+                break
+

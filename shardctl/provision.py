@@ -27,12 +27,13 @@ def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: in
 
 
 def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions | None = None,
-         wait: float = 0, progress: ProgressFactory | None = None) -> FleetReport:
+         wait: float = 0, progress: ProgressFactory | None = None, target: int | None = None) -> FleetReport:
     """Create the control schema and every missing shard (schema, sequence, next_id(), migrations),
-    and bring present shards to the latest migration. Idempotent."""
+    and bring present shards to the latest migration (or to ``target``). Idempotent."""
     options = options or RunOptions()
     options.purpose = options.purpose or "init"
     migrations = for_topology(topo)  # bad files fail here, before any connection
+    goal = len(migrations) if target is None else min(target, len(migrations))
     for shard in (topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []):
         steps_for(migrations, topo, shard)  # and templates that do not render, too
     stop = threading.Event()
@@ -50,9 +51,10 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
                     row = present.get(n)
                     schema = topo.schema_name(n)
                     if row is None:
-                        plans.append(ShardPlan(n, schema, render_shard(topo, n), steps_for(migrations, topo, n)))
-                    elif row.version < len(migrations):
-                        plans.append(ShardPlan(n, schema, None, steps_for(migrations, topo, n, row.version)))
+                        plans.append(ShardPlan(n, schema, render_shard(topo, n),
+                                               steps_for(migrations, topo, n, target=goal)))
+                    elif row.version < goal:
+                        plans.append(ShardPlan(n, schema, None, steps_for(migrations, topo, n, row.version, goal)))
                 report.unchanged = len(host.shards) - len(plans)
                 apply_plans(host, plans, options, stop, report, progress)
                 if report.changed or report.failed:

@@ -58,7 +58,7 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
                 report.unchanged = len(host.shards) - len(plans)
                 apply_plans(host, plans, options, stop, report, progress)
                 if report.changed or report.failed:
-                    log_event(conn, "init", report.created, {"created": len(report.created),
+                    log_event(conn, options.purpose, report.created, {"created": len(report.created),
                                                              "migrated": len(report.migrated),
                                                              "failed": len(report.failed)})
 

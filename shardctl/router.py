@@ -11,7 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from .db import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
 from .errors import HostUnreachable
-from .routing import shard_for_key
+from .routing import placement_shard, shard_for_key
 from .topology import Host, Topology
 
 
@@ -40,6 +40,15 @@ class Router:
 
     def schema_for(self, key: int | str, *, force_string: bool = False) -> str:
         return self.topology.schema_name(self.shard_for(key, force_string=force_string))
+
+    def allocate_shard(self, key: int | str, *, force_string: bool = False) -> int:
+        """Shard for a *new* object: ``placement.new_objects`` when the topology has it, else :meth:`shard_for`.
+
+        Existing objects keep their shard: their own IDs name it (:meth:`shard_of_id`).
+        """
+        if self.topology.new_objects:
+            return placement_shard(key, self.topology.new_objects, force_string=force_string)
+        return self.shard_for(key, force_string=force_string)
 
     def shard_of_id(self, id_value: int) -> int:
         """An object's own ID names its shard."""

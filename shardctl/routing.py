@@ -16,7 +16,7 @@ def shard_for_key(key: int | str, modulus: int, *, force_string: bool = False) -
             raise BadInput(f"integer routing keys are not negative: {key}")
         return key % modulus
     text = str(key)
-    if not force_string and _is_int(text):
+    if not force_string and is_integer_key(text):
         return shard_for_key(int(text), modulus)
     if text == "":
         raise BadInput("a routing key must not be empty")
@@ -24,6 +24,19 @@ def shard_for_key(key: int | str, modulus: int, *, force_string: bool = False) -
     return int.from_bytes(hashlib.md5(text.encode()).digest(), "big") % modulus
 
 
-def _is_int(text: str) -> bool:
+def is_integer_key(text: str) -> bool:
+    """Whether text is routed as an integer: optional leading ``-``, then decimal digits.
+
+    ``isdecimal`` (not ``isdigit``): ``int()`` accepts exactly the decimal digits, while
+    ``isdigit`` also admits characters such as ``²`` that ``int()`` rejects.
+    """
     stripped = text.strip()
-    return stripped.lstrip("-").isdigit() and stripped.count("-") <= 1
+    digits = stripped[1:] if stripped.startswith("-") else stripped
+    return digits.isdecimal()
+
+
+
+def placement_shard(key: int | str, new_objects: list[int], *, force_string: bool = False) -> int:
+    """The shard a *new* object goes to under ``placement.new_objects``: spread over those shards
+    the same way keys spread over the modulus."""
+    return new_objects[shard_for_key(key, len(new_objects), force_string=force_string)]

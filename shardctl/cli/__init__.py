@@ -104,6 +104,8 @@ def cli(ctx: click.Context, config: str | None, allow_inline_password: bool, deb
     Exit codes: 0 ok; 1 the operation failed (or --check found work pending);
     2 bad input (config, arguments, IDs); 3 a host could not be reached.
     """
+    # The CLI prints a topology's warnings itself, once (Settings.topology).
+    warnings.simplefilter("ignore", LayoutWarning)
     ctx.obj = Settings(config=config, allow_inline_password=allow_inline_password, debug=debug)
 
 

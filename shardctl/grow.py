@@ -1,0 +1,147 @@
+"""Growing the fleet: ``add-host`` (an empty host) and ``add-shard`` (new logical shards on a host).
+
+Invariant: a key that already maps to a shard keeps mapping to it. The routing
+modulus is pinned in the topology before the shard count grows, and new
+objects go where ``placement.new_objects`` says.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from . import db
+from .apply import RunOptions
+from .errors import BadInput, HostUnreachable
+from .fleet import FleetReport, ensure_control_schema, for_each_host, log_event, read_shards
+from .identifiers import quote_ident
+from .provision import init
+from .ranges import format_shards, parse_shards
+from .topology import Host, Topology
+from .topology_edit import TopologyFile
+
+
+def add_host(path: str, name: str, dsn: str, *, password_env: str | None = None, standby: str | None = None,
+             allow_inline_password: bool = False, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> dict:
+    """Add an empty host to the topology and create its control schema.
+
+    The file is written only after the host was reached and prepared.
+    """
+    edit = TopologyFile(path, allow_inline_password=allow_inline_password)
+    if any(isinstance(h, dict) and h.get("name") == name for h in edit.doc.get("hosts") or []):
+        raise BadInput(f"host {name!r} is already in the topology")
+    edit.add_host(name, dsn, password_env=password_env, standby=standby)
+    topo = edit.validate()  # exit 2 before touching anything
+    host = topo.host(name)
+    with db.host_lock(host, connect_timeout=connect_timeout, purpose="add-host") as conn:
+        created = ensure_control_schema(conn, topo)
+        stray = read_shards(conn)
+        if stray:
+            raise BadInput(f"host {name} already holds shards {format_shards(stray)} of another fleet; "
+                           f"add an empty host")
+        log_event(conn, "add-host", [], {"name": name})
+    edit.save()
+    return {"command": "add-host", "host": name, "dsn": host.masked_dsn, "control_created": created,
+            "topology": str(edit.path)}
+
+
+def new_shard_ids(topo: Topology, count: int | None, ids: str | None) -> list[int]:
+    """The shard numbers to open: ``count`` more after the current count, or explicit ``ids``."""
+    if (count is None) == (ids is None):
+        raise BadInput("give either --count N or --ids RANGE")
+    if count is not None:
+        if count < 1:
+            raise BadInput(f"--count must be positive, got {count}")
+        wanted = list(range(topo.shard_count, topo.shard_count + count))
+    else:
+        try:
+            wanted = parse_shards(ids)
+        except ValueError as exc:
+            raise BadInput(f"--ids: {exc}") from None
+    limit = topo.layout.max_shards
+    beyond = [n for n in wanted if n >= limit]
+    if beyond:
+        raise BadInput(f"shards {format_shards(beyond)} are beyond the {topo.layout.name} layout's "
+                       f"{topo.layout.bits('shard')} shard bits (at most {limit} shards: 0..{limit - 1})")
+    owned = [n for n in wanted if n < topo.shard_count]
+    if owned:
+        owners = sorted({topo.host_of(n).name for n in owned})
+        raise BadInput(f"shards {format_shards(owned)} already exist (owned by {', '.join(owners)}); "
+                       f"add-shard opens new shards from {topo.shard_count} on")
+    gap = sorted(set(range(topo.shard_count, max(wanted) + 1)) - set(wanted))
+    if gap:
+        raise BadInput(f"shards {format_shards(gap)} would be owned by no host; new shards must follow on "
+                       f"from {topo.shard_count} without gaps")
+    return wanted
+
+
+def shards_hold_data(topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> list[str]:
+    """Hosts on which any shard table has a row (exact: EXISTS per table, batched)."""
+    def work(host: Host) -> str | None:
+        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="data check") as conn:
+            schemas = [topo.schema_name(n) for n in host.shards]
+            tables = conn.execute(
+                """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY(%s)""", (schemas,)).fetchall()
+            for i in range(0, len(tables), 500):
+                chunk = tables[i:i + 500]
+                probe = " OR ".join(f"EXISTS (SELECT 1 FROM {quote_ident(s)}.{quote_ident(t)})" for s, t in chunk)
+                if conn.execute(f"SELECT {probe}").fetchone()[0]:
+                    return host.name
+        return None
+
+    return [name for name in for_each_host([h for h in topo.hosts if h.shards], work) if name]
+
+
+def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str | None = None,
+              modulus: int | None = None, place_new: bool = False, allow_inline_password: bool = False,
+              options: RunOptions | None = None, wait: float = 0, progress=None) -> dict:
+    """Open new logical shards on ``host_name``: provision them like ``init`` at the fleet's current
+    migration version, then record them in the topology (written only when every new shard is ready)."""
+    options = options or RunOptions()
+    options.connect_timeout = options.connect_timeout or db.DEFAULT_CONNECT_TIMEOUT
+    topo = Topology.load(path, allow_inline_password=allow_inline_password)
+    topo.host(host_name)  # unknown host: exit 2
+    wanted = new_shard_ids(topo, count, ids)
+    if modulus is not None and modulus != topo.modulus:
+        holders = shards_hold_data(topo, options.connect_timeout)
+        if holders:
+            raise BadInput(f"refusing to change the routing modulus from {topo.modulus} to {modulus}: shards on "
+                           f"{', '.join(holders)} hold data, and their keys would map to other shards")
+    edit = TopologyFile(path, allow_inline_password=allow_inline_password)
+    edit.pin_modulus(modulus if modulus is not None else topo.modulus)
+    edit.set_count(max(wanted) + 1)
+    edit.set_host_shards(host_name, sorted(edit.host_shards(host_name) + wanted))
+    if place_new:
+        edit.set_new_objects(wanted)
+    new_topo = edit.validate()
+
+    version = fleet_version(topo, options.connect_timeout)
+    options.purpose = "add-shard"
+    report: FleetReport = init(new_topo, hosts=[host_name], options=options, wait=wait, progress=progress,
+                               target=version)
+    report.command = "add-shard"
+    report.extra.update({"new_shards": format_shards(wanted), "host": host_name, "version": version,
+                         "modulus": new_topo.modulus, "shard_count": new_topo.shard_count})
+    report.raise_for_status()
+    edit.save()
+    report.extra["topology_written"] = True
+    return report.to_dict()
+
+
+def fleet_version(topo: Topology, connect_timeout: int) -> int | None:
+    """The highest migration version any existing shard is at (None for an empty fleet)."""
+    def work(host: Host) -> int | None:
+        if not host.shards:
+            return None
+        try:
+            with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="add-shard") as conn:
+                rows = read_shards(conn)
+        except HostUnreachable:
+            raise
+        except psycopg.Error:
+            return None
+        versions = [r.version for n, r in rows.items() if n in set(host.shards)]
+        return max(versions) if versions else None
+
+    found = [v for v in for_each_host(topo.hosts, work) if v is not None]
+    return max(found) if found else None

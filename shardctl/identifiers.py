@@ -7,7 +7,8 @@ import re
 from psycopg import sql
 
 MAX_IDENTIFIER_BYTES = 63
-_SAFE = re.compile(r"^[a-z_][a-z0-9_]*$")
+# \Z, not $: "$" would also match before a trailing newline.
+_SAFE = re.compile(r"[a-z_][a-z0-9_]*\Z")
 
 # PostgreSQL's reserved key words (Appendix C, "reserved" and "reserved (can be
 # function or type)"): an unquoted schema may not be named after one.

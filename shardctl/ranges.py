@@ -57,7 +57,7 @@ def _one(item: object) -> tuple[int, int]:
     lo_text, sep, hi_text = text.partition("-")
     if not sep:
         hi_text = lo_text
-    if not (lo_text.isdigit() and hi_text.isdigit()):
+    if not (lo_text.isdecimal() and hi_text.isdecimal()):
         raise ValueError(f"not a shard number or range: {text!r} (write e.g. 7 or \"0-2047\")")
     lo, hi = int(lo_text), int(hi_text)
     if lo > hi:

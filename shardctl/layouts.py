@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 
 from .errors import BadInput, ConfigError
 
@@ -171,15 +171,29 @@ class Layout:
         if self.has_time:
             unix_ms = self.epoch_ms + values["time"]
             out["unix_ms"] = unix_ms
-            out["time"] = iso(UNIX_EPOCH + timedelta(milliseconds=unix_ms))
+            out["time"] = iso(utc_from_ms(unix_ms))
         return out
+
+
+def utc_from_ms(unix_ms: int) -> datetime | None:
+    """The UTC instant ``unix_ms`` after 1970, or None beyond what ``datetime`` can hold (years 1..9999).
+
+    Wide custom time fields (or a far ``--epoch``) reach past year 9999; such IDs still decode.
+    """
+    try:
+        return UNIX_EPOCH + timedelta(milliseconds=unix_ms)
+    except OverflowError:
+        return None
 
 
 def iso(moment: datetime | None) -> str | None:
     """UTC ISO-8601 with milliseconds, e.g. ``2013-12-17T02:50:00.000Z``."""
     if moment is None:
         return None
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    m = moment.astimezone(timezone.utc)
+    # Not strftime: its %Y does not zero-pad years before 1000 on every platform.
+    return (f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}."
+            f"{m.microsecond // 1000:03d}Z")
 
 
 def parse_epoch(value: object) -> int:
@@ -190,6 +204,8 @@ def parse_epoch(value: object) -> int:
         return value
     if isinstance(value, datetime):
         moment = value
+    elif isinstance(value, date):  # YAML reads an unquoted 2026-01-01 as a date: midnight UTC
+        moment = datetime(value.year, value.month, value.day, tzinfo=timezone.utc)
     elif isinstance(value, str):
         text = value.strip()
         if text.lstrip("-").isdigit():

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timezone
 from typing import TextIO
 
 from .errors import BadInput
-from .layouts import Layout
+from .layouts import Layout, iso, utc_from_ms
 from .topology import Topology
 
 _MAX_U64 = (1 << 64) - 1
@@ -77,8 +76,6 @@ class Decoder:
         signed = layout.negative_ids_possible()
         hosts = self._hosts if self.topology else None
         schema = self.topology.schema_name if self.topology else None
-        utc = timezone.utc
-        fromts = datetime.fromtimestamp
         second_cache: dict[int, str] = {}
         buf: list[str] = [",".join(self.columns()) + "\n"]
         bad: list[tuple[int, str, str]] = []
@@ -112,8 +109,9 @@ class Decoder:
                 if stamp is None:
                     if len(second_cache) > 100_000:
                         second_cache.clear()
-                    stamp = second_cache[secs] = fromts(secs, utc).strftime("%Y-%m-%dT%H:%M:%S")
-                row.append(f"{stamp}.{ms:03d}Z")
+                    stamp = second_cache[secs] = _second_text(secs)
+                # Beyond year 9999 there is no timestamp to print (decode() gives time None).
+                row.append(f"{stamp}.{ms:03d}Z" if stamp else "")
             row += [str(p) for p in parts]
             if hosts is not None:
                 shard = parts[shard_pos]
@@ -128,3 +126,9 @@ class Decoder:
                 buf.clear()
         write("".join(buf))
         return bad
+
+
+def _second_text(secs: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` of a Unix second, formatted as :func:`layouts.iso` does; "" out of range."""
+    text = iso(utc_from_ms(secs * 1000))
+    return text[:19] if text else ""

@@ -7,6 +7,7 @@ Everything is validated before any connection is opened; problems raise
 from __future__ import annotations
 
 import os
+import re
 import string
 import warnings
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from . import dsn as dsnlib
 from .errors import ConfigError, ConfigErrors
-from .identifiers import identifier_problem
+from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
 from .ranges import format_shards, parse_shards
 
@@ -142,19 +143,28 @@ def format_schema(fmt: str, shard: int) -> str:
     return fmt.format(shard, n=shard)
 
 
+# What str.format can raise for a format string that passed the checks below
+# (e.g. "{n:{n.x}}" hides an attribute lookup inside the format spec).
+_FORMAT_ERRORS = (ValueError, IndexError, KeyError, AttributeError, TypeError, OverflowError, MemoryError)
+
+
 def _check_schema_format(fmt: str) -> str | None:
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None]
+        parsed = [(f, spec) for _, f, spec, _ in string.Formatter().parse(fmt) if f is not None]
     except ValueError as exc:
         return f"shards.schema {fmt!r} is not a valid format string: {exc}"
+    fields = [f for f, _ in parsed]
     if not fields:
         return f"shards.schema {fmt!r} must contain the shard number, e.g. \"insta{{n}}\" or \"shard{{:04d}}\""
     bad = [f for f in fields if f not in ("", "n")]
     if bad:
         return f"shards.schema {fmt!r} may only use {{n}} (or {{}}), not {{{bad[0]}}}"
+    # A width like {n:999999999} would build a gigabyte string before the length check sees it.
+    if any(int(d) > MAX_IDENTIFIER_BYTES for _, spec in parsed for d in re.findall(r"\d+", spec or "")):
+        return f"shards.schema {fmt!r} pads the shard number beyond {MAX_IDENTIFIER_BYTES} bytes"
     try:
         format_schema(fmt, 0)
-    except (ValueError, IndexError, KeyError) as exc:
+    except _FORMAT_ERRORS as exc:
         return f"shards.schema {fmt!r} cannot format a shard number: {exc}"
     return None
 
@@ -167,6 +177,7 @@ class _Validator:
         self.path = path
         self.allow_inline_password = allow_inline_password
         self.errors: list[ConfigError] = []
+        self.range_limit = 1 << 16
 
     def error(self, message: str, line: int | None = None) -> None:
         self.errors.append(ConfigError(message, path=str(self.path) if self.path else None, line=line))
@@ -230,6 +241,9 @@ class _Validator:
 
         layout, function = self.id_section(doc)
         count, schema_format = self.shards_section(doc, layout)
+        # With no usable count, shard ranges are still checked, against what the layout could
+        # hold (capped, so a range like "0-99999999999" is not expanded number by number).
+        self.range_limit = count or min(layout.max_shards, 1 << 16)
         hosts = self.hosts_section(doc, count)
         routing = self.routing_section(doc, count)
         new_objects = self.placement_section(doc, count)
@@ -337,7 +351,11 @@ class _Validator:
             return count, "insta{n}"
         names: dict[str, int] = {}
         for n in range(count):
-            name = format_schema(fmt, n)
+            try:
+                name = format_schema(fmt, n)
+            except _FORMAT_ERRORS as exc:
+                self.error(f"shards.schema {fmt!r} cannot format shard number {n}: {exc}", line)
+                break
             why = identifier_problem(name)
             if why:
                 self.error(f"shards.schema {fmt!r} gives schema name {name!r} for shard {n}, which {why}", line)
@@ -396,7 +414,7 @@ class _Validator:
                 self.error(f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)", line)
             elif node["shards"] != [] and node["shards"] is not None:
                 try:
-                    shards = parse_shards(node["shards"], limit=count or None)
+                    shards = parse_shards(node["shards"], limit=self.range_limit)
                 except ValueError as exc:
                     self.error(f"host {name}: shards: {exc}", self.line_of(node, "shards"))
             for n in shards:
@@ -451,7 +469,7 @@ class _Validator:
         if section is None or "new_objects" not in section:
             return None
         try:
-            return parse_shards(section["new_objects"], limit=count or None)
+            return parse_shards(section["new_objects"], limit=self.range_limit)
         except ValueError as exc:
             self.error(f"placement.new_objects: {exc}", self.line_of(section, "new_objects"))
             return None

@@ -82,8 +82,11 @@ def load(directory: Path) -> list[Migration]:
         if not match:
             raise ConfigError(f"migration file {path.name} is not named V<version>__<description>.sql "
                               f"(e.g. V0003__add_photo_location.sql)")
-        found.append(Migration(int(match.group(1)), match.group(2).replace("_", " "), path,
-                               path.read_text(encoding="utf-8")))
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read migration {path.name}: {exc}") from None
+        found.append(Migration(int(match.group(1)), match.group(2).replace("_", " "), path, source))
     found.sort(key=lambda m: m.version)
     seen: dict[int, Migration] = {}
     for m in found:

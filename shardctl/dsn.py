@@ -7,9 +7,15 @@ import re
 
 from psycopg import conninfo as _conninfo
 
-_URI_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE)
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&\s]*)", re.IGNORECASE)
+# A password runs to the next blank (or ``@`` / ``&`` in a URI), but never past the ``"`` that
+# closes a JSON string: ``mask`` also runs over JSON documents (``--json``), whose closing
+# quote and comma must survive. Inside a JSON string a literal ``"`` is always escaped (``\"``).
+_NOT_JSON_END = r'(?!"\s*(?:[,}\]]|$))'
+_URI_PASSWORD = re.compile(rf"(postgres(?:ql)?://[^:/@\s]*:)((?:{_NOT_JSON_END}[^@\s])*)(@)",
+                           re.IGNORECASE | re.MULTILINE)
+_KV_PASSWORD = re.compile(rf"(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:{_NOT_JSON_END}\S)+)",
+                          re.IGNORECASE | re.MULTILINE)
+_QUERY_PASSWORD = re.compile(rf"([?&]password=)((?:{_NOT_JSON_END}[^&\s])*)", re.IGNORECASE | re.MULTILINE)
 
 # Secret values seen at run time (from password_env variables); masked wherever they appear.
 _known_secrets: set[str] = set()

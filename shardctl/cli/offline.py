@@ -9,10 +9,10 @@ import click
 from .. import decode as decoding
 from .. import render as rendering
 from ..errors import BadInput
-from ..layouts import by_name, parse_epoch
+from ..layouts import by_name, parse_epoch, utc_from_ms
 from ..migrations import for_topology
 from ..ranges import parse_shards
-from ..routing import shard_for_key
+from ..routing import is_integer_key, shard_for_key
 from . import cli, json_option, settings
 from .output import emit, stdout, table
 
@@ -70,10 +70,14 @@ def _foreign_layout(layout: str, epoch: str | None):
             epoch_ms = parse_epoch(epoch)
         except ValueError as exc:
             raise BadInput(f"--epoch: {exc}") from None
+        if utc_from_ms(epoch_ms) is None:
+            raise BadInput(f"--epoch: {epoch} is outside the years 1-9999")
     return by_name(layout, epoch_ms)
 
 
-@cli.command("decode-id")
+# ignore_unknown_options: a negative ID such as -42 (the signed form of a 64-bit ID) is an
+# argument, not an unknown option; anything else that is not an option fails as a bad ID.
+@cli.command("decode-id", context_settings={"ignore_unknown_options": True})
 @click.argument("ids", nargs=-1)
 @click.option("--layout", type=click.Choice(["instagram", "pinterest", "snowflake"]),
               help="Decode foreign IDs with this layout instead of the topology's.")
@@ -124,6 +128,8 @@ def encode_id(layout: str | None, epoch: str | None, at: str | None, ms: int | N
               sequence: int | None, type_: int | None, local: int | None, worker: int | None,
               as_json: bool) -> None:
     """Build an ID from its parts."""
+    if epoch and not layout:
+        raise BadInput("--epoch goes with --layout (the topology's IDs use the topology's epoch)")
     lay = _foreign_layout(layout, epoch) if layout else settings().topology().layout
     parts = {k: v for k, v in {"shard": shard, "sequence": sequence, "type": type_, "local": local,
                                "worker": worker}.items() if v is not None}
@@ -152,7 +158,7 @@ def locate(key: str, force_string: bool, as_json: bool) -> None:
     topo = settings().topology()
     shard = shard_for_key(key, topo.modulus, force_string=force_string)
     host = topo.host_of(shard)
-    kind = "string" if force_string or not key.strip().lstrip("-").isdigit() else "integer"
+    kind = "string" if force_string or not is_integer_key(key) else "integer"
     rule = f"md5(key) mod {topo.modulus}" if kind == "string" else f"key % {topo.modulus}"
     doc = {"key": key, "kind": kind, "rule": rule, "shard": shard, "schema": topo.schema_name(shard),
            "host": host.name}

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
 from psycopg import conninfo as _conninfo
 
-# A password runs to the next blank (or ``@`` / ``&`` in a URI), but never past the ``"`` that
-# closes a JSON string: ``mask`` also runs over JSON documents (``--json``), whose closing
-# quote and comma must survive. Inside a JSON string a literal ``"`` is always escaped (``\"``).
-_NOT_JSON_END = r'(?!"\s*(?:[,}\]]|$))'
-_URI_PASSWORD = re.compile(rf"(postgres(?:ql)?://[^:/@\s]*:)((?:{_NOT_JSON_END}[^@\s])*)(@)",
-                           re.IGNORECASE | re.MULTILINE)
-_KV_PASSWORD = re.compile(rf"(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:{_NOT_JSON_END}\S)+)",
-                          re.IGNORECASE | re.MULTILINE)
-_QUERY_PASSWORD = re.compile(rf"([?&]password=)((?:{_NOT_JSON_END}[^&\s])*)", re.IGNORECASE | re.MULTILINE)
+_URI_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&\s]*)", re.IGNORECASE)
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 # Secret values seen at run time (from password_env variables); masked wherever they appear.
 _known_secrets: set[str] = set()
@@ -42,9 +38,32 @@ def remember_secret(value: str | None) -> None:
 
 
 def mask(text: str) -> str:
-    """Replace every password in ``text`` (DSN forms and known secret values) by ``***``."""
+    """Replace every password in ``text`` (DSN forms and known secret values) by ``***``.
+
+    A JSON document (``--json`` output) is masked string by string, so that a password
+    running up to the closing quote of a JSON string cannot swallow the quote and leave
+    invalid JSON behind.
+    """
     if not text:
         return text
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            json.loads(text)
+        except ValueError:
+            pass
+        else:
+            return _JSON_STRING.sub(_mask_json_string, text)
+    return _mask_text(text)
+
+
+def _mask_json_string(match: re.Match) -> str:
+    literal = match.group(0)
+    value = json.loads(literal)
+    masked = _mask_text(value)
+    return literal if masked == value else json.dumps(masked)
+
+
+def _mask_text(text: str) -> str:
     text = _URI_PASSWORD.sub(lambda m: m.group(1) + ("***" if m.group(2) else "") + m.group(3), text)
     text = _KV_PASSWORD.sub(r"\1***", text)
     text = _QUERY_PASSWORD.sub(r"\1***", text)

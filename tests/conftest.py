@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 import warnings
 from pathlib import Path
@@ -29,9 +30,15 @@ def pytest_configure(config):
     warnings.filterwarnings("ignore", category=LayoutWarning)
 
 
+def _sandbox_dir(label: str) -> Path:
+    # Not under pytest's tmp_path: pytest deletes old base temp dirs, and a concurrent
+    # pytest session would delete a running server's data directory.
+    return Path(tempfile.mkdtemp(prefix=f"shardctl-test-{label}-"))
+
+
 @pytest.fixture(scope="session")
-def servers(tmp_path_factory) -> Sandbox:
-    box = Sandbox(tmp_path_factory.mktemp("servers"))
+def servers() -> Sandbox:
+    box = Sandbox(_sandbox_dir("servers"))
     box.up(hosts=SESSION_HOSTS, shards=SESSION_HOSTS)
     yield box
     box.destroy()
@@ -73,6 +80,15 @@ class FleetMaker:
         path.write_text("\n".join(lines) + "\n" + extra)
         return path
 
+    def new_database(self, index: int) -> str:
+        """A fresh, empty database on session server ``index``; returns its DSN."""
+        host = self.servers.state.hosts[index]
+        db = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(admin_dsn(host.port), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {db}")
+        self.created.append((host.port, db))
+        return f"postgresql://postgres@127.0.0.1:{host.port}/{db}"
+
     def cleanup(self) -> None:
         for port, db in self.created:
             try:
@@ -96,12 +112,12 @@ def fleet(make_fleet) -> Path:
 
 
 @pytest.fixture
-def private_sandbox(tmp_path):
+def private_sandbox():
     """Servers of this test's own, for tests that stop or kill them."""
     boxes: list[Sandbox] = []
 
     def make(hosts: int = 2, shards: int = 64) -> Sandbox:
-        box = Sandbox(tmp_path / f"sandbox{len(boxes)}")
+        box = Sandbox(_sandbox_dir(f"private{len(boxes)}"))
         box.up(hosts=hosts, shards=shards)
         boxes.append(box)
         return box

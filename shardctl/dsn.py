@@ -9,7 +9,8 @@ import re
 from psycopg import conninfo as _conninfo
 
 _URI_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE)
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+# Not after ? or &: that is a URI query parameter, which ends at the next & (_QUERY_PASSWORD).
+_KV_PASSWORD = re.compile(r"(?<![?&])(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 _QUERY_PASSWORD = re.compile(r"([?&]password=)([^&\s]*)", re.IGNORECASE)
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
@@ -29,7 +30,7 @@ def has_inline_password(dsn: str) -> bool:
     try:
         return bool(parse(dsn).get("password"))
     except ValueError:
-        return bool(_URI_PASSWORD.search(dsn) or _KV_PASSWORD.search(dsn))
+        return bool(_URI_PASSWORD.search(dsn) or _KV_PASSWORD.search(dsn) or _QUERY_PASSWORD.search(dsn))
 
 
 def remember_secret(value: str | None) -> None:

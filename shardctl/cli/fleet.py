@@ -110,9 +110,10 @@ def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_
 @run_options
 @click.option("--shards", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 0-1023).")
 @click.option("--target", type=int, help="Migrate up to this version (default: the latest).")
-@click.option("--dry-run", is_flag=True, help="Show what would run; touch nothing.")
-@click.option("--check", is_flag=True, help="Exit 1 if anything is pending (for CI); touch nothing.")
-@click.option("--continue-on-error", is_flag=True, help="Keep starting shards after a failure.")
+@click.option("--dry-run", is_flag=True, help="Render and show what would run; touch nothing.")
+@click.option("--check", is_flag=True, help="Exit 1 if anything is pending, listing it (for CI); touch nothing.")
+@click.option("--continue-on-error", is_flag=True,
+              help="Keep starting shards after a failure (default: finish the shards in flight, start no more).")
 @click.option("--lock-timeout", default=DEFAULT_LOCK_TIMEOUT, show_default=True,
               help="Give up on a shard when a table lock is not granted in time (PostgreSQL interval).")
 @click.option("--statement-timeout", default=None, help="Cancel any one statement that runs longer (interval).")
@@ -123,10 +124,18 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
                 continue_on_error: bool, lock_timeout: str, statement_timeout: str | None, repair: bool,
                 yes: bool) -> None:
     """Apply pending versioned migrations to every shard on every host."""
-    if repair and not yes:
-        raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
+    from ..errors import OperationFailed
+    from ..ranges import format_shards
+
     if repair and (check or dry_run):
         raise BadInput("--repair cannot be combined with --check or --dry-run")
+    if check and dry_run:
+        raise BadInput("--check and --dry-run are two different reports; choose one")
+    if repair and not yes:
+        if not (sys.stdin.isatty() and click.confirm(
+                "--repair records the current checksum of every changed applied migration, accepting the "
+                "edited files as applied. Continue?", default=False, err=True)):
+            raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
     topo = settings().topology()
     shards = parse_shard_filter(shard_spec, topo)
     options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout,
@@ -137,15 +146,31 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
                          check=check, repair=repair, options=options, wait=wait, progress=progress)
     details = report.extra["details"]
     error = _status_of(report)
+    if report.failed and not report.unreachable:
+        stopped = sum(len(h.not_started) for h in report.hosts)
+        first = report.failed[:3]
+        text = "; ".join(f"shard {f['shard']} on {f['host']} at V{f['version']}: {f['error']}" for f in first)
+        more = f" (and {len(report.failed) - 3} more)" if len(report.failed) > 3 else ""
+        note = (f"; {stopped} shard(s) not started (stopped after the first failure; re-run to continue)"
+                if stopped else "")
+        error = OperationFailed(f"migrate: {len(report.failed)} shard(s) failed: {text}{more}{note}")
     if error is None and (check or dry_run):
-        pending = {h: d["pending"] for h, d in details.items() if d["pending"]}
-        missing = {h: d["missing"] for h, d in details.items() if d["missing"]}
-        drift = {h: d["drift"] for h, d in details.items() if d["drift"]}
-        if check and (pending or missing or drift):
-            parts = [f"{h}: " + ", ".join(f"V{v} on {n} shards" for v, n in p.items()) for h, p in pending.items()]
-            parts += [f"{h}: shards {m} not created (run shardctl init)" for h, m in missing.items()]
-            parts += [f"{h}: {d[0]['file']} changed after it was applied" for h, d in drift.items()]
+        parts = []
+        for h, d in details.items():
+            if d["pending"] and check:
+                parts.append(f"{h}: " + ", ".join(f"V{v} on {n} shards" for v, n in d["pending"].items()))
+            if d["missing"]:
+                parts.append(f"{h}: shards {d['missing']} not created (run shardctl init)")
+            for dr in d["drift"]:
+                parts.append(f"{h}: {dr['file']} changed after it was applied (shards {dr['shards']})")
+            for v, s in d["gaps"].items():
+                parts.append(f"{h}: V{v} missing from the ledger of shards {s}")
+        if parts and check:
             error = PendingWork("pending: " + "; ".join(parts))
+        elif parts and any(d["drift"] or d["gaps"] for d in details.values()):
+            # The real run would refuse: say so with exit 1, so a CI dry run catches it too.
+            error = OperationFailed("dry run: migrate would refuse to run: " + "; ".join(
+                p for p in parts if "not created" not in p))
 
     def human() -> None:
         rows = []
@@ -153,31 +178,42 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
             d = details.get(h.host, {})
             pend = ", ".join(f"V{v}×{n}" for v, n in d.get("pending", {}).items()) or "-"
             state = "unreachable" if not h.reachable else ("error" if h.error else ("failed" if h.failed else "ok"))
-            rows.append([h.host, state, pend, len(h.migrated), h.unchanged, len(h.failed), d.get("missing") or "-",
-                         f"{h.seconds:.2f}s"])
+            rows.append([h.host, state, pend, len(h.migrated), h.unchanged, len(h.failed), len(h.not_started),
+                         d.get("missing") or "-", f"{h.seconds:.2f}s"])
         mode = "check" if check else ("dry run" if dry_run else "migrate")
-        stdout.print(table(f"{mode} to V{report.extra['target']}", ["host", "state", "pending", "migrated",
-                                                                    "up to date", "failed", "missing shards", "time"],
-                           rows))
+        stdout.print(table(f"{mode} to V{report.extra['target']}",
+                           ["host", "state", "pending", "migrated", "up to date", "failed", "not started",
+                            "missing shards", "time"], rows))
         for h in report.hosts:
+            d = details.get(h.host, {})
             if h.error:
                 stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
-            for d in details.get(h.host, {}).get("drift", []):
-                stdout.print(f"[red]{h.host}[/red]: {d['file']} changed after it was applied (shards {d['shards']})",
+            for dr in d.get("drift", []):
+                stdout.print(f"[red]{h.host}[/red]: {dr['file']} changed after it was applied (shards "
+                             f"{dr['shards']}); restore it, or accept it with `shardctl migrate --repair --yes`",
                              markup=True, highlight=False)
-            for v, s in details.get(h.host, {}).get("orphans", {}).items():
+            for v, s in d.get("gaps", {}).items():
+                stdout.print(f"[red]{h.host}[/red]: V{v} is missing from the ledger of shards {s}, though later "
+                             f"versions are applied there", markup=True, highlight=False)
+            for v, s in d.get("orphans", {}).items():
                 stdout.print(f"[yellow]{h.host}[/yellow]: V{v} is applied on shards {s} but its file is gone",
                              markup=True, highlight=False)
-            if details.get(h.host, {}).get("repaired"):
-                stdout.print(f"{h.host}: recorded new checksums for {details[h.host]['repaired']} ledger rows")
+            if d.get("repaired"):
+                stdout.print(f"{h.host}: recorded new checksums for {d['repaired']} ledger rows")
+            if h.not_started:
+                stdout.print(f"{h.host}: not started: shards {format_shards(h.not_started)}", highlight=False)
         for f in report.failed[:50]:
             stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']} at V{f['version']}: "
                          f"{f['error']}", markup=True, highlight=False)
+        if len(report.failed) > 50:
+            stdout.print(f"… and {len(report.failed) - 50} more failed shards (see --json)")
         if dry_run:
             for h, d in details.items():
                 for label, text in d.get("dry_run_sql", {}).items():
                     stdout.print(f"-- {h}, {label} (first pending shard; others alike)", markup=False)
                     stdout.print(text, markup=False, highlight=False)
+        if check and error is None:
+            stdout.print(f"Nothing pending: every shard in scope is at V{report.extra['target']}.")
         stdout.print(f"{mode} took {report.seconds:.3f}s")
 
     finish(as_json, report.to_dict(), human, error)
@@ -185,26 +221,50 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
 
 @cli.command("plan")
 @host_options
-def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> None:
+@click.option("--target", type=int, help="Plan up to this version (default: the latest).")
+def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target: int | None) -> None:
     """Per host: pending versions and how many shards are at each version."""
     topo = settings().topology()
-    report = migrate(topo, hosts=split_hosts(host_names), check=True,
+    report = migrate(topo, hosts=split_hosts(host_names), check=True, target=target,
                      options=RunOptions(connect_timeout=connect_timeout))
-    st = status(topo, hosts=split_hosts(host_names), connect_timeout=connect_timeout)
-    doc = {"command": "plan", "latest_version": report.extra["latest_version"], "hosts": []}
-    for h, s in zip(report.hosts, st["hosts"]):
-        d = report.extra["details"].get(h.host, {})
+    details = report.extra["details"]
+    doc = {"command": "plan", "latest_version": report.extra["latest_version"], "target": report.extra["target"],
+           "seconds": round(report.seconds, 3), "hosts": []}
+    for h in report.hosts:
+        d = details.get(h.host, {})
         doc["hosts"].append({"host": h.host, "reachable": h.reachable, "error": h.error,
-                             "pending": d.get("pending", {}), "missing": d.get("missing", ""),
-                             "versions": s.get("versions", {})})
+                             "versions": d.get("versions", {}), "pending": d.get("pending", {}),
+                             "missing": d.get("missing", ""), "drift": d.get("drift", []),
+                             "gaps": d.get("gaps", {}), "orphans": d.get("orphans", {})})
+    doc["pending_total"] = sum(sum(h["pending"].values()) for h in doc["hosts"])
 
     def human() -> None:
-        stdout.print(table(f"plan (latest V{doc['latest_version']})", ["host", "pending", "shards missing"],
-                           [[h["host"], ", ".join(f"V{v} on {n} shards" for v, n in h["pending"].items()) or
-                             ("unreachable" if not h["reachable"] else "nothing"), h["missing"] or "-"]
-                            for h in doc["hosts"]]))
+        rows = []
+        for h in doc["hosts"]:
+            if not h["reachable"]:
+                rows.append([h["host"], "unreachable", "-", "-"])
+                continue
+            at = ", ".join(f"V{v}: {n}" for v, n in h["versions"].items()) or "-"
+            pend = ", ".join(f"V{v} on {n} shards" for v, n in h["pending"].items()) or "nothing"
+            rows.append([h["host"], at, pend, h["missing"] or "-"])
+        stdout.print(table(f"plan to V{doc['target']} (latest V{doc['latest_version']})",
+                           ["host", "shards at version", "pending", "shards missing"], rows))
+        for h in doc["hosts"]:
+            if h["error"]:
+                stdout.print(f"[red]{h['host']}[/red]: {h['error']}", markup=True, highlight=False)
+            for dr in h["drift"]:
+                stdout.print(f"[red]{h['host']}[/red]: {dr['file']} changed after it was applied "
+                             f"(shards {dr['shards']})", markup=True, highlight=False)
+            for v, s in h["gaps"].items():
+                stdout.print(f"[red]{h['host']}[/red]: V{v} missing from the ledger of shards {s}",
+                             markup=True, highlight=False)
+            for v, s in h["orphans"].items():
+                stdout.print(f"[yellow]{h['host']}[/yellow]: V{v} is applied on shards {s} but its file is gone",
+                             markup=True, highlight=False)
+        total = doc["pending_total"]
+        stdout.print(f"{total} shard migration(s) pending." if total else "Nothing pending.")
 
-    finish(as_json, doc, human, _status_of(report) if report.unreachable else None)
+    finish(as_json, doc, human, _status_of(report) if (report.unreachable or report.errors) else None)
 
 
 @cli.command("verify")

@@ -1,0 +1,159 @@
+"""examples/ci/shardctl-migrate.yml: run the workflow's own shardctl commands against sandbox servers.
+
+The test reads the workflow, decides which jobs a pull request and a push to main would run (from
+their ``if:`` conditions), and runs the ``shardctl`` lines of their ``run:`` steps in order, the way
+the runner would: a failing step ends the job, except for ``if: always()`` steps. So the workflow
+cannot drift from the CLI without this test failing.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import connect, load, run_cli
+
+WORKFLOW = Path(__file__).resolve().parent.parent / "examples" / "ci" / "shardctl-migrate.yml"
+ADD_LOCATION = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
+
+
+@dataclass
+class StepRun:
+    job: str
+    step: str
+    args: list[str]
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def workflow() -> dict:
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    doc["on"] = doc.pop(True, doc.get("on"))  # YAML 1.1 reads a bare `on:` key as True
+    return doc
+
+
+def condition_holds(expr: str | None, event: str, ref: str) -> bool:
+    """Evaluate the small subset of GitHub expressions the workflow uses."""
+    if expr is None:
+        return True
+    text = expr.strip()
+    if text.startswith("${{") and text.endswith("}}"):
+        text = text[3:-2]
+    if text.strip() == "always()":
+        return True
+    text = text.replace("github.event_name", repr(event)).replace("github.ref", repr(ref))
+    text = text.replace("&&", " and ").replace("||", " or ").replace("!", " not ").replace(" not =", " !=")
+    assert re.fullmatch(r"[\w\s'/.=!()-]*", text), f"unsupported expression in the workflow: {expr!r}"
+    return bool(eval(text, {"__builtins__": {}}, {}))  # noqa: S307 - the subset checked above
+
+
+def commands(run: str) -> list[list[str]]:
+    """The shardctl command lines of a ``run:`` script (other lines must be the install step)."""
+    out = []
+    for line in run.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("shardctl "):
+            assert "${{" not in line and "$" not in line, f"a shardctl line the test cannot run: {line!r}"
+            args = shlex.split(line)[1:]
+            assert "--config" not in args and "-c" not in args, "use SHARDCTL_CONFIG, as the workflow's env does"
+            out.append(args)
+        else:
+            assert line.startswith("pip install "), f"unexpected command in the workflow: {line!r}"
+    return out
+
+
+def run_event(event: str, ref: str, env: dict[str, str]) -> list[StepRun]:
+    """Run the shardctl steps of every job ``event`` on ``ref`` triggers, as the runner would."""
+    wf = workflow()
+    runs: list[StepRun] = []
+    for job_name, job in wf["jobs"].items():
+        if not condition_holds(job.get("if"), event, ref):
+            continue
+        failed = False
+        for step in job["steps"]:
+            if "run" not in step:
+                continue
+            cond = step.get("if")
+            if failed and (cond is None or "always()" not in cond):
+                continue
+            if cond is not None and not condition_holds(cond, event, ref):
+                continue
+            for args in commands(step["run"]):
+                result = run_cli(*args, env=env)
+                runs.append(StepRun(job_name, step.get("name", ""), args, result.exit_code, result.stdout,
+                                    result.stderr))
+                if result.exit_code != 0:
+                    failed = True
+                    break
+    return runs
+
+
+@pytest.fixture
+def ci_env(make_fleet, monkeypatch):
+    """A sandbox fleet where the workflow expects it: shardctl.yaml in the working directory."""
+    fleet = make_fleet(hosts=2, shards=64)
+    assert fleet.name == "shardctl.yaml"
+    monkeypatch.chdir(fleet.parent)
+    env = {k: str(v) for k, v in workflow().get("env", {}).items() if "${{" not in str(v)}
+    assert env == {"SHARDCTL_CONFIG": "shardctl.yaml"}
+    assert run_cli("init", env=env).exit_code == 0
+    return fleet, env
+
+
+def test_workflow_triggers_on_pull_requests_and_main():
+    wf = workflow()
+    assert "pull_request" in wf["on"]
+    assert wf["on"]["push"]["branches"] == ["main"]
+    pr = [n for n, j in wf["jobs"].items() if condition_holds(j.get("if"), "pull_request", "refs/pull/7/merge")]
+    main = [n for n, j in wf["jobs"].items() if condition_holds(j.get("if"), "push", "refs/heads/main")]
+    branch = [n for n, j in wf["jobs"].items() if condition_holds(j.get("if"), "push", "refs/heads/feature")]
+    pr_cmds = [a for n in pr for s in wf["jobs"][n]["steps"] if "run" in s for a in commands(s["run"])]
+    main_cmds = [a for n in main for s in wf["jobs"][n]["steps"] if "run" in s for a in commands(s["run"])]
+    assert ["migrate", "--check"] in pr_cmds
+    assert not any(a[0] == "migrate" and not {"--check", "--dry-run"} & set(a) for a in pr_cmds), \
+        "a pull request must not change the fleet"
+    assert any(a[0] == "migrate" and not {"--check", "--dry-run"} & set(a) for a in main_cmds)
+    assert branch == []
+
+
+def test_workflow_commands_against_the_sandbox(ci_env):
+    fleet, env = ci_env
+    topo = load(fleet)
+    (fleet.parent / "migrations" / "V0003__photo_location.sql").write_text(ADD_LOCATION)
+
+    # A pull request that adds V3: the dry run shows its SQL, the check fails and lists it, nothing changes.
+    runs = run_event("pull_request", "refs/pull/7/merge", env)
+    assert [r.args for r in runs] == [["migrate", "--dry-run"], ["migrate", "--check"]], runs
+    assert runs[0].exit_code == 0, runs[0]
+    assert "ALTER TABLE insta0.photos ADD COLUMN location text;" in runs[0].stdout
+    assert runs[1].exit_code == 1, runs[1]
+    assert "pg1: V3 on 32 shards" in runs[1].stderr and "pg2: V3 on 32 shards" in runs[1].stderr
+    with connect(topo, "pg1") as conn:
+        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 3").fetchone()[0] == 0
+
+    # The merge: main applies it, then proves nothing is left.
+    runs = run_event("push", "refs/heads/main", env)
+    assert [r.args[0] for r in runs] == ["migrate", "migrate", "status"], runs
+    assert all(r.exit_code == 0 for r in runs), runs
+    for host in ("pg1", "pg2"):
+        with connect(topo, host) as conn:
+            assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 3").fetchone()[0] == 32
+
+    # The next pull request without migrations is green.
+    runs = run_event("pull_request", "refs/pull/8/merge", env)
+    assert len(runs) == 2 and all(r.exit_code == 0 for r in runs), runs
+
+    # A pull request that edits an applied migration fails at once, naming it.
+    path = fleet.parent / "migrations" / "V0002__create_likes.sql"
+    path.write_text(path.read_text() + "-- tidied up\n")
+    runs = run_event("pull_request", "refs/pull/9/merge", env)
+    assert len(runs) == 1 and runs[0].exit_code == 1, runs
+    assert "V0002__create_likes.sql changed after it was applied" in runs[0].stderr

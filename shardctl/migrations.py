@@ -37,11 +37,19 @@ class Migration:
         """The SQL for one shard. Undefined names fail here (StrictUndefined), before anything runs."""
         try:
             template = _compiled(self.source, str(self.path))
-            return template.render(shard_context(topo, shard))
+            text = template.render(shard_context(topo, shard))
         except jinja2.TemplateError as exc:
             line = getattr(exc, "lineno", None)
             where = f"{self.name}:{line}" if line else self.name
             raise BadInput(f"migration {where} does not render: {exc.message or exc}") from None
+        if not self.transactional:
+            count = len(split_statements(text))
+            if count > 1:
+                # Statements sent together run in one implicit transaction, where CREATE INDEX
+                # CONCURRENTLY cannot; and a half-applied no-transaction file could not be re-run.
+                raise BadInput(f"migration {self.name} is marked {NO_TRANSACTION} but holds {count} statements; "
+                               f"give each statement a migration file of its own")
+        return text
 
 
 _templates: dict[tuple[str, str], jinja2.Template] = {}
@@ -57,6 +65,67 @@ def _compiled(source: str, name: str) -> jinja2.Template:
             raise BadInput(f"migration {Path(name).name}:{exc.lineno} is not a valid template: {exc.message}") from None
         _templates[key] = template
     return template
+
+
+_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
+
+
+def split_statements(sql_text: str) -> list[str]:
+    """Top-level statements of ``sql_text`` (semicolons inside quotes, dollar quotes and comments do
+    not count); pieces holding only whitespace and comments are dropped."""
+    out: list[str] = []
+    start = i = 0
+    n = len(sql_text)
+    code = False  # the current piece has something besides whitespace and comments
+    while i < n:
+        c = sql_text[i]
+        if c == "-" and sql_text.startswith("--", i):
+            end = sql_text.find("\n", i)
+            i = n if end < 0 else end + 1
+            continue
+        if c == "/" and sql_text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if sql_text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif sql_text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+            continue
+        if c in "'\"":
+            backslash = c == "'" and i > 0 and sql_text[i - 1] in "eE"
+            i += 1
+            while i < n:
+                if backslash and sql_text[i] == "\\":
+                    i += 2
+                    continue
+                if sql_text[i] == c:
+                    if sql_text.startswith(c * 2, i):
+                        i += 2
+                        continue
+                    break
+                i += 1
+            i += 1
+            code = True
+            continue
+        if c == "$":
+            m = _DOLLAR.match(sql_text, i)
+            if m and not (i > 0 and (sql_text[i - 1].isalnum() or sql_text[i - 1] == "_")):
+                end = sql_text.find(m.group(0), m.end())
+                i = n if end < 0 else end + len(m.group(0))
+                code = True
+                continue
+        if c == ";":
+            if code:
+                out.append(sql_text[start:i + 1].strip())
+            start, code = i + 1, False
+        elif not c.isspace():
+            code = True
+        i += 1
+    if code:
+        out.append(sql_text[start:].strip())
+    return out
 
 
 def checksum(sql_text: str) -> str:

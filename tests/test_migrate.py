@@ -349,12 +349,32 @@ def test_gap_duplicate_or_undefined_name_fails_before_anything_runs(make_fleet):
     assert result.exit_code == 2 and "version 2 is used twice" in result.stderr, result
     dup.unlink()
 
-    add_migration(fleet, "V0003__typo.sql", "ALTER TABLE {{ shcema|ident }}.photos ADD COLUMN x int;\n")
+    typo = add_migration(fleet, "V0003__typo.sql", "ALTER TABLE {{ shcema|ident }}.photos ADD COLUMN x int;\n")
     for args in (["migrate"], ["migrate", "--dry-run"], ["migrate", "--check"]):
         result = run_cli(*args, config=fleet)
         assert result.exit_code == 2, result
         assert "V0003__typo.sql" in result.stderr and "shcema" in result.stderr
+    typo.unlink()
+
+    # Several statements sent together run in one implicit transaction, where CONCURRENTLY cannot.
+    add_migration(fleet, "V0003__two_indexes.sql",
+                  "-- shardctl:no-transaction\n"
+                  "CREATE INDEX CONCURRENTLY a_idx ON {{ schema|ident }}.photos (caption);\n"
+                  "CREATE INDEX CONCURRENTLY b_idx ON {{ schema|ident }}.photos (created_at);\n")
+    result = run_cli("migrate", config=fleet)
+    assert result.exit_code == 2, result
+    assert "V0003__two_indexes.sql is marked -- shardctl:no-transaction but holds 2 statements" in result.stderr
     assert ledger(topo, "pg1", 3) == set()
+
+
+def test_split_statements():
+    from shardctl.migrations import split_statements
+
+    assert split_statements("-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);\n-- a; b\n") == \
+        ["-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);"]
+    assert len(split_statements("SELECT 'a;''b'; SELECT E'\\';'; SELECT \"x;y\"")) == 3
+    assert len(split_statements("DO $f$ BEGIN PERFORM 1; END $f$; /* x; /* y; */ */ SELECT 1;")) == 2
+    assert split_statements("  ;; -- nothing\n") == []
 
 
 def test_dry_run_shows_rendered_sql_and_touches_nothing(make_fleet):

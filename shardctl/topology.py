@@ -229,6 +229,10 @@ class _Validator:
         except YAMLError as exc:
             self.error(f"invalid YAML: {exc}")
             self.fail()
+        except Exception as exc:  # noqa: BLE001 - ruamel itself fails on some inputs, e.g. TypeError
+            # for a mapping key that holds a list ("? x:\n  - a"); no such text is a topology.
+            self.error(f"invalid YAML: cannot build the document ({type(exc).__name__}: {exc})")
+            self.fail()
         if not isinstance(doc, dict):
             self.error("the topology must be a YAML mapping with version, id, shards and hosts")
             self.fail()

@@ -246,6 +246,9 @@ def _load_never_crashes(text: str) -> None:
 
 @SETTINGS
 @given(mutated_topologies())
+@example(GOOD.replace("hosts:", "? x:"))  # ruamel raised TypeError (a mapping key holding a list)
+@example(GOOD.replace("count: 16", "count: abc").replace('"0-7"', '"0-99999999999"'))
+@example(GOOD.replace('"insta{n}"', '"x{n:{n.x}}"'))
 def test_loader_mutations_raise_only_config_errors(text):
     _load_never_crashes(text)
 

@@ -56,7 +56,32 @@ def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: s
     emit(as_json, result, human)
 
 
+def _docker_engine_problem() -> str | None:
+    """Why no Docker engine answers at ``$DOCKER_HOST`` (default: the local socket), or None if one may."""
+    import socket
+    from urllib.parse import urlparse
+
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    url = urlparse(where)
+    try:
+        if url.scheme == "unix":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(2)
+                s.connect(url.path)
+        elif url.scheme in ("tcp", "http", "https") and url.hostname:
+            with socket.create_connection((url.hostname, url.port or 2375), timeout=2):
+                pass
+        else:
+            return None  # ssh:// and others: let the docker client find out
+    except OSError as exc:
+        return f"no Docker engine is reachable at {where} ({exc.strerror or exc})"
+    return None
+
+
 def _docker_unavailable() -> str:
+    problem = _docker_engine_problem()
+    if problem:
+        return f"--engine docker: {problem}; use the default embedded engine"
     try:
         import docker  # type: ignore[import-not-found]
     except ImportError:

@@ -1,0 +1,120 @@
+"""``shardctl sandbox up/status/down`` through the CLI, on servers of the test's own."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from conftest import load, run_cli
+
+
+def error_line(result) -> str:
+    """Failures print exactly one error line on stderr, never a traceback."""
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")]
+    assert len(lines) == 1, result
+    assert "Traceback" not in result.stderr, result
+    return lines[0]
+
+
+def test_sandbox_up_status_down_up_keeps_data_then_destroy(tmp_path):
+    box = tmp_path / "box"
+    try:
+        up = run_cli("sandbox", "up", "--dir", box, "--hosts", "2", "--shards", "16", "--json")
+        assert up.exit_code == 0, up
+        doc = json.loads(up.stdout)
+        assert doc["created"] == ["pg1", "pg2"] and doc["wrote_topology"] is True
+        ports = [h["port"] for h in doc["hosts"]]
+        assert len(set(ports)) == 2
+
+        topo = load(box / "shardctl.yaml")
+        assert topo.shard_count == 16 and [h.name for h in topo.hosts] == ["pg1", "pg2"]
+        assert [len(h.shards) for h in topo.hosts] == [8, 8]
+
+        status = run_cli("sandbox", "status", "--dir", box, "--json")
+        assert status.exit_code == 0, status
+        hosts = json.loads(status.stdout)["hosts"]
+        assert [h["running"] for h in hosts] == [True, True] and all(h["pid"] for h in hosts)
+        human = run_cli("sandbox", "status", "--dir", box)
+        assert human.exit_code == 0 and "pg1" in human.stdout and "pg2" in human.stdout, human
+
+        # The topology it wrote works: init, and a table of our own on pg2.
+        assert run_cli("init", config=box / "shardctl.yaml").exit_code == 0
+        with psycopg.connect(**topo.host("pg2").connect_kwargs(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE keepme (x int)")
+            conn.execute("INSERT INTO keepme VALUES (7)")
+
+        down = run_cli("sandbox", "down", "--dir", box)
+        assert down.exit_code == 0, down
+        assert "pg1" in down.stdout and "pg2" in down.stdout
+        stopped = run_cli("sandbox", "status", "--dir", box, "--json")
+        assert stopped.exit_code == 3, stopped
+        assert [h["running"] for h in json.loads(stopped.stdout)["hosts"]] == [False, False]
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(**topo.host("pg2").connect_kwargs(connect_timeout=2))
+        again_down = run_cli("sandbox", "down", "--dir", box)
+        assert again_down.exit_code == 0 and "nothing running" in again_down.stdout, again_down
+
+        again = run_cli("sandbox", "up", "--dir", box, "--hosts", "2", "--shards", "16", "--json")
+        assert again.exit_code == 0, again
+        doc = json.loads(again.stdout)
+        assert doc["created"] == [] and doc["wrote_topology"] is False
+        assert [h["port"] for h in doc["hosts"]] == ports
+        with psycopg.connect(**topo.host("pg2").connect_kwargs()) as conn:
+            assert conn.execute("SELECT x FROM keepme").fetchall() == [(7,)]
+        verified = run_cli("verify", config=box / "shardctl.yaml")
+        assert verified.exit_code == 0, verified
+
+        destroyed = run_cli("sandbox", "down", "--dir", box, "--destroy")
+        assert destroyed.exit_code == 0, destroyed
+        assert not box.exists()
+        gone = run_cli("sandbox", "status", "--dir", box)
+        assert gone.exit_code == 2, gone
+        assert "no sandbox in" in error_line(gone)
+    finally:
+        run_cli("sandbox", "down", "--dir", box, "--destroy")
+
+
+def test_engine_docker_fails_clearly(tmp_path):
+    result = run_cli("sandbox", "up", "--dir", tmp_path / "docker", "--engine", "docker")
+    assert result.exit_code == 1, result
+    line = error_line(result)
+    assert line.startswith("error: --engine docker") and "docker" in line.split("--engine docker", 1)[1], line
+    assert not (tmp_path / "docker" / "sandbox.json").exists()
+
+
+@pytest.mark.parametrize("docker_host", ["unix:///nonexistent/docker.sock", "tcp://127.0.0.1:1"])
+def test_engine_docker_without_an_engine_says_so(tmp_path, docker_host):
+    result = run_cli("sandbox", "up", "--dir", tmp_path / "docker", "--engine", "docker",
+                     env={"DOCKER_HOST": docker_host})
+    assert result.exit_code == 1, result
+    line = error_line(result)
+    assert f"no Docker engine is reachable at {docker_host}" in line, line
+    assert "use the default embedded engine" in line
+    assert not (tmp_path / "docker").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["--hosts", "0"],
+    ["--hosts", "65"],
+    ["--shards", "0"],
+    ["--shards", "9000"],
+    ["--hosts", "three"],
+    ["--engine", "podman"],
+    ["--function", "perl"],
+])
+def test_bad_arguments_exit_2_and_touch_nothing(tmp_path, args):
+    box = tmp_path / "bad"
+    result = run_cli("sandbox", "up", "--dir", box, *args)
+    assert result.exit_code == 2, result
+    assert "Traceback" not in result.stderr and result.stderr.strip(), result
+    assert not box.exists()
+
+
+def test_fewer_shards_than_hosts_is_bad_input(tmp_path):
+    box = tmp_path / "bad"
+    result = run_cli("sandbox", "up", "--dir", box, "--hosts", "3", "--shards", "2")
+    assert result.exit_code == 2, result
+    assert "--shards (2) must be at least --hosts (3)" in error_line(result)
+    assert not (box / "sandbox.json").exists()

@@ -35,7 +35,6 @@ def is_integer_key(text: str) -> bool:
     return digits.isdecimal()
 
 
-
 def placement_shard(key: int | str, new_objects: list[int], *, force_string: bool = False) -> int:
     """The shard a *new* object goes to under ``placement.new_objects``: spread over those shards
     the same way keys spread over the modulus."""

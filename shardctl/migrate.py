@@ -16,12 +16,14 @@ Per host, under the host's advisory lock:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 
@@ -140,11 +142,22 @@ def _gaps(conn: psycopg.Connection, rows: dict[int, ShardVersion], scope: list[i
 
 # ---- integrity: checksums of applied migrations ----------------------------------------------
 
+@functools.cache
+def _renderer_digest() -> str:
+    """The code that turns a migration file into SQL: any change to it re-verifies every version."""
+    from . import identifiers, migrations, render
+
+    digest = hashlib.sha256(__version__.encode())
+    for module in (identifiers, migrations, render):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()
+
+
 def context_digest(topo: Topology) -> str:
     """What, besides the file, a migration's rendering depends on."""
-    doc = {"shardctl": __version__, "schema": topo.schema_format, "count": topo.shard_count,
+    doc = {"renderer": _renderer_digest(), "schema": topo.schema_format, "count": topo.shard_count,
            "function": topo.function, "layout": layout_context(topo.layout),
-           "names": sorted(shard_context(topo, 0))}
+           "first": shard_context(topo, 0), "last": shard_context(topo, max(0, topo.shard_count - 1))}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from .errors import BadInput, ConfigError
-from .render import builtin_dir, shard_context, string_environment
+from .render import RENDER_ERRORS, builtin_dir, shard_context, string_environment, template_line
 from .topology import Topology
 
 FILE_NAME = re.compile(r"^V(\d+)__([A-Za-z0-9_]+)\.sql$")
@@ -38,10 +38,10 @@ class Migration:
         try:
             template = _compiled(self.source, str(self.path))
             text = template.render(shard_context(topo, shard))
-        except jinja2.TemplateError as exc:
-            line = getattr(exc, "lineno", None)
+        except RENDER_ERRORS as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
+            line = template_line(exc, "<template>")
             where = f"{self.name}:{line}" if line else self.name
-            raise BadInput(f"migration {where} does not render: {exc.message or exc}") from None
+            raise BadInput(f"migration {where} does not render: {getattr(exc, 'message', None) or exc}") from None
         if not self.transactional:
             count = len(split_statements(text))
             if count > 1:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jinja2
 
+from .errors import BadInput
 from .identifiers import quote_ident, quote_literal
 from .layouts import Layout, iso
 from .topology import Topology
@@ -88,19 +89,47 @@ def shard_context(topo: Topology, shard: int) -> dict:
     }
 
 
+# What rendering a template can raise besides jinja2's own errors: Python errors from
+# expressions such as {{ shard_id + "x" }} or {{ 1 // 0 }}.
+RENDER_ERRORS = (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError)
+
+
+def template_line(exc: BaseException, filename: str | None = None) -> int | None:
+    """The template line an exception was raised from (jinja2 maps template frames to their lines)."""
+    line = getattr(exc, "lineno", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name == filename or (filename is None and (name == "<template>" or name.endswith(".j2"))):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _render(topo: Topology | None, name: str, context: dict) -> str:
+    """Render template ``name``; a broken template is BadInput naming it (and its line), not a traceback."""
+    try:
+        template = environment(topo).get_template(name)
+        return template.render(context)
+    except RENDER_ERRORS as exc:
+        line = template_line(exc)
+        where = f"{name}:{line}" if line else name
+        message = getattr(exc, "message", None) or str(exc)
+        raise BadInput(f"template {where} does not render: {message}") from None
+
+
 def render_control(topo: Topology | None = None) -> str:
-    return environment(topo).get_template("control_schema.sql.j2").render()
+    return _render(topo, "control_schema.sql.j2", {})
 
 
 def render_shard(topo: Topology, shard: int) -> str:
     """SQL that creates shard ``shard``: schema, sequence and ``next_id()``."""
-    return environment(topo).get_template("shard.sql.j2").render(shard_context(topo, shard))
+    return _render(topo, "shard.sql.j2", shard_context(topo, shard))
 
 
 def render_next_id(topo: Topology, shard: int) -> str:
     """Just the ``CREATE OR REPLACE FUNCTION … next_id()`` statement for a shard."""
-    template = f"next_id_{topo.function}.sql.j2"
-    return environment(topo).get_template(template).render(shard_context(topo, shard))
+    return _render(topo, f"next_id_{topo.function}.sql.j2", shard_context(topo, shard))
 
 
 def next_id_body(function_sql: str) -> str:

@@ -396,6 +396,15 @@ def test_render_migration_error_is_bad_input(small, tmp_path):
     assert "V0001__broken.sql" in result.stderr and "'shema' is undefined" in result.stderr
 
 
+def test_render_template_error_is_bad_input(small, tmp_path):
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / "shard.sql.j2").write_text("CREATE SCHEMA {{ schema_name }};\n")
+    small.write_text(SMALL + "templates: tpl/\n")
+    result = run(["-c", small, "render"])
+    assert result.exit_code == 2
+    assert errors(result) == ["error: template shard.sql.j2:1 does not render: 'schema_name' is undefined"]
+
+
 # ---- --json everywhere --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [

@@ -168,12 +168,19 @@ def test_topology_templates_override_the_builtin_ones(tmp_path):
     assert "CREATE OR REPLACE FUNCTION insta2.next_id(" in sql  # falls back to the built-in next_id
 
 
-def test_template_typo_fails_at_render_time(tmp_path):
+@pytest.mark.parametrize("source,needle", [
+    ("-- shard\nCREATE SCHEMA {{ shema }};\n", "template shard.sql.j2:2 does not render: 'shema' is undefined"),
+    ("CREATE SCHEMA {{ schema }}{{ shard_id + 'x' }};\n", "template shard.sql.j2:1 does not render: unsupported"),
+    ("{% include 'missing.sql.j2' %}\n", "template shard.sql.j2:1 does not render: 'missing.sql.j2' not found"),
+    ("{% if %}\n", "template shard.sql.j2:1 does not render"),
+])
+def test_template_errors_are_bad_input_naming_the_file(tmp_path, source, needle):
     (tmp_path / "tpl").mkdir()
-    (tmp_path / "tpl" / "shard.sql.j2").write_text("CREATE SCHEMA {{ shema }};\n")
+    (tmp_path / "tpl" / "shard.sql.j2").write_text(source)
     topo = topology(path=tmp_path / "shardctl.yaml", extra="templates: tpl/\n")
-    with pytest.raises(Exception, match="shema"):  # StrictUndefined, never an empty name
+    with pytest.raises(BadInput) as info:  # StrictUndefined: never an empty name in the SQL
         render.render_shard(topo, 2)
+    assert needle in str(info.value)
 
 
 # ---- migrations ---------------------------------------------------------------------------------------
@@ -208,7 +215,9 @@ def test_migration_context(tmp_path):
 
 
 @pytest.mark.parametrize("source,needle", [
-    ("CREATE TABLE {{ shema }}.t ();\n", "'shema' is undefined"),
+    ("CREATE TABLE {{ shema }}.t ();\n", "V0002__typo.sql:1 does not render: 'shema' is undefined"),
+    ("SELECT 1;\nSELECT {{ shard_id + 'x' }};\n", "V0002__typo.sql:2 does not render: unsupported operand"),
+    ("SELECT 1;\n\nSELECT {{ shard_id // 0 }};\n", "V0002__typo.sql:3 does not render: integer division"),
     ("CREATE TABLE {{ schema }}.t (id bigint DEFAULT {{ layout.next_idd }}());\n", "next_idd"),
     ("SELECT 1;\n{{ shard_id + }}\n", "V0002__typo.sql:2"),
     ("{% for x in %}\n", "is not a valid template"),

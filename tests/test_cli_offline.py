@@ -335,7 +335,8 @@ def test_info(topo):
 
 def test_info_masks_inline_passwords(tmp_path):
     path = tmp_path / "pw.yaml"
-    path.write_text(TOPOLOGY.replace("postgresql://app@127.0.0.1:1/app", "postgresql://app:Hunter2Secret@127.0.0.1:1/app")
+    path.write_text(TOPOLOGY
+                    .replace("postgresql://app@127.0.0.1:1/app", "postgresql://app:Hunter2Secret@127.0.0.1:1/app")
                     .replace("dbname=app user=app", "dbname=app user=app password=Hunter2Other"))
     for extra in ([], ["--json"]):
         result = run(["-c", path, "--allow-inline-password", "info", *extra])

@@ -253,9 +253,12 @@ def test_decoder_lines_and_csv_agree():
     decoder = Decoder(layout)
     results, bad = decoder.decode_lines(lines)
     assert [r["id"] for r in results] == good
-    assert [(n, p.split(":")[0]) for n, _, p in bad] == [(2, "not an integer ID"), (4, "empty line"),
-                                                         (5, "-1 is negative; instagram IDs stay positive until 2045-11-03T19"),
-                                                         (6, f"{1 << 64} does not fit in 64 bits")]
+    assert [(n, p.split(":")[0]) for n, _, p in bad] == [
+        (2, "not an integer ID"),
+        (4, "empty line"),
+        (5, "-1 is negative; instagram IDs stay positive until 2045-11-03T19"),
+        (6, f"{1 << 64} does not fit in 64 bits"),
+    ]
     out = io.StringIO()
     csv_bad = decoder.write_csv(lines, out)
     assert [n for n, _, _ in csv_bad] == [2, 4, 5, 6]

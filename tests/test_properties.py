@@ -220,7 +220,8 @@ def mutated_topologies(draw) -> str:
                 lines = ["x: 1"]
         elif action == "insert":
             indent = " " * draw(st.sampled_from([0, 2, 4, 6]))
-            key = draw(st.sampled_from(["colour", "version", "id", "shards", "hosts", "count", "name", "bits", "- name"]))
+            key = draw(st.sampled_from(["colour", "version", "id", "shards", "hosts", "count", "name", "bits",
+                                        "- name"]))
             lines.insert(i, f"{indent}{key}: {draw(yaml_scalars)}")
         elif action == "indent":
             lines[i] = " " * draw(st.integers(0, 3)) + line

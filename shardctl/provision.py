@@ -10,6 +10,7 @@ from .apply import RunOptions, ShardPlan, Step
 from .fleet import (FleetReport, HostReport, ProgressFactory, apply_plans, ensure_control_schema, log_event,
                     read_shards, run_on_host, select_hosts)
 from .migrations import Migration, checksum, for_topology
+from .ranges import format_shards
 from .render import render_shard
 from .topology import Host, Topology
 
@@ -26,6 +27,12 @@ def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: in
     return out
 
 
+def forget_sql(shard: int) -> str:
+    """Drop a shard's control rows (its schema is gone), ahead of creating it again."""
+    return (f"DELETE FROM shardctl.migrations WHERE shard_id = {int(shard)};\n"
+            f"DELETE FROM shardctl.shards WHERE shard_id = {int(shard)};\n")
+
+
 def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions | None = None,
          wait: float = 0, progress: ProgressFactory | None = None, target: int | None = None) -> FleetReport:
     """Create the control schema and every missing shard (schema, sequence, next_id(), migrations),
@@ -39,13 +46,17 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
     stop = threading.Event()
     started = time.perf_counter()
 
+    recreated_by_host: dict[str, list[int]] = {}
+
     def work(host: Host) -> HostReport:
         report = HostReport(host.name)
+        recreated = recreated_by_host.setdefault(host.name, [])
 
         def body() -> None:
             with db.host_lock(host, wait=wait, connect_timeout=options.connect_timeout, purpose="init") as conn:
                 report.control_created = ensure_control_schema(conn, topo)
                 present = read_shards(conn)
+                schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace")} if present else set()
                 plans = []
                 for n in host.shards:
                     row = present.get(n)
@@ -53,19 +64,29 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
                     if row is None:
                         plans.append(ShardPlan(n, schema, render_shard(topo, n),
                                                steps_for(migrations, topo, n, target=goal)))
+                    elif row.state == "active" and row.schema not in schemas:
+                        # Recorded, but its schema was dropped behind shardctl's back: nothing is left
+                        # to keep, so build it afresh, replacing its control rows in the same transaction.
+                        recreated.append(n)
+                        plans.append(ShardPlan(n, schema, forget_sql(n) + render_shard(topo, n),
+                                               steps_for(migrations, topo, n, target=goal)))
                     elif row.version < goal:
                         plans.append(ShardPlan(n, schema, None, steps_for(migrations, topo, n, row.version, goal)))
                 report.unchanged = len(host.shards) - len(plans)
                 apply_plans(host, plans, options, stop, report, progress)
                 if report.changed or report.failed:
-                    log_event(conn, options.purpose, report.created, {"created": len(report.created),
-                                                             "migrated": len(report.migrated),
-                                                             "failed": len(report.failed)})
+                    detail = {"created": len(report.created), "migrated": len(report.migrated),
+                              "failed": len(report.failed)}
+                    if recreated:
+                        detail["recreated"] = format_shards(recreated)
+                    log_event(conn, options.purpose, report.created, detail)
 
         return run_on_host(host, report, body)
 
     from .fleet import for_each_host
 
     reports = for_each_host(select_hosts(topo, hosts), work)
+    # Shards whose schema had been dropped by hand, which init set out to build again.
+    recreated = {h: format_shards(r) for h, r in recreated_by_host.items() if r}
     return FleetReport("init", reports, time.perf_counter() - started,
-                       extra={"latest_version": len(migrations)})
+                       extra={"latest_version": len(migrations), "recreated": recreated})

@@ -109,6 +109,27 @@ def test_verify_catches_a_dropped_shard_schema(ready):
     assert [(v["host"], v["shard"]) for v in doc["violations"]] == [("pg2", 12)]
 
 
+def test_init_rebuilds_a_shard_whose_schema_was_dropped(ready):
+    """Before the fix, init said "Nothing to do: every shard exists" and verify kept failing."""
+    topo = load(ready)
+    with admin(topo, "pg2") as conn:
+        conn.execute("DROP SCHEMA insta12 CASCADE")
+    assert run_cli("verify", config=ready).exit_code == 1
+    rebuilt = run_cli("init", config=ready)
+    assert rebuilt.exit_code == 0, rebuilt
+    assert "Nothing to do" not in rebuilt.stdout
+    assert "pg2: shards 12 were recorded but their schemas had been dropped; built them again" in rebuilt.stdout
+    assert "Created 1 shards" in rebuilt.stdout, rebuilt
+    assert run_cli("verify", config=ready).exit_code == 0
+    with admin(topo, "pg2") as conn:
+        assert conn.execute("SELECT array_agg(version ORDER BY version) FROM shardctl.migrations "
+                            "WHERE shard_id = 12").fetchone()[0] == [1, 2]
+        assert conn.execute("SELECT detail->>'recreated' FROM shardctl.events ORDER BY id DESC LIMIT 1"
+                            ).fetchone()[0] == "12"
+    again = run_cli("init", "--json", config=ready)
+    assert json.loads(again.stdout)["changed"] is False and json.loads(again.stdout)["recreated"] == {}
+
+
 def test_verify_catches_a_schema_of_another_hosts_shard(ready):
     topo = load(ready)
     with admin(topo, "pg1") as conn:  # shard 13 belongs to pg2

@@ -94,6 +94,9 @@ def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_
 
     def human() -> None:
         fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts")
+        for host, shards in report.extra.get("recreated", {}).items():
+            stdout.print(f"[yellow]{host}[/yellow]: shards {shards} were recorded but their schemas had been "
+                         f"dropped; built them again", markup=True, highlight=False)
         if report.ok and not report.changed:
             stdout.print(f"Nothing to do: every shard exists and is at version {report.extra['latest_version']}. "
                          f"({report.seconds:.2f}s)")

@@ -29,6 +29,8 @@ DEFAULT_SHARDS = 256
 
 # Sandbox servers are for trying things and for tests: no fsync (a killed server
 # still loses nothing, only a machine crash would), logical WAL for shard moves.
+# synchronous_commit stays on: with it off, a killed server loses commits it
+# already acknowledged (they sit in WAL buffers, not yet handed to the OS).
 SERVER_SETTINGS = {
     "listen_addresses": "'127.0.0.1'",
     "unix_socket_directories": "''",
@@ -39,7 +41,6 @@ SERVER_SETTINGS = {
     "max_worker_processes": "16",
     "max_connections": "100",
     "fsync": "off",
-    "synchronous_commit": "off",
     "full_page_writes": "off",
     "shared_buffers": "128MB",
     "log_min_messages": "warning",

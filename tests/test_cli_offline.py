@@ -503,9 +503,6 @@ def test_real_process_reads_stdin_and_env(topo, tmp_path):
     assert "error: line 2: 'abc': not an integer ID" in real.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="ShardctlGroup.main/report_error look for --json in sys.argv instead of the "
-                                       "arguments main() was given, so the API/CliRunner path prints no JSON error "
-                                       "document (the real process above does)")
 def test_json_error_document_in_process(tmp_path):
     result = run(["-c", tmp_path / "missing.yaml", "info", "--json"])
     assert result.exit_code == 2

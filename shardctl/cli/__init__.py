@@ -54,6 +54,8 @@ class ShardctlGroup(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401
         kwargs["standalone_mode"] = False
+        given = args[0] if args else kwargs.get("args")
+        argv = [str(a) for a in (sys.argv[1:] if given is None else given)]
         try:
             result = super().main(*args, **kwargs)
         except click.exceptions.Exit as exc:
@@ -65,7 +67,7 @@ class ShardctlGroup(click.Group):
             exc.show()
             sys.exit(EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
         except ShardctlError as exc:
-            report_error(exc, "--json" in sys.argv)
+            report_error(exc, "--json" in argv, debug="--debug" in argv)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted")
@@ -75,8 +77,7 @@ class ShardctlGroup(click.Group):
         return result
 
 
-def report_error(exc: ShardctlError, as_json: bool) -> None:
-    debug = "--debug" in sys.argv
+def report_error(exc: ShardctlError, as_json: bool, debug: bool = False) -> None:
     lines = exc.all_messages() if isinstance(exc, ConfigErrors) else [str(exc)]
     for line in lines:
         stderr.print(f"error: {mask(line)}", markup=False, highlight=False)

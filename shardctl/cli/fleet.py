@@ -50,7 +50,7 @@ def finish(as_json: bool, doc: dict, human: Callable[[], None], error: ShardctlE
     """Print the result, then the one-line error and its exit code, if any."""
     emit(as_json, doc, human)
     if error is not None:
-        report_error(error, as_json=False)
+        report_error(error, as_json=False, debug=settings().debug)
         sys.exit(error.exit_code)
 
 

@@ -222,8 +222,9 @@ def check_integrity(conn: psycopg.Connection, topo: Topology, migrations: list[M
     wanted = None if shards is None else set(shards)
     bad: set[int] = set()
     drift: dict[int, Drift] = {}
-    rows = conn.execute("SELECT shard_id, version, checksum FROM shardctl.migrations WHERE version = ANY(%s)",
-                        (to_read,)).fetchall()
+    rows = conn.execute("SELECT shard_id, version, checksum FROM shardctl.migrations WHERE version = ANY(%s) "
+                        "ORDER BY shard_id", (to_read,)).fetchall()
+    context_of, context = -1, None  # one context per shard, shared by its versions
     for shard, version, stored in rows:
         m = by_version.get(version)
         in_scope = wanted is None or shard in wanted
@@ -235,7 +236,9 @@ def check_integrity(conn: psycopg.Connection, topo: Topology, migrations: list[M
             bad.add(version)  # a shard this topology cannot render: never vouch for the version
             continue
         result.rendered += 1
-        if checksum(m.render(topo, shard)) != stored:
+        if shard != context_of:
+            context_of, context = shard, shard_context(topo, shard)
+        if checksum(m.render(topo, shard, context)) != stored:
             bad.add(version)
             if in_scope:
                 drift.setdefault(version, Drift(version, m.name)).shards.append(shard)

@@ -33,11 +33,14 @@ class Migration:
     def name(self) -> str:
         return self.path.name
 
-    def render(self, topo: Topology, shard: int) -> str:
-        """The SQL for one shard. Undefined names fail here (StrictUndefined), before anything runs."""
+    def render(self, topo: Topology, shard: int, context: dict | None = None) -> str:
+        """The SQL for one shard. Undefined names fail here (StrictUndefined), before anything runs.
+
+        ``context``: ``shard_context(topo, shard)`` when the caller already has it (rendering many
+        versions for one shard)."""
         try:
             template = _compiled(self.source, str(self.path))
-            text = template.render(shard_context(topo, shard))
+            text = template.render(context if context is not None else shard_context(topo, shard))
         except RENDER_ERRORS as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
             line = template_line(exc, "<template>")
             where = f"{self.name}:{line}" if line else self.name

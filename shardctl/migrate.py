@@ -279,9 +279,9 @@ def explain_error(error: str, options: RunOptions) -> str:
     """Say in plain words what a timeout means for a shard's migration."""
     low = error.lower()
     if "lock timeout" in low:
-        return (f"lock timeout: waited {options.lock_timeout} for a lock another transaction holds on this "
-                f"shard's tables ({error}); the migration was not applied here. Re-run when that transaction "
-                f"is gone, or raise --lock-timeout")
+        return (f"lock timeout: waited {options.lock_timeout or 'the lock timeout'} for a lock another "
+                f"transaction holds on this shard's tables ({error}); the migration was not applied here. "
+                f"Re-run when that transaction is gone, or raise --lock-timeout")
     if "statement timeout" in low:
         return (f"statement timeout: a statement ran longer than --statement-timeout {options.statement_timeout} "
                 f"({error}); the migration was not applied here")
@@ -300,7 +300,9 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
     """
     if repair and (check or dry_run):
         raise BadInput("--repair cannot be combined with --check or --dry-run")
-    options = options or RunOptions(lock_timeout=DEFAULT_LOCK_TIMEOUT)
+    options = options or RunOptions()
+    if options.lock_timeout is None:  # never queue behind application traffic by default ("0" disables it)
+        options.lock_timeout = DEFAULT_LOCK_TIMEOUT
     options.purpose = options.purpose or "migrate"
     migrations = for_topology(topo)  # a gap, a duplicate or a badly named file fails here
     goal = _target(migrations, target)

@@ -11,6 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from .db import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
 from .errors import HostUnreachable
+from .identifiers import quote_ident
 from .routing import placement_shard, shard_for_key
 from .topology import Host, Topology
 
@@ -117,7 +118,22 @@ class Router:
         self.close()
 
 
+# What ``DISCARD ALL`` does, less ``DEALLOCATE ALL`` (psycopg keeps its own prepared statements
+# and, after the first time, would not notice them gone), and allowed in a transaction.
+_RESET_SQL = ("SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_statements WHERE name !~ '^_pg3_';"
+              "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
+              "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
+
+
 def _reset(conn: psycopg.Connection) -> None:
-    """Return connections clean: no search_path or other session settings leak to the next user."""
-    conn.execute("RESET ALL")
+    """Return connections clean: nothing of one checkout's session reaches the next user.
+
+    Settings, and temporary tables too: ``pg_temp`` comes first in the search path, so a temp
+    table left behind would capture another shard's reads and writes. Session advisory locks,
+    LISTENs, cursors and the user's own prepared statements go as well; psycopg's prepared
+    statements stay (PostgreSQL re-plans them when the search path changes).
+    """
+    names = conn.execute(_RESET_SQL).fetchone()[0]
+    for name in names:
+        conn.execute(f"DEALLOCATE {quote_ident(name)}")
     conn.commit()

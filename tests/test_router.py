@@ -85,6 +85,34 @@ def test_connection_sets_search_path_and_returns_clean(topo):
             assert conn.execute("SHOW statement_timeout").fetchone()[0] == default_timeout
 
 
+def test_session_state_of_one_checkout_never_reaches_the_next(topo):
+    """Temp tables come first in search_path: one left behind would capture the next key's writes."""
+    with Router(topo, max_size=1) as router:
+        with router.connection(5) as conn:
+            pid = conn.info.backend_pid
+            conn.execute("CREATE TEMP TABLE users (id bigint, username text)")
+            conn.execute("SELECT pg_advisory_lock(4242)")
+            conn.execute("PREPARE mine AS SELECT 1")
+            conn.execute('PREPARE "Odd name" AS SELECT 2')
+            conn.execute("LISTEN somewhere")
+        with router.connection(6) as conn:
+            assert conn.info.backend_pid == pid
+            row_id = conn.execute("INSERT INTO users (username) VALUES ('six') RETURNING id").fetchone()[0]
+            assert conn.execute("SELECT to_regclass('pg_temp.users')").fetchone()[0] is None
+            assert conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'"
+                                ).fetchone()[0] == 0
+            assert conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()[0] == 0
+            assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 "
+                                "AND pid = pg_backend_pid()").fetchone()[0] == 0
+        assert row_id is not None and topo.layout.decode(row_id)["shard"] == 6
+        # psycopg's own prepared statements survive the reset: the connection keeps working with prepare=True.
+        for key in (7, 8, 9):
+            with router.connection(key) as conn:
+                assert conn.execute("SELECT current_schema()", prepare=True).fetchone()[0] == f"insta{key}"
+    with connect(topo, "pg1") as check:
+        assert check.execute("SELECT username FROM insta6.users WHERE id = %s", (row_id,)).fetchone() == ("six",)
+
+
 def test_rows_written_through_the_router_carry_their_shard(topo):
     keys = [0, 1, 31, 32, 63, 64, 31341, 77777, "alice", "bob", "carol@example.com"]
     with Router(topo) as router:

@@ -171,6 +171,10 @@ def test_init_with_a_host_down_exits_3_then_completes(private_sandbox):
 
     human = run_cli("init", config=path)  # the human table names the host, too
     assert human.exit_code == 3 and "pg2" in human.stdout, human
+    for command in ("verify", "status"):  # nor can verify or status judge a host that is down
+        result = run_cli(command, config=path)
+        assert result.exit_code == 3, result
+        assert "host pg2 is unreachable" in one_error_line(result)
 
     box.start_host("pg2")
     again = run_cli("init", "--json", config=path)

@@ -1,0 +1,97 @@
+"""Two runs at once on one fleet: nothing applied twice, no deadlock, a clear message for the loser."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psycopg
+
+from conftest import load, run_cli
+
+ADD_COLUMN = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
+
+
+def start(*args, config):
+    return subprocess.Popen([sys.executable, "-m", "shardctl", "--config", str(config), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def ledger(topo):
+    out = {}
+    for host in topo.hosts:
+        with psycopg.connect(host.dsn) as conn:
+            out[host.name] = conn.execute("SELECT count(*), count(DISTINCT (shard_id, version)) "
+                                          "FROM shardctl.migrations").fetchone()
+    return out
+
+
+def wait_for_locks(topo, timeout=60):
+    """Until some shardctl run holds the lock on every host."""
+    deadline = time.monotonic() + timeout
+    pending = {h.name for h in topo.hosts}
+    while pending and time.monotonic() < deadline:
+        for host in topo.hosts:
+            with psycopg.connect(host.dsn) as conn:
+                if conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted").fetchone()[0]:
+                    pending.discard(host.name)
+        time.sleep(0.02)
+    assert not pending, f"no lock taken on {pending}"
+
+
+def test_two_inits_at_once(make_fleet):
+    path = make_fleet(hosts=2, shards=512)
+    first = start("init", "--batch-size", "8", config=path)
+    second = start("init", "--batch-size", "8", config=path)
+    out1, err1 = first.communicate(timeout=300)
+    out2, err2 = second.communicate(timeout=300)
+    codes = sorted([first.returncode, second.returncode])
+    assert codes[0] == 0, (err1, err2)
+    if codes[1] != 0:  # the loser: a clear one-line message, exit 1
+        loser_err = err1 if first.returncode else err2
+        assert codes[1] == 1 and "another shardctl run holds the lock" in loser_err, loser_err
+    counts = ledger(load(path))
+    assert counts == {"pg1": (512, 512), "pg2": (512, 512)}
+    assert run_cli("verify", config=path).exit_code == 0
+
+
+def test_second_init_waits_with_wait(make_fleet):
+    path = make_fleet(hosts=2, shards=512)
+    first = start("init", "--batch-size", "4", config=path)
+    wait_for_locks(load(path))
+    second = run_cli("init", "--wait", "120", "--json", config=path)
+    first.communicate(timeout=300)
+    assert first.returncode == 0 and second.exit_code == 0, second
+    assert ledger(load(path)) == {"pg1": (512, 512), "pg2": (512, 512)}
+
+
+def test_migrate_during_add_shard(make_fleet):
+    path = make_fleet(hosts=2, shards=64)
+    assert run_cli("init", config=path).exit_code == 0
+    (path.parent / "migrations" / "V0003__add_location.sql").write_text(ADD_COLUMN)
+    grower = start("add-shard", "--count", "1024", "--host", "pg2", "--batch-size", "4", config=path)
+    topo = load(path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until add-shard holds pg2's lock and is creating shards
+        with psycopg.connect(topo.host("pg2").dsn) as conn:
+            if conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id >= 64").fetchone()[0]:
+                break
+        time.sleep(0.05)
+    during = run_cli("migrate", config=path)
+    out, err = grower.communicate(timeout=300)
+    assert grower.returncode == 0, err
+    # pg2 was busy: migrate said so and left it alone; pg1 was migrated.
+    assert during.exit_code == 1, during
+    assert "pg2" in during.stderr and "another shardctl run holds the lock" in during.stderr
+    after = run_cli("migrate", config=path)
+    assert after.exit_code == 0, after
+    assert run_cli("migrate", "--check", config=path).exit_code == 0
+    topo = load(path)
+    for host in topo.hosts:
+        with psycopg.connect(host.dsn) as conn:
+            versions = conn.execute("SELECT max(version), count(*), count(DISTINCT (shard_id, version)) "
+                                    "FROM shardctl.migrations").fetchone()
+        assert versions[0] == 3 and versions[1] == versions[2]
+    assert topo.shard_count == 1088
+    assert run_cli("verify", config=path).exit_code == 0

@@ -1,0 +1,120 @@
+"""Secrets never printed; hosts that accept TCP but never answer fail fast with exit 3."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import _sandbox_dir, run_cli
+from shardctl.sandbox import Sandbox
+
+PASSWORD = "Sw0rdf1sh-9f8e7d"
+ENV = "SHARDCTL_TEST_PASSWORD"
+
+
+@pytest.fixture(scope="module")
+def protected():
+    os.environ[ENV] = PASSWORD
+    box = Sandbox(_sandbox_dir("protected"))
+    box.up(hosts=2, shards=16, password_env=ENV)
+    yield box
+    box.destroy()
+    os.environ.pop(ENV, None)
+
+
+def cli_process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shardctl", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_password_never_printed(protected, tmp_path):
+    path = str(protected.topology_path)
+    assert "password_env" in Path(path).read_text() and PASSWORD not in Path(path).read_text()
+    commands = [["init"], ["verify"], ["status"], ["migrate", "--check"], ["migrate", "--dry-run"], ["plan"],
+                ["migrate"], ["info"], ["locate", "42"], ["render", "--shard", "3"], ["decode-id", "--layout",
+                                                                                         "pinterest", "1"]]
+    seen = []
+    for command in commands:
+        for extra in ([], ["--json"]):
+            proc = cli_process("--config", path, *command, *extra)
+            seen.append((command, extra, proc.returncode))
+            assert PASSWORD not in proc.stdout + proc.stderr, (command, extra)
+            if extra:
+                json.loads(proc.stdout)
+    assert all(code == 0 for _, _, code in seen), seen
+
+    # Connection failures: a wrong password, and an unreachable host, with --debug tracebacks.
+    wrong = cli_process("--debug", "--config", path, "status", env={ENV: "not-" + PASSWORD})
+    assert wrong.returncode == 3 and "not-" + PASSWORD not in wrong.stdout + wrong.stderr
+    assert "password authentication failed" in wrong.stderr
+    text = Path(path).read_text().replace("127.0.0.1:", "127.0.0.1:1", 1)
+    inline = protected.dir / "inline.yaml"
+    inline.write_text(text.replace("postgresql://postgres@", f"postgresql://postgres:{PASSWORD}@"))
+    refused = cli_process("--config", str(inline), "status", "--json")
+    assert refused.returncode == 2 and PASSWORD not in refused.stdout + refused.stderr
+    allowed = cli_process("--debug", "--allow-inline-password", "--config", str(inline), "status", "--json",
+                          "--connect-timeout", "2")
+    assert allowed.returncode == 3, allowed
+    assert PASSWORD not in allowed.stdout + allowed.stderr
+    # Nothing the servers logged, nor the control schema's event log, holds it either.
+    for log in protected.dir.glob("*.log"):
+        assert PASSWORD not in log.read_text(errors="replace"), log
+
+
+class SilentServer:
+    """Accepts TCP connections and never says a word."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self.stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        self.sock.settimeout(0.2)
+        while not self.stop:
+            try:
+                conn, _ = self.sock.accept()
+                self.held.append(conn)
+            except OSError:
+                continue
+
+    def close(self):
+        self.stop = True
+        for c in self.held:
+            c.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def silent():
+    server = SilentServer()
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("command", [["init"], ["status"], ["verify"], ["migrate", "--check"], ["migrate"]])
+def test_silent_host_times_out_with_exit_3(make_fleet, silent, command):
+    path = make_fleet(hosts=2, shards=8)
+    text = path.read_text()
+    # pg2 points at a server that accepts TCP and never answers.
+    head, tail = text.split("- name: pg2", 1)
+    tail = tail.split("\n", 2)
+    path.write_text(head + "- name: pg2\n    dsn: \"postgresql://postgres@127.0.0.1:%d/app\"\n%s" % (silent.port, tail[2]))
+    started = time.monotonic()
+    result = run_cli(*command, "--connect-timeout", "2", config=path)
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 3, result
+    assert "pg2" in result.stderr and "Traceback" not in result.stderr
+    assert elapsed < 15, f"{command} took {elapsed:.1f}s with --connect-timeout 2"

@@ -80,6 +80,12 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
                     if recreated:
                         detail["recreated"] = format_shards(recreated)
                     log_event(conn, options.purpose, report.created, detail)
+                if report.changed:
+                    # Record the verified checksums now, so the next `migrate --check` stays one cheap
+                    # query per host instead of re-rendering every applied migration.
+                    from .migrate import refresh_cache
+
+                    refresh_cache(conn, topo, migrations)
 
         return run_on_host(host, report, body)
 

@@ -63,11 +63,15 @@ def status(topo: Topology, *, hosts: list[str] | None = None,
                     row = conn.execute("SELECT kind || ' at ' || to_char(at, 'YYYY-MM-DD HH24:MI:SS') "
                                        "FROM shardctl.events ORDER BY id DESC LIMIT 1").fetchone()
                     st.last_event = row[0] if row else None
-                present = {r[0] for r in rows}
+                # A shard is present when it is recorded *and* its schema really exists.
+                schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+                recorded = {r[0] for r in rows}
+                present = {n for n in recorded if topo.schema_name(n) in schemas}
+                stray = {n for n in range(topo.layout.max_shards) if topo.schema_name(n) in schemas} - recorded
                 versions = [r[2] for r in rows if r[0] in set(host.shards)]
                 st.present = len(present & set(host.shards))
                 st.missing = format_shards(set(host.shards) - present)
-                st.unexpected = format_shards(present - set(host.shards))
+                st.unexpected = format_shards((present | stray) - set(host.shards))
                 st.moving = format_shards(r[0] for r in rows if r[1] != "active")
                 if versions:
                     st.min_version, st.max_version = min(versions), max(versions)

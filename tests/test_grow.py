@@ -155,3 +155,14 @@ def test_status_shows_drift(fleet):
     doc = json.loads(run_cli("status", "--json", config=fleet).stdout)
     pg1 = doc["hosts"][0]
     assert pg1["missing"] == "3" and pg1["drift"] and not doc["ok"]
+
+
+def test_status_sees_a_dropped_schema_and_a_stray_one(fleet):
+    assert run_cli("init", config=fleet).exit_code == 0
+    topo = load(fleet)
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute("DROP SCHEMA insta5 CASCADE")
+        conn.execute("CREATE SCHEMA insta40")  # shard 40 belongs to pg2
+    result = run_cli("status", "--json", config=fleet)
+    pg1 = json.loads(result.stdout)["hosts"][0]
+    assert pg1["present"] == 31 and pg1["missing"] == "5" and pg1["unexpected"] == "40"

@@ -48,6 +48,8 @@ def split_hosts(value: str | None) -> list[str] | None:
 
 def finish(as_json: bool, doc: dict, human: Callable[[], None], error: ShardctlError | None) -> None:
     """Print the result, then the one-line error and its exit code, if any."""
+    if error is not None and as_json:
+        doc = {**doc, "ok": False, "error": str(error), "exit_code": error.exit_code}
     emit(as_json, doc, human)
     if error is not None:
         report_error(error, as_json=False, debug=settings().debug)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -12,22 +14,36 @@ from psycopg_pool import ConnectionPool
 from .db import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
 from .errors import HostUnreachable
 from .identifiers import quote_ident
+from .move_sql import MOVED_SQLSTATE
 from .routing import placement_shard, shard_for_key
 from .topology import Host, Topology
+
+T = TypeVar("T")
+# Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
+# old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
+MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883"})
 
 
 class Router:
     """Routes keys to shards and hands out pooled connections with ``search_path`` set to the shard.
 
     Pools (psycopg-pool, one per host) open lazily on first use; :meth:`close` closes them.
+
+    Shards move between hosts (``shardctl move-shard``). :meth:`run` and :meth:`execute` follow a
+    move: when a statement fails because its shard has just moved away (the old tables are
+    guarded and their schema renamed), they reload the topology file and retry once on the
+    shard's new host. :meth:`connection` cannot retry a ``with`` block: its callers see that error
+    and can call :meth:`follow_move` (True: the topology was reloaded, try again).
     """
 
     def __init__(self, topology: Topology, *, max_size: int = 8, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-                 pool_timeout: float = 30.0):
+                 pool_timeout: float = 30.0, move_wait: float = 10.0, allow_inline_password: bool = False):
         self.topology = topology
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
+        self.move_wait = move_wait  # how long to wait for the topology file to show a move's cutover
+        self.allow_inline_password = allow_inline_password
         self._pools: dict[str, ConnectionPool] = {}
         self._lock = threading.Lock()
 
@@ -65,6 +81,81 @@ class Router:
         """
         with self.shard_connection(self.shard_for(key, force_string=force_string)) as conn:
             yield conn
+
+    def run(self, key: int | str, work: Callable[[psycopg.Connection], T], *, force_string: bool = False) -> T:
+        """Call ``work(conn)`` in one transaction on the key's shard; if the shard moved meanwhile,
+        reload the topology and call it once more on the new host.
+
+        ``work`` may run twice, but its first run was rolled back entirely: it must only use ``conn``
+        (no side effects outside the database it cannot repeat).
+        """
+        return self.run_shard(self.shard_for(key, force_string=force_string), work)
+
+    def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T]) -> T:
+        """:meth:`run` for a shard number (e.g. from :meth:`shard_of_id`)."""
+        try:
+            with self.shard_connection(shard) as conn:
+                return work(conn)
+        except psycopg.Error as exc:
+            if not self.follow_move(shard, exc):
+                raise
+        with self.shard_connection(shard) as conn:
+            return work(conn)
+
+    def execute(self, key: int | str, query: Any, params: Any = None, *, force_string: bool = False) -> Any:
+        """One statement on the key's shard, following a move like :meth:`run`: the rows it
+        returns, or the number of rows it changed."""
+        def work(conn: psycopg.Connection) -> Any:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description is not None else cur.rowcount
+
+        return self.run(key, work, force_string=force_string)
+
+    def reload(self) -> Topology:
+        """Read the topology file again; pools of hosts that left or changed DSN are closed."""
+        if self.topology.path is None:
+            return self.topology
+        fresh = Topology.load(self.topology.path, allow_inline_password=self.allow_inline_password)
+        keep = {h.name: (h.dsn, h.password_env) for h in fresh.hosts}
+        with self._lock:
+            before = {h.name: (h.dsn, h.password_env) for h in self.topology.hosts}
+            self.topology = fresh
+            stale = [name for name in self._pools if keep.get(name) is None or keep[name] != before.get(name)]
+            old_pools = [self._pools.pop(name) for name in stale]
+        for pool in old_pools:
+            pool.close()
+        return fresh
+
+    def follow_move(self, shard: int, exc: BaseException) -> bool:
+        """After ``exc`` on ``shard``: True when the shard turned out to have moved and the reloaded
+        topology now names its new host (waiting up to ``move_wait`` seconds for the file to say so)."""
+        state = getattr(exc, "sqlstate", None)
+        if state not in MOVED_ERRORS or self.topology.path is None:
+            return False
+        old = self.topology.host_of(shard)
+        moved = state == MOVED_SQLSTATE
+        deadline = time.monotonic() + self.move_wait
+        while True:
+            fresh = self.reload()
+            new = fresh.host_of(shard)
+            if (new.name, new.dsn) != (old.name, old.dsn):
+                return True
+            if not moved:
+                # A missing table may be an application bug: only wait if the shard really moved away.
+                moved = self._moved_away(old, shard)
+                if not moved:
+                    return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def _moved_away(self, host: Host, shard: int) -> bool:
+        try:
+            with self._pool(host).connection(timeout=self.pool_timeout) as conn:
+                row = conn.execute("SELECT state FROM shardctl.shards WHERE shard_id = %s", (shard,)).fetchone()
+        except Exception:  # noqa: BLE001 - no answer means no evidence of a move
+            return False
+        return bool(row) and row[0] == "moved_out"
 
     @contextmanager
     def shard_connection(self, shard: int) -> Iterator[psycopg.Connection]:

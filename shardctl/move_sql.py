@@ -1,0 +1,352 @@
+"""Catalog and replication helpers for ``move-shard`` (shardctl.move).
+
+Everything here is one or a few queries on one connection: what a shard schema
+holds, whether it can be replicated, row counts and checksums, sequence values,
+write privileges, and the publication / subscription / slot objects of a move.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from .identifiers import quote_ident, quote_literal
+
+# SQLSTATE raised by the guard trigger on a moved shard's old tables (see Router.run).
+MOVED_SQLSTATE = "SCM01"
+GUARD_FUNCTION = "shardctl.moved_shard_guard"
+GUARD_TRIGGER = "shardctl_moved_shard"
+WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
+CHUNK = 100  # tables per checksum query
+
+MOVES_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS shardctl.moves (
+    move_id      text PRIMARY KEY,
+    shards       text NOT NULL,
+    source       text NOT NULL,
+    target       text NOT NULL,
+    role         text NOT NULL CHECK (role IN ('source', 'target')),
+    phase        text NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at  timestamptz,
+    detail       jsonb NOT NULL DEFAULT '{}'
+)
+"""
+
+GUARD_FUNCTION_SQL = f"""
+CREATE OR REPLACE FUNCTION {GUARD_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $guard$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '{MOVED_SQLSTATE}', MESSAGE = TG_ARGV[0],
+        HINT = 'the shard lives on another host now: reload the topology (shardctl''s Router does)';
+END
+$guard$
+"""
+
+# Row text must not depend on the session: the same rows give the same checksum on both hosts.
+STABLE_TEXT = ("SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, YMD'; SET IntervalStyle TO 'postgres'; "
+               "SET extra_float_digits TO 3; SET bytea_output TO 'hex'")
+
+
+# ---- control-schema records -----------------------------------------------------------
+
+def moves_table_exists(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL").fetchone()[0]
+
+
+def ensure_moves_table(conn: psycopg.Connection) -> None:
+    """Create shardctl.moves (call under the host lock: concurrent CREATE IF NOT EXISTS can collide)."""
+    if not moves_table_exists(conn):
+        with conn.transaction():
+            conn.execute(MOVES_TABLE_SQL)
+
+
+def ensure_guard_function(conn: psycopg.Connection) -> None:
+    exists = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f"{GUARD_FUNCTION}()",)).fetchone()[0]
+    if not exists:
+        with conn.transaction():
+            conn.execute(GUARD_FUNCTION_SQL)
+
+
+def server_facts(conn: psycopg.Connection) -> dict:
+    row = conn.execute(
+        """SELECT current_setting('server_version_num')::int, current_setting('wal_level'),
+                  current_setting('max_replication_slots')::int,
+                  (SELECT count(*) FROM pg_replication_slots)::int,
+                  current_setting('max_wal_senders')::int,
+                  current_setting('max_logical_replication_workers')::int,
+                  (SELECT system_identifier FROM pg_control_system())""").fetchone()
+    return {"version_num": row[0], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
+            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "system_identifier": row[6]}
+
+
+# ---- what the schemas hold --------------------------------------------------------------
+
+def tables(conn: psycopg.Connection, schemas: list[str], kinds: str = "r") -> list[tuple[str, str]]:
+    """(schema, table) of the relations of ``kinds`` (pg_class.relkind letters) in ``schemas``."""
+    return [tuple(r) for r in conn.execute(
+        """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = ANY(%s) AND c.relkind = ANY(%s) ORDER BY 1, 2""",
+        (schemas, list(kinds))).fetchall()]
+
+
+def present_schemas(conn: psycopg.Connection, schemas: list[str]) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)",
+                                       (schemas,)).fetchall()}
+
+
+def unmovable(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
+    """Why these schemas cannot be replicated: tables without a primary key or replica identity
+    (their UPDATEs and DELETEs could not be applied), unlogged tables, materialized views and
+    foreign tables (logical replication carries none of them)."""
+    rows = conn.execute(
+        """SELECT n.nspname, c.relname, c.relkind, c.relpersistence, c.relreplident,
+                  EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+                  EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'm', 'f')
+            ORDER BY 1, 2""", (schemas,)).fetchall()
+    problems = []
+    for schema, table, kind, persistence, ident, has_pk, has_ident_index in rows:
+        name = f"{schema}.{table}"
+        if kind == "m":
+            problems.append(f"{name} is a materialized view (not replicated)")
+        elif kind == "f":
+            problems.append(f"{name} is a foreign table (not replicated)")
+        elif persistence == "u":
+            problems.append(f"{name} is unlogged (not replicated)")
+        elif ident == "n" or (ident == "d" and not has_pk) or (ident == "i" and not has_ident_index):
+            problems.append(f"{name} has no primary key or replica identity")
+    return problems
+
+
+def structure(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """(schema, table) → [(column, type)] for the ordinary and partitioned tables in ``schemas``."""
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for schema, table, column, typ in conn.execute(
+            """SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod)
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p')
+                ORDER BY 1, 2, a.attnum""", (schemas,)).fetchall():
+        out.setdefault((schema, table), []).append((column, typ))
+    for schema, table in tables(conn, schemas, "rp"):  # a table without columns still counts
+        out.setdefault((schema, table), [])
+    return out
+
+
+def checksums(conn: psycopg.Connection, items: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str]]:
+    """(schema, table) → (row count, checksum of the rows' text). Order-independent: a sum of 64-bit
+    hashes of each row's text, so no sort is needed; the session's text settings are pinned first."""
+    conn.execute(STABLE_TEXT)
+    out: dict[tuple[str, str], tuple[int, str]] = {}
+    for i in range(0, len(items), CHUNK):
+        chunk = items[i:i + CHUNK]
+        parts = [f"SELECT {quote_literal(s)}, {quote_literal(t)}, count(*), "
+                 f"coalesce(sum(hashtextextended(x::text, 0)::numeric), 0)::text "
+                 f"FROM {quote_ident(s)}.{quote_ident(t)} AS x" for s, t in chunk]
+        for schema, table, count, total in conn.execute("\nUNION ALL\n".join(parts)).fetchall():
+            out[(schema, table)] = (count, total)
+    return out
+
+
+def sequences(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str], dict]:
+    """(schema, sequence) → last_value (None if never used), max_value: read from the sequences themselves."""
+    return {(r[0], r[1]): {"last_value": r[2], "max_value": r[3]} for r in conn.execute(
+        """SELECT schemaname, sequencename, last_value, max_value FROM pg_sequences
+            WHERE schemaname = ANY(%s)""", (schemas,)).fetchall()}
+
+
+def set_sequences(conn: psycopg.Connection, values: list[tuple[str, str, int]]) -> int:
+    """setval each (schema, sequence, value), never moving a sequence backwards."""
+    if not values:
+        return 0
+    schemas, names, vals = zip(*values)
+    return conn.execute(
+        """SELECT count(setval(format('%%I.%%I', u.s, u.n)::regclass,
+                              greatest(u.v, coalesce(q.last_value, 0)), true))
+             FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS u(s, n, v)
+             LEFT JOIN pg_sequences q ON q.schemaname = u.s AND q.sequencename = u.n""",
+        (list(schemas), list(names), list(vals))).fetchone()[0]
+
+
+def write_grants(conn: psycopg.Connection, schemas: list[str]) -> list[list[str]]:
+    """[schema, table, grantee (SQL: a quoted role or PUBLIC), privilege] for every write privilege."""
+    return [list(r) for r in conn.execute(
+        """SELECT n.nspname, c.relname,
+                  CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
+                  a.privilege_type
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
+                  aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) AS a
+            WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND a.privilege_type = ANY(%s)
+            ORDER BY 1, 2, 3, 4""", (schemas, list(WRITE_PRIVILEGES))).fetchall()]
+
+
+def grant_sql(grants: list[list[str]], revoke: bool, rename: dict[str, str] | None = None) -> str:
+    """REVOKE (or GRANT back) the recorded write privileges; ``rename`` maps recorded schema names to current ones."""
+    rename = rename or {}
+    out = []
+    for schema, table, grantee, privilege in grants:
+        if privilege not in WRITE_PRIVILEGES:
+            continue
+        target = f"{quote_ident(rename.get(schema, schema))}.{quote_ident(table)}"
+        if revoke:
+            out.append(f"REVOKE {privilege} ON {target} FROM {grantee};\n")
+        else:
+            out.append(f"GRANT {privilege} ON {target} TO {grantee};\n")
+    return "".join(out)
+
+
+def guard_sql(schema: str, table: str, message: str) -> str:
+    return (f"CREATE TRIGGER {GUARD_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON "
+            f"{quote_ident(schema)}.{quote_ident(table)} FOR EACH STATEMENT EXECUTE FUNCTION "
+            f"{GUARD_FUNCTION}({quote_literal(message)});\n")
+
+
+def unguard_sql(schema: str, table: str) -> str:
+    return f"DROP TRIGGER IF EXISTS {GUARD_TRIGGER} ON {quote_ident(schema)}.{quote_ident(table)};\n"
+
+
+def now_ms(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone()[0]
+
+
+# ---- publications, slots, subscriptions -------------------------------------------------
+
+def publication_exists(conn: psycopg.Connection, name: str) -> bool:
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s)", (name,)).fetchone()[0]
+
+
+def create_publication(conn: psycopg.Connection, name: str, schemas: list[str]) -> None:
+    conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLES IN SCHEMA {}").format(
+        sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s) for s in schemas)))
+
+
+def drop_publications(conn: psycopg.Connection, names: list[str]) -> list[str]:
+    dropped = []
+    for name in names:
+        if publication_exists(conn, name):
+            conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
+            dropped.append(name)
+    return dropped
+
+
+def slot_exists(conn: psycopg.Connection, name: str) -> bool:
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)",
+                        (name,)).fetchone()[0]
+
+
+def create_slot(conn: psycopg.Connection, name: str) -> None:
+    """A logical slot for a subscription, made on the publisher first (so source and target may
+    even be two databases of one server, where CREATE SUBSCRIPTION could not make it)."""
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+
+
+def move_slots(conn: psycopg.Connection, names: list[str], sub_oids: list[int]) -> list[str]:
+    """The slots a move made on the publisher: its subscriptions' slots and their table-sync slots."""
+    patterns = [f"pg\\_{int(oid)}\\_sync\\_%" for oid in sub_oids]
+    return [r[0] for r in conn.execute(
+        "SELECT slot_name FROM pg_replication_slots WHERE slot_name = ANY(%s) OR slot_name LIKE ANY(%s)",
+        (names, patterns)).fetchall()]
+
+
+def drop_slots(conn: psycopg.Connection, names: list[str], sub_oids: list[int], timeout: float = 30) -> list[str]:
+    """Drop the move's slots on the publisher, ending a walsender that still holds one."""
+    dropped: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = move_slots(conn, names, sub_oids)
+        if not left:
+            return dropped
+        for slot in left:
+            pid = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                               (slot,)).fetchone()
+            try:
+                if pid and pid[0]:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid[0],))
+                    continue
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                dropped.append(slot)
+            except psycopg.errors.ObjectInUse:
+                pass
+            except psycopg.errors.UndefinedObject:
+                pass
+        if time.monotonic() > deadline:
+            left = move_slots(conn, names, sub_oids)
+            if left:
+                raise psycopg.OperationalError(f"replication slots still in use: {', '.join(left)}")
+            return dropped
+        time.sleep(0.1)
+
+
+def subscriptions(conn: psycopg.Connection, names: list[str]) -> dict[str, int]:
+    """name → oid of the named subscriptions in this database."""
+    return dict(conn.execute(
+        """SELECT subname, oid::int FROM pg_subscription
+            WHERE subname = ANY(%s) AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())""",
+        (names,)).fetchall())
+
+
+def create_subscription(conn: psycopg.Connection, name: str, conninfo: str) -> None:
+    conn.execute(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH "
+                         "(create_slot = false, slot_name = {}, copy_data = true)").format(
+        sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(name), sql.Literal(name)))
+
+
+def drop_subscription(conn: psycopg.Connection, name: str) -> str:
+    """Drop a subscription and its slot on the publisher. When the publisher cannot be reached,
+    detach the slot first (the caller then drops the slot on the publisher itself).
+    Returns 'dropped', 'detached' or 'absent'."""
+    if name not in subscriptions(conn, [name]):
+        return "absent"
+    ident = sql.Identifier(name)
+    try:
+        conn.execute(sql.SQL("DROP SUBSCRIPTION IF EXISTS {}").format(ident))
+        return "dropped"
+    except psycopg.Error:
+        if not conn.autocommit and not conn.broken:
+            conn.rollback()
+    conn.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(ident))
+    conn.execute(sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(ident))
+    conn.execute(sql.SQL("DROP SUBSCRIPTION IF EXISTS {}").format(ident))
+    return "detached"
+
+
+def sync_state(conn: psycopg.Connection, names: list[str]) -> dict:
+    """Table states of the subscriptions: counts by state letter, and error counters."""
+    states: dict[str, int] = {}
+    for state, count in conn.execute(
+            """SELECT r.srsubstate::text, count(*)::int FROM pg_subscription s
+                 JOIN pg_subscription_rel r ON r.srsubid = s.oid
+                WHERE s.subname = ANY(%s) GROUP BY 1""", (names,)).fetchall():
+        states[state] = count
+    errors = conn.execute(
+        """SELECT coalesce(sum(apply_error_count), 0)::bigint, coalesce(sum(sync_error_count), 0)::bigint
+             FROM pg_stat_subscription_stats WHERE subname = ANY(%s)""", (names,)).fetchone()
+    return {"states": states, "ready": states.get("r", 0), "tables": sum(states.values()),
+            "apply_errors": errors[0], "sync_errors": errors[1]}
+
+
+def slot_lag(conn: psycopg.Connection, names: list[str]) -> int | None:
+    """Bytes of WAL the subscriptions have yet to confirm (the largest over the move's slots)."""
+    row = conn.execute(
+        """SELECT max(pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn)))::bigint,
+                  count(*)
+             FROM pg_replication_slots WHERE slot_name = ANY(%s)""", (names,)).fetchone()
+    return None if not row[1] else max(0, int(row[0] or 0))
+
+
+def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
+    """True when every subscription's walsender reports having applied WAL up to ``lsn``."""
+    row = conn.execute(
+        """SELECT count(*) FILTER (WHERE replay_lsn >= %s::pg_lsn), count(*)
+             FROM pg_stat_replication WHERE application_name = ANY(%s)""", (lsn, names)).fetchone()
+    return row[1] == len(names) and row[0] == len(names)
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, default=str)

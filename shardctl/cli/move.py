@@ -1,0 +1,241 @@
+"""``move-shard`` and ``rebalance``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Callable
+
+import click
+
+from ..db import DEFAULT_CONNECT_TIMEOUT
+from ..errors import BadInput, ShardctlError
+from ..move import (PHASE_NAMES, MoveOptions, abort_move, cleanup_move, move_shards, move_status, parse_range)
+from ..rebalance import apply as rebalance_apply
+from ..rebalance import plan_report
+from . import cli, json_option, settings
+from .fleet import finish
+from .output import info, stderr, stdout, table
+
+
+def move_options(func: Callable) -> Callable:
+    opts = [
+        click.option("--max-freeze", type=click.FloatRange(0.1, 3600), default=5.0, show_default=True,
+                     help="Seconds writes may be frozen at cutover; past it the attempt is rolled back."),
+        click.option("--attempts", type=click.IntRange(1, 100), default=3, show_default=True,
+                     help="Cutover freezes to try before giving up."),
+        click.option("--sequence-margin", type=click.IntRange(0, 1 << 40), default=1024, show_default=True,
+                     help="Added to each source sequence's value when it is set on the target."),
+        click.option("--schemas-per-subscription", type=click.IntRange(1, 100_000), default=64, show_default=True,
+                     help="Schemas per publication / subscription."),
+        click.option("--max-subscriptions", type=click.IntRange(1, 64), default=4, show_default=True,
+                     help="Cap on subscriptions per move (batches grow instead)."),
+        click.option("--sync-timeout", type=click.FloatRange(1, 7 * 86_400), default=3600, show_default=True,
+                     help="Seconds to wait for the initial copy (it goes on if this run stops)."),
+        click.option("--publisher-dsn", metavar="DSN",
+                     help="How the target server reaches the source, if not by the topology's DSN "
+                          "(the source's password_env still supplies the password)."),
+        click.option("--batch-size", type=click.IntRange(1, 10_000), default=16, show_default=True,
+                     help="Shards per transaction when creating or dropping schemas."),
+        click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
+                     help="Seconds to wait for another shardctl run's locks."),
+        click.option("--connect-timeout", type=click.IntRange(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
+                     show_default=True, help="Seconds to wait for a host to answer."),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return json_option(func)
+
+
+def _options(kw: dict) -> MoveOptions:
+    return MoveOptions(max_freeze=kw["max_freeze"], attempts=kw["attempts"], sequence_margin=kw["sequence_margin"],
+                       schemas_per_subscription=kw["schemas_per_subscription"],
+                       max_subscriptions=kw["max_subscriptions"], sync_timeout=kw["sync_timeout"],
+                       publisher_dsn=kw["publisher_dsn"], batch_size=kw["batch_size"], wait=kw["wait"],
+                       connect_timeout=kw["connect_timeout"],
+                       allow_inline_password=settings().allow_inline_password)
+
+
+@contextmanager
+def move_progress(enabled: bool) -> Iterator[Callable[[str, int, int, str], None] | None]:
+    """Progress of a move: rich bars on a terminal, else a line now and then on stderr."""
+    if not enabled:
+        yield None
+        return
+    if stderr.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=stderr) as bar:
+            tasks: dict[str, int] = {}
+
+            def tick(step: str, done: int, total: int, note: str) -> None:
+                if step == "note":
+                    bar.console.print(note, markup=False, highlight=False)
+                    return
+                if step not in tasks:
+                    tasks[step] = bar.add_task(step, total=total or None, note=note)
+                bar.update(tasks[step], completed=done, total=total or None, note=note)
+
+            yield tick
+        return
+    last: dict[str, tuple[float, int]] = {}
+
+    def plain(step: str, done: int, total: int, note: str) -> None:
+        if step == "note":
+            info(note)
+            return
+        now = time.monotonic()
+        seen = last.get(step)
+        finished = bool(total) and done >= total
+        if seen and (seen[1] == done or (now - seen[0] < 5 and not finished)):
+            return
+        last[step] = (now, done)
+        info(f"{step}: {done}/{total}{' ' + note if note else ''}" if total else f"{step}: {note}")
+
+    yield plain
+
+
+def _human_move(doc: dict) -> None:
+    phases = ", ".join(doc.get("phases_run") or []) or "nothing"
+    stdout.print(f"move {doc.get('move_id', '-')}: shards {doc.get('shards')} "
+                 f"{doc.get('source', '?')} → {doc.get('target', '?')}; ran {phases}; phase now "
+                 f"[bold]{doc.get('phase')}[/bold]", markup=True, highlight=False)
+    for message in doc.get("messages") or []:
+        stdout.print(f"  {message}", markup=False, highlight=False)
+    if "sync_seconds" in doc:
+        stdout.print(f"  initial copy: {doc.get('tables', '?')} tables ready in {doc['sync_seconds']:.1f}s")
+    if "freeze_seconds" in doc:
+        stdout.print(f"  write freeze: {doc['freeze_seconds']:.3f}s"
+                     + (f" ({doc['rows']} rows compared, {doc.get('sequences', 0)} sequences copied)"
+                        if "rows" in doc else ""))
+    stdout.print(f"  took {doc.get('seconds', 0):.1f}s")
+    phase = doc.get("phase")
+    if phase == "cut_over":
+        stdout.print(f"  The source keeps the old schemas (renamed, no writes) until: "
+                     f"shardctl move-shard --cleanup --move {doc.get('move_id')}")
+    elif phase in ("prepared", "syncing", "synced"):
+        stdout.print(f"  Next: shardctl move-shard {doc.get('shards')} --to {doc.get('target')}"
+                     f"{' sync' if phase == 'prepared' else ' cutover'}")
+
+
+def _human_status(doc: dict) -> None:
+    rows = []
+    for m in doc["moves"]:
+        progress = ""
+        if "tables" in m and "tables_ready" in m:
+            progress = f"{m['tables_ready']}/{m['tables']} tables"
+        lag = m.get("lag_bytes")
+        rows.append([m["move_id"], m["shards"], m["shard_count"], f"{m['source']} → {m['target']}", m["phase"],
+                     progress or "-", "-" if lag is None else f"{lag} B",
+                     "-" if m.get("freeze_seconds") is None else f"{m['freeze_seconds']:.3f}s",
+                     str(m.get("updated_at") or "")[:19]])
+    stdout.print(table("moves", ["move", "shards", "count", "hosts", "phase", "sync", "lag", "freeze", "updated"],
+                       rows))
+    for host, error in doc.get("unreachable", {}).items():
+        stdout.print(f"[red]{host}[/red]: {error}", markup=True, highlight=False)
+    stdout.print(f"{doc['in_flight']} move(s) in flight.")
+
+
+@cli.command("move-shard")
+@click.argument("shard_range", metavar="[RANGE]", required=False)
+@click.argument("phase", metavar="[PHASE]", required=False,
+                type=click.Choice(list(PHASE_NAMES) + ["all"]))
+@click.option("--to", "target", metavar="HOST", help="Host that receives the shards.")
+@click.option("--abort", "do_abort", is_flag=True, help="Roll the move back: the source is authoritative again.")
+@click.option("--cleanup", "do_cleanup", is_flag=True, help="After the cutover: drop the source's old schemas.")
+@click.option("--status", "show_status", is_flag=True, help="Show every recorded move, with sync progress and lag.")
+@click.option("--move", "move_id", metavar="ID", help="The move to abort or clean up (default: the one in flight).")
+@move_options
+def move_shard_cmd(shard_range: str | None, phase: str | None, target: str | None, do_abort: bool,
+                   do_cleanup: bool, show_status: bool, move_id: str | None, as_json: bool, **kw) -> None:
+    """Move logical shards to another host online (PHASE: prepare, sync, cutover; default: all three).
+
+    \b
+    shardctl move-shard 256-511 --to pg9            prepare, sync and cut over
+    shardctl move-shard 256-511 --to pg9 sync       one phase (each is resumable)
+    shardctl move-shard --status
+    shardctl move-shard 256-511 --abort             roll back (any time before cleanup)
+    shardctl move-shard 256-511 --cleanup           drop the source's old schemas
+    """
+    modes = [m for m, on in (("--abort", do_abort), ("--cleanup", do_cleanup), ("--status", show_status)) if on]
+    if len(modes) > 1:
+        raise BadInput(f"{' and '.join(modes)} are different actions; give one")
+    topo = settings().topology()
+    options = _options(kw)
+    if show_status:
+        if shard_range or phase or target:
+            raise BadInput("--status takes no shard range, phase or --to")
+        doc = move_status(topo, connect_timeout=options.connect_timeout)
+        finish(as_json, doc, lambda: _human_status(doc), None)
+        return
+    shards = parse_range(shard_range, topo) if shard_range else None
+    if modes:
+        if phase:
+            raise BadInput(f"{modes[0]} takes no phase")
+        action = abort_move if do_abort else cleanup_move
+        with move_progress(not as_json) as progress:
+            doc = action(topo, shards=shards, move_id=move_id, options=options, progress=progress)
+        finish(as_json, doc, lambda: _human_move(doc), None)
+        return
+    if shards is None or not target:
+        raise BadInput("give the shards and the host to move them to: move-shard RANGE --to HOST [PHASE]")
+    if move_id:
+        raise BadInput("--move names a move to abort or clean up; a move is named by its shards and --to")
+    phases = list(PHASE_NAMES) if phase in (None, "all") else [phase]
+    with move_progress(not as_json) as progress:
+        doc = move_shards(topo, shards, target, phases=phases, options=options, progress=progress)
+    finish(as_json, doc, lambda: _human_move(doc), None)
+
+
+@cli.command("rebalance")
+@click.option("--plan", "show_plan", is_flag=True, help="Show the moves that would even out the hosts (default).")
+@click.option("--apply", "do_apply", is_flag=True, help="Run the planned moves, one host pair at a time.")
+@click.option("--cleanup", "do_cleanup", is_flag=True, help="With --apply: clean up each move after its cutover.")
+@move_options
+def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, as_json: bool, **kw) -> None:
+    """Even out shards per host (e.g. after add-host) with the fewest moves."""
+    if show_plan and do_apply:
+        raise BadInput("--plan shows the moves and --apply runs them; give one")
+    if do_cleanup and not do_apply:
+        raise BadInput("--cleanup goes with --apply")
+    topo = settings().topology()
+    if not do_apply:
+        doc = plan_report(topo)
+        finish(as_json, doc, lambda: _human_plan(doc), None)
+        return
+    options = _options(kw)
+    error: ShardctlError | None = None
+    with move_progress(not as_json) as progress:
+        def announce(m) -> None:
+            if progress:
+                progress("note", 0, 0, f"moving shards {m.to_dict()['shards']} from {m.source} to {m.target}")
+
+        try:
+            doc = rebalance_apply(topo, options=options, progress=progress, cleanup=do_cleanup, on_move=announce)
+        except ShardctlError as exc:
+            report = getattr(exc, "report", None)
+            if not isinstance(report, dict):
+                raise
+            doc, error = report, exc
+
+    def human() -> None:
+        _human_plan(doc)
+        for r in doc.get("results", []):
+            _human_move(r)
+
+    finish(as_json, doc, human, error)
+
+
+def _human_plan(doc: dict) -> None:
+    stdout.print(table("hosts", ["host", "shards", "goal", "after"],
+                       [[h["name"], h["shards"], h["goal"], h["after"]] for h in doc["hosts"]]))
+    if not doc["moves"]:
+        stdout.print("Balanced: nothing to move.")
+        return
+    stdout.print(table(f"{len(doc['moves'])} move(s), {doc['shards_to_move']} shards",
+                       ["from", "to", "shards", "count"],
+                       [[m["source"], m["target"], m["shards"], m["count"]] for m in doc["moves"]]))
+    if not doc.get("applied"):
+        stdout.print("Run them with: shardctl rebalance --apply")

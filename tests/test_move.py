@@ -1,0 +1,543 @@
+"""move-shard on real servers: phases, resume, abort, cleanup, safety checks, and no lost write under load."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import connect, load, run_cli
+from shardctl.errors import LockBusy, OperationFailed
+from shardctl.move import MOVE_LOCK_CLASS, MoveOptions, abort_move, cleanup_move, move_shards, move_status
+from shardctl.router import Router
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def drop_replication(created: list[tuple[int, str]]) -> None:
+    """Remove any subscription, publication and slot left in the test's databases (a failed test must
+    not leave slots on the session servers, nor databases that cannot be dropped)."""
+    for port, db in created:
+        try:
+            with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/{db}", autocommit=True) as conn:
+                for (name,) in conn.execute("SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
+                                            "pg_database WHERE datname = current_database())").fetchall():
+                    conn.execute(f'ALTER SUBSCRIPTION "{name}" DISABLE')
+                    conn.execute(f'ALTER SUBSCRIPTION "{name}" SET (slot_name = NONE)')
+                    conn.execute(f'DROP SUBSCRIPTION "{name}"')
+                for (name,) in conn.execute("SELECT slot_name FROM pg_replication_slots "
+                                            "WHERE database = current_database()").fetchall():
+                    conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                                 "WHERE slot_name = %s AND active_pid IS NOT NULL", (name,))
+                    time.sleep(0.2)
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+        except psycopg.Error:
+            pass
+
+
+@pytest.fixture
+def make_fleet(make_fleet):
+    yield make_fleet
+    drop_replication(make_fleet.created)
+
+
+def init_fleet(make_fleet, shards: int = 48, hosts: int = 3) -> Path:
+    path = make_fleet(hosts=hosts, shards=shards)
+    result = run_cli("init", config=path)
+    assert result.exit_code == 0, result
+    return path
+
+
+def load_rows(topo, shards: list[int], per_shard: int) -> None:
+    """``per_shard`` photos and a few users in each shard, straight into its host."""
+    by_host: dict[str, list[int]] = {}
+    for n in shards:
+        by_host.setdefault(topo.host_of(n).name, []).append(n)
+    for host, ns in by_host.items():
+        with connect(topo, host, autocommit=True) as conn:
+            conn.execute("".join(
+                f"INSERT INTO insta{n}.photos (user_id, caption) SELECT g, 'photo ' || g "
+                f"FROM generate_series(1, {per_shard}) g;"
+                f"INSERT INTO insta{n}.users (username) SELECT 'user' || g FROM generate_series(1, 3) g;"
+                for n in ns))
+
+
+def ids_on(topo, host: str, shards: list[int], table: str = "photos") -> list[int]:
+    with connect(topo, host) as conn:
+        return [r[0] for r in conn.execute(" UNION ALL ".join(
+            f"SELECT id FROM insta{n}.{table}" for n in shards)).fetchall()]
+
+
+def replication_leftovers(topo) -> dict[str, list]:
+    """Publications, subscriptions and slots of this fleet's databases on every host."""
+    out = {}
+    for h in topo.hosts:
+        with connect(topo, h.name) as conn:
+            out[h.name] = (
+                conn.execute("SELECT pubname FROM pg_publication").fetchall()
+                + conn.execute("SELECT subname FROM pg_subscription WHERE subdbid = "
+                               "(SELECT oid FROM pg_database WHERE datname = current_database())").fetchall()
+                + conn.execute("SELECT slot_name FROM pg_replication_slots "
+                               "WHERE database = current_database()").fetchall())
+    return {k: v for k, v in out.items() if v}
+
+
+def snapshot(topo, host: str, shards: list[int]) -> dict:
+    """Everything a move could disturb on a host: schemas, rows, sequences, control rows, grants, triggers."""
+    with connect(topo, host) as conn:
+        doc = {
+            "schemas": conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'insta%' "
+                                    "ORDER BY 1").fetchall(),
+            "shards": conn.execute("SELECT shard_id, schema_name, state FROM shardctl.shards ORDER BY 1").fetchall(),
+            "ledger": conn.execute("SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
+                                   "ORDER BY 1, 2").fetchall(),
+            "sequences": conn.execute("SELECT schemaname, sequencename, last_value FROM pg_sequences "
+                                      "WHERE schemaname LIKE 'insta%' ORDER BY 1, 2").fetchall(),
+            "triggers": conn.execute("SELECT tgrelid::regclass::text, tgname FROM pg_trigger "
+                                     "WHERE NOT tgisinternal ORDER BY 1, 2").fetchall(),
+            "acl": conn.execute("SELECT c.oid::regclass::text, c.relacl::text FROM pg_class c JOIN pg_namespace n "
+                                "ON n.oid = c.relnamespace WHERE n.nspname LIKE 'insta%' ORDER BY 1").fetchall(),
+        }
+        doc["rows"] = {n: conn.execute(
+            f"SELECT count(*), sum(hashtext(p::text)) FROM insta{n}.photos p").fetchone() for n in shards}
+    return doc
+
+
+class Traffic:
+    """Writers inserting into the moving shards through the router, and a reader reading them."""
+
+    def __init__(self, router: Router, shards: list[int], modulus: int, writers: int = 2):
+        self.router, self.shards, self.modulus = router, shards, modulus
+        self.stop = threading.Event()
+        self.written: list[tuple[int, int, float, float]] = []  # id, shard, started, finished
+        self.errors: list[str] = []
+        self.reads = 0
+        self._lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.write, args=(w,), daemon=True) for w in range(writers)]
+        self.threads.append(threading.Thread(target=self.read, daemon=True))
+
+    def __enter__(self) -> "Traffic":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def write(self, w: int) -> None:
+        i = 0
+        while not self.stop.is_set():
+            shard = self.shards[(i * 7 + w) % len(self.shards)]
+            user_id = shard + self.modulus * (i % 50)  # routes to ``shard``
+            i += 1
+            started = time.time()
+            try:
+                new_id = self.router.run(user_id, lambda c: c.execute(
+                    "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
+                    (user_id, f"writer {w} #{i}")).fetchone()[0])
+            except Exception as exc:  # noqa: BLE001 - every failure is a lost write: collect it
+                self.errors.append(f"write to shard {shard}: {exc!r}")
+                continue
+            with self._lock:
+                self.written.append((new_id, shard, started, time.time()))
+            time.sleep(0.002)
+
+    def read(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            shard = self.shards[i % len(self.shards)]
+            i += 1
+            try:
+                self.router.run(shard, lambda c: c.execute("SELECT count(*), max(id) FROM photos").fetchone())
+                self.reads += 1
+            except Exception as exc:  # noqa: BLE001
+                self.errors.append(f"read of shard {shard}: {exc!r}")
+            time.sleep(0.005)
+
+
+def check_moved(topo_before, path: Path, moved: list[int], source: str, target: str, before_ids: list[int],
+                traffic: Traffic, report: dict) -> None:
+    """Every row written before, during and after the move is on the target exactly once."""
+    topo = load(path)
+    assert all(topo.host_of(n).name == target for n in moved)
+    assert not traffic.errors, traffic.errors[:5]
+    on_target = ids_on(topo, target, moved)
+    assert len(on_target) == len(set(on_target))
+    written = [w[0] for w in traffic.written]
+    assert len(written) == len(set(written))
+    assert sorted(on_target) == sorted(before_ids + written), "rows lost or duplicated"
+    # The source's old schemas are renamed and refuse writes.
+    with connect(topo_before, source, autocommit=True) as conn:
+        live = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)",
+                            ([f"insta{n}" for n in moved],)).fetchone()[0]
+        assert live == 0
+        renamed = f"insta{moved[0]}_moved_{report['move_id']}"
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(f"INSERT INTO {renamed}.photos (user_id) VALUES (1)")
+        assert info.value.sqlstate == "SCM01"
+        assert f"shard {moved[0]} moved to {target}" in str(info.value)
+    # IDs minted after the cutover sort after every ID minted before it.
+    start, end = report["freeze_started_at"], report["freeze_ended_at"]
+    before = before_ids + [w[0] for w in traffic.written if w[3] < start]
+    after = [w[0] for w in traffic.written if w[2] > end]
+    assert before and after, (len(before), len(after))
+    assert min(after) > max(before)
+
+
+@pytest.fixture
+def fleet3(make_fleet):
+    """3 hosts, 48 shards (pg1 0-15, pg2 16-31, pg3 32-47), initialised, with rows."""
+    path = init_fleet(make_fleet, shards=48)
+    topo = load(path)
+    load_rows(topo, list(range(48)), 150)
+    return path
+
+
+# ---- the move under load ---------------------------------------------------------------------
+
+def test_move_under_load_loses_no_write(make_fleet):
+    """64 shards, ~20k rows; 16 shards move pg1 → pg3 while writers and a reader use them via the router."""
+    path = init_fleet(make_fleet, shards=64)  # pg1 0-20, pg2 21-41, pg3 42-63
+    topo = load(path)
+    load_rows(topo, list(range(64)), 300)
+    moved = list(range(5, 21))
+    before_ids = ids_on(topo, "pg1", moved)
+    router = Router(load(path), move_wait=15)
+    try:
+        with Traffic(router, moved, topo.modulus) as traffic:
+            time.sleep(0.5)
+            result = run_cli("move-shard", "5-20", "--to", "pg3", "--json", config=path)
+            time.sleep(1.0)
+        assert result.exit_code == 0, result
+        report = json.loads(result.stdout)
+        print(f"\nmove of 16 shards under load: freeze {report['freeze_seconds']:.3f}s, sync "
+              f"{report['sync_seconds']:.1f}s, total {report['seconds']:.1f}s, {len(traffic.written)} writes, "
+              f"{traffic.reads} reads")
+        assert report["phase"] == "cut_over" and report["phases_run"] == ["prepare", "sync", "cutover"]
+        assert report["freeze_seconds"] < 5
+        assert len(traffic.written) > 50
+        check_moved(topo, path, moved, "pg1", "pg3", before_ids, traffic, report)
+        assert replication_leftovers(topo) == {}
+        assert run_cli("verify", config=path).exit_code == 0
+        # The router kept writing to the moved shards on pg3 and pg1's other shards still work.
+        assert router.topology.host_of(5).name == "pg3"
+        assert router.execute(3, "SELECT count(*) FROM photos")[0][0] == 300
+    finally:
+        router.close()
+    cleaned = run_cli("move-shard", "5-20", "--cleanup", config=path)
+    assert cleaned.exit_code == 0, cleaned
+    with connect(topo, "pg1") as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE '%%_moved_%%'").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id BETWEEN 5 AND 20").fetchone()[0] == 0
+    assert run_cli("migrate", config=path).exit_code == 0
+    assert run_cli("verify", config=path).exit_code == 0
+
+
+@pytest.mark.slow
+def test_acceptance_1024_shards_200k_rows_128_moved(make_fleet):
+    """The issue's acceptance: 3 hosts, 1024 shards, 200k rows; 128 shards pg1 → pg3 under load."""
+    path = init_fleet(make_fleet, shards=1024)  # pg1 0-340
+    topo = load(path)
+    load_rows(topo, list(range(1024)), 195)  # 199,680 photos (+ users)
+    moved = list(range(213, 341))
+    before_ids = ids_on(topo, "pg1", moved)
+    router = Router(load(path), move_wait=15)
+    try:
+        with Traffic(router, moved, topo.modulus, writers=3) as traffic:
+            time.sleep(0.5)
+            started = time.monotonic()
+            result = run_cli("move-shard", "213-340", "--to", "pg3", "--json", config=path)
+            duration = time.monotonic() - started
+            time.sleep(1.0)
+        assert result.exit_code == 0, result
+        report = json.loads(result.stdout)
+        print(f"\nacceptance: 128 of 1024 shards moved in {duration:.1f}s (sync {report['sync_seconds']:.1f}s); "
+              f"write freeze {report['freeze_seconds']:.3f}s; {report['rows']} rows compared; "
+              f"{len(traffic.written)} writes and {traffic.reads} reads during the move")
+        assert report["freeze_seconds"] < 5
+        check_moved(topo, path, moved, "pg1", "pg3", before_ids, traffic, report)
+        assert replication_leftovers(topo) == {}
+        assert run_cli("verify", config=path).exit_code == 0
+    finally:
+        router.close()
+
+
+# ---- phases, status, resume ------------------------------------------------------------------
+
+def test_phases_one_by_one_with_status(fleet3):
+    topo = load(fleet3)
+    before = ids_on(topo, "pg1", [0, 1, 2, 3])
+    r = run_cli("move-shard", "0-3", "--to", "pg2", "prepare", config=fleet3)
+    assert r.exit_code == 0, r
+    assert "phase now prepared" in r.stdout
+    status = json.loads(run_cli("move-shard", "--status", "--json", config=fleet3).stdout)
+    [m] = status["moves"]
+    assert (m["shards"], m["source"], m["target"], m["phase"]) == ("0-3", "pg1", "pg2", "prepared")
+    with connect(topo, "pg1") as conn:
+        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards WHERE shard_id <= 3").fetchall() == \
+            [("moving_out",)]
+    with connect(topo, "pg2") as conn:
+        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards WHERE shard_id <= 3").fetchall() == \
+            [("moving_in",)]
+        # The ledger rows were copied, not re-made.
+        copied = conn.execute("SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
+                              "WHERE shard_id <= 3 ORDER BY 1, 2").fetchall()
+        assert conn.execute("SELECT count(*) FROM insta0.photos").fetchone()[0] == 0
+    with connect(topo, "pg1") as conn:
+        assert copied == conn.execute("SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
+                                      "WHERE shard_id <= 3 ORDER BY 1, 2").fetchall()
+    # Migrations wait for the move.
+    r = run_cli("migrate", config=fleet3)
+    assert r.exit_code == 1 and "being moved" in r.stderr, r
+    # A phase out of order is refused; the next one runs.
+    r = run_cli("move-shard", "0-3", "--to", "pg2", "sync", config=fleet3)
+    assert r.exit_code == 0, r
+    assert "12 tables ready" in r.stdout
+    status = json.loads(run_cli("move-shard", "--status", "--json", config=fleet3).stdout)
+    assert status["moves"][0]["phase"] == "synced"
+    assert status["moves"][0]["tables_ready"] == status["moves"][0]["tables"] == 12
+    r = run_cli("move-shard", "0-3", "--to", "pg2", "cutover", config=fleet3)
+    assert r.exit_code == 0, r
+    assert "write freeze:" in r.stdout
+    assert sorted(ids_on(load(fleet3), "pg2", [0, 1, 2, 3])) == sorted(before)
+    # Running the whole move again is a no-op that says where it stands.
+    r = run_cli("move-shard", "0-3", "--to", "pg2", config=fleet3)
+    assert r.exit_code == 0 and "cut_over" in r.stdout, r
+    r = run_cli("move-shard", "--cleanup", config=fleet3)
+    assert r.exit_code == 0, r
+    status = json.loads(run_cli("move-shard", "--status", "--json", config=fleet3).stdout)
+    assert status["moves"][0]["phase"] == "cleaned" and status["in_flight"] == 0
+    assert replication_leftovers(topo) == {}
+    r = run_cli("move-shard", "0-3", "--to", "pg2", config=fleet3)
+    assert r.exit_code == 0 and "already" in r.stdout, r
+
+
+def test_sync_before_prepare_and_bad_input(fleet3):
+    assert run_cli("move-shard", "0-3", "--to", "pg2", "sync", config=fleet3).exit_code == 1
+    assert run_cli("move-shard", "0-3", "--to", "pg9", config=fleet3).exit_code == 2
+    assert run_cli("move-shard", "14-17", "--to", "pg3", config=fleet3).exit_code == 2  # two source hosts
+    assert run_cli("move-shard", "0-99", "--to", "pg3", config=fleet3).exit_code == 2
+    assert run_cli("move-shard", "0-3", config=fleet3).exit_code == 2
+    assert run_cli("move-shard", "--abort", config=fleet3).exit_code == 2  # nothing in flight
+    assert run_cli("move-shard", "--abort", "--cleanup", config=fleet3).exit_code == 2
+    assert run_cli("move-shard", "0-3", "--to", "pg2", "prepare", "--abort", config=fleet3).exit_code == 2
+
+
+def test_kill_during_sync_then_resume(fleet3):
+    """A run killed while the initial copy goes on resumes where it was: same subscriptions, no new ones."""
+    topo = load(fleet3)
+    assert run_cli("move-shard", "0-15", "--to", "pg3", "prepare", config=fleet3).exit_code == 0
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-m", "shardctl", "--config", str(fleet3), "move-shard", "0-15",
+                             "--to", "pg3", "sync", "--schemas-per-subscription", "4"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        with connect(topo, "pg3", autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                subs = conn.execute("SELECT oid, subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
+                                    "pg_database WHERE datname = current_database())").fetchall()
+                if len(subs) == 4:
+                    break
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.02)
+            ready = conn.execute("SELECT count(*) FILTER (WHERE srsubstate = 'r'), count(*) "
+                                 "FROM pg_subscription_rel").fetchone()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert len(subs) == 4, "the sync never created its subscriptions"
+    assert ready[0] < 48, f"the copy finished before the kill ({ready}); nothing was interrupted"
+    report = move_shards(load(fleet3), list(range(16)), "pg3", phases=["sync"])
+    assert report["phase"] == "synced" and report["tables"] == 48
+    with connect(topo, "pg3") as conn:
+        again = conn.execute("SELECT oid, subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
+                             "pg_database WHERE datname = current_database())").fetchall()
+    assert sorted(again) == sorted(subs)
+    before = ids_on(topo, "pg1", list(range(16)))
+    report = move_shards(load(fleet3), list(range(16)), "pg3", phases=["cutover"])
+    assert report["phase"] == "cut_over"
+    assert sorted(ids_on(topo, "pg3", list(range(16)))) == sorted(before)
+    assert replication_leftovers(topo) == {}
+
+
+# ---- abort -------------------------------------------------------------------------------------
+
+def test_abort_after_sync_leaves_source_as_it_was(fleet3):
+    topo = load(fleet3)
+    moving = list(range(4, 12))
+    before = snapshot(topo, "pg1", moving)
+    topology_text = fleet3.read_text()
+    for phase in ("prepare", "sync"):
+        assert run_cli("move-shard", "4-11", "--to", "pg3", phase, config=fleet3).exit_code == 0
+    assert replication_leftovers(topo)  # there is something to remove
+    r = run_cli("move-shard", "4-11", "--abort", config=fleet3)
+    assert r.exit_code == 0, r
+    assert "phase now aborted" in r.stdout
+    assert snapshot(topo, "pg1", moving) == before
+    assert fleet3.read_text() == topology_text
+    assert replication_leftovers(topo) == {}
+    with connect(topo, "pg3") as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)",
+                            ([f"insta{n}" for n in moving],)).fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id = ANY(%s)",
+                            (moving,)).fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE shard_id = ANY(%s)",
+                            (moving,)).fetchone()[0] == 0
+    assert run_cli("migrate", config=fleet3).exit_code == 0
+    assert run_cli("verify", config=fleet3).exit_code == 0
+    # The same shards can be moved again afterwards.
+    before = snapshot(topo, "pg1", moving)  # verify called next_id()
+    report = move_shards(load(fleet3), moving, "pg3", phases=["prepare"])
+    assert report["phase"] == "prepared"
+    abort_move(load(fleet3), shards=moving)
+    assert snapshot(topo, "pg1", moving) == before
+
+
+def test_abort_during_prepare_and_after_cutover(fleet3):
+    """Abort right after prepare; then a full move, rows written on the target, and abort after the cutover:
+    the rows come back to the source, which is authoritative again."""
+    topo = load(fleet3)
+    moving = [1, 2, 3]
+    before = snapshot(topo, "pg1", moving)
+    move_shards(topo, moving, "pg2", phases=["prepare"])
+    abort_move(load(fleet3), shards=moving)
+    assert snapshot(topo, "pg1", moving) == before
+
+    report = move_shards(load(fleet3), moving, "pg2")
+    assert report["phase"] == "cut_over"
+    with Router(load(fleet3)) as router:
+        new_ids = [router.execute(2, "INSERT INTO photos (user_id) VALUES (2) RETURNING id")[0][0] for _ in range(5)]
+        with pytest.raises(psycopg.Error):  # the old copy refuses writes
+            with connect(topo, "pg1", autocommit=True) as conn:
+                conn.execute(f"INSERT INTO insta2_moved_{report['move_id']}.photos (user_id) VALUES (1)")
+        result = abort_move(load(fleet3), shards=moving)
+        assert result["phase"] == "aborted"
+        print(f"\nabort after cutover: freeze {result['freeze_seconds']:.3f}s")
+        assert load(fleet3).host_of(2).name == "pg1"
+        # The router follows the move back too.
+        after = router.execute(2, "SELECT id FROM photos WHERE id = ANY(%s) ORDER BY id", (new_ids,))
+        assert [r[0] for r in after] == sorted(new_ids)
+        newer = router.execute(2, "INSERT INTO photos (user_id) VALUES (2) RETURNING id")[0][0]
+        assert newer > max(new_ids)
+    assert replication_leftovers(topo) == {}
+    with connect(topo, "pg2") as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname ~ '^insta[123](_|$)'").fetchone()[0] == 0
+    with connect(topo, "pg1") as conn:
+        assert conn.execute("SELECT count(*) FROM insta2.photos").fetchone()[0] == 150 + 5 + 1
+        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards").fetchall() == [("active",)]
+        assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'shardctl_moved_shard'").fetchone()[0] == 0
+    assert run_cli("verify", config=fleet3).exit_code == 0
+    assert run_cli("migrate", config=fleet3).exit_code == 0
+
+
+# ---- safety ------------------------------------------------------------------------------------
+
+def test_refuses_tables_without_primary_key(fleet3):
+    topo = load(fleet3)
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute("CREATE TABLE insta6.audit (at timestamptz, what text)")
+    r = run_cli("move-shard", "4-7", "--to", "pg2", config=fleet3)
+    assert r.exit_code == 1, r
+    assert "insta6.audit has no primary key or replica identity" in r.stderr
+    with connect(topo, "pg1") as conn:
+        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards").fetchall() == [("active",)]
+        assert conn.execute("SELECT to_regclass('shardctl.moves') IS NULL OR "
+                            "NOT EXISTS (SELECT 1 FROM shardctl.moves)").fetchone()[0]
+    with connect(topo, "pg2") as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'insta4'").fetchone()[0] == 0
+    # With a replica identity the table may move (but it exists only on the source: prepare says so).
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute("ALTER TABLE insta6.audit REPLICA IDENTITY FULL")
+    with pytest.raises(OperationFailed, match="insta6.audit exists only on pg1"):
+        move_shards(load(fleet3), [4, 5, 6, 7], "pg2", phases=["prepare"])
+    abort_move(load(fleet3), shards=[4, 5, 6, 7])
+    assert replication_leftovers(topo) == {}
+
+
+def test_one_move_at_a_time_per_shard(fleet3):
+    topo = load(fleet3)
+    move_shards(topo, [8, 9, 10], "pg2", phases=["prepare"])
+    # An overlapping move is refused while the first is in flight.
+    with pytest.raises(OperationFailed, match="part of move"):
+        move_shards(load(fleet3), [10, 11], "pg3")
+    # Another run working on the same shards (its lock held) is refused, not run alongside.
+    with connect(topo, "pg1", autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s, 9)", (MOVE_LOCK_CLASS,))
+        with pytest.raises(LockBusy, match="another shardctl run is moving"):
+            move_shards(load(fleet3), [8, 9, 10], "pg2", phases=["sync"])
+        r = run_cli("move-shard", "8-10", "--abort", config=fleet3)
+        assert r.exit_code == 1 and "another shardctl run" in r.stderr
+    # Moves of other shards may go on meanwhile.
+    other = move_shards(load(fleet3), [0, 1], "pg3", phases=["prepare"])
+    assert other["phase"] == "prepared"
+    status = move_status(load(fleet3))
+    assert status["in_flight"] == 2
+    r = run_cli("move-shard", "--abort", config=fleet3)
+    assert r.exit_code == 2 and "2 moves are in progress" in r.stderr
+    abort_move(load(fleet3), shards=[8, 9, 10])
+    abort_move(load(fleet3), move_id=other["move_id"])
+    assert move_status(load(fleet3))["in_flight"] == 0
+
+
+def test_cleanup_needs_cutover_and_cutover_failure_keeps_source(fleet3):
+    topo = load(fleet3)
+    move_shards(topo, [12, 13], "pg3", phases=["prepare", "sync"])
+    with pytest.raises(OperationFailed, match="cleanup drops"):
+        cleanup_move(load(fleet3), shards=[12, 13])
+    # A cutover whose freeze cannot take its locks in time rolls back: the source stays authoritative.
+    with connect(topo, "pg1") as writer:
+        writer.execute("INSERT INTO insta13.users (username) VALUES ('in a long transaction')")
+        with pytest.raises(OperationFailed, match="gave up after 2 attempts"):
+            move_shards(load(fleet3), [12, 13], "pg3", phases=["cutover"],
+                        options=MoveOptions(max_freeze=0.3, attempts=2))
+        writer.rollback()
+    assert load(fleet3).host_of(13).name == "pg1"
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute("INSERT INTO insta13.photos (user_id) VALUES (13)")  # writes still go to the source
+    report = move_shards(load(fleet3), [12, 13], "pg3", phases=["cutover"])
+    assert report["phase"] == "cut_over"
+    assert len(ids_on(topo, "pg3", [13])) == 151
+    cleanup_move(load(fleet3), move_id=report["move_id"])
+    assert replication_leftovers(topo) == {}
+
+
+def test_router_follows_a_move(fleet3):
+    """A router loaded before the move: execute() retries on the new host; connection() users get the
+    error once and follow_move() reloads."""
+    router = Router(load(fleet3), move_wait=5)
+    try:
+        assert router.execute(14, "SELECT count(*) FROM photos")[0][0] == 150
+        move_shards(load(fleet3), [14, 15], "pg2")
+        assert router.topology.host_of(14).name == "pg1"  # not reloaded yet
+        assert router.execute(14, "INSERT INTO photos (user_id) VALUES (14)") == 1
+        assert router.topology.host_of(14).name == "pg2"
+    finally:
+        router.close()
+    # connection() with a stale topology: the error, then follow_move() says retry.
+    stale_topo = load(fleet3)
+    for h in stale_topo.hosts:  # pretend it was loaded before the move
+        if h.name == "pg1":
+            h.shards = sorted(h.shards + [15])
+    stale_topo._owner[15] = stale_topo.host("pg1")
+    with Router(stale_topo, move_wait=1) as r2:
+        with pytest.raises(psycopg.Error) as info:
+            with r2.connection(15) as conn:
+                conn.execute("INSERT INTO photos (user_id) VALUES (15)")
+        assert r2.follow_move(15, info.value) is True
+        with r2.connection(15) as conn:
+            assert conn.execute("SELECT count(*) FROM photos").fetchone()[0] == 150
+    # An unrelated missing table is not mistaken for a move.
+    with Router(load(fleet3), move_wait=1) as r3:
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            r3.execute(3, "SELECT * FROM no_such_table")

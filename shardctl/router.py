@@ -46,6 +46,7 @@ class Router:
         self.allow_inline_password = allow_inline_password
         self._pools: dict[str, ConnectionPool] = {}
         self._lock = threading.Lock()
+        self._tried = threading.local()  # the host this thread's last shard_connection() went to
 
     # ---- routing ---------------------------------------------------------------
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
@@ -93,11 +94,13 @@ class Router:
 
     def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T]) -> T:
         """:meth:`run` for a shard number (e.g. from :meth:`shard_of_id`)."""
+        tried = None
         try:
             with self.shard_connection(shard) as conn:
+                tried = self._tried.host
                 return work(conn)
         except psycopg.Error as exc:
-            if not self.follow_move(shard, exc):
+            if not self.follow_move(shard, exc, tried):
                 raise
         with self.shard_connection(shard) as conn:
             return work(conn)
@@ -126,13 +129,15 @@ class Router:
             pool.close()
         return fresh
 
-    def follow_move(self, shard: int, exc: BaseException) -> bool:
+    def follow_move(self, shard: int, exc: BaseException, tried: Host | None = None) -> bool:
         """After ``exc`` on ``shard``: True when the shard turned out to have moved and the reloaded
-        topology now names its new host (waiting up to ``move_wait`` seconds for the file to say so)."""
+        topology now names its new host (waiting up to ``move_wait`` seconds for the file to say so).
+        ``tried`` is the host the failed statement ran on (default: this thread's last connection's)."""
         state = getattr(exc, "sqlstate", None)
         if state not in MOVED_ERRORS or self.topology.path is None:
             return False
-        old = self.topology.host_of(shard)
+        # Not the current topology's owner: another thread may have reloaded it already.
+        old = tried or getattr(self._tried, "host", None) or self.topology.host_of(shard)
         moved = state == MOVED_SQLSTATE
         deadline = time.monotonic() + self.move_wait
         while True:
@@ -161,6 +166,7 @@ class Router:
     def shard_connection(self, shard: int) -> Iterator[psycopg.Connection]:
         host = self.topology.host_of(shard)
         schema = self.topology.schema_name(shard)
+        self._tried.host = host
         pool = self._pool(host)
         try:
             ctx = pool.connection(timeout=self.pool_timeout)

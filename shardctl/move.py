@@ -37,6 +37,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ from psycopg import conninfo as pg_conninfo
 
 from . import db
 from . import move_sql as q
-from .errors import BadInput, HostUnreachable, LockBusy, OperationFailed
+from .errors import BadInput, HostUnreachable, LockBusy, OperationFailed, ShardctlError
 from .fleet import ensure_control_schema, log_event, read_shards
 from .identifiers import MAX_IDENTIFIER_BYTES, quote_ident
 from .migrations import checksum, for_topology
@@ -337,6 +338,8 @@ class MoveRun:
         self.report["phases_run"].append("prepare")
         migrations = for_topology(self.topo)
         t0 = time.perf_counter()
+        if move.phases.get("target") is None:
+            self._check_target_free()  # before the source's shards are marked
         with db.host_lock(self.source, wait=self.options.wait, connect_timeout=self.options.connect_timeout,
                           purpose="move-shard") as conn:
             facts = q.server_facts(conn)
@@ -422,6 +425,23 @@ class MoveRun:
         self.both("prepared")
         self.report["prepare_seconds"] = round(time.perf_counter() - t0, 3)
         self.event("move-shard prepare", {"source": move.source, "target": move.target})
+
+    def _check_target_free(self) -> None:
+        with self.connect(self.target) as conn:
+            facts = q.server_facts(conn)
+            if facts["version_num"] < 150000:
+                raise OperationFailed(f"host {self.target.name} runs PostgreSQL {facts['version_num']}: receiving "
+                                      f"shards needs 15 or later")
+            rows = read_shards(conn)
+            taken = [n for n in self.move.shards if n in rows]
+            if taken:
+                raise OperationFailed(f"host {self.target.name} already records shards {format_shards(taken)} "
+                                      f"({', '.join(sorted({rows[n].state for n in taken}))}); clean up or abort "
+                                      f"the move that left them")
+            present = sorted(q.present_schemas(conn, self.schemas))
+            if present:
+                raise OperationFailed(f"host {self.target.name} already has schemas {', '.join(present[:5])}"
+                                      f"{' …' if len(present) > 5 else ''}; refusing to overwrite them")
 
     def _plans(self, migrations: list) -> list[tuple[int, str, list]]:
         """Per shard: (shard, creation SQL, steps up to its version), checked against the source's ledger."""
@@ -589,16 +609,24 @@ class MoveRun:
 
     def _wait_ready(self, src: psycopg.Connection, tgt: psycopg.Connection, names: list[str], expected: int) -> None:
         deadline = time.monotonic() + self.options.sync_timeout
+        progressed, ready = time.monotonic(), -1
         while True:
             state = q.sync_state(tgt, names)
             lag = q.slot_lag(src, names)
             note = f"lag {_bytes(lag)}" if lag is not None else ""
-            if state["apply_errors"] or state["sync_errors"]:
-                note += f", {state['apply_errors'] + state['sync_errors']} replication errors (see the target's log)"
+            errors = state["apply_errors"] + state["sync_errors"]
+            if errors:
+                note += f", {errors} replication errors (see the target's log)"
             self.progress("sync", state["ready"], expected, note)
             if state["ready"] >= expected and state["tables"] >= expected:
                 self.report["lag_bytes"] = lag
                 return
+            if state["ready"] != ready:
+                progressed, ready = time.monotonic(), state["ready"]
+            elif errors and time.monotonic() - progressed > 120:
+                raise OperationFailed(f"sync: stuck at {ready} of {expected} tables ready for 2 minutes with {errors} "
+                                      f"replication errors on {self.target.name} (its server log says why); fix "
+                                      f"the cause and run the command again, or abort the move")
             if time.monotonic() > deadline:
                 raise OperationFailed(f"sync: {state['ready']} of {expected} tables ready after "
                                       f"{self.options.sync_timeout:g}s ({note or 'no errors reported'}); the "
@@ -686,9 +714,11 @@ class MoveRun:
                 time.sleep(0.01)
             caught_up = time.monotonic() - t0
             self.progress("freeze", 0, 0, "comparing rows")
-            src_sums = q.checksums(src, tables_r)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
+                on_target = pool.submit(q.checksums, tgt, tables_r)  # both hosts at once
+                src_sums = q.checksums(src, tables_r)
+                tgt_sums = on_target.result()
             while True:
-                tgt_sums = q.checksums(tgt, tables_r)
                 diff = [k for k in src_sums if src_sums[k] != tgt_sums.get(k)]
                 if not diff:
                     break
@@ -699,6 +729,7 @@ class MoveRun:
                         f"{src_sums[k][0]} rows on {self.source.name}, {tgt_sums.get(k, (0,))[0]} on "
                         f"{self.target.name}; nothing was switched (the source stays authoritative)")
                 time.sleep(0.05)
+                tgt_sums = q.checksums(tgt, tables_r)
             compared = time.monotonic() - t0
             seqs = q.sequences(src, self.schemas)
             values = []
@@ -737,6 +768,7 @@ class MoveRun:
                 raise _FreezeTimeout(f"the freeze ran past --max-freeze {opts.max_freeze:g}s before its commit")
             src.commit()
             self.freeze_t0 = t0
+            self.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
             self.report.update({"freeze_started_at": started_at, "rows": rows, "sequences": len(values), "freeze_commit_seconds":
                                 round(time.monotonic() - t0, 3)})
         except BaseException:
@@ -755,8 +787,8 @@ class MoveRun:
         """After the source committed: target active, topology flipped, replication dropped. Idempotent."""
         move = self.move
         with self.connect(self.target) as tgt, tgt.transaction():
-            tgt.execute("UPDATE shardctl.shards SET state = 'active' WHERE shard_id = ANY(%s) AND state = 'moving_in'",
-                        (move.shards,))
+            activated = tgt.execute("UPDATE shardctl.shards SET state = 'active' WHERE shard_id = ANY(%s) "
+                                    "AND state = 'moving_in'", (move.shards,)).rowcount
             _set_phase(tgt, move, "target", "cut_over", {k: v for k, v in move.detail.items() if k != "grants"})
         flipped = flip_topology(self.topo.path, move.shards, move.source, move.target,
                                 self.options.allow_inline_password)
@@ -769,8 +801,9 @@ class MoveRun:
             self.both("cut_over", {"freeze_seconds": freeze})
         self.report["topology_flipped"] = flipped
         self._drop_replication()
-        self.event("move-shard cutover", {"freeze_seconds": self.report.get("freeze_seconds"),
-                                          "rows": self.report.get("rows")})
+        if flipped or activated or t0 is not None:
+            self.event("move-shard cutover", {"freeze_seconds": self.report.get("freeze_seconds"),
+                                              "rows": self.report.get("rows")})
 
     def _drop_replication(self) -> dict:
         """Subscriptions (target), publications and slots (source) of this move. Idempotent."""
@@ -1080,7 +1113,13 @@ def move_shards(topo: Topology, shards: list[int], target: str, *, phases: list[
             if move.move_id in fresh:
                 run.move = move = fresh[move.move_id]
         for phase in phases:
-            getattr(run, phase)()
+            try:
+                getattr(run, phase)()
+            except ShardctlError as exc:
+                if run.move.phases and run.move.phase not in FINISHED and exc.args:
+                    exc.args = (f"{exc.args[0]} [move {move.move_id} is in phase {run.move.phase}: run the command "
+                                f"again to resume, or roll it back with move-shard --abort]",) + exc.args[1:]
+                raise
     return _finish_report(run)
 
 

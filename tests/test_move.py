@@ -534,6 +534,8 @@ def test_router_follows_a_move(fleet3):
         with pytest.raises(psycopg.Error) as info:
             with r2.connection(15) as conn:
                 conn.execute("INSERT INTO photos (user_id) VALUES (15)")
+        r2.reload()  # as if another thread had reloaded first: follow_move still sees the move
+        assert r2.topology.host_of(15).name == "pg2"
         assert r2.follow_move(15, info.value) is True
         with r2.connection(15) as conn:
             assert conn.execute("SELECT count(*) FROM photos").fetchone()[0] == 150

@@ -687,9 +687,12 @@ class MoveRun:
         shard_of = {self.schema(n): n for n in move.shards}
         phases_before, detail_before = dict(move.phases), dict(move.detail)
         try:
-            src.execute("SELECT set_config('lock_timeout', %s, true), "
+            limit = f"{max(1, int(opts.max_freeze * 1000))}ms"
+            # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
+            src.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
                         "set_config('idle_in_transaction_session_timeout', %s, true)",
-                        (f"{int(opts.max_freeze * 1000)}ms", f"{int(opts.max_freeze * 2000) + 10000}ms"))
+                        (limit, limit, f"{int(opts.max_freeze * 2000) + 10000}ms"))
+            tgt.execute("SELECT set_config('statement_timeout', %s, false)", (limit,))
             started_at = time.time()
             t0 = time.monotonic()
             deadline = t0 + opts.max_freeze
@@ -702,6 +705,8 @@ class MoveRun:
                     psycopg.errors.QueryCanceled) as exc:
                 raise _FreezeTimeout(f"could not lock the tables within --max-freeze ({db.first_line(exc)})")
             locked = time.monotonic() - t0
+            if time.monotonic() > deadline:
+                raise _FreezeTimeout("taking the locks used up --max-freeze")
             lsn = src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
             # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
             aux.execute("SET synchronous_commit = on")
@@ -771,6 +776,11 @@ class MoveRun:
             self.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
             self.report.update({"freeze_started_at": started_at, "rows": rows, "sequences": len(values), "freeze_commit_seconds":
                                 round(time.monotonic() - t0, 3)})
+        except psycopg.errors.QueryCanceled as exc:
+            move.phases, move.detail = phases_before, detail_before
+            if not src.closed and not src.broken:
+                src.rollback()
+            raise _FreezeTimeout(f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})") from None
         except BaseException:
             move.phases, move.detail = phases_before, detail_before
             if not src.closed and not src.broken:
@@ -1114,7 +1124,7 @@ def move_shards(topo: Topology, shards: list[int], target: str, *, phases: list[
                 run.move = move = fresh[move.move_id]
         for phase in phases:
             try:
-                getattr(run, phase)()
+                _guarded(getattr(run, phase), phase)
             except ShardctlError as exc:
                 if run.move.phases and run.move.phase not in FINISHED and exc.args:
                     exc.args = (f"{exc.args[0]} [move {move.move_id} is in phase {run.move.phase}: run the command "
@@ -1137,8 +1147,16 @@ def _locked(topo: Topology, shards: list[int] | None, move_id: str | None, optio
         fresh, _ = find_moves(topo, [run.source, run.target], options.connect_timeout,
                               required=(run.source.name, run.target.name))
         run.move = fresh.get(move.move_id, move)
-        getattr(run, action)()
+        _guarded(getattr(run, action), action)
     return _finish_report(run)
+
+
+def _guarded(step: Callable[[], None], name: str) -> None:
+    """Run a phase; a database error nobody expected becomes a one-line, masked OperationFailed."""
+    try:
+        step()
+    except psycopg.Error as exc:
+        raise OperationFailed(f"{name}: {db.first_line(exc)}") from exc
 
 
 def abort_move(topo: Topology, *, shards: list[int] | None = None, move_id: str | None = None,

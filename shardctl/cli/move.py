@@ -107,9 +107,12 @@ def _human_move(doc: dict) -> None:
     if "sync_seconds" in doc:
         stdout.print(f"  initial copy: {doc.get('tables', '?')} tables ready in {doc['sync_seconds']:.1f}s")
     if "freeze_seconds" in doc:
-        stdout.print(f"  write freeze: {doc['freeze_seconds']:.3f}s"
-                     + (f" ({doc['rows']} rows compared, {doc.get('sequences', 0)} sequences copied)"
-                        if "rows" in doc else ""))
+        details = []
+        if "rows" in doc:
+            details.append(f"{doc['rows']} rows compared")
+        if "sequences" in doc:
+            details.append(f"{doc['sequences']} sequences copied")
+        stdout.print(f"  write freeze: {doc['freeze_seconds']:.3f}s" + (f" ({', '.join(details)})" if details else ""))
     stdout.print(f"  took {doc.get('seconds', 0):.1f}s")
     phase = doc.get("phase")
     if phase == "cut_over":

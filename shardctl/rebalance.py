@@ -1,8 +1,8 @@
 """``rebalance``: even out shards per host (typically after ``add-host``) with the fewest moves.
 
 The plan is computed from the topology alone. Every host ends with ``count // hosts`` or one
-more shard; the hosts that hold the most keep the extra ones, so the number of shards moved is
-the total surplus, the least any plan can move. Each surplus host gives away its highest
+more shard; hosts above the even share keep the extra ones (first those already at exactly one
+more, which then need no move), so the number of shards moved is the least any plan can move. Each surplus host gives away its highest
 numbered shards (its own range stays contiguous), to the hosts short of shards in topology
 order; each (source, target) pair is one ``move-shard``. ``apply`` runs them one host pair at a
 time, each through all of move-shard's phases.
@@ -37,8 +37,15 @@ def goals(topo: Topology) -> dict[str, int]:
     hosts = topo.hosts
     total = sum(len(h.shards) for h in hosts)
     base, extra = divmod(total, len(hosts))
-    order = sorted(range(len(hosts)), key=lambda i: (-len(hosts[i].shards), i))
-    return {hosts[i].name: base + (1 if rank < extra else 0) for rank, i in enumerate(order)}
+
+    def rank(i: int) -> tuple:
+        # Any host above the even share saves a shard move by keeping one of the extra ones; one at
+        # exactly base + 1 then has nothing to move at all (one host pair fewer).
+        count = len(hosts[i].shards)
+        return (0 if count == base + 1 else 1 if count > base else 2, -count, i)
+
+    order = sorted(range(len(hosts)), key=rank)
+    return {hosts[i].name: base + (1 if r < extra else 0) for r, i in enumerate(order)}
 
 
 def plan(topo: Topology) -> list[PlannedMove]:

@@ -61,6 +61,13 @@ def test_plan_several_new_hosts_and_remainders():
     assert [(m.target, m.to_dict()["shards"]) for m in plan(topo)] == [("pg2", "7-13"), ("pg3", "14-19")]
 
 
+def test_plan_prefers_fewer_host_pairs():
+    # 1024 over 3: pg3 holds 342 = 341 + 1 already, so only pg2 gives shards.
+    topo = topology(1024, ["0-299", "300-681", "682-1023"])
+    assert [m.to_dict() for m in plan(topo)] == [{"source": "pg2", "target": "pg1", "shards": "641-681",
+                                                  "count": 41}]
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_plan_is_minimal_and_even(seed):
     rnd = random.Random(seed)

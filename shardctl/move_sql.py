@@ -341,10 +341,13 @@ def slot_lag(conn: psycopg.Connection, names: list[str]) -> int | None:
 
 
 def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
-    """True when every subscription's walsender reports having applied WAL up to ``lsn``."""
+    """True when every subscription's walsender reports having applied WAL up to ``lsn``.
+
+    The walsender is found by its slot (not by application_name, which a DSN may set)."""
     row = conn.execute(
-        """SELECT count(*) FILTER (WHERE replay_lsn >= %s::pg_lsn), count(*)
-             FROM pg_stat_replication WHERE application_name = ANY(%s)""", (lsn, names)).fetchone()
+        """SELECT count(*) FILTER (WHERE r.replay_lsn >= %s::pg_lsn), count(*)
+             FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+            WHERE s.slot_name = ANY(%s)""", (lsn, names)).fetchone()
     return row[1] == len(names) and row[0] == len(names)
 
 

@@ -564,7 +564,10 @@ def test_cleanup_needs_cutover_and_cutover_failure_keeps_source(fleet3):
 
 def test_router_follows_a_move(fleet3):
     """A router loaded before the move: execute() retries on the new host; connection() users get the
-    error once and follow_move() reloads."""
+    error once and follow_move() reloads. (pg1's DSN names an application: the subscriptions still are
+    found by their slots.)"""
+    dsn = load(fleet3).host("pg1").dsn
+    fleet3.write_text(fleet3.read_text().replace(dsn, dsn + "?application_name=photo-app"))
     router = Router(load(fleet3), move_wait=5)
     try:
         assert router.execute(14, "SELECT count(*) FROM photos")[0][0] == 150

@@ -51,7 +51,7 @@ from . import move_sql as q
 from .errors import BadInput, HostUnreachable, LockBusy, OperationFailed, ShardctlError
 from .fleet import ensure_control_schema, log_event, read_shards
 from .identifiers import MAX_IDENTIFIER_BYTES, quote_ident
-from .migrations import checksum, for_topology
+from .migrations import for_topology
 from .provision import steps_for
 from .ranges import format_shards, parse_shards
 from .render import render_shard
@@ -774,8 +774,8 @@ class MoveRun:
             src.commit()
             self.freeze_t0 = t0
             self.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
-            self.report.update({"freeze_started_at": started_at, "rows": rows, "sequences": len(values), "freeze_commit_seconds":
-                                round(time.monotonic() - t0, 3)})
+            self.report.update({"freeze_started_at": started_at, "rows": rows, "sequences": len(values),
+                                "freeze_commit_seconds": round(time.monotonic() - t0, 3)})
         except psycopg.errors.QueryCanceled as exc:
             move.phases, move.detail = phases_before, detail_before
             if not src.closed and not src.broken:

@@ -49,6 +49,23 @@ def set_timeouts(conn: psycopg.Connection, lock_timeout: str | None = None,
         conn.commit()
 
 
+def _acquire(host: Host, deadline: float, wait: float, connect_timeout: int, purpose: str) -> psycopg.Connection:
+    """A connection holding the host's shardctl lock, or LockBusy naming the holder after ``deadline``."""
+    conn = connect(host, autocommit=True, connect_timeout=connect_timeout, purpose=f"{purpose} lock")
+    try:
+        while True:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, LOCK_FLEET)).fetchone()[0]
+            if got:
+                return conn
+            if time.monotonic() >= deadline:
+                raise LockBusy(f"host {host.name}: another shardctl run holds the lock ({lock_holder(conn)}); "
+                               f"waited {wait:g}s (use --wait to wait longer)")
+            time.sleep(0.2)
+    except BaseException:
+        conn.close()
+        raise
+
+
 @contextmanager
 def host_lock(host: Host, *, wait: float = 0, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
               purpose: str = "") -> Iterator[psycopg.Connection]:
@@ -57,20 +74,58 @@ def host_lock(host: Host, *, wait: float = 0, connect_timeout: int = DEFAULT_CON
     The lock is session-level: if this process dies, the server releases it.
     Waits up to ``wait`` seconds, then raises LockBusy naming the holder.
     """
-    conn = connect(host, autocommit=True, connect_timeout=connect_timeout, purpose=f"{purpose} lock")
+    conn = _acquire(host, time.monotonic() + max(0.0, wait), wait, connect_timeout, purpose)
     try:
-        deadline = time.monotonic() + max(0.0, wait)
-        while True:
-            got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, LOCK_FLEET)).fetchone()[0]
-            if got:
-                break
-            if time.monotonic() >= deadline:
-                raise LockBusy(f"host {host.name}: another shardctl run holds the lock ({lock_holder(conn)}); "
-                               f"waited {wait:g}s (use --wait to wait longer)")
-            time.sleep(0.2)
         yield conn
     finally:
         conn.close()
+
+
+class FleetLocks:
+    """The shardctl lock of several hosts, taken one host at a time in name order before any work.
+
+    A fixed order means two runs never each hold a lock the other needs: the second run stops at
+    the first host the first run holds, having changed nothing anywhere. An unreachable host is
+    remembered (``use`` raises it) so the other hosts still go ahead.
+    """
+
+    def __init__(self, hosts: list[Host], *, wait: float = 0, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+                 purpose: str = ""):
+        self.hosts = sorted(hosts, key=lambda h: h.name)
+        self.wait = wait
+        self.connect_timeout = connect_timeout
+        self.purpose = purpose
+        self._held: dict[str, psycopg.Connection | HostUnreachable] = {}
+
+    def __enter__(self) -> "FleetLocks":
+        deadline = time.monotonic() + max(0.0, self.wait)
+        try:
+            for host in self.hosts:
+                try:
+                    self._held[host.name] = _acquire(host, deadline, self.wait, self.connect_timeout, self.purpose)
+                except HostUnreachable as exc:
+                    self._held[host.name] = exc
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        for item in self._held.values():
+            if isinstance(item, psycopg.Connection):
+                item.close()
+        self._held.clear()
+
+    @contextmanager
+    def use(self, host: Host) -> Iterator[psycopg.Connection]:
+        """The lock connection of ``host`` (raises HostUnreachable if it could not be reached)."""
+        item = self._held[host.name]
+        if isinstance(item, HostUnreachable):
+            raise item
+        yield item
 
 
 def lock_holder(conn: psycopg.Connection) -> str:

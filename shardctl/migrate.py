@@ -381,7 +381,7 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
                                 purpose="migrate --check" if check else "migrate --dry-run") as conn:
                     inspect(conn)
                 return
-            with db.host_lock(host, wait=wait, connect_timeout=options.connect_timeout, purpose="migrate") as conn:
+            with locks.use(host) as conn:
                 if not control_exists(conn):
                     raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
                 plans, verified = inspect(conn)
@@ -396,7 +396,12 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
 
         return run_on_host(host, report, body)
 
-    reports = for_each_host(selected, work)
+    if read_only:
+        reports = for_each_host(selected, work)
+    else:
+        with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,
+                           purpose=options.purpose) as locks:
+            reports = for_each_host(selected, work)
     pending_total = sum(sum(d["pending"].values()) for d in details.values())
     missing_total = sum(1 for d in details.values() if d["missing"])
     return FleetReport("migrate", reports, time.perf_counter() - started, extra={

@@ -53,7 +53,7 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
         recreated = recreated_by_host.setdefault(host.name, [])
 
         def body() -> None:
-            with db.host_lock(host, wait=wait, connect_timeout=options.connect_timeout, purpose="init") as conn:
+            with locks.use(host) as conn:
                 report.control_created = ensure_control_schema(conn, topo)
                 present = read_shards(conn)
                 schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace")} if present else set()
@@ -91,7 +91,10 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
 
     from .fleet import for_each_host
 
-    reports = for_each_host(select_hosts(topo, hosts), work)
+    selected = select_hosts(topo, hosts)
+    with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,
+                       purpose=options.purpose) as locks:
+        reports = for_each_host(selected, work)
     # Shards whose schema had been dropped by hand, which init set out to build again.
     recreated = {h: format_shards(r) for h, r in recreated_by_host.items() if r}
     return FleetReport("init", reports, time.perf_counter() - started,

@@ -170,3 +170,20 @@ def test_server_killed_during_add_shard(box, tmp_path):
     assert len(assert_consistent(dsn, 2)) == 2 * HALF
     assert load(path).shard_count == SHARDS + HALF
     assert run_cli("verify", config=path).exit_code == 0
+
+
+def test_shardctl_killed_during_migrate(box):
+    path = box.topology_path
+    assert run_cli("init", config=path).exit_code == 0
+    (path.parent / "migrations" / "V0003__add_photo_location.sql").write_text(ADD_COLUMN)
+    dsn = load(path).host("pg1").dsn
+    proc = start_cli("migrate", "--batch-size", "4", config=path)
+    wait_for(dsn, "SELECT count(*) FROM shardctl.migrations WHERE version = 3", 16)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    time.sleep(0.5)
+    for host in load(path).hosts:
+        assert_consistent(host.dsn, 3)
+    assert run_cli("migrate", config=path).exit_code == 0
+    for host in load(path).hosts:
+        assert set(assert_consistent(host.dsn, 3).values()) == {3}

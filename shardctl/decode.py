@@ -64,71 +64,122 @@ class Decoder:
         return results, bad
 
     def write_csv(self, lines: Iterable[str], out: TextIO) -> list[tuple[int, str, str]]:
-        """Decode to CSV with a header; the hot loop avoids per-ID dicts. Returns the bad lines."""
-        layout = self.layout
-        fields = [(s, m) for name, s, m in self._fields if name != "time"]
-        has_time = layout.has_time
-        time_shift, time_mask = (layout.shift("time"), (1 << layout.bits("time")) - 1) if has_time else (0, 0)
-        epoch_s, epoch_ms_rem = divmod(layout.epoch_ms, 1000)
-        shard_pos = [f.name for f in layout.fields if f.name != "time"].index("shard") \
-            if "shard" in [f.name for f in layout.fields] else None
-        payload_bits = layout.payload_bits
-        signed = layout.negative_ids_possible()
-        hosts = self._hosts if self.topology else None
-        schema = self.topology.schema_name if self.topology else None
-        second_cache: dict[int, str] = {}
-        buf: list[str] = [",".join(self.columns()) + "\n"]
+        """Decode to CSV with a header. Returns the bad lines as (line number, text, problem).
+
+        The hot loop is a function generated for this layout (shifts, masks and epoch baked in as
+        constants, table lookups instead of format specs): about 1 µs per ID in CPython.
+        """
         bad: list[tuple[int, str, str]] = []
-        write = out.write
-        for number, raw in enumerate(lines, start=1):
-            try:
-                value = int(raw)
-            except ValueError:
-                text = raw.rstrip("\r\n")
-                bad.append((number, text, "empty line" if not text.strip() else "not an integer ID"))
-                continue
-            if value < 0:
-                if signed and value >= -(1 << 63):
-                    value += 1 << 64
-                else:
-                    bad.append((number, raw.strip(), layout.negative_message(value)))
-                    continue
-            if value > _MAX_U64:
-                bad.append((number, raw.strip(), f"{value} does not fit in 64 bits"))
-                continue
-            if value >> payload_bits:
-                bad.append((number, raw.strip(), f"{value} has its reserved high bit(s) set"))
-                continue
-            parts = [(value >> s) & m for s, m in fields]
-            row = [str(value if value < (1 << 63) else value - (1 << 64))]
-            if has_time:
-                total = ((value >> time_shift) & time_mask) + epoch_ms_rem
-                secs, ms = divmod(total, 1000)
-                secs += epoch_s
-                stamp = second_cache.get(secs)
-                if stamp is None:
-                    if len(second_cache) > 100_000:
-                        second_cache.clear()
-                    stamp = second_cache[secs] = _second_text(secs)
-                # Beyond year 9999 there is no timestamp to print (decode() gives time None).
-                row.append(f"{stamp}.{ms:03d}Z" if stamp else "")
-            row += [str(p) for p in parts]
-            if hosts is not None:
-                shard = parts[shard_pos]
-                host = hosts.get(shard)
-                if host is None:
-                    bad.append((number, raw.strip(), f"shard {shard} is not in this topology"))
-                    continue
-                row += [schema(shard), host]
-            buf.append(",".join(row) + "\n")
-            if len(buf) >= 8192:
-                write("".join(buf))
-                buf.clear()
-        write("".join(buf))
+        out.write(",".join(self.columns()) + "\n")
+        loop = _csv_loop(self.layout, self.topology is not None)
+        owners = None
+        if self.topology is not None:  # shard → "schema,host": one lookup per ID
+            owners = _NoneForMissing({n: f"{self.topology.schema_name(n)},{h}" for n, h in self._hosts.items()})
+        loop(lines, out.write, bad, owners, self._slow_checks, _day_text)
         return bad
 
+    def _slow_checks(self, value: int) -> tuple[int | None, str | None]:
+        """For a negative or oversized value: (value to decode, None) or (None, problem)."""
+        layout = self.layout
+        if value < 0:
+            if layout.negative_ids_possible() and value >= -(1 << 63):
+                value += 1 << 64
+            else:
+                return None, layout.negative_message(value)
+        if value > _MAX_U64:
+            return None, f"{value} does not fit in 64 bits"
+        if value >> layout.payload_bits:
+            return None, f"{value} has its reserved high bit(s) set"
+        return value, None
 
-def _second_text(secs: int) -> str:
-    """``YYYY-MM-DDTHH:MM:SS`` of a Unix second, formatted as :func:`layouts.iso` does; "" out of range."""
-    text = iso(utc_from_ms(secs * 1000))
-    return text[:19] if text else ""
+
+class _NoneForMissing(dict):
+    def __missing__(self, key: object) -> None:
+        return None
+
+
+_LOOPS: dict[tuple, object] = {}
+_P3 = [f"{i:03d}" for i in range(1000)]
+_SOD: list[str] = []
+
+
+def _sod_table() -> list[str]:
+    """``HH:MM:SS`` for every second of a day (built once, on first use)."""
+    if not _SOD:
+        _SOD.extend(f"{h:02d}:{m:02d}:{s:02d}" for h in range(24) for m in range(60) for s in range(60))
+    return _SOD
+_DAYS: dict[int, str] = {}
+
+
+def _day_text(day: int) -> str:
+    """``YYYY-MM-DD`` of a day number since 1970 (cached); "" beyond year 9999."""
+    text = _DAYS.get(day)
+    if text is None:
+        moment = utc_from_ms(day * 86_400_000)
+        text = iso(moment)[:10] if moment is not None else ""
+        if len(_DAYS) > 200_000:
+            _DAYS.clear()
+        _DAYS[day] = text
+    return text
+
+
+def _csv_loop(layout: Layout, with_topology: bool):
+    """Compile the CSV loop for ``layout`` (cached per layout shape)."""
+    key = (layout.fields, layout.epoch_ms, layout.payload_bits, with_topology)
+    loop = _LOOPS.get(key)
+    if loop is not None:
+        return loop
+    fields = [f for f in layout.fields if f.name != "time"]
+    body = []
+    names = []
+    for i, f in enumerate(fields):
+        var = f"f{i}"
+        names.append(var)
+        shift, mask = layout.shift(f.name), (1 << f.bits) - 1
+        body.append(f"        {var} = (v >> {shift}) & {mask}" if shift else f"        {var} = v & {mask}")
+    row = ["{sid}"]
+    if layout.has_time:
+        ts, tm = layout.shift("time"), (1 << layout.bits("time")) - 1
+        body += [
+            f"        s, ms = divmod(((v >> {ts}) & {tm}) + {layout.epoch_ms}, 1000)",
+            "        d, sod = divmod(s, 86400)",
+            "        day = days.get(d) or day_text(d)",
+        ]
+        row.append("{day and f'{day}T{SOD[sod]}.{P3[ms]}Z'}")
+    row += ["{" + n + "}" for n in names]
+    if with_topology:
+        shard_var = names[[f.name for f in fields].index("shard")]
+        body += [
+            f"        owner = owners[{shard_var}]",
+            "        if owner is None:",
+            f"            bad.append((n, raw.strip(), f'shard {{{shard_var}}} is not in this topology')); continue",
+        ]
+        row.append("{owner}")
+    source = "\n".join([
+        "def loop(lines, write, bad, owners, slow, day_text):",
+        "    buf = []",
+        "    append = buf.append",
+        "    for n, raw in enumerate(lines, 1):",
+        "        try:",
+        "            v = int(raw)",
+        "        except ValueError:",
+        "            text = raw.rstrip('\\r\\n')",
+        "            bad.append((n, text, 'empty line' if not text.strip() else 'not an integer ID')); continue",
+        f"        if v < 0 or v >> {layout.payload_bits}:",
+        "            v, problem = slow(v)",
+        "            if problem:",
+        "                bad.append((n, raw.strip(), problem)); continue",
+        "        sid = v if v < 9223372036854775808 else v - 18446744073709551616",
+        *body,
+        "        append(f\"" + ",".join(row) + "\\n\")",
+        "        if not n & 8191:",
+        "            write(''.join(buf))",
+        "            buf.clear()",
+        "    write(''.join(buf))",
+    ])
+    scope: dict = {"SOD": _sod_table(), "P3": _P3, "days": _DAYS}
+    exec(compile(source, f"<decode loop for {layout.name}>", "exec"), scope)  # noqa: S102 - our own code
+    loop = _LOOPS[key] = scope["loop"]
+    return loop
+
+

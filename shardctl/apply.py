@@ -76,7 +76,6 @@ class ConnectionLost(Exception):
     """The host went away mid-run; shards not yet committed are untouched."""
 
 
-_T0 = "SELECT set_config('shardctl.t0', clock_timestamp()::text, true);\n"
 _ELAPSED = "extract(epoch FROM clock_timestamp() - current_setting('shardctl.t0')::timestamptz) * 1000"
 
 
@@ -95,9 +94,12 @@ def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
     parts: list[str] = []
     if plan.create_sql is not None:
         parts += [plan.create_sql.rstrip().rstrip(";") + ";\n", shard_row_sql(plan.shard, plan.schema)]
+    # One statement starts the step's clock and sets search_path (fewer round trips through the parser).
+    search_path = quote_literal(f"{quote_ident(plan.schema)}, public")
+    start = (f"SELECT set_config('shardctl.t0', clock_timestamp()::text, true), "
+             f"set_config('search_path', {search_path}, true);\n")
     for step in steps:
-        parts += [_T0, f"SET LOCAL search_path TO {quote_ident(plan.schema)}, public;\n",
-                  step.sql.rstrip().rstrip(";") + ";\n", ledger_sql(plan.shard, step)]
+        parts += [start, step.sql.rstrip().rstrip(";") + ";\n", ledger_sql(plan.shard, step)]
     return "".join(parts)
 
 

@@ -747,7 +747,7 @@ class MoveRun:
             source_ms = q.now_ms(src)
             while q.now_ms(tgt) <= source_ms:  # new IDs on the target sort after every ID minted on the source
                 if time.monotonic() > deadline:
-                    raise _FreezeTimeout(f"the target's clock is behind the source's by more than --max-freeze")
+                    raise _FreezeTimeout("the target's clock is behind the source's by more than --max-freeze")
                 time.sleep(0.001)
             grants = q.write_grants(src, self.schemas)
             parts = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from conftest import connect, load, run_cli
 

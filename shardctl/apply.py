@@ -103,15 +103,6 @@ def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
     return "".join(parts)
 
 
-def _leading_transactional(plan: ShardPlan) -> list[Step]:
-    out = []
-    for s in plan.steps:
-        if not s.transactional:
-            break
-        out.append(s)
-    return out
-
-
 class HostRunner:
     """Applies a list of shard plans on one host, batch by batch."""
 

@@ -18,7 +18,6 @@ class Decoder:
     def __init__(self, layout: Layout, topology: Topology | None = None):
         self.layout = layout
         self.topology = topology
-        self._fields = [(f.name, layout.shift(f.name), (1 << f.bits) - 1) for f in layout.fields]
         self._hosts = {n: h.name for h in topology.hosts for n in h.shards} if topology else {}
 
     def columns(self) -> list[str]:

@@ -65,21 +65,12 @@ class Candidate:
         self.table = f"bench.t_{key}"
 
 
-def plpgsql_returns_variant(function_sql: str) -> str | None:
-    """The rendered plpgsql next_id() rewritten as ``RETURNS bigint`` + ``RETURN expr`` instead of an OUT
-    parameter (a proposal, measured with --proposals); None when the template no longer has that shape."""
-    if "(OUT result bigint)" not in function_sql or function_sql.count("result :=") != 1:
-        return None
-    return function_sql.replace("(OUT result bigint)", "()\n    RETURNS bigint").replace("result :=", "RETURN")
-
-
-def setup(conn, box, version: int, proposals: bool = False) -> tuple[list[Candidate], list[str]]:
+def setup(conn, box, version: int) -> tuple[list[Candidate], list[str]]:
     """Create the generators and one identical table per candidate. Returns (candidates, notes)."""
-    from shardctl.render import render_next_id, render_shard
+    from shardctl.render import render_shard
 
     notes = []
     candidates = [Candidate("bigserial", "bigserial", "id bigserial PRIMARY KEY")]
-    proposal: Candidate | None = None
     for flavour in ("sql", "plpgsql"):
         path = c.topology_for(box, ["app"], SHARD_COUNT, function=flavour, name=f"nid_{flavour}",
                               schema=f"nid_{flavour}_{{n}}")
@@ -89,19 +80,6 @@ def setup(conn, box, version: int, proposals: bool = False) -> tuple[list[Candid
         candidates.append(Candidate(f"nextid_{flavour}", f"next_id() {flavour}",
                                     f"id bigint PRIMARY KEY DEFAULT {schema}.next_id()"))
         epoch_ms = topo.layout.epoch_ms
-        if proposals and flavour == "plpgsql":
-            variant = plpgsql_returns_variant(render_next_id(topo, SHARD))
-            if variant is None:
-                notes.append("proposal skipped: the plpgsql template no longer has an OUT result parameter")
-            else:
-                conn.execute(f"CREATE SCHEMA prop_{SHARD}; CREATE SEQUENCE prop_{SHARD}.next_id_seq CACHE 1;")
-                conn.execute(variant.replace(f"{schema}.", f"prop_{SHARD}."))
-                proposal = Candidate("prop_plpgsql_returns", "(proposal) plpgsql RETURNS bigint",
-                                     f"id bigint PRIMARY KEY DEFAULT prop_{SHARD}.next_id()")
-    if proposal is not None:
-        candidates.append(proposal)
-        notes.append("(proposal) rows: the rendered plpgsql next_id() with RETURNS bigint + RETURN instead of "
-                     "an OUT parameter; not what shardctl renders today")
     conn.execute(SEED_FUNCTION.format(shard=SHARD, epoch_ms=epoch_ms))
     candidates.append(Candidate("seed", "seed next_id() (2012 blog)",
                                 f"id bigint PRIMARY KEY DEFAULT seed{SHARD}.next_id()"))
@@ -236,8 +214,6 @@ def main() -> int:
                    help="single-row: rounds (default 15, --quick 5)")
     p.add_argument("--clients", type=int, default=4, help="single-row: concurrent connections")
     p.add_argument("--workloads", default="bulk,single", help="comma-separated: bulk, single")
-    p.add_argument("--proposals", action="store_true",
-                   help="Also measure proposed template changes (info rows, marked '(proposal)').")
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or (3 if args.quick else 7))
     statements = args.statements or (60 if args.quick else 200)
@@ -257,7 +233,7 @@ def main() -> int:
         version = c.server_version(port)
         pgbench = Path(state.bin_dir) / "pgbench"
         with c.connect(port, "app") as conn:
-            candidates, setup_notes = setup(conn, box, version, args.proposals)
+            candidates, setup_notes = setup(conn, box, version)
             notes += [f"PostgreSQL {version // 10000}.{version % 100}"] + setup_notes
             if "bulk" in workloads:
                 series = {cand.key: c.Series(cand.label, work=statements * ROWS_PER_STATEMENT)

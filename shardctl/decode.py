@@ -72,8 +72,10 @@ class Decoder:
         out.write(",".join(self.columns()) + "\n")
         loop = _csv_loop(self.layout, self.topology is not None)
         owners = None
-        if self.topology is not None:  # shard → "schema,host": one lookup per ID
-            owners = _NoneForMissing({n: f"{self.topology.schema_name(n)},{h}" for n, h in self._hosts.items()})
+        if self.topology is not None:  # shard → "schema,host" (None if not in the fleet): one list index per ID
+            owners = [None] * (max(self._hosts, default=-1) + 1)
+            for n, h in self._hosts.items():
+                owners[n] = f"{self.topology.schema_name(n)},{h}"
         loop(lines, out.write, bad, owners, self._slow_checks, _day_text)
         return bad
 
@@ -92,21 +94,11 @@ class Decoder:
         return value, None
 
 
-class _NoneForMissing(dict):
-    def __missing__(self, key: object) -> None:
-        return None
-
-
 _LOOPS: dict[tuple, object] = {}
 _P3 = [f"{i:03d}" for i in range(1000)]
-_SOD: list[str] = []
-
-
-def _sod_table() -> list[str]:
-    """``HH:MM:SS`` for every second of a day (built once, on first use)."""
-    if not _SOD:
-        _SOD.extend(f"{h:02d}:{m:02d}:{s:02d}" for h in range(24) for m in range(60) for s in range(60))
-    return _SOD
+# Small tables stay in the CPU cache (a table of all 86400 seconds of a day mostly misses).
+_HH = [f"{h:02d}:" for h in range(24)]
+_MMSS = [f"{m:02d}:{sec:02d}" for m in range(60) for sec in range(60)]
 _DAYS: dict[int, str] = {}
 
 
@@ -144,12 +136,13 @@ def _csv_loop(layout: Layout, with_topology: bool):
             "        d, sod = divmod(s, 86400)",
             "        day = days.get(d) or day_text(d)",
         ]
-        row.append("{day and f'{day}T{SOD[sod]}.{P3[ms]}Z'}")
+        body.append("        h, mmss = divmod(sod, 3600)")
+        row.append("{day and f'{day}T{HH[h]}{MMSS[mmss]}.{P3[ms]}Z'}")
     row += ["{" + n + "}" for n in names]
     if with_topology:
         shard_var = names[[f.name for f in fields].index("shard")]
         body += [
-            f"        owner = owners[{shard_var}]",
+            f"        owner = owners[{shard_var}] if {shard_var} < len(owners) else None",
             "        if owner is None:",
             f"            bad.append((n, raw.strip(), f'shard {{{shard_var}}} is not in this topology')); continue",
         ]
@@ -176,7 +169,7 @@ def _csv_loop(layout: Layout, with_topology: bool):
         "            buf.clear()",
         "    write(''.join(buf))",
     ])
-    scope: dict = {"SOD": _sod_table(), "P3": _P3, "days": _DAYS}
+    scope: dict = {"HH": _HH, "MMSS": _MMSS, "P3": _P3, "days": _DAYS}
     exec(compile(source, f"<decode loop for {layout.name}>", "exec"), scope)  # noqa: S102 - our own code
     loop = _LOOPS[key] = scope["loop"]
     return loop

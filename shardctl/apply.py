@@ -40,6 +40,14 @@ class ShardPlan:
     schema: str
     create_sql: str | None = None  # None: the shard exists already
     steps: list[Step] = field(default_factory=list)
+    # Deferred rendering: resolved just before the shard's batch runs, so a host's first batch starts
+    # at once and rendering overlaps the servers' work instead of preceding it.
+    render_steps: Callable[[], list[Step]] | None = None
+
+    def materialize(self) -> "ShardPlan":
+        if self.render_steps is not None:
+            self.steps, self.render_steps = self.render_steps(), None
+        return self
 
     @property
     def all_transactional(self) -> bool:
@@ -139,7 +147,7 @@ class HostRunner:
             while i < len(plans):
                 if self.stop.is_set() and not self.options.continue_on_error:
                     break
-                batch = plans[i:i + size]
+                batch = [p.materialize() for p in plans[i:i + size]]
                 outcomes += self._batch(batch)
                 i += len(batch)
                 self._since_recycle += len(batch)

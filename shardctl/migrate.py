@@ -365,13 +365,13 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
                 for v in range(row.version + 1, goal + 1):
                     pending[v] += 1
                 if not check:  # --check only counts; it renders nothing it does not compare
-                    plans.append(ShardPlan(n, topo.schema_name(n), None,
-                                           steps_for(migrations, topo, n, row.version, goal)))
+                    plans.append(ShardPlan(n, topo.schema_name(n), None, render_steps=functools.partial(
+                        steps_for, migrations, topo, n, row.version, goal)))
             detail["pending"] = {v: pending[v] for v in sorted(pending)}
             pending_shards = sum(1 for n in scope if n in present and present[n].version < goal)
             report.unchanged = len(scope) - pending_shards - len(missing)
             if dry_run and plans:
-                sample = plans[0]
+                sample = plans[0].materialize()
                 detail["dry_run_sql"] = {f"shard {sample.shard}, V{s.version}": s.sql for s in sample.steps}
             return plans, integrity.clean
 

@@ -66,8 +66,9 @@ def status(topo: Topology, *, hosts: list[str] | None = None,
                 # A shard is present when it is recorded *and* its schema really exists.
                 schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
                 recorded = {r[0] for r in rows}
-                present = {n for n in recorded if topo.schema_name(n) in schemas}
-                stray = {n for n in range(topo.layout.max_shards) if topo.schema_name(n) in schemas} - recorded
+                real = {topo.shard_of_schema(name) for name in schemas} - {None}
+                present = recorded & real
+                stray = real - recorded
                 versions = [r[2] for r in rows if r[0] in set(host.shards)]
                 st.present = len(present & set(host.shards))
                 st.missing = format_shards(set(host.shards) - present)

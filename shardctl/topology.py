@@ -76,6 +76,7 @@ class Topology:
     new_objects: list[int] | None = None
     warnings: list[str] = field(default_factory=list)
     _owner: dict[int, Host] = field(default_factory=dict, repr=False)
+    _schema_shards: dict[str, int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.modulus = self.modulus or self.shard_count
@@ -102,6 +103,15 @@ class Topology:
     # ---- questions -------------------------------------------------------
     def schema_name(self, shard: int) -> str:
         return format_schema(self.schema_format, shard)
+
+    def shard_of_schema(self, name: str) -> int | None:
+        """The shard a schema name stands for (any shard the layout's bits allow), or None.
+
+        The name → shard map is built once per topology and shared by every caller.
+        """
+        if self._schema_shards is None:
+            self._schema_shards = {self.schema_name(n): n for n in range(self.layout.max_shards)}
+        return self._schema_shards.get(name)
 
     def host_of(self, shard: int) -> Host:
         try:

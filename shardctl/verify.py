@@ -74,8 +74,6 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
 
         raise BadInput("--samples must be at least 2 (strict increase needs two IDs)")
     started = time.perf_counter()
-    # Any name the schema format yields, within the layout's shard bits, is a shard schema.
-    names = {topo.schema_name(n): n for n in range(topo.layout.max_shards)}
     expected_bodies: dict[int, str] = {}
 
     def expected_body(n: int) -> str:
@@ -88,7 +86,7 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
         t0 = time.perf_counter()
         try:
             with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
-                _check_host(conn, topo, host, result, names, expected_body, samples, tolerance_ms)
+                _check_host(conn, topo, host, result, expected_body, samples, tolerance_ms)
         except Exception as exc:  # noqa: BLE001 - reported per host, never silently
             from .errors import HostUnreachable
 
@@ -107,7 +105,7 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
 
 
 def _check_host(conn: psycopg.Connection, topo: Topology, host: Host, result: HostVerification,
-                names: dict[str, int], expected_body, samples: int, tolerance_ms: int) -> None:
+                expected_body, samples: int, tolerance_ms: int) -> None:
     def violation(shard: int | None, reason: str) -> None:
         schema = topo.schema_name(shard) if shard is not None else None
         result.violations.append(Violation(host.name, shard, schema, reason))
@@ -122,7 +120,8 @@ def _check_host(conn: psycopg.Connection, topo: Topology, host: Host, result: Ho
                         f"(tolerance {tolerance_ms} ms)")
 
     schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
-    present = {names[s] for s in schemas if s in names}
+    # Any name the schema format yields, within the layout's shard bits, is a shard schema.
+    present = {topo.shard_of_schema(s) for s in schemas} - {None}
     expected = set(host.shards)
     recorded: set[int] = set()
     if control_exists(conn):

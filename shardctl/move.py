@@ -815,6 +815,19 @@ class MoveRun:
             self.event("move-shard cutover", {"freeze_seconds": self.report.get("freeze_seconds"),
                                               "rows": self.report.get("rows")})
 
+    def _drop_shards(self, conn: psycopg.Connection, shards: list[int], schema_of: Callable[[int], str],
+                     state: str, phase: str, host_name: str) -> None:
+        """Drop these shards' schemas and forget their control rows (rows in ``state``), batch by batch."""
+        size = max(1, self.options.batch_size)
+        self.progress(phase, 0, len(shards), host_name)
+        for i in range(0, len(shards), size):
+            batch = shards[i:i + size]
+            conn.execute("".join(f"DROP SCHEMA IF EXISTS {quote_ident(schema_of(n))} CASCADE;\n" for n in batch))
+            conn.execute("DELETE FROM shardctl.migrations WHERE shard_id = ANY(%s)", (batch,))
+            conn.execute("DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = %s", (batch, state))
+            conn.commit()
+            self.progress(phase, min(len(shards), i + size), len(shards), host_name)
+
     def _drop_replication(self) -> dict:
         """Subscriptions (target), publications and slots (source) of this move. Idempotent."""
         names = self.move.names  # empty before sync: no replication object was made
@@ -847,16 +860,8 @@ class MoveRun:
         self._finish_cutover()  # a cutover interrupted after the source committed completes first
         renamed = self.move.detail.get("renamed") or {str(n): self.renamed(n) for n in self.move.shards}
         shards = self.move.shards
-        size = max(1, self.options.batch_size)
-        self.progress("cleanup", 0, len(shards), self.source.name)
         with self.connect(self.source, autocommit=False) as src:
-            for i in range(0, len(shards), size):
-                batch = shards[i:i + size]
-                src.execute("".join(f"DROP SCHEMA IF EXISTS {quote_ident(renamed[str(n)])} CASCADE;\n" for n in batch))
-                src.execute("DELETE FROM shardctl.migrations WHERE shard_id = ANY(%s)", (batch,))
-                src.execute("DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = 'moved_out'", (batch,))
-                src.commit()
-                self.progress("cleanup", min(len(shards), i + size), len(shards), self.source.name)
+            self._drop_shards(src, shards, lambda n: renamed[str(n)], "moved_out", "cleanup", self.source.name)
         self._drop_replication()
         self.both("cleaned", {})
         self.event("move-shard cleanup", {})
@@ -889,21 +894,13 @@ class MoveRun:
                     _set_phase(conn, move, role, "aborting", {})
         dropped = self._drop_replication()
         self.report["dropped"] = dropped
-        size = max(1, self.options.batch_size)
         with self.connect(self.target, autocommit=False) as tgt:
             rows = read_shards(tgt)
             mine = [n for n in move.shards if n in rows and rows[n].state == "moving_in"]
             present = q.present_schemas(tgt, self.schemas)
             doomed = [n for n in move.shards if n in mine or (n not in rows and self.schema(n) in present)]
             tgt.commit()
-            self.progress("abort", 0, len(doomed), self.target.name)
-            for i in range(0, len(doomed), size):
-                batch = doomed[i:i + size]
-                tgt.execute("".join(f"DROP SCHEMA IF EXISTS {quote_ident(self.schema(n))} CASCADE;\n" for n in batch))
-                tgt.execute("DELETE FROM shardctl.migrations WHERE shard_id = ANY(%s)", (batch,))
-                tgt.execute("DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = 'moving_in'", (batch,))
-                tgt.commit()
-                self.progress("abort", min(len(doomed), i + size), len(doomed), self.target.name)
+            self._drop_shards(tgt, doomed, self.schema, "moving_in", "abort", self.target.name)
         with self.connect(self.source) as src, src.transaction():
             src.execute("UPDATE shardctl.shards SET state = 'active' WHERE shard_id = ANY(%s) AND state = 'moving_out'",
                         (move.shards,))

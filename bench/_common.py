@@ -2,7 +2,7 @@
 
 Every benchmark follows the same rules:
 
-* it starts its own sandbox (``shardctl.sandbox.Sandbox``) in a temp dir and destroys it at the end;
+* it starts its own sandbox (``shardctl.dev.sandbox.Sandbox``) in a temp dir and destroys it at the end;
 * every candidate is measured in the same run, on the same servers, against a baseline;
 * candidates are interleaved over several rounds (the order rotates each round, so no
   candidate always runs first or last) and the figure reported is the median;
@@ -36,7 +36,7 @@ warnings.filterwarnings("ignore", message=".*instagram layout uses all 64 bits.*
 
 def _quiet_layout_warnings() -> None:
     try:
-        from shardctl.topology import LayoutWarning
+        from shardctl.model.topology import LayoutWarning
     except ImportError:  # pragma: no cover - shardctl not importable: the script fails later anyway
         return
     warnings.filterwarnings("ignore", category=LayoutWarning)
@@ -252,7 +252,7 @@ def sandbox(hosts: int, shards: int, *, function: str = "plpgsql", keep: bool = 
             prefix: str = "shardctl-bench-", base: str | None = None) -> Iterator["object"]:
     """A fresh sandbox in a temp dir (under ``base``); stopped and deleted afterwards (kept stopped with
     ``keep``)."""
-    from shardctl.sandbox import Sandbox
+    from shardctl.dev.sandbox import Sandbox
 
     directory = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     box = Sandbox(directory)
@@ -328,7 +328,7 @@ def topology_for(box, databases: list[str], shards: int, *, function: str = "plp
 
 
 def load_topology(path: Path):
-    from shardctl.topology import LayoutWarning, Topology
+    from shardctl.model.topology import LayoutWarning, Topology
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LayoutWarning)

@@ -20,7 +20,7 @@ def render_host_sql(topo, host, *, control: bool = True, create: bool = True, ve
     leaves out the shard's infrastructure.
     """
     from shardctl.migrations import for_topology
-    from shardctl.render import render_control, render_shard
+    from shardctl.sql.render import render_control, render_shard
 
     migrations = [m for m in for_topology(topo) if versions is None or m.version in versions]
     out = [f"-- ===== host {host.name} =====\n"]
@@ -56,10 +56,10 @@ def per_shard_transactions(topo, *, create: bool, above: int = 0) -> float:
     the same control rows shardctl records). Returns seconds."""
     import psycopg
 
-    from shardctl.apply import ShardPlan, transactional_sql
+    from shardctl.engine.executor import ShardPlan, transactional_sql
     from shardctl.migrations import for_topology
-    from shardctl.provision import steps_for
-    from shardctl.render import render_control, render_shard
+    from shardctl.ops.provision import steps_for
+    from shardctl.sql.render import render_control, render_shard
 
     started = time.perf_counter()
     migrations = for_topology(topo)

@@ -17,7 +17,7 @@ _MM_SS = [f"{m:02d}:{s:02d}" for m in range(60) for s in range(60)]
 
 
 def write_csv(decoder, lines, out) -> list[tuple[int, str, str]]:
-    """Proposed ``shardctl.decode.Decoder.write_csv``: same output and same errors, faster.
+    """Proposed ``shardctl.ids.decode.Decoder.write_csv``: same output and same errors, faster.
 
     Compared with shardctl's generated per-layout loop (5a3d091), three differences:
 
@@ -103,7 +103,7 @@ def write_csv(decoder, lines, out) -> list[tuple[int, str, str]]:
 
 def patched_cli() -> None:
     """``shardctl`` with :func:`write_csv` in place of ``Decoder.write_csv`` (for the CLI proposal row)."""
-    from shardctl import decode
+    from shardctl.ids import decode
     from shardctl.cli import main
 
     original = decode.Decoder.write_csv

@@ -62,7 +62,7 @@ PATCHED_CLI = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().pa
 
 def mint_ids(box, topo, count: int) -> list[int]:
     """``count`` IDs from the rendered next_id() of MINTING_SHARDS shards spread over the fleet."""
-    from shardctl.render import render_shard
+    from shardctl.sql.render import render_shard
 
     step = max(1, topo.shard_count // MINTING_SHARDS)
     chosen = list(range(0, topo.shard_count, step))[:MINTING_SHARDS]
@@ -108,8 +108,8 @@ def main() -> int:
                 if d.strip()]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
-    from shardctl.decode import Decoder
-    from shardctl.layouts import by_name, parse_epoch
+    from shardctl.ids.decode import Decoder
+    from shardctl.model.layouts import by_name, parse_epoch
 
     cli_limit = 3.0 * count / 1_000_000  # the target, 3 s for 1M IDs, scaled to --ids
     tables: list[list[c.Row]] = []

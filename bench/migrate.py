@@ -6,7 +6,7 @@ database on every server; every candidate and round then gets a fresh copy
 (``CREATE DATABASE ... TEMPLATE``, dropped afterwards), so each starts from the same state.
 
 1. ``migrate --check`` with nothing pending. Candidates: the library call
-   (``shardctl.migrate.migrate(topo, check=True)``), the ``shardctl migrate --check`` command (a new
+   (``shardctl.ops.migrate.migrate(topo, check=True)``), the ``shardctl migrate --check`` command (a new
    process, as CI runs it), against the floor of "one query per host" (the ledger read with psycopg,
    hosts in parallel). Target: <= 1 s. Shown for information: both without the verified-checksum cache
    (the first check after a shardctl upgrade re-renders every applied migration) and the bare start-up
@@ -58,7 +58,7 @@ def ledger_query(topo) -> float:
 def forget_verified(box, databases: list[str]) -> list:
     """Take away the verified-checksum cache (if this shardctl keeps one), so the next check re-renders every
     applied migration; returns what to give back to :func:`restore_verified` (--check never writes it)."""
-    from shardctl import migrate as migrate_module
+    from shardctl.ops import migrate as migrate_module
 
     key = getattr(migrate_module, "CACHE_KEY", None)
     saved = []
@@ -92,9 +92,9 @@ def main() -> int:
     shards = args.shards or (1024 if args.quick else 8192)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
-    from shardctl.migrate import migrate
-    from shardctl.provision import init
-    from shardctl.render import builtin_dir
+    from shardctl.ops.migrate import migrate
+    from shardctl.ops.provision import init
+    from shardctl.sql.render import builtin_dir
 
     tables: list[list[c.Row]] = []
     notes: list[str] = []

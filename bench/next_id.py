@@ -4,7 +4,7 @@
 Candidates (one table each, ``id <type> PRIMARY KEY DEFAULT <generator>, payload int``):
 
 * ``bigserial``                    the baseline;
-* ``next_id() sql``                shardctl's inlinable SQL flavour, rendered by shardctl.render for a real shard;
+* ``next_id() sql``                shardctl's inlinable SQL flavour, rendered by shardctl.sql.render for a real shard;
 * ``next_id() plpgsql``            shardctl's PL/pgSQL flavour, rendered the same way;
 * ``seed next_id() (2012 blog)``   the 3-statement PL/pgSQL function of Instagram's 2012 post;
 * ``uuidv7()``                     where the server has it (PostgreSQL 18 does);
@@ -67,7 +67,7 @@ class Candidate:
 
 def setup(conn, box, version: int) -> tuple[list[Candidate], list[str]]:
     """Create the generators and one identical table per candidate. Returns (candidates, notes)."""
-    from shardctl.render import render_shard
+    from shardctl.sql.render import render_shard
 
     notes = []
     candidates = [Candidate("bigserial", "bigserial", "id bigserial PRIMARY KEY")]

@@ -5,7 +5,7 @@ Candidates, each on fresh databases (CREATE DATABASE per candidate and round on 
 
 * ``floor``            the same rendered SQL (control schema + every shard's render_shard + its migrations,
                        i.e. what ``shardctl render`` prints), one ``psql -f`` per host, all hosts in parallel;
-* ``shardctl init``    the library call the CLI makes (``shardctl.provision.init``);
+* ``shardctl init``    the library call the CLI makes (``shardctl.ops.provision.init``);
 * ``shardctl init (CLI)``  the ``shardctl init`` command in a new process, as a user runs it;
 * ``per-shard txns``   the way schema-per-tenant tools do it: one connection and one transaction per shard,
                        hosts one after another.
@@ -39,8 +39,8 @@ def main() -> int:
     shards = args.shards or (1024 if args.quick else 8192)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
-    from shardctl.apply import DEFAULT_BATCH, RunOptions
-    from shardctl.provision import init
+    from shardctl.engine.executor import DEFAULT_BATCH, RunOptions
+    from shardctl.ops.provision import init
 
     batch = args.batch_size or DEFAULT_BATCH
     names = ["floor", "init"] + ([] if "cli" in skip else ["cli"]) + ([] if "per-shard" in skip else ["per-shard"])

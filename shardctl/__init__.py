@@ -7,8 +7,8 @@ from .errors import (
     OperationFailed,
     ShardctlError,
 )
-from .layouts import Layout
-from .topology import Host, Topology
+from .model.layouts import Layout
+from .model.topology import Host, Topology
 
 __version__ = "0.1.0"
 

@@ -11,12 +11,12 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from .db import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
+from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
 from .errors import HostUnreachable
-from .identifiers import quote_ident
-from .move_sql import MOVED_SQLSTATE
-from .routing import placement_shard, shard_for_key
-from .topology import Host, Topology
+from .model.identifiers import quote_ident
+from .sql.catalog import MOVED_SQLSTATE
+from .ids.routing import placement_shard, shard_for_key
+from .model.topology import Host, Topology
 
 T = TypeVar("T")
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
@@ -172,7 +172,7 @@ class Router:
             ctx = pool.connection(timeout=self.pool_timeout)
             conn = ctx.__enter__()
         except psycopg.OperationalError as exc:
-            from .db import first_line
+            from .engine.connections import first_line
 
             raise HostUnreachable(host.name, first_line(exc)) from None
         except Exception as exc:  # psycopg_pool.PoolTimeout

@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from shardctl.cli import cli
-from shardctl.render import builtin_dir
-from shardctl.sandbox import Sandbox
-from shardctl.topology import LayoutWarning, Topology
+from shardctl.sql.render import builtin_dir
+from shardctl.dev.sandbox import Sandbox
+from shardctl.model.topology import LayoutWarning, Topology
 
 SESSION_HOSTS = 3
 

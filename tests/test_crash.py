@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from conftest import load, run_cli
-from shardctl.sandbox import Sandbox
+from shardctl.dev.sandbox import Sandbox
 
 SHARDS = 512  # per fleet; 256 per host
 HALF = SHARDS // 2

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import connect, load, run_cli
-from shardctl.render import render_next_id
-from shardctl.sandbox import Sandbox
+from shardctl.sql.render import render_next_id
+from shardctl.dev.sandbox import Sandbox
 
 
 def one_error_line(result) -> str:

@@ -7,9 +7,9 @@ from datetime import date, datetime, timezone
 
 import pytest
 
-from shardctl.decode import Decoder
+from shardctl.ids.decode import Decoder
 from shardctl.errors import BadInput, ConfigError
-from shardctl.layouts import (
+from shardctl.model.layouts import (
     TWITTER_EPOCH_MS,
     by_name,
     custom,

@@ -412,7 +412,7 @@ def test_target_hosts_and_shards_limit_the_run(make_fleet):
     assert by_host["pg2"]["versions"] == {"2": 7, "3": 1}
     human = run_cli("plan", config=fleet)
     assert human.exit_code == 0 and "V2: 5, V3: 3" in human.stdout and "V4 on 8 shards" in human.stdout
-    from shardctl.migrate import host_versions
+    from shardctl.ops.migrate import host_versions
     assert host_versions(topo.host("pg2")) == {2: 7, 3: 1}
 
     result = run_cli("migrate", "--hosts", "pg2", "--json", config=fleet)
@@ -447,7 +447,7 @@ def test_no_transaction_migration_and_ledger_columns(make_fleet):
 
 def test_pending_is_one_query_per_host(make_fleet):
     """The pending part of --check reads the ledger in a single statement per host."""
-    from shardctl import migrate as mig
+    from shardctl.ops import migrate as mig
 
     fleet = make_fleet(hosts=2, shards=16)
     assert run_cli("init", config=fleet).exit_code == 0

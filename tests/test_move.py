@@ -16,7 +16,7 @@ import pytest
 
 from conftest import connect, load, run_cli
 from shardctl.errors import LockBusy, OperationFailed
-from shardctl.move import MOVE_LOCK_CLASS, MoveOptions, abort_move, cleanup_move, move_shards, move_status
+from shardctl.ops.move import MOVE_LOCK_CLASS, MoveOptions, abort_move, cleanup_move, move_shards, move_status
 from shardctl.router import Router
 
 
@@ -395,7 +395,7 @@ def test_interrupted_prepare_resumes(fleet3):
 def test_crash_between_source_commit_and_flip(fleet3, monkeypatch):
     """The source committed its freeze, then the run died before the topology was flipped: writers are told
     the shard moved but the file still names the source; running the command again finishes the cutover."""
-    import shardctl.move as mv
+    import shardctl.ops.move.api as mv
 
     topo = load(fleet3)
     real_flip = mv.flip_topology

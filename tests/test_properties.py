@@ -12,20 +12,20 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from shardctl import dsn as dsnlib
+from shardctl.model import dsn as dsnlib
 from shardctl.errors import BadInput, ConfigError
-from shardctl.identifiers import identifier_problem, quote_ident
-from shardctl.layouts import Layout, custom, instagram, pinterest, snowflake
-from shardctl.ranges import format_shards, parse_shards
-from shardctl.render import render_shard
-from shardctl.topology import Topology
+from shardctl.model.identifiers import identifier_problem, quote_ident
+from shardctl.model.layouts import Layout, custom, instagram, pinterest, snowflake
+from shardctl.model.ranges import format_shards, parse_shards
+from shardctl.sql.render import render_shard
+from shardctl.model.topology import Topology
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NOW_MS = int(datetime.now(timezone.utc).timestamp() * 1000)
 
 
 # The 64-bit instagram layout warns on every load; that is tested elsewhere.
-pytestmark = pytest.mark.filterwarnings("ignore::shardctl.topology.LayoutWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::shardctl.model.topology.LayoutWarning")
 
 
 # ---- layouts ----------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from conftest import connect, load, run_cli
-from shardctl.rebalance import goals, plan, plan_report
-from shardctl.topology import Topology
+from shardctl.ops.rebalance import goals, plan, plan_report
+from shardctl.model.topology import Topology
 from test_move import drop_replication, ids_on, load_rows, replication_leftovers
 
 

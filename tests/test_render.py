@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from shardctl import migrations as miglib
-from shardctl import render
+from shardctl.sql import migrations as miglib
+from shardctl.sql import render
 from shardctl.errors import BadInput, ConfigError
-from shardctl.topology import Topology
+from shardctl.model.topology import Topology
 
 TEMPLATE = """\
 version: 1

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import _sandbox_dir, run_cli
-from shardctl.sandbox import Sandbox
+from shardctl.dev.sandbox import Sandbox
 
 PASSWORD = "Sw0rdf1sh-9f8e7d"
 ENV = "SHARDCTL_TEST_PASSWORD"

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from shardctl.cli import cli
 from shardctl.errors import BadInput, ConfigError, ConfigErrors
-from shardctl.topology import LayoutWarning, Topology
+from shardctl.model.topology import LayoutWarning, Topology
 
 GOOD = """\
 version: 1

@@ -17,9 +17,9 @@ from typing import Any, Callable
 import click
 
 from .. import __version__
-from ..dsn import mask
+from ..model.dsn import mask
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigErrors, ShardctlError
-from ..topology import LayoutWarning, Topology
+from ..model.topology import LayoutWarning, Topology
 from .output import stderr, warn
 
 

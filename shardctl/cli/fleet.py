@@ -7,14 +7,14 @@ from typing import Callable
 
 import click
 
-from ..apply import DEFAULT_BATCH, DEFAULT_RECYCLE, RunOptions
-from ..db import DEFAULT_CONNECT_TIMEOUT
+from ..engine.executor import DEFAULT_BATCH, DEFAULT_RECYCLE, RunOptions
+from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput, HostUnreachable, PendingWork, ShardctlError
-from ..fleet import FleetReport
-from ..migrate import DEFAULT_LOCK_TIMEOUT, migrate, parse_shard_filter
-from ..provision import init
-from ..status import status
-from ..verify import verify
+from ..engine.fanout import FleetReport
+from ..ops.migrate import DEFAULT_LOCK_TIMEOUT, migrate, parse_shard_filter
+from ..ops.provision import init
+from ..ops.status import status
+from ..ops.verify import verify
 from . import cli, json_option, report_error, settings
 from .output import emit, stdout, table
 from .progress import host_progress
@@ -130,7 +130,7 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
                 yes: bool) -> None:
     """Apply pending versioned migrations to every shard on every host."""
     from ..errors import OperationFailed
-    from ..ranges import format_shards
+    from ..model.ranges import format_shards
 
     if repair and (check or dry_run):
         raise BadInput("--repair cannot be combined with --check or --dry-run")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..apply import RunOptions
-from ..grow import add_host, add_shard
-from ..topology import CONFIG_ENV, DEFAULT_FILE
+from ..engine.executor import RunOptions
+from ..ops.grow import add_host, add_shard
+from ..model.topology import CONFIG_ENV, DEFAULT_FILE
 from . import cli, json_option, settings
 from .fleet import finish, run_options
 from .output import stdout

@@ -9,11 +9,11 @@ from typing import Callable
 
 import click
 
-from ..db import DEFAULT_CONNECT_TIMEOUT
+from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput, ShardctlError
-from ..move import (PHASE_NAMES, MoveOptions, abort_move, cleanup_move, move_shards, move_status, parse_range)
-from ..rebalance import apply as rebalance_apply
-from ..rebalance import plan_report
+from ..ops.move import (PHASE_NAMES, MoveOptions, abort_move, cleanup_move, move_shards, move_status, parse_range)
+from ..ops.rebalance import apply as rebalance_apply
+from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
 from .fleet import finish
 from .output import info, stderr, stdout, table

@@ -6,13 +6,13 @@ import sys
 
 import click
 
-from .. import decode as decoding
-from .. import render as rendering
+from ..ids import decode as decoding
+from ..sql import render as rendering
 from ..errors import BadInput
-from ..layouts import by_name, parse_epoch, utc_from_ms
-from ..migrations import for_topology
-from ..ranges import parse_shards
-from ..routing import is_integer_key, shard_for_key
+from ..model.layouts import by_name, parse_epoch, utc_from_ms
+from ..sql.migrations import for_topology
+from ..model.ranges import parse_shards
+from ..ids.routing import is_integer_key, shard_for_key
 from . import cli, json_option, settings
 from .output import emit, stdout, table
 

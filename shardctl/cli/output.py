@@ -9,7 +9,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from ..dsn import mask
+from ..model.dsn import mask
 
 # Piped output keeps whole tables: rich would otherwise squeeze them to 80 columns.
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 200)

@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from ..demo import run_demo
+from ..dev.demo import run_demo
 from ..errors import OperationFailed
-from ..sandbox import DEFAULT_SHARDS, Sandbox
+from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from . import cli, json_option
 from .output import emit, info, stdout, table
 

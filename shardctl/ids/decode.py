@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TextIO
 
-from .errors import BadInput
-from .layouts import Layout, iso, utc_from_ms
-from .topology import Topology
+from ..errors import BadInput
+from ..model.layouts import Layout, iso, utc_from_ms
+from ..model.topology import Topology
 
 _MAX_U64 = (1 << 64) - 1
 

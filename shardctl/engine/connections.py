@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import psycopg
 
-from .dsn import mask
-from .errors import HostUnreachable, LockBusy
-from .topology import Host
+from ..model.dsn import mask
+from ..errors import HostUnreachable, LockBusy
+from ..model.topology import Host
 
 DEFAULT_CONNECT_TIMEOUT = 10
 APPLICATION_NAME = "shardctl"

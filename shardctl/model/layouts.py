@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
-from .errors import BadInput, ConfigError
+from ..errors import BadInput, ConfigError
 
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TWITTER_EPOCH_MS = 1288834974657

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .errors import BadInput
+from ..errors import BadInput
 
 
 def shard_for_key(key: int | str, modulus: int, *, force_string: bool = False) -> int:

@@ -13,7 +13,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from .identifiers import quote_ident, quote_literal
+from ..model.identifiers import quote_ident, quote_literal
 
 # SQLSTATE raised by the guard trigger on a moved shard's old tables (see Router.run).
 MOVED_SQLSTATE = "SCM01"

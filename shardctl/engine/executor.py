@@ -17,9 +17,9 @@ from typing import Callable
 
 import psycopg
 
-from . import db
-from .identifiers import quote_ident, quote_literal
-from .topology import Host
+from . import connections as db
+from ..model.identifiers import quote_ident, quote_literal
+from ..model.topology import Host
 
 DEFAULT_BATCH = 64
 DEFAULT_RECYCLE = 1024  # shards per connection: a backend caches every schema it touches

@@ -11,12 +11,12 @@ from typing import Any, Callable, TypeVar
 
 import psycopg
 
-from . import db
-from .apply import ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
-from .errors import HostUnreachable, LockBusy, ShardctlError
-from .ranges import format_shards
-from .render import render_control
-from .topology import Host, Topology
+from . import connections as db
+from .executor import ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
+from ..errors import HostUnreachable, LockBusy, ShardctlError
+from ..model.ranges import format_shards
+from ..sql.render import render_control
+from ..model.topology import Host, Topology
 
 T = TypeVar("T")
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -137,7 +137,7 @@ class FleetReport:
 
     def raise_for_status(self) -> "FleetReport":
         """Raise the error matching the worst outcome (exit 3 > 1)."""
-        from .errors import OperationFailed
+        from ..errors import OperationFailed
 
         if self.unreachable:
             names = ", ".join(h.host for h in self.unreachable)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from .errors import OperationFailed
-from .move import MoveOptions, Progress, cleanup_move, move_shards
-from .ranges import format_shards
-from .topology import Topology
+from ..errors import OperationFailed
+from .move.api import MoveOptions, Progress, cleanup_move, move_shards
+from ..model.ranges import format_shards
+from ..model.topology import Topology
 
 
 @dataclass

@@ -79,7 +79,7 @@ def connect_kwargs(dsn: str, password_env: str | None, **extra: object) -> dict[
     if password_env:
         value = os.environ.get(password_env)
         if value is None:
-            from .errors import ConfigError
+            from ..errors import ConfigError
 
             raise ConfigError(f"environment variable {password_env} (password_env) is not set")
         remember_secret(value)

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from . import db
-from .fleet import control_exists, for_each_host, select_hosts
-from .identifiers import quote_ident
-from .render import next_id_body, render_next_id
-from .topology import Host, Topology
+from ..engine import connections as db
+from ..engine.fanout import control_exists, for_each_host, select_hosts
+from ..model.identifiers import quote_ident
+from ..sql.render import next_id_body, render_next_id
+from ..model.topology import Host, Topology
 
 DEFAULT_SAMPLES = 16
 DEFAULT_TOLERANCE_MS = 5000
@@ -70,7 +70,7 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
            tolerance_ms: int = DEFAULT_TOLERANCE_MS, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> VerifyReport:
     """Check every shard on every host; see SPEC 4 ``verify``. Touches nothing but the ID sequences."""
     if samples < 2:
-        from .errors import BadInput
+        from ..errors import BadInput
 
         raise BadInput("--samples must be at least 2 (strict increase needs two IDs)")
     started = time.perf_counter()
@@ -88,7 +88,7 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
             with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
                 _check_host(conn, topo, host, result, expected_body, samples, tolerance_ms)
         except Exception as exc:  # noqa: BLE001 - reported per host, never silently
-            from .errors import HostUnreachable
+            from ..errors import HostUnreachable
 
             if isinstance(exc, HostUnreachable):
                 result.reachable, result.error = False, exc.reason

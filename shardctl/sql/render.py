@@ -8,12 +8,12 @@ from pathlib import Path
 
 import jinja2
 
-from .errors import BadInput
-from .identifiers import quote_ident, quote_literal
-from .layouts import Layout, iso
-from .topology import Topology
+from ..errors import BadInput
+from ..model.identifiers import quote_ident, quote_literal
+from ..model.layouts import Layout, iso
+from ..model.topology import Topology
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # the shardctl package
 NEXT_ID_BODY = re.compile(r"\$next_id\$(.*?)\$next_id\$", re.DOTALL)
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import jinja2
 
-from .errors import BadInput, ConfigError
+from ..errors import BadInput, ConfigError
 from .render import RENDER_ERRORS, builtin_dir, shard_context, string_environment, template_line
-from .topology import Topology
+from ..model.topology import Topology
 
 FILE_NAME = re.compile(r"^V(\d+)__([A-Za-z0-9_]+)\.sql$")
 NO_TRANSACTION = "-- shardctl:no-transaction"

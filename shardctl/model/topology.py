@@ -19,7 +19,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from . import dsn as dsnlib
-from .errors import ConfigError, ConfigErrors
+from ..errors import ConfigError, ConfigErrors
 from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
 from .ranges import format_shards, parse_shards
@@ -117,7 +117,7 @@ class Topology:
         try:
             return self._owner[shard]
         except KeyError:
-            from .errors import BadInput
+            from ..errors import BadInput
 
             raise BadInput(f"shard {shard} is not in this topology (0..{self.shard_count - 1})") from None
 
@@ -125,7 +125,7 @@ class Topology:
         for h in self.hosts:
             if h.name == name:
                 return h
-        from .errors import BadInput
+        from ..errors import BadInput
 
         raise BadInput(f"unknown host {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
 

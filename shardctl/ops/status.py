@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass, field
 
 import psycopg
 
-from . import db
-from .fleet import control_exists, for_each_host, select_hosts
-from .migrations import for_topology
-from .ranges import format_shards
-from .topology import Host, Topology
+from ..engine import connections as db
+from ..engine.fanout import control_exists, for_each_host, select_hosts
+from ..sql.migrations import for_topology
+from ..model.ranges import format_shards
+from ..model.topology import Host, Topology
 
 
 @dataclass

@@ -27,16 +27,17 @@ from pathlib import Path
 
 import psycopg
 
-from . import __version__, db
-from .apply import RunOptions, ShardPlan
-from .errors import BadInput, OperationFailed
-from .fleet import (FleetReport, HostReport, ProgressFactory, apply_plans, control_exists, for_each_host,
+from .. import __version__
+from ..engine import connections as db
+from ..engine.executor import RunOptions, ShardPlan
+from ..errors import BadInput, OperationFailed
+from ..engine.fanout import (FleetReport, HostReport, ProgressFactory, apply_plans, control_exists, for_each_host,
                     log_event, run_on_host, select_hosts)
-from .migrations import Migration, checksum, for_topology
+from ..sql.migrations import Migration, checksum, for_topology
 from .provision import steps_for
-from .ranges import format_shards, parse_shards
-from .render import layout_context, shard_context
-from .topology import Host, Topology
+from ..model.ranges import format_shards, parse_shards
+from ..sql.render import layout_context, shard_context
+from ..model.topology import Host, Topology
 
 DEFAULT_LOCK_TIMEOUT = "5s"
 CACHE_KEY = "migrate.verified"
@@ -145,7 +146,8 @@ def _gaps(conn: psycopg.Connection, rows: dict[int, ShardVersion], scope: list[i
 @functools.cache
 def _renderer_digest() -> str:
     """The code that turns a migration file into SQL: any change to it re-verifies every version."""
-    from . import identifiers, migrations, render
+    from ..model import identifiers
+    from ..sql import migrations, render
 
     digest = hashlib.sha256(__version__.encode())
     for module in (identifiers, migrations, render):

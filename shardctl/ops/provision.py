@@ -5,14 +5,14 @@ from __future__ import annotations
 import threading
 import time
 
-from . import db
-from .apply import RunOptions, ShardPlan, Step
-from .fleet import (FleetReport, HostReport, ProgressFactory, apply_plans, ensure_control_schema, log_event,
+from ..engine import connections as db
+from ..engine.executor import RunOptions, ShardPlan, Step
+from ..engine.fanout import (FleetReport, HostReport, ProgressFactory, apply_plans, ensure_control_schema, log_event,
                     read_shards, run_on_host, select_hosts)
-from .migrations import Migration, checksum, for_topology
-from .ranges import format_shards
-from .render import render_shard
-from .topology import Host, Topology
+from ..sql.migrations import Migration, checksum, for_topology
+from ..model.ranges import format_shards
+from ..sql.render import render_shard
+from ..model.topology import Host, Topology
 
 
 def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: int = 0,
@@ -89,7 +89,7 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
 
         return run_on_host(host, report, body)
 
-    from .fleet import for_each_host
+    from ..engine.fanout import for_each_host
 
     selected = select_hosts(topo, hosts)
     with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,

@@ -19,8 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import BadInput, OperationFailed
-from .render import builtin_dir
+from ..errors import BadInput, OperationFailed
+from ..sql.render import builtin_dir
 
 STATE_FILE = "sandbox.json"
 SERVER_USER = "shardctl"
@@ -367,7 +367,7 @@ class Sandbox:
                 return
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
-                    from .dsn import mask
+                    from ..model.dsn import mask
 
                     raise OperationFailed(f"sandbox host {host.name} did not accept connections: "
                                           f"{mask(str(exc)).strip()}") from None

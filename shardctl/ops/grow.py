@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import psycopg
 
-from . import db
-from .apply import RunOptions
-from .errors import BadInput, HostUnreachable
-from .fleet import FleetReport, ensure_control_schema, for_each_host, log_event, read_shards
-from .identifiers import quote_ident
+from ..engine import connections as db
+from ..engine.executor import RunOptions
+from ..errors import BadInput, HostUnreachable
+from ..engine.fanout import FleetReport, ensure_control_schema, for_each_host, log_event, read_shards
+from ..model.identifiers import quote_ident
 from .provision import init
-from .ranges import format_shards, parse_shards
-from .topology import Host, Topology
-from .topology_edit import TopologyFile
+from ..model.ranges import format_shards, parse_shards
+from ..model.topology import Host, Topology
+from ..model.topology_file import TopologyFile
 
 
 def add_host(path: str, name: str, dsn: str, *, password_env: str | None = None, standby: str | None = None,

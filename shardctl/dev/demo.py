@@ -6,11 +6,11 @@ import time
 import warnings
 from typing import Callable
 
-from .provision import init
-from .router import Router
+from ..ops.provision import init
+from ..router import Router
 from .sandbox import Sandbox
-from .topology import LayoutWarning, Topology
-from .verify import verify
+from ..model.topology import LayoutWarning, Topology
+from ..ops.verify import verify
 
 DEMO_USERS = [1, 2, 42, 1341, 31341, 77777]
 
@@ -61,7 +61,7 @@ def run_demo(directory: str, *, hosts: int = 2, shards: int = 256,
                             "host": host, "matches_router": d["shard"] == r["shard"]})
             say(f"   {pid} → {d['time']}, shard {d['shard']}, sequence {d['sequence']}, host {host}")
     if not all(d["matches_router"] for d in decoded):
-        from .errors import OperationFailed
+        from ..errors import OperationFailed
 
         raise OperationFailed("a decoded ID named a different shard than the router chose")
 

@@ -46,17 +46,17 @@ from typing import Any, Callable
 import psycopg
 from psycopg import conninfo as pg_conninfo
 
-from . import db
-from . import move_sql as q
-from .errors import BadInput, HostUnreachable, LockBusy, OperationFailed, ShardctlError
-from .fleet import ensure_control_schema, log_event, read_shards
-from .identifiers import MAX_IDENTIFIER_BYTES, quote_ident
-from .migrations import for_topology
-from .provision import steps_for
-from .ranges import format_shards, parse_shards
-from .render import render_shard
-from .topology import Host, Topology
-from .topology_edit import TopologyFile
+from ...engine import connections as db
+from ...sql import catalog as q
+from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed, ShardctlError
+from ...engine.fanout import ensure_control_schema, log_event, read_shards
+from ...model.identifiers import MAX_IDENTIFIER_BYTES, quote_ident
+from ...sql.migrations import for_topology
+from ..provision import steps_for
+from ...model.ranges import format_shards, parse_shards
+from ...sql.render import render_shard
+from ...model.topology import Host, Topology
+from ...model.topology_file import TopologyFile
 
 # pg_advisory_lock(classid, objid) = ('SM', shard): "this shard is being moved" (session-level).
 MOVE_LOCK_CLASS = 0x534D

@@ -15,7 +15,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
-from .errors import BadInput, ConfigError
+from ..errors import BadInput, ConfigError
 from .ranges import format_shards, parse_shards
 from .topology import Topology
 

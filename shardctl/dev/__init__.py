@@ -1,0 +1,1 @@
+"""Developer conveniences: the embedded sandbox and the demo."""

@@ -1,0 +1,1 @@
+"""IDs: decoding at speed and routing keys to shards."""

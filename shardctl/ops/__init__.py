@@ -1,0 +1,1 @@
+"""Fleet operations, one module per command: provision, migrate, verify, status, grow, rebalance, move."""

@@ -1,0 +1,1 @@
+"""SQL text: template rendering, migration files, and every catalog/control query."""

@@ -19,7 +19,7 @@ def render_host_sql(topo, host, *, control: bool = True, create: bool = True, ve
     ``versions`` limits the migrations (e.g. only the new one, for the migrate floor); ``create`` False
     leaves out the shard's infrastructure.
     """
-    from shardctl.migrations import for_topology
+    from shardctl.sql.migrations import for_topology
     from shardctl.sql.render import render_control, render_shard
 
     migrations = [m for m in for_topology(topo) if versions is None or m.version in versions]
@@ -57,7 +57,7 @@ def per_shard_transactions(topo, *, create: bool, above: int = 0) -> float:
     import psycopg
 
     from shardctl.engine.executor import ShardPlan, transactional_sql
-    from shardctl.migrations import for_topology
+    from shardctl.sql.migrations import for_topology
     from shardctl.ops.provision import steps_for
     from shardctl.sql.render import render_control, render_shard
 

@@ -339,7 +339,7 @@ def test_kill_during_sync_then_resume(fleet3):
     """A run killed while the initial copy goes on resumes where it was: same subscriptions, no new ones."""
     topo = load(fleet3)
     assert run_cli("move-shard", "0-15", "--to", "pg3", "prepare", config=fleet3).exit_code == 0
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.Popen([sys.executable, "-m", "shardctl", "--config", str(fleet3), "move-shard", "0-15",
                              "--to", "pg3", "sync", "--schemas-per-subscription", "4"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -565,7 +565,7 @@ def test_bad_topology_fails_every_offline_command(tmp_path):
 
 def test_bad_topology_fixtures_are_all_rejected():
     """Every file in tests/bad_topologies/ is refused with a line number and its expected message."""
-    directory = Path(__file__).parent / "bad_topologies"
+    directory = Path(__file__).resolve().parent.parent / "bad_topologies"
     files = sorted(directory.glob("*.yaml"))
     assert files
     for path in files:

@@ -1,4 +1,4 @@
-"""The topology file (SPEC 2): every validation rule, through the API and through the CLI.
+"""The topology file: every validation rule, through the API and through the CLI.
 
 A bad file exits 2 with ``path:LINE: problem`` on stderr and never connects anywhere:
 the DSNs point at 127.0.0.1:1 and the ``no_network`` fixture makes any socket or

@@ -100,6 +100,9 @@ def main() -> int:
         note = "" if s is base else f"+{extra * 1000:.0f} ms over python"
         if label in psycopg_free and not ok:
             note += "; imports psycopg"
+        twin = series.get(f"{label} @ {Path(against).name}") if against else None
+        if twin is not None:
+            note += f"; {s.ratio_to(twin, faster_is_higher=False):.2f}x the time of {Path(against).name}"
         rows.append(c.Row(label, c.fmt_s(s.median_s), c.spread_s(s),
                           None if s is base else s.ratio_to(base, faster_is_higher=False),
                           target, ok, note, None if s is base else c.ratio_range(

@@ -125,7 +125,10 @@ def _parse_uri(uri: str) -> dict[str, str]:
         if uri[colon] == ":":
             password = uri[colon + 1:_find(uri, colon, "@")]
             if password:
-                _store(options, "password", _uri_decode(password))
+                try:
+                    _store(options, "password", _uri_decode(password))
+                except ValueError as exc:  # libpq's message quotes the password itself
+                    raise ValueError(str(exc).replace(f'"{password}"', '"***"')) from None
         i += 1
     else:
         i = start

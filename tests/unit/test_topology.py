@@ -1,4 +1,4 @@
-"""The topology file (SPEC 2): every validation rule, through the API and through the CLI.
+"""The topology file: every validation rule, through the API and through the CLI.
 
 A bad file exits 2 with ``path:LINE: problem`` on stderr and never connects anywhere:
 the DSNs point at 127.0.0.1:1 and the ``no_network`` fixture makes any socket or
@@ -565,7 +565,7 @@ def test_bad_topology_fails_every_offline_command(tmp_path):
 
 def test_bad_topology_fixtures_are_all_rejected():
     """Every file in tests/bad_topologies/ is refused with a line number and its expected message."""
-    directory = Path(__file__).parent / "bad_topologies"
+    directory = Path(__file__).resolve().parent.parent / "bad_topologies"
     files = sorted(directory.glob("*.yaml"))
     assert files
     for path in files:

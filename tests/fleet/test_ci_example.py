@@ -18,7 +18,7 @@ import yaml
 
 from conftest import connect, load, run_cli
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "examples" / "ci" / "shardctl-migrate.yml"
+WORKFLOW = Path(__file__).resolve().parents[2] / "examples" / "ci" / "shardctl-migrate.yml"
 ADD_LOCATION = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
 
 

@@ -1,4 +1,4 @@
-"""``migrate`` on real servers: versioned migrations over every shard, integrity, locks, timeouts (SPEC 5)."""
+"""``migrate`` on real servers: versioned migrations over every shard, integrity, locks, timeouts."""
 
 from __future__ import annotations
 

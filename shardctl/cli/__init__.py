@@ -118,13 +118,7 @@ def main() -> None:
 @functools.cache
 def _register() -> None:
     # Each module adds its commands to ``cli``.
-    from . import offline  # noqa: F401
-    for name in ("fleet", "sandbox", "migrate", "grow", "move"):
-        try:
-            __import__(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
+    from . import fleet, grow, move, offline, sandbox  # noqa: F401
 
 
 _register()

@@ -276,7 +276,7 @@ class HostRunner:
         except psycopg.Error as exc:
             self._rollback_or_lost(exc)
             out = self._one(plan)
-        out.retries = entry.attempts
+        out.retries = entry.attempts + 1  # its lock waits that timed out: in its batch, then alone
         self.progress(1)
         return [out]
 
@@ -286,8 +286,9 @@ class HostRunner:
         if conn is not None and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.rollback()
         who = "; ".join(holders) if holders else "the blocking transaction had ended"
-        return (f"lock timeout: waited {self.options.lock_timeout} for a lock on {entry.plan.schema}'s tables, "
-                f"{entry.attempts + 1} times over {time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
+        return (f"lock timeout: waited for a lock on {entry.plan.schema}'s tables once in its batch and "
+                f"{entry.attempts} times alone ({self.options.lock_timeout} each) over "
+                f"{time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
                 f"blocked by {who}; the migration was not applied here. Re-run when that transaction is "
                 f"gone, or raise --lock-retries / --retry-budget")
 

@@ -41,22 +41,10 @@ def render(shard_spec: str | None, host_name: str | None, control: bool, with_mi
         shards = [n for n in host.shards if wanted is None or n in wanted]
         if wanted is not None and not shards:
             continue
-        entry: dict = {"control": rendering.render_control(topo) if control else None, "shards": {}}
-        for n in shards:
-            parts = [rendering.render_shard(topo, n)]
-            for m in migrations:
-                parts.append(f"-- migration {m.name}\n" + m.render(topo, n))
-            entry["shards"][str(n)] = "\n".join(parts)
-        doc[host.name] = entry
+        doc[host.name] = rendering.render_host(topo, shards, control=control, migrations=migrations)
 
     def human() -> None:
-        out = sys.stdout
-        for name, entry in doc.items():
-            out.write(f"-- ===== host {name} =====\n")
-            if entry["control"]:
-                out.write(entry["control"] + "\n")
-            for n, text in entry["shards"].items():
-                out.write(f"-- ----- shard {n} ({topo.schema_name(int(n))}) -----\n{text}\n")
+        sys.stdout.write(rendering.render_text(topo, doc))
 
     emit(as_json, {"hosts": doc}, human)
 

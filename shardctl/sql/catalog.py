@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
@@ -352,3 +353,87 @@ def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
 
 def dumps(value: object) -> str:
     return json.dumps(value, default=str)
+
+
+# ======================================================================================
+# Shard list and ledger reads (init, migrate, status, grow, moves): one place for each query.
+# ======================================================================================
+
+@dataclass
+class ShardRow:
+    """A shard recorded in a host's control schema, with its migration versions."""
+
+    shard: int
+    schema: str
+    state: str
+    version: int  # highest applied version (0: none)
+    applied: int = 0  # how many versions the ledger holds for the shard
+
+    @property
+    def has_gap(self) -> bool:
+        return self.applied != self.version
+
+
+def control_exists(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT to_regclass('shardctl.migrations') IS NOT NULL").fetchone()[0]
+
+
+def shard_list(conn: psycopg.Connection) -> dict[int, ShardRow]:
+    """Every shard recorded on the host with its highest applied version and version count: one query
+    ({} when the host has no control schema)."""
+    if not control_exists(conn):
+        return {}
+    rows = conn.execute(
+        """SELECT s.shard_id, s.schema_name, s.state, coalesce(max(m.version), 0), count(m.version)
+             FROM shardctl.shards s LEFT JOIN shardctl.migrations m USING (shard_id)
+            GROUP BY 1, 2, 3""").fetchall()
+    return {r[0]: ShardRow(r[0], r[1], r[2], r[3], r[4]) for r in rows}
+
+
+def applied_versions(conn: psycopg.Connection) -> set[int]:
+    """Every version the host's ledger records for any shard."""
+    return {r[0] for r in conn.execute("SELECT DISTINCT version FROM shardctl.migrations").fetchall()}
+
+
+def last_event(conn: psycopg.Connection) -> str | None:
+    row = conn.execute(
+        """SELECT kind || ' at ' || to_char(at, 'YYYY-MM-DD HH24:MI:SS') || coalesce(' (' || shards || ')', '')
+             FROM shardctl.events ORDER BY id DESC LIMIT 1""").fetchone()
+    return row[0] if row else None
+
+
+def schema_names(conn: psycopg.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+
+
+def ledger_versions(conn: psycopg.Connection, shards: list[int]) -> dict[int, list[int]]:
+    """Shard → the versions its ledger holds (for the shards given)."""
+    return {s: list(v) for s, v in conn.execute(
+        "SELECT shard_id, array_agg(version) FROM shardctl.migrations WHERE shard_id = ANY(%s) GROUP BY 1",
+        (shards,)).fetchall()}
+
+
+def lock_holders(conn: psycopg.Connection, schema: str) -> list[str]:
+    """Other backends holding locks on the relations of ``schema`` (who blocks a migration there):
+    pid, application name, state and query start, one line each."""
+    rows = conn.execute(
+        """SELECT a.pid, coalesce(nullif(a.application_name, ''), 'unnamed client'), a.state,
+                  to_char(coalesce(a.query_start, a.xact_start), 'YYYY-MM-DD HH24:MI:SS.MS'),
+                  extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.query_start))::float8
+             FROM pg_stat_activity a
+            WHERE a.pid <> pg_backend_pid() AND a.pid IN (
+                  SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                    JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE l.granted AND n.nspname = %s)
+            ORDER BY a.xact_start NULLS LAST LIMIT 3""", (schema,)).fetchall()
+    return [f"pid {p}, {app}, {state}, query started {start} (transaction open {age:.1f}s)"
+            for p, app, state, start, age in rows]
+
+
+def open_moves(conn: psycopg.Connection) -> list[tuple[str, str, str, str]]:
+    """Unfinished moves recorded on the host: (shards, source, target, phase)."""
+    if not moves_table_exists(conn):
+        return []
+    return [tuple(r) for r in conn.execute(
+        "SELECT shards, source, target, phase FROM shardctl.moves WHERE finished_at IS NULL "
+        "ORDER BY started_at").fetchall()]

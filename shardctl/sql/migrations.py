@@ -18,6 +18,17 @@ NO_TRANSACTION = "-- shardctl:no-transaction"
 
 
 @dataclass(frozen=True)
+class Step:
+    """One migration rendered for one shard, ready to run."""
+
+    version: int
+    description: str
+    sql: str
+    checksum: str
+    transactional: bool = True
+
+
+@dataclass(frozen=True)
 class Migration:
     version: int
     description: str
@@ -174,3 +185,15 @@ def load(directory: Path) -> list[Migration]:
 
 def for_topology(topo: Topology) -> list[Migration]:
     return load(migrations_dir(topo))
+
+
+def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: int = 0,
+              target: int | None = None) -> list[Step]:
+    """Rendered migration steps for one shard, versions ``above < v <= target``."""
+    out = []
+    for m in migrations:
+        if m.version <= above or (target is not None and m.version > target):
+            continue
+        text = m.render(topo, shard)
+        out.append(Step(m.version, m.description, text, checksum(text), m.transactional))
+    return out

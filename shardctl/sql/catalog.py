@@ -1,8 +1,10 @@
-"""Catalog and replication helpers for ``move-shard`` (shardctl.move).
+"""Catalog, control-table and replication queries of ``move-shard`` (``shardctl.ops.move``).
 
-Everything here is one or a few queries on one connection: what a shard schema
-holds, whether it can be replicated, row counts and checksums, sequence values,
-write privileges, and the publication / subscription / slot objects of a move.
+Everything here is one or a few queries on one connection: the move records and shard
+states in the control schema, what a shard schema holds, whether it can be replicated,
+row counts and checksums, sequence values, write privileges, and the publication /
+subscription / slot objects of a move. The control tables themselves (``shardctl.moves``,
+the guard function) are defined in ``templates/control_schema.sql.j2``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from ..model.identifiers import quote_ident, quote_literal
+from .render import render_control
 
 # SQLSTATE raised by the guard trigger on a moved shard's old tables (see Router.run).
 MOVED_SQLSTATE = "SCM01"
@@ -21,30 +24,6 @@ GUARD_FUNCTION = "shardctl.moved_shard_guard"
 GUARD_TRIGGER = "shardctl_moved_shard"
 WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 CHUNK = 100  # tables per checksum query
-
-MOVES_TABLE_SQL = """
-CREATE TABLE IF NOT EXISTS shardctl.moves (
-    move_id      text PRIMARY KEY,
-    shards       text NOT NULL,
-    source       text NOT NULL,
-    target       text NOT NULL,
-    role         text NOT NULL CHECK (role IN ('source', 'target')),
-    phase        text NOT NULL,
-    started_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
-    updated_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
-    finished_at  timestamptz,
-    detail       jsonb NOT NULL DEFAULT '{}'
-)
-"""
-
-GUARD_FUNCTION_SQL = f"""
-CREATE OR REPLACE FUNCTION {GUARD_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $guard$
-BEGIN
-    RAISE EXCEPTION USING ERRCODE = '{MOVED_SQLSTATE}', MESSAGE = TG_ARGV[0],
-        HINT = 'the shard lives on another host now: reload the topology (shardctl''s Router does)';
-END
-$guard$
-"""
 
 # Row text must not depend on the session: the same rows give the same checksum on both hosts.
 STABLE_TEXT = ("SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, YMD'; SET IntervalStyle TO 'postgres'; "
@@ -57,18 +36,102 @@ def moves_table_exists(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL").fetchone()[0]
 
 
-def ensure_moves_table(conn: psycopg.Connection) -> None:
-    """Create shardctl.moves (call under the host lock: concurrent CREATE IF NOT EXISTS can collide)."""
+def ensure_move_objects(conn: psycopg.Connection) -> None:
+    """Create what moves need in the control schema (shardctl.moves, the guard function) on a host
+    initialised before they existed: the control-schema template again, whose statements are idempotent.
+    Call under the host lock (concurrent CREATE IF NOT EXISTS can collide)."""
+    ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL",
+                         (f"{GUARD_FUNCTION}()",)).fetchone()[0]
+    if not ready:
+        with conn.transaction():
+            conn.execute(render_control())
+
+
+def move_records(conn: psycopg.Connection) -> list[tuple]:
+    """This host's records of moves: (move_id, shards, source, target, role, phase, detail, started, updated)."""
     if not moves_table_exists(conn):
-        with conn.transaction():
-            conn.execute(MOVES_TABLE_SQL)
+        return []
+    return conn.execute("SELECT move_id, shards, source, target, role, phase, detail, started_at, updated_at "
+                        "FROM shardctl.moves ORDER BY started_at").fetchall()
 
 
-def ensure_guard_function(conn: psycopg.Connection) -> None:
-    exists = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f"{GUARD_FUNCTION}()",)).fetchone()[0]
-    if not exists:
-        with conn.transaction():
-            conn.execute(GUARD_FUNCTION_SQL)
+def record_move(conn: psycopg.Connection, move_id: str, shards: str, source: str, target: str, role: str,
+                phase: str, detail: dict, finished: list[str]) -> None:
+    """Insert or update this host's record of a move; ``finished`` phases stamp finished_at."""
+    conn.execute(
+        """INSERT INTO shardctl.moves (move_id, shards, source, target, role, phase, detail)
+           VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb)
+           ON CONFLICT (move_id) DO UPDATE SET phase = EXCLUDED.phase,
+                  detail = shardctl.moves.detail || EXCLUDED.detail, updated_at = clock_timestamp(),
+                  finished_at = CASE WHEN EXCLUDED.phase = ANY(%s) THEN clock_timestamp() END""",
+        (move_id, shards, source, target, role, str(phase), dumps(detail), finished))
+
+
+def try_shard_locks(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> bool:
+    """Take the session advisory locks (lock_class, shard) of every shard, or none of them."""
+    got = conn.execute("SELECT count(*) FROM unnest(%s::int[]) AS s WHERE pg_try_advisory_lock(%s, s)",
+                       (shards, lock_class)).fetchone()[0]
+    if got == len(shards):
+        return True
+    conn.execute("SELECT pg_advisory_unlock_all()")
+    return False
+
+
+def shard_lock_holder(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> tuple | None:
+    """(pid, application_name, backend_start) of a session holding one of the shards' advisory locks."""
+    return conn.execute(
+        """SELECT a.pid, a.application_name, a.backend_start FROM pg_locks l
+             JOIN pg_stat_activity a USING (pid)
+            WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = ANY(%s::oid[])
+              AND l.granted LIMIT 1""", (lock_class, shards)).fetchone()
+
+
+def ledger_rows(conn: psycopg.Connection, shards: list[int]) -> list[tuple]:
+    """(shard_id, version, description, checksum, duration_ms, applied_at, applied_by) of these shards."""
+    return conn.execute(
+        """SELECT shard_id, version, description, checksum, duration_ms, applied_at, applied_by
+             FROM shardctl.migrations WHERE shard_id = ANY(%s) ORDER BY shard_id, version""", (shards,)).fetchall()
+
+
+def change_shard_states(conn: psycopg.Connection, shards: list[int], old: str, new: str) -> int:
+    """Shards in state ``old`` go to ``new``; returns how many did."""
+    return conn.execute("UPDATE shardctl.shards SET state = %s WHERE shard_id = ANY(%s) AND state = %s",
+                        (str(new), shards, str(old))).rowcount
+
+
+def set_shard_states(conn: psycopg.Connection, shards: list[int], state: str, schemas: list[str]) -> None:
+    """Set the state and schema name of each shard (``schemas`` in the order of ``shards``)."""
+    conn.execute("UPDATE shardctl.shards AS s SET state = %s, schema_name = r.name "
+                 "FROM unnest(%s::int[], %s::text[]) AS r(id, name) WHERE s.shard_id = r.id",
+                 (str(state), shards, schemas))
+
+
+def drop_shard_schemas(conn: psycopg.Connection, schemas: list[str], shards: list[int], state: str) -> None:
+    """Drop ``schemas`` and forget the shards' ledger and their shard rows in ``state`` (one batch)."""
+    conn.execute("".join(f"DROP SCHEMA IF EXISTS {quote_ident(s)} CASCADE;\n" for s in schemas))
+    conn.execute("DELETE FROM shardctl.migrations WHERE shard_id = ANY(%s)", (shards,))
+    conn.execute("DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = %s", (shards, str(state)))
+
+
+def lock_tables(conn: psycopg.Connection, items: list[tuple[str, str]], per_statement: int = 500) -> None:
+    """LOCK TABLE … IN EXCLUSIVE MODE: writes wait, reads go on."""
+    for i in range(0, len(items), per_statement):
+        conn.execute("LOCK TABLE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}"
+                                              for s, t in items[i:i + per_statement]) + " IN EXCLUSIVE MODE")
+
+
+def copy_tables(frm: psycopg.Connection, into: psycopg.Connection, pairs: list[tuple[tuple[str, str], tuple[str, str]]],
+                truncate: bool = False, progress=None) -> None:
+    """COPY each (from table, into table) pair in binary; ``truncate`` empties the destinations first."""
+    if truncate and pairs:
+        into.execute("TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for _, (s, t) in pairs))
+    for i, ((fs, ft), (ts, tt)) in enumerate(pairs, 1):
+        with frm.cursor().copy(f"COPY {quote_ident(fs)}.{quote_ident(ft)} TO STDOUT (FORMAT binary)") as out, \
+                into.cursor().copy(f"COPY {quote_ident(ts)}.{quote_ident(tt)} FROM STDIN (FORMAT binary)") as dst:
+            for data in out:
+                dst.write(data)
+        if progress:
+            progress(i)
 
 
 def server_facts(conn: psycopg.Connection) -> dict:

@@ -415,3 +415,29 @@ def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
 
 def dumps(value: object) -> str:
     return json.dumps(value, default=str)
+
+
+def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[str]:
+    """Why the named subscriptions are not applying, as the subscriber's server sees it: disabled, no
+    apply worker running, table-sync workers waiting for a free worker slot, error counters."""
+    out = []
+    for name, enabled, workers, syncing, apply_errors, sync_errors in conn.execute(
+            """SELECT s.subname, s.subenabled,
+                      (SELECT count(*) FROM pg_stat_subscription w WHERE w.subid = s.oid AND w.pid IS NOT NULL
+                          AND w.relid IS NULL)::int,
+                      (SELECT count(*) FROM pg_stat_subscription w WHERE w.subid = s.oid AND w.relid IS NOT NULL)::int,
+                      coalesce(st.apply_error_count, 0), coalesce(st.sync_error_count, 0)
+                 FROM pg_subscription s LEFT JOIN pg_stat_subscription_stats st ON st.subid = s.oid
+                WHERE s.subname = ANY(%s) ORDER BY 1""", (names,)).fetchall():
+        if not enabled:
+            out.append(f"subscription {name} is disabled")
+        elif not workers:
+            out.append(f"subscription {name} has no apply worker running")
+        if apply_errors or sync_errors:
+            out.append(f"subscription {name} has {apply_errors} apply and {sync_errors} table-sync errors")
+    workers = conn.execute(
+        """SELECT current_setting('max_logical_replication_workers')::int,
+                  (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int""").fetchone()
+    if workers[1] >= workers[0]:
+        out.append(f"all {workers[0]} logical replication workers are busy (max_logical_replication_workers)")
+    return out

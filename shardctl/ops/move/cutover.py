@@ -1,13 +1,23 @@
-"""Cutover: the write freeze and the switch.
+"""Cutover: the write freeze and the switch, with the data verified outside the freeze.
 
-One transaction on the source: ``LOCK TABLE … IN EXCLUSIVE MODE`` on every table (writes wait,
-reads go on), wait until the subscriptions have applied the source's WAL up to that point,
-compare row counts and a checksum per table, set every target sequence from the source sequence
-plus a margin, wait until the target's clock is past the source's, then a guard trigger on every
-table (SQLSTATE ``SCM01``, "shard N moved to HOST"), writes revoked, schemas renamed to
-``{schema}_moved_{move id}``, shard rows ``moved_out``; commit. Then the target's rows become
-``active``, the topology file is flipped, and the subscriptions, publications and slots are
-dropped (nothing is left to replicate, and a slot would keep WAL on the source).
+Before the freeze (writes go on): wait until the subscriptions' lag is small, and compare a
+checksum per table on both hosts at moments of lag 0, re-checking the tables that differed
+(they were being written); a table that differs while unchanged fails the move here, with the
+source still authoritative.
+
+The freeze, whose length does not depend on the data: one transaction on the source,
+``LOCK TABLE … IN EXCLUSIVE MODE`` on every table (writes wait, reads go on), wait until the
+subscriptions have applied the source's WAL up to that point, take a read-only snapshot on the
+target (it now holds exactly the source's rows), set every target sequence from the source
+sequence plus a margin, wait until the target's clock is past the source's, then a guard
+trigger on every table (SQLSTATE ``SCM01``, "shard N moved to HOST"), writes revoked, schemas
+renamed to ``{schema}_moved_{move id}``, shard rows ``moved_out``; commit. Every statement is
+bounded by what is left of ``--max-freeze``, so no attempt, failed or not, holds writes longer.
+
+Then the target's rows become ``active``, the topology file is flipped, the subscriptions,
+publications and slots are dropped, and every row of the now read-only source is compared with
+the target's snapshot. A difference fails the command loudly (the target is authoritative;
+``--abort`` goes back).
 """
 
 from __future__ import annotations
@@ -52,11 +62,14 @@ def cutover(run: MoveRun) -> None:
     with run.connect(run.source) as src:
         tables_r = q.tables(src, run.schemas, "r")
         tables_rp = q.tables(src, run.schemas, "rp")
-        _wait_small_lag(run, src, names)
+    verify_before(run, tables_r)
     last: Exception | None = None
     for attempt in range(1, max(1, run.options.attempts) + 1):
+        with run.connect(run.source) as src:
+            _wait_small_lag(run, src, names)  # never start a freeze the subscriptions cannot finish
+        freeze = Freeze(run, tables_r, tables_rp)
         try:
-            Freeze(run, tables_r, tables_rp).attempt()
+            freeze.attempt()
             break
         except FreezeTimeout as exc:
             last = exc
@@ -65,21 +78,105 @@ def cutover(run: MoveRun) -> None:
     else:
         raise OperationFailed(f"cutover: gave up after {run.options.attempts} attempts ({last}); the source "
                               f"stays authoritative; run the cutover again or raise --max-freeze")
-    finish_cutover(run)
+    try:
+        finish_cutover(run)
+        verify_after(run, freeze.snapshot, tables_r)
+    finally:
+        freeze.close_snapshot()
 
 
 def _wait_small_lag(run: MoveRun, src: psycopg.Connection, names: list[str], limit: int = CATCH_UP_BYTES) -> None:
-    """Before freezing, let the subscriptions catch up to a few MB, so the freeze stays short."""
+    """Before freezing, let the subscriptions catch up to a few MB, so the freeze can finish in time;
+    refuse to freeze while they cannot."""
     deadline = time.monotonic() + max(30.0, run.options.max_freeze * 6)
     while True:
         lag = q.slot_lag(src, names)
         if lag is None:
             raise OperationFailed(f"cutover: the move's replication slots are missing on {run.source.name}; "
                                   f"abort the move and start again")
-        if lag <= limit or time.monotonic() > deadline:
+        if lag <= limit:
             return
+        if time.monotonic() > deadline:
+            raise OperationFailed(f"cutover: the subscriptions stay {human_bytes(lag)} behind {run.source.name} "
+                                  f"(more than {human_bytes(limit)}): a freeze now could not finish within "
+                                  f"--max-freeze; nothing was frozen, try again when the write load is lower")
         run.progress("catch-up", 0, 0, f"lag {human_bytes(lag)}")
         time.sleep(0.2)
+
+
+def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
+                      items: list[tuple[str, str]], timeout: float = 20.0) -> tuple[dict, dict]:
+    """Checksums of ``items`` on both hosts, taken (concurrently) once the target has applied the
+    source's WAL up to now."""
+    lsn = src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+    deadline = time.monotonic() + timeout
+    while not q.replayed(src, run.move.names, lsn):
+        if time.monotonic() > deadline:
+            why = "; ".join(q.subscription_problems(tgt, run.move.names)) or "no problem reported by the target"
+            raise OperationFailed(f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
+                                  f"within {timeout:g}s ({why}); nothing was frozen")
+        time.sleep(0.02)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
+        on_target = pool.submit(q.checksums, tgt, items)
+        src_sums = q.checksums(src, items)
+        return src_sums, on_target.result()
+
+
+def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 5) -> None:
+    """Compare every table on both hosts before the freeze (writes go on). A table that differs is
+    checked again; one that differs while its source rows did not change fails the move now."""
+    t0 = time.perf_counter()
+    pending, previous = list(tables_r), {}
+    with run.connect(run.source) as src, run.connect(run.target) as tgt:
+        src.execute("SET synchronous_commit = on")
+        for _ in range(rounds):
+            run.progress("verify", len(tables_r) - len(pending), len(tables_r), "before the freeze")
+            src_sums, tgt_sums = _sums_at_lag_zero(run, src, tgt, pending)
+            differ = [k for k in pending if src_sums[k] != tgt_sums.get(k)]
+            stuck = [k for k in differ if previous.get(k) == src_sums[k]]
+            if stuck:
+                k = stuck[0]
+                raise OperationFailed(
+                    f"cutover: {len(stuck)} table(s) differ between the hosts though unchanged on the source, e.g. "
+                    f"{k[0]}.{k[1]}: {src_sums[k][0]} rows on {run.source.name}, {tgt_sums.get(k, (0,))[0]} on "
+                    f"{run.target.name}; nothing was switched (abort the move and look at the target's log)")
+            previous = {k: src_sums[k] for k in differ}
+            pending = differ
+            if not pending:
+                break
+    run.report["verify_before_seconds"] = round(time.perf_counter() - t0, 3)
+    run.report["verify_before_busy_tables"] = len(pending)
+    if pending:
+        run.note(f"{len(pending)} table(s) kept changing during the check before the freeze; the check "
+                 f"after the cutover compares them")
+
+
+def verify_after(run: MoveRun, snapshot: psycopg.Connection | None, tables_r: list[tuple[str, str]]) -> None:
+    """Compare every row of the (now read-only) source with the target's snapshot taken in the freeze."""
+    if snapshot is None:
+        return
+    t0 = time.perf_counter()
+    renamed = run.renamed_map()
+    old = {run.schema(n): renamed[str(n)] for n in run.move.shards}
+    run.progress("verify", 0, 0, "after the cutover")
+    with run.connect(run.source) as src:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
+            on_target = pool.submit(q.checksums, snapshot, tables_r)
+            src_sums = q.checksums(src, [(old[s], t) for s, t in tables_r])
+            tgt_sums = on_target.result()
+    diff = [(s, t) for s, t in tables_r if src_sums[(old[s], t)] != tgt_sums.get((s, t))]
+    rows = sum(v[0] for v in tgt_sums.values())
+    run.report.update({"rows": rows, "verify_after_seconds": round(time.perf_counter() - t0, 3),
+                       "verified": not diff})
+    with run.connect(run.source) as conn, conn.transaction():
+        set_phase(conn, run.move, "source", Phase.CUT_OVER, {"rows": rows, "verified": not diff})
+    if diff:
+        s, t = diff[0]
+        raise OperationFailed(
+            f"verify after the cutover: {len(diff)} table(s) differ between {run.source.name} (frozen) and "
+            f"{run.target.name} as of the cutover, e.g. {s}.{t}: {src_sums[(old[s], t)][0]} rows on "
+            f"{run.source.name}, {tgt_sums.get((s, t), (0,))[0]} on {run.target.name}; the target serves the "
+            f"shards now: move-shard --abort copies its rows back and makes the source authoritative again")
 
 
 class Freeze:
@@ -98,6 +195,7 @@ class Freeze:
         self.src: psycopg.Connection | None = None
         self.tgt: psycopg.Connection | None = None
         self.aux: psycopg.Connection | None = None
+        self.snapshot: psycopg.Connection | None = None  # target, REPEATABLE READ as of lag 0 in the freeze
 
     def attempt(self) -> None:
         run, move = self.run, self.move
@@ -112,29 +210,53 @@ class Freeze:
             self.deadline = self.t0 + self.options.max_freeze
             self._lock()
             self._wait_lag_zero()
-            src_sums = self._compare()
+            self._take_snapshot()
             values = self._sequences()
             self._wait_clock()
-            detail = self._retire(started_at, sum(v[0] for v in src_sums.values()), len(values))
-            if time.monotonic() > self.deadline + 1.0:
+            self._budget()
+            detail = self._retire(started_at, len(values))
+            if time.monotonic() > self.deadline:
                 raise FreezeTimeout(f"the freeze ran past --max-freeze {self.options.max_freeze:g}s before its "
                                     f"commit")
             src.commit()
             run.freeze_t0 = self.t0
             run.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
-            run.report.update({"freeze_started_at": started_at, "rows": detail["rows"], "sequences": len(values),
+            run.report.update({"freeze_started_at": started_at, "sequences": len(values),
                                "freeze_commit_seconds": round(time.monotonic() - self.t0, 3)})
         except psycopg.errors.QueryCanceled as exc:
             move.phases, move.detail = phases_before, detail_before
             self._rollback()
+            self.close_snapshot()
             raise FreezeTimeout(f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})") from None
         except BaseException:
             move.phases, move.detail = phases_before, detail_before
             self._rollback()
+            self.close_snapshot()
             raise
         finally:
             for c in (self.src, self.tgt, self.aux):
                 c.close()
+
+    def close_snapshot(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.close()
+            self.snapshot = None
+
+    def _take_snapshot(self) -> None:
+        """The target's rows as of now, for the comparison after the cutover: lag is 0 and the source is
+        locked, so this snapshot holds exactly the source's rows."""
+        self.snapshot = self.run.connect(self.run.target, autocommit=False)
+        self.snapshot.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        self.snapshot.execute("SELECT 1")  # the snapshot is taken by the transaction's first query
+        self._mark("snapshot")
+
+    def _budget(self) -> None:
+        """Bound the next statements by what is left of --max-freeze."""
+        left = int((self.deadline - time.monotonic()) * 1000)
+        if left <= 0:
+            raise FreezeTimeout(f"the freeze used up --max-freeze {self.options.max_freeze:g}s")
+        self.src.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+                         (f"{left}ms", f"{left}ms"))
 
     def _rollback(self) -> None:
         if self.src is not None and not self.src.closed and not self.src.broken:
@@ -157,6 +279,7 @@ class Freeze:
     def _lock(self) -> None:
         self.run.progress("freeze", 0, 0, "locking")
         try:
+            self._budget()
             for i in range(0, len(self.tables_rp), LOCKS_PER_STATEMENT):
                 chunk = self.tables_rp[i:i + LOCKS_PER_STATEMENT]
                 self.src.execute("LOCK TABLE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in chunk)
@@ -181,28 +304,6 @@ class Freeze:
             time.sleep(0.01)
         self._mark("caught_up")
 
-    def _compare(self) -> dict:
-        run = self.run
-        run.progress("freeze", 0, 0, "comparing rows")
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
-            on_target = pool.submit(q.checksums, self.tgt, self.tables_r)  # both hosts at once
-            src_sums = q.checksums(self.src, self.tables_r)
-            tgt_sums = on_target.result()
-        while True:
-            diff = [k for k in src_sums if src_sums[k] != tgt_sums.get(k)]
-            if not diff:
-                break
-            if time.monotonic() > self.deadline:
-                k = diff[0]
-                raise OperationFailed(
-                    f"cutover: {len(diff)} table(s) differ after replication caught up, e.g. {k[0]}.{k[1]}: "
-                    f"{src_sums[k][0]} rows on {run.source.name}, {tgt_sums.get(k, (0,))[0]} on "
-                    f"{run.target.name}; nothing was switched (the source stays authoritative)")
-            time.sleep(0.05)
-            tgt_sums = q.checksums(self.tgt, self.tables_r)
-        self._mark("compared")
-        return src_sums
-
     def _sequences(self) -> list[tuple[str, str, int]]:
         seqs = q.sequences(self.src, self.run.schemas)
         values = [(schema, name, min(int(info["last_value"]) + self.options.sequence_margin, int(info["max_value"])))
@@ -217,16 +318,18 @@ class Freeze:
                 raise FreezeTimeout("the target's clock is behind the source's by more than --max-freeze")
             time.sleep(0.001)
 
-    def _retire(self, started_at: float, rows: int, sequences: int) -> dict:
+    def _retire(self, started_at: float, sequences: int) -> dict:
         run = self.run
         grants = q.write_grants(self.src, run.schemas)
         current = {str(n): run.schema(n) for n in self.move.shards}
         renamed = {str(n): run.renamed(n) for n in self.move.shards}
         run.retire(self.src, self.tables_rp, current, renamed, f"moved to {run.target.name}", grants)
-        detail = {"grants": grants, "renamed": renamed, "cutover_at": started_at, "rows": rows,
+        detail = {"grants": grants, "renamed": renamed, "cutover_at": started_at,
                   "sequences": sequences, "freeze_lock_seconds": self.marks.get("lock"),
                   "freeze_caught_up_seconds": self.marks.get("caught_up"),
-                  "freeze_compared_seconds": self.marks.get("compared"), "freeze_started": started_at}
+                  "freeze_snapshot_seconds": self.marks.get("snapshot"),
+                  "freeze_compared_seconds": None,  # rows are compared after the freeze now
+                  "freeze_started": started_at}
         set_phase(self.src, self.move, "source", Phase.CUT_OVER, detail)
         return detail
 

@@ -13,6 +13,7 @@ import json
 import time
 
 import psycopg
+from psycopg import conninfo as pg_conninfo
 from psycopg import sql
 
 from ..model.identifiers import quote_ident, quote_literal
@@ -40,8 +41,8 @@ def ensure_move_objects(conn: psycopg.Connection) -> None:
     """Create what moves need in the control schema (shardctl.moves, the guard function) on a host
     initialised before they existed: the control-schema template again, whose statements are idempotent.
     Call under the host lock (concurrent CREATE IF NOT EXISTS can collide)."""
-    ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL",
-                         (f"{GUARD_FUNCTION}()",)).fetchone()[0]
+    ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
+                         "AND to_regclass('shardctl.redirects') IS NOT NULL", (f"{GUARD_FUNCTION}()",)).fetchone()[0]
     if not ready:
         with conn.transaction():
             conn.execute(render_control())
@@ -65,6 +66,41 @@ def record_move(conn: psycopg.Connection, move_id: str, shards: str, source: str
                   detail = shardctl.moves.detail || EXCLUDED.detail, updated_at = clock_timestamp(),
                   finished_at = CASE WHEN EXCLUDED.phase = ANY(%s) THEN clock_timestamp() END""",
         (move_id, shards, source, target, role, str(phase), dumps(detail), finished))
+
+
+def dsn_without_password(dsn: str) -> str:
+    """The DSN as recorded for other readers: every part but the password."""
+    parts = pg_conninfo.conninfo_to_dict(dsn)
+    parts.pop("password", None)
+    return pg_conninfo.make_conninfo(**parts)
+
+
+def write_redirects(conn: psycopg.Connection, shards: list[int], schemas: list[str], host: str, dsn: str,
+                    move_id: str) -> None:
+    """Record on this host that ``shards`` (schemas ``schemas`` there) now live on ``host``."""
+    conn.execute(
+        """INSERT INTO shardctl.redirects (shard_id, schema_name, host, dsn, move_id)
+           SELECT r.id, r.name, %s, %s, %s FROM unnest(%s::int[], %s::text[]) AS r(id, name)
+           ON CONFLICT (shard_id) DO UPDATE SET schema_name = EXCLUDED.schema_name, host = EXCLUDED.host,
+                  dsn = EXCLUDED.dsn, move_id = EXCLUDED.move_id, at = clock_timestamp()""",
+        (host, dsn_without_password(dsn), move_id, shards, schemas))
+
+
+def clear_redirects(conn: psycopg.Connection, shards: list[int]) -> None:
+    """This host holds ``shards`` (again): forget where they had gone."""
+    if conn.execute("SELECT to_regclass('shardctl.redirects') IS NOT NULL").fetchone()[0]:
+        conn.execute("DELETE FROM shardctl.redirects WHERE shard_id = ANY(%s)", (shards,))
+
+
+def read_redirects(conn: psycopg.Connection, shards: list[int]) -> dict[int, dict]:
+    """Where ``shards`` went, as recorded on this host: shard → {host, dsn (no password), schema, move_id,
+    at}. Empty for shards that never left it (or a host without the table). For Routers whose topology
+    file is stale: connect to ``host`` with the secret of their own topology's entry for it."""
+    if not conn.execute("SELECT to_regclass('shardctl.redirects') IS NOT NULL").fetchone()[0]:
+        return {}
+    return {r[0]: {"host": r[1], "dsn": r[2], "schema": r[3], "move_id": r[4], "at": r[5]} for r in conn.execute(
+        "SELECT shard_id, host, dsn, schema_name, move_id, at FROM shardctl.redirects WHERE shard_id = ANY(%s)",
+        (shards,)).fetchall()}
 
 
 def try_shard_locks(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> bool:

@@ -118,6 +118,8 @@ def _freeze_target(run: MoveRun, aside: dict[str, str]) -> None:
             raise OperationFailed(f"could not freeze {run.target.name} within --max-freeze: {db.first_line(exc)}; "
                                   f"nothing changed, try again") from None
         run.retire(conn, tables_rp, current, aside, f"moved back to {run.source.name}", [])
+        q.write_redirects(conn, run.move.shards, list(current.values()), run.source.name, run.source.dsn,
+                          run.move.move_id)
         set_phase(conn, run.move, "target", Phase.ABORTING, {"copy_back": True})
         conn.commit()
 
@@ -153,6 +155,7 @@ def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> 
                   for (s, name), i in seqs.items() if i["last_value"] is not None]
         q.set_sequences(src, values)
         q.set_shard_states(src, move.shards, ShardState.ACTIVE, [run.schema(n) for n in move.shards])
+        q.clear_redirects(src, move.shards)
         set_phase(src, move, "source", Phase.ABORTING, {"copy_back": True})
         src.commit()
         run.report["rows"] = sum(v[0] for v in src_sums.values())

@@ -59,7 +59,9 @@ def cutover(run: MoveRun) -> None:
         raise OperationFailed(f"move {run.move.move_id} cannot cut over from phase {phase}")
     run.report["phases_run"].append("cutover")
     names = run.move.names
-    with run.connect(run.source) as src:
+    with run.connect(run.source) as src, run.connect(run.target) as tgt:
+        q.ensure_move_objects(src)  # a move prepared by an older shardctl may lack the redirects table
+        q.ensure_move_objects(tgt)
         tables_r = q.tables(src, run.schemas, "r")
         tables_rp = q.tables(src, run.schemas, "rp")
     verify_before(run, tables_r)
@@ -324,6 +326,8 @@ class Freeze:
         current = {str(n): run.schema(n) for n in self.move.shards}
         renamed = {str(n): run.renamed(n) for n in self.move.shards}
         run.retire(self.src, self.tables_rp, current, renamed, f"moved to {run.target.name}", grants)
+        q.write_redirects(self.src, self.move.shards, [run.schema(n) for n in self.move.shards], run.target.name,
+                          run.target.dsn, self.move.move_id)
         detail = {"grants": grants, "renamed": renamed, "cutover_at": started_at,
                   "sequences": sequences, "freeze_lock_seconds": self.marks.get("lock"),
                   "freeze_caught_up_seconds": self.marks.get("caught_up"),
@@ -339,6 +343,7 @@ def finish_cutover(run: MoveRun) -> None:
     move = run.move
     with run.connect(run.target) as tgt, tgt.transaction():
         activated = q.change_shard_states(tgt, move.shards, ShardState.MOVING_IN, ShardState.ACTIVE)
+        q.clear_redirects(tgt, move.shards)
         set_phase(tgt, move, "target", Phase.CUT_OVER, {k: v for k, v in move.detail.items() if k != "grants"})
     flipped = flip_topology(run.topo.path, move.shards, move.source, move.target, run.options.allow_inline_password)
     run.topo = Topology.load(run.topo.path, allow_inline_password=run.options.allow_inline_password)

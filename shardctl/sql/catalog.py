@@ -171,15 +171,37 @@ def copy_tables(frm: psycopg.Connection, into: psycopg.Connection, pairs: list[t
 
 
 def server_facts(conn: psycopg.Connection) -> dict:
+    """Version, replication settings and how much of them is in use on this server."""
     row = conn.execute(
         """SELECT current_setting('server_version_num')::int, current_setting('wal_level'),
                   current_setting('max_replication_slots')::int,
                   (SELECT count(*) FROM pg_replication_slots)::int,
                   current_setting('max_wal_senders')::int,
                   current_setting('max_logical_replication_workers')::int,
-                  (SELECT system_identifier FROM pg_control_system())""").fetchone()
+                  (SELECT system_identifier FROM pg_control_system()),
+                  (SELECT count(*) FROM pg_stat_replication)::int,
+                  greatest((SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL),
+                           (SELECT count(*) FROM pg_subscription WHERE subenabled))::int,
+                  current_setting('max_sync_workers_per_subscription')::int""").fetchone()
     return {"version_num": row[0], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
-            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "system_identifier": row[6]}
+            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "system_identifier": row[6],
+            "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9]}
+
+
+def role_facts(conn: psycopg.Connection, schemas: list[str]) -> dict:
+    """What the connected role may do for a move: superuser, REPLICATION, CREATE on the database,
+    pg_create_subscription membership, and how many tables in ``schemas`` it does not own."""
+    row = conn.execute(
+        """SELECT current_user, r.rolsuper, r.rolreplication,
+                  has_database_privilege(current_database(), 'CREATE'),
+                  CASE WHEN to_regrole('pg_create_subscription') IS NULL THEN false
+                       ELSE pg_has_role(current_user, to_regrole('pg_create_subscription'), 'MEMBER') END,
+                  (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p')
+                      AND NOT pg_has_role(current_user, c.relowner, 'USAGE'))::int
+             FROM pg_roles r WHERE r.rolname = current_user""", (schemas,)).fetchone()
+    return {"name": row[0], "superuser": row[1], "replication": row[2], "create_on_database": row[3],
+            "create_subscription": row[4], "tables_not_owned": row[5]}
 
 
 # ---- what the schemas hold --------------------------------------------------------------

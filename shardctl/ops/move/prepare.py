@@ -23,6 +23,7 @@ from ...sql import catalog as q
 from ...sql.migrations import for_topology
 from ...sql.render import render_shard
 from ..provision import steps_for
+from .preflight import preflight
 from .run import MoveRun, check_target_free, require_version, set_phase
 from .state import Phase, ShardState
 
@@ -35,14 +36,14 @@ def prepare(run: MoveRun) -> None:
         return
     run.report["phases_run"].append("prepare")
     t0 = time.perf_counter()
+    sizing = preflight(run) if not move.phases else {}  # a new move: check both hosts before any change
     if move.phases.get("target") is None:
         with run.connect(run.target) as conn:  # before the source's shards are marked
-            require_version(run.target, q.server_facts(conn), "receiving")
             check_target_free(run.target, move.shards, read_shards(conn), q.present_schemas(conn, run.schemas),
                               mine=False)
     with db.host_lock(run.source, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
                       purpose="move-shard") as conn:
-        _prepare_source(run, conn)
+        _prepare_source(run, conn, sizing)
     with db.host_lock(run.target, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
                       purpose="move-shard") as conn:
         _create_on_target(run, _prepare_target(run, conn))
@@ -52,13 +53,8 @@ def prepare(run: MoveRun) -> None:
     run.event("move-shard prepare", {"source": move.source, "target": move.target})
 
 
-def _prepare_source(run: MoveRun, conn: psycopg.Connection) -> None:
+def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> None:
     move, shards = run.move, run.move.shards
-    facts = q.server_facts(conn)
-    require_version(run.source, facts, "moving")
-    if facts["wal_level"] != "logical":
-        raise OperationFailed(f"host {run.source.name} has wal_level={facts['wal_level']}: moving shards "
-                              f"needs wal_level=logical (a server restart)")
     q.ensure_move_objects(conn)
     rows = read_shards(conn)
     missing = [n for n in shards if n not in rows]
@@ -87,7 +83,7 @@ def _prepare_source(run: MoveRun, conn: psycopg.Connection) -> None:
     run.plans = _plans(run)
     if new:
         with conn.transaction():
-            set_phase(conn, move, "source", Phase.PREPARING, {"batches": None})
+            set_phase(conn, move, "source", Phase.PREPARING, {"batches": None, **sizing})
             updated = q.change_shard_states(conn, shards, ShardState.ACTIVE, ShardState.MOVING_OUT)
             if updated != len(shards):
                 raise OperationFailed("the shards changed state while the move started; try again")

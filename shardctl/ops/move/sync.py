@@ -10,6 +10,7 @@ import psycopg
 from ...engine import connections as db
 from ...errors import OperationFailed
 from ...sql import catalog as q
+from .preflight import subscriptions_for
 from .run import MoveRun, human_bytes, set_phase
 from .state import Phase
 
@@ -22,8 +23,9 @@ def batches(run: MoveRun) -> list[list[int]]:
         return existing
     shards = run.move.shards
     per = max(1, run.options.schemas_per_subscription)
-    if run.options.max_subscriptions > 0:
-        per = max(per, -(-len(shards) // run.options.max_subscriptions))
+    cap = min(run.options.max_subscriptions, run.move.detail.get("max_subscriptions") or run.options.max_subscriptions)
+    if cap > 0:
+        per = max(per, -(-len(shards) // cap))
     return [shards[i:i + per] for i in range(0, len(shards), per)]
 
 
@@ -39,6 +41,8 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
     if not wait_only:
         run.report["phases_run"].append("sync")
     t0 = time.perf_counter()
+    if phase == Phase.PREPARED:
+        _size_to_target(run)
     planned = batches(run)
     if phase == Phase.PREPARED:
         run.both(Phase.SYNCING, {"batches": planned})
@@ -55,6 +59,20 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
         run.both(Phase.SYNCED, {"tables": expected, "sync_seconds": seconds})
     run.report["sync_seconds"] = seconds
     run.report["tables"] = expected
+
+
+def _size_to_target(run: MoveRun) -> None:
+    """Before the subscriptions exist: fit their number to the target's free logical replication workers
+    (each subscription's apply worker plus a table-sync worker), or refuse with the setting to change."""
+    with run.connect(run.target) as tgt:
+        facts = q.server_facts(tgt)
+    subs = subscriptions_for(run, facts)
+    if subs < 1:
+        raise OperationFailed(f"sync: host {run.target.name} has {facts['workers_used']} of "
+                              f"max_logical_replication_workers={facts['max_logical_replication_workers']} in use: "
+                              f"a move needs 2 free (an apply and a table-sync worker); raise it or wait")
+    recorded = run.move.detail.get("max_subscriptions") or subs
+    run.move.detail["max_subscriptions"] = min(recorded, subs)
 
 
 def _create_replication(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
@@ -104,12 +122,14 @@ def _wait_ready(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection, 
             return
         if state["ready"] != ready:
             progressed, ready = time.monotonic(), state["ready"]
-        elif errors and time.monotonic() - progressed > STALL_SECONDS:
-            raise OperationFailed(f"sync: stuck at {ready} of {expected} tables ready for 2 minutes with {errors} "
-                                  f"replication errors on {run.target.name} (its server log says why); fix "
-                                  f"the cause and run the command again, or abort the move")
+        elif time.monotonic() - progressed > STALL_SECONDS:
+            why = q.subscription_problems(tgt, names)
+            if why or errors:
+                raise OperationFailed(f"sync: stuck at {ready} of {expected} tables ready for {STALL_SECONDS}s: "
+                                      f"{'; '.join(why) or f'{errors} replication errors'} on {run.target.name}; "
+                                      f"fix the cause and run the command again, or abort the move")
         if time.monotonic() > deadline:
+            why = "; ".join(q.subscription_problems(tgt, names)) or note or "no problem reported by the target"
             raise OperationFailed(f"sync: {state['ready']} of {expected} tables ready after "
-                                  f"{run.options.sync_timeout:g}s ({note or 'no errors reported'}); the "
-                                  f"subscriptions keep copying: run the command again to keep waiting")
+                                  f"{run.options.sync_timeout:g}s ({why}); run the command again to keep waiting")
         time.sleep(0.5)

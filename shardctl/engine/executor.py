@@ -52,6 +52,11 @@ class ShardPlan:
     # Deferred rendering: resolved just before the shard's batch runs, so a host's first batch starts
     # at once and rendering overlaps the servers' work instead of preceding it.
     render_steps: Callable[[], list[Step]] | None = None
+    # Ledger mode. None: write new ledger rows (applied now, by this run). Otherwise copy these rows
+    # (version → the source host's row: description, checksum, duration_ms, applied_at, applied_by),
+    # as move-shard does when it recreates a shard on another host at the source's version.
+    copy_ledger: dict[int, tuple] | None = None
+    state: str | None = None  # the new shard row's state (None: the table's default, 'active')
 
     def materialize(self) -> "ShardPlan":
         if self.render_steps is not None:
@@ -100,7 +105,10 @@ class ConnectionLost(Exception):
 _ELAPSED = "extract(epoch FROM clock_timestamp() - current_setting('shardctl.t0')::timestamptz) * 1000"
 
 
-def shard_row_sql(shard: int, schema: str) -> str:
+def shard_row_sql(shard: int, schema: str, state: str | None = None) -> str:
+    if state is not None:
+        return (f"INSERT INTO shardctl.shards (shard_id, schema_name, state) VALUES ({int(shard)}, "
+                f"{quote_literal(schema)}, {quote_literal(state)});\n")
     return f"INSERT INTO shardctl.shards (shard_id, schema_name) VALUES ({int(shard)}, {quote_literal(schema)});\n"
 
 
@@ -110,17 +118,33 @@ def ledger_sql(shard: int, step: Step, elapsed_sql: str = _ELAPSED) -> str:
             f"{quote_literal(step.checksum)}, {elapsed_sql});\n")
 
 
+def copied_ledger_sql(shard: int, version: int, row: tuple) -> str:
+    """A ledger row copied from another host: (description, checksum, duration_ms, applied_at, applied_by)."""
+    description, checksum, duration_ms, applied_at, applied_by = row
+    return ("INSERT INTO shardctl.migrations (shard_id, version, description, checksum, duration_ms, applied_at, "
+            f"applied_by) VALUES ({int(shard)}, {int(version)}, {quote_literal(description)}, "
+            f"{quote_literal(checksum)}, {float(duration_ms)!r}, {quote_literal(str(applied_at))}::timestamptz, "
+            f"{quote_literal(applied_by)});\n")
+
+
+def plan_ledger_sql(plan: ShardPlan, step: Step, elapsed_sql: str = _ELAPSED) -> str:
+    """The ledger row for ``step`` in the plan's ledger mode: a new row, or the copied one."""
+    if plan.copy_ledger is None:
+        return ledger_sql(plan.shard, step, elapsed_sql)
+    return copied_ledger_sql(plan.shard, step.version, plan.copy_ledger[step.version])
+
+
 def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
     """One shard's creation and its transactional steps, with their control rows."""
     parts: list[str] = []
     if plan.create_sql is not None:
-        parts += [plan.create_sql.rstrip().rstrip(";") + ";\n", shard_row_sql(plan.shard, plan.schema)]
+        parts += [plan.create_sql.rstrip().rstrip(";") + ";\n", shard_row_sql(plan.shard, plan.schema, plan.state)]
     # One statement starts the step's clock and sets search_path (fewer round trips through the parser).
     search_path = quote_literal(f"{quote_ident(plan.schema)}, public")
     start = (f"SELECT set_config('shardctl.t0', clock_timestamp()::text, true), "
              f"set_config('search_path', {search_path}, true);\n")
     for step in steps:
-        parts += [start, step.sql.rstrip().rstrip(";") + ";\n", ledger_sql(plan.shard, step)]
+        parts += [start, step.sql.rstrip().rstrip(";") + ";\n", plan_ledger_sql(plan, step)]
     return "".join(parts)
 
 
@@ -320,10 +344,12 @@ class HostRunner:
             current: int | None = None
             try:
                 if creating:
-                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema, plan.create_sql), []))
+                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema, plan.create_sql,
+                                                             state=plan.state), []))
                 for step in group:
                     current = step.version
-                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema), [step]))
+                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema, copy_ledger=plan.copy_ledger),
+                                                   [step]))
                 conn.commit()
             except psycopg.Error as exc:
                 self._rollback_or_lost(exc)
@@ -357,7 +383,7 @@ class HostRunner:
         finally:
             if not conn.broken:
                 conn.autocommit = False
-        conn.execute(ledger_sql(plan.shard, step, f"{elapsed:.3f}"))
+        conn.execute(plan_ledger_sql(plan, step, f"{elapsed:.3f}"))
         conn.commit()
 
     def _rollback_or_lost(self, exc: psycopg.Error) -> None:

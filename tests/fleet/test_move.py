@@ -391,7 +391,7 @@ def test_interrupted_prepare_resumes(fleet3):
 def test_crash_between_source_commit_and_flip(fleet3, monkeypatch):
     """The source committed its freeze, then the run died before the topology was flipped: writers are told
     the shard moved but the file still names the source; running the command again finishes the cutover."""
-    import shardctl.ops.move.api as mv
+    import shardctl.ops.move.cutover as mv
 
     topo = load(fleet3)
     real_flip = mv.flip_topology

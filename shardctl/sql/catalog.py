@@ -476,6 +476,7 @@ def dumps(value: object) -> str:
     return json.dumps(value, default=str)
 
 
+# ======================================================================================
 # Shard list and ledger reads (init, migrate, status, grow, moves): one place for each query.
 # ======================================================================================
 
@@ -557,7 +558,6 @@ def open_moves(conn: psycopg.Connection) -> list[tuple[str, str, str, str]]:
     return [tuple(r) for r in conn.execute(
         "SELECT shards, source, target, phase FROM shardctl.moves WHERE finished_at IS NULL "
         "ORDER BY started_at").fetchall()]
-=======
 def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[str]:
     """Why the named subscriptions are not applying, as the subscriber's server sees it: disabled, no
     apply worker running, table-sync workers waiting for a free worker slot, error counters."""
@@ -582,6 +582,3 @@ def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[st
     if workers[1] >= workers[0]:
         out.append(f"all {workers[0]} logical replication workers are busy (max_logical_replication_workers)")
     return out
-
-
-# ===============================================================================

@@ -10,8 +10,7 @@ from .errors import (
 )
 from .model.layouts import Layout
 from .model.topology import Host, Topology
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "BadInput",

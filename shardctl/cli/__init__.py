@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import click
 
-from .. import __version__
+from ..version import __version__
 from ..model.dsn import mask
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigErrors, ShardctlError
 from ..model.topology import LayoutWarning, Topology

@@ -66,7 +66,7 @@ class Integrity:
 @functools.cache
 def _renderer_digest() -> str:
     """The code that turns a migration file into SQL: any change to it re-verifies every version."""
-    from .. import __version__
+    from ..version import __version__
     from ..model import identifiers
     from ..sql import migrations, render
 

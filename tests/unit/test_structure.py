@@ -22,7 +22,7 @@ MAX_CLASS_LINES = 300
 
 # The first part of a module name under shardctl, to its layer (lower is more basic).
 LAYERS = {
-    "errors": 0,
+    "errors": 0, "version": 0,
     "model": 1,
     "ids": 2,
     "sql": 3,

@@ -273,6 +273,7 @@ class HostPool:
             size, idle, waiting = self._size, len(self._idle), self._waiting
         lat = sorted(self.latencies)
         errors = {k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("errors.")}
+        fallbacks = {k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("fallbacks.")}
         doc = {"role": self.role, "size": size, "in_use": size - idle, "idle": idle, "max_size": self.max_size,
                "waiting": waiting, "calls": self.counts["calls"], "connects": self.counts["connects"],
                "replaced_idle": self.counts["replaced_idle"], "errors": errors,
@@ -280,6 +281,7 @@ class HostPool:
                "latency_ms": _percentiles(lat)}
         if self.role == "standby":
             doc["lag_s"] = None if self.lag is None else round(self.lag[1], 3)
+            doc["fallbacks"] = fallbacks  # reads sent to the primary instead: lagging / unreachable
         return doc
 
 

@@ -185,7 +185,7 @@ class Router:
                     yield conn
                     return
             except _Fallback as why:
-                standby.counts[f"fallbacks.{why.args[0]}"] += 1
+                standby.count(f"fallbacks.{why.args[0]}")
         with _session(self, self._pool(host), schema, timeout, transaction, clean, readonly, None) as conn:
             yield conn
 
@@ -195,12 +195,13 @@ class Router:
         if self.topology.path is None:
             return self.topology
         fresh = Topology.load(self.topology.path, allow_inline_password=self.allow_inline_password)
-        keep = {h.name: (h.dsn, h.password_env, h.standby) for h in fresh.hosts}
+        after = {h.name: (h.dsn, h.password_env, h.standby) for h in fresh.hosts}
         with self._lock:
             before = {h.name: (h.dsn, h.password_env, h.standby) for h in self.topology.hosts}
             self.topology = fresh
-            stale = [key for key in self._pools
-                     if keep.get(key.split(" ")[0]) is None or keep[key.split(" ")[0]] != before.get(key.split(" ")[0])]
+            changed = {name for name in before if after.get(name) != before[name]}
+            # Pool keys: the host's name, and "<name> standby" for its standby's pool.
+            stale = [key for key in self._pools if key.split(" ")[0] in changed]
             old_pools = [self._pools.pop(key) for key in stale]
         for pool in old_pools:
             pool.close()
@@ -353,7 +354,8 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
         fired = watch is not None and router._watchdog.disarm(watch)
         watch = None
         error, mapped = _failure(pool, slot, exc, fired, timeout, router.grace)
-        keep = error in ("sql", "stale_plan") and ((clean and not transaction) or _quietly(_reset, slot))
+        # The connection stays pooled unless it is cut, broken or was interrupted mid-call.
+        keep = error in ("sql", "stale_plan", "other") and ((clean and not transaction) or _quietly(_reset, slot))
         _finish(router, pool, slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None
@@ -401,7 +403,9 @@ def _failure(pool: HostPool, slot: Slot, exc: BaseException, fired: bool, timeou
     if _stale_plan(exc):
         pool.plan_epoch += 1  # every pooled connection drops its prepared statements before its next use
         return "stale_plan", exc
-    return ("sql" if isinstance(exc, psycopg.Error) else "other"), exc
+    if isinstance(exc, psycopg.Error):
+        return "sql", exc
+    return ("other" if isinstance(exc, Exception) else "interrupted"), exc
 
 
 def _stale_plan(exc: BaseException) -> bool:

@@ -181,6 +181,7 @@ class HostPool:
                 self._size -= 1
             if stale:
                 self.counts["replaced_idle"] += len(stale)
+                log.info("host %s: replaced %d dead idle connection(s)", self.breaker.name, len(stale))
                 self._cond.notify(len(stale))
         for old in stale:
             old.close()
@@ -223,11 +224,11 @@ class HostPool:
                 self._cond.notify()
             if isinstance(exc, psycopg.Error):
                 cause = first_line(exc)
-                self.counts["errors.connect"] += 1
+                self.count("errors.connect")
                 self.breaker.failure(cause)
                 raise HostUnreachable(self.breaker.name, cause) from None
             raise
-        self.counts["connects"] += 1
+        self.count("connects")
         self.breaker.success()
         slot = Slot(conn)
         slot.plan_epoch = self.plan_epoch
@@ -262,11 +263,16 @@ class HostPool:
         self.drop_idle()
 
     # ---- observability -----------------------------------------------------------------------
+    def count(self, what: str) -> None:
+        with self._cond:
+            self.counts[what] += 1
+
     def record(self, seconds: float, error: str | None = None) -> None:
-        self.latencies.append(seconds)
-        self.counts["calls"] += 1
-        if error:
-            self.counts[f"errors.{error}"] += 1
+        with self._cond:
+            self.latencies.append(seconds)
+            self.counts["calls"] += 1
+            if error:
+                self.counts[f"errors.{error}"] += 1
 
     def stats(self) -> dict:
         with self._cond:

@@ -171,3 +171,16 @@ def test_a_host_that_is_not_there_names_itself_and_the_cause(make_fleet, tmp_pat
         with pytest.raises(HostUnreachable, match=r"host pg1 is unreachable: .*refused") as info:
             router.execute(1, "SELECT 1")
         assert info.value.host == "pg1"
+
+
+def test_an_application_error_in_a_block_rolls_back_and_keeps_the_connection(topo):
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 3)
+        with pytest.raises(ValueError):
+            with router.connection(3) as conn:
+                conn.execute("INSERT INTO users (username) VALUES ('rolled back')")
+                conn.execute("SET work_mem = '7MB'")
+                raise ValueError("the application changed its mind")
+        assert router.execute(3, "SELECT count(*), current_setting('work_mem') FROM users") == [(0, "4MB")]
+        assert backend(router, 3) == pid
+        assert router.stats()["pg1"]["errors"] == {"other": 1}

@@ -55,7 +55,9 @@ class Slot:
         if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             return False
         try:
-            return not select.select([conn.fileno()], [], [], 0)[0]
+            poller = select.poll()  # not select(): file descriptors above 1023 are common in big apps
+            poller.register(conn.fileno(), select.POLLIN)
+            return not poller.poll(0)
         except (OSError, ValueError, psycopg.Error):
             return False
 

@@ -34,7 +34,7 @@ LATENCY_SAMPLES = 2048
 class Slot:
     """One pooled connection and the session state the Router set on it."""
 
-    __slots__ = ("conn", "schema", "timeout_ms", "plan_epoch", "created")
+    __slots__ = ("conn", "created", "plan_epoch", "schema", "timeout_ms")
 
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn

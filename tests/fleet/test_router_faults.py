@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 from conftest import load, run_cli
+
 from shardctl import Router
 from shardctl.errors import HostUnreachable
 
@@ -134,7 +134,7 @@ def test_restart_with_8_idle_connections_costs_no_request_an_error(box):
         box.stop_host("pg1")
         sleeper.join()
         # The request in flight gets the one error, named as such (not a raw psycopg AdminShutdown).
-        seconds, error = in_flight[0]
+        _, error = in_flight[0]
         assert isinstance(error, HostUnreachable) and "administrator command" in str(error), error
         box.start_host("pg1")
         errors: list[BaseException] = []

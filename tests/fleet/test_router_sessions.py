@@ -7,8 +7,8 @@ import threading
 
 import psycopg
 import pytest
-
 from conftest import connect, load, run_cli
+
 from shardctl import Router
 from shardctl.errors import HostUnreachable
 

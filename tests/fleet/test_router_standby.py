@@ -8,8 +8,8 @@ import time
 
 import psycopg
 import pytest
-
 from conftest import load, run_cli
+
 from shardctl import Router
 from shardctl.dev.sandbox import Sandbox
 

@@ -274,12 +274,16 @@ class Router:
             pools = dict(self._pools)
         out: dict[str, dict] = {}
         for host in self.topology.hosts:
-            primary = pools.get(host.name)
-            doc = primary.stats() if primary else {"role": "primary", "size": 0, "calls": 0, "breaker": None}
-            standby = pools.get(f"{host.name} standby")
+            primary = pools.get(host.name) or self._unused(host.name, "primary")
+            doc = primary.stats()
+            standby = pools.get(f"{host.name} standby") or (self._unused(host.name, "standby") if host.standby else None)
             doc["standby"] = standby.stats() if standby else None
             out[host.name] = doc
         return out
+
+    def _unused(self, name: str, role: str) -> HostPool:
+        """A pool never used (nothing opened): for :meth:`stats`' zeros."""
+        return HostPool(name, role, lambda: None, self.max_size, self.pool_timeout)  # type: ignore[arg-type,return-value]
 
     def close(self) -> None:
         with self._lock:

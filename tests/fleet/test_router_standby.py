@@ -96,3 +96,24 @@ def test_a_stopped_standby_sends_reads_to_the_primary(replicated):
         stats = router.stats()["pg1"]
         assert stats["standby"]["fallbacks"]["unreachable"] == 5 and stats["breaker"]["state"] == "closed"
         assert stats["standby"]["breaker"]["state"] in ("open", "half-open")
+
+
+def test_standby_added_to_an_existing_sandbox_is_named_in_its_topology():
+    directory = tempfile.mkdtemp(prefix="shardctl-test-standby-late-")
+    box = Sandbox(directory)
+    try:
+        assert run_cli("sandbox", "up", "--dir", directory, "--hosts", "1", "--shards", "4").exit_code == 0
+        assert "standby" not in box.topology_path.read_text()
+        r = run_cli("sandbox", "up", "--dir", directory, "--hosts", "1", "--standby", "--json")
+        assert r.exit_code == 0, r
+        topo = load(box.topology_path)
+        replica = box.state.standby_of("pg1")
+        assert topo.hosts[0].standby == replica.dsn and json.loads(r.stdout)["wrote_topology"] is False
+        with psycopg.connect(topo.hosts[0].dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0] == 1
+        assert run_cli("sandbox", "down", "--dir", directory).exit_code == 0
+        assert not box.running(replica)
+        assert run_cli("sandbox", "up", "--dir", directory).exit_code == 0  # both come back
+        assert box.running(replica)
+    finally:
+        box.destroy()

@@ -19,15 +19,21 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from . import dsn as dsnlib
+from . import yaml_guard
 from ..errors import ConfigError, ConfigErrors
 from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
+from .numbers import echo
 from .ranges import format_shards, parse_shards
 
 DEFAULT_FILE = "shardctl.yaml"
 CONFIG_ENV = "SHARDCTL_CONFIG"
 FUNCTIONS = ("plpgsql", "sql")
 STRING_HASHES = ("md5",)
+
+MAX_ERRORS = 20  # problems listed; the rest are counted
+MAX_MESSAGE = 300  # characters of one problem (a message never repeats a whole huge value)
+MAX_UNKNOWN_KEYS = 3  # unknown keys listed per mapping
 
 TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement"}
 ID_KEYS = {"layout", "epoch", "function", "bits"}
@@ -88,11 +94,13 @@ class Topology:
         """Load and validate a topology file. ``path`` None means ``$SHARDCTL_CONFIG`` or ./shardctl.yaml."""
         chosen = Path(path) if path else Path(os.environ.get(CONFIG_ENV) or DEFAULT_FILE)
         try:
-            text = chosen.read_text(encoding="utf-8")
+            text = yaml_guard.read_limited(chosen)  # at most yaml_guard.MAX_BYTES are ever read
         except FileNotFoundError:
             raise ConfigError(f"topology file not found: {chosen} (use --config or ${CONFIG_ENV})") from None
+        except yaml_guard.LimitExceeded as exc:
+            raise ConfigError(str(exc), path=str(chosen)) from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read topology file {chosen}: {exc}") from None
+            raise ConfigError(f"cannot read topology file {chosen}: {echo(str(exc), 200)}") from None
         return cls.from_text(text, path=chosen, allow_inline_password=allow_inline_password)
 
     @classmethod
@@ -149,6 +157,25 @@ class Topology:
         }
 
 
+def server_database(dsn: str) -> tuple[str, str, str] | None:
+    """(host, port, database) a DSN connects to, as far as the DSN itself says; None if it cannot tell.
+
+    Unset parts take libpq's defaults (port 5432, database named after the user); a DSN that
+    names neither database nor user depends on the environment and is not compared.
+    """
+    try:
+        parts = dsnlib.parse(dsn) if dsn else None
+    except ValueError:
+        return None
+    if parts is None:
+        return None
+    database = parts.get("dbname") or parts.get("user")
+    if not database:
+        return None
+    host = (parts.get("host") or parts.get("hostaddr") or "").lower()
+    return host, parts.get("port") or "5432", database
+
+
 def format_schema(fmt: str, shard: int) -> str:
     return fmt.format(shard, n=shard)
 
@@ -187,13 +214,24 @@ class _Validator:
         self.path = path
         self.allow_inline_password = allow_inline_password
         self.errors: list[ConfigError] = []
-        self.range_limit = 1 << 16
+        self.unlisted = 0
+        self.range_limit = yaml_guard.MAX_SHARDS
 
     def error(self, message: str, line: int | None = None) -> None:
+        if len(self.errors) >= MAX_ERRORS:
+            self.unlisted += 1
+            return
+        message = message.replace("\n", " ")
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE - 1] + "…"
         self.errors.append(ConfigError(message, path=str(self.path) if self.path else None, line=line))
 
     def fail(self) -> None:
         if self.errors:
+            if self.unlisted:
+                self.errors.append(ConfigError(f"{self.unlisted} more problem(s) not listed",
+                                               path=str(self.path) if self.path else None))
+                self.unlisted = 0
             raise ConfigErrors(self.errors)
 
     @staticmethod
@@ -220,12 +258,21 @@ class _Validator:
         return value
 
     def unknown_keys(self, node: Any, known: set[str], where: str) -> None:
-        for k in node:
-            if k not in known:
-                self.error(f"unknown key '{k}' in {where} (expected one of: {', '.join(sorted(known))})",
-                           self.line_of(node, k))
+        unknown = [k for k in node if k not in known]
+        for k in unknown[:MAX_UNKNOWN_KEYS]:
+            shown = echo(k) if not isinstance(k, str) or len(k) > 60 else k
+            self.error(f"unknown key '{shown}' in {where} (expected one of: {', '.join(sorted(known))})",
+                       self.line_of(node, k))
+        if len(unknown) > MAX_UNKNOWN_KEYS:
+            self.error(f"{len(unknown) - MAX_UNKNOWN_KEYS} more unknown key(s) in {where}",
+                       self.line_of(node, unknown[MAX_UNKNOWN_KEYS]))
 
     def build(self) -> Topology:
+        try:
+            yaml_guard.check_text(self.text)  # before ruamel: an alias bomb or a huge file costs nothing
+        except yaml_guard.LimitExceeded as exc:
+            self.error(str(exc), exc.line)
+            self.fail()
         try:
             doc = YAML(typ="rt").load(self.text)
         except MarkedYAMLError as exc:
@@ -250,14 +297,14 @@ class _Validator:
         self.unknown_keys(doc, TOP_KEYS, "the top level")
         version = doc.get("version")
         if version != 1:
-            self.error(f"version must be 1, got {version!r}" if "version" in doc else "missing 'version: 1'",
+            self.error(f"version must be 1, got {echo(version)}" if "version" in doc else "missing 'version: 1'",
                        self.line_of(doc, "version") if "version" in doc else None)
 
         layout, function = self.id_section(doc)
         count, schema_format = self.shards_section(doc, layout)
         # With no usable count, shard ranges are still checked, against what the layout could
         # hold (capped, so a range like "0-99999999999" is not expanded number by number).
-        self.range_limit = count or min(layout.max_shards, 1 << 16)
+        self.range_limit = count or min(layout.max_shards, yaml_guard.MAX_SHARDS)
         hosts = self.hosts_section(doc, count)
         routing = self.routing_section(doc, count)
         new_objects = self.placement_section(doc, count)
@@ -293,12 +340,12 @@ class _Validator:
         name = section.get("layout", "instagram")
         if name not in MINTABLE:
             hint = " (decode-only: use it with decode-id --layout)" if name in ("pinterest", "snowflake") else ""
-            self.error(f"id.layout must be one of {', '.join(MINTABLE)}, got {name!r}{hint}",
+            self.error(f"id.layout must be one of {', '.join(MINTABLE)}, got {echo(name)}{hint}",
                        self.line_of(section, "layout"))
             return fallback, "plpgsql"
         function = section.get("function", "plpgsql")
         if function not in FUNCTIONS:
-            self.error(f"id.function must be one of {', '.join(FUNCTIONS)}, got {function!r}",
+            self.error(f"id.function must be one of {', '.join(FUNCTIONS)}, got {echo(function)}",
                        self.line_of(section, "function"))
             function = "plpgsql"
 
@@ -346,7 +393,7 @@ class _Validator:
             return 0, "insta{n}"
         count = section.get("count")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            self.error(f"shards.count must be a positive integer, got {count!r}",
+            self.error(f"shards.count must be a positive integer, got {echo(count)}",
                        self.line_of(section, "count") or self.line_of(doc, "shards"))
             count = 0
         elif count > layout.max_shards:
@@ -354,10 +401,14 @@ class _Validator:
                        f"{layout.bits('shard')} shard bits (at most {layout.max_shards})",
                        self.line_of(section, "count"))
             count = 0
+        elif count > yaml_guard.MAX_SHARDS:
+            self.error(f"shards.count {count} is more than shardctl handles ({yaml_guard.MAX_SHARDS})",
+                       self.line_of(section, "count"))
+            count = 0
         fmt = section.get("schema", "insta{n}")
         line = self.line_of(section, "schema")
         if not isinstance(fmt, str):
-            self.error(f"shards.schema must be a string like \"insta{{n}}\", got {fmt!r}", line)
+            self.error(f"shards.schema must be a string like \"insta{{n}}\", got {echo(fmt)}", line)
             return count, "insta{n}"
         problem = _check_schema_format(fmt)
         if problem:
@@ -387,10 +438,15 @@ class _Validator:
             self.error("'hosts' must be a non-empty list of hosts",
                        self.line_of(doc, "hosts") if "hosts" in doc else None)
             return []
+        if len(hosts_node) > yaml_guard.MAX_HOSTS:
+            self.error(f"'hosts' lists {len(hosts_node)} hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}",
+                       self.line_of(doc, "hosts"))
+            return []
         hosts: list[Host] = []
         names: dict[str, int | None] = {}
         owners: dict[int, str] = {}
         overlaps: dict[tuple[str, str], list[int]] = {}
+        dsn_lines: list[int | None] = []
         for i, node in enumerate(hosts_node):
             line = self.line_of(hosts_node, i)
             if not isinstance(node, dict):
@@ -438,6 +494,8 @@ class _Validator:
                     owners[n] = name
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
                               standby=standby if isinstance(standby, str) else None))
+            dsn_lines.append(self.line_of(node, "dsn"))
+        self.check_same_server(hosts, dsn_lines)
         for (first, second), nums in overlaps.items():
             self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",
                        self.line_of(doc, "hosts"))
@@ -447,6 +505,20 @@ class _Validator:
                 self.error(f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
                            f"needs exactly one)", self.line_of(doc, "hosts"))
         return hosts
+
+    def check_same_server(self, hosts: list[Host], lines: list[int | None]) -> None:
+        """Two hosts on one server and database would be one host twice (and lock each other out)."""
+        seen: dict[tuple[str, str, str], str] = {}
+        for host, line in zip(hosts, lines):
+            where = server_database(host.dsn)
+            if where is None:
+                continue
+            if where in seen:
+                self.error(f"hosts {seen[where]} and {host.name} point at the same server and database "
+                           f"({where[0] or 'local socket'}:{where[1]}/{where[2]}); each host needs its own",
+                           line)
+            else:
+                seen[where] = host.name
 
     def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
         try:
@@ -465,17 +537,17 @@ class _Validator:
         out = dict(section)
         strings = section.get("strings", "md5")
         if strings not in STRING_HASHES:
-            self.error(f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {strings!r}",
+            self.error(f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {echo(strings)}",
                        self.line_of(section, "strings"))
         modulus = section.get("modulus")
         if modulus is not None and (isinstance(modulus, bool) or not isinstance(modulus, int)
                                     or modulus < 1 or (count and modulus > count)):
-            self.error(f"routing.modulus must be an integer from 1 to shards.count ({count}), got {modulus!r}",
+            self.error(f"routing.modulus must be an integer from 1 to shards.count ({count}), got {echo(modulus)}",
                        self.line_of(section, "modulus"))
             out["modulus"] = None
         key = section.get("key")
         if key is not None and not isinstance(key, str):
-            self.error(f"routing.key must be a column name, got {key!r}", self.line_of(section, "key"))
+            self.error(f"routing.key must be a column name, got {echo(key)}", self.line_of(section, "key"))
         return out
 
     def placement_section(self, doc: Any, count: int) -> list[int] | None:

@@ -196,8 +196,11 @@ def _check_schema_format(fmt: str) -> str | None:
     bad = [f for f in fields if f not in ("", "n")]
     if bad:
         return f"shards.schema {fmt!r} may only use {{n}} (or {{}}), not {{{bad[0]}}}"
+    if not all((spec or "").isascii() for _, spec in parsed):
+        return f"shards.schema {echo(fmt)} has non-ASCII characters in a format spec (digits must be 0-9)"
     # A width like {n:999999999} would build a gigabyte string before the length check sees it.
-    if any(int(d) > MAX_IDENTIFIER_BYTES for _, spec in parsed for d in re.findall(r"\d+", spec or "")):
+    if any(len(d) > 4 or int(d) > MAX_IDENTIFIER_BYTES
+           for _, spec in parsed for d in re.findall(r"[0-9]+", spec or "")):
         return f"shards.schema {fmt!r} pads the shard number beyond {MAX_IDENTIFIER_BYTES} bytes"
     try:
         format_schema(fmt, 0)

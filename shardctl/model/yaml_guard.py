@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from .ranges import MAX_SHARDS  # noqa: F401 - shards.count and every shard number stay below it
+
 MAX_BYTES = 256 * 1024        # the topology file, checked before it is read
 MAX_NODES = 16_384            # YAML nodes, each alias counted as the nodes it stands for
 MAX_SCALAR_CHARS = 4096       # one key or value (a DSN, a range, a path)
 MAX_DEPTH = 32                # nesting of mappings and lists
 MAX_HOSTS = 1024              # entries under hosts:
-MAX_SHARDS = 1 << 16          # shards.count (and any shard number in a range)
 
 
 class LimitExceeded(ValueError):

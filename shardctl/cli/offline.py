@@ -17,6 +17,7 @@ from ..model.ranges import parse_shards
 from ..ids.routing import is_integer_key, shard_for_key
 from . import cli, json_option, settings
 from .output import emit, stdout, table
+from .params import ASCII_INT
 
 
 @cli.command()
@@ -168,12 +169,12 @@ def _write_table(columns: list[str], rows) -> None:
               help="Encode with this layout instead of the topology's.")
 @click.option("--epoch", help="Epoch for --layout (ISO-8601 or Unix ms).")
 @click.option("--time", "at", help="The ID's time (ISO-8601, UTC if no offset).")
-@click.option("--ms", type=int, help="Milliseconds since the layout's epoch (instead of --time).")
-@click.option("--shard", type=int, help="Shard number.")
-@click.option("--sequence", type=int, help="Sequence (instagram, custom, snowflake).")
-@click.option("--type", "type_", type=int, help="Type (pinterest).")
-@click.option("--local", type=int, help="Local id (pinterest).")
-@click.option("--worker", type=int, help="Worker (snowflake).")
+@click.option("--ms", type=ASCII_INT, help="Milliseconds since the layout's epoch (instead of --time).")
+@click.option("--shard", type=ASCII_INT, help="Shard number.")
+@click.option("--sequence", type=ASCII_INT, help="Sequence (instagram, custom, snowflake).")
+@click.option("--type", "type_", type=ASCII_INT, help="Type (pinterest).")
+@click.option("--local", type=ASCII_INT, help="Local id (pinterest).")
+@click.option("--worker", type=ASCII_INT, help="Worker (snowflake).")
 @json_option
 def encode_id(layout: str | None, epoch: str | None, at: str | None, ms: int | None, shard: int | None,
               sequence: int | None, type_: int | None, local: int | None, worker: int | None,

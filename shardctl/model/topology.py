@@ -24,7 +24,7 @@ from ..errors import ConfigError, ConfigErrors
 from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
 from .numbers import echo
-from .ranges import format_shards, parse_shards
+from .ranges import MAX_SHARDS, format_shards, parse_shards
 
 DEFAULT_FILE = "shardctl.yaml"
 CONFIG_ENV = "SHARDCTL_CONFIG"
@@ -117,8 +117,9 @@ class Topology:
 
         The name → shard map is built once per topology and shared by every caller.
         """
-        if self._schema_shards is None:
-            self._schema_shards = {self.schema_name(n): n for n in range(self.layout.max_shards)}
+        if self._schema_shards is None:  # capped: a custom layout may have 2**40 shard numbers
+            limit = min(self.layout.max_shards, MAX_SHARDS)
+            self._schema_shards = {self.schema_name(n): n for n in range(limit)}
         return self._schema_shards.get(name)
 
     def host_of(self, shard: int) -> Host:

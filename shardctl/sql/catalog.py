@@ -352,3 +352,10 @@ def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
 
 def dumps(value: object) -> str:
     return json.dumps(value, default=str)
+
+
+def id_sequence_settings(conn: psycopg.Connection, schemas: list[str]) -> dict[str, dict]:
+    """schema → cache_size and increment_by of its ``next_id_seq`` (what verify checks: CACHE 1, INCREMENT 1)."""
+    return {r[0]: {"cache_size": r[1], "increment_by": r[2]} for r in conn.execute(
+        """SELECT schemaname, cache_size, increment_by FROM pg_sequences
+            WHERE sequencename = 'next_id_seq' AND schemaname = ANY(%s)""", (schemas,)).fetchall()}

@@ -1,0 +1,107 @@
+"""Running the real CLI on hostile input, and measuring what it cost (issue 15's acceptance).
+
+``run_measured`` starts ``python -m shardctl`` as a child, feeds it stdin (bytes, or a
+generator of byte chunks so 10M lines never sit in the test's memory), and reaps it with
+``os.wait4``: that child's own peak RSS and CPU time, not the maximum over every child the
+test process ever had (``RUSAGE_CHILDREN`` keeps the largest one seen so far).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MAX_SECONDS = 2.0
+MAX_MB = 200
+MAX_LINE = 500
+
+
+@dataclass
+class Measured:
+    exit_code: int
+    stdout: bytes
+    stderr: str
+    seconds: float  # wall clock
+    cpu_seconds: float  # user + system
+    peak_mb: float
+
+    def __repr__(self) -> str:
+        return (f"Measured(exit={self.exit_code}, {self.seconds:.2f}s wall, {self.cpu_seconds:.2f}s cpu, "
+                f"{self.peak_mb:.0f} MB, stderr={self.stderr[:1500]!r}, stdout={self.stdout[:300]!r})")
+
+    @property
+    def stderr_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.strip()]
+
+
+def run_measured(*args: str, stdin: bytes | Iterable[bytes] | None = None, env: dict | None = None,
+                 keep_stdout: bool = True, cwd: str | None = None) -> Measured:
+    """Run ``shardctl ARGS`` in a fresh process and measure it."""
+    environment = {**os.environ, "COLUMNS": "200", **(env or {})}
+    environment.pop("SHARDCTL_CONFIG", None) if env is None or "SHARDCTL_CONFIG" not in env else None
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "shardctl", *map(str, args)], stdin=subprocess.PIPE,
+                                stdout=out if keep_stdout else subprocess.DEVNULL, stderr=err,
+                                env=environment, cwd=cwd)
+        feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
+        feeder.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        feeder.join(timeout=10)
+        out.seek(0)
+        err.seek(0)
+        return Measured(proc.returncode, out.read(2_000_000) if keep_stdout else b"",
+                        err.read(2_000_000).decode("utf-8", "replace"), seconds,
+                        usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+
+
+def _feed(pipe, data) -> None:
+    try:
+        if data is None:
+            pass
+        elif isinstance(data, (bytes, bytearray)):
+            pipe.write(data)
+        else:
+            for chunk in data:
+                pipe.write(chunk)
+    except (BrokenPipeError, OSError):
+        pass  # the CLI may stop reading early; that is its right
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def overloaded() -> bool:
+    """More runnable work than cores: wall-clock time then says more about the machine than the code."""
+    return os.getloadavg()[0] > (os.cpu_count() or 1) * 1.5
+
+
+def assert_refused_cheaply(result: Measured, *needles: str, code: int = 2, max_mb: float = MAX_MB) -> str:
+    """Exit ``code``, one short stderr line (no traceback) holding ``needles``, within the time and memory bounds."""
+    assert result.exit_code == code, result
+    assert "Traceback" not in result.stderr, result
+    lines = result.stderr_lines
+    assert len(lines) == 1, result
+    assert len(lines[0]) <= MAX_LINE, (len(lines[0]), result)
+    for needle in needles:
+        assert needle in lines[0], (needle, result)
+    assert_cheap(result, max_mb=max_mb)
+    return lines[0]
+
+
+def assert_cheap(result: Measured, max_mb: float = MAX_MB, max_seconds: float = MAX_SECONDS) -> None:
+    """Peak memory within ``max_mb``; CPU time within ``max_seconds``, and wall time too unless the
+    machine is overloaded by other work (then wall time may reach three times the bound)."""
+    assert result.peak_mb <= max_mb, result
+    assert result.cpu_seconds <= max_seconds, result
+    assert result.seconds <= max_seconds * (3 if overloaded() else 1), result

@@ -8,12 +8,12 @@ test process ever had (``RUSAGE_CHILDREN`` keeps the largest one seen so far).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -40,27 +40,41 @@ class Measured:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
 
+# The CLI is started by this small wrapper, never forked straight from the test process: a
+# child's peak RSS counts the pages it shared with its parent before exec, and a test that
+# just built a 50 MB file would be charged for it.
+_WRAPPER = """
+import json, os, subprocess, sys, time
+started = time.perf_counter()
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump({"exit_code": os.waitstatus_to_exitcode(status), "seconds": time.perf_counter() - started,
+               "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024}, f)
+"""
+
+
 def run_measured(*args: str, stdin: bytes | Iterable[bytes] | None = None, env: dict | None = None,
                  keep_stdout: bool = True, cwd: str | None = None) -> Measured:
     """Run ``shardctl ARGS`` in a fresh process and measure it."""
-    environment = {**os.environ, "COLUMNS": "200", **(env or {})}
-    environment.pop("SHARDCTL_CONFIG", None) if env is None or "SHARDCTL_CONFIG" not in env else None
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "shardctl", *map(str, args)], stdin=subprocess.PIPE,
+    environment = {k: v for k, v in os.environ.items() if k != "SHARDCTL_CONFIG"}
+    environment.update(env or {})
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r", suffix=".json") as report:
+        proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, report.name, sys.executable, "-m", "shardctl",
+                                 *map(str, args)], stdin=subprocess.PIPE,
                                 stdout=out if keep_stdout else subprocess.DEVNULL, stderr=err,
                                 env=environment, cwd=cwd)
         feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
         feeder.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.wait()
         feeder.join(timeout=10)
+        facts = json.loads(open(report.name).read())
         out.seek(0)
         err.seek(0)
-        return Measured(proc.returncode, out.read(2_000_000) if keep_stdout else b"",
-                        err.read(2_000_000).decode("utf-8", "replace"), seconds,
-                        usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+        return Measured(facts["exit_code"], out.read(2_000_000) if keep_stdout else b"",
+                        err.read(2_000_000).decode("utf-8", "replace"), facts["seconds"], facts["cpu_seconds"],
+                        facts["peak_mb"])
 
 
 def _feed(pipe, data) -> None:

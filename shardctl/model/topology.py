@@ -498,7 +498,7 @@ class _Validator:
                     owners[n] = name
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
                               standby=standby if isinstance(standby, str) else None))
-            dsn_lines.append(self.line_of(node, "dsn"))
+            dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
         self.check_same_server(hosts, dsn_lines)
         for (first, second), nums in overlaps.items():
             self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",

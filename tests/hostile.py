@@ -95,9 +95,9 @@ def _feed(pipe, data) -> None:
             pass
 
 
-def overloaded() -> bool:
-    """More runnable work than cores: wall-clock time then says more about the machine than the code."""
-    return os.getloadavg()[0] > (os.cpu_count() or 1) * 1.5
+def load_factor() -> float:
+    """How many times over the machine is booked (1.0 when there is a core for every runnable task)."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 def assert_refused_cheaply(result: Measured, *needles: str, code: int = 2, max_mb: float = MAX_MB) -> str:
@@ -114,8 +114,9 @@ def assert_refused_cheaply(result: Measured, *needles: str, code: int = 2, max_m
 
 
 def assert_cheap(result: Measured, max_mb: float = MAX_MB, max_seconds: float = MAX_SECONDS) -> None:
-    """Peak memory within ``max_mb``; CPU time within ``max_seconds``, and wall time too unless the
-    machine is overloaded by other work (then wall time may reach three times the bound)."""
+    """Peak memory within ``max_mb`` and CPU time within ``max_seconds``. Wall-clock time too, scaled by
+    :func:`load_factor`: on a 2-core machine shared with other test runs (load 10 is common), wall time
+    measures the queue for a core, not the program."""
     assert result.peak_mb <= max_mb, result
     assert result.cpu_seconds <= max_seconds, result
-    assert result.seconds <= max_seconds * (3 if overloaded() else 1), result
+    assert result.seconds <= max_seconds * load_factor(), (load_factor(), result)

@@ -158,6 +158,42 @@ class Topology:
         }
 
 
+def _parse_yaml(text: str) -> Any:
+    """The round-trip document of ``text``; LimitExceeded (message and line) for anything wrong with it."""
+    yaml_guard.check_text(text)  # before ruamel: an alias bomb or a huge file costs nothing
+    try:
+        return YAML(typ="rt").load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = (exc.problem or "invalid YAML").split("\n")[0]
+        if "duplicate key" in problem or "found duplicate key" in str(exc):
+            problem = "duplicate key: " + str(exc).split("found duplicate key", 1)[-1].split("\n")[0].strip()
+        raise yaml_guard.LimitExceeded(f"invalid YAML: {problem}", mark.line + 1 if mark else None) from None
+    except YAMLError as exc:
+        raise yaml_guard.LimitExceeded(f"invalid YAML: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - ruamel itself fails on some inputs, e.g. TypeError
+        # for a mapping key that holds a list ("? x:\n  - a"); no such text is a topology.
+        raise yaml_guard.LimitExceeded(f"invalid YAML: cannot build the document ({type(exc).__name__}: {exc})") \
+            from None
+
+
+def _same_server(hosts: list[Host], lines: list[int | None]) -> list[tuple[str, int | None]]:
+    """Hosts on a server and database an earlier host already names: one host listed twice
+    (its runs would wait on its own lock). Returns (problem, line) pairs."""
+    seen: dict[tuple[str, str, str], str] = {}
+    problems = []
+    for host, line in zip(hosts, lines):
+        where = server_database(host.dsn)
+        if where is None:
+            continue
+        if where in seen:
+            problems.append((f"hosts {seen[where]} and {host.name} point at the same server and database "
+                             f"({where[0] or 'local socket'}:{where[1]}/{where[2]}); each host needs its own", line))
+        else:
+            seen[where] = host.name
+    return problems
+
+
 def server_database(dsn: str) -> tuple[str, str, str] | None:
     """(host, port, database) a DSN connects to, as far as the DSN itself says; None if it cannot tell.
 
@@ -210,6 +246,35 @@ def _check_schema_format(fmt: str) -> str | None:
     return None
 
 
+def _line_of(node: Any, key: Any = None) -> int | None:
+    """1-based line of ``node`` (or of its key / item ``key``) in the round-trip document, if known."""
+    try:
+        if key is None:
+            return node.lc.line + 1
+        if isinstance(key, int):
+            return node.lc.item(key)[0] + 1
+        return node.lc.key(key)[0] + 1
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _schema_names_problem(fmt: str, count: int) -> str | None:
+    """The first shard whose schema name is not a safe identifier or repeats another's, or None."""
+    names: dict[str, int] = {}
+    for n in range(count):
+        try:
+            name = format_schema(fmt, n)
+        except _FORMAT_ERRORS as exc:
+            return f"shards.schema {fmt!r} cannot format shard number {n}: {exc}"
+        why = identifier_problem(name)
+        if why:
+            return f"shards.schema {fmt!r} gives schema name {name!r} for shard {n}, which {why}"
+        if name in names:
+            return f"shards.schema {fmt!r} gives the same schema {name!r} to shards {names[name]} and {n}"
+        names[name] = n
+    return None
+
+
 class _Validator:
     """Walks the parsed YAML once, collecting every problem with its line."""
 
@@ -238,16 +303,7 @@ class _Validator:
                 self.unlisted = 0
             raise ConfigErrors(self.errors)
 
-    @staticmethod
-    def line_of(node: Any, key: Any = None) -> int | None:
-        try:
-            if key is None:
-                return node.lc.line + 1
-            if isinstance(key, int):
-                return node.lc.item(key)[0] + 1
-            return node.lc.key(key)[0] + 1
-        except (AttributeError, KeyError, IndexError, TypeError):
-            return None
+    line_of = staticmethod(_line_of)
 
     def mapping(self, parent: Any, key: str, known: set[str], required: bool = True) -> Any:
         value = parent.get(key) if isinstance(parent, dict) else None
@@ -268,31 +324,13 @@ class _Validator:
             self.error(f"unknown key '{shown}' in {where} (expected one of: {', '.join(sorted(known))})",
                        self.line_of(node, k))
         if len(unknown) > MAX_UNKNOWN_KEYS:
-            self.error(f"{len(unknown) - MAX_UNKNOWN_KEYS} more unknown key(s) in {where}",
-                       self.line_of(node, unknown[MAX_UNKNOWN_KEYS]))
+            self.error(f"{len(unknown) - MAX_UNKNOWN_KEYS} more unknown key(s) in {where}", self.line_of(node))
 
     def build(self) -> Topology:
         try:
-            yaml_guard.check_text(self.text)  # before ruamel: an alias bomb or a huge file costs nothing
+            doc = _parse_yaml(self.text)
         except yaml_guard.LimitExceeded as exc:
             self.error(str(exc), exc.line)
-            self.fail()
-        try:
-            doc = YAML(typ="rt").load(self.text)
-        except MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark else None
-            problem = (exc.problem or "invalid YAML").split("\n")[0]
-            if "duplicate key" in problem or "found duplicate key" in str(exc):
-                problem = "duplicate key: " + str(exc).split("found duplicate key", 1)[-1].split("\n")[0].strip()
-            self.error(f"invalid YAML: {problem}", line)
-            self.fail()
-        except YAMLError as exc:
-            self.error(f"invalid YAML: {exc}")
-            self.fail()
-        except Exception as exc:  # noqa: BLE001 - ruamel itself fails on some inputs, e.g. TypeError
-            # for a mapping key that holds a list ("? x:\n  - a"); no such text is a topology.
-            self.error(f"invalid YAML: cannot build the document ({type(exc).__name__}: {exc})")
             self.fail()
         if not isinstance(doc, dict):
             self.error("the topology must be a YAML mapping with version, id, shards and hosts")
@@ -418,22 +456,9 @@ class _Validator:
         if problem:
             self.error(problem, line)
             return count, "insta{n}"
-        names: dict[str, int] = {}
-        for n in range(count):
-            try:
-                name = format_schema(fmt, n)
-            except _FORMAT_ERRORS as exc:
-                self.error(f"shards.schema {fmt!r} cannot format shard number {n}: {exc}", line)
-                break
-            why = identifier_problem(name)
-            if why:
-                self.error(f"shards.schema {fmt!r} gives schema name {name!r} for shard {n}, which {why}", line)
-                break
-            if name in names:
-                self.error(f"shards.schema {fmt!r} gives the same schema {name!r} to shards {names[name]} and {n}",
-                           line)
-                break
-            names[name] = n
+        problem = _schema_names_problem(fmt, count)
+        if problem:
+            self.error(problem, line)
         return count, fmt
 
     def hosts_section(self, doc: Any, count: int) -> list[Host]:
@@ -499,7 +524,8 @@ class _Validator:
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
                               standby=standby if isinstance(standby, str) else None))
             dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
-        self.check_same_server(hosts, dsn_lines)
+        for message, line in _same_server(hosts, dsn_lines):
+            self.error(message, line)
         for (first, second), nums in overlaps.items():
             self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",
                        self.line_of(doc, "hosts"))
@@ -509,20 +535,6 @@ class _Validator:
                 self.error(f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
                            f"needs exactly one)", self.line_of(doc, "hosts"))
         return hosts
-
-    def check_same_server(self, hosts: list[Host], lines: list[int | None]) -> None:
-        """Two hosts on one server and database would be one host twice (and lock each other out)."""
-        seen: dict[tuple[str, str, str], str] = {}
-        for host, line in zip(hosts, lines):
-            where = server_database(host.dsn)
-            if where is None:
-                continue
-            if where in seen:
-                self.error(f"hosts {seen[where]} and {host.name} point at the same server and database "
-                           f"({where[0] or 'local socket'}:{where[1]}/{where[2]}); each host needs its own",
-                           line)
-            else:
-                seen[where] = host.name
 
     def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
         try:

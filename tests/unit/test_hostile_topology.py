@@ -180,9 +180,9 @@ def test_a_thousand_real_hosts_still_load_quickly(tmp_path):
         f"    standby: \"postgresql://app@db{i}b.internal:5432/app\"\n    password_env: PG_PASSWORD\n"
         f"    shards: \"{4 * i}-{4 * i + 3}\"\n" for i in range(1000))
     path = write(tmp_path, text)
-    started = time.perf_counter()
+    started = time.process_time()
     assert len(Topology.load(path).hosts) == 1000
-    assert time.perf_counter() - started < 2
+    assert time.process_time() - started < 2
     result = run_measured("--config", path, "info", "--json")
     assert result.exit_code == 0, result
     assert_cheap(result)

@@ -558,6 +558,8 @@ def open_moves(conn: psycopg.Connection) -> list[tuple[str, str, str, str]]:
     return [tuple(r) for r in conn.execute(
         "SELECT shards, source, target, phase FROM shardctl.moves WHERE finished_at IS NULL "
         "ORDER BY started_at").fetchall()]
+
+
 def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[str]:
     """Why the named subscriptions are not applying, as the subscriber's server sees it: disabled, no
     apply worker running, table-sync workers waiting for a free worker slot, error counters."""
@@ -582,3 +584,10 @@ def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[st
     if workers[1] >= workers[0]:
         out.append(f"all {workers[0]} logical replication workers are busy (max_logical_replication_workers)")
     return out
+
+
+def id_sequence_settings(conn: psycopg.Connection, schemas: list[str]) -> dict[str, dict]:
+    """schema → cache_size and increment_by of its ``next_id_seq`` (what verify checks: CACHE 1, INCREMENT 1)."""
+    return {r[0]: {"cache_size": r[1], "increment_by": r[2]} for r in conn.execute(
+        """SELECT schemaname, cache_size, increment_by FROM pg_sequences
+            WHERE sequencename = 'next_id_seq' AND schemaname = ANY(%s)""", (schemas,)).fetchall()}

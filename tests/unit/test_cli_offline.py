@@ -40,7 +40,7 @@ hosts:
     password_env: PG1_PASSWORD
     shards: "0-999"
   - name: pg2
-    dsn: "host=127.0.0.1 port=1 dbname=app user=app"
+    dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"
     shards: "1000-1999"
 routing:
   key: user_id
@@ -61,7 +61,7 @@ hosts:
     dsn: "postgresql://app@127.0.0.1:1/app"
     shards: "0-3"
   - name: b
-    dsn: "postgresql://app@127.0.0.1:1/app"
+    dsn: "postgresql://app@127.0.0.1:1/app2"
     shards: "4-7"
 """
 
@@ -334,14 +334,14 @@ def test_info_masks_inline_passwords(tmp_path):
     path = tmp_path / "pw.yaml"
     path.write_text(TOPOLOGY
                     .replace("postgresql://app@127.0.0.1:1/app", "postgresql://app:Hunter2Secret@127.0.0.1:1/app")
-                    .replace("dbname=app user=app", "dbname=app user=app password=Hunter2Other"))
+                    .replace("dbname=app2 user=app", "dbname=app2 user=app password=Hunter2Other"))
     for extra in ([], ["--json"]):
         result = run(["-c", path, "--allow-inline-password", "info", *extra])
         assert result.exit_code == 0, result.output
         assert "Hunter2" not in result.output
     doc = json.loads(result.stdout)
     assert doc["hosts"][0]["dsn"] == "postgresql://app:***@127.0.0.1:1/app"
-    assert doc["hosts"][1]["dsn"] == "host=127.0.0.1 port=1 dbname=app user=app password=***"
+    assert doc["hosts"][1]["dsn"] == "host=127.0.0.1 port=1 dbname=app2 user=app password=***"
 
 
 # ---- render -----------------------------------------------------------------------------------------------------

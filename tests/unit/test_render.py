@@ -27,7 +27,7 @@ hosts:
     dsn: "postgresql://app@127.0.0.1:1/app"
     shards: "0-31"
   - name: pg2
-    dsn: "postgresql://app@127.0.0.1:1/app"
+    dsn: "postgresql://app@127.0.0.1:1/app2"
     shards: "32-63"
 """
 BLOG_EPOCH_MS = 1293840000000

@@ -166,14 +166,14 @@ def start_fleet(config: pytest.Config, workdir: Path) -> ShardctlFleet:
         if problem:
             raise pytest.UsageError(f"shardctl_engine = docker: {problem}")
         box: Any = DockerSandbox(workdir / "sandbox")
-        result = box.up(hosts=hosts, shards=hosts, image=image)
+        result = _up(box, hosts=hosts, shards=hosts, image=image)
         servers = [FleetServer(h["name"], f"postgresql://postgres@127.0.0.1:{h['port']}/{{db}}",
                                h["peer_dsn"].rsplit("/", 1)[0] + "/{db}") for h in result["hosts"]]
     else:
         from .dev.sandbox import Sandbox
 
         box = Sandbox(workdir / "sandbox")
-        result = box.up(hosts=hosts, shards=hosts)
+        result = _up(box, hosts=hosts, shards=hosts)
         servers = [FleetServer(h["name"], f"postgresql://postgres@127.0.0.1:{h['port']}/{{db}}")
                    for h in result["hosts"]]
     return ShardctlFleet(engine=engine, box=box, servers=servers, workdir=workdir,
@@ -182,18 +182,29 @@ def start_fleet(config: pytest.Config, workdir: Path) -> ShardctlFleet:
                          routing_key=config.getini("shardctl_routing_key") or "user_id")
 
 
+def _up(box: Any, **kwargs: Any) -> dict:
+    """Start the sandbox; if that fails half way, remove what it had made (servers, containers)."""
+    try:
+        return box.up(**kwargs)
+    except BaseException:
+        box.destroy()
+        raise
+
+
 @pytest.fixture(scope="session")
 def shardctl_fleet(pytestconfig: pytest.Config) -> Iterator[ShardctlFleet]:
     """The session's PostgreSQL servers (embedded by default, docker on request)."""
     # Not under pytest's basetemp: pytest prunes old ones, and a concurrent session would
     # delete a running server's data directory.
     workdir = Path(tempfile.mkdtemp(prefix="shardctl-fleet-"))
-    fleet = start_fleet(pytestconfig, workdir)
     try:
-        yield fleet
+        fleet = start_fleet(pytestconfig, workdir)
+        try:
+            yield fleet
+        finally:
+            fleet.drop_databases()
+            fleet.box.destroy()
     finally:
-        fleet.drop_databases()
-        fleet.box.destroy()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -220,3 +231,15 @@ def shardctl_router(shardctl_topology: Any) -> Iterator[Any]:
         yield router
     finally:
         router.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say why tests marked ``docker`` were skipped (no engine, no image), without needing ``-rs``."""
+    reasons = []
+    for report in terminalreporter.stats.get("skipped", []):
+        if "docker" in getattr(report, "keywords", {}) and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+            if reason not in reasons:
+                reasons.append(reason)
+    for reason in reasons:
+        terminalreporter.write_line(f"docker tests skipped: {reason}")

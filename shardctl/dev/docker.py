@@ -171,7 +171,7 @@ class DockerSandbox:
             state.write(self.dir)
             created.append(host.name)
         for host in state.hosts:
-            container = self.client.containers.get(host.container)
+            container = self._container(host)
             if container.status != "running":
                 container.start()
         for host in state.hosts:
@@ -188,6 +188,16 @@ class DockerSandbox:
                 "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "peer_dsn": h.peer_dsn,
                            "container": h.container[:12], "running": True} for h in state.hosts],
                 "standbys": []}
+
+    def _container(self, host: DockerHost) -> Any:
+        import docker.errors
+
+        try:
+            return self.client.containers.get(host.container)
+        except docker.errors.NotFound:
+            raise OperationFailed(f"sandbox host {host.name}: its container {host.container[:12]} is gone "
+                                  f"(removed outside shardctl); start afresh: shardctl sandbox down --destroy "
+                                  f"--dir {self.dir}") from None
 
     def _require_image(self, image: str) -> None:
         """The image must be present or pullable; a clear error instead of a pull failure midway."""
@@ -258,7 +268,7 @@ class DockerSandbox:
                     conn.execute("SELECT 1")
                 return
             except psycopg.OperationalError as exc:
-                container = self.client.containers.get(host.container)
+                container = self._container(host)
                 if container.status in ("exited", "dead") or time.monotonic() > deadline:
                     logs = container.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
                     raise OperationFailed(f"sandbox host {host.name} did not accept connections "
@@ -306,12 +316,12 @@ class DockerSandbox:
 
     def stop_host(self, name: str, mode: str = "fast") -> None:
         host = self._host(name)
-        self.client.containers.get(host.container).stop(timeout=0 if mode == "immediate" else 60)
+        self._container(host).stop(timeout=0 if mode == "immediate" else 60)
 
     def start_host(self, name: str) -> None:
         state = self._require_state()
         host = self._host(name)
-        self.client.containers.get(host.container).start()
+        self._container(host).start()
         self._wait_ready(host, state.password_env, 120)
 
     def _host(self, name: str) -> DockerHost:

@@ -156,3 +156,17 @@ def test_the_example_app_passes_on_the_docker_engine(image):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+def test_a_container_removed_behind_its_back_is_reported_and_destroy_still_cleans_up(image, sandbox_dirs):
+    box = sandbox_dirs("gone")
+    ok("sandbox", "up", "--engine", "docker", "--hosts", "1", "--shards", "2", "--image", image, "--dir", box)
+    sid = json.loads((box / "docker.json").read_text())["sandbox_id"]
+    for container in labelled("containers", f"{LABEL}={sid}"):
+        container.remove(force=True)
+    result = run_cli("sandbox", "up", "--engine", "docker", "--dir", box)
+    assert result.exit_code == 1 and "its container" in result.stderr and "is gone" in result.stderr, result
+    assert run_cli("sandbox", "status", "--dir", box).exit_code == 3
+    ok("sandbox", "down", "--destroy", "--dir", box)
+    for kind in ("containers", "volumes", "networks"):
+        assert labelled(kind, f"{LABEL}={sid}") == [], kind

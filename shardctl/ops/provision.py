@@ -9,7 +9,7 @@ from ..engine import connections as db
 from ..engine.executor import RunOptions, ShardPlan, Step
 from ..engine.fanout import (FleetReport, HostReport, ProgressFactory, apply_plans, ensure_control_schema, log_event,
                     read_shards, run_on_host, select_hosts)
-from ..sql.migrations import Migration, checksum, for_topology
+from ..sql.migrations import Migration, for_topology
 from ..model.ranges import format_shards
 from ..sql.render import render_shard
 from ..model.topology import Host, Topology
@@ -22,8 +22,8 @@ def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: in
     for m in migrations:
         if m.version <= above or (target is not None and m.version > target):
             continue
-        text = m.render(topo, shard)
-        out.append(Step(m.version, m.description, text, checksum(text), m.transactional))
+        text = m.sql(topo, shard)
+        out.append(Step(m.version, m.description, text, m.checksum_for(topo, shard), m.transactional))
     return out
 
 

@@ -119,7 +119,7 @@ def main() -> None:
 def _register() -> None:
     # Each module adds its commands to ``cli``.
     from . import offline  # noqa: F401
-    for name in ("fleet", "sandbox", "migrate", "grow", "move"):
+    for name in ("fleet", "sandbox", "migrate", "grow", "move", "lint", "redeploy"):
         try:
             __import__(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:

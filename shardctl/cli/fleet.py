@@ -124,13 +124,23 @@ def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_
 @click.option("--statement-timeout", default=None, help="Cancel any one statement that runs longer (interval).")
 @click.option("--repair", is_flag=True, help="Accept changed applied migrations: record their new checksums.")
 @click.option("--yes", is_flag=True, help="Confirm --repair.")
+@click.option("--base", metavar="DIR", help="With --check: the pull-request gate against the base branch's "
+              "migrations folder (passes when the change only adds migrations after the base's head).")
 def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
                 wait: float, shard_spec: str | None, target: int | None, dry_run: bool, check: bool,
                 continue_on_error: bool, lock_timeout: str, statement_timeout: str | None, repair: bool,
-                yes: bool) -> None:
+                yes: bool, base: str | None) -> None:
     """Apply pending versioned migrations to every shard on every host."""
     from ..errors import OperationFailed
     from ..model.ranges import format_shards
+
+    if base is not None:
+        if not check or dry_run or repair or target is not None or shard_spec:
+            raise BadInput("--base is the pull-request gate: use it as `migrate --check --base DIR` "
+                           "(with --hosts at most)")
+        from .gate import run_gate
+
+        return run_gate(base, split_hosts(host_names), connect_timeout, as_json)
 
     if repair and (check or dry_run):
         raise BadInput("--repair cannot be combined with --check or --dry-run")

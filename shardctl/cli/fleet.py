@@ -252,6 +252,9 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
                              "missing": d.get("missing", ""), "drift": d.get("drift", []),
                              "gaps": d.get("gaps", {}), "orphans": d.get("orphans", {})})
     doc["pending_total"] = sum(sum(h["pending"].values()) for h in doc["hosts"])
+    from .redeploy import template_plan  # template functions a `redeploy` would replace
+
+    doc["templates"], template_lines = template_plan(topo, split_hosts(host_names), connect_timeout)
 
     def human() -> None:
         rows = []
@@ -276,6 +279,8 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
             for v, s in h["orphans"].items():
                 stdout.print(f"[yellow]{h['host']}[/yellow]: V{v} is applied on shards {s} but its file is gone",
                              markup=True, highlight=False)
+        for line in template_lines:
+            stdout.print(line, markup=False, highlight=False)
         total = doc["pending_total"]
         stdout.print(f"{total} shard migration(s) pending." if total else "Nothing pending.")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -152,6 +152,7 @@ class Statement:
     kind: str  # the parse-tree node, e.g. "IndexStmt"
     no_transaction: str | None = None  # what makes it refuse a transaction block, e.g. "CREATE INDEX CONCURRENTLY"
     transaction_control: bool = False  # BEGIN, COMMIT, SAVEPOINT…
+    node: dict = field(default_factory=dict, compare=False, repr=False)  # the parse tree (pglast JSON)
 
 
 class SqlSyntaxError(ValueError):
@@ -176,7 +177,8 @@ def parse(sql_text: str) -> list[Statement]:
         text = raw[start:start + length if length else len(raw)].decode().strip()
         (kind, node), = item["stmt"].items()
         rule = _NO_TRANSACTION.get(kind)
-        out.append(Statement(text, kind, rule[0] if rule and rule[1](node) else None, kind == "TransactionStmt"))
+        out.append(Statement(text, kind, rule[0] if rule and rule[1](node) else None, kind == "TransactionStmt",
+                             node))
     return out
 
 

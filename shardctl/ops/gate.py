@@ -78,7 +78,7 @@ def render_everywhere(topo: Topology, new: list[Migration]) -> tuple[list[str], 
                 m.sql(topo, shard, context)
                 count += 1
             except BadInput as exc:
-                problems[m.name] = str(exc)
+                problems[m.name] = f"shard {shard}: {exc}"
     return list(problems.values()), count
 
 

@@ -75,7 +75,7 @@ def template_functions(topo: Topology, shard: int) -> list[TemplateFunction]:
     """The re-deployable functions of shard ``shard``'s rendered template."""
     schema = topo.schema_name(shard)
     out = []
-    for st in parse(render_shard(topo, shard)):
+    for st in parse(render_shard(topo, shard), tree=True):
         node = st.node
         if st.kind != "CreateFunctionStmt" or not node.get("replace"):
             continue
@@ -180,16 +180,19 @@ def _id_refusals(conn: psycopg.Connection, topo: Topology, shards: list[int]) ->
     return refusals
 
 
-def _plan_host(conn: psycopg.Connection, topo: Topology, host: Host, result: HostRedeploy
-               ) -> dict[int, list[TemplateFunction]]:
-    """Find the host's stale functions (into ``result.stale``) and any layout/epoch refusal."""
+def _plan_host(conn: psycopg.Connection, topo: Topology, host: Host, result: HostRedeploy, *,
+               id_checks: int | None = None) -> dict[int, list[TemplateFunction]]:
+    """Find the host's stale functions (into ``result.stale``) and any layout/epoch refusal.
+
+    The refusal check mints one ID on each shard whose next_id() is to be replaced, at most
+    ``id_checks`` of them (None: all; a dry run checks one: a layout or epoch change is fleet-wide)."""
     stale, minting = _stale(conn, topo, host)
     for n, funcs in stale.items():
         for f in funcs:
             result.stale.setdefault(f.object, []).append(n)
     replacing = sorted(n for n, funcs in stale.items()
                        if n in minting and any(f.object == "next_id/0" for f in funcs))
-    result.refused = _id_refusals(conn, topo, replacing)
+    result.refused = _id_refusals(conn, topo, replacing if id_checks is None else replacing[:id_checks])
     return stale
 
 
@@ -244,7 +247,7 @@ def redeploy(topo: Topology, *, hosts: list[str] | None = None, dry_run: bool = 
 
     def inspect(host: Host, result: HostRedeploy) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="redeploy") as conn:
-            _plan_host(conn, topo, host, result)
+            _plan_host(conn, topo, host, result, id_checks=1 if dry_run else None)
 
     for_each_host(selected, lambda h: guarded(h, inspect))
     refused = [r for res in results.values() for r in res.refused]
@@ -259,9 +262,8 @@ def redeploy(topo: Topology, *, hosts: list[str] | None = None, dry_run: bool = 
                     if not control_exists(conn):
                         raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
                     result.stale = {}
-                    stale = _plan_host(conn, topo, host, result)  # again, under the host's lock
-                    if result.refused:
-                        raise OperationFailed(result.refused[0])
+                    # Again under the host's lock (IDs were checked on every shard above).
+                    stale = _plan_host(conn, topo, host, result, id_checks=0)
                     _apply_host(conn, host, stale, lock_timeout, result)
 
             for_each_host(busy, lambda h: guarded(h, apply))

@@ -102,7 +102,7 @@ def test_badly_named_file_and_bad_arguments(gated):
 
 
 def test_unreachable_host_exits_3(gated):
-    fleet, migrations, base = gated
+    fleet, _, base = gated
     text = fleet.read_text()
     port = text.split("127.0.0.1:")[2].split("/")[0]
     fleet.write_text(text.replace(f"127.0.0.1:{port}", "127.0.0.1:1", 1))

@@ -155,6 +155,7 @@ def test_layout_or_epoch_change_is_refused_and_changes_nothing(make_fleet):
     assert "templates: redeploy refused" in plan.stdout, plan
     # A layout change (fewer shard bits) is refused too.
     text = fleet.read_text().replace('epoch: "2025-06-01T00:00:00Z"', 'epoch: "2026-01-01T00:00:00Z"')
-    fleet.write_text(text.replace("  layout: instagram\n", "  layout: custom\n  bits: {time: 42, shard: 11, sequence: 10}\n"))
+    fleet.write_text(text.replace("  layout: instagram\n",
+                                  "  layout: custom\n  bits: {time: 42, shard: 11, sequence: 10}\n"))
     result = run_cli("redeploy", config=fleet)
     assert result.exit_code == 2 and "the layout or epoch changed" in result.stderr, result

@@ -197,11 +197,20 @@ def lock_options(func: Callable) -> Callable:
 @click.option("--statement-timeout", default=None, help="Cancel any one statement that runs longer (interval).")
 @click.option("--repair", is_flag=True, help="Accept changed applied migrations: record their new checksums.")
 @click.option("--yes", is_flag=True, help="Confirm --repair.")
+@click.option("--base", metavar="DIR", help="With --check: the pull-request gate against the base branch's "
+              "migrations folder (passes when the change only adds migrations after the base's head).")
 def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
                 wait: float, lock_timeout: str, lock_retries: int, retry_budget: float, max_lock_hold: int,
                 shard_spec: str | None, target: int | None, dry_run: bool, check: bool, continue_on_error: bool,
-                statement_timeout: str | None, repair: bool, yes: bool) -> None:
+                statement_timeout: str | None, repair: bool, yes: bool, base: str | None) -> None:
     """Apply pending versioned migrations to every shard on every host."""
+    if base is not None:
+        if not check or dry_run or repair or target is not None or shard_spec:
+            raise BadInput("--base is the pull-request gate: use it as `migrate --check --base DIR` "
+                           "(with --hosts at most)")
+        from .gate import run_gate
+
+        return run_gate(base, split_hosts(host_names), connect_timeout, as_json)
     if repair and not yes and not (check or dry_run):
         if not (sys.stdin.isatty() and click.confirm(
                 "--repair records the current checksum of every changed applied migration, accepting the "
@@ -229,6 +238,9 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
     report = migrate(topo, hosts=split_hosts(host_names), check=True, target=target,
                      options=RunOptions(connect_timeout=connect_timeout))
     doc = report.plan_dict()
+    from .redeploy import template_plan  # template functions a `redeploy` would replace
+
+    doc["templates"], template_lines = template_plan(topo, split_hosts(host_names), connect_timeout)
 
     def human() -> None:
         rows = []
@@ -255,6 +267,8 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
                              markup=True, highlight=False)
             for line in h["held"]:
                 stdout.print(f"[yellow]{h['host']}[/yellow]: {line}", markup=True, highlight=False)
+        for line in template_lines:
+            stdout.print(line, markup=False, highlight=False)
         total = doc["pending_total"]
         stdout.print(f"{total} shard migration(s) pending." if total else "Nothing pending.")
 

@@ -169,7 +169,7 @@ def check_integrity(conn: psycopg.Connection, topo: Topology, migrations: list[M
         result.rendered += 1
         if shard != context_of:
             context_of, context = shard, shard_context(topo, shard)
-        if checksum(m.render(topo, shard, context)) != stored:
+        if not m.matches(topo, shard, stored, context):
             bad.add(version)
             if in_scope:
                 drift.setdefault(version, Drift(version, m.name)).shards.append(shard)
@@ -211,7 +211,7 @@ def repair(conn: psycopg.Connection, topo: Topology, migrations: list[Migration]
             for shard in d.shards:
                 updated += conn.execute(
                     "UPDATE shardctl.migrations SET checksum = %s WHERE shard_id = %s AND version = %s",
-                    (checksum(m.render(topo, shard)), shard, d.version)).rowcount
+                    (m.checksum_for(topo, shard), shard, d.version)).rowcount
     log_event(conn, "repair", sorted({s for d in drift for s in d.shards}),
               {"versions": [d.version for d in drift], "files": [d.file for d in drift], "rows": updated})
     return updated

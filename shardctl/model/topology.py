@@ -35,7 +35,7 @@ MAX_ERRORS = 20  # problems listed; the rest are counted
 MAX_MESSAGE = 300  # characters of one problem (a message never repeats a whole huge value)
 MAX_UNKNOWN_KEYS = 3  # unknown keys listed per mapping
 
-TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement"}
+TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement", "lint"}
 ID_KEYS = {"layout", "epoch", "function", "bits"}
 SHARDS_KEYS = {"count", "schema"}
 HOST_KEYS = {"name", "dsn", "admin_dsn", "peer_dsn", "password_env", "standby", "shards"}
@@ -44,6 +44,7 @@ DSN_PURPOSES = ("app", "admin", "peer")
 ROUTING_KEYS = {"key", "strings", "modulus"}
 PLACEMENT_KEYS = {"new_objects"}
 BITS_KEYS = {"time", "shard", "sequence"}
+LINT_KEYS = {"exclude", "include", "pg_version"}
 
 
 class LayoutWarning(UserWarning):
@@ -107,6 +108,7 @@ class Topology:
     string_hash: str = "md5"
     modulus: int = 0
     new_objects: list[int] | None = None
+    lint: dict[str, Any] = field(default_factory=dict)  # `shardctl lint` settings (sql/lint.py)
     warnings: list[str] = field(default_factory=list)
     _owner: dict[int, Host] = field(default_factory=dict, repr=False)
     _schema_shards: dict[str, int] | None = field(default=None, repr=False)
@@ -378,6 +380,7 @@ class _Validator:
         hosts = self.hosts_section(doc, count)
         routing = self.routing_section(doc, count)
         new_objects = self.placement_section(doc, count)
+        lint = self.lint_section(doc)
         base = self.path.parent if self.path else Path.cwd()
         dirs = {}
         for key in ("templates", "migrations"):
@@ -392,7 +395,7 @@ class _Validator:
             layout=layout, function=function, shard_count=count, schema_format=schema_format, hosts=hosts,
             path=self.path, templates_dir=dirs["templates"], migrations_dir=dirs["migrations"],
             routing_key=routing.get("key"), string_hash=routing.get("strings", "md5"),
-            modulus=routing.get("modulus") or count, new_objects=new_objects,
+            modulus=routing.get("modulus") or count, new_objects=new_objects, lint=lint,
         )
         if layout.uses_sign_bit:
             message = (f"the {layout.name} layout uses all 64 bits: its IDs turn negative on "
@@ -615,3 +618,26 @@ class _Validator:
         except ValueError as exc:
             self.error(f"placement.new_objects: {exc}", self.line_of(section, "new_objects"))
             return None
+
+    def lint_section(self, doc: Any) -> dict[str, Any]:
+        """``lint:``: squawk rules to skip (``exclude``) or turn on (``include``), and ``pg_version``."""
+        section = self.mapping(doc, "lint", LINT_KEYS, required=False)
+        if section is None:
+            return {}
+        out: dict[str, Any] = {}
+        for key in ("exclude", "include"):
+            rules = section.get(key, [])
+            if not isinstance(rules, list) or not all(isinstance(r, str) and re.fullmatch(r"[a-z0-9-]+", r)
+                                                      for r in rules):
+                self.error(f"lint.{key} must be a list of squawk rule names (e.g. [prefer-bigint-over-int])",
+                           self.line_of(section, key))
+                continue
+            out[key] = list(rules)
+        version = section.get("pg_version")
+        if version is not None:
+            if isinstance(version, bool) or not re.fullmatch(r"\d+(\.\d+)?", str(version)):
+                self.error(f"lint.pg_version must be a PostgreSQL version such as 16 or 16.4, got {version!r}",
+                           self.line_of(section, "pg_version"))
+            else:
+                out["pg_version"] = str(version)
+        return out

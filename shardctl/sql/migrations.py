@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import jinja2
+from pglast import parser as pg_parser
 
 from ..errors import BadInput, ConfigError
 from .render import RENDER_ERRORS, builtin_dir, shard_context, string_environment, template_line
 from ..model.topology import Topology
 
-FILE_NAME = re.compile(r"^V(\d+)__([A-Za-z0-9_]+)\.sql$")
+FILE_NAME = re.compile(r"V([0-9]+)__([A-Za-z0-9_]+)\.sql", re.ASCII)  # ASCII: \d would take ٣ as 3
 NO_TRANSACTION = "-- shardctl:no-transaction"
+# Files a migrations folder may hold besides migrations (compared in lower case).
+ALLOWED_FILES = {"readme", "readme.md", "readme.txt", "readme.rst", ".gitkeep", ".keep", ".gitignore", ".ds_store"}
+# The rendering context that goes into a ledger checksum: what identifies the shard and its IDs.
+# A fixed list, so that adding a value to the rendering context later never changes existing checksums.
+CHECKSUM_KEYS = ("schema", "shard_id", "next_id", "sequence")
+CHECKSUM_LAYOUT_KEYS = ("name", "epoch_ms", "time_bits", "shard_bits", "sequence_bits")
 
 
 @dataclass(frozen=True)
@@ -56,14 +66,66 @@ class Migration:
             line = template_line(exc, "<template>")
             where = f"{self.name}:{line}" if line else self.name
             raise BadInput(f"migration {where} does not render: {getattr(exc, 'message', None) or exc}") from None
-        if not self.transactional:
-            count = len(split_statements(text))
-            if count > 1:
-                # Statements sent together run in one implicit transaction, where CREATE INDEX
-                # CONCURRENTLY cannot; and a half-applied no-transaction file could not be re-run.
-                raise BadInput(f"migration {self.name} is marked {NO_TRANSACTION} but holds {count} statements; "
-                               f"give each statement a migration file of its own")
         return text
+
+    def sql(self, topo: Topology, shard: int, context: dict | None = None) -> str:
+        """The SQL to run on one shard: rendered, then parsed by PostgreSQL's parser and checked
+        (BadInput names the file, the shard and the line)."""
+        text = self.render(topo, shard, context)
+        self._check_statements(text, shard)
+        return text
+
+    def _check_statements(self, text: str, shard: int) -> None:
+        """Parse the rendered SQL (after Jinja, so what runs is what is checked) and refuse what could
+        not run as shardctl runs it: a syntax error, transaction control, or a statement that cannot
+        run in a transaction without the directive (or alongside others with it)."""
+        where = f"migration {self.name} (rendered for shard {shard})"
+        try:
+            statements = parse(text)
+        except SqlSyntaxError as exc:
+            raise BadInput(f"{where} line {exc.line} does not parse: {exc.message}") from None
+        control = next((s for s in statements if s.transaction_control), None)
+        if control is not None:
+            raise BadInput(f"{where} holds {control.sql.split()[0].upper()}: shardctl runs each shard's migration "
+                           f"in a transaction of its own, with its ledger row; remove it")
+        if self.transactional:
+            blocker = next((s for s in statements if s.no_transaction), None)
+            if blocker is not None:
+                raise BadInput(f"{where} holds {blocker.no_transaction}, which cannot run inside a transaction: "
+                               f"put `{NO_TRANSACTION}` on the file's first line, and keep that statement "
+                               f"alone in its file")
+        elif len(statements) > 1:
+            # Statements sent together run in one implicit transaction, where CREATE INDEX
+            # CONCURRENTLY cannot; and a half-applied no-transaction file could not be re-run.
+            raise BadInput(f"migration {self.name} is marked {NO_TRANSACTION} but holds {len(statements)} "
+                           f"statements; give each statement a migration file of its own")
+
+    def checksum_for(self, topo: Topology, shard: int, context: dict | None = None) -> str:
+        """The ledger checksum: the file's source plus the values that identify the shard.
+
+        Fleet-wide values that change over the fleet's life (``shard_count`` on add-shard, ``function``
+        on a re-deploy) are left out, so growing the fleet never makes an applied file look edited.
+        See docs/migrations.md."""
+        ctx = context if context is not None else shard_context(topo, shard)
+        layout = ctx["layout"]
+        parts = ([_source_digest(self.source)] + [str(ctx[k]) for k in CHECKSUM_KEYS]
+                 + [str(layout.get(k)) for k in CHECKSUM_LAYOUT_KEYS])
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+    def matches(self, topo: Topology, shard: int, stored: str, context: dict | None = None) -> bool:
+        """Whether a ledger checksum is this file's for ``shard``. Rows written before checksums left
+        out fleet-wide values hold the checksum of the rendered SQL: those still match while it does."""
+        if stored == self.checksum_for(topo, shard, context):
+            return True
+        try:
+            return stored == checksum(self.render(topo, shard, context))
+        except BadInput:
+            return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _source_digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 _templates: dict[tuple[str, str], jinja2.Template] = {}
@@ -81,65 +143,91 @@ def _compiled(source: str, name: str) -> jinja2.Template:
     return template
 
 
-_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
+# Statements PostgreSQL refuses inside a transaction block, by parse-tree node: a predicate on the
+# node's fields says when (e.g. only with CONCURRENTLY).
+def _has_option(node: dict, name: str) -> bool:
+    return any(o.get("DefElem", {}).get("defname") == name for o in node.get("params", []) or [])
+
+
+_NO_TRANSACTION: dict[str, tuple[str, Callable[[dict], bool]]] = {
+    "IndexStmt": ("CREATE INDEX CONCURRENTLY", lambda n: bool(n.get("concurrent"))),
+    "DropStmt": ("DROP INDEX CONCURRENTLY", lambda n: bool(n.get("concurrent"))),
+    "ReindexStmt": ("REINDEX CONCURRENTLY", lambda n: _has_option(n, "concurrently")),
+    "VacuumStmt": ("VACUUM", lambda n: bool(n.get("is_vacuumcmd"))),
+    "AlterTableStmt": ("DETACH PARTITION CONCURRENTLY", lambda n: any(
+        c.get("AlterTableCmd", {}).get("def", {}).get("PartitionCmd", {}).get("concurrent")
+        for c in n.get("cmds", []))),
+    "CreatedbStmt": ("CREATE DATABASE", lambda n: True),
+    "DropdbStmt": ("DROP DATABASE", lambda n: True),
+    "AlterSystemStmt": ("ALTER SYSTEM", lambda n: True),
+    "CreateTableSpaceStmt": ("CREATE TABLESPACE", lambda n: True),
+    "DropTableSpaceStmt": ("DROP TABLESPACE", lambda n: True),
+    "CreateSubscriptionStmt": ("CREATE SUBSCRIPTION", lambda n: True),
+    "ClusterStmt": ("CLUSTER without a table", lambda n: "relation" not in n),
+}
+
+
+@dataclass(frozen=True)
+class Statement:
+    sql: str
+    kind: str  # the parse-tree node, e.g. "IndexStmt" ("" when parse() did not build the tree)
+    no_transaction: str | None = None  # what makes it refuse a transaction block, e.g. "CREATE INDEX CONCURRENTLY"
+    transaction_control: bool = False  # BEGIN, COMMIT, SAVEPOINT…
+    node: dict = field(default_factory=dict, compare=False, repr=False)  # the parse tree (pglast JSON)
+
+
+class SqlSyntaxError(ValueError):
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.message, self.line = message, line
+
+
+# Words without which no statement needs its parse tree looked at (no-transaction statements and
+# transaction control): text without any of them is only split, which costs a fraction of building
+# the whole tree (the tree of a typical migration takes ~0.2 ms; splitting ~0.03 ms).
+_TREE_WORDS = ("concurrently", "vacuum", "database", "system", "tablespace", "subscription", "cluster", "begin",
+               "start", "commit", "end", "rollback", "abort", "savepoint", "release", "prepare")
+
+
+def _syntax_error(exc: pg_parser.ParseError, sql_text: str) -> SqlSyntaxError:
+    index = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], int) else 0
+    return SqlSyntaxError(str(exc.args[0]), sql_text.count("\n", 0, index) + 1)
+
+
+def parse(sql_text: str, *, tree: bool = False) -> list[Statement]:
+    """The top-level statements of ``sql_text``, split and classified by PostgreSQL's own parser
+    (libpg_query through pglast). Raises SqlSyntaxError (with the line) on text PostgreSQL would refuse.
+
+    ``tree``: always keep each statement's parse tree (``node``, ``kind``); otherwise they are only
+    built when the text holds a word that could make a statement refuse a transaction."""
+    lower = sql_text.lower()
+    if not tree and not any(word in lower for word in _TREE_WORDS):  # substrings: at worst a needless tree
+        try:
+            slices = pg_parser.split(sql_text, True, True)  # with the parser: a syntax error raises
+        except pg_parser.ParseError as exc:
+            raise _syntax_error(exc, sql_text) from None
+        return [Statement(sql_text[piece].strip(), "") for piece in slices]
+    try:
+        doc = json.loads(pg_parser.parse_sql_json(sql_text))
+    except pg_parser.ParseError as exc:
+        raise _syntax_error(exc, sql_text) from None
+    raw = sql_text.encode()
+    out = []
+    for item in doc.get("stmts", []):
+        start = item.get("stmt_location", 0)
+        length = item.get("stmt_len")
+        text = raw[start:start + length if length else len(raw)].decode().strip()
+        (kind, node), = item["stmt"].items()
+        rule = _NO_TRANSACTION.get(kind)
+        out.append(Statement(text, kind, rule[0] if rule and rule[1](node) else None, kind == "TransactionStmt",
+                             node))
+    return out
 
 
 def split_statements(sql_text: str) -> list[str]:
-    """Top-level statements of ``sql_text`` (semicolons inside quotes, dollar quotes and comments do
-    not count); pieces holding only whitespace and comments are dropped."""
-    out: list[str] = []
-    start = i = 0
-    n = len(sql_text)
-    code = False  # the current piece has something besides whitespace and comments
-    while i < n:
-        c = sql_text[i]
-        if c == "-" and sql_text.startswith("--", i):
-            end = sql_text.find("\n", i)
-            i = n if end < 0 else end + 1
-            continue
-        if c == "/" and sql_text.startswith("/*", i):
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if sql_text.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif sql_text.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
-            continue
-        if c in "'\"":
-            backslash = c == "'" and i > 0 and sql_text[i - 1] in "eE"
-            i += 1
-            while i < n:
-                if backslash and sql_text[i] == "\\":
-                    i += 2
-                    continue
-                if sql_text[i] == c:
-                    if sql_text.startswith(c * 2, i):
-                        i += 2
-                        continue
-                    break
-                i += 1
-            i += 1
-            code = True
-            continue
-        if c == "$":
-            m = _DOLLAR.match(sql_text, i)
-            if m and not (i > 0 and (sql_text[i - 1].isalnum() or sql_text[i - 1] == "_")):
-                end = sql_text.find(m.group(0), m.end())
-                i = n if end < 0 else end + len(m.group(0))
-                code = True
-                continue
-        if c == ";":
-            if code:
-                out.append(sql_text[start:i + 1].strip())
-            start, code = i + 1, False
-        elif not c.isspace():
-            code = True
-        i += 1
-    if code:
-        out.append(sql_text[start:].strip())
-    return out
+    """Top-level statements of ``sql_text``, by PostgreSQL's parser (no trailing semicolons; pieces
+    holding only whitespace and comments are dropped)."""
+    return [s.sql for s in parse(sql_text)]
 
 
 def checksum(sql_text: str) -> str:
@@ -150,26 +238,57 @@ def migrations_dir(topo: Topology | None) -> Path:
     return topo.migrations_dir if topo and topo.migrations_dir else builtin_dir("migrations")
 
 
+def refusal(name: str) -> str | None:
+    """Why a file in the migrations folder is not a migration (None: it is one, or an allowed README)."""
+    if name.lower() in ALLOWED_FILES or FILE_NAME.fullmatch(name):
+        return None
+    stem, dot, ext = name.rpartition(".")
+    if dot and ext.lower() == "sql" and ext != "sql":
+        return f"the extension must be lowercase .sql, not .{ext}"
+    if not dot or ext != "sql":
+        return "it is not a .sql file (only migrations and README files belong in the migrations folder)"
+    if stem[:1] == "v":
+        return "it must start with an uppercase V"
+    if stem[:1] != "V":
+        return "it must start with V and the version"
+    version, sep, description = stem[1:].partition("__")
+    odd = next((c for c in version if c.isdigit() and c not in "0123456789"), None)
+    if odd is not None:
+        return f"the version must be written in ASCII digits 0-9 (found {odd!r})"
+    if not sep:
+        return "two underscores must separate the version from the description"
+    if not version or not version.isascii() or not version.isdigit():
+        return "the version must be a number right after the V"
+    if not description:
+        return "it has no description after the two underscores"
+    return "the description may hold only ASCII letters, digits and underscores"
+
+
 def load(directory: Path) -> list[Migration]:
     """All migrations in ``directory``, ordered by version.
 
-    Raises ConfigError for a badly named ``.sql`` file, a duplicate version or a gap.
+    Every file in the folder is a migration or refused by name (a README is allowed): a ConfigError
+    names each refused file and why; likewise a duplicate version or a gap.
     """
     if not directory.is_dir():
         raise ConfigError(f"migrations directory not found: {directory}")
     found: list[Migration] = []
+    refused: list[str] = []
     for path in sorted(directory.iterdir()):
-        if path.suffix != ".sql" or path.name.startswith("."):
+        why = refusal(path.name)
+        if why is not None:
+            refused.append(f"migration file {path.name} is not named V<version>__<description>.sql: {why}")
             continue
-        match = FILE_NAME.match(path.name)
-        if not match:
-            raise ConfigError(f"migration file {path.name} is not named V<version>__<description>.sql "
-                              f"(e.g. V0003__add_photo_location.sql)")
+        if path.name.lower() in ALLOWED_FILES:
+            continue
+        match = FILE_NAME.fullmatch(path.name)
         try:
             source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read migration {path.name}: {exc}") from None
         found.append(Migration(int(match.group(1)), match.group(2).replace("_", " "), path, source))
+    if refused:
+        raise ConfigError("; ".join(refused) + " (e.g. V0003__add_photo_location.sql)")
     found.sort(key=lambda m: m.version)
     seen: dict[int, Migration] = {}
     for m in found:
@@ -194,6 +313,6 @@ def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: in
     for m in migrations:
         if m.version <= above or (target is not None and m.version > target):
             continue
-        text = m.render(topo, shard)
-        out.append(Step(m.version, m.description, text, checksum(text), m.transactional))
+        text = m.sql(topo, shard)
+        out.append(Step(m.version, m.description, text, m.checksum_for(topo, shard), m.transactional))
     return out

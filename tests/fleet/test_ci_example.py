@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from conftest import connect, load, run_cli
 
 WORKFLOW = Path(__file__).resolve().parents[2] / "examples" / "ci" / "shardctl-migrate.yml"
 ADD_LOCATION = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
+CAPTION_INDEX = "CREATE INDEX photos_caption_idx ON {{ schema|ident }}.photos (caption);\n"
+BASE = "base/migrations"  # where the workflow checks out the base branch's migrations
 
 
 @dataclass
@@ -117,25 +120,38 @@ def test_workflow_triggers_on_pull_requests_and_main():
     branch = [n for n, j in wf["jobs"].items() if condition_holds(j.get("if"), "push", "refs/heads/feature")]
     pr_cmds = [a for n in pr for s in wf["jobs"][n]["steps"] if "run" in s for a in commands(s["run"])]
     main_cmds = [a for n in main for s in wf["jobs"][n]["steps"] if "run" in s for a in commands(s["run"])]
-    assert ["migrate", "--check"] in pr_cmds
+    assert pr_cmds[:2] == [["migrate", "--check", "--base", BASE], ["lint", "--base", BASE]], \
+        "the pull-request job starts with the two gates"
+    base_checkout = [s for n in pr for s in wf["jobs"][n]["steps"] if s.get("with", {}).get("path") == "base"]
+    assert base_checkout and base_checkout[0]["with"]["ref"] == "${{ github.base_ref }}"
     assert not any(a[0] == "migrate" and not {"--check", "--dry-run"} & set(a) for a in pr_cmds), \
         "a pull request must not change the fleet"
     assert any(a[0] == "migrate" and not {"--check", "--dry-run"} & set(a) for a in main_cmds)
     assert branch == []
 
 
+def checkout_base(fleet: Path) -> None:
+    """What the workflow's second checkout step does: the base branch's migrations under base/."""
+    base = fleet.parent / BASE
+    if base.exists():
+        shutil.rmtree(base)
+    shutil.copytree(fleet.parent / "migrations", base)
+
+
 def test_workflow_commands_against_the_sandbox(ci_env):
     fleet, env = ci_env
     topo = load(fleet)
+    checkout_base(fleet)  # main at V2, and so is the fleet
     (fleet.parent / "migrations" / "V0003__photo_location.sql").write_text(ADD_LOCATION)
 
-    # A pull request that adds V3: the dry run shows its SQL, the check fails and lists it, nothing changes.
+    # A pull request that adds V3: both gates pass (it is new, after the base's head, renders for every
+    # shard, and squawk finds nothing), the dry run shows its SQL, and nothing changes.
     runs = run_event("pull_request", "refs/pull/7/merge", env)
-    assert [r.args for r in runs] == [["migrate", "--dry-run"], ["migrate", "--check"]], runs
-    assert runs[0].exit_code == 0, runs[0]
-    assert "ALTER TABLE insta0.photos ADD COLUMN location text;" in runs[0].stdout
-    assert runs[1].exit_code == 1, runs[1]
-    assert "pg1: V3 on 32 shards" in runs[1].stderr and "pg2: V3 on 32 shards" in runs[1].stderr
+    assert [r.args for r in runs] == [["migrate", "--check", "--base", BASE], ["lint", "--base", BASE],
+                                      ["migrate", "--dry-run"]], runs
+    assert all(r.exit_code == 0 for r in runs), runs
+    assert "V0003__photo_location.sql" in runs[0].stdout and "Gate passed" in runs[0].stdout
+    assert "ALTER TABLE insta0.photos ADD COLUMN location text;" in runs[2].stdout
     with connect(topo, "pg1") as conn:
         assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 3").fetchone()[0] == 0
 
@@ -147,9 +163,10 @@ def test_workflow_commands_against_the_sandbox(ci_env):
         with connect(topo, host) as conn:
             assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 3").fetchone()[0] == 32
 
-    # The next pull request without migrations is green.
+    # The next pull request (its base is main, now at V3) without migrations is green.
+    checkout_base(fleet)
     runs = run_event("pull_request", "refs/pull/8/merge", env)
-    assert len(runs) == 2 and all(r.exit_code == 0 for r in runs), runs
+    assert len(runs) == 3 and all(r.exit_code == 0 for r in runs), runs
 
     # A pull request that edits an applied migration fails at once, naming it.
     path = fleet.parent / "migrations" / "V0002__create_likes.sql"
@@ -157,3 +174,52 @@ def test_workflow_commands_against_the_sandbox(ci_env):
     runs = run_event("pull_request", "refs/pull/9/merge", env)
     assert len(runs) == 1 and runs[0].exit_code == 1, runs
     assert "V0002__create_likes.sql changed after it was applied" in runs[0].stderr
+
+
+def test_pr_job_passes_a_new_migration_and_fails_the_three_bad_ones(ci_env):
+    """Issue 13's acceptance: the PR job passes on a PR that adds a valid migration, and fails on one that
+    edits an applied migration, on one squawk rejects, and on a `.SQL` file."""
+    fleet, env = ci_env
+    migrations = fleet.parent / "migrations"
+    checkout_base(fleet)
+    likes = migrations / "V0002__create_likes.sql"
+    original = likes.read_text()
+
+    def pull_request(number: int) -> list[StepRun]:
+        return run_event("pull_request", f"refs/pull/{number}/merge", env)
+
+    # 1. a valid new migration: every step of the job passes.
+    (migrations / "V0003__photo_location.sql").write_text(ADD_LOCATION)
+    runs = pull_request(10)
+    assert len(runs) == 3 and all(r.exit_code == 0 for r in runs), runs
+    (migrations / "V0003__photo_location.sql").unlink()
+
+    # 2. an edited applied migration: the gate fails, naming the file.
+    likes.write_text(original.replace("UNIQUE (photo_id, user_id)", "UNIQUE (user_id, photo_id)"))
+    runs = pull_request(11)
+    assert [(r.args[0], r.exit_code) for r in runs] == [("migrate", 1)], runs
+    assert "V0002__create_likes.sql changed after it was applied" in runs[0].stderr
+    likes.write_text(original)
+
+    # 3. a migration squawk rejects (a plain CREATE INDEX blocks writes to an existing table): the gate
+    # passes, lint fails naming the file, its line and the rule.
+    (migrations / "V0003__caption_index.sql").write_text(CAPTION_INDEX)
+    runs = pull_request(12)
+    assert [(r.args[0], r.exit_code) for r in runs] == [("migrate", 0), ("lint", 1)], runs
+    assert "V0003__caption_index.sql:1 require-concurrent-index-creation" in runs[1].stderr
+    (migrations / "V0003__caption_index.sql").unlink()
+
+    # 4. a `.SQL` file, which discovery used to ignore: refused by name, the job fails at once.
+    (migrations / "V0003__photo_location.SQL").write_text(ADD_LOCATION)
+    runs = pull_request(13)
+    assert len(runs) == 1 and runs[0].exit_code != 0, runs
+    assert "V0003__photo_location.SQL is not named V<version>__<description>.sql: the extension must be " \
+           "lowercase .sql" in runs[0].stderr
+    (migrations / "V0003__photo_location.SQL").unlink()
+
+    # Back to the base's files: green again, and none of the four touched the fleet.
+    assert all(r.exit_code == 0 for r in pull_request(14))
+    topo = load(fleet)
+    for host in ("pg1", "pg2"):
+        with connect(topo, host) as conn:
+            assert conn.execute("SELECT max(version) FROM shardctl.migrations").fetchone()[0] == 2

@@ -232,10 +232,10 @@ def test_migration_typos_are_bad_input_naming_the_file(tmp_path, source, needle)
     assert "V0002__typo.sql" in message and needle in message
 
 
-def test_migration_discovery_orders_and_ignores_other_files(tmp_path):
+def test_migration_discovery_orders_and_allows_readme_files(tmp_path):
+    # Issue 13: every file is a migration or refused by name; README-like files are allowed.
     directory = write(tmp_path / "m", {"V10__ten.sql": "", "V0002__two.sql": "", "V1__one.sql": "",
-                                       "V3__three_words_here.sql": "", "README.md": "", ".V4__hidden.sql": "",
-                                       "notes.txt": ""})
+                                       "V3__three_words_here.sql": "", "README.md": "", ".gitkeep": ""})
     for n in range(4, 10):
         (directory / f"V{n:04d}__n{n}.sql").write_text("")
     found = miglib.load(directory)
@@ -255,6 +255,16 @@ def test_migration_discovery_orders_and_ignores_other_files(tmp_path):
     (["V0001__a.sql", "V0002__.sql"], "V0002__.sql is not named"),
     (["V0001__a.sql", "V0002__b c.sql"], "is not named"),
     (["V0001__a.sql", "Vx__b.sql"], "Vx__b.sql is not named"),
+    (["V0001__a.sql", "V0002__x.SQL"], "V0002__x.SQL is not named V<version>__<description>.sql: the extension "
+                                       "must be lowercase .sql"),
+    (["V0001__a.sql", "V0002__x.Sql"], "must be lowercase .sql, not .Sql"),
+    (["V0001__a.sql", "V\u0660\u0660\u0660\u0662__x.sql"], "the version must be written in ASCII digits 0-9"),
+    (["V0001__a.sql", "V0002.sql"], "two underscores must separate"),
+    (["V0001__a.sql", "V0002__.sql"], "it has no description"),
+    (["V0001__a.sql", "v0002__b.sql"], "must start with an uppercase V"),
+    (["V0001__a.sql", "notes.txt"], "notes.txt is not named V<version>__<description>.sql: it is not a .sql file"),
+    (["V0001__a.sql", ".V0002__hidden.sql"], ".V0002__hidden.sql is not named"),
+    (["V0001__a.sql", "V0002__caf\u00e9.sql"], "only ASCII letters, digits and underscores"),
 ])
 def test_migration_discovery_rejects(tmp_path, files, needle):
     directory = write(tmp_path / "m", {name: "SELECT 1;\n" for name in files})

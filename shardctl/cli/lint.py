@@ -1,0 +1,43 @@
+"""``shardctl lint``: squawk over new migrations, rendered for a sample shard (logic in sql/lint.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import OperationFailed
+from ..sql.lint import lint, new_migrations
+from . import cli, json_option, settings
+from .output import stdout
+
+
+@cli.command("lint")
+@click.option("--base", metavar="DIR", help="The base branch's migrations folder: lint only the migrations "
+              "the change adds after its head (default: every migration).")
+@click.option("--shard", type=int, default=0, show_default=True, help="Render the migrations for this shard.")
+@json_option
+def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
+    """Flag dangerous DDL in new migrations with squawk (rules set in the topology's lint: section)."""
+    from .fleet import finish
+
+    topo = settings().topology()
+    result = lint(topo, new_migrations(topo, Path(base) if base else None), shard)
+
+    def human() -> None:
+        if not result.files:
+            stdout.print("No new migrations to lint.")
+            return
+        for f in result.findings:
+            stdout.print(f"[red]{f.file}:{f.line}:{f.column}[/red] {f.rule}: {f.message}"
+                         + (f" ({f.help})" if f.help else ""), markup=True, highlight=False)
+        skipped = f"; rules off: {', '.join(result.excluded)}" if result.excluded else ""
+        stdout.print(f"squawk: {len(result.findings)} finding(s) in {', '.join(result.files)} "
+                     f"(rendered for shard {result.shard}{skipped})", highlight=False)
+
+    error = None
+    if result.findings:
+        first = result.findings[0]
+        more = f" (and {len(result.findings) - 1} more)" if len(result.findings) > 1 else ""
+        error = OperationFailed(f"lint: {first.file}:{first.line} {first.rule}: {first.message}{more}")
+    finish(as_json, result.to_dict(), human, error)

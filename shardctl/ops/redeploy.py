@@ -1,0 +1,270 @@
+"""``redeploy``: bring every shard's template functions up to the current rendering, online.
+
+What is re-deployable: the ``CREATE OR REPLACE FUNCTION`` / ``PROCEDURE`` statements of the per-shard
+template (``shard.sql.j2`` with its includes, the topology's own templates first): ``next_id()`` in
+either flavour (``id.function: plpgsql | sql``) and any function a team adds to its templates. The
+rest of the template (schema, sequence) runs once at creation; change those with a migration.
+
+A function is stale when the catalog's language or body (``pg_proc.prosrc``) differs from the
+rendering, which is exactly what ``verify`` compares. Each stale shard is replaced in a transaction
+of its own (``CREATE OR REPLACE`` takes no table lock, so writers calling ``next_id()`` go on), with
+its row in ``shardctl.templates`` (shard, object, checksum, when, who); one ``redeploy`` event per
+host goes to ``shardctl.events``.
+
+Refused, before anything changes on any host: a ``next_id()`` whose replacement would mint IDs
+under another layout or epoch. The deployed function mints one ID per shard and the topology's
+layout decodes it; a wrong shard or a time off the host clock means the layout or epoch changed,
+and existing IDs would no longer decode to their shard and time (new ones could collide with them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from ..engine import connections as db
+from ..engine.fanout import control_exists, for_each_host, log_event, select_hosts
+from ..errors import BadInput, HostUnreachable, OperationFailed
+from ..model.identifiers import quote_ident
+from ..model.ranges import format_shards
+from ..model.topology import Host, Topology
+from ..sql.migrations import parse
+from ..sql.render import render_shard
+
+DEFAULT_LOCK_TIMEOUT = "1s"
+TOLERANCE_MS = 5000
+LEDGER_SQL = """CREATE TABLE IF NOT EXISTS shardctl.templates (
+    shard_id     integer NOT NULL,
+    object       text NOT NULL,
+    checksum     text NOT NULL,
+    deployed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    deployed_by  text NOT NULL DEFAULT current_user,
+    PRIMARY KEY (shard_id, object)
+)"""
+
+
+@dataclass(frozen=True)
+class TemplateFunction:
+    """One re-deployable statement of a shard's rendered template."""
+
+    object: str  # e.g. "next_id/0": name and argument count, the same on every shard
+    schema: str
+    name: str
+    nargs: int
+    language: str
+    body: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def _option(node: dict, name: str) -> object:
+    for o in node.get("options", []):
+        d = o.get("DefElem", {})
+        if d.get("defname") == name:
+            return d.get("arg")
+    return None
+
+
+def template_functions(topo: Topology, shard: int) -> list[TemplateFunction]:
+    """The re-deployable functions of shard ``shard``'s rendered template."""
+    schema = topo.schema_name(shard)
+    out = []
+    for st in parse(render_shard(topo, shard), tree=True):
+        node = st.node
+        if st.kind != "CreateFunctionStmt" or not node.get("replace"):
+            continue
+        names = [n["String"]["sval"] for n in node["funcname"]]
+        language = (_option(node, "language") or {}).get("String", {}).get("sval", "sql")
+        body_items = (_option(node, "as") or {}).get("List", {}).get("items", [])
+        if len(body_items) != 1:  # C functions (file, symbol) and BEGIN ATOMIC bodies: not compared
+            continue
+        nargs = sum(1 for p in node.get("parameters", [])
+                    if p["FunctionParameter"].get("mode") not in ("FUNC_PARAM_OUT", "FUNC_PARAM_TABLE"))
+        out.append(TemplateFunction(f"{names[-1]}/{nargs}", names[0] if len(names) > 1 else schema, names[-1],
+                                    nargs, language.lower(), body_items[0]["String"]["sval"], st.sql))
+    return out
+
+
+def deployed_functions(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str, int], tuple[str, str]]:
+    """(schema, name, argument count) → (language, body) of the functions in ``schemas``: one query."""
+    rows = conn.execute(
+        """SELECT n.nspname, p.proname, p.pronargs, l.lanname, p.prosrc
+             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             JOIN pg_language l ON l.oid = p.prolang
+            WHERE n.nspname = ANY(%s)""", (schemas,)).fetchall()
+    return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
+
+
+@dataclass
+class HostRedeploy:
+    host: str
+    reachable: bool = True
+    error: str | None = None
+    stale: dict[str, list[int]] = field(default_factory=dict)  # object → shards whose copy differs
+    refused: list[str] = field(default_factory=list)
+    deployed: list[int] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "reachable": self.reachable, "error": self.error,
+                "stale": {o: format_shards(s) for o, s in self.stale.items()}, "refused": self.refused,
+                "deployed": format_shards(self.deployed), "deployed_count": len(self.deployed),
+                "failed": self.failed, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class RedeployReport:
+    hosts: list[HostRedeploy]
+    dry_run: bool
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(h.reachable and not h.error and not h.failed and not h.refused for h in self.hosts)
+
+    def to_dict(self) -> dict:
+        return {"command": "redeploy", "ok": self.ok, "dry_run": self.dry_run, "seconds": round(self.seconds, 3),
+                "hosts": [h.to_dict() for h in self.hosts]}
+
+
+def _stale(conn: psycopg.Connection, topo: Topology, host: Host
+           ) -> tuple[dict[int, list[TemplateFunction]], set[int]]:
+    """(shard → its template functions that differ from the catalog, shards that have a next_id())
+    for the host's present shards."""
+    schemas = [topo.schema_name(n) for n in host.shards]
+    present = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)",
+                                          (schemas,)).fetchall()}
+    catalog = deployed_functions(conn, sorted(present))
+    out: dict[int, list[TemplateFunction]] = {}
+    minting: set[int] = set()
+    for n in host.shards:
+        schema = topo.schema_name(n)
+        if schema not in present:
+            continue  # not created (init's business; verify reports it)
+        if (schema, "next_id", 0) in catalog:
+            minting.add(n)
+        differ = [f for f in template_functions(topo, n)
+                  if catalog.get((f.schema, f.name, f.nargs)) != (f.language, f.body)]
+        if differ:
+            out[n] = differ
+    return out, minting
+
+
+def _id_refusals(conn: psycopg.Connection, topo: Topology, shards: list[int]) -> list[str]:
+    """Shards whose deployed next_id() mints IDs the topology's layout decodes wrongly."""
+    refusals = []
+    for i in range(0, len(shards), 256):
+        chunk = shards[i:i + 256]
+        parts = [f"SELECT {int(n)}, {quote_ident(topo.schema_name(n))}.next_id(), "
+                 f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint" for n in chunk]
+        for shard, minted, at_ms in conn.execute("\nUNION ALL\n".join(parts)).fetchall():
+            try:
+                d = topo.layout.decode(minted)
+            except BadInput as exc:
+                refusals.append(f"shard {shard}: its next_id() mints {minted}, which the topology's layout "
+                                f"cannot decode ({exc})")
+                continue
+            if d["shard"] != shard or abs(d["unix_ms"] - at_ms) > TOLERANCE_MS:
+                refusals.append(
+                    f"shard {shard}: its next_id() mints IDs that the topology's {topo.layout.name} layout "
+                    f"decodes to shard {d['shard']} at {d.get('time')}: the layout or epoch changed since "
+                    f"it was deployed; re-deploying would break existing IDs (they would no longer decode to "
+                    f"their shard and time, and new IDs could collide with them); restore id.layout/id.epoch")
+    return refusals
+
+
+def _plan_host(conn: psycopg.Connection, topo: Topology, host: Host, result: HostRedeploy, *,
+               id_checks: int | None = None) -> dict[int, list[TemplateFunction]]:
+    """Find the host's stale functions (into ``result.stale``) and any layout/epoch refusal.
+
+    The refusal check mints one ID on each shard whose next_id() is to be replaced, at most
+    ``id_checks`` of them (None: all; a dry run checks one: a layout or epoch change is fleet-wide)."""
+    stale, minting = _stale(conn, topo, host)
+    for n, funcs in stale.items():
+        for f in funcs:
+            result.stale.setdefault(f.object, []).append(n)
+    replacing = sorted(n for n, funcs in stale.items()
+                       if n in minting and any(f.object == "next_id/0" for f in funcs))
+    result.refused = _id_refusals(conn, topo, replacing if id_checks is None else replacing[:id_checks])
+    return stale
+
+
+def _apply_host(conn: psycopg.Connection, host: Host, stale: dict[int, list[TemplateFunction]],
+                lock_timeout: str, result: HostRedeploy) -> None:
+    """One transaction per shard: its functions and their ledger rows."""
+    conn.execute(LEDGER_SQL)
+    for n in sorted(stale):
+        try:
+            with conn.transaction():
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
+                for f in stale[n]:
+                    conn.execute(f.sql)
+                    conn.execute(
+                        """INSERT INTO shardctl.templates (shard_id, object, checksum) VALUES (%s, %s, %s)
+                           ON CONFLICT (shard_id, object) DO UPDATE SET checksum = excluded.checksum,
+                               deployed_at = clock_timestamp(), deployed_by = current_user""",
+                        (n, f.object, f.checksum))
+            result.deployed.append(n)
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise
+            result.failed.append({"shard": n, "error": db.first_line(exc)})
+    if result.deployed or result.failed:
+        log_event(conn, "redeploy", result.deployed, {
+            "objects": sorted(result.stale), "deployed": len(result.deployed), "failed": len(result.failed)})
+
+
+def redeploy(topo: Topology, *, hosts: list[str] | None = None, dry_run: bool = False,
+             lock_timeout: str = DEFAULT_LOCK_TIMEOUT, wait: float = 0,
+             connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> RedeployReport:
+    """Re-deploy stale template functions on every shard (``dry_run``: only report them).
+
+    Raises BadInput, before any change on any host, when a layout or epoch change would break IDs."""
+    started = time.perf_counter()
+    render_shard(topo, 0)  # a template that does not render fails here, before any connection
+    selected = select_hosts(topo, hosts)
+    results = {h.name: HostRedeploy(h.name) for h in selected}
+
+    def guarded(host: Host, body) -> None:
+        result = results[host.name]
+        t0 = time.perf_counter()
+        try:
+            body(host, result)
+        except HostUnreachable as exc:
+            result.reachable, result.error = False, exc.reason
+        except psycopg.Error as exc:
+            result.error = db.first_line(exc)
+        except OperationFailed as exc:
+            result.error = str(exc)
+        result.seconds += time.perf_counter() - t0
+
+    def inspect(host: Host, result: HostRedeploy) -> None:
+        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="redeploy") as conn:
+            _plan_host(conn, topo, host, result, id_checks=1 if dry_run else None)
+
+    for_each_host(selected, lambda h: guarded(h, inspect))
+    refused = [r for res in results.values() for r in res.refused]
+    if refused:
+        more = f" (and {len(refused) - 1} more shards)" if len(refused) > 1 else ""
+        raise BadInput(f"redeploy refused, nothing changed: {refused[0]}{more}")
+    if not dry_run and any(res.stale for res in results.values()):
+        busy = [h for h in selected if results[h.name].stale and results[h.name].reachable]
+        with db.FleetLocks(busy, wait=wait, connect_timeout=connect_timeout, purpose="redeploy") as locks:
+            def apply(host: Host, result: HostRedeploy) -> None:
+                with locks.use(host) as conn:
+                    if not control_exists(conn):
+                        raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
+                    result.stale = {}
+                    # Again under the host's lock (IDs were checked on every shard above).
+                    stale = _plan_host(conn, topo, host, result, id_checks=0)
+                    _apply_host(conn, host, stale, lock_timeout, result)
+
+            for_each_host(busy, lambda h: guarded(h, apply))
+    return RedeployReport([results[h.name] for h in selected], dry_run, time.perf_counter() - started)

@@ -1,0 +1,134 @@
+"""``shardctl lint``: dangerous DDL in new migrations, by squawk (the ``squawk-cli`` wheel).
+
+Each migration is rendered for one sample shard (and parsed, as ``migrate`` would), written to a
+temporary file of the same name, and linted. Transactional files are linted with
+``--assume-in-transaction`` (shardctl wraps each shard's migration in a transaction, so squawk's
+rerun-safety advice does not apply to them); ``-- shardctl:no-transaction`` files without it (a
+failed ``CREATE INDEX CONCURRENTLY`` is re-run as is, so ``IF NOT EXISTS`` matters there).
+
+Rules shardctl turns off by default: the timeout rules. shardctl sets ``lock_timeout`` on every
+migration connection (``--lock-timeout``) and ``statement_timeout`` with ``--statement-timeout``,
+outside the file. The topology's ``lint:`` section adds exclusions, turns rules on (``include``;
+also undoes a default exclusion) and sets ``pg_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import BadInput
+from ..model.topology import Topology
+from .migrations import Migration, for_topology, load
+
+DEFAULT_EXCLUDE = ("require-lock-timeout", "require-statement-timeout")
+
+
+@dataclass
+class Finding:
+    file: str
+    line: int
+    column: int
+    rule: str
+    level: str
+    message: str
+    help: str | None = None
+
+
+@dataclass
+class LintResult:
+    shard: int
+    files: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
+    included: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def to_dict(self) -> dict:
+        return {"command": "lint", "ok": self.ok, "shard": self.shard, "files": self.files,
+                "excluded_rules": self.excluded, "included_rules": self.included,
+                "findings": [asdict(f) for f in self.findings]}
+
+
+def squawk_binary() -> str:
+    """The ``squawk`` of this Python environment (the wheel puts it beside the interpreter), else PATH's."""
+    beside = Path(sys.executable).parent / "squawk"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("squawk")
+    if found is None:
+        raise BadInput("squawk is not installed: pip install squawk-cli")
+    return found
+
+
+def rules(topo: Topology) -> tuple[list[str], list[str]]:
+    """(excluded, included) rule names: shardctl's defaults adjusted by the topology's ``lint:``."""
+    config = topo.lint or {}
+    include = list(config.get("include", []))
+    exclude = [r for r in DEFAULT_EXCLUDE if r not in include]
+    exclude += [r for r in config.get("exclude", []) if r not in exclude]
+    return exclude, [r for r in include if r not in exclude]
+
+
+def new_migrations(topo: Topology, base_dir: Path | None) -> list[Migration]:
+    """The migrations a change adds: those after the base folder's head (every one without a base)."""
+    head = for_topology(topo)
+    if base_dir is None:
+        return head
+    if not Path(base_dir).is_dir():
+        raise BadInput(f"--base {base_dir}: not a directory (check out the base branch's migrations folder)")
+    return [m for m in head if m.version > len(load(Path(base_dir)))]
+
+
+def _run_squawk(paths: list[Path], args: list[str]) -> list[dict]:
+    proc = subprocess.run([squawk_binary(), "--reporter", "json", *args, *map(str, paths)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode not in (0, 1):
+        first = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()[0]
+        raise BadInput(f"squawk refused its arguments: {first} (check the topology's lint: section)")
+    try:
+        return json.loads(proc.stdout or "[]")
+    except json.JSONDecodeError:
+        raise BadInput(f"squawk printed no JSON: {proc.stdout.strip()[:200]}") from None
+
+
+def lint(topo: Topology, migrations: list[Migration], shard: int = 0) -> LintResult:
+    """Lint ``migrations`` rendered for ``shard``; findings name the migration file and its line."""
+    if not 0 <= shard < topo.shard_count:
+        raise BadInput(f"--shard {shard}: shards run from 0 to {topo.shard_count - 1}")
+    exclude, include = rules(topo)
+    result = LintResult(shard, [m.name for m in migrations], excluded=exclude, included=include)
+    if not migrations:
+        return result
+    common = []
+    if exclude:
+        common.append("--exclude=" + ",".join(exclude))
+    if include:
+        common.append("--include=" + ",".join(include))
+    if (topo.lint or {}).get("pg_version"):
+        common.append(f"--pg-version={topo.lint['pg_version']}")
+    with tempfile.TemporaryDirectory(prefix="shardctl-lint-") as tmp:
+        groups: dict[bool, list[Path]] = {True: [], False: []}
+        for m in migrations:
+            path = Path(tmp) / m.name
+            path.write_text(m.sql(topo, shard), encoding="utf-8")
+            groups[m.transactional].append(path)
+        raw = []
+        for transactional, paths in groups.items():
+            if paths:
+                raw += _run_squawk(paths, common + (["--assume-in-transaction"] if transactional else []))
+    for item in raw:
+        result.findings.append(Finding(Path(item.get("file", "")).name, int(item.get("line", 0)) + 1,
+                                       int(item.get("column", 0)) + 1, item.get("rule_name", "?"),
+                                       str(item.get("level", "")).lower(), item.get("message", ""),
+                                       item.get("help")))
+    result.findings.sort(key=lambda f: (f.file, f.line, f.column, f.rule))
+    return result

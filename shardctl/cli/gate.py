@@ -12,7 +12,7 @@ from .output import stdout, table
 
 def run_gate(base: str, host_names: list[str] | None, connect_timeout: int, as_json: bool) -> None:
     """Compare the change with the base branch's migrations folder and the fleet; exit 1 on any problem."""
-    from .fleet import finish
+    from .options import finish
 
     topo = settings().topology()
     result = check_against_base(topo, Path(base), hosts=host_names, connect_timeout=connect_timeout)

@@ -41,7 +41,7 @@ def redeploy_cmd(host_names: str | None, connect_timeout: int, as_json: bool, dr
     """Re-deploy template functions (next_id() after an id.function change, your own) on every shard, online.
 
     Refuses a layout or epoch change, which would break existing IDs."""
-    from .fleet import finish, split_hosts
+    from .options import finish, split_hosts
 
     topo = settings().topology()
     report = redeploy(topo, hosts=split_hosts(host_names), dry_run=dry_run, lock_timeout=lock_timeout, wait=wait,

@@ -9,7 +9,8 @@ import click
 
 from ..dev.demo import run_demo
 from ..errors import BadInput, OperationFailed
-from ..dev.sandbox import DEFAULT_SHARDS, Sandbox, open_sandbox
+from ..dev.docker import open_sandbox
+from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from . import cli, json_option
 from .output import emit, info, stdout, table
 

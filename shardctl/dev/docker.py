@@ -367,3 +367,10 @@ class DockerSandbox:
             return self.client.containers.get(host.container).status == "running"
         except Exception:  # noqa: BLE001 - a removed container is not running
             return False
+
+
+def open_sandbox(directory: str | os.PathLike) -> Sandbox:
+    """The sandbox in ``directory``, whichever engine made it (a Docker one has ``docker.json``)."""
+    if (Path(directory) / STATE_FILE).exists():
+        return DockerSandbox(directory)  # type: ignore[return-value]
+    return Sandbox(directory)

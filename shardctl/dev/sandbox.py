@@ -460,12 +460,3 @@ class Sandbox:
                 lines.append(f"    standby: \"{replica.dsn}\"")
             lines.append(f"    shards: \"{lo}-{hi}\"")
         return "\n".join(lines) + "\n"
-
-
-def open_sandbox(directory: str | os.PathLike) -> "Sandbox":
-    """The sandbox in ``directory``, whichever engine made it (a Docker one has ``docker.json``)."""
-    from .docker import STATE_FILE as DOCKER_STATE, DockerSandbox
-
-    if (Path(directory) / DOCKER_STATE).exists():
-        return DockerSandbox(directory)  # type: ignore[return-value]
-    return Sandbox(directory)

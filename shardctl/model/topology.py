@@ -305,6 +305,20 @@ def _schema_names_problem(fmt: str, count: int) -> str | None:
     return None
 
 
+def _purpose_dsns(v: "_Validator", node: Any, host: str) -> dict[str, str | None]:
+    """A host's optional ``admin_dsn`` and ``peer_dsn``: absent, or valid DSN strings (problems go to ``v``)."""
+    out: dict[str, str | None] = {}
+    for key in ("admin_dsn", "peer_dsn"):
+        value = node.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            v.error(f"host {host}: {key} must be a libpq connection string", v.line_of(node, key))
+            value = None
+        elif value is not None:
+            v.check_dsn(host, key, value, v.line_of(node, key))
+        out[key] = value
+    return out
+
+
 class _Validator:
     """Walks the parsed YAML once, collecting every problem with its line."""
 
@@ -528,7 +542,6 @@ class _Validator:
                 dsn_text = ""
             else:
                 self.check_dsn(name, "dsn", dsn_text, self.line_of(node, "dsn"))
-            extra_dsns = {key: self.optional_dsn(node, name, key) for key in ("admin_dsn", "peer_dsn")}
             standby = node.get("standby")
             if standby is not None:
                 if isinstance(standby, str):
@@ -554,7 +567,7 @@ class _Validator:
                 else:
                     owners[n] = name
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
-                              standby=standby if isinstance(standby, str) else None, **extra_dsns))
+                              standby=standby if isinstance(standby, str) else None, **_purpose_dsns(self, node, name)))
             dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
         for message, line in _same_server(hosts, dsn_lines):
             self.error(message, line)
@@ -567,17 +580,6 @@ class _Validator:
                 self.error(f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
                            f"needs exactly one)", self.line_of(doc, "hosts"))
         return hosts
-
-    def optional_dsn(self, node: Any, host: str, key: str) -> str | None:
-        """An optional per-purpose DSN (admin_dsn, peer_dsn): absent, or a valid DSN string."""
-        value = node.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            self.error(f"host {host}: {key} must be a libpq connection string", self.line_of(node, key))
-            return None
-        self.check_dsn(host, key, value, self.line_of(node, key))
-        return value
 
     def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
         try:

@@ -52,10 +52,11 @@ def quote_ident(name: str) -> str:
 
     Raises ValueError for an empty name (``""`` is not an identifier in any form).
     """
-    if not isinstance(name, str):
-        raise TypeError(f"an SQL identifier must be a string, got {type(name).__name__}")
+    # identifier_problem first: a template's undefined name raises its own error there, naming it.
     if identifier_problem(name) is None:
         return name
+    if not isinstance(name, str):
+        raise TypeError(f"an SQL identifier must be a string, got {type(name).__name__}")
     if not name:
         raise ValueError("an empty name cannot be an SQL identifier")
     return '"' + name.replace('"', '""') + '"'

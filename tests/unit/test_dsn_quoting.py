@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+import jinja2
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -124,6 +125,13 @@ def test_any_text_parses_as_libpq_does(text):
 def test_quote_ident_matches_psycopg(name):
     quoted = quote_ident(name)
     assert quoted == name or quoted == sql.Identifier(name).as_string(None)
+
+
+def test_an_undefined_template_name_is_named_by_the_ident_filter():
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["ident"] = quote_ident
+    with pytest.raises(jinja2.UndefinedError, match="shcema"):
+        env.from_string("ALTER TABLE {{ shcema|ident }}.photos").render(schema="insta1")
 
 
 def test_quote_ident_refuses_an_empty_name():

@@ -135,7 +135,8 @@ class Pgbench:
     def stats(self, since: float | None = None, until: float | None = None) -> LoadStats:
         """From the per-transaction logs: transactions, failures, latencies (optionally only those
         that ended between the ``time.time()`` instants ``since`` and ``until``)."""
-        st = LoadStats(seconds=(self.stopped or time.monotonic()) - self.started)
+        whole = (self.stopped or time.monotonic()) - self.started
+        st = LoadStats(seconds=(until - since) if since is not None and until is not None else whole)
         for path in self.dir.glob("*.[0-9]*"):
             for line in path.read_text().splitlines():
                 parts = line.split()

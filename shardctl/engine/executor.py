@@ -217,6 +217,19 @@ class HostRunner:
         """One transaction, one SAVEPOINT per shard. Returns the outcomes of the shards that are finished
         (applied, or failed and named) and how long the batch held locks (seconds)."""
         conn = self._connection()
+        if len(batch) > 1 and all(p.all_transactional for p in batch):
+            # The common case first: the whole batch in one round trip. Any error (a lock wait that
+            # timed out included) rolls it back, and the batch runs again shard by shard below.
+            started = time.perf_counter()
+            try:
+                conn.execute("".join(_lock_wait_sql(self.options.lock_timeout if k == 0 else IN_BATCH_LOCK_WAIT)
+                                     + transactional_sql(p, p.steps) for k, p in enumerate(batch)))
+                conn.commit()
+                return [ShardOutcome(p.shard, p.schema, created=p.create_sql is not None,
+                                     applied=[s.version for s in p.steps]) for p in batch], \
+                    time.perf_counter() - started
+            except psycopg.Error as exc:
+                self._rollback_or_lost(exc)
         applied: list[ShardPlan] = []
         alone: list[ShardPlan] = []
         held_since: float | None = None
@@ -227,8 +240,8 @@ class HostRunner:
             wait = self.options.lock_timeout if held_since is None else IN_BATCH_LOCK_WAIT
             started = time.perf_counter()
             try:
-                conn.execute(f"SAVEPOINT shard; SELECT set_config('lock_timeout', {quote_literal(wait)}, true);\n"
-                             + transactional_sql(plan, plan.steps) + "RELEASE SAVEPOINT shard;")
+                conn.execute("SAVEPOINT shard;\n" + _lock_wait_sql(wait) + transactional_sql(plan, plan.steps)
+                             + "RELEASE SAVEPOINT shard;")
             except psycopg.Error as exc:
                 self._to_savepoint(exc)
                 if isinstance(exc, psycopg.errors.LockNotAvailable):
@@ -262,8 +275,7 @@ class HostRunner:
         plan = entry.plan
         conn = self._connection()
         try:
-            conn.execute(f"SELECT set_config('lock_timeout', {quote_literal(self.options.lock_timeout or '0')}, "
-                         f"true);\n" + transactional_sql(plan, plan.steps))
+            conn.execute(_lock_wait_sql(self.options.lock_timeout) + transactional_sql(plan, plan.steps))
             conn.commit()
             out = ShardOutcome(plan.shard, plan.schema, created=plan.create_sql is not None,
                                applied=[s.version for s in plan.steps])
@@ -380,6 +392,11 @@ class HostRunner:
                 pass
             self.conn = None
         raise ConnectionLost(db.first_line(exc))
+
+
+def _lock_wait_sql(wait: str | None) -> str:
+    """Set the transaction's lock wait for the statements that follow (to the end of the transaction)."""
+    return f"SELECT set_config('lock_timeout', {quote_literal(wait or '0')}, true);\n"
 
 
 @dataclass

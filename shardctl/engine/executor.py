@@ -124,58 +124,16 @@ def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
     return "".join(parts)
 
 
-class HostRunner:
-    """Applies a list of shard plans on one host, batch by batch."""
+class _LiveMode:
+    """HostRunner's mode for migrations under traffic (``RunOptions.lock_retries`` set): batches sized
+    to ``max_lock_hold_ms``, short lock waits, blocked shards retried alone (see the module doc)."""
 
-    def __init__(self, host: Host, options: RunOptions, stop: threading.Event,
-                 progress: Callable[[int], None] | None = None):
-        self.host = host
-        self.options = options
-        self.stop = stop
-        self.progress = progress or (lambda n: None)
-        self.conn: psycopg.Connection | None = None
-        self._since_recycle = 0
+    options: RunOptions
+    stop: threading.Event
+    conn: psycopg.Connection | None
+    progress: Callable[[int], None]
+    _since_recycle: int
 
-    def _connection(self) -> psycopg.Connection:
-        if self.conn is not None and self._since_recycle >= self.options.recycle_after:
-            self.conn.close()
-            self.conn = None
-        if self.conn is None or self.conn.closed:
-            self.conn = db.connect(self.host, connect_timeout=self.options.connect_timeout,
-                                   purpose=self.options.purpose)
-            db.set_timeouts(self.conn, self.options.lock_timeout, self.options.statement_timeout)
-            self._since_recycle = 0
-        return self.conn
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def run(self, plans: list[ShardPlan]) -> list[ShardOutcome]:
-        """Apply ``plans`` in order; one outcome per plan (``started=False`` for those never tried)."""
-        if self.options.lock_retries is not None:
-            return self._run_live(plans)
-        outcomes: list[ShardOutcome] = []
-        size = max(1, self.options.batch_size)
-        i = 0
-        try:
-            while i < len(plans):
-                if self.stop.is_set() and not self.options.continue_on_error:
-                    break
-                batch = [p.materialize() for p in plans[i:i + size]]
-                outcomes += self._batch(batch)
-                i += len(batch)
-                self._since_recycle += len(batch)
-                self.progress(len(batch))
-                if any(not o.ok for o in outcomes[-len(batch):]) and not self.options.continue_on_error:
-                    self.stop.set()
-        finally:
-            self.close()
-        outcomes += [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:]]
-        return outcomes
-
-    # ---- under live traffic: savepoint per shard, blocked shards retried alone ----------
     def _stopped(self) -> bool:
         return self.stop.is_set() and not self.options.continue_on_error
 
@@ -187,18 +145,19 @@ class HostRunner:
             while (i < len(plans) or retries) and not self._stopped():
                 entry = retries.due()
                 if entry is not None:
-                    outcomes += self._retry(entry, retries)
+                    done = self._retry(entry, retries)
                 elif i >= len(plans):
+                    done = []
                     retries.sleep()
                 else:
                     batch = [p.materialize() for p in plans[i:i + size]]
                     i += len(batch)
                     done, hold = self._live_batch(batch, retries)
-                    outcomes += done
                     self._since_recycle += len(batch)
                     self.progress(len(done))
                     size = self._next_size(size, hold, len(batch))
-                if any(not o.ok for o in outcomes) and not self.options.continue_on_error:
+                outcomes += done
+                if any(not o.ok for o in done) and not self.options.continue_on_error:
                     self.stop.set()
         finally:
             self.close()
@@ -303,6 +262,58 @@ class HostRunner:
                 f"{time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
                 f"blocked by {who}; the migration was not applied here. Re-run when that transaction is "
                 f"gone, or raise --lock-retries / --retry-budget")
+
+
+class HostRunner(_LiveMode):
+    """Applies a list of shard plans on one host, batch by batch."""
+
+    def __init__(self, host: Host, options: RunOptions, stop: threading.Event,
+                 progress: Callable[[int], None] | None = None):
+        self.host = host
+        self.options = options
+        self.stop = stop
+        self.progress = progress or (lambda n: None)
+        self.conn: psycopg.Connection | None = None
+        self._since_recycle = 0
+
+    def _connection(self) -> psycopg.Connection:
+        if self.conn is not None and self._since_recycle >= self.options.recycle_after:
+            self.conn.close()
+            self.conn = None
+        if self.conn is None or self.conn.closed:
+            self.conn = db.connect(self.host, connect_timeout=self.options.connect_timeout,
+                                   purpose=self.options.purpose)
+            db.set_timeouts(self.conn, self.options.lock_timeout, self.options.statement_timeout)
+            self._since_recycle = 0
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def run(self, plans: list[ShardPlan]) -> list[ShardOutcome]:
+        """Apply ``plans`` in order; one outcome per plan (``started=False`` for those never tried)."""
+        if self.options.lock_retries is not None:
+            return self._run_live(plans)
+        outcomes: list[ShardOutcome] = []
+        size = max(1, self.options.batch_size)
+        i = 0
+        try:
+            while i < len(plans):
+                if self.stop.is_set() and not self.options.continue_on_error:
+                    break
+                batch = [p.materialize() for p in plans[i:i + size]]
+                outcomes += self._batch(batch)
+                i += len(batch)
+                self._since_recycle += len(batch)
+                self.progress(len(batch))
+                if any(not o.ok for o in outcomes[-len(batch):]) and not self.options.continue_on_error:
+                    self.stop.set()
+        finally:
+            self.close()
+        outcomes += [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:]]
+        return outcomes
 
     # ---- one batch ---------------------------------------------------------------
     def _batch(self, batch: list[ShardPlan]) -> list[ShardOutcome]:

@@ -46,6 +46,7 @@ class LoadStats:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    lags: list[float] = field(default_factory=list)  # pgbench: waits before a scheduled start (client busy)
 
     @property
     def rate(self) -> float:
@@ -63,12 +64,13 @@ class LoadStats:
 
     def merge(self, other: "LoadStats") -> "LoadStats":
         return LoadStats(self.ops + other.ops, self.failed + other.failed, max(self.seconds, other.seconds),
-                         self.latencies + other.latencies, self.errors + other.errors)
+                         self.latencies + other.latencies, self.errors + other.errors, self.lags + other.lags)
 
     def summary(self) -> str:
         return (f"{self.ops} ops in {self.seconds:.1f}s ({self.rate:.0f}/s), {self.failed} failed, latency "
                 f"p50 {self.percentile_ms(0.5):.1f} ms, p99 {self.percentile_ms(0.99):.1f} ms, "
-                f"max {self.max_ms:.1f} ms")
+                f"max {self.max_ms:.1f} ms" + (f" (client schedule lag max {max(self.lags) * 1000:.0f} ms)"
+                                                if self.lags else ""))
 
 
 def insert_script(topo: Topology, shards: list[int]) -> str:
@@ -135,7 +137,8 @@ class Pgbench:
     def stats(self, since: float | None = None, until: float | None = None) -> LoadStats:
         """From the per-transaction logs: transactions, failures, latencies (optionally only those
         that ended between the ``time.time()`` instants ``since`` and ``until``)."""
-        st = LoadStats(seconds=(self.stopped or time.monotonic()) - self.started)
+        whole = (self.stopped or time.monotonic()) - self.started
+        st = LoadStats(seconds=(until - since) if since is not None and until is not None else whole)
         for path in self.dir.glob("*.[0-9]*"):
             for line in path.read_text().splitlines():
                 parts = line.split()
@@ -148,7 +151,11 @@ class Pgbench:
                     st.failed += 1
                     continue
                 st.ops += 1
-                st.latencies.append(int(parts[2]) / 1e6)
+                # With -R, "time" counts from the scheduled start; the 7th field is the lag before the
+                # transaction could start (pgbench's own client busy), kept apart in ``lags``.
+                lag = int(parts[6]) / 1e6 if len(parts) > 6 else 0.0
+                st.latencies.append(int(parts[2]) / 1e6 - lag)
+                st.lags.append(lag)
         for name, out in self.outputs.items():
             m = re.search(r"number of failed transactions: (\d+)", out or "")
             if m and int(m.group(1)):

@@ -148,7 +148,147 @@ def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
     return "".join(parts)
 
 
-class HostRunner:
+class _LiveMode:
+    """HostRunner's mode for migrations under traffic (``RunOptions.lock_retries`` set): batches sized
+    to ``max_lock_hold_ms``, short lock waits, blocked shards retried alone (see the module doc)."""
+
+    options: RunOptions
+    stop: threading.Event
+    conn: psycopg.Connection | None
+    progress: Callable[[int], None]
+    _since_recycle: int
+
+    def _stopped(self) -> bool:
+        return self.stop.is_set() and not self.options.continue_on_error
+
+    def _run_live(self, plans: list[ShardPlan]) -> list[ShardOutcome]:
+        outcomes: list[ShardOutcome] = []
+        retries = _Retries(self.options)
+        size, i = min(FIRST_BATCH, max(1, self.options.batch_size)), 0
+        try:
+            while (i < len(plans) or retries) and not self._stopped():
+                entry = retries.due()
+                if entry is not None:
+                    done = self._retry(entry, retries)
+                elif i >= len(plans):
+                    done = []
+                    retries.sleep()
+                else:
+                    batch = [p.materialize() for p in plans[i:i + size]]
+                    i += len(batch)
+                    done, hold = self._live_batch(batch, retries)
+                    self._since_recycle += len(batch)
+                    self.progress(len(done))
+                    size = self._next_size(size, hold, len(batch))
+                outcomes += done
+                if any(not o.ok for o in done) and not self.options.continue_on_error:
+                    self.stop.set()
+        finally:
+            self.close()
+        waiting = [e.plan for e in retries.entries]
+        return outcomes + [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:] + waiting]
+
+    def _next_size(self, size: int, hold: float, shards: int) -> int:
+        """The next batch's size: as many shards as fit in ~70% of ``max_lock_hold_ms`` at the measured
+        time per shard, growing at most twofold a batch, never above ``batch_size``."""
+        if hold <= 0 or shards <= 0:
+            return min(size * 2, self.options.batch_size)
+        fit = int(self.options.max_lock_hold_ms / 1000 * 0.7 / (hold / shards))
+        return max(1, min(self.options.batch_size, size * 2, fit))
+
+    def _live_batch(self, batch: list[ShardPlan], retries: "_Retries") -> tuple[list[ShardOutcome], float]:
+        """One transaction, one SAVEPOINT per shard. Returns the outcomes of the shards that are finished
+        (applied, or failed and named) and how long the batch held locks (seconds)."""
+        conn = self._connection()
+        if len(batch) > 1 and all(p.all_transactional for p in batch):
+            # The common case first: the whole batch in one round trip. Any error (a lock wait that
+            # timed out included) rolls it back, and the batch runs again shard by shard below.
+            started = time.perf_counter()
+            try:
+                conn.execute("".join(_lock_wait_sql(self.options.lock_timeout if k == 0 else IN_BATCH_LOCK_WAIT)
+                                     + transactional_sql(p, p.steps) for k, p in enumerate(batch)))
+                conn.commit()
+                return [ShardOutcome(p.shard, p.schema, created=p.create_sql is not None,
+                                     applied=[s.version for s in p.steps]) for p in batch], \
+                    time.perf_counter() - started
+            except psycopg.Error as exc:
+                self._rollback_or_lost(exc)
+        applied: list[ShardPlan] = []
+        alone: list[ShardPlan] = []
+        held_since: float | None = None
+        for plan in batch:
+            if not plan.all_transactional:
+                alone.append(plan)
+                continue
+            wait = self.options.lock_timeout if held_since is None else IN_BATCH_LOCK_WAIT
+            started = time.perf_counter()
+            try:
+                conn.execute("SAVEPOINT shard;\n" + _lock_wait_sql(wait) + transactional_sql(plan, plan.steps)
+                             + "RELEASE SAVEPOINT shard;")
+            except psycopg.Error as exc:
+                self._to_savepoint(exc)
+                if isinstance(exc, psycopg.errors.LockNotAvailable):
+                    retries.add(plan)
+                else:
+                    alone.append(plan)  # replayed alone below, to name the failing version
+                continue
+            held_since = started if held_since is None else held_since
+            applied.append(plan)
+        try:
+            conn.commit()
+        except psycopg.Error as exc:
+            self._rollback_or_lost(exc)
+            alone, applied = alone + applied, []
+        hold = time.perf_counter() - held_since if held_since is not None else 0.0
+        outcomes = [ShardOutcome(p.shard, p.schema, created=p.create_sql is not None,
+                                 applied=[s.version for s in p.steps]) for p in applied]
+        return outcomes + [self._one(p) for p in alone], hold
+
+    def _to_savepoint(self, exc: psycopg.Error) -> None:
+        conn = self.conn
+        if conn is None or conn.broken or conn.closed:
+            self._lost(exc)
+        try:
+            conn.execute("ROLLBACK TO SAVEPOINT shard; RELEASE SAVEPOINT shard")
+        except psycopg.Error:
+            self._lost(exc)
+
+    def _retry(self, entry: "_Retry", retries: "_Retries") -> list[ShardOutcome]:
+        """A blocked shard alone (holding no other shard's locks), with the full lock wait."""
+        plan = entry.plan
+        conn = self._connection()
+        try:
+            conn.execute(_lock_wait_sql(self.options.lock_timeout) + transactional_sql(plan, plan.steps))
+            conn.commit()
+            out = ShardOutcome(plan.shard, plan.schema, created=plan.create_sql is not None,
+                               applied=[s.version for s in plan.steps])
+        except psycopg.errors.LockNotAvailable as exc:
+            self._rollback_or_lost(exc)
+            if retries.put_back(entry):
+                return []
+            out = ShardOutcome(plan.shard, plan.schema, error=self._blocked_message(entry, exc),
+                               failed_version=plan.steps[0].version if plan.steps else None)
+        except psycopg.Error as exc:
+            self._rollback_or_lost(exc)
+            out = self._one(plan)
+        out.retries = entry.attempts + 1  # its lock waits that timed out: in its batch, then alone
+        self.progress(1)
+        return [out]
+
+    def _blocked_message(self, entry: "_Retry", exc: psycopg.Error) -> str:
+        holders = lock_holders(self._connection(), entry.plan.schema)
+        conn = self.conn
+        if conn is not None and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        who = "; ".join(holders) if holders else "the blocking transaction had ended"
+        return (f"lock timeout: waited for a lock on {entry.plan.schema}'s tables once in its batch and "
+                f"{entry.attempts} times alone ({self.options.lock_timeout} each) over "
+                f"{time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
+                f"blocked by {who}; the migration was not applied here. Re-run when that transaction is "
+                f"gone, or raise --lock-retries / --retry-budget")
+
+
+class HostRunner(_LiveMode):
     """Applies a list of shard plans on one host, batch by batch."""
 
     def __init__(self, host: Host, options: RunOptions, stop: threading.Event,
@@ -198,123 +338,6 @@ class HostRunner:
             self.close()
         outcomes += [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:]]
         return outcomes
-
-    # ---- under live traffic: savepoint per shard, blocked shards retried alone ----------
-    def _stopped(self) -> bool:
-        return self.stop.is_set() and not self.options.continue_on_error
-
-    def _run_live(self, plans: list[ShardPlan]) -> list[ShardOutcome]:
-        outcomes: list[ShardOutcome] = []
-        retries = _Retries(self.options)
-        size, i = min(FIRST_BATCH, max(1, self.options.batch_size)), 0
-        try:
-            while (i < len(plans) or retries) and not self._stopped():
-                entry = retries.due()
-                if entry is not None:
-                    outcomes += self._retry(entry, retries)
-                elif i >= len(plans):
-                    retries.sleep()
-                else:
-                    batch = [p.materialize() for p in plans[i:i + size]]
-                    i += len(batch)
-                    done, hold = self._live_batch(batch, retries)
-                    outcomes += done
-                    self._since_recycle += len(batch)
-                    self.progress(len(done))
-                    size = self._next_size(size, hold, len(batch))
-                if any(not o.ok for o in outcomes) and not self.options.continue_on_error:
-                    self.stop.set()
-        finally:
-            self.close()
-        waiting = [e.plan for e in retries.entries]
-        return outcomes + [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:] + waiting]
-
-    def _next_size(self, size: int, hold: float, shards: int) -> int:
-        """The next batch's size: as many shards as fit in ~70% of ``max_lock_hold_ms`` at the measured
-        time per shard, growing at most twofold a batch, never above ``batch_size``."""
-        if hold <= 0 or shards <= 0:
-            return min(size * 2, self.options.batch_size)
-        fit = int(self.options.max_lock_hold_ms / 1000 * 0.7 / (hold / shards))
-        return max(1, min(self.options.batch_size, size * 2, fit))
-
-    def _live_batch(self, batch: list[ShardPlan], retries: "_Retries") -> tuple[list[ShardOutcome], float]:
-        """One transaction, one SAVEPOINT per shard. Returns the outcomes of the shards that are finished
-        (applied, or failed and named) and how long the batch held locks (seconds)."""
-        conn = self._connection()
-        applied: list[ShardPlan] = []
-        alone: list[ShardPlan] = []
-        held_since: float | None = None
-        for plan in batch:
-            if not plan.all_transactional:
-                alone.append(plan)
-                continue
-            wait = self.options.lock_timeout if held_since is None else IN_BATCH_LOCK_WAIT
-            started = time.perf_counter()
-            try:
-                conn.execute(f"SAVEPOINT shard; SELECT set_config('lock_timeout', {quote_literal(wait)}, true);\n"
-                             + transactional_sql(plan, plan.steps) + "RELEASE SAVEPOINT shard;")
-            except psycopg.Error as exc:
-                self._to_savepoint(exc)
-                if isinstance(exc, psycopg.errors.LockNotAvailable):
-                    retries.add(plan)
-                else:
-                    alone.append(plan)  # replayed alone below, to name the failing version
-                continue
-            held_since = started if held_since is None else held_since
-            applied.append(plan)
-        try:
-            conn.commit()
-        except psycopg.Error as exc:
-            self._rollback_or_lost(exc)
-            alone, applied = alone + applied, []
-        hold = time.perf_counter() - held_since if held_since is not None else 0.0
-        outcomes = [ShardOutcome(p.shard, p.schema, created=p.create_sql is not None,
-                                 applied=[s.version for s in p.steps]) for p in applied]
-        return outcomes + [self._one(p) for p in alone], hold
-
-    def _to_savepoint(self, exc: psycopg.Error) -> None:
-        conn = self.conn
-        if conn is None or conn.broken or conn.closed:
-            self._lost(exc)
-        try:
-            conn.execute("ROLLBACK TO SAVEPOINT shard; RELEASE SAVEPOINT shard")
-        except psycopg.Error:
-            self._lost(exc)
-
-    def _retry(self, entry: "_Retry", retries: "_Retries") -> list[ShardOutcome]:
-        """A blocked shard alone (holding no other shard's locks), with the full lock wait."""
-        plan = entry.plan
-        conn = self._connection()
-        try:
-            conn.execute(f"SELECT set_config('lock_timeout', {quote_literal(self.options.lock_timeout or '0')}, "
-                         f"true);\n" + transactional_sql(plan, plan.steps))
-            conn.commit()
-            out = ShardOutcome(plan.shard, plan.schema, created=plan.create_sql is not None,
-                               applied=[s.version for s in plan.steps])
-        except psycopg.errors.LockNotAvailable as exc:
-            self._rollback_or_lost(exc)
-            if retries.put_back(entry):
-                return []
-            out = ShardOutcome(plan.shard, plan.schema, error=self._blocked_message(entry, exc),
-                               failed_version=plan.steps[0].version if plan.steps else None)
-        except psycopg.Error as exc:
-            self._rollback_or_lost(exc)
-            out = self._one(plan)
-        out.retries = entry.attempts + 1  # its lock waits that timed out: in its batch, then alone
-        self.progress(1)
-        return [out]
-
-    def _blocked_message(self, entry: "_Retry", exc: psycopg.Error) -> str:
-        holders = lock_holders(self._connection(), entry.plan.schema)
-        conn = self.conn
-        if conn is not None and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.rollback()
-        who = "; ".join(holders) if holders else "the blocking transaction had ended"
-        return (f"lock timeout: waited for a lock on {entry.plan.schema}'s tables once in its batch and "
-                f"{entry.attempts} times alone ({self.options.lock_timeout} each) over "
-                f"{time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
-                f"blocked by {who}; the migration was not applied here. Re-run when that transaction is "
-                f"gone, or raise --lock-retries / --retry-budget")
 
     # ---- one batch ---------------------------------------------------------------
     def _batch(self, batch: list[ShardPlan]) -> list[ShardOutcome]:
@@ -406,6 +429,11 @@ class HostRunner:
                 pass
             self.conn = None
         raise ConnectionLost(db.first_line(exc))
+
+
+def _lock_wait_sql(wait: str | None) -> str:
+    """Set the transaction's lock wait for the statements that follow (to the end of the transaction)."""
+    return f"SELECT set_config('lock_timeout', {quote_literal(wait or '0')}, true);\n"
 
 
 @dataclass

@@ -146,9 +146,15 @@ class Router:
         return self._statement(self.shard_for(key, force_string=force_string), query, params, timeout, True, max_lag)
 
     def _statement(self, shard: int, query: Any, params: Any, timeout: Any, readonly: bool, max_lag: Any) -> Any:
+        clean = _leaves_no_state(query)
+
         def attempt(host: Host) -> Any:
-            with self._on_host(host, shard, timeout, readonly, max_lag, transaction=False,
-                               clean=_leaves_no_state(query)) as conn:
+            if readonly and host.standby:
+                ctx = self._on_host(host, shard, timeout, readonly, max_lag, transaction=False, clean=clean)
+            else:  # the common case, without the standby layer
+                ctx = _session(self, self._pool(host), self.topology.schema_name(shard),
+                               self.timeout if timeout is SAME else timeout, False, clean, readonly, None)
+            with ctx as conn:
                 cur = conn.execute(query, params)
                 return cur.fetchall() if cur.description is not None else cur.rowcount
 

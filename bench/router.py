@@ -10,8 +10,9 @@ initialised by ``shardctl init``; ids from the shard's next_id()):
 * ``Router.run``              ``router.run(key, work)`` (a transaction and the session reset: informational).
 
 Every connection uses the Router's own connection settings (connect timeout, keepalives,
-tcp_user_timeout, statement_timeout, application_name). Candidates are interleaved over rounds
-(order rotated); the figure is the median per-round ratio to the baseline.
+tcp_user_timeout, statement_timeout, application_name). Within a round the candidates take turns
+every ``--chunk`` inserts (order rotated), so load from other programs hits them alike; the figure
+is the median over rounds of the per-round ratio to the baseline.
 
 Target: ``Router.execute`` <= 1.15x the baseline's time.
 """
@@ -33,41 +34,75 @@ INSERT = "INSERT INTO users (username) VALUES (%s)"
 TARGET = 1.15
 
 
-def plain(router, host, schema: str, rows: int, autocommit: bool) -> float:
-    """Plain psycopg with the Router's connection settings: the time of ``rows`` inserts."""
-    conn = router._connect(host, False)
-    try:
-        conn.autocommit = autocommit
-        conn.execute("SELECT set_config('search_path', %s, false)", (f"{schema}, public",))
+class Plain:
+    """Plain psycopg with the Router's connection settings; ``search_path`` set once."""
+
+    def __init__(self, router, host, schema: str, autocommit: bool):
+        self.conn = router._connect(host, False)
+        self.conn.autocommit = autocommit
+        self.conn.execute("SELECT set_config('search_path', %s, false)", (f"{schema}, public",))
         if not autocommit:
-            conn.commit()
+            self.conn.commit()
+        self.autocommit = autocommit
+
+    def chunk(self, start: int, rows: int) -> float:
+        conn = self.conn
         started = time.perf_counter()
-        for i in range(rows):
+        for i in range(start, start + rows):
             conn.execute(INSERT, (f"u{i}",))
-            if not autocommit:
+            if not self.autocommit:
                 conn.commit()
         return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ViaExecute:
+    def __init__(self, router):
+        self.router = router
+
+    def chunk(self, start: int, rows: int) -> float:
+        execute = self.router.execute
+        started = time.perf_counter()
+        for i in range(start, start + rows):
+            execute(KEY, INSERT, (f"u{i}",))
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        pass
+
+
+class ViaRun(ViaExecute):
+    def chunk(self, start: int, rows: int) -> float:
+        run = self.router.run
+        started = time.perf_counter()
+        for i in range(start, start + rows):
+            run(KEY, lambda conn, i=i: conn.execute(INSERT, (f"u{i}",)))
+        return time.perf_counter() - started
+
+
+def one_round(router, host, schema: str, rows: int, chunk: int, round_no: int) -> dict[str, float]:
+    """Every candidate inserts ``rows`` rows, in chunks of ``chunk`` taken in turn (the order rotating
+    each chunk): a change in the machine's load hits all candidates alike."""
+    runners = {"psycopg insert+commit": Plain(router, host, schema, False),
+               "psycopg autocommit": Plain(router, host, schema, True),
+               "Router.execute": ViaExecute(router), "Router.run": ViaRun(router)}
+    seconds = dict.fromkeys(runners, 0.0)
+    try:
+        for n, start in enumerate(range(0, rows, chunk)):
+            for name in c.rotated(list(runners), round_no + n):
+                seconds[name] += runners[name].chunk(start, min(chunk, rows - start))
     finally:
-        conn.close()
-
-
-def via_execute(router, rows: int) -> float:
-    started = time.perf_counter()
-    for i in range(rows):
-        router.execute(KEY, INSERT, (f"u{i}",))
-    return time.perf_counter() - started
-
-
-def via_run(router, rows: int) -> float:
-    started = time.perf_counter()
-    for i in range(rows):
-        router.run(KEY, lambda conn, i=i: conn.execute(INSERT, (f"u{i}",)))
-    return time.perf_counter() - started
+        for runner in runners.values():
+            runner.close()
+    return seconds
 
 
 def main() -> int:
     p = c.base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=10_000, help="Single-row inserts per candidate and round.")
+    p.add_argument("--chunk", type=int, default=250, help="Inserts per turn: candidates take turns within a round.")
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or (3 if args.quick else 5))
     rows = 2_000 if args.quick and args.rows == 10_000 else args.rows
@@ -86,15 +121,8 @@ def main() -> int:
                   ("psycopg insert+commit", "psycopg autocommit", "Router.execute", "Router.run")}
         with Router(topo) as router:
             router.execute(KEY, INSERT, ("warm-up",))
-            candidates = {
-                "psycopg insert+commit": lambda: plain(router, host, schema, rows, False),
-                "psycopg autocommit": lambda: plain(router, host, schema, rows, True),
-                "Router.execute": lambda: via_execute(router, rows),
-                "Router.run": lambda: via_run(router, rows),
-            }
             for r in range(rounds):
-                for name in c.rotated(list(candidates), r):
-                    seconds = candidates[name]()
+                for name, seconds in one_round(router, host, schema, rows, args.chunk, r).items():
                     series[name].add(seconds)
                     c.log(f"round {r + 1}/{rounds} {name}: {seconds / rows * 1e6:.0f} µs/insert")
             stats = router.stats()[host.name]
@@ -112,7 +140,8 @@ def main() -> int:
                            None if s is base else ratio, target, ok,
                            ratio_range=None if s is base else c.ratio_range(ratios)))
     lat = stats["latency_ms"]
-    notes = [f"{rows} single-row inserts per candidate and round, {rounds} rounds, shard {KEY} ({schema})",
+    notes = [f"{rows} single-row inserts per candidate and round (turns of {args.chunk}), {rounds} rounds, "
+             f"shard {KEY} ({schema})",
              f"Router.stats() of the host afterwards: {stats['calls']} calls, {stats['connects']} connects, "
              f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, errors {stats['errors_total']}",
              c.machine_note()]

@@ -146,9 +146,15 @@ class Router:
         return self._statement(self.shard_for(key, force_string=force_string), query, params, timeout, True, max_lag)
 
     def _statement(self, shard: int, query: Any, params: Any, timeout: Any, readonly: bool, max_lag: Any) -> Any:
+        clean = _leaves_no_state(query)
+
         def attempt(host: Host) -> Any:
-            with self._on_host(host, shard, timeout, readonly, max_lag, transaction=False,
-                               clean=_leaves_no_state(query)) as conn:
+            if readonly and host.standby:
+                ctx = self._on_host(host, shard, timeout, readonly, max_lag, transaction=False, clean=clean)
+            else:  # the common case, without the standby layer
+                ctx = _session(self, self._pool(host), self.topology.schema_name(shard),
+                               self.timeout if timeout is SAME else timeout, False, clean, readonly, None)
+            with ctx as conn:
                 cur = conn.execute(query, params)
                 return cur.fetchall() if cur.description is not None else cur.rowcount
 
@@ -347,11 +353,11 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
             except BaseException:
                 _quietly(conn.rollback)
                 raise
-            conn.commit()
+            _reset(slot, commit=True)  # COMMIT and the reset in one round trip
         else:
             yield conn
-        if transaction or not clean:
-            _reset(slot)
+            if not clean:
+                _reset(slot)
     except _Fallback:
         raise
     except BaseException as exc:
@@ -431,22 +437,30 @@ _RESET_SQL = ("SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_sta
               "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
 
 
-def _reset(slot: Slot) -> None:
+def _reset(slot: Slot, *, commit: bool = False) -> None:
     """Return connections clean: nothing of one checkout's session reaches the next user.
 
     Settings, and temporary tables too: ``pg_temp`` comes first in the search path, so a temp
     table left behind would capture another shard's reads and writes. Session advisory locks,
     LISTENs, cursors and the user's own prepared statements go as well; psycopg's prepared
-    statements stay (PostgreSQL re-plans them when the search path changes). One round trip.
+    statements stay (PostgreSQL re-plans them when the search path changes). One round trip,
+    with the transaction's COMMIT in front when ``commit`` (a failed COMMIT raises, like ``commit()``).
     """
     conn = slot.conn
     slot.schema = slot.timeout_ms = None
-    if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        conn.rollback()
+    status = conn.pgconn.transaction_status
+    if commit and status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR):
+        cur = conn.execute("COMMIT; " + _RESET_SQL)  # no BEGIN is sent: a transaction is open
+        cur.nextset()
+    else:
+        if status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        conn.autocommit = True
+        cur = conn.execute(_RESET_SQL)
+    names = cur.fetchone()[0]
     conn.autocommit = True
     conn.read_only = None
     conn.prepare_threshold = 5
-    names = conn.execute(_RESET_SQL).fetchone()[0]
     for name in names:
         conn.execute(f"DEALLOCATE {quote_ident(name)}")
 

@@ -184,3 +184,20 @@ def test_an_application_error_in_a_block_rolls_back_and_keeps_the_connection(top
         assert router.execute(3, "SELECT count(*), current_setting('work_mem') FROM users") == [(0, "4MB")]
         assert backend(router, 3) == pid
         assert router.stats()["pg1"]["errors"] == {"other": 1}
+
+
+def test_a_failing_commit_raises_at_the_end_of_the_block(topo):
+    """COMMIT travels with the session reset: a deferred constraint still fails the block, as commit() would."""
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute("CREATE TABLE insta3.handles (h text UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 3)
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            with router.connection(3) as conn:
+                conn.execute("SET work_mem = '7MB'")
+                conn.execute("INSERT INTO handles VALUES ('same'), ('same')")  # checked at COMMIT
+        assert router.execute(3, "SELECT count(*), current_setting('work_mem') FROM handles") == [(0, "4MB")]
+        assert backend(router, 3) == pid
+        with router.connection(3) as conn:
+            conn.execute("INSERT INTO handles VALUES ('one')")
+        assert router.run(3, lambda c: c.execute("SELECT count(*) FROM handles").fetchone()[0]) == 1

@@ -160,7 +160,7 @@ def test_a_long_value_within_the_size_limit(tmp_path):
 def test_too_many_hosts_within_the_size_limit(tmp_path):
     text = HEAD + "hosts:\n" + "".join(f"  - {{name: h{i}, dsn: \"dbname=d{i}\", shards: []}}\n" for i in range(1500))
     assert len(text) < yaml_guard.MAX_BYTES
-    refused(tmp_path, text, f"lists 1500 hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}")
+    refused(tmp_path, text, f"'hosts' lists more than {yaml_guard.MAX_HOSTS} hosts")
 
 
 def test_deep_nesting(tmp_path):
@@ -248,3 +248,11 @@ def test_non_ascii_digits_in_the_topology_are_refused(tmp_path, old, new, needle
 def test_non_ascii_digits_in_a_schema_format_are_refused():
     with pytest.raises(ConfigError, match="non-ASCII characters in a format spec"):
         Topology.from_text(GOOD.replace("count: 8", 'count: 8\n  schema: "shard{n:0٥}"'))
+
+
+def test_too_many_hosts_through_an_alias_are_caught_by_validation():
+    """A hosts list reached through an alias is not counted while parsing; validation counts it."""
+    many = "".join(f"  - {{name: h{i}, dsn: \"dbname=d{i}\", shards: []}}\n" for i in range(1100))
+    text = HEAD + "routing:\n  key: &all\n" + many.replace("  - ", "    - ") + "hosts: *all\n"
+    with pytest.raises(ConfigError, match="'hosts' lists 1100 hosts; shardctl handles at most 1024"):
+        Topology.from_text(text)

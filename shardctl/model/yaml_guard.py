@@ -7,7 +7,7 @@ event), counting every node as if each alias were expanded, and refused at the f
 it crosses. Only text within the limits is loaded, so loading stays under a second.
 
 The limits (documented in docs/limits.md) are far above any real topology: a fleet of a
-thousand hosts with standbys and passwords is about 12,000 nodes and 150 KB.
+thousand hosts with standbys and passwords is about 11,000 nodes and 150 KB.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from .ranges import MAX_SHARDS  # noqa: F401 - shards.count and every shard number stay below it
 
 MAX_BYTES = 256 * 1024        # the topology file, checked before it is read
-MAX_NODES = 16_384            # YAML nodes, each alias counted as the nodes it stands for
+MAX_NODES = 12_288            # YAML nodes, each alias counted as the nodes it stands for
 MAX_SCALAR_CHARS = 4096       # one key or value (a DSN, a range, a path)
 MAX_DEPTH = 32                # nesting of mappings and lists
 MAX_HOSTS = 1024              # entries under hosts:
@@ -103,7 +103,7 @@ def _walk(events: Iterator[Any]) -> None:
             if total > MAX_NODES:
                 raise LimitExceeded(f"the topology has more than {MAX_NODES} YAML nodes"
                                     f"{' once its aliases are expanded' if kind == 'AliasEvent' else ''} "
-                                    f"(the limit; a thousand hosts need about 12,000)", _line(event))
+                                    f"(the limit; a thousand hosts with standbys need about 11,000)", _line(event))
             hosts_list = bool(stack) and stack[-1].child(event, n) and len(stack) == 1
             if kind.endswith("StartEvent"):
                 if len(stack) >= MAX_DEPTH:

@@ -251,3 +251,13 @@ def test_too_many_hosts_through_an_alias_are_caught_by_validation():
     text = HEAD + "routing:\n  key: &all\n" + "".join(f"    - h{i}\n" for i in range(1100)) + "hosts: *all\n"
     with pytest.raises(ConfigError, match="'hosts' lists 1100 hosts; shardctl handles at most 1024"):
         Topology.from_text(text)
+
+
+def test_comments_up_to_the_size_limit_load_quickly(tmp_path):
+    """ruamel's time grows faster than linearly with comments; the size limit bounds it."""
+    comment = "# " + "x" * 97 + "\n"
+    text = GOOD + comment * ((yaml_guard.MAX_BYTES - len(GOOD)) // len(comment))
+    assert yaml_guard.MAX_BYTES - 100 < len(text) <= yaml_guard.MAX_BYTES
+    result = run_measured("--config", write(tmp_path, text), "info", "--json")
+    assert result.exit_code == 0, result
+    assert_cheap(result)

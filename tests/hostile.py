@@ -115,8 +115,9 @@ def assert_refused_cheaply(result: Measured, *needles: str, code: int = 2, max_m
 
 def assert_cheap(result: Measured, max_mb: float = MAX_MB, max_seconds: float = MAX_SECONDS) -> None:
     """Peak memory within ``max_mb`` and CPU time within ``max_seconds``. Wall-clock time too, scaled by
-    :func:`load_factor`: on a 2-core machine shared with other test runs (load 10 is common), wall time
-    measures the queue for a core, not the program."""
+    twice :func:`load_factor` (a one-minute average that lags a burst): on a 2-core machine shared with
+    other test runs (load 10 is common), wall time measures the queue for a core, not the program."""
     assert result.peak_mb <= max_mb, result
     assert result.cpu_seconds <= max_seconds, result
-    assert result.seconds <= max_seconds * load_factor(), (load_factor(), result)
+    allowed = max_seconds if load_factor() == 1.0 else max_seconds * 2 * load_factor()
+    assert result.seconds <= allowed, (load_factor(), result)

@@ -69,12 +69,11 @@ def _check_new_shards(topo: Topology, count: int | None, ids: str | None) -> Non
     """Refuse a --count or --ids beyond the layout's shard bits before any list of shards is built."""
     limit = min(topo.layout.max_shards, MAX_SHARDS)
     room = max(limit - topo.shard_count, 0)
-    bits = f"the {topo.layout.name} layout's {topo.layout.bits('shard')} shard bits"
+    beyond = f"beyond the {topo.layout.name} layout's {topo.layout.bits('shard')} shard bits (at most {limit} shards"
     if count is not None and count > room:
-        raise BadInput(f"--count {count}: {bits} hold at most {limit} shards and the fleet has "
-                       f"{topo.shard_count}, so at most {room} more can be opened")
+        raise BadInput(f"--count {count} goes {beyond}; the fleet has {topo.shard_count}, so at most {room} more)")
     if ids is not None:
         try:
             parse_shards(ids, limit=limit)
         except ValueError as exc:
-            raise BadInput(f"--ids: {exc} ({bits} hold at most {limit} shards)") from None
+            raise BadInput(f"--ids: {exc}: {beyond})") from None

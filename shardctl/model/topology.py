@@ -362,13 +362,17 @@ class _Validator:
         return value
 
     def unknown_keys(self, node: Any, known: set[str], where: str) -> None:
+        """One problem per mapping: its first unknown key, and how many more there are."""
         unknown = [k for k in node if k not in known]
-        for k in unknown[:MAX_UNKNOWN_KEYS]:
-            shown = echo(k) if not isinstance(k, str) or len(k) > 60 else k
-            self.error(f"unknown key '{shown}' in {where} (expected one of: {', '.join(sorted(known))})",
-                       self.line_of(node, k))
-        if len(unknown) > MAX_UNKNOWN_KEYS:
-            self.error(f"{len(unknown) - MAX_UNKNOWN_KEYS} more unknown key(s) in {where}", self.line_of(node))
+        if not unknown:
+            return
+        first = echo(unknown[0]) if not isinstance(unknown[0], str) or len(unknown[0]) > 60 else unknown[0]
+        more = ""
+        if len(unknown) > 1:
+            shown = ", ".join(echo(k, 20) for k in unknown[1:MAX_UNKNOWN_KEYS + 1])
+            more = f"; {len(unknown) - 1} more unknown key(s) there: {shown}{', …' if len(unknown) > 4 else ''}"
+        self.error(f"unknown key '{first}' in {where} (expected one of: {', '.join(sorted(known))}){more}",
+                   self.line_of(node, unknown[0]))
 
     def build(self) -> Topology:
         try:

@@ -7,7 +7,7 @@ event), counting every node as if each alias were expanded, and refused at the f
 it crosses. Only text within the limits is loaded, so loading stays under a second.
 
 The limits (documented in docs/limits.md) are far above any real topology: a fleet of a
-thousand hosts with standbys and passwords is about 12,000 nodes and 150 KB.
+thousand hosts with standbys and passwords is about 11,000 nodes and 150 KB.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from .ranges import MAX_SHARDS  # noqa: F401 - shards.count and every shard number stay below it
 
 MAX_BYTES = 256 * 1024        # the topology file, checked before it is read
-MAX_NODES = 16_384            # YAML nodes, each alias counted as the nodes it stands for
+MAX_NODES = 12_288            # YAML nodes, each alias counted as the nodes it stands for
 MAX_SCALAR_CHARS = 4096       # one key or value (a DSN, a range, a path)
 MAX_DEPTH = 32                # nesting of mappings and lists
 MAX_HOSTS = 1024              # entries under hosts:
@@ -85,7 +85,7 @@ def _walk(events: Iterator[Any]) -> None:
     """Count nodes (aliases expanded) and check sizes, stopping at the first limit crossed."""
     sizes: dict[str, int] = {}      # anchor → nodes it stands for, once its node is complete
     open_anchors: set[str] = set()  # anchors of collections still being read (an alias to one is a cycle)
-    stack: list[list] = []          # [anchor, nodes so far] per open collection
+    stack: list[_Open] = []
     total = 0
     for event in events:
         kind = type(event).__name__
@@ -103,21 +103,45 @@ def _walk(events: Iterator[Any]) -> None:
             if total > MAX_NODES:
                 raise LimitExceeded(f"the topology has more than {MAX_NODES} YAML nodes"
                                     f"{' once its aliases are expanded' if kind == 'AliasEvent' else ''} "
-                                    f"(the limit; a thousand hosts need about 12,000)", _line(event))
-            if stack:
-                stack[-1][1] += n
+                                    f"(the limit; a thousand hosts with standbys need about 11,000)", _line(event))
+            hosts_list = bool(stack) and stack[-1].child(event, n) and len(stack) == 1
             if kind.endswith("StartEvent"):
                 if len(stack) >= MAX_DEPTH:
                     raise LimitExceeded(f"the topology nests deeper than {MAX_DEPTH} levels", _line(event))
-                stack.append([event.anchor, 0])
+                stack.append(_Open(event.anchor, kind == "MappingStartEvent", hosts_list))
                 if event.anchor:
                     open_anchors.add(event.anchor)
             elif kind == "ScalarEvent" and event.anchor:
                 sizes[event.anchor] = 1
         elif kind in ("MappingEndEvent", "SequenceEndEvent") and stack:
-            anchor, inner = stack.pop()
+            done = stack.pop()
             if stack:
-                stack[-1][1] += inner
-            if anchor:
-                open_anchors.discard(anchor)
-                sizes[anchor] = 1 + inner
+                stack[-1].inner += done.inner
+            if done.anchor:
+                open_anchors.discard(done.anchor)
+                sizes[done.anchor] = 1 + done.inner
+
+
+class _Open:
+    """A mapping or list being read: its anchor, nodes inside so far, and (for the top-level
+    mapping) which key a value belongs to, so the hosts list is counted as it is read."""
+
+    __slots__ = ("anchor", "inner", "mapping", "hosts", "items", "key_next", "key")
+
+    def __init__(self, anchor: str | None, mapping: bool, hosts: bool):
+        self.anchor, self.inner, self.mapping, self.hosts = anchor, 0, mapping, hosts
+        self.items, self.key_next, self.key = 0, True, None
+
+    def child(self, event: Any, nodes: int) -> bool:
+        """Account for a child node; True when it is the value of a ``hosts`` key."""
+        self.inner += nodes
+        if not self.mapping:
+            self.items += 1
+            if self.hosts and self.items > MAX_HOSTS:
+                raise LimitExceeded(f"'hosts' lists more than {MAX_HOSTS} hosts (the limit)", _line(event))
+            return False
+        is_key, self.key_next = self.key_next, not self.key_next
+        if is_key:
+            self.key = getattr(event, "value", None)
+            return False
+        return self.key == "hosts"

@@ -45,10 +45,10 @@ def ready(make_fleet):
 
 @pytest.mark.parametrize("args,needle", [
     (["add-shard", "--host", "pg2", "--count", "100000000"],
-     "--count 100000000: the custom layout's 12 shard bits hold at most 4096 shards and the fleet has 16, "
-     "so at most 4080 more can be opened"),
+     "--count 100000000 goes beyond the custom layout's 12 shard bits (at most 4096 shards; the fleet has 16, "
+     "so at most 4080 more)"),
     (["add-shard", "--host", "pg2", "--ids", "16-99999999999999999999"],
-     "--ids: shard 99999999999999999999 is out of range (0..4095)"),
+     "--ids: shard 99999999999999999999 is out of range (0..4095): beyond the custom layout's 12 shard bits"),
     (["add-shard", "--host", "pg2", "--ids", "16-999999999999999999999999999"], "--ids: shard number too large"),
     (["add-shard", "--host", "pg2", "--count", "٣"], "--count: '٣' uses non-ASCII digits"),
     (["add-shard", "--host", "pg2", "--ids", "١٦-١٧"], "digits must be ASCII 0-9"),

@@ -397,3 +397,45 @@ def test_mask_known_secrets(secret):
 def test_mask_is_idempotent_and_never_crashes(text):
     once = dsnlib.mask(text)
     assert dsnlib.mask(once) == once
+
+
+# ---- numbers: ASCII digits only (issue 15) ----------------------------------------------------------------
+
+# Decimal digits of other scripts: int() and str.isdigit() read them, shardctl must not.
+foreign_digits = st.characters(categories=["Nd"]).filter(lambda c: not c.isascii())
+
+
+@SETTINGS
+@given(st.lists(st.one_of(foreign_digits, st.sampled_from("0123456789-,")), min_size=1, max_size=12)
+       .filter(lambda chars: any(not c.isascii() for c in chars)))
+def test_non_ascii_digits_are_never_numbers(chars):
+    from shardctl.ids.decode import Decoder, parse_loose
+    from shardctl.ids.routing import is_integer_key, shard_for_key
+    from shardctl.model.layouts import parse_epoch
+    from shardctl.model.numbers import parse_int
+
+    text = "".join(chars)
+    with pytest.raises(ValueError):
+        parse_shards(text)
+    with pytest.raises(ValueError):
+        parse_int(text, signed=True)
+    assert parse_loose(text) is None and not is_integer_key(text)
+    with pytest.raises(BadInput):
+        Decoder(instagram(0)).parse(text)
+    with pytest.raises((ValueError, BadInput)):
+        parse_epoch(text)
+    if text.strip().lstrip("-").isdecimal():
+        with pytest.raises(BadInput, match="non-ASCII digits"):
+            shard_for_key(text, 16)
+
+
+@SETTINGS
+@given(st.integers(min_value=0, max_value=(1 << 64) - 1))
+def test_ascii_numbers_still_parse(value):
+    from shardctl.ids.decode import Decoder, parse_loose
+    from shardctl.ids.routing import shard_for_key
+
+    assert parse_loose(f" {value}\r") == value
+    assert shard_for_key(str(value), 4096) == value % 4096
+    if value < 1 << 63:
+        assert Decoder(instagram(0)).parse(str(value)) == value

@@ -13,25 +13,17 @@ import _common as c
 
 
 def render_host_sql(topo, host, *, control: bool = True, create: bool = True, versions: set[int] | None = None) -> str:
-    """What ``shardctl render --host NAME`` prints for ``host``: the control schema, then for every shard its
-    infrastructure (schema, sequence, next_id()) and its migrations, rendered by the library.
+    """What ``shardctl render --host NAME`` prints for ``host`` (the library's ``render_host``/``render_text``).
 
     ``versions`` limits the migrations (e.g. only the new one, for the migrate floor); ``create`` False
     leaves out the shard's infrastructure.
     """
-    from shardctl.migrations import for_topology
-    from shardctl.sql.render import render_control, render_shard
+    from shardctl.sql.migrations import for_topology
+    from shardctl.sql.render import render_host, render_text
 
     migrations = [m for m in for_topology(topo) if versions is None or m.version in versions]
-    out = [f"-- ===== host {host.name} =====\n"]
-    if control:
-        out.append(render_control(topo) + "\n")
-    for n in host.shards:
-        parts = [render_shard(topo, n)] if create else []
-        for m in migrations:
-            parts.append(f"-- migration {m.name}\n" + m.render(topo, n))
-        out.append(f"-- ----- shard {n} ({topo.schema_name(n)}) -----\n" + "\n".join(parts) + "\n")
-    return "".join(out)
+    doc = render_host(topo, host.shards, control=control, create=create, migrations=migrations)
+    return render_text(topo, {host.name: doc})
 
 
 def write_floor_files(topo, directory: Path, tag: str, **kw) -> list[Path]:
@@ -57,8 +49,7 @@ def per_shard_transactions(topo, *, create: bool, above: int = 0) -> float:
     import psycopg
 
     from shardctl.engine.executor import ShardPlan, transactional_sql
-    from shardctl.migrations import for_topology
-    from shardctl.ops.provision import steps_for
+    from shardctl.sql.migrations import for_topology, steps_for
     from shardctl.sql.render import render_control, render_shard
 
     started = time.perf_counter()

@@ -151,7 +151,7 @@ def main() -> int:
                             seconds, _ = f.shardctl_cli(["--version"], path)
                         elif name.startswith("lib"):
                             seconds, rep = c.timed(lambda: migrate(topo, check=True))
-                            if not rep.ok or rep.extra["pending_total"] != 0:
+                            if not rep.ok or rep.pending_total != 0:
                                 raise SystemExit(f"migrate --check (library) found work or failed: "
                                                  f"{json.dumps(rep.to_dict())[:2000]}")
                         else:

@@ -5,12 +5,12 @@ from .errors import (
     ConfigError,
     HostUnreachable,
     OperationFailed,
+    PendingWork,
     ShardctlError,
 )
 from .model.layouts import Layout
 from .model.topology import Host, Topology
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "BadInput",
@@ -19,16 +19,33 @@ __all__ = [
     "HostUnreachable",
     "Layout",
     "OperationFailed",
+    "PendingWork",
     "Router",
     "ShardctlError",
     "Topology",
     "__version__",
+    "init",
+    "migrate",
+    "move_shards",
+    "status",
+    "verify",
 ]
+
+# Imported on first use: they pull in psycopg, which the offline commands never load.
+_LAZY = {
+    "Router": ("router", "Router"),
+    "init": ("ops.provision", "init"),
+    "migrate": ("ops.migrate", "migrate"),
+    "verify": ("ops.verify", "verify"),
+    "status": ("ops.status", "status"),
+    "move_shards": ("ops.move", "move_shards"),
+}
 
 
 def __getattr__(name: str):
-    if name == "Router":  # imported lazily: it pulls in psycopg-pool
-        from .router import Router
+    if name in _LAZY:
+        import importlib
 
-        return Router
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
     raise AttributeError(name)

@@ -1,6 +1,6 @@
 """One exception hierarchy; each class carries the CLI exit code it maps to.
 
-Exit codes (SPEC 4): 0 ok; 1 the operation failed or ``--check`` found work
+Exit codes: 0 ok; 1 the operation failed or ``--check`` found work
 pending; 2 bad input (config, arguments, IDs); 3 a host could not be reached.
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -9,25 +11,32 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg.conninfo import conninfo_to_dict
 
-from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
+from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT, first_line
 from .errors import HostUnreachable
-from .model.identifiers import quote_ident
-from .sql.catalog import MOVED_SQLSTATE
 from .ids.routing import placement_shard, shard_for_key
+from .model.identifiers import quote_ident
 from .model.topology import Host, Topology
+from .router_pool import HostPool, Slot, Watchdog, log
+from .sql.catalog import MOVED_SQLSTATE
 
 T = TypeVar("T")
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
 # old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
 MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883"})
+SAME: Any = object()  # per-call argument left at the Router's default
 
 
 class Router:
     """Routes keys to shards and hands out pooled connections with ``search_path`` set to the shard.
 
-    Pools (psycopg-pool, one per host) open lazily on first use; :meth:`close` closes them.
+    Per host, a pool of connections opened on demand by the caller's thread, a circuit breaker
+    (a refused host fails at once with libpq's reason, not after a pool wait) and, when the host
+    has a ``standby:``, a second pool for :meth:`read` and ``connection(readonly=True)``.
+    Every call is bounded by ``timeout`` seconds: ``statement_timeout`` on the server, and a
+    client deadline (``timeout`` + ``grace``) that cuts the socket of a host that stopped answering.
+    :meth:`stats` reports pools, errors, breakers and latencies. See docs/router.md.
 
     Shards move between hosts (``shardctl move-shard``). :meth:`run` and :meth:`execute` follow a
     move: when a statement fails because its shard has just moved away (the old tables are
@@ -37,16 +46,23 @@ class Router:
     """
 
     def __init__(self, topology: Topology, *, max_size: int = 8, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-                 pool_timeout: float = 30.0, move_wait: float = 10.0, allow_inline_password: bool = False):
+                 pool_timeout: float = 30.0, move_wait: float = 10.0, allow_inline_password: bool = False,
+                 timeout: float | None = 30.0, grace: float = 0.5, max_lag: float = 5.0,
+                 lag_check_interval: float = 0.2):
         self.topology = topology
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
         self.move_wait = move_wait  # how long to wait for the topology file to show a move's cutover
         self.allow_inline_password = allow_inline_password
-        self._pools: dict[str, ConnectionPool] = {}
+        self.timeout = timeout      # default bound of every call, seconds (None: unbounded)
+        self.grace = grace          # client deadline = timeout + grace (the server's own timeout fires first)
+        self.max_lag = max_lag      # default staleness bound of standby reads, seconds
+        self.lag_check_interval = lag_check_interval
+        self._pools: dict[str, HostPool] = {}
         self._lock = threading.Lock()
         self._tried = threading.local()  # the host this thread's last shard_connection() went to
+        self._watchdog = Watchdog()
 
     # ---- routing ---------------------------------------------------------------
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
@@ -54,7 +70,7 @@ class Router:
         return shard_for_key(key, self.topology.modulus, force_string=force_string)
 
     def host_for(self, key: int | str, *, force_string: bool = False) -> Host:
-        return self.topology.host_of(self.shard_for(key, force_string=force_string))
+        return self._locate(self.shard_for(key, force_string=force_string))
 
     def schema_for(self, key: int | str, *, force_string: bool = False) -> str:
         return self.topology.schema_name(self.shard_for(key, force_string=force_string))
@@ -72,59 +88,121 @@ class Router:
         """An object's own ID names its shard."""
         return self.topology.layout.decode(id_value)["shard"]
 
-    # ---- connections -----------------------------------------------------------
+    def _locate(self, shard: int) -> Host:
+        """The host serving ``shard``: the one place to consult move redirects before the topology."""
+        return self.topology.host_of(shard)
+
+    # ---- calls -----------------------------------------------------------------
     @contextmanager
-    def connection(self, key: int | str, *, force_string: bool = False) -> Iterator[psycopg.Connection]:
+    def connection(self, key: int | str, *, force_string: bool = False, readonly: bool = False,
+                   max_lag: float | None = SAME, timeout: float | None = SAME) -> Iterator[psycopg.Connection]:
         """A pooled connection to the key's host, ``search_path`` set to its shard schema.
 
-        Like ``ConnectionPool.connection()``: commits on success, rolls back on error, then
-        returns the connection to the pool with its settings reset.
+        Commits on success, rolls back on error, then returns the connection to the pool with its
+        session reset. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else
+        the primary (in a read-only transaction). The block must end within ``timeout`` seconds.
         """
-        with self.shard_connection(self.shard_for(key, force_string=force_string)) as conn:
+        with self.shard_connection(self.shard_for(key, force_string=force_string), readonly=readonly,
+                                   max_lag=max_lag, timeout=timeout) as conn:
             yield conn
 
-    def run(self, key: int | str, work: Callable[[psycopg.Connection], T], *, force_string: bool = False) -> T:
+    @contextmanager
+    def shard_connection(self, shard: int, *, readonly: bool = False, max_lag: float | None = SAME,
+                         timeout: float | None = SAME) -> Iterator[psycopg.Connection]:
+        """:meth:`connection` for a shard number."""
+        host = self._locate(shard)
+        self._tried.host = host
+        with self._on_host(host, shard, timeout, readonly, max_lag, transaction=True) as conn:
+            yield conn
+
+    def run(self, key: int | str, work: Callable[[psycopg.Connection], T], *, force_string: bool = False,
+            timeout: float | None = SAME) -> T:
         """Call ``work(conn)`` in one transaction on the key's shard; if the shard moved meanwhile,
         reload the topology and call it once more on the new host.
 
-        ``work`` may run twice, but its first run was rolled back entirely: it must only use ``conn``
-        (no side effects outside the database it cannot repeat).
+        ``work`` may run twice (also after a migration changed a table under a prepared statement),
+        but its first run was rolled back entirely: it must only use ``conn``.
         """
-        return self.run_shard(self.shard_for(key, force_string=force_string), work)
+        return self.run_shard(self.shard_for(key, force_string=force_string), work, timeout=timeout)
 
-    def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T]) -> T:
+    def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T], *, timeout: float | None = SAME) -> T:
         """:meth:`run` for a shard number (e.g. from :meth:`shard_of_id`)."""
-        tried = None
-        try:
-            with self.shard_connection(shard) as conn:
-                tried = self._tried.host
+        def attempt(host: Host) -> T:
+            with self._on_host(host, shard, timeout, False, None, transaction=True) as conn:
                 return work(conn)
-        except psycopg.Error as exc:
-            if not self.follow_move(shard, exc, tried):
+
+        return self._retrying(shard, attempt)
+
+    def execute(self, key: int | str, query: Any, params: Any = None, *, force_string: bool = False,
+                timeout: float | None = SAME) -> Any:
+        """One statement on the key's shard, in autocommit, following a move like :meth:`run`: the rows
+        it returns, or the number of rows it changed."""
+        return self._statement(self.shard_for(key, force_string=force_string), query, params, timeout, False, None)
+
+    def read(self, key: int | str, query: Any, params: Any = None, *, force_string: bool = False,
+             max_lag: float | None = SAME, timeout: float | None = SAME) -> Any:
+        """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
+        (else, or when the standby is down, on the primary)."""
+        return self._statement(self.shard_for(key, force_string=force_string), query, params, timeout, True, max_lag)
+
+    def _statement(self, shard: int, query: Any, params: Any, timeout: Any, readonly: bool, max_lag: Any) -> Any:
+        def attempt(host: Host) -> Any:
+            with self._on_host(host, shard, timeout, readonly, max_lag, transaction=False,
+                               clean=_leaves_no_state(query)) as conn:
+                cur = conn.execute(query, params)
+                return cur.fetchall() if cur.description is not None else cur.rowcount
+
+        return self._retrying(shard, attempt)
+
+    def _retrying(self, shard: int, attempt: Callable[[Host], T]) -> T:
+        """``attempt(host)``; again after a stale cached plan (0A000 after a migration) or a move."""
+        replanned = moved = False
+        while True:
+            host = self._locate(shard)
+            self._tried.host = host
+            try:
+                return attempt(host)
+            except psycopg.Error as exc:
+                if not replanned and _stale_plan(exc):
+                    replanned = True
+                    continue
+                if not moved and self.follow_move(shard, exc, host):
+                    moved = True
+                    continue
                 raise
-        with self.shard_connection(shard) as conn:
-            return work(conn)
 
-    def execute(self, key: int | str, query: Any, params: Any = None, *, force_string: bool = False) -> Any:
-        """One statement on the key's shard, following a move like :meth:`run`: the rows it
-        returns, or the number of rows it changed."""
-        def work(conn: psycopg.Connection) -> Any:
-            cur = conn.execute(query, params)
-            return cur.fetchall() if cur.description is not None else cur.rowcount
+    @contextmanager
+    def _on_host(self, host: Host, shard: int, timeout: Any, readonly: bool, max_lag: Any, *,
+                 transaction: bool, clean: bool = False) -> Iterator[psycopg.Connection]:
+        """A session on the host's standby (``readonly`` and fresh enough) or else its primary."""
+        timeout = self.timeout if timeout is SAME else timeout
+        schema = self.topology.schema_name(shard)
+        if readonly and host.standby:
+            lag_bound = self.max_lag if max_lag is SAME else max_lag
+            standby = self._pool(host, standby=True)
+            try:
+                with _session(self, standby, schema, timeout, transaction, clean, readonly, lag_bound) as conn:
+                    yield conn
+                    return
+            except _Fallback as why:
+                standby.count(f"fallbacks.{why.args[0]}")
+        with _session(self, self._pool(host), schema, timeout, transaction, clean, readonly, None) as conn:
+            yield conn
 
-        return self.run(key, work, force_string=force_string)
-
+    # ---- moves -----------------------------------------------------------------
     def reload(self) -> Topology:
         """Read the topology file again; pools of hosts that left or changed DSN are closed."""
         if self.topology.path is None:
             return self.topology
         fresh = Topology.load(self.topology.path, allow_inline_password=self.allow_inline_password)
-        keep = {h.name: (h.dsn, h.password_env) for h in fresh.hosts}
+        after = {h.name: (h.dsn, h.password_env, h.standby) for h in fresh.hosts}
         with self._lock:
-            before = {h.name: (h.dsn, h.password_env) for h in self.topology.hosts}
+            before = {h.name: (h.dsn, h.password_env, h.standby) for h in self.topology.hosts}
             self.topology = fresh
-            stale = [name for name in self._pools if keep.get(name) is None or keep[name] != before.get(name)]
-            old_pools = [self._pools.pop(name) for name in stale]
+            changed = {name for name in before if after.get(name) != before[name]}
+            # Pool keys: the host's name, and "<name> standby" for its standby's pool.
+            stale = [key for key in self._pools if key.split(" ")[0] in changed]
+            old_pools = [self._pools.pop(key) for key in stale]
         for pool in old_pools:
             pool.close()
         return fresh
@@ -137,12 +215,12 @@ class Router:
         if state not in MOVED_ERRORS or self.topology.path is None:
             return False
         # Not the current topology's owner: another thread may have reloaded it already.
-        old = tried or getattr(self._tried, "host", None) or self.topology.host_of(shard)
+        old = tried or getattr(self._tried, "host", None) or self._locate(shard)
         moved = state == MOVED_SQLSTATE
         deadline = time.monotonic() + self.move_wait
         while True:
-            fresh = self.reload()
-            new = fresh.host_of(shard)
+            self.reload()
+            new = self._locate(shard)
             if (new.name, new.dsn) != (old.name, old.dsn):
                 return True
             if not moved:
@@ -156,63 +234,194 @@ class Router:
 
     def _moved_away(self, host: Host, shard: int) -> bool:
         try:
-            with self._pool(host).connection(timeout=self.pool_timeout) as conn:
+            with _session(self, self._pool(host), "public", self.timeout, False, False, False, None) as conn:
                 row = conn.execute("SELECT state FROM shardctl.shards WHERE shard_id = %s", (shard,)).fetchone()
         except Exception:  # noqa: BLE001 - no answer means no evidence of a move
             return False
         return bool(row) and row[0] == "moved_out"
 
-    @contextmanager
-    def shard_connection(self, shard: int) -> Iterator[psycopg.Connection]:
-        host = self.topology.host_of(shard)
-        schema = self.topology.schema_name(shard)
-        self._tried.host = host
-        pool = self._pool(host)
-        try:
-            ctx = pool.connection(timeout=self.pool_timeout)
-            conn = ctx.__enter__()
-        except psycopg.OperationalError as exc:
-            from .engine.connections import first_line
-
-            raise HostUnreachable(host.name, first_line(exc)) from None
-        except Exception as exc:  # psycopg_pool.PoolTimeout
-            raise HostUnreachable(host.name, f"no connection from the pool: {exc}") from None
-        try:
-            conn.execute("SELECT set_config('search_path', %s, false)", (f"{schema}, public",))
-            yield conn
-        except BaseException as exc:
-            ctx.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        else:
-            ctx.__exit__(None, None, None)
-
-    def _pool(self, host: Host) -> ConnectionPool:
-        pool = self._pools.get(host.name)
+    # ---- pools -----------------------------------------------------------------
+    def _pool(self, host: Host, *, standby: bool = False) -> HostPool:
+        key = f"{host.name} standby" if standby else host.name
+        pool = self._pools.get(key)
         if pool is not None:
             return pool
         with self._lock:
-            pool = self._pools.get(host.name)
+            pool = self._pools.get(key)
             if pool is None:
-                kwargs = host.connect_kwargs(connect_timeout=self.connect_timeout,
-                                             application_name=f"{APPLICATION_NAME} router")
-                conninfo = kwargs.pop("conninfo")
-                pool = ConnectionPool(conninfo, kwargs=kwargs, min_size=1, max_size=self.max_size, open=False,
-                                      reset=_reset, name=f"shardctl-{host.name}")
-                pool.open(wait=False)
-                self._pools[host.name] = pool
+                pool = HostPool(host.name, "standby" if standby else "primary",
+                                functools.partial(self._connect, host, standby), self.max_size, self.pool_timeout)
+                self._pools[key] = pool
         return pool
+
+    def _connect(self, host: Host, standby: bool) -> psycopg.Connection:
+        """A new autocommit connection with the Router's bounds: connect timeout, TCP keepalives and
+        user timeout (a dead network is noticed), and ``statement_timeout`` as the session default."""
+        kwargs = host.connect_kwargs(connect_timeout=max(1, int(self.connect_timeout)),
+                                     application_name=f"{APPLICATION_NAME} router")
+        if standby:
+            kwargs["conninfo"] = host.standby
+        options = conninfo_to_dict(kwargs["conninfo"]).get("options", "")
+        kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                      tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)),
+                      options=f"{options} -c statement_timeout={_ms(self.timeout)}".strip())
+        return psycopg.connect(autocommit=True, **kwargs)
+
+    def stats(self) -> dict[str, dict]:
+        """Per host: pool usage, calls, errors by kind, breaker state and latency percentiles (ms) of
+        its primary, and under ``"standby"`` the same for its standby (with the last lag seen)."""
+        with self._lock:
+            pools = dict(self._pools)
+        out: dict[str, dict] = {}
+        for host in self.topology.hosts:
+            primary = pools.get(host.name) or self._unused(host.name, "primary")
+            doc = primary.stats()
+            standby = pools.get(f"{host.name} standby") or (self._unused(host.name, "standby") if host.standby else None)
+            doc["standby"] = standby.stats() if standby else None
+            out[host.name] = doc
+        return out
+
+    def _unused(self, name: str, role: str) -> HostPool:
+        """A pool never used (nothing opened): for :meth:`stats`' zeros."""
+        return HostPool(name, role, lambda: None, self.max_size, self.pool_timeout)  # type: ignore[arg-type,return-value]
 
     def close(self) -> None:
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.close()
+        self._watchdog.stop()
 
     def __enter__(self) -> "Router":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Fallback(Exception):
+    """The standby cannot serve this read (args[0]: ``lagging`` or ``unreachable``): use the primary."""
+
+
+def _ms(seconds: float | None) -> int:
+    return 0 if seconds is None else max(1, int(seconds * 1000))
+
+
+_PREPARE_SQL = "SELECT set_config('search_path', %s, false), set_config('statement_timeout', %s, false)"
+# Behind by the age of the last replayed transaction, unless everything received is replayed.
+_LAG_SQL = ("SELECT CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() "
+            "THEN 0 ELSE coalesce(extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()), "
+            "1e9) END")
+
+
+@contextmanager
+def _session(router: Router, pool: HostPool, schema: str, timeout: float | None, transaction: bool, clean: bool,
+             readonly: bool, max_lag: float | None) -> Iterator[psycopg.Connection]:
+    """One call on ``pool``: checkout, search_path and statement_timeout (only when they change),
+    the caller's work (in a transaction when ``transaction``), the reset unless ``clean``, checkin.
+
+    Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
+    """
+    started = time.perf_counter()
+    deadline = None if timeout is None else time.monotonic() + timeout + router.grace
+    try:
+        slot = pool.acquire(deadline)
+    except HostUnreachable:
+        pool.record(time.perf_counter() - started, "unreachable")
+        if max_lag is not None:
+            raise _Fallback("unreachable") from None
+        raise
+    conn = slot.conn
+    watch = router._watchdog.arm(conn, deadline) if deadline is not None else None
+    try:
+        _prepare(slot, pool, schema, _ms(timeout), _ms(router.timeout))
+        if max_lag is not None and _lag(router, pool, conn) > max_lag:
+            _finish(router, pool, slot, watch, started, error=None, keep=True)
+            raise _Fallback("lagging")
+        if transaction:
+            conn.autocommit = False
+            conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
+            conn.read_only = True if readonly else None
+            try:
+                yield conn
+            except BaseException:
+                _quietly(conn.rollback)
+                raise
+            conn.commit()
+        else:
+            yield conn
+        if transaction or not clean:
+            _reset(slot)
+    except _Fallback:
+        raise
+    except BaseException as exc:
+        fired = watch is not None and router._watchdog.disarm(watch)
+        watch = None
+        error, mapped = _failure(pool, slot, exc, fired, timeout, router.grace)
+        # The connection stays pooled unless it is cut, broken or was interrupted mid-call.
+        keep = error in ("sql", "stale_plan", "other") and ((clean and not transaction) or _quietly(_reset, slot))
+        _finish(router, pool, slot, None, started, error=error, keep=keep)
+        if mapped is not exc:
+            raise mapped from None
+        raise
+    _finish(router, pool, slot, watch, started, error=None, keep=True)
+
+
+def _finish(router: Router, pool: HostPool, slot: Slot, watch: int | None, started: float, *,
+            error: str | None, keep: bool) -> None:
+    if watch is not None and router._watchdog.disarm(watch):
+        keep = False  # the deadline fired just as the call ended: the socket is cut
+    pool.release(slot, discard=not keep)
+    pool.record(time.perf_counter() - started, error)
+
+
+def _prepare(slot: Slot, pool: HostPool, schema: str, timeout_ms: int, default_ms: int) -> None:
+    if slot.plan_epoch != pool.plan_epoch:
+        slot.conn.execute("DEALLOCATE ALL")  # psycopg forgets its prepared statements too
+        slot.plan_epoch = pool.plan_epoch
+    want = None if timeout_ms == default_ms else timeout_ms
+    if slot.schema != schema or slot.timeout_ms != want:
+        slot.conn.execute(_PREPARE_SQL, (f"{schema}, public", str(default_ms if want is None else want)))
+        slot.schema, slot.timeout_ms = schema, want
+
+
+def _lag(router: Router, pool: HostPool, conn: psycopg.Connection) -> float:
+    now = time.monotonic()
+    if pool.lag is None or now - pool.lag[0] > router.lag_check_interval:
+        pool.lag = (now, float(conn.execute(_LAG_SQL).fetchone()[0]))
+    return pool.lag[1]
+
+
+def _failure(pool: HostPool, slot: Slot, exc: BaseException, fired: bool, timeout: float | None,
+             grace: float) -> tuple[str, BaseException]:
+    """The stats kind of an error, and what the caller sees."""
+    if fired:
+        cause = f"no answer within {timeout + grace:g}s (timeout {timeout:g}s)"
+        pool.breaker.failure(cause, probe_now=True)
+        pool.drop_idle()
+        return "timeout", HostUnreachable(pool.breaker.name, cause)
+    conn = slot.conn
+    if isinstance(exc, psycopg.OperationalError) and (conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK):
+        log.info("host %s: connection lost: %s", pool.breaker.name, first_line(exc))
+        return "connection_lost", HostUnreachable(pool.breaker.name, first_line(exc))
+    if _stale_plan(exc):
+        pool.plan_epoch += 1  # every pooled connection drops its prepared statements before its next use
+        return "stale_plan", exc
+    if isinstance(exc, psycopg.Error):
+        return "sql", exc
+    return ("other" if isinstance(exc, Exception) else "interrupted"), exc
+
+
+def _stale_plan(exc: BaseException) -> bool:
+    return getattr(exc, "sqlstate", None) == "0A000" and "cached plan must not change result type" in str(exc)
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> bool:
+    try:
+        fn(*args)
+        return True
+    except Exception:  # noqa: BLE001 - the connection is broken: the caller discards it
+        return False
 
 
 # What ``DISCARD ALL`` does, less ``DEALLOCATE ALL`` (psycopg keeps its own prepared statements
@@ -222,15 +431,43 @@ _RESET_SQL = ("SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_sta
               "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
 
 
-def _reset(conn: psycopg.Connection) -> None:
+def _reset(slot: Slot) -> None:
     """Return connections clean: nothing of one checkout's session reaches the next user.
 
     Settings, and temporary tables too: ``pg_temp`` comes first in the search path, so a temp
     table left behind would capture another shard's reads and writes. Session advisory locks,
     LISTENs, cursors and the user's own prepared statements go as well; psycopg's prepared
-    statements stay (PostgreSQL re-plans them when the search path changes).
+    statements stay (PostgreSQL re-plans them when the search path changes). One round trip.
     """
+    conn = slot.conn
+    slot.schema = slot.timeout_ms = None
+    if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.rollback()
+    conn.autocommit = True
+    conn.read_only = None
+    conn.prepare_threshold = 5
     names = conn.execute(_RESET_SQL).fetchone()[0]
     for name in names:
         conn.execute(f"DEALLOCATE {quote_ident(name)}")
-    conn.commit()
+
+
+_STARTS_CLEAN = re.compile(r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(insert|update|delete|select|with|values|table|merge)\b",
+                           re.IGNORECASE | re.DOTALL)
+# Words with which a query can leave session state behind (settings, temp tables, advisory locks,
+# LISTEN, cursors, prepared statements, roles). A false alarm only costs the reset round trip.
+_SESSION_WORDS = re.compile(r"set_config|advisory|temp|listen|prepare|declare|role|authorization|setseed|dblink|"
+                            r"\bset\s+(?:session|local)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=2048)
+def _text_leaves_no_state(text: str) -> bool:
+    return bool(_STARTS_CLEAN.match(text)) and not _SESSION_WORDS.search(text)
+
+
+def _leaves_no_state(query: Any) -> bool:
+    """True when one autocommit statement cannot leave session state: the reset can be skipped."""
+    if isinstance(query, bytes):
+        query = query.decode("utf-8", "replace")
+    if not isinstance(query, str):
+        return False  # sql.Composed and friends: not worth rendering here; reset to be safe
+    return _text_leaves_no_state(query)

@@ -36,6 +36,19 @@ def _sandbox_dir(label: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"shardctl-test-{label}-"))
 
 
+@pytest.fixture
+def server_dir():
+    """A directory for a test's own servers, outside pytest's tmp_path.
+
+    pytest resets ``/tmp/pytest-of-<user>`` to mode 0700 when a session starts, so a server
+    (running as the unprivileged sandbox user) under tmp_path loses access to its data
+    directory whenever another pytest session starts meanwhile.
+    """
+    path = _sandbox_dir("dir")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def servers() -> Sandbox:
     box = Sandbox(_sandbox_dir("servers"))

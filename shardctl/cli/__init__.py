@@ -1,12 +1,15 @@
 """The ``shardctl`` command: option parsing and rendering over the library.
 
 Every error is one line on stderr (``--debug`` adds the traceback) and maps to
-the exit codes of SPEC 4: 0 ok, 1 failed / work pending, 2 bad input, 3 host unreachable.
+an exit code: 0 ok, 1 failed / work pending, 2 bad input, 3 host unreachable.
+
+Each command lives in the module named in ``COMMAND_MODULES`` and is imported on first use:
+an offline command (decode-id, encode-id, locate, info, render) never imports psycopg.
 """
 
 from __future__ import annotations
 
-import functools
+import importlib
 import json
 import sys
 import traceback
@@ -16,7 +19,7 @@ from typing import Any, Callable
 
 import click
 
-from .. import __version__
+from ..version import __version__
 from ..model.dsn import mask
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigErrors, ShardctlError
 from ..model.topology import LayoutWarning, Topology
@@ -49,8 +52,28 @@ def json_option(func: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")(func)
 
 
+# The module (in this package) that defines each top-level command.
+COMMAND_MODULES = {
+    "decode-id": "offline", "encode-id": "offline", "info": "offline", "locate": "offline", "render": "offline",
+    "init": "fleet", "migrate": "fleet", "plan": "fleet", "status": "fleet", "verify": "fleet",
+    "add-host": "grow", "add-shard": "grow",
+    "move-shard": "move", "rebalance": "move",
+    "sandbox": "sandbox", "demo": "sandbox",
+    "lint": "lint", "redeploy": "redeploy",
+}
+
+
 class ShardctlGroup(click.Group):
-    """Maps shardctl errors, and click's own usage errors, to one line and an exit code."""
+    """Loads each command's module on first use; maps shardctl errors, and click's own usage errors,
+    to one line and an exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(COMMAND_MODULES))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            importlib.import_module(f"{__name__}.{COMMAND_MODULES[cmd_name]}")  # adds its commands to ``cli``
+        return super().get_command(ctx, cmd_name)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401
         kwargs["standalone_mode"] = False
@@ -111,20 +134,10 @@ def cli(ctx: click.Context, config: str | None, allow_inline_password: bool, deb
 
 
 def main() -> None:
-    _register()
     cli.main(prog_name="shardctl")
 
 
-@functools.cache
-def _register() -> None:
-    # Each module adds its commands to ``cli``.
-    from . import offline  # noqa: F401
-    for name in ("fleet", "sandbox", "migrate", "grow", "move", "lint", "redeploy"):
-        try:
-            __import__(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-
-
-_register()
+def load_commands() -> dict[str, click.Command]:
+    """Every top-level command, all modules loaded (for documentation and tests)."""
+    ctx = click.Context(cli)
+    return {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}

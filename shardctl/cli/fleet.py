@@ -1,4 +1,7 @@
-"""Commands that work on the fleet: init, migrate, plan, verify, status."""
+"""Commands that work on the fleet: init, migrate, plan, verify, status.
+
+Each command parses its options, calls one library function, and renders its typed result; the
+library's ``raise_for_status`` decides the exit code."""
 
 from __future__ import annotations
 
@@ -7,11 +10,13 @@ from typing import Callable
 
 import click
 
-from ..engine.executor import DEFAULT_BATCH, DEFAULT_RECYCLE, RunOptions
 from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
-from ..errors import BadInput, HostUnreachable, PendingWork, ShardctlError
-from ..engine.fanout import FleetReport
-from ..ops.migrate import DEFAULT_LOCK_TIMEOUT, migrate, parse_shard_filter
+from ..engine.executor import (DEFAULT_BATCH, DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, DEFAULT_MAX_LOCK_HOLD_MS,
+                               DEFAULT_RECYCLE, DEFAULT_RETRY_BUDGET, RunOptions)
+from ..engine.fanout import FleetReport, raise_for_status
+from ..errors import BadInput, ShardctlError
+from ..model.ranges import format_shards
+from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from ..ops.provision import init
 from ..ops.status import status
 from ..ops.verify import verify
@@ -29,7 +34,7 @@ def host_options(func: Callable) -> Callable:
 
 def run_options(func: Callable) -> Callable:
     func = click.option("--batch-size", type=click.IntRange(1, 10_000), default=DEFAULT_BATCH, show_default=True,
-                        help="Shards per transaction.")(func)
+                        help="Shards per transaction (at most; see --max-lock-hold).")(func)
     func = click.option("--recycle-after", type=click.IntRange(1, 1_000_000), default=DEFAULT_RECYCLE,
                         show_default=True, help="Shards per connection before it is replaced.")(func)
     func = click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
@@ -56,31 +61,37 @@ def finish(as_json: bool, doc: dict, human: Callable[[], None], error: ShardctlE
         sys.exit(error.exit_code)
 
 
-def _status_of(report: FleetReport) -> ShardctlError | None:
+def status_of(result: object) -> ShardctlError | None:
+    """The error ``result.raise_for_status()`` raises, or None."""
     try:
-        report.raise_for_status()
+        result.raise_for_status()
     except ShardctlError as exc:
         return exc
     return None
 
 
+def _state(h) -> str:
+    return "unreachable" if not h.reachable else ("error" if h.error else ("failed" if h.value.failed else "ok"))
+
+
+def _print_failed(report: FleetReport, with_version: bool) -> None:
+    for f in report.failed[:50]:
+        version = f" at V{f['version']}" if f.get("version") or with_version else ""
+        stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']}{version}: {f['error']}",
+                     markup=True, highlight=False)
+    if len(report.failed) > 50:
+        stdout.print(f"… and {len(report.failed) - 50} more failed shards (see --json)")
+
+
 def fleet_table(report: FleetReport, title: str) -> None:
-    rows = []
-    for h in report.hosts:
-        state = "unreachable" if not h.reachable else ("error" if h.error else ("failed" if h.failed else "ok"))
-        rows.append([h.host, state, len(h.created), len(h.migrated), h.unchanged, len(h.failed),
-                     len(h.not_started), f"{h.seconds:.2f}s"])
+    rows = [[h.host, _state(h), len(h.value.created), len(h.value.migrated), h.value.unchanged,
+             len(h.value.failed), len(h.value.not_started), f"{h.seconds:.2f}s"] for h in report.hosts]
     stdout.print(table(title, ["host", "state", "created", "migrated", "unchanged", "failed", "not started", "time"],
                        rows))
     for h in report.hosts:
         if h.error:
             stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
-    for f in report.failed[:50]:
-        version = f" at V{f['version']}" if f.get("version") else ""
-        stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']}{version}: {f['error']}",
-                     markup=True, highlight=False)
-    if len(report.failed) > 50:
-        stdout.print(f"… and {len(report.failed) - 50} more failed shards (see --json)")
+    _print_failed(report, with_version=False)
 
 
 @cli.command("init")
@@ -103,135 +114,119 @@ def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_
             stdout.print(f"Nothing to do: every shard exists and is at version {report.extra['latest_version']}. "
                          f"({report.seconds:.2f}s)")
         elif report.ok:
-            created = sum(len(h.created) for h in report.hosts)
-            migrated = sum(len(h.migrated) for h in report.hosts)
-            stdout.print(f"Created {created} shards, migrated {migrated}, in {report.seconds:.2f}s.")
+            stdout.print(f"Created {report.total('created')} shards, migrated {report.total('migrated')}, "
+                         f"in {report.seconds:.2f}s.")
 
-    finish(as_json, report.to_dict(), human, _status_of(report))
+    finish(as_json, report.to_dict(), human, status_of(report))
+
+
+def _migrate_notes(report: MigrateResult) -> None:
+    """Per host: errors, drift, gaps, orphans, repairs, shards held by moves, shards not started."""
+    for h in report.hosts:
+        d = report.host(h)
+        if h.error:
+            stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
+        for dr in d.drift:
+            stdout.print(f"[red]{h.host}[/red]: {dr.file} changed after it was applied (shards "
+                         f"{format_shards(dr.shards)}); restore it, or accept it with "
+                         f"`shardctl migrate --repair --yes`", markup=True, highlight=False)
+        for v, s in d.gaps.items():
+            stdout.print(f"[red]{h.host}[/red]: V{v} is missing from the ledger of shards {format_shards(s)}, "
+                         f"though later versions are applied there", markup=True, highlight=False)
+        for v, s in d.orphans.items():
+            stdout.print(f"[yellow]{h.host}[/yellow]: V{v} is applied on shards {format_shards(s)} but its file "
+                         f"is gone", markup=True, highlight=False)
+        for line in d.held:
+            stdout.print(f"[yellow]{h.host}[/yellow]: pending: {line}", markup=True, highlight=False)
+        if d.repaired:
+            stdout.print(f"{h.host}: recorded new checksums for {d.repaired} ledger rows")
+        if d.retried:
+            stdout.print(f"{h.host}: {d.retried} shard(s) applied after waiting out another transaction's lock")
+        if d.not_started:
+            stdout.print(f"{h.host}: not started: shards {format_shards(d.not_started)}", highlight=False)
+
+
+def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
+    rows = []
+    for h in report.hosts:
+        d = report.host(h)
+        pend = ", ".join(f"V{v}×{n}" for v, n in d.pending.items()) or "-"
+        rows.append([h.host, _state(h), pend, len(d.migrated), d.unchanged, len(d.failed), len(d.not_started),
+                     format_shards(d.missing) or "-", f"{h.seconds:.2f}s"])
+    mode = "check" if report.check else ("dry run" if report.dry_run else "migrate")
+    stdout.print(table(f"{mode} to V{report.target}",
+                       ["host", "state", "pending", "migrated", "up to date", "failed", "not started",
+                        "missing shards", "time"], rows))
+    _migrate_notes(report)
+    _print_failed(report, with_version=True)
+    if report.dry_run:
+        for h in report.hosts:
+            for label, text in report.host(h).dry_run_sql.items():
+                stdout.print(f"-- {h.host}, {label} (first pending shard; others alike)", markup=False)
+                stdout.print(text, markup=False, highlight=False)
+    if report.check and error is None:
+        stdout.print(f"Nothing pending: every shard in scope is at V{report.target}.")
+    stdout.print(f"{mode} took {report.seconds:.3f}s")
+
+
+def lock_options(func: Callable) -> Callable:
+    func = click.option("--lock-timeout", default=DEFAULT_LOCK_WAIT, show_default=True,
+                        help="How long one shard waits for a table lock before it is put back and retried "
+                             "(PostgreSQL interval).")(func)
+    func = click.option("--lock-retries", type=click.IntRange(0, 1000), default=DEFAULT_LOCK_RETRIES,
+                        show_default=True, help="Retries of a shard whose lock wait timed out (0: fail at once).")(
+        func)
+    func = click.option("--retry-budget", type=click.FloatRange(0, 86_400), default=DEFAULT_RETRY_BUDGET,
+                        show_default=True, help="Seconds a blocked shard keeps being retried, in all.")(func)
+    func = click.option("--max-lock-hold", type=click.IntRange(1, 600_000), default=DEFAULT_MAX_LOCK_HOLD_MS,
+                        show_default=True, help="Milliseconds a batch may hold its shards' locks; batches are "
+                                                "sized to stay under it.")(func)
+    return func
 
 
 @cli.command("migrate")
 @host_options
 @run_options
+@lock_options
 @click.option("--shards", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 0-1023).")
 @click.option("--target", type=int, help="Migrate up to this version (default: the latest).")
 @click.option("--dry-run", is_flag=True, help="Render and show what would run; touch nothing.")
 @click.option("--check", is_flag=True, help="Exit 1 if anything is pending, listing it (for CI); touch nothing.")
 @click.option("--continue-on-error", is_flag=True,
               help="Keep starting shards after a failure (default: finish the shards in flight, start no more).")
-@click.option("--lock-timeout", default=DEFAULT_LOCK_TIMEOUT, show_default=True,
-              help="Give up on a shard when a table lock is not granted in time (PostgreSQL interval).")
 @click.option("--statement-timeout", default=None, help="Cancel any one statement that runs longer (interval).")
 @click.option("--repair", is_flag=True, help="Accept changed applied migrations: record their new checksums.")
 @click.option("--yes", is_flag=True, help="Confirm --repair.")
 @click.option("--base", metavar="DIR", help="With --check: the pull-request gate against the base branch's "
               "migrations folder (passes when the change only adds migrations after the base's head).")
 def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
-                wait: float, shard_spec: str | None, target: int | None, dry_run: bool, check: bool,
-                continue_on_error: bool, lock_timeout: str, statement_timeout: str | None, repair: bool,
-                yes: bool, base: str | None) -> None:
+                wait: float, lock_timeout: str, lock_retries: int, retry_budget: float, max_lock_hold: int,
+                shard_spec: str | None, target: int | None, dry_run: bool, check: bool, continue_on_error: bool,
+                statement_timeout: str | None, repair: bool, yes: bool, base: str | None) -> None:
     """Apply pending versioned migrations to every shard on every host."""
-    from ..errors import OperationFailed
-    from ..model.ranges import format_shards
-
     if base is not None:
         if not check or dry_run or repair or target is not None or shard_spec:
             raise BadInput("--base is the pull-request gate: use it as `migrate --check --base DIR` "
                            "(with --hosts at most)")
         from .gate import run_gate
 
-        return run_gate(base, split_hosts(host_names), connect_timeout, as_json)
-
-    if repair and (check or dry_run):
-        raise BadInput("--repair cannot be combined with --check or --dry-run")
-    if check and dry_run:
-        raise BadInput("--check and --dry-run are two different reports; choose one")
-    if repair and not yes:
+        return finish(as_json, *run_gate(settings().topology(), base, split_hosts(host_names), connect_timeout))
+    if repair and not yes and not (check or dry_run):
         if not (sys.stdin.isatty() and click.confirm(
                 "--repair records the current checksum of every changed applied migration, accepting the "
                 "edited files as applied. Continue?", default=False, err=True)):
             raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
     topo = settings().topology()
-    shards = parse_shard_filter(shard_spec, topo)
     options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout,
                          lock_timeout=lock_timeout, statement_timeout=statement_timeout,
-                         continue_on_error=continue_on_error)
+                         continue_on_error=continue_on_error, lock_retries=lock_retries, retry_budget=retry_budget,
+                         max_lock_hold_ms=max_lock_hold)
     with host_progress("migrate", not (as_json or check or dry_run)) as progress:
-        report = migrate(topo, target=target, hosts=split_hosts(host_names), shards=shards, dry_run=dry_run,
-                         check=check, repair=repair, options=options, wait=wait, progress=progress)
-    details = report.extra["details"]
-    error = _status_of(report)
-    if report.failed and not report.unreachable:
-        stopped = sum(len(h.not_started) for h in report.hosts)
-        first = report.failed[:3]
-        text = "; ".join(f"shard {f['shard']} on {f['host']} at V{f['version']}: {f['error']}" for f in first)
-        more = f" (and {len(report.failed) - 3} more)" if len(report.failed) > 3 else ""
-        note = (f"; {stopped} shard(s) not started (stopped after the first failure; re-run to continue)"
-                if stopped else "")
-        error = OperationFailed(f"migrate: {len(report.failed)} shard(s) failed: {text}{more}{note}")
-    if error is None and (check or dry_run):
-        parts = []
-        for h, d in details.items():
-            if d["pending"] and check:
-                parts.append(f"{h}: " + ", ".join(f"V{v} on {n} shards" for v, n in d["pending"].items()))
-            if d["missing"]:
-                parts.append(f"{h}: shards {d['missing']} not created (run shardctl init)")
-            for dr in d["drift"]:
-                parts.append(f"{h}: {dr['file']} changed after it was applied (shards {dr['shards']})")
-            for v, s in d["gaps"].items():
-                parts.append(f"{h}: V{v} missing from the ledger of shards {s}")
-        if parts and check:
-            error = PendingWork("pending: " + "; ".join(parts))
-        elif parts and any(d["drift"] or d["gaps"] for d in details.values()):
-            # The real run would refuse: say so with exit 1, so a CI dry run catches it too.
-            error = OperationFailed("dry run: migrate would refuse to run: " + "; ".join(
-                p for p in parts if "not created" not in p))
-
-    def human() -> None:
-        rows = []
-        for h in report.hosts:
-            d = details.get(h.host, {})
-            pend = ", ".join(f"V{v}×{n}" for v, n in d.get("pending", {}).items()) or "-"
-            state = "unreachable" if not h.reachable else ("error" if h.error else ("failed" if h.failed else "ok"))
-            rows.append([h.host, state, pend, len(h.migrated), h.unchanged, len(h.failed), len(h.not_started),
-                         d.get("missing") or "-", f"{h.seconds:.2f}s"])
-        mode = "check" if check else ("dry run" if dry_run else "migrate")
-        stdout.print(table(f"{mode} to V{report.extra['target']}",
-                           ["host", "state", "pending", "migrated", "up to date", "failed", "not started",
-                            "missing shards", "time"], rows))
-        for h in report.hosts:
-            d = details.get(h.host, {})
-            if h.error:
-                stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
-            for dr in d.get("drift", []):
-                stdout.print(f"[red]{h.host}[/red]: {dr['file']} changed after it was applied (shards "
-                             f"{dr['shards']}); restore it, or accept it with `shardctl migrate --repair --yes`",
-                             markup=True, highlight=False)
-            for v, s in d.get("gaps", {}).items():
-                stdout.print(f"[red]{h.host}[/red]: V{v} is missing from the ledger of shards {s}, though later "
-                             f"versions are applied there", markup=True, highlight=False)
-            for v, s in d.get("orphans", {}).items():
-                stdout.print(f"[yellow]{h.host}[/yellow]: V{v} is applied on shards {s} but its file is gone",
-                             markup=True, highlight=False)
-            if d.get("repaired"):
-                stdout.print(f"{h.host}: recorded new checksums for {d['repaired']} ledger rows")
-            if h.not_started:
-                stdout.print(f"{h.host}: not started: shards {format_shards(h.not_started)}", highlight=False)
-        for f in report.failed[:50]:
-            stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']} at V{f['version']}: "
-                         f"{f['error']}", markup=True, highlight=False)
-        if len(report.failed) > 50:
-            stdout.print(f"… and {len(report.failed) - 50} more failed shards (see --json)")
-        if dry_run:
-            for h, d in details.items():
-                for label, text in d.get("dry_run_sql", {}).items():
-                    stdout.print(f"-- {h}, {label} (first pending shard; others alike)", markup=False)
-                    stdout.print(text, markup=False, highlight=False)
-        if check and error is None:
-            stdout.print(f"Nothing pending: every shard in scope is at V{report.extra['target']}.")
-        stdout.print(f"{mode} took {report.seconds:.3f}s")
-
-    finish(as_json, report.to_dict(), human, error)
+        report = migrate(topo, target=target, hosts=split_hosts(host_names),
+                         shards=parse_shard_filter(shard_spec, topo), dry_run=dry_run, check=check, repair=repair,
+                         options=options, wait=wait, progress=progress)
+    error = status_of(report)
+    finish(as_json, report.to_dict(), lambda: migrate_human(report, error), error)
 
 
 @cli.command("plan")
@@ -242,17 +237,8 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
     topo = settings().topology()
     report = migrate(topo, hosts=split_hosts(host_names), check=True, target=target,
                      options=RunOptions(connect_timeout=connect_timeout))
-    details = report.extra["details"]
-    doc = {"command": "plan", "latest_version": report.extra["latest_version"], "target": report.extra["target"],
-           "seconds": round(report.seconds, 3), "hosts": []}
-    for h in report.hosts:
-        d = details.get(h.host, {})
-        doc["hosts"].append({"host": h.host, "reachable": h.reachable, "error": h.error,
-                             "versions": d.get("versions", {}), "pending": d.get("pending", {}),
-                             "missing": d.get("missing", ""), "drift": d.get("drift", []),
-                             "gaps": d.get("gaps", {}), "orphans": d.get("orphans", {})})
-    doc["pending_total"] = sum(sum(h["pending"].values()) for h in doc["hosts"])
-    from .redeploy import template_plan  # template functions a `redeploy` would replace
+    doc = report.plan_dict()
+    from .gate import template_plan  # template functions a `redeploy` would replace
 
     doc["templates"], template_lines = template_plan(topo, split_hosts(host_names), connect_timeout)
 
@@ -279,12 +265,19 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
             for v, s in h["orphans"].items():
                 stdout.print(f"[yellow]{h['host']}[/yellow]: V{v} is applied on shards {s} but its file is gone",
                              markup=True, highlight=False)
+            for line in h["held"]:
+                stdout.print(f"[yellow]{h['host']}[/yellow]: {line}", markup=True, highlight=False)
         for line in template_lines:
             stdout.print(line, markup=False, highlight=False)
         total = doc["pending_total"]
         stdout.print(f"{total} shard migration(s) pending." if total else "Nothing pending.")
 
-    finish(as_json, doc, human, _status_of(report) if (report.unreachable or report.errors) else None)
+    error = None
+    try:
+        raise_for_status("plan", report.hosts)  # pending work is what plan shows, not an error
+    except ShardctlError as exc:
+        error = exc
+    finish(as_json, doc, human, error)
 
 
 @cli.command("verify")
@@ -303,9 +296,9 @@ def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samp
     def human() -> None:
         stdout.print(table("verify", ["host", "reachable", "shards", "IDs checked", "clock skew", "server",
                                       "violations", "time"],
-                           [[h.host, "yes" if h.reachable else "NO", h.shards_checked, h.ids_checked,
-                             f"{h.clock_skew_ms:+.1f} ms" if h.clock_skew_ms is not None else "-",
-                             h.server_version or "-", len(h.violations), f"{h.seconds:.2f}s"]
+                           [[h.host, "yes" if h.reachable else "NO", h.value.shards_checked, h.value.ids_checked,
+                             f"{h.value.clock_skew_ms:+.1f} ms" if h.value.clock_skew_ms is not None else "-",
+                             h.value.server_version or "-", len(h.value.violations), f"{h.seconds:.2f}s"]
                             for h in report.hosts]))
         lim = doc["layout"]
         stdout.print(f"Layout {lim['name']}: {lim['ids_per_ms_per_shard']} IDs/ms per shard; IDs overflow on "
@@ -320,17 +313,7 @@ def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samp
         if report.ok:
             stdout.print(f"verify passed in {report.seconds:.2f}s")
 
-    error: ShardctlError | None = None
-    unreachable = [h for h in report.hosts if not h.reachable]
-    if unreachable:
-        error = HostUnreachable(", ".join(h.host for h in unreachable), unreachable[0].error or "unreachable")
-    elif not report.ok:
-        from ..errors import OperationFailed
-
-        first = report.violations[0] if report.violations else None
-        msg = (f"verify: {len(report.violations)} violation(s); first: {first.host} shard {first.shard}: "
-               f"{first.reason}") if first else "verify: a host could not be checked"
-        error = OperationFailed(msg)
+    error = status_of(report)
     finish(as_json, doc, human, error)
 
 
@@ -339,7 +322,8 @@ def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samp
 def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> None:
     """Fleet table: reachability, shards expected vs present, versions, drift, moves, last event."""
     topo = settings().topology()
-    doc = status(topo, hosts=split_hosts(host_names), connect_timeout=connect_timeout)
+    report = status(topo, hosts=split_hosts(host_names), connect_timeout=connect_timeout)
+    doc = report.to_dict()
 
     def human() -> None:
         rows = []
@@ -367,10 +351,7 @@ def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> N
                 stdout.print(f"{h['host']}: applied versions with no migration file: "
                              f"{', '.join('V%d' % v for v in h['orphan_versions'])}", markup=False)
 
-    error = None
-    down = [h for h in doc["hosts"] if not h["reachable"]]
-    if down:
-        error = HostUnreachable(", ".join(h["host"] for h in down), down[0]["error"] or "unreachable")
+    error = status_of(report)
     finish(as_json, doc, human, error)
 
 

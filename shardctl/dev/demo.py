@@ -30,7 +30,7 @@ def run_demo(directory: str, *, hosts: int = 2, shards: int = 256,
     say(f"2. init: {topo.shard_count} shards ({topo.schema_name(0)} … {topo.schema_name(topo.shard_count - 1)}) "
         f"over {len(topo.hosts)} hosts …")
     report = init(topo).raise_for_status()
-    created = sum(len(h.created) for h in report.hosts)
+    created = report.total("created")
     say(f"   created {created} shards in {report.seconds:.2f}s" if created else
         "   every shard already existed: nothing to do")
 
@@ -67,8 +67,8 @@ def run_demo(directory: str, *, hosts: int = 2, shards: int = 256,
 
     say("5. verify: every shard's next_id(), IDs, clocks and placement …")
     checked = verify(topo, samples=8)
-    say(f"   {'passed' if checked.ok else 'FAILED'}: {sum(h.shards_checked for h in checked.hosts)} shards, "
-        f"{sum(h.ids_checked for h in checked.hosts)} IDs in {checked.seconds:.2f}s")
+    say(f"   {'passed' if checked.ok else 'FAILED'}: {sum(h.value.shards_checked for h in checked.hosts)} shards, "
+        f"{sum(h.value.ids_checked for h in checked.hosts)} IDs in {checked.seconds:.2f}s")
     for v in checked.violations[:10]:
         say(f"   violation on {v.host} shard {v.shard}: {v.reason}")
     return {"command": "demo", "ok": checked.ok, "dir": str(sandbox.dir), "topology": up["topology"],

@@ -64,6 +64,7 @@ class SandboxState:
     bin_dir: str
     hosts: list[SandboxHost] = field(default_factory=list)
     password_env: str | None = None
+    standbys: list[SandboxHost] = field(default_factory=list)  # streaming replicas, named "<primary>-standby"
 
     @classmethod
     def read(cls, directory: Path) -> "SandboxState | None":
@@ -72,7 +73,11 @@ class SandboxState:
             return None
         raw = json.loads(path.read_text())
         return cls(bin_dir=raw["bin_dir"], hosts=[SandboxHost(**h) for h in raw["hosts"]],
-                   password_env=raw.get("password_env"))
+                   password_env=raw.get("password_env"),
+                   standbys=[SandboxHost(**h) for h in raw.get("standbys", [])])
+
+    def standby_of(self, name: str) -> SandboxHost | None:
+        return next((s for s in self.standbys if s.name == f"{name}-standby"), None)
 
     def write(self, directory: Path) -> None:
         (directory / STATE_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -142,14 +147,15 @@ def _make_traversable(path: Path) -> None:
             parent.chmod(mode | stat.S_IXOTH)
 
 
-def _run(args: list[str], user: str | None, log: Path | None = None, timeout: float = 120) -> str:
+def _run(args: list[str], user: str | None, log: Path | None = None, timeout: float = 120,
+         env: dict[str, str] | None = None) -> str:
     # Output goes to a file, never a pipe: the postmaster inherits it and would keep a pipe open.
     log = log or Path(os.devnull)
     with open(log, "ab") as sink:
         # Drop root's groups too: with gid 0 kept, root-owned 0711 directories deny access via the group bits.
         ids = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
         proc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-                              timeout=timeout, start_new_session=True, **ids)
+                              timeout=timeout, start_new_session=True, env=env, **ids)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-2000:] if log.exists() and str(log) != os.devnull else ""
         raise OperationFailed(f"{Path(args[0]).name} failed (exit {proc.returncode}): {tail.strip()}")
@@ -186,8 +192,11 @@ class Sandbox:
 
     def up(self, hosts: int = 2, shards: int = DEFAULT_SHARDS, *, pg_bin: str | None = None,
            use_system: bool = False, password_env: str | None = None, function: str = "plpgsql",
-           epoch: str = "2026-01-01T00:00:00Z") -> dict:
-        """Start the servers (creating them the first time) and write ``shardctl.yaml``."""
+           epoch: str = "2026-01-01T00:00:00Z", standby: bool = False) -> dict:
+        """Start the servers (creating them the first time) and write ``shardctl.yaml``.
+
+        ``standby``: also give every host a streaming replica (``pg_basebackup`` from the same
+        binaries), named in the topology as the host's ``standby:``."""
         if hosts < 1 or hosts > 64:
             raise BadInput(f"--hosts must be between 1 and 64, got {hosts}")
         if shards < 1 or shards > 8192:
@@ -219,23 +228,70 @@ class Sandbox:
             self._start(host, bin_dir, user)
         for host in state.hosts:
             self._ensure_database(host, state.password_env)
+        if standby:
+            self._add_standbys(state, bin_dir, user)
+        for replica in state.standbys:
+            self._start(replica, bin_dir, user)
+            self._ensure_database(replica, state.password_env)
         wrote_topology = False
         if not self.topology_path.exists():
             self.topology_path.write_text(self.topology_text(state, shards, function, epoch))
             wrote_topology = True
+        elif standby:
+            self._name_standbys(state)
         migrations = self.dir / "migrations"
         if not migrations.exists():
             shutil.copytree(builtin_dir("migrations"), migrations)
         return {"dir": str(self.dir), "topology": str(self.topology_path), "bin_dir": str(bin_dir),
                 "created": created, "wrote_topology": wrote_topology,
-                "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": True} for h in state.hosts]}
+                "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": True} for h in state.hosts],
+                "standbys": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": True}
+                             for h in state.standbys]}
+
+    # ---- standbys ---------------------------------------------------------------
+    def _add_standbys(self, state: SandboxState, bin_dir: Path, user: str | None) -> None:
+        """A streaming replica of every host that has none: ``pg_basebackup -R`` of the running primary."""
+        for host in state.hosts:
+            if state.standby_of(host.name) is not None:
+                continue
+            replica = SandboxHost(name=f"{host.name}-standby", port=_free_port(),
+                                  data_dir=str(self.dir / f"{host.name}-standby"))
+            data = Path(replica.data_dir)
+            shutil.rmtree(data, ignore_errors=True)  # a half-made copy of an interrupted run
+            data.mkdir(mode=0o700, parents=True)
+            if user:
+                shutil.chown(data, user, user)
+            env = dict(os.environ)
+            if state.password_env:
+                env["PGPASSWORD"] = os.environ[state.password_env]
+            _run([str(bin_dir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(host.port), "-U", "postgres",
+                  "-D", str(data), "-X", "stream", "-R", "-c", "fast", "--no-sync"],
+                 user, self._log(replica, "basebackup.log"), env=env)
+            state.standbys.append(replica)
+            state.write(self.dir)
+
+    def _name_standbys(self, state: SandboxState) -> None:
+        """Add ``standby:`` to the hosts of an existing topology file that lack one."""
+        from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+
+        from ..model.topology_file import TopologyFile
+
+        doc = TopologyFile(self.topology_path)
+        changed = False
+        for node in doc.doc.get("hosts") or []:
+            replica = state.standby_of(str(node.get("name")))
+            if replica is not None and not node.get("standby"):
+                node["standby"] = DoubleQuotedScalarString(replica.dsn)
+                changed = True
+        if changed:
+            doc.save()
 
     def down(self) -> dict:
         """Stop every server cleanly (data is kept; ``up`` starts them again)."""
         state = self._require_state()
         user = _server_user()
         stopped = []
-        for host in state.hosts:
+        for host in [*state.standbys, *state.hosts]:
             if self.running(host):
                 _run([str(Path(state.bin_dir) / "pg_ctl"), "-D", host.data_dir, "-m", "fast", "-w", "-t", "60",
                       "stop"], user, self._log(host, "pg_ctl.log"))
@@ -245,7 +301,7 @@ class Sandbox:
     def stop_host(self, name: str, mode: str = "fast") -> None:
         """Stop one server (tests use this to take a host down)."""
         state = self._require_state()
-        host = next((h for h in state.hosts if h.name == name), None)
+        host = next((h for h in [*state.hosts, *state.standbys] if h.name == name), None)
         if host is None:
             raise BadInput(f"no sandbox host {name}")
         if self.running(host):
@@ -254,7 +310,7 @@ class Sandbox:
 
     def start_host(self, name: str) -> None:
         state = self._require_state()
-        host = next((h for h in state.hosts if h.name == name), None)
+        host = next((h for h in [*state.hosts, *state.standbys] if h.name == name), None)
         if host is None:
             raise BadInput(f"no sandbox host {name}")
         self._start(host, Path(state.bin_dir), _server_user())
@@ -272,7 +328,9 @@ class Sandbox:
         state = self._require_state()
         return {"dir": str(self.dir), "topology": str(self.topology_path), "bin_dir": state.bin_dir,
                 "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": self.running(h),
-                           "pid": self.pid(h)} for h in state.hosts]}
+                           "pid": self.pid(h)} for h in state.hosts],
+                "standbys": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": self.running(h),
+                              "pid": self.pid(h)} for h in state.standbys]}
 
     # ---- helpers ----------------------------------------------------------------
     def _require_state(self) -> SandboxState:
@@ -397,5 +455,8 @@ class Sandbox:
             lines += [f"  - name: {host.name}", f"    dsn: \"{host.dsn}\""]
             if state.password_env:
                 lines.append(f"    password_env: {state.password_env}")
+            replica = state.standby_of(host.name)
+            if replica is not None:
+                lines.append(f"    standby: \"{replica.dsn}\"")
             lines.append(f"    shards: \"{lo}-{hi}\"")
         return "\n".join(lines) + "\n"

@@ -1,15 +1,24 @@
-"""The engine that applies per-shard SQL on one host.
+"""The one per-host executor: applies per-shard SQL on one host.
 
 Each shard's work (its creation and/or migrations, plus the matching rows in the
 control schema) commits together or not at all. Shards go in batches: one
-transaction and one round trip per batch. When a batch fails, it is rolled back
-and replayed one shard per transaction, so exactly the failing shards are named
-and every other shard ends complete. Migrations marked ``-- shardctl:no-transaction``
-run alone, outside a transaction, and are recorded only after they succeed.
+transaction per batch. When a batch fails, it is rolled back and replayed one shard
+per transaction, so exactly the failing shards are named and every other shard ends
+complete. Migrations marked ``-- shardctl:no-transaction`` run alone, outside a
+transaction, and are recorded only after they succeed.
+
+Under live traffic (``lock_retries`` set, as ``migrate`` does) a batch runs each shard
+under its own SAVEPOINT with a short lock wait. A shard whose lock wait times out is
+rolled back to its savepoint and the batch goes on without it, so no shard waits long
+while holding other shards' locks; blocked shards are retried alone (holding nothing
+else) with backoff and jitter, and only then reported, naming the blocking backend.
+Batch sizes adapt to the measured time per shard, so a batch holds its locks for at
+most about ``max_lock_hold_ms``.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,19 +28,19 @@ import psycopg
 
 from . import connections as db
 from ..model.identifiers import quote_ident, quote_literal
+from ..sql.catalog import lock_holders
 from ..model.topology import Host
+from ..sql.migrations import Step
 
 DEFAULT_BATCH = 64
 DEFAULT_RECYCLE = 1024  # shards per connection: a backend caches every schema it touches
-
-
-@dataclass(frozen=True)
-class Step:
-    version: int
-    description: str
-    sql: str
-    checksum: str
-    transactional: bool = True
+# Migrations under traffic (like GitLab's with_lock_retries): short lock waits, many retries.
+DEFAULT_LOCK_WAIT = "100ms"  # a shard alone (holding no other shard's locks) waits this long
+IN_BATCH_LOCK_WAIT = "20ms"  # a shard after the first of its batch (holding theirs) waits only this long
+DEFAULT_LOCK_RETRIES = 30
+DEFAULT_RETRY_BUDGET = 6.0  # seconds a blocked shard keeps being retried
+DEFAULT_MAX_LOCK_HOLD_MS = 100
+FIRST_BATCH = 8  # shards in a host's first batch under traffic, before the time per shard is known
 
 
 @dataclass
@@ -43,6 +52,11 @@ class ShardPlan:
     # Deferred rendering: resolved just before the shard's batch runs, so a host's first batch starts
     # at once and rendering overlaps the servers' work instead of preceding it.
     render_steps: Callable[[], list[Step]] | None = None
+    # Ledger mode. None: write new ledger rows (applied now, by this run). Otherwise copy these rows
+    # (version → the source host's row: description, checksum, duration_ms, applied_at, applied_by),
+    # as move-shard does when it recreates a shard on another host at the source's version.
+    copy_ledger: dict[int, tuple] | None = None
+    state: str | None = None  # the new shard row's state (None: the table's default, 'active')
 
     def materialize(self) -> "ShardPlan":
         if self.render_steps is not None:
@@ -63,6 +77,7 @@ class ShardOutcome:
     error: str | None = None
     failed_version: int | None = None
     started: bool = True
+    retries: int = 0  # times the shard was put back after a lock wait timed out
 
     @property
     def ok(self) -> bool:
@@ -78,6 +93,9 @@ class RunOptions:
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
     continue_on_error: bool = False
     purpose: str = ""
+    lock_retries: int | None = None  # None: the old whole-batch path (init, add-shard); see module doc
+    retry_budget: float = DEFAULT_RETRY_BUDGET
+    max_lock_hold_ms: int = DEFAULT_MAX_LOCK_HOLD_MS
 
 
 class ConnectionLost(Exception):
@@ -87,7 +105,10 @@ class ConnectionLost(Exception):
 _ELAPSED = "extract(epoch FROM clock_timestamp() - current_setting('shardctl.t0')::timestamptz) * 1000"
 
 
-def shard_row_sql(shard: int, schema: str) -> str:
+def shard_row_sql(shard: int, schema: str, state: str | None = None) -> str:
+    if state is not None:
+        return (f"INSERT INTO shardctl.shards (shard_id, schema_name, state) VALUES ({int(shard)}, "
+                f"{quote_literal(schema)}, {quote_literal(state)});\n")
     return f"INSERT INTO shardctl.shards (shard_id, schema_name) VALUES ({int(shard)}, {quote_literal(schema)});\n"
 
 
@@ -97,17 +118,33 @@ def ledger_sql(shard: int, step: Step, elapsed_sql: str = _ELAPSED) -> str:
             f"{quote_literal(step.checksum)}, {elapsed_sql});\n")
 
 
+def copied_ledger_sql(shard: int, version: int, row: tuple) -> str:
+    """A ledger row copied from another host: (description, checksum, duration_ms, applied_at, applied_by)."""
+    description, checksum, duration_ms, applied_at, applied_by = row
+    return ("INSERT INTO shardctl.migrations (shard_id, version, description, checksum, duration_ms, applied_at, "
+            f"applied_by) VALUES ({int(shard)}, {int(version)}, {quote_literal(description)}, "
+            f"{quote_literal(checksum)}, {float(duration_ms)!r}, {quote_literal(str(applied_at))}::timestamptz, "
+            f"{quote_literal(applied_by)});\n")
+
+
+def plan_ledger_sql(plan: ShardPlan, step: Step, elapsed_sql: str = _ELAPSED) -> str:
+    """The ledger row for ``step`` in the plan's ledger mode: a new row, or the copied one."""
+    if plan.copy_ledger is None:
+        return ledger_sql(plan.shard, step, elapsed_sql)
+    return copied_ledger_sql(plan.shard, step.version, plan.copy_ledger[step.version])
+
+
 def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
     """One shard's creation and its transactional steps, with their control rows."""
     parts: list[str] = []
     if plan.create_sql is not None:
-        parts += [plan.create_sql.rstrip().rstrip(";") + ";\n", shard_row_sql(plan.shard, plan.schema)]
+        parts += [plan.create_sql.rstrip().rstrip(";") + ";\n", shard_row_sql(plan.shard, plan.schema, plan.state)]
     # One statement starts the step's clock and sets search_path (fewer round trips through the parser).
     search_path = quote_literal(f"{quote_ident(plan.schema)}, public")
     start = (f"SELECT set_config('shardctl.t0', clock_timestamp()::text, true), "
              f"set_config('search_path', {search_path}, true);\n")
     for step in steps:
-        parts += [start, step.sql.rstrip().rstrip(";") + ";\n", ledger_sql(plan.shard, step)]
+        parts += [start, step.sql.rstrip().rstrip(";") + ";\n", plan_ledger_sql(plan, step)]
     return "".join(parts)
 
 
@@ -140,6 +177,9 @@ class HostRunner:
             self.conn = None
 
     def run(self, plans: list[ShardPlan]) -> list[ShardOutcome]:
+        """Apply ``plans`` in order; one outcome per plan (``started=False`` for those never tried)."""
+        if self.options.lock_retries is not None:
+            return self._run_live(plans)
         outcomes: list[ShardOutcome] = []
         size = max(1, self.options.batch_size)
         i = 0
@@ -158,6 +198,123 @@ class HostRunner:
             self.close()
         outcomes += [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:]]
         return outcomes
+
+    # ---- under live traffic: savepoint per shard, blocked shards retried alone ----------
+    def _stopped(self) -> bool:
+        return self.stop.is_set() and not self.options.continue_on_error
+
+    def _run_live(self, plans: list[ShardPlan]) -> list[ShardOutcome]:
+        outcomes: list[ShardOutcome] = []
+        retries = _Retries(self.options)
+        size, i = min(FIRST_BATCH, max(1, self.options.batch_size)), 0
+        try:
+            while (i < len(plans) or retries) and not self._stopped():
+                entry = retries.due()
+                if entry is not None:
+                    outcomes += self._retry(entry, retries)
+                elif i >= len(plans):
+                    retries.sleep()
+                else:
+                    batch = [p.materialize() for p in plans[i:i + size]]
+                    i += len(batch)
+                    done, hold = self._live_batch(batch, retries)
+                    outcomes += done
+                    self._since_recycle += len(batch)
+                    self.progress(len(done))
+                    size = self._next_size(size, hold, len(batch))
+                if any(not o.ok for o in outcomes) and not self.options.continue_on_error:
+                    self.stop.set()
+        finally:
+            self.close()
+        waiting = [e.plan for e in retries.entries]
+        return outcomes + [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:] + waiting]
+
+    def _next_size(self, size: int, hold: float, shards: int) -> int:
+        """The next batch's size: as many shards as fit in ~70% of ``max_lock_hold_ms`` at the measured
+        time per shard, growing at most twofold a batch, never above ``batch_size``."""
+        if hold <= 0 or shards <= 0:
+            return min(size * 2, self.options.batch_size)
+        fit = int(self.options.max_lock_hold_ms / 1000 * 0.7 / (hold / shards))
+        return max(1, min(self.options.batch_size, size * 2, fit))
+
+    def _live_batch(self, batch: list[ShardPlan], retries: "_Retries") -> tuple[list[ShardOutcome], float]:
+        """One transaction, one SAVEPOINT per shard. Returns the outcomes of the shards that are finished
+        (applied, or failed and named) and how long the batch held locks (seconds)."""
+        conn = self._connection()
+        applied: list[ShardPlan] = []
+        alone: list[ShardPlan] = []
+        held_since: float | None = None
+        for plan in batch:
+            if not plan.all_transactional:
+                alone.append(plan)
+                continue
+            wait = self.options.lock_timeout if held_since is None else IN_BATCH_LOCK_WAIT
+            started = time.perf_counter()
+            try:
+                conn.execute(f"SAVEPOINT shard; SELECT set_config('lock_timeout', {quote_literal(wait)}, true);\n"
+                             + transactional_sql(plan, plan.steps) + "RELEASE SAVEPOINT shard;")
+            except psycopg.Error as exc:
+                self._to_savepoint(exc)
+                if isinstance(exc, psycopg.errors.LockNotAvailable):
+                    retries.add(plan)
+                else:
+                    alone.append(plan)  # replayed alone below, to name the failing version
+                continue
+            held_since = started if held_since is None else held_since
+            applied.append(plan)
+        try:
+            conn.commit()
+        except psycopg.Error as exc:
+            self._rollback_or_lost(exc)
+            alone, applied = alone + applied, []
+        hold = time.perf_counter() - held_since if held_since is not None else 0.0
+        outcomes = [ShardOutcome(p.shard, p.schema, created=p.create_sql is not None,
+                                 applied=[s.version for s in p.steps]) for p in applied]
+        return outcomes + [self._one(p) for p in alone], hold
+
+    def _to_savepoint(self, exc: psycopg.Error) -> None:
+        conn = self.conn
+        if conn is None or conn.broken or conn.closed:
+            self._lost(exc)
+        try:
+            conn.execute("ROLLBACK TO SAVEPOINT shard; RELEASE SAVEPOINT shard")
+        except psycopg.Error:
+            self._lost(exc)
+
+    def _retry(self, entry: "_Retry", retries: "_Retries") -> list[ShardOutcome]:
+        """A blocked shard alone (holding no other shard's locks), with the full lock wait."""
+        plan = entry.plan
+        conn = self._connection()
+        try:
+            conn.execute(f"SELECT set_config('lock_timeout', {quote_literal(self.options.lock_timeout or '0')}, "
+                         f"true);\n" + transactional_sql(plan, plan.steps))
+            conn.commit()
+            out = ShardOutcome(plan.shard, plan.schema, created=plan.create_sql is not None,
+                               applied=[s.version for s in plan.steps])
+        except psycopg.errors.LockNotAvailable as exc:
+            self._rollback_or_lost(exc)
+            if retries.put_back(entry):
+                return []
+            out = ShardOutcome(plan.shard, plan.schema, error=self._blocked_message(entry, exc),
+                               failed_version=plan.steps[0].version if plan.steps else None)
+        except psycopg.Error as exc:
+            self._rollback_or_lost(exc)
+            out = self._one(plan)
+        out.retries = entry.attempts + 1  # its lock waits that timed out: in its batch, then alone
+        self.progress(1)
+        return [out]
+
+    def _blocked_message(self, entry: "_Retry", exc: psycopg.Error) -> str:
+        holders = lock_holders(self._connection(), entry.plan.schema)
+        conn = self.conn
+        if conn is not None and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        who = "; ".join(holders) if holders else "the blocking transaction had ended"
+        return (f"lock timeout: waited for a lock on {entry.plan.schema}'s tables once in its batch and "
+                f"{entry.attempts} times alone ({self.options.lock_timeout} each) over "
+                f"{time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
+                f"blocked by {who}; the migration was not applied here. Re-run when that transaction is "
+                f"gone, or raise --lock-retries / --retry-budget")
 
     # ---- one batch ---------------------------------------------------------------
     def _batch(self, batch: list[ShardPlan]) -> list[ShardOutcome]:
@@ -187,10 +344,12 @@ class HostRunner:
             current: int | None = None
             try:
                 if creating:
-                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema, plan.create_sql), []))
+                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema, plan.create_sql,
+                                                             state=plan.state), []))
                 for step in group:
                     current = step.version
-                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema), [step]))
+                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema, copy_ledger=plan.copy_ledger),
+                                                   [step]))
                 conn.commit()
             except psycopg.Error as exc:
                 self._rollback_or_lost(exc)
@@ -224,7 +383,7 @@ class HostRunner:
         finally:
             if not conn.broken:
                 conn.autocommit = False
-        conn.execute(ledger_sql(plan.shard, step, f"{elapsed:.3f}"))
+        conn.execute(plan_ledger_sql(plan, step, f"{elapsed:.3f}"))
         conn.commit()
 
     def _rollback_or_lost(self, exc: psycopg.Error) -> None:
@@ -247,3 +406,50 @@ class HostRunner:
                 pass
             self.conn = None
         raise ConnectionLost(db.first_line(exc))
+
+
+@dataclass
+class _Retry:
+    plan: ShardPlan
+    first: float  # time.monotonic() when the shard was first blocked
+    due: float
+    attempts: int = 0  # waits alone that timed out
+
+
+class _Retries:
+    """Blocked shards waiting for their next try: exponential backoff with jitter, up to
+    ``lock_retries`` tries alone or ``retry_budget`` seconds, whichever comes first."""
+
+    def __init__(self, options: RunOptions):
+        self.options = options
+        self.entries: list[_Retry] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def add(self, plan: ShardPlan) -> None:
+        now = time.monotonic()
+        self.entries.append(_Retry(plan, now, now))  # first try alone: at once, after the batch commits
+
+    def due(self) -> _Retry | None:
+        now = time.monotonic()
+        for entry in self.entries:
+            if entry.due <= now:
+                self.entries.remove(entry)
+                return entry
+        return None
+
+    def sleep(self) -> None:
+        if self.entries:
+            time.sleep(max(0.0, min(e.due for e in self.entries) - time.monotonic()))
+
+    def put_back(self, entry: _Retry) -> bool:
+        """Schedule the next try; False when the retries or the budget are used up."""
+        entry.attempts += 1
+        now = time.monotonic()
+        if entry.attempts > (self.options.lock_retries or 0) or now - entry.first >= self.options.retry_budget:
+            return False
+        backoff = min(0.05 * 2 ** entry.attempts, 1.0) * random.uniform(0.5, 1.5)
+        entry.due = min(now + backoff, entry.first + self.options.retry_budget)
+        self.entries.append(entry)
+        return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from ..errors import BadInput
+from ..model.numbers import echo, is_ascii_digits
 
 
 def shard_for_key(key: int | str, modulus: int, *, force_string: bool = False) -> int:
@@ -17,7 +18,13 @@ def shard_for_key(key: int | str, modulus: int, *, force_string: bool = False) -
         return key % modulus
     text = str(key)
     if not force_string and is_integer_key(text):
-        return shard_for_key(int(text), modulus)
+        try:
+            return shard_for_key(int(text), modulus)
+        except ValueError:  # beyond int()'s 4300 digits
+            raise BadInput(f"integer routing key of {len(text.strip())} digits is too long") from None
+    if not force_string and _foreign_digits(text):
+        raise BadInput(f"routing key {echo(text)} is written with non-ASCII digits: write the number with 0-9, "
+                       f"or route it as a string (--string)")
     if text == "":
         raise BadInput("a routing key must not be empty")
     # Pinterest's "mod shard": the whole 128-bit md5 digest, as an unsigned integer, mod the count.
@@ -25,14 +32,21 @@ def shard_for_key(key: int | str, modulus: int, *, force_string: bool = False) -
 
 
 def is_integer_key(text: str) -> bool:
-    """Whether text is routed as an integer: optional leading ``-``, then decimal digits.
+    """Whether text is routed as an integer: optional leading ``-``, then ASCII digits 0-9.
 
-    ``isdecimal`` (not ``isdigit``): ``int()`` accepts exactly the decimal digits, while
-    ``isdigit`` also admits characters such as ``²`` that ``int()`` rejects.
+    Not ``isdecimal``/``int()`` alone: they also read digits such as ``١٢٣`` or ``０``, which
+    would send a key that merely looks like 123 to shard 123 (such keys are refused instead).
     """
     stripped = text.strip()
     digits = stripped[1:] if stripped.startswith("-") else stripped
-    return digits.isdecimal()
+    return is_ascii_digits(digits)
+
+
+def _foreign_digits(text: str) -> bool:
+    """Text that ``int()`` would read as a number, written with non-ASCII digits."""
+    stripped = text.strip()
+    digits = stripped[1:] if stripped.startswith("-") else stripped
+    return digits.isdecimal() and not digits.isascii()
 
 
 def placement_shard(key: int | str, new_objects: list[int], *, force_string: bool = False) -> int:

@@ -1,10 +1,13 @@
-"""The one place that decides what an SQL identifier may be and how it is quoted."""
+"""The one place that decides what an SQL identifier may be and how it is quoted.
+
+Quoting here needs no connection and no psycopg (the offline commands render SQL without it); the
+output is the same text as ``psycopg.sql.Identifier``/``Literal`` give without a connection.
+"""
 
 from __future__ import annotations
 
+import math
 import re
-
-from psycopg import sql
 
 MAX_IDENTIFIER_BYTES = 63
 # \Z, not $: "$" would also match before a trailing newline.
@@ -45,12 +48,39 @@ def identifier_problem(name: str) -> str | None:
 
 
 def quote_ident(name: str) -> str:
-    """An identifier for SQL text: as is when it is a safe unquoted name, else double-quoted."""
+    """An identifier for SQL text: as is when it is a safe unquoted name, else double-quoted.
+
+    Raises ValueError for an empty name (``""`` is not an identifier in any form).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"an SQL identifier must be a string, got {type(name).__name__}")
     if identifier_problem(name) is None:
         return name
-    return sql.Identifier(name).as_string(None)
+    if not name:
+        raise ValueError("an empty name cannot be an SQL identifier")
+    return '"' + name.replace('"', '""') + '"'
 
 
-def quote_literal(value: object) -> str:
-    """An SQL literal for text that is built outside a live connection."""
-    return sql.Literal(value).as_string(None)
+def quote_literal(value: None | bool | int | float | str) -> str:
+    """An SQL literal for text that is built outside a live connection.
+
+    Strings with a backslash take the E'' form, so the text means the same whatever
+    standard_conforming_strings is; negative numbers get a leading blank (``- -1`` is not ``--1``).
+    """
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"nan": "'NaN'::float8", "inf": "'Infinity'::float8", "-inf": "'-Infinity'::float8"}[repr(value)]
+    if isinstance(value, (int, float)):
+        text = repr(value)
+        return " " + text if text.startswith("-") else text
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("PostgreSQL text cannot contain NUL (0x00) characters")
+        quoted = value.replace("'", "''")
+        if "\\" in value:
+            return " E'" + quoted.replace("\\", "\\\\") + "'"
+        return "'" + quoted + "'"
+    raise TypeError(f"quote_literal: unsupported type {type(value).__name__}")

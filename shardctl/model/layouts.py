@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
 from ..errors import BadInput, ConfigError
+from .numbers import echo, parse_int
 
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TWITTER_EPOCH_MS = 1288834974657
@@ -199,7 +200,7 @@ def iso(moment: datetime | None) -> str | None:
 def parse_epoch(value: object) -> int:
     """Parse an epoch (ISO-8601 string, datetime, or Unix milliseconds) to Unix ms."""
     if isinstance(value, bool):
-        raise ValueError(f"not a timestamp: {value!r}")
+        raise ValueError(f"not a timestamp: {echo(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, datetime):
@@ -208,16 +209,18 @@ def parse_epoch(value: object) -> int:
         moment = datetime(value.year, value.month, value.day, tzinfo=timezone.utc)
     elif isinstance(value, str):
         text = value.strip()
-        if text.lstrip("-").isdigit():
-            return int(text)
+        if text.lstrip("-") and text.lstrip("-").isdigit():
+            return parse_int(text, signed=True)  # ValueError for non-ASCII digits such as ١٢٣
+        if not text.isascii():
+            raise ValueError(f"not an ISO-8601 timestamp: {echo(value)} (only ASCII characters)")
         if text.endswith("Z") or text.endswith("z"):
             text = text[:-1] + "+00:00"
         try:
             moment = datetime.fromisoformat(text)
         except ValueError:
-            raise ValueError(f"not an ISO-8601 timestamp: {value!r}") from None
+            raise ValueError(f"not an ISO-8601 timestamp: {echo(value)}") from None
     else:
-        raise ValueError(f"not a timestamp: {value!r}")
+        raise ValueError(f"not a timestamp: {echo(value)}")
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     delta = moment - UNIX_EPOCH

@@ -19,15 +19,21 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from . import dsn as dsnlib
+from . import yaml_guard
 from ..errors import ConfigError, ConfigErrors
 from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
-from .ranges import format_shards, parse_shards
+from .numbers import echo
+from .ranges import MAX_SHARDS, format_shards, parse_shards
 
 DEFAULT_FILE = "shardctl.yaml"
 CONFIG_ENV = "SHARDCTL_CONFIG"
 FUNCTIONS = ("plpgsql", "sql")
 STRING_HASHES = ("md5",)
+
+MAX_ERRORS = 20  # problems listed; the rest are counted
+MAX_MESSAGE = 300  # characters of one problem (a message never repeats a whole huge value)
+MAX_UNKNOWN_KEYS = 3  # unknown keys listed per mapping
 
 TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement", "lint"}
 ID_KEYS = {"layout", "epoch", "function", "bits"}
@@ -90,11 +96,13 @@ class Topology:
         """Load and validate a topology file. ``path`` None means ``$SHARDCTL_CONFIG`` or ./shardctl.yaml."""
         chosen = Path(path) if path else Path(os.environ.get(CONFIG_ENV) or DEFAULT_FILE)
         try:
-            text = chosen.read_text(encoding="utf-8")
+            text = yaml_guard.read_limited(chosen)  # at most yaml_guard.MAX_BYTES are ever read
         except FileNotFoundError:
             raise ConfigError(f"topology file not found: {chosen} (use --config or ${CONFIG_ENV})") from None
+        except yaml_guard.LimitExceeded as exc:
+            raise ConfigError(str(exc), path=str(chosen)) from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read topology file {chosen}: {exc}") from None
+            raise ConfigError(f"cannot read topology file {chosen}: {echo(str(exc), 200)}") from None
         return cls.from_text(text, path=chosen, allow_inline_password=allow_inline_password)
 
     @classmethod
@@ -111,8 +119,9 @@ class Topology:
 
         The name → shard map is built once per topology and shared by every caller.
         """
-        if self._schema_shards is None:
-            self._schema_shards = {self.schema_name(n): n for n in range(self.layout.max_shards)}
+        if self._schema_shards is None:  # capped: a custom layout may have 2**40 shard numbers
+            limit = min(self.layout.max_shards, MAX_SHARDS)
+            self._schema_shards = {self.schema_name(n): n for n in range(limit)}
         return self._schema_shards.get(name)
 
     def host_of(self, shard: int) -> Host:
@@ -151,6 +160,61 @@ class Topology:
         }
 
 
+def _parse_yaml(text: str) -> Any:
+    """The round-trip document of ``text``; LimitExceeded (message and line) for anything wrong with it."""
+    yaml_guard.check_text(text)  # before ruamel: an alias bomb or a huge file costs nothing
+    try:
+        return YAML(typ="rt").load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = (exc.problem or "invalid YAML").split("\n")[0]
+        if "duplicate key" in problem or "found duplicate key" in str(exc):
+            problem = "duplicate key: " + str(exc).split("found duplicate key", 1)[-1].split("\n")[0].strip()
+        raise yaml_guard.LimitExceeded(f"invalid YAML: {problem}", mark.line + 1 if mark else None) from None
+    except YAMLError as exc:
+        raise yaml_guard.LimitExceeded(f"invalid YAML: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - ruamel itself fails on some inputs, e.g. TypeError
+        # for a mapping key that holds a list ("? x:\n  - a"); no such text is a topology.
+        raise yaml_guard.LimitExceeded(f"invalid YAML: cannot build the document ({type(exc).__name__}: {exc})") \
+            from None
+
+
+def _same_server(hosts: list[Host], lines: list[int | None]) -> list[tuple[str, int | None]]:
+    """Hosts on a server and database an earlier host already names: one host listed twice
+    (its runs would wait on its own lock). Returns (problem, line) pairs."""
+    seen: dict[tuple[str, str, str], str] = {}
+    problems = []
+    for host, line in zip(hosts, lines):
+        where = server_database(host.dsn)
+        if where is None:
+            continue
+        if where in seen:
+            problems.append((f"hosts {seen[where]} and {host.name} point at the same server and database "
+                             f"({where[0] or 'local socket'}:{where[1]}/{where[2]}); each host needs its own", line))
+        else:
+            seen[where] = host.name
+    return problems
+
+
+def server_database(dsn: str) -> tuple[str, str, str] | None:
+    """(host, port, database) a DSN connects to, as far as the DSN itself says; None if it cannot tell.
+
+    Unset parts take libpq's defaults (port 5432, database named after the user); a DSN that
+    names neither database nor user depends on the environment and is not compared.
+    """
+    try:
+        parts = dsnlib.parse(dsn) if dsn else None
+    except ValueError:
+        return None
+    if parts is None:
+        return None
+    database = parts.get("dbname") or parts.get("user")
+    if not database:
+        return None
+    host = (parts.get("host") or parts.get("hostaddr") or "").lower()
+    return host, parts.get("port") or "5432", database
+
+
 def format_schema(fmt: str, shard: int) -> str:
     return fmt.format(shard, n=shard)
 
@@ -171,13 +235,45 @@ def _check_schema_format(fmt: str) -> str | None:
     bad = [f for f in fields if f not in ("", "n")]
     if bad:
         return f"shards.schema {fmt!r} may only use {{n}} (or {{}}), not {{{bad[0]}}}"
+    if not all((spec or "").isascii() for _, spec in parsed):
+        return f"shards.schema {echo(fmt)} has non-ASCII characters in a format spec (digits must be 0-9)"
     # A width like {n:999999999} would build a gigabyte string before the length check sees it.
-    if any(int(d) > MAX_IDENTIFIER_BYTES for _, spec in parsed for d in re.findall(r"\d+", spec or "")):
+    if any(len(d) > 4 or int(d) > MAX_IDENTIFIER_BYTES
+           for _, spec in parsed for d in re.findall(r"[0-9]+", spec or "")):
         return f"shards.schema {fmt!r} pads the shard number beyond {MAX_IDENTIFIER_BYTES} bytes"
     try:
         format_schema(fmt, 0)
     except _FORMAT_ERRORS as exc:
         return f"shards.schema {fmt!r} cannot format a shard number: {exc}"
+    return None
+
+
+def _line_of(node: Any, key: Any = None) -> int | None:
+    """1-based line of ``node`` (or of its key / item ``key``) in the round-trip document, if known."""
+    try:
+        if key is None:
+            return node.lc.line + 1
+        if isinstance(key, int):
+            return node.lc.item(key)[0] + 1
+        return node.lc.key(key)[0] + 1
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _schema_names_problem(fmt: str, count: int) -> str | None:
+    """The first shard whose schema name is not a safe identifier or repeats another's, or None."""
+    names: dict[str, int] = {}
+    for n in range(count):
+        try:
+            name = format_schema(fmt, n)
+        except _FORMAT_ERRORS as exc:
+            return f"shards.schema {fmt!r} cannot format shard number {n}: {exc}"
+        why = identifier_problem(name)
+        if why:
+            return f"shards.schema {fmt!r} gives schema name {name!r} for shard {n}, which {why}"
+        if name in names:
+            return f"shards.schema {fmt!r} gives the same schema {name!r} to shards {names[name]} and {n}"
+        names[name] = n
     return None
 
 
@@ -189,25 +285,27 @@ class _Validator:
         self.path = path
         self.allow_inline_password = allow_inline_password
         self.errors: list[ConfigError] = []
-        self.range_limit = 1 << 16
+        self.unlisted = 0
+        self.range_limit = yaml_guard.MAX_SHARDS
 
     def error(self, message: str, line: int | None = None) -> None:
+        if len(self.errors) >= MAX_ERRORS:
+            self.unlisted += 1
+            return
+        message = message.replace("\n", " ")
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE - 1] + "…"
         self.errors.append(ConfigError(message, path=str(self.path) if self.path else None, line=line))
 
     def fail(self) -> None:
         if self.errors:
+            if self.unlisted:
+                self.errors.append(ConfigError(f"{self.unlisted} more problem(s) not listed",
+                                               path=str(self.path) if self.path else None))
+                self.unlisted = 0
             raise ConfigErrors(self.errors)
 
-    @staticmethod
-    def line_of(node: Any, key: Any = None) -> int | None:
-        try:
-            if key is None:
-                return node.lc.line + 1
-            if isinstance(key, int):
-                return node.lc.item(key)[0] + 1
-            return node.lc.key(key)[0] + 1
-        except (AttributeError, KeyError, IndexError, TypeError):
-            return None
+    line_of = staticmethod(_line_of)
 
     def mapping(self, parent: Any, key: str, known: set[str], required: bool = True) -> Any:
         value = parent.get(key) if isinstance(parent, dict) else None
@@ -222,28 +320,19 @@ class _Validator:
         return value
 
     def unknown_keys(self, node: Any, known: set[str], where: str) -> None:
-        for k in node:
-            if k not in known:
-                self.error(f"unknown key '{k}' in {where} (expected one of: {', '.join(sorted(known))})",
-                           self.line_of(node, k))
+        unknown = [k for k in node if k not in known]
+        for k in unknown[:MAX_UNKNOWN_KEYS]:
+            shown = echo(k) if not isinstance(k, str) or len(k) > 60 else k
+            self.error(f"unknown key '{shown}' in {where} (expected one of: {', '.join(sorted(known))})",
+                       self.line_of(node, k))
+        if len(unknown) > MAX_UNKNOWN_KEYS:
+            self.error(f"{len(unknown) - MAX_UNKNOWN_KEYS} more unknown key(s) in {where}", self.line_of(node))
 
     def build(self) -> Topology:
         try:
-            doc = YAML(typ="rt").load(self.text)
-        except MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark else None
-            problem = (exc.problem or "invalid YAML").split("\n")[0]
-            if "duplicate key" in problem or "found duplicate key" in str(exc):
-                problem = "duplicate key: " + str(exc).split("found duplicate key", 1)[-1].split("\n")[0].strip()
-            self.error(f"invalid YAML: {problem}", line)
-            self.fail()
-        except YAMLError as exc:
-            self.error(f"invalid YAML: {exc}")
-            self.fail()
-        except Exception as exc:  # noqa: BLE001 - ruamel itself fails on some inputs, e.g. TypeError
-            # for a mapping key that holds a list ("? x:\n  - a"); no such text is a topology.
-            self.error(f"invalid YAML: cannot build the document ({type(exc).__name__}: {exc})")
+            doc = _parse_yaml(self.text)
+        except yaml_guard.LimitExceeded as exc:
+            self.error(str(exc), exc.line)
             self.fail()
         if not isinstance(doc, dict):
             self.error("the topology must be a YAML mapping with version, id, shards and hosts")
@@ -252,18 +341,17 @@ class _Validator:
         self.unknown_keys(doc, TOP_KEYS, "the top level")
         version = doc.get("version")
         if version != 1:
-            self.error(f"version must be 1, got {version!r}" if "version" in doc else "missing 'version: 1'",
+            self.error(f"version must be 1, got {echo(version)}" if "version" in doc else "missing 'version: 1'",
                        self.line_of(doc, "version") if "version" in doc else None)
 
         layout, function = self.id_section(doc)
         count, schema_format = self.shards_section(doc, layout)
         # With no usable count, shard ranges are still checked, against what the layout could
         # hold (capped, so a range like "0-99999999999" is not expanded number by number).
-        self.range_limit = count or min(layout.max_shards, 1 << 16)
+        self.range_limit = count or min(layout.max_shards, yaml_guard.MAX_SHARDS)
         hosts = self.hosts_section(doc, count)
         routing = self.routing_section(doc, count)
-        new_objects = self.placement_section(doc, count)
-        lint = self.lint_section(doc)
+        new_objects, lint = self.placement_section(doc, count), _lint_section(self, doc)
         base = self.path.parent if self.path else Path.cwd()
         dirs = {}
         for key in ("templates", "migrations"):
@@ -296,12 +384,12 @@ class _Validator:
         name = section.get("layout", "instagram")
         if name not in MINTABLE:
             hint = " (decode-only: use it with decode-id --layout)" if name in ("pinterest", "snowflake") else ""
-            self.error(f"id.layout must be one of {', '.join(MINTABLE)}, got {name!r}{hint}",
+            self.error(f"id.layout must be one of {', '.join(MINTABLE)}, got {echo(name)}{hint}",
                        self.line_of(section, "layout"))
             return fallback, "plpgsql"
         function = section.get("function", "plpgsql")
         if function not in FUNCTIONS:
-            self.error(f"id.function must be one of {', '.join(FUNCTIONS)}, got {function!r}",
+            self.error(f"id.function must be one of {', '.join(FUNCTIONS)}, got {echo(function)}",
                        self.line_of(section, "function"))
             function = "plpgsql"
 
@@ -349,7 +437,7 @@ class _Validator:
             return 0, "insta{n}"
         count = section.get("count")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            self.error(f"shards.count must be a positive integer, got {count!r}",
+            self.error(f"shards.count must be a positive integer, got {echo(count)}",
                        self.line_of(section, "count") or self.line_of(doc, "shards"))
             count = 0
         elif count > layout.max_shards:
@@ -357,31 +445,22 @@ class _Validator:
                        f"{layout.bits('shard')} shard bits (at most {layout.max_shards})",
                        self.line_of(section, "count"))
             count = 0
+        elif count > yaml_guard.MAX_SHARDS:
+            self.error(f"shards.count {count} is more than shardctl handles ({yaml_guard.MAX_SHARDS})",
+                       self.line_of(section, "count"))
+            count = 0
         fmt = section.get("schema", "insta{n}")
         line = self.line_of(section, "schema")
         if not isinstance(fmt, str):
-            self.error(f"shards.schema must be a string like \"insta{{n}}\", got {fmt!r}", line)
+            self.error(f"shards.schema must be a string like \"insta{{n}}\", got {echo(fmt)}", line)
             return count, "insta{n}"
         problem = _check_schema_format(fmt)
         if problem:
             self.error(problem, line)
             return count, "insta{n}"
-        names: dict[str, int] = {}
-        for n in range(count):
-            try:
-                name = format_schema(fmt, n)
-            except _FORMAT_ERRORS as exc:
-                self.error(f"shards.schema {fmt!r} cannot format shard number {n}: {exc}", line)
-                break
-            why = identifier_problem(name)
-            if why:
-                self.error(f"shards.schema {fmt!r} gives schema name {name!r} for shard {n}, which {why}", line)
-                break
-            if name in names:
-                self.error(f"shards.schema {fmt!r} gives the same schema {name!r} to shards {names[name]} and {n}",
-                           line)
-                break
-            names[name] = n
+        problem = _schema_names_problem(fmt, count)
+        if problem:
+            self.error(problem, line)
         return count, fmt
 
     def hosts_section(self, doc: Any, count: int) -> list[Host]:
@@ -390,10 +469,15 @@ class _Validator:
             self.error("'hosts' must be a non-empty list of hosts",
                        self.line_of(doc, "hosts") if "hosts" in doc else None)
             return []
+        if len(hosts_node) > yaml_guard.MAX_HOSTS:
+            self.error(f"'hosts' lists {len(hosts_node)} hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}",
+                       self.line_of(doc, "hosts"))
+            return []
         hosts: list[Host] = []
         names: dict[str, int | None] = {}
         owners: dict[int, str] = {}
         overlaps: dict[tuple[str, str], list[int]] = {}
+        dsn_lines: list[int | None] = []
         for i, node in enumerate(hosts_node):
             line = self.line_of(hosts_node, i)
             if not isinstance(node, dict):
@@ -441,6 +525,9 @@ class _Validator:
                     owners[n] = name
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
                               standby=standby if isinstance(standby, str) else None))
+            dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
+        for message, line in _same_server(hosts, dsn_lines):
+            self.error(message, line)
         for (first, second), nums in overlaps.items():
             self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",
                        self.line_of(doc, "hosts"))
@@ -468,17 +555,17 @@ class _Validator:
         out = dict(section)
         strings = section.get("strings", "md5")
         if strings not in STRING_HASHES:
-            self.error(f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {strings!r}",
+            self.error(f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {echo(strings)}",
                        self.line_of(section, "strings"))
         modulus = section.get("modulus")
         if modulus is not None and (isinstance(modulus, bool) or not isinstance(modulus, int)
                                     or modulus < 1 or (count and modulus > count)):
-            self.error(f"routing.modulus must be an integer from 1 to shards.count ({count}), got {modulus!r}",
+            self.error(f"routing.modulus must be an integer from 1 to shards.count ({count}), got {echo(modulus)}",
                        self.line_of(section, "modulus"))
             out["modulus"] = None
         key = section.get("key")
         if key is not None and not isinstance(key, str):
-            self.error(f"routing.key must be a column name, got {key!r}", self.line_of(section, "key"))
+            self.error(f"routing.key must be a column name, got {echo(key)}", self.line_of(section, "key"))
         return out
 
     def placement_section(self, doc: Any, count: int) -> list[int] | None:
@@ -491,25 +578,26 @@ class _Validator:
             self.error(f"placement.new_objects: {exc}", self.line_of(section, "new_objects"))
             return None
 
-    def lint_section(self, doc: Any) -> dict[str, Any]:
-        """``lint:``: squawk rules to skip (``exclude``) or turn on (``include``), and ``pg_version``."""
-        section = self.mapping(doc, "lint", LINT_KEYS, required=False)
-        if section is None:
-            return {}
-        out: dict[str, Any] = {}
-        for key in ("exclude", "include"):
-            rules = section.get(key, [])
-            if not isinstance(rules, list) or not all(isinstance(r, str) and re.fullmatch(r"[a-z0-9-]+", r)
-                                                      for r in rules):
-                self.error(f"lint.{key} must be a list of squawk rule names (e.g. [prefer-bigint-over-int])",
-                           self.line_of(section, key))
-                continue
-            out[key] = list(rules)
-        version = section.get("pg_version")
-        if version is not None:
-            if isinstance(version, bool) or not re.fullmatch(r"\d+(\.\d+)?", str(version)):
-                self.error(f"lint.pg_version must be a PostgreSQL version such as 16 or 16.4, got {version!r}",
-                           self.line_of(section, "pg_version"))
-            else:
-                out["pg_version"] = str(version)
-        return out
+
+def _lint_section(v: _Validator, doc: Any) -> dict[str, Any]:
+    """``lint:``: squawk rules to skip (``exclude``) or turn on (``include``), and ``pg_version``."""
+    section = v.mapping(doc, "lint", LINT_KEYS, required=False)
+    if section is None:
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("exclude", "include"):
+        rules = section.get(key, [])
+        if not isinstance(rules, list) or not all(isinstance(r, str) and re.fullmatch(r"[a-z0-9-]+", r)
+                                                  for r in rules):
+            v.error(f"lint.{key} must be a list of squawk rule names (e.g. [prefer-bigint-over-int])",
+                    v.line_of(section, key))
+            continue
+        out[key] = list(rules)
+    version = section.get("pg_version")
+    if version is not None:
+        if isinstance(version, bool) or not re.fullmatch(r"\d+(\.\d+)?", str(version)):
+            v.error(f"lint.pg_version must be a PostgreSQL version such as 16 or 16.4, got {echo(version)}",
+                    v.line_of(section, "pg_version"))
+        else:
+            out["pg_version"] = str(version)
+    return out

@@ -6,18 +6,69 @@ file is replaced atomically (write a temporary file beside it, then rename).
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
-from ..errors import BadInput, ConfigError
+from ..errors import BadInput, ConfigError, OperationFailed
 from .ranges import format_shards, parse_shards
 from .topology import Topology
+
+
+_LOCK_GUARD = threading.Lock()
+_THREAD_LOCKS: dict[str, threading.RLock] = {}
+_DEPTH: dict[str, int] = {}
+
+
+@contextmanager
+def topology_file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Serialise read-modify-write of the topology file between shardctl processes on this machine
+    (an exclusive ``flock`` on ``.NAME.lock`` beside it). Re-entrant within a process."""
+    path = Path(path).resolve()
+    key = str(path)
+    with _LOCK_GUARD:
+        rlock = _THREAD_LOCKS.setdefault(key, threading.RLock())
+    with rlock:
+        depth = _DEPTH.get(key, 0)
+        fd = None
+        if depth == 0:
+            fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _DEPTH[key] = depth + 1
+        try:
+            yield
+        finally:
+            _DEPTH[key] = depth
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+
+def flip_topology(path: str | os.PathLike, shards: list[int], frm: str, to: str,
+                  allow_inline_password: bool = False) -> bool:
+    """Give ``shards`` to host ``to`` in the topology file. False if the file already says so."""
+    with topology_file_lock(path):
+        edit = TopologyFile(path, allow_inline_password=allow_inline_password)
+        src, dst, moving = set(edit.host_shards(frm)), set(edit.host_shards(to)), set(shards)
+        if moving <= dst and not moving & src:
+            return False
+        stray = moving - src - dst
+        if stray:
+            raise OperationFailed(f"the topology file gives shards {format_shards(stray)} to neither {frm} nor "
+                                  f"{to}; it was edited during the move: fix it by hand")
+        edit.set_host_shards(frm, sorted(src - moving))
+        edit.set_host_shards(to, sorted(dst | moving))
+        edit.save()
+        return True
 
 
 class TopologyFile:
@@ -31,7 +82,8 @@ class TopologyFile:
         self._yaml.indent(mapping=2, sequence=4, offset=2)
         self._yaml.width = 4096
         try:
-            self.doc = self._yaml.load(self.path.read_text(encoding="utf-8"))
+            self.loaded_text = self.path.read_text(encoding="utf-8")
+            self.doc = self._yaml.load(self.loaded_text)
         except FileNotFoundError:
             raise ConfigError(f"topology file not found: {self.path}") from None
 
@@ -92,9 +144,20 @@ class TopologyFile:
         return Topology.from_text(self.text(), path=self.path, allow_inline_password=self.allow_inline_password)
 
     def save(self) -> Topology:
-        """Validate, then replace the file atomically. Returns the new topology."""
+        """Validate, then replace the file atomically, under the topology file lock. Refuses when the file
+        changed since it was read (another run, e.g. a move's cutover, wrote it meanwhile). Returns the
+        new topology."""
         topo = self.validate()
         text = self.text()
+        with topology_file_lock(self.path):
+            if self.path.read_text(encoding="utf-8") != self.loaded_text:
+                raise OperationFailed(f"{self.path}: the topology file changed while this command ran (another "
+                                      f"shardctl run wrote it); nothing was written: run the command again")
+            self._replace(text)
+            self.loaded_text = text
+        return topo
+
+    def _replace(self, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -109,4 +172,3 @@ class TopologyFile:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return topo

@@ -7,12 +7,12 @@ objects go where ``placement.new_objects`` says.
 
 from __future__ import annotations
 
-import psycopg
-
 from ..engine import connections as db
 from ..engine.executor import RunOptions
-from ..errors import BadInput, HostUnreachable
-from ..engine.fanout import FleetReport, ensure_control_schema, for_each_host, log_event, read_shards
+from ..engine.fanout import FleetReport, HostResult, fan_out, raise_for_status, raise_unreachable
+from ..engine.ledger import ensure_control_schema, log_event
+from ..errors import BadInput
+from ..sql.catalog import shard_list
 from ..model.identifiers import quote_ident
 from .provision import init
 from ..model.ranges import format_shards, parse_shards
@@ -34,7 +34,7 @@ def add_host(path: str, name: str, dsn: str, *, password_env: str | None = None,
     host = topo.host(name)
     with db.host_lock(host, connect_timeout=connect_timeout, purpose="add-host") as conn:
         created = ensure_control_schema(conn, topo)
-        stray = read_shards(conn)
+        stray = shard_list(conn)
         if stray:
             raise BadInput(f"host {name} already holds shards {format_shards(stray)} of another fleet; "
                            f"add an empty host")
@@ -76,7 +76,7 @@ def new_shard_ids(topo: Topology, count: int | None, ids: str | None) -> list[in
 
 def shards_hold_data(topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> list[str]:
     """Hosts on which any shard table has a row (exact: EXISTS per table, batched)."""
-    def work(host: Host) -> str | None:
+    def work(host: Host, result: HostResult[bool]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="data check") as conn:
             schemas = [topo.schema_name(n) for n in host.shards]
             tables = conn.execute(
@@ -86,10 +86,12 @@ def shards_hold_data(topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_T
                 chunk = tables[i:i + 500]
                 probe = " OR ".join(f"EXISTS (SELECT 1 FROM {quote_ident(s)}.{quote_ident(t)})" for s, t in chunk)
                 if conn.execute(f"SELECT {probe}").fetchone()[0]:
-                    return host.name
-        return None
+                    result.value = True
+                    return
 
-    return [name for name in for_each_host([h for h in topo.hosts if h.shards], work) if name]
+    results = fan_out([h for h in topo.hosts if h.shards], work, lambda h: False)
+    raise_for_status("data check", results)
+    return [r.host for r in results if r.value]
 
 
 def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str | None = None,
@@ -130,18 +132,14 @@ def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str |
 
 def fleet_version(topo: Topology, connect_timeout: int) -> int | None:
     """The highest migration version any existing shard is at (None for an empty fleet)."""
-    def work(host: Host) -> int | None:
-        if not host.shards:
-            return None
-        try:
+    def work(host: Host, result: HostResult[int | None]) -> None:
+        if host.shards:
             with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="add-shard") as conn:
-                rows = read_shards(conn)
-        except HostUnreachable:
-            raise
-        except psycopg.Error:
-            return None
-        versions = [r.version for n, r in rows.items() if n in set(host.shards)]
-        return max(versions) if versions else None
+                rows = shard_list(conn)
+            owned = set(host.shards)
+            result.value = max((r.version for n, r in rows.items() if n in owned), default=None)
 
-    found = [v for v in for_each_host(topo.hosts, work) if v is not None]
+    results = fan_out(topo.hosts, work)
+    raise_unreachable(results)  # a host that answers with an error has no version to offer
+    found = [r.value for r in results if r.value is not None]
     return max(found) if found else None

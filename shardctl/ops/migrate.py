@@ -1,81 +1,151 @@
-"""``migrate``: apply pending versioned migrations to every shard on every host (SPEC 5).
+"""``migrate``: apply pending versioned migrations to every shard on every host.
 
 Per host, under the host's advisory lock:
 
 1. one query reads every shard with its highest applied version (and how many
    versions it has, to spot holes): that alone answers "is anything pending?";
-2. the integrity check compares the ledger's checksums with the rendered files.
-   Rendering every applied migration for every shard costs ~15 µs a time, which
-   adds up (4096 shards × 100 versions ≈ 6 s), so each host keeps in
-   ``shardctl.meta`` the versions it has already verified, keyed by the file's
-   source hash, the topology's rendering context and a digest of that version's
-   ledger rows. A version whose three keys still match is known good without
-   rendering; any change to the file, the topology or the ledger re-renders it;
-3. pending shards are applied by the batch engine (``apply.py``).
+2. the integrity check compares the ledger's checksums with the rendered files,
+   re-rendering only what the ledger's cache does not vouch for (``engine.ledger``);
+3. pending shards are applied by the executor; shards being moved are left pending,
+   with the command that unblocks them.
+
+The result is a typed ``MigrateResult``; its ``raise_for_status`` tells "pending"
+(``PendingWork``, with ``check``) apart from "failed" (``OperationFailed``).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psycopg
 
-from .. import __version__
 from ..engine import connections as db
-from ..engine.executor import RunOptions, ShardPlan
-from ..errors import BadInput, OperationFailed
-from ..engine.fanout import (FleetReport, HostReport, ProgressFactory, apply_plans, control_exists, for_each_host,
-                    log_event, run_on_host, select_hosts)
-from ..sql.migrations import Migration, for_topology
-from .provision import steps_for
+from ..engine.executor import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, RunOptions, ShardPlan
+from ..engine.fanout import (ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out,
+                             raise_unreachable, select_hosts)
+from ..engine.ledger import Drift, Integrity, check_integrity, find_drift, log_event, refresh_cache, repair
+from ..errors import BadInput, OperationFailed, PendingWork
 from ..model.ranges import format_shards, parse_shards
-from ..sql.render import layout_context, shard_context
 from ..model.topology import Host, Topology
+from ..sql.catalog import ShardRow, control_exists, ledger_versions, open_moves, shard_list
+from ..sql.migrations import Migration, for_topology, steps_for
 
-DEFAULT_LOCK_TIMEOUT = "5s"
-CACHE_KEY = "migrate.verified"
-
-
-@dataclass
-class Drift:
-    """An applied migration whose rendered SQL no longer matches the ledger."""
-
-    version: int
-    file: str
-    shards: list[int] = field(default_factory=list)
+__all__ = ["HostMigration", "MigrateResult", "find_drift", "host_versions", "migrate",
+           "parse_shard_filter"]
 
 
 @dataclass
-class ShardVersion:
-    shard: int
-    state: str
-    version: int  # highest applied version (0: none)
-    applied: int  # how many versions the ledger holds for the shard
+class HostMigration(ApplyOutcome):
+    """What migrate found and did on one host."""
+
+    pending: dict[int, int] = field(default_factory=dict)  # version → shards still to apply it
+    versions: dict[int, int] = field(default_factory=dict)  # version → shards at it
+    missing: list[int] = field(default_factory=list)  # shards in scope with no record (run init)
+    drift: list[Drift] = field(default_factory=list)
+    gaps: dict[int, list[int]] = field(default_factory=dict)  # version missing below the highest → shards
+    orphans: dict[int, list[int]] = field(default_factory=dict)  # applied version with no file → shards
+    held: list[str] = field(default_factory=list)  # one line per group of shards left pending by a move
+    held_shards: list[int] = field(default_factory=list)
+    repaired: int = 0
+    dry_run_sql: dict[str, str] = field(default_factory=dict)
+    integrity: dict[str, int] = field(default_factory=dict)
+
+    def detail(self) -> dict:
+        """The per-host document of ``--json``'s ``details``."""
+        return {"pending": self.pending, "versions": self.versions, "missing": format_shards(self.missing),
+                "drift": [{"version": d.version, "file": d.file, "shards": format_shards(d.shards)}
+                          for d in self.drift],
+                "gaps": {v: format_shards(s) for v, s in self.gaps.items()},
+                "orphans": {v: format_shards(s) for v, s in self.orphans.items()},
+                "held": self.held, "repaired": self.repaired, "dry_run_sql": self.dry_run_sql,
+                "integrity": self.integrity}
+
+
+@dataclass
+class MigrateResult(FleetReport):
+    """The result of ``migrate`` (and ``plan``): one HostResult[HostMigration] per host."""
+
+    target: int = 0
+    latest_version: int = 0
+    check: bool = False
+    dry_run: bool = False
+
+    def host(self, h: HostResult) -> HostMigration:
+        return h.value if h.value is not None else HostMigration()
 
     @property
-    def has_gap(self) -> bool:
-        return self.applied != self.version
+    def pending_total(self) -> int:
+        return sum(sum(self.host(h).pending.values()) for h in self.hosts)
+
+    @property
+    def held(self) -> list[str]:
+        return [f"{h.host}: {line}" for h in self.hosts for line in self.host(h).held]
+
+    def findings(self) -> list[str]:
+        """What keeps the fleet from being at the target: pending versions (with ``check``), shards
+        not created, drift, gaps, and shards held by a move."""
+        parts = []
+        for h in self.hosts:
+            d = self.host(h)
+            if d.pending and self.check:
+                parts.append(f"{h.host}: " + ", ".join(f"V{v} on {n} shards" for v, n in d.pending.items()))
+            if d.missing:
+                parts.append(f"{h.host}: shards {format_shards(d.missing)} not created (run shardctl init)")
+            parts += [f"{h.host}: {dr.file} changed after it was applied (shards {format_shards(dr.shards)})"
+                      for dr in d.drift]
+            parts += [f"{h.host}: V{v} missing from the ledger of shards {format_shards(s)}"
+                      for v, s in d.gaps.items()]
+            if self.check:
+                parts += [f"{h.host}: {line}" for line in d.held]
+        return parts
+
+    def to_dict(self) -> dict:
+        read_only = self.check or self.dry_run
+        return {**super().to_dict(), "target": self.target, "latest_version": self.latest_version,
+                "check": self.check, "dry_run": self.dry_run,
+                "pending_total": self.pending_total if read_only else 0,
+                "hosts_with_missing_shards": sum(1 for h in self.hosts if self.host(h).missing),
+                "held": self.held, "details": {h.host: self.host(h).detail() for h in self.hosts}}
+
+    def plan_dict(self) -> dict:
+        """The ``plan`` document: per host, shards at each version and what is pending."""
+        hosts = []
+        for h in self.hosts:
+            d = self.host(h).detail()
+            hosts.append({"host": h.host, "reachable": h.reachable, "error": h.error, "versions": d["versions"],
+                          "pending": d["pending"], "missing": d["missing"], "drift": d["drift"], "gaps": d["gaps"],
+                          "orphans": d["orphans"], "held": d["held"]})
+        return {"command": "plan", "latest_version": self.latest_version, "target": self.target,
+                "seconds": round(self.seconds, 3), "hosts": hosts, "pending_total": self.pending_total}
+
+    def raise_for_status(self) -> "MigrateResult":
+        """Exit 3 for an unreachable host; 1 (OperationFailed) for failed shards or host errors, or a
+        dry run that the real run would refuse; 1 (PendingWork) when ``check`` finds work pending."""
+        doc = self.to_dict()
+        raise_unreachable(self.hosts, doc)
+        if self.failed:
+            first = self.failed[:3]
+            text = "; ".join(f"shard {f['shard']} on {f['host']} at V{f['version']}: {f['error']}" for f in first)
+            more = f" (and {len(self.failed) - 3} more)" if len(self.failed) > 3 else ""
+            note = (f"; {self.not_started} shard(s) not started (stopped after the first failure; re-run to "
+                    f"continue)" if self.not_started else "")
+            raise OperationFailed(f"migrate: {len(self.failed)} shard(s) failed: {text}{more}{note}", report=doc)
+        super().raise_for_status()
+        parts = self.findings() if (self.check or self.dry_run) else []
+        if parts and self.check:
+            raise PendingWork("pending: " + "; ".join(parts))
+        if parts and any(self.host(h).drift or self.host(h).gaps for h in self.hosts):
+            # The real run would refuse: say so with exit 1, so a CI dry run catches it too.
+            raise OperationFailed("dry run: migrate would refuse to run: " + "; ".join(
+                p for p in parts if "not created" not in p), report=doc)
+        return self
 
 
-@dataclass
-class Integrity:
-    """Result of comparing a host's ledger with the migration files."""
-
-    drift: list[Drift] = field(default_factory=list)
-    orphans: dict[int, list[int]] = field(default_factory=dict)  # applied version with no file → shards
-    clean: dict[int, dict] = field(default_factory=dict)  # version → cache entry, every row on the host verified
-    rendered: int = 0  # renders this check needed
-    cached: int = 0  # versions known good from the cache
-
-
-def _scope(topo: Topology, host: Host, shards: list[int] | None) -> list[int]:
+def _scope(host: Host, shards: list[int] | None) -> list[int]:
     if shards is None:
         return list(host.shards)
     wanted = set(shards)
@@ -100,18 +170,7 @@ def parse_shard_filter(spec: str | None, topo: Topology) -> list[int] | None:
         raise BadInput(f"--shards: {exc}") from None
 
 
-# ---- one query per host: versions --------------------------------------------------------
-
-def shard_versions(conn: psycopg.Connection) -> dict[int, ShardVersion]:
-    """Every shard recorded on the host with its highest applied version: one query."""
-    rows = conn.execute(
-        """SELECT s.shard_id, s.state, coalesce(max(m.version), 0), count(m.version)
-             FROM shardctl.shards s LEFT JOIN shardctl.migrations m USING (shard_id)
-            GROUP BY 1, 2""").fetchall()
-    return {r[0]: ShardVersion(r[0], r[1], r[2], r[3]) for r in rows}
-
-
-def version_counts(rows: dict[int, ShardVersion], scope: list[int] | None = None) -> dict[int, int]:
+def version_counts(rows: dict[int, ShardRow], scope: list[int] | None = None) -> dict[int, int]:
     """Version → number of shards at that version (shards in ``scope``, default all)."""
     keys = rows.keys() if scope is None else (n for n in scope if n in rows)
     counts = Counter(rows[n].version for n in keys)
@@ -121,310 +180,184 @@ def version_counts(rows: dict[int, ShardVersion], scope: list[int] | None = None
 def host_versions(host: Host, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> dict[int, int]:
     """Version → shard count on one host (for ``plan`` and library users)."""
     with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="plan") as conn:
-        if not control_exists(conn):
-            return {}
-        return version_counts(shard_versions(conn), list(host.shards))
+        return version_counts(shard_list(conn), list(host.shards))
 
 
-def _gaps(conn: psycopg.Connection, rows: dict[int, ShardVersion], scope: list[int]) -> dict[int, list[int]]:
+def _gaps(conn: psycopg.Connection, rows: dict[int, ShardRow], scope: list[int]) -> dict[int, list[int]]:
     """Versions missing below a shard's highest applied version (version → shards). Rare: only
     a hand-edited ledger or a removed-and-renumbered file leaves one, so this queries only then."""
     holed = [n for n in scope if n in rows and rows[n].has_gap]
     if not holed:
         return {}
     out: dict[int, list[int]] = {}
-    for shard, versions in conn.execute(
-            "SELECT shard_id, array_agg(version) FROM shardctl.migrations WHERE shard_id = ANY(%s) GROUP BY 1",
-            (holed,)).fetchall():
+    for shard, versions in ledger_versions(conn, holed).items():
         for v in sorted(set(range(1, max(versions) + 1)) - set(versions)):
             out.setdefault(v, []).append(shard)
     return {v: sorted(s) for v, s in sorted(out.items())}
 
 
-# ---- integrity: checksums of applied migrations ----------------------------------------------
-
-@functools.cache
-def _renderer_digest() -> str:
-    """The code that turns a migration file into SQL: any change to it re-verifies every version."""
-    from ..model import identifiers
-    from ..sql import migrations, render
-
-    digest = hashlib.sha256(__version__.encode())
-    for module in (identifiers, migrations, render):
-        digest.update(Path(module.__file__).read_bytes())
-    return digest.hexdigest()
-
-
-def context_digest(topo: Topology) -> str:
-    """What, besides the file, a migration's rendering depends on."""
-    doc = {"renderer": _renderer_digest(), "schema": topo.schema_format, "count": topo.shard_count,
-           "function": topo.function, "layout": layout_context(topo.layout),
-           "first": shard_context(topo, 0), "last": shard_context(topo, max(0, topo.shard_count - 1))}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def source_digest(m: Migration) -> str:
-    return hashlib.sha256(m.source.encode()).hexdigest()
-
-
-def ledger_digests(conn: psycopg.Connection) -> dict[int, str]:
-    """Per version, a digest of its ledger rows (shard, checksum): one query, no sort."""
-    rows = conn.execute(
-        """SELECT version, count(*),
-                  sum(('x' || substr(md5(shard_id::text || ':' || checksum), 1, 15))::bit(60)::bigint::numeric)
-             FROM shardctl.migrations GROUP BY version""").fetchall()
-    return {v: f"{n}:{total}" for v, n, total in rows}
-
-
-def _meta_exists(conn: psycopg.Connection) -> bool:
-    return conn.execute("SELECT to_regclass('shardctl.meta') IS NOT NULL").fetchone()[0]
-
-
-def read_cache(conn: psycopg.Connection) -> dict:
-    if not _meta_exists(conn):
-        return {}
-    row = conn.execute("SELECT value FROM shardctl.meta WHERE key = %s", (CACHE_KEY,)).fetchone()
-    return row[0] if row and isinstance(row[0], dict) else {}
-
-
-def write_cache(conn: psycopg.Connection, topo: Topology, clean: dict[int, dict]) -> None:
-    if not _meta_exists(conn):
-        return
-    value = {"context": context_digest(topo), "versions": {str(v): e for v, e in sorted(clean.items())}}
-    with conn.transaction():
-        conn.execute("INSERT INTO shardctl.meta (key, value) VALUES (%s, %s::jsonb) "
-                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (CACHE_KEY, json.dumps(value)))
-
-
-def check_integrity(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
-                    shards: list[int] | None, *, use_cache: bool = True,
-                    verified: dict[int, dict] | None = None) -> Integrity:
-    """Applied migrations whose checksum changed (drift) and applied versions with no file (orphans).
-
-    ``shards``: report only these (None: every shard on the host). Versions whose every ledger row on
-    the host matches come back in ``clean`` (for the cache); versions the cache vouches for are not
-    rendered again, nor are those in ``verified`` (a ``clean`` of this run) whose rows are unchanged.
-    """
-    result = Integrity()
-    by_version = {m.version: m for m in migrations}
-    digests = ledger_digests(conn)
-    cache = read_cache(conn) if use_cache else {}
-    known = cache.get("versions", {}) if cache.get("context") == context_digest(topo) else {}
-    to_read: list[int] = []
-    for v, digest in digests.items():
-        m = by_version.get(v)
-        entry = {"source": source_digest(m), "ledger": digest} if m else None
-        if entry is not None and (known.get(str(v)) == entry or (verified or {}).get(v) == entry):
-            result.clean[v] = entry
-            result.cached += 1
+def held_by_moves(conn: psycopg.Connection, rows: dict[int, ShardRow], scope: list[int], goal: int) -> tuple[
+        list[int], list[str]]:
+    """Shards in scope that a move holds (not 'active') and still need migrations, with one line per
+    group naming the command that releases them."""
+    held = [n for n in scope if n in rows and rows[n].state != "active" and rows[n].version < goal]
+    if not held:
+        return [], []
+    moves = []
+    for spec, _source, target, phase in open_moves(conn):
+        try:
+            moves.append((spec, set(parse_shards(spec)), target, phase))
+        except ValueError:
+            continue
+    lines = []
+    for state in sorted({rows[n].state for n in held}):
+        shards = [n for n in held if rows[n].state == state]
+        move = next((m for m in moves if m[1] & set(shards)), None)
+        group = move[0] if move else format_shards(shards)
+        if state == "moved_out":
+            lines.append(f"shards {format_shards(shards)} were moved away: drop the old copies with "
+                         f"`shardctl move-shard {group} --cleanup`")
         else:
-            to_read.append(v)
-    if not to_read:
-        return result
-    wanted = None if shards is None else set(shards)
-    bad: set[int] = set()
-    drift: dict[int, Drift] = {}
-    rows = conn.execute("SELECT shard_id, version, checksum FROM shardctl.migrations WHERE version = ANY(%s) "
-                        "ORDER BY shard_id", (to_read,)).fetchall()
-    context_of, context = -1, None  # one context per shard, shared by its versions
-    for shard, version, stored in rows:
-        m = by_version.get(version)
-        in_scope = wanted is None or shard in wanted
-        if m is None:
-            if in_scope:
-                result.orphans.setdefault(version, []).append(shard)
-            continue
-        if not 0 <= shard < topo.shard_count:
-            bad.add(version)  # a shard this topology cannot render: never vouch for the version
-            continue
-        result.rendered += 1
-        if shard != context_of:
-            context_of, context = shard, shard_context(topo, shard)
-        if not m.matches(topo, shard, stored, context):
-            bad.add(version)
-            if in_scope:
-                drift.setdefault(version, Drift(version, m.name)).shards.append(shard)
-    for v in to_read:
-        if v in by_version and v not in bad:
-            result.clean[v] = {"source": source_digest(by_version[v]), "ledger": digests[v]}
-    for d in drift.values():
-        d.shards.sort()
-    result.drift = sorted(drift.values(), key=lambda d: d.version)
-    result.orphans = {v: sorted(s) for v, s in sorted(result.orphans.items())}
-    return result
-
-
-def find_drift(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
-               shards: list[int]) -> tuple[list[Drift], dict[int, list[int]]]:
-    """Applied migrations whose checksum changed, and applied versions with no file (version → shards)."""
-    result = check_integrity(conn, topo, migrations, shards)
-    return result.drift, result.orphans
-
-
-def refresh_cache(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
-                  verified: dict[int, dict] | None = None) -> Integrity:
-    """Verify every ledger row on the host (re-rendering only what changed) and record the clean versions."""
-    cache = read_cache(conn)
-    result = check_integrity(conn, topo, migrations, None, verified=verified)
-    value = {"context": context_digest(topo), "versions": {str(v): e for v, e in sorted(result.clean.items())}}
-    if value != cache:
-        write_cache(conn, topo, result.clean)
-    return result
-
-
-def moves_in_flight(conn: psycopg.Connection) -> list[int]:
-    rows = conn.execute("SELECT shard_id FROM shardctl.shards WHERE state <> 'active' ORDER BY 1").fetchall()
-    return [r[0] for r in rows]
+            where = f" to {move[2]}, phase {move[3]}" if move else ""
+            to = move[2] if move else "HOST"
+            lines.append(f"shards {format_shards(shards)} are being moved{where}: finish the move with "
+                         f"`shardctl move-shard {group} --to {to}` (or roll it back with `shardctl move-shard "
+                         f"{group} --abort`), then run migrate again")
+    return held, lines
 
 
 def explain_error(error: str, options: RunOptions) -> str:
-    """Say in plain words what a timeout means for a shard's migration."""
-    low = error.lower()
-    if "lock timeout" in low:
-        return (f"lock timeout: waited {options.lock_timeout or 'the lock timeout'} for a lock another "
-                f"transaction holds on this shard's tables ({error}); the migration was not applied here. "
-                f"Re-run when that transaction is gone, or raise --lock-timeout")
-    if "statement timeout" in low:
+    """Say in plain words what a statement timeout means for a shard's migration."""
+    if "statement timeout" in error.lower() and "not applied" not in error:
         return (f"statement timeout: a statement ran longer than --statement-timeout {options.statement_timeout} "
                 f"({error}); the migration was not applied here")
     return error
 
 
+@dataclass
+class _Run:
+    """One migrate run's settings, shared by the host threads."""
+
+    topo: Topology
+    migrations: list[Migration]
+    goal: int
+    shards: list[int] | None
+    options: RunOptions
+    check: bool
+    dry_run: bool
+    repair: bool
+    progress: ProgressFactory | None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def read_only(self) -> bool:
+        return self.check or self.dry_run
+
+
+def _inspect(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) -> tuple[list[ShardPlan],
+                                                                                          dict[int, dict]]:
+    """Read the host's versions and ledger, refuse drift and gaps, and plan the pending shards."""
+    topo, scope = run.topo, _scope(host, run.shards)
+    present = shard_list(conn)
+    out.missing = [n for n in scope if n not in present]
+    out.versions = version_counts(present, scope)
+    integrity = check_integrity(conn, topo, run.migrations, scope) if present else Integrity()
+    out.integrity = {"rendered": integrity.rendered, "cached_versions": integrity.cached}
+    out.drift, out.orphans = integrity.drift, integrity.orphans
+    out.gaps = _gaps(conn, present, scope)
+    if out.drift and run.repair:
+        out.repaired = repair(conn, topo, run.migrations, out.drift)
+        out.drift = []
+        integrity.clean = {}  # the ledger changed: verify again
+    elif out.drift and not run.read_only:
+        first = out.drift[0]
+        raise OperationFailed(f"host {host.name}: migration {first.file} was changed after it was applied "
+                              f"(shards {format_shards(first.shards)}); restore the file, or accept it with "
+                              f"`shardctl migrate --repair --yes`")
+    if out.gaps and not run.read_only:
+        v, where = next(iter(out.gaps.items()))
+        raise OperationFailed(f"host {host.name}: the ledger has no V{v} for shards {format_shards(where)}, "
+                              f"though later versions are applied there; shardctl will not apply migrations "
+                              f"out of order")
+    out.held_shards, out.held = held_by_moves(conn, present, scope, run.goal)
+    held = set(out.held_shards)
+    pending: Counter[int] = Counter()
+    plans = []
+    for n in scope:
+        row = present.get(n)
+        if row is None or row.version >= run.goal:
+            continue
+        pending.update(range(row.version + 1, run.goal + 1))
+        if not run.check and n not in held:  # --check only counts; it renders nothing it does not compare
+            plans.append(ShardPlan(n, topo.schema_name(n), None, render_steps=functools.partial(
+                steps_for, run.migrations, topo, n, row.version, run.goal)))
+    out.pending = {v: pending[v] for v in sorted(pending)}
+    out.unchanged = sum(1 for n in scope if n in present and present[n].version >= run.goal)
+    if run.dry_run and plans:
+        sample = plans[0].materialize()
+        out.dry_run_sql = {f"shard {sample.shard}, V{s.version}": s.sql for s in sample.steps}
+    return plans, integrity.clean
+
+
+def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) -> None:
+    """Apply the host's pending shards under its lock (``conn``), log the event, refresh the cache."""
+    if not control_exists(conn):
+        raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
+    plans, verified = _inspect(run, host, conn, out)
+    apply_plans(host, plans, run.options, run.stop, out, run.progress)
+    for f in out.failed:
+        f["error"] = explain_error(f["error"], run.options)
+    if out.migrated or out.failed or out.repaired:
+        log_event(conn, "migrate", sorted(out.migrated), {
+            "target": run.goal, "migrated": len(out.migrated), "failed": len(out.failed),
+            "not_started": len(out.not_started), "repaired": out.repaired, "retried": out.retried,
+            "held": format_shards(out.held_shards)})
+    refresh_cache(conn, run.topo, run.migrations, verified)
+
+
 def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | None = None,
             shards: list[int] | None = None, dry_run: bool = False, check: bool = False,
             repair: bool = False, options: RunOptions | None = None, wait: float = 0,
-            progress: ProgressFactory | None = None) -> FleetReport:
+            progress: ProgressFactory | None = None) -> MigrateResult:
     """Apply (or with ``check``/``dry_run`` only report) pending migrations.
 
-    ``extra["details"][host]`` holds ``pending`` (version → shard count), ``versions`` (version →
-    shards at it), ``missing`` shards, ``drift``, ``gaps``, ``orphans``, ``repaired`` rows and, for a
-    dry run, ``dry_run_sql``.
+    Shards a move holds are left pending (``HostMigration.held`` says which command releases
+    them). Call ``raise_for_status()`` on the result for the CLI's exit-code policy.
     """
     if repair and (check or dry_run):
         raise BadInput("--repair cannot be combined with --check or --dry-run")
+    if check and dry_run:
+        raise BadInput("--check and --dry-run are two different reports; choose one")
     options = options or RunOptions()
-    if options.lock_timeout is None:  # never queue behind application traffic by default ("0" disables it)
-        options.lock_timeout = DEFAULT_LOCK_TIMEOUT
     options.purpose = options.purpose or "migrate"
+    if options.lock_timeout is None:  # never queue behind application traffic for long ("0" disables it)
+        options.lock_timeout = DEFAULT_LOCK_WAIT
+    if options.lock_retries is None:
+        options.lock_retries = DEFAULT_LOCK_RETRIES
     migrations = for_topology(topo)  # a gap, a duplicate or a badly named file fails here
-    goal = _target(migrations, target)
+    run = _Run(topo, migrations, _target(migrations, target), shards, options, check, dry_run, repair, progress)
     selected = select_hosts(topo, hosts)
     for host in selected:  # a template that does not render fails here, before any connection
-        scope = _scope(topo, host, shards)
+        scope = _scope(host, shards)
         if scope:
-            steps_for(migrations, topo, scope[0], 0, goal)
+            steps_for(migrations, topo, scope[0], 0, run.goal)
             break
-    stop = threading.Event()
     started = time.perf_counter()
-    details: dict[str, dict] = {}
-    read_only = dry_run or check
 
-    def work(host: Host) -> HostReport:
-        report = HostReport(host.name)
-        detail = details.setdefault(host.name, {"pending": {}, "versions": {}, "missing": "", "drift": [],
-                                                "gaps": {}, "orphans": {}, "repaired": 0, "dry_run_sql": {},
-                                                "integrity": {}})
+    def inspect_only(host: Host, result: HostResult[HostMigration]) -> None:
+        with db.connect(host, autocommit=True, connect_timeout=options.connect_timeout,
+                        purpose="migrate --check" if check else "migrate --dry-run") as conn:
+            _inspect(run, host, conn, result.value)
 
-        def inspect(conn: psycopg.Connection) -> tuple[list[ShardPlan], dict[int, dict]]:
-            scope = _scope(topo, host, shards)
-            present = shard_versions(conn) if control_exists(conn) else {}
-            missing = [n for n in scope if n not in present]
-            detail["missing"] = format_shards(missing)
-            detail["versions"] = version_counts(present, scope)
-            integrity = check_integrity(conn, topo, migrations, scope) if present else Integrity()
-            detail["integrity"] = {"rendered": integrity.rendered, "cached_versions": integrity.cached}
-            drift = integrity.drift
-            detail["orphans"] = {v: format_shards(s) for v, s in integrity.orphans.items()}
-            detail["drift"] = [{"version": d.version, "file": d.file, "shards": format_shards(d.shards)}
-                               for d in drift]
-            gaps = _gaps(conn, present, scope)
-            detail["gaps"] = {v: format_shards(s) for v, s in gaps.items()}
-            if drift and repair:
-                detail["repaired"] = _repair(conn, topo, migrations, drift)
-                detail["drift"] = []
-                integrity.clean = {}  # the ledger changed: verify again
-            elif drift and not read_only:
-                first = drift[0]
-                raise OperationFailed(
-                    f"host {host.name}: migration {first.file} was changed after it was applied "
-                    f"(shards {format_shards(first.shards)}); restore the file, or accept it with "
-                    f"`shardctl migrate --repair --yes`")
-            if gaps and not read_only:
-                v, where = next(iter(gaps.items()))
-                raise OperationFailed(
-                    f"host {host.name}: the ledger has no V{v} for shards {format_shards(where)}, though later "
-                    f"versions are applied there; shardctl will not apply migrations out of order")
-            in_flight = [n for n, row in sorted(present.items()) if row.state != "active"]
-            if in_flight and not read_only:
-                raise OperationFailed(f"host {host.name}: shards {format_shards(in_flight)} are being moved; "
-                                      f"migrations wait until the move is finished or aborted")
-            pending: Counter[int] = Counter()
-            plans = []
-            for n in scope:
-                row = present.get(n)
-                if row is None or row.version >= goal:
-                    continue
-                for v in range(row.version + 1, goal + 1):
-                    pending[v] += 1
-                if not check:  # --check only counts; it renders nothing it does not compare
-                    plans.append(ShardPlan(n, topo.schema_name(n), None, render_steps=functools.partial(
-                        steps_for, migrations, topo, n, row.version, goal)))
-            detail["pending"] = {v: pending[v] for v in sorted(pending)}
-            pending_shards = sum(1 for n in scope if n in present and present[n].version < goal)
-            report.unchanged = len(scope) - pending_shards - len(missing)
-            if dry_run and plans:
-                sample = plans[0].materialize()
-                detail["dry_run_sql"] = {f"shard {sample.shard}, V{s.version}": s.sql for s in sample.steps}
-            return plans, integrity.clean
+    def apply(host: Host, result: HostResult[HostMigration]) -> None:
+        with locks.use(host) as conn:
+            _apply(run, host, conn, result.value)
 
-        def body() -> None:
-            if read_only:
-                with db.connect(host, autocommit=True, connect_timeout=options.connect_timeout,
-                                purpose="migrate --check" if check else "migrate --dry-run") as conn:
-                    inspect(conn)
-                return
-            with locks.use(host) as conn:
-                if not control_exists(conn):
-                    raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
-                plans, verified = inspect(conn)
-                apply_plans(host, plans, options, stop, report, progress)
-                for f in report.failed:
-                    f["error"] = explain_error(f["error"], options)
-                if report.migrated or report.failed or detail["repaired"]:
-                    log_event(conn, "migrate", sorted(report.migrated), {
-                        "target": goal, "migrated": len(report.migrated), "failed": len(report.failed),
-                        "not_started": len(report.not_started), "repaired": detail["repaired"]})
-                refresh_cache(conn, topo, migrations, verified)
-
-        return run_on_host(host, report, body)
-
-    if read_only:
-        reports = for_each_host(selected, work)
+    if run.read_only:
+        reports = fan_out(selected, inspect_only, lambda h: HostMigration())
     else:
         with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,
                            purpose=options.purpose) as locks:
-            reports = for_each_host(selected, work)
-    pending_total = sum(sum(d["pending"].values()) for d in details.values())
-    missing_total = sum(1 for d in details.values() if d["missing"])
-    return FleetReport("migrate", reports, time.perf_counter() - started, extra={
-        "target": goal, "latest_version": len(migrations), "check": check, "dry_run": dry_run,
-        "pending_total": pending_total if read_only else 0,
-        "hosts_with_missing_shards": missing_total,
-        "details": details,
-    })
-
-
-def _repair(conn: psycopg.Connection, topo: Topology, migrations: list[Migration], drift: list[Drift]) -> int:
-    """Record the current checksum of changed migrations. Returns the ledger rows updated."""
-    by_version = {m.version: m for m in migrations}
-    updated = 0
-    with conn.transaction():
-        for d in drift:
-            m = by_version[d.version]
-            for shard in d.shards:
-                updated += conn.execute(
-                    "UPDATE shardctl.migrations SET checksum = %s WHERE shard_id = %s AND version = %s",
-                    (m.checksum_for(topo, shard), shard, d.version)).rowcount
-    log_event(conn, "repair", sorted({s for d in drift for s in d.shards}),
-              {"versions": [d.version for d in drift], "files": [d.file for d in drift], "rows": updated})
-    return updated
+            reports = fan_out(selected, apply, lambda h: HostMigration())
+    return MigrateResult("migrate", reports, time.perf_counter() - started, target=run.goal,
+                         latest_version=len(migrations), check=check, dry_run=dry_run)

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..errors import OperationFailed
-from .move.api import MoveOptions, Progress, cleanup_move, move_shards
+from .move import MoveOptions, Phase, Progress, cleanup_move, move_shards
 from ..model.ranges import format_shards
 from ..model.topology import Topology
 
@@ -95,7 +95,7 @@ def apply(topo: Topology, *, options: MoveOptions | None = None, progress: Progr
             on_move(planned)
         current = Topology.load(topo.path, allow_inline_password=options.allow_inline_password)
         report = move_shards(current, planned.shards, planned.target, options=options, progress=progress)
-        if report.get("phase") not in ("cut_over", "nothing to do"):
+        if report.get("phase") not in (Phase.CUT_OVER, "nothing to do"):
             raise OperationFailed(f"rebalance: the move of shards {format_shards(planned.shards)} from "
                                   f"{planned.source} to {planned.target} stopped in phase {report.get('phase')}",
                                   report={**doc, "results": results + [report]})

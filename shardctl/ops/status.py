@@ -1,27 +1,27 @@
-"""``status``: one table for the fleet, one query round per host."""
+"""``status``: one table for the fleet, a few cheap queries per host."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import psycopg
 
 from ..engine import connections as db
-from ..engine.fanout import control_exists, for_each_host, select_hosts
-from ..sql.migrations import for_topology
+from ..engine.fanout import HostResult, fan_out, raise_unreachable, select_hosts
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
+from ..sql.catalog import applied_versions, control_exists, last_event, schema_names, shard_list
+from ..sql.migrations import for_topology
 
 
 @dataclass
 class HostStatus:
-    host: str
+    """What status found on one host (the ``value`` of its HostResult)."""
+
     dsn: str
-    reachable: bool = False
-    error: str | None = None
-    server_version: str | None = None
     expected: int = 0
+    server_version: str | None = None
     present: int = 0
     missing: str = ""
     unexpected: str = ""
@@ -35,58 +35,65 @@ class HostStatus:
     def drift(self) -> bool:
         return bool(self.missing or self.unexpected)
 
+    def to_dict(self) -> dict:
+        return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "drift": self.drift}
+
+
+@dataclass
+class StatusReport:
+    hosts: list[HostResult[HostStatus]]
+    seconds: float
+    latest_version: int
+
+    @property
+    def ok(self) -> bool:
+        return all(h.ok and not h.value.drift for h in self.hosts)
+
+    def to_dict(self) -> dict:
+        return {"command": "status", "seconds": round(self.seconds, 3), "latest_version": self.latest_version,
+                "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts]}
+
+    def raise_for_status(self) -> "StatusReport":
+        """Exit 3 when a host could not be reached (drift is shown, not an error)."""
+        raise_unreachable(self.hosts, self.to_dict())
+        return self
+
+
+def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostStatus,
+                 known_versions: set[int]) -> str | None:
+    """Fill ``st``; returns an error line when the host has no control schema."""
+    st.server_version = conn.execute("SHOW server_version").fetchone()[0]
+    if not control_exists(conn):
+        st.missing = format_shards(host.shards)
+        return "no control schema (run shardctl init)"
+    rows = shard_list(conn)
+    st.last_event = last_event(conn)
+    # A shard is present when it is recorded *and* its schema really exists.
+    real = {topo.shard_of_schema(name) for name in schema_names(conn)} - {None}
+    owned = set(host.shards)
+    present = set(rows) & real
+    stray = real - set(rows)
+    versions = [r.version for n, r in rows.items() if n in owned]
+    st.present = len(present & owned)
+    st.missing = format_shards(owned - present)
+    st.unexpected = format_shards((present | stray) - owned)
+    st.moving = format_shards(n for n, r in rows.items() if r.state != "active")
+    if versions:
+        st.min_version, st.max_version = min(versions), max(versions)
+    if rows:
+        st.orphan_versions = sorted(applied_versions(conn) - known_versions)
+    return None
+
 
 def status(topo: Topology, *, hosts: list[str] | None = None,
-           connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> dict:
+           connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> StatusReport:
+    """Per host: reachability, server version, shards expected vs present, versions, moves, last event."""
     started = time.perf_counter()
     known_versions = {m.version for m in for_topology(topo)}
 
-    def work(host: Host) -> HostStatus:
-        st = HostStatus(host.name, host.masked_dsn, expected=len(host.shards))
-        try:
-            with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="status") as conn:
-                st.reachable = True
-                st.server_version = conn.execute("SHOW server_version").fetchone()[0]
-                if not control_exists(conn):
-                    st.error = "no control schema (run shardctl init)"
-                    st.missing = format_shards(host.shards)
-                    return st
-                rows = conn.execute(
-                    """SELECT s.shard_id, s.state, coalesce(max(m.version), 0),
-                              (SELECT array_agg(DISTINCT version) FROM shardctl.migrations),
-                              (SELECT kind || ' at ' || to_char(at, 'YYYY-MM-DD HH24:MI:SS') || coalesce(' (' || shards || ')', '')
-                                 FROM shardctl.events ORDER BY id DESC LIMIT 1)
-                         FROM shardctl.shards s
-                         LEFT JOIN shardctl.migrations m USING (shard_id)
-                        GROUP BY 1, 2""").fetchall()
-                if not rows:
-                    row = conn.execute("SELECT kind || ' at ' || to_char(at, 'YYYY-MM-DD HH24:MI:SS') "
-                                       "FROM shardctl.events ORDER BY id DESC LIMIT 1").fetchone()
-                    st.last_event = row[0] if row else None
-                # A shard is present when it is recorded *and* its schema really exists.
-                schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
-                recorded = {r[0] for r in rows}
-                real = {topo.shard_of_schema(name) for name in schemas} - {None}
-                present = recorded & real
-                stray = real - recorded
-                versions = [r[2] for r in rows if r[0] in set(host.shards)]
-                st.present = len(present & set(host.shards))
-                st.missing = format_shards(set(host.shards) - present)
-                st.unexpected = format_shards((present | stray) - set(host.shards))
-                st.moving = format_shards(r[0] for r in rows if r[1] != "active")
-                if versions:
-                    st.min_version, st.max_version = min(versions), max(versions)
-                if rows:
-                    st.orphan_versions = sorted(set(rows[0][3] or []) - known_versions)
-                    st.last_event = rows[0][4]
-        except db.HostUnreachable as exc:
-            st.error = exc.reason
-        except psycopg.Error as exc:
-            st.error = db.first_line(exc)
-        return st
+    def work(host: Host, result: HostResult[HostStatus]) -> None:
+        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="status") as conn:
+            result.error = _host_status(conn, topo, host, result.value, known_versions)
 
-    results = for_each_host(select_hosts(topo, hosts), work)
-    return {"command": "status", "seconds": round(time.perf_counter() - started, 3),
-            "latest_version": len(known_versions),
-            "ok": all(h.reachable and not h.drift and not h.error for h in results),
-            "hosts": [dict(asdict(h), drift=h.drift) for h in results]}
+    results = fan_out(select_hosts(topo, hosts), work, lambda h: HostStatus(h.masked_dsn, expected=len(h.shards)))
+    return StatusReport(results, time.perf_counter() - started, len(known_versions))

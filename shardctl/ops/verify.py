@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..engine import connections as db
-from ..engine.fanout import control_exists, for_each_host, select_hosts
+from ..engine.fanout import HostResult, fan_out, raise_for_status, select_hosts
+from ..errors import BadInput
+from ..ids import checks as id_checks
+from ..sql import catalog
+from ..sql.catalog import control_exists
 from ..model.identifiers import quote_ident
 from ..sql.render import next_id_body, render_next_id
 from ..model.topology import Host, Topology
@@ -28,27 +32,31 @@ class Violation:
 
 @dataclass
 class HostVerification:
+    """What verify found on one host (the ``value`` of its HostResult)."""
+
     host: str
-    reachable: bool = True
-    error: str | None = None
     shards_checked: int = 0
     ids_checked: int = 0
     clock_skew_ms: float | None = None
     server_version: str | None = None
-    seconds: float = 0.0
     violations: list[Violation] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"shards_checked": self.shards_checked, "ids_checked": self.ids_checked,
+                "clock_skew_ms": self.clock_skew_ms, "server_version": self.server_version,
+                "violations": len(self.violations)}
 
 
 @dataclass
 class VerifyReport:
-    hosts: list[HostVerification]
+    hosts: list[HostResult[HostVerification]]
     seconds: float
     samples: int
     layout: dict
 
     @property
     def violations(self) -> list[Violation]:
-        return [v for h in self.hosts for v in h.violations]
+        return [v for h in self.hosts for v in h.value.violations]
 
     @property
     def ok(self) -> bool:
@@ -58,20 +66,24 @@ class VerifyReport:
         return {
             "command": "verify", "ok": self.ok, "seconds": round(self.seconds, 3), "samples": self.samples,
             "layout": self.layout,
-            "hosts": [{"host": h.host, "reachable": h.reachable, "error": h.error, "shards_checked": h.shards_checked,
-                       "ids_checked": h.ids_checked, "clock_skew_ms": h.clock_skew_ms,
-                       "server_version": h.server_version, "seconds": round(h.seconds, 3),
-                       "violations": len(h.violations)} for h in self.hosts],
+            "hosts": [h.to_dict() for h in self.hosts],
             "violations": [v.__dict__ for v in self.violations],
         }
+
+    def raise_for_status(self) -> "VerifyReport":
+        """Exit 3 for an unreachable host, 1 for a violation or a host that could not be checked."""
+        first = self.violations[0] if self.violations else None
+        problems = [f"{len(self.violations)} violation(s); first: {first.host} shard {first.shard}: "
+                    f"{first.reason}"] if first else []
+        raise_for_status("verify", self.hosts, problems, report=self.to_dict())
+        return self
 
 
 def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEFAULT_SAMPLES,
            tolerance_ms: int = DEFAULT_TOLERANCE_MS, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> VerifyReport:
-    """Check every shard on every host; see SPEC 4 ``verify``. Touches nothing but the ID sequences."""
+    """Check every shard on every host: placement, records, next_id() bodies, and sampled IDs (strictly
+    increasing, minted for the right shard, near the host clock). Touches nothing but the ID sequences."""
     if samples < 2:
-        from ..errors import BadInput
-
         raise BadInput("--samples must be at least 2 (strict increase needs two IDs)")
     started = time.perf_counter()
     expected_bodies: dict[int, str] = {}
@@ -81,25 +93,11 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
             expected_bodies[n] = next_id_body(render_next_id(topo, n))
         return expected_bodies[n]
 
-    def work(host: Host) -> HostVerification:
-        result = HostVerification(host.name)
-        t0 = time.perf_counter()
-        try:
-            with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
-                _check_host(conn, topo, host, result, expected_body, samples, tolerance_ms)
-        except Exception as exc:  # noqa: BLE001 - reported per host, never silently
-            from ..errors import HostUnreachable
+    def work(host: Host, result: HostResult[HostVerification]) -> None:
+        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
+            _check_host(conn, topo, host, result.value, expected_body, samples, tolerance_ms)
 
-            if isinstance(exc, HostUnreachable):
-                result.reachable, result.error = False, exc.reason
-            elif isinstance(exc, psycopg.Error):
-                result.error = db.first_line(exc)
-            else:
-                raise
-        result.seconds = time.perf_counter() - t0
-        return result
-
-    reports = for_each_host(select_hosts(topo, hosts), work)
+    reports = fan_out(select_hosts(topo, hosts), work, lambda h: HostVerification(h.name))
     layout = {"name": topo.layout.name, **topo.layout.limits()}
     return VerifyReport(reports, time.perf_counter() - started, samples, layout)
 
@@ -155,6 +153,7 @@ def _check_host(conn: psycopg.Connection, topo: Topology, host: Host, result: Ho
             violation(n, "next_id() differs from the template's rendering (changed by hand or stale)")
         checkable.append(n)
 
+    _check_sequences(conn, topo, checkable, violation)
     for i in range(0, len(checkable), SAMPLE_BATCH):
         _sample(conn, topo, checkable[i:i + SAMPLE_BATCH], samples, tolerance_ms, result, violation)
 
@@ -179,22 +178,23 @@ def _sample(conn: psycopg.Connection, topo: Topology, shards: list[int], samples
                     "(extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone())
             except psycopg.Error as exc:
                 violation(n, f"next_id() fails: {db.first_line(exc)}")
-    layout = topo.layout
     for shard, ids, at_ms in rows:
         result.shards_checked += 1
         result.ids_checked += len(ids)
-        for a, b in zip(ids, ids[1:]):
-            if b <= a:
-                violation(shard, f"IDs do not strictly increase: {a} then {b}")
-                break
-        decoded = [layout.decode(i) for i in (ids[0], ids[-1])]
-        wrong = [d for d in decoded if d["shard"] != shard]
-        if wrong:
-            violation(shard, f"next_id() mints IDs for shard {wrong[0]['shard']}, not {shard} (e.g. {wrong[0]['id']})")
-        for d in decoded:
-            off = d["unix_ms"] - at_ms
-            if abs(off) > tolerance_ms:
-                violation(shard, f"ID {d['id']} decodes to {d['time']}, {off:+d} ms from the host clock "
-                                 f"(tolerance {tolerance_ms} ms; wrong epoch?)")
-                break
+        # What the layout promises (ids/checks.py): unique, ordered across milliseconds (a wrap
+        # within one millisecond is fine), this shard's bits, a time near the host clock.
+        for problem in id_checks.sample_problems(topo.layout, shard, ids, at_ms, tolerance_ms):
+            violation(shard, problem)
+
+
+def _check_sequences(conn: psycopg.Connection, topo: Topology, shards: list[int], violation) -> None:
+    """Each shard's ID sequence keeps CACHE 1 and INCREMENT BY 1 (see ids/checks.py)."""
+    settings = catalog.id_sequence_settings(conn, [topo.schema_name(n) for n in shards])
+    for n in shards:
+        found = settings.get(topo.schema_name(n))
+        if found is None:
+            violation(n, "ID sequence next_id_seq is missing")
+            continue
+        for problem in id_checks.sequence_problems(found):
+            violation(n, problem)
 

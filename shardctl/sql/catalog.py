@@ -1,19 +1,24 @@
-"""Catalog and replication helpers for ``move-shard`` (shardctl.move).
+"""Catalog, control-table and replication queries of ``move-shard`` (``shardctl.ops.move``).
 
-Everything here is one or a few queries on one connection: what a shard schema
-holds, whether it can be replicated, row counts and checksums, sequence values,
-write privileges, and the publication / subscription / slot objects of a move.
+Everything here is one or a few queries on one connection: the move records and shard
+states in the control schema, what a shard schema holds, whether it can be replicated,
+row counts and checksums, sequence values, write privileges, and the publication /
+subscription / slot objects of a move. The control tables themselves (``shardctl.moves``,
+the guard function) are defined in ``templates/control_schema.sql.j2``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 import psycopg
+from psycopg import conninfo as pg_conninfo
 from psycopg import sql
 
 from ..model.identifiers import quote_ident, quote_literal
+from .render import render_control
 
 # SQLSTATE raised by the guard trigger on a moved shard's old tables (see Router.run).
 MOVED_SQLSTATE = "SCM01"
@@ -21,30 +26,6 @@ GUARD_FUNCTION = "shardctl.moved_shard_guard"
 GUARD_TRIGGER = "shardctl_moved_shard"
 WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 CHUNK = 100  # tables per checksum query
-
-MOVES_TABLE_SQL = """
-CREATE TABLE IF NOT EXISTS shardctl.moves (
-    move_id      text PRIMARY KEY,
-    shards       text NOT NULL,
-    source       text NOT NULL,
-    target       text NOT NULL,
-    role         text NOT NULL CHECK (role IN ('source', 'target')),
-    phase        text NOT NULL,
-    started_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
-    updated_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
-    finished_at  timestamptz,
-    detail       jsonb NOT NULL DEFAULT '{}'
-)
-"""
-
-GUARD_FUNCTION_SQL = f"""
-CREATE OR REPLACE FUNCTION {GUARD_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $guard$
-BEGIN
-    RAISE EXCEPTION USING ERRCODE = '{MOVED_SQLSTATE}', MESSAGE = TG_ARGV[0],
-        HINT = 'the shard lives on another host now: reload the topology (shardctl''s Router does)';
-END
-$guard$
-"""
 
 # Row text must not depend on the session: the same rows give the same checksum on both hosts.
 STABLE_TEXT = ("SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, YMD'; SET IntervalStyle TO 'postgres'; "
@@ -57,30 +38,171 @@ def moves_table_exists(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL").fetchone()[0]
 
 
-def ensure_moves_table(conn: psycopg.Connection) -> None:
-    """Create shardctl.moves (call under the host lock: concurrent CREATE IF NOT EXISTS can collide)."""
+def ensure_move_objects(conn: psycopg.Connection) -> None:
+    """Create what moves need in the control schema (shardctl.moves, the guard function) on a host
+    initialised before they existed: the control-schema template again, whose statements are idempotent.
+    Call under the host lock (concurrent CREATE IF NOT EXISTS can collide)."""
+    ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
+                         "AND to_regclass('shardctl.redirects') IS NOT NULL", (f"{GUARD_FUNCTION}()",)).fetchone()[0]
+    if not ready:
+        with conn.transaction():
+            conn.execute(render_control())
+
+
+def move_records(conn: psycopg.Connection) -> list[tuple]:
+    """This host's records of moves: (move_id, shards, source, target, role, phase, detail, started, updated)."""
     if not moves_table_exists(conn):
-        with conn.transaction():
-            conn.execute(MOVES_TABLE_SQL)
+        return []
+    return conn.execute("SELECT move_id, shards, source, target, role, phase, detail, started_at, updated_at "
+                        "FROM shardctl.moves ORDER BY started_at").fetchall()
 
 
-def ensure_guard_function(conn: psycopg.Connection) -> None:
-    exists = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f"{GUARD_FUNCTION}()",)).fetchone()[0]
-    if not exists:
-        with conn.transaction():
-            conn.execute(GUARD_FUNCTION_SQL)
+def record_move(conn: psycopg.Connection, move_id: str, shards: str, source: str, target: str, role: str,
+                phase: str, detail: dict, finished: list[str]) -> None:
+    """Insert or update this host's record of a move; ``finished`` phases stamp finished_at."""
+    conn.execute(
+        """INSERT INTO shardctl.moves (move_id, shards, source, target, role, phase, detail)
+           VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb)
+           ON CONFLICT (move_id) DO UPDATE SET phase = EXCLUDED.phase,
+                  detail = shardctl.moves.detail || EXCLUDED.detail, updated_at = clock_timestamp(),
+                  finished_at = CASE WHEN EXCLUDED.phase = ANY(%s) THEN clock_timestamp() END""",
+        (move_id, shards, source, target, role, str(phase), dumps(detail), finished))
+
+
+def dsn_without_password(dsn: str) -> str:
+    """The DSN as recorded for other readers: every part but the password."""
+    parts = pg_conninfo.conninfo_to_dict(dsn)
+    parts.pop("password", None)
+    return pg_conninfo.make_conninfo(**parts)
+
+
+def write_redirects(conn: psycopg.Connection, shards: list[int], schemas: list[str], host: str, dsn: str,
+                    move_id: str) -> None:
+    """Record on this host that ``shards`` (schemas ``schemas`` there) now live on ``host``."""
+    conn.execute(
+        """INSERT INTO shardctl.redirects (shard_id, schema_name, host, dsn, move_id)
+           SELECT r.id, r.name, %s, %s, %s FROM unnest(%s::int[], %s::text[]) AS r(id, name)
+           ON CONFLICT (shard_id) DO UPDATE SET schema_name = EXCLUDED.schema_name, host = EXCLUDED.host,
+                  dsn = EXCLUDED.dsn, move_id = EXCLUDED.move_id, at = clock_timestamp()""",
+        (host, dsn_without_password(dsn), move_id, shards, schemas))
+
+
+def clear_redirects(conn: psycopg.Connection, shards: list[int]) -> None:
+    """This host holds ``shards`` (again): forget where they had gone."""
+    if conn.execute("SELECT to_regclass('shardctl.redirects') IS NOT NULL").fetchone()[0]:
+        conn.execute("DELETE FROM shardctl.redirects WHERE shard_id = ANY(%s)", (shards,))
+
+
+def read_redirects(conn: psycopg.Connection, shards: list[int]) -> dict[int, dict]:
+    """Where ``shards`` went, as recorded on this host: shard → {host, dsn (no password), schema, move_id,
+    at}. Empty for shards that never left it (or a host without the table). For Routers whose topology
+    file is stale: connect to ``host`` with the secret of their own topology's entry for it."""
+    if not conn.execute("SELECT to_regclass('shardctl.redirects') IS NOT NULL").fetchone()[0]:
+        return {}
+    return {r[0]: {"host": r[1], "dsn": r[2], "schema": r[3], "move_id": r[4], "at": r[5]} for r in conn.execute(
+        "SELECT shard_id, host, dsn, schema_name, move_id, at FROM shardctl.redirects WHERE shard_id = ANY(%s)",
+        (shards,)).fetchall()}
+
+
+def try_shard_locks(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> bool:
+    """Take the session advisory locks (lock_class, shard) of every shard, or none of them."""
+    got = conn.execute("SELECT count(*) FROM unnest(%s::int[]) AS s WHERE pg_try_advisory_lock(%s, s)",
+                       (shards, lock_class)).fetchone()[0]
+    if got == len(shards):
+        return True
+    conn.execute("SELECT pg_advisory_unlock_all()")
+    return False
+
+
+def shard_lock_holder(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> tuple | None:
+    """(pid, application_name, backend_start) of a session holding one of the shards' advisory locks."""
+    return conn.execute(
+        """SELECT a.pid, a.application_name, a.backend_start FROM pg_locks l
+             JOIN pg_stat_activity a USING (pid)
+            WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = ANY(%s::oid[])
+              AND l.granted LIMIT 1""", (lock_class, shards)).fetchone()
+
+
+def ledger_rows(conn: psycopg.Connection, shards: list[int]) -> list[tuple]:
+    """(shard_id, version, description, checksum, duration_ms, applied_at, applied_by) of these shards."""
+    return conn.execute(
+        """SELECT shard_id, version, description, checksum, duration_ms, applied_at, applied_by
+             FROM shardctl.migrations WHERE shard_id = ANY(%s) ORDER BY shard_id, version""", (shards,)).fetchall()
+
+
+def change_shard_states(conn: psycopg.Connection, shards: list[int], old: str, new: str) -> int:
+    """Shards in state ``old`` go to ``new``; returns how many did."""
+    return conn.execute("UPDATE shardctl.shards SET state = %s WHERE shard_id = ANY(%s) AND state = %s",
+                        (str(new), shards, str(old))).rowcount
+
+
+def set_shard_states(conn: psycopg.Connection, shards: list[int], state: str, schemas: list[str]) -> None:
+    """Set the state and schema name of each shard (``schemas`` in the order of ``shards``)."""
+    conn.execute("UPDATE shardctl.shards AS s SET state = %s, schema_name = r.name "
+                 "FROM unnest(%s::int[], %s::text[]) AS r(id, name) WHERE s.shard_id = r.id",
+                 (str(state), shards, schemas))
+
+
+def drop_shard_schemas(conn: psycopg.Connection, schemas: list[str], shards: list[int], state: str) -> None:
+    """Drop ``schemas`` and forget the shards' ledger and their shard rows in ``state`` (one batch)."""
+    conn.execute("".join(f"DROP SCHEMA IF EXISTS {quote_ident(s)} CASCADE;\n" for s in schemas))
+    conn.execute("DELETE FROM shardctl.migrations WHERE shard_id = ANY(%s)", (shards,))
+    conn.execute("DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = %s", (shards, str(state)))
+
+
+def lock_tables(conn: psycopg.Connection, items: list[tuple[str, str]], per_statement: int = 500) -> None:
+    """LOCK TABLE … IN EXCLUSIVE MODE: writes wait, reads go on."""
+    for i in range(0, len(items), per_statement):
+        conn.execute("LOCK TABLE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}"
+                                              for s, t in items[i:i + per_statement]) + " IN EXCLUSIVE MODE")
+
+
+def copy_tables(frm: psycopg.Connection, into: psycopg.Connection, pairs: list[tuple[tuple[str, str], tuple[str, str]]],
+                truncate: bool = False, progress=None) -> None:
+    """COPY each (from table, into table) pair in binary; ``truncate`` empties the destinations first."""
+    if truncate and pairs:
+        into.execute("TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for _, (s, t) in pairs))
+    for i, ((fs, ft), (ts, tt)) in enumerate(pairs, 1):
+        with frm.cursor().copy(f"COPY {quote_ident(fs)}.{quote_ident(ft)} TO STDOUT (FORMAT binary)") as out, \
+                into.cursor().copy(f"COPY {quote_ident(ts)}.{quote_ident(tt)} FROM STDIN (FORMAT binary)") as dst:
+            for data in out:
+                dst.write(data)
+        if progress:
+            progress(i)
 
 
 def server_facts(conn: psycopg.Connection) -> dict:
+    """Version, replication settings and how much of them is in use on this server."""
     row = conn.execute(
         """SELECT current_setting('server_version_num')::int, current_setting('wal_level'),
                   current_setting('max_replication_slots')::int,
                   (SELECT count(*) FROM pg_replication_slots)::int,
                   current_setting('max_wal_senders')::int,
                   current_setting('max_logical_replication_workers')::int,
-                  (SELECT system_identifier FROM pg_control_system())""").fetchone()
+                  (SELECT system_identifier FROM pg_control_system()),
+                  (SELECT count(*) FROM pg_stat_replication)::int,
+                  greatest((SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL),
+                           (SELECT count(*) FROM pg_subscription WHERE subenabled))::int,
+                  current_setting('max_sync_workers_per_subscription')::int""").fetchone()
     return {"version_num": row[0], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
-            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "system_identifier": row[6]}
+            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "system_identifier": row[6],
+            "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9]}
+
+
+def role_facts(conn: psycopg.Connection, schemas: list[str]) -> dict:
+    """What the connected role may do for a move: superuser, REPLICATION, CREATE on the database,
+    pg_create_subscription membership, and how many tables in ``schemas`` it does not own."""
+    row = conn.execute(
+        """SELECT current_user, r.rolsuper, r.rolreplication,
+                  has_database_privilege(current_database(), 'CREATE'),
+                  CASE WHEN to_regrole('pg_create_subscription') IS NULL THEN false
+                       ELSE pg_has_role(current_user, to_regrole('pg_create_subscription'), 'MEMBER') END,
+                  (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p')
+                      AND NOT pg_has_role(current_user, c.relowner, 'USAGE'))::int
+             FROM pg_roles r WHERE r.rolname = current_user""", (schemas,)).fetchone()
+    return {"name": row[0], "superuser": row[1], "replication": row[2], "create_on_database": row[3],
+            "create_subscription": row[4], "tables_not_owned": row[5]}
 
 
 # ---- what the schemas hold --------------------------------------------------------------
@@ -352,3 +474,153 @@ def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
 
 def dumps(value: object) -> str:
     return json.dumps(value, default=str)
+
+
+# ======================================================================================
+# Shard list and ledger reads (init, migrate, status, grow, moves): one place for each query.
+# ======================================================================================
+
+@dataclass
+class ShardRow:
+    """A shard recorded in a host's control schema, with its migration versions."""
+
+    shard: int
+    schema: str
+    state: str
+    version: int  # highest applied version (0: none)
+    applied: int = 0  # how many versions the ledger holds for the shard
+
+    @property
+    def has_gap(self) -> bool:
+        return self.applied != self.version
+
+
+def control_exists(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT to_regclass('shardctl.migrations') IS NOT NULL").fetchone()[0]
+
+
+def shard_list(conn: psycopg.Connection) -> dict[int, ShardRow]:
+    """Every shard recorded on the host with its highest applied version and version count: one query
+    ({} when the host has no control schema)."""
+    if not control_exists(conn):
+        return {}
+    rows = conn.execute(
+        """SELECT s.shard_id, s.schema_name, s.state, coalesce(max(m.version), 0), count(m.version)
+             FROM shardctl.shards s LEFT JOIN shardctl.migrations m USING (shard_id)
+            GROUP BY 1, 2, 3""").fetchall()
+    return {r[0]: ShardRow(r[0], r[1], r[2], r[3], r[4]) for r in rows}
+
+
+def applied_versions(conn: psycopg.Connection) -> set[int]:
+    """Every version the host's ledger records for any shard."""
+    return {r[0] for r in conn.execute("SELECT DISTINCT version FROM shardctl.migrations").fetchall()}
+
+
+def last_event(conn: psycopg.Connection) -> str | None:
+    row = conn.execute(
+        """SELECT kind || ' at ' || to_char(at, 'YYYY-MM-DD HH24:MI:SS') || coalesce(' (' || shards || ')', '')
+             FROM shardctl.events ORDER BY id DESC LIMIT 1""").fetchone()
+    return row[0] if row else None
+
+
+def schema_names(conn: psycopg.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+
+
+def ledger_versions(conn: psycopg.Connection, shards: list[int]) -> dict[int, list[int]]:
+    """Shard → the versions its ledger holds (for the shards given)."""
+    return {s: list(v) for s, v in conn.execute(
+        "SELECT shard_id, array_agg(version) FROM shardctl.migrations WHERE shard_id = ANY(%s) GROUP BY 1",
+        (shards,)).fetchall()}
+
+
+def lock_holders(conn: psycopg.Connection, schema: str) -> list[str]:
+    """Other backends holding locks on the relations of ``schema`` (who blocks a migration there):
+    pid, application name, state and query start, one line each."""
+    rows = conn.execute(
+        """SELECT a.pid, coalesce(nullif(a.application_name, ''), 'unnamed client'), a.state,
+                  to_char(coalesce(a.query_start, a.xact_start), 'YYYY-MM-DD HH24:MI:SS.MS'),
+                  extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.query_start))::float8
+             FROM pg_stat_activity a
+            WHERE a.pid <> pg_backend_pid() AND a.pid IN (
+                  SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                    JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE l.granted AND n.nspname = %s)
+            ORDER BY a.xact_start NULLS LAST LIMIT 3""", (schema,)).fetchall()
+    return [f"pid {p}, {app}, {state}, query started {start} (transaction open {age:.1f}s)"
+            for p, app, state, start, age in rows]
+
+
+def open_moves(conn: psycopg.Connection) -> list[tuple[str, str, str, str]]:
+    """Unfinished moves recorded on the host: (shards, source, target, phase)."""
+    if not moves_table_exists(conn):
+        return []
+    return [tuple(r) for r in conn.execute(
+        "SELECT shards, source, target, phase FROM shardctl.moves WHERE finished_at IS NULL "
+        "ORDER BY started_at").fetchall()]
+
+
+def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[str]:
+    """Why the named subscriptions are not applying, as the subscriber's server sees it: disabled, no
+    apply worker running, table-sync workers waiting for a free worker slot, error counters."""
+    out = []
+    for name, enabled, workers, syncing, apply_errors, sync_errors in conn.execute(
+            """SELECT s.subname, s.subenabled,
+                      (SELECT count(*) FROM pg_stat_subscription w WHERE w.subid = s.oid AND w.pid IS NOT NULL
+                          AND w.relid IS NULL)::int,
+                      (SELECT count(*) FROM pg_stat_subscription w WHERE w.subid = s.oid AND w.relid IS NOT NULL)::int,
+                      coalesce(st.apply_error_count, 0), coalesce(st.sync_error_count, 0)
+                 FROM pg_subscription s LEFT JOIN pg_stat_subscription_stats st ON st.subid = s.oid
+                WHERE s.subname = ANY(%s) ORDER BY 1""", (names,)).fetchall():
+        if not enabled:
+            out.append(f"subscription {name} is disabled")
+        elif not workers:
+            out.append(f"subscription {name} has no apply worker running")
+        if apply_errors or sync_errors:
+            out.append(f"subscription {name} has {apply_errors} apply and {sync_errors} table-sync errors")
+    workers = conn.execute(
+        """SELECT current_setting('max_logical_replication_workers')::int,
+                  (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int""").fetchone()
+    if workers[1] >= workers[0]:
+        out.append(f"all {workers[0]} logical replication workers are busy (max_logical_replication_workers)")
+    return out
+
+
+def id_sequence_settings(conn: psycopg.Connection, schemas: list[str]) -> dict[str, dict]:
+    """schema → cache_size and increment_by of its ``next_id_seq`` (what verify checks: CACHE 1, INCREMENT 1)."""
+    return {r[0]: {"cache_size": r[1], "increment_by": r[2]} for r in conn.execute(
+        """SELECT schemaname, cache_size, increment_by FROM pg_sequences
+            WHERE sequencename = 'next_id_seq' AND schemaname = ANY(%s)""", (schemas,)).fetchall()}
+
+
+# ---- template functions (``redeploy``) ------------------------------------------------------
+
+TEMPLATE_LEDGER = """CREATE TABLE IF NOT EXISTS shardctl.templates (
+    shard_id     integer NOT NULL,
+    object       text NOT NULL,
+    checksum     text NOT NULL,
+    deployed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    deployed_by  text NOT NULL DEFAULT current_user,
+    PRIMARY KEY (shard_id, object)
+)"""
+
+
+def function_sources(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str, int], tuple[str, str]]:
+    """(schema, name, argument count) → (language, body as ``pg_proc.prosrc``) of the functions in ``schemas``."""
+    rows = conn.execute(
+        """SELECT n.nspname, p.proname, p.pronargs, l.lanname, p.prosrc
+             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             JOIN pg_language l ON l.oid = p.prolang
+            WHERE n.nspname = ANY(%s)""", (schemas,)).fetchall()
+    return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
+
+
+def ensure_template_ledger(conn: psycopg.Connection) -> None:
+    """``shardctl.templates``: one row per shard and re-deployed template function."""
+    conn.execute(TEMPLATE_LEDGER)
+
+
+def record_template(conn: psycopg.Connection, shard: int, obj: str, checksum: str) -> None:
+    conn.execute("""INSERT INTO shardctl.templates (shard_id, object, checksum) VALUES (%s, %s, %s)
+                    ON CONFLICT (shard_id, object) DO UPDATE SET checksum = excluded.checksum,
+                        deployed_at = clock_timestamp(), deployed_by = current_user""", (shard, obj, checksum))

@@ -28,6 +28,17 @@ CHECKSUM_LAYOUT_KEYS = ("name", "epoch_ms", "time_bits", "shard_bits", "sequence
 
 
 @dataclass(frozen=True)
+class Step:
+    """One migration rendered for one shard, ready to run."""
+
+    version: int
+    description: str
+    sql: str
+    checksum: str
+    transactional: bool = True
+
+
+@dataclass(frozen=True)
 class Migration:
     version: int
     description: str
@@ -293,3 +304,15 @@ def load(directory: Path) -> list[Migration]:
 
 def for_topology(topo: Topology) -> list[Migration]:
     return load(migrations_dir(topo))
+
+
+def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: int = 0,
+              target: int | None = None) -> list[Step]:
+    """Rendered migration steps for one shard, versions ``above < v <= target``."""
+    out = []
+    for m in migrations:
+        if m.version <= above or (target is not None and m.version > target):
+            continue
+        text = m.sql(topo, shard)  # rendered, then parsed and checked
+        out.append(Step(m.version, m.description, text, m.checksum_for(topo, shard), m.transactional))
+    return out

@@ -138,3 +138,28 @@ def next_id_body(function_sql: str) -> str:
     if not match:
         raise ValueError("the next_id template must quote its body with $next_id$ … $next_id$")
     return match.group(1)
+
+
+def render_host(topo: Topology, host_shards: list[int], *, control: bool = True, create: bool = True,
+                migrations: list = ()) -> dict:
+    """What ``shardctl render`` shows for one host: ``{"control": SQL or None, "shards": {"n": SQL}}``,
+    each shard's infrastructure (unless ``create`` is False) followed by its ``migrations``
+    (``sql.migrations.Migration`` objects, rendered for the shard)."""
+    shards: dict[str, str] = {}
+    for n in host_shards:
+        parts = [render_shard(topo, n)] if create else []
+        parts += [f"-- migration {m.name}\n" + m.render(topo, n) for m in migrations]
+        shards[str(n)] = "\n".join(parts)
+    return {"control": render_control(topo) if control else None, "shards": shards}
+
+
+def render_text(topo: Topology, hosts: dict[str, dict]) -> str:
+    """``render_host`` documents (host name → document) as the SQL script ``shardctl render`` prints."""
+    out = []
+    for name, entry in hosts.items():
+        out.append(f"-- ===== host {name} =====\n")
+        if entry["control"]:
+            out.append(entry["control"] + "\n")
+        for n, text in entry["shards"].items():
+            out.append(f"-- ----- shard {n} ({topo.schema_name(int(n))}) -----\n{text}\n")
+    return "".join(out)

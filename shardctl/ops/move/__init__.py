@@ -1,7 +1,13 @@
-"""Moving logical shards between hosts online (prepare, sync, cutover, cleanup, abort)."""
+"""Moving logical shards between hosts online (prepare, sync, cutover, cleanup, abort).
 
-from .api import (MOVE_LOCK_CLASS, PHASE_NAMES, MoveOptions, abort_move, cleanup_move, move_shards,
-                  move_status, parse_range)
+``state`` (phases and shard states, the transition table) · ``run`` (records, locks, the run's
+context) · ``prepare`` · ``sync`` · ``cutover`` · ``abort`` · ``cleanup`` · ``api`` (the public
+functions).
+"""
 
-__all__ = ["MOVE_LOCK_CLASS", "PHASE_NAMES", "MoveOptions", "abort_move", "cleanup_move", "move_shards",
-           "move_status", "parse_range"]
+from .api import move_shards, abort_move, cleanup_move, move_status, parse_range
+from .run import MOVE_LOCK_CLASS, MoveOptions, Progress
+from .state import PHASE_NAMES, Phase, ShardState
+
+__all__ = ["MOVE_LOCK_CLASS", "PHASE_NAMES", "MoveOptions", "Phase", "Progress", "ShardState", "abort_move",
+           "cleanup_move", "move_shards", "move_status", "parse_range"]

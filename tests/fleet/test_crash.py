@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import psycopg
 import pytest
 
 from conftest import load, run_cli
+from helpers import start_shardctl as start_cli
 from shardctl.dev.sandbox import Sandbox
 
 SHARDS = 512  # per fleet; 256 per host
@@ -22,11 +21,6 @@ HALF = SHARDS // 2
 ADD_COLUMN = """ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;
 CREATE INDEX photos_location_idx ON {{ schema|ident }}.photos (location);
 """
-
-
-def start_cli(*args: str, config) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "shardctl", "--config", str(config), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def kill_server(box: Sandbox, name: str) -> None:

@@ -1,4 +1,4 @@
-"""ID layouts (SPEC 3): the worked examples, limits, and every way encode/decode refuses input."""
+"""ID layouts: the worked examples, limits, and every way encode/decode refuses input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The topology file (SPEC 2): every validation rule, through the API and through the CLI.
+"""The topology file: every validation rule, through the API and through the CLI.
 
 A bad file exits 2 with ``path:LINE: problem`` on stderr and never connects anywhere:
 the DSNs point at 127.0.0.1:1 and the ``no_network`` fixture makes any socket or
@@ -36,7 +36,7 @@ hosts:
     standby: "postgresql://app@127.0.0.1:1/standby"
     shards: "0-999"
   - name: pg2
-    dsn: "host=127.0.0.1 port=1 dbname=app user=app"
+    dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"
     shards: "1000-1999"
 templates: templates/
 migrations: migrations/
@@ -179,7 +179,7 @@ def test_duplicate_host_names(tmp_path):
 def test_host_without_name_dsn_or_shards(tmp_path):
     text = GOOD.replace("  - name: pg2\n", "  - standby: \"host=127.0.0.1\"\n")
     check_bad(tmp_path, text, "hosts[1] needs a name")
-    text = GOOD.replace('    dsn: "host=127.0.0.1 port=1 dbname=app user=app"\n', "")
+    text = GOOD.replace('    dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"\n', "")
     check_bad(tmp_path, text, "host pg2 needs a dsn")
     text = GOOD.replace('    shards: "1000-1999"\n', "")
     check_bad(tmp_path, text, "host pg2 needs 'shards'")
@@ -365,15 +365,15 @@ def test_several_problems_are_all_reported(tmp_path):
 # ---- passwords in DSNs -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dsn", [
-    "postgresql://app:Hunter2Secret@127.0.0.1:1/app",
+    "postgresql://app:Hunter2Secret@127.0.0.1:1/app2",
     "host=127.0.0.1 port=1 password=Hunter2Secret",
     "host=127.0.0.1 port=1 password='Hunter2 Secret'",
-    "postgresql://app@127.0.0.1:1/app?password=Hunter2Secret",
+    "postgresql://app@127.0.0.1:1/app2?password=Hunter2Secret",
 ])
 @pytest.mark.parametrize("key", ["dsn", "standby"])
 def test_inline_password_refused(tmp_path, dsn, key):
     if key == "dsn":
-        text = GOOD.replace('dsn: "host=127.0.0.1 port=1 dbname=app user=app"', f"dsn: {json.dumps(dsn)}")
+        text = GOOD.replace('dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"', f"dsn: {json.dumps(dsn)}")
     else:
         text = GOOD.replace('standby: "postgresql://app@127.0.0.1:1/standby"', f"standby: {json.dumps(dsn)}")
     err = check_bad(tmp_path, text, f"{key} contains a literal password", "password_env", "--allow-inline-password",
@@ -394,7 +394,7 @@ def test_password_env_is_not_an_inline_password():
 
 
 def test_invalid_dsn(tmp_path):
-    text = GOOD.replace('dsn: "host=127.0.0.1 port=1 dbname=app user=app"', 'dsn: "nonsense"')
+    text = GOOD.replace('dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"', 'dsn: "nonsense"')
     check_bad(tmp_path, text, "host pg2: dsn is not a valid libpq connection string", line=line_of(text, "nonsense"))
 
 
@@ -565,7 +565,7 @@ def test_bad_topology_fails_every_offline_command(tmp_path):
 
 def test_bad_topology_fixtures_are_all_rejected():
     """Every file in tests/bad_topologies/ is refused with a line number and its expected message."""
-    directory = Path(__file__).parent / "bad_topologies"
+    directory = Path(__file__).resolve().parent.parent / "bad_topologies"
     files = sorted(directory.glob("*.yaml"))
     assert files
     for path in files:

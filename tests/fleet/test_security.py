@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import _sandbox_dir, run_cli
+from helpers import run_shardctl as cli_process
 from shardctl.dev.sandbox import Sandbox
 
 PASSWORD = "Sw0rdf1sh-9f8e7d"
@@ -28,11 +27,6 @@ def protected():
     yield box
     box.destroy()
     os.environ.pop(ENV, None)
-
-
-def cli_process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shardctl", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
 
 
 def test_password_never_printed(protected, tmp_path):

@@ -8,8 +8,8 @@ import re
 from conftest import run_cli
 
 
-def test_demo_runs_every_step_then_sandbox_down_destroys_it(tmp_path):
-    box = tmp_path / "demo"
+def test_demo_runs_every_step_then_sandbox_down_destroys_it(server_dir):
+    box = server_dir / "demo"
     try:
         result = run_cli("demo", "--dir", box)
         assert result.exit_code == 0, result

@@ -132,7 +132,7 @@ def test_rows_written_through_the_router_carry_their_shard(topo):
 # ---- 3. 100k IDs from 4 concurrent sessions ----------------------------------------------
 #
 # The instagram layout mints at most 1024 distinct IDs per millisecond per shard (10 sequence
-# bits): above that rate IDs collide by design (SPEC 3). One INSERT ... SELECT generate_series
+# bits): above that rate IDs collide by design. One INSERT ... SELECT generate_series
 # from each of 4 sessions reaches ~1900 IDs in one ms here, so the sessions insert row by row
 # (one prepared INSERT per row), a transaction per chunk, which stays well under the limit; the test
 # checks that it did, so a faster machine fails loudly instead of blaming next_id().

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +12,7 @@ import psycopg
 import pytest
 
 from conftest import connect, load, run_cli
+from helpers import start_shardctl
 from shardctl.errors import LockBusy, OperationFailed
 from shardctl.ops.move import MOVE_LOCK_CLASS, MoveOptions, abort_move, cleanup_move, move_shards, move_status
 from shardctl.router import Router
@@ -339,10 +337,8 @@ def test_kill_during_sync_then_resume(fleet3):
     """A run killed while the initial copy goes on resumes where it was: same subscriptions, no new ones."""
     topo = load(fleet3)
     assert run_cli("move-shard", "0-15", "--to", "pg3", "prepare", config=fleet3).exit_code == 0
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.Popen([sys.executable, "-m", "shardctl", "--config", str(fleet3), "move-shard", "0-15",
-                             "--to", "pg3", "sync", "--schemas-per-subscription", "4"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_shardctl("move-shard", "0-15", "--to", "pg3", "sync", "--schemas-per-subscription", "4",
+                          config=fleet3, text=False)
     try:
         deadline = time.monotonic() + 60
         with connect(topo, "pg3", autocommit=True) as conn:
@@ -395,7 +391,7 @@ def test_interrupted_prepare_resumes(fleet3):
 def test_crash_between_source_commit_and_flip(fleet3, monkeypatch):
     """The source committed its freeze, then the run died before the topology was flipped: writers are told
     the shard moved but the file still names the source; running the command again finishes the cutover."""
-    import shardctl.ops.move.api as mv
+    import shardctl.ops.move.cutover as mv
 
     topo = load(fleet3)
     real_flip = mv.flip_topology

@@ -12,17 +12,14 @@ import csv
 import hashlib
 import io
 import json
-import os
-import shutil
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
 import pytest
 from click.testing import CliRunner
 
+from helpers import PYTHON_M, console_script, run_shardctl
 from shardctl.cli import cli
 
 BLOG_EPOCH_MS = 1293840000000  # 2011-01-01T00:00:00Z
@@ -43,7 +40,7 @@ hosts:
     password_env: PG1_PASSWORD
     shards: "0-999"
   - name: pg2
-    dsn: "host=127.0.0.1 port=1 dbname=app user=app"
+    dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"
     shards: "1000-1999"
 routing:
   key: user_id
@@ -64,7 +61,7 @@ hosts:
     dsn: "postgresql://app@127.0.0.1:1/app"
     shards: "0-3"
   - name: b
-    dsn: "postgresql://app@127.0.0.1:1/app"
+    dsn: "postgresql://app@127.0.0.1:1/app2"
     shards: "4-7"
 """
 
@@ -337,14 +334,14 @@ def test_info_masks_inline_passwords(tmp_path):
     path = tmp_path / "pw.yaml"
     path.write_text(TOPOLOGY
                     .replace("postgresql://app@127.0.0.1:1/app", "postgresql://app:Hunter2Secret@127.0.0.1:1/app")
-                    .replace("dbname=app user=app", "dbname=app user=app password=Hunter2Other"))
+                    .replace("dbname=app2 user=app", "dbname=app2 user=app password=Hunter2Other"))
     for extra in ([], ["--json"]):
         result = run(["-c", path, "--allow-inline-password", "info", *extra])
         assert result.exit_code == 0, result.output
         assert "Hunter2" not in result.output
     doc = json.loads(result.stdout)
     assert doc["hosts"][0]["dsn"] == "postgresql://app:***@127.0.0.1:1/app"
-    assert doc["hosts"][1]["dsn"] == "host=127.0.0.1 port=1 dbname=app user=app password=***"
+    assert doc["hosts"][1]["dsn"] == "host=127.0.0.1 port=1 dbname=app2 user=app password=***"
 
 
 # ---- render -----------------------------------------------------------------------------------------------------
@@ -436,11 +433,6 @@ def test_usage_exit_codes(args, code):
     assert run(args).exit_code == code
 
 
-def _console_script() -> str | None:
-    script = Path(sys.executable).with_name("shardctl")
-    return str(script) if script.exists() else shutil.which("shardctl")
-
-
 CASES = {
     "decode-ok": (["decode-id", "--layout", "pinterest", "241294492511762325"], 0),
     "decode-negative": (["-c", "{topo}", "decode-id", "-1"], 2),
@@ -457,10 +449,9 @@ def _check_same_as_clirunner(command, case, topo, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(TOPOLOGY.replace("count: 2000", "count: 9000"))
     names = {"topo": str(topo), "missing": str(tmp_path / "missing.yaml"), "bad": str(bad)}
-    env = {k: v for k, v in os.environ.items() if k != "SHARDCTL_CONFIG"}
     args, code = CASES[case]
     args = [a.format(**names) for a in args]
-    real = subprocess.run([*command, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    real = run_shardctl(*args, command=command, unset=("SHARDCTL_CONFIG",), cwd=tmp_path, timeout=60)
     inproc = run(args)
     assert real.returncode == inproc.exit_code == code, (args, real.stderr)
     assert "Traceback" not in real.stderr
@@ -474,30 +465,28 @@ def _check_same_as_clirunner(command, case, topo, tmp_path):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_python_m_exit_codes_match_clirunner(topo, tmp_path, case):
-    _check_same_as_clirunner([sys.executable, "-m", "shardctl"], case, topo, tmp_path)
+    _check_same_as_clirunner(PYTHON_M, case, topo, tmp_path)
 
 
 @pytest.mark.parametrize("case", SCRIPT_CASES)
 def test_console_script_exit_codes_match_clirunner(topo, tmp_path, case):
-    script = _console_script()
+    script = console_script()
     if script is None:
         pytest.skip("the shardctl console script is not installed next to this Python")
     _check_same_as_clirunner([script], case, topo, tmp_path)
 
 
 def test_real_process_json_error_document(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "SHARDCTL_CONFIG"}
-    real = subprocess.run([sys.executable, "-m", "shardctl", "-c", str(tmp_path / "missing.yaml"), "info", "--json"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    real = run_shardctl("-c", tmp_path / "missing.yaml", "info", "--json", unset=("SHARDCTL_CONFIG",), cwd=tmp_path,
+                        timeout=60)
     assert real.returncode == 2
     doc = json.loads(real.stdout)
     assert doc["ok"] is False and doc["exit_code"] == 2 and "topology file not found" in doc["error"]
 
 
 def test_real_process_reads_stdin_and_env(topo, tmp_path):
-    env = {**os.environ, "SHARDCTL_CONFIG": str(topo)}
-    real = subprocess.run([sys.executable, "-m", "shardctl", "decode-id", "--csv"], input=f"{BLOG_ID}\nabc\n",
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    real = run_shardctl("decode-id", "--csv", env={"SHARDCTL_CONFIG": str(topo)}, input=f"{BLOG_ID}\nabc\n",
+                        cwd=tmp_path, timeout=60)
     assert real.returncode == 2
     assert real.stdout.splitlines()[1].startswith(f"{BLOG_ID},2011-01-17T01:21:03.000Z,1341,905,insta1341,pg2")
     assert "error: line 2: 'abc': not an integer ID" in real.stderr

@@ -1,4 +1,4 @@
-"""``migrate`` on real servers: versioned migrations over every shard, integrity, locks, timeouts (SPEC 5)."""
+"""``migrate`` on real servers: versioned migrations over every shard, integrity, locks, timeouts."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 
 from conftest import connect, load, run_cli
+from helpers import start_shardctl
 
 ADD_LOCATION = ("ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
                 "CREATE INDEX photos_location_idx ON {{ schema|ident }}.photos (location);\n")
@@ -175,9 +176,7 @@ def test_failure_on_some_shards_is_all_or_nothing_per_shard_and_rerun_completes(
 # ---- acceptance: two runs at once -------------------------------------------------------------------
 
 def shardctl_process(fleet: Path, *args: str) -> subprocess.Popen:
-    exe = Path(sys.executable).with_name("shardctl")
-    return subprocess.Popen([str(exe), "--config", str(fleet), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return start_shardctl(*args, config=fleet, command=[str(Path(sys.executable).with_name("shardctl"))])
 
 
 def test_two_migrate_runs_at_once_never_migrate_a_shard_twice(make_fleet):

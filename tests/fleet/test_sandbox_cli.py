@@ -18,8 +18,8 @@ def error_line(result) -> str:
     return lines[0]
 
 
-def test_sandbox_up_status_down_up_keeps_data_then_destroy(tmp_path):
-    box = tmp_path / "box"
+def test_sandbox_up_status_down_up_keeps_data_then_destroy(server_dir):
+    box = server_dir / "box"
     try:
         up = run_cli("sandbox", "up", "--dir", box, "--hosts", "2", "--shards", "16", "--json")
         assert up.exit_code == 0, up

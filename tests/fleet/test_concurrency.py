@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import psycopg
 
 from conftest import load, run_cli
+from helpers import start_shardctl as start
 
 ADD_COLUMN = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
-
-
-def start(*args, config):
-    return subprocess.Popen([sys.executable, "-m", "shardctl", "--config", str(config), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def ledger(topo):

@@ -19,7 +19,7 @@ import yaml
 
 from conftest import connect, load, run_cli
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "examples" / "ci" / "shardctl-migrate.yml"
+WORKFLOW = Path(__file__).resolve().parents[2] / "examples" / "ci" / "shardctl-migrate.yml"
 ADD_LOCATION = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
 CAPTION_INDEX = "CREATE INDEX photos_caption_idx ON {{ schema|ident }}.photos (caption);\n"
 BASE = "base/migrations"  # where the workflow checks out the base branch's migrations

@@ -1,4 +1,4 @@
-"""Rendered SQL (SPEC 3 next_id() rules) and versioned migrations (SPEC 5), without a database."""
+"""Rendered SQL (the next_id() rules) and versioned migrations, without a database."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ hosts:
     dsn: "postgresql://app@127.0.0.1:1/app"
     shards: "0-31"
   - name: pg2
-    dsn: "postgresql://app@127.0.0.1:1/app"
+    dsn: "postgresql://app@127.0.0.1:1/app2"
     shards: "32-63"
 """
 BLOG_EPOCH_MS = 1293840000000

@@ -1,0 +1,49 @@
+"""Option types: whole numbers in ASCII digits only.
+
+click's INT reads any Unicode decimal digit (``--shard ٣`` is 3); these types refuse them with
+one line and exit code 2, like every other bad input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..errors import BadInput
+from ..model.numbers import echo, parse_int
+
+
+class AsciiInt(click.ParamType):
+    """A whole number written with 0-9 (a leading ``-`` allowed), optionally within [lo, hi]."""
+
+    name = "integer"
+
+    def __init__(self, lo: int | None = None, hi: int | None = None):
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            text = str(value)
+            try:
+                number = parse_int(text, signed=True)
+            except ValueError as exc:
+                problem = str(exc) if "non-ASCII" in str(exc) else f"{echo(text)} is not a valid integer"
+                raise BadInput(f"{_name(param)}: {problem}") from None
+        if (self.lo is not None and number < self.lo) or (self.hi is not None and number > self.hi):
+            bounds = " and ".join(t for t in (f"at least {self.lo}" if self.lo is not None else "",
+                                              f"at most {self.hi}" if self.hi is not None else "") if t)
+            raise BadInput(f"{_name(param)}: {number} is out of range (it must be {bounds})")
+        return number
+
+
+def _name(param: click.Parameter | None) -> str:
+    if param is None:
+        return "value"
+    opts = getattr(param, "opts", None)
+    return opts[0] if opts else str(param.name)
+
+
+ASCII_INT = AsciiInt()

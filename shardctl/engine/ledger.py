@@ -1,0 +1,217 @@
+"""The control schema's ledger on one host: creating it, events, and the checksum cache.
+
+``migrate`` compares the ledger's checksums with the rendered files. Rendering every applied
+migration for every shard costs ~15 µs a time, which adds up (4096 shards × 100 versions ≈ 6 s),
+so each host keeps in ``shardctl.meta`` the versions it has already verified, keyed by the file's
+source hash, the topology's rendering context and a digest of that version's ledger rows. A version
+whose three keys still match is known good without rendering; any change to the file, the topology
+or the ledger re-renders it. ``init`` and ``migrate`` both refresh the cache after they change a host.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from ..model.ranges import format_shards
+from ..model.topology import Topology
+from ..sql.catalog import control_exists
+from ..sql.migrations import Migration
+from ..sql.render import layout_context, render_control, shard_context
+
+CACHE_KEY = "migrate.verified"
+
+
+def ensure_control_schema(conn: psycopg.Connection, topo: Topology | None = None) -> bool:
+    """Create the control schema if missing (call under the host lock). True if it was created."""
+    if control_exists(conn):
+        return False
+    with conn.transaction():
+        conn.execute(render_control(topo))
+    return True
+
+
+def log_event(conn: psycopg.Connection, kind: str, shards: list[int], detail: dict[str, Any]) -> None:
+    with conn.transaction():
+        conn.execute("INSERT INTO shardctl.events (kind, shards, detail) VALUES (%s, %s, %s::jsonb)",
+                     (kind, format_shards(shards) if shards else None, json.dumps(detail, default=str)))
+
+
+@dataclass
+class Drift:
+    """An applied migration whose rendered SQL no longer matches the ledger."""
+
+    version: int
+    file: str
+    shards: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Integrity:
+    """Result of comparing a host's ledger with the migration files."""
+
+    drift: list[Drift] = field(default_factory=list)
+    orphans: dict[int, list[int]] = field(default_factory=dict)  # applied version with no file → shards
+    clean: dict[int, dict] = field(default_factory=dict)  # version → cache entry, every row on the host verified
+    rendered: int = 0  # renders this check needed
+    cached: int = 0  # versions known good from the cache
+
+
+@functools.cache
+def _renderer_digest() -> str:
+    """The code that turns a migration file into SQL: any change to it re-verifies every version."""
+    from ..version import __version__
+    from ..model import identifiers
+    from ..sql import migrations, render
+
+    digest = hashlib.sha256(__version__.encode())
+    for module in (identifiers, migrations, render):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()
+
+
+def context_digest(topo: Topology) -> str:
+    """What, besides the file, a migration's rendering depends on."""
+    doc = {"renderer": _renderer_digest(), "schema": topo.schema_format, "count": topo.shard_count,
+           "function": topo.function, "layout": layout_context(topo.layout),
+           "first": shard_context(topo, 0), "last": shard_context(topo, max(0, topo.shard_count - 1))}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def source_digest(m: Migration) -> str:
+    return hashlib.sha256(m.source.encode()).hexdigest()
+
+
+def ledger_digests(conn: psycopg.Connection) -> dict[int, str]:
+    """Per version, a digest of its ledger rows (shard, checksum): one query, no sort."""
+    rows = conn.execute(
+        """SELECT version, count(*),
+                  sum(('x' || substr(md5(shard_id::text || ':' || checksum), 1, 15))::bit(60)::bigint::numeric)
+             FROM shardctl.migrations GROUP BY version""").fetchall()
+    return {v: f"{n}:{total}" for v, n, total in rows}
+
+
+def _meta_exists(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT to_regclass('shardctl.meta') IS NOT NULL").fetchone()[0]
+
+
+def read_cache(conn: psycopg.Connection) -> dict:
+    if not _meta_exists(conn):
+        return {}
+    row = conn.execute("SELECT value FROM shardctl.meta WHERE key = %s", (CACHE_KEY,)).fetchone()
+    return row[0] if row and isinstance(row[0], dict) else {}
+
+
+def write_cache(conn: psycopg.Connection, topo: Topology, clean: dict[int, dict]) -> None:
+    if not _meta_exists(conn):
+        return
+    value = {"context": context_digest(topo), "versions": {str(v): e for v, e in sorted(clean.items())}}
+    with conn.transaction():
+        conn.execute("INSERT INTO shardctl.meta (key, value) VALUES (%s, %s::jsonb) "
+                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (CACHE_KEY, json.dumps(value)))
+
+
+def _known_good(conn: psycopg.Connection, topo: Topology, by_version: dict[int, Migration], use_cache: bool,
+                verified: dict[int, dict] | None, result: Integrity) -> tuple[dict[int, str], list[int]]:
+    """Versions the cache (or this run) vouches for go to ``result.clean``; returns the ledger digests
+    and the versions left to render."""
+    digests = ledger_digests(conn)
+    cache = read_cache(conn) if use_cache else {}
+    known = cache.get("versions", {}) if cache.get("context") == context_digest(topo) else {}
+    to_read: list[int] = []
+    for v, digest in digests.items():
+        m = by_version.get(v)
+        entry = {"source": source_digest(m), "ledger": digest} if m else None
+        if entry is not None and (known.get(str(v)) == entry or (verified or {}).get(v) == entry):
+            result.clean[v] = entry
+            result.cached += 1
+        else:
+            to_read.append(v)
+    return digests, to_read
+
+
+def check_integrity(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
+                    shards: list[int] | None, *, use_cache: bool = True,
+                    verified: dict[int, dict] | None = None) -> Integrity:
+    """Applied migrations whose checksum changed (drift) and applied versions with no file (orphans).
+
+    ``shards``: report only these (None: every shard on the host). Versions whose every ledger row on
+    the host matches come back in ``clean`` (for the cache); versions the cache vouches for are not
+    rendered again, nor are those in ``verified`` (a ``clean`` of this run) whose rows are unchanged.
+    """
+    result = Integrity()
+    by_version = {m.version: m for m in migrations}
+    digests, to_read = _known_good(conn, topo, by_version, use_cache, verified, result)
+    if not to_read:
+        return result
+    wanted = None if shards is None else set(shards)
+    bad: set[int] = set()
+    drift: dict[int, Drift] = {}
+    rows = conn.execute("SELECT shard_id, version, checksum FROM shardctl.migrations WHERE version = ANY(%s) "
+                        "ORDER BY shard_id", (to_read,)).fetchall()
+    context_of, context = -1, None  # one context per shard, shared by its versions
+    for shard, version, stored in rows:
+        m = by_version.get(version)
+        in_scope = wanted is None or shard in wanted
+        if m is None:
+            if in_scope:
+                result.orphans.setdefault(version, []).append(shard)
+            continue
+        if not 0 <= shard < topo.shard_count:
+            bad.add(version)  # a shard this topology cannot render: never vouch for the version
+            continue
+        result.rendered += 1
+        if shard != context_of:
+            context_of, context = shard, shard_context(topo, shard)
+        if not m.matches(topo, shard, stored, context):
+            bad.add(version)
+            if in_scope:
+                drift.setdefault(version, Drift(version, m.name)).shards.append(shard)
+    for v in to_read:
+        if v in by_version and v not in bad:
+            result.clean[v] = {"source": source_digest(by_version[v]), "ledger": digests[v]}
+    for d in drift.values():
+        d.shards.sort()
+    result.drift = sorted(drift.values(), key=lambda d: d.version)
+    result.orphans = {v: sorted(s) for v, s in sorted(result.orphans.items())}
+    return result
+
+
+def find_drift(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
+               shards: list[int]) -> tuple[list[Drift], dict[int, list[int]]]:
+    """Applied migrations whose checksum changed, and applied versions with no file (version → shards)."""
+    result = check_integrity(conn, topo, migrations, shards)
+    return result.drift, result.orphans
+
+
+def refresh_cache(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
+                  verified: dict[int, dict] | None = None) -> Integrity:
+    """Verify every ledger row on the host (re-rendering only what changed) and record the clean versions."""
+    cache = read_cache(conn)
+    result = check_integrity(conn, topo, migrations, None, verified=verified)
+    value = {"context": context_digest(topo), "versions": {str(v): e for v, e in sorted(result.clean.items())}}
+    if value != cache:
+        write_cache(conn, topo, result.clean)
+    return result
+
+
+def repair(conn: psycopg.Connection, topo: Topology, migrations: list[Migration], drift: list[Drift]) -> int:
+    """Record the current checksum of changed migrations. Returns the ledger rows updated."""
+    by_version = {m.version: m for m in migrations}
+    updated = 0
+    with conn.transaction():
+        for d in drift:
+            m = by_version[d.version]
+            for shard in d.shards:
+                updated += conn.execute(
+                    "UPDATE shardctl.migrations SET checksum = %s WHERE shard_id = %s AND version = %s",
+                    (m.checksum_for(topo, shard), shard, d.version)).rowcount
+    log_event(conn, "repair", sorted({s for d in drift for s in d.shards}),
+              {"versions": [d.version for d in drift], "files": [d.file for d in drift], "rows": updated})
+    return updated

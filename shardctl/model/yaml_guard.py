@@ -1,0 +1,123 @@
+"""Limits a topology file must meet before the round-trip YAML loader sees it.
+
+A few hundred bytes of YAML can stand for billions of nodes ("billion laughs": aliases of
+aliases), and ruamel's round-trip loader needs about 50 µs per node. So the text is first
+walked as a stream of parse events, by libyaml's C parser when PyYAML has it (about 1 µs an
+event), counting every node as if each alias were expanded, and refused at the first limit
+it crosses. Only text within the limits is loaded, so loading stays under a second.
+
+The limits (documented in docs/limits.md) are far above any real topology: a fleet of a
+thousand hosts with standbys and passwords is about 12,000 nodes and 150 KB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .ranges import MAX_SHARDS  # noqa: F401 - shards.count and every shard number stay below it
+
+MAX_BYTES = 256 * 1024        # the topology file, checked before it is read
+MAX_NODES = 16_384            # YAML nodes, each alias counted as the nodes it stands for
+MAX_SCALAR_CHARS = 4096       # one key or value (a DSN, a range, a path)
+MAX_DEPTH = 32                # nesting of mappings and lists
+MAX_HOSTS = 1024              # entries under hosts:
+
+
+class LimitExceeded(ValueError):
+    """The text crosses one of the limits; ``line`` is 1-based where known."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
+def read_limited(path: Any) -> str:
+    """Read a topology file of at most :data:`MAX_BYTES` (never more than that many bytes are read)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise LimitExceeded(f"the topology file is larger than {MAX_BYTES // 1024} KiB (the limit; "
+                            f"a real topology is a few KB)")
+    return data.decode("utf-8")
+
+
+def check_text(text: str) -> None:
+    """Raise :class:`LimitExceeded` if ``text`` crosses a limit; otherwise return quickly.
+
+    Syntax errors are left to the real loader, which reports them with its own words.
+    """
+    if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise LimitExceeded(f"the topology is larger than {MAX_BYTES // 1024} KiB (the limit; "
+                            f"a real topology is a few KB)")
+    try:
+        _walk(_fast_events(text))
+    except LimitExceeded:
+        raise
+    except Exception:  # noqa: BLE001 - libyaml refused the text; ruamel's own parser decides
+        try:
+            _walk(_ruamel_events(text))
+        except LimitExceeded:
+            raise
+        except Exception:  # noqa: BLE001 - a syntax error: the loader reports it with its line
+            pass
+
+
+def _fast_events(text: str) -> Iterator[Any]:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+    return yaml.parse(text, Loader=loader)
+
+
+def _ruamel_events(text: str) -> Iterator[Any]:
+    from ruamel.yaml import YAML
+
+    return YAML(typ="rt").parse(text)
+
+
+def _line(event: Any) -> int | None:
+    mark = getattr(event, "start_mark", None)
+    return mark.line + 1 if mark is not None else None
+
+
+def _walk(events: Iterator[Any]) -> None:
+    """Count nodes (aliases expanded) and check sizes, stopping at the first limit crossed."""
+    sizes: dict[str, int] = {}      # anchor → nodes it stands for, once its node is complete
+    open_anchors: set[str] = set()  # anchors of collections still being read (an alias to one is a cycle)
+    stack: list[list] = []          # [anchor, nodes so far] per open collection
+    total = 0
+    for event in events:
+        kind = type(event).__name__
+        if kind in ("ScalarEvent", "AliasEvent", "MappingStartEvent", "SequenceStartEvent"):
+            if kind == "AliasEvent":
+                if event.anchor in open_anchors:
+                    raise LimitExceeded(f"alias *{event.anchor} refers to a node that contains it", _line(event))
+                n = sizes.get(event.anchor, 1)
+            else:
+                n = 1
+                if kind == "ScalarEvent" and len(event.value) > MAX_SCALAR_CHARS:
+                    raise LimitExceeded(f"a value of {len(event.value)} characters (at most {MAX_SCALAR_CHARS})",
+                                        _line(event))
+            total += n
+            if total > MAX_NODES:
+                raise LimitExceeded(f"the topology has more than {MAX_NODES} YAML nodes"
+                                    f"{' once its aliases are expanded' if kind == 'AliasEvent' else ''} "
+                                    f"(the limit; a thousand hosts need about 12,000)", _line(event))
+            if stack:
+                stack[-1][1] += n
+            if kind.endswith("StartEvent"):
+                if len(stack) >= MAX_DEPTH:
+                    raise LimitExceeded(f"the topology nests deeper than {MAX_DEPTH} levels", _line(event))
+                stack.append([event.anchor, 0])
+                if event.anchor:
+                    open_anchors.add(event.anchor)
+            elif kind == "ScalarEvent" and event.anchor:
+                sizes[event.anchor] = 1
+        elif kind in ("MappingEndEvent", "SequenceEndEvent") and stack:
+            anchor, inner = stack.pop()
+            if stack:
+                stack[-1][1] += inner
+            if anchor:
+                open_anchors.discard(anchor)
+                sizes[anchor] = 1 + inner

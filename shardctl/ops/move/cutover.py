@@ -1,0 +1,359 @@
+"""Cutover: the write freeze and the switch, with the data verified outside the freeze.
+
+Before the freeze (writes go on): wait until the subscriptions' lag is small, and compare a
+checksum per table on both hosts at moments of lag 0, re-checking the tables that differed
+(they were being written); a table that differs while unchanged fails the move here, with the
+source still authoritative.
+
+The freeze, whose length does not depend on the data: one transaction on the source,
+``LOCK TABLE … IN EXCLUSIVE MODE`` on every table (writes wait, reads go on), wait until the
+subscriptions have applied the source's WAL up to that point, take a read-only snapshot on the
+target (it now holds exactly the source's rows), set every target sequence from the source
+sequence plus a margin, wait until the target's clock is past the source's, then a guard
+trigger on every table (SQLSTATE ``SCM01``, "shard N moved to HOST"), writes revoked, schemas
+renamed to ``{schema}_moved_{move id}``, shard rows ``moved_out``; commit. Every statement is
+bounded by what is left of ``--max-freeze``, so no attempt, failed or not, holds writes longer.
+
+Then the target's rows become ``active``, the topology file is flipped, the subscriptions,
+publications and slots are dropped, and every row of the now read-only source is compared with
+the target's snapshot. A difference fails the command loudly (the target is authoritative;
+``--abort`` goes back).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+
+from ...engine import connections as db
+from ...errors import OperationFailed
+from ...model.identifiers import quote_ident
+from ...model.topology import Topology
+from ...model.topology_file import flip_topology
+from ...sql import catalog as q
+from .run import MoveRun, human_bytes, set_phase
+from .state import Phase, ShardState
+from .sync import sync
+
+LOCKS_PER_STATEMENT = 500
+CATCH_UP_BYTES = 4 << 20  # before freezing, the subscriptions' lag must be below this
+
+
+class FreezeTimeout(Exception):
+    """One freeze attempt could not finish within --max-freeze; it was rolled back."""
+
+
+def cutover(run: MoveRun) -> None:
+    """The cutover phase: freeze (retried up to --attempts times), then finish the switch."""
+    phase = run.move.phase
+    if phase == Phase.CUT_OVER:
+        run.note("cutover: the source was already frozen and renamed; finishing the flip")
+        run.report["phases_run"].append("cutover")
+        finish_cutover(run)
+        return
+    if phase in (Phase.SYNCING, Phase.PREPARED):
+        sync(run, wait_only=True)
+    elif phase != Phase.SYNCED:
+        raise OperationFailed(f"move {run.move.move_id} cannot cut over from phase {phase}")
+    run.report["phases_run"].append("cutover")
+    names = run.move.names
+    with run.connect(run.source) as src, run.connect(run.target) as tgt:
+        q.ensure_move_objects(src)  # a move prepared by an older shardctl may lack the redirects table
+        q.ensure_move_objects(tgt)
+        tables_r = q.tables(src, run.schemas, "r")
+        tables_rp = q.tables(src, run.schemas, "rp")
+    verify_before(run, tables_r)
+    last: Exception | None = None
+    for attempt in range(1, max(1, run.options.attempts) + 1):
+        with run.connect(run.source) as src:
+            _wait_small_lag(run, src, names)  # never start a freeze the subscriptions cannot finish
+        freeze = Freeze(run, tables_r, tables_rp)
+        try:
+            freeze.attempt()
+            break
+        except FreezeTimeout as exc:
+            last = exc
+            run.note(f"cutover attempt {attempt}: {exc}; writes resumed on {run.source.name}")
+            time.sleep(min(5.0, attempt * 1.0))
+    else:
+        raise OperationFailed(f"cutover: gave up after {run.options.attempts} attempts ({last}); the source "
+                              f"stays authoritative; run the cutover again or raise --max-freeze")
+    try:
+        finish_cutover(run)
+        verify_after(run, freeze.snapshot, tables_r)
+    finally:
+        freeze.close_snapshot()
+
+
+def _wait_small_lag(run: MoveRun, src: psycopg.Connection, names: list[str], limit: int = CATCH_UP_BYTES) -> None:
+    """Before freezing, let the subscriptions catch up to a few MB, so the freeze can finish in time;
+    refuse to freeze while they cannot."""
+    deadline = time.monotonic() + max(30.0, run.options.max_freeze * 6)
+    while True:
+        lag = q.slot_lag(src, names)
+        if lag is None:
+            raise OperationFailed(f"cutover: the move's replication slots are missing on {run.source.name}; "
+                                  f"abort the move and start again")
+        if lag <= limit:
+            return
+        if time.monotonic() > deadline:
+            raise OperationFailed(f"cutover: the subscriptions stay {human_bytes(lag)} behind {run.source.name} "
+                                  f"(more than {human_bytes(limit)}): a freeze now could not finish within "
+                                  f"--max-freeze; nothing was frozen, try again when the write load is lower")
+        run.progress("catch-up", 0, 0, f"lag {human_bytes(lag)}")
+        time.sleep(0.2)
+
+
+def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
+                      items: list[tuple[str, str]], timeout: float = 20.0) -> tuple[dict, dict]:
+    """Checksums of ``items`` on both hosts, taken (concurrently) once the target has applied the
+    source's WAL up to now."""
+    lsn = src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+    deadline = time.monotonic() + timeout
+    while not q.replayed(src, run.move.names, lsn):
+        if time.monotonic() > deadline:
+            why = "; ".join(q.subscription_problems(tgt, run.move.names)) or "no problem reported by the target"
+            raise OperationFailed(f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
+                                  f"within {timeout:g}s ({why}); nothing was frozen")
+        time.sleep(0.02)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
+        on_target = pool.submit(q.checksums, tgt, items)
+        src_sums = q.checksums(src, items)
+        return src_sums, on_target.result()
+
+
+def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 5) -> None:
+    """Compare every table on both hosts before the freeze (writes go on). A table that differs is
+    checked again; one that differs while its source rows did not change fails the move now."""
+    t0 = time.perf_counter()
+    pending, previous = list(tables_r), {}
+    with run.connect(run.source) as src, run.connect(run.target) as tgt:
+        src.execute("SET synchronous_commit = on")
+        for _ in range(rounds):
+            run.progress("verify", len(tables_r) - len(pending), len(tables_r), "before the freeze")
+            src_sums, tgt_sums = _sums_at_lag_zero(run, src, tgt, pending)
+            differ = [k for k in pending if src_sums[k] != tgt_sums.get(k)]
+            stuck = [k for k in differ if previous.get(k) == src_sums[k]]
+            if stuck:
+                k = stuck[0]
+                raise OperationFailed(
+                    f"cutover: {len(stuck)} table(s) differ between the hosts though unchanged on the source, e.g. "
+                    f"{k[0]}.{k[1]}: {src_sums[k][0]} rows on {run.source.name}, {tgt_sums.get(k, (0,))[0]} on "
+                    f"{run.target.name}; nothing was switched (abort the move and look at the target's log)")
+            previous = {k: src_sums[k] for k in differ}
+            pending = differ
+            if not pending:
+                break
+    run.report["verify_before_seconds"] = round(time.perf_counter() - t0, 3)
+    run.report["verify_before_busy_tables"] = len(pending)
+    if pending:
+        run.note(f"{len(pending)} table(s) kept changing during the check before the freeze; the check "
+                 f"after the cutover compares them")
+
+
+def verify_after(run: MoveRun, snapshot: psycopg.Connection | None, tables_r: list[tuple[str, str]]) -> None:
+    """Compare every row of the (now read-only) source with the target's snapshot taken in the freeze."""
+    if snapshot is None:
+        return
+    t0 = time.perf_counter()
+    renamed = run.renamed_map()
+    old = {run.schema(n): renamed[str(n)] for n in run.move.shards}
+    run.progress("verify", 0, 0, "after the cutover")
+    with run.connect(run.source) as src:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
+            on_target = pool.submit(q.checksums, snapshot, tables_r)
+            src_sums = q.checksums(src, [(old[s], t) for s, t in tables_r])
+            tgt_sums = on_target.result()
+    diff = [(s, t) for s, t in tables_r if src_sums[(old[s], t)] != tgt_sums.get((s, t))]
+    rows = sum(v[0] for v in tgt_sums.values())
+    run.report.update({"rows": rows, "verify_after_seconds": round(time.perf_counter() - t0, 3),
+                       "verified": not diff})
+    with run.connect(run.source) as conn, conn.transaction():
+        set_phase(conn, run.move, "source", Phase.CUT_OVER, {"rows": rows, "verified": not diff})
+    if diff:
+        s, t = diff[0]
+        raise OperationFailed(
+            f"verify after the cutover: {len(diff)} table(s) differ between {run.source.name} (frozen) and "
+            f"{run.target.name} as of the cutover, e.g. {s}.{t}: {src_sums[(old[s], t)][0]} rows on "
+            f"{run.source.name}, {tgt_sums.get((s, t), (0,))[0]} on {run.target.name}; the target serves the "
+            f"shards now: move-shard --abort copies its rows back and makes the source authoritative again")
+
+
+class Freeze:
+    """One freeze attempt: one source transaction that ends with the schemas renamed and guarded."""
+
+    def __init__(self, run: MoveRun, tables_r: list[tuple[str, str]], tables_rp: list[tuple[str, str]]):
+        self.run = run
+        self.move = run.move
+        self.options = run.options
+        self.tables_r = tables_r
+        self.tables_rp = tables_rp
+        self.names = run.move.names
+        self.t0 = 0.0
+        self.deadline = 0.0
+        self.marks: dict[str, float] = {}
+        self.src: psycopg.Connection | None = None
+        self.tgt: psycopg.Connection | None = None
+        self.aux: psycopg.Connection | None = None
+        self.snapshot: psycopg.Connection | None = None  # target, REPEATABLE READ as of lag 0 in the freeze
+
+    def attempt(self) -> None:
+        run, move = self.run, self.move
+        phases_before, detail_before = dict(move.phases), dict(move.detail)
+        self.src = src = run.connect(run.source, autocommit=False)
+        self.tgt = run.connect(run.target)
+        self.aux = run.connect(run.source)
+        try:
+            self._timeouts()
+            started_at = time.time()
+            self.t0 = time.monotonic()
+            self.deadline = self.t0 + self.options.max_freeze
+            self._lock()
+            self._wait_lag_zero()
+            self._take_snapshot()
+            values = self._sequences()
+            self._wait_clock()
+            self._budget()
+            detail = self._retire(started_at, len(values))
+            if time.monotonic() > self.deadline:
+                raise FreezeTimeout(f"the freeze ran past --max-freeze {self.options.max_freeze:g}s before its "
+                                    f"commit")
+            src.commit()
+            run.freeze_t0 = self.t0
+            run.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
+            run.report.update({"freeze_started_at": started_at, "sequences": len(values),
+                               "freeze_commit_seconds": round(time.monotonic() - self.t0, 3)})
+        except psycopg.errors.QueryCanceled as exc:
+            move.phases, move.detail = phases_before, detail_before
+            self._rollback()
+            self.close_snapshot()
+            raise FreezeTimeout(f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})") from None
+        except BaseException:
+            move.phases, move.detail = phases_before, detail_before
+            self._rollback()
+            self.close_snapshot()
+            raise
+        finally:
+            for c in (self.src, self.tgt, self.aux):
+                c.close()
+
+    def close_snapshot(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.close()
+            self.snapshot = None
+
+    def _take_snapshot(self) -> None:
+        """The target's rows as of now, for the comparison after the cutover: lag is 0 and the source is
+        locked, so this snapshot holds exactly the source's rows."""
+        self.snapshot = self.run.connect(self.run.target, autocommit=False)
+        self.snapshot.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        self.snapshot.execute("SELECT 1")  # the snapshot is taken by the transaction's first query
+        self._mark("snapshot")
+
+    def _budget(self) -> None:
+        """Bound the next statements by what is left of --max-freeze."""
+        left = int((self.deadline - time.monotonic()) * 1000)
+        if left <= 0:
+            raise FreezeTimeout(f"the freeze used up --max-freeze {self.options.max_freeze:g}s")
+        self.src.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+                         (f"{left}ms", f"{left}ms"))
+
+    def _rollback(self) -> None:
+        if self.src is not None and not self.src.closed and not self.src.broken:
+            try:
+                self.src.rollback()
+            except psycopg.Error:
+                pass
+
+    def _mark(self, name: str) -> None:
+        self.marks[name] = round(time.monotonic() - self.t0, 3)
+
+    def _timeouts(self) -> None:
+        limit = f"{max(1, int(self.options.max_freeze * 1000))}ms"
+        # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
+        self.src.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
+                         "set_config('idle_in_transaction_session_timeout', %s, true)",
+                         (limit, limit, f"{int(self.options.max_freeze * 2000) + 10000}ms"))
+        self.tgt.execute("SELECT set_config('statement_timeout', %s, false)", (limit,))
+
+    def _lock(self) -> None:
+        self.run.progress("freeze", 0, 0, "locking")
+        try:
+            self._budget()
+            for i in range(0, len(self.tables_rp), LOCKS_PER_STATEMENT):
+                chunk = self.tables_rp[i:i + LOCKS_PER_STATEMENT]
+                self.src.execute("LOCK TABLE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in chunk)
+                                 + " IN EXCLUSIVE MODE")
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected,
+                psycopg.errors.QueryCanceled) as exc:
+            raise FreezeTimeout(f"could not lock the tables within --max-freeze ({db.first_line(exc)})") from None
+        self._mark("lock")
+        if time.monotonic() > self.deadline:
+            raise FreezeTimeout("taking the locks used up --max-freeze")
+
+    def _wait_lag_zero(self) -> None:
+        lsn = self.src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+        # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
+        self.aux.execute("SET synchronous_commit = on")
+        self.aux.execute("SELECT pg_current_xact_id()")
+        self.run.progress("freeze", 0, 0, "waiting for lag 0")
+        while not q.replayed(self.aux, self.names, lsn):
+            if time.monotonic() > self.deadline:
+                raise FreezeTimeout(f"the subscriptions did not apply the source's WAL up to {lsn} within "
+                                    f"--max-freeze {self.options.max_freeze:g}s")
+            time.sleep(0.01)
+        self._mark("caught_up")
+
+    def _sequences(self) -> list[tuple[str, str, int]]:
+        seqs = q.sequences(self.src, self.run.schemas)
+        values = [(schema, name, min(int(info["last_value"]) + self.options.sequence_margin, int(info["max_value"])))
+                  for (schema, name), info in seqs.items() if info["last_value"] is not None]
+        q.set_sequences(self.tgt, values)
+        return values
+
+    def _wait_clock(self) -> None:
+        source_ms = q.now_ms(self.src)
+        while q.now_ms(self.tgt) <= source_ms:  # new IDs on the target sort after every ID minted on the source
+            if time.monotonic() > self.deadline:
+                raise FreezeTimeout("the target's clock is behind the source's by more than --max-freeze")
+            time.sleep(0.001)
+
+    def _retire(self, started_at: float, sequences: int) -> dict:
+        run = self.run
+        grants = q.write_grants(self.src, run.schemas)
+        current = {str(n): run.schema(n) for n in self.move.shards}
+        renamed = {str(n): run.renamed(n) for n in self.move.shards}
+        run.retire(self.src, self.tables_rp, current, renamed, f"moved to {run.target.name}", grants)
+        q.write_redirects(self.src, self.move.shards, [run.schema(n) for n in self.move.shards], run.target.name,
+                          run.target.dsn, self.move.move_id)
+        detail = {"grants": grants, "renamed": renamed, "cutover_at": started_at,
+                  "sequences": sequences, "freeze_lock_seconds": self.marks.get("lock"),
+                  "freeze_caught_up_seconds": self.marks.get("caught_up"),
+                  "freeze_snapshot_seconds": self.marks.get("snapshot"),
+                  "freeze_compared_seconds": None,  # rows are compared after the freeze now
+                  "freeze_started": started_at}
+        set_phase(self.src, self.move, "source", Phase.CUT_OVER, detail)
+        return detail
+
+
+def finish_cutover(run: MoveRun) -> None:
+    """After the source committed: target active, topology flipped, replication dropped. Idempotent."""
+    move = run.move
+    with run.connect(run.target) as tgt, tgt.transaction():
+        activated = q.change_shard_states(tgt, move.shards, ShardState.MOVING_IN, ShardState.ACTIVE)
+        q.clear_redirects(tgt, move.shards)
+        set_phase(tgt, move, "target", Phase.CUT_OVER, {k: v for k, v in move.detail.items() if k != "grants"})
+    flipped = flip_topology(run.topo.path, move.shards, move.source, move.target, run.options.allow_inline_password)
+    run.topo = Topology.load(run.topo.path, allow_inline_password=run.options.allow_inline_password)
+    if run.freeze_t0 is not None:
+        freeze = round(time.monotonic() - run.freeze_t0, 3)
+        run.report["freeze_seconds"] = freeze
+        run.report["freeze_ended_at"] = time.time()
+        run.both(Phase.CUT_OVER, {"freeze_seconds": freeze})
+    run.report["topology_flipped"] = flipped
+    run.drop_replication()
+    if flipped or activated or run.freeze_t0 is not None:
+        run.event("move-shard cutover", {"freeze_seconds": run.report.get("freeze_seconds"),
+                                         "rows": run.report.get("rows")})

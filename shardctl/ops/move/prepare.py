@@ -1,0 +1,181 @@
+"""Prepare: mark the shards on the source, create them on the target at the source's version.
+
+On the source (under the host lock): refuse tables that cannot be replicated, check the ledger
+against the migration files, mark the shards ``moving_out`` (migrate refuses from now on). On the
+target: create each schema, its sequence, ``next_id()`` and tables at the source's migration
+version through the per-host executor, copying the source's ledger rows, with the shards
+``moving_in``. Then compare the tables and columns on both sides.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+
+from ...engine import connections as db
+from ...engine.executor import ConnectionLost, HostRunner, RunOptions, ShardPlan
+from ...engine.fanout import ensure_control_schema, read_shards
+from ...errors import OperationFailed
+from ...model.ranges import format_shards
+from ...sql import catalog as q
+from ...sql.migrations import for_topology
+from ...sql.render import render_shard
+from ..provision import steps_for
+from .preflight import preflight
+from .run import MoveRun, check_target_free, require_version, set_phase
+from .state import Phase, ShardState
+
+
+def prepare(run: MoveRun) -> None:
+    """The prepare phase (resumable: a half-built target is finished)."""
+    move = run.move
+    if move.phase not in (Phase.NEW, Phase.PREPARING, Phase.PREPARED):
+        run.note(f"prepare: already done (phase {move.phase})")
+        return
+    run.report["phases_run"].append("prepare")
+    t0 = time.perf_counter()
+    sizing = preflight(run) if not move.phases else {}  # a new move: check both hosts before any change
+    if move.phases.get("target") is None:
+        with run.connect(run.target) as conn:  # before the source's shards are marked
+            check_target_free(run.target, move.shards, read_shards(conn), q.present_schemas(conn, run.schemas),
+                              mine=False)
+    with db.host_lock(run.source, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
+                      purpose="move-shard") as conn:
+        _prepare_source(run, conn, sizing)
+    with db.host_lock(run.target, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
+                      purpose="move-shard") as conn:
+        _create_on_target(run, _prepare_target(run, conn))
+    _compare_structure(run)
+    run.both(Phase.PREPARED)
+    run.report["prepare_seconds"] = round(time.perf_counter() - t0, 3)
+    run.event("move-shard prepare", {"source": move.source, "target": move.target})
+
+
+def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> None:
+    move, shards = run.move, run.move.shards
+    q.ensure_move_objects(conn)
+    rows = read_shards(conn)
+    missing = [n for n in shards if n not in rows]
+    if missing:
+        raise OperationFailed(f"host {run.source.name} has no record of shards {format_shards(missing)} "
+                              f"(run shardctl init)")
+    new = move.phases.get("source") is None
+    expected = ShardState.ACTIVE if new else ShardState.MOVING_OUT
+    wrong = [n for n in shards if rows[n].state != expected]
+    if wrong:
+        states = sorted({rows[n].state for n in wrong})
+        raise OperationFailed(f"shards {format_shards(wrong)} on {run.source.name} are {', '.join(states)}, "
+                              f"not active: another move holds them (see move-shard --status)")
+    present = q.present_schemas(conn, run.schemas)
+    absent = [n for n in shards if run.schema(n) not in present]
+    if absent:
+        raise OperationFailed(f"host {run.source.name} lacks the schemas of shards {format_shards(absent)}")
+    problems = q.unmovable(conn, run.schemas)
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise OperationFailed("refusing to move: " + "; ".join(problems[:5]) + more +
+                              ". Add a primary key (or REPLICA IDENTITY) first")
+    run.ledger = {}
+    for row in q.ledger_rows(conn, shards):
+        run.ledger.setdefault(row[0], []).append(row)
+    run.plans = _plans(run)
+    if new:
+        with conn.transaction():
+            set_phase(conn, move, "source", Phase.PREPARING, {"batches": None, **sizing})
+            updated = q.change_shard_states(conn, shards, ShardState.ACTIVE, ShardState.MOVING_OUT)
+            if updated != len(shards):
+                raise OperationFailed("the shards changed state while the move started; try again")
+
+
+def _prepare_target(run: MoveRun, conn: psycopg.Connection) -> list[ShardPlan]:
+    """Record the move on the target and drop what an interrupted prepare half-built; returns the plans
+    of the shards still to create."""
+    move = run.move
+    require_version(run.target, q.server_facts(conn), "receiving")
+    ensure_control_schema(conn, run.topo)
+    q.ensure_move_objects(conn)
+    mine = any(r[0] == move.move_id for r in q.move_records(conn))
+    rows = read_shards(conn)
+    present = q.present_schemas(conn, run.schemas)
+    check_target_free(run.target, move.shards, rows, present, mine)
+    if not mine:
+        with conn.transaction():
+            set_phase(conn, move, "target", Phase.PREPARING)
+    todo = [p for p in run.plans if p.shard not in rows]
+    half_built = [p.shard for p in todo if p.schema in present]
+    if half_built:
+        run.note(f"dropping {len(half_built)} half-built schema(s) on {run.target.name} from an "
+                 f"interrupted prepare")
+        conn.autocommit = False
+        try:
+            run.drop_shards(conn, half_built, run.schema, ShardState.MOVING_IN, "prepare", run.target.name)
+        finally:
+            conn.autocommit = True
+    return todo
+
+
+def _plans(run: MoveRun) -> list[ShardPlan]:
+    """Per shard: its creation SQL and steps up to its version, checked against the source's ledger,
+    whose rows the target copies."""
+    migrations = for_topology(run.topo)
+    by_version = {m.version: m for m in migrations}
+    plans = []
+    for n in run.move.shards:
+        rows = run.ledger.get(n, [])
+        versions = [r[1] for r in rows]
+        if versions != list(range(1, len(versions) + 1)):
+            raise OperationFailed(f"shard {n} on {run.source.name} has ledger versions {versions}: not "
+                                  f"1..N without gaps; fix that before moving it")
+        steps = steps_for(migrations, run.topo, n, 0, len(versions)) if versions else []
+        for row, step in zip(rows, steps):
+            if step.checksum != row[3]:
+                raise OperationFailed(
+                    f"{by_version[step.version].name} changed after it was applied to shard {n}: the target "
+                    f"would not match the source (restore the file, or migrate --repair first)")
+        if len(steps) != len(versions):
+            raise OperationFailed(f"shard {n} is at V{len(versions)} but the migrations directory stops at "
+                                  f"V{len(steps)}")
+        plans.append(ShardPlan(n, run.schema(n), render_shard(run.topo, n), steps,
+                               copy_ledger={r[1]: tuple(r[2:]) for r in rows}, state=ShardState.MOVING_IN))
+    return plans
+
+
+def _create_on_target(run: MoveRun, plans: list[ShardPlan]) -> None:
+    """Create the shards on the target, ``moving_in``, with the copied ledger rows: the per-host executor."""
+    total, done = len(plans), 0
+    run.progress("prepare", 0, total, run.target.name)
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        run.progress("prepare", done, total, run.target.name)
+
+    options = RunOptions(batch_size=max(1, run.options.batch_size), connect_timeout=run.options.connect_timeout,
+                         purpose="move-shard")
+    try:
+        outcomes = HostRunner(run.target, options, threading.Event(), advance).run(plans)
+    except ConnectionLost as exc:
+        raise OperationFailed(f"prepare on {run.target.name}: connection lost ({exc})") from None
+    failed = [o for o in outcomes if o.error]
+    if failed:
+        raise OperationFailed(f"prepare on {run.target.name}: shard {failed[0].shard}: {failed[0].error}")
+
+
+def _compare_structure(run: MoveRun) -> None:
+    with run.connect(run.source) as s, run.connect(run.target) as t:
+        src, tgt = q.structure(s, run.schemas), q.structure(t, run.schemas)
+    diffs = []
+    for key in sorted(set(src) | set(tgt)):
+        if key not in tgt:
+            diffs.append(f"{key[0]}.{key[1]} exists only on {run.source.name} (created outside migrations?)")
+        elif key not in src:
+            diffs.append(f"{key[0]}.{key[1]} exists only on {run.target.name}")
+        elif src[key] != tgt[key]:
+            diffs.append(f"{key[0]}.{key[1]} has columns {src[key]} on {run.source.name} but {tgt[key]} on "
+                         f"{run.target.name}")
+    if diffs:
+        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise OperationFailed("prepare: the target's tables differ from the source's: " + "; ".join(diffs[:3]) +
+                              more + ". Abort the move (move-shard --abort) and bring the schemas in line")

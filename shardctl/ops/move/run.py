@@ -1,0 +1,304 @@
+"""What every phase of a move shares: the move's record on its hosts, the per-shard locks, and
+``MoveRun`` (one invocation: topology, options, progress, report) with the steps several phases use."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+
+from ...engine import connections as db
+from ...engine.executor import ShardPlan
+from ...engine.fanout import log_event
+from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed
+from ...model.identifiers import MAX_IDENTIFIER_BYTES, quote_ident
+from ...model.ranges import format_shards, parse_shards
+from ...model.topology import Host, Topology
+from ...sql import catalog as q
+from .state import FINISHED, Phase, ShardState, check_transition, combined_phase
+
+# pg_advisory_lock(classid, objid) = ('SM', shard): "this shard is being moved" (session-level).
+MOVE_LOCK_CLASS = 0x534D
+Progress = Callable[[str, int, int, str], None]
+MIN_SERVER_VERSION = 150000  # FOR TABLES IN SCHEMA, pg_stat_subscription_stats
+
+
+@dataclass
+class MoveOptions:
+    max_freeze: float = 5.0            # seconds writes may wait at cutover before it gives up (and retries)
+    sequence_margin: int = 1024        # added to each source sequence's value on the target
+    schemas_per_subscription: int = 64
+    max_subscriptions: int = 4         # more schemas per publication rather than more subscriptions
+    sync_timeout: float = 3600.0
+    attempts: int = 3                  # cutover freezes tried before giving up
+    wait: float = 0.0                  # seconds to wait for another run's locks
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
+    batch_size: int = 16               # shards per transaction when creating or dropping schemas
+    publisher_dsn: str | None = None   # how the target reaches the source, if not by the topology DSN
+    allow_inline_password: bool = False
+
+
+@dataclass
+class Move:
+    """A move as recorded on its hosts (``phases``: role → recorded phase)."""
+
+    move_id: str
+    shards: list[int]
+    source: str
+    target: str
+    phases: dict[str, str] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+    started_at: Any = None
+    updated_at: Any = None
+
+    @property
+    def phase(self) -> Phase:
+        return combined_phase(self.phases.get("source"), self.phases.get("target"))
+
+    @property
+    def active(self) -> bool:
+        return self.phase not in FINISHED
+
+    @property
+    def names(self) -> list[str]:
+        """Publication = slot = subscription name per batch."""
+        return [f"shardctl_{self.move_id}_{k}" for k in range(len(self.detail.get("batches") or []))]
+
+    def to_dict(self) -> dict:
+        return {"move_id": self.move_id, "shards": format_shards(self.shards), "shard_count": len(self.shards),
+                "source": self.source, "target": self.target, "phase": str(self.phase),
+                "phases": dict(self.phases), "started_at": self.started_at, "updated_at": self.updated_at,
+                **{k: v for k, v in self.detail.items() if k in ("freeze_seconds", "sync_seconds", "tables",
+                                                                  "cutover_at", "sequences", "rows")}}
+
+
+def new_move_id() -> str:
+    return "mv" + secrets.token_hex(4)
+
+
+def renamed_schema(schema: str, shard: int, move_id: str, kind: str = "moved") -> str:
+    name = f"{schema}_{kind}_{move_id}"
+    if len(name.encode()) <= MAX_IDENTIFIER_BYTES:
+        return name
+    return f"shardctl_{kind}_{move_id}_{shard}"
+
+
+# ---- records -----------------------------------------------------------------------------
+
+def merge_records(records: list[tuple], moves: dict[str, Move]) -> None:
+    for move_id, shards, source, target, role, phase, detail, started, updated in records:
+        move = moves.get(move_id)
+        if move is None:
+            move = moves[move_id] = Move(move_id, parse_shards(shards), source, target, started_at=started,
+                                         updated_at=updated)
+        move.phases[role] = phase
+        # The source's record is authoritative for the cutover; merge the rest.
+        if role == "source":
+            move.detail = {**move.detail, **(detail or {})}
+        else:
+            move.detail = {**(detail or {}), **move.detail}
+        move.updated_at = max(filter(None, [move.updated_at, updated]), default=None)
+
+
+def find_moves(topo: Topology, hosts: list[Host] | None = None, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+               required: tuple[str, ...] = ()) -> tuple[dict[str, Move], dict[str, str]]:
+    """Every move recorded on ``hosts`` (default: all), and the hosts that could not be read.
+    Hosts named in ``required`` must answer."""
+    moves: dict[str, Move] = {}
+    errors: dict[str, str] = {}
+    for host in hosts or topo.hosts:
+        try:
+            with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="move-shard") as conn:
+                merge_records(q.move_records(conn), moves)
+        except HostUnreachable as exc:
+            if host.name in required:
+                raise
+            errors[host.name] = exc.reason
+        except psycopg.Error as exc:
+            if host.name in required:
+                raise OperationFailed(f"host {host.name}: cannot read moves: {db.first_line(exc)}") from None
+            errors[host.name] = db.first_line(exc)
+    return moves, errors
+
+
+def set_phase(conn: psycopg.Connection, move: Move, role: str, phase: Phase, detail: dict | None = None) -> None:
+    """Insert or update this host's record of the move (in the caller's transaction, if any)."""
+    check_transition(role, move.phases.get(role), phase)
+    q.record_move(conn, move.move_id, format_shards(move.shards), move.source, move.target, role, phase,
+                  detail if detail is not None else move.detail, list(FINISHED))
+    move.phases[role] = phase
+    if detail:
+        move.detail.update(detail)
+
+
+# ---- locks ---------------------------------------------------------------------------------
+
+@contextmanager
+def shard_locks(hosts: list[Host], shards: list[int], options: MoveOptions) -> Iterator[None]:
+    """Hold session-level advisory locks on the moving shards on every host named, so two runs never
+    work on the same shards at once (a killed run's locks go with its connections)."""
+    conns: list[psycopg.Connection] = []
+    try:
+        for host in hosts:
+            conn = db.connect(host, autocommit=True, connect_timeout=options.connect_timeout,
+                              purpose="move-shard lock")
+            conns.append(conn)
+            deadline = time.monotonic() + max(0.0, options.wait)
+            while not q.try_shard_locks(conn, MOVE_LOCK_CLASS, shards):
+                if time.monotonic() >= deadline:
+                    holder = q.shard_lock_holder(conn, MOVE_LOCK_CLASS, shards)
+                    who = (f"pid {holder[0]}, {holder[1] or 'unnamed client'}, connected "
+                           f"{holder[2]:%Y-%m-%d %H:%M:%S}") if holder else "holder unknown"
+                    raise LockBusy(f"host {host.name}: another shardctl run is moving some of shards "
+                                   f"{format_shards(shards)} ({who}); waited {options.wait:g}s (use --wait)")
+                time.sleep(0.2)
+        yield
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+class MoveRun:
+    """One invocation on one move: the topology, options, progress, the report, and what the
+    phases hand to each other (the source's ledger and the creation plans, the freeze's start)."""
+
+    def __init__(self, topo: Topology, move: Move, options: MoveOptions, progress: Progress | None):
+        if topo.path is None:
+            raise BadInput("move-shard needs a topology loaded from a file (it rewrites the file at cutover)")
+        self.topo = topo
+        self.move = move
+        self.options = options
+        self.progress: Progress = progress or (lambda step, done, total, note: None)
+        self.source = topo.host(move.source)
+        self.target = topo.host(move.target)
+        self.report: dict[str, Any] = {"move_id": move.move_id, "shards": format_shards(move.shards),
+                                       "shard_count": len(move.shards), "source": move.source,
+                                       "target": move.target, "phases_run": [], "messages": []}
+        self.started = time.perf_counter()
+        self.ledger: dict[int, list[tuple]] = {}   # source's ledger rows per shard (prepare)
+        self.plans: list[ShardPlan] = []            # what prepare creates on the target
+        self.freeze_t0: float | None = None         # monotonic start of this run's committed freeze
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def note(self, message: str) -> None:
+        self.report["messages"].append(message)
+        self.progress("note", 0, 0, message)
+
+    def connect(self, host: Host, autocommit: bool = True) -> psycopg.Connection:
+        return db.connect(host, autocommit=autocommit, connect_timeout=self.options.connect_timeout,
+                          purpose="move-shard")
+
+    def schema(self, shard: int) -> str:
+        return self.topo.schema_name(shard)
+
+    @property
+    def schemas(self) -> list[str]:
+        return [self.schema(n) for n in self.move.shards]
+
+    def renamed(self, shard: int, kind: str = "moved") -> str:
+        return renamed_schema(self.schema(shard), shard, self.move.move_id, kind)
+
+    def renamed_map(self) -> dict[str, str]:
+        """Shard (as text) → the source's renamed schema, as recorded at the cutover."""
+        return self.move.detail.get("renamed") or {str(n): self.renamed(n) for n in self.move.shards}
+
+    def both(self, phase: Phase, detail: dict | None = None) -> None:
+        """Record a phase on the source, then the target."""
+        for host, role in ((self.source, "source"), (self.target, "target")):
+            with self.connect(host) as conn, conn.transaction():
+                set_phase(conn, self.move, role, phase, detail)
+
+    def event(self, kind: str, detail: dict) -> None:
+        for host in (self.source, self.target):
+            try:
+                with self.connect(host) as conn:
+                    log_event(conn, kind, self.move.shards, {"move_id": self.move.move_id, **detail})
+            except (HostUnreachable, psycopg.Error):
+                pass
+
+    def publisher_conninfo(self) -> str:
+        kwargs = self.source.connect_kwargs()
+        dsn = self.options.publisher_dsn or str(kwargs.pop("conninfo"))
+        password = kwargs.get("password")
+        return pg_conninfo.make_conninfo(dsn, password=password) if password else dsn
+
+    # ---- steps several phases share ------------------------------------------------------------
+    def drop_shards(self, conn: psycopg.Connection, shards: list[int], schema_of: Callable[[int], str],
+                    state: ShardState, step: str, host_name: str) -> None:
+        """Drop these shards' schemas and forget their control rows (rows in ``state``), batch by batch."""
+        size = max(1, self.options.batch_size)
+        self.progress(step, 0, len(shards), host_name)
+        for i in range(0, len(shards), size):
+            batch = shards[i:i + size]
+            q.drop_shard_schemas(conn, [schema_of(n) for n in batch], batch, state)
+            conn.commit()
+            self.progress(step, min(len(shards), i + size), len(shards), host_name)
+
+    def drop_replication(self) -> dict:
+        """Subscriptions (target), publications and slots (source) of this move. Idempotent."""
+        names = self.move.names  # empty before sync: no replication object was made
+        sub_oids = list(self.move.detail.get("sub_oids") or [])
+        out: dict[str, list] = {"subscriptions": [], "publications": [], "slots": []}
+        try:
+            with self.connect(self.target) as tgt:
+                existing = q.subscriptions(tgt, names)
+                sub_oids += [o for o in existing.values() if o not in sub_oids]
+                for name in existing:
+                    out["subscriptions"].append(f"{name} ({q.drop_subscription(tgt, name)})")
+        except HostUnreachable as exc:
+            self.note(f"target {self.target.name} unreachable ({exc.reason}): its subscriptions stay until the "
+                      f"command is run again")
+        with self.connect(self.source) as src:
+            out["publications"] = q.drop_publications(src, names)
+            out["slots"] = q.drop_slots(src, names, sub_oids)
+        return out
+
+    def retire(self, conn: psycopg.Connection, tables_rp: list[tuple[str, str]], current: dict[str, str],
+               new: dict[str, str], message: str, grants: list[list[str]]) -> None:
+        """Guard every table, revoke ``grants`` and rename the schemas ``current`` → ``new`` (shard as text →
+        schema), and mark the shards ``moved_out``: the statements that retire a copy, for one transaction."""
+        shard_of = {v: k for k, v in current.items()}
+        parts = [q.guard_sql(s, t, f"shard {shard_of[s]} {message} (move {self.move.move_id})") for s, t in tables_rp]
+        parts.append(q.grant_sql(grants, revoke=True))
+        parts += [f"ALTER SCHEMA {quote_ident(current[k])} RENAME TO {quote_ident(new[k])};\n" for k in current]
+        conn.execute("".join(parts))
+        q.set_shard_states(conn, [int(k) for k in new], ShardState.MOVED_OUT, list(new.values()))
+
+
+def require_version(host: Host, facts: dict, role: str) -> None:
+    """Moving shards needs PostgreSQL 15 or later on both hosts."""
+    if facts["version_num"] < MIN_SERVER_VERSION:
+        raise OperationFailed(f"host {host.name} runs PostgreSQL {facts['version_num']}: {role} shards needs 15 or "
+                              f"later (FOR TABLES IN SCHEMA)")
+
+
+def check_target_free(host: Host, shards: list[int], rows: dict, present: set[str], mine: bool) -> None:
+    """The target must record none of the shards (but this move's own ``moving_in`` ones), and, for a new
+    move, hold none of their schemas."""
+    taken = [n for n in shards if n in rows and (rows[n].state != ShardState.MOVING_IN or not mine)]
+    if taken:
+        raise OperationFailed(f"host {host.name} already records shards {format_shards(taken)} "
+                              f"({', '.join(sorted({rows[n].state for n in taken}))}); clean up or abort "
+                              f"the move that left them")
+    if present and not mine:
+        found = sorted(present)
+        raise OperationFailed(f"host {host.name} already has schemas {', '.join(found[:5])}"
+                              f"{' …' if len(found) > 5 else ''}; refusing to overwrite them")
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

@@ -1,0 +1,135 @@
+"""Sync: one publication per batch of schemas on the source, its slot, and a subscription with the
+initial copy on the target; wait until every table is ready."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from ...engine import connections as db
+from ...errors import OperationFailed
+from ...sql import catalog as q
+from .preflight import subscriptions_for
+from .run import MoveRun, human_bytes, set_phase
+from .state import Phase
+
+STALL_SECONDS = 120  # no table became ready for this long while the server reports errors: give up
+
+
+def batches(run: MoveRun) -> list[list[int]]:
+    existing = run.move.detail.get("batches")
+    if existing:
+        return existing
+    shards = run.move.shards
+    per = max(1, run.options.schemas_per_subscription)
+    cap = min(run.options.max_subscriptions, run.move.detail.get("max_subscriptions") or run.options.max_subscriptions)
+    if cap > 0:
+        per = max(per, -(-len(shards) // cap))
+    return [shards[i:i + per] for i in range(0, len(shards), per)]
+
+
+def sync(run: MoveRun, wait_only: bool = False) -> None:
+    """The sync phase; ``wait_only``: just wait for a sync already under way (the cutover's first step)."""
+    phase = run.move.phase
+    if phase in (Phase.PREPARING, Phase.NEW):
+        raise OperationFailed(f"move {run.move.move_id} is not prepared yet (phase {phase}): run the prepare "
+                              f"phase first")
+    if phase not in (Phase.PREPARED, Phase.SYNCING, Phase.SYNCED):
+        run.note(f"sync: nothing to do (phase {phase})")
+        return
+    if not wait_only:
+        run.report["phases_run"].append("sync")
+    t0 = time.perf_counter()
+    if phase == Phase.PREPARED:
+        _size_to_target(run)
+    planned = batches(run)
+    if phase == Phase.PREPARED:
+        run.both(Phase.SYNCING, {"batches": planned})
+    run.move.detail["batches"] = planned
+    names = run.move.names
+    with run.connect(run.source) as src, run.connect(run.target) as tgt:
+        missing = [k for k, name in enumerate(names) if name not in q.subscriptions(tgt, names)]
+        if missing:
+            _create_replication(run, src, tgt, planned, missing)
+        expected = len(q.tables(src, run.schemas, "r"))
+        _wait_ready(run, src, tgt, names, expected)
+    seconds = round(time.perf_counter() - t0, 3)
+    if run.move.phase != Phase.SYNCED:
+        run.both(Phase.SYNCED, {"tables": expected, "sync_seconds": seconds})
+    run.report["sync_seconds"] = seconds
+    run.report["tables"] = expected
+
+
+def _size_to_target(run: MoveRun) -> None:
+    """Before the subscriptions exist: fit their number to the target's free logical replication workers
+    (each subscription's apply worker plus a table-sync worker), or refuse with the setting to change."""
+    with run.connect(run.target) as tgt:
+        facts = q.server_facts(tgt)
+    subs = subscriptions_for(run, facts)
+    if subs < 1:
+        raise OperationFailed(f"sync: host {run.target.name} has {facts['workers_used']} of "
+                              f"max_logical_replication_workers={facts['max_logical_replication_workers']} in use: "
+                              f"a move needs 2 free (an apply and a table-sync worker); raise it or wait")
+    recorded = run.move.detail.get("max_subscriptions") or subs
+    run.move.detail["max_subscriptions"] = min(recorded, subs)
+
+
+def _create_replication(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
+                        planned: list[list[int]], missing: list[int]) -> None:
+    names = run.move.names
+    facts = q.server_facts(src)
+    slots_needed = sum(1 for k in missing if not q.slot_exists(src, names[k]))
+    free = facts["max_replication_slots"] - facts["slots_used"]
+    if slots_needed + 2 > free:
+        raise OperationFailed(f"host {run.source.name} has {free} free replication slots "
+                              f"(max_replication_slots={facts['max_replication_slots']}); this move needs "
+                              f"{slots_needed} plus 2 for the initial copy: raise it or use larger "
+                              f"batches (--schemas-per-subscription)")
+    conninfo = run.publisher_conninfo()
+    for k in missing:
+        name, schemas = names[k], [run.schema(n) for n in planned[k]]
+        try:
+            if not q.publication_exists(src, name):
+                q.create_publication(src, name, schemas)
+            if not q.slot_exists(src, name):
+                q.create_slot(src, name)
+            q.create_subscription(tgt, name, conninfo)
+        except psycopg.Error as exc:
+            raise OperationFailed(f"sync: setting up replication {name} from {run.source.name} to "
+                                  f"{run.target.name}: {db.first_line(exc)}") from None
+    subs = q.subscriptions(tgt, names)
+    with tgt.transaction():
+        set_phase(tgt, run.move, "target", Phase.SYNCING, {"sub_oids": list(subs.values())})
+    with src.transaction():
+        set_phase(src, run.move, "source", Phase.SYNCING, {"sub_oids": list(subs.values())})
+
+
+def _wait_ready(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection, names: list[str],
+                expected: int) -> None:
+    deadline = time.monotonic() + run.options.sync_timeout
+    progressed, ready = time.monotonic(), -1
+    while True:
+        state = q.sync_state(tgt, names)
+        lag = q.slot_lag(src, names)
+        note = f"lag {human_bytes(lag)}" if lag is not None else ""
+        errors = state["apply_errors"] + state["sync_errors"]
+        if errors:
+            note += f", {errors} replication errors (see the target's log)"
+        run.progress("sync", state["ready"], expected, note)
+        if state["ready"] >= expected and state["tables"] >= expected:
+            run.report["lag_bytes"] = lag
+            return
+        if state["ready"] != ready:
+            progressed, ready = time.monotonic(), state["ready"]
+        elif time.monotonic() - progressed > STALL_SECONDS:
+            why = q.subscription_problems(tgt, names)
+            if why or errors:
+                raise OperationFailed(f"sync: stuck at {ready} of {expected} tables ready for {STALL_SECONDS}s: "
+                                      f"{'; '.join(why) or f'{errors} replication errors'} on {run.target.name}; "
+                                      f"fix the cause and run the command again, or abort the move")
+        if time.monotonic() > deadline:
+            why = "; ".join(q.subscription_problems(tgt, names)) or note or "no problem reported by the target"
+            raise OperationFailed(f"sync: {state['ready']} of {expected} tables ready after "
+                                  f"{run.options.sync_timeout:g}s ({why}); run the command again to keep waiting")
+        time.sleep(0.5)

@@ -1,0 +1,217 @@
+"""Router against real faults, on servers of the test's own (never the shared session servers):
+a stopped host, a silent host (a listener that never answers; a SIGSTOPped server), a restart."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import statistics
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import load, run_cli
+
+from shardctl import Router
+from shardctl.errors import HostUnreachable
+
+CONNECT_TIMEOUT = 2  # libpq's minimum
+PG1_KEY, PG2_KEY = 3, 40  # 64 shards over 2 hosts: pg1 0-31, pg2 32-63
+
+
+@pytest.fixture
+def box(private_sandbox):
+    sandbox = private_sandbox(hosts=2, shards=64)
+    assert run_cli("init", config=sandbox.topology_path).exit_code == 0
+    return sandbox
+
+
+def timed(fn, *args, **kwargs) -> tuple[float, object]:
+    started = time.monotonic()
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the caller inspects it
+        result = exc
+    return time.monotonic() - started, result
+
+
+def warm(router: Router, key: int, connections: int) -> None:
+    """Leave ``connections`` idle connections in the key's pool (all checked out at once, then returned)."""
+    barrier = threading.Barrier(connections)
+
+    def hold():
+        with router.connection(key) as conn:
+            conn.execute("SELECT 1")
+            barrier.wait()
+
+    threads = [threading.Thread(target=hold) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = router.stats()[router.host_for(key).name]
+    assert stats["idle"] == stats["size"] == connections
+
+
+def server_processes(box, name: str) -> list[int]:
+    """The postmaster of sandbox host ``name`` and all its children (backends, workers)."""
+    host = next(h for h in box.state.hosts if h.name == name)
+    root = box.pid(host)
+    pids = [root]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == root:
+                pids.append(int(entry.name))
+    return pids
+
+
+@contextmanager
+def frozen(box, name: str):
+    """SIGSTOP the whole server (postmaster and backends): it accepts TCP but answers nothing."""
+    pids = server_processes(box, name)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def test_stopped_host_fails_fast_and_quietly_other_hosts_unaffected(box, capfd, caplog):
+    caplog.set_level(logging.INFO, logger="shardctl.router")
+    with Router(load(box.topology_path)) as router:
+        warm(router, PG1_KEY, 4)
+        before = [timed(router.execute, PG2_KEY, "SELECT 1")[0] for _ in range(20)]
+        capfd.readouterr()
+        box.stop_host("pg1")
+        pg1, pg2 = [], []
+        for _ in range(30):
+            pg1.append(timed(router.execute, PG1_KEY, "SELECT 1"))
+            pg2.append(timed(router.execute, PG2_KEY, "SELECT 1"))
+            time.sleep(0.05)
+        for seconds, result in pg1:
+            assert isinstance(result, HostUnreachable) and result.host == "pg1", result
+            assert seconds <= 1.0, (seconds, result)
+        causes = {str(r) for _, r in pg1}
+        assert any("refused" in c for c in causes), causes  # libpq's reason, not a pool timeout
+        assert all(isinstance(r, list) for _, r in pg2), pg2
+        during = [s for s, _ in pg2]
+        assert statistics.median(during) <= max(0.05, 3 * statistics.median(before)), (before, during)
+        out, err = capfd.readouterr()
+        assert err == "" and out == ""  # nothing on the application's stderr ...
+        assert any(r.name == "shardctl.router" and "circuit open" in r.getMessage() for r in caplog.records)
+        stats = router.stats()["pg1"]
+        assert stats["breaker"]["state"] in ("open", "half-open") and "refused" in stats["breaker"]["cause"]
+        assert stats["replaced_idle"] == 4 and stats["errors"]["connect"] >= 1
+        # Back up: within the breaker's back-off (at most 5 s), calls succeed again.
+        box.start_host("pg1")
+        deadline = time.monotonic() + 6
+        while isinstance(timed(router.execute, PG1_KEY, "SELECT 1")[1], HostUnreachable):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert router.stats()["pg1"]["breaker"]["state"] == "closed"
+
+
+def test_restart_with_8_idle_connections_costs_no_request_an_error(box):
+    with Router(load(box.topology_path), max_size=8) as router:
+        warm(router, PG1_KEY, 8)
+        in_flight: list[object] = []
+        sleeper = threading.Thread(target=lambda: in_flight.append(timed(router.execute, PG1_KEY, "SELECT pg_sleep(30)")))
+        sleeper.start()
+        time.sleep(0.5)
+        box.stop_host("pg1")
+        sleeper.join()
+        # The request in flight gets the one error, named as such (not a raw psycopg AdminShutdown).
+        _, error = in_flight[0]
+        assert isinstance(error, HostUnreachable) and "administrator command" in str(error), error
+        box.start_host("pg1")
+        errors: list[BaseException] = []
+
+        def requests(n: int) -> None:
+            for i in range(n):
+                try:
+                    assert router.execute(PG1_KEY, "INSERT INTO users (username) VALUES (%s)", (f"r{i}",)) == 1
+                except BaseException as exc:  # noqa: BLE001 - counted below
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=requests, args=(10,)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        requests(10)
+        assert errors == []
+        stats = router.stats()["pg1"]
+        assert stats["replaced_idle"] == 7 and stats["errors"] == {"connection_lost": 1}
+        assert router.execute(PG1_KEY, "SELECT count(*) FROM users") == [(90,)]
+
+
+def silent_listener() -> tuple[socket.socket, int]:
+    """A local TCP port that accepts connections (the kernel's backlog) and never says a word."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock, sock.getsockname()[1]
+
+
+def test_silent_listener_fails_within_connect_timeout(make_fleet):
+    path = make_fleet(hosts=2, shards=64)
+    assert run_cli("init", config=path).exit_code == 0
+    listener, port = silent_listener()
+    try:
+        text = path.read_text()
+        real = text.split("127.0.0.1:")[1].split("/")[0]
+        path.write_text(text.replace(f"127.0.0.1:{real}", f"127.0.0.1:{port}", 1))
+        with Router(load(path), connect_timeout=CONNECT_TIMEOUT, timeout=1) as router:
+            results = []
+            end = time.monotonic() + 2 * CONNECT_TIMEOUT + 2
+            while time.monotonic() < end:  # the first call, the breaker's fast failures, and probes
+                results.append(timed(router.execute, PG1_KEY, "SELECT 1"))
+                assert isinstance(timed(router.execute, PG2_KEY, "SELECT 1")[1], list)
+            for seconds, result in results:
+                assert isinstance(result, HostUnreachable) and result.host == "pg1", result
+                assert seconds <= CONNECT_TIMEOUT + 1, (seconds, result)
+            assert results[0][0] >= CONNECT_TIMEOUT - 0.5  # the first one really waited for the server
+            assert "timeout" in str(results[0][1]), results[0]
+            assert len(results) > 10  # the others failed fast
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("pool", ["cold", "warm"])
+def test_sigstopped_server_fails_within_connect_timeout_plus_bound(box, pool):
+    bound = 0.5
+    with Router(load(box.topology_path), connect_timeout=CONNECT_TIMEOUT, timeout=bound) as router:
+        if pool == "warm":
+            warm(router, PG1_KEY, 4)
+        router.execute(PG2_KEY, "SELECT 1")
+        with frozen(box, "pg1"):
+            results, others = [], []
+            end = time.monotonic() + 2 * CONNECT_TIMEOUT + 2
+            while time.monotonic() < end:
+                results.append(timed(router.execute, PG1_KEY, "SELECT 1"))
+                others.append(timed(router.execute, PG2_KEY, "SELECT 1"))
+            assert all(isinstance(r, list) for _, r in others)
+            assert statistics.median(s for s, _ in others) < 0.05, others  # pg2 keeps its usual latency
+            for seconds, result in results:
+                assert isinstance(result, HostUnreachable) and result.host == "pg1", result
+                assert seconds <= CONNECT_TIMEOUT + 1, (seconds, result)
+            first = str(results[0][1])
+            assert ("no answer within" in first) if pool == "warm" else ("timeout" in first), first
+        # Thawed: the host serves again once the breaker lets a probe through.
+        deadline = time.monotonic() + 8
+        while not isinstance(timed(router.execute, PG1_KEY, "SELECT 1")[1], list):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)

@@ -1,0 +1,186 @@
+"""Router on the shared servers: execute() in autocommit without leaking session state, per-call
+timeouts, stats(), and no 0A000 "cached plan must not change result type" after a migration."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from conftest import connect, load, run_cli
+
+from shardctl import Router
+from shardctl.errors import HostUnreachable
+
+
+@pytest.fixture
+def topo(make_fleet):
+    path = make_fleet(hosts=2, shards=16)
+    assert run_cli("init", config=path).exit_code == 0
+    return load(path)
+
+
+def backend(router: Router, key: int) -> int:
+    return router.execute(key, "SELECT pg_backend_pid()")[0][0]
+
+
+def test_execute_is_autocommit_and_sets_search_path_once(topo):
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 3)
+        assert router.execute(3, "INSERT INTO users (username) VALUES ('a')") == 1
+        assert router.execute(3, "SELECT current_schema(), count(*) FROM users") == [("insta3", 1)]
+        assert router.execute(4, "SELECT current_schema()") == [("insta4",)]  # same backend, next shard
+        assert backend(router, 4) == pid
+        # Committed at once (autocommit): another session sees the row.
+        with connect(topo, "pg1") as check:
+            assert check.execute("SELECT count(*) FROM insta3.users").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("statement, probe, clean_value", [
+    ("SELECT set_config('work_mem', '7MB', false)", "SHOW work_mem", "4MB"),
+    ("SET statement_timeout = '4321ms'", "SELECT current_setting('statement_timeout') <> '4321ms'", True),
+    ("CREATE TEMP TABLE users (id bigint, username text)", "SELECT to_regclass('pg_temp.users') IS NULL", True),
+    ("SELECT pg_advisory_lock(4242)", "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                       "AND pid = pg_backend_pid()", 0),
+    ("LISTEN somewhere", "SELECT count(*) FROM pg_listening_channels()", 0),
+    ("PREPARE mine AS SELECT 1", "SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'", 0),
+])
+def test_execute_leaves_nothing_for_the_next_call(topo, statement, probe, clean_value):
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 5)
+        router.execute(5, statement)
+        assert backend(router, 6) == pid
+        assert router.execute(6, probe)[0][0] == clean_value
+        assert router.execute(6, "SELECT current_schema()")[0][0] == "insta6"
+        # ... and the next checkout through connection() sees a clean session too.
+        with router.connection(7) as conn:
+            assert conn.info.backend_pid == pid
+            assert conn.execute(probe).fetchone()[0] == clean_value
+
+
+def test_per_call_timeout_is_the_servers_statement_timeout(topo):
+    with Router(topo, max_size=1, timeout=5) as router:
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            router.execute(3, "SELECT pg_sleep(2)", timeout=0.2)
+        assert router.execute(3, "SHOW statement_timeout") == [("5s",)]       # back to the Router's default
+        assert router.execute(3, "SHOW statement_timeout", timeout=1.5) == [("1500ms",)]
+        assert router.execute(3, "SHOW statement_timeout", timeout=None) == [("0",)]
+        with router.connection(3, timeout=0.2) as conn:
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                conn.execute("SELECT pg_sleep(2)")
+        assert router.run(3, lambda c: c.execute("SHOW statement_timeout").fetchone()[0]) == "5s"
+        stats = router.stats()["pg1"]
+        assert stats["errors"] == {"sql": 1} and stats["breaker"]["state"] == "closed"  # a slow query is no outage
+
+
+def test_stats_report_pools_errors_breakers_and_latency(topo):
+    with Router(topo, max_size=4) as router:
+        assert router.stats()["pg1"]["size"] == 0
+        for key in (0, 1, 2, 3, 8, 9, 10, 11):  # pg1: shards 0-7, pg2: 8-15
+            router.execute(key, "SELECT 1")
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            router.execute(2, "SELECT * FROM nowhere")
+        inside = {}
+
+        def hold():
+            with router.connection(1):
+                inside["stats"] = router.stats()["pg1"]
+
+        t = threading.Thread(target=hold)
+        t.start()
+        t.join()
+        stats = router.stats()
+        pg1, pg2 = stats["pg1"], stats["pg2"]
+        assert inside["stats"]["in_use"] == 1
+        # 4 statements, the failed one, the move check it triggered (42P01: did the shard move away?), the block
+        assert pg1["calls"] == 7 and pg2["calls"] == 4
+        assert pg1["in_use"] == 0 and pg1["idle"] == pg1["size"] >= 1 and pg1["max_size"] == 4
+        assert pg1["errors"] == {"sql": 1} and pg2["errors_total"] == 0
+        assert pg1["breaker"]["state"] == "closed"
+        lat = pg1["latency_ms"]
+        assert lat["samples"] == 7 and 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+        assert pg1["standby"] is None
+
+
+# ---- issue 13 item 7: no 0A000 after a migration adds a column ----------------------------------
+
+def add_column(topo, shard: int) -> None:
+    with connect(topo, topo.host_of(shard).name, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE insta{shard}.users ADD COLUMN bio text")
+
+
+def test_plain_psycopg_meets_0A000_after_add_column(topo):
+    """The scenario is real: a prepared SELECT * breaks on a plain psycopg connection."""
+    with connect(topo, "pg1", autocommit=True) as conn:
+        for _ in range(6):  # psycopg prepares from the 5th execution on
+            conn.execute("SELECT * FROM insta2.users WHERE id = %s", (1,))
+        add_column(topo, 2)
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="cached plan must not change result type"):
+            conn.execute("SELECT * FROM insta2.users WHERE id = %s", (1,))
+
+
+def test_router_sees_no_0A000_after_add_column(topo):
+    """Four app threads keep 4 pooled connections busy (each prepares the statement), a migration
+    adds a column, the threads go on: not one error, and the rows have the new column."""
+    select = "SELECT *, pg_sleep(0.01) FROM users WHERE id = %s"
+    with Router(topo, max_size=4) as router:
+        uid = router.execute(2, "INSERT INTO users (username) VALUES ('x') RETURNING id")[0][0]
+        errors: list[BaseException] = []
+        widths: set[int] = set()
+
+        def app(rounds: int, barrier: threading.Barrier) -> None:
+            barrier.wait()
+            try:
+                for _ in range(rounds):
+                    widths.add(len(router.execute(2, select, (uid,))[0]))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        def traffic(rounds: int) -> None:
+            barrier = threading.Barrier(4)
+            threads = [threading.Thread(target=app, args=(rounds, barrier)) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        traffic(8)
+        assert router.stats()["pg1"]["size"] >= 2 and widths == {4}
+        add_column(topo, 2)
+        widths.clear()
+        traffic(8)
+        assert errors == [] and widths == {5}  # id, username, created_at, bio, pg_sleep
+        assert router.run(2, lambda c: len(c.execute(select, (uid,)).fetchone())) == 5
+        with router.connection(2) as conn:  # connection() blocks do not auto-prepare: nothing to go stale
+            for _ in range(6):
+                assert len(conn.execute(select, (uid,)).fetchone()) == 5
+        add_column_again = "ALTER TABLE insta2.users ADD COLUMN site text"
+        with connect(topo, "pg1", autocommit=True) as conn:
+            conn.execute(add_column_again)
+        for _ in range(6):
+            assert len(router.execute(2, select, (uid,))[0]) == 6
+        assert router.stats()["pg1"]["errors"].get("stale_plan", 0) >= 1
+
+
+def test_a_host_that_is_not_there_names_itself_and_the_cause(make_fleet, tmp_path):
+    path = make_fleet(hosts=2, shards=16)
+    text = path.read_text()
+    port = text.split("127.0.0.1:")[1].split("/")[0]
+    path.write_text(text.replace(f"127.0.0.1:{port}", "127.0.0.1:1", 1))  # nothing listens on port 1
+    with Router(load(path)) as router:
+        with pytest.raises(HostUnreachable, match=r"host pg1 is unreachable: .*refused") as info:
+            router.execute(1, "SELECT 1")
+        assert info.value.host == "pg1"
+
+
+def test_an_application_error_in_a_block_rolls_back_and_keeps_the_connection(topo):
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 3)
+        with pytest.raises(ValueError):
+            with router.connection(3) as conn:
+                conn.execute("INSERT INTO users (username) VALUES ('rolled back')")
+                conn.execute("SET work_mem = '7MB'")
+                raise ValueError("the application changed its mind")
+        assert router.execute(3, "SELECT count(*), current_setting('work_mem') FROM users") == [(0, "4MB")]
+        assert backend(router, 3) == pid
+        assert router.stats()["pg1"]["errors"] == {"other": 1}

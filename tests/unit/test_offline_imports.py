@@ -1,0 +1,86 @@
+"""The offline commands never import the database driver, and every command stays reachable.
+
+Each command runs as a real process under ``python -X importtime``, which lists every module the
+process imports (on stderr, one line each, the module name after the last ``|``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import run_shardctl
+from shardctl.cli import COMMAND_MODULES, cli, load_commands
+
+DRIVER = ("psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c")
+
+TOPOLOGY = """\
+version: 1
+id:
+  layout: instagram
+  epoch: "2011-01-01T00:00:00Z"
+  function: plpgsql
+shards:
+  count: 16
+  schema: "insta{n}"
+hosts:
+  - name: pg1
+    dsn: "postgresql://app@127.0.0.1:1/app?sslmode=disable"
+    shards: "0-7"
+  - name: pg2
+    dsn: "host=127.0.0.1 port=1 dbname=app user=app"
+    shards: "8-15"
+"""
+
+
+def imported(stderr: str) -> set[str]:
+    return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.fixture
+def topo(tmp_path):
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(TOPOLOGY)
+    return path
+
+
+OFFLINE = {
+    "decode-id": ["decode-id", "--layout", "instagram", "1"],
+    "decode-id-topology": ["-c", "{topo}", "decode-id", str(1000 << 23 | 3 << 10 | 1)],
+    "encode-id": ["-c", "{topo}", "encode-id", "--ms", "1", "--shard", "3", "--sequence", "1"],
+    "locate": ["-c", "{topo}", "locate", "42"],
+    "info": ["-c", "{topo}", "info", "--json"],
+    "render": ["-c", "{topo}", "render", "--shard", "3"],
+}
+
+
+@pytest.mark.parametrize("name", list(OFFLINE))
+def test_offline_command_does_not_import_psycopg(name, topo, tmp_path):
+    args = [a.format(topo=topo) for a in OFFLINE[name]]
+    proc = run_shardctl(*args, python_flags=("-X", "importtime"), unset=("SHARDCTL_CONFIG",), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = imported(proc.stderr)
+    assert "shardctl.cli" in modules, "importtime output not understood"
+    driver = sorted(m for m in modules if m.split(".")[0] in DRIVER)
+    assert not driver, f"shardctl {' '.join(args)} imported {driver}"
+
+
+def test_the_check_sees_a_driver_import(tmp_path):
+    """The same check run on a command that connects does see psycopg (so the test above can fail)."""
+    proc = run_shardctl("-c", tmp_path / "none.yaml", "status", python_flags=("-X", "importtime"), cwd=tmp_path)
+    assert "psycopg" in imported(proc.stderr)
+
+
+def test_help_lists_every_command():
+    proc = run_shardctl("--help")
+    assert proc.returncode == 0
+    listed = {line.split()[0] for line in proc.stdout.split("Commands:", 1)[1].splitlines() if line.strip()}
+    assert listed == set(COMMAND_MODULES)
+
+
+def test_command_map_matches_the_modules():
+    """Every command a module defines is in COMMAND_MODULES, under the module that defines it."""
+    commands = load_commands()
+    assert set(commands) == set(COMMAND_MODULES) == set(cli.commands)
+    for name, command in commands.items():
+        assert command is not None, name
+        assert command.callback.__module__ == f"shardctl.cli.{COMMAND_MODULES[name]}", name

@@ -1,4 +1,4 @@
-.PHONY: install test test-unit test-fleet test-slow bench lint clean
+.PHONY: install test test-unit test-fleet test-slow test-docker bench lint clean
 
 install:
 	pip install -e '.[dev]'
@@ -14,6 +14,13 @@ test-fleet:
 
 test-slow:
 	python -m pytest -q -m slow
+
+# Docker tests: installs docker.io + debootstrap if missing, starts dockerd (unless an engine answers),
+# builds local/debian:bookworm and local/shardctl-postgres:18, runs the tests marked docker, then
+# stops the dockerd it started. Needs root on Debian; see examples/docker/prepare.sh.
+test-docker:
+	@examples/docker/prepare.sh || { examples/docker/stop-dockerd.sh; exit 1; }; \
+	python -m pytest -q -m docker; rc=$$?; examples/docker/stop-dockerd.sh; exit $$rc
 
 bench:
 	python bench/next_id.py && python bench/decode.py && python bench/startup.py

@@ -58,6 +58,7 @@ COMMAND_MODULES = {
     "init": "fleet", "migrate": "fleet", "plan": "fleet", "status": "fleet", "verify": "fleet",
     "add-host": "grow", "add-shard": "grow",
     "move-shard": "move", "rebalance": "move",
+    "lint": "lint", "redeploy": "redeploy",
     "sandbox": "sandbox", "demo": "sandbox",
     "lint": "lint", "redeploy": "redeploy",
 }

@@ -10,9 +10,8 @@ from typing import Callable
 
 import click
 
-from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
-from ..engine.executor import (DEFAULT_BATCH, DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, DEFAULT_MAX_LOCK_HOLD_MS,
-                               DEFAULT_RECYCLE, DEFAULT_RETRY_BUDGET, RunOptions)
+from ..engine.executor import (DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, DEFAULT_MAX_LOCK_HOLD_MS,
+                               DEFAULT_RETRY_BUDGET, RunOptions)
 from ..engine.fanout import FleetReport, raise_for_status
 from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
@@ -20,54 +19,10 @@ from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from ..ops.provision import init
 from ..ops.status import status
 from ..ops.verify import verify
-from . import cli, json_option, report_error, settings
-from .output import emit, stdout, table
+from . import cli, settings
+from .output import stdout, table
+from .options import finish, host_options, run_options, split_hosts, status_of
 from .progress import host_progress
-
-
-def host_options(func: Callable) -> Callable:
-    func = click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")(func)
-    func = click.option("--connect-timeout", type=click.IntRange(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
-                        show_default=True, help="Seconds to wait for a host to answer.")(func)
-    return json_option(func)
-
-
-def run_options(func: Callable) -> Callable:
-    func = click.option("--batch-size", type=click.IntRange(1, 10_000), default=DEFAULT_BATCH, show_default=True,
-                        help="Shards per transaction (at most; see --max-lock-hold).")(func)
-    func = click.option("--recycle-after", type=click.IntRange(1, 1_000_000), default=DEFAULT_RECYCLE,
-                        show_default=True, help="Shards per connection before it is replaced.")(func)
-    func = click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
-                        help="Seconds to wait for another shardctl run's lock on a host.")(func)
-    return func
-
-
-def split_hosts(value: str | None) -> list[str] | None:
-    if not value:
-        return None
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    if not names:
-        raise BadInput("--hosts: give host names separated by commas")
-    return names
-
-
-def finish(as_json: bool, doc: dict, human: Callable[[], None], error: ShardctlError | None) -> None:
-    """Print the result, then the one-line error and its exit code, if any."""
-    if error is not None and as_json:
-        doc = {**doc, "ok": False, "error": str(error), "exit_code": error.exit_code}
-    emit(as_json, doc, human)
-    if error is not None:
-        report_error(error, as_json=False, debug=settings().debug)
-        sys.exit(error.exit_code)
-
-
-def status_of(result: object) -> ShardctlError | None:
-    """The error ``result.raise_for_status()`` raises, or None."""
-    try:
-        result.raise_for_status()
-    except ShardctlError as exc:
-        return exc
-    return None
 
 
 def _state(h) -> str:
@@ -210,7 +165,7 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
                            "(with --hosts at most)")
         from .gate import run_gate
 
-        return finish(as_json, *run_gate(settings().topology(), base, split_hosts(host_names), connect_timeout))
+        return run_gate(base, split_hosts(host_names), connect_timeout, as_json)
     if repair and not yes and not (check or dry_run):
         if not (sys.stdin.isatty() and click.confirm(
                 "--repair records the current checksum of every changed applied migration, accepting the "
@@ -238,7 +193,7 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
     report = migrate(topo, hosts=split_hosts(host_names), check=True, target=target,
                      options=RunOptions(connect_timeout=connect_timeout))
     doc = report.plan_dict()
-    from .gate import template_plan  # template functions a `redeploy` would replace
+    from .redeploy import template_plan  # template functions a `redeploy` would replace
 
     doc["templates"], template_lines = template_plan(topo, split_hosts(host_names), connect_timeout)
 

@@ -1,22 +1,20 @@
-"""What ``migrate --check --base DIR`` (the pull-request gate; logic in ops/gate.py) and ``plan``'s
-template section show. fleet.py calls these; this module imports nothing from it."""
+"""Output of ``shardctl migrate --check --base DIR`` (the pull-request gate; logic in ops/gate.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
 
-from ..errors import BadInput, OperationFailed, ShardctlError
-from ..model.ranges import format_shards
-from ..model.topology import Topology
+from ..errors import OperationFailed
 from ..ops.gate import check_against_base
-from ..ops.redeploy import redeploy
+from . import settings
 from .output import stdout, table
 
 
-def run_gate(topo: Topology, base: str, host_names: list[str] | None, connect_timeout: int
-             ) -> tuple[dict, Callable[[], None], ShardctlError | None]:
-    """The gate's document, its human rendering and its error (exit 1 on any problem)."""
+def run_gate(base: str, host_names: list[str] | None, connect_timeout: int, as_json: bool) -> None:
+    """Compare the change with the base branch's migrations folder and the fleet; exit 1 on any problem."""
+    from .options import finish
+
+    topo = settings().topology()
     result = check_against_base(topo, Path(base), hosts=host_names, connect_timeout=connect_timeout)
 
     def human() -> None:
@@ -37,16 +35,4 @@ def run_gate(topo: Topology, base: str, host_names: list[str] | None, connect_ti
     if not result.ok:
         more = f" (and {len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
         error = OperationFailed(f"gate: {result.problems[0]}{more}")
-    return result.to_dict(), human, error
-
-
-def template_plan(topo: Topology, hosts: list[str] | None, connect_timeout: int) -> tuple[dict[str, Any], list[str]]:
-    """For ``plan``: per host, the template functions a ``redeploy`` would replace (read-only)."""
-    try:
-        report = redeploy(topo, hosts=hosts, dry_run=True, connect_timeout=connect_timeout)
-    except BadInput as exc:
-        return {"refused": str(exc)}, [f"templates: {exc}"]
-    doc = {h.host: {o: format_shards(s) for o, s in h.value.stale.items()} for h in report.hosts if h.reachable}
-    lines = [f"{host}: template {o} differs on shards {s} (run shardctl redeploy)"
-             for host, objects in doc.items() for o, s in objects.items()]
-    return {"stale": doc}, lines
+    finish(as_json, result.to_dict(), human, error)

@@ -10,7 +10,7 @@ from ..errors import BadInput
 from ..model.ranges import MAX_SHARDS, parse_shards
 from ..model.topology import CONFIG_ENV, DEFAULT_FILE, Topology
 from . import cli, json_option, settings
-from .fleet import finish, run_options
+from .options import finish, run_options
 from .output import stdout
 from .params import ASCII_INT
 from .progress import host_progress

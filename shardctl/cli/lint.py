@@ -19,7 +19,7 @@ from .output import stdout
 @json_option
 def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
     """Flag dangerous DDL in new migrations with squawk (rules set in the topology's lint: section)."""
-    from .fleet import finish
+    from .options import finish
 
     topo = settings().topology()
     result = lint(topo, new_migrations(topo, Path(base) if base else None), shard)

@@ -15,7 +15,7 @@ from ..ops.move import (PHASE_NAMES, MoveOptions, Phase, abort_move, cleanup_mov
 from ..ops.rebalance import apply as rebalance_apply
 from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
-from .fleet import finish
+from .options import finish
 from .output import info, stderr, stdout, table
 
 

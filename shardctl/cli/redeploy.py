@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from ..errors import HostUnreachable, OperationFailed, ShardctlError
+from ..errors import BadInput, HostUnreachable, OperationFailed, ShardctlError
 from ..model.ranges import format_shards
+from ..model.topology import Topology
 from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
 from .output import stdout, table
+
+
+def template_plan(topo: Topology, hosts: list[str] | None, connect_timeout: int) -> tuple[dict[str, Any], list[str]]:
+    """For ``plan``: per host, the template functions a ``redeploy`` would replace (read-only)."""
+    try:
+        report = redeploy(topo, hosts=hosts, dry_run=True, connect_timeout=connect_timeout)
+    except BadInput as exc:
+        return {"refused": str(exc)}, [f"templates: {exc}"]
+    doc = {h.host: {o: format_shards(s) for o, s in h.value.stale.items()} for h in report.hosts if h.reachable}
+    lines = [f"{host}: template {o} differs on shards {s} (run shardctl redeploy)"
+             for host, objects in doc.items() for o, s in objects.items()]
+    return {"stale": doc}, lines
 
 
 @cli.command("redeploy")
@@ -26,7 +41,7 @@ def redeploy_cmd(host_names: str | None, connect_timeout: int, as_json: bool, dr
     """Re-deploy template functions (next_id() after an id.function change, your own) on every shard, online.
 
     Refuses a layout or epoch change, which would break existing IDs."""
-    from .fleet import finish, split_hosts
+    from .options import finish, split_hosts
 
     topo = settings().topology()
     report = redeploy(topo, hosts=split_hosts(host_names), dry_run=dry_run, lock_timeout=lock_timeout, wait=wait,

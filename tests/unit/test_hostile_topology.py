@@ -145,7 +145,7 @@ def test_a_few_unknown_keys_are_listed_and_the_rest_counted():
     with pytest.raises(ConfigError) as info:
         Topology.from_text(text)
     messages = [e.problem for e in info.value.errors]
-    assert messages[:3] == [f"unknown key 'k{i}' in the top level (expected one of: hosts, id, migrations, "
+    assert messages[:3] == [f"unknown key 'k{i}' in the top level (expected one of: hosts, id, lint, migrations, "
                             f"placement, routing, shards, templates, version)" for i in range(3)]
     assert messages[3] == "497 more unknown key(s) in the top level"
     assert len(messages) == 4

@@ -27,7 +27,7 @@ hosts:
     dsn: "postgresql://app@127.0.0.1:1/app?sslmode=disable"
     shards: "0-7"
   - name: pg2
-    dsn: "host=127.0.0.1 port=1 dbname=app user=app"
+    dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"
     shards: "8-15"
 """
 

@@ -27,8 +27,8 @@ LAYERS = {
     "ids": 2,
     "sql": 3,
     "engine": 4,
-    "ops": 5, "router": 5,
-    "dev": 6,
+    "ops": 5, "router": 5, "router_pool": 5,
+    "dev": 6, "testing": 6,
     "": 7,  # shardctl/__init__.py: the public API
     "cli": 8,
     "__main__": 9,

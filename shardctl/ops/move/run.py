@@ -225,7 +225,7 @@ class MoveRun:
                 pass
 
     def publisher_conninfo(self) -> str:
-        kwargs = self.source.connect_kwargs()
+        kwargs = self.source.connect_kwargs(purpose="peer")  # how the target's subscription reaches the source
         dsn = self.options.publisher_dsn or str(kwargs.pop("conninfo"))
         password = kwargs.get("password")
         return pg_conninfo.make_conninfo(dsn, password=password) if password else dsn

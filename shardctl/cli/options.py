@@ -1,0 +1,60 @@
+"""Options and result handling shared by the fleet commands (init, migrate, plan, verify, status, grow,
+move, lint, redeploy)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import click
+
+from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
+from ..engine.executor import DEFAULT_BATCH, DEFAULT_RECYCLE
+from ..errors import BadInput, ShardctlError
+from . import json_option, report_error, settings
+from .output import emit
+
+
+def host_options(func: Callable) -> Callable:
+    func = click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")(func)
+    func = click.option("--connect-timeout", type=click.IntRange(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
+                        show_default=True, help="Seconds to wait for a host to answer.")(func)
+    return json_option(func)
+
+
+def run_options(func: Callable) -> Callable:
+    func = click.option("--batch-size", type=click.IntRange(1, 10_000), default=DEFAULT_BATCH, show_default=True,
+                        help="Shards per transaction (at most; see --max-lock-hold).")(func)
+    func = click.option("--recycle-after", type=click.IntRange(1, 1_000_000), default=DEFAULT_RECYCLE,
+                        show_default=True, help="Shards per connection before it is replaced.")(func)
+    func = click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
+                        help="Seconds to wait for another shardctl run's lock on a host.")(func)
+    return func
+
+
+def split_hosts(value: str | None) -> list[str] | None:
+    if not value:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise BadInput("--hosts: give host names separated by commas")
+    return names
+
+
+def finish(as_json: bool, doc: dict, human: Callable[[], None], error: ShardctlError | None) -> None:
+    """Print the result, then the one-line error and its exit code, if any."""
+    if error is not None and as_json:
+        doc = {**doc, "ok": False, "error": str(error), "exit_code": error.exit_code}
+    emit(as_json, doc, human)
+    if error is not None:
+        report_error(error, as_json=False, debug=settings().debug)
+        sys.exit(error.exit_code)
+
+
+def status_of(result: object) -> ShardctlError | None:
+    """The error ``result.raise_for_status()`` raises, or None."""
+    try:
+        result.raise_for_status()
+    except ShardctlError as exc:
+        return exc
+    return None

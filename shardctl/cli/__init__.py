@@ -60,6 +60,7 @@ COMMAND_MODULES = {
     "move-shard": "move", "rebalance": "move",
     "lint": "lint", "redeploy": "redeploy",
     "sandbox": "sandbox", "demo": "sandbox",
+    "lint": "lint", "redeploy": "redeploy",
 }
 
 

@@ -20,7 +20,7 @@ def template_plan(topo: Topology, hosts: list[str] | None, connect_timeout: int)
         report = redeploy(topo, hosts=hosts, dry_run=True, connect_timeout=connect_timeout)
     except BadInput as exc:
         return {"refused": str(exc)}, [f"templates: {exc}"]
-    doc = {h.host: {o: format_shards(s) for o, s in h.stale.items()} for h in report.hosts if h.reachable}
+    doc = {h.host: {o: format_shards(s) for o, s in h.value.stale.items()} for h in report.hosts if h.reachable}
     lines = [f"{host}: template {o} differs on shards {s} (run shardctl redeploy)"
              for host, objects in doc.items() for o, s in objects.items()]
     return {"stale": doc}, lines
@@ -49,17 +49,17 @@ def redeploy_cmd(host_names: str | None, connect_timeout: int, as_json: bool, dr
 
     def human() -> None:
         rows = [[h.host, "yes" if h.reachable else "NO",
-                 "; ".join(f"{o}: {format_shards(s)}" for o, s in h.stale.items()) or "-",
-                 len(h.deployed), len(h.failed), f"{h.seconds:.2f}s"] for h in report.hosts]
+                 "; ".join(f"{o}: {format_shards(s)}" for o, s in h.value.stale.items()) or "-",
+                 len(h.value.deployed), len(h.value.failed), f"{h.seconds:.2f}s"] for h in report.hosts]
         stdout.print(table("redeploy (dry run)" if dry_run else "redeploy",
                            ["host", "reachable", "differs", "re-deployed", "failed", "time"], rows))
         for h in report.hosts:
             if h.error:
                 stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
-            for f in h.failed[:20]:
+            for f in h.value.failed[:20]:
                 stdout.print(f"[red]failed[/red] shard {f['shard']} on {h.host}: {f['error']}", markup=True,
                              highlight=False)
-        if report.ok and not any(h.stale for h in report.hosts):
+        if report.ok and not any(h.value.stale for h in report.hosts):
             stdout.print("Nothing to re-deploy: every shard's template functions match the rendering.")
 
     error: ShardctlError | None = None
@@ -67,8 +67,8 @@ def redeploy_cmd(host_names: str | None, connect_timeout: int, as_json: bool, dr
     if down:
         error = HostUnreachable(", ".join(h.host for h in down), down[0].error or "unreachable")
     elif not report.ok:
-        failed = sum(len(h.failed) for h in report.hosts)
-        first = next((h for h in report.hosts if h.error or h.failed), None)
-        why = first.error if first and first.error else (first.failed[0]["error"] if first else "")
+        failed = sum(len(h.value.failed) for h in report.hosts)
+        first = next((h for h in report.hosts if h.error or h.value.failed), None)
+        why = first.error if first and first.error else (first.value.failed[0]["error"] if first else "")
         error = OperationFailed(f"redeploy: {failed} shard(s) failed; {why}")
     finish(as_json, report.to_dict(), human, error)

@@ -22,7 +22,7 @@ import psycopg
 from ..model.ranges import format_shards
 from ..model.topology import Topology
 from ..sql.catalog import control_exists
-from ..sql.migrations import Migration, checksum
+from ..sql.migrations import Migration
 from ..sql.render import layout_context, render_control, shard_context
 
 CACHE_KEY = "migrate.verified"

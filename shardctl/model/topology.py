@@ -397,8 +397,7 @@ class _Validator:
         self.range_limit = count or min(layout.max_shards, yaml_guard.MAX_SHARDS)
         hosts = self.hosts_section(doc, count)
         routing = self.routing_section(doc, count)
-        new_objects = self.placement_section(doc, count)
-        lint = self.lint_section(doc)
+        new_objects, lint = self.placement_section(doc, count), _lint_section(self, doc)
         base = self.path.parent if self.path else Path.cwd()
         dirs = {}
         for key in ("templates", "migrations"):
@@ -625,25 +624,26 @@ class _Validator:
             self.error(f"placement.new_objects: {exc}", self.line_of(section, "new_objects"))
             return None
 
-    def lint_section(self, doc: Any) -> dict[str, Any]:
-        """``lint:``: squawk rules to skip (``exclude``) or turn on (``include``), and ``pg_version``."""
-        section = self.mapping(doc, "lint", LINT_KEYS, required=False)
-        if section is None:
-            return {}
-        out: dict[str, Any] = {}
-        for key in ("exclude", "include"):
-            rules = section.get(key, [])
-            if not isinstance(rules, list) or not all(isinstance(r, str) and re.fullmatch(r"[a-z0-9-]+", r)
-                                                      for r in rules):
-                self.error(f"lint.{key} must be a list of squawk rule names (e.g. [prefer-bigint-over-int])",
-                           self.line_of(section, key))
-                continue
-            out[key] = list(rules)
-        version = section.get("pg_version")
-        if version is not None:
-            if isinstance(version, bool) or not re.fullmatch(r"\d+(\.\d+)?", str(version)):
-                self.error(f"lint.pg_version must be a PostgreSQL version such as 16 or 16.4, got {version!r}",
-                           self.line_of(section, "pg_version"))
-            else:
-                out["pg_version"] = str(version)
-        return out
+
+def _lint_section(v: _Validator, doc: Any) -> dict[str, Any]:
+    """``lint:``: squawk rules to skip (``exclude``) or turn on (``include``), and ``pg_version``."""
+    section = v.mapping(doc, "lint", LINT_KEYS, required=False)
+    if section is None:
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("exclude", "include"):
+        rules = section.get(key, [])
+        if not isinstance(rules, list) or not all(isinstance(r, str) and re.fullmatch(r"[a-z0-9-]+", r)
+                                                  for r in rules):
+            v.error(f"lint.{key} must be a list of squawk rule names (e.g. [prefer-bigint-over-int])",
+                    v.line_of(section, key))
+            continue
+        out[key] = list(rules)
+    version = section.get("pg_version")
+    if version is not None:
+        if isinstance(version, bool) or not re.fullmatch(r"\d+(\.\d+)?", str(version)):
+            v.error(f"lint.pg_version must be a PostgreSQL version such as 16 or 16.4, got {echo(version)}",
+                    v.line_of(section, "pg_version"))
+        else:
+            out["pg_version"] = str(version)
+    return out

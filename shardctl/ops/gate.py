@@ -20,7 +20,9 @@ from pathlib import Path
 
 from ..engine import connections as db
 from ..engine.executor import RunOptions
-from ..errors import BadInput, HostUnreachable
+from ..engine.fanout import raise_unreachable
+from ..errors import BadInput
+from ..model.ranges import format_shards
 from ..model.topology import Topology
 from ..sql.migrations import Migration, for_topology, load
 from ..sql.render import shard_context
@@ -87,33 +89,31 @@ def fleet_problems(topo: Topology, base_head: int, hosts: list[str] | None,
     """Is the fleet at the base's head? Read-only: one ``migrate --check`` to the base's head."""
     report = migrate(topo, target=base_head, hosts=hosts, check=True,
                      options=RunOptions(connect_timeout=connect_timeout))
-    if report.unreachable:
-        first = report.unreachable[0]
-        raise HostUnreachable(", ".join(h.host for h in report.unreachable), first.error or "unreachable",
-                              report=report.to_dict())
+    raise_unreachable(report.hosts, report.to_dict())
     problems: list[str] = []
     fleet: dict[str, dict[int, int]] = {}
     for h in report.hosts:
         if h.error:
             problems.append(f"{h.host}: {h.error}")
-        d = report.extra["details"].get(h.host, {})
-        fleet[h.host] = dict(d.get("versions", {}))
-        behind = ", ".join(f"V{v} on {n} shards" for v, n in d.get("pending", {}).items())
+        d = report.host(h)
+        fleet[h.host] = dict(d.versions)
+        behind = ", ".join(f"V{v} on {n} shards" for v, n in d.pending.items())
         if behind:
             problems.append(f"{h.host}: the fleet is behind the base branch ({behind} pending): run migrate "
                             f"on the base branch first")
-        ahead = {v: n for v, n in fleet[h.host].items() if v > base_head}
+        ahead = {v: n for v, n in d.versions.items() if v > base_head}
         if ahead:
             problems.append(f"{h.host}: " + ", ".join(f"{n} shards at V{v}" for v, n in ahead.items())
                             + f", which the base branch (head V{base_head}) does not have: update the base")
-        if d.get("missing"):
-            problems.append(f"{h.host}: shards {d['missing']} not created (run shardctl init)")
-        for dr in d.get("drift", []):
-            problems.append(f"{h.host}: {dr['file']} changed after it was applied (shards {dr['shards']})")
-        for v, s in d.get("gaps", {}).items():
-            problems.append(f"{h.host}: V{v} missing from the ledger of shards {s}")
-        for v, s in d.get("orphans", {}).items():
-            problems.append(f"{h.host}: V{v} is applied on shards {s} but its file is gone")
+        if d.missing:
+            problems.append(f"{h.host}: shards {format_shards(d.missing)} not created (run shardctl init)")
+        problems += [f"{h.host}: {dr.file} changed after it was applied (shards {format_shards(dr.shards)})"
+                     for dr in d.drift]
+        problems += [f"{h.host}: V{v} missing from the ledger of shards {format_shards(s)}"
+                     for v, s in d.gaps.items()]
+        problems += [f"{h.host}: V{v} is applied on shards {format_shards(s)} but its file is gone"
+                     for v, s in d.orphans.items()]
+        problems += [f"{h.host}: {line}" for line in d.held]
     return problems, fleet
 
 

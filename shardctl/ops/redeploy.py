@@ -26,24 +26,19 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..engine import connections as db
-from ..engine.fanout import control_exists, for_each_host, log_event, select_hosts
-from ..errors import BadInput, HostUnreachable, OperationFailed
+from ..engine.fanout import HostResult, fan_out, select_hosts
+from ..engine.ledger import log_event
+from ..errors import BadInput, OperationFailed
 from ..model.identifiers import quote_ident
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
+from ..sql.catalog import (control_exists, ensure_template_ledger, function_sources, present_schemas,
+                           record_template)
 from ..sql.migrations import parse
 from ..sql.render import render_shard
 
 DEFAULT_LOCK_TIMEOUT = "1s"
 TOLERANCE_MS = 5000
-LEDGER_SQL = """CREATE TABLE IF NOT EXISTS shardctl.templates (
-    shard_id     integer NOT NULL,
-    object       text NOT NULL,
-    checksum     text NOT NULL,
-    deployed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-    deployed_by  text NOT NULL DEFAULT current_user,
-    PRIMARY KEY (shard_id, object)
-)"""
 
 
 @dataclass(frozen=True)
@@ -91,43 +86,30 @@ def template_functions(topo: Topology, shard: int) -> list[TemplateFunction]:
     return out
 
 
-def deployed_functions(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str, int], tuple[str, str]]:
-    """(schema, name, argument count) → (language, body) of the functions in ``schemas``: one query."""
-    rows = conn.execute(
-        """SELECT n.nspname, p.proname, p.pronargs, l.lanname, p.prosrc
-             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-             JOIN pg_language l ON l.oid = p.prolang
-            WHERE n.nspname = ANY(%s)""", (schemas,)).fetchall()
-    return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
-
-
 @dataclass
-class HostRedeploy:
-    host: str
-    reachable: bool = True
-    error: str | None = None
+class TemplateState:
+    """What redeploy found and did on one host (the ``value`` of its HostResult)."""
+
     stale: dict[str, list[int]] = field(default_factory=dict)  # object → shards whose copy differs
     refused: list[str] = field(default_factory=list)
     deployed: list[int] = field(default_factory=list)
     failed: list[dict] = field(default_factory=list)
-    seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "reachable": self.reachable, "error": self.error,
-                "stale": {o: format_shards(s) for o, s in self.stale.items()}, "refused": self.refused,
+        return {"stale": {o: format_shards(s) for o, s in self.stale.items()}, "refused": self.refused,
                 "deployed": format_shards(self.deployed), "deployed_count": len(self.deployed),
-                "failed": self.failed, "seconds": round(self.seconds, 3)}
+                "failed": self.failed}
 
 
 @dataclass
 class RedeployReport:
-    hosts: list[HostRedeploy]
+    hosts: list[HostResult[TemplateState]]
     dry_run: bool
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return all(h.reachable and not h.error and not h.failed and not h.refused for h in self.hosts)
+        return all(h.ok and not h.value.failed and not h.value.refused for h in self.hosts)
 
     def to_dict(self) -> dict:
         return {"command": "redeploy", "ok": self.ok, "dry_run": self.dry_run, "seconds": round(self.seconds, 3),
@@ -139,9 +121,8 @@ def _stale(conn: psycopg.Connection, topo: Topology, host: Host
     """(shard → its template functions that differ from the catalog, shards that have a next_id())
     for the host's present shards."""
     schemas = [topo.schema_name(n) for n in host.shards]
-    present = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)",
-                                          (schemas,)).fetchall()}
-    catalog = deployed_functions(conn, sorted(present))
+    present = present_schemas(conn, schemas)
+    catalog = function_sources(conn, sorted(present))
     out: dict[int, list[TemplateFunction]] = {}
     minting: set[int] = set()
     for n in host.shards:
@@ -180,7 +161,7 @@ def _id_refusals(conn: psycopg.Connection, topo: Topology, shards: list[int]) ->
     return refusals
 
 
-def _plan_host(conn: psycopg.Connection, topo: Topology, host: Host, result: HostRedeploy, *,
+def _plan_host(conn: psycopg.Connection, topo: Topology, host: Host, result: TemplateState, *,
                id_checks: int | None = None) -> dict[int, list[TemplateFunction]]:
     """Find the host's stale functions (into ``result.stale``) and any layout/epoch refusal.
 
@@ -196,21 +177,17 @@ def _plan_host(conn: psycopg.Connection, topo: Topology, host: Host, result: Hos
     return stale
 
 
-def _apply_host(conn: psycopg.Connection, host: Host, stale: dict[int, list[TemplateFunction]],
-                lock_timeout: str, result: HostRedeploy) -> None:
+def _apply_host(conn: psycopg.Connection, stale: dict[int, list[TemplateFunction]], lock_timeout: str,
+                result: TemplateState) -> None:
     """One transaction per shard: its functions and their ledger rows."""
-    conn.execute(LEDGER_SQL)
+    ensure_template_ledger(conn)
     for n in sorted(stale):
         try:
             with conn.transaction():
                 conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
                 for f in stale[n]:
                     conn.execute(f.sql)
-                    conn.execute(
-                        """INSERT INTO shardctl.templates (shard_id, object, checksum) VALUES (%s, %s, %s)
-                           ON CONFLICT (shard_id, object) DO UPDATE SET checksum = excluded.checksum,
-                               deployed_at = clock_timestamp(), deployed_by = current_user""",
-                        (n, f.object, f.checksum))
+                    record_template(conn, n, f.object, f.checksum)
             result.deployed.append(n)
         except psycopg.Error as exc:
             if conn.broken:
@@ -230,41 +207,28 @@ def redeploy(topo: Topology, *, hosts: list[str] | None = None, dry_run: bool = 
     started = time.perf_counter()
     render_shard(topo, 0)  # a template that does not render fails here, before any connection
     selected = select_hosts(topo, hosts)
-    results = {h.name: HostRedeploy(h.name) for h in selected}
 
-    def guarded(host: Host, body) -> None:
-        result = results[host.name]
-        t0 = time.perf_counter()
-        try:
-            body(host, result)
-        except HostUnreachable as exc:
-            result.reachable, result.error = False, exc.reason
-        except psycopg.Error as exc:
-            result.error = db.first_line(exc)
-        except OperationFailed as exc:
-            result.error = str(exc)
-        result.seconds += time.perf_counter() - t0
-
-    def inspect(host: Host, result: HostRedeploy) -> None:
+    def inspect(host: Host, result: HostResult[TemplateState]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="redeploy") as conn:
-            _plan_host(conn, topo, host, result, id_checks=1 if dry_run else None)
+            _plan_host(conn, topo, host, result.value, id_checks=1 if dry_run else None)
 
-    for_each_host(selected, lambda h: guarded(h, inspect))
-    refused = [r for res in results.values() for r in res.refused]
+    results = fan_out(selected, inspect, lambda h: TemplateState())
+    refused = [r for res in results for r in res.value.refused]
     if refused:
         more = f" (and {len(refused) - 1} more shards)" if len(refused) > 1 else ""
         raise BadInput(f"redeploy refused, nothing changed: {refused[0]}{more}")
-    if not dry_run and any(res.stale for res in results.values()):
-        busy = [h for h in selected if results[h.name].stale and results[h.name].reachable]
-        with db.FleetLocks(busy, wait=wait, connect_timeout=connect_timeout, purpose="redeploy") as locks:
-            def apply(host: Host, result: HostRedeploy) -> None:
-                with locks.use(host) as conn:
-                    if not control_exists(conn):
-                        raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
-                    result.stale = {}
-                    # Again under the host's lock (IDs were checked on every shard above).
-                    stale = _plan_host(conn, topo, host, result, id_checks=0)
-                    _apply_host(conn, host, stale, lock_timeout, result)
+    busy = [h for h, res in zip(selected, results) if res.ok and res.value.stale]
+    if dry_run or not busy:
+        return RedeployReport(results, dry_run, time.perf_counter() - started)
+    with db.FleetLocks(busy, wait=wait, connect_timeout=connect_timeout, purpose="redeploy") as locks:
+        def apply(host: Host, result: HostResult[TemplateState]) -> None:
+            with locks.use(host) as conn:
+                if not control_exists(conn):
+                    raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
+                # Again under the host's lock (IDs were checked on every shard above).
+                stale = _plan_host(conn, topo, host, result.value, id_checks=0)
+                _apply_host(conn, stale, lock_timeout, result.value)
 
-            for_each_host(busy, lambda h: guarded(h, apply))
-    return RedeployReport([results[h.name] for h in selected], dry_run, time.perf_counter() - started)
+        applied = {r.host: r for r in fan_out(busy, apply, lambda h: TemplateState())}
+    final = [applied.get(r.host, r) for r in results]
+    return RedeployReport(final, dry_run, time.perf_counter() - started)

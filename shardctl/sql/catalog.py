@@ -591,3 +591,36 @@ def id_sequence_settings(conn: psycopg.Connection, schemas: list[str]) -> dict[s
     return {r[0]: {"cache_size": r[1], "increment_by": r[2]} for r in conn.execute(
         """SELECT schemaname, cache_size, increment_by FROM pg_sequences
             WHERE sequencename = 'next_id_seq' AND schemaname = ANY(%s)""", (schemas,)).fetchall()}
+
+
+# ---- template functions (``redeploy``) ------------------------------------------------------
+
+TEMPLATE_LEDGER = """CREATE TABLE IF NOT EXISTS shardctl.templates (
+    shard_id     integer NOT NULL,
+    object       text NOT NULL,
+    checksum     text NOT NULL,
+    deployed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    deployed_by  text NOT NULL DEFAULT current_user,
+    PRIMARY KEY (shard_id, object)
+)"""
+
+
+def function_sources(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str, int], tuple[str, str]]:
+    """(schema, name, argument count) → (language, body as ``pg_proc.prosrc``) of the functions in ``schemas``."""
+    rows = conn.execute(
+        """SELECT n.nspname, p.proname, p.pronargs, l.lanname, p.prosrc
+             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             JOIN pg_language l ON l.oid = p.prolang
+            WHERE n.nspname = ANY(%s)""", (schemas,)).fetchall()
+    return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
+
+
+def ensure_template_ledger(conn: psycopg.Connection) -> None:
+    """``shardctl.templates``: one row per shard and re-deployed template function."""
+    conn.execute(TEMPLATE_LEDGER)
+
+
+def record_template(conn: psycopg.Connection, shard: int, obj: str, checksum: str) -> None:
+    conn.execute("""INSERT INTO shardctl.templates (shard_id, object, checksum) VALUES (%s, %s, %s)
+                    ON CONFLICT (shard_id, object) DO UPDATE SET checksum = excluded.checksum,
+                        deployed_at = clock_timestamp(), deployed_by = current_user""", (shard, obj, checksum))

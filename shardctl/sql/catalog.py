@@ -178,13 +178,13 @@ def server_facts(conn: psycopg.Connection) -> dict:
                   (SELECT count(*) FROM pg_replication_slots)::int,
                   current_setting('max_wal_senders')::int,
                   current_setting('max_logical_replication_workers')::int,
-                  (SELECT system_identifier FROM pg_control_system()),
+                  current_setting('log_statement'),
                   (SELECT count(*) FROM pg_stat_replication)::int,
                   greatest((SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL),
                            (SELECT count(*) FROM pg_subscription WHERE subenabled))::int,
                   current_setting('max_sync_workers_per_subscription')::int""").fetchone()
     return {"version_num": row[0], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
-            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "system_identifier": row[6],
+            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "log_statement": row[6],
             "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9]}
 
 
@@ -196,12 +196,13 @@ def role_facts(conn: psycopg.Connection, schemas: list[str]) -> dict:
                   has_database_privilege(current_database(), 'CREATE'),
                   CASE WHEN to_regrole('pg_create_subscription') IS NULL THEN false
                        ELSE pg_has_role(current_user, to_regrole('pg_create_subscription'), 'MEMBER') END,
+                  pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'),
                   (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                     WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p')
                       AND NOT pg_has_role(current_user, c.relowner, 'USAGE'))::int
              FROM pg_roles r WHERE r.rolname = current_user""", (schemas,)).fetchone()
     return {"name": row[0], "superuser": row[1], "replication": row[2], "create_on_database": row[3],
-            "create_subscription": row[4], "tables_not_owned": row[5]}
+            "create_subscription": row[4], "read_all_stats": row[5], "tables_not_owned": row[6]}
 
 
 # ---- what the schemas hold --------------------------------------------------------------
@@ -295,7 +296,9 @@ def set_sequences(conn: psycopg.Connection, values: list[tuple[str, str, int]]) 
 
 
 def write_grants(conn: psycopg.Connection, schemas: list[str]) -> list[list[str]]:
-    """[schema, table, grantee (SQL: a quoted role or PUBLIC), privilege] for every write privilege."""
+    """[schema, table, grantee (SQL: a quoted role or PUBLIC), privilege] for every write privilege but the
+    owner's (the guard trigger stops the owner; revoking its own rights would hide the guard's message
+    behind "permission denied" when the fleet's role owns the tables, as on managed Postgres)."""
     return [list(r) for r in conn.execute(
         """SELECT n.nspname, c.relname,
                   CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
@@ -303,6 +306,7 @@ def write_grants(conn: psycopg.Connection, schemas: list[str]) -> list[list[str]
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
                   aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) AS a
             WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND a.privilege_type = ANY(%s)
+              AND a.grantee <> c.relowner
             ORDER BY 1, 2, 3, 4""", (schemas, list(WRITE_PRIVILEGES))).fetchall()]
 
 
@@ -341,9 +345,15 @@ def publication_exists(conn: psycopg.Connection, name: str) -> bool:
     return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s)", (name,)).fetchone()[0]
 
 
-def create_publication(conn: psycopg.Connection, name: str, schemas: list[str]) -> None:
-    conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLES IN SCHEMA {}").format(
-        sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s) for s in schemas)))
+def create_publication(conn: psycopg.Connection, name: str, schemas: list[str], by_table: bool = False) -> None:
+    """A publication of every table in ``schemas``: ``FOR TABLES IN SCHEMA`` (superuser only), or, for
+    ``by_table`` (a role that owns the tables, as on managed Postgres), ``FOR TABLE`` naming each."""
+    if not by_table:
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLES IN SCHEMA {}").format(
+            sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s) for s in schemas)))
+        return
+    names = [sql.Identifier(s, t) for s, t in tables(conn, schemas, "r")]
+    conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), sql.SQL(", ").join(names)))
 
 
 def drop_publications(conn: psycopg.Connection, names: list[str]) -> list[str]:
@@ -412,9 +422,26 @@ def subscriptions(conn: psycopg.Connection, names: list[str]) -> dict[str, int]:
 
 
 def create_subscription(conn: psycopg.Connection, name: str, conninfo: str) -> None:
+    """Create the subscription without connecting (``connect = false``): the one statement that holds
+    the publisher's password cannot fail on the network, so the server never logs it with an error.
+    :func:`start_subscription` then connects, in statements that carry no secret."""
     conn.execute(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH "
-                         "(create_slot = false, slot_name = {}, copy_data = true)").format(
+                         "(connect = false, enabled = false, create_slot = false, slot_name = {})").format(
         sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(name), sql.Literal(name)))
+    start_subscription(conn, name)
+
+
+def start_subscription(conn: psycopg.Connection, name: str) -> None:
+    """Enable a subscription made by :func:`create_subscription` and fetch its tables (the initial copy
+    starts). Idempotent: a subscription already enabled and with tables is left alone."""
+    enabled, rels = conn.execute(
+        """SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
+             FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
+    ident = sql.Identifier(name)
+    if not enabled:
+        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
+    if not rels:
+        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = true)").format(ident))
 
 
 def drop_subscription(conn: psycopg.Connection, name: str) -> str:

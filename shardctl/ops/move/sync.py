@@ -49,7 +49,10 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
     run.move.detail["batches"] = planned
     names = run.move.names
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
-        missing = [k for k, name in enumerate(names) if name not in q.subscriptions(tgt, names)]
+        existing = q.subscriptions(tgt, names)
+        missing = [k for k, name in enumerate(names) if name not in existing]
+        for name in existing:  # a run stopped between creating and starting a subscription
+            q.start_subscription(tgt, name)
         if missing:
             _create_replication(run, src, tgt, planned, missing)
         expected = len(q.tables(src, run.schemas, "r"))
@@ -87,11 +90,12 @@ def _create_replication(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Conn
                               f"{slots_needed} plus 2 for the initial copy: raise it or use larger "
                               f"batches (--schemas-per-subscription)")
     conninfo = run.publisher_conninfo()
+    by_table = not q.role_facts(src, [])["superuser"]  # FOR TABLES IN SCHEMA needs superuser
     for k in missing:
         name, schemas = names[k], [run.schema(n) for n in planned[k]]
         try:
             if not q.publication_exists(src, name):
-                q.create_publication(src, name, schemas)
+                q.create_publication(src, name, schemas, by_table)
             if not q.slot_exists(src, name):
                 q.create_slot(src, name)
             q.create_subscription(tgt, name, conninfo)

@@ -139,6 +139,8 @@ def _human_status(doc: dict) -> None:
     for host, error in doc.get("unreachable", {}).items():
         stdout.print(f"[red]{host}[/red]: {error}", markup=True, highlight=False)
     stdout.print(f"{doc['in_flight']} move(s) in flight.")
+    for line in doc.get("needs_finishing") or []:
+        stdout.print(f"  needs finishing: {line}", markup=False, highlight=False)
 
 
 @cli.command("move-shard")

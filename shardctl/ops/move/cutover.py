@@ -33,7 +33,7 @@ from ...model.identifiers import quote_ident
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
 from ...sql import catalog as q
-from .run import MoveRun, human_bytes, set_phase
+from .run import MoveRun, crash_point, human_bytes, set_phase
 from .state import Phase, ShardState
 from .sync import sync
 
@@ -211,6 +211,7 @@ class Freeze:
             self.t0 = time.monotonic()
             self.deadline = self.t0 + self.options.max_freeze
             self._lock()
+            crash_point("in-freeze")
             self._wait_lag_zero()
             self._take_snapshot()
             values = self._sequences()
@@ -221,6 +222,7 @@ class Freeze:
                 raise FreezeTimeout(f"the freeze ran past --max-freeze {self.options.max_freeze:g}s before its "
                                     f"commit")
             src.commit()
+            crash_point("after-source-commit")
             run.freeze_t0 = self.t0
             run.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
             run.report.update({"freeze_started_at": started_at, "sequences": len(values),
@@ -345,15 +347,17 @@ def finish_cutover(run: MoveRun) -> None:
         activated = q.change_shard_states(tgt, move.shards, ShardState.MOVING_IN, ShardState.ACTIVE)
         q.clear_redirects(tgt, move.shards)
         set_phase(tgt, move, "target", Phase.CUT_OVER, {k: v for k, v in move.detail.items() if k != "grants"})
+    crash_point("after-activate")
     flipped = flip_topology(run.topo.path, move.shards, move.source, move.target, run.options.allow_inline_password)
+    crash_point("after-flip")
     run.topo = Topology.load(run.topo.path, allow_inline_password=run.options.allow_inline_password)
+    done: dict = {"switched": True}  # the switch is complete: nothing left to finish but cleanup
     if run.freeze_t0 is not None:
-        freeze = round(time.monotonic() - run.freeze_t0, 3)
-        run.report["freeze_seconds"] = freeze
+        done["freeze_seconds"] = run.report["freeze_seconds"] = round(time.monotonic() - run.freeze_t0, 3)
         run.report["freeze_ended_at"] = time.time()
-        run.both(Phase.CUT_OVER, {"freeze_seconds": freeze})
     run.report["topology_flipped"] = flipped
     run.drop_replication()
+    run.both(Phase.CUT_OVER, done)
     if flipped or activated or run.freeze_t0 is not None:
         run.event("move-shard cutover", {"freeze_seconds": run.report.get("freeze_seconds"),
                                          "rows": run.report.get("rows")})

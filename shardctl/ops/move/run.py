@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,6 +89,12 @@ def renamed_schema(schema: str, shard: int, move_id: str, kind: str = "moved") -
     if len(name.encode()) <= MAX_IDENTIFIER_BYTES:
         return name
     return f"shardctl_{kind}_{move_id}_{shard}"
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for the crash tests: ``SHARDCTL_MOVE_CRASH_AT=name`` kills this process here."""
+    if os.environ.get("SHARDCTL_MOVE_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---- records -----------------------------------------------------------------------------

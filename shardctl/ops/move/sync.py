@@ -11,7 +11,7 @@ from ...engine import connections as db
 from ...errors import OperationFailed
 from ...sql import catalog as q
 from .preflight import subscriptions_for
-from .run import MoveRun, human_bytes, set_phase
+from .run import MoveRun, crash_point, human_bytes, set_phase
 from .state import Phase
 
 STALL_SECONDS = 120  # no table became ready for this long while the server reports errors: give up
@@ -62,6 +62,7 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
         run.both(Phase.SYNCED, {"tables": expected, "sync_seconds": seconds})
     run.report["sync_seconds"] = seconds
     run.report["tables"] = expected
+    crash_point("after-sync")
 
 
 def _size_to_target(run: MoveRun) -> None:

@@ -198,16 +198,21 @@ def move_shard_cmd(shard_range: str | None, phase: str | None, target: str | Non
 @click.option("--plan", "show_plan", is_flag=True, help="Show the moves that would even out the hosts (default).")
 @click.option("--apply", "do_apply", is_flag=True, help="Run the planned moves, one host pair at a time.")
 @click.option("--cleanup", "do_cleanup", is_flag=True, help="With --apply: clean up each move after its cutover.")
+@click.option("--by", "by", type=click.Choice(["count", "size"]), default="count", show_default=True,
+              help="Even out shards per host, or bytes per host (pg_total_relation_size; placement.pinned stay).")
+@click.option("--min-improvement", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+              help="With --by size: each move must narrow the host spread by this share of the mean host size.")
 @move_options
-def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, as_json: bool, **kw) -> None:
-    """Even out shards per host (e.g. after add-host) with the fewest moves."""
+def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, by: str, min_improvement: float,
+                  as_json: bool, **kw) -> None:
+    """Even out shards (or bytes) per host, e.g. after add-host, with the fewest moves."""
     if show_plan and do_apply:
         raise BadInput("--plan shows the moves and --apply runs them; give one")
     if do_cleanup and not do_apply:
         raise BadInput("--cleanup goes with --apply")
     topo = settings().topology()
     if not do_apply:
-        doc = plan_report(topo)
+        doc = plan_report(topo, by=by, min_improvement=min_improvement)
         finish(as_json, doc, lambda: _human_plan(doc), None)
         return
     options = _options(kw)
@@ -218,7 +223,8 @@ def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, as_json: bo
                 progress("note", 0, 0, f"moving shards {m.to_dict()['shards']} from {m.source} to {m.target}")
 
         try:
-            doc = rebalance_apply(topo, options=options, progress=progress, cleanup=do_cleanup, on_move=announce)
+            doc = rebalance_apply(topo, options=options, progress=progress, cleanup=do_cleanup, on_move=announce,
+                                  by=by, min_improvement=min_improvement)
         except ShardctlError as exc:
             report = getattr(exc, "report", None)
             if not isinstance(report, dict):
@@ -234,8 +240,12 @@ def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, as_json: bo
 
 
 def _human_plan(doc: dict) -> None:
-    stdout.print(table("hosts", ["host", "shards", "goal", "after"],
-                       [[h["name"], h["shards"], h["goal"], h["after"]] for h in doc["hosts"]]))
+    if doc.get("by") == "size":
+        stdout.print(table("hosts (bytes)", ["host", "shards", "after", "bytes", "bytes after"],
+                           [[h["name"], h["shards"], h["after"], h["bytes"], h["bytes_after"]] for h in doc["hosts"]]))
+    else:
+        stdout.print(table("hosts", ["host", "shards", "goal", "after"],
+                           [[h["name"], h["shards"], h["goal"], h["after"]] for h in doc["hosts"]]))
     if not doc["moves"]:
         stdout.print("Balanced: nothing to move.")
         return

@@ -34,7 +34,7 @@ ID_KEYS = {"layout", "epoch", "function", "bits"}
 SHARDS_KEYS = {"count", "schema"}
 HOST_KEYS = {"name", "dsn", "password_env", "standby", "shards"}
 ROUTING_KEYS = {"key", "strings", "modulus"}
-PLACEMENT_KEYS = {"new_objects"}
+PLACEMENT_KEYS = {"new_objects", "pinned"}  # pinned: read by ops.rebalance (shards that never move)
 BITS_KEYS = {"time", "shard", "sequence"}
 
 

@@ -526,3 +526,11 @@ def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[st
     if workers[1] >= workers[0]:
         out.append(f"all {workers[0]} logical replication workers are busy (max_logical_replication_workers)")
     return out
+
+
+def schema_sizes(conn: psycopg.Connection, schemas: list[str]) -> dict[str, int]:
+    """Bytes per schema: pg_total_relation_size (tables, indexes, TOAST) of its tables."""
+    return dict(conn.execute(
+        """SELECT n.nspname, coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+             FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'm')
+            WHERE n.nspname = ANY(%s) GROUP BY 1""", (schemas,)).fetchall())

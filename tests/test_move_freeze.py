@@ -44,7 +44,11 @@ def test_freeze_does_not_grow_with_the_data(make_fleet):
           f"{big['rows']} rows (verified after in {big['verify_after_seconds']:.3f}s)")
     assert big["rows"] >= 8 * 5000 and big["rows"] > 5 * small["rows"]  # rows include the writers' ones
     assert small["verified"] is True and big["verified"] is True
-    assert small["freeze_seconds"] < 1.0 and big["freeze_seconds"] < 1.0
+    # The freeze must not grow with the data (the old freeze checksummed every row inside it). Absolute
+    # figures depend on the machine's load; bench/move.py measures them.
+    assert big["freeze_seconds"] <= 1.5 * small["freeze_seconds"] + 0.3
+    assert big["freeze_seconds"] < 5.0
+    assert big["freeze_compared_seconds"] is None and big["verify_after_seconds"] > 0  # rows compared outside
     assert replication_leftovers(topo) == {}
 
 

@@ -36,6 +36,9 @@ def move_options(func: Callable) -> Callable:
         click.option("--publisher-dsn", metavar="DSN",
                      help="How the target server reaches the source, if not by the topology's DSN "
                           "(the source's password_env still supplies the password)."),
+        click.option("--copy-workers", type=click.IntRange(0, 4), default=4, show_default=True,
+                     help="Parallel table copies of the initial copy, as of one snapshot per subscription "
+                          "(0: the subscriptions' table-sync workers copy)."),
         click.option("--batch-size", type=click.IntRange(1, 10_000), default=16, show_default=True,
                      help="Shards per transaction when creating or dropping schemas."),
         click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
@@ -53,6 +56,7 @@ def _options(kw: dict) -> MoveOptions:
                        schemas_per_subscription=kw["schemas_per_subscription"],
                        max_subscriptions=kw["max_subscriptions"], sync_timeout=kw["sync_timeout"],
                        publisher_dsn=kw["publisher_dsn"], batch_size=kw["batch_size"], wait=kw["wait"],
+                       copy_workers=kw["copy_workers"],
                        connect_timeout=kw["connect_timeout"],
                        allow_inline_password=settings().allow_inline_password)
 

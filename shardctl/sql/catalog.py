@@ -421,17 +421,19 @@ def subscriptions(conn: psycopg.Connection, names: list[str]) -> dict[str, int]:
         (names,)).fetchall())
 
 
-def create_subscription(conn: psycopg.Connection, name: str, conninfo: str) -> None:
+def create_subscription(conn: psycopg.Connection, name: str, conninfo: str, copy_data: bool = True,
+                        start: bool = True) -> None:
     """Create the subscription without connecting (``connect = false``): the one statement that holds
     the publisher's password cannot fail on the network, so the server never logs it with an error.
     :func:`start_subscription` then connects, in statements that carry no secret."""
     conn.execute(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH "
                          "(connect = false, enabled = false, create_slot = false, slot_name = {})").format(
         sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(name), sql.Literal(name)))
-    start_subscription(conn, name)
+    if start:
+        start_subscription(conn, name, copy_data)
 
 
-def start_subscription(conn: psycopg.Connection, name: str) -> None:
+def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True) -> None:
     """Enable a subscription made by :func:`create_subscription` and fetch its tables (the initial copy
     starts). Idempotent: a subscription already enabled and with tables is left alone."""
     enabled, rels = conn.execute(
@@ -441,7 +443,8 @@ def start_subscription(conn: psycopg.Connection, name: str) -> None:
     if not enabled:
         conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
     if not rels:
-        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = true)").format(ident))
+        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = {})").format(
+            ident, sql.SQL("true" if copy_data else "false")))
 
 
 def drop_subscription(conn: psycopg.Connection, name: str) -> str:
@@ -534,3 +537,42 @@ def schema_sizes(conn: psycopg.Connection, schemas: list[str]) -> dict[str, int]
         """SELECT n.nspname, coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
              FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'm')
             WHERE n.nspname = ANY(%s) GROUP BY 1""", (schemas,)).fetchall())
+
+
+def create_slot_with_snapshot(repl: psycopg.Connection, name: str) -> tuple[str, str]:
+    """On a replication connection (``replication=database``): a logical slot for a subscription, with
+    its consistent point exported as a snapshot. Returns (consistent LSN, snapshot name); the snapshot
+    lives as long as ``repl`` stays open and idle. (Replication commands need the simple query
+    protocol: libpq's PQexec.)"""
+    command = f"CREATE_REPLICATION_SLOT {quote_ident(name)} LOGICAL pgoutput (SNAPSHOT 'export')"
+    res = repl.pgconn.exec_(command.encode())
+    if res.status != psycopg.pq.ExecStatus.TUPLES_OK:
+        message = (res.error_message or b"").decode(errors="replace").strip()
+        raise psycopg.OperationalError(f"CREATE_REPLICATION_SLOT {name}: {message}")
+    return res.get_value(0, 1).decode(), res.get_value(0, 2).decode()
+
+
+def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot: str,
+                     items: list[tuple[str, str]], progress=None) -> int:
+    """Copy each (schema, table) from ``src`` as of ``snapshot`` into the same (empty) table on ``tgt``,
+    in binary, in one target transaction. Returns bytes copied."""
+    src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    src.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot)}")
+    copied = 0
+    with tgt.transaction():
+        for schema, table in items:
+            name = f"{quote_ident(schema)}.{quote_ident(table)}"
+            with src.cursor().copy(f"COPY {name} TO STDOUT (FORMAT binary)") as out, \
+                    tgt.cursor().copy(f"COPY {name} FROM STDIN (FORMAT binary)") as into:
+                for data in out:
+                    copied += len(data)
+                    into.write(data)
+            if progress:
+                progress(1)
+    src.execute("COMMIT")
+    return copied
+
+
+def truncate_tables(conn: psycopg.Connection, items: list[tuple[str, str]]) -> None:
+    if items:
+        conn.execute("TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in items))

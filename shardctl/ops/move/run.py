@@ -43,6 +43,7 @@ class MoveOptions:
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
     batch_size: int = 16               # shards per transaction when creating or dropping schemas
     publisher_dsn: str | None = None   # how the target reaches the source, if not by the topology DSN
+    copy_workers: int = 4              # parallel table copies of the initial copy (0: the subscription copies)
     allow_inline_password: bool = False
 
 

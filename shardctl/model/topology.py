@@ -42,7 +42,7 @@ HOST_KEYS = {"name", "dsn", "admin_dsn", "peer_dsn", "password_env", "standby", 
 # What each DSN of a host is for; each defaults to the one before it.
 DSN_PURPOSES = ("app", "admin", "peer")
 ROUTING_KEYS = {"key", "strings", "modulus"}
-PLACEMENT_KEYS = {"new_objects"}
+PLACEMENT_KEYS = {"new_objects", "pinned"}  # pinned: read by ops.rebalance (shards that never move)
 BITS_KEYS = {"time", "shard", "sequence"}
 LINT_KEYS = {"exclude", "include", "pg_version"}
 

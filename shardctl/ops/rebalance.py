@@ -1,4 +1,5 @@
-"""``rebalance``: even out shards per host (typically after ``add-host``) with the fewest moves.
+"""``rebalance``: even out shards per host (typically after ``add-host``) with the fewest moves, or,
+``by="size"``, even out bytes per host (see :func:`plan_by_size`).
 
 The plan is computed from the topology alone. Every host ends with ``count // hosts`` or one
 more shard; hosts above the even share keep the extra ones (first those already at exactly one
@@ -13,10 +14,15 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from ..errors import OperationFailed
-from .move import MoveOptions, Phase, Progress, cleanup_move, move_shards
-from ..model.ranges import format_shards
+from ..engine import connections as db
+from ..errors import BadInput, OperationFailed
+from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Topology
+from ..model.topology_file import TopologyFile
+from ..sql import catalog as q
+from .move import MoveOptions, Phase, Progress, cleanup_move, move_shards
+
+EMPTY_SHARD_BYTES = 64 << 10  # an empty shard still costs something (and fills up): counted as 64 KiB
 
 
 @dataclass
@@ -66,7 +72,73 @@ def plan(topo: Topology) -> list[PlannedMove]:
     return moves
 
 
-def plan_report(topo: Topology) -> dict:
+def pinned_shards(topo: Topology) -> set[int]:
+    """``placement.pinned`` of the topology file: shards rebalance never moves."""
+    if topo.path is None:
+        return set()
+    placement = TopologyFile(topo.path).doc.get("placement") or {}
+    value = placement.get("pinned")
+    if value in (None, "", []):
+        return set()
+    try:
+        return set(parse_shards(str(value), limit=topo.shard_count))
+    except ValueError as exc:
+        raise BadInput(f"placement.pinned: {exc}") from None
+
+
+def shard_sizes(topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> dict[int, int]:
+    """Bytes per shard, from its host (pg_total_relation_size of its tables)."""
+    sizes: dict[int, int] = {}
+    for host in topo.hosts:
+        if not host.shards:
+            continue
+        schema_of = {topo.schema_name(n): n for n in host.shards}
+        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="rebalance") as conn:
+            for schema, size in q.schema_sizes(conn, list(schema_of)).items():
+                sizes[schema_of[schema]] = int(size)
+    return sizes
+
+
+def plan_by_size(topo: Topology, sizes: dict[int, int], *, pinned: set[int] = frozenset(),
+                 min_improvement: float = 0.05, floor: int = EMPTY_SHARD_BYTES) -> list[PlannedMove]:
+    """Moves that even out bytes per host: repeatedly the shard from the fullest host to the emptiest that
+    narrows their gap the most, while each such move narrows the spread (fullest − emptiest) by at least
+    ``min_improvement`` of the mean host size. Pinned shards stay. Moves are grouped per host pair."""
+    weight = {n: max(floor, sizes.get(n, 0)) for h in topo.hosts for n in h.shards}
+    owned = {h.name: set(h.shards) for h in topo.hosts}
+    total = {name: sum(weight[n] for n in shards) for name, shards in owned.items()}
+    mean = sum(total.values()) / max(1, len(total))
+    origin = {n: h.name for h in topo.hosts for n in h.shards}
+    for _ in range(sum(len(s) for s in owned.values())):
+        big = max(total, key=lambda k: (total[k], k))
+        small = min(total, key=lambda k: (total[k], k))
+        gap = total[big] - total[small]
+        # Moving w from big to small leaves a gap of |gap - 2w|: best when w is near gap / 2.
+        candidates = [n for n in owned[big] if n not in pinned and weight[n] < gap]
+        if not candidates:
+            break
+        best = min(candidates, key=lambda n: (abs(gap - 2 * weight[n]), n))
+        if gap - abs(gap - 2 * weight[best]) < min_improvement * mean:
+            break
+        owned[big].remove(best)
+        owned[small].add(best)
+        total[big] -= weight[best]
+        total[small] += weight[best]
+    pairs: dict[tuple[str, str], list[int]] = {}
+    for name, shards in owned.items():
+        for n in shards:
+            if origin[n] != name:
+                pairs.setdefault((origin[n], name), []).append(n)
+    return [PlannedMove(s, t, sorted(ns)) for (s, t), ns in sorted(pairs.items())]
+
+
+def plan_report(topo: Topology, *, by: str = "count", sizes: dict[int, int] | None = None,
+                min_improvement: float = 0.05) -> dict:
+    """The plan and the hosts before and after it; ``by``: "count" (shards) or "size" (bytes)."""
+    if by == "size":
+        return _size_report(topo, sizes if sizes is not None else shard_sizes(topo), min_improvement)
+    if by != "count":
+        raise BadInput(f"rebalance --by {by!r}: count or size")
     moves = plan(topo)
     goal = goals(topo)
     after = {h.name: len(h.shards) for h in topo.hosts}
@@ -79,8 +151,28 @@ def plan_report(topo: Topology) -> dict:
                       for h in topo.hosts]}
 
 
+def _size_report(topo: Topology, sizes: dict[int, int], min_improvement: float) -> dict:
+    pinned = pinned_shards(topo)
+    moves = plan_by_size(topo, sizes, pinned=pinned, min_improvement=min_improvement)
+    before = {h.name: sum(sizes.get(n, 0) for n in h.shards) for h in topo.hosts}
+    after = dict(before)
+    count_after = {h.name: len(h.shards) for h in topo.hosts}
+    for m in moves:
+        moved = sum(sizes.get(n, 0) for n in m.shards)
+        after[m.source] -= moved
+        after[m.target] += moved
+        count_after[m.source] -= len(m.shards)
+        count_after[m.target] += len(m.shards)
+    return {"command": "rebalance", "by": "size", "min_improvement": min_improvement,
+            "pinned": format_shards(sorted(pinned)), "moves": [m.to_dict() for m in moves],
+            "shards_to_move": sum(len(m.shards) for m in moves),
+            "bytes_to_move": sum(sizes.get(n, 0) for m in moves for n in m.shards),
+            "hosts": [{"name": h.name, "shards": len(h.shards), "goal": None, "after": count_after[h.name],
+                       "bytes": before[h.name], "bytes_after": after[h.name]} for h in topo.hosts]}
+
+
 def apply(topo: Topology, *, options: MoveOptions | None = None, progress: Progress | None = None,
-          cleanup: bool = False, on_move=None) -> dict:
+          cleanup: bool = False, on_move=None, by: str = "count", min_improvement: float = 0.05) -> dict:
     """Run the plan's moves one host pair at a time (prepare, sync, cutover; and cleanup if asked).
 
     Re-running after an interruption resumes: the plan of an unchanged topology is the same, and
@@ -88,9 +180,10 @@ def apply(topo: Topology, *, options: MoveOptions | None = None, progress: Progr
     """
     options = options or MoveOptions()
     started = time.perf_counter()
-    doc = plan_report(topo)
+    doc = plan_report(topo, by=by, min_improvement=min_improvement)
+    planned_moves = [PlannedMove(m["source"], m["target"], parse_shards(m["shards"])) for m in doc["moves"]]
     results = []
-    for planned in plan(topo):
+    for planned in planned_moves:
         if on_move:
             on_move(planned)
         current = Topology.load(topo.path, allow_inline_password=options.allow_inline_password)

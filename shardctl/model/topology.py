@@ -32,7 +32,7 @@ STRING_HASHES = ("md5",)
 TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement"}
 ID_KEYS = {"layout", "epoch", "function", "bits"}
 SHARDS_KEYS = {"count", "schema"}
-HOST_KEYS = {"name", "dsn", "password_env", "standby", "shards"}
+HOST_KEYS = {"name", "dsn", "password_env", "standby", "shards", "max_jobs"}
 ROUTING_KEYS = {"key", "strings", "modulus"}
 PLACEMENT_KEYS = {"new_objects"}
 BITS_KEYS = {"time", "shard", "sequence"}
@@ -49,6 +49,7 @@ class Host:
     shards: list[int]
     password_env: str | None = None
     standby: str | None = None
+    max_jobs: int | None = None  # at most this many connections applying shards at once (see docs/scale.md)
 
     def connect_kwargs(self, **extra: object) -> dict[str, object]:
         return dsnlib.connect_kwargs(self.dsn, self.password_env, **extra)
@@ -423,6 +424,10 @@ class _Validator:
                 self.error(f"host {name}: password_env must name an environment variable",
                            self.line_of(node, "password_env"))
                 password_env = None
+            max_jobs = node.get("max_jobs")
+            if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
+                self.error(f"host {name}: max_jobs must be a positive integer", self.line_of(node, "max_jobs"))
+                max_jobs = None
             shards: list[int] = []
             if "shards" not in node:
                 self.error(f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)", line)
@@ -437,7 +442,7 @@ class _Validator:
                 else:
                     owners[n] = name
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
-                              standby=standby if isinstance(standby, str) else None))
+                              standby=standby if isinstance(standby, str) else None, max_jobs=max_jobs))
         for (first, second), nums in overlaps.items():
             self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",
                        self.line_of(doc, "hosts"))

@@ -276,11 +276,14 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
               help="next_id() calls per shard.")
 @click.option("--tolerance-ms", type=click.IntRange(1, 86_400_000), default=5000, show_default=True,
               help="Allowed gap between an ID's time and the host clock.")
-def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samples: int, tolerance_ms: int) -> None:
+@click.option("--full", is_flag=True, help="Render and compare every shard's next_id() body (default: its shape, "
+                                          "and a full comparison only where the shape differs).")
+def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samples: int, tolerance_ms: int,
+               full: bool) -> None:
     """Check IDs, next_id() definitions, clocks and shard placement on every host."""
     topo = settings().topology()
     report = verify(topo, hosts=split_hosts(host_names), samples=samples, tolerance_ms=tolerance_ms,
-                    connect_timeout=connect_timeout)
+                    connect_timeout=connect_timeout, full=full)
     doc = report.to_dict()
 
     def human() -> None:

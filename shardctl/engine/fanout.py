@@ -213,6 +213,9 @@ class FleetReport:
 MAX_DEFAULT_JOBS = 16  # a default never opens more streams per host than this (--jobs / max_jobs may)
 REMOTE_DEFAULT_JOBS = 4  # a remote server that will not tell its cores
 LOCAL_NAMES = {"", "localhost", "127.0.0.1", "::1"}
+# A stream costs a connection and a backend warming its caches: below this many shards per stream a
+# run stays on one connection (and small runs keep their simple, strictly ordered behaviour).
+MIN_SHARDS_PER_STREAM = 64
 
 
 @dataclass
@@ -298,7 +301,7 @@ def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, sto
             with lock:
                 inner(n)
     batch = max(1, options.batch_size)
-    streams = max(1, min(jobs, -(-total // batch)))
+    streams = max(1, min(jobs, -(-total // batch), total // MIN_SHARDS_PER_STREAM))
     # Chunks: a few per stream, so the streams end together; at most recycle_after (a connection's life).
     chunk = max(batch, min(max(1, options.recycle_after), -(-total // (streams * 4))))
     outcome.jobs = streams

@@ -276,8 +276,9 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
               help="next_id() calls per shard.")
 @click.option("--tolerance-ms", type=click.IntRange(1, 86_400_000), default=5000, show_default=True,
               help="Allowed gap between an ID's time and the host clock.")
-@click.option("--full", is_flag=True, help="Render and compare every shard's next_id() body (default: its shape, "
-                                          "and a full comparison only where the shape differs).")
+@click.option("--full", is_flag=True, help="Render and compare every shard's next_id() body and check every "
+                                          "shard's IDs (default: every body's shape, IDs of 512 shards per host "
+                                          "and of every shard whose body or sequence is off).")
 def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samples: int, tolerance_ms: int,
                full: bool) -> None:
     """Check IDs, next_id() definitions, clocks and shard placement on every host."""

@@ -488,12 +488,17 @@ _SHAPE = ("md5(regexp_replace(replace({body}, {schema}, '{{schema}}'), "
 
 
 def next_id_shapes(conn: psycopg.Connection, schemas: list[str], shards: list[int],
-                   expected: tuple[list[str], list[str], list[int]]) -> tuple[dict[str | None, list[int]], set[str]]:
-    """Every shard's next_id() shape (None: no next_id()) → its shards, and the shapes of the
-    ``expected`` (bodies, schemas, shards) renderings: two set-based queries."""
+                   expected: tuple[list[str], list[str], list[int]]) -> tuple[dict[str | None, list[int]], set[str],
+                                                                             list[int]]:
+    """Every shard's next_id() shape (None: no next_id()) → its shards, the shapes of the ``expected``
+    (bodies, schemas, shards) renderings, and the shards without a ``next_id_seq`` sequence: two
+    set-based queries."""
     shape = _SHAPE.format(body="p.prosrc", schema="u.schema", shard="u.shard")
     rows = conn.execute(
-        f"""SELECT {shape}, array_agg(u.shard)
+        f"""SELECT {shape}, array_agg(u.shard),
+                   array_agg(u.shard) FILTER (WHERE NOT EXISTS (
+                       SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'next_id_seq'
+                          AND c.relkind = 'S'))
               FROM unnest(%s::text[], %s::int[]) AS u(schema, shard)
               LEFT JOIN pg_namespace n ON n.nspname = u.schema
               LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = 'next_id' AND p.pronargs = 0
@@ -501,7 +506,8 @@ def next_id_shapes(conn: psycopg.Connection, schemas: list[str], shards: list[in
     known = conn.execute(
         f"SELECT DISTINCT {_SHAPE.format(body='e.body', schema='e.schema', shard='e.shard')} "
         "FROM unnest(%s::text[], %s::text[], %s::int[]) AS e(body, schema, shard)", expected).fetchall()
-    return {r[0]: list(r[1]) for r in rows}, {r[0] for r in known}
+    no_sequence = [n for r in rows for n in (r[2] or [])]
+    return {r[0]: list(r[1]) for r in rows}, {r[0] for r in known}, no_sequence
 
 
 def next_id_bodies(conn: psycopg.Connection, schemas: list[str]) -> dict[str, str]:

@@ -81,7 +81,7 @@ def test_65536_shards_over_8_hosts(private_sandbox):
 
     report = verify(topo)
     assert report.ok, report.to_dict()["violations"][:5]
-    assert sum(h.value.shards_checked for h in report.hosts) == TOTAL
+    assert sum(h.value.shards_checked for h in report.hosts) >= 512 * HOSTS  # sampled: see docs/scale.md
     figures["verify"] = f"{report.seconds:.2f}s ({sum(h.value.ids_checked for h in report.hosts)} IDs)"
     st = status(topo)
     assert st.ok and sum(h.value.present for h in st.hosts) == TOTAL

@@ -541,6 +541,7 @@ BEGIN
 END
 $sample$"""
 SAMPLE_BATCH = 256  # shards per UNION ALL query when no temporary function can be made
+SAMPLE_CALL = 1024  # shards per call of the function: each is a transaction holding a lock per sequence
 
 
 def sample_next_ids(conn: psycopg.Connection, schemas: list[str], shards: list[int],
@@ -553,8 +554,11 @@ def sample_next_ids(conn: psycopg.Connection, schemas: list[str], shards: list[i
         conn.execute(SAMPLE_FUNCTION_SQL)
     except psycopg.Error:
         return _sample_union(conn, schemas, shards, n)
-    return conn.execute("SELECT * FROM pg_temp.shardctl_sample_ids(%s::text[], %s::int[], %s)",
-                        (schemas, shards, n)).fetchall()
+    out: list[tuple] = []
+    for i in range(0, len(shards), SAMPLE_CALL):  # max_locks_per_transaction: 64 x max_connections slots
+        out += conn.execute("SELECT * FROM pg_temp.shardctl_sample_ids(%s::text[], %s::int[], %s)",
+                            (schemas[i:i + SAMPLE_CALL], shards[i:i + SAMPLE_CALL], n)).fetchall()
+    return out
 
 
 def _sample_union(conn: psycopg.Connection, schemas: list[str], shards: list[int], n: int) -> list[tuple]:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import load, run_cli
+from shardctl.dev.sandbox import Sandbox
 from shardctl.ops.status import status
 from shardctl.ops.verify import verify
 
@@ -51,9 +54,17 @@ def timed_cli(*args: str, config) -> tuple[float, subprocess.CompletedProcess]:
     return time.perf_counter() - started, out
 
 
+@pytest.fixture
+def box():
+    """Eight servers of the test's own (a directory of its own: the data is ~8 GB)."""
+    sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="shardctl-scale65k-")))
+    sandbox.up(hosts=HOSTS, shards=HOSTS)
+    yield sandbox
+    sandbox.destroy()
+
+
 @pytest.mark.slow
-def test_65536_shards_over_8_hosts(private_sandbox):
-    box = private_sandbox(hosts=HOSTS, shards=HOSTS)
+def test_65536_shards_over_8_hosts(box):
     path = box.topology_path
     path.write_text(topology_text(box))
     figures: dict[str, object] = {}

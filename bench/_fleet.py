@@ -12,7 +12,8 @@ from pathlib import Path
 import _common as c
 
 
-def render_host_sql(topo, host, *, control: bool = True, create: bool = True, versions: set[int] | None = None) -> str:
+def render_host_sql(topo, host, *, control: bool = True, create: bool = True, versions: set[int] | None = None,
+                    shards: list[int] | None = None) -> str:
     """What ``shardctl render --host NAME`` prints for ``host`` (the library's ``render_host``/``render_text``).
 
     ``versions`` limits the migrations (e.g. only the new one, for the migrate floor); ``create`` False
@@ -22,24 +23,38 @@ def render_host_sql(topo, host, *, control: bool = True, create: bool = True, ve
     from shardctl.sql.render import render_host, render_text
 
     migrations = [m for m in for_topology(topo) if versions is None or m.version in versions]
-    doc = render_host(topo, host.shards, control=control, create=create, migrations=migrations)
+    doc = render_host(topo, host.shards if shards is None else shards, control=control, create=create,
+                      migrations=migrations)
     return render_text(topo, {host.name: doc})
 
 
-def write_floor_files(topo, directory: Path, tag: str, **kw) -> list[Path]:
-    """One SQL file per host (same order as ``topo.hosts``)."""
-    files = []
+def write_floor_files(topo, directory: Path, tag: str, streams: int = 1, **kw) -> list[list[Path]]:
+    """Per host (same order as ``topo.hosts``), ``streams`` SQL files over disjoint contiguous parts of
+    its shards (the control schema, if asked for, in the first; the parts do not depend on it)."""
+    control = kw.pop("control", True)
+    out = []
     for host in topo.hosts:
-        path = directory / f"{tag}_{host.name}.sql"
-        path.write_text(render_host_sql(topo, host, **kw))
-        files.append(path)
-    return files
+        files = []
+        n = len(host.shards)
+        for k in range(streams):
+            part = host.shards[k * n // streams:(k + 1) * n // streams]
+            path = directory / f"{tag}_{host.name}_{k}.sql"
+            path.write_text(render_host_sql(topo, host, shards=part, control=control and k == 0, **kw))
+            files.append(path)
+        out.append(files)
+    return out
 
 
-def run_floor(box, databases: list[str], files: list[Path]) -> float:
-    """``psql -f`` per host, all hosts in parallel."""
+def run_floor(box, databases: list[str], files: list[list[Path]]) -> float:
+    """``psql -f`` per file: every host's files (one per stream), all at once."""
     ports = [h.port for h in box.state.hosts]
-    return c.psql_files_parallel(box.state.bin_dir, list(zip(ports, databases, files)))
+    return c.psql_files_parallel(box.state.bin_dir, [(port, db, path) for port, db, paths in
+                                                     zip(ports, databases, files) for path in paths])
+
+
+def default_streams() -> int:
+    """K for the parallel floor: the cores of the machine the sandbox servers run on (this one)."""
+    return os.cpu_count() or 1
 
 
 def per_shard_transactions(topo, *, create: bool, above: int = 0) -> float:

@@ -53,12 +53,13 @@ def fleet_table(report: FleetReport, title: str) -> None:
 @host_options
 @run_options
 def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
-             wait: float) -> None:
+             wait: float, jobs: int | None) -> None:
     """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
     topo = settings().topology()
     options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout)
     with host_progress("init", not as_json) as progress:
-        report = init(topo, hosts=split_hosts(host_names), options=options, wait=wait, progress=progress)
+        report = init(topo, hosts=split_hosts(host_names), options=options, wait=wait, progress=progress,
+                      jobs=jobs)
 
     def human() -> None:
         fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts")
@@ -157,7 +158,8 @@ def lock_options(func: Callable) -> Callable:
 def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
                 wait: float, lock_timeout: str, lock_retries: int, retry_budget: float, max_lock_hold: int,
                 shard_spec: str | None, target: int | None, dry_run: bool, check: bool, continue_on_error: bool,
-                statement_timeout: str | None, repair: bool, yes: bool, base: str | None) -> None:
+                statement_timeout: str | None, repair: bool, yes: bool, base: str | None,
+                jobs: int | None) -> None:
     """Apply pending versioned migrations to every shard on every host."""
     if base is not None:
         if not check or dry_run or repair or target is not None or shard_spec:
@@ -179,7 +181,7 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
     with host_progress("migrate", not (as_json or check or dry_run)) as progress:
         report = migrate(topo, target=target, hosts=split_hosts(host_names),
                          shards=parse_shard_filter(shard_spec, topo), dry_run=dry_run, check=check, repair=repair,
-                         options=options, wait=wait, progress=progress)
+                         options=options, wait=wait, progress=progress, jobs=jobs)
     error = status_of(report)
     finish(as_json, report.to_dict(), lambda: migrate_human(report, error), error)
 
@@ -241,11 +243,15 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
               help="next_id() calls per shard.")
 @click.option("--tolerance-ms", type=click.IntRange(1, 86_400_000), default=5000, show_default=True,
               help="Allowed gap between an ID's time and the host clock.")
-def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samples: int, tolerance_ms: int) -> None:
+@click.option("--full", is_flag=True, help="Render and compare every shard's next_id() body and check every "
+                                          "shard's IDs (default: every body's shape, IDs of 512 shards per host "
+                                          "and of every shard whose body or sequence is off).")
+def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samples: int, tolerance_ms: int,
+               full: bool) -> None:
     """Check IDs, next_id() definitions, clocks and shard placement on every host."""
     topo = settings().topology()
     report = verify(topo, hosts=split_hosts(host_names), samples=samples, tolerance_ms=tolerance_ms,
-                    connect_timeout=connect_timeout)
+                    connect_timeout=connect_timeout, full=full)
     doc = report.to_dict()
 
     def human() -> None:

@@ -51,14 +51,15 @@ def add_host_cmd(name: str, dsn: str, password_env: str | None, standby: str | N
 @run_options
 @json_option
 def add_shard_cmd(host_name: str, count: int | None, ids: str | None, modulus: int | None, place_new: bool,
-                  connect_timeout: int, batch_size: int, recycle_after: int, wait: float, as_json: bool) -> None:
+                  connect_timeout: int, batch_size: int, recycle_after: int, wait: float, as_json: bool,
+                  jobs: int | None) -> None:
     """Open new logical shards on a host, at the fleet's migration version, and record them."""
     _check_new_shards(settings().topology(), count, ids)
     options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout)
     with host_progress("add-shard", not as_json) as progress:
         result = add_shard(_path(), host_name, count=count, ids=ids, modulus=modulus, place_new=place_new,
                            allow_inline_password=settings().allow_inline_password, options=options, wait=wait,
-                           progress=progress)
+                           progress=progress, jobs=jobs)
     finish(as_json, result, lambda: stdout.print(
         f"Opened shards {result['new_shards']} on {host_name} at migration version V{result['version'] or 0} "
         f"in {result['seconds']:.2f}s; shard count {result['shard_count']}, routing modulus {result['modulus']}."),

@@ -29,6 +29,9 @@ def run_options(func: Callable) -> Callable:
                         show_default=True, help="Shards per connection before it is replaced.")(func)
     func = click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
                         help="Seconds to wait for another shardctl run's lock on a host.")(func)
+    func = click.option("--jobs", type=click.IntRange(1, 256), default=None,
+                        help="Connections applying shards at once per host (default: the host's cores, "
+                             "bounded by hosts[].max_jobs and free connection slots).")(func)
     return func
 
 

@@ -8,6 +8,8 @@ exception (exit 3 before exit 1).
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +24,7 @@ from .ledger import ensure_control_schema, log_event  # noqa: F401 - re-exported
 from ..errors import HostUnreachable, OperationFailed, ShardctlError
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import ShardRow, control_exists, shard_list  # noqa: F401 - re-exported
+from ..sql.catalog import ShardRow, connection_headroom, control_exists, server_cores, shard_list  # noqa: F401
 
 T = TypeVar("T")
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -121,6 +123,8 @@ class ApplyOutcome:
     not_started: list[int] = field(default_factory=list)
     control_created: bool = False
     retried: int = 0  # shards applied after waiting out another transaction's lock
+    jobs: int = 1  # streams (connections) that applied shards on the host
+    jobs_rule: str = ""  # why that many (docs/scale.md)
 
     def absorb(self, outcomes: list[ShardOutcome]) -> None:
         for o in outcomes:
@@ -144,7 +148,8 @@ class ApplyOutcome:
         return {"created": format_shards(self.created), "created_count": len(self.created),
                 "migrated": {str(k): v for k, v in self.migrated.items()}, "migrated_count": len(self.migrated),
                 "unchanged": self.unchanged, "failed": self.failed, "not_started": format_shards(self.not_started),
-                "control_created": self.control_created, "retried": self.retried}
+                "control_created": self.control_created, "retried": self.retried,
+                "jobs": self.jobs, "jobs_rule": self.jobs_rule}
 
 
 @dataclass
@@ -203,8 +208,132 @@ class FleetReport:
         return self
 
 
-def apply_plans(host: Host, plans: list[ShardPlan], options: RunOptions, stop: threading.Event,
-                outcome: ApplyOutcome, progress: ProgressFactory | None) -> None:
-    tick = progress(host.name, len(plans)) if progress else None
-    runner = HostRunner(host, options, stop, tick)
-    outcome.absorb(runner.run(plans))
+# ---- parallel streams per host ----------------------------------------------------------
+
+MAX_DEFAULT_JOBS = 16  # a default never opens more streams per host than this (--jobs / max_jobs may)
+REMOTE_DEFAULT_JOBS = 4  # a remote server that will not tell its cores
+LOCAL_NAMES = {"", "localhost", "127.0.0.1", "::1"}
+# A stream costs a connection and a backend warming its caches: below this many shards per stream a
+# run stays on one connection (and small runs keep their simple, strictly ordered behaviour).
+MIN_SHARDS_PER_STREAM = 64
+
+
+@dataclass
+class Jobs:
+    """How many streams (connections) apply shards on one host, and why."""
+
+    count: int
+    rule: str
+
+
+def _is_local(host: Host) -> bool:
+    try:
+        where = str(host.connect_kwargs().get("host") or "")
+    except Exception:  # noqa: BLE001 - a DSN problem surfaces when connecting, not here
+        return False
+    return all(part.startswith("/") or part in LOCAL_NAMES for part in where.split(","))
+
+
+def host_jobs(host: Host, conn: psycopg.Connection, requested: int | None = None) -> Jobs:
+    """Streams for ``host`` (rule in docs/scale.md): ``requested`` (``--jobs``), else the server's cores
+    (asked when the role may read /proc/cpuinfo), else this machine's for a local server, else
+    REMOTE_DEFAULT_JOBS; a default is capped at MAX_DEFAULT_JOBS. Then bounded by ``hosts[].max_jobs``
+    and by half the server's free connection slots (the other half stays for the application)."""
+    if requested:
+        count, rule = requested, "--jobs"
+    else:
+        cores = server_cores(conn)
+        if cores:
+            count, rule = cores, "server cores"
+        elif _is_local(host):
+            count, rule = os.cpu_count() or 1, "local cores"
+        else:
+            count, rule = REMOTE_DEFAULT_JOBS, "remote default"
+        count = min(count, MAX_DEFAULT_JOBS)
+    if host.max_jobs and host.max_jobs < count:
+        count, rule = host.max_jobs, "hosts[].max_jobs"
+    free = max(1, connection_headroom(conn) // 2)
+    if free < count:
+        count, rule = free, "connection headroom"
+    return Jobs(max(1, count), rule)
+
+
+class _Source:
+    """Hands out disjoint chunks of a host's plans to its streams (pulled lazily from a generator)."""
+
+    def __init__(self, plans: Iterable[ShardPlan], chunk: int, stop: threading.Event, keep_going: bool):
+        self._plans = iter(plans)
+        self._chunk = chunk
+        self._stop = stop
+        self._keep_going = keep_going
+        self._lock = threading.Lock()
+
+    def next(self) -> list[ShardPlan]:
+        with self._lock:
+            if self._stop.is_set() and not self._keep_going:
+                return []
+            return list(itertools.islice(self._plans, self._chunk))
+
+    def rest(self) -> list[ShardOutcome]:
+        with self._lock:
+            return [ShardOutcome(p.shard, p.schema, started=False) for p in self._plans]
+
+
+def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, stop: threading.Event,
+                outcome: ApplyOutcome, progress: ProgressFactory | None, *, total: int | None = None,
+                jobs: int = 1) -> None:
+    """Apply ``plans`` on ``host`` in ``jobs`` parallel streams, each its own ``HostRunner`` (connection).
+
+    Plans may be a generator (``total`` then says how many): streams pull disjoint chunks of it, so
+    only the chunks in flight are rendered and held. Every shard stays atomic (the runner's own
+    transactions); the first failure sets ``stop`` for every stream (unless continue_on_error), and
+    plans never handed out are reported not started. A lost connection stops the other streams too,
+    then propagates (the host is reported unreachable)."""
+    if total is None:
+        plans = list(plans)
+        total = len(plans)
+    tick = progress(host.name, total) if progress else None
+    if tick is not None and jobs > 1:
+        lock = threading.Lock()
+        inner = tick
+
+        def tick(n: int) -> None:
+            with lock:
+                inner(n)
+    batch = max(1, options.batch_size)
+    streams = max(1, min(jobs, -(-total // batch), total // MIN_SHARDS_PER_STREAM))
+    # Chunks: a few per stream, so the streams end together; at most recycle_after (a connection's life).
+    chunk = max(batch, min(max(1, options.recycle_after), -(-total // (streams * 4))))
+    outcome.jobs = streams
+    source = _Source(plans, chunk, stop, options.continue_on_error)
+    absorb_lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def stream(k: int) -> None:
+        runner = HostRunner(host, options, stop, tick)
+        try:
+            while True:
+                part = source.next()
+                if not part:
+                    return
+                done = runner.run(part)
+                with absorb_lock:
+                    outcome.absorb(done)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other streams stop
+            stop.set()
+            errors.append(exc)
+        finally:
+            runner.close()
+
+    if streams == 1:
+        stream(0)
+    else:
+        threads = [threading.Thread(target=stream, args=(k,), name=f"shardctl-{host.name}-{k}", daemon=True)
+                   for k in range(streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    outcome.absorb(source.rest())
+    if errors:
+        raise next((e for e in errors if isinstance(e, ConnectionLost)), errors[0])

@@ -38,7 +38,7 @@ MAX_UNKNOWN_KEYS = 3  # unknown keys listed per mapping
 TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement", "lint"}
 ID_KEYS = {"layout", "epoch", "function", "bits"}
 SHARDS_KEYS = {"count", "schema"}
-HOST_KEYS = {"name", "dsn", "admin_dsn", "peer_dsn", "password_env", "standby", "shards"}
+HOST_KEYS = {"name", "dsn", "admin_dsn", "peer_dsn", "password_env", "standby", "shards", "max_jobs"}
 # What each DSN of a host is for; each defaults to the one before it.
 DSN_PURPOSES = ("app", "admin", "peer")
 ROUTING_KEYS = {"key", "strings", "modulus"}
@@ -60,6 +60,7 @@ class Host:
     standby: str | None = None
     admin_dsn: str | None = None   # shardctl's own DDL, locks and moves (direct, not via a pooler)
     peer_dsn: str | None = None    # how other hosts' subscriptions reach this host
+    max_jobs: int | None = None  # at most this many connections applying shards at once (see docs/scale.md)
 
     def dsn_for(self, purpose: str = "app") -> str:
         """The DSN for ``purpose``: app (``dsn``), admin (``admin_dsn``) or peer (``peer_dsn``).
@@ -556,6 +557,10 @@ class _Validator:
                 self.error(f"host {name}: password_env must name an environment variable",
                            self.line_of(node, "password_env"))
                 password_env = None
+            max_jobs = node.get("max_jobs")
+            if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
+                self.error(f"host {name}: max_jobs must be a positive integer", self.line_of(node, "max_jobs"))
+                max_jobs = None
             shards: list[int] = []
             if "shards" not in node:
                 self.error(f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)", line)
@@ -570,7 +575,8 @@ class _Validator:
                 else:
                     owners[n] = name
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
-                              standby=standby if isinstance(standby, str) else None, **_purpose_dsns(self, node, name)))
+                              standby=standby if isinstance(standby, str) else None, max_jobs=max_jobs,
+                              **_purpose_dsns(self, node, name)))
             dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
         for message, line in _same_server(hosts, dsn_lines):
             self.error(message, line)

@@ -96,7 +96,7 @@ def shards_hold_data(topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_T
 
 def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str | None = None,
               modulus: int | None = None, place_new: bool = False, allow_inline_password: bool = False,
-              options: RunOptions | None = None, wait: float = 0, progress=None) -> dict:
+              options: RunOptions | None = None, wait: float = 0, progress=None, jobs: int | None = None) -> dict:
     """Open new logical shards on ``host_name``: provision them like ``init`` at the fleet's current
     migration version, then record them in the topology (written only when every new shard is ready)."""
     options = options or RunOptions()
@@ -120,7 +120,7 @@ def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str |
     version = fleet_version(topo, options.connect_timeout)
     options.purpose = "add-shard"
     report: FleetReport = init(new_topo, hosts=[host_name], options=options, wait=wait, progress=progress,
-                               target=version)
+                               target=version, jobs=jobs)
     report.command = "add-shard"
     report.extra.update({"new_shards": format_shards(wanted), "host": host_name, "version": version,
                          "modulus": new_topo.modulus, "shard_count": new_topo.shard_count})

@@ -26,7 +26,7 @@ import psycopg
 from ..engine import connections as db
 from ..engine.executor import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, RunOptions, ShardPlan
 from ..engine.fanout import (ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out,
-                             raise_unreachable, select_hosts)
+                             host_jobs, raise_unreachable, select_hosts)
 from ..engine.ledger import Drift, Integrity, check_integrity, find_drift, log_event, refresh_cache, repair
 from ..errors import BadInput, OperationFailed, PendingWork
 from ..model.ranges import format_shards, parse_shards
@@ -247,6 +247,7 @@ class _Run:
     dry_run: bool
     repair: bool
     progress: ProgressFactory | None
+    jobs: int | None = None  # streams per host (None: fanout.host_jobs decides)
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -304,7 +305,9 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
     if not control_exists(conn):
         raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
     plans, verified = _inspect(run, host, conn, out)
-    apply_plans(host, plans, run.options, run.stop, out, run.progress)
+    chosen = host_jobs(host, conn, run.jobs) if plans else None
+    out.jobs_rule = chosen.rule if chosen else ""
+    apply_plans(host, plans, run.options, run.stop, out, run.progress, jobs=chosen.count if chosen else 1)
     for f in out.failed:
         f["error"] = explain_error(f["error"], run.options)
     if out.migrated or out.failed or out.repaired:
@@ -318,7 +321,7 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
 def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | None = None,
             shards: list[int] | None = None, dry_run: bool = False, check: bool = False,
             repair: bool = False, options: RunOptions | None = None, wait: float = 0,
-            progress: ProgressFactory | None = None) -> MigrateResult:
+            progress: ProgressFactory | None = None, jobs: int | None = None) -> MigrateResult:
     """Apply (or with ``check``/``dry_run`` only report) pending migrations.
 
     Shards a move holds are left pending (``HostMigration.held`` says which command releases
@@ -335,7 +338,8 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
     if options.lock_retries is None:
         options.lock_retries = DEFAULT_LOCK_RETRIES
     migrations = for_topology(topo)  # a gap, a duplicate or a badly named file fails here
-    run = _Run(topo, migrations, _target(migrations, target), shards, options, check, dry_run, repair, progress)
+    run = _Run(topo, migrations, _target(migrations, target), shards, options, check, dry_run, repair, progress,
+               jobs)
     selected = select_hosts(topo, hosts)
     for host in selected:  # a template that does not render fails here, before any connection
         scope = _scope(host, shards)

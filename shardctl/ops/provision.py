@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import psycopg
 
 from ..engine import connections as db
 from ..engine.executor import RunOptions, ShardPlan
-from ..engine.fanout import ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out, select_hosts
+from ..engine.fanout import (ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out,
+                             host_jobs, select_hosts)
 from ..engine.ledger import ensure_control_schema, log_event, refresh_cache
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
@@ -25,31 +27,47 @@ def forget_sql(shard: int) -> str:
 
 
 def _plans(conn: psycopg.Connection, topo: Topology, host: Host, migrations: list[Migration], goal: int,
-           recreated: list[int]) -> list[ShardPlan]:
-    """What init must do for each of the host's shards: create it, rebuild it, or bring it to ``goal``."""
+           recreated: list[int]) -> tuple[int, Iterator[ShardPlan]]:
+    """What init must do for each of the host's shards: create it, rebuild it, or bring it to ``goal``.
+
+    Returns how many shards need work and a generator of their plans, rendered only when a stream
+    takes them (65,536 rendered plans held at once would cost gigabytes)."""
     present = shard_list(conn)
     schemas = schema_names(conn) if present else set()
-    plans = []
+    work: list[tuple[int, int]] = []  # (shard, version it is at; -1: create, -2: rebuild)
     for n in host.shards:
         row = present.get(n)
-        schema = topo.schema_name(n)
         if row is None:
-            plans.append(ShardPlan(n, schema, render_shard(topo, n), steps_for(migrations, topo, n, target=goal)))
+            work.append((n, -1))
         elif row.state == "active" and row.schema not in schemas:
             # Recorded, but its schema was dropped behind shardctl's back: nothing is left
             # to keep, so build it afresh, replacing its control rows in the same transaction.
             recreated.append(n)
-            plans.append(ShardPlan(n, schema, forget_sql(n) + render_shard(topo, n),
-                                   steps_for(migrations, topo, n, target=goal)))
+            work.append((n, -2))
         elif row.version < goal:
-            plans.append(ShardPlan(n, schema, None, steps_for(migrations, topo, n, row.version, goal)))
-    return plans
+            work.append((n, row.version))
+
+    def generate() -> Iterator[ShardPlan]:
+        for n, at in work:
+            schema = topo.schema_name(n)
+            if at == -1:
+                yield ShardPlan(n, schema, render_shard(topo, n), steps_for(migrations, topo, n, target=goal))
+            elif at == -2:
+                yield ShardPlan(n, schema, forget_sql(n) + render_shard(topo, n),
+                                steps_for(migrations, topo, n, target=goal))
+            else:
+                yield ShardPlan(n, schema, None, steps_for(migrations, topo, n, at, goal))
+
+    return len(work), generate()
 
 
 def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions | None = None,
-         wait: float = 0, progress: ProgressFactory | None = None, target: int | None = None) -> FleetReport:
+         wait: float = 0, progress: ProgressFactory | None = None, target: int | None = None,
+         jobs: int | None = None) -> FleetReport:
     """Create the control schema and every missing shard (schema, sequence, next_id(), migrations),
-    and bring present shards to the latest migration (or to ``target``). Idempotent."""
+    and bring present shards to the latest migration (or to ``target``). Idempotent.
+
+    ``jobs``: streams (connections) per host; default from the host's cores (``host_jobs``)."""
     options = options or RunOptions()
     options.purpose = options.purpose or "init"
     migrations = for_topology(topo)  # bad files fail here, before any connection
@@ -65,9 +83,11 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
         recreated = recreated_by_host.setdefault(host.name, [])
         with locks.use(host) as conn:
             out.control_created = ensure_control_schema(conn, topo)
-            plans = _plans(conn, topo, host, migrations, goal, recreated)
-            out.unchanged = len(host.shards) - len(plans)
-            apply_plans(host, plans, options, stop, out, progress)
+            count, plans = _plans(conn, topo, host, migrations, goal, recreated)
+            out.unchanged = len(host.shards) - count
+            chosen = host_jobs(host, conn, jobs) if count else None
+            out.jobs_rule = chosen.rule if chosen else ""
+            apply_plans(host, plans, options, stop, out, progress, total=count, jobs=chosen.count if chosen else 1)
             if out.changed or out.failed:
                 detail = {"created": len(out.created), "migrated": len(out.migrated), "failed": len(out.failed)}
                 if recreated:

@@ -701,3 +701,145 @@ def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot:
 def truncate_tables(conn: psycopg.Connection, items: list[tuple[str, str]]) -> None:
     if items:
         conn.execute("TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in items))
+
+
+# ======================================================================================
+# Capacity (how many connections may apply shards at once) and fleet-wide set-based reads.
+# ======================================================================================
+
+def connection_headroom(conn: psycopg.Connection) -> int:
+    """Connection slots an ordinary role can still open: max_connections minus the reserved slots
+    (superuser_reserved_connections, and reserved_connections from PostgreSQL 16) minus client
+    backends now connected (numbackends over every database)."""
+    return conn.execute(
+        """SELECT current_setting('max_connections')::int
+                - current_setting('superuser_reserved_connections')::int
+                - coalesce(current_setting('reserved_connections', true)::int, 0)
+                - (SELECT coalesce(sum(numbackends), 0)::int FROM pg_stat_database)""").fetchone()[0]
+
+
+def server_cores(conn: psycopg.Connection) -> int | None:
+    """The server machine's CPU count when the role may read server files (a superuser or a member of
+    pg_read_server_files) and the server runs Linux; None otherwise (no SQL gives it to other roles)."""
+    allowed = conn.execute(
+        """SELECT rolsuper OR pg_has_role(current_user, 'pg_read_server_files', 'MEMBER')
+             FROM pg_roles WHERE rolname = current_user""").fetchone()
+    if not allowed or not allowed[0]:
+        return None
+    try:
+        with conn.transaction():
+            row = conn.execute(
+                r"""SELECT count(*)::int FROM regexp_matches(pg_read_file('/proc/cpuinfo'), '^processor\s', 'gn')"""
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    return row[0] if row and row[0] > 0 else None
+
+
+# verify: one row per host with its version, clock, whether the control schema exists, and every schema name.
+VERIFY_HOST_SQL = """SELECT current_setting('server_version'), extract(epoch FROM clock_timestamp())::float8,
+       to_regclass('shardctl.migrations') IS NOT NULL, array(SELECT nspname::text FROM pg_namespace)"""
+
+
+def active_shard_ids(conn: psycopg.Connection) -> set[int]:
+    return {r[0] for r in conn.execute("SELECT shard_id FROM shardctl.shards WHERE state = 'active'").fetchall()}
+
+
+# A next_id() body with its shard's schema name and shard number (as a whole number) taken out: the
+# same for every shard rendered from one template, whatever its number.
+_SHAPE = ("md5(regexp_replace(replace({body}, {schema}, '{{schema}}'), "
+          "'(?<![0-9])' || {shard}::text || '(?![0-9])', '{{shard}}', 'g'))")
+
+
+def next_id_shapes(conn: psycopg.Connection, schemas: list[str], shards: list[int],
+                   expected: tuple[list[str], list[str], list[int]]) -> tuple[dict[str | None, list[int]], set[str],
+                                                                             list[int]]:
+    """Every shard's next_id() shape (None: no next_id()) → its shards, the shapes of the ``expected``
+    (bodies, schemas, shards) renderings, and the shards without a ``next_id_seq`` sequence: two
+    set-based queries."""
+    shape = _SHAPE.format(body="p.prosrc", schema="u.schema", shard="u.shard")
+    rows = conn.execute(
+        f"""SELECT {shape}, array_agg(u.shard),
+                   array_agg(u.shard) FILTER (WHERE NOT EXISTS (
+                       SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'next_id_seq'
+                          AND c.relkind = 'S'))
+              FROM unnest(%s::text[], %s::int[]) AS u(schema, shard)
+              LEFT JOIN pg_namespace n ON n.nspname = u.schema
+              LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = 'next_id' AND p.pronargs = 0
+             GROUP BY 1""", (schemas, shards)).fetchall()
+    known = conn.execute(
+        f"SELECT DISTINCT {_SHAPE.format(body='e.body', schema='e.schema', shard='e.shard')} "
+        "FROM unnest(%s::text[], %s::text[], %s::int[]) AS e(body, schema, shard)", expected).fetchall()
+    no_sequence = [n for r in rows for n in (r[2] or [])]
+    return {r[0]: list(r[1]) for r in rows}, {r[0] for r in known}, no_sequence
+
+
+def next_id_bodies(conn: psycopg.Connection, schemas: list[str]) -> dict[str, str]:
+    """Schema → its next_id() body (``pg_proc.prosrc``), for the schemas given."""
+    if not schemas:
+        return {}
+    return dict(conn.execute(
+        """SELECT n.nspname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE p.proname = 'next_id' AND p.pronargs = 0 AND n.nspname = ANY(%s)""", (schemas,)).fetchall())
+
+
+# Calls every shard's next_id() ``n`` times in one query: a function of the session's own (pg_temp),
+# gone when the connection closes. A shard whose next_id() fails gets its error, not an abort.
+SAMPLE_FUNCTION_SQL = """
+CREATE OR REPLACE FUNCTION pg_temp.shardctl_sample_ids(schemas text[], shards int[], n int)
+RETURNS TABLE (shard int, ids bigint[], at_ms bigint, error text) LANGUAGE plpgsql AS $sample$
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(schemas, 1), 0) LOOP
+        shard := shards[i];
+        ids := NULL;
+        error := NULL;
+        BEGIN
+            EXECUTE format('SELECT array_agg(%I.next_id() ORDER BY g) FROM generate_series(1, $1) AS g',
+                           schemas[i]) INTO ids USING n;
+        EXCEPTION WHEN OTHERS THEN
+            error := SQLERRM;
+        END;
+        at_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        RETURN NEXT;
+    END LOOP;
+END
+$sample$"""
+SAMPLE_BATCH = 256  # shards per UNION ALL query when no temporary function can be made
+SAMPLE_CALL = 1024  # shards per call of the function: each is a transaction holding a lock per sequence
+
+
+def sample_next_ids(conn: psycopg.Connection, schemas: list[str], shards: list[int],
+                    n: int) -> list[tuple[int, list[int] | None, int, str | None]]:
+    """(shard, ``n`` IDs from its next_id(), server time in ms after them, error or None) per shard:
+    one query, or (a role that may not make temporary objects, a standby) UNION ALL batches."""
+    if not shards:
+        return []
+    try:
+        conn.execute(SAMPLE_FUNCTION_SQL)
+    except psycopg.Error:
+        return _sample_union(conn, schemas, shards, n)
+    out: list[tuple] = []
+    for i in range(0, len(shards), SAMPLE_CALL):  # max_locks_per_transaction: 64 x max_connections slots
+        out += conn.execute("SELECT * FROM pg_temp.shardctl_sample_ids(%s::text[], %s::int[], %s)",
+                            (schemas[i:i + SAMPLE_CALL], shards[i:i + SAMPLE_CALL], n)).fetchall()
+    return out
+
+
+def _sample_union(conn: psycopg.Connection, schemas: list[str], shards: list[int], n: int) -> list[tuple]:
+    def one(schema: str, shard: int) -> str:
+        fn = f"{quote_ident(schema)}.next_id"
+        return (f"SELECT {int(shard)}, (SELECT array_agg({fn}() ORDER BY g) FROM generate_series(1, {int(n)}) g), "
+                f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint, NULL::text")
+
+    out: list[tuple] = []
+    for i in range(0, len(shards), SAMPLE_BATCH):
+        part = list(zip(schemas[i:i + SAMPLE_BATCH], shards[i:i + SAMPLE_BATCH]))
+        try:
+            out += conn.execute("\nUNION ALL\n".join(one(s, k) for s, k in part)).fetchall()
+        except psycopg.Error:
+            for schema, shard in part:  # find the shard(s) whose next_id() fails
+                try:
+                    out.append(conn.execute(one(schema, shard)).fetchone())
+                except psycopg.Error as exc:
+                    out.append((shard, None, 0, str(exc)))
+    return out

@@ -17,6 +17,7 @@ _PACKAGE = Path(__file__).resolve().parents[1]  # the shardctl package
 NEXT_ID_BODY = re.compile(r"\$next_id\$(.*?)\$next_id\$", re.DOTALL)
 
 
+@lru_cache(maxsize=8)  # a stat per call showed up when rendering 65,536 shards
 def builtin_dir(name: str) -> Path:
     """Directory of the shipped ``templates`` or example ``migrations``.
 
@@ -60,6 +61,11 @@ def string_environment() -> jinja2.Environment:
 
 
 def layout_context(layout: Layout) -> dict:
+    return dict(_layout_context(layout))  # a copy: a template may not change the cached one
+
+
+@lru_cache(maxsize=16)
+def _layout_context(layout: Layout) -> dict:
     return {
         "name": layout.name,
         "epoch": iso(layout.epoch),

@@ -1,5 +1,5 @@
 """Crash consistency: a server killed with SIGKILL, or shardctl itself killed, in the middle of
-init, migrate and add-shard. Afterwards every shard is complete at some version or absent, and one
+init, migrate and add-shard, each running 2 streams per host (--jobs 2). Afterwards every shard is complete at some version or absent, and one
 re-run completes."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def box(private_sandbox):
 def test_server_killed_during_init(box):
     path = box.topology_path
     dsn = load(path).host("pg1").dsn
-    proc = start_cli("init", "--batch-size", "4", config=path)
+    proc = start_cli("init", "--batch-size", "4", "--jobs", "2", config=path)
     wait_for(dsn, "SELECT CASE WHEN to_regclass('shardctl.shards') IS NULL THEN 0 ELSE "
                   "(SELECT count(*) FROM shardctl.shards) END", 16)
     kill_server(box, "pg1")
@@ -114,7 +114,7 @@ def test_server_killed_during_init(box):
 def test_shardctl_killed_during_init(box):
     path = box.topology_path
     dsn = load(path).host("pg2").dsn
-    proc = start_cli("init", "--batch-size", "4", config=path)
+    proc = start_cli("init", "--batch-size", "4", "--jobs", "2", config=path)
     wait_for(dsn, "SELECT CASE WHEN to_regclass('shardctl.shards') IS NULL THEN 0 ELSE "
                   "(SELECT count(*) FROM shardctl.shards) END", 16)
     proc.send_signal(signal.SIGKILL)
@@ -132,7 +132,7 @@ def test_server_killed_during_migrate(box):
     assert run_cli("init", config=path).exit_code == 0
     (path.parent / "migrations" / "V0003__add_photo_location.sql").write_text(ADD_COLUMN)
     dsn = load(path).host("pg2").dsn
-    proc = start_cli("migrate", "--batch-size", "4", config=path)
+    proc = start_cli("migrate", "--batch-size", "4", "--jobs", "2", config=path)
     wait_for(dsn, "SELECT count(*) FROM shardctl.migrations WHERE version = 3", 16)
     kill_server(box, "pg2")
     out, err = proc.communicate(timeout=120)
@@ -151,7 +151,7 @@ def test_server_killed_during_add_shard(box, tmp_path):
     # add-shard then opens HALF more shards on pg2.
     assert run_cli("init", config=path).exit_code == 0
     dsn = load(path).host("pg2").dsn
-    proc = start_cli("add-shard", "--count", str(HALF), "--host", "pg2", "--batch-size", "4", config=path)
+    proc = start_cli("add-shard", "--count", str(HALF), "--host", "pg2", "--batch-size", "4", "--jobs", "2", config=path)
     wait_for(dsn, f"SELECT count(*) FROM shardctl.shards WHERE shard_id >= {SHARDS}", 16)
     kill_server(box, "pg2")
     out, err = proc.communicate(timeout=120)
@@ -171,7 +171,7 @@ def test_shardctl_killed_during_migrate(box):
     assert run_cli("init", config=path).exit_code == 0
     (path.parent / "migrations" / "V0003__add_photo_location.sql").write_text(ADD_COLUMN)
     dsn = load(path).host("pg1").dsn
-    proc = start_cli("migrate", "--batch-size", "4", config=path)
+    proc = start_cli("migrate", "--batch-size", "4", "--jobs", "2", config=path)
     wait_for(dsn, "SELECT count(*) FROM shardctl.migrations WHERE version = 3", 16)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)

@@ -296,13 +296,10 @@ def test_phases_one_by_one_with_status(fleet3):
     with connect(topo, "pg1") as conn:
         assert copied == conn.execute("SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
                                       "WHERE shard_id <= 3 ORDER BY 1, 2").fetchall()
-    # migrate leaves the moving shards pending, says which command releases them, and exits 0;
-    # --check still reports them as pending work.
+    # migrate goes on for the shards that are not moving (nothing is pending here; the shards of a
+    # move with pending migrations are covered by test_migrate_live).
     r = run_cli("migrate", config=fleet3)
-    said = r.stdout + r.stderr
-    assert r.exit_code == 0 and "being moved" in said and "shardctl move-shard 0-3 --to pg2" in said, r
-    r = run_cli("migrate", "--check", config=fleet3)
-    assert r.exit_code == 1, r
+    assert r.exit_code == 0 and "being moved" not in r.stderr, r
     # A phase out of order is refused; the next one runs.
     r = run_cli("move-shard", "0-3", "--to", "pg2", "sync", config=fleet3)
     assert r.exit_code == 0, r

@@ -41,9 +41,18 @@ def _environment(search_path: tuple[str, ...]) -> jinja2.Environment:
         autoescape=False,
         keep_trailing_newline=True,
     )
-    env.filters["ident"] = quote_ident
-    env.filters["literal"] = quote_literal
+    env.filters["ident"] = _defined(quote_ident)
+    env.filters["literal"] = _defined(quote_literal)
     return env
+
+
+def _defined(quote):
+    """A filter that lets StrictUndefined name the typo (``'shcema' is undefined``) before quoting."""
+    def apply(value):
+        if isinstance(value, jinja2.Undefined):
+            value._fail_with_undefined_error()
+        return quote(value)
+    return apply
 
 
 def environment(topo: Topology | None = None) -> jinja2.Environment:

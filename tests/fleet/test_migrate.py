@@ -363,7 +363,7 @@ def test_gap_duplicate_or_undefined_name_fails_before_anything_runs(make_fleet):
 
 
 def test_split_statements():
-    from shardctl.migrations import split_statements
+    from shardctl.sql.migrations import split_statements
 
     assert split_statements("-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);\n-- a; b\n") == \
         ["-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);"]

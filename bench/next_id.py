@@ -139,7 +139,7 @@ def bulk_round(conn, candidates: list[Candidate], statements: int, chunk: int, r
                     conn.execute(text)
             except psycopg.errors.UniqueViolation as exc:
                 # One backend minted more than 1024 IDs of one shard within a millisecond: the layout's hard
-                # limit (SPEC 3), reached by a fast enough machine. Say so instead of a traceback.
+                # limit (the layout's IDs per ms per shard), reached by a fast enough machine. Say so instead of a traceback.
                 raise SystemExit(f"{cand.label}: duplicate id ({exc.diag.message_primary}): this machine inserts "
                                  f"more than 1024 rows per ms per shard, the instagram layout's limit; use "
                                  f"fewer rows per statement or a layout with more sequence bits") from None

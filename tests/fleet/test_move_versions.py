@@ -32,17 +32,19 @@ def wheel_bin(name: str) -> Path:
 def mixed():
     """pg18 (PostgreSQL 18) and pg16 (PostgreSQL 16), one server each, in one topology."""
     boxes = [Sandbox(_sandbox_dir("pg18")), Sandbox(_sandbox_dir("pg16"))]
-    boxes[0].up(hosts=1, shards=32, pg_bin=str(wheel_bin("pginstall18")))
-    boxes[1].up(hosts=1, shards=32, pg_bin=str(wheel_bin("pginstall")))
-    h18, h16 = boxes[0].state.hosts[0], boxes[1].state.hosts[0]
-    state = SandboxState(bin_dir="", hosts=[SandboxHost("pg18", h18.port, h18.data_dir),
-                                            SandboxHost("pg16", h16.port, h16.data_dir)])
-    path = boxes[0].dir / "mixed.yaml"
-    path.write_text(Sandbox.topology_text(state, 32, "plpgsql", EPOCH))
-    assert run_cli("init", config=path).exit_code == 0
-    yield path
-    for box in boxes:
-        box.destroy()
+    try:
+        boxes[0].up(hosts=1, shards=32, pg_bin=str(wheel_bin("pginstall18")))
+        boxes[1].up(hosts=1, shards=32, pg_bin=str(wheel_bin("pginstall")))
+        h18, h16 = boxes[0].state.hosts[0], boxes[1].state.hosts[0]
+        state = SandboxState(bin_dir="", hosts=[SandboxHost("pg18", h18.port, h18.data_dir),
+                                                SandboxHost("pg16", h16.port, h16.data_dir)])
+        path = boxes[0].dir / "mixed.yaml"
+        path.write_text(Sandbox.topology_text(state, 32, "plpgsql", EPOCH))
+        assert run_cli("init", config=path).exit_code == 0
+        yield path
+    finally:  # also when starting a server failed half-way
+        for box in boxes:
+            box.destroy()
 
 
 def _move(path: Path, shards: list[int], source: str, target: str) -> None:

@@ -320,7 +320,103 @@ def _purpose_dsns(v: "_Validator", node: Any, host: str) -> dict[str, str | None
     return out
 
 
-class _Validator:
+class _HostsSection:
+    """The ``hosts:`` section of a topology: names, DSNs (per purpose), ranges, standbys, limits.
+
+    Mixed into ``_Validator``, whose ``error``/``mapping``/``unknown_keys`` it uses."""
+
+    def hosts_section(self, doc: Any, count: int) -> list[Host]:
+        hosts_node = doc.get("hosts")
+        if not isinstance(hosts_node, list) or not hosts_node:
+            self.error("'hosts' must be a non-empty list of hosts",
+                       self.line_of(doc, "hosts") if "hosts" in doc else None)
+            return []
+        if len(hosts_node) > yaml_guard.MAX_HOSTS:
+            self.error(f"'hosts' lists {len(hosts_node)} hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}",
+                       self.line_of(doc, "hosts"))
+            return []
+        hosts: list[Host] = []
+        names: dict[str, int | None] = {}
+        owners: dict[int, str] = {}
+        overlaps: dict[tuple[str, str], list[int]] = {}
+        dsn_lines: list[int | None] = []
+        for i, node in enumerate(hosts_node):
+            line = self.line_of(hosts_node, i)
+            if not isinstance(node, dict):
+                self.error(f"hosts[{i}] must be a mapping with name, dsn and shards", line)
+                continue
+            self.unknown_keys(node, HOST_KEYS, f"hosts[{i}]")
+            name = node.get("name")
+            if not isinstance(name, str) or not name.strip():
+                self.error(f"hosts[{i}] needs a name", line)
+                name = f"hosts[{i}]"
+            elif name in names:
+                self.error(f"host name {name!r} is used twice (first at line {names[name]})",
+                           self.line_of(node, "name"))
+            else:
+                names[name] = self.line_of(node, "name")
+            dsn_text = node.get("dsn")
+            if not isinstance(dsn_text, str) or not dsn_text.strip():
+                self.error(f"host {name} needs a dsn (a libpq connection string)", line)
+                dsn_text = ""
+            else:
+                self.check_dsn(name, "dsn", dsn_text, self.line_of(node, "dsn"))
+            standby = node.get("standby")
+            if standby is not None:
+                if isinstance(standby, str):
+                    self.check_dsn(name, "standby", standby, self.line_of(node, "standby"))
+                else:
+                    self.error(f"host {name}: standby must be a DSN string", self.line_of(node, "standby"))
+            password_env = node.get("password_env")
+            if password_env is not None and (not isinstance(password_env, str) or not password_env.strip()):
+                self.error(f"host {name}: password_env must name an environment variable",
+                           self.line_of(node, "password_env"))
+                password_env = None
+            max_jobs = node.get("max_jobs")
+            if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
+                self.error(f"host {name}: max_jobs must be a positive integer", self.line_of(node, "max_jobs"))
+                max_jobs = None
+            shards: list[int] = []
+            if "shards" not in node:
+                self.error(f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)", line)
+            elif node["shards"] != [] and node["shards"] is not None:
+                try:
+                    shards = parse_shards(node["shards"], limit=self.range_limit)
+                except ValueError as exc:
+                    self.error(f"host {name}: shards: {exc}", self.line_of(node, "shards"))
+            for n in shards:
+                if n in owners:
+                    overlaps.setdefault((owners[n], name), []).append(n)
+                else:
+                    owners[n] = name
+            hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
+                              standby=standby if isinstance(standby, str) else None, max_jobs=max_jobs,
+                              **_purpose_dsns(self, node, name)))
+            dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
+        for message, line in _same_server(hosts, dsn_lines):
+            self.error(message, line)
+        for (first, second), nums in overlaps.items():
+            self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",
+                       self.line_of(doc, "hosts"))
+        if count and not any("shards:" in e.problem for e in self.errors):
+            gaps = [n for n in range(count) if n not in owners]
+            if gaps:
+                self.error(f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
+                           f"needs exactly one)", self.line_of(doc, "hosts"))
+        return hosts
+
+    def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
+        try:
+            dsnlib.parse(text)
+        except ValueError as exc:
+            self.error(f"host {host}: {key} is not a valid libpq connection string: {exc}", line)
+            return
+        if dsnlib.has_inline_password(text) and not self.allow_inline_password:
+            self.error(f"host {host}: {key} contains a literal password; put it in an environment variable named "
+                       f"by password_env (or pass --allow-inline-password)", line)
+
+
+class _Validator(_HostsSection):
     """Walks the parsed YAML once, collecting every problem with its line."""
 
     def __init__(self, text: str, path: Path | None, allow_inline_password: bool):
@@ -510,95 +606,6 @@ class _Validator:
             self.error(problem, line)
         return count, fmt
 
-    def hosts_section(self, doc: Any, count: int) -> list[Host]:
-        hosts_node = doc.get("hosts")
-        if not isinstance(hosts_node, list) or not hosts_node:
-            self.error("'hosts' must be a non-empty list of hosts",
-                       self.line_of(doc, "hosts") if "hosts" in doc else None)
-            return []
-        if len(hosts_node) > yaml_guard.MAX_HOSTS:
-            self.error(f"'hosts' lists {len(hosts_node)} hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}",
-                       self.line_of(doc, "hosts"))
-            return []
-        hosts: list[Host] = []
-        names: dict[str, int | None] = {}
-        owners: dict[int, str] = {}
-        overlaps: dict[tuple[str, str], list[int]] = {}
-        dsn_lines: list[int | None] = []
-        for i, node in enumerate(hosts_node):
-            line = self.line_of(hosts_node, i)
-            if not isinstance(node, dict):
-                self.error(f"hosts[{i}] must be a mapping with name, dsn and shards", line)
-                continue
-            self.unknown_keys(node, HOST_KEYS, f"hosts[{i}]")
-            name = node.get("name")
-            if not isinstance(name, str) or not name.strip():
-                self.error(f"hosts[{i}] needs a name", line)
-                name = f"hosts[{i}]"
-            elif name in names:
-                self.error(f"host name {name!r} is used twice (first at line {names[name]})",
-                           self.line_of(node, "name"))
-            else:
-                names[name] = self.line_of(node, "name")
-            dsn_text = node.get("dsn")
-            if not isinstance(dsn_text, str) or not dsn_text.strip():
-                self.error(f"host {name} needs a dsn (a libpq connection string)", line)
-                dsn_text = ""
-            else:
-                self.check_dsn(name, "dsn", dsn_text, self.line_of(node, "dsn"))
-            standby = node.get("standby")
-            if standby is not None:
-                if isinstance(standby, str):
-                    self.check_dsn(name, "standby", standby, self.line_of(node, "standby"))
-                else:
-                    self.error(f"host {name}: standby must be a DSN string", self.line_of(node, "standby"))
-            password_env = node.get("password_env")
-            if password_env is not None and (not isinstance(password_env, str) or not password_env.strip()):
-                self.error(f"host {name}: password_env must name an environment variable",
-                           self.line_of(node, "password_env"))
-                password_env = None
-            max_jobs = node.get("max_jobs")
-            if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
-                self.error(f"host {name}: max_jobs must be a positive integer", self.line_of(node, "max_jobs"))
-                max_jobs = None
-            shards: list[int] = []
-            if "shards" not in node:
-                self.error(f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)", line)
-            elif node["shards"] != [] and node["shards"] is not None:
-                try:
-                    shards = parse_shards(node["shards"], limit=self.range_limit)
-                except ValueError as exc:
-                    self.error(f"host {name}: shards: {exc}", self.line_of(node, "shards"))
-            for n in shards:
-                if n in owners:
-                    overlaps.setdefault((owners[n], name), []).append(n)
-                else:
-                    owners[n] = name
-            hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
-                              standby=standby if isinstance(standby, str) else None, max_jobs=max_jobs,
-                              **_purpose_dsns(self, node, name)))
-            dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
-        for message, line in _same_server(hosts, dsn_lines):
-            self.error(message, line)
-        for (first, second), nums in overlaps.items():
-            self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",
-                       self.line_of(doc, "hosts"))
-        if count and not any("shards:" in e.problem for e in self.errors):
-            gaps = [n for n in range(count) if n not in owners]
-            if gaps:
-                self.error(f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
-                           f"needs exactly one)", self.line_of(doc, "hosts"))
-        return hosts
-
-    def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
-        try:
-            dsnlib.parse(text)
-        except ValueError as exc:
-            self.error(f"host {host}: {key} is not a valid libpq connection string: {exc}", line)
-            return
-        if dsnlib.has_inline_password(text) and not self.allow_inline_password:
-            self.error(f"host {host}: {key} contains a literal password; put it in an environment variable named "
-                       f"by password_env (or pass --allow-inline-password)", line)
 
     def routing_section(self, doc: Any, count: int) -> dict:
         section = self.mapping(doc, "routing", ROUTING_KEYS, required=False)

@@ -22,6 +22,7 @@ from . import connections as db
 from .executor import ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
 from .ledger import ensure_control_schema, log_event  # noqa: F401 - re-exported for ops/move
 from ..errors import HostUnreachable, OperationFailed, ShardctlError
+from ..model import dsn as dsnlib
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog import ShardRow, connection_headroom, control_exists, server_cores, shard_list  # noqa: F401
@@ -227,10 +228,12 @@ class Jobs:
 
 
 def _is_local(host: Host) -> bool:
+    """Whether shardctl reaches the host on this machine (a Unix socket or a loopback address)."""
     try:
-        where = str(host.connect_kwargs().get("host") or "")
-    except Exception:  # noqa: BLE001 - a DSN problem surfaces when connecting, not here
+        params = dsnlib.parse(host.dsn_for("admin"))
+    except ValueError:  # a DSN problem surfaces when connecting, not here
         return False
+    where = str(params.get("hostaddr") or params.get("host") or os.environ.get("PGHOST") or "")
     return all(part.startswith("/") or part in LOCAL_NAMES for part in where.split(","))
 
 

@@ -67,6 +67,7 @@ def box():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(7200)  # the suite's 600 s is for ordinary tests: init alone is minutes here
 def test_65536_shards_over_8_hosts(box):
     path = box.topology_path
     path.write_text(topology_text(box))

@@ -261,10 +261,25 @@ def host_jobs(host: Host, conn: psycopg.Connection, requested: int | None = None
     return Jobs(max(1, count), rule)
 
 
+class _HostStop:
+    """The run's stop event as one host's streams see it: a failed shard stops the whole run (as with
+    one stream), while a lost connection stops only this host's other streams (the other hosts go on)."""
+
+    def __init__(self, run: threading.Event):
+        self.run = run
+        self.host = threading.Event()
+
+    def is_set(self) -> bool:
+        return self.host.is_set() or self.run.is_set()
+
+    def set(self) -> None:
+        self.run.set()
+
+
 class _Source:
     """Hands out disjoint chunks of a host's plans to its streams (pulled lazily from a generator)."""
 
-    def __init__(self, plans: Iterable[ShardPlan], chunk: int, stop: threading.Event, keep_going: bool):
+    def __init__(self, plans: Iterable[ShardPlan], chunk: int, stop: _HostStop, keep_going: bool):
         self._plans = iter(plans)
         self._chunk = chunk
         self._stop = stop
@@ -290,8 +305,8 @@ def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, sto
     Plans may be a generator (``total`` then says how many): streams pull disjoint chunks of it, so
     only the chunks in flight are rendered and held. Every shard stays atomic (the runner's own
     transactions); the first failure sets ``stop`` for every stream (unless continue_on_error), and
-    plans never handed out are reported not started. A lost connection stops the other streams too,
-    then propagates (the host is reported unreachable)."""
+    plans never handed out are reported not started. A lost connection stops the host's other streams,
+    then propagates (the host is reported unreachable; other hosts go on)."""
     if total is None:
         plans = list(plans)
         total = len(plans)
@@ -308,12 +323,13 @@ def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, sto
     # Chunks: a few per stream, so the streams end together; at most recycle_after (a connection's life).
     chunk = max(batch, min(max(1, options.recycle_after), -(-total // (streams * 4))))
     outcome.jobs = streams
-    source = _Source(plans, chunk, stop, options.continue_on_error)
+    halt = _HostStop(stop)
+    source = _Source(plans, chunk, halt, options.continue_on_error)
     absorb_lock = threading.Lock()
     errors: list[BaseException] = []
 
     def stream(k: int) -> None:
-        runner = HostRunner(host, options, stop, tick)
+        runner = HostRunner(host, options, halt, tick)  # type: ignore[arg-type] - duck-typed Event
         try:
             while True:
                 part = source.next()
@@ -323,7 +339,7 @@ def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, sto
                 with absorb_lock:
                     outcome.absorb(done)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other streams stop
-            stop.set()
+            halt.host.set()
             errors.append(exc)
         finally:
             runner.close()

@@ -46,9 +46,10 @@ def test_layout_warning_once_in_info_only_there(topo):
     shown = run_shardctl("info", config=topo)
     assert shown.returncode == 0, shown
     assert shown.stderr.splitlines() == [WARNING]
-    for args in (["decode-id", "12345"], ["encode-id", "--shard", "5", "--seq", "1", "--ms", "0"],
+    for args in (["decode-id", "12345"], ["encode-id", "--shard", "5", "--sequence", "1", "--ms", "0"],
                  ["locate", "5"], ["render"], ["lint"]):
         quiet = run_shardctl(*args, config=topo)
+        assert quiet.returncode == 0, (args, quiet)
         assert WARNING not in quiet.stderr and "warning:" not in quiet.stderr, (args, quiet)
 
 

@@ -118,7 +118,7 @@ def test_init_rebuilds_a_shard_whose_schema_was_dropped(ready):
     assert rebuilt.exit_code == 0, rebuilt
     assert "Nothing to do" not in rebuilt.stdout
     assert "pg2: shards 12 were recorded but their schemas had been dropped; built them again" in rebuilt.stdout
-    assert "Created 1 shards" in rebuilt.stdout, rebuilt
+    assert "Created 1 shard at V2 (migrations V1, V2 applied to each), in " in rebuilt.stdout, rebuilt
     assert run_cli("verify", config=ready).exit_code == 0
     with admin(topo, "pg2") as conn:
         assert conn.execute("SELECT array_agg(version ORDER BY version) FROM shardctl.migrations "
@@ -279,7 +279,7 @@ def test_a_hand_made_schema_fails_only_its_shard_and_is_left_alone(make_fleet):
         conn.execute("DROP SCHEMA insta5 CASCADE")
     fixed = run_cli("init", config=path)
     assert fixed.exit_code == 0, fixed
-    assert "Created 1 shards" in fixed.stdout, fixed
+    assert "Created 1 shard at V2 (migrations V1, V2 applied to each), in " in fixed.stdout, fixed
     assert run_cli("verify", config=path).exit_code == 0
 
 

@@ -61,7 +61,11 @@ def verify_fails(path, shard: int, reason: str) -> dict:
     assert human.exit_code == 1, human
     line = one_error_line(human)
     assert f"shard {shard}" in line, line
-    assert re.search(rf"violation\s+pg\d shard {shard} \(insta{shard}\): .*{reason}", human.stdout), human
+    assert (re.search(rf"violation\s+pg\d shard {shard} \(insta{shard}\): .*{reason}", human.stdout)
+            or re.search(rf"first: pg\d shard {shard}: .*{reason}", line)), human
+    # Said once: the violation the error line names is not listed again under the table.
+    first = re.search(r"first: (pg\d+) shard (\d+): (.*)$", line)
+    assert first and f"violation {first[1]} shard {first[2]} (insta{first[2]}): {first[3]}" not in human.stdout, human
     as_json = run_cli("verify", "--json", config=path)
     assert as_json.exit_code == 1, as_json
     doc = json.loads(as_json.stdout)

@@ -26,6 +26,11 @@ from ..model.topology import LayoutWarning, Topology
 from .output import stderr, warn
 
 
+# The commands that print the topology's warnings (the layout's sign-bit and overflow dates): the ones
+# that show or set up the layout. Every other command stays quiet about them.
+WARNING_COMMANDS = frozenset({"info", "init", "verify"})
+
+
 @dataclass
 class Settings:
     config: str | None
@@ -34,13 +39,16 @@ class Settings:
     _topology: Topology | None = None
 
     def topology(self) -> Topology:
-        """The validated topology (loaded once; warnings printed once)."""
+        """The validated topology, loaded once; its warnings are printed once, and only by the
+        commands in ``WARNING_COMMANDS``."""
         if self._topology is None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", LayoutWarning)
                 self._topology = Topology.load(self.config, allow_inline_password=self.allow_inline_password)
-            for message in self._topology.warnings:
-                warn(message)
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None and ctx.info_name in WARNING_COMMANDS:
+                for message in self._topology.warnings:
+                    warn(message)
         return self._topology
 
 
@@ -60,7 +68,6 @@ COMMAND_MODULES = {
     "move-shard": "move", "rebalance": "move",
     "lint": "lint", "redeploy": "redeploy",
     "sandbox": "sandbox", "demo": "sandbox",
-    "lint": "lint", "redeploy": "redeploy",
 }
 
 

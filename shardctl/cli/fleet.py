@@ -12,7 +12,7 @@ import click
 
 from ..engine.executor import (DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, DEFAULT_MAX_LOCK_HOLD_MS,
                                DEFAULT_RETRY_BUDGET, RunOptions)
-from ..engine.fanout import FleetReport, raise_for_status
+from ..engine.fanout import FleetReport, host_error, raise_for_status
 from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
@@ -29,24 +29,35 @@ def _state(h) -> str:
     return "unreachable" if not h.reachable else ("error" if h.error else ("failed" if h.value.failed else "ok"))
 
 
-def _print_failed(report: FleetReport, with_version: bool) -> None:
-    for f in report.failed[:50]:
+def _unsaid(text: str | None, error: ShardctlError | None) -> bool:
+    """Whether ``text`` still needs printing: the one-line error on stderr does not already say it."""
+    return bool(text) and (error is None or text not in str(error))
+
+
+def _host_errors(hosts: list, error: ShardctlError | None) -> None:
+    """Each host error the stderr line does not already carry, host named once."""
+    for h in hosts:
+        if _unsaid(h.error, error):
+            stdout.print(host_error(h), markup=False, highlight=False)
+
+
+def _print_failed(report: FleetReport, with_version: bool, error: ShardctlError | None = None) -> None:
+    failed = [f for f in report.failed if _unsaid(f"shard {f['shard']} on {f['host']}", error)]
+    for f in failed[:50]:
         version = f" at V{f['version']}" if f.get("version") or with_version else ""
         stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']}{version}: {f['error']}",
                      markup=True, highlight=False)
-    if len(report.failed) > 50:
-        stdout.print(f"… and {len(report.failed) - 50} more failed shards (see --json)")
+    if len(failed) > 50:
+        stdout.print(f"… and {len(failed) - 50} more failed shards (see --json)")
 
 
-def fleet_table(report: FleetReport, title: str) -> None:
+def fleet_table(report: FleetReport, title: str, error: ShardctlError | None = None) -> None:
     rows = [[h.host, _state(h), len(h.value.created), len(h.value.migrated), h.value.unchanged,
              len(h.value.failed), len(h.value.not_started), f"{h.seconds:.2f}s"] for h in report.hosts]
     stdout.print(table(title, ["host", "state", "created", "migrated", "unchanged", "failed", "not started", "time"],
                        rows))
-    for h in report.hosts:
-        if h.error:
-            stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
-    _print_failed(report, with_version=False)
+    _host_errors(report.hosts, error)
+    _print_failed(report, with_version=False, error=error)
 
 
 @cli.command("init")
@@ -61,8 +72,10 @@ def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_
         report = init(topo, hosts=split_hosts(host_names), options=options, wait=wait, progress=progress,
                       jobs=jobs)
 
+    error = status_of(report)
+
     def human() -> None:
-        fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts")
+        fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts", error)
         for host, shards in report.extra.get("recreated", {}).items():
             stdout.print(f"[yellow]{host}[/yellow]: shards {shards} were recorded but their schemas had been "
                          f"dropped; built them again", markup=True, highlight=False)
@@ -70,18 +83,47 @@ def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_
             stdout.print(f"Nothing to do: every shard exists and is at version {report.extra['latest_version']}. "
                          f"({report.seconds:.2f}s)")
         elif report.ok:
-            stdout.print(f"Created {report.total('created')} shards, migrated {report.total('migrated')}, "
-                         f"in {report.seconds:.2f}s.")
+            stdout.print(f"{init_summary(report)}, in {report.seconds:.2f}s.")
 
-    finish(as_json, report.to_dict(), human, status_of(report))
+    finish(as_json, report.to_dict(), human, error)
 
 
-def _migrate_notes(report: MigrateResult) -> None:
+def _versions(versions: set[int]) -> str:
+    ordered = sorted(versions)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"V{ordered[0]}–V{ordered[-1]}"
+    return ", ".join(f"V{v}" for v in ordered)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def init_summary(report: FleetReport) -> str:
+    """What init did, in one sentence: shards created (each brought to the latest version, its
+    migrations applied) and existing shards migrated, with the versions applied."""
+    latest = report.extra["latest_version"]
+    created = report.total("created")
+    migrated = [report.outcome(h).migrated for h in report.hosts]
+    applied = {v for per_host in migrated for versions in per_host.values() for v in versions}
+    parts = []
+    if created:
+        parts.append(f"Created {_count(created, 'shard')} at V{latest}"
+                     + (f" (migrations {_versions(set(range(1, latest + 1)))} applied to each)" if latest else ""))
+    moved = sum(len(m) for m in migrated)
+    if moved:
+        parts.append(f"migrated {_count(moved, 'existing shard')} to V{latest} (applied {_versions(applied)})")
+    if not parts:
+        return f"Created the control schema; every shard was already at V{latest}"
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:]
+
+
+def _migrate_notes(report: MigrateResult, error: ShardctlError | None) -> None:
     """Per host: errors, drift, gaps, orphans, repairs, shards held by moves, shards not started."""
     for h in report.hosts:
         d = report.host(h)
-        if h.error:
-            stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
+        _host_errors([h], error)
         for dr in d.drift:
             stdout.print(f"[red]{h.host}[/red]: {dr.file} changed after it was applied (shards "
                          f"{format_shards(dr.shards)}); restore it, or accept it with "
@@ -113,8 +155,8 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
     stdout.print(table(f"{mode} to V{report.target}",
                        ["host", "state", "pending", "migrated", "up to date", "failed", "not started",
                         "missing shards", "time"], rows))
-    _migrate_notes(report)
-    _print_failed(report, with_version=True)
+    _migrate_notes(report, error)
+    _print_failed(report, with_version=True, error=error)
     if report.dry_run:
         for h in report.hosts:
             for label, text in report.host(h).dry_run_sql.items():
@@ -210,9 +252,8 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
             rows.append([h["host"], at, pend, h["missing"] or "-"])
         stdout.print(table(f"plan to V{doc['target']} (latest V{doc['latest_version']})",
                            ["host", "shards at version", "pending", "shards missing"], rows))
+        _host_errors(report.hosts, error)
         for h in doc["hosts"]:
-            if h["error"]:
-                stdout.print(f"[red]{h['host']}[/red]: {h['error']}", markup=True, highlight=False)
             for dr in h["drift"]:
                 stdout.print(f"[red]{h['host']}[/red]: {dr['file']} changed after it was applied "
                              f"(shards {dr['shards']})", markup=True, highlight=False)
@@ -265,10 +306,8 @@ def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samp
         stdout.print(f"Layout {lim['name']}: {lim['ids_per_ms_per_shard']} IDs/ms per shard; IDs overflow on "
                      f"{lim['overflow_at']}" + (f", turn negative on {lim['negative_at']}" if lim["negative_at"]
                                                 else ""))
-        for h in report.hosts:
-            if h.error:
-                stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
-        for v in report.violations[:100]:
+        _host_errors(report.hosts, error)
+        for v in [v for v in report.violations if _unsaid(f"{v.host} shard {v.shard}: {v.reason}", error)][:100]:
             where = f"shard {v.shard} ({v.schema})" if v.shard is not None else "host"
             stdout.print(f"[red]violation[/red] {v.host} {where}: {v.reason}", markup=True, highlight=False)
         if report.ok:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,24 +85,42 @@ def move_progress(enabled: bool) -> Iterator[Callable[[str, int, int, str], None
 
             yield tick
         return
-    last: dict[str, tuple[float, int]] = {}
+    yield plain_progress()
+
+
+def plain_progress() -> Callable[[str, int, int, str], None]:
+    """Progress as plain lines on stderr (no terminal). A counted step prints now and then (every 5 s,
+    and when it finishes); an uncounted one (the freeze's locking, waiting for lag 0…) prints each
+    new stage at once, and a changing measure within a stage (a lag shrinking) every 5 s."""
+    last: dict[str, tuple] = {}
 
     def plain(step: str, done: int, total: int, note: str) -> None:
         if step == "note":
             info(note)
             return
         now = time.monotonic()
-        seen = last.get(step)
-        finished = bool(total) and done >= total
-        if seen and (seen[1] == done or (now - seen[0] < 5 and not finished)):
+        seen = last.get(f"{step}/{bool(total)}")  # a step may be counted at one point, uncounted at another
+        if total:
+            finished = done >= total
+            if seen and (seen[1] == done or (now - seen[0] < 5 and not finished)):
+                return
+            last[f"{step}/True"] = (now, done)
+            info(f"{step}: {done}/{total}{' ' + note if note else ''}")
             return
-        last[step] = (now, done)
-        info(f"{step}: {done}/{total}{' ' + note if note else ''}" if total else f"{step}: {note}")
+        stage = re.sub(r"[0-9][0-9.,]*\s*[A-Za-z]*", "#", note)  # "lag 3 MB" and "lag 12 kB": one stage
+        if seen and (seen[1] == note or (seen[2] == stage and now - seen[0] < 5)):
+            return
+        last[f"{step}/False"] = (now, note, stage)
+        info(f"{step}: {note}")
 
-    yield plain
+    return plain
 
 
 def _human_move(doc: dict) -> None:
+    if doc.get("nothing_to_do"):
+        for message in doc.get("messages") or []:
+            stdout.print(message[0].upper() + message[1:] + ".", markup=False, highlight=False)
+        return
     phases = ", ".join(doc.get("phases_run") or []) or "nothing"
     stdout.print(f"move {doc.get('move_id', '-')}: shards {doc.get('shards')} "
                  f"{doc.get('source', '?')} → {doc.get('target', '?')}; ran {phases}; phase now "

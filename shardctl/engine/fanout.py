@@ -91,20 +91,36 @@ def fan_out(hosts: list[Host], work: Callable[[Host, HostResult[T]], None],
     return for_each_host(hosts, one)
 
 
-def raise_unreachable(results: Iterable[HostResult], report: object | None = None) -> None:
+def host_error(result: HostResult) -> str:
+    """``result``'s error, naming its host once (an error that already starts with the host keeps it)."""
+    error = result.error or "unreachable"
+    prefix = f"host {result.host}"
+    if error == prefix or error.startswith((prefix + ":", prefix + " ")):
+        return error
+    return f"{prefix}: {error}"
+
+
+def raise_unreachable(results: Iterable[HostResult], report: object | None = None,
+                      others: Iterable[str] = ()) -> None:
+    """Raise HostUnreachable for the hosts that could not be reached, with each distinct reason once
+    (and ``others``, the run's other failures, after them)."""
     down = [r for r in results if not r.reachable]
-    if down:
-        raise HostUnreachable(", ".join(r.host for r in down), down[0].error or "unreachable", report=report)
+    if not down:
+        return
+    reasons = list(dict.fromkeys(r.error or "unreachable" for r in down))
+    reason = reasons[0] if len(reasons) == 1 else "; ".join(f"{r.host}: {r.error or 'unreachable'}" for r in down)
+    raise HostUnreachable(", ".join(r.host for r in down), "; ".join([reason, *others]), report=report)
 
 
 def raise_for_status(command: str, results: list[HostResult], problems: Iterable[str] = (),
                      report: object | None = None) -> None:
-    """Raise for the worst outcome: HostUnreachable (exit 3), then OperationFailed (exit 1) naming
-    ``problems`` and every host's error."""
-    raise_unreachable(results, report)
-    parts = list(problems) + [f"host {r.host}: {r.error}" for r in results if r.error]
-    if parts:
-        raise OperationFailed(f"{command}: " + "; ".join(parts), report=report)
+    """Raise for the worst outcome: HostUnreachable (exit 3), then OperationFailed (exit 1). The one
+    message names ``problems`` and every host's error, each host once."""
+    problems = list(problems)
+    errors = [host_error(r) for r in results if r.reachable and r.error]
+    raise_unreachable(results, report, others=problems + errors)
+    if problems or errors:
+        raise OperationFailed(f"{command}: " + "; ".join(problems + errors), report=report)
 
 
 def select_hosts(topo: Topology, names: list[str] | None) -> list[Host]:

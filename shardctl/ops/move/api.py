@@ -89,8 +89,9 @@ def _find_or_start(topo: Topology, shards: list[int], target: str, phases: list[
                               f"{m.phase}): finish it (or --abort it) first")
     owners = sorted({topo.host_of(n).name for n in shards})
     if owners == [target]:
-        return {"command": "move-shard", "shards": format_shards(shards), "target": target, "phases_run": [],
-                "phase": "nothing to do", "messages": [f"shards {format_shards(shards)} are on {target} already"],
+        return {"command": "move-shard", "shards": format_shards(shards), "source": target, "target": target,
+                "phases_run": [], "phase": "nothing to do", "nothing_to_do": True,
+                "messages": [f"shards {format_shards(shards)} are already on {target}: nothing was done"],
                 "seconds": 0.0}
     if len(owners) > 1:
         raise BadInput(f"shards {format_shards(shards)} live on {', '.join(owners)}: move the shards of one "

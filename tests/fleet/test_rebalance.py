@@ -96,7 +96,7 @@ def test_plan_cli_offline(tmp_path):
     path.write_text("\n".join([
         "version: 1", "id:", "  layout: instagram", '  epoch: "2026-01-01T00:00:00Z"', "shards:", "  count: 12",
         "hosts:", "  - name: a", '    dsn: "postgresql://x@127.0.0.1:1/none"', '    shards: "0-11"',
-        "  - name: b", '    dsn: "postgresql://x@127.0.0.1:1/none"', "    shards: []"]) + "\n")
+        "  - name: b", '    dsn: "postgresql://x@127.0.0.1:1/none_b"', "    shards: []"]) + "\n")
     r = run_cli("rebalance", "--plan", "--json", config=path)
     assert r.exit_code == 0, r
     doc = json.loads(r.stdout)

@@ -16,10 +16,11 @@ from psycopg.conninfo import conninfo_to_dict
 from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT, first_line
 from .errors import HostUnreachable
 from .ids.routing import placement_shard, shard_for_key
+from .model.dsn import mask
 from .model.identifiers import quote_ident
 from .model.topology import Host, Topology
 from .router_pool import HostPool, Slot, Watchdog, log
-from .sql.catalog import MOVED_SQLSTATE
+from .sql.catalog import MOVED_SQLSTATE, read_redirects
 
 T = TypeVar("T")
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
@@ -41,8 +42,11 @@ class Router:
     Shards move between hosts (``shardctl move-shard``). :meth:`run` and :meth:`execute` follow a
     move: when a statement fails because its shard has just moved away (the old tables are
     guarded and their schema renamed), they reload the topology file and retry once on the
-    shard's new host. :meth:`connection` cannot retry a ``with`` block: its callers see that error
-    and can call :meth:`follow_move` (True: the topology was reloaded, try again).
+    shard's new host. When the file does not change (another app server's copy that nobody
+    updated), they read the redirect the old host recorded at the cutover (``shardctl.redirects``)
+    and route the shard to the host it names, with this Router's own entry for that host (its DSN
+    and ``password_env``), until the file catches up. :meth:`connection` cannot retry a ``with``
+    block: its callers see that error and can call :meth:`follow_move` (True: try again).
     """
 
     def __init__(self, topology: Topology, *, max_size: int = 8, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
@@ -63,6 +67,10 @@ class Router:
         self._lock = threading.Lock()
         self._tried = threading.local()  # the host this thread's last shard_connection() went to
         self._watchdog = Watchdog()
+        # shard → (host to use, owner the file named when the redirect was followed): kept until the
+        # file names another owner for the shard.
+        self._redirected: dict[int, tuple[Host, str]] = {}
+        self._foreign: set[str] = set()  # pool keys of hosts known only from a redirect (no password)
 
     # ---- routing ---------------------------------------------------------------
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
@@ -89,8 +97,15 @@ class Router:
         return self.topology.layout.decode(id_value)["shard"]
 
     def _locate(self, shard: int) -> Host:
-        """The host serving ``shard``: the one place to consult move redirects before the topology."""
+        """The host serving ``shard``: a redirect this Router followed, else the topology's owner."""
+        redirected = self._redirected.get(shard)
+        if redirected is not None:
+            return redirected[0]
         return self.topology.host_of(shard)
+
+    def redirects(self) -> dict[int, str]:
+        """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
+        return {n: host.name for n, (host, _) in dict(self._redirected).items()}
 
     # ---- calls -----------------------------------------------------------------
     @contextmanager
@@ -206,6 +221,15 @@ class Router:
             before = {h.name: (h.dsn, h.password_env, h.standby) for h in self.topology.hosts}
             self.topology = fresh
             changed = {name for name in before if after.get(name) != before[name]}
+            # A host known only from a redirect (no password) is now in the file: use the file's entry.
+            changed |= {key for key in self._foreign if key in after}
+            self._foreign -= changed
+            # The file caught up with a shard (it names an owner other than the one it named when the
+            # redirect was followed): the file decides again.
+            # Otherwise the redirect goes on, with the file's current entry for the host it names.
+            by_name = {h.name: h for h in fresh.hosts}
+            self._redirected = {n: (by_name.get(host.name, host), was) for n, (host, was) in self._redirected.items()
+                                if fresh.host_of(n).name == was}
             # Pool keys: the host's name, and "<name> standby" for its standby's pool.
             stale = [key for key in self._pools if key.split(" ")[0] in changed]
             old_pools = [self._pools.pop(key) for key in stale]
@@ -214,29 +238,64 @@ class Router:
         return fresh
 
     def follow_move(self, shard: int, exc: BaseException, tried: Host | None = None) -> bool:
-        """After ``exc`` on ``shard``: True when the shard turned out to have moved and the reloaded
-        topology now names its new host (waiting up to ``move_wait`` seconds for the file to say so).
-        ``tried`` is the host the failed statement ran on (default: this thread's last connection's)."""
+        """After ``exc`` on ``shard``: True when the shard turned out to have moved and its new host is
+        known: the reloaded topology names it, or the host the statement failed on recorded a redirect
+        (then the shard is routed there until the file catches up). Without either, waits up to
+        ``move_wait`` seconds for the file to say so. ``tried`` is the host the failed statement ran on
+        (default: this thread's last connection's)."""
         state = getattr(exc, "sqlstate", None)
-        if state not in MOVED_ERRORS or self.topology.path is None:
+        if state not in MOVED_ERRORS:
             return False
-        # Not the current topology's owner: another thread may have reloaded it already.
+        # Not the current owner: another thread may have reloaded or followed a redirect already.
         old = tried or getattr(self._tried, "host", None) or self._locate(shard)
         moved = state == MOVED_SQLSTATE
         deadline = time.monotonic() + self.move_wait
+        asked = False
         while True:
             self.reload()
             new = self._locate(shard)
             if (new.name, new.dsn) != (old.name, old.dsn):
                 return True
-            if not moved:
-                # A missing table may be an application bug: only wait if the shard really moved away.
-                moved = self._moved_away(old, shard)
+            if not asked:  # the file does not know (yet): ask the host the statement failed on
+                asked = True
+                redirect = self._read_redirect(old, shard)
+                if redirect is not None and redirect["host"] != old.name:
+                    self._redirect(shard, redirect, old)
+                    return True
                 if not moved:
-                    return False
-            if time.monotonic() >= deadline:
+                    # A missing table may be an application bug: only wait if the shard really moved away.
+                    moved = self._moved_away(old, shard)
+                    if not moved:
+                        return False
+            if self.topology.path is None or time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
+
+    def _read_redirect(self, host: Host, shard: int) -> dict | None:
+        try:
+            with _session(self, self._pool(host), "public", self.timeout, False, False, False, None) as conn:
+                return read_redirects(conn, [shard]).get(shard)
+        except Exception:  # noqa: BLE001 - no answer means no redirect to follow
+            return None
+
+    def _redirect(self, shard: int, redirect: dict, old: Host) -> None:
+        """Route ``shard`` to the redirect's host: this Router's own entry for it when its topology has
+        one (its DSN and secret), else the recorded DSN, without a password."""
+        name = redirect["host"]
+        host = next((h for h in self.topology.hosts if h.name == name), None)
+        if host is None:
+            host = Host(name=name, dsn=redirect["dsn"], shards=[])
+            with self._lock:
+                self._foreign.add(name)
+        if self._redirected.get(shard, (None,))[0] == host:
+            return  # another thread followed it already
+        log.warning("shard %s moved from %s to %s (redirect recorded by %s; this Router's topology file still "
+                    "names %s)%s", shard, old.name, name, old.name, self.topology.host_of(shard).name,
+                    "" if name not in self._foreign else
+                    f": {name} is not in this Router's topology, connecting with the recorded DSN "
+                    f"{mask(redirect['dsn'])} without a password")
+        with self._lock:
+            self._redirected[shard] = (host, self.topology.host_of(shard).name)
 
     def _moved_away(self, host: Host, shard: int) -> bool:
         try:
@@ -265,13 +324,23 @@ class Router:
         user timeout (a dead network is noticed), and ``statement_timeout`` as the session default."""
         kwargs = host.connect_kwargs(connect_timeout=max(1, int(self.connect_timeout)),
                                      application_name=f"{APPLICATION_NAME} router")
+        foreign = host.name in self._foreign and not standby
         if standby:
             kwargs["conninfo"] = host.standby
         options = conninfo_to_dict(kwargs["conninfo"]).get("options", "")
         kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
                       tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)),
                       options=f"{options} -c statement_timeout={_ms(self.timeout)}".strip())
-        return psycopg.connect(autocommit=True, **kwargs)
+        try:
+            return psycopg.connect(autocommit=True, **kwargs)
+        except psycopg.OperationalError as exc:
+            if not foreign:
+                raise
+            # Say why there was no password: the host came from a redirect, not from this Router's file.
+            raise psycopg.OperationalError(
+                f"{first_line(exc)} (host {host.name} is not in this Router's topology file: a shard moved there "
+                f"and the Router connected with the DSN the old host recorded, {mask(host.dsn)}, without a "
+                f"password; add {host.name} to this app server's topology file)") from None
 
     def stats(self) -> dict[str, dict]:
         """Per host: pool usage, calls, errors by kind, breaker state and latency percentiles (ms) of

@@ -390,8 +390,9 @@ def test_interrupted_prepare_resumes(fleet3):
 
 
 def test_crash_between_source_commit_and_flip(fleet3, monkeypatch):
-    """The source committed its freeze, then the run died before the topology was flipped: writers are told
-    the shard moved but the file still names the source; running the command again finishes the cutover."""
+    """The source committed its freeze, then the run died before the topology was flipped: the file still
+    names the source, but a Router follows the redirect the source recorded in that commit; running the
+    command again finishes the cutover."""
     import shardctl.ops.move.cutover as mv
 
     topo = load(fleet3)
@@ -406,15 +407,16 @@ def test_crash_between_source_commit_and_flip(fleet3, monkeypatch):
     monkeypatch.setattr(mv, "flip_topology", real_flip)
     assert load(fleet3).host_of(7).name == "pg1"
     with Router(load(fleet3), move_wait=0.5) as router:
-        with pytest.raises(psycopg.Error):  # moved, but the file does not say where yet
-            router.execute(7, "INSERT INTO photos (user_id) VALUES (7)")
+        # Moved, and the file does not say where yet: the source's redirect does.
+        assert router.execute(7, "INSERT INTO photos (user_id) VALUES (7)") == 1
+        assert router.redirects() == {7: "pg2"}
         status = move_status(load(fleet3))
         assert status["moves"][0]["phase"] == "cut_over"
         r = run_cli("move-shard", "7-8", "--to", "pg2", config=fleet3)
         assert r.exit_code == 0 and "finishing the flip" in r.stdout, r
         assert router.execute(7, "INSERT INTO photos (user_id) VALUES (7)") == 1
     assert load(fleet3).host_of(7).name == "pg2"
-    assert len(ids_on(topo, "pg2", [7])) == 151
+    assert len(ids_on(topo, "pg2", [7])) == 152
     assert replication_leftovers(topo) == {}
 
 

@@ -350,6 +350,8 @@ def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> N
             if h["orphan_versions"]:
                 stdout.print(f"{h['host']}: applied versions with no migration file: "
                              f"{', '.join('V%d' % v for v in h['orphan_versions'])}", markup=False)
+        for line in doc["pending_moves"]:
+            stdout.print(line, markup=False)
 
     error = status_of(report)
     finish(as_json, doc, human, error)

@@ -11,8 +11,10 @@ from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_unreachable, select_hosts
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import applied_versions, control_exists, last_event, schema_names, shard_list
+from ..sql.catalog import applied_versions, control_exists, last_event, move_records, schema_names, shard_list
 from ..sql.migrations import for_topology
+from .move.api import next_step
+from .move.run import Move, merge_records
 
 
 @dataclass
@@ -44,6 +46,7 @@ class StatusReport:
     hosts: list[HostResult[HostStatus]]
     seconds: float
     latest_version: int
+    pending_moves: list[str] = field(default_factory=list)  # one line per move that needs a command
 
     @property
     def ok(self) -> bool:
@@ -51,7 +54,7 @@ class StatusReport:
 
     def to_dict(self) -> dict:
         return {"command": "status", "seconds": round(self.seconds, 3), "latest_version": self.latest_version,
-                "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts]}
+                "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts], "pending_moves": self.pending_moves}
 
     def raise_for_status(self) -> "StatusReport":
         """Exit 3 when a host could not be reached (drift is shown, not an error)."""
@@ -60,7 +63,7 @@ class StatusReport:
 
 
 def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostStatus,
-                 known_versions: set[int]) -> str | None:
+                 known_versions: set[int], records: list[tuple]) -> str | None:
     """Fill ``st``; returns an error line when the host has no control schema."""
     st.server_version = conn.execute("SHOW server_version").fetchone()[0]
     if not control_exists(conn):
@@ -77,7 +80,8 @@ def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostS
     st.present = len(present & owned)
     st.missing = format_shards(owned - present)
     st.unexpected = format_shards((present | stray) - owned)
-    st.moving = format_shards(n for n, r in rows.items() if r.state != "active")
+    st.moving = _moving(rows)
+    records.extend(move_records(conn))
     if versions:
         st.min_version, st.max_version = min(versions), max(versions)
     if rows:
@@ -85,15 +89,41 @@ def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostS
     return None
 
 
+def _moving(rows: dict) -> str:
+    """Shards not ``active`` here, by state: ``0-3 moved_out; 8 moving_in``."""
+    by_state: dict[str, list[int]] = {}
+    for n, r in rows.items():
+        if r.state != "active":
+            by_state.setdefault(r.state, []).append(n)
+    return "; ".join(f"{format_shards(ns)} {state}" for state, ns in sorted(by_state.items()))
+
+
+def pending_move_lines(topo: Topology, records: list[tuple]) -> list[str]:
+    """One line per recorded move that needs a command, naming it: an unfinished move or abort, and a
+    cut-over move whose source still keeps the old copies (``--cleanup``)."""
+    moves: dict[str, Move] = {}
+    merge_records(records, moves)
+    out = []
+    for move in sorted(moves.values(), key=lambda m: str(m.started_at)):
+        step = next_step(topo, move) if move.active else None
+        if step:
+            out.append(f"move {move.move_id} (shards {format_shards(move.shards)} {move.source} → {move.target}, "
+                       f"phase {move.phase}): {step}")
+    return out
+
+
 def status(topo: Topology, *, hosts: list[str] | None = None,
            connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> StatusReport:
     """Per host: reachability, server version, shards expected vs present, versions, moves, last event."""
     started = time.perf_counter()
     known_versions = {m.version for m in for_topology(topo)}
+    records: dict[str, list[tuple]] = {}  # host → its records of moves
 
     def work(host: Host, result: HostResult[HostStatus]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="status") as conn:
-            result.error = _host_status(conn, topo, host, result.value, known_versions)
+            result.error = _host_status(conn, topo, host, result.value, known_versions,
+                                        records.setdefault(host.name, []))
 
     results = fan_out(select_hosts(topo, hosts), work, lambda h: HostStatus(h.masked_dsn, expected=len(h.shards)))
-    return StatusReport(results, time.perf_counter() - started, len(known_versions))
+    pending = pending_move_lines(topo, [r for name in sorted(records) for r in records[name]])
+    return StatusReport(results, time.perf_counter() - started, len(known_versions), pending)

@@ -16,10 +16,9 @@ from psycopg.conninfo import conninfo_to_dict
 from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT, first_line
 from .errors import HostUnreachable
 from .ids.routing import placement_shard, shard_for_key
-from .model.dsn import mask
 from .model.identifiers import quote_ident
 from .model.topology import Host, Topology
-from .router_pool import HostPool, Slot, Watchdog, log
+from .router_pool import HostPool, Redirects, Slot, Watchdog, foreign_connect_error, log
 from .sql.catalog import MOVED_SQLSTATE, read_redirects
 
 T = TypeVar("T")
@@ -67,10 +66,7 @@ class Router:
         self._lock = threading.Lock()
         self._tried = threading.local()  # the host this thread's last shard_connection() went to
         self._watchdog = Watchdog()
-        # shard → (host to use, owner the file named when the redirect was followed): kept until the
-        # file names another owner for the shard.
-        self._redirected: dict[int, tuple[Host, str]] = {}
-        self._foreign: set[str] = set()  # pool keys of hosts known only from a redirect (no password)
+        self._redirects = Redirects()  # shards routed by their old host's redirect (stale topology file)
 
     # ---- routing ---------------------------------------------------------------
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
@@ -98,14 +94,11 @@ class Router:
 
     def _locate(self, shard: int) -> Host:
         """The host serving ``shard``: a redirect this Router followed, else the topology's owner."""
-        redirected = self._redirected.get(shard)
-        if redirected is not None:
-            return redirected[0]
-        return self.topology.host_of(shard)
+        return self._redirects.host(shard) or self.topology.host_of(shard)
 
     def redirects(self) -> dict[int, str]:
         """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
-        return {n: host.name for n, (host, _) in dict(self._redirected).items()}
+        return self._redirects.names()
 
     # ---- calls -----------------------------------------------------------------
     @contextmanager
@@ -221,15 +214,7 @@ class Router:
             before = {h.name: (h.dsn, h.password_env, h.standby) for h in self.topology.hosts}
             self.topology = fresh
             changed = {name for name in before if after.get(name) != before[name]}
-            # A host known only from a redirect (no password) is now in the file: use the file's entry.
-            changed |= {key for key in self._foreign if key in after}
-            self._foreign -= changed
-            # The file caught up with a shard (it names an owner other than the one it named when the
-            # redirect was followed): the file decides again.
-            # Otherwise the redirect goes on, with the file's current entry for the host it names.
-            by_name = {h.name: h for h in fresh.hosts}
-            self._redirected = {n: (by_name.get(host.name, host), was) for n, (host, was) in self._redirected.items()
-                                if fresh.host_of(n).name == was}
+            changed |= self._redirects.reconcile(fresh)
             # Pool keys: the host's name, and "<name> standby" for its standby's pool.
             stale = [key for key in self._pools if key.split(" ")[0] in changed]
             old_pools = [self._pools.pop(key) for key in stale]
@@ -258,52 +243,17 @@ class Router:
                 return True
             if not asked:  # the file does not know (yet): ask the host the statement failed on
                 asked = True
-                redirect = self._read_redirect(old, shard)
+                redirect, moved_out = _ask_old_host(self, old, shard)
                 if redirect is not None and redirect["host"] != old.name:
-                    self._redirect(shard, redirect, old)
+                    self._redirects.follow(shard, redirect, self.topology, old)
                     return True
+                # A missing table may be an application bug: only wait if the shard really moved away.
+                moved = moved or moved_out
                 if not moved:
-                    # A missing table may be an application bug: only wait if the shard really moved away.
-                    moved = self._moved_away(old, shard)
-                    if not moved:
-                        return False
+                    return False
             if self.topology.path is None or time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
-
-    def _read_redirect(self, host: Host, shard: int) -> dict | None:
-        try:
-            with _session(self, self._pool(host), "public", self.timeout, False, False, False, None) as conn:
-                return read_redirects(conn, [shard]).get(shard)
-        except Exception:  # noqa: BLE001 - no answer means no redirect to follow
-            return None
-
-    def _redirect(self, shard: int, redirect: dict, old: Host) -> None:
-        """Route ``shard`` to the redirect's host: this Router's own entry for it when its topology has
-        one (its DSN and secret), else the recorded DSN, without a password."""
-        name = redirect["host"]
-        host = next((h for h in self.topology.hosts if h.name == name), None)
-        if host is None:
-            host = Host(name=name, dsn=redirect["dsn"], shards=[])
-            with self._lock:
-                self._foreign.add(name)
-        if self._redirected.get(shard, (None,))[0] == host:
-            return  # another thread followed it already
-        log.warning("shard %s moved from %s to %s (redirect recorded by %s; this Router's topology file still "
-                    "names %s)%s", shard, old.name, name, old.name, self.topology.host_of(shard).name,
-                    "" if name not in self._foreign else
-                    f": {name} is not in this Router's topology, connecting with the recorded DSN "
-                    f"{mask(redirect['dsn'])} without a password")
-        with self._lock:
-            self._redirected[shard] = (host, self.topology.host_of(shard).name)
-
-    def _moved_away(self, host: Host, shard: int) -> bool:
-        try:
-            with _session(self, self._pool(host), "public", self.timeout, False, False, False, None) as conn:
-                row = conn.execute("SELECT state FROM shardctl.shards WHERE shard_id = %s", (shard,)).fetchone()
-        except Exception:  # noqa: BLE001 - no answer means no evidence of a move
-            return False
-        return bool(row) and row[0] == "moved_out"
 
     # ---- pools -----------------------------------------------------------------
     def _pool(self, host: Host, *, standby: bool = False) -> HostPool:
@@ -324,7 +274,7 @@ class Router:
         user timeout (a dead network is noticed), and ``statement_timeout`` as the session default."""
         kwargs = host.connect_kwargs(connect_timeout=max(1, int(self.connect_timeout)),
                                      application_name=f"{APPLICATION_NAME} router")
-        foreign = host.name in self._foreign and not standby
+        foreign = self._redirects.foreign(host.name) and not standby
         if standby:
             kwargs["conninfo"] = host.standby
         options = conninfo_to_dict(kwargs["conninfo"]).get("options", "")
@@ -336,11 +286,7 @@ class Router:
         except psycopg.OperationalError as exc:
             if not foreign:
                 raise
-            # Say why there was no password: the host came from a redirect, not from this Router's file.
-            raise psycopg.OperationalError(
-                f"{first_line(exc)} (host {host.name} is not in this Router's topology file: a shard moved there "
-                f"and the Router connected with the DSN the old host recorded, {mask(host.dsn)}, without a "
-                f"password; add {host.name} to this app server's topology file)") from None
+            raise foreign_connect_error(host, exc) from None
 
     def stats(self) -> dict[str, dict]:
         """Per host: pool usage, calls, errors by kind, breaker state and latency percentiles (ms) of
@@ -376,6 +322,18 @@ class Router:
 
 class _Fallback(Exception):
     """The standby cannot serve this read (args[0]: ``lagging`` or ``unreachable``): use the primary."""
+
+
+def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, bool]:
+    """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
+    None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
+    try:
+        with _session(router, router._pool(host), "public", router.timeout, False, False, False, None) as conn:
+            redirect = read_redirects(conn, [shard]).get(shard)
+            row = conn.execute("SELECT state FROM shardctl.shards WHERE shard_id = %s", (shard,)).fetchone()
+    except Exception:  # noqa: BLE001 - no answer means no evidence of a move
+        return None, False
+    return redirect, bool(row) and row[0] == "moved_out"
 
 
 def _ms(seconds: float | None) -> int:

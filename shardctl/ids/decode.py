@@ -296,7 +296,8 @@ def _csv_loop(layout: Layout, with_topology: bool):
         "    reject = bad.reject",
         "    for n, raw in enumerate(lines, 1):",
         # isascii first: int() and isdigit() also read non-ASCII digits such as ١٢٣, refused here
-        "        if raw.isascii() and raw.isdigit():",
+        # (a line keeps its newline: rstrip() before isdigit(), or every line took the slow path)
+        "        if raw.isascii() and raw.rstrip().isdigit():",
         "            v = int(raw)",
         "        else:",
         "            v = parse_loose(raw)",

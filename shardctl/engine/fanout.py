@@ -20,17 +20,15 @@ import psycopg
 
 from . import connections as db
 from .executor import ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
-from .ledger import ensure_control_schema, log_event  # noqa: F401 - re-exported for ops/move
 from ..errors import HostUnreachable, OperationFailed, ShardctlError
 from ..model import dsn as dsnlib
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import ShardRow, connection_headroom, control_exists, server_cores, shard_list  # noqa: F401
+from ..sql.catalog import connection_headroom, server_cores
 
 T = TypeVar("T")
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
-read_shards = shard_list  # the name ops/move uses
 
 
 @dataclass

@@ -105,12 +105,7 @@ def fleet_problems(topo: Topology, base_head: int, hosts: list[str] | None,
         if ahead:
             problems.append(f"{h.host}: " + ", ".join(f"{n} shards at V{v}" for v, n in ahead.items())
                             + f", which the base branch (head V{base_head}) does not have: update the base")
-        if d.missing:
-            problems.append(f"{h.host}: shards {format_shards(d.missing)} not created (run shardctl init)")
-        problems += [f"{h.host}: {dr.file} changed after it was applied (shards {format_shards(dr.shards)})"
-                     for dr in d.drift]
-        problems += [f"{h.host}: V{v} missing from the ledger of shards {format_shards(s)}"
-                     for v, s in d.gaps.items()]
+        problems += [f"{h.host}: {line}" for line in d.ledger_problems()]
         problems += [f"{h.host}: V{v} is applied on shards {format_shards(s)} but its file is gone"
                      for v, s in d.orphans.items()]
         problems += [f"{h.host}: {line}" for line in d.held]

@@ -54,6 +54,14 @@ class HostMigration(ApplyOutcome):
     dry_run_sql: dict[str, str] = field(default_factory=dict)
     integrity: dict[str, int] = field(default_factory=dict)
 
+    def ledger_problems(self) -> list[str]:
+        """Shards not created, applied files that changed, and versions missing from a shard's ledger:
+        one line each (the caller names the host)."""
+        lines = [f"shards {format_shards(self.missing)} not created (run shardctl init)"] if self.missing else []
+        lines += [f"{dr.file} changed after it was applied (shards {format_shards(dr.shards)})" for dr in self.drift]
+        lines += [f"V{v} missing from the ledger of shards {format_shards(s)}" for v, s in self.gaps.items()]
+        return lines
+
     def detail(self) -> dict:
         """The per-host document of ``--json``'s ``details``."""
         return {"pending": self.pending, "versions": self.versions, "missing": format_shards(self.missing),
@@ -93,12 +101,7 @@ class MigrateResult(FleetReport):
             d = self.host(h)
             if d.pending and self.check:
                 parts.append(f"{h.host}: " + ", ".join(f"V{v} on {n} shards" for v, n in d.pending.items()))
-            if d.missing:
-                parts.append(f"{h.host}: shards {format_shards(d.missing)} not created (run shardctl init)")
-            parts += [f"{h.host}: {dr.file} changed after it was applied (shards {format_shards(dr.shards)})"
-                      for dr in d.drift]
-            parts += [f"{h.host}: V{v} missing from the ledger of shards {format_shards(s)}"
-                      for v, s in d.gaps.items()]
+            parts += [f"{h.host}: {line}" for line in d.ledger_problems()]
             if self.check:
                 parts += [f"{h.host}: {line}" for line in d.held]
         return parts

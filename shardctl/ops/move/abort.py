@@ -13,7 +13,7 @@ import psycopg
 
 from ...engine import connections as db
 from ...errors import OperationFailed
-from ...engine.fanout import read_shards
+from ...sql.catalog import shard_list
 from ...model.identifiers import quote_ident
 from ...model.ranges import format_shards
 from ...model.topology import Topology
@@ -60,7 +60,7 @@ def _abort_before_cutover(run: MoveRun) -> None:
                 set_phase(conn, move, role, Phase.ABORTING, {})
     run.report["dropped"] = run.drop_replication()
     with run.connect(run.target, autocommit=False) as tgt:
-        rows = read_shards(tgt)
+        rows = shard_list(tgt)
         mine = [n for n in move.shards if n in rows and rows[n].state == ShardState.MOVING_IN]
         present = q.present_schemas(tgt, run.schemas)
         doomed = [n for n in move.shards if n in mine or (n not in rows and run.schema(n) in present)]
@@ -85,7 +85,7 @@ def _abort_after_cutover(run: MoveRun) -> None:
     t0 = time.monotonic()
     if move.phases.get("source") == Phase.CUT_OVER:
         with run.connect(run.source) as src, run.connect(run.target) as tgt:
-            src_rows, tgt_rows = read_shards(src), read_shards(tgt)
+            src_rows, tgt_rows = shard_list(src), shard_list(tgt)
             frozen = set(aside.values()) <= q.present_schemas(tgt, list(aside.values()))
         behind = [n for n in move.shards if n in tgt_rows and n in src_rows and
                   tgt_rows[n].version != src_rows[n].version]

@@ -16,7 +16,8 @@ import psycopg
 
 from ...engine import connections as db
 from ...engine.executor import ConnectionLost, HostRunner, RunOptions, ShardPlan
-from ...engine.fanout import ensure_control_schema, read_shards
+from ...engine.ledger import ensure_control_schema
+from ...sql.catalog import shard_list
 from ...errors import OperationFailed
 from ...model.ranges import format_shards
 from ...sql import catalog as q
@@ -39,7 +40,7 @@ def prepare(run: MoveRun) -> None:
     sizing = preflight(run) if not move.phases else {}  # a new move: check both hosts before any change
     if move.phases.get("target") is None:
         with run.connect(run.target) as conn:  # before the source's shards are marked
-            check_target_free(run.target, move.shards, read_shards(conn), q.present_schemas(conn, run.schemas),
+            check_target_free(run.target, move.shards, shard_list(conn), q.present_schemas(conn, run.schemas),
                               mine=False)
     with db.host_lock(run.source, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
                       purpose="move-shard") as conn:
@@ -57,7 +58,7 @@ def prepare(run: MoveRun) -> None:
 def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> None:
     move, shards = run.move, run.move.shards
     q.ensure_move_objects(conn)
-    rows = read_shards(conn)
+    rows = shard_list(conn)
     missing = [n for n in shards if n not in rows]
     if missing:
         raise OperationFailed(f"host {run.source.name} has no record of shards {format_shards(missing)} "
@@ -98,7 +99,7 @@ def _prepare_target(run: MoveRun, conn: psycopg.Connection) -> list[ShardPlan]:
     ensure_control_schema(conn, run.topo)
     q.ensure_move_objects(conn)
     mine = any(r[0] == move.move_id for r in q.move_records(conn))
-    rows = read_shards(conn)
+    rows = shard_list(conn)
     present = q.present_schemas(conn, run.schemas)
     check_target_free(run.target, move.shards, rows, present, mine)
     if not mine:

@@ -17,7 +17,7 @@ from psycopg import conninfo as pg_conninfo
 
 from ...engine import connections as db
 from ...engine.executor import ShardPlan
-from ...engine.fanout import log_event
+from ...engine.ledger import log_event
 from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed
 from ...model.identifiers import MAX_IDENTIFIER_BYTES, quote_ident
 from ...model.ranges import format_shards, parse_shards

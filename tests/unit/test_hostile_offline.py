@@ -94,6 +94,24 @@ def test_a_few_bad_lines_are_each_reported(topo):
     assert [d["id"] for d in doc["ids"]] == [an_id(1), an_id(2)] and "errors_total" not in doc
 
 
+def test_empty_lines_among_ids_are_counted_cheaply(topo):
+    """The CSV loop checks a whole chunk of lines at once: a chunk of digits with empty lines hidden in
+    it still reports each empty line, within the bounds, in one stderr line."""
+    block = f"{an_id(1)}\n".encode() + b"\n" * 8191
+    result = run_measured("-c", topo, "decode-id", "--csv", stdin=(block for _ in range(122)))
+    assert_refused_cheaply(result, f"{122 * 8191} lines are not IDs of this fleet",
+                           "the first is line 2: '': empty line")
+    assert result.stdout.count(b"\n") == 1 + 122
+
+
+def test_crlf_lines_decode_like_lf_lines(topo):
+    ids = [an_id(n) for n in range(1, 20_000, 7)]
+    lf = run_measured("-c", topo, "decode-id", "--csv", stdin="".join(f"{i}\n" for i in ids).encode())
+    crlf = run_measured("-c", topo, "decode-id", "--csv", stdin="".join(f"{i}\r\n" for i in ids).encode())
+    assert lf.exit_code == crlf.exit_code == 0, (lf, crlf)
+    assert crlf.stdout == lf.stdout and lf.stdout.count(b"\n") == len(ids) + 1
+
+
 # ---- memory stays flat ------------------------------------------------------------------------------------------
 
 def _stream(topo, mode: str, lines: int):

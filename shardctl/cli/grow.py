@@ -12,7 +12,7 @@ from ..model.topology import CONFIG_ENV, DEFAULT_FILE, Topology
 from . import cli, json_option, settings
 from .options import finish, run_options
 from .output import stdout
-from .params import ASCII_INT
+from .params import ASCII_INT, AsciiInt
 from .progress import host_progress
 
 
@@ -27,7 +27,7 @@ def _path() -> str:
 @click.option("--dsn", required=True, help="libpq connection string of the new host.")
 @click.option("--password-env", metavar="VAR", help="Environment variable holding its password.")
 @click.option("--standby", metavar="DSN", help="Optional standby DSN.")
-@click.option("--connect-timeout", type=click.IntRange(1, 3600), default=10, show_default=True,
+@click.option("--connect-timeout", type=AsciiInt(1, 3600), default=10, show_default=True,
               help="Seconds to wait for a host to answer.")
 @json_option
 def add_host_cmd(name: str, dsn: str, password_env: str | None, standby: str | None, connect_timeout: int,
@@ -46,7 +46,7 @@ def add_host_cmd(name: str, dsn: str, password_env: str | None, standby: str | N
 @click.option("--ids", metavar="RANGE", help="Open exactly these new shard ids (following on from the count).")
 @click.option("--modulus", type=ASCII_INT, help="Change the routing modulus (refused while shards hold data).")
 @click.option("--place-new", is_flag=True, help="Send new objects to the new shards (placement.new_objects).")
-@click.option("--connect-timeout", type=click.IntRange(1, 3600), default=10, show_default=True,
+@click.option("--connect-timeout", type=AsciiInt(1, 3600), default=10, show_default=True,
               help="Seconds to wait for a host to answer.")
 @run_options
 @json_option

@@ -168,6 +168,15 @@ def test_json_and_csv_agree_on_many_ids(topo):
     (["locate", "--", "-٣"], "written with non-ASCII digits"),
     (["render", "--shard", "٠-١"], "digits must be ASCII 0-9"),
     (["render", "--shard", "０-３"], "digits must be ASCII 0-9"),
+    (["migrate", "--target", "٣"], "--target: '٣' uses non-ASCII digits"),
+    (["migrate", "--lock-retries", "٣"], "--lock-retries: '٣' uses non-ASCII digits"),
+    (["migrate", "--retry-budget", "١.٥"], "--retry-budget: '١.٥' uses non-ASCII digits"),
+    (["verify", "--samples", "１６"], "--samples: '１６' uses non-ASCII digits"),
+    (["move-shard", "1", "--to", "pg2", "--max-freeze", "٣"], "--max-freeze: '٣' uses non-ASCII digits"),
+    (["move-shard", "1", "--to", "pg2", "--max-freeze", "nan"], "--max-freeze: 'nan' is not a valid number"),
+    (["move-shard", "1", "--to", "pg2", "--max-freeze", "1e3"], "--max-freeze: '1e3' is not a valid number"),
+    (["move-shard", "1", "--to", "pg2", "--max-freeze", "0.01"], "--max-freeze: 0.01 is out of range"),
+    (["sandbox", "up", "--hosts", "٢"], "--hosts: '٢' uses non-ASCII digits"),
 ])
 def test_non_ascii_digits_are_refused(topo, args, needle):
     assert_refused_cheaply(run_measured("-c", topo, *args), needle)

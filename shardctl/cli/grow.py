@@ -6,9 +6,7 @@ import click
 
 from ..engine.executor import RunOptions
 from ..ops.grow import add_host, add_shard
-from ..errors import BadInput
-from ..model.ranges import MAX_SHARDS, parse_shards
-from ..model.topology import CONFIG_ENV, DEFAULT_FILE, Topology
+from ..model.topology import CONFIG_ENV, DEFAULT_FILE
 from . import cli, json_option, settings
 from .options import finish, run_options
 from .output import stdout
@@ -54,7 +52,6 @@ def add_shard_cmd(host_name: str, count: int | None, ids: str | None, modulus: i
                   connect_timeout: int, batch_size: int, recycle_after: int, wait: float, as_json: bool,
                   jobs: int | None) -> None:
     """Open new logical shards on a host, at the fleet's migration version, and record them."""
-    _check_new_shards(settings().topology(), count, ids)
     options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout)
     with host_progress("add-shard", not as_json) as progress:
         result = add_shard(_path(), host_name, count=count, ids=ids, modulus=modulus, place_new=place_new,
@@ -64,17 +61,3 @@ def add_shard_cmd(host_name: str, count: int | None, ids: str | None, modulus: i
         f"Opened shards {result['new_shards']} on {host_name} at migration version V{result['version'] or 0} "
         f"in {result['seconds']:.2f}s; shard count {result['shard_count']}, routing modulus {result['modulus']}."),
         None)
-
-
-def _check_new_shards(topo: Topology, count: int | None, ids: str | None) -> None:
-    """Refuse a --count or --ids beyond the layout's shard bits before any list of shards is built."""
-    limit = min(topo.layout.max_shards, MAX_SHARDS)
-    room = max(limit - topo.shard_count, 0)
-    beyond = f"beyond the {topo.layout.name} layout's {topo.layout.bits('shard')} shard bits (at most {limit} shards"
-    if count is not None and count > room:
-        raise BadInput(f"--count {count} goes {beyond}; the fleet has {topo.shard_count}, so at most {room} more)")
-    if ids is not None:
-        try:
-            parse_shards(ids, limit=limit)
-        except ValueError as exc:
-            raise BadInput(f"--ids: {exc}: {beyond})") from None

@@ -160,3 +160,25 @@ def test_a_migration_the_target_server_cannot_run_stops_the_move_before_any_chan
     assert r.exit_code == 0, r
     assert json.loads(r.stdout)["preflight_trial"] == {"shard": 4, "migrations": 3, "skipped": []}
     assert run_cli("move-shard", "4", "--abort", config=path).exit_code == 0
+
+
+def test_prepare_accepts_a_ledger_written_before_checksums_left_out_fleet_values(fleet3):
+    """Ledger rows holding the checksum of the rendered SQL (as older shardctl wrote them) match, as they do
+    for migrate; the target copies them as they are."""
+    from shardctl.sql.migrations import checksum, for_topology
+
+    topo = load(fleet3)
+    with connect(topo, "pg1", autocommit=True) as conn:
+        for m in for_topology(topo):
+            for n in range(4):
+                conn.execute("UPDATE shardctl.migrations SET checksum = %s WHERE shard_id = %s AND version = %s",
+                             (checksum(m.render(topo, n)), n, m.version))
+        old = conn.execute("SELECT shard_id, version, checksum FROM shardctl.migrations WHERE shard_id < 4 "
+                           "ORDER BY 1, 2").fetchall()
+    assert run_cli("migrate", "--check", config=fleet3).exit_code == 0
+    r = run_cli("move-shard", "0-3", "--to", "pg2", "prepare", config=fleet3)
+    assert r.exit_code == 0, r
+    with connect(topo, "pg2") as conn:
+        assert conn.execute("SELECT shard_id, version, checksum FROM shardctl.migrations WHERE shard_id < 4 "
+                            "ORDER BY 1, 2").fetchall() == old
+    assert run_cli("move-shard", "0-3", "--abort", config=fleet3).exit_code == 0

@@ -96,3 +96,7 @@ def test_rerun_after_a_crash_after_the_flip_brings_the_shards(fleet3):
     assert _versions(load(path), "pg2", [0, 1, 2, 3]) == {0: 3, 1: 3, 2: 3, 3: 3}
     assert run_cli("migrate", "--check", config=path).exit_code == 0
     assert run_cli("verify", config=path).exit_code == 0
+    # The old copies on pg1 are at V2: an abort could not take the new rows back, and says so.
+    refused = run_cli("move-shard", "0-3", "--abort", config=path)
+    assert refused.exit_code == 1 and "migrations ran on pg2 after the cutover" in refused.stderr, refused
+    assert run_cli("migrate", "--check", config=path).exit_code == 0

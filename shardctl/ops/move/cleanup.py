@@ -21,7 +21,7 @@ def cleanup(run: MoveRun) -> None:
     renamed = run.renamed_map()
     with run.connect(run.source, autocommit=False) as src:
         run.drop_shards(src, run.move.shards, lambda n: renamed[str(n)], ShardState.MOVED_OUT, "cleanup",
-                        run.source.name)
+                        run.source.name, parallel=True)
     run.drop_replication()
     run.both(Phase.CLEANED, {})
     run.event("move-shard cleanup", {})

@@ -8,14 +8,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import jinja2
-from pglast import parser as pg_parser
 
 from ..errors import BadInput, ConfigError
 from .render import RENDER_ERRORS, builtin_dir, shard_context, string_environment, template_line
 from ..model.topology import Topology
+
+if TYPE_CHECKING:  # imported where SQL is parsed (parse()): ~0.1 s that a command without it never pays
+    from pglast import parser as pg_parser
 
 FILE_NAME = re.compile(r"V([0-9]+)__([A-Za-z0-9_]+)\.sql", re.ASCII)  # ASCII: \d would take ٣ as 3
 NO_TRANSACTION = "-- shardctl:no-transaction"
@@ -200,6 +202,8 @@ def parse(sql_text: str, *, tree: bool = False) -> list[Statement]:
 
     ``tree``: always keep each statement's parse tree (``node``, ``kind``); otherwise they are only
     built when the text holds a word that could make a statement refuse a transaction."""
+    from pglast import parser as pg_parser
+
     lower = sql_text.lower()
     if not tree and not any(word in lower for word in _TREE_WORDS):  # substrings: at worst a needless tree
         try:

@@ -10,13 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import jinja2
-
 from ..errors import BadInput, ConfigError
-from .render import RENDER_ERRORS, builtin_dir, shard_context, string_environment, template_line
+from .render import builtin_dir, render_errors, shard_context, string_environment, template_line
 from ..model.topology import Topology
 
-if TYPE_CHECKING:  # imported where SQL is parsed (parse()): ~0.1 s that a command without it never pays
+if TYPE_CHECKING:  # imported where SQL is parsed (parse()) or rendered: a command that does neither
+    import jinja2  # (migrate --check with nothing pending) never pays for them
     from pglast import parser as pg_parser
 
 FILE_NAME = re.compile(r"V([0-9]+)__([A-Za-z0-9_]+)\.sql", re.ASCII)  # ASCII: \d would take ٣ as 3
@@ -64,7 +63,7 @@ class Migration:
         try:
             template = _compiled(self.source, str(self.path))
             text = template.render(context if context is not None else shard_context(topo, shard))
-        except RENDER_ERRORS as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
+        except render_errors() as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
             line = template_line(exc, "<template>")
             where = f"{self.name}:{line}" if line else self.name
             raise BadInput(f"migration {where} does not render: {getattr(exc, 'message', None) or exc}") from None
@@ -137,6 +136,8 @@ def _compiled(source: str, name: str) -> jinja2.Template:
     key = (name, source)
     template = _templates.get(key)
     if template is None:
+        import jinja2
+
         try:
             template = string_environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:

@@ -16,9 +16,6 @@ from ..engine.fanout import FleetReport, host_error, raise_for_status
 from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
-from ..ops.provision import init
-from ..ops.status import status
-from ..ops.verify import verify
 from . import cli, settings
 from .output import stdout, table
 from .options import finish, host_options, run_options, split_hosts, status_of
@@ -69,6 +66,8 @@ def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_
     """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
     topo = settings().topology()
     options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout)
+    from ..ops.provision import init  # each command imports its own operation (start-up of the others)
+
     with host_progress("init", not as_json) as progress:
         report = init(topo, hosts=split_hosts(host_names), options=options, wait=wait, progress=progress,
                       jobs=jobs)
@@ -292,6 +291,8 @@ def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samp
                full: bool) -> None:
     """Check IDs, next_id() definitions, clocks and shard placement on every host."""
     topo = settings().topology()
+    from ..ops.verify import verify
+
     report = verify(topo, hosts=split_hosts(host_names), samples=samples, tolerance_ms=tolerance_ms,
                     connect_timeout=connect_timeout, full=full)
     doc = report.to_dict()
@@ -323,6 +324,8 @@ def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samp
 def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> None:
     """Fleet table: reachability, shards expected vs present, versions, drift, moves, last event."""
     topo = settings().topology()
+    from ..ops.status import status
+
     report = status(topo, hosts=split_hosts(host_names), connect_timeout=connect_timeout)
     doc = report.to_dict()
 

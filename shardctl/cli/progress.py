@@ -6,8 +6,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Callable
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from .output import stderr
 
 
@@ -17,6 +15,9 @@ def host_progress(label: str, enabled: bool = True) -> Iterator[Callable[[str, i
     if not enabled or not stderr.is_terminal:
         yield None
         return
+    # Imported here: a command without a bar (--json, --check, not a terminal) does not pay for it.
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn(f"{label} [bold]{{task.description}}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=False) as bar:
         def factory(host: str, total: int) -> Callable[[int], None]:

@@ -157,14 +157,16 @@ class _LiveMode:
     conn: psycopg.Connection | None
     progress: Callable[[int], None]
     _since_recycle: int
+    _live_size: int
 
     def _stopped(self) -> bool:
         return self.stop.is_set() and not self.options.continue_on_error
 
-    def _run_live(self, plans: list[ShardPlan]) -> list[ShardOutcome]:
+    def _run_live(self, plans: list[ShardPlan], keep_open: bool = False) -> list[ShardOutcome]:
         outcomes: list[ShardOutcome] = []
         retries = _Retries(self.options)
-        size, i = min(FIRST_BATCH, max(1, self.options.batch_size)), 0
+        # The batch size carries over from the runner's previous chunk (a stream's chunks are one run).
+        size, i = self._live_size or min(FIRST_BATCH, max(1, self.options.batch_size)), 0
         try:
             while (i < len(plans) or retries) and not self._stopped():
                 entry = retries.due()
@@ -179,12 +181,13 @@ class _LiveMode:
                     done, hold = self._live_batch(batch, retries)
                     self._since_recycle += len(batch)
                     self.progress(len(done))
-                    size = self._next_size(size, hold, len(batch))
+                    size = self._live_size = self._next_size(size, hold, len(batch))
                 outcomes += done
                 if any(not o.ok for o in done) and not self.options.continue_on_error:
                     self.stop.set()
         finally:
-            self.close()
+            if not keep_open:
+                self.close()
         waiting = [e.plan for e in retries.entries]
         return outcomes + [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:] + waiting]
 
@@ -299,6 +302,7 @@ class HostRunner(_LiveMode):
         self.progress = progress or (lambda n: None)
         self.conn: psycopg.Connection | None = None
         self._since_recycle = 0
+        self._live_size = 0  # live mode's current batch size (0: not measured yet)
 
     def _connection(self) -> psycopg.Connection:
         if self.conn is not None and self._since_recycle >= self.options.recycle_after:
@@ -316,10 +320,12 @@ class HostRunner(_LiveMode):
             self.conn.close()
             self.conn = None
 
-    def run(self, plans: list[ShardPlan]) -> list[ShardOutcome]:
-        """Apply ``plans`` in order; one outcome per plan (``started=False`` for those never tried)."""
+    def run(self, plans: list[ShardPlan], keep_open: bool = False) -> list[ShardOutcome]:
+        """Apply ``plans`` in order; one outcome per plan (``started=False`` for those never tried).
+        ``keep_open``: leave the connection open for the next call (a stream's next chunk; the caller
+        closes it), instead of closing it at the end."""
         if self.options.lock_retries is not None:
-            return self._run_live(plans)
+            return self._run_live(plans, keep_open)
         outcomes: list[ShardOutcome] = []
         size = max(1, self.options.batch_size)
         i = 0
@@ -335,7 +341,8 @@ class HostRunner(_LiveMode):
                 if any(not o.ok for o in outcomes[-len(batch):]) and not self.options.continue_on_error:
                     self.stop.set()
         finally:
-            self.close()
+            if not keep_open:
+                self.close()
         outcomes += [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:]]
         return outcomes
 

@@ -349,7 +349,7 @@ def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, sto
                 part = source.next()
                 if not part:
                     return
-                done = runner.run(part)
+                done = runner.run(part, keep_open=True)
                 with absorb_lock:
                     outcome.absorb(done)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other streams stop

@@ -321,6 +321,16 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
     refresh_cache(conn, run.topo, run.migrations, verified)
 
 
+def _render_one(run: _Run, hosts: list[Host]) -> None:
+    """Render (and parse) every migration up to the goal for the first shard in scope: BadInput for a
+    template that does not render or SQL PostgreSQL would refuse."""
+    for host in hosts:
+        scope = _scope(host, run.shards)
+        if scope:
+            steps_for(run.migrations, run.topo, scope[0], 0, run.goal)
+            return
+
+
 def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | None = None,
             shards: list[int] | None = None, dry_run: bool = False, check: bool = False,
             repair: bool = False, options: RunOptions | None = None, wait: float = 0,
@@ -344,11 +354,8 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
     run = _Run(topo, migrations, _target(migrations, target), shards, options, check, dry_run, repair, progress,
                jobs)
     selected = select_hosts(topo, hosts)
-    for host in selected:  # a template that does not render fails here, before any connection
-        scope = _scope(host, shards)
-        if scope:
-            steps_for(migrations, topo, scope[0], 0, run.goal)
-            break
+    if not check:  # a template that does not render fails here, before any connection
+        _render_one(run, selected)
     started = time.perf_counter()
 
     def inspect_only(host: Host, result: HostResult[HostMigration]) -> None:
@@ -362,6 +369,10 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
 
     if run.read_only:
         reports = fan_out(selected, inspect_only, lambda h: HostMigration())
+        if check and any(h.value.pending for h in reports if h.value is not None):
+            # Only now: with nothing pending, --check renders nothing the ledger's cache vouches for (and
+            # does not even load the SQL parser: start-up, bench/startup.py).
+            _render_one(run, selected)
     else:
         with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,
                            purpose=options.purpose) as locks:

@@ -746,9 +746,15 @@ def active_shard_ids(conn: psycopg.Connection) -> set[int]:
 
 
 # A next_id() body with its shard's schema name and shard number (as a whole number) taken out: the
-# same for every shard rendered from one template, whatever its number.
-_SHAPE = ("md5(regexp_replace(replace({body}, {schema}, '{{schema}}'), "
-          "'(?<![0-9])' || {shard}::text || '(?![0-9])', '{{shard}}', 'g'))")
+# same for every shard rendered from one template, whatever its number. Linear in the rows: one fixed
+# pattern (compiled once per query, not once per row) brackets every run of digits, so the shard number
+# as a whole number is a plain replace of '<N>'.
+_SHAPE = ("md5(replace(regexp_replace(replace({body}, {schema}, '{{schema}}'), '([0-9]+)', '<\\1>', 'g'), "
+          "'<' || {shard}::text || '>', '{{shard}}'))")
+# A schema's next_id(): the whole key of pg_proc's (proname, proargtypes, pronamespace) index, so a
+# nested-loop plan (stale catalog statistics right after init) looks each one up instead of scanning
+# every shard's next_id() per shard.
+_NEXT_ID = "p.proname = 'next_id' AND p.proargtypes = ''::oidvector"
 
 
 def next_id_shapes(conn: psycopg.Connection, schemas: list[str], shards: list[int],
@@ -765,7 +771,7 @@ def next_id_shapes(conn: psycopg.Connection, schemas: list[str], shards: list[in
                           AND c.relkind = 'S'))
               FROM unnest(%s::text[], %s::int[]) AS u(schema, shard)
               LEFT JOIN pg_namespace n ON n.nspname = u.schema
-              LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = 'next_id' AND p.pronargs = 0
+              LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND {_NEXT_ID}
              GROUP BY 1""", (schemas, shards)).fetchall()
     known = conn.execute(
         f"SELECT DISTINCT {_SHAPE.format(body='e.body', schema='e.schema', shard='e.shard')} "
@@ -779,8 +785,8 @@ def next_id_bodies(conn: psycopg.Connection, schemas: list[str]) -> dict[str, st
     if not schemas:
         return {}
     return dict(conn.execute(
-        """SELECT n.nspname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-            WHERE p.proname = 'next_id' AND p.pronargs = 0 AND n.nspname = ANY(%s)""", (schemas,)).fetchall())
+        f"""SELECT n.nspname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE {_NEXT_ID} AND n.nspname = ANY(%s)""", (schemas,)).fetchall())
 
 
 # Calls every shard's next_id() ``n`` times in one query: a function of the session's own (pg_temp),

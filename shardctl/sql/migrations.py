@@ -8,14 +8,15 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
-
-import jinja2
-from pglast import parser as pg_parser
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import BadInput, ConfigError
-from .render import RENDER_ERRORS, builtin_dir, shard_context, string_environment, template_line
+from .render import builtin_dir, render_errors, shard_context, string_environment, template_line
 from ..model.topology import Topology
+
+if TYPE_CHECKING:  # imported where SQL is parsed (parse()) or rendered: a command that does neither
+    import jinja2  # (migrate --check with nothing pending) never pays for them
+    from pglast import parser as pg_parser
 
 FILE_NAME = re.compile(r"V([0-9]+)__([A-Za-z0-9_]+)\.sql", re.ASCII)  # ASCII: \d would take ٣ as 3
 NO_TRANSACTION = "-- shardctl:no-transaction"
@@ -62,7 +63,7 @@ class Migration:
         try:
             template = _compiled(self.source, str(self.path))
             text = template.render(context if context is not None else shard_context(topo, shard))
-        except RENDER_ERRORS as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
+        except render_errors() as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
             line = template_line(exc, "<template>")
             where = f"{self.name}:{line}" if line else self.name
             raise BadInput(f"migration {where} does not render: {getattr(exc, 'message', None) or exc}") from None
@@ -135,6 +136,8 @@ def _compiled(source: str, name: str) -> jinja2.Template:
     key = (name, source)
     template = _templates.get(key)
     if template is None:
+        import jinja2
+
         try:
             template = string_environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
@@ -200,6 +203,8 @@ def parse(sql_text: str, *, tree: bool = False) -> list[Statement]:
 
     ``tree``: always keep each statement's parse tree (``node``, ``kind``); otherwise they are only
     built when the text holds a word that could make a statement refuse a transaction."""
+    from pglast import parser as pg_parser
+
     lower = sql_text.lower()
     if not tree and not any(word in lower for word in _TREE_WORDS):  # substrings: at worst a needless tree
         try:

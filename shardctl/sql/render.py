@@ -6,12 +6,15 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-import jinja2
+from typing import TYPE_CHECKING
 
 from ..errors import BadInput
 from ..model.identifiers import quote_ident, quote_literal
 from ..model.layouts import Layout, iso
 from ..model.topology import Topology
+
+if TYPE_CHECKING:  # imported where a template is rendered: a command that renders nothing never pays for it
+    import jinja2
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # the shardctl package
 NEXT_ID_BODY = re.compile(r"\$next_id\$(.*?)\$next_id\$", re.DOTALL)
@@ -35,6 +38,8 @@ def templates_dir(topo: Topology | None) -> Path:
 
 @lru_cache(maxsize=16)
 def _environment(search_path: tuple[str, ...]) -> jinja2.Environment:
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(list(search_path)),
         undefined=jinja2.StrictUndefined,
@@ -48,8 +53,10 @@ def _environment(search_path: tuple[str, ...]) -> jinja2.Environment:
 
 def _defined(quote):
     """A filter that lets StrictUndefined name the typo (``'shcema' is undefined``) before quoting."""
+    from jinja2 import Undefined
+
     def apply(value):
-        if isinstance(value, jinja2.Undefined):
+        if isinstance(value, Undefined):
             value._fail_with_undefined_error()
         return quote(value)
     return apply
@@ -104,9 +111,13 @@ def shard_context(topo: Topology, shard: int) -> dict:
     }
 
 
-# What rendering a template can raise besides jinja2's own errors: Python errors from
-# expressions such as {{ shard_id + "x" }} or {{ 1 // 0 }}.
-RENDER_ERRORS = (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError)
+def render_errors() -> tuple[type[BaseException], ...]:
+    """What rendering a template can raise: jinja2's own errors, and Python errors from expressions
+    such as {{ shard_id + "x" }} or {{ 1 // 0 }} (for ``except render_errors()``: jinja2 is imported by
+    then)."""
+    import jinja2
+
+    return (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError)
 
 
 def template_line(exc: BaseException, filename: str | None = None) -> int | None:
@@ -126,7 +137,7 @@ def _render(topo: Topology | None, name: str, context: dict) -> str:
     try:
         template = environment(topo).get_template(name)
         return template.render(context)
-    except RENDER_ERRORS as exc:
+    except render_errors() as exc:
         line = template_line(exc)
         where = f"{name}:{line}" if line else name
         message = getattr(exc, "message", None) or str(exc)

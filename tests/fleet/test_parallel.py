@@ -110,3 +110,28 @@ def test_max_jobs_must_be_a_positive_integer(make_fleet):
     path.write_text(text.replace(first_dsn, first_dsn + "    max_jobs: 0\n", 1))
     out = run_cli("info", config=path)
     assert out.exit_code == 2 and "max_jobs must be a positive integer" in out.stdout + out.stderr, out
+
+
+def _sessions(dsn: str) -> int:
+    """Sessions ever opened on the fleet's database (pg_stat_database.sessions, counted at disconnect)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        return conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
+
+
+def test_a_stream_keeps_its_connection_from_chunk_to_chunk(make_fleet):
+    """512 shards in 2 streams go out in chunks of 64 (a few per stream): each stream applies all of its
+    chunks on one connection (a new backend per chunk cost a connection and a cold catalog cache, and
+    restarted the live batch size at its first, small size)."""
+    path = make_fleet(hosts=1, shards=512)
+    assert run_cli("init", "--jobs", "2", config=path).exit_code == 0
+    (path.parent / "migrations" / "V0003__add_photo_location.sql").write_text(V3)
+    dsn = load(path).hosts[0].dsn
+    before = _sessions(dsn)
+    out = run_cli("migrate", "--json", "--jobs", "2", config=path)
+    assert out.exit_code == 0, out
+    assert [h["jobs"] for h in json.loads(out.stdout)["hosts"]] == [2]
+    assert set(whole(dsn, 3).values()) == {3}
+    # The host's lock connection, two streams, whole()'s and the one that read the count above; one
+    # connection per chunk would be 8 for the streams alone.
+    assert _sessions(dsn) - before <= 5

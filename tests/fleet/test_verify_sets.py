@@ -34,6 +34,24 @@ def test_a_body_edited_on_a_shard_outside_the_rendered_sample_is_caught(make_fle
     assert [h.value.shards_checked for h in report.hosts] == [32, 32]
 
 
+def test_a_body_with_another_shards_number_is_caught_by_its_shape(make_fleet):
+    """The shape takes out the shard's own number only (as a whole number): a body that mints another
+    shard's IDs (26, or 66, which holds 6's digits) has a shape of its own, found without rendering it."""
+    path = make_fleet(hosts=2, shards=64)
+    assert run_cli("init", config=path).exit_code == 0
+    topo = load(path)
+    with psycopg.connect(topo.host("pg1").dsn, autocommit=True) as conn:
+        for shard, other in ((6, 26), (7, 77)):
+            body = render_next_id(topo, shard)
+            assert f"({shard}::bigint" in body  # the template's shard bits (a change here needs a new edit)
+            conn.execute(body.replace(f"({shard}::bigint", f"({other}::bigint"))
+    # id_shards=0: no IDs minted except for suspects, so the shapes alone must single out 6 and 7.
+    report = verify(topo, id_shards=0)
+    found = sorted({(v.shard, v.reason) for v in report.violations if "differs" in v.reason})
+    assert found == [(6, "next_id() differs from the template's rendering (changed by hand or stale)"),
+                     (7, "next_id() differs from the template's rendering (changed by hand or stale)")], found
+
+
 def test_a_failing_next_id_is_named_and_the_other_shards_are_still_checked(make_fleet):
     path = make_fleet(hosts=2, shards=64)
     assert run_cli("init", config=path).exit_code == 0

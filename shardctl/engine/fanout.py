@@ -311,6 +311,31 @@ class _Source:
             return [ShardOutcome(p.shard, p.schema, started=False) for p in self._plans]
 
 
+def run_streams(name: str, streams: int, work: Callable[[int], None], halt: threading.Event) -> list[BaseException]:
+    """Run ``work(k)`` for k in 0..streams-1, each in a thread of its own (inline for one stream), and
+    return what they raised. The first failure sets ``halt``, which the other streams check between
+    batches, so they finish the batch in hand and stop."""
+    errors: list[BaseException] = []
+
+    def guarded(k: int) -> None:
+        try:
+            work(k)
+        except BaseException as exc:  # noqa: BLE001 - returned to the caller, after the other streams stop
+            halt.set()
+            errors.append(exc)
+
+    if streams == 1:
+        guarded(0)
+        return errors
+    threads = [threading.Thread(target=guarded, args=(k,), name=f"shardctl-{name}-{k}", daemon=True)
+               for k in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, stop: threading.Event,
                 outcome: ApplyOutcome, progress: ProgressFactory | None, *, total: int | None = None,
                 jobs: int = 1) -> None:
@@ -340,7 +365,6 @@ def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, sto
     halt = _HostStop(stop)
     source = _Source(plans, chunk, halt, options.continue_on_error)
     absorb_lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def stream(k: int) -> None:
         runner = HostRunner(host, options, halt, tick)  # type: ignore[arg-type] - duck-typed Event
@@ -352,21 +376,10 @@ def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, sto
                 done = runner.run(part, keep_open=True)
                 with absorb_lock:
                     outcome.absorb(done)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other streams stop
-            halt.host.set()
-            errors.append(exc)
         finally:
             runner.close()
 
-    if streams == 1:
-        stream(0)
-    else:
-        threads = [threading.Thread(target=stream, args=(k,), name=f"shardctl-{host.name}-{k}", daemon=True)
-                   for k in range(streams)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    errors = run_streams(host.name, streams, stream, halt.host)
     outcome.absorb(source.rest())
     if errors:
         raise next((e for e in errors if isinstance(e, ConnectionLost)), errors[0])

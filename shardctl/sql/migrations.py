@@ -321,3 +321,34 @@ def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: in
         text = m.sql(topo, shard)
         out.append(Step(m.version, m.description, text, m.checksum_for(topo, shard), m.transactional))
     return out
+
+
+# Statements that refuse a transaction only because of CONCURRENTLY: without it they run in one, with the
+# same effect on an empty new shard (what the trial needs to know is whether the server accepts them).
+_CONCURRENT_KINDS = ("IndexStmt", "DropStmt", "ReindexStmt", "AlterTableStmt")
+
+
+def transactional_form(sql_text: str) -> str | None:
+    """``sql_text`` (a rendered no-transaction migration) with CONCURRENTLY taken out of its statements,
+    deparsed by pglast; None when a statement has no transactional form (VACUUM, CREATE DATABASE…)."""
+    from pglast import ast, parse_sql
+    from pglast.stream import RawStream
+
+    out = []
+    for statement in parse(sql_text, tree=True):
+        if not statement.no_transaction:
+            out.append(statement.sql)
+            continue
+        if statement.kind not in _CONCURRENT_KINDS:
+            return None
+        node = parse_sql(statement.sql)[0].stmt
+        if isinstance(node, (ast.IndexStmt, ast.DropStmt)):
+            node.concurrent = False
+        elif isinstance(node, ast.ReindexStmt):
+            node.params = tuple(p for p in node.params or () if p.defname != "concurrently") or None
+        else:
+            for cmd in node.cmds or ():
+                if isinstance(cmd.def_, ast.PartitionCmd):
+                    cmd.def_.concurrent = False
+        out.append(RawStream()(node))
+    return ";\n".join(out)

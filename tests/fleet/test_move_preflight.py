@@ -80,17 +80,6 @@ def test_subscriptions_sized_to_a_target_with_two_workers(private_sandbox):
 
 # ---- the target's server must run every migration the moving shards have applied ----------------
 
-def test_transactional_form_takes_concurrently_out():
-    from shardctl.ops.move.preflight import transactional_form
-    assert transactional_form("CREATE INDEX CONCURRENTLY IF NOT EXISTS i ON s.t (a)") == \
-        "CREATE INDEX IF NOT EXISTS i ON s.t (a)"
-    assert transactional_form("DROP INDEX CONCURRENTLY s.i") == "DROP INDEX s.i"
-    assert transactional_form("REINDEX (VERBOSE, CONCURRENTLY) TABLE s.t") == "REINDEX (VERBOSE) TABLE s.t"
-    assert transactional_form("ALTER TABLE s.p DETACH PARTITION s.p1 CONCURRENTLY") == \
-        "ALTER TABLE s.p DETACH PARTITION s.p1"
-    assert transactional_form("VACUUM s.t") is None
-
-
 @pytest.fixture
 def pg16_target(make_fleet):  # noqa: F811 - test_move's make_fleet, which also drops replication leftovers
     """pg1 (a session server, PostgreSQL 18) with shards 0-15 and pg16 (a server of its own, PostgreSQL 16)

@@ -154,3 +154,16 @@ def test_lint_with_squawk(tmp_path):
         lintlib.lint(topo, found, shard=9)
     with pytest.raises(BadInput, match="squawk refused its arguments"):
         lintlib.lint(topology(extra="lint:\n  exclude: [no-such-rule]\n"), found)
+
+
+def test_transactional_form_takes_concurrently_out():
+    """What a move's preflight tries on the target for a no-transaction migration."""
+    from shardctl.sql.migrations import transactional_form
+
+    assert transactional_form("CREATE INDEX CONCURRENTLY IF NOT EXISTS i ON s.t (a)") == \
+        "CREATE INDEX IF NOT EXISTS i ON s.t (a)"
+    assert transactional_form("DROP INDEX CONCURRENTLY s.i") == "DROP INDEX s.i"
+    assert transactional_form("REINDEX (VERBOSE, CONCURRENTLY) TABLE s.t") == "REINDEX (VERBOSE) TABLE s.t"
+    assert transactional_form("ALTER TABLE s.p DETACH PARTITION s.p1 CONCURRENTLY") == \
+        "ALTER TABLE s.p DETACH PARTITION s.p1"
+    assert transactional_form("VACUUM s.t") is None

@@ -11,8 +11,6 @@ applies its migrations in a transaction that is always rolled back.
 from __future__ import annotations
 
 import psycopg
-from pglast import ast, parse_sql
-from pglast.stream import RawStream
 from psycopg import conninfo as pg_conninfo
 
 from ...engine import connections as db
@@ -20,7 +18,7 @@ from ...errors import OperationFailed
 from ...model.identifiers import quote_ident
 from ...sql import catalog as q
 from ...sql.catalog import shard_list
-from ...sql.migrations import for_topology, parse, steps_for
+from ...sql.migrations import for_topology, steps_for, transactional_form
 from ...sql.render import render_shard
 from .run import MoveRun, require_version
 
@@ -154,31 +152,3 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
                  f"to try on {run.target.name}")
     run.report["preflight_trial"] = {"shard": shard, "migrations": len(steps), "skipped": skipped}
     return []
-
-
-# Statements that refuse a transaction only because of CONCURRENTLY: without it they run in one, with the
-# same effect on an empty new shard (what the trial needs to know is whether the server accepts them).
-_CONCURRENT_KINDS = ("IndexStmt", "DropStmt", "ReindexStmt", "AlterTableStmt")
-
-
-def transactional_form(sql_text: str) -> str | None:
-    """``sql_text`` (a rendered no-transaction migration) with CONCURRENTLY taken out of its statements,
-    deparsed by pglast; None when a statement has no transactional form (VACUUM, CREATE DATABASE…)."""
-    out = []
-    for statement in parse(sql_text, tree=True):
-        if not statement.no_transaction:
-            out.append(statement.sql)
-            continue
-        if statement.kind not in _CONCURRENT_KINDS:
-            return None
-        node = parse_sql(statement.sql)[0].stmt
-        if isinstance(node, (ast.IndexStmt, ast.DropStmt)):
-            node.concurrent = False
-        elif isinstance(node, ast.ReindexStmt):
-            node.params = tuple(p for p in node.params or () if p.defname != "concurrently") or None
-        else:
-            for cmd in node.cmds or ():
-                if isinstance(cmd.def_, ast.PartitionCmd):
-                    cmd.def_.concurrent = False
-        out.append(RawStream()(node))
-    return ";\n".join(out)

@@ -9,7 +9,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -19,7 +18,7 @@ from psycopg import conninfo as pg_conninfo
 
 from ...engine import connections as db
 from ...engine.executor import ShardPlan
-from ...engine.fanout import MIN_SHARDS_PER_STREAM, host_jobs
+from ...engine.fanout import MIN_SHARDS_PER_STREAM, host_jobs, run_streams
 from ...engine.ledger import log_event
 from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed
 from ...model.identifiers import MAX_IDENTIFIER_BYTES, quote_ident
@@ -274,19 +273,15 @@ class MoveRun:
             return
 
         def stream(k: int) -> None:
-            try:
-                with self.connect(self.topo.host(host_name), autocommit=False) as c:
-                    for batch in batches[k::streams]:
-                        if stop.is_set():
-                            return
-                        drop(c, batch)
-            except BaseException:
-                stop.set()  # the other streams finish their batch in hand, then stop
-                raise
+            with self.connect(self.topo.host(host_name), autocommit=False) as c:
+                for batch in batches[k::streams]:
+                    if stop.is_set():
+                        return
+                    drop(c, batch)
 
-        with ThreadPoolExecutor(max_workers=streams, thread_name_prefix=f"shardctl-{step}") as pool:
-            for future in [pool.submit(stream, k) for k in range(streams)]:
-                future.result()
+        errors = run_streams(host_name, streams, stream, stop)
+        if errors:
+            raise errors[0]
 
     def drop_replication(self) -> dict:
         """Subscriptions (target), publications and slots (source) of this move. Idempotent."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 
 from conftest import connect, load, run_cli
-from helpers import start_shardctl
+from helpers import run_shardctl, start_shardctl
 
 ADD_LOCATION = ("ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
                 "CREATE INDEX photos_location_idx ON {{ schema|ident }}.photos (location);\n")
@@ -110,6 +110,21 @@ def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
 
 
 # ---- acceptance: failures on some shards ------------------------------------------------------------
+
+def test_check_with_nothing_pending_loads_no_template_or_parser(make_fleet):
+    """CI runs `migrate --check` on every push: with nothing pending it reads the ledgers and stops,
+    without importing jinja2 or pglast (start-up time). A pending migration still gets rendered."""
+    path = make_fleet(hosts=2, shards=8)
+    assert run_cli("init", config=path).exit_code == 0
+    proc = run_shardctl("migrate", "--check", config=path, python_flags=("-X", "importtime"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "psycopg" in modules  # the list is real
+    assert not {m for m in modules if m.split(".")[0] in ("jinja2", "pglast")}
+    (path.parent / "migrations" / "V0003__x.sql").write_text("ALTER TABLE {{ schema }}.photos ADD COLUMN x int;\n")
+    proc = run_shardctl("migrate", "--check", config=path)
+    assert proc.returncode == 1 and "V3" in proc.stdout + proc.stderr, proc
+
 
 def test_failure_on_some_shards_is_all_or_nothing_per_shard_and_rerun_completes(make_fleet):
     fleet = make_fleet(hosts=2, shards=64)

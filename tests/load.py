@@ -169,13 +169,16 @@ class RouterWriters:
     """Threads inserting through the Router into random shards of ``shards``; every acknowledged row
     is kept as (id, shard, started, finished) with ``time.time()`` stamps."""
 
-    def __init__(self, router, shards: list[int], modulus: int, writers: int = 2, pause: float = 0.002):
+    def __init__(self, router, shards: list[int], modulus: int, writers: int = 2, pause: float = 0.002,
+                 first: int = 0):
         self.router, self.shards, self.modulus, self.pause = router, shards, modulus, pause
         self.stop_event = threading.Event()
         self.written: list[tuple[int, int, float, float]] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._write, args=(w,), daemon=True) for w in range(writers)]
+        # Writer numbers (random seed, caption) from ``first``: distinct across several RouterWriters.
+        self.threads = [threading.Thread(target=self._write, args=(w,), daemon=True)
+                        for w in range(first, first + writers)]
         self.started = self.stopped = 0.0
 
     def __enter__(self) -> "RouterWriters":
@@ -211,13 +214,26 @@ class RouterWriters:
             if self.pause:
                 time.sleep(self.pause)
 
-    def stats(self, shards: set[int] | None = None) -> LoadStats:
-        rows = [r for r in self.written if shards is None or r[1] in shards]
-        return LoadStats(len(rows), len(self.errors), (self.stopped or time.monotonic()) - self.started,
-                         [end - start for _, _, start, end in rows], list(self.errors))
+    def stats(self, shards: set[int] | None = None, since: float | None = None,
+              until: float | None = None) -> LoadStats:
+        """Acknowledged writes (to ``shards``, under way at some point of [``since``, ``until``])."""
+        return written_stats(self.written, self.errors, (self.stopped or time.monotonic()) - self.started,
+                             shards, since, until)
 
     def ids_by_shard(self) -> dict[int, set[int]]:
         out: dict[int, set[int]] = {}
         for new_id, shard, _, _ in self.written:
             out.setdefault(shard, set()).add(new_id)
         return out
+
+
+def written_stats(written: list[tuple[int, int, float, float]], errors: list[str], seconds: float,
+                  shards: set[int] | None = None, since: float | None = None,
+                  until: float | None = None) -> LoadStats:
+    """LoadStats of :class:`RouterWriters` rows (id, shard, started, finished; ``time.time()`` stamps),
+    optionally only those to ``shards`` and under way at some point between ``since`` and ``until``
+    (a write that waited through a window counts in it). Also for rows gathered from several
+    writer processes."""
+    rows = [r for r in written if (shards is None or r[1] in shards)
+            and (since is None or r[3] >= since) and (until is None or r[2] <= until)]
+    return LoadStats(len(rows), len(errors), seconds, [end - start for _, _, start, end in rows], list(errors))

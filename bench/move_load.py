@@ -54,6 +54,19 @@ from shardctl.ops.provision import init  # noqa: E402
 from shardctl.router import Router  # noqa: E402
 
 MOVE = 128
+
+# A failed move raises without its report; keep a handle on the run to read its figures anyway.
+import shardctl.ops.move.api as _move_api  # noqa: E402
+_LAST_RUN: dict = {}
+_run_steps = _move_api._run_steps
+
+
+def _spy_run_steps(run, steps):
+    _LAST_RUN["run"] = run
+    return _run_steps(run, steps)
+
+
+_move_api._run_steps = _spy_run_steps
 TARGETS = {"freeze_s": 1.0, "scale_ratio": 1.2, "still_ms": 100.0, "rate": 1000.0}
 
 
@@ -76,6 +89,11 @@ def fill(topo: Topology, shards: list[int], mb: float) -> None:
         list(pool.map(lambda part: load_rows(topo, part, rows) if part else None, halves))
     if rows > probe:
         load_rows(topo, shards[:1], rows - probe)
+    _, got = size_of(topo, shards)
+    if got < 0.97 * mb * 1e6:  # the probe shard's fixed overhead made the estimate per row too large
+        more = int(rows * (mb * 1e6 - got) / got)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda part: load_rows(topo, part, more) if part and more else None, halves))
 
 
 def size_of(topo: Topology, shards: list[int]) -> tuple[int, int]:
@@ -90,8 +108,8 @@ def size_of(topo: Topology, shards: list[int]) -> tuple[int, int]:
     return int(rows or 0), size
 
 
-def writer_rows(topo: Topology, shards: list[int]) -> dict[int, list[int]]:
-    """shard → ids of the rows the writers inserted (caption 'writer …'), on its current owner."""
+def writer_rows(topo: Topology, shards: list[int], captions: list[str]) -> dict[int, list[int]]:
+    """shard → ids of the rows these writers inserted (by their captions), on its current owner."""
     out: dict[int, list[int]] = {}
     by_host: dict[str, list[int]] = {}
     for n in shards:
@@ -100,7 +118,7 @@ def writer_rows(topo: Topology, shards: list[int]) -> dict[int, list[int]]:
         with psycopg.connect(**topo.host(name).connect_kwargs()) as conn:
             for n in ns:
                 out[n] = [r[0] for r in conn.execute(
-                    f"SELECT id FROM {topo.schema_name(n)}.photos WHERE caption LIKE 'writer %%'")]
+                    f"SELECT id FROM {topo.schema_name(n)}.photos WHERE caption = ANY(%s)", (captions,))]
     return out
 
 
@@ -127,13 +145,14 @@ class AppServers:
     def __init__(self, box: Sandbox, shards: list[int], n: int, threads: int, pause: float, run_no: int):
         self.dir = Path(tempfile.mkdtemp(prefix="appservers-", dir=box.dir))
         ctx = mp.get_context("fork")
-        self.pipes, self.procs = [], []
+        self.pipes, self.procs, self.captions = [], [], []
         for i in range(n):
             copy = self.dir / f"app{i}.yaml"
             shutil.copy(box.topology_path, copy)
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_app_server, args=(str(copy), shards, threads, pause, run_no * 50 + i + 1,
-                                                         child), daemon=True)
+            seed = run_no * 50 + i + 1
+            proc = ctx.Process(target=_app_server, args=(str(copy), shards, threads, pause, seed, child), daemon=True)
+            self.captions += [f"writer {w}" for w in range(seed * 100, seed * 100 + threads)]  # RouterWriters
             proc.start()
             self.pipes.append(parent)
             self.procs.append(proc)
@@ -161,19 +180,23 @@ def longest_gap(written: list, shards: set[int]) -> float:
     return max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
 
 
-def check_rows(topo: Topology, written: list, shards: list[int]) -> dict:
+def check_rows(topo: Topology, written: list, shards: list[int], captions: list[str]) -> dict:
     """Every acknowledged row exactly once on its shard's current owner; no writer row nobody acknowledged."""
-    found = writer_rows(topo, shards)
+    found = writer_rows(topo, shards, captions)
     acked: dict[int, list[int]] = {}
     for new_id, shard, _, _ in written:
         acked.setdefault(shard, []).append(new_id)
     lost = dup = unexpected = 0
+    lost_ids: set[int] = set()
     for n in shards:
         have, want = found.get(n, []), set(acked.get(n, []))
         dup += len(have) - len(set(have))
         lost += len(want - set(have))
+        lost_ids |= want - set(have)
         unexpected += len(set(have) - want)
-    return {"lost": lost, "duplicated": dup, "unacknowledged_rows": unexpected}
+    # When each lost write was under way (time.time()), to place it among the move's phases.
+    sample = sorted((round(r[2], 3), round(r[3], 3), r[1]) for r in written if r[0] in lost_ids)
+    return {"lost": lost, "duplicated": dup, "unacknowledged_rows": unexpected, "lost_writes": sample}
 
 
 def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run_no: int) -> dict:
@@ -197,7 +220,8 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
         report = move_shards(Topology.load(box.topology_path), moving, target,
                              options=MoveOptions(max_freeze=args.max_freeze))
     except Exception as exc:  # noqa: BLE001 - report it with the load figures
-        report, error = {}, f"{type(exc).__name__}: {exc}"
+        run = _LAST_RUN.pop("run", None)
+        report, error = (dict(run.report) if run else {}), f"{type(exc).__name__}: {exc}"
     move_s = time.time() - t0
     time.sleep(args.cooldown)
     load_during = loadavg()
@@ -205,7 +229,7 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
     if bench is not None:
         bench.stop()
     final = Topology.load(box.topology_path)
-    checked = check_rows(final, apps.written, everything)
+    checked = check_rows(final, apps.written, everything, apps.captions)
     f0, f1 = report.get("freeze_started_at"), report.get("freeze_ended_at")
     st_all = written_stats(apps.written, apps.errors, apps.seconds)
     st_still = written_stats(apps.written, apps.errors, apps.seconds, still, t0, t0 + move_s)
@@ -229,7 +253,9 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
         "moving_max_ms": round(st_moving.max_ms, 1), "moving_p99_ms": round(st_moving.percentile_ms(0.99), 1),
         "moving_longest_gap_ms": round(longest_gap(apps.written, set(moving)) * 1000, 1),
         "load_before": load_before, "load_after": load_during,
+        "freeze_at": round(f0 - t0, 2) if f0 else None,  # seconds after the move started
     }
+    doc["lost_writes"] = [(round(a - t0, 3), round(b - t0, 3), n) for a, b, n in doc["lost_writes"]]
     if bench is not None:
         pst = bench.stats()
         pf = bench.stats(f0, f1) if f0 else None
@@ -262,6 +288,9 @@ def show(doc: dict) -> None:
     print(f"  writes {doc['writes']} at {doc['write_rate']}/s (before the move {doc['write_rate_before_move']}/s); lost {doc['lost']}, duplicated {doc['duplicated']}, "
           f"errors {doc['write_errors']}, unacknowledged rows {doc['unacknowledged_rows']}"
           + (f"  e.g. {doc['errors_sample']}" if doc["errors_sample"] else ""))
+    if doc["lost_writes"]:
+        print(f"  lost writes (started, acknowledged: seconds after the move started; shard): "
+              f"{doc['lost_writes'][:10]}; the freeze started at {doc['freeze_at']}s")
     print(f"  non-moving shards: whole move max {doc['still_max_ms']} ms p99 {doc['still_p99_ms']} ms "
           f"({doc['still_writes']} writes); in the freeze max {doc['still_freeze_max_ms']} ms p99 "
           f"{doc['still_freeze_p99_ms']} ms ({doc['still_freeze_writes']} writes)")

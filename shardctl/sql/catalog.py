@@ -150,11 +150,14 @@ def drop_shard_schemas(conn: psycopg.Connection, schemas: list[str], shards: lis
     conn.execute("DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = %s", (shards, str(state)))
 
 
-def lock_tables(conn: psycopg.Connection, items: list[tuple[str, str]], per_statement: int = 500) -> None:
-    """LOCK TABLE … IN EXCLUSIVE MODE: writes wait, reads go on."""
+def lock_tables(conn: psycopg.Connection, items: list[tuple[str, str]], per_statement: int = 500,
+                mode: str = "EXCLUSIVE") -> None:
+    """LOCK TABLE … IN EXCLUSIVE MODE (``mode``): writes wait, reads go on."""
+    if mode not in ("EXCLUSIVE", "SHARE"):
+        raise ValueError(f"lock mode {mode}")
     for i in range(0, len(items), per_statement):
         conn.execute("LOCK TABLE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}"
-                                              for s, t in items[i:i + per_statement]) + " IN EXCLUSIVE MODE")
+                                              for s, t in items[i:i + per_statement]) + f" IN {mode} MODE")
 
 
 def copy_tables(frm: psycopg.Connection, into: psycopg.Connection, pairs: list[tuple[tuple[str, str], tuple[str, str]]],
@@ -434,18 +437,38 @@ def create_subscription(conn: psycopg.Connection, name: str, conninfo: str, copy
         start_subscription(conn, name, copy_data)
 
 
-def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True) -> None:
+def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True,
+                       hold: psycopg.Connection | None = None, tables: list[tuple[str, str]] | None = None) -> None:
     """Enable a subscription made by :func:`create_subscription` and fetch its tables (the initial copy
-    starts). Idempotent: a subscription already enabled and with tables is left alone."""
+    starts). Idempotent: a subscription already enabled and with tables is left alone.
+
+    Without the subscription's copy (``copy_data`` false: the rows were copied as of the slot's snapshot),
+    ``hold`` (a second, non-autocommit connection to the same database) must hold SHARE locks on the
+    subscription's ``tables`` from before ENABLE until REFRESH has committed. ENABLE starts the apply
+    worker, and REFRESH (which cannot share a transaction with it) registers the tables: until then the
+    worker skips the changes of tables it does not know (worker.c, should_apply_changes_for_rel: state
+    unknown) and still confirms them, so rows written in between would never reach the target while
+    ``replay_lsn`` says they did (a lost write that the freeze's lag-0 wait cannot see). With the locks,
+    the worker waits on its first change (it opens the table in ROW EXCLUSIVE mode) and reads the table's
+    state only once the lock is granted, after REFRESH committed (REFRESH takes ACCESS SHARE only)."""
     enabled, rels = conn.execute(
         """SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
              FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
     ident = sql.Identifier(name)
-    if not enabled:
-        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
-    if not rels:
-        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = {})").format(
-            ident, sql.SQL("true" if copy_data else "false")))
+    held = not copy_data and not rels
+    if held:
+        if hold is None or not tables:
+            raise ValueError("start_subscription without copy_data needs hold and tables")
+        lock_tables(hold, tables, mode="SHARE")
+    try:
+        if not enabled:
+            conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
+        if not rels:
+            conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = {})").format(
+                ident, sql.SQL("true" if copy_data else "false")))
+    finally:
+        if held:
+            hold.rollback()  # the locks go; the apply worker reads the tables' state (ready) after this
 
 
 def drop_subscription(conn: psycopg.Connection, name: str) -> str:

@@ -24,6 +24,11 @@ from .render import render_control
 MOVED_SQLSTATE = "SCM01"
 GUARD_FUNCTION = "shardctl.moved_shard_guard"
 GUARD_TRIGGER = "shardctl_moved_shard"
+STUB_READ_FUNCTION = "shardctl.moved_shard_read"  # a moved shard's stub views read through it (it raises SCM01)
+STUB_COMMENT = "shardctl: moved-shard stub"     # COMMENT ON SCHEMA of a stub: never a shard
+# A pg_namespace row (alias n) that is not a stub left under a moved shard's old name.
+NOT_STUB = ("NOT EXISTS (SELECT FROM pg_description d WHERE d.objoid = n.oid AND d.classoid = 'pg_namespace'::regclass "
+            f"AND d.objsubid = 0 AND starts_with(d.description, '{STUB_COMMENT}'))")
 WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 CHUNK = 100  # tables per checksum query
 
@@ -43,7 +48,8 @@ def ensure_move_objects(conn: psycopg.Connection) -> None:
     initialised before they existed: the control-schema template again, whose statements are idempotent.
     Call under the host lock (concurrent CREATE IF NOT EXISTS can collide)."""
     ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
-                         "AND to_regclass('shardctl.redirects') IS NOT NULL", (f"{GUARD_FUNCTION}()",)).fetchone()[0]
+                         "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL",
+                         (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)")).fetchone()[0]
     if not ready:
         with conn.transaction():
             conn.execute(render_control())
@@ -102,6 +108,51 @@ def read_redirects(conn: psycopg.Connection, shards: list[int]) -> dict[int, dic
     return {r[0]: {"host": r[1], "dsn": r[2], "schema": r[3], "move_id": r[4], "at": r[5]} for r in conn.execute(
         "SELECT shard_id, host, dsn, schema_name, move_id, at FROM shardctl.redirects WHERE shard_id = ANY(%s)",
         (shards,)).fetchall()}
+
+
+def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str]]) -> int:
+    """Under each old schema name (key), a stub for the renamed schema (``value[0]``): one view per table
+    with the table's columns, whose reads and writes raise SQLSTATE SCM01 with the message ``value[1]``
+    (it names the new host), so direct clients (psql, other languages) are told where the shard went.
+    The schema is marked by its comment (:data:`STUB_COMMENT`). In the caller's transaction (the
+    cutover's); returns the number of views."""
+    if not stubs:
+        return 0
+    old_of = {new: (old, message) for old, (new, message) in stubs.items()}
+    rows = conn.execute(
+        """SELECT n.nspname, c.relname,
+                  array_agg(format('NULL::%%s AS %%I', format_type(a.atttypid, a.atttypmod), a.attname)
+                            ORDER BY a.attnum) FILTER (WHERE a.attnum IS NOT NULL)
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+            WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+            GROUP BY 1, 2 ORDER BY 1, 2""", (list(old_of),)).fetchall()
+    parts = []
+    for old, (_new, message) in stubs.items():
+        schema = quote_ident(old)
+        parts.append(f"CREATE SCHEMA {schema};\nCOMMENT ON SCHEMA {schema} IS "
+                     f"{quote_literal(f'{STUB_COMMENT}: {message}')};\nGRANT USAGE ON SCHEMA {schema} TO PUBLIC;\n")
+    for renamed, table, columns in rows:
+        old, message = old_of[renamed]
+        view, text = f"{quote_ident(old)}.{quote_ident(table)}", quote_literal(message)
+        parts.append(f"CREATE VIEW {view} AS SELECT {', '.join(columns or ['NULL AS none'])} "
+                     f"FROM {STUB_READ_FUNCTION}({text});\n"
+                     f"CREATE TRIGGER {GUARD_TRIGGER} INSTEAD OF INSERT OR UPDATE OR DELETE ON {view} FOR EACH ROW "
+                     f"EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n")
+    # Anyone may try: a client without rights on the old tables is told where the shard went, too.
+    parts += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {quote_ident(old)} TO PUBLIC;\n"
+              for old in stubs]
+    conn.execute("".join(parts))
+    return len(rows)
+
+
+def drop_moved_stubs(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
+    """Drop the stubs among ``schemas`` (only schemas marked as stubs, never a shard); returns them."""
+    doomed = [r[0] for r in conn.execute(
+        f"SELECT nspname FROM pg_namespace n WHERE nspname = ANY(%s) AND NOT {NOT_STUB}", (schemas,)).fetchall()]
+    if doomed:
+        conn.execute("".join(f"DROP SCHEMA {quote_ident(s)} CASCADE;\n" for s in doomed))
+    return doomed
 
 
 def try_shard_locks(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> bool:
@@ -577,7 +628,8 @@ def last_event(conn: psycopg.Connection) -> str | None:
 
 
 def schema_names(conn: psycopg.Connection) -> set[str]:
-    return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    """Every schema of the database but the stubs left under moved shards' old names."""
+    return {r[0] for r in conn.execute(f"SELECT nspname FROM pg_namespace n WHERE {NOT_STUB}").fetchall()}
 
 
 def ledger_versions(conn: psycopg.Connection, shards: list[int]) -> dict[int, list[int]]:
@@ -759,9 +811,11 @@ def server_cores(conn: psycopg.Connection) -> int | None:
     return row[0] if row and row[0] > 0 else None
 
 
-# verify: one row per host with its version, clock, whether the control schema exists, and every schema name.
-VERIFY_HOST_SQL = """SELECT current_setting('server_version'), extract(epoch FROM clock_timestamp())::float8,
-       to_regclass('shardctl.migrations') IS NOT NULL, array(SELECT nspname::text FROM pg_namespace)"""
+# verify: one row per host with its version, clock, whether the control schema exists, and every schema name
+# (but the stubs under moved shards' old names).
+VERIFY_HOST_SQL = f"""SELECT current_setting('server_version'), extract(epoch FROM clock_timestamp())::float8,
+       to_regclass('shardctl.migrations') IS NOT NULL,
+       array(SELECT nspname::text FROM pg_namespace n WHERE {NOT_STUB})"""
 
 
 def active_shard_ids(conn: psycopg.Connection) -> set[int]:

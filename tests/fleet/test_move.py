@@ -174,9 +174,11 @@ def check_moved(topo_before, path: Path, moved: list[int], source: str, target: 
     written = [w[0] for w in traffic.written]
     assert len(written) == len(set(written))
     assert sorted(on_target) == sorted(before_ids + written), "rows lost or duplicated"
-    # The source's old schemas are renamed and refuse writes.
+    # The source's old schemas are renamed and refuse writes; under the old names only stubs remain
+    # (views that tell direct clients where the shard went).
     with connect(topo_before, source, autocommit=True) as conn:
-        live = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)",
+        live = conn.execute("SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                            "WHERE n.nspname = ANY(%s) AND c.relkind <> 'v'",
                             ([f"insta{n}" for n in moved],)).fetchone()[0]
         assert live == 0
         renamed = f"insta{moved[0]}_moved_{report['move_id']}"

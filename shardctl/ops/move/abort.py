@@ -127,6 +127,7 @@ def _freeze_target(run: MoveRun, aside: dict[str, str]) -> None:
 def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> None:
     move, opts = run.move, run.options
     with run.connect(run.source, autocommit=False) as src, run.connect(run.target) as tgt:
+        q.drop_moved_stubs(src, run.schemas)  # the old names are the shards' own again
         present = q.present_schemas(src, list(renamed.values()))
         parts = [f"ALTER SCHEMA {quote_ident(renamed[str(n)])} RENAME TO {quote_ident(run.schema(n))};\n"
                  for n in move.shards if renamed[str(n)] in present]

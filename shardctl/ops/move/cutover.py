@@ -11,7 +11,9 @@ subscriptions have applied the source's WAL up to that point, take a read-only s
 target (it now holds exactly the source's rows), set every target sequence from the source
 sequence plus a margin, wait until the target's clock is past the source's, then a guard
 trigger on every table (SQLSTATE ``SCM01``, "shard N moved to HOST"), writes revoked, schemas
-renamed to ``{schema}_moved_{move id}``, shard rows ``moved_out``; commit. Every statement is
+renamed to ``{schema}_moved_{move id}``, shard rows ``moved_out``, a redirect recorded, and a stub under
+each old schema name (views whose reads and writes raise ``SCM01`` naming the new host, for direct
+clients; ``--cleanup`` and ``--abort`` drop it); commit. Every statement is
 bounded by what is left of ``--max-freeze``, so no attempt, failed or not, holds writes longer.
 
 Then the target's rows become ``active``, the topology file is flipped, the subscriptions,
@@ -29,6 +31,7 @@ import psycopg
 
 from ...engine import connections as db
 from ...errors import OperationFailed
+from ...model.dsn import mask
 from ...model.identifiers import quote_ident
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
@@ -331,16 +334,29 @@ class Freeze:
         current = {str(n): run.schema(n) for n in self.move.shards}
         renamed = {str(n): run.renamed(n) for n in self.move.shards}
         run.retire(self.src, self.tables_rp, current, renamed, f"moved to {run.target.name}", grants)
+        self._mark("retired")
         q.write_redirects(self.src, self.move.shards, [run.schema(n) for n in self.move.shards], run.target.name,
                           run.target.dsn, self.move.move_id)
+        # Direct clients that still use the old schema name get an error naming the new host.
+        q.create_moved_stubs(self.src, {run.schema(n): (renamed[str(n)], stub_message(run, n))
+                                        for n in self.move.shards})
+        self._mark("stubs")
         detail = {"grants": grants, "renamed": renamed, "cutover_at": started_at,
                   "sequences": sequences, "freeze_lock_seconds": self.marks.get("lock"),
                   "freeze_caught_up_seconds": self.marks.get("caught_up"),
                   "freeze_snapshot_seconds": self.marks.get("snapshot"),
+                  "freeze_retired_seconds": self.marks.get("retired"),
+                  "freeze_stubs_seconds": self.marks.get("stubs"),
                   "freeze_compared_seconds": None,  # rows are compared after the freeze now
                   "freeze_started": started_at}
         set_phase(self.src, self.move, "source", Phase.CUT_OVER, detail)
         return detail
+
+
+def stub_message(run: MoveRun, shard: int) -> str:
+    """What a direct client reading or writing a moved shard's old schema is told (no password)."""
+    return (f"shard {shard} moved to {run.target.name} (move {run.move.move_id}): connect to "
+            f"{mask(q.dsn_without_password(run.target.dsn))}")
 
 
 def finish_cutover(run: MoveRun) -> None:

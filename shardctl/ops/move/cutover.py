@@ -302,6 +302,14 @@ class Freeze:
             raise FreezeTimeout("taking the locks used up --max-freeze")
 
     def _wait_lag_zero(self) -> None:
+        # Why replay_lsn >= lsn means the target holds every row the locked source holds: each writer
+        # committed before the LOCK was granted, so its commit record ends before ``lsn``; a walsender
+        # sends transactions in commit order and a keepalive's position only after everything before
+        # it; the apply worker handles its messages in order and reports a position only between them,
+        # after committing what it received (worker.c send_feedback; streamed transactions too: the
+        # leader waits for the parallel worker at STREAM COMMIT). That holds only if the worker applies,
+        # not skips, what it receives: every table was registered before it streamed (see
+        # catalog.start_subscription; rows written while it was not were the lost rows once seen here).
         lsn = self.src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
         # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
         self.aux.execute("SET synchronous_commit = on")

@@ -23,6 +23,7 @@ from . import cli, settings
 from .output import stdout, table
 from .options import finish, host_options, run_options, split_hosts, status_of
 from .progress import host_progress
+from .params import ASCII_INT, AsciiFloat, AsciiInt
 
 
 def _state(h) -> str:
@@ -171,12 +172,12 @@ def lock_options(func: Callable) -> Callable:
     func = click.option("--lock-timeout", default=DEFAULT_LOCK_WAIT, show_default=True,
                         help="How long one shard waits for a table lock before it is put back and retried "
                              "(PostgreSQL interval).")(func)
-    func = click.option("--lock-retries", type=click.IntRange(0, 1000), default=DEFAULT_LOCK_RETRIES,
+    func = click.option("--lock-retries", type=AsciiInt(0, 1000), default=DEFAULT_LOCK_RETRIES,
                         show_default=True, help="Retries of a shard whose lock wait timed out (0: fail at once).")(
         func)
-    func = click.option("--retry-budget", type=click.FloatRange(0, 86_400), default=DEFAULT_RETRY_BUDGET,
+    func = click.option("--retry-budget", type=AsciiFloat(0, 86_400), default=DEFAULT_RETRY_BUDGET,
                         show_default=True, help="Seconds a blocked shard keeps being retried, in all.")(func)
-    func = click.option("--max-lock-hold", type=click.IntRange(1, 600_000), default=DEFAULT_MAX_LOCK_HOLD_MS,
+    func = click.option("--max-lock-hold", type=AsciiInt(1, 600_000), default=DEFAULT_MAX_LOCK_HOLD_MS,
                         show_default=True, help="Milliseconds a batch may hold its shards' locks; batches are "
                                                 "sized to stay under it.")(func)
     return func
@@ -187,7 +188,7 @@ def lock_options(func: Callable) -> Callable:
 @run_options
 @lock_options
 @click.option("--shards", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 0-1023).")
-@click.option("--target", type=int, help="Migrate up to this version (default: the latest).")
+@click.option("--target", type=ASCII_INT, help="Migrate up to this version (default: the latest).")
 @click.option("--dry-run", is_flag=True, help="Render and show what would run; touch nothing.")
 @click.option("--check", is_flag=True, help="Exit 1 if anything is pending, listing it (for CI); touch nothing.")
 @click.option("--continue-on-error", is_flag=True,
@@ -230,7 +231,7 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
 
 @cli.command("plan")
 @host_options
-@click.option("--target", type=int, help="Plan up to this version (default: the latest).")
+@click.option("--target", type=ASCII_INT, help="Plan up to this version (default: the latest).")
 def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target: int | None) -> None:
     """Per host: pending versions and how many shards are at each version."""
     topo = settings().topology()
@@ -280,9 +281,9 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
 
 @cli.command("verify")
 @host_options
-@click.option("--samples", type=click.IntRange(2, 100_000), default=16, show_default=True,
+@click.option("--samples", type=AsciiInt(2, 100_000), default=16, show_default=True,
               help="next_id() calls per shard.")
-@click.option("--tolerance-ms", type=click.IntRange(1, 86_400_000), default=5000, show_default=True,
+@click.option("--tolerance-ms", type=AsciiInt(1, 86_400_000), default=5000, show_default=True,
               help="Allowed gap between an ID's time and the host clock.")
 @click.option("--full", is_flag=True, help="Render and compare every shard's next_id() body and check every "
                                           "shard's IDs (default: every body's shape, IDs of 512 shards per host "

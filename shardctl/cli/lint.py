@@ -10,12 +10,13 @@ from ..errors import OperationFailed
 from ..sql.lint import lint, new_migrations
 from . import cli, json_option, settings
 from .output import stdout
+from .params import ASCII_INT
 
 
 @cli.command("lint")
 @click.option("--base", metavar="DIR", help="The base branch's migrations folder: lint only the migrations "
               "the change adds after its head (default: every migration).")
-@click.option("--shard", type=int, default=0, show_default=True, help="Render the migrations for this shard.")
+@click.option("--shard", type=ASCII_INT, default=0, show_default=True, help="Render the migrations for this shard.")
 @json_option
 def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
     """Flag dangerous DDL in new migrations with squawk (rules set in the topology's lint: section)."""

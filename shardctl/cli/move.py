@@ -18,33 +18,34 @@ from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
 from .options import finish
 from .output import info, stderr, stdout, table
+from .params import AsciiFloat, AsciiInt
 
 
 def move_options(func: Callable) -> Callable:
     opts = [
-        click.option("--max-freeze", type=click.FloatRange(0.1, 3600), default=5.0, show_default=True,
+        click.option("--max-freeze", type=AsciiFloat(0.1, 3600), default=5.0, show_default=True,
                      help="Seconds writes may be frozen at cutover; past it the attempt is rolled back."),
-        click.option("--attempts", type=click.IntRange(1, 100), default=3, show_default=True,
+        click.option("--attempts", type=AsciiInt(1, 100), default=3, show_default=True,
                      help="Cutover freezes to try before giving up."),
-        click.option("--sequence-margin", type=click.IntRange(0, 1 << 40), default=1024, show_default=True,
+        click.option("--sequence-margin", type=AsciiInt(0, 1 << 40), default=1024, show_default=True,
                      help="Added to each source sequence's value when it is set on the target."),
-        click.option("--schemas-per-subscription", type=click.IntRange(1, 100_000), default=64, show_default=True,
+        click.option("--schemas-per-subscription", type=AsciiInt(1, 100_000), default=64, show_default=True,
                      help="Schemas per publication / subscription."),
-        click.option("--max-subscriptions", type=click.IntRange(1, 64), default=4, show_default=True,
+        click.option("--max-subscriptions", type=AsciiInt(1, 64), default=4, show_default=True,
                      help="Cap on subscriptions per move (batches grow instead)."),
-        click.option("--sync-timeout", type=click.FloatRange(1, 7 * 86_400), default=3600, show_default=True,
+        click.option("--sync-timeout", type=AsciiFloat(1, 7 * 86_400), default=3600, show_default=True,
                      help="Seconds to wait for the initial copy (it goes on if this run stops)."),
         click.option("--publisher-dsn", metavar="DSN",
                      help="How the target server reaches the source, if not by the topology's DSN "
                           "(the source's password_env still supplies the password)."),
-        click.option("--copy-workers", type=click.IntRange(0, 4), default=4, show_default=True,
+        click.option("--copy-workers", type=AsciiInt(0, 4), default=4, show_default=True,
                      help="Parallel table copies of the initial copy, as of one snapshot per subscription "
                           "(0: the subscriptions' table-sync workers copy)."),
-        click.option("--batch-size", type=click.IntRange(1, 10_000), default=16, show_default=True,
+        click.option("--batch-size", type=AsciiInt(1, 10_000), default=16, show_default=True,
                      help="Shards per transaction when creating or dropping schemas."),
-        click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
+        click.option("--wait", type=AsciiFloat(0, 86_400), default=0, show_default=True,
                      help="Seconds to wait for another shardctl run's locks."),
-        click.option("--connect-timeout", type=click.IntRange(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
+        click.option("--connect-timeout", type=AsciiInt(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
                      show_default=True, help="Seconds to wait for a host to answer."),
     ]
     for opt in reversed(opts):
@@ -223,7 +224,7 @@ def move_shard_cmd(shard_range: str | None, phase: str | None, target: str | Non
 @click.option("--cleanup", "do_cleanup", is_flag=True, help="With --apply: clean up each move after its cutover.")
 @click.option("--by", "by", type=click.Choice(["count", "size"]), default="count", show_default=True,
               help="Even out shards per host, or bytes per host (pg_total_relation_size; placement.pinned stay).")
-@click.option("--min-improvement", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+@click.option("--min-improvement", type=AsciiFloat(0, 1), default=0.05, show_default=True,
               help="With --by size: each move must narrow the host spread by this share of the mean host size.")
 @move_options
 def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, by: str, min_improvement: float,

@@ -13,23 +13,24 @@ from ..engine.executor import DEFAULT_BATCH, DEFAULT_RECYCLE
 from ..errors import BadInput, ShardctlError
 from . import json_option, report_error, settings
 from .output import emit
+from .params import AsciiFloat, AsciiInt
 
 
 def host_options(func: Callable) -> Callable:
     func = click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")(func)
-    func = click.option("--connect-timeout", type=click.IntRange(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
+    func = click.option("--connect-timeout", type=AsciiInt(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
                         show_default=True, help="Seconds to wait for a host to answer.")(func)
     return json_option(func)
 
 
 def run_options(func: Callable) -> Callable:
-    func = click.option("--batch-size", type=click.IntRange(1, 10_000), default=DEFAULT_BATCH, show_default=True,
+    func = click.option("--batch-size", type=AsciiInt(1, 10_000), default=DEFAULT_BATCH, show_default=True,
                         help="Shards per transaction (at most; see --max-lock-hold).")(func)
-    func = click.option("--recycle-after", type=click.IntRange(1, 1_000_000), default=DEFAULT_RECYCLE,
+    func = click.option("--recycle-after", type=AsciiInt(1, 1_000_000), default=DEFAULT_RECYCLE,
                         show_default=True, help="Shards per connection before it is replaced.")(func)
-    func = click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
+    func = click.option("--wait", type=AsciiFloat(0, 86_400), default=0, show_default=True,
                         help="Seconds to wait for another shardctl run's lock on a host.")(func)
-    func = click.option("--jobs", type=click.IntRange(1, 256), default=None,
+    func = click.option("--jobs", type=AsciiInt(1, 256), default=None,
                         help="Connections applying shards at once per host (default: the host's cores, "
                              "bounded by hosts[].max_jobs and free connection slots).")(func)
     return func

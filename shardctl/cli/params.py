@@ -1,7 +1,7 @@
-"""Option types: whole numbers in ASCII digits only.
+"""Option types: numbers in ASCII digits only.
 
-click's INT reads any Unicode decimal digit (``--shard ٣`` is 3); these types refuse them with
-one line and exit code 2, like every other bad input.
+click's INT and FLOAT read any Unicode decimal digit (``--shard ٣`` is 3); these types refuse them
+with one line and exit code 2, like every other bad input.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ..errors import BadInput
-from ..model.numbers import echo, parse_int
+from ..model.numbers import echo, parse_decimal, parse_int
 
 
 class AsciiInt(click.ParamType):
@@ -19,24 +19,43 @@ class AsciiInt(click.ParamType):
 
     name = "integer"
 
-    def __init__(self, lo: int | None = None, hi: int | None = None):
+    def __init__(self, lo: float | None = None, hi: float | None = None):
         self.lo, self.hi = lo, hi
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int) and not isinstance(value, bool):
+    def parse(self, text: str) -> float:
+        return parse_int(text, signed=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = value
         else:
             text = str(value)
             try:
-                number = parse_int(text, signed=True)
+                number = self.parse(text)
             except ValueError as exc:
-                problem = str(exc) if "non-ASCII" in str(exc) else f"{echo(text)} is not a valid integer"
+                problem = str(exc) if "non-ASCII" in str(exc) else f"{echo(text)} is not a valid {self.name}"
                 raise BadInput(f"{_name(param)}: {problem}") from None
         if (self.lo is not None and number < self.lo) or (self.hi is not None and number > self.hi):
-            bounds = " and ".join(t for t in (f"at least {self.lo}" if self.lo is not None else "",
-                                              f"at most {self.hi}" if self.hi is not None else "") if t)
-            raise BadInput(f"{_name(param)}: {number} is out of range (it must be {bounds})")
+            bounds = " and ".join(t for t in (f"at least {_show(self.lo)}" if self.lo is not None else "",
+                                              f"at most {_show(self.hi)}" if self.hi is not None else "") if t)
+            raise BadInput(f"{_name(param)}: {_show(number)} is out of range (it must be {bounds})")
         return number
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.lo}, {self.hi})"
+
+
+class AsciiFloat(AsciiInt):
+    """A decimal number written with 0-9 and an optional point (``0.5``, ``5``), optionally within [lo, hi]."""
+
+    name = "number"
+
+    def parse(self, text: str) -> float:
+        return parse_decimal(text)
+
+
+def _show(number: float) -> str:
+    return f"{number:g}" if isinstance(number, float) else str(number)
 
 
 def _name(param: click.Parameter | None) -> str:

@@ -12,6 +12,7 @@ from ..model.topology import Topology
 from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
 from .output import stdout, table
+from .params import AsciiFloat, AsciiInt
 
 
 def template_plan(topo: Topology, hosts: list[str] | None, connect_timeout: int) -> tuple[dict[str, Any], list[str]]:
@@ -28,13 +29,13 @@ def template_plan(topo: Topology, hosts: list[str] | None, connect_timeout: int)
 
 @cli.command("redeploy")
 @click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")
-@click.option("--connect-timeout", type=click.IntRange(1, 3600), default=10, show_default=True,
+@click.option("--connect-timeout", type=AsciiInt(1, 3600), default=10, show_default=True,
               help="Seconds to wait for a host to answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @click.option("--dry-run", is_flag=True, help="Only list the shards whose template functions differ.")
 @click.option("--lock-timeout", default=DEFAULT_LOCK_TIMEOUT, show_default=True,
               help="Give up on a shard when a lock is not granted in time (PostgreSQL interval).")
-@click.option("--wait", type=click.FloatRange(0, 86_400), default=0, show_default=True,
+@click.option("--wait", type=AsciiFloat(0, 86_400), default=0, show_default=True,
               help="Seconds to wait for another shardctl run's lock on a host.")
 def redeploy_cmd(host_names: str | None, connect_timeout: int, as_json: bool, dry_run: bool, lock_timeout: str,
                  wait: float) -> None:

@@ -13,6 +13,7 @@ from ..dev.docker import open_sandbox
 from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from . import cli, json_option
 from .output import emit, info, stdout, table
+from .params import AsciiInt
 
 DEFAULT_DIR = os.environ.get("SHARDCTL_SANDBOX", "shardctl-sandbox")
 
@@ -29,8 +30,8 @@ def sandbox() -> None:
 
 @sandbox.command("up")
 @dir_option()
-@click.option("--hosts", type=click.IntRange(1, 64), default=2, show_default=True, help="Number of servers.")
-@click.option("--shards", type=click.IntRange(1, 8192), default=DEFAULT_SHARDS, show_default=True,
+@click.option("--hosts", type=AsciiInt(1, 64), default=2, show_default=True, help="Number of servers.")
+@click.option("--shards", type=AsciiInt(1, 8192), default=DEFAULT_SHARDS, show_default=True,
               help="Logical shards in the written topology (split evenly).")
 @click.option("--function", type=click.Choice(["plpgsql", "sql"]), default="plpgsql", show_default=True,
               help="next_id() flavour in the written topology.")
@@ -133,8 +134,8 @@ def sandbox_status(directory: str, as_json: bool) -> None:
 
 @cli.command()
 @dir_option("shardctl-demo")
-@click.option("--hosts", type=click.IntRange(1, 16), default=2, show_default=True, help="Number of servers.")
-@click.option("--shards", type=click.IntRange(2, 8192), default=256, show_default=True, help="Logical shards.")
+@click.option("--hosts", type=AsciiInt(1, 16), default=2, show_default=True, help="Number of servers.")
+@click.option("--shards", type=AsciiInt(2, 8192), default=256, show_default=True, help="Logical shards.")
 @json_option
 def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
     """One command tour: sandbox up, init, writes through the router, decode, verify."""

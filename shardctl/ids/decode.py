@@ -9,6 +9,7 @@ IDs are written as they come, and bad lines are counted, with only the first
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import TextIO
 
 from ..errors import BadInput
@@ -21,6 +22,7 @@ MAX_LINE_CHARS = 4096  # no ID is longer than 21 characters; a longer line is re
 KEEP_BAD = 100  # bad lines kept (with their text) for the report; the rest are only counted
 _TOO_LONG = "\x00"  # marks a line cut at MAX_LINE_CHARS (a NUL never starts a real line of IDs)
 _CHUNK = 1 << 16
+_MAX_RAISES = 64  # per chunk of 8192 lines in the CSV loop's fast path
 
 
 def bounded_lines(stream: TextIO, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
@@ -214,7 +216,8 @@ class Decoder:
         loop = _csv_loop(self.layout, self.topology is not None)
         owners = None
         if self.topology is not None:  # shard → "schema,host" (None if not in the fleet): one list index per ID
-            owners = [None] * (max(self._hosts, default=-1) + 1)
+            size = 1 << self.layout.bits("shard") if _full_owner_table(self.layout) else max(self._hosts, default=-1) + 1
+            owners = [None] * size
             for n, h in self._hosts.items():
                 owners[n] = f"{self.topology.schema_name(n)},{h}"
         loop(lines, out.write, bad, owners, self._slow_checks, _day_text)
@@ -238,6 +241,8 @@ class Decoder:
 
 _LOOPS: dict[tuple, object] = {}
 _P3 = [f"{i:03d}" for i in range(1000)]
+_P3Z = [f"{i:03d}Z" for i in range(1000)]  # milliseconds and the zone, after the second's text
+_BLANK = [""] * 1000  # no time text beyond year 9999
 # Small tables stay in the CPU cache (a table of all 86400 seconds of a day mostly misses).
 _HH = [f"{h:02d}:" for h in range(24)]
 _MMSS = [f"{m:02d}:{sec:02d}" for m in range(60) for sec in range(60)]
@@ -254,6 +259,11 @@ def _day_text(day: int) -> str:
             _DAYS.clear()
         _DAYS[day] = text
     return text
+
+
+def _full_owner_table(layout: Layout) -> bool:
+    """Whether the shard → owner table covers every shard the layout's bits allow (no bounds check per ID)."""
+    return layout.bits("shard") <= 20
 
 
 def _csv_loop(layout: Layout, with_topology: bool):
@@ -273,17 +283,23 @@ def _csv_loop(layout: Layout, with_topology: bool):
     row = ["{sid}"]
     if layout.has_time:
         ts, tm = layout.shift("time"), (1 << layout.bits("time")) - 1
+        # IDs come in runs from the same second: its text is built once per run, not once per ID.
         body += [
             f"        s, ms = divmod(((v >> {ts}) & {tm}) + {layout.epoch_ms}, 1000)",
-            "        d, sod = divmod(s, 86400)",
-            "        day = days.get(d) or day_text(d)",
+            "        if s != last_s:",
+            "            last_s = s",
+            "            d, sod = divmod(s, 86400)",
+            "            day = days.get(d) or day_text(d)",
+            "            h, mmss = divmod(sod, 3600)",
+            "            second = f'{day}T{HH[h]}{MMSS[mmss]}.' if day else ''",
+            "            stamp = P3Z if day else BLANK",
         ]
-        body.append("        h, mmss = divmod(sod, 3600)")
-        row.append("{day and f'{day}T{HH[h]}{MMSS[mmss]}.{P3[ms]}Z'}")
+        row.append("{second}{stamp[ms]}")
     row += ["{" + n + "}" for n in names]
     if with_topology:
         shard_var = names[[f.name for f in fields].index("shard")]
         body += [
+            f"        owner = owners[{shard_var}]" if _full_owner_table(layout) else
             f"        owner = owners[{shard_var}] if {shard_var} < len(owners) else None",
             "        if owner is None:",
             f"            bad.append((n, raw.strip(), f'shard {{{shard_var}}} is not in this topology')); continue",
@@ -291,31 +307,49 @@ def _csv_loop(layout: Layout, with_topology: bool):
         row.append("{owner}")
     source = "\n".join([
         "def loop(lines, write, bad, owners, slow, day_text):",
-        "    buf = []",
-        "    append = buf.append",
         "    reject = bad.reject",
-        "    for n, raw in enumerate(lines, 1):",
-        # isascii first: int() and isdigit() also read non-ASCII digits such as ١٢٣, refused here
-        # (a line keeps its newline: rstrip() before isdigit(), or every line took the slow path)
-        "        if raw.isascii() and raw.rstrip().isdigit():",
-        "            v = int(raw)",
-        "        else:",
-        "            v = parse_loose(raw)",
-        "            if v is None:",
-        "                reject(n, raw); continue",
-        f"        if v < 0 or v >> {layout.payload_bits}:",
-        "            v, problem = slow(v)",
-        "            if problem:",
-        "                bad.append((n, raw.strip(), problem)); continue",
-        "        sid = v if v < 9223372036854775808 else v - 18446744073709551616",
-        *body,
-        "        append(f\"" + ",".join(row) + "\\n\")",
-        "        if not n & 8191:",
-        "            write(''.join(buf))",
-        "            buf.clear()",
-        "    write(''.join(buf))",
+        "    it = iter(lines)",
+        "    n0 = 0",
+        "    last_s = None",
+        "    while True:",
+        "        chunk = list(islice(it, 8192))",
+        "        if not chunk:",
+        "            break",
+        # One check per chunk instead of per line: all ASCII digits and newlines means int() needs no
+        # guard (int() alone also reads '١٢٣', ' 1_0 ', '+5'). Then an empty line is the only way int()
+        # fails; after MAX_RAISES of those the chunk takes the per-line checks (no exception per bad line).
+        "        text = ''.join(chunk)",
+        "        clean = text.isascii() and text.replace('\\n', '').replace('\\r', '').isdigit()",
+        "        raises = 0",
+        "        buf = []",
+        "        append = buf.append",
+        "        for n, raw in enumerate(chunk, n0 + 1):",
+        "            if clean:",
+        "                try:",
+        "                    v = int(raw)",
+        "                except ValueError:",
+        "                    raises += 1",
+        f"                    clean = raises < {_MAX_RAISES}",
+        "                    reject(n, raw); continue",
+        "            elif raw.isascii() and raw.rstrip().isdigit():",
+        "                v = int(raw)",
+        "            else:",
+        "                v = parse_loose(raw)",
+        "                if v is None:",
+        "                    reject(n, raw); continue",
+        f"            if v < 0 or v >> {layout.payload_bits}:",
+        "                v, problem = slow(v)",
+        "                if problem:",
+        "                    bad.append((n, raw.strip(), problem)); continue",
+        # a signed 64-bit ID as PostgreSQL's bigint shows it (only payloads of 64 bits reach the sign bit)
+        "            sid = v if v < 9223372036854775808 else v - 18446744073709551616" if layout.payload_bits > 63 else
+        "            sid = v",
+        *["    " + line for line in body],
+        "            append(f\"" + ",".join(row) + "\\n\")",
+        "        n0 += len(chunk)",
+        "        write(''.join(buf))",
     ])
-    scope: dict = {"HH": _HH, "MMSS": _MMSS, "P3": _P3, "days": _DAYS, "parse_loose": parse_loose}
+    scope: dict = {"HH": _HH, "MMSS": _MMSS, "P3": _P3, "days": _DAYS, "P3Z": _P3Z, "BLANK": _BLANK, "parse_loose": parse_loose, "islice": islice}
     exec(compile(source, f"<decode loop for {layout.name}>", "exec"), scope)  # noqa: S102 - our own code
     loop = _LOOPS[key] = scope["loop"]
     return loop

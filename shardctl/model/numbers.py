@@ -29,6 +29,17 @@ def parse_int(text: str, *, signed: bool = False, max_digits: int = MAX_DIGITS) 
     return int(stripped)
 
 
+def parse_decimal(text: str, *, max_chars: int = 32) -> float:
+    """Parse ASCII decimal text such as ``5``, ``0.5`` or ``.25`` (no sign, exponent, inf or nan)."""
+    stripped = text.strip()
+    whole, _, frac = stripped.partition(".")
+    if len(stripped) > max_chars or not (whole or frac) or any(p and not is_ascii_digits(p) for p in (whole, frac)):
+        if stripped and not stripped.isascii() and any(c.isdigit() for c in stripped[:ECHO_CHARS]):
+            raise ValueError(f"{echo(stripped)} uses non-ASCII digits (write numbers with 0-9)")
+        raise ValueError(f"not a decimal number: {echo(stripped)}")
+    return float(stripped)
+
+
 def echo(value: object, limit: int = ECHO_CHARS) -> str:
     """``repr`` of a bad value for a message, cut to about ``limit`` characters.
 

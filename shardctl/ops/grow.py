@@ -15,7 +15,7 @@ from ..errors import BadInput
 from ..sql.catalog import shard_list
 from ..model.identifiers import quote_ident
 from .provision import init
-from ..model.ranges import format_shards, parse_shards
+from ..model.ranges import MAX_SHARDS, format_shards, parse_shards
 from ..model.topology import Host, Topology
 from ..model.topology_file import TopologyFile
 
@@ -44,10 +44,25 @@ def add_host(path: str, name: str, dsn: str, *, password_env: str | None = None,
             "topology": str(edit.path)}
 
 
+def _check_bounds(topo: Topology, count: int | None, ids: str | None) -> None:
+    """Refuse a --count or --ids beyond the layout's shard bits before any list of shards is built."""
+    limit = min(topo.layout.max_shards, MAX_SHARDS)
+    room = max(limit - topo.shard_count, 0)
+    beyond = f"beyond the {topo.layout.name} layout's {topo.layout.bits('shard')} shard bits (at most {limit} shards"
+    if count is not None and count > room:
+        raise BadInput(f"--count {count} goes {beyond}; the fleet has {topo.shard_count}, so at most {room} more)")
+    if ids is not None:
+        try:
+            parse_shards(ids, limit=limit)
+        except ValueError as exc:
+            raise BadInput(f"--ids: {exc}: {beyond})") from None
+
+
 def new_shard_ids(topo: Topology, count: int | None, ids: str | None) -> list[int]:
     """The shard numbers to open: ``count`` more after the current count, or explicit ``ids``."""
     if (count is None) == (ids is None):
         raise BadInput("give either --count N or --ids RANGE")
+    _check_bounds(topo, count, ids)
     if count is not None:
         if count < 1:
             raise BadInput(f"--count must be positive, got {count}")

@@ -94,6 +94,24 @@ def test_a_few_bad_lines_are_each_reported(topo):
     assert [d["id"] for d in doc["ids"]] == [an_id(1), an_id(2)] and "errors_total" not in doc
 
 
+def test_empty_lines_among_ids_are_counted_cheaply(topo):
+    """The CSV loop checks a whole chunk of lines at once: a chunk of digits with empty lines hidden in
+    it still reports each empty line, within the bounds, in one stderr line."""
+    block = f"{an_id(1)}\n".encode() + b"\n" * 8191
+    result = run_measured("-c", topo, "decode-id", "--csv", stdin=(block for _ in range(122)))
+    assert_refused_cheaply(result, f"{122 * 8191} lines are not IDs of this fleet",
+                           "the first is line 2: '': empty line")
+    assert result.stdout.count(b"\n") == 1 + 122
+
+
+def test_crlf_lines_decode_like_lf_lines(topo):
+    ids = [an_id(n) for n in range(1, 20_000, 7)]
+    lf = run_measured("-c", topo, "decode-id", "--csv", stdin="".join(f"{i}\n" for i in ids).encode())
+    crlf = run_measured("-c", topo, "decode-id", "--csv", stdin="".join(f"{i}\r\n" for i in ids).encode())
+    assert lf.exit_code == crlf.exit_code == 0, (lf, crlf)
+    assert crlf.stdout == lf.stdout and lf.stdout.count(b"\n") == len(ids) + 1
+
+
 # ---- memory stays flat ------------------------------------------------------------------------------------------
 
 def _stream(topo, mode: str, lines: int):
@@ -150,6 +168,15 @@ def test_json_and_csv_agree_on_many_ids(topo):
     (["locate", "--", "-٣"], "written with non-ASCII digits"),
     (["render", "--shard", "٠-١"], "digits must be ASCII 0-9"),
     (["render", "--shard", "０-３"], "digits must be ASCII 0-9"),
+    (["migrate", "--target", "٣"], "--target: '٣' uses non-ASCII digits"),
+    (["migrate", "--lock-retries", "٣"], "--lock-retries: '٣' uses non-ASCII digits"),
+    (["migrate", "--retry-budget", "١.٥"], "--retry-budget: '١.٥' uses non-ASCII digits"),
+    (["verify", "--samples", "１６"], "--samples: '１６' uses non-ASCII digits"),
+    (["move-shard", "1", "--to", "pg2", "--max-freeze", "٣"], "--max-freeze: '٣' uses non-ASCII digits"),
+    (["move-shard", "1", "--to", "pg2", "--max-freeze", "nan"], "--max-freeze: 'nan' is not a valid number"),
+    (["move-shard", "1", "--to", "pg2", "--max-freeze", "1e3"], "--max-freeze: '1e3' is not a valid number"),
+    (["move-shard", "1", "--to", "pg2", "--max-freeze", "0.01"], "--max-freeze: 0.01 is out of range"),
+    (["sandbox", "up", "--hosts", "٢"], "--hosts: '٢' uses non-ASCII digits"),
 ])
 def test_non_ascii_digits_are_refused(topo, args, needle):
     assert_refused_cheaply(run_measured("-c", topo, *args), needle)

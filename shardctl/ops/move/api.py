@@ -20,6 +20,7 @@ from ...model.ranges import format_shards, parse_shards
 from ...model.topology import Topology
 from ...sql import catalog as q
 from .abort import abort
+from .catchup import catch_up
 from .cleanup import cleanup
 from .cutover import cutover
 from .prepare import prepare
@@ -28,7 +29,7 @@ from .state import FINISHED, PHASE_NAMES, Phase
 from .sync import sync
 
 STEPS: dict[str, Callable[[MoveRun], None]] = {"prepare": prepare, "sync": sync, "cutover": cutover,
-                                                "abort": abort, "cleanup": cleanup}
+                                                "abort": abort, "cleanup": cleanup, "catch-up": catch_up}
 
 
 def _resolve(topo: Topology, shards: list[int] | None, move_id: str | None, options: MoveOptions) -> Move:
@@ -122,6 +123,8 @@ def _run_steps(run: MoveRun, steps: list[str]) -> dict:
                     exc.args = (f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: run the "
                                 f"command again to resume, or roll it back with move-shard --abort]",) + exc.args[1:]
                 raise
+        if any(name in ("cutover", "cleanup") for name in steps):
+            _guarded(run, "catch-up")  # the moved shards to the fleet's version (migrate held them)
     run.report.update({"command": "move-shard", "phase": str(run.move.phase),
                        "seconds": round(time.perf_counter() - run.started, 3)})
     return run.report

@@ -24,7 +24,7 @@ def cleanup(run: MoveRun) -> None:
         q.drop_moved_stubs(src, run.schemas)  # the stubs under the old names go with the old copies
         src.commit()
         run.drop_shards(src, run.move.shards, lambda n: renamed[str(n)], ShardState.MOVED_OUT, "cleanup",
-                        run.source.name)
+                        run.source.name, parallel=True)
     run.drop_replication()
     run.both(Phase.CLEANED, {})
     run.event("move-shard cleanup", {})

@@ -2,15 +2,30 @@
 
 Each problem is one line naming the setting or grant to change. The checks also size the move:
 how many subscriptions the target can run at once with a table-sync worker to spare.
+
+The target must also be able to run every migration the moving shards have applied (a target on an
+older PostgreSQL may refuse a newer syntax or function): a trial creates one moving shard there and
+applies its migrations in a transaction that is always rolled back.
 """
 
 from __future__ import annotations
 
+import psycopg
+from pglast import ast, parse_sql
+from pglast.stream import RawStream
 from psycopg import conninfo as pg_conninfo
 
+from ...engine import connections as db
 from ...errors import OperationFailed
+from ...model.identifiers import quote_ident
 from ...sql import catalog as q
+from ...sql.catalog import shard_list
+from ...sql.migrations import for_topology, parse, steps_for
+from ...sql.render import render_shard
 from .run import MoveRun, require_version
+
+TRIAL_STATEMENT_TIMEOUT = "60s"
+TRIAL_LOCK_TIMEOUT = "5s"
 
 SYNC_WORKERS_PER_SUBSCRIPTION = 1  # at least one table-sync worker beside each apply worker
 
@@ -29,10 +44,14 @@ def preflight(run: MoveRun) -> dict:
         facts_s = q.server_facts(src)
         require_version(run.source, facts_s, "moving")
         problems += _source_problems(run, src, facts_s)
+        rows = shard_list(src)
     with run.connect(run.target) as tgt:
         facts_t = q.server_facts(tgt)
         require_version(run.target, facts_t, "receiving")
-        problems += _target_problems(run, tgt, facts_t)
+        target_problems = _target_problems(run, tgt, facts_t)
+        problems += target_problems
+    if not target_problems:  # a missing grant would make the trial fail for the wrong reason
+        problems += _trial_problems(run, rows, facts_t)
     subs = subscriptions_for(run, facts_t)
     if subs < 1:
         problems.append(f"host {run.target.name}: max_logical_replication_workers={facts_t['max_logical_replication_workers']}"
@@ -87,3 +106,79 @@ def _target_problems(run: MoveRun, conn, facts: dict) -> list[str]:
             out.append(f"host {name}: role {role['name']} lacks CREATE on the database (for the shards' schemas "
                        f"and subscriptions)")
     return out
+
+
+def server_version(facts: dict) -> str:
+    num = facts["version_num"]
+    return f"PostgreSQL {num // 10000}.{num % 10000}"
+
+
+def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
+    """Create the moving shard with the most migrations on the target and apply its migrations there, in
+    one transaction that is always rolled back: the schema is one prepare will create (the target holds
+    none of the moving shards' schemas), and nothing of it outlives the ROLLBACK. Returns the first
+    migration the target's server refuses, as one line, or nothing."""
+    known = [n for n in run.move.shards if n in rows]
+    if not known:
+        return []  # prepare names the shards the source does not record
+    shard = max(known, key=lambda n: rows[n].version)
+    migrations = for_topology(run.topo)
+    steps = steps_for(migrations, run.topo, shard, 0, min(rows[shard].version, len(migrations)))
+    names = {m.version: m.name for m in migrations}
+    schema = run.schema(shard)
+    skipped: list[str] = []
+    what = f"the creation of shard {shard}"
+    with run.connect(run.target, autocommit=False) as conn:
+        try:
+            conn.execute("SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+                         (TRIAL_STATEMENT_TIMEOUT, TRIAL_LOCK_TIMEOUT))
+            conn.execute(render_shard(run.topo, shard))
+            conn.execute("SELECT set_config('search_path', %s, true)", (f"{quote_ident(schema)}, public",))
+            for step in steps:
+                what = f"migration {names[step.version]} (rendered for shard {shard})"
+                sql_text = step.sql if step.transactional else transactional_form(step.sql)
+                if sql_text is None:
+                    # No transactional form (VACUUM and the like): it cannot be tried here; it runs as
+                    # migrate ran it, outside a transaction, when prepare creates the shards.
+                    skipped.append(names[step.version])
+                    continue
+                conn.execute(sql_text)
+        except psycopg.Error as exc:
+            return [f"host {run.target.name} runs {server_version(facts)}, which cannot run {what}: "
+                    f"{db.first_line(exc)}"]
+        finally:
+            if not conn.closed and not conn.broken:
+                conn.rollback()
+    if skipped:
+        run.note(f"preflight: {', '.join(skipped)} cannot run in a transaction and had no transactional form "
+                 f"to try on {run.target.name}")
+    run.report["preflight_trial"] = {"shard": shard, "migrations": len(steps), "skipped": skipped}
+    return []
+
+
+# Statements that refuse a transaction only because of CONCURRENTLY: without it they run in one, with the
+# same effect on an empty new shard (what the trial needs to know is whether the server accepts them).
+_CONCURRENT_KINDS = ("IndexStmt", "DropStmt", "ReindexStmt", "AlterTableStmt")
+
+
+def transactional_form(sql_text: str) -> str | None:
+    """``sql_text`` (a rendered no-transaction migration) with CONCURRENTLY taken out of its statements,
+    deparsed by pglast; None when a statement has no transactional form (VACUUM, CREATE DATABASE…)."""
+    out = []
+    for statement in parse(sql_text, tree=True):
+        if not statement.no_transaction:
+            out.append(statement.sql)
+            continue
+        if statement.kind not in _CONCURRENT_KINDS:
+            return None
+        node = parse_sql(statement.sql)[0].stmt
+        if isinstance(node, (ast.IndexStmt, ast.DropStmt)):
+            node.concurrent = False
+        elif isinstance(node, ast.ReindexStmt):
+            node.params = tuple(p for p in node.params or () if p.defname != "concurrently") or None
+        else:
+            for cmd in node.cmds or ():
+                if isinstance(cmd.def_, ast.PartitionCmd):
+                    cmd.def_.concurrent = False
+        out.append(RawStream()(node))
+    return ";\n".join(out)

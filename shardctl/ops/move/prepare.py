@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 import psycopg
 
 from ...engine import connections as db
-from ...engine.executor import ConnectionLost, HostRunner, RunOptions, ShardPlan
+from ...engine.executor import ConnectionLost, RunOptions, ShardPlan
+from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
 from ...engine.ledger import ensure_control_schema
 from ...sql.catalog import shard_list
 from ...errors import OperationFailed
@@ -37,17 +39,17 @@ def prepare(run: MoveRun) -> None:
         return
     run.report["phases_run"].append("prepare")
     t0 = time.perf_counter()
-    sizing = preflight(run) if not move.phases else {}  # a new move: check both hosts before any change
     if move.phases.get("target") is None:
-        with run.connect(run.target) as conn:  # before the source's shards are marked
+        with run.connect(run.target) as conn:  # before the source's shards are marked (and the preflight's trial)
             check_target_free(run.target, move.shards, shard_list(conn), q.present_schemas(conn, run.schemas),
                               mine=False)
+    sizing = preflight(run) if not move.phases else {}  # a new move: check both hosts before any change
     with db.host_lock(run.source, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
                       purpose="move-shard") as conn:
         _prepare_source(run, conn, sizing)
     with db.host_lock(run.target, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
                       purpose="move-shard") as conn:
-        _create_on_target(run, _prepare_target(run, conn))
+        _create_on_target(run, conn, _prepare_target(run, conn))
     _compare_structure(run)
     run.both(Phase.PREPARED)
     crash_point("after-prepare")
@@ -112,7 +114,8 @@ def _prepare_target(run: MoveRun, conn: psycopg.Connection) -> list[ShardPlan]:
                  f"interrupted prepare")
         conn.autocommit = False
         try:
-            run.drop_shards(conn, half_built, run.schema, ShardState.MOVING_IN, "prepare", run.target.name)
+            run.drop_shards(conn, half_built, run.schema, ShardState.MOVING_IN, "prepare", run.target.name,
+                            parallel=True)
         finally:
             conn.autocommit = True
     return todo
@@ -132,7 +135,8 @@ def _plans(run: MoveRun) -> list[ShardPlan]:
                                   f"1..N without gaps; fix that before moving it")
         steps = steps_for(migrations, run.topo, n, 0, len(versions)) if versions else []
         for row, step in zip(rows, steps):
-            if step.checksum != row[3]:
+            # As migrate does: a ledger written before checksums left out fleet-wide values still matches.
+            if not by_version[step.version].matches(run.topo, n, row[3]):
                 raise OperationFailed(
                     f"{by_version[step.version].name} changed after it was applied to shard {n}: the target "
                     f"would not match the source (restore the file, or migrate --repair first)")
@@ -144,25 +148,38 @@ def _plans(run: MoveRun) -> list[ShardPlan]:
     return plans
 
 
-def _create_on_target(run: MoveRun, plans: list[ShardPlan]) -> None:
-    """Create the shards on the target, ``moving_in``, with the copied ledger rows: the per-host executor."""
-    total, done = len(plans), 0
+def _create_on_target(run: MoveRun, conn: psycopg.Connection, plans: list[ShardPlan]) -> None:
+    """Create the shards on the target, ``moving_in``, with the copied ledger rows: the per-host executor,
+    in parallel streams when there are many shards (``fanout.host_jobs``, as init does). Each shard commits
+    with its control rows or not at all, so an interrupted prepare leaves only whole shards (and
+    schemas without a row, which the next run drops)."""
+    total = len(plans)
     run.progress("prepare", 0, total, run.target.name)
 
-    def advance(n: int) -> None:
-        nonlocal done
-        done += n
-        run.progress("prepare", done, total, run.target.name)
+    def factory(host_name: str, count: int) -> Callable[[int], None]:
+        done = 0
+
+        def advance(n: int) -> None:
+            nonlocal done
+            done += n
+            run.progress("prepare", done, count, host_name)
+        return advance
 
     options = RunOptions(batch_size=max(1, run.options.batch_size), connect_timeout=run.options.connect_timeout,
                          purpose="move-shard")
+    outcome = ApplyOutcome()
+    jobs = host_jobs(run.target, conn).count if total > 1 else 1
     try:
-        outcomes = HostRunner(run.target, options, threading.Event(), advance).run(plans)
+        apply_plans(run.target, plans, options, threading.Event(), outcome, factory, jobs=jobs)
     except ConnectionLost as exc:
         raise OperationFailed(f"prepare on {run.target.name}: connection lost ({exc})") from None
-    failed = [o for o in outcomes if o.error]
-    if failed:
-        raise OperationFailed(f"prepare on {run.target.name}: shard {failed[0].shard}: {failed[0].error}")
+    run.report["prepare_streams"] = outcome.jobs
+    if outcome.failed:
+        first = outcome.failed[0]
+        raise OperationFailed(f"prepare on {run.target.name}: shard {first['shard']}: {first['error']}")
+    if outcome.not_started:
+        raise OperationFailed(f"prepare on {run.target.name}: shards {format_shards(outcome.not_started)} were "
+                              f"not created; run the command again")
 
 
 def _compare_structure(run: MoveRun) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -17,6 +19,7 @@ from psycopg import conninfo as pg_conninfo
 
 from ...engine import connections as db
 from ...engine.executor import ShardPlan
+from ...engine.fanout import MIN_SHARDS_PER_STREAM, host_jobs
 from ...engine.ledger import log_event
 from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed
 from ...model.identifiers import MAX_IDENTIFIER_BYTES, quote_ident
@@ -241,15 +244,49 @@ class MoveRun:
 
     # ---- steps several phases share ------------------------------------------------------------
     def drop_shards(self, conn: psycopg.Connection, shards: list[int], schema_of: Callable[[int], str],
-                    state: ShardState, step: str, host_name: str) -> None:
-        """Drop these shards' schemas and forget their control rows (rows in ``state``), batch by batch."""
+                    state: ShardState, step: str, host_name: str, parallel: bool = False) -> None:
+        """Drop these shards' schemas and forget their control rows (rows in ``state``), batch by batch,
+        each batch one transaction (a re-run drops what is left: every statement is idempotent).
+
+        ``parallel``: with many shards, drop in the host's parallel streams (``fanout.host_jobs``, as init
+        creates), each on a connection of its own; otherwise on ``conn``."""
         size = max(1, self.options.batch_size)
+        batches = [shards[i:i + size] for i in range(0, len(shards), size)]
+        streams = 1
+        if parallel and len(shards) >= 2 * MIN_SHARDS_PER_STREAM:
+            streams = max(1, min(host_jobs(self.topo.host(host_name), conn).count, len(batches),
+                                 len(shards) // MIN_SHARDS_PER_STREAM))
+            conn.commit()  # host_jobs read the server's facts in a transaction of its own
+        self.report[f"{step}_drop_streams"] = streams
+        lock, done, stop = threading.Lock(), [0], threading.Event()
         self.progress(step, 0, len(shards), host_name)
-        for i in range(0, len(shards), size):
-            batch = shards[i:i + size]
-            q.drop_shard_schemas(conn, [schema_of(n) for n in batch], batch, state)
-            conn.commit()
-            self.progress(step, min(len(shards), i + size), len(shards), host_name)
+
+        def drop(c: psycopg.Connection, batch: list[int]) -> None:
+            q.drop_shard_schemas(c, [schema_of(n) for n in batch], batch, state)
+            c.commit()
+            with lock:
+                done[0] += len(batch)
+                self.progress(step, done[0], len(shards), host_name)
+
+        if streams == 1:
+            for batch in batches:
+                drop(conn, batch)
+            return
+
+        def stream(k: int) -> None:
+            try:
+                with self.connect(self.topo.host(host_name), autocommit=False) as c:
+                    for batch in batches[k::streams]:
+                        if stop.is_set():
+                            return
+                        drop(c, batch)
+            except BaseException:
+                stop.set()  # the other streams finish their batch in hand, then stop
+                raise
+
+        with ThreadPoolExecutor(max_workers=streams, thread_name_prefix=f"shardctl-{step}") as pool:
+            for future in [pool.submit(stream, k) for k in range(streams)]:
+                future.result()
 
     def drop_replication(self) -> dict:
         """Subscriptions (target), publications and slots (source) of this move. Idempotent."""

@@ -111,11 +111,13 @@ def read_redirects(conn: psycopg.Connection, shards: list[int]) -> dict[int, dic
 
 
 def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str]]) -> int:
-    """Under each old schema name (key), a stub for the renamed schema (``value[0]``): one view per table
-    with the table's columns, whose reads and writes raise SQLSTATE SCM01 with the message ``value[1]``
-    (it names the new host), so direct clients (psql, other languages) are told where the shard went.
-    The schema is marked by its comment (:data:`STUB_COMMENT`). In the caller's transaction (the
-    cutover's); returns the number of views."""
+    """A stub schema named by each key for the shard schema ``value[0]``: one view per table with the
+    table's columns, whose reads and writes raise SQLSTATE SCM01 with the message ``value[1]`` (it names
+    the new host), so direct clients (psql, other languages) are told where the shard went once the stub
+    takes the shard's old name (:func:`place_moved_stubs`). Marked by its comment (:data:`STUB_COMMENT`);
+    stubs that exist already are kept. Returns the number of views made."""
+    present = present_schemas(conn, list(stubs))
+    stubs = {k: v for k, v in stubs.items() if k not in present}
     if not stubs:
         return 0
     old_of = {new: (old, message) for old, (new, message) in stubs.items()}
@@ -144,6 +146,12 @@ def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str
               for old in stubs]
     conn.execute("".join(parts))
     return len(rows)
+
+
+def place_moved_stubs(conn: psycopg.Connection, names: dict[str, str]) -> None:
+    """Rename each stub (key) to the moved shard's old schema name (value): in the cutover's transaction,
+    after the shard schema itself was renamed (renames are cheap; making the views is not)."""
+    conn.execute("".join(f"ALTER SCHEMA {quote_ident(k)} RENAME TO {quote_ident(v)};\n" for k, v in names.items()))
 
 
 def drop_moved_stubs(conn: psycopg.Connection, schemas: list[str]) -> list[str]:

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import connect, load, run_cli
 from load import pg_bin
-from shardctl.ops.move import abort_move, move_shards
+from shardctl.errors import OperationFailed
+from shardctl.ops.move import MoveOptions, abort_move, move_shards
 from test_move import fleet3, ids_on, init_fleet, load_rows, make_fleet  # noqa: F401
 
 
@@ -49,6 +50,8 @@ def test_psql_on_the_old_host_is_told_where_the_shard_went(fleet3):
         with pytest.raises(psycopg.Error) as info:
             conn.execute("SELECT * FROM users")
         assert info.value.sqlstate == "SCM01"
+    with connect(topo, "pg1") as conn:  # the stubs were made before the freeze and renamed in it
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE '%%\\_stub\\_%%'").fetchone()[0] == 0
     # The rows are on pg2, the new writes are not anywhere else; the stub is no shard for verify/status.
     assert len(ids_on(load(fleet3), "pg2", [4])) == 151
     r = run_cli("verify", config=fleet3)
@@ -60,6 +63,25 @@ def test_psql_on_the_old_host_is_told_where_the_shard_went(fleet3):
     assert run_cli("move-shard", "--cleanup", config=fleet3).exit_code == 0
     assert not schema_exists(topo, "pg1", "insta4") and not schema_exists(topo, "pg1", "insta5")
     assert schema_exists(topo, "pg2", "insta4")
+    assert run_cli("verify", config=fleet3).exit_code == 0
+
+
+def test_abort_before_a_cutover_removes_the_stubs_it_made(fleet3):
+    """A cutover that gives up leaves the stubs it made before its freeze (under other names); --abort drops them."""
+    topo = load(fleet3)
+    move_shards(load(fleet3), [7], "pg2", phases=["prepare", "sync"])
+    with connect(topo, "pg1", autocommit=True) as conn:
+        before = conn.execute("SELECT count(*) FROM pg_namespace").fetchone()[0]
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO insta7.photos (user_id) VALUES (7)")  # the freeze cannot lock the table
+        with pytest.raises(OperationFailed):
+            move_shards(load(fleet3), [7], "pg2", phases=["cutover"], options=MoveOptions(max_freeze=0.3, attempts=1))
+        conn.execute("ROLLBACK")
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'insta7\\_stub\\_%'").fetchone()[0] == 1
+    abort_move(load(fleet3), shards=[7])
+    with connect(topo, "pg1") as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace").fetchone()[0] == before
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'insta7\\_%%'").fetchone()[0] == 0
     assert run_cli("verify", config=fleet3).exit_code == 0
 
 
@@ -75,5 +97,5 @@ def test_abort_after_cutover_removes_the_stub(fleet3):
     assert out.returncode == 0, out.stderr
     assert "151" in out.stdout
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT count(*) FROM pg_views WHERE schemaname = 'insta6'").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pg_views WHERE schemaname LIKE 'insta6%%'").fetchone()[0] == 0
     assert run_cli("verify", config=fleet3).exit_code == 0

@@ -11,9 +11,10 @@ subscriptions have applied the source's WAL up to that point, take a read-only s
 target (it now holds exactly the source's rows), set every target sequence from the source
 sequence plus a margin, wait until the target's clock is past the source's, then a guard
 trigger on every table (SQLSTATE ``SCM01``, "shard N moved to HOST"), writes revoked, schemas
-renamed to ``{schema}_moved_{move id}``, shard rows ``moved_out``, a redirect recorded, and a stub under
-each old schema name (views whose reads and writes raise ``SCM01`` naming the new host, for direct
-clients; ``--cleanup`` and ``--abort`` drop it); commit. Every statement is
+renamed to ``{schema}_moved_{move id}``, shard rows ``moved_out``, a redirect recorded, and a stub put
+under each old schema name (views whose reads and writes raise ``SCM01`` naming the new host, for direct
+clients; made before the freeze under ``{schema}_stub_{move id}``, only renamed in it; ``--cleanup``
+and ``--abort`` drop it); commit. Every statement is
 bounded by what is left of ``--max-freeze``, so no attempt, failed or not, holds writes longer.
 
 Then the target's rows become ``active``, the topology file is flipped, the subscriptions,
@@ -67,6 +68,8 @@ def cutover(run: MoveRun) -> None:
         q.ensure_move_objects(tgt)
         tables_r = q.tables(src, run.schemas, "r")
         tables_rp = q.tables(src, run.schemas, "rp")
+        # The stubs for direct clients are made now, under other names; the freeze only renames them.
+        q.create_moved_stubs(src, {stub_name(run, n): (run.schema(n), stub_message(run, n)) for n in run.move.shards})
     verify_before(run, tables_r)
     last: Exception | None = None
     for attempt in range(1, max(1, run.options.attempts) + 1):
@@ -346,8 +349,7 @@ class Freeze:
         q.write_redirects(self.src, self.move.shards, [run.schema(n) for n in self.move.shards], run.target.name,
                           run.target.dsn, self.move.move_id)
         # Direct clients that still use the old schema name get an error naming the new host.
-        q.create_moved_stubs(self.src, {run.schema(n): (renamed[str(n)], stub_message(run, n))
-                                        for n in self.move.shards})
+        q.place_moved_stubs(self.src, {stub_name(run, n): run.schema(n) for n in self.move.shards})
         self._mark("stubs")
         detail = {"grants": grants, "renamed": renamed, "cutover_at": started_at,
                   "sequences": sequences, "freeze_lock_seconds": self.marks.get("lock"),
@@ -359,6 +361,16 @@ class Freeze:
                   "freeze_started": started_at}
         set_phase(self.src, self.move, "source", Phase.CUT_OVER, detail)
         return detail
+
+
+def stub_name(run: MoveRun, shard: int) -> str:
+    """The name a shard's stub has until the cutover gives it the shard's old name."""
+    return run.renamed(shard, "stub")
+
+
+def stub_names(run: MoveRun) -> list[str]:
+    """Every name this move's stubs may have: the shards' old names, and the ones before the cutover."""
+    return run.schemas + [stub_name(run, n) for n in run.move.shards]
 
 
 def stub_message(run: MoveRun, shard: int) -> str:

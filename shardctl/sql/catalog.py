@@ -530,6 +530,27 @@ def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = Tr
             hold.rollback()  # the locks go; the apply worker reads the tables' state (ready) after this
 
 
+def started_without_tables(conn: psycopg.Connection, name: str) -> bool:
+    """True for a subscription left enabled with no tables registered: a run stopped between the ENABLE
+    and the REFRESH of :func:`start_subscription`, after which its apply worker may have skipped (and
+    confirmed) changes."""
+    row = conn.execute(
+        """SELECT s.subenabled AND NOT EXISTS (SELECT 1 FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
+             FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
+    return bool(row and row[0])
+
+
+def disable_subscription(conn: psycopg.Connection, name: str, timeout: float = 30) -> None:
+    """Disable a subscription and wait until its apply worker has exited."""
+    conn.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(sql.Identifier(name)))
+    deadline = time.monotonic() + timeout
+    while conn.execute("""SELECT count(*) FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid
+                           WHERE s.subname = %s AND st.pid IS NOT NULL""", (name,)).fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise psycopg.OperationalError(f"the apply worker of subscription {name} did not stop within {timeout:g}s")
+        time.sleep(0.05)
+
+
 def drop_subscription(conn: psycopg.Connection, name: str) -> str:
     """Drop a subscription and its slot on the publisher. When the publisher cannot be reached,
     detach the slot first (the caller then drops the slot on the publisher itself).

@@ -278,6 +278,45 @@ def test_writes_while_the_subscription_starts_are_not_skipped(fleet3, monkeypatc
         router.close()
 
 
+def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):
+    """A run that dies right after ENABLE leaves an apply worker that skips (and confirms) the changes of
+    tables it does not know: the re-run must not trust that stream, but stop it and copy again."""
+    from shardctl.sql import catalog
+
+    real = catalog.start_subscription
+
+    class DiesAfterEnable:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, query, *args):
+            cur = self.conn.execute(query, *args)
+            text = query if isinstance(query, str) else query.as_string(self.conn)
+            if text.endswith(" ENABLE"):
+                raise RuntimeError("killed after ENABLE")
+            return cur
+
+    monkeypatch.setattr(catalog, "start_subscription", lambda conn, *a, **k: real(DiesAfterEnable(conn), *a, **k))
+    topo = load(fleet3)
+    moved = [4, 5, 6, 7]
+    before_ids = ids_on(topo, "pg1", moved)
+    router = Router(load(fleet3), move_wait=15)
+    try:
+        with Traffic(router, moved, topo.modulus) as traffic:
+            time.sleep(0.3)
+            with pytest.raises(RuntimeError, match="killed after ENABLE"):
+                move_shards(load(fleet3), moved, "pg2")
+            time.sleep(1.0)  # writes go on while the worker runs without its tables
+            monkeypatch.setattr(catalog, "start_subscription", real)
+            report = move_shards(load(fleet3), moved, "pg2")
+            time.sleep(0.5)
+        assert report["verified"]
+        assert any("copied again" in n for n in report["messages"]), report["messages"]
+        check_moved(topo, fleet3, moved, "pg1", "pg2", before_ids, traffic, report)
+    finally:
+        router.close()
+
+
 @pytest.mark.slow
 def test_acceptance_1024_shards_200k_rows_128_moved(make_fleet):
     """The issue's acceptance: 3 hosts, 1024 shards, 200k rows; 128 shards pg1 → pg3 under load."""

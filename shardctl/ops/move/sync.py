@@ -123,6 +123,12 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
     for k, name in enumerate(run.move.names):
         flag = f"copied_{k}"
         schemas = [run.schema(n) for n in planned[k]]
+        if run.move.detail.get(flag) and q.started_without_tables(tgt, name):
+            # Stopped between ENABLE and REFRESH: the apply worker may have skipped and confirmed changes,
+            # so neither the copy nor its slot can be trusted. Stop the worker and copy again.
+            q.disable_subscription(tgt, name)
+            run.both(Phase.SYNCING, {flag: False})
+            run.note(f"sync: {name} was stopped while starting; its tables are copied again")
         if not run.move.detail.get(flag):
             try:
                 forget_partial_copy(run, name, schemas)

@@ -24,6 +24,11 @@ from .render import render_control
 MOVED_SQLSTATE = "SCM01"
 GUARD_FUNCTION = "shardctl.moved_shard_guard"
 GUARD_TRIGGER = "shardctl_moved_shard"
+STUB_READ_FUNCTION = "shardctl.moved_shard_read"  # a moved shard's stub views read through it (it raises SCM01)
+STUB_COMMENT = "shardctl: moved-shard stub"     # COMMENT ON SCHEMA of a stub: never a shard
+# A pg_namespace row (alias n) that is not a stub left under a moved shard's old name.
+NOT_STUB = ("NOT EXISTS (SELECT FROM pg_description d WHERE d.objoid = n.oid AND d.classoid = 'pg_namespace'::regclass "
+            f"AND d.objsubid = 0 AND starts_with(d.description, '{STUB_COMMENT}'))")
 WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 CHUNK = 100  # tables per checksum query
 
@@ -43,7 +48,8 @@ def ensure_move_objects(conn: psycopg.Connection) -> None:
     initialised before they existed: the control-schema template again, whose statements are idempotent.
     Call under the host lock (concurrent CREATE IF NOT EXISTS can collide)."""
     ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
-                         "AND to_regclass('shardctl.redirects') IS NOT NULL", (f"{GUARD_FUNCTION}()",)).fetchone()[0]
+                         "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL",
+                         (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)")).fetchone()[0]
     if not ready:
         with conn.transaction():
             conn.execute(render_control())
@@ -104,6 +110,59 @@ def read_redirects(conn: psycopg.Connection, shards: list[int]) -> dict[int, dic
         (shards,)).fetchall()}
 
 
+def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str]]) -> int:
+    """A stub schema named by each key for the shard schema ``value[0]``: one view per table with the
+    table's columns, whose reads and writes raise SQLSTATE SCM01 with the message ``value[1]`` (it names
+    the new host), so direct clients (psql, other languages) are told where the shard went once the stub
+    takes the shard's old name (:func:`place_moved_stubs`). Marked by its comment (:data:`STUB_COMMENT`);
+    stubs that exist already are kept. Returns the number of views made."""
+    present = present_schemas(conn, list(stubs))
+    stubs = {k: v for k, v in stubs.items() if k not in present}
+    if not stubs:
+        return 0
+    old_of = {new: (old, message) for old, (new, message) in stubs.items()}
+    rows = conn.execute(
+        """SELECT n.nspname, c.relname,
+                  array_agg(format('NULL::%%s AS %%I', format_type(a.atttypid, a.atttypmod), a.attname)
+                            ORDER BY a.attnum) FILTER (WHERE a.attnum IS NOT NULL)
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+            WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+            GROUP BY 1, 2 ORDER BY 1, 2""", (list(old_of),)).fetchall()
+    parts = []
+    for old, (_new, message) in stubs.items():
+        schema = quote_ident(old)
+        parts.append(f"CREATE SCHEMA {schema};\nCOMMENT ON SCHEMA {schema} IS "
+                     f"{quote_literal(f'{STUB_COMMENT}: {message}')};\nGRANT USAGE ON SCHEMA {schema} TO PUBLIC;\n")
+    for renamed, table, columns in rows:
+        old, message = old_of[renamed]
+        view, text = f"{quote_ident(old)}.{quote_ident(table)}", quote_literal(message)
+        parts.append(f"CREATE VIEW {view} AS SELECT {', '.join(columns or ['NULL AS none'])} "
+                     f"FROM {STUB_READ_FUNCTION}({text});\n"
+                     f"CREATE TRIGGER {GUARD_TRIGGER} INSTEAD OF INSERT OR UPDATE OR DELETE ON {view} FOR EACH ROW "
+                     f"EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n")
+    # Anyone may try: a client without rights on the old tables is told where the shard went, too.
+    parts += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {quote_ident(old)} TO PUBLIC;\n"
+              for old in stubs]
+    conn.execute("".join(parts))
+    return len(rows)
+
+
+def place_moved_stubs(conn: psycopg.Connection, names: dict[str, str]) -> None:
+    """Rename each stub (key) to the moved shard's old schema name (value): in the cutover's transaction,
+    after the shard schema itself was renamed (renames are cheap; making the views is not)."""
+    conn.execute("".join(f"ALTER SCHEMA {quote_ident(k)} RENAME TO {quote_ident(v)};\n" for k, v in names.items()))
+
+
+def drop_moved_stubs(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
+    """Drop the stubs among ``schemas`` (only schemas marked as stubs, never a shard); returns them."""
+    doomed = [r[0] for r in conn.execute(
+        f"SELECT nspname FROM pg_namespace n WHERE nspname = ANY(%s) AND NOT {NOT_STUB}", (schemas,)).fetchall()]
+    if doomed:
+        conn.execute("".join(f"DROP SCHEMA {quote_ident(s)} CASCADE;\n" for s in doomed))
+    return doomed
+
+
 def try_shard_locks(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> bool:
     """Take the session advisory locks (lock_class, shard) of every shard, or none of them."""
     got = conn.execute("SELECT count(*) FROM unnest(%s::int[]) AS s WHERE pg_try_advisory_lock(%s, s)",
@@ -150,11 +209,14 @@ def drop_shard_schemas(conn: psycopg.Connection, schemas: list[str], shards: lis
     conn.execute("DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = %s", (shards, str(state)))
 
 
-def lock_tables(conn: psycopg.Connection, items: list[tuple[str, str]], per_statement: int = 500) -> None:
-    """LOCK TABLE … IN EXCLUSIVE MODE: writes wait, reads go on."""
+def lock_tables(conn: psycopg.Connection, items: list[tuple[str, str]], per_statement: int = 500,
+                mode: str = "EXCLUSIVE") -> None:
+    """LOCK TABLE … IN EXCLUSIVE MODE (``mode``): writes wait, reads go on."""
+    if mode not in ("EXCLUSIVE", "SHARE"):
+        raise ValueError(f"lock mode {mode}")
     for i in range(0, len(items), per_statement):
         conn.execute("LOCK TABLE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}"
-                                              for s, t in items[i:i + per_statement]) + " IN EXCLUSIVE MODE")
+                                              for s, t in items[i:i + per_statement]) + f" IN {mode} MODE")
 
 
 def copy_tables(frm: psycopg.Connection, into: psycopg.Connection, pairs: list[tuple[tuple[str, str], tuple[str, str]]],
@@ -434,18 +496,59 @@ def create_subscription(conn: psycopg.Connection, name: str, conninfo: str, copy
         start_subscription(conn, name, copy_data)
 
 
-def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True) -> None:
+def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True,
+                       hold: psycopg.Connection | None = None, tables: list[tuple[str, str]] | None = None) -> None:
     """Enable a subscription made by :func:`create_subscription` and fetch its tables (the initial copy
-    starts). Idempotent: a subscription already enabled and with tables is left alone."""
+    starts). Idempotent: a subscription already enabled and with tables is left alone.
+
+    Without the subscription's copy (``copy_data`` false: the rows were copied as of the slot's snapshot),
+    ``hold`` (a second, non-autocommit connection to the same database) must hold SHARE locks on the
+    subscription's ``tables`` from before ENABLE until REFRESH has committed. ENABLE starts the apply
+    worker, and REFRESH (which cannot share a transaction with it) registers the tables: until then the
+    worker skips the changes of tables it does not know (worker.c, should_apply_changes_for_rel: state
+    unknown) and still confirms them, so rows written in between would never reach the target while
+    ``replay_lsn`` says they did (a lost write that the freeze's lag-0 wait cannot see). With the locks,
+    the worker waits on its first change (it opens the table in ROW EXCLUSIVE mode) and reads the table's
+    state only once the lock is granted, after REFRESH committed (REFRESH takes ACCESS SHARE only)."""
     enabled, rels = conn.execute(
         """SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
              FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
     ident = sql.Identifier(name)
-    if not enabled:
-        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
-    if not rels:
-        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = {})").format(
-            ident, sql.SQL("true" if copy_data else "false")))
+    held = not copy_data and not rels
+    if held:
+        if hold is None or not tables:
+            raise ValueError("start_subscription without copy_data needs hold and tables")
+        lock_tables(hold, tables, mode="SHARE")
+    try:
+        if not enabled:
+            conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
+        if not rels:
+            conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = {})").format(
+                ident, sql.SQL("true" if copy_data else "false")))
+    finally:
+        if held:
+            hold.rollback()  # the locks go; the apply worker reads the tables' state (ready) after this
+
+
+def started_without_tables(conn: psycopg.Connection, name: str) -> bool:
+    """True for a subscription left enabled with no tables registered: a run stopped between the ENABLE
+    and the REFRESH of :func:`start_subscription`, after which its apply worker may have skipped (and
+    confirmed) changes."""
+    row = conn.execute(
+        """SELECT s.subenabled AND NOT EXISTS (SELECT 1 FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
+             FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
+    return bool(row and row[0])
+
+
+def disable_subscription(conn: psycopg.Connection, name: str, timeout: float = 30) -> None:
+    """Disable a subscription and wait until its apply worker has exited."""
+    conn.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(sql.Identifier(name)))
+    deadline = time.monotonic() + timeout
+    while conn.execute("""SELECT count(*) FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid
+                           WHERE s.subname = %s AND st.pid IS NOT NULL""", (name,)).fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise psycopg.OperationalError(f"the apply worker of subscription {name} did not stop within {timeout:g}s")
+        time.sleep(0.05)
 
 
 def drop_subscription(conn: psycopg.Connection, name: str) -> str:
@@ -554,7 +657,8 @@ def last_event(conn: psycopg.Connection) -> str | None:
 
 
 def schema_names(conn: psycopg.Connection) -> set[str]:
-    return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    """Every schema of the database but the stubs left under moved shards' old names."""
+    return {r[0] for r in conn.execute(f"SELECT nspname FROM pg_namespace n WHERE {NOT_STUB}").fetchall()}
 
 
 def ledger_versions(conn: psycopg.Connection, shards: list[int]) -> dict[int, list[int]]:
@@ -736,9 +840,11 @@ def server_cores(conn: psycopg.Connection) -> int | None:
     return row[0] if row and row[0] > 0 else None
 
 
-# verify: one row per host with its version, clock, whether the control schema exists, and every schema name.
-VERIFY_HOST_SQL = """SELECT current_setting('server_version'), extract(epoch FROM clock_timestamp())::float8,
-       to_regclass('shardctl.migrations') IS NOT NULL, array(SELECT nspname::text FROM pg_namespace)"""
+# verify: one row per host with its version, clock, whether the control schema exists, and every schema name
+# (but the stubs under moved shards' old names).
+VERIFY_HOST_SQL = f"""SELECT current_setting('server_version'), extract(epoch FROM clock_timestamp())::float8,
+       to_regclass('shardctl.migrations') IS NOT NULL,
+       array(SELECT nspname::text FROM pg_namespace n WHERE {NOT_STUB})"""
 
 
 def active_shard_ids(conn: psycopg.Connection) -> set[int]:

@@ -19,6 +19,7 @@ from ...model.ranges import format_shards
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
 from ...sql import catalog as q
+from .cutover import stub_names
 from .run import MoveRun, set_phase
 from .state import Phase, ShardState
 
@@ -67,6 +68,7 @@ def _abort_before_cutover(run: MoveRun) -> None:
         tgt.commit()
         run.drop_shards(tgt, doomed, run.schema, ShardState.MOVING_IN, "abort", run.target.name)
     with run.connect(run.source) as src, src.transaction():
+        q.drop_moved_stubs(src, stub_names(run))  # made by a cutover that did not happen
         q.change_shard_states(src, move.shards, ShardState.MOVING_OUT, ShardState.ACTIVE)
         set_phase(src, move, "source", Phase.ABORTED, {})
     _finish(run)
@@ -127,6 +129,7 @@ def _freeze_target(run: MoveRun, aside: dict[str, str]) -> None:
 def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> None:
     move, opts = run.move, run.options
     with run.connect(run.source, autocommit=False) as src, run.connect(run.target) as tgt:
+        q.drop_moved_stubs(src, stub_names(run))  # the old names are the shards' own again
         present = q.present_schemas(src, list(renamed.values()))
         parts = [f"ALTER SCHEMA {quote_ident(renamed[str(n)])} RENAME TO {quote_ident(run.schema(n))};\n"
                  for n in move.shards if renamed[str(n)] in present]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ...errors import OperationFailed
-from .cutover import finish_cutover
+from ...sql import catalog as q
+from .cutover import finish_cutover, stub_names
 from .run import MoveRun
 from .state import Phase, ShardState
 
@@ -20,6 +21,8 @@ def cleanup(run: MoveRun) -> None:
     finish_cutover(run)  # a cutover interrupted after the source committed completes first
     renamed = run.renamed_map()
     with run.connect(run.source, autocommit=False) as src:
+        q.drop_moved_stubs(src, stub_names(run))  # the stubs under the old names go with the old copies
+        src.commit()
         run.drop_shards(src, run.move.shards, lambda n: renamed[str(n)], ShardState.MOVED_OUT, "cleanup",
                         run.source.name, parallel=True)
     run.drop_replication()

@@ -11,7 +11,10 @@ subscriptions have applied the source's WAL up to that point, take a read-only s
 target (it now holds exactly the source's rows), set every target sequence from the source
 sequence plus a margin, wait until the target's clock is past the source's, then a guard
 trigger on every table (SQLSTATE ``SCM01``, "shard N moved to HOST"), writes revoked, schemas
-renamed to ``{schema}_moved_{move id}``, shard rows ``moved_out``; commit. Every statement is
+renamed to ``{schema}_moved_{move id}``, shard rows ``moved_out``, a redirect recorded, and a stub put
+under each old schema name (views whose reads and writes raise ``SCM01`` naming the new host, for direct
+clients; made before the freeze under ``{schema}_stub_{move id}``, only renamed in it; ``--cleanup``
+and ``--abort`` drop it); commit. Every statement is
 bounded by what is left of ``--max-freeze``, so no attempt, failed or not, holds writes longer.
 
 Then the target's rows become ``active``, the topology file is flipped, the subscriptions,
@@ -29,6 +32,7 @@ import psycopg
 
 from ...engine import connections as db
 from ...errors import OperationFailed
+from ...model.dsn import mask
 from ...model.identifiers import quote_ident
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
@@ -64,6 +68,8 @@ def cutover(run: MoveRun) -> None:
         q.ensure_move_objects(tgt)
         tables_r = q.tables(src, run.schemas, "r")
         tables_rp = q.tables(src, run.schemas, "rp")
+        # The stubs for direct clients are made now, under other names; the freeze only renames them.
+        q.create_moved_stubs(src, {stub_name(run, n): (run.schema(n), stub_message(run, n)) for n in run.move.shards})
     verify_before(run, tables_r)
     last: Exception | None = None
     for attempt in range(1, max(1, run.options.attempts) + 1):
@@ -299,6 +305,14 @@ class Freeze:
             raise FreezeTimeout("taking the locks used up --max-freeze")
 
     def _wait_lag_zero(self) -> None:
+        # Why replay_lsn >= lsn means the target holds every row the locked source holds: each writer
+        # committed before the LOCK was granted, so its commit record ends before ``lsn``; a walsender
+        # sends transactions in commit order and a keepalive's position only after everything before
+        # it; the apply worker handles its messages in order and reports a position only between them,
+        # after committing what it received (worker.c send_feedback; streamed transactions too: the
+        # leader waits for the parallel worker at STREAM COMMIT). That holds only if the worker applies,
+        # not skips, what it receives: every table was registered before it streamed (see
+        # catalog.start_subscription; rows written while it was not were the lost rows once seen here).
         lsn = self.src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
         # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
         self.aux.execute("SET synchronous_commit = on")
@@ -331,16 +345,38 @@ class Freeze:
         current = {str(n): run.schema(n) for n in self.move.shards}
         renamed = {str(n): run.renamed(n) for n in self.move.shards}
         run.retire(self.src, self.tables_rp, current, renamed, f"moved to {run.target.name}", grants)
+        self._mark("retired")
         q.write_redirects(self.src, self.move.shards, [run.schema(n) for n in self.move.shards], run.target.name,
                           run.target.dsn, self.move.move_id)
+        # Direct clients that still use the old schema name get an error naming the new host.
+        q.place_moved_stubs(self.src, {stub_name(run, n): run.schema(n) for n in self.move.shards})
+        self._mark("stubs")
         detail = {"grants": grants, "renamed": renamed, "cutover_at": started_at,
                   "sequences": sequences, "freeze_lock_seconds": self.marks.get("lock"),
                   "freeze_caught_up_seconds": self.marks.get("caught_up"),
                   "freeze_snapshot_seconds": self.marks.get("snapshot"),
+                  "freeze_retired_seconds": self.marks.get("retired"),
+                  "freeze_stubs_seconds": self.marks.get("stubs"),
                   "freeze_compared_seconds": None,  # rows are compared after the freeze now
                   "freeze_started": started_at}
         set_phase(self.src, self.move, "source", Phase.CUT_OVER, detail)
         return detail
+
+
+def stub_name(run: MoveRun, shard: int) -> str:
+    """The name a shard's stub has until the cutover gives it the shard's old name."""
+    return run.renamed(shard, "stub")
+
+
+def stub_names(run: MoveRun) -> list[str]:
+    """Every name this move's stubs may have: the shards' old names, and the ones before the cutover."""
+    return run.schemas + [stub_name(run, n) for n in run.move.shards]
+
+
+def stub_message(run: MoveRun, shard: int) -> str:
+    """What a direct client reading or writing a moved shard's old schema is told (no password)."""
+    return (f"shard {shard} moved to {run.target.name} (move {run.move.move_id}): connect to "
+            f"{mask(q.dsn_without_password(run.target.dsn))}")
 
 
 def finish_cutover(run: MoveRun) -> None:

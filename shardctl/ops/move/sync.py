@@ -122,8 +122,14 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
     subscriptions themselves stay the same across interruptions."""
     for k, name in enumerate(run.move.names):
         flag = f"copied_{k}"
+        schemas = [run.schema(n) for n in planned[k]]
+        if run.move.detail.get(flag) and q.started_without_tables(tgt, name):
+            # Stopped between ENABLE and REFRESH: the apply worker may have skipped and confirmed changes,
+            # so neither the copy nor its slot can be trusted. Stop the worker and copy again.
+            q.disable_subscription(tgt, name)
+            run.both(Phase.SYNCING, {flag: False})
+            run.note(f"sync: {name} was stopped while starting; its tables are copied again")
         if not run.move.detail.get(flag):
-            schemas = [run.schema(n) for n in planned[k]]
             try:
                 forget_partial_copy(run, name, schemas)
                 copied = slot_and_copy(run, name, schemas)
@@ -132,7 +138,8 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
                                       f"{db.first_line(exc)}") from None
             run.report["copied_bytes"] = run.report.get("copied_bytes", 0) + copied
             run.both(Phase.SYNCING, {flag: True})
-        q.start_subscription(tgt, name, copy_data=False)
+        with run.connect(run.target, autocommit=False) as hold:  # see start_subscription: no change skipped
+            q.start_subscription(tgt, name, copy_data=False, hold=hold, tables=q.tables(tgt, schemas, "r"))
 
 
 def _wait_ready(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection, names: list[str],

@@ -254,6 +254,10 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
         "moving_longest_gap_ms": round(longest_gap(apps.written, set(moving)) * 1000, 1),
         "load_before": load_before, "load_after": load_during,
         "freeze_at": round(f0 - t0, 2) if f0 else None,  # seconds after the move started
+        # When the slowest writes to non-moving shards started (seconds after the move started), and took.
+        "still_slowest": [(round(a - t0, 2), round((b - a) * 1000)) for _, n, a, b in
+                          sorted((r for r in apps.written if r[1] in still and t0 <= r[3] and r[2] <= t0 + move_s),
+                                 key=lambda r: r[2] - r[3])[:5]],
     }
     doc["lost_writes"] = [(round(a - t0, 3), round(b - t0, 3), n) for a, b, n in doc["lost_writes"]]
     if bench is not None:
@@ -294,6 +298,7 @@ def show(doc: dict) -> None:
     print(f"  non-moving shards: whole move max {doc['still_max_ms']} ms p99 {doc['still_p99_ms']} ms "
           f"({doc['still_writes']} writes); in the freeze max {doc['still_freeze_max_ms']} ms p99 "
           f"{doc['still_freeze_p99_ms']} ms ({doc['still_freeze_writes']} writes)")
+    print(f"  slowest non-moving writes (started s after the move's start, ms): {doc['still_slowest']}")
     print(f"  moving shards: longest write {doc['moving_max_ms']} ms, p99 {doc['moving_p99_ms']} ms, longest gap "
           f"between acknowledged writes {doc['moving_longest_gap_ms']} ms")
     if "pgbench_rate" in doc:

@@ -266,6 +266,15 @@ def _full_owner_table(layout: Layout) -> bool:
     return layout.bits("shard") <= 20
 
 
+def _field(layout: Layout, name: str) -> str:
+    """Python expression for field ``name`` of ``v`` (already checked to fit the payload: the top field
+    needs no mask, the bottom one no shift)."""
+    shift, bits = layout.shift(name), layout.bits(name)
+    if shift + bits >= layout.payload_bits:
+        return f"(v >> {shift})" if shift else "v"
+    return f"((v >> {shift}) & {(1 << bits) - 1})" if shift else f"(v & {(1 << bits) - 1})"
+
+
 def _csv_loop(layout: Layout, with_topology: bool):
     """Compile the CSV loop for ``layout`` (cached per layout shape)."""
     key = (layout.fields, layout.epoch_ms, layout.payload_bits, with_topology)
@@ -278,14 +287,12 @@ def _csv_loop(layout: Layout, with_topology: bool):
     for i, f in enumerate(fields):
         var = f"f{i}"
         names.append(var)
-        shift, mask = layout.shift(f.name), (1 << f.bits) - 1
-        body.append(f"        {var} = (v >> {shift}) & {mask}" if shift else f"        {var} = v & {mask}")
-    row = ["{sid}"]
+        body.append(f"        {var} = {_field(layout, f.name)}")
+    row = ["{sid}" if layout.payload_bits > 63 else "{v}"]
     if layout.has_time:
-        ts, tm = layout.shift("time"), (1 << layout.bits("time")) - 1
         # IDs come in runs from the same second: its text is built once per run, not once per ID.
         body += [
-            f"        s, ms = divmod(((v >> {ts}) & {tm}) + {layout.epoch_ms}, 1000)",
+            f"        s, ms = divmod({_field(layout, 'time')} + {layout.epoch_ms}, 1000)",
             "        if s != last_s:",
             "            last_s = s",
             "            d, sod = divmod(s, 86400)",
@@ -337,13 +344,13 @@ def _csv_loop(layout: Layout, with_topology: bool):
         "                v = parse_loose(raw)",
         "                if v is None:",
         "                    reject(n, raw); continue",
-        f"            if v < 0 or v >> {layout.payload_bits}:",
+        f"            if v >> {layout.payload_bits}:",  # also true for a negative v (-1)
         "                v, problem = slow(v)",
         "                if problem:",
         "                    bad.append((n, raw.strip(), problem)); continue",
         # a signed 64-bit ID as PostgreSQL's bigint shows it (only payloads of 64 bits reach the sign bit)
-        "            sid = v if v < 9223372036854775808 else v - 18446744073709551616" if layout.payload_bits > 63 else
-        "            sid = v",
+        *(["            sid = v if v < 9223372036854775808 else v - 18446744073709551616"]
+          if layout.payload_bits > 63 else []),
         *["    " + line for line in body],
         "            append(f\"" + ",".join(row) + "\\n\")",
         "        n0 += len(chunk)",

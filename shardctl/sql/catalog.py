@@ -324,18 +324,41 @@ def structure(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, s
 
 
 def checksums(conn: psycopg.Connection, items: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str]]:
-    """(schema, table) → (row count, checksum of the rows' text). Order-independent: a sum of 64-bit
-    hashes of each row's text, so no sort is needed; the session's text settings are pinned first."""
+    """(schema, table) → (row count, checksum of the rows). Order-independent: a sum of 64-bit hashes of
+    each row, so no sort is needed.
+
+    Rows are hashed with ``hash_record_extended`` (each column's own hash function, as hash partitioning
+    uses: stable across PostgreSQL versions, and about 4x faster than hashing the row's text). A chunk
+    with a column type that has no hash function (point, json…) hashes the rows' text instead, with the
+    session's text settings pinned; the method is part of the checksum, so both hosts must agree on it."""
     conn.execute(STABLE_TEXT)
     out: dict[tuple[str, str], tuple[int, str]] = {}
     for i in range(0, len(items), CHUNK):
         chunk = items[i:i + CHUNK]
-        parts = [f"SELECT {quote_literal(s)}, {quote_literal(t)}, count(*), "
-                 f"coalesce(sum(hashtextextended(x::text, 0)::numeric), 0)::text "
-                 f"FROM {quote_ident(s)}.{quote_ident(t)} AS x" for s, t in chunk]
-        for schema, table, count, total in conn.execute("\nUNION ALL\n".join(parts)).fetchall():
+        rows = _hashed_rows(conn, chunk)
+        if rows is None:  # some table of the chunk cannot be hashed by column: find which, one by one
+            rows = []
+            for item in chunk:
+                rows += _hashed_rows(conn, [item]) or conn.execute(
+                    _checksum_query([item], "hashtextextended(x::text, 0)", "t")).fetchall()
+        for schema, table, count, total in rows:
             out[(schema, table)] = (count, total)
     return out
+
+
+def _hashed_rows(conn: psycopg.Connection, chunk: list[tuple[str, str]]) -> list[tuple] | None:
+    try:
+        with conn.transaction():  # a savepoint inside the caller's snapshot transaction
+            return conn.execute(_checksum_query(chunk, "hash_record_extended(x, 0)", "r")).fetchall()
+    except psycopg.errors.UndefinedFunction:  # a column type without an extended hash function
+        return None
+
+
+def _checksum_query(chunk: list[tuple[str, str]], row_hash: str, method: str) -> str:
+    return "\nUNION ALL\n".join(
+        f"SELECT {quote_literal(s)}, {quote_literal(t)}, count(*), "
+        f"'{method}' || coalesce(sum({row_hash}::numeric), 0)::text "
+        f"FROM {quote_ident(s)}.{quote_ident(t)} AS x" for s, t in chunk)
 
 
 def sequences(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str], dict]:

@@ -243,26 +243,30 @@ def test_move_under_load_loses_no_write(make_fleet):
     assert run_cli("verify", config=path).exit_code == 0
 
 
-def test_writes_while_the_subscription_starts_are_not_skipped(fleet3, monkeypatch):
-    """The apply worker starts streaming at ENABLE, before REFRESH has registered the subscription's tables:
-    changes of tables it does not know yet are skipped, yet confirmed (lag 0 says they were applied). A
-    second between the two statements, with writers going on, must lose no row (it lost ~120 before)."""
+def after_enable(monkeypatch, action) -> None:
+    """Run ``action`` right after a subscription's ALTER SUBSCRIPTION … ENABLE (sql/catalog.start_subscription)."""
     from shardctl.sql import catalog
 
     real = catalog.start_subscription
 
-    class SlowAfterEnable:  # the connection, with a pause after ENABLE (a loaded server, a slow network)
+    class Watched:
         def __init__(self, conn):
             self.conn = conn
 
         def execute(self, query, *args):
             cur = self.conn.execute(query, *args)
-            text = query if isinstance(query, str) else query.as_string(self.conn)
-            if text.endswith(" ENABLE"):
-                time.sleep(1.0)
+            if (query if isinstance(query, str) else query.as_string(self.conn)).endswith(" ENABLE"):
+                action()
             return cur
 
-    monkeypatch.setattr(catalog, "start_subscription", lambda conn, *a, **k: real(SlowAfterEnable(conn), *a, **k))
+    monkeypatch.setattr(catalog, "start_subscription", lambda conn, *a, **k: real(Watched(conn), *a, **k))
+
+
+def test_writes_while_the_subscription_starts_are_not_skipped(fleet3, monkeypatch):
+    """The apply worker starts streaming at ENABLE, before REFRESH has registered the subscription's tables:
+    changes of tables it does not know yet are skipped, yet confirmed (lag 0 says they were applied). A
+    second between the two statements, with writers going on, must lose no row (it lost ~120 before)."""
+    after_enable(monkeypatch, lambda: time.sleep(1.0))  # a loaded server, a slow network
     topo = load(fleet3)
     moved = [4, 5, 6, 7]
     before_ids = ids_on(topo, "pg1", moved)
@@ -285,18 +289,10 @@ def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):
 
     real = catalog.start_subscription
 
-    class DiesAfterEnable:
-        def __init__(self, conn):
-            self.conn = conn
+    def die() -> None:
+        raise RuntimeError("killed after ENABLE")
 
-        def execute(self, query, *args):
-            cur = self.conn.execute(query, *args)
-            text = query if isinstance(query, str) else query.as_string(self.conn)
-            if text.endswith(" ENABLE"):
-                raise RuntimeError("killed after ENABLE")
-            return cur
-
-    monkeypatch.setattr(catalog, "start_subscription", lambda conn, *a, **k: real(DiesAfterEnable(conn), *a, **k))
+    after_enable(monkeypatch, die)
     topo = load(fleet3)
     moved = [4, 5, 6, 7]
     before_ids = ids_on(topo, "pg1", moved)

@@ -10,7 +10,6 @@ Idempotent: a re-run after a crash (or ``--cleanup``) brings what is still behin
 
 from __future__ import annotations
 
-from typing import Callable
 
 from ...engine.executor import RunOptions
 from ...engine.fanout import HostResult, fan_out
@@ -65,7 +64,7 @@ def catch_up(run: MoveRun) -> None:
         return
     result = migrate(run.topo, target=goal, hosts=[run.target.name], shards=sorted(behind),
                      options=RunOptions(connect_timeout=run.options.connect_timeout, purpose="move-shard catch-up"),
-                     wait=max(run.options.wait, CATCH_UP_WAIT), progress=_progress(run))
+                     wait=max(run.options.wait, CATCH_UP_WAIT), progress=run.progress_factory("catch-up"))
     host = result.host(result.hosts[0])
     brought = sorted(n for n in host.migrated if n in behind)
     by_version: dict[int, list[int]] = {}
@@ -82,15 +81,3 @@ def catch_up(run: MoveRun) -> None:
         raise OperationFailed(f"the move is cut over, but bringing shards {format_shards(sorted(behind))} on "
                               f"{run.target.name} to V{goal} failed: {exc}; run shardctl migrate (or this "
                               f"command again)") from None
-
-
-def _progress(run: MoveRun) -> Callable[[str, int], Callable[[int], None]]:
-    def factory(host_name: str, total: int) -> Callable[[int], None]:
-        done = 0
-
-        def tick(n: int) -> None:
-            nonlocal done
-            done += n
-            run.progress("catch-up", done, total, host_name)
-        return tick
-    return factory

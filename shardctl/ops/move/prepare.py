@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
 
 import psycopg
 
@@ -156,21 +155,12 @@ def _create_on_target(run: MoveRun, conn: psycopg.Connection, plans: list[ShardP
     total = len(plans)
     run.progress("prepare", 0, total, run.target.name)
 
-    def factory(host_name: str, count: int) -> Callable[[int], None]:
-        done = 0
-
-        def advance(n: int) -> None:
-            nonlocal done
-            done += n
-            run.progress("prepare", done, count, host_name)
-        return advance
-
     options = RunOptions(batch_size=max(1, run.options.batch_size), connect_timeout=run.options.connect_timeout,
                          purpose="move-shard")
     outcome = ApplyOutcome()
     jobs = host_jobs(run.target, conn).count if total > 1 else 1
     try:
-        apply_plans(run.target, plans, options, threading.Event(), outcome, factory, jobs=jobs)
+        apply_plans(run.target, plans, options, threading.Event(), outcome, run.progress_factory("prepare"), jobs=jobs)
     except ConnectionLost as exc:
         raise OperationFailed(f"prepare on {run.target.name}: connection lost ({exc})") from None
     run.report["prepare_streams"] = outcome.jobs

@@ -199,6 +199,18 @@ class MoveRun:
         self.freeze_t0: float | None = None         # monotonic start of this run's committed freeze
 
     # ---- helpers ---------------------------------------------------------------------------
+    def progress_factory(self, step: str) -> Callable[[str, int], Callable[[int], None]]:
+        """A fan-out progress factory (host name, total → tick(n)) reporting as ``step`` of this move."""
+        def factory(host_name: str, total: int) -> Callable[[int], None]:
+            done = 0
+
+            def tick(n: int) -> None:
+                nonlocal done
+                done += n
+                self.progress(step, done, total, host_name)
+            return tick
+        return factory
+
     def note(self, message: str) -> None:
         self.report["messages"].append(message)
         self.progress("note", 0, 0, message)

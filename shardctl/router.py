@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 import time
@@ -36,7 +37,7 @@ class Router:
     has a ``standby:``, a second pool for :meth:`read` and ``connection(readonly=True)``.
     Every call is bounded by ``timeout`` seconds: ``statement_timeout`` on the server, and a
     client deadline (``timeout`` + ``grace``) that cuts the socket of a host that stopped answering.
-    :meth:`stats` reports pools, errors, breakers and latencies. See docs/router.md.
+    :meth:`stats` reports pools, errors, breakers and latencies. See README.md (The Router in production).
 
     Shards move between hosts (``shardctl move-shard``). :meth:`run` and :meth:`execute` follow a
     move: when a statement fails because its shard has just moved away (the old tables are
@@ -67,6 +68,8 @@ class Router:
         self._tried = threading.local()  # the host this thread's last shard_connection() went to
         self._watchdog = Watchdog()
         self._redirects = Redirects()  # shards routed by their old host's redirect (stale topology file)
+        self._reload_lock = threading.Lock()
+        self._file_stamp: tuple[int, int, int] | None = None  # the file as last parsed by reload()
 
     # ---- routing ---------------------------------------------------------------
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
@@ -208,16 +211,23 @@ class Router:
         """Read the topology file again; pools of hosts that left or changed DSN are closed."""
         if self.topology.path is None:
             return self.topology
-        fresh = Topology.load(self.topology.path, allow_inline_password=self.allow_inline_password)
-        after = {h.name: (h.dsn, h.password_env, h.standby) for h in fresh.hosts}
-        with self._lock:
-            before = {h.name: (h.dsn, h.password_env, h.standby) for h in self.topology.hosts}
-            self.topology = fresh
-            changed = {name for name in before if after.get(name) != before[name]}
-            changed |= self._redirects.reconcile(fresh)
-            # Pool keys: the host's name, and "<name> standby" for its standby's pool.
-            stale = [key for key in self._pools if key.split(" ")[0] in changed]
-            old_pools = [self._pools.pop(key) for key in stale]
+        # Many threads meet a moved shard at once, and an app server's file may never change: parse it
+        # only when it did (a parse holds the GIL for every thread, writes to other shards included).
+        with self._reload_lock:
+            stamp = _file_stamp(self.topology.path)
+            if stamp is not None and stamp == self._file_stamp:
+                return self.topology
+            fresh = Topology.load(self.topology.path, allow_inline_password=self.allow_inline_password)
+            self._file_stamp = stamp
+            after = {h.name: (h.dsn, h.password_env, h.standby) for h in fresh.hosts}
+            with self._lock:
+                before = {h.name: (h.dsn, h.password_env, h.standby) for h in self.topology.hosts}
+                self.topology = fresh
+                changed = {name for name in before if after.get(name) != before[name]}
+                changed |= self._redirects.reconcile(fresh)
+                # Pool keys: the host's name, and "<name> standby" for its standby's pool.
+                stale = [key for key in self._pools if key.split(" ")[0] in changed]
+                old_pools = [self._pools.pop(key) for key in stale]
         for pool in old_pools:
             pool.close()
         return fresh
@@ -512,3 +522,12 @@ def _leaves_no_state(query: Any) -> bool:
     if not isinstance(query, str):
         return False  # sql.Composed and friends: not worth rendering here; reset to be safe
     return _text_leaves_no_state(query)
+
+
+def _file_stamp(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """(inode, size, mtime in ns) of the topology file: a flip (rename) or an edit changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns

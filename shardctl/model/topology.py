@@ -60,7 +60,7 @@ class Host:
     standby: str | None = None
     admin_dsn: str | None = None   # shardctl's own DDL, locks and moves (direct, not via a pooler)
     peer_dsn: str | None = None    # how other hosts' subscriptions reach this host
-    max_jobs: int | None = None  # at most this many connections applying shards at once (see docs/scale.md)
+    max_jobs: int | None = None  # at most this many connections applying shards at once (see README.md)
 
     def dsn_for(self, purpose: str = "app") -> str:
         """The DSN for ``purpose``: app (``dsn``), admin (``admin_dsn``) or peer (``peer_dsn``).

@@ -6,7 +6,7 @@ walked as a stream of parse events, by libyaml's C parser when PyYAML has it (ab
 event), counting every node as if each alias were expanded, and refused at the first limit
 it crosses. Only text within the limits is loaded, so loading stays under a second.
 
-The limits (documented in docs/limits.md) are far above any real topology: a fleet of a
+The limits (documented in README.md) are far above any real topology: a fleet of a
 thousand hosts with standbys and passwords is about 11,000 nodes and 150 KB.
 """
 

@@ -25,12 +25,14 @@ the target's snapshot. A difference fails the command loudly (the target is auth
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
 from ...engine import connections as db
+from ...engine.fanout import host_jobs, run_streams
 from ...errors import OperationFailed
 from ...model.dsn import mask
 from ...model.identifiers import quote_ident
@@ -42,6 +44,7 @@ from .state import Phase, ShardState
 from .sync import sync
 
 LOCKS_PER_STATEMENT = 500
+MAX_CHECK_STREAMS = 4  # parallel checksum streams per host before the freeze
 CATCH_UP_BYTES = 4 << 20  # before freezing, the subscriptions' lag must be below this
 
 
@@ -131,6 +134,27 @@ def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connec
     return src_sums, q.checksums(tgt, items)
 
 
+def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int) -> tuple[dict, dict]:
+    """:func:`_sums_at_lag_zero` over ``items`` split into ``streams`` parts, each on a connection pair of
+    its own (the hosts hash in parallel; each part is consistent on its own, which is all a table needs)."""
+    parts = [p for p in (items[k::streams] for k in range(streams)) if p]
+    src_all: dict = {}
+    tgt_all: dict = {}
+    lock = threading.Lock()
+
+    def work(k: int) -> None:
+        with run.connect(run.source) as src, run.connect(run.target) as tgt:
+            src_sums, tgt_sums = _sums_at_lag_zero(run, src, tgt, parts[k])
+        with lock:
+            src_all.update(src_sums)
+            tgt_all.update(tgt_sums)
+
+    errors = run_streams(f"{run.source.name}-check", len(parts), work, threading.Event()) if parts else []
+    if errors:
+        raise errors[0]
+    return src_all, tgt_all
+
+
 def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 6) -> None:
     """Compare every table on both hosts before the freeze (writes go on). A table that differs is
     checked again; one that still differs in two more rounds while its source rows did not change
@@ -138,9 +162,10 @@ def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 6
     t0 = time.perf_counter()
     pending, previous, stuck_rounds = list(tables_r), {}, {}
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
+        streams = max(1, min(MAX_CHECK_STREAMS, host_jobs(run.source, src).count, host_jobs(run.target, tgt).count))
         for _ in range(rounds):
             run.progress("verify", len(tables_r) - len(pending), len(tables_r), "before the freeze")
-            src_sums, tgt_sums = _sums_at_lag_zero(run, src, tgt, pending)
+            src_sums, tgt_sums = _sums_in_streams(run, pending, streams)
             differ = [k for k in pending if src_sums[k] != tgt_sums.get(k)]
             stuck_rounds = {k: stuck_rounds.get(k, 0) + 1 for k in differ if previous.get(k) == src_sums[k]}
             stuck = [k for k, n in stuck_rounds.items() if n >= 2]

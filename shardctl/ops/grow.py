@@ -44,39 +44,25 @@ def add_host(path: str, name: str, dsn: str, *, password_env: str | None = None,
             "topology": str(edit.path)}
 
 
-def _check_bounds(topo: Topology, count: int | None, ids: str | None) -> None:
-    """Refuse a --count or --ids beyond the layout's shard bits before any list of shards is built."""
-    limit = min(topo.layout.max_shards, MAX_SHARDS)
-    room = max(limit - topo.shard_count, 0)
-    beyond = f"beyond the {topo.layout.name} layout's {topo.layout.bits('shard')} shard bits (at most {limit} shards"
-    if count is not None and count > room:
-        raise BadInput(f"--count {count} goes {beyond}; the fleet has {topo.shard_count}, so at most {room} more)")
-    if ids is not None:
-        try:
-            parse_shards(ids, limit=limit)
-        except ValueError as exc:
-            raise BadInput(f"--ids: {exc}: {beyond})") from None
-
-
 def new_shard_ids(topo: Topology, count: int | None, ids: str | None) -> list[int]:
-    """The shard numbers to open: ``count`` more after the current count, or explicit ``ids``."""
+    """The shard numbers to open: ``count`` more after the current count, or explicit ``ids``. Bounds
+    (the layout's shard bits) are checked before any list of shards is built."""
     if (count is None) == (ids is None):
         raise BadInput("give either --count N or --ids RANGE")
-    _check_bounds(topo, count, ids)
+    limit = min(topo.layout.max_shards, MAX_SHARDS)
+    beyond = f"beyond the {topo.layout.name} layout's {topo.layout.bits('shard')} shard bits (at most {limit} shards"
     if count is not None:
+        room = max(limit - topo.shard_count, 0)
+        if count > room:
+            raise BadInput(f"--count {count} goes {beyond}; the fleet has {topo.shard_count}, so at most {room} more)")
         if count < 1:
             raise BadInput(f"--count must be positive, got {count}")
         wanted = list(range(topo.shard_count, topo.shard_count + count))
     else:
         try:
-            wanted = parse_shards(ids)
+            wanted = parse_shards(ids, limit=limit)
         except ValueError as exc:
-            raise BadInput(f"--ids: {exc}") from None
-    limit = topo.layout.max_shards
-    beyond = [n for n in wanted if n >= limit]
-    if beyond:
-        raise BadInput(f"shards {format_shards(beyond)} are beyond the {topo.layout.name} layout's "
-                       f"{topo.layout.bits('shard')} shard bits (at most {limit} shards: 0..{limit - 1})")
+            raise BadInput(f"--ids: {exc}: {beyond})") from None
     owned = [n for n in wanted if n < topo.shard_count]
     if owned:
         owners = sorted({topo.host_of(n).name for n in owned})

@@ -533,9 +533,7 @@ def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = Tr
     ``replay_lsn`` says they did (a lost write that the freeze's lag-0 wait cannot see). With the locks,
     the worker waits on its first change (it opens the table in ROW EXCLUSIVE mode) and reads the table's
     state only once the lock is granted, after REFRESH committed (REFRESH takes ACCESS SHARE only)."""
-    enabled, rels = conn.execute(
-        """SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
-             FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
+    enabled, rels = _subscription_state(conn, name)
     ident = sql.Identifier(name)
     held = not copy_data and not rels
     if held:
@@ -557,10 +555,16 @@ def started_without_tables(conn: psycopg.Connection, name: str) -> bool:
     """True for a subscription left enabled with no tables registered: a run stopped between the ENABLE
     and the REFRESH of :func:`start_subscription`, after which its apply worker may have skipped (and
     confirmed) changes."""
+    enabled, rels = _subscription_state(conn, name)
+    return enabled and not rels
+
+
+def _subscription_state(conn: psycopg.Connection, name: str) -> tuple[bool, int]:
+    """(enabled, tables registered) of a subscription; (False, 0) when there is none."""
     row = conn.execute(
-        """SELECT s.subenabled AND NOT EXISTS (SELECT 1 FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
+        """SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
              FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
-    return bool(row and row[0])
+    return (bool(row[0]), int(row[1])) if row else (False, 0)
 
 
 def disable_subscription(conn: psycopg.Connection, name: str, timeout: float = 30) -> None:

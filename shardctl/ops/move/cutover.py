@@ -35,7 +35,6 @@ from ...engine import connections as db
 from ...engine.fanout import host_jobs, run_streams
 from ...errors import OperationFailed
 from ...model.dsn import mask
-from ...model.identifiers import quote_ident
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
 from ...sql import catalog as q
@@ -318,10 +317,7 @@ class Freeze:
         self.run.progress("freeze", 0, 0, "locking")
         try:
             self._budget()
-            for i in range(0, len(self.tables_rp), LOCKS_PER_STATEMENT):
-                chunk = self.tables_rp[i:i + LOCKS_PER_STATEMENT]
-                self.src.execute("LOCK TABLE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in chunk)
-                                 + " IN EXCLUSIVE MODE")
+            q.lock_tables(self.src, self.tables_rp, LOCKS_PER_STATEMENT)
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected,
                 psycopg.errors.QueryCanceled) as exc:
             raise FreezeTimeout(f"could not lock the tables within --max-freeze ({db.first_line(exc)})") from None

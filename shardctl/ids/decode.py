@@ -240,7 +240,6 @@ class Decoder:
 
 
 _LOOPS: dict[tuple, object] = {}
-_P3 = [f"{i:03d}" for i in range(1000)]
 _P3Z = [f"{i:03d}Z" for i in range(1000)]  # milliseconds and the zone, after the second's text
 _BLANK = [""] * 1000  # no time text beyond year 9999
 # Small tables stay in the CPU cache (a table of all 86400 seconds of a day mostly misses).
@@ -356,7 +355,8 @@ def _csv_loop(layout: Layout, with_topology: bool):
         "        n0 += len(chunk)",
         "        write(''.join(buf))",
     ])
-    scope: dict = {"HH": _HH, "MMSS": _MMSS, "P3": _P3, "days": _DAYS, "P3Z": _P3Z, "BLANK": _BLANK, "parse_loose": parse_loose, "islice": islice}
+    scope: dict = {"HH": _HH, "MMSS": _MMSS, "days": _DAYS, "P3Z": _P3Z, "BLANK": _BLANK,
+                   "parse_loose": parse_loose, "islice": islice}
     exec(compile(source, f"<decode loop for {layout.name}>", "exec"), scope)  # noqa: S102 - our own code
     loop = _LOOPS[key] = scope["loop"]
     return loop

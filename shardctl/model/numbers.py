@@ -21,9 +21,7 @@ def parse_int(text: str, *, signed: bool = False, max_digits: int = MAX_DIGITS) 
     stripped = text.strip()
     digits = stripped[1:] if signed and stripped.startswith("-") else stripped
     if not is_ascii_digits(digits):
-        if digits and not digits.isascii() and any(c.isdigit() for c in digits[:ECHO_CHARS]):
-            raise ValueError(f"{echo(stripped)} uses non-ASCII digits (write numbers with 0-9)")
-        raise ValueError(f"not a whole number: {echo(stripped)}")
+        raise _not_a_number(stripped, "a whole number")
     if len(digits) > max_digits:
         raise ValueError(f"number too long ({len(digits)} digits, at most {max_digits}): {echo(stripped)}")
     return int(stripped)
@@ -34,10 +32,15 @@ def parse_decimal(text: str, *, max_chars: int = 32) -> float:
     stripped = text.strip()
     whole, _, frac = stripped.partition(".")
     if len(stripped) > max_chars or not (whole or frac) or any(p and not is_ascii_digits(p) for p in (whole, frac)):
-        if stripped and not stripped.isascii() and any(c.isdigit() for c in stripped[:ECHO_CHARS]):
-            raise ValueError(f"{echo(stripped)} uses non-ASCII digits (write numbers with 0-9)")
-        raise ValueError(f"not a decimal number: {echo(stripped)}")
+        raise _not_a_number(stripped, "a decimal number")
     return float(stripped)
+
+
+def _not_a_number(text: str, what: str) -> ValueError:
+    """The error for text that is not ``what``, saying so when it uses non-ASCII digits."""
+    if text and not text.isascii() and any(c.isdigit() for c in text[:ECHO_CHARS]):
+        return ValueError(f"{echo(text)} uses non-ASCII digits (write numbers with 0-9)")
+    return ValueError(f"not {what}: {echo(text)}")
 
 
 def echo(value: object, limit: int = ECHO_CHARS) -> str:

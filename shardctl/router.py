@@ -420,12 +420,23 @@ def _finish(router: Router, pool: HostPool, slot: Slot, watch: int | None, start
 
 def _prepare(slot: Slot, pool: HostPool, schema: str, timeout_ms: int, default_ms: int) -> None:
     if slot.plan_epoch != pool.plan_epoch:
-        slot.conn.execute("DEALLOCATE ALL")  # psycopg forgets its prepared statements too
+        forget_prepared(slot.conn, pool.plan_epoch)
         slot.plan_epoch = pool.plan_epoch
     want = None if timeout_ms == default_ms else timeout_ms
     if slot.schema != schema or slot.timeout_ms != want:
         slot.conn.execute(_PREPARE_SQL, (f"{schema}, public", str(default_ms if want is None else want)))
         slot.schema, slot.timeout_ms = schema, want
+
+
+def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
+    """Drop the session's prepared statements, on the server and in psycopg's cache.
+
+    psycopg clears its cache when a statement's tag is DEALLOCATE ALL, but only the first time it
+    sees that query text on a connection (psycopg 3.3: a text it has counted before skips the
+    check), so each epoch sends its own text; a repeated text left psycopg executing
+    statements the server had dropped ("prepared statement _pg3_1 does not exist").
+    """
+    conn.execute(f"DEALLOCATE ALL /* plan epoch {int(epoch)} */")
 
 
 def _lag(router: Router, pool: HostPool, conn: psycopg.Connection) -> float:

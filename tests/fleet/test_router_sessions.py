@@ -10,6 +10,7 @@ import pytest
 from conftest import connect, load, run_cli
 
 from shardctl import Router
+from shardctl.router import forget_prepared
 from shardctl.errors import HostUnreachable
 
 
@@ -160,6 +161,21 @@ def test_router_sees_no_0A000_after_add_column(topo):
         for _ in range(6):
             assert len(router.execute(2, select, (uid,))[0]) == 6
         assert router.stats()["pg1"]["errors"].get("stale_plan", 0) >= 1
+
+
+def test_forgetting_prepared_statements_twice_leaves_psycopg_in_step(topo):
+    """The CI flake behind "prepared statement _pg3_1 does not exist": a connection that had prepared
+    nothing when one migration bumped the plan epoch, then prepared, then met a second bump."""
+    select = "SELECT * FROM insta2.users WHERE id = %s"
+    with connect(topo, "pg1", autocommit=True) as conn:
+        forget_prepared(conn, 1)  # nothing prepared yet
+        for _ in range(6):
+            conn.execute(select, (1,))
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] >= 1
+        forget_prepared(conn, 2)
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+        for _ in range(6):  # psycopg must prepare afresh, not execute the dropped _pg3_0
+            conn.execute(select, (1,))
 
 
 def test_a_host_that_is_not_there_names_itself_and_the_cause(make_fleet, tmp_path):

@@ -41,6 +41,9 @@ def move_options(func: Callable) -> Callable:
         click.option("--copy-workers", type=AsciiInt(0, 4), default=4, show_default=True,
                      help="Parallel table copies of the initial copy, as of one snapshot per subscription "
                           "(0: the subscriptions' table-sync workers copy)."),
+        click.option("--verify-before", type=click.Choice(["counts", "full"]), default="counts", show_default=True,
+                     help="The check before the freeze: row counts per table, or checksums of every row "
+                          "(every row is compared after the cutover either way)."),
         click.option("--batch-size", type=AsciiInt(1, 10_000), default=16, show_default=True,
                      help="Shards per transaction when creating or dropping schemas."),
         click.option("--wait", type=AsciiFloat(0, 86_400), default=0, show_default=True,
@@ -58,7 +61,7 @@ def _options(kw: dict) -> MoveOptions:
                        schemas_per_subscription=kw["schemas_per_subscription"],
                        max_subscriptions=kw["max_subscriptions"], sync_timeout=kw["sync_timeout"],
                        publisher_dsn=kw["publisher_dsn"], batch_size=kw["batch_size"], wait=kw["wait"],
-                       copy_workers=kw["copy_workers"],
+                       copy_workers=kw["copy_workers"], verify_before=kw["verify_before"],
                        connect_timeout=kw["connect_timeout"],
                        allow_inline_password=settings().allow_inline_password)
 

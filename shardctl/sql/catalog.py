@@ -323,9 +323,11 @@ def structure(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, s
     return out
 
 
-def checksums(conn: psycopg.Connection, items: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str]]:
+def checksums(conn: psycopg.Connection, items: list[tuple[str, str]], *,
+              rows_only: bool = False) -> dict[tuple[str, str], tuple[int, str]]:
     """(schema, table) → (row count, checksum of the rows). Order-independent: a sum of 64-bit hashes of
-    each row, so no sort is needed.
+    each row, so no sort is needed. ``rows_only``: the row count alone (about 4x cheaper; the
+    checksum is then the constant ``'n'``).
 
     Rows are hashed with ``hash_record_extended`` (each column's own hash function, as hash partitioning
     uses: stable across PostgreSQL versions, and about 4x faster than hashing the row's text). A chunk
@@ -335,7 +337,7 @@ def checksums(conn: psycopg.Connection, items: list[tuple[str, str]]) -> dict[tu
     out: dict[tuple[str, str], tuple[int, str]] = {}
     for i in range(0, len(items), CHUNK):
         chunk = items[i:i + CHUNK]
-        rows = _hashed_rows(conn, chunk)
+        rows = conn.execute(_checksum_query(chunk, None, "n")).fetchall() if rows_only else _hashed_rows(conn, chunk)
         if rows is None:  # some table of the chunk cannot be hashed by column: find which, one by one
             rows = []
             for item in chunk:
@@ -354,10 +356,11 @@ def _hashed_rows(conn: psycopg.Connection, chunk: list[tuple[str, str]]) -> list
         return None
 
 
-def _checksum_query(chunk: list[tuple[str, str]], row_hash: str, method: str) -> str:
+def _checksum_query(chunk: list[tuple[str, str]], row_hash: str | None, method: str) -> str:
+    # sum(bigint) is exact (a numeric result, summed in 128-bit integers): faster than summing numerics.
+    total = f"'{method}' || coalesce(sum({row_hash}), 0)::text" if row_hash else f"'{method}'"
     return "\nUNION ALL\n".join(
-        f"SELECT {quote_literal(s)}, {quote_literal(t)}, count(*), "
-        f"'{method}' || coalesce(sum({row_hash}::numeric), 0)::text "
+        f"SELECT {quote_literal(s)}, {quote_literal(t)}, count(*), {total} "
         f"FROM {quote_ident(s)}.{quote_ident(t)} AS x" for s, t in chunk)
 
 

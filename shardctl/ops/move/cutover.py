@@ -1,9 +1,9 @@
 """Cutover: the write freeze and the switch, with the data verified outside the freeze.
 
-Before the freeze (writes go on): wait until the subscriptions' lag is small, and compare a
-checksum per table on both hosts at moments of lag 0, re-checking the tables that differed
-(they were being written); a table that differs while unchanged fails the move here, with the
-source still authoritative.
+Before the freeze (writes go on): wait until the subscriptions' lag is small, and compare each
+table's row count (``--verify-before full``: its checksum) on both hosts at moments of lag 0,
+re-checking the tables that differed by checksum (they were being written); a table that differs
+while unchanged fails the move here, with the source still authoritative.
 
 The freeze, whose length does not depend on the data: one transaction on the source,
 ``LOCK TABLE … IN EXCLUSIVE MODE`` on every table (writes wait, reads go on), wait until the
@@ -115,13 +115,13 @@ def _wait_small_lag(run: MoveRun, src: psycopg.Connection, names: list[str], lim
 
 
 def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
-                      items: list[tuple[str, str]], timeout: float = 20.0) -> tuple[dict, dict]:
+                      items: list[tuple[str, str]], rows_only: bool, timeout: float = 20.0) -> tuple[dict, dict]:
     """Checksums of ``items``: on the source first (one snapshot), then on the target once it has applied
     the source's WAL up to past that snapshot. The target then holds at least the source's rows: with
     no write meanwhile, exactly them."""
     with src.transaction():
         src.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        src_sums = q.checksums(src, items)
+        src_sums = q.checksums(src, items, rows_only=rows_only)
         lsn = src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
     deadline = time.monotonic() + timeout
     while not q.replayed(src, run.move.names, lsn):
@@ -130,10 +130,10 @@ def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connec
             raise OperationFailed(f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
                                   f"within {timeout:g}s ({why}); nothing was frozen")
         time.sleep(0.02)
-    return src_sums, q.checksums(tgt, items)
+    return src_sums, q.checksums(tgt, items, rows_only=rows_only)
 
 
-def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int) -> tuple[dict, dict]:
+def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int, rows_only: bool) -> tuple[dict, dict]:
     """:func:`_sums_at_lag_zero` over ``items`` split into ``streams`` parts, each on a connection pair of
     its own (the hosts hash in parallel; each part is consistent on its own, which is all a table needs)."""
     parts = [p for p in (items[k::streams] for k in range(streams)) if p]
@@ -143,7 +143,7 @@ def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int) -
 
     def work(k: int) -> None:
         with run.connect(run.source) as src, run.connect(run.target) as tgt:
-            src_sums, tgt_sums = _sums_at_lag_zero(run, src, tgt, parts[k])
+            src_sums, tgt_sums = _sums_at_lag_zero(run, src, tgt, parts[k], rows_only)
         with lock:
             src_all.update(src_sums)
             tgt_all.update(tgt_sums)
@@ -155,16 +155,19 @@ def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int) -
 
 
 def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 6) -> None:
-    """Compare every table on both hosts before the freeze (writes go on). A table that differs is
-    checked again; one that still differs in two more rounds while its source rows did not change
-    fails the move now."""
+    """Compare every table on both hosts before the freeze (writes go on): by row counts
+    (``--verify-before counts``, the default: every row is compared after the cutover anyway) or by
+    checksums (``full``). A table that differs is checked again, by checksum; one that still differs in
+    two more rounds while its source rows did not change fails the move now."""
     t0 = time.perf_counter()
     pending, previous, stuck_rounds = list(tables_r), {}, {}
+    counts_first = run.options.verify_before == "counts"
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
         streams = max(1, min(MAX_CHECK_STREAMS, host_jobs(run.source, src).count, host_jobs(run.target, tgt).count))
-        for _ in range(rounds):
+        for round_no in range(rounds):
             run.progress("verify", len(tables_r) - len(pending), len(tables_r), "before the freeze")
-            src_sums, tgt_sums = _sums_in_streams(run, pending, streams)
+            # Only checksums can tell "unchanged on the source": the rounds after the first use them.
+            src_sums, tgt_sums = _sums_in_streams(run, pending, streams, counts_first and round_no == 0)
             differ = [k for k in pending if src_sums[k] != tgt_sums.get(k)]
             stuck_rounds = {k: stuck_rounds.get(k, 0) + 1 for k in differ if previous.get(k) == src_sums[k]}
             stuck = [k for k, n in stuck_rounds.items() if n >= 2]
@@ -179,6 +182,7 @@ def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 6
             if not pending:
                 break
             time.sleep(0.2)
+    run.report["verify_before"] = run.options.verify_before
     run.report["verify_before_seconds"] = round(time.perf_counter() - t0, 3)
     run.report["verify_before_busy_tables"] = len(pending)
     if pending:

@@ -46,6 +46,7 @@ class MoveOptions:
     batch_size: int = 16               # shards per transaction when creating or dropping schemas
     publisher_dsn: str | None = None   # how the target reaches the source, if not by the topology DSN
     copy_workers: int = 4              # parallel table copies of the initial copy (0: the subscription copies)
+    verify_before: str = "counts"      # the check before the freeze: "counts" (row counts) or "full" (checksums)
     allow_inline_password: bool = False
 
 

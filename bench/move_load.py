@@ -1,6 +1,6 @@
 """move-shard under write load: the freeze, and what writers see, while 128 shards move (issue 12).
 
-    python bench/move_load.py [--mb 700] [--scale 1] [--compare-scale] [--rounds 1]
+    python bench/move_load.py [--mb 700] [--scale 1] [--compare-scale] [--rounds 1] [--rate 1200]
                               [--routers 4] [--threads 2] [--pause 0.002] [--pgbench RATE]
 
 Starts its own two sandbox servers (in /dev/shm when it has room), provisions the fleet, loads
@@ -8,7 +8,10 @@ Starts its own two sandbox servers (in /dev/shm when it has room), provisions th
 
 - starts ``--routers`` writer processes (an app server each: its own ``Router`` over its OWN copy
   of the topology file, taken before the move and never updated), each running ``--threads``
-  ``tests/load.py`` ``RouterWriters`` threads over every shard (moving and not);
+  ``tests/load.py`` ``RouterWriters`` threads over every shard (moving and not), together
+  ``--rate`` writes/s, each thread on its own schedule like ``pgbench -R`` (latency is measured from
+  a write's actual start; ``--rate 0``: every thread writes as fast as it can, which saturates this
+  2-core machine, so latencies then measure CPU queueing more than the move);
 - optionally ``--pgbench RATE`` transactions/s more on the shards that do not move (tests/load.py
   ``Pgbench``, straight to the hosts);
 - runs ``move_shards(...)`` to the other host, stops the writers, and checks that every
@@ -124,13 +127,14 @@ def writer_rows(topo: Topology, shards: list[int], captions: list[str]) -> dict[
 
 # ---- writers: one process per app server -----------------------------------------------------------
 
-def _app_server(topo_path: str, shards: list[int], threads: int, pause: float, seed: int, conn) -> None:
+def _app_server(topo_path: str, shards: list[int], threads: int, pause: float, rate: float, seed: int,
+                conn) -> None:
     """A writer process: its own Router on its own topology copy, RouterWriters threads until told to stop."""
     import warnings
     warnings.filterwarnings("ignore")
     topo = Topology.load(Path(topo_path))
     router = Router(topo, max_size=threads + 2)
-    writers = RouterWriters(router, shards, topo.modulus, writers=threads, pause=pause, first=seed * 100)
+    writers = RouterWriters(router, shards, topo.modulus, writers=threads, pause=pause, first=seed * 100, rate=rate)
     with writers:
         conn.send("started")
         conn.recv()  # "stop"
@@ -142,7 +146,8 @@ def _app_server(topo_path: str, shards: list[int], threads: int, pause: float, s
 class AppServers:
     """``n`` writer processes, each with a private copy of the topology file taken now."""
 
-    def __init__(self, box: Sandbox, shards: list[int], n: int, threads: int, pause: float, run_no: int):
+    def __init__(self, box: Sandbox, shards: list[int], n: int, threads: int, pause: float, run_no: int,
+                 rate: float = 0.0):
         self.dir = Path(tempfile.mkdtemp(prefix="appservers-", dir=box.dir))
         ctx = mp.get_context("fork")
         self.pipes, self.procs, self.captions = [], [], []
@@ -151,7 +156,7 @@ class AppServers:
             shutil.copy(box.topology_path, copy)
             parent, child = ctx.Pipe()
             seed = run_no * 50 + i + 1
-            proc = ctx.Process(target=_app_server, args=(str(copy), shards, threads, pause, seed, child), daemon=True)
+            proc = ctx.Process(target=_app_server, args=(str(copy), shards, threads, pause, rate / (n * threads), seed, child), daemon=True)
             self.captions += [f"writer {w}" for w in range(seed * 100, seed * 100 + threads)]  # RouterWriters
             proc.start()
             self.pipes.append(parent)
@@ -205,7 +210,7 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
     still = set(everything) - set(moving)
     rows, size = size_of(topo, moving)
     bench = None
-    apps = AppServers(box, everything, args.routers, args.threads, args.pause, run_no)
+    apps = AppServers(box, everything, args.routers, args.threads, args.pause, run_no, args.rate)
     if args.pgbench:
         by_host = {h.name: sorted(still & set(h.shards)) for h in topo.hosts}
         # Pgbench draws from a contiguous range per host: keep the longest run of non-moving shards.
@@ -334,7 +339,9 @@ def main() -> None:
     ap.add_argument("--still", type=int, default=128, help="non-moving shards on the source host")
     ap.add_argument("--routers", type=int, default=4, help="writer processes (app servers), one Router each")
     ap.add_argument("--threads", type=int, default=4, help="RouterWriters threads per writer process")
-    ap.add_argument("--pause", type=float, default=0.0, help="sleep of a writer thread after each write")
+    ap.add_argument("--rate", type=float, default=1200,
+                    help="writes/s of all writer threads together, each on a schedule (0: as fast as they can)")
+    ap.add_argument("--pause", type=float, default=0.0, help="with --rate 0: sleep of a writer thread after each write")
     ap.add_argument("--pgbench", type=int, default=0, help="also pgbench at this rate on non-moving shards")
     ap.add_argument("--max-freeze", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0)

@@ -170,8 +170,10 @@ class RouterWriters:
     is kept as (id, shard, started, finished) with ``time.time()`` stamps."""
 
     def __init__(self, router, shards: list[int], modulus: int, writers: int = 2, pause: float = 0.002,
-                 first: int = 0):
-        self.router, self.shards, self.modulus, self.pause = router, shards, modulus, pause
+                 first: int = 0, rate: float = 0.0):
+        """``rate``: writes/s per thread, on a schedule like ``pgbench -R`` (a late write starts at once
+        and the schedule moves on; no burst to catch up); 0: each thread writes, then sleeps ``pause``."""
+        self.router, self.shards, self.modulus, self.pause, self.rate = router, shards, modulus, pause, rate
         self.stop_event = threading.Event()
         self.written: list[tuple[int, int, float, float]] = []
         self.errors: list[str] = []
@@ -198,7 +200,12 @@ class RouterWriters:
 
     def _write(self, w: int) -> None:
         rng = random.Random(w)
+        due = time.monotonic()
         while not self.stop_event.is_set():
+            if self.rate:
+                due = max(due + 1.0 / self.rate, time.monotonic())
+                if self.stop_event.wait(max(0.0, due - time.monotonic())):
+                    break
             shard = rng.choice(self.shards)
             user_id = shard + self.modulus * rng.randrange(1000)  # routes to ``shard``
             started = time.time()
@@ -211,7 +218,7 @@ class RouterWriters:
                 continue
             with self._lock:
                 self.written.append((new_id, shard, started, time.time()))
-            if self.pause:
+            if self.pause and not self.rate:
                 time.sleep(self.pause)
 
     def stats(self, shards: set[int] | None = None, since: float | None = None,

@@ -2,8 +2,8 @@
 
 Before the freeze (writes go on): wait until the subscriptions' lag is small, and compare each
 table's row count (``--verify-before full``: its checksum) on both hosts at moments of lag 0,
-re-checking the tables that differed by checksum (they were being written); a table that differs
-while unchanged fails the move here, with the source still authoritative.
+re-checking the tables that differed (they were being written); a table that differs while
+unchanged fails the move here, with the source still authoritative.
 
 The freeze, whose length does not depend on the data: one transaction on the source,
 ``LOCK TABLE … IN EXCLUSIVE MODE`` on every table (writes wait, reads go on), wait until the
@@ -156,18 +156,18 @@ def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int, r
 
 def verify_before(run: MoveRun, tables_r: list[tuple[str, str]], rounds: int = 6) -> None:
     """Compare every table on both hosts before the freeze (writes go on): by row counts
-    (``--verify-before counts``, the default: every row is compared after the cutover anyway) or by
-    checksums (``full``). A table that differs is checked again, by checksum; one that still differs in
-    two more rounds while its source rows did not change fails the move now."""
+    (``--verify-before counts``, the default: every row is compared after the cutover anyway, and
+    hashing every row twice would take the CPU the application's writes need) or by checksums
+    (``full``). A table that differs is checked again; one that still differs in two more rounds while
+    its source did not change (the same count, or checksum) fails the move now."""
     t0 = time.perf_counter()
     pending, previous, stuck_rounds = list(tables_r), {}, {}
-    counts_first = run.options.verify_before == "counts"
+    rows_only = run.options.verify_before == "counts"
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
         streams = max(1, min(MAX_CHECK_STREAMS, host_jobs(run.source, src).count, host_jobs(run.target, tgt).count))
-        for round_no in range(rounds):
+        for _ in range(rounds):
             run.progress("verify", len(tables_r) - len(pending), len(tables_r), "before the freeze")
-            # Only checksums can tell "unchanged on the source": the rounds after the first use them.
-            src_sums, tgt_sums = _sums_in_streams(run, pending, streams, counts_first and round_no == 0)
+            src_sums, tgt_sums = _sums_in_streams(run, pending, streams, rows_only)
             differ = [k for k in pending if src_sums[k] != tgt_sums.get(k)]
             stuck_rounds = {k: stuck_rounds.get(k, 0) + 1 for k in differ if previous.get(k) == src_sums[k]}
             stuck = [k for k, n in stuck_rounds.items() if n >= 2]

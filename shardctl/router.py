@@ -139,7 +139,8 @@ class Router:
     def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T], *, timeout: float | None = SAME) -> T:
         """:meth:`run` for a shard number (e.g. from :meth:`shard_of_id`)."""
         def attempt(host: Host) -> T:
-            with self._on_host(host, shard, timeout, False, None, transaction=True) as conn:
+            # clean: the block's statements are checked as they run; the reset only follows one that needs it
+            with self._on_host(host, shard, timeout, False, None, transaction=True, clean=True) as conn:
                 return work(conn)
 
         return self._retrying(shard, attempt)
@@ -292,7 +293,7 @@ class Router:
                       tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)),
                       options=f"{options} -c statement_timeout={_ms(self.timeout)}".strip())
         try:
-            return psycopg.connect(autocommit=True, **kwargs)
+            return psycopg.connect(autocommit=True, cursor_factory=_TrackingCursor, **kwargs)
         except psycopg.OperationalError as exc:
             if not foreign:
                 raise
@@ -362,6 +363,8 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
              readonly: bool, max_lag: float | None) -> Iterator[psycopg.Connection]:
     """One call on ``pool``: checkout, search_path and statement_timeout (only when they change),
     the caller's work (in a transaction when ``transaction``), the reset unless ``clean``, checkin.
+    In a transaction, ``clean`` means the block's statements are checked as they run (``run()``): the
+    reset follows only one that could leave session state.
 
     Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
     """
@@ -385,12 +388,17 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
             conn.autocommit = False
             conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
             conn.read_only = True if readonly else None
+            conn.server_cursor_factory = _TrackingServerCursor
+            conn.session_dirty = False
             try:
                 yield conn
             except BaseException:
                 _quietly(conn.rollback)
                 raise
-            _reset(slot, commit=True)  # COMMIT and the reset in one round trip
+            if conn.session_dirty or not clean:
+                _reset(slot, commit=True)  # COMMIT and the reset in one round trip
+            else:
+                _commit_clean(conn)
         else:
             yield conn
             if not clean:
@@ -511,6 +519,53 @@ def _reset(slot: Slot, *, commit: bool = False) -> None:
     conn.prepare_threshold = 5
     for name in names:
         conn.execute(f"DEALLOCATE {quote_ident(name)}")
+
+
+def _commit_clean(conn: psycopg.Connection) -> None:
+    """COMMIT a transaction whose statements could not leave session state: no reset; the search path and
+    timeout set for it stay (the next use on the same shard skips setting them)."""
+    conn.commit()
+    conn.autocommit = True
+    conn.read_only = None
+    conn.prepare_threshold = 5
+
+
+class _TrackingCursor(psycopg.Cursor):
+    """The Router's cursors: a statement that may leave session state marks the connection for the reset
+    (the same test as :meth:`Router.execute`'s; :func:`_leaves_no_state`)."""
+
+    __slots__ = ()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _track(self.connection, query)
+        return super().execute(query, params, **kwargs)
+
+    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        _track(self.connection, query)
+        return super().executemany(query, params_seq, **kwargs)
+
+    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _track(self.connection, query)
+        return super().stream(query, params, **kwargs)
+
+    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
+        _track(self.connection, statement)
+        return super().copy(statement, params, **kwargs)
+
+
+class _TrackingServerCursor(psycopg.ServerCursor):
+    """A named cursor may be WITH HOLD, which outlives the transaction: always reset after one."""
+
+    __slots__ = ()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        self.connection.session_dirty = True
+        return super().execute(query, params, **kwargs)
+
+
+def _track(conn: psycopg.Connection, query: Any) -> None:
+    if not _leaves_no_state(query):
+        conn.session_dirty = True
 
 
 _STARTS_CLEAN = re.compile(r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(insert|update|delete|select|with|values|table|merge)\b",

@@ -59,6 +59,75 @@ def test_execute_leaves_nothing_for_the_next_call(topo, statement, probe, clean_
             assert conn.execute(probe).fetchone()[0] == clean_value
 
 
+SESSION_STATEMENTS = [
+    ("SELECT set_config('work_mem', '7MB', false)", "SHOW work_mem", "4MB"),
+    ("SET statement_timeout = '4321ms'", "SELECT current_setting('statement_timeout') <> '4321ms'", True),
+    ("CREATE TEMP TABLE users (id bigint, username text)", "SELECT to_regclass('pg_temp.users') IS NULL", True),
+    ("SELECT pg_advisory_lock(4242)", "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                       "AND pid = pg_backend_pid()", 0),
+    ("LISTEN somewhere", "SELECT count(*) FROM pg_listening_channels()", 0),
+    ("PREPARE mine AS SELECT 1", "SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'", 0),
+]
+
+
+@pytest.mark.parametrize("how", ["conn.execute", "cursor.execute", "executemany"])
+@pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
+def test_a_transaction_block_leaves_nothing_for_the_next_call(topo, how, statement, probe, clean_value):
+    """run() commits without the reset when its statements cannot leave session state; these can."""
+    def work(conn):
+        if how == "conn.execute":
+            conn.execute(statement)
+        elif how == "cursor.execute":
+            conn.cursor().execute(statement)
+        else:
+            conn.cursor().executemany(statement, [()])
+
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 5)
+        router.run(5, lambda c: c.execute("INSERT INTO users (username) VALUES ('clean')"))  # no reset needed
+        router.run(5, work)
+        assert backend(router, 6) == pid
+        assert router.run(6, lambda c: c.execute(probe).fetchone()[0]) == clean_value
+        assert router.execute(6, "SELECT current_schema()")[0][0] == "insta6"
+
+
+def test_a_held_named_cursor_does_not_reach_the_next_call(topo):
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 5)
+
+        def hold(conn):
+            with conn.cursor("kept", withhold=True) as cur:
+                cur.execute("SELECT 1")
+                conn.execute("DECLARE other CURSOR WITH HOLD FOR SELECT 2")
+
+        router.run(5, hold)
+        assert backend(router, 6) == pid
+        assert router.execute(6, "SELECT count(*) FROM pg_cursors")[0][0] == 0
+
+
+def test_a_connection_block_always_resets_even_a_hidden_setting(topo):
+    """A function's side effect behind a plain SELECT is invisible to the statement check: connection()
+    blocks reset whatever they ran (the README's advice for such functions)."""
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION insta5.sneaky() RETURNS text LANGUAGE sql "
+                     "AS $$ SELECT set_config('work_mem', '7MB', false) $$")
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 5)
+        with router.connection(5) as conn:
+            assert conn.execute("SELECT sneaky()").fetchone()[0] == "7MB"
+        assert backend(router, 6) == pid
+        assert router.execute(6, "SHOW work_mem")[0][0] == "4MB"
+
+
+def test_a_clean_transaction_keeps_the_shards_search_path_and_backend(topo):
+    with Router(topo, max_size=1) as router:
+        pid = backend(router, 5)
+        for n in (5, 5, 6, 5):
+            assert router.run(n, lambda c: c.execute(
+                "SELECT current_schema(), pg_backend_pid(), current_setting('statement_timeout')").fetchone()) == \
+                (f"insta{n}", pid, router.run(n, lambda c: c.execute("SHOW statement_timeout").fetchone()[0]))
+
+
 def test_per_call_timeout_is_the_servers_statement_timeout(topo):
     with Router(topo, max_size=1, timeout=5) as router:
         with pytest.raises(psycopg.errors.QueryCanceled):

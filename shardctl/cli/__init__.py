@@ -9,10 +9,10 @@ an offline command (decode-id, encode-id, locate, info, render) never imports ps
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import sys
-import traceback
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -113,6 +113,8 @@ def report_error(exc: ShardctlError, as_json: bool, debug: bool = False) -> None
     for line in lines:
         stderr.print(f"error: {mask(line)}", markup=False, highlight=False)
     if debug:
+        import traceback  # only for --debug
+
         stderr.print(mask("".join(traceback.format_exception(exc))), markup=False)
     if as_json:
         doc: dict[str, Any] = {"ok": False, "error": mask(lines[0]), "errors": [mask(x) for x in lines],
@@ -142,7 +144,15 @@ def cli(ctx: click.Context, config: str | None, allow_inline_password: bool, deb
 
 
 def main() -> None:
-    cli.main(prog_name="shardctl")
+    """The process entry point (console script and ``python -m shardctl``)."""
+    try:
+        cli.main(prog_name="shardctl")
+    finally:
+        # The process is about to exit. The interpreter's last garbage collections would walk every
+        # object the imports made (~40,000; ~15 ms a pass on a small VM, several passes) only to free
+        # memory the OS takes back anyway: frozen objects are skipped (50-90 ms of every run). Only
+        # cyclic garbage goes unfinalized; shardctl closes its connections and files itself.
+        gc.freeze()
 
 
 def load_commands() -> dict[str, click.Command]:

@@ -319,6 +319,19 @@ def test_structures_read_the_same_both_ways(text):
     check_both_ways(text)
 
 
+@pytest.mark.parametrize("text", [
+    "k" * 1100 + ": v\n", "a: @x\n", "a: `x\n", "a: %x\n", "a: [%x]\n", "a: x%\n", "- -1\n", "a: - b\n",
+    "a: !\n", "a: b\n...\n", "a: b\n---\n", "--- >\n x\n", "a:\n- b\n- c\n", "a:\n  - b\n - c\n",
+    "{a: [b, c], d: e}\n", "[a, b]: c\n", "? a\n? b\n", "a: {b}\n", "a: [b: c]\n", "a: [? b : c]\n",
+    "a:\n  b: 1\n   c: 2\n", "a: 'b'c\n", "a: \"b\" c\n", "a: b # c\n# d\n", "a: -\n", "a: - \n",
+    "a: ---\n", "--- a\n", "a: ?b\n", "a: ? b\n", "a: :b\n", "a: b:\n", "a: [b,c]\n", "a: [b ,c]\n",
+    "a: {b: c,d: e}\n", "a: {b:c}\n", "a: x\n\n\n", "\n\na: x\n", "a:   \n  x\n", "a: |\n", "a: [\n]\n",
+    "a: {\n}\n", "a: []\nb: {}\n", "? a\n: b\n", "a: b\nc\n", "a: 1\n 2\n", "'a': \"b\"\n", "\"a\": 'b'\n",
+])
+def test_yaml_corners_read_the_same_both_ways(text):
+    check_both_ways(text, validate=False)
+
+
 # ---- random documents ----------------------------------------------------------------------------
 
 _tokens = st.sampled_from(NOT_STRINGS + STRINGS + INTS + ["hosts", "name", "dsn", "shards", "a", "b", "a b"])

@@ -81,7 +81,7 @@ class ShardctlGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
             importlib.import_module(f"{__name__}.{COMMAND_MODULES[cmd_name]}")  # adds its commands to ``cli``
-            _imports_done()
+        _imports_done()
         return super().get_command(ctx, cmd_name)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401

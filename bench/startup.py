@@ -18,10 +18,17 @@ target; the times are reported for comparison between versions.
 ``--against DIR`` also runs every shardctl candidate with the checkout in DIR first on PYTHONPATH, in
 the same rounds (a before/after figure on the same machine load); for example, the previous commit:
 ``git worktree add /tmp/before HEAD~1 && python bench/startup.py --against /tmp/before``.
+
+Bytecode: before the rounds, the ``shardctl`` package each candidate imports (this checkout's and, with
+``--against``, the other one's) is compiled to ``__pycache__`` (``compileall``, quietly). That is the
+state of an installed shardctl (pip compiles a package when it installs it); without it, an editable
+checkout under ``PYTHONDONTWRITEBYTECODE=1`` would compile every module it imports from source on
+every run, and a checkout with stale or missing ``.pyc`` files would pay more than one with fresh ones.
 """
 
 from __future__ import annotations
 
+import compileall
 import os
 import subprocess
 import sys
@@ -55,6 +62,17 @@ def candidates(topology: Path, env: dict, against: str | None) -> list[tuple[str
     return out
 
 
+def compile_package(env: dict) -> Path:
+    """Compile (to ``__pycache__``) the ``shardctl`` package that ``python -m shardctl`` imports with
+    ``env``; returns its directory. ``py_compile`` writes even under PYTHONDONTWRITEBYTECODE."""
+    proc = subprocess.run([sys.executable, "-c", "import shardctl, os; print(os.path.dirname(shardctl.__file__))"],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=CWD, check=True)
+    package = Path(proc.stdout.strip())
+    if not compileall.compile_dir(str(package), quiet=2):
+        raise SystemExit(f"compileall failed for {package}")
+    return package
+
+
 def run_once(argv: list[str], env: dict) -> float:
     started = time.perf_counter()
     proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120, cwd=CWD)
@@ -81,6 +99,9 @@ def main() -> int:
     with c.sandbox(hosts=2, shards=64, keep=args.keep, prefix="shardctl-bench-startup-",
                    base=c.sandbox_base(args.tmp, need_gb=0.5)) as box:
         cands = candidates(box.topology_path, env, against)
+        envs = {cenv.get("PYTHONPATH"): cenv for _, _, cenv in cands}  # one per checkout
+        for cenv in envs.values():  # the installed state: every module has its .pyc
+            print(f"compiled {compile_package(cenv)} (bytecode, as pip installs it)", file=sys.stderr)
         run_once([*SHARDCTL, "--config", str(box.topology_path), "init"], env)
         series = {label: c.Series(label) for label, _, _ in cands}
         for label, argv, cenv in cands:  # warm the page cache and the bytecode caches
@@ -108,7 +129,8 @@ def main() -> int:
                           target, ok, note, None if s is base else c.ratio_range(
                               s.ratios_to(base, faster_is_higher=False))))
     c.print_table(f"Start-up, new process per run (median of {rounds})", rows, "python -c pass",
-                  [c.machine_note()])
+                  [c.machine_note(), "every checkout's shardctl package compiled to .pyc before the rounds "
+                                     "(as installed; see the docstring)"])
     c.write_json(args.json_path, {"rounds": rounds, "series": {k: v.seconds for k, v in series.items()},
                                   "psycopg_free": psycopg_free})
     return c.verdict_exit([rows])

@@ -15,11 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-
 from . import dsn as dsnlib
-from . import yaml_guard
+from . import yaml_doc, yaml_guard
 from ..errors import ConfigError, ConfigErrors
 from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
@@ -189,9 +186,19 @@ class Topology:
         }
 
 
-def _parse_yaml(text: str) -> Any:
-    """The round-trip document of ``text``; LimitExceeded (message and line) for anything wrong with it."""
-    yaml_guard.check_text(text)  # before ruamel: an alias bomb or a huge file costs nothing
+def _parse_yaml(text: str, fast: bool = True) -> Any:
+    """The round-trip document of ``text``; LimitExceeded (message and line) for anything wrong with it.
+
+    A plain topology is built from libyaml's events (``yaml_doc``: the same values and lines, and
+    ruamel is not even imported); anything else, or ``fast`` False, is loaded by ruamel.
+    """
+    # Before ruamel: an alias bomb or a huge file costs nothing.
+    doc = yaml_guard.checked_document(text, build=fast)
+    if doc is not yaml_doc.NOT_BUILT:
+        return doc
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
     try:
         return YAML(typ="rt").load(text)
     except MarkedYAMLError as exc:
@@ -419,8 +426,9 @@ class _HostsSection:
 class _Validator(_HostsSection):
     """Walks the parsed YAML once, collecting every problem with its line."""
 
-    def __init__(self, text: str, path: Path | None, allow_inline_password: bool):
+    def __init__(self, text: str, path: Path | None, allow_inline_password: bool, fast_yaml: bool = True):
         self.text = text
+        self.fast_yaml = fast_yaml  # False: always load with ruamel (tests compare both ways)
         self.path = path
         self.allow_inline_password = allow_inline_password
         self.errors: list[ConfigError] = []
@@ -473,7 +481,7 @@ class _Validator(_HostsSection):
 
     def build(self) -> Topology:
         try:
-            doc = _parse_yaml(self.text)
+            doc = _parse_yaml(self.text, self.fast_yaml)
         except yaml_guard.LimitExceeded as exc:
             self.error(str(exc), exc.line)
             self.fail()

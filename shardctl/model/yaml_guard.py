@@ -1,10 +1,13 @@
-"""Limits a topology file must meet before the round-trip YAML loader sees it.
+"""Limits a topology file must meet before it is loaded, and the fast load of a plain one.
 
 A few hundred bytes of YAML can stand for billions of nodes ("billion laughs": aliases of
 aliases), and ruamel's round-trip loader needs about 50 µs per node. So the text is first
 walked as a stream of parse events, by libyaml's C parser when PyYAML has it (about 1 µs an
 event), counting every node as if each alias were expanded, and refused at the first limit
 it crosses. Only text within the limits is loaded, so loading stays under a second.
+
+The same walk feeds :class:`.yaml_doc.Builder`, which builds the document of a plain topology
+from those events (:func:`checked_document`); anything else is loaded by ruamel, as before.
 
 The limits (documented in README.md) are far above any real topology: a fleet of a
 thousand hosts with standbys and passwords is about 11,000 nodes and 150 KB.
@@ -16,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .ranges import MAX_SHARDS  # noqa: F401 - shards.count and every shard number stay below it
+from .yaml_doc import NOT_BUILT, Builder
 
 MAX_BYTES = 256 * 1024        # the topology file, checked before it is read
 MAX_NODES = 12_288            # YAML nodes, each alias counted as the nodes it stands for
@@ -47,11 +51,19 @@ def check_text(text: str) -> None:
 
     Syntax errors are left to the real loader, which reports them with its own words.
     """
+    checked_document(text, build=False)
+
+
+def checked_document(text: str, build: bool = True) -> Any:
+    """:func:`check_text`, and the document of ``text`` built from the same libyaml events when
+    :class:`.yaml_doc.Builder` is sure it is the one ruamel's round-trip loader would return;
+    otherwise (or with ``build`` False) :data:`.yaml_doc.NOT_BUILT`: load the text with ruamel."""
     if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise LimitExceeded(f"the topology is larger than {MAX_BYTES // 1024} KiB (the limit; "
                             f"a real topology is a few KB)")
+    builder = Builder(text) if build else None
     try:
-        _walk(_fast_events(text))
+        _walk(_fast_events(text), builder)
     except LimitExceeded:
         raise
     except Exception:  # noqa: BLE001 - libyaml refused the text; ruamel's own parser decides
@@ -61,6 +73,8 @@ def check_text(text: str) -> None:
             raise
         except Exception:  # noqa: BLE001 - a syntax error: the loader reports it with its line
             pass
+        return NOT_BUILT
+    return builder.document() if builder is not None else NOT_BUILT
 
 
 def _fast_events(text: str) -> Iterator[Any]:
@@ -81,14 +95,17 @@ def _line(event: Any) -> int | None:
     return mark.line + 1 if mark is not None else None
 
 
-def _walk(events: Iterator[Any]) -> None:
-    """Count nodes (aliases expanded) and check sizes, stopping at the first limit crossed."""
+def _walk(events: Iterator[Any], builder: Builder | None = None) -> None:
+    """Count nodes (aliases expanded) and check sizes, stopping at the first limit crossed;
+    ``builder`` is fed each event until it gives up."""
     sizes: dict[str, int] = {}      # anchor → nodes it stands for, once its node is complete
     open_anchors: set[str] = set()  # anchors of collections still being read (an alias to one is a cycle)
     stack: list[_Open] = []
     total = 0
     for event in events:
         kind = type(event).__name__
+        if builder is not None and builder.ok:
+            builder.feed(kind, event)
         if kind in ("ScalarEvent", "AliasEvent", "MappingStartEvent", "SequenceStartEvent"):
             if kind == "AliasEvent":
                 if event.anchor in open_anchors:

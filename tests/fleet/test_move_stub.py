@@ -36,7 +36,9 @@ def test_psql_on_the_old_host_is_told_where_the_shard_went(fleet3):
     for sql in ("SET search_path = insta4; INSERT INTO photos (user_id, caption) VALUES (4, 'after')",
                 "SET search_path = insta4; SELECT count(*) FROM photos",
                 "SET search_path = insta4; UPDATE photos SET caption = 'x'",
-                "DELETE FROM insta4.photos"):
+                "DELETE FROM insta4.photos",
+                "SELECT insta4.next_id()",
+                "SET search_path = insta4; SELECT next_id()"):
         out = psql(pg1, sql)
         assert out.returncode != 0, (sql, out.stdout)
         assert f"shard 4 moved to pg2 (move {report['move_id']})" in out.stderr, (sql, out.stderr)

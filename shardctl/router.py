@@ -139,8 +139,7 @@ class Router:
     def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T], *, timeout: float | None = SAME) -> T:
         """:meth:`run` for a shard number (e.g. from :meth:`shard_of_id`)."""
         def attempt(host: Host) -> T:
-            # clean: the block's statements are checked as they run; the reset only follows one that needs it
-            with self._on_host(host, shard, timeout, False, None, transaction=True, clean=True) as conn:
+            with self._on_host(host, shard, timeout, False, None, transaction=True, tracked=True) as conn:
                 return work(conn)
 
         return self._retrying(shard, attempt)
@@ -158,14 +157,12 @@ class Router:
         return self._statement(self.shard_for(key, force_string=force_string), query, params, timeout, True, max_lag)
 
     def _statement(self, shard: int, query: Any, params: Any, timeout: Any, readonly: bool, max_lag: Any) -> Any:
-        clean = _leaves_no_state(query)
-
         def attempt(host: Host) -> Any:
             if readonly and host.standby:
-                ctx = self._on_host(host, shard, timeout, readonly, max_lag, transaction=False, clean=clean)
+                ctx = self._on_host(host, shard, timeout, readonly, max_lag, transaction=False, tracked=True)
             else:  # the common case, without the standby layer
                 ctx = _session(self, self._pool(host), self.topology.schema_name(shard),
-                               self.timeout if timeout is SAME else timeout, False, clean, readonly, None)
+                               self.timeout if timeout is SAME else timeout, False, True, readonly, None)
             with ctx as conn:
                 cur = conn.execute(query, params)
                 return cur.fetchall() if cur.description is not None else cur.rowcount
@@ -191,7 +188,7 @@ class Router:
 
     @contextmanager
     def _on_host(self, host: Host, shard: int, timeout: Any, readonly: bool, max_lag: Any, *,
-                 transaction: bool, clean: bool = False) -> Iterator[psycopg.Connection]:
+                 transaction: bool, tracked: bool = False) -> Iterator[psycopg.Connection]:
         """A session on the host's standby (``readonly`` and fresh enough) or else its primary."""
         timeout = self.timeout if timeout is SAME else timeout
         schema = self.topology.schema_name(shard)
@@ -199,12 +196,12 @@ class Router:
             lag_bound = self.max_lag if max_lag is SAME else max_lag
             standby = self._pool(host, standby=True)
             try:
-                with _session(self, standby, schema, timeout, transaction, clean, readonly, lag_bound) as conn:
+                with _session(self, standby, schema, timeout, transaction, tracked, readonly, lag_bound) as conn:
                     yield conn
                     return
             except _Fallback as why:
                 standby.count(f"fallbacks.{why.args[0]}")
-        with _session(self, self._pool(host), schema, timeout, transaction, clean, readonly, None) as conn:
+        with _session(self, self._pool(host), schema, timeout, transaction, tracked, readonly, None) as conn:
             yield conn
 
     # ---- moves -----------------------------------------------------------------
@@ -293,11 +290,14 @@ class Router:
                       tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)),
                       options=f"{options} -c statement_timeout={_ms(self.timeout)}".strip())
         try:
-            return psycopg.connect(autocommit=True, cursor_factory=_TrackingCursor, **kwargs)
+            conn = psycopg.connect(autocommit=True, cursor_factory=_TrackingCursor, **kwargs)
         except psycopg.OperationalError as exc:
             if not foreign:
                 raise
             raise foreign_connect_error(host, exc) from None
+        conn.server_cursor_factory = _TrackingServerCursor
+        conn.session_dirty = False  # set by the cursors: a statement that may leave session state ran
+        return conn
 
     def stats(self) -> dict[str, dict]:
         """Per host: pool usage, calls, errors by kind, breaker state and latency percentiles (ms) of
@@ -359,12 +359,13 @@ _LAG_SQL = ("SELECT CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn
 
 
 @contextmanager
-def _session(router: Router, pool: HostPool, schema: str, timeout: float | None, transaction: bool, clean: bool,
+def _session(router: Router, pool: HostPool, schema: str, timeout: float | None, transaction: bool, tracked: bool,
              readonly: bool, max_lag: float | None) -> Iterator[psycopg.Connection]:
     """One call on ``pool``: checkout, search_path and statement_timeout (only when they change),
-    the caller's work (in a transaction when ``transaction``), the reset unless ``clean``, checkin.
-    In a transaction, ``clean`` means the block's statements are checked as they run (``run()``): the
-    reset follows only one that could leave session state.
+    the caller's work (in a transaction when ``transaction``), the reset, checkin. ``tracked``
+    (``execute()``, ``read()``, ``run()``): the connection's cursors check each statement as it runs,
+    and the reset follows only one that could leave session state (:func:`_leaves_no_state`);
+    otherwise (``connection()`` blocks) it always follows.
 
     Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
     """
@@ -384,24 +385,24 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
         if max_lag is not None and _lag(router, pool, conn) > max_lag:
             _finish(router, pool, slot, watch, started, error=None, keep=True)
             raise _Fallback("lagging")
+        conn.session_dirty = False  # from here on, the caller's statements only
         if transaction:
             conn.autocommit = False
             conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
             conn.read_only = True if readonly else None
-            conn.server_cursor_factory = _TrackingServerCursor
-            conn.session_dirty = False
             try:
                 yield conn
             except BaseException:
                 _quietly(conn.rollback)
                 raise
-            if conn.session_dirty or not clean:
+            if conn.session_dirty or not tracked:
                 _reset(slot, commit=True)  # COMMIT and the reset in one round trip
             else:
-                _commit_clean(conn)
+                conn.commit()
+                _back_to_autocommit(conn)
         else:
             yield conn
-            if not clean:
+            if conn.session_dirty or not tracked:
                 _reset(slot)
     except _Fallback:
         raise
@@ -410,7 +411,8 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
         watch = None
         error, mapped = _failure(pool, slot, exc, fired, timeout, router.grace)
         # The connection stays pooled unless it is cut, broken or was interrupted mid-call.
-        keep = error in ("sql", "stale_plan", "other") and ((clean and not transaction) or _quietly(_reset, slot))
+        keep = error in ("sql", "stale_plan", "other") and (
+            (tracked and not transaction and not conn.session_dirty) or _quietly(_reset, slot))
         _finish(router, pool, slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None
@@ -514,17 +516,14 @@ def _reset(slot: Slot, *, commit: bool = False) -> None:
         conn.autocommit = True
         cur = conn.execute(_RESET_SQL)
     names = cur.fetchone()[0]
-    conn.autocommit = True
-    conn.read_only = None
-    conn.prepare_threshold = 5
+    _back_to_autocommit(conn)
     for name in names:
         conn.execute(f"DEALLOCATE {quote_ident(name)}")
 
 
-def _commit_clean(conn: psycopg.Connection) -> None:
-    """COMMIT a transaction whose statements could not leave session state: no reset; the search path and
-    timeout set for it stay (the next use on the same shard skips setting them)."""
-    conn.commit()
+def _back_to_autocommit(conn: psycopg.Connection) -> None:
+    """The pooled connection's resting state after a transaction (with or without the reset; without it,
+    the search path and timeout set for the transaction stay, and the next use of the shard skips them)."""
     conn.autocommit = True
     conn.read_only = None
     conn.prepare_threshold = 5

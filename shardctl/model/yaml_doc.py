@@ -43,9 +43,6 @@ class LineCol:
         """(line, column) of ``key``; KeyError if the mapping has no such key."""
         return self.data[key][:2]
 
-    def value(self, key: Any) -> tuple[int, int]:
-        return self.data[key][2:]
-
     def item(self, index: int) -> tuple[int, int]:
         """(line, column) of item ``index``; IndexError past the end."""
         return self.data[index]
@@ -109,7 +106,7 @@ class Builder:
         if kind == "ScalarEvent":
             value = self._scalar(event)
             if value is not NOT_BUILT:
-                self._add(value, event, None)
+                self._add(value, event, False)
                 return
         elif kind in ("MappingStartEvent", "SequenceStartEvent"):
             if event.anchor is None and event.tag is None:
@@ -149,7 +146,7 @@ class Builder:
             return event.value  # one line, no escapes: the same string for any YAML reader
         return NOT_BUILT
 
-    def _add(self, value: Any, event: Any, collection: bool | None) -> bool:
+    def _add(self, value: Any, event: Any, collection: bool) -> bool:
         """Put ``value`` into the open collection (or make it the root); False if the builder gave up."""
         mark = event.start_mark
         if not self.stack:

@@ -112,8 +112,8 @@ def read_redirects(conn: psycopg.Connection, shards: list[int]) -> dict[int, dic
 
 def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str]]) -> int:
     """A stub schema named by each key for the shard schema ``value[0]``: one view per table with the
-    table's columns, and a ``next_id()``, whose reads, writes and calls raise SQLSTATE SCM01 with the message ``value[1]`` (it names
-    the new host), so direct clients (psql, other languages) are told where the shard went once the stub
+    table's columns, and a ``next_id()``, whose reads, writes and calls raise SQLSTATE SCM01 with the
+    message ``value[1]`` (it names the new host), so direct clients (psql, other languages) are told where the shard went once the stub
     takes the shard's old name (:func:`place_moved_stubs`). Marked by its comment (:data:`STUB_COMMENT`);
     stubs that exist already are kept. Returns the number of views made."""
     present = present_schemas(conn, list(stubs))
@@ -336,7 +336,8 @@ def checksums(conn: psycopg.Connection, items: list[tuple[str, str]], *,
     uses: stable across PostgreSQL versions, and about 4x faster than hashing the row's text). A chunk
     with a column type that has no hash function (point, json…) hashes the rows' text instead, with the
     session's text settings pinned; the method is part of the checksum, so both hosts must agree on it."""
-    conn.execute(STABLE_TEXT)
+    if not rows_only:  # the text fallback hashes rows' text: pin the settings that shape it
+        conn.execute(STABLE_TEXT)
     out: dict[tuple[str, str], tuple[int, str]] = {}
     for i in range(0, len(items), CHUNK):
         chunk = items[i:i + CHUNK]

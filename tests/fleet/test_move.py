@@ -6,6 +6,8 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -163,6 +165,18 @@ class Traffic:
             time.sleep(0.005)
 
 
+@contextmanager
+def router_traffic(path: Path, shards: list[int], warmup: float = 0.3) -> Iterator[Traffic]:
+    """:class:`Traffic` on ``shards`` through a Router of ``path`` for the block, started ``warmup`` s before it."""
+    router = Router(load(path), move_wait=15)
+    try:
+        with Traffic(router, shards, load(path).modulus) as traffic:
+            time.sleep(warmup)
+            yield traffic
+    finally:
+        router.close()
+
+
 def check_moved(topo_before, path: Path, moved: list[int], source: str, target: str, before_ids: list[int],
                 traffic: Traffic, report: dict) -> None:
     """Every row written before, during and after the move is on the target exactly once."""
@@ -270,16 +284,11 @@ def test_writes_while_the_subscription_starts_are_not_skipped(fleet3, monkeypatc
     topo = load(fleet3)
     moved = [4, 5, 6, 7]
     before_ids = ids_on(topo, "pg1", moved)
-    router = Router(load(fleet3), move_wait=15)
-    try:
-        with Traffic(router, moved, topo.modulus) as traffic:
-            time.sleep(0.3)
-            report = move_shards(load(fleet3), moved, "pg2")
-            time.sleep(0.5)
-        assert report["verified"]
-        check_moved(topo, fleet3, moved, "pg1", "pg2", before_ids, traffic, report)
-    finally:
-        router.close()
+    with router_traffic(fleet3, moved) as traffic:
+        report = move_shards(load(fleet3), moved, "pg2")
+        time.sleep(0.5)
+    assert report["verified"]
+    check_moved(topo, fleet3, moved, "pg1", "pg2", before_ids, traffic, report)
 
 
 def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):
@@ -296,21 +305,16 @@ def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):
     topo = load(fleet3)
     moved = [4, 5, 6, 7]
     before_ids = ids_on(topo, "pg1", moved)
-    router = Router(load(fleet3), move_wait=15)
-    try:
-        with Traffic(router, moved, topo.modulus) as traffic:
-            time.sleep(0.3)
-            with pytest.raises(RuntimeError, match="killed after ENABLE"):
-                move_shards(load(fleet3), moved, "pg2")
-            time.sleep(1.0)  # writes go on while the worker runs without its tables
-            monkeypatch.setattr(catalog, "start_subscription", real)
-            report = move_shards(load(fleet3), moved, "pg2")
-            time.sleep(0.5)
-        assert report["verified"]
-        assert any("copied again" in n for n in report["messages"]), report["messages"]
-        check_moved(topo, fleet3, moved, "pg1", "pg2", before_ids, traffic, report)
-    finally:
-        router.close()
+    with router_traffic(fleet3, moved) as traffic:
+        with pytest.raises(RuntimeError, match="killed after ENABLE"):
+            move_shards(load(fleet3), moved, "pg2")
+        time.sleep(1.0)  # writes go on while the worker runs without its tables
+        monkeypatch.setattr(catalog, "start_subscription", real)
+        report = move_shards(load(fleet3), moved, "pg2")
+        time.sleep(0.5)
+    assert report["verified"]
+    assert any("copied again" in n for n in report["messages"]), report["messages"]
+    check_moved(topo, fleet3, moved, "pg1", "pg2", before_ids, traffic, report)
 
 
 @pytest.mark.slow

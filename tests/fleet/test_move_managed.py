@@ -15,8 +15,7 @@ from conftest import _sandbox_dir, load, run_cli
 from shardctl.dev.sandbox import Sandbox
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards
-from shardctl.router import Router
-from test_move import Traffic, check_moved, ids_on, load_rows
+from test_move import check_moved, ids_on, load_rows, router_traffic
 
 ADMIN_PASSWORD = "Adm1n-secret-4c1f"
 MOVER_PASSWORD = "M0ver-secret-77aa"
@@ -60,14 +59,9 @@ def test_non_superuser_moves_under_load(managed):
     moving = topo.host("pg1").shards[:4]
     load_rows(topo, moving, 100)
     before = ids_on(topo, "pg1", moving)
-    router = Router(load(path), move_wait=15)
-    try:
-        with Traffic(router, moving, topo.modulus) as traffic:
-            time.sleep(0.3)
-            report = move_shards(load(path), moving, "pg2")
-            time.sleep(0.3)
-    finally:
-        router.close()
+    with router_traffic(path, moving) as traffic:
+        report = move_shards(load(path), moving, "pg2")
+        time.sleep(0.3)
     assert report["phase"] == "cut_over" and report["verified"] is True
     check_moved(topo, path, moving, "pg1", "pg2", before, traffic, report)
     assert MOVER_PASSWORD not in server_logs(managed) and ADMIN_PASSWORD not in server_logs(managed)

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT, first_line
@@ -351,7 +352,9 @@ def _ms(seconds: float | None) -> int:
     return 0 if seconds is None else max(1, int(seconds * 1000))
 
 
-_PREPARE_SQL = "SELECT set_config('search_path', %s, false), set_config('statement_timeout', %s, false)"
+_BEGIN, _BEGIN_READ_ONLY = "BEGIN", "BEGIN READ ONLY"
+_SETTINGS_SQL = "SELECT set_config('search_path', {}, false), set_config('statement_timeout', {}, false)"
+_PREPARE_SQL = _SETTINGS_SQL.format("%s", "%s")
 # Behind by the age of the last replayed transaction, unless everything received is replayed.
 _LAG_SQL = ("SELECT CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() "
             "THEN 0 ELSE coalesce(extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()), "
@@ -381,15 +384,21 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
     conn = slot.conn
     watch = router._watchdog.arm(conn, deadline) if deadline is not None else None
     try:
-        _prepare(slot, pool, schema, _ms(timeout), _ms(router.timeout))
-        if max_lag is not None and _lag(router, pool, conn) > max_lag:
-            _finish(router, pool, slot, watch, started, error=None, keep=True)
-            raise _Fallback("lagging")
+        # The transaction is the Router's own BEGIN on an autocommit connection (psycopg sends no BEGIN
+        # of its own then), in the same round trip as the session settings when they change. A
+        # standby's lag is checked first, outside any transaction: a lagging standby is handed back.
+        begin = (_BEGIN_READ_ONLY if readonly else _BEGIN) if transaction else None
+        if transaction:
+            conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
+        _prepare(slot, pool, schema, _ms(timeout), _ms(router.timeout), begin if max_lag is None else None)
+        if max_lag is not None:
+            if _lag(router, pool, conn) > max_lag:
+                _finish(router, pool, slot, watch, started, error=None, keep=True)
+                raise _Fallback("lagging")
+            if begin:
+                conn.execute(begin)
         conn.session_dirty = False  # from here on, the caller's statements only
         if transaction:
-            conn.autocommit = False
-            conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
-            conn.read_only = True if readonly else None
             try:
                 yield conn
             except BaseException:
@@ -428,13 +437,23 @@ def _finish(router: Router, pool: HostPool, slot: Slot, watch: int | None, start
     pool.record(time.perf_counter() - started, error)
 
 
-def _prepare(slot: Slot, pool: HostPool, schema: str, timeout_ms: int, default_ms: int) -> None:
+def _prepare(slot: Slot, pool: HostPool, schema: str, timeout_ms: int, default_ms: int,
+             begin: str | None) -> None:
+    """The session's search path and statement timeout, when they change; then ``begin`` (a BEGIN
+    statement) if given, in the same round trip (one simple-protocol text, values inlined as literals)."""
     if slot.plan_epoch != pool.plan_epoch:
         forget_prepared(slot.conn, pool.plan_epoch)
         slot.plan_epoch = pool.plan_epoch
     want = None if timeout_ms == default_ms else timeout_ms
-    if slot.schema != schema or slot.timeout_ms != want:
-        slot.conn.execute(_PREPARE_SQL, (f"{schema}, public", str(default_ms if want is None else want)))
+    params = (f"{schema}, public", str(default_ms if want is None else want))
+    if slot.schema == schema and slot.timeout_ms == want:
+        if begin:
+            slot.conn.execute(begin)
+    elif begin:
+        slot.conn.execute(sql.SQL(begin + "; " + _SETTINGS_SQL).format(*map(sql.Literal, params)))
+        slot.schema, slot.timeout_ms = schema, want
+    else:
+        slot.conn.execute(_PREPARE_SQL, params)
         slot.schema, slot.timeout_ms = schema, want
 
 

@@ -122,6 +122,52 @@ def test_a_clean_transaction_keeps_the_shards_search_path_and_backend(topo):
                 (f"insta{n}", pid, router.run(n, lambda c: c.execute("SHOW statement_timeout").fetchone()[0]))
 
 
+def test_a_run_takes_three_round_trips_begin_riding_with_the_settings(topo, tmp_path):
+    """run(): BEGIN goes with the search path (one simple-protocol text), then the work, then COMMIT; on the
+    same shard again, BEGIN alone. libpq's trace of the connection counts what the client sent."""
+    seen: list[psycopg.Connection] = []
+
+    def insert(c: psycopg.Connection) -> int:
+        seen.append(c)
+        return c.execute("INSERT INTO users (username) VALUES ('rt') RETURNING id").fetchone()[0]
+
+    with Router(topo, max_size=1) as router:
+        router.run(4, insert)
+        trace = tmp_path / "trace.txt"
+        with trace.open("w") as out:
+            seen[0].pgconn.trace(out.fileno())
+            router.run(5, insert)
+            router.run(5, insert)
+            seen[0].pgconn.untrace()
+    sent = [(line.split("\t") + [""])[3:5] for line in trace.read_text().splitlines() if line.split("\t")[1:2] == ["F"]]
+    trips = [text for kind, text in sent if kind.strip() in ("Query", "Sync")]
+    assert len(trips) == 6, sent
+    assert trips[0].startswith(' "BEGIN; SELECT set_config(\'search_path\', \'insta5, public\'')
+    assert [t.strip() for t in trips[2:4]] == ['"COMMIT"', '"BEGIN"'] and trips[5].strip() == '"COMMIT"'
+
+
+def test_a_run_is_all_or_nothing_even_with_the_works_own_transaction_blocks(topo):
+    """psycopg's conn.transaction() inside run() is a savepoint of the run's transaction: an error after it
+    rolls the block back too (nothing of a failed run is left, so it can be run again)."""
+    def work(c: psycopg.Connection) -> None:
+        with c.transaction():
+            c.execute("INSERT INTO users (username) VALUES ('inner block')")
+        raise ValueError("the application changed its mind")
+
+    with Router(topo, max_size=1) as router:
+        with pytest.raises(ValueError):
+            router.run(3, work)
+        assert router.execute(3, "SELECT count(*) FROM users WHERE username = 'inner block'") == [(0,)]
+
+        def block_then_more(c: psycopg.Connection) -> None:
+            with c.transaction():
+                c.execute("INSERT INTO users (username) VALUES ('committed')")
+            c.execute("INSERT INTO users (username) VALUES ('committed')")
+
+        router.run(3, block_then_more)
+        assert router.execute(3, "SELECT count(*) FROM users WHERE username = 'committed'") == [(2,)]
+
+
 def test_per_call_timeout_is_the_servers_statement_timeout(topo):
     with Router(topo, max_size=1, timeout=5) as router:
         with pytest.raises(psycopg.errors.QueryCanceled):

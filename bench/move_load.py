@@ -2,6 +2,7 @@
 
     python bench/move_load.py [--mb 700] [--scale 1] [--compare-scale] [--rounds 1] [--rate 1200]
                               [--routers 4] [--threads 2] [--pause 0.002] [--pgbench RATE]
+                              [--nice 1] [--copy-workers 4]
 
 Starts its own two sandbox servers (in /dev/shm when it has room), provisions the fleet, loads
 ``--mb`` MB (times ``--scale``) of photos into the 128 shards of pg1 that move, then for each move:
@@ -14,14 +15,16 @@ Starts its own two sandbox servers (in /dev/shm when it has room), provisions th
   2-core machine, so latencies then measure CPU queueing more than the move);
 - optionally ``--pgbench RATE`` transactions/s more on the shards that do not move (tests/load.py
   ``Pgbench``, straight to the hosts);
-- runs ``move_shards(...)`` to the other host, stops the writers, and checks that every
+- runs ``move_shards(...)`` to the other host (``--nice 1`` by default: on this 2-core machine the
+  hosts and the app servers share the CPU, and at full speed the copy and the checks hold it from
+  the writers for 100-180 ms at a time; ``--nice 0`` measures that), stops the writers, and checks that every
   acknowledged row is on its shard's current owner exactly once (none lost, none duplicated) and
   that no write failed.
 
 Prints rows and MB moved, the write rate, the freeze (the move report's ``freeze_seconds``, from the
 locks to the topology flip, and its steps), write latency max/p99 on the shards that do not move
 (the whole move, and the writes under way in the freeze window), the longest write to a moving
-shard, the load average. ``--compare-scale`` loads two sets of 128 shards, one of ``--mb`` and one
+shard, the load average, and the slowest writes placed among the move's steps. ``--compare-scale`` loads two sets of 128 shards, one of ``--mb`` and one
 of twice that, moves them in turn (alternating order per round, back and forth between the
 hosts), and prints freeze(2x) / freeze(1x). Exit code 1 when a target is missed:
 freeze <= 1 s, freeze(2x)/freeze(1x) <= 1.2, non-moving writes <= 100 ms, 0 lost/dup/errors,
@@ -204,6 +207,22 @@ def check_rows(topo: Topology, written: list, shards: list[int], captions: list[
     return {"lost": lost, "duplicated": dup, "unacknowledged_rows": unexpected, "lost_writes": sample}
 
 
+class Steps:
+    """The move's progress steps as they change (``time.time()``, step name): to place a slow write."""
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[float, str]] = []
+
+    def seen(self, step: str, done: int, total: int, note: str) -> None:
+        label = f"{step} {note}".strip() if step == "verify" else step
+        if not self.changes or self.changes[-1][1] != label:
+            self.changes.append((time.time(), label))
+
+    def at(self, when: float) -> str:
+        names = [step for t, step in self.changes if t <= when]
+        return names[-1] if names else "-"
+
+
 def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run_no: int) -> dict:
     topo = Topology.load(box.topology_path)
     everything = sorted(n for h in topo.hosts for n in h.shards)
@@ -221,9 +240,12 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
     time.sleep(args.warmup)
     t0 = time.time()
     error = None
+    steps = Steps()
     try:
         report = move_shards(Topology.load(box.topology_path), moving, target,
-                             options=MoveOptions(max_freeze=args.max_freeze, copy_workers=args.copy_workers))
+                             options=MoveOptions(max_freeze=args.max_freeze, copy_workers=args.copy_workers,
+                                                 nice=args.nice),
+                             progress=steps.seen)
     except Exception as exc:  # noqa: BLE001 - report it with the load figures
         run = _LAST_RUN.pop("run", None)
         report, error = (dict(run.report) if run else {}), f"{type(exc).__name__}: {exc}"
@@ -241,7 +263,8 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
     st_still_f = written_stats(apps.written, apps.errors, apps.seconds, still, f0, f1) if f0 else None
     st_moving = written_stats(apps.written, apps.errors, apps.seconds, set(moving), t0, t0 + move_s)
     doc = {
-        "label": label, "target": target, "shards": len(moving), "rows": rows, "megabytes": round(size / 1e6, 1),
+        "label": label, "nice": args.nice, "copy_workers": args.copy_workers, "rested_seconds": report.get("rested_seconds"),
+        "target": target, "shards": len(moving), "rows": rows, "megabytes": round(size / 1e6, 1),
         "move_seconds": round(move_s, 2), "error": error,
         "write_rate": round(st_all.rate, 1),
         "write_rate_before_move": round(sum(1 for r in apps.written if w0 + 0.5 <= r[3] < t0) / (t0 - w0 - 0.5), 1), "writes": st_all.ops, "write_errors": len(apps.errors),
@@ -260,9 +283,10 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
         "load_before": load_before, "load_after": load_during,
         "freeze_at": round(f0 - t0, 2) if f0 else None,  # seconds after the move started
         # When the slowest writes to non-moving shards started (seconds after the move started), and took.
-        "still_slowest": [(round(a - t0, 2), round((b - a) * 1000)) for _, n, a, b in
+        "still_slowest": [(round(a - t0, 2), round((b - a) * 1000), steps.at(a)) for _, n, a, b in
                           sorted((r for r in apps.written if r[1] in still and t0 <= r[3] and r[2] <= t0 + move_s),
-                                 key=lambda r: r[2] - r[3])[:5]],
+                                 key=lambda r: r[2] - r[3])[:8]],
+        "steps": [(round(t - t0, 2), step) for t, step in steps.changes],
     }
     doc["lost_writes"] = [(round(a - t0, 3), round(b - t0, 3), n) for a, b, n in doc["lost_writes"]]
     if bench is not None:
@@ -289,7 +313,7 @@ def _longest_run(ns: list[int]) -> list[int]:
 def show(doc: dict) -> None:
     steps = ", ".join(f"{k[7:-8]} {doc[k]}" for k in sorted(doc) if k.startswith("freeze_") and k.endswith("_seconds")
                       and k != "freeze_seconds" and doc[k] is not None)
-    print(f"[{doc['label']}] {doc['shards']} shards, {doc['rows']} rows, {doc['megabytes']} MB → {doc['target']} "
+    print(f"[{doc['label']}] --nice {doc['nice']:g} --copy-workers {doc['copy_workers']}: {doc['shards']} shards, {doc['rows']} rows, {doc['megabytes']} MB → {doc['target']} "
           f"in {doc['move_seconds']}s (prepare {doc['prepare_seconds']}, sync {doc['sync_seconds']}, verify before "
           f"{doc['verify_before_seconds']}, verify after {doc['verify_after_seconds']})"
           + (f"  MOVE FAILED: {doc['error']}" if doc["error"] else ""))
@@ -303,7 +327,8 @@ def show(doc: dict) -> None:
     print(f"  non-moving shards: whole move max {doc['still_max_ms']} ms p99 {doc['still_p99_ms']} ms "
           f"({doc['still_writes']} writes); in the freeze max {doc['still_freeze_max_ms']} ms p99 "
           f"{doc['still_freeze_p99_ms']} ms ({doc['still_freeze_writes']} writes)")
-    print(f"  slowest non-moving writes (started s after the move's start, ms): {doc['still_slowest']}")
+    print(f"  slowest non-moving writes (started s after the move's start, ms, step): {doc['still_slowest']}")
+    print(f"  steps (s after the move's start): {doc['steps']}")
     print(f"  moving shards: longest write {doc['moving_max_ms']} ms, p99 {doc['moving_p99_ms']} ms, longest gap "
           f"between acknowledged writes {doc['moving_longest_gap_ms']} ms")
     if "pgbench_rate" in doc:
@@ -345,6 +370,8 @@ def main() -> None:
     ap.add_argument("--pgbench", type=int, default=0, help="also pgbench at this rate on non-moving shards")
     ap.add_argument("--max-freeze", type=float, default=5.0)
     ap.add_argument("--copy-workers", type=int, default=MoveOptions.copy_workers, help="the move's --copy-workers")
+    ap.add_argument("--nice", type=float, default=1.0,
+                    help="the move's --nice (rest per second of copy and checks; 0: full speed)")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--cooldown", type=float, default=2.0)
     ap.add_argument("--tmp", default=None)

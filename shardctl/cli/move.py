@@ -44,6 +44,9 @@ def move_options(func: Callable) -> Callable:
         click.option("--verify-before", type=click.Choice(["counts", "full"]), default="counts", show_default=True,
                      help="The check before the freeze: row counts per table, or checksums of every row "
                           "(every row is compared after the cutover either way)."),
+        click.option("--nice", type=AsciiFloat(0, 100), default=0, show_default=True, metavar="RATIO",
+                     help="Rest RATIO seconds after each second of the copy and the checks, leaving the "
+                          "hosts' CPU to the application (1: the move runs half the time)."),
         click.option("--batch-size", type=AsciiInt(1, 10_000), default=16, show_default=True,
                      help="Shards per transaction when creating or dropping schemas."),
         click.option("--wait", type=AsciiFloat(0, 86_400), default=0, show_default=True,
@@ -62,7 +65,7 @@ def _options(kw: dict) -> MoveOptions:
                        max_subscriptions=kw["max_subscriptions"], sync_timeout=kw["sync_timeout"],
                        publisher_dsn=kw["publisher_dsn"], batch_size=kw["batch_size"], wait=kw["wait"],
                        copy_workers=kw["copy_workers"], verify_before=kw["verify_before"],
-                       connect_timeout=kw["connect_timeout"],
+                       nice=kw["nice"], connect_timeout=kw["connect_timeout"],
                        allow_inline_password=settings().allow_inline_password)
 
 
@@ -140,7 +143,9 @@ def _human_move(doc: dict) -> None:
         if "sequences" in doc:
             details.append(f"{doc['sequences']} sequences copied")
         stdout.print(f"  write freeze: {doc['freeze_seconds']:.3f}s" + (f" ({', '.join(details)})" if details else ""))
-    stdout.print(f"  took {doc.get('seconds', 0):.1f}s")
+    rested = f" (resting {doc['rested_seconds']:.1f}s of the workers' time: --nice {doc['nice']:g})" \
+        if doc.get("rested_seconds") else ""
+    stdout.print(f"  took {doc.get('seconds', 0):.1f}s{rested}")
     phase = doc.get("phase")
     if phase == Phase.CUT_OVER:
         stdout.print(f"  The source keeps the old schemas (renamed, no writes) until: "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -31,6 +32,8 @@ NOT_STUB = ("NOT EXISTS (SELECT FROM pg_description d WHERE d.objoid = n.oid AND
             f"AND d.objsubid = 0 AND starts_with(d.description, '{STUB_COMMENT}'))")
 WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 CHUNK = 100  # tables per checksum query
+PACED_CHUNK = 4  # tables per checksum query between pauses
+PAUSE_BYTES = 1 << 20  # bytes a paced copy moves between pauses
 
 # Row text must not depend on the session: the same rows give the same checksum on both hosts.
 STABLE_TEXT = ("SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, YMD'; SET IntervalStyle TO 'postgres'; "
@@ -143,7 +146,10 @@ def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str
         parts.append(f"CREATE VIEW {view} AS SELECT {', '.join(columns or ['NULL AS none'])} "
                      f"FROM {STUB_READ_FUNCTION}({text});\n"
                      f"CREATE TRIGGER {GUARD_TRIGGER} INSTEAD OF INSERT OR UPDATE OR DELETE ON {view} FOR EACH ROW "
-                     f"EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n")
+                     f"EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n"
+                     # The row trigger makes the view writable; this one fires first, for writes of no row too.
+                     f"CREATE TRIGGER {GUARD_TRIGGER}_statement BEFORE INSERT OR UPDATE OR DELETE ON {view} "
+                     f"FOR EACH STATEMENT EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n")
     # Anyone may try: a client without rights on the old tables is told where the shard went, too.
     parts += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {quote_ident(old)} TO PUBLIC;\n"
               for old in stubs]
@@ -326,11 +332,12 @@ def structure(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, s
     return out
 
 
-def checksums(conn: psycopg.Connection, items: list[tuple[str, str]], *,
-              rows_only: bool = False) -> dict[tuple[str, str], tuple[int, str]]:
+def checksums(conn: psycopg.Connection, items: list[tuple[str, str]], *, rows_only: bool = False,
+              pause: Callable[[], None] | None = None) -> dict[tuple[str, str], tuple[int, str]]:
     """(schema, table) → (row count, checksum of the rows). Order-independent: a sum of 64-bit hashes of
     each row, so no sort is needed. ``rows_only``: the row count alone (about 4x cheaper; the
-    checksum is then the constant ``'n'``).
+    checksum is then the constant ``'n'``). ``pause``: called between queries, which then take
+    PACED_CHUNK tables each (a move's ``--nice``).
 
     Rows are hashed with ``hash_record_extended`` (each column's own hash function, as hash partitioning
     uses: stable across PostgreSQL versions, and about 4x faster than hashing the row's text). A chunk
@@ -339,8 +346,11 @@ def checksums(conn: psycopg.Connection, items: list[tuple[str, str]], *,
     if not rows_only:  # the text fallback hashes rows' text: pin the settings that shape it
         conn.execute(STABLE_TEXT)
     out: dict[tuple[str, str], tuple[int, str]] = {}
-    for i in range(0, len(items), CHUNK):
-        chunk = items[i:i + CHUNK]
+    step = PACED_CHUNK if pause else CHUNK
+    for i in range(0, len(items), step):
+        if pause and i:
+            pause()
+        chunk = items[i:i + step]
         rows = conn.execute(_checksum_query(chunk, None, "n")).fetchall() if rows_only else _hashed_rows(conn, chunk)
         if rows is None:  # some table of the chunk cannot be hashed by column: find which, one by one
             rows = []
@@ -816,12 +826,14 @@ def create_slot_with_snapshot(repl: psycopg.Connection, name: str) -> tuple[str,
 
 
 def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot: str,
-                     items: list[tuple[str, str]], progress=None) -> int:
+                     items: list[tuple[str, str]], progress=None, pause: Callable[[], None] | None = None) -> int:
     """Copy each (schema, table) from ``src`` as of ``snapshot`` into the same (empty) table on ``tgt``,
-    in binary, in one target transaction. Returns bytes copied."""
+    in binary, in one target transaction. Returns bytes copied. ``pause``: called after every
+    PAUSE_BYTES copied (a move's ``--nice``)."""
     src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
     src.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot)}")
     copied = 0
+    next_pause = PAUSE_BYTES if pause else -1
     with tgt.transaction():
         for schema, table in items:
             name = f"{quote_ident(schema)}.{quote_ident(table)}"
@@ -830,6 +842,9 @@ def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot:
                 for data in out:
                     copied += len(data)
                     into.write(data)
+                    if copied > next_pause > 0:
+                        pause()
+                        next_pause = copied + PAUSE_BYTES
             if progress:
                 progress(1)
     src.execute("COMMIT")

@@ -176,6 +176,8 @@ def test_json_and_csv_agree_on_many_ids(topo):
     (["move-shard", "1", "--to", "pg2", "--max-freeze", "nan"], "--max-freeze: 'nan' is not a valid number"),
     (["move-shard", "1", "--to", "pg2", "--max-freeze", "1e3"], "--max-freeze: '1e3' is not a valid number"),
     (["move-shard", "1", "--to", "pg2", "--max-freeze", "0.01"], "--max-freeze: 0.01 is out of range"),
+    (["move-shard", "1", "--to", "pg2", "--nice", "101"], "--nice: 101 is out of range"),
+    (["move-shard", "1", "--to", "pg2", "--nice=-1"], "--nice: '-1' is not a valid number"),
     (["sandbox", "up", "--hosts", "٢"], "--hosts: '٢' uses non-ASCII digits"),
 ])
 def test_non_ascii_digits_are_refused(topo, args, needle):

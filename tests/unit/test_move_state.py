@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shardctl.errors import OperationFailed
 from shardctl.model.topology_file import TopologyFile, flip_topology, topology_file_lock
+from shardctl.ops.move.run import Pacer
 from shardctl.ops.move.state import FINISHED, FORWARD, Phase, check_transition, combined_phase
 
 
@@ -48,3 +51,14 @@ def test_topology_file_lock_is_reentrant_and_save_refuses_a_file_changed_meanwhi
     with pytest.raises(OperationFailed, match="changed while this command ran"):
         stale.save()  # would have undone the flip
     assert TopologyFile(path).host_shards("b") == [2, 3]
+
+
+def test_a_pacer_rests_its_ratio_of_the_work_since_it_last_rested():
+    pacer = Pacer(2.0)
+    time.sleep(0.05)  # a unit of work
+    t0 = time.monotonic()
+    pacer.rest()
+    assert time.monotonic() - t0 >= 0.1 and pacer.rested >= 0.1
+    pacer.rest()  # no work since: (almost) no rest
+    assert pacer.rested < 0.15
+

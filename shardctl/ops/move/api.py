@@ -127,6 +127,8 @@ def _run_steps(run: MoveRun, steps: list[str]) -> dict:
             _guarded(run, "catch-up")  # the moved shards to the fleet's version (migrate held them)
     run.report.update({"command": "move-shard", "phase": str(run.move.phase),
                        "seconds": round(time.perf_counter() - run.started, 3)})
+    if run.pacers:
+        run.report.update({"nice": run.options.nice, "rested_seconds": run.rested()})
     return run.report
 
 

@@ -47,7 +47,7 @@ def slot_and_copy(run: MoveRun, name: str, schemas: list[str]) -> int:
 
         def one(chunk: list[tuple[str, str]]) -> int:
             with run.connect(run.source) as s, run.connect(run.target, autocommit=False) as t:
-                return q.copy_in_snapshot(s, t, snapshot, chunk, tick)
+                return q.copy_in_snapshot(s, t, snapshot, chunk, tick, run.pause())
 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardctl-copy") as pool:
             return sum(pool.map(one, [c for c in chunks if c]))

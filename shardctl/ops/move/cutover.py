@@ -119,9 +119,10 @@ def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connec
     """Checksums of ``items``: on the source first (one snapshot), then on the target once it has applied
     the source's WAL up to past that snapshot. The target then holds at least the source's rows: with
     no write meanwhile, exactly them."""
+    pause = run.pause()
     with src.transaction():
         src.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        src_sums = q.checksums(src, items, rows_only=rows_only)
+        src_sums = q.checksums(src, items, rows_only=rows_only, pause=pause)
         lsn = src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
     deadline = time.monotonic() + timeout
     while not q.replayed(src, run.move.names, lsn):
@@ -130,7 +131,7 @@ def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connec
             raise OperationFailed(f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
                                   f"within {timeout:g}s ({why}); nothing was frozen")
         time.sleep(0.02)
-    return src_sums, q.checksums(tgt, items, rows_only=rows_only)
+    return src_sums, q.checksums(tgt, items, rows_only=rows_only, pause=pause)
 
 
 def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int, rows_only: bool) -> tuple[dict, dict]:
@@ -205,8 +206,8 @@ def verify_after(run: MoveRun, snapshot: psycopg.Connection | None, tables_r: li
     run.progress("verify", 0, 0, "after the cutover")
     with run.connect(run.source) as src:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
-            on_target = pool.submit(q.checksums, snapshot, tables_r)
-            src_sums = q.checksums(src, [(old[s], t) for s, t in tables_r])
+            on_target = pool.submit(q.checksums, snapshot, tables_r, pause=run.pause())
+            src_sums = q.checksums(src, [(old[s], t) for s, t in tables_r], pause=run.pause())
             tgt_sums = on_target.result()
     diff = [(s, t) for s, t in tables_r if src_sums[(old[s], t)] != tgt_sums.get((s, t))]
     rows = sum(v[0] for v in tgt_sums.values())
@@ -425,6 +426,7 @@ def finish_cutover(run: MoveRun) -> None:
         done["freeze_seconds"] = run.report["freeze_seconds"] = round(time.monotonic() - run.freeze_t0, 3)
         run.report["freeze_ended_at"] = time.time()
     run.report["topology_flipped"] = flipped
+    run.progress("switch", 0, 0, "dropping the replication")
     run.drop_replication()
     run.both(Phase.CUT_OVER, done)
     if flipped or activated or run.freeze_t0 is not None:

@@ -47,6 +47,7 @@ class MoveOptions:
     publisher_dsn: str | None = None   # how the target reaches the source, if not by the topology DSN
     copy_workers: int = 4              # parallel table copies of the initial copy (0: the subscription copies)
     verify_before: str = "counts"      # the check before the freeze: "counts" (row counts) or "full" (checksums)
+    nice: float = 0.0                  # seconds of rest per second of bulk work (copy, checks): see Pacer
     allow_inline_password: bool = False
 
 
@@ -178,6 +179,25 @@ def shard_locks(hosts: list[Host], shards: list[int], options: MoveOptions) -> I
 
 # ---- the run ---------------------------------------------------------------------------------
 
+class Pacer:
+    """``--nice``: after each second of bulk work on a connection (the copy, the checks), rest ``ratio``
+    seconds, so the move keeps each of its connections busy at most 1/(1 + ratio) of the time and the
+    hosts' CPU goes to the application's queries meanwhile (gh-ost's --nice-ratio). One per worker
+    thread; the work calls :meth:`rest` between units (a MB copied, a few tables checked)."""
+
+    def __init__(self, ratio: float):
+        self.ratio = ratio
+        self.resumed = time.monotonic()
+        self.rested = 0.0
+
+    def rest(self) -> None:
+        pause = self.ratio * (time.monotonic() - self.resumed)
+        if pause > 0:
+            time.sleep(pause)
+            self.rested += pause
+        self.resumed = time.monotonic()
+
+
 class MoveRun:
     """One invocation on one move: the topology, options, progress, the report, and what the
     phases hand to each other (the source's ledger and the creation plans, the freeze's start)."""
@@ -198,8 +218,21 @@ class MoveRun:
         self.ledger: dict[int, list[tuple]] = {}   # source's ledger rows per shard (prepare)
         self.plans: list[ShardPlan] = []            # what prepare creates on the target
         self.freeze_t0: float | None = None         # monotonic start of this run's committed freeze
+        self.pacers: list[Pacer] = []                # --nice: one per worker of the bulk work
 
     # ---- helpers ---------------------------------------------------------------------------
+    def pause(self) -> Callable[[], None] | None:
+        """A new worker's pause between units of bulk work (a fresh :class:`Pacer`), or None without ``--nice``."""
+        if self.options.nice <= 0:
+            return None
+        pacer = Pacer(self.options.nice)
+        self.pacers.append(pacer)
+        return pacer.rest
+
+    def rested(self) -> float:
+        """Seconds the workers have rested so far (``--nice``), summed over them."""
+        return round(sum(p.rested for p in self.pacers), 3)
+
     def progress_factory(self, step: str) -> Callable[[str, int], Callable[[int], None]]:
         """A fan-out progress factory (host name, total → tick(n)) reporting as ``step`` of this move."""
         def factory(host_name: str, total: int) -> Callable[[int], None]:

@@ -177,6 +177,19 @@ def router_traffic(path: Path, shards: list[int], warmup: float = 0.3) -> Iterat
         router.close()
 
 
+def move_under_traffic(path: Path, moved: list[int], source: str, target: str,
+                       options: MoveOptions | None = None) -> tuple[dict, Traffic]:
+    """Move ``moved`` from ``source`` to ``target`` while a Router writes to them, then :func:`check_moved`."""
+    topo = load(path)
+    before = ids_on(topo, source, moved)
+    with router_traffic(path, moved) as traffic:
+        report = move_shards(load(path), moved, target, options=options)
+        time.sleep(0.5)
+    assert report["phase"] == "cut_over" and report["verified"] is True, report
+    check_moved(topo, path, moved, source, target, before, traffic, report)
+    return report, traffic
+
+
 def check_moved(topo_before, path: Path, moved: list[int], source: str, target: str, before_ids: list[int],
                 traffic: Traffic, report: dict) -> None:
     """Every row written before, during and after the move is on the target exactly once."""
@@ -281,14 +294,7 @@ def test_writes_while_the_subscription_starts_are_not_skipped(fleet3, monkeypatc
     changes of tables it does not know yet are skipped, yet confirmed (lag 0 says they were applied). A
     second between the two statements, with writers going on, must lose no row (it lost ~120 before)."""
     after_enable(monkeypatch, lambda: time.sleep(1.0))  # a loaded server, a slow network
-    topo = load(fleet3)
-    moved = [4, 5, 6, 7]
-    before_ids = ids_on(topo, "pg1", moved)
-    with router_traffic(fleet3, moved) as traffic:
-        report = move_shards(load(fleet3), moved, "pg2")
-        time.sleep(0.5)
-    assert report["verified"]
-    check_moved(topo, fleet3, moved, "pg1", "pg2", before_ids, traffic, report)
+    move_under_traffic(fleet3, [4, 5, 6, 7], "pg1", "pg2")
 
 
 def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):

@@ -12,23 +12,7 @@ import pytest
 from conftest import connect, load, run_cli
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards
-from shardctl.router import Router
-from test_move import Traffic, check_moved, ids_on, init_fleet, load_rows, make_fleet, replication_leftovers  # noqa: F401
-
-
-def _move_under_load(path, moved: list[int], target: str, source: str) -> tuple[dict, Traffic, list[int]]:
-    topo = load(path)
-    before = ids_on(topo, source, moved)
-    router = Router(load(path), move_wait=15)
-    try:
-        with Traffic(router, moved, topo.modulus) as traffic:
-            time.sleep(0.3)
-            report = move_shards(load(path), moved, target)
-            time.sleep(0.5)
-    finally:
-        router.close()
-    check_moved(topo, path, moved, source, target, before, traffic, report)
-    return report, traffic, before
+from test_move import ids_on, init_fleet, load_rows, make_fleet, move_under_traffic, replication_leftovers  # noqa: F401
 
 
 def test_freeze_does_not_grow_with_the_data(make_fleet):
@@ -38,8 +22,8 @@ def test_freeze_does_not_grow_with_the_data(make_fleet):
     topo = load(path)
     load_rows(topo, list(range(0, 8)), 100)
     load_rows(topo, list(range(8, 16)), 5000)
-    small, _, _ = _move_under_load(path, list(range(0, 8)), "pg2", "pg1")
-    big, _, _ = _move_under_load(path, list(range(8, 16)), "pg3", "pg1")
+    small, _ = move_under_traffic(path, list(range(0, 8)), "pg1", "pg2")
+    big, _ = move_under_traffic(path, list(range(8, 16)), "pg1", "pg3")
     print(f"\nfreeze: {small['freeze_seconds']:.3f}s with {small['rows']} rows, {big['freeze_seconds']:.3f}s with "
           f"{big['rows']} rows (verified after in {big['verify_after_seconds']:.3f}s)")
     assert big["rows"] >= 8 * 5000 and big["rows"] > 5 * small["rows"]  # rows include the writers' ones

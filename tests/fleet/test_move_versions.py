@@ -4,16 +4,14 @@ upgrade path (or downgrade), shard range by shard range."""
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import _sandbox_dir, load, run_cli
 from shardctl.dev.sandbox import Sandbox, SandboxHost, SandboxState
-from shardctl.ops.move import move_shards
 from shardctl.router import Router
-from test_move import Traffic, check_moved, ids_on, load_rows
+from test_move import load_rows, move_under_traffic
 
 EPOCH = "2026-01-01T00:00:00Z"
 
@@ -47,27 +45,12 @@ def mixed():
             box.destroy()
 
 
-def _move(path: Path, shards: list[int], source: str, target: str) -> None:
-    topo = load(path)
-    before = ids_on(topo, source, shards)
-    router = Router(load(path), move_wait=15)
-    try:
-        with Traffic(router, shards, topo.modulus) as traffic:
-            time.sleep(0.3)
-            report = move_shards(load(path), shards, target)
-            time.sleep(0.5)
-    finally:
-        router.close()
-    assert report["phase"] == "cut_over" and report["verified"] is True
-    check_moved(topo, path, shards, source, target, before, traffic, report)
-
-
 def test_move_16_to_18_and_back(mixed):
     topo = load(mixed)
     with Router(topo) as router:
         versions = {h.name: router.execute(h.shards[0], "SHOW server_version_num")[0][0][:2] for h in topo.hosts}
     assert versions == {"pg18": "18", "pg16": "16"}
     load_rows(topo, list(range(32)), 100)
-    _move(mixed, [16, 17, 18, 19], "pg16", "pg18")   # upgrade: 16 → 18
-    _move(mixed, [0, 1, 2, 3], "pg18", "pg16")       # and the other way
+    move_under_traffic(mixed, [16, 17, 18, 19], "pg16", "pg18")   # upgrade: 16 → 18
+    move_under_traffic(mixed, [0, 1, 2, 3], "pg18", "pg16")       # and the other way
     assert run_cli("verify", config=mixed).exit_code == 0

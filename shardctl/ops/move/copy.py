@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from ...engine import connections as db
 from ...sql import catalog as q
 from .run import MoveRun
 

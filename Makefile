@@ -13,14 +13,14 @@ test-fleet:
 	python -m pytest -q tests/fleet
 
 test-slow:
-	python -m pytest -q -m slow
+	python -m pytest -q -m slow -n 0
 
 # Docker tests: installs docker.io + debootstrap if missing, starts dockerd (unless an engine answers),
 # builds local/debian:bookworm and local/shardctl-postgres:18, runs the tests marked docker, then
 # stops the dockerd it started. Needs root on Debian; see examples/docker/prepare.sh.
 test-docker:
 	@examples/docker/prepare.sh || { examples/docker/stop-dockerd.sh; exit 1; }; \
-	python -m pytest -q -m docker; rc=$$?; examples/docker/stop-dockerd.sh; exit $$rc
+	python -m pytest -q -m docker -n 0; rc=$$?; examples/docker/stop-dockerd.sh; exit $$rc
 
 bench:
 	python bench/next_id.py && python bench/decode.py && python bench/startup.py

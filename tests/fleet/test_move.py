@@ -166,9 +166,9 @@ class Traffic:
 
 
 @contextmanager
-def router_traffic(path: Path, shards: list[int], warmup: float = 0.3) -> Iterator[Traffic]:
+def router_traffic(path: Path, shards: list[int], warmup: float = 0.3, move_wait: float = 15) -> Iterator[Traffic]:
     """:class:`Traffic` on ``shards`` through a Router of ``path`` for the block, started ``warmup`` s before it."""
-    router = Router(load(path), move_wait=15)
+    router = Router(load(path), move_wait=move_wait)
     try:
         with Traffic(router, shards, load(path).modulus) as traffic:
             time.sleep(warmup)

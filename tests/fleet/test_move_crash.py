@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import load, run_cli
-from shardctl.router import Router
-from test_move import Traffic, fleet3, ids_on, make_fleet, replication_leftovers  # noqa: F401
+from test_move import fleet3, ids_on, make_fleet, replication_leftovers, router_traffic  # noqa: F401
 
 POINTS = ["after-prepare", "after-sync", "in-freeze", "after-source-commit", "after-activate", "after-flip"]
 
@@ -26,21 +25,16 @@ def test_sigkill_then_one_rerun_finishes(fleet3, point):
     moving = [0, 1, 2, 3]
     before = ids_on(topo, "pg1", moving)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), SHARDCTL_MOVE_CRASH_AT=point)
-    router = Router(load(fleet3), move_wait=30)
-    try:
-        with Traffic(router, moving, topo.modulus) as traffic:
-            time.sleep(0.3)
-            killed = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(fleet3), "move-shard", "0-3",
-                                     "--to", "pg2"], env=env, capture_output=True, text=True, timeout=300)
-            assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
-            status = json.loads(run_cli("move-shard", "--status", "--json", config=fleet3).stdout)
-            [move] = status["moves"]
-            assert status["needs_finishing"] and f"move-shard 0-3 --to pg2" in status["needs_finishing"][0], status
-            again = run_cli("move-shard", "0-3", "--to", "pg2", "--json", config=fleet3)
-            assert again.exit_code == 0, again
-            time.sleep(0.5)
-    finally:
-        router.close()
+    with router_traffic(fleet3, moving, move_wait=30) as traffic:
+        killed = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(fleet3), "move-shard", "0-3",
+                                 "--to", "pg2"], env=env, capture_output=True, text=True, timeout=300)
+        assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
+        status = json.loads(run_cli("move-shard", "--status", "--json", config=fleet3).stdout)
+        [move] = status["moves"]
+        assert status["needs_finishing"] and "move-shard 0-3 --to pg2" in status["needs_finishing"][0], status
+        again = run_cli("move-shard", "0-3", "--to", "pg2", "--json", config=fleet3)
+        assert again.exit_code == 0, again
+        time.sleep(0.5)
     report = json.loads(again.stdout)
     assert report["phase"] == "cut_over" and report["move_id"] == move["move_id"]
     assert not traffic.errors, traffic.errors[:3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import psycopg
 import pytest
@@ -118,3 +119,38 @@ def test_fewer_shards_than_hosts_is_bad_input(tmp_path):
     assert result.exit_code == 2, result
     assert "--shards (2) must be at least --hosts (3)" in error_line(result)
     assert not (box / "sandbox.json").exists()
+
+
+def test_hosts_are_made_together_and_a_failed_one_leaves_those_before_it_for_the_rerun(server_dir, monkeypatch):
+    """initdb runs for every new host at once; when one fails, the state records the hosts before it (names
+    stay pg1..pgN), nothing is started, and the next ``up`` makes the rest (reusing a later host's data)."""
+    from shardctl.dev.sandbox import Sandbox
+    from shardctl.errors import OperationFailed
+
+    real = Sandbox._initdb
+    spans: list[tuple[float, float]] = []
+
+    def pg2_fails(self, host, *args):
+        started = time.monotonic()
+        real(self, host, *args)
+        spans.append((started, time.monotonic()))
+        if host.name == "pg2":
+            raise OperationFailed("initdb failed (exit 1): No space left on device")
+
+    monkeypatch.setattr(Sandbox, "_initdb", pg2_fails)
+    box = Sandbox(server_dir / "box")
+    try:
+        with pytest.raises(OperationFailed, match="No space left"):
+            box.up(hosts=3, shards=3)
+        assert [h.name for h in box.state.hosts] == ["pg1"]
+        assert max(a for a, _ in spans) < min(b for _, b in spans), spans  # the three initdb ran at once
+        assert not any(box.running(h) for h in box.state.hosts)
+        monkeypatch.setattr(Sandbox, "_initdb", real)
+        doc = box.up(hosts=3, shards=3)
+        assert doc["created"] == ["pg2", "pg3"] and [h["name"] for h in doc["hosts"]] == ["pg1", "pg2", "pg3"]
+        assert len({h["port"] for h in doc["hosts"]}) == 3
+        for host in doc["hosts"]:
+            with psycopg.connect(host["dsn"]) as conn:
+                assert conn.execute("SELECT current_database()").fetchone()[0] == "app"
+    finally:
+        box.destroy()

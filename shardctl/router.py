@@ -352,7 +352,7 @@ def _ms(seconds: float | None) -> int:
     return 0 if seconds is None else max(1, int(seconds * 1000))
 
 
-_BEGIN, _BEGIN_READ_ONLY = "BEGIN", "BEGIN READ ONLY"
+_BEGIN = "BEGIN"
 _SETTINGS_SQL = "SELECT set_config('search_path', {}, false), set_config('statement_timeout', {}, false)"
 _PREPARE_SQL = _SETTINGS_SQL.format("%s", "%s")
 # Behind by the age of the last replayed transaction, unless everything received is replayed.
@@ -384,21 +384,22 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
     conn = slot.conn
     watch = router._watchdog.arm(conn, deadline) if deadline is not None else None
     try:
-        # The transaction is the Router's own BEGIN on an autocommit connection (psycopg sends no BEGIN
-        # of its own then), in the same round trip as the session settings when they change. A
-        # standby's lag is checked first, outside any transaction: a lagging standby is handed back.
-        begin = (_BEGIN_READ_ONLY if readonly else _BEGIN) if transaction else None
+        # run(): one transaction, the Router's own BEGIN on the autocommit connection (psycopg sends none of
+        # its own then), in the same round trip as the session settings when they change. connection()
+        # blocks are the caller's to shape (after a commit inside, the next statement opens the next
+        # transaction): psycopg's own transactions.
+        begin = _BEGIN if transaction and tracked and max_lag is None else None
         if transaction:
             conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
-        _prepare(slot, pool, schema, _ms(timeout), _ms(router.timeout), begin if max_lag is None else None)
-        if max_lag is not None:
-            if _lag(router, pool, conn) > max_lag:
-                _finish(router, pool, slot, watch, started, error=None, keep=True)
-                raise _Fallback("lagging")
-            if begin:
-                conn.execute(begin)
+        _prepare(slot, pool, schema, _ms(timeout), _ms(router.timeout), begin)
+        if max_lag is not None and _lag(router, pool, conn) > max_lag:
+            _finish(router, pool, slot, watch, started, error=None, keep=True)
+            raise _Fallback("lagging")
         conn.session_dirty = False  # from here on, the caller's statements only
         if transaction:
+            if begin is None:
+                conn.autocommit = False
+                conn.read_only = True if readonly else None
             try:
                 yield conn
             except BaseException:

@@ -168,6 +168,20 @@ def test_a_run_is_all_or_nothing_even_with_the_works_own_transaction_blocks(topo
         assert router.execute(3, "SELECT count(*) FROM users WHERE username = 'committed'") == [(2,)]
 
 
+def test_a_connection_block_that_commits_inside_keeps_its_next_statements_in_a_transaction(topo):
+    """connection() blocks are psycopg's own transactions: after a commit() in the block, the next statement
+    opens the next transaction, so an error after it rolls back only what came after the commit."""
+    with Router(topo, max_size=1) as router:
+        with pytest.raises(ValueError):
+            with router.connection(3) as conn:
+                conn.execute("INSERT INTO users (username) VALUES ('first chunk')")
+                conn.commit()
+                conn.execute("INSERT INTO users (username) VALUES ('second chunk')")
+                raise ValueError("the batch job failed")
+        assert router.execute(3, "SELECT username FROM users WHERE username LIKE '%chunk' ORDER BY 1") == \
+            [("first chunk",)]
+
+
 def test_per_call_timeout_is_the_servers_statement_timeout(topo):
     with Router(topo, max_size=1, timeout=5) as router:
         with pytest.raises(psycopg.errors.QueryCanceled):

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import _sandbox_dir, load, run_cli
 from shardctl.dev.sandbox import Sandbox, SandboxHost, SandboxState
+from shardctl.ops.move import MoveOptions
 from shardctl.router import Router
 from test_move import load_rows, move_under_traffic
 
@@ -51,6 +52,8 @@ def test_move_16_to_18_and_back(mixed):
         versions = {h.name: router.execute(h.shards[0], "SHOW server_version_num")[0][0][:2] for h in topo.hosts}
     assert versions == {"pg18": "18", "pg16": "16"}
     load_rows(topo, list(range(32)), 100)
-    move_under_traffic(mixed, [16, 17, 18, 19], "pg16", "pg18")   # upgrade: 16 → 18
+    # upgrade: 16 → 18, paced (--nice) on the PostgreSQL 16 source
+    report, _ = move_under_traffic(mixed, [16, 17, 18, 19], "pg16", "pg18", options=MoveOptions(nice=0.5))
+    assert report["rested_seconds"] > 0
     move_under_traffic(mixed, [0, 1, 2, 3], "pg18", "pg16")       # and the other way
     assert run_cli("verify", config=mixed).exit_code == 0

@@ -388,16 +388,15 @@ def _session(router: Router, pool: HostPool, schema: str, timeout: float | None,
         # its own then), in the same round trip as the session settings when they change. connection()
         # blocks are the caller's to shape (after a commit inside, the next statement opens the next
         # transaction): psycopg's own transactions.
-        begin = _BEGIN if transaction and tracked and max_lag is None else None
-        if transaction:
-            conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
+        begin = transaction and tracked and max_lag is None
         _prepare(slot, pool, schema, _ms(timeout), _ms(router.timeout), begin)
         if max_lag is not None and _lag(router, pool, conn) > max_lag:
             _finish(router, pool, slot, watch, started, error=None, keep=True)
             raise _Fallback("lagging")
         conn.session_dirty = False  # from here on, the caller's statements only
         if transaction:
-            if begin is None:
+            conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
+            if not begin:
                 conn.autocommit = False
                 conn.read_only = True if readonly else None
             try:
@@ -438,24 +437,23 @@ def _finish(router: Router, pool: HostPool, slot: Slot, watch: int | None, start
     pool.record(time.perf_counter() - started, error)
 
 
-def _prepare(slot: Slot, pool: HostPool, schema: str, timeout_ms: int, default_ms: int,
-             begin: str | None) -> None:
-    """The session's search path and statement timeout, when they change; then ``begin`` (a BEGIN
-    statement) if given, in the same round trip (one simple-protocol text, values inlined as literals)."""
+def _prepare(slot: Slot, pool: HostPool, schema: str, timeout_ms: int, default_ms: int, begin: bool) -> None:
+    """The session's search path and statement timeout, when they change; with ``begin``, a BEGIN too, in
+    the same round trip (one simple-protocol text, values inlined as literals; never prepared)."""
     if slot.plan_epoch != pool.plan_epoch:
         forget_prepared(slot.conn, pool.plan_epoch)
         slot.plan_epoch = pool.plan_epoch
     want = None if timeout_ms == default_ms else timeout_ms
-    params = (f"{schema}, public", str(default_ms if want is None else want))
     if slot.schema == schema and slot.timeout_ms == want:
         if begin:
-            slot.conn.execute(begin)
-    elif begin:
-        slot.conn.execute(sql.SQL(begin + "; " + _SETTINGS_SQL).format(*map(sql.Literal, params)))
-        slot.schema, slot.timeout_ms = schema, want
+            slot.conn.execute(_BEGIN, prepare=False)
+        return
+    params = (f"{schema}, public", str(default_ms if want is None else want))
+    if begin:
+        slot.conn.execute(sql.SQL(_BEGIN + "; " + _SETTINGS_SQL).format(*map(sql.Literal, params)), prepare=False)
     else:
         slot.conn.execute(_PREPARE_SQL, params)
-        slot.schema, slot.timeout_ms = schema, want
+    slot.schema, slot.timeout_ms = schema, want
 
 
 def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:

@@ -16,7 +16,6 @@ import socket
 import stat
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -163,21 +162,6 @@ def _run(args: list[str], user: str | None, log: Path | None = None, timeout: fl
     return ""
 
 
-def _each(items: list, work) -> list[BaseException | None]:
-    """``work(item)`` for every item, in parallel threads; each item's error, or None."""
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="sandbox") as pool:
-        futures = [pool.submit(work, item) for item in items]
-        return [f.exception() for f in futures]
-
-
-def _raise_first(errors: list[BaseException | None]) -> None:
-    for error in errors:
-        if error is not None:
-            raise error
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -234,18 +218,28 @@ class Sandbox:
             _make_traversable(self.dir)
         new_hosts = [SandboxHost(name=f"pg{i + 1}", port=_free_port(), data_dir=str(self.dir / f"pg{i + 1}"))
                      for i in range(len(state.hosts), hosts)]
+        from ..engine.fanout import for_each_host  # here: it imports psycopg, which sandbox down/status do without
+
+        def initdb(host: SandboxHost) -> Exception | None:
+            try:
+                self._initdb(host, bin_dir, user, state.password_env)
+            except Exception as exc:  # noqa: BLE001 - raised below, once the hosts before it are recorded
+                return exc
+            return None
+
         # initdb, the start and the first connection mostly wait (bootstrap, fsync-free disk writes,
         # the postmaster's start-up): the hosts go through each step together.
-        errors = _each(new_hosts, lambda h: self._initdb(h, bin_dir, user, state.password_env))
+        errors = for_each_host(new_hosts, initdb)
         # Recorded in order up to the first failure, so the names stay pg1..pgN (a later host already
         # made keeps its data directory, which the next run reuses).
         made = next((i for i, e in enumerate(errors) if e is not None), len(new_hosts))
         created = [h.name for h in new_hosts[:made]]
         state.hosts += new_hosts[:made]
         state.write(self.dir)
-        _raise_first(errors)
-        _raise_first(_each(state.hosts, lambda h: self._start(h, bin_dir, user)))
-        _raise_first(_each(state.hosts, lambda h: self._ensure_database(h, state.password_env)))
+        if made < len(new_hosts):
+            raise errors[made]
+        for_each_host(state.hosts, lambda h: self._start(h, bin_dir, user))
+        for_each_host(state.hosts, lambda h: self._ensure_database(h, state.password_env))
         if standby:
             self._add_standbys(state, bin_dir, user)
         for replica in state.standbys:

@@ -27,6 +27,7 @@ from ..model.topology import Host, Topology
 from ..sql.catalog import connection_headroom, server_cores
 
 T = TypeVar("T")
+H = TypeVar("H")
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
@@ -55,8 +56,9 @@ class HostResult(Generic[T]):
         return d
 
 
-def for_each_host(hosts: list[Host], work: Callable[[Host], T]) -> list[T]:
-    """Run ``work`` for every host in parallel, in host order (no error handling: see ``fan_out``)."""
+def for_each_host(hosts: list[H], work: Callable[[H], T]) -> list[T]:
+    """Run ``work`` for every host (a topology's, or a sandbox's) in parallel, in host order; the first
+    error in host order is raised once every host is done (no error handling: see ``fan_out``)."""
     if len(hosts) <= 1:
         return [work(h) for h in hosts]
     with ThreadPoolExecutor(max_workers=len(hosts), thread_name_prefix="shardctl-host") as pool:

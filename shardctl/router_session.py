@@ -104,18 +104,24 @@ class RouterConnection(psycopg.Connection):
         return _outer_transaction(self, savepoint_name, force_rollback)
 
     def run_statement(self, query: Any, params: Any) -> Any:
-        """One statement in its own transaction, pipelined: BEGIN, settings, the statement and COMMIT
-        in one round trip. Returns its rows, or the number of rows it changed."""
+        """One statement in its own transaction, in one round trip: BEGIN, settings, the statement and
+        COMMIT as one simple-protocol text, its parameters bound on the client (psycopg's ClientCursor,
+        as for PgBouncer; nothing prepared). Returns its rows, or the number of rows it changed."""
         begin, settings = self.begin  # type: ignore[misc]
-        self.begin = None  # the Router's own BEGIN here; its cursor only tracks the statement
-        plain = psycopg.Cursor(self)
-        cur = self.cursor()
-        with self.pipeline():
-            plain.execute(begin, prepare=False)
-            plain.execute(settings, prepare=False)
-            cur.execute(query, params)
-            plain.execute(b"COMMIT", prepare=False)
+        text = _query_bytes(self, query)
+        self.begin = None  # the BEGIN is the text's own
+        before_statement(self, text)  # the session-state check and the reset flag
+        cur = psycopg.ClientCursor(self)
+        cur.execute(begin + b"; " + settings + b"; " + text + b"; COMMIT", params, prepare=False)
+        cur.nextset()
+        cur.nextset()  # BEGIN, settings, then the statement's result
         return cur.fetchall() if cur.description is not None else cur.rowcount
+
+
+def _query_bytes(conn: psycopg.Connection, query: Any) -> bytes:
+    if isinstance(query, sql.Composable):
+        query = query.as_bytes(conn)
+    return query.encode(conn.info.encoding) if isinstance(query, str) else bytes(query)
 
 
 class _outer_transaction:

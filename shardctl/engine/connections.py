@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psycopg
 
 from ..model.dsn import mask
-from ..errors import HostUnreachable, LockBusy
+from ..errors import BadInput, HostUnreachable, LockBusy
 from ..model.topology import Host
 
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -50,10 +50,62 @@ def set_timeouts(conn: psycopg.Connection, lock_timeout: str | None = None,
         conn.commit()
 
 
+_DIRECT: set[str] = set()  # admin DSNs this process has found direct (the check runs once per DSN)
+
+
+def require_direct(host: Host, conn: psycopg.Connection, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
+    """Refuse (BadInput) when ``conn`` (on the host's admin DSN) goes through a transaction pooler.
+
+    Session advisory locks, DDL with ``CONCURRENTLY`` and logical replication need the same server
+    session from one transaction to the next. Two connections prove it: while the first holds a
+    transaction open, the second asks for its backend; then each asks again in a new transaction. A
+    server gives each connection its own backend for good; a transaction pooler gives the second one
+    the first one's backend at once (a pool of one), or another backend the next time.
+    """
+    dsn = host.dsn_for("admin")
+    if dsn in _DIRECT:
+        return
+    other = connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="direct check")
+    try:
+        try:
+            conn.execute("BEGIN")
+            first = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            other.pgconn.send_query(b"SELECT pg_backend_pid()")  # waits for a server connection behind a pooler
+            conn.execute("COMMIT")
+            second = _pid_of_sent(other)
+            switched = (conn.execute("SELECT pg_backend_pid()").fetchone()[0] != first or
+                        other.execute("SELECT pg_backend_pid()").fetchone()[0] != second)
+        except psycopg.Error as exc:  # a statement pooler refuses BEGIN
+            raise BadInput(f"host {host.name}: admin_dsn {mask(dsn)} does not keep a transaction on one server "
+                           f"connection ({first_line(exc)}); shardctl needs a direct connection there") from None
+    finally:
+        other.close()
+    if switched or first == second:
+        raise BadInput(f"host {host.name}: admin_dsn {mask(dsn)} goes through a transaction pooler (the server "
+                       f"backend changed between transactions on one connection); shardctl's locks, DDL and moves "
+                       f"need a direct connection: point hosts[].admin_dsn at the server itself")
+    _DIRECT.add(dsn)
+
+
+def _pid_of_sent(conn: psycopg.Connection) -> int:
+    result, pid = conn.pgconn.get_result(), None
+    while result is not None:
+        if result.status == psycopg.pq.ExecStatus.TUPLES_OK:
+            pid = int(result.get_value(0, 0).decode())
+        elif result.status == psycopg.pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.OperationalError(result.error_message.decode(errors="replace"))
+        result = conn.pgconn.get_result()
+    if pid is None:
+        raise psycopg.OperationalError("no answer to SELECT pg_backend_pid()")
+    return pid
+
+
 def _acquire(host: Host, deadline: float, wait: float, connect_timeout: int, purpose: str) -> psycopg.Connection:
-    """A connection holding the host's shardctl lock, or LockBusy naming the holder after ``deadline``."""
+    """A connection holding the host's shardctl lock, or LockBusy naming the holder after ``deadline``.
+    Refuses an admin DSN that goes through a transaction pooler (:func:`require_direct`) first."""
     conn = connect(host, autocommit=True, connect_timeout=connect_timeout, purpose=f"{purpose} lock")
     try:
+        require_direct(host, conn, connect_timeout)
         while True:
             got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, LOCK_FLEET)).fetchone()[0]
             if got:

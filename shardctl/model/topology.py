@@ -47,6 +47,9 @@ BITS_KEYS = {"time", "shard", "sequence"}
 LINT_KEYS = {"exclude", "include", "pg_version"}
 
 
+_WARNED: set[str] = set()  # LayoutWarning messages already given in this process
+
+
 class LayoutWarning(UserWarning):
     """The topology is valid but has a consequence the user should know about."""
 
@@ -537,7 +540,9 @@ class _Validator(_HostsSection):
             message = (f"the {layout.name} layout uses all 64 bits: its IDs turn negative on "
                        f"{iso(layout.negative_at)} (and overflow on {iso(layout.overflow_at)})")
             topo.warnings.append(message)
-            warnings.warn(message, LayoutWarning, stacklevel=3)
+            if message not in _WARNED:  # once per process: a Router reloads its file after every move
+                _WARNED.add(message)
+                warnings.warn(message, LayoutWarning, stacklevel=3)
         return topo
 
     # ---- sections ----------------------------------------------------------

@@ -96,8 +96,14 @@ def check_bad(tmp_path: Path, text: str, *needles: str, line: int | None = None,
 
 
 def test_good_topology_loads():
+    import shardctl.model.topology as topology_module
+    topology_module._WARNED.clear()
     with pytest.warns(LayoutWarning, match="turn negative on 2045-11-03T19:53:47.776Z"):
         topo = Topology.from_text(GOOD, path="/etc/shardctl/shardctl.yaml")
+    with warnings.catch_warnings():  # said once per process (a Router reloads its file after every move) ...
+        warnings.simplefilter("error", LayoutWarning)
+        again = Topology.from_text(GOOD, path="/etc/shardctl/shardctl.yaml")
+    assert again.warnings == topo.warnings != []  # ... and still on every topology, for info and verify
     assert topo.shard_count == 2000 and topo.modulus == 2000
     assert [h.name for h in topo.hosts] == ["pg1", "pg2"]
     assert topo.host_of(0).name == "pg1" and topo.host_of(1999).name == "pg2"

@@ -370,9 +370,9 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
         if call.max_lag is not None and _lag(router, pool, conn) > call.max_lag:
             _finish(router, pool, slot, watch, started, error=None, keep=True)
             raise _Fallback("lagging")
-        # Prepared statements only where the server session is ours, and only for single statements (a
-        # block's would go stale under a migration with no retry to catch it).
-        conn.prepare_threshold = 5 if keeps and call.kind == "statement" else None
+        # Prepared statements only where the server session is ours, and only in run(), which calls its work
+        # again when a migration made a plan stale (a block has no retry; execute() binds on the client).
+        conn.prepare_threshold = 5 if keeps and call.kind == "run" else None
         conn.session_dirty = False
         conn.begin = transaction_start(call.schema, ms(call.timeout), call.readonly)
         conn.one_transaction = call.kind == "run"

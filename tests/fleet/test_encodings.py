@@ -75,6 +75,10 @@ def test_every_command_on_the_encoding(make_fleet, encoding):
     utf8 = "café ±".encode("utf-8") if encoding == "SQL_ASCII" else "café ±".encode("latin-1")
     assert [b for _, b in before[0]] == [utf8, b"caf\xe9", b"plain"]
 
+    if encoding == "SQL_ASCII":  # bytes that are not UTF-8 are not text over a UTF-8 connection: an error, not a guess
+        with connect(topo, "pg1") as conn, pytest.raises(psycopg.errors.CharacterNotInRepertoire, match="0xe9"):
+            conn.execute("SELECT caption FROM insta0.photos WHERE user_id = 2").fetchone()
+
     ok("move-shard", "0-1", "--to", "pg2", config=path)
     topo = load(path)
     assert topo.host_of(0).name == "pg2"

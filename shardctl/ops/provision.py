@@ -75,7 +75,7 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
     names, rendered = {m.version: m.name for m in migrations}, []
     for shard in (topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []):
         # and templates that do not render, too; the SQL is checked against each host's encoding below
-        rendered = [(names[s.version], s.sql) for s in steps_for(migrations, topo, shard)]
+        rendered = [(names[s.version], s.sql) for s in steps_for(migrations, topo, shard) if s.version <= goal]
     stop = threading.Event()
     started = time.perf_counter()
     recreated_by_host: dict[str, list[int]] = {}

@@ -249,9 +249,9 @@ def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator
     """For the block, both connections' ``client_encoding`` is ``into``'s database encoding: text in a
     COPY then crosses as logical replication sends it (its apply worker asks the publisher for the
     subscriber database's encoding), and between databases of one encoding byte for byte, with no
-    conversion or validation: a SQL_ASCII database's bytes need not be UTF-8. Only COPY's own bytes
-    cross meanwhile (psycopg would read SQL_ASCII text as bytes); each connection's encoding is
-    restored after the block (unless its transaction failed: the rollback restores it)."""
+    conversion or validation: a SQL_ASCII database's bytes need not be UTF-8. The block should run
+    COPYs only (psycopg reads SQL_ASCII text as bytes); each connection's encoding is restored after
+    it (unless its transaction failed: the rollback restores it)."""
     encoding = into.info.parameter_status("server_encoding") or "UTF8"
     saved = [(conn, conn.info.parameter_status("client_encoding") or "UTF8") for conn in (frm, into)]
     for conn, _ in saved:
@@ -279,9 +279,10 @@ def server_facts(conn: psycopg.Connection) -> dict:
                            (SELECT count(*) FROM pg_subscription WHERE subenabled))::int,
                   current_setting('max_sync_workers_per_subscription')::int,
                   current_setting('server_encoding')""").fetchone()
-    return {"version_num": row[0], "server_encoding": row[10], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
+    return {"version_num": row[0], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
             "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "log_statement": row[6],
-            "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9]}
+            "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9],
+            "server_encoding": row[10]}
 
 
 def role_facts(conn: psycopg.Connection, schemas: list[str]) -> dict:

@@ -71,7 +71,9 @@ class FleetMaker:
 
     def __call__(self, hosts: int = 2, shards: int = 64, *, function: str = "plpgsql", schema: str = "insta{n}",
                  name: str = "shardctl.yaml", epoch: str = "2026-01-01T00:00:00Z", ranges: list[str] | None = None,
-                 extra: str = "", pooler: str | None = None) -> Path:
+                 extra: str = "", pooler: str | None = None, encoding: str | None = None) -> Path:
+        """``pooler``: each host's ``pooler:`` key; ``encoding``: the databases' server encoding (with C
+        collation), else the server's default."""
         assert hosts <= SESSION_HOSTS
         state = self.servers.state
         directory = self.base / f"fleet-{uuid.uuid4().hex[:6]}"
@@ -83,7 +85,8 @@ class FleetMaker:
             host = state.hosts[i]
             db = f"t_{uuid.uuid4().hex[:12]}"
             with psycopg.connect(admin_dsn(host.port), autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE {db}")
+                conn.execute(f"CREATE DATABASE {db}" + (f" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' "
+                                                        "TEMPLATE template0" if encoding else ""))
             self.created.append((host.port, db))
             lo, hi = i * shards // hosts, (i + 1) * shards // hosts - 1
             rng = ranges[i] if ranges else f"{lo}-{hi}"

@@ -172,6 +172,26 @@ class FleetLocks:
                 item.close()
         self._held.clear()
 
+    def refuse_untranslatable(self, texts: list[tuple[str, str]]) -> None:
+        """BadInput, before any work, for the first (name, SQL) text a reachable host's database cannot
+        hold: a character its encoding lacks (a LATIN1 database and a '€'). The host's own conversion
+        decides (a parameter is converted as a statement's text is); SQL_ASCII and UTF8 hold any text
+        sent as UTF-8, and every server encoding holds ASCII, so those cost no round trip."""
+        wide = [(name, text) for name, text in texts if not text.isascii()]
+        for host in self.hosts if wide else []:
+            conn = self._held.get(host.name)
+            if not isinstance(conn, psycopg.Connection):
+                continue  # unreachable: the run reports it
+            encoding = conn.info.parameter_status("server_encoding")
+            if encoding in ("UTF8", "SQL_ASCII"):
+                continue
+            for name, text in wide:
+                try:
+                    conn.execute("SELECT %s::text IS NULL", (text,))
+                except psycopg.errors.UntranslatableCharacter as exc:
+                    raise BadInput(f"{name} cannot run on host {host.name}, whose database is {encoding}: "
+                                   f"{exc.diag.message_primary or first_line(exc)} (nothing was changed)") from None
+
     @contextmanager
     def use(self, host: Host) -> Iterator[psycopg.Connection]:
         """The lock connection of ``host`` (raises HostUnreachable if it could not be reached)."""

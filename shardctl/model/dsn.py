@@ -17,6 +17,11 @@ _KV_PASSWORD = re.compile(r"(?<![?&])(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)([^&\s]*)", re.IGNORECASE)
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
+# Every connection shardctl opens (its own and the Router's) talks UTF-8, whatever the server's
+# encoding: PostgreSQL converts from LATIN1 and the like, and on SQL_ASCII (no conversion) text then
+# comes back as str holding the stored bytes read as UTF-8, not as bytes (psycopg's SQL_ASCII mode).
+CLIENT_ENCODING = "UTF8"
+
 # Secret values seen at run time (from password_env variables); masked wherever they appear.
 _known_secrets: set[str] = set()
 
@@ -273,8 +278,9 @@ def _mask_text(text: str) -> str:
 
 
 def connect_kwargs(dsn: str, password_env: str | None, **extra: object) -> dict[str, object]:
-    """Keyword arguments for ``psycopg.connect`` with the password taken from the environment."""
-    kwargs: dict[str, object] = {"conninfo": dsn}
+    """Keyword arguments for ``psycopg.connect`` with the password taken from the environment, and
+    ``client_encoding`` UTF8 (see CLIENT_ENCODING; ``extra`` may override it)."""
+    kwargs: dict[str, object] = {"conninfo": dsn, "client_encoding": CLIENT_ENCODING}
     if password_env:
         value = os.environ.get(password_env)
         if value is None:

@@ -321,14 +321,15 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
     refresh_cache(conn, run.topo, run.migrations, verified)
 
 
-def _render_one(run: _Run, hosts: list[Host]) -> None:
+def _render_one(run: _Run, hosts: list[Host]) -> list[tuple[str, str]]:
     """Render (and parse) every migration up to the goal for the first shard in scope: BadInput for a
-    template that does not render or SQL PostgreSQL would refuse."""
+    template that does not render or SQL PostgreSQL would refuse. Returns (file name, SQL) of each."""
     for host in hosts:
         scope = _scope(host, run.shards)
         if scope:
-            steps_for(run.migrations, run.topo, scope[0], 0, run.goal)
-            return
+            names = {m.version: m.name for m in run.migrations}
+            return [(names[s.version], s.sql) for s in steps_for(run.migrations, run.topo, scope[0], 0, run.goal)]
+    return []
 
 
 def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | None = None,
@@ -354,8 +355,9 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
     run = _Run(topo, migrations, _target(migrations, target), shards, options, check, dry_run, repair, progress,
                jobs)
     selected = select_hosts(topo, hosts)
+    rendered = []
     if not check:  # a template that does not render fails here, before any connection
-        _render_one(run, selected)
+        rendered = _render_one(run, selected)
     started = time.perf_counter()
 
     def inspect_only(host: Host, result: HostResult[HostMigration]) -> None:
@@ -376,6 +378,7 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
     else:
         with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,
                            purpose=options.purpose) as locks:
+            locks.refuse_untranslatable(rendered)
             reports = fan_out(selected, apply, lambda h: HostMigration())
     return MigrateResult("migrate", reports, time.perf_counter() - started, target=run.goal,
                          latest_version=len(migrations), check=check, dry_run=dry_run)

@@ -72,8 +72,10 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
     options.purpose = options.purpose or "init"
     migrations = for_topology(topo)  # bad files fail here, before any connection
     goal = len(migrations) if target is None else min(target, len(migrations))
+    names, rendered = {m.version: m.name for m in migrations}, []
     for shard in (topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []):
-        steps_for(migrations, topo, shard)  # and templates that do not render, too
+        # and templates that do not render, too; the SQL is checked against each host's encoding below
+        rendered = [(names[s.version], s.sql) for s in steps_for(migrations, topo, shard) if s.version <= goal]
     stop = threading.Event()
     started = time.perf_counter()
     recreated_by_host: dict[str, list[int]] = {}
@@ -101,6 +103,7 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
     selected = select_hosts(topo, hosts)
     with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,
                        purpose=options.purpose) as locks:
+        locks.refuse_untranslatable(rendered)
         reports = fan_out(selected, work, lambda h: ApplyOutcome())
     # Shards whose schema had been dropped by hand, which init set out to build again.
     recreated = {h: format_shards(r) for h, r in recreated_by_host.items() if r}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -233,17 +234,39 @@ def copy_tables(frm: psycopg.Connection, into: psycopg.Connection, pairs: list[t
     """COPY each (from table, into table) pair in binary; ``truncate`` empties the destinations first."""
     if truncate and pairs:
         into.execute("TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for _, (s, t) in pairs))
-    for i, ((fs, ft), (ts, tt)) in enumerate(pairs, 1):
-        with frm.cursor().copy(f"COPY {quote_ident(fs)}.{quote_ident(ft)} TO STDOUT (FORMAT binary)") as out, \
-                into.cursor().copy(f"COPY {quote_ident(ts)}.{quote_ident(tt)} FROM STDIN (FORMAT binary)") as dst:
-            for data in out:
-                dst.write(data)
-        if progress:
-            progress(i)
+    with copy_encoding(frm, into):
+        for i, ((fs, ft), (ts, tt)) in enumerate(pairs, 1):
+            with frm.cursor().copy(f"COPY {quote_ident(fs)}.{quote_ident(ft)} TO STDOUT (FORMAT binary)") as out, \
+                    into.cursor().copy(f"COPY {quote_ident(ts)}.{quote_ident(tt)} FROM STDIN (FORMAT binary)") as dst:
+                for data in out:
+                    dst.write(data)
+            if progress:
+                progress(i)
+
+
+@contextmanager
+def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator[None]:
+    """For the block, both connections' ``client_encoding`` is ``into``'s database encoding: text in a
+    COPY then crosses as logical replication sends it (its apply worker asks the publisher for the
+    subscriber database's encoding), and between databases of one encoding byte for byte, with no
+    conversion or validation: a SQL_ASCII database's bytes need not be UTF-8. The block should run
+    COPYs only (psycopg reads SQL_ASCII text as bytes); each connection's encoding is restored after
+    it (unless its transaction failed: the rollback restores it)."""
+    encoding = into.info.parameter_status("server_encoding") or "UTF8"
+    saved = [(conn, conn.info.parameter_status("client_encoding") or "UTF8") for conn in (frm, into)]
+    for conn, _ in saved:
+        conn.execute("SELECT set_config('client_encoding', %s, false)", (encoding,))
+    try:
+        yield
+    finally:
+        for conn, before in saved:
+            if not conn.closed and conn.info.transaction_status in (psycopg.pq.TransactionStatus.IDLE,
+                                                                   psycopg.pq.TransactionStatus.INTRANS):
+                conn.execute("SELECT set_config('client_encoding', %s, false)", (before,))
 
 
 def server_facts(conn: psycopg.Connection) -> dict:
-    """Version, replication settings and how much of them is in use on this server."""
+    """Version, replication settings and how much of them is in use on this server; the database's encoding."""
     row = conn.execute(
         """SELECT current_setting('server_version_num')::int, current_setting('wal_level'),
                   current_setting('max_replication_slots')::int,
@@ -254,10 +277,12 @@ def server_facts(conn: psycopg.Connection) -> dict:
                   (SELECT count(*) FROM pg_stat_replication)::int,
                   greatest((SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL),
                            (SELECT count(*) FROM pg_subscription WHERE subenabled))::int,
-                  current_setting('max_sync_workers_per_subscription')::int""").fetchone()
+                  current_setting('max_sync_workers_per_subscription')::int,
+                  current_setting('server_encoding')""").fetchone()
     return {"version_num": row[0], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
             "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "log_statement": row[6],
-            "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9]}
+            "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9],
+            "server_encoding": row[10]}
 
 
 def role_facts(conn: psycopg.Connection, schemas: list[str]) -> dict:
@@ -834,7 +859,7 @@ def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot:
     src.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot)}")
     copied = 0
     next_pause = PAUSE_BYTES if pause else -1
-    with tgt.transaction():
+    with tgt.transaction(), copy_encoding(src, tgt):
         for schema, table in items:
             name = f"{quote_ident(schema)}.{quote_ident(table)}"
             with src.cursor().copy(f"COPY {name} TO STDOUT (FORMAT binary)") as out, \

@@ -48,6 +48,7 @@ def preflight(run: MoveRun) -> dict:
         require_version(run.target, facts_t, "receiving")
         target_problems = _target_problems(run, tgt, facts_t)
         problems += target_problems
+    problems += _encoding_problems(run, facts_s, facts_t)
     if not target_problems:  # a missing grant would make the trial fail for the wrong reason
         problems += _trial_problems(run, rows, facts_t)
     subs = subscriptions_for(run, facts_t)
@@ -58,6 +59,17 @@ def preflight(run: MoveRun) -> dict:
     if problems:
         raise OperationFailed("preflight: " + "; ".join(problems) + " (nothing was changed)")
     return {"max_subscriptions": subs}
+
+
+def _encoding_problems(run: MoveRun, facts_s: dict, facts_t: dict) -> list[str]:
+    """Shards move only between databases of one encoding: across encodings, replication converts
+    text (or fails on a character the target cannot hold, or on SQL_ASCII bytes that are not UTF-8),
+    and the row checks, which hash the stored bytes, would find every non-ASCII value changed."""
+    enc_s, enc_t = facts_s["server_encoding"], facts_t["server_encoding"]
+    if enc_s == enc_t:
+        return []
+    return [f"host {run.source.name}'s database is {enc_s} and host {run.target.name}'s is {enc_t}: shards move only "
+            f"between databases of the same encoding (text would not arrive byte for byte)"]
 
 
 def _source_problems(run: MoveRun, conn, facts: dict) -> list[str]:

@@ -280,3 +280,50 @@ class Pooler:
         if state is None:
             raise BadInput(f"no pooler configured in {self.dir}")
         return state
+
+
+# ---- a sandbox's pooler (``shardctl sandbox up --pooler MODE``) -------------------------------
+
+POOLER_DIR = "pgbouncer"
+
+
+def sandbox_pooler(directory: str | os.PathLike) -> Pooler:
+    return Pooler(Path(directory) / POOLER_DIR)
+
+
+def front_sandbox(directory: str | os.PathLike, mode: str, pool_size: int) -> dict:
+    """Start a PgBouncer in front of the sandbox's hosts (one database per host, named after it) and
+    point the topology's ``dsn`` of each host at it, with ``admin_dsn`` the server itself."""
+    from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+
+    from ..model.topology_file import TopologyFile
+    from .sandbox import DATABASE, SandboxState
+
+    state = SandboxState.read(Path(directory).resolve())
+    if state is None:
+        raise BadInput(f"no sandbox in {directory}")
+    pooler = sandbox_pooler(directory)
+    pooler.configure(mode=mode, pool_size=pool_size, password_env=state.password_env)
+    for host in state.hosts:
+        pooler.add_database(host.name, host.port, DATABASE)
+    info = pooler.start()
+    doc = TopologyFile(Path(directory) / "shardctl.yaml")
+    direct = {h.name: h.dsn for h in state.hosts}
+    for node in doc.doc.get("hosts") or []:
+        name = str(node.get("name"))
+        if name in direct:
+            node["dsn"] = DoubleQuotedScalarString(pooler.dsn(name))
+            node["admin_dsn"] = DoubleQuotedScalarString(direct[name])
+    doc.save()
+    return info
+
+
+def restart_sandbox_pooler(directory: str | os.PathLike) -> dict | None:
+    """Start the sandbox's PgBouncer again if it has one (``sandbox up`` after ``sandbox down``)."""
+    pooler = sandbox_pooler(directory)
+    return pooler.start() if pooler.state is not None else None
+
+
+def stop_sandbox_pooler(directory: str | os.PathLike) -> bool:
+    pooler = sandbox_pooler(directory)
+    return pooler.state is not None and pooler.stop()

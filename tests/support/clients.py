@@ -39,9 +39,18 @@ def keys_for(topo: Topology, shards: list[int], per_shard: int = 8) -> list[int]
 class RouterTraffic:
     """Router writers and readers recording into ``history`` until :meth:`stop`."""
 
+    READS = {
+        # What an application writes: the planner may answer from the index alone.
+        "indexed": "SELECT current_schema(), array_agg(id), current_setting('port') FROM photos WHERE user_id = %s",
+        # A scan of the shard's whole table (a moved shard's stub view raises on it whatever the filter).
+        "scan": "SELECT current_schema(), array_agg(id) FILTER (WHERE user_id = %s), current_setting('port') "
+                "FROM photos",
+    }
+
     def __init__(self, history: History, router: Router, keys: list[int], writers: int, readers: int,
-                 pause: float = 0.002):
+                 pause: float = 0.002, read: str = "indexed"):
         self.history, self.router, self.keys, self.pause = history, router, keys, pause
+        self.read_sql = self.READS[read]
         self._halt = threading.Event()
         self.threads = [threading.Thread(target=self._write, args=(f"w{i}",), daemon=True) for i in range(writers)]
         self.threads += [threading.Thread(target=self._read, args=(f"r{i}",), daemon=True) for i in range(readers)]
@@ -78,9 +87,7 @@ class RouterTraffic:
             key = rng.choice(self.keys)
             start = now()
             try:
-                schema, ids, server = self.router.run(key, lambda c: c.execute(
-                    "SELECT current_schema(), array_agg(id), current_setting('port') FROM photos "
-                    "WHERE user_id = %s", (key,)).fetchone())
+                schema, ids, server = self.router.run(key, lambda c: c.execute(self.read_sql, (key,)).fetchone())
             except Exception as exc:  # noqa: BLE001
                 self.history.failed(client, "read", key, exc, start, now())
                 continue
@@ -91,12 +98,12 @@ class RouterTraffic:
 @contextmanager
 def history_traffic(path: Path, keys: list[int], *, writers: int = 6, readers: int = 2,
                     history: History | None = None, warmup: float = 0.3, cooldown: float = 0.3,
-                    **router_kwargs) -> Iterator[RouterTraffic]:
+                    read: str = "indexed", **router_kwargs) -> Iterator[RouterTraffic]:
     """Router writers and readers on ``keys`` for the block (started ``warmup`` s before it, stopped
     ``cooldown`` s after it); ``traffic.history`` is the record, ``traffic.router`` the Router."""
     router_kwargs.setdefault("move_wait", 15)
     router = Router(Topology.load(path), **router_kwargs)
-    traffic = RouterTraffic(history or History(path), router, keys, writers, readers)
+    traffic = RouterTraffic(history or History(path), router, keys, writers, readers, read=read)
     try:
         traffic.start()
         time.sleep(warmup)

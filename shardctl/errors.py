@@ -54,6 +54,10 @@ class ConfigErrors(ConfigError):
         return [str(e) for e in self.errors]
 
 
+class SessionStateError(BadInput):
+    """A Router statement would leave session state on a server connection a transaction pooler shares."""
+
+
 class OperationFailed(ShardctlError):
     """The operation ran but some of it failed (details in ``report``)."""
 

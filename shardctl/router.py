@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,15 +10,15 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT, first_line
-from .errors import HostUnreachable
+from .errors import BadInput, HostUnreachable, SessionStateError
 from .ids.routing import placement_shard, shard_for_key
-from .model.identifiers import quote_ident
 from .model.topology import Host, Topology
-from .router_pool import HostPool, Redirects, Slot, Watchdog, foreign_connect_error, log
+from .router_placement import Placement
+from .router_pool import HostPool, Slot, Watchdog, foreign_connect_error, log
+from .router_session import (Call, RouterConnection, RouterCursor, RouterServerCursor, forget_prepared, ms,
+                             quietly, reset, stale_plan, transaction_start)
 from .sql.catalog import MOVED_SQLSTATE, read_redirects
 
 T = TypeVar("T")
@@ -54,12 +52,9 @@ class Router:
                  pool_timeout: float = 30.0, move_wait: float = 10.0, allow_inline_password: bool = False,
                  timeout: float | None = 30.0, grace: float = 0.5, max_lag: float = 5.0,
                  lag_check_interval: float = 0.2):
-        self.topology = topology
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
-        self.move_wait = move_wait  # how long to wait for the topology file to show a move's cutover
-        self.allow_inline_password = allow_inline_password
         self.timeout = timeout      # default bound of every call, seconds (None: unbounded)
         self.grace = grace          # client deadline = timeout + grace (the server's own timeout fires first)
         self.max_lag = max_lag      # default staleness bound of standby reads, seconds
@@ -68,9 +63,12 @@ class Router:
         self._lock = threading.Lock()
         self._tried = threading.local()  # the host this thread's last shard_connection() went to
         self._watchdog = Watchdog()
-        self._redirects = Redirects()  # shards routed by their old host's redirect (stale topology file)
-        self._reload_lock = threading.Lock()
-        self._file_stamp: tuple[int, int, int] | None = None  # the file as last parsed by reload()
+        # Where each shard is: the topology file, and the redirects followed while the file is stale.
+        self.placement = Placement(topology, move_wait=move_wait, allow_inline_password=allow_inline_password)
+
+    @property
+    def topology(self) -> Topology:
+        return self.placement.topology
 
     # ---- routing ---------------------------------------------------------------
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
@@ -98,75 +96,106 @@ class Router:
 
     def _locate(self, shard: int) -> Host:
         """The host serving ``shard``: a redirect this Router followed, else the topology's owner."""
-        return self._redirects.host(shard) or self.topology.host_of(shard)
+        return self.placement.locate(shard)
 
     def redirects(self) -> dict[int, str]:
         """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
-        return self._redirects.names()
+        return self.placement.redirects.names()
 
     # ---- calls -----------------------------------------------------------------
-    @contextmanager
-    def connection(self, key: int | str, *, force_string: bool = False, readonly: bool = False,
-                   max_lag: float | None = SAME, timeout: float | None = SAME) -> Iterator[psycopg.Connection]:
-        """A pooled connection to the key's host, ``search_path`` set to its shard schema.
+    def target(self, key: int | str | None = None, *, id: int | None = None, shard: int | None = None,
+               force_string: bool = False) -> int:
+        """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
+        minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number)."""
+        given = [name for name, value in (("key", key), ("id", id), ("shard", shard)) if value is not None]
+        if len(given) != 1:
+            raise BadInput(f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'})")
+        if key is not None:
+            return self.shard_for(key, force_string=force_string)
+        if id is not None:
+            return self.shard_of_id(id)
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < self.topology.shard_count:
+            raise BadInput(f"shard={shard!r} is not a shard of this topology (0-{self.topology.shard_count - 1})")
+        return shard
 
-        Commits on success, rolls back on error, then returns the connection to the pool with its
-        session reset. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else
-        the primary (in a read-only transaction). The block must end within ``timeout`` seconds.
+    @contextmanager
+    def connection(self, key: int | str | None = None, *, id: int | None = None, shard: int | None = None,
+                   force_string: bool = False, readonly: bool = False, max_lag: float | None = SAME,
+                   timeout: float | None = SAME) -> Iterator[psycopg.Connection]:
+        """A pooled connection to the shard's host for a block: by ``key``, by ``id`` or by ``shard``.
+
+        Each transaction in the block runs on the shard (``search_path``) with the call's
+        ``statement_timeout``, both set for that transaction only; the block's open transaction commits
+        at its end (rolls back on error), and a ``commit()`` inside starts the next one on the same
+        shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
+        (in a read-only transaction). The block must end within ``timeout`` seconds.
         """
-        with self.shard_connection(self.shard_for(key, force_string=force_string), readonly=readonly,
-                                   max_lag=max_lag, timeout=timeout) as conn:
-            yield conn
-
-    @contextmanager
-    def shard_connection(self, shard: int, *, readonly: bool = False, max_lag: float | None = SAME,
-                         timeout: float | None = SAME) -> Iterator[psycopg.Connection]:
-        """:meth:`connection` for a shard number."""
-        host = self._locate(shard)
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        host = self._locate(number)
         self._tried.host = host
-        with self._on_host(host, shard, timeout, readonly, max_lag, transaction=True) as conn:
+        with self._on_host(host, number, Call(self.topology.schema_name(number), self._timeout(timeout), "block",
+                                              readonly, self._lag_bound(max_lag) if readonly else None)) as conn:
             yield conn
 
-    def run(self, key: int | str, work: Callable[[psycopg.Connection], T], *, force_string: bool = False,
+    def shard_connection(self, shard: int, **kwargs: Any) -> Any:
+        """``connection(shard=...)``."""
+        return self.connection(shard=shard, **kwargs)
+
+    def run(self, key: int | str | None = None, work: Callable[[psycopg.Connection], T] | None = None, *,
+            id: int | None = None, shard: int | None = None, force_string: bool = False,
             timeout: float | None = SAME) -> T:
-        """Call ``work(conn)`` in one transaction on the key's shard; if the shard moved meanwhile,
-        reload the topology and call it once more on the new host.
+        """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the shard
+        moved meanwhile, reload the topology and call it once more on the new host.
 
         ``work`` may run twice (also after a migration changed a table under a prepared statement),
         but its first run was rolled back entirely: it must only use ``conn``.
         """
-        return self.run_shard(self.shard_for(key, force_string=force_string), work, timeout=timeout)
+        if work is None:
+            raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        call = Call(self.topology.schema_name(number), self._timeout(timeout), "run")
 
-    def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T], *, timeout: float | None = SAME) -> T:
-        """:meth:`run` for a shard number (e.g. from :meth:`shard_of_id`)."""
         def attempt(host: Host) -> T:
-            with self._on_host(host, shard, timeout, False, None, transaction=True, tracked=True) as conn:
+            with self._on_host(host, number, call) as conn:
                 return work(conn)
 
-        return self._retrying(shard, attempt)
+        return self._retrying(number, attempt)
 
-    def execute(self, key: int | str, query: Any, params: Any = None, *, force_string: bool = False,
-                timeout: float | None = SAME) -> Any:
-        """One statement on the key's shard, in autocommit, following a move like :meth:`run`: the rows
-        it returns, or the number of rows it changed."""
-        return self._statement(self.shard_for(key, force_string=force_string), query, params, timeout, False, None)
+    def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T], *, timeout: float | None = SAME) -> T:
+        """``run(work=..., shard=...)``."""
+        return self.run(work=work, shard=shard, timeout=timeout)
 
-    def read(self, key: int | str, query: Any, params: Any = None, *, force_string: bool = False,
-             max_lag: float | None = SAME, timeout: float | None = SAME) -> Any:
+    def execute(self, key: int | str | None = None, query: Any = None, params: Any = None, *, id: int | None = None,
+                shard: int | None = None, force_string: bool = False, timeout: float | None = SAME) -> Any:
+        """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
+        round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
+        changed."""
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        return self._statement(number, query, params, Call(self.topology.schema_name(number),
+                                                             self._timeout(timeout), "statement"))
+
+    def read(self, key: int | str | None = None, query: Any = None, params: Any = None, *, id: int | None = None,
+             shard: int | None = None, force_string: bool = False, max_lag: float | None = SAME,
+             timeout: float | None = SAME) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
-        (else, or when the standby is down, on the primary)."""
-        return self._statement(self.shard_for(key, force_string=force_string), query, params, timeout, True, max_lag)
+        (else, or when the standby is down, on the primary, in a read-only transaction)."""
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        return self._statement(number, query, params, Call(self.topology.schema_name(number), self._timeout(timeout),
+                                                             "statement", True, self._lag_bound(max_lag)))
 
-    def _statement(self, shard: int, query: Any, params: Any, timeout: Any, readonly: bool, max_lag: Any) -> Any:
+    def _timeout(self, timeout: Any) -> float | None:
+        return self.timeout if timeout is SAME else timeout
+
+    def _lag_bound(self, max_lag: Any) -> float | None:
+        return self.max_lag if max_lag is SAME else max_lag
+
+    def _statement(self, shard: int, query: Any, params: Any, call: Call) -> Any:
+        if query is None:
+            raise BadInput("execute()/read() need the statement to run")
+
         def attempt(host: Host) -> Any:
-            if readonly and host.standby:
-                ctx = self._on_host(host, shard, timeout, readonly, max_lag, transaction=False, tracked=True)
-            else:  # the common case, without the standby layer
-                ctx = _session(self, self._pool(host), self.topology.schema_name(shard),
-                               self.timeout if timeout is SAME else timeout, False, True, readonly, None)
-            with ctx as conn:
-                cur = conn.execute(query, params)
-                return cur.fetchall() if cur.description is not None else cur.rowcount
+            with self._on_host(host, shard, call) as conn:
+                return conn.run_statement(query, params)
 
         return self._retrying(shard, attempt)
 
@@ -179,7 +208,7 @@ class Router:
             try:
                 return attempt(host)
             except psycopg.Error as exc:
-                if not replanned and _stale_plan(exc):
+                if not replanned and stale_plan(exc):
                     replanned = True
                     continue
                 if not moved and self.follow_move(shard, exc, host):
@@ -188,81 +217,42 @@ class Router:
                 raise
 
     @contextmanager
-    def _on_host(self, host: Host, shard: int, timeout: Any, readonly: bool, max_lag: Any, *,
-                 transaction: bool, tracked: bool = False) -> Iterator[psycopg.Connection]:
-        """A session on the host's standby (``readonly`` and fresh enough) or else its primary."""
-        timeout = self.timeout if timeout is SAME else timeout
-        schema = self.topology.schema_name(shard)
-        if readonly and host.standby:
-            lag_bound = self.max_lag if max_lag is SAME else max_lag
+    def _on_host(self, host: Host, shard: int, call: Call) -> Iterator[RouterConnection]:
+        """A session on the host's standby (a read with a lag bound, when the host has a standby that is
+        fresh enough and answers) or else on its primary."""
+        if call.readonly and host.standby and call.max_lag is not None:
             standby = self._pool(host, standby=True)
             try:
-                with _session(self, standby, schema, timeout, transaction, tracked, readonly, lag_bound) as conn:
+                with _session(self, standby, call) as conn:
                     yield conn
                     return
             except _Fallback as why:
                 standby.count(f"fallbacks.{why.args[0]}")
-        with _session(self, self._pool(host), schema, timeout, transaction, tracked, readonly, None) as conn:
+        primary = Call(call.schema, call.timeout, call.kind, call.readonly)
+        with _session(self, self._pool(host), primary) as conn:
             yield conn
 
     # ---- moves -----------------------------------------------------------------
     def reload(self) -> Topology:
-        """Read the topology file again; pools of hosts that left or changed DSN are closed."""
-        if self.topology.path is None:
-            return self.topology
-        # Many threads meet a moved shard at once, and an app server's file may never change: parse it
-        # only when it did (a parse holds the GIL for every thread, writes to other shards included).
-        with self._reload_lock:
-            stamp = _file_stamp(self.topology.path)
-            if stamp is not None and stamp == self._file_stamp:
-                return self.topology
-            fresh = Topology.load(self.topology.path, allow_inline_password=self.allow_inline_password)
-            self._file_stamp = stamp
-            after = {h.name: (h.dsn, h.password_env, h.standby) for h in fresh.hosts}
-            with self._lock:
-                before = {h.name: (h.dsn, h.password_env, h.standby) for h in self.topology.hosts}
-                self.topology = fresh
-                changed = {name for name in before if after.get(name) != before[name]}
-                changed |= self._redirects.reconcile(fresh)
-                # Pool keys: the host's name, and "<name> standby" for its standby's pool.
+        """Read the topology file again (when it changed); pools of hosts that left or changed DSN are closed."""
+        fresh, changed = self.placement.reload()
+        if changed:
+            with self._lock:  # pool keys: the host's name, and "<name> standby" for its standby's pool
                 stale = [key for key in self._pools if key.split(" ")[0] in changed]
                 old_pools = [self._pools.pop(key) for key in stale]
-        for pool in old_pools:
-            pool.close()
+            for pool in old_pools:
+                pool.close()
         return fresh
 
     def follow_move(self, shard: int, exc: BaseException, tried: Host | None = None) -> bool:
         """After ``exc`` on ``shard``: True when the shard turned out to have moved and its new host is
-        known: the reloaded topology names it, or the host the statement failed on recorded a redirect
-        (then the shard is routed there until the file catches up). Without either, waits up to
-        ``move_wait`` seconds for the file to say so. ``tried`` is the host the failed statement ran on
-        (default: this thread's last connection's)."""
-        state = getattr(exc, "sqlstate", None)
-        if state not in MOVED_ERRORS:
+        known (see :meth:`Placement.follow`). ``tried`` is the host the failed statement ran on (default:
+        this thread's last connection's)."""
+        if getattr(exc, "sqlstate", None) not in MOVED_ERRORS:
             return False
-        # Not the current owner: another thread may have reloaded or followed a redirect already.
         old = tried or getattr(self._tried, "host", None) or self._locate(shard)
-        moved = state == MOVED_SQLSTATE
-        deadline = time.monotonic() + self.move_wait
-        asked = False
-        while True:
-            self.reload()
-            new = self._locate(shard)
-            if (new.name, new.dsn) != (old.name, old.dsn):
-                return True
-            if not asked:  # the file does not know (yet): ask the host the statement failed on
-                asked = True
-                redirect, moved_out = _ask_old_host(self, old, shard)
-                if redirect is not None and redirect["host"] != old.name:
-                    self._redirects.follow(shard, redirect, self.topology, old)
-                    return True
-                # A missing table may be an application bug: only wait if the shard really moved away.
-                moved = moved or moved_out
-                if not moved:
-                    return False
-            if self.topology.path is None or time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+        return self.placement.follow(shard, old, getattr(exc, "sqlstate", None) == MOVED_SQLSTATE,
+                                     reload=self.reload, ask=lambda: _ask_old_host(self, old, shard))
 
     # ---- pools -----------------------------------------------------------------
     def _pool(self, host: Host, *, standby: bool = False) -> HostPool:
@@ -278,26 +268,26 @@ class Router:
                 self._pools[key] = pool
         return pool
 
-    def _connect(self, host: Host, standby: bool) -> psycopg.Connection:
-        """A new autocommit connection with the Router's bounds: connect timeout, TCP keepalives and
-        user timeout (a dead network is noticed), and ``statement_timeout`` as the session default."""
+    def _connect(self, host: Host, standby: bool) -> RouterConnection:
+        """A new autocommit connection with the Router's bounds: connect timeout, TCP keepalives and user
+        timeout (a dead network is noticed). No startup options: poolers refuse them, and each
+        transaction sets its own ``statement_timeout``."""
         kwargs = host.connect_kwargs(connect_timeout=max(1, int(self.connect_timeout)),
                                      application_name=f"{APPLICATION_NAME} router")
-        foreign = self._redirects.foreign(host.name) and not standby
+        foreign = self.placement.redirects.foreign(host.name) and not standby
         if standby:
             kwargs["conninfo"] = host.standby
-        options = conninfo_to_dict(kwargs["conninfo"]).get("options", "")
         kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                      tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)),
-                      options=f"{options} -c statement_timeout={_ms(self.timeout)}".strip())
+                      tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)))
         try:
-            conn = psycopg.connect(autocommit=True, cursor_factory=_TrackingCursor, **kwargs)
+            conn = RouterConnection.connect(autocommit=True, cursor_factory=RouterCursor, **kwargs)
         except psycopg.OperationalError as exc:
             if not foreign:
                 raise
             raise foreign_connect_error(host, exc) from None
-        conn.server_cursor_factory = _TrackingServerCursor
-        conn.session_dirty = False  # set by the cursors: a statement that may leave session state ran
+        conn.server_cursor_factory = RouterServerCursor
+        conn.keeps_sessions = host.keeps_sessions
+        conn.prepare_threshold = None
         return conn
 
     def stats(self) -> dict[str, dict]:
@@ -340,7 +330,7 @@ def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, 
     """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
     None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
     try:
-        with _session(router, router._pool(host), "public", router.timeout, False, False, False, None) as conn:
+        with _session(router, router._pool(host), Call("public", router.timeout, "run")) as conn:
             redirect = read_redirects(conn, [shard]).get(shard)
             row = conn.execute("SELECT state FROM shardctl.shards WHERE shard_id = %s", (shard,)).fetchone()
     except Exception:  # noqa: BLE001 - no answer means no evidence of a move
@@ -348,13 +338,6 @@ def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, 
     return redirect, bool(row) and row[0] == "moved_out"
 
 
-def _ms(seconds: float | None) -> int:
-    return 0 if seconds is None else max(1, int(seconds * 1000))
-
-
-_BEGIN = "BEGIN"
-_SETTINGS_SQL = "SELECT set_config('search_path', {}, false), set_config('statement_timeout', {}, false)"
-_PREPARE_SQL = _SETTINGS_SQL.format("%s", "%s")
 # Behind by the age of the last replayed transaction, unless everything received is replayed.
 _LAG_SQL = ("SELECT CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() "
             "THEN 0 ELSE coalesce(extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()), "
@@ -362,70 +345,62 @@ _LAG_SQL = ("SELECT CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn
 
 
 @contextmanager
-def _session(router: Router, pool: HostPool, schema: str, timeout: float | None, transaction: bool, tracked: bool,
-             readonly: bool, max_lag: float | None) -> Iterator[psycopg.Connection]:
-    """One call on ``pool``: checkout, search_path and statement_timeout (only when they change),
-    the caller's work (in a transaction when ``transaction``), the reset, checkin. ``tracked``
-    (``execute()``, ``read()``, ``run()``): the connection's cursors check each statement as it runs,
-    and the reset follows only one that could leave session state (:func:`_leaves_no_state`);
-    otherwise (``connection()`` blocks) it always follows.
+def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConnection]:
+    """One call on ``pool``: checkout, the caller's work (each transaction opened with the call's
+    settings, see router_session), the reset where the server keeps sessions, checkin.
 
     Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
     """
     started = time.perf_counter()
-    deadline = None if timeout is None else time.monotonic() + timeout + router.grace
+    deadline = None if call.timeout is None else time.monotonic() + call.timeout + router.grace
     try:
         slot = pool.acquire(deadline)
     except HostUnreachable:
         pool.record(time.perf_counter() - started, "unreachable")
-        if max_lag is not None:
+        if call.max_lag is not None:
             raise _Fallback("unreachable") from None
         raise
-    conn = slot.conn
+    conn: RouterConnection = slot.conn  # type: ignore[assignment]
     watch = router._watchdog.arm(conn, deadline) if deadline is not None else None
+    keeps = conn.keeps_sessions
     try:
-        # run(): one transaction, the Router's own BEGIN on the autocommit connection (psycopg sends none of
-        # its own then), in the same round trip as the session settings when they change. connection()
-        # blocks are the caller's to shape (after a commit inside, the next statement opens the next
-        # transaction): psycopg's own transactions.
-        begin = transaction and tracked and max_lag is None
-        _prepare(slot, pool, schema, _ms(timeout), _ms(router.timeout), begin)
-        if max_lag is not None and _lag(router, pool, conn) > max_lag:
+        if keeps and slot.plan_epoch != pool.plan_epoch:
+            forget_prepared(conn, pool.plan_epoch)
+            slot.plan_epoch = pool.plan_epoch
+        if call.max_lag is not None and _lag(router, pool, conn) > call.max_lag:
             _finish(router, pool, slot, watch, started, error=None, keep=True)
             raise _Fallback("lagging")
-        conn.session_dirty = False  # from here on, the caller's statements only
-        if transaction:
-            conn.prepare_threshold = None   # no prepared statements to go stale when a migration alters a table
-            if not begin:
-                conn.autocommit = False
-                conn.read_only = True if readonly else None
-            try:
-                yield conn
-            except BaseException:
-                _quietly(conn.rollback)
-                raise
-            if conn.session_dirty or not tracked:
-                _reset(slot, commit=True)  # COMMIT and the reset in one round trip
-            else:
-                conn.commit()
-                _back_to_autocommit(conn)
-        else:
+        # Prepared statements only where the server session is ours, and only for single statements (a
+        # block's would go stale under a migration with no retry to catch it).
+        conn.prepare_threshold = 5 if keeps and call.kind == "statement" else None
+        conn.session_dirty = False
+        conn.begin = transaction_start(call.schema, ms(call.timeout), call.readonly)
+        conn.one_transaction = call.kind == "run"
+        try:
             yield conn
-            if conn.session_dirty or not tracked:
-                _reset(slot)
+        except BaseException:
+            quietly(conn.rollback)
+            raise
+        if keeps and (conn.session_dirty or not call.tracked):
+            conn.begin = None
+            reset(conn, commit=True)  # COMMIT and the reset in one round trip
+        elif conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.commit()
     except _Fallback:
         raise
     except BaseException as exc:
+        conn.begin = None
         fired = watch is not None and router._watchdog.disarm(watch)
         watch = None
-        error, mapped = _failure(pool, slot, exc, fired, timeout, router.grace)
+        error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.grace)
         # The connection stays pooled unless it is cut, broken or was interrupted mid-call.
-        keep = error in ("sql", "stale_plan", "other") and (
-            (tracked and not transaction and not conn.session_dirty) or _quietly(_reset, slot))
+        keep = error in ("sql", "stale_plan", "other", "session_state") and (
+            not keeps or (call.tracked and not conn.session_dirty) or quietly(reset, conn))
         _finish(router, pool, slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None
         raise
+    conn.begin = None
     _finish(router, pool, slot, watch, started, error=None, keep=True)
 
 
@@ -437,40 +412,10 @@ def _finish(router: Router, pool: HostPool, slot: Slot, watch: int | None, start
     pool.record(time.perf_counter() - started, error)
 
 
-def _prepare(slot: Slot, pool: HostPool, schema: str, timeout_ms: int, default_ms: int, begin: bool) -> None:
-    """The session's search path and statement timeout, when they change; with ``begin``, a BEGIN too, in
-    the same round trip (one simple-protocol text, values inlined as literals; never prepared)."""
-    if slot.plan_epoch != pool.plan_epoch:
-        forget_prepared(slot.conn, pool.plan_epoch)
-        slot.plan_epoch = pool.plan_epoch
-    want = None if timeout_ms == default_ms else timeout_ms
-    if slot.schema == schema and slot.timeout_ms == want:
-        if begin:
-            slot.conn.execute(_BEGIN, prepare=False)
-        return
-    params = (f"{schema}, public", str(default_ms if want is None else want))
-    if begin:
-        slot.conn.execute(sql.SQL(_BEGIN + "; " + _SETTINGS_SQL).format(*map(sql.Literal, params)), prepare=False)
-    else:
-        slot.conn.execute(_PREPARE_SQL, params)
-    slot.schema, slot.timeout_ms = schema, want
-
-
-def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
-    """Drop the session's prepared statements, on the server and in psycopg's cache.
-
-    psycopg clears its cache when a statement's tag is DEALLOCATE ALL, but only the first time it
-    sees that query text on a connection (psycopg 3.3: a text it has counted before skips the
-    check), so each epoch sends its own text; a repeated text left psycopg executing
-    statements the server had dropped ("prepared statement _pg3_1 does not exist").
-    """
-    conn.execute(f"DEALLOCATE ALL /* plan epoch {int(epoch)} */")
-
-
 def _lag(router: Router, pool: HostPool, conn: psycopg.Connection) -> float:
     now = time.monotonic()
     if pool.lag is None or now - pool.lag[0] > router.lag_check_interval:
-        pool.lag = (now, float(conn.execute(_LAG_SQL).fetchone()[0]))
+        pool.lag = (now, float(psycopg.Cursor(conn).execute(_LAG_SQL).fetchone()[0]))
     return pool.lag[1]
 
 
@@ -486,131 +431,11 @@ def _failure(pool: HostPool, slot: Slot, exc: BaseException, fired: bool, timeou
     if isinstance(exc, psycopg.OperationalError) and (conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK):
         log.info("host %s: connection lost: %s", pool.breaker.name, first_line(exc))
         return "connection_lost", HostUnreachable(pool.breaker.name, first_line(exc))
-    if _stale_plan(exc):
+    if stale_plan(exc):
         pool.plan_epoch += 1  # every pooled connection drops its prepared statements before its next use
         return "stale_plan", exc
+    if isinstance(exc, SessionStateError):
+        return "session_state", exc
     if isinstance(exc, psycopg.Error):
         return "sql", exc
     return ("other" if isinstance(exc, Exception) else "interrupted"), exc
-
-
-def _stale_plan(exc: BaseException) -> bool:
-    return getattr(exc, "sqlstate", None) == "0A000" and "cached plan must not change result type" in str(exc)
-
-
-def _quietly(fn: Callable[..., Any], *args: Any) -> bool:
-    try:
-        fn(*args)
-        return True
-    except Exception:  # noqa: BLE001 - the connection is broken: the caller discards it
-        return False
-
-
-# What ``DISCARD ALL`` does, less ``DEALLOCATE ALL`` (psycopg keeps its own prepared statements
-# and, after the first time, would not notice them gone), and allowed in a transaction.
-_RESET_SQL = ("SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_statements WHERE name !~ '^_pg3_';"
-              "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
-              "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
-
-
-def _reset(slot: Slot, *, commit: bool = False) -> None:
-    """Return connections clean: nothing of one checkout's session reaches the next user.
-
-    Settings, and temporary tables too: ``pg_temp`` comes first in the search path, so a temp
-    table left behind would capture another shard's reads and writes. Session advisory locks,
-    LISTENs, cursors and the user's own prepared statements go as well; psycopg's prepared
-    statements stay (PostgreSQL re-plans them when the search path changes). One round trip,
-    with the transaction's COMMIT in front when ``commit`` (a failed COMMIT raises, like ``commit()``).
-    """
-    conn = slot.conn
-    slot.schema = slot.timeout_ms = None
-    status = conn.pgconn.transaction_status
-    if commit and status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR):
-        cur = conn.execute("COMMIT; " + _RESET_SQL)  # no BEGIN is sent: a transaction is open
-        cur.nextset()
-    else:
-        if status != psycopg.pq.TransactionStatus.IDLE:
-            conn.rollback()
-        conn.autocommit = True
-        cur = conn.execute(_RESET_SQL)
-    names = cur.fetchone()[0]
-    _back_to_autocommit(conn)
-    for name in names:
-        conn.execute(f"DEALLOCATE {quote_ident(name)}")
-
-
-def _back_to_autocommit(conn: psycopg.Connection) -> None:
-    """The pooled connection's resting state after a transaction (with or without the reset; without it,
-    the search path and timeout set for the transaction stay, and the next use of the shard skips them)."""
-    conn.autocommit = True
-    conn.read_only = None
-    conn.prepare_threshold = 5
-
-
-class _TrackingCursor(psycopg.Cursor):
-    """The Router's cursors: a statement that may leave session state marks the connection for the reset
-    (the same test as :meth:`Router.execute`'s; :func:`_leaves_no_state`)."""
-
-    __slots__ = ()
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        _track(self.connection, query)
-        return super().execute(query, params, **kwargs)
-
-    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
-        _track(self.connection, query)
-        return super().executemany(query, params_seq, **kwargs)
-
-    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        _track(self.connection, query)
-        return super().stream(query, params, **kwargs)
-
-    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
-        _track(self.connection, statement)
-        return super().copy(statement, params, **kwargs)
-
-
-class _TrackingServerCursor(psycopg.ServerCursor):
-    """A named cursor may be WITH HOLD, which outlives the transaction: always reset after one."""
-
-    __slots__ = ()
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        self.connection.session_dirty = True
-        return super().execute(query, params, **kwargs)
-
-
-def _track(conn: psycopg.Connection, query: Any) -> None:
-    if not _leaves_no_state(query):
-        conn.session_dirty = True
-
-
-_STARTS_CLEAN = re.compile(r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(insert|update|delete|select|with|values|table|merge)\b",
-                           re.IGNORECASE | re.DOTALL)
-# Words with which a query can leave session state behind (settings, temp tables, advisory locks,
-# LISTEN, cursors, prepared statements, roles). A false alarm only costs the reset round trip.
-_SESSION_WORDS = re.compile(r"set_config|advisory|temp|listen|prepare|declare|role|authorization|setseed|dblink|"
-                            r"\bset\s+(?:session|local)\b", re.IGNORECASE)
-
-
-@functools.lru_cache(maxsize=2048)
-def _text_leaves_no_state(text: str) -> bool:
-    return bool(_STARTS_CLEAN.match(text)) and not _SESSION_WORDS.search(text)
-
-
-def _leaves_no_state(query: Any) -> bool:
-    """True when one autocommit statement cannot leave session state: the reset can be skipped."""
-    if isinstance(query, bytes):
-        query = query.decode("utf-8", "replace")
-    if not isinstance(query, str):
-        return False  # sql.Composed and friends: not worth rendering here; reset to be safe
-    return _text_leaves_no_state(query)
-
-
-def _file_stamp(path: str | os.PathLike) -> tuple[int, int, int] | None:
-    """(inode, size, mtime in ns) of the topology file: a flip (rename) or an edit changes it."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns

@@ -22,7 +22,7 @@ import psycopg
 from .engine.connections import first_line
 from .errors import HostUnreachable
 from .model.dsn import mask
-from .model.topology import Host, Topology
+from .model.topology import Host
 
 log = logging.getLogger("shardctl.router")
 # A library must not print on the application's stderr: without this handler, logging's
@@ -34,14 +34,12 @@ LATENCY_SAMPLES = 2048
 
 
 class Slot:
-    """One pooled connection and the session state the Router set on it."""
+    """One pooled connection, and when its prepared statements were last dropped."""
 
-    __slots__ = ("conn", "created", "plan_epoch", "schema", "timeout_ms")
+    __slots__ = ("conn", "created", "plan_epoch")
 
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
-        self.schema: str | None = None        # the shard schema search_path is set to (None: default)
-        self.timeout_ms: int | None = None    # statement_timeout set by the Router (None: connection default)
         self.plan_epoch = 0                   # HostPool.plan_epoch when its prepared statements were last dropped
         self.created = time.monotonic()
 
@@ -376,56 +374,6 @@ def _cut(conn: psycopg.Connection) -> None:
         pass
     finally:
         sock.close()
-
-
-class Redirects:
-    """The shards a Router routes by the redirect their old host recorded at a move's cutover, because
-    its own topology file still names the old host (another app server's copy nobody updated). Each
-    is kept until the file names another owner for the shard."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_shard: dict[int, tuple[Host, str]] = {}  # shard → (host to use, owner the file named)
-        self._foreign: set[str] = set()  # hosts known only from a redirect: its DSN, no password
-
-    def host(self, shard: int) -> Host | None:
-        entry = self._by_shard.get(shard)
-        return None if entry is None else entry[0]
-
-    def names(self) -> dict[int, str]:
-        return {n: host.name for n, (host, _) in dict(self._by_shard).items()}
-
-    def foreign(self, name: str) -> bool:
-        return name in self._foreign
-
-    def follow(self, shard: int, redirect: dict, topology: Topology, old: Host) -> None:
-        """Route ``shard`` to the redirect's host: the topology's own entry for it (its DSN and
-        ``password_env``) when there is one, else the recorded DSN, without a password."""
-        name = redirect["host"]
-        host = next((h for h in topology.hosts if h.name == name), None)
-        with self._lock:
-            if host is None:
-                host = Host(name=name, dsn=redirect["dsn"], shards=[])
-                self._foreign.add(name)
-            if self._by_shard.get(shard, (None,))[0] == host:
-                return  # another thread followed it already
-            self._by_shard[shard] = (host, topology.host_of(shard).name)
-        log.warning("shard %s moved from %s to %s (redirect recorded by %s; this Router's topology file still "
-                    "names %s)%s", shard, old.name, name, old.name, topology.host_of(shard).name,
-                    f": {name} is not in this Router's topology, connecting with the recorded DSN "
-                    f"{mask(redirect['dsn'])} without a password" if name in self._foreign else "")
-
-    def reconcile(self, fresh: Topology) -> set[str]:
-        """After the file was read again: forget the shards it caught up with (it names another owner
-        than when the redirect was followed); the others go on with the file's current entry for their
-        host. Returns the foreign hosts the file now has (their pools must be replaced)."""
-        by_name = {h.name: h for h in fresh.hosts}
-        with self._lock:
-            self._by_shard = {n: (by_name.get(host.name, host), was) for n, (host, was) in self._by_shard.items()
-                              if fresh.host_of(n).name == was}
-            known = {name for name in self._foreign if name in by_name}
-            self._foreign -= known
-        return known
 
 
 def foreign_connect_error(host: Host, exc: BaseException) -> psycopg.OperationalError:

@@ -72,7 +72,7 @@ class FleetMaker:
 
     def __call__(self, hosts: int = 2, shards: int = 64, *, function: str = "plpgsql", schema: str = "insta{n}",
                  name: str = "shardctl.yaml", epoch: str = "2026-01-01T00:00:00Z", ranges: list[str] | None = None,
-                 extra: str = "") -> Path:
+                 extra: str = "", pooler: str | None = None) -> Path:
         assert hosts <= SESSION_HOSTS
         state = self.servers.state
         directory = self.base / f"fleet-{uuid.uuid4().hex[:6]}"
@@ -89,7 +89,7 @@ class FleetMaker:
             lo, hi = i * shards // hosts, (i + 1) * shards // hosts - 1
             rng = ranges[i] if ranges else f"{lo}-{hi}"
             lines += [f"  - name: pg{i + 1}", f"    dsn: \"postgresql://postgres@127.0.0.1:{host.port}/{db}\"",
-                      f"    shards: \"{rng}\""]
+                      f"    shards: \"{rng}\""] + ([f"    pooler: {pooler}"] if pooler else [])
         path = directory / name
         path.write_text("\n".join(lines) + "\n" + extra)
         return path

@@ -35,7 +35,10 @@ MAX_UNKNOWN_KEYS = 3  # unknown keys listed per mapping
 TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement", "lint"}
 ID_KEYS = {"layout", "epoch", "function", "bits"}
 SHARDS_KEYS = {"count", "schema"}
-HOST_KEYS = {"name", "dsn", "admin_dsn", "peer_dsn", "password_env", "standby", "shards", "max_jobs"}
+HOST_KEYS = {"name", "dsn", "admin_dsn", "peer_dsn", "password_env", "standby", "shards", "max_jobs", "pooler"}
+# What stands between the Router and a host's ``dsn``: ``transaction`` (the default, the safe choice: no
+# prepared statements, nothing kept on the server between transactions), ``session`` or ``none``.
+POOLER_MODES = ("transaction", "session", "none")
 # What each DSN of a host is for; each defaults to the one before it.
 DSN_PURPOSES = ("app", "admin", "peer")
 ROUTING_KEYS = {"key", "strings", "modulus"}
@@ -58,6 +61,12 @@ class Host:
     admin_dsn: str | None = None   # shardctl's own DDL, locks and moves (direct, not via a pooler)
     peer_dsn: str | None = None    # how other hosts' subscriptions reach this host
     max_jobs: int | None = None  # at most this many connections applying shards at once (see README.md)
+    pooler: str = "transaction"  # what the app ``dsn`` goes through (POOLER_MODES); the Router's behaviour
+
+    @property
+    def keeps_sessions(self) -> bool:
+        """True when a client connection keeps its server session (no transaction pooler on ``dsn``)."""
+        return self.pooler != "transaction"
 
     def dsn_for(self, purpose: str = "app") -> str:
         """The DSN for ``purpose``: app (``dsn``), admin (``admin_dsn``) or peer (``peer_dsn``).
@@ -383,6 +392,11 @@ class _HostsSection:
             if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
                 self.error(f"host {name}: max_jobs must be a positive integer", self.line_of(node, "max_jobs"))
                 max_jobs = None
+            pooler = node.get("pooler", "transaction")
+            if pooler not in POOLER_MODES:
+                self.error(f"host {name}: pooler must be one of {', '.join(POOLER_MODES)} (what the app dsn goes "
+                           f"through; transaction is the safe default)", self.line_of(node, "pooler"))
+                pooler = "transaction"
             shards: list[int] = []
             if "shards" not in node:
                 self.error(f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)", line)
@@ -398,7 +412,7 @@ class _HostsSection:
                     owners[n] = name
             hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
                               standby=standby if isinstance(standby, str) else None, max_jobs=max_jobs,
-                              **_purpose_dsns(self, node, name)))
+                              pooler=pooler, **_purpose_dsns(self, node, name)))
             dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
         for message, line in _same_server(hosts, dsn_lines):
             self.error(message, line)

@@ -21,6 +21,14 @@ def topo(make_fleet):
     return load(path)
 
 
+@pytest.fixture
+def topo_sessions(make_fleet):
+    """The same, its hosts direct and saying so (``pooler: none``): the Router keeps and resets sessions."""
+    path = make_fleet(hosts=2, shards=64, pooler="none")
+    assert run_cli("init", config=path).exit_code == 0
+    return load(path)
+
+
 # ---- 6. routing and connections -------------------------------------------------------
 
 def test_shard_and_host_for_ints_and_strings(topo):
@@ -58,8 +66,8 @@ def test_pools_open_lazily_and_close(topo):
     router.close()
 
 
-def test_connection_sets_search_path_and_returns_clean(topo):
-    with Router(topo, max_size=1) as router:  # one connection per host: every checkout is the same backend
+def test_connection_sets_search_path_and_returns_clean(topo_sessions):
+    with Router(topo_sessions, max_size=1) as router:  # one connection per host: every checkout is the same backend
         with router.connection(5) as conn:
             pid = conn.info.backend_pid
             assert conn.execute("SHOW search_path").fetchone()[0] == "insta5, public"
@@ -85,8 +93,9 @@ def test_connection_sets_search_path_and_returns_clean(topo):
             assert conn.execute("SHOW statement_timeout").fetchone()[0] == default_timeout
 
 
-def test_session_state_of_one_checkout_never_reaches_the_next(topo):
+def test_session_state_of_one_checkout_never_reaches_the_next(topo_sessions):
     """Temp tables come first in search_path: one left behind would capture the next key's writes."""
+    topo = topo_sessions
     with Router(topo, max_size=1) as router:
         with router.connection(5) as conn:
             pid = conn.info.backend_pid

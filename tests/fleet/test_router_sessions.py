@@ -11,11 +11,20 @@ from conftest import connect, load, run_cli
 
 from shardctl import Router
 from shardctl.router import forget_prepared
-from shardctl.errors import HostUnreachable
+from shardctl.errors import HostUnreachable, SessionStateError
 
 
 @pytest.fixture
 def topo(make_fleet):
+    """Direct hosts that say so (``pooler: none``): sessions are kept, so the Router resets them."""
+    path = make_fleet(hosts=2, shards=16, pooler="none")
+    assert run_cli("init", config=path).exit_code == 0
+    return load(path)
+
+
+@pytest.fixture
+def topo_default(make_fleet):
+    """Hosts with the default ``pooler: transaction``: nothing may outlive a transaction."""
     path = make_fleet(hosts=2, shards=16)
     assert run_cli("init", config=path).exit_code == 0
     return load(path)
@@ -64,6 +73,28 @@ def test_execute_leaves_nothing_for_the_next_call(topo, statement, probe, clean_
 
 
 
+@pytest.mark.parametrize("how", ["execute", "run", "connection", "cursor", "executemany"])
+@pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
+def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(topo_default, how, statement, probe,
+                                                                                 clean_value):
+    """The default host (``pooler: transaction``): a statement that would leave session state on a server
+    connection other clients get raises SessionStateError, names the way out, and never reaches the server."""
+    with Router(topo_default, max_size=1) as router:
+        pid = backend(router, 5)
+        with pytest.raises(SessionStateError, match="transaction pooler") as caught:
+            if how == "execute":
+                router.execute(5, statement)
+            elif how == "connection":
+                with router.connection(5) as conn:
+                    conn.execute(statement)
+            else:
+                router.run(5, lambda c: c.cursor().executemany(statement, [()]) if how == "executemany"
+                           else c.cursor().execute(statement) if how == "cursor" else c.execute(statement))
+        assert "pooler" in str(caught.value) and "\n" not in str(caught.value)
+        assert backend(router, 6) == pid  # the connection stays usable and pooled
+        assert router.execute(6, probe)[0][0] == clean_value  # same backend: the statement never ran
+
+
 @pytest.mark.parametrize("how", ["conn.execute", "cursor.execute", "executemany"])
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
 def test_a_transaction_block_leaves_nothing_for_the_next_call(topo, how, statement, probe, clean_value):
@@ -96,7 +127,8 @@ def test_a_held_named_cursor_does_not_reach_the_next_call(topo):
 
         router.run(5, hold)
         assert backend(router, 6) == pid
-        assert router.execute(6, "SELECT count(*) FROM pg_cursors")[0][0] == 0
+        # (the statement's own unnamed portal is listed too)
+        assert router.execute(6, "SELECT count(*) FROM pg_cursors WHERE name <> ''")[0][0] == 0
 
 
 def test_a_connection_block_always_resets_even_a_hidden_setting(topo):
@@ -122,9 +154,16 @@ def test_a_clean_transaction_keeps_the_shards_search_path_and_backend(topo):
                 (f"insta{n}", pid, router.run(n, lambda c: c.execute("SHOW statement_timeout").fetchone()[0]))
 
 
-def test_a_run_takes_three_round_trips_begin_riding_with_the_settings(topo, tmp_path):
-    """run(): BEGIN goes with the search path (one simple-protocol text), then the work, then COMMIT; on the
-    same shard again, BEGIN alone. libpq's trace of the connection counts what the client sent."""
+@pytest.mark.parametrize("pooler", ["none", "transaction"])
+def test_a_run_takes_three_round_trips_and_execute_one_each_transaction_carrying_its_settings(make_fleet, tmp_path,
+                                                                                              pooler):
+    """run(): BEGIN goes with the shard's settings, local to the transaction (one simple-protocol text), then the
+    work, then COMMIT; every transaction again, since a pooler may give it another server connection.
+    execute(): BEGIN, settings, statement and COMMIT pipelined in one round trip. libpq's trace counts what the
+    client sent."""
+    path = make_fleet(hosts=1, shards=8, pooler=pooler)
+    assert run_cli("init", config=path).exit_code == 0
+    topo = load(path)
     seen: list[psycopg.Connection] = []
 
     def insert(c: psycopg.Connection) -> int:
@@ -138,12 +177,18 @@ def test_a_run_takes_three_round_trips_begin_riding_with_the_settings(topo, tmp_
             seen[0].pgconn.trace(out.fileno())
             router.run(5, insert)
             router.run(5, insert)
+            router.execute(5, "INSERT INTO users (username) VALUES ('one trip')")
             seen[0].pgconn.untrace()
     sent = [(line.split("\t") + [""])[3:5] for line in trace.read_text().splitlines() if line.split("\t")[1:2] == ["F"]]
     trips = [text for kind, text in sent if kind.strip() in ("Query", "Sync")]
-    assert len(trips) == 6, sent
-    assert trips[0].startswith(' "BEGIN; SELECT set_config(\'search_path\', \'insta5, public\'')
-    assert [t.strip() for t in trips[2:4]] == ['"COMMIT"', '"BEGIN"'] and trips[5].strip() == '"COMMIT"'
+    assert len(trips) == 7, sent
+    begin = ' "BEGIN; SELECT set_config(\'search_path\', \'insta5, public\', true), set_config(\'statement_timeout\''
+    assert trips[0].startswith(begin) and trips[3].startswith(begin), trips
+    assert trips[2].strip() == '"COMMIT"' and trips[5].strip() == '"COMMIT"'
+    after_runs = [text for kind, text in sent[[k for k, (kind, _) in enumerate(sent) if kind.strip() in ("Query", "Sync")][5] + 1:]
+                  if kind.strip() == "Parse"]
+    assert [text.split('"')[3].split(" ")[0] for text in after_runs] == ["BEGIN", "SELECT", "INSERT", "COMMIT"], sent
+    assert "set_config('search_path', 'insta5, public', true)" in after_runs[1]
 
 
 def test_a_run_is_all_or_nothing_even_with_the_works_own_transaction_blocks(topo):

@@ -1,0 +1,306 @@
+"""The Router's session protocol: what one call sends, so that nothing carries over on the server.
+
+A call (one :meth:`Router.execute`, :meth:`Router.run` or ``connection()`` block) checks a pooled
+connection out, and every transaction it runs starts with the shard's ``search_path`` and the call's
+``statement_timeout`` set *for that transaction only* (``set_config(..., true)``), in the same round
+trip as the ``BEGIN``. A transaction pooler (PgBouncer, RDS Proxy, Supavisor, pgcat) may give each
+transaction another server connection: each one still runs on its own shard, and none leaves a setting
+behind for another client.
+
+The states of a checked-out connection, and what moves it:
+
+``idle``  --first statement-->  ``in transaction`` (BEGIN + settings, one round trip, sent by the
+Router's cursors; a single-statement call pipelines BEGIN, settings, statement and COMMIT in one)
+``in transaction``  --commit()/end of call-->  ``idle`` (the next statement begins again)
+end of call  -->  back to the pool: after the reset of session state, where the server keeps sessions
+(``hosts[].pooler: none|session``) and the call may have left some.
+
+Prepared statements live in a server session: the Router's statements are prepared only where the
+host keeps sessions. Behind a transaction pooler, statements that would leave session state (a
+session ``SET``, ``LISTEN``, session advisory locks, temporary tables that outlive the transaction,
+``WITH HOLD`` cursors, ``PREPARE``) raise :class:`SessionStateError` before they are sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from .errors import SessionStateError
+from .model.identifiers import quote_ident
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What one Router call asks of the server: its shard, its bounds, and its shape.
+
+    ``kind``: ``"statement"`` (one statement: :meth:`Router.execute`/``read``), ``"run"`` (a
+    :meth:`Router.run` work function) or ``"block"`` (a ``connection()`` block, whose statements the
+    Router sees only through its cursors: it always resets where sessions are kept).
+    """
+
+    schema: str
+    timeout: float | None
+    kind: str
+    readonly: bool = False
+    max_lag: float | None = None  # a standby read: the staleness bound, seconds
+
+    @property
+    def tracked(self) -> bool:
+        return self.kind != "block"
+
+
+def ms(seconds: float | None) -> int:
+    """statement_timeout in ms (0: none)."""
+    return 0 if seconds is None else max(1, int(seconds * 1000))
+
+
+_SETTINGS = sql.SQL("SELECT set_config('search_path', {}, true), set_config('statement_timeout', {}, true)")
+
+
+@functools.lru_cache(maxsize=4096)
+def transaction_start(schema: str, timeout_ms: int, readonly: bool) -> tuple[bytes, bytes]:
+    """(BEGIN, the transaction's settings) as texts: values inlined as literals, never prepared."""
+    begin = b"BEGIN READ ONLY" if readonly else b"BEGIN"
+    settings = _SETTINGS.format(sql.Literal(f"{quote_ident(schema)}, public"), sql.Literal(str(timeout_ms)))
+    return begin, settings.as_string(None).encode()
+
+
+class RouterConnection(psycopg.Connection):
+    """A pooled connection of the Router's. Autocommit at rest; during a call, its cursors open each
+    transaction with the call's settings (:meth:`begin_if_idle`)."""
+
+    begin: tuple[bytes, bytes] | None = None  # the current call's BEGIN and settings (None: outside calls)
+    session_dirty = False                     # a statement that may leave session state ran
+    keeps_sessions = True                     # the server session is ours alone (no transaction pooler)
+    one_transaction = False                   # run(): the whole call is one transaction
+
+    def begin_if_idle(self) -> None:
+        """Open the call's transaction (BEGIN and the shard's settings) unless one is open."""
+        if self.begin is None or self.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return
+        begin, settings = self.begin
+        plain = psycopg.Cursor(self)
+        if self._pipeline is not None:  # the extended protocol: two statements, still one round trip
+            plain.execute(begin, prepare=False)
+            plain.execute(settings, prepare=False)
+        else:
+            plain.execute(begin + b"; " + settings, prepare=False)
+
+    def transaction(self, savepoint_name: str | None = None, force_rollback: bool = False) -> Any:
+        """psycopg's transaction block; in a call, inside the call's own transaction (opened first, so
+        that it carries the shard's settings) and ending it as an outer block would."""
+        if self.begin is None or self.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return super().transaction(savepoint_name, force_rollback)
+        if self.one_transaction:  # run(): a savepoint of the run's transaction
+            self.begin_if_idle()
+            return super().transaction(savepoint_name, force_rollback)
+        return _outer_transaction(self, savepoint_name, force_rollback)
+
+    def run_statement(self, query: Any, params: Any) -> Any:
+        """One statement in its own transaction, pipelined: BEGIN, settings, the statement and COMMIT
+        in one round trip. Returns its rows, or the number of rows it changed."""
+        begin, settings = self.begin  # type: ignore[misc]
+        self.begin = None  # the Router's own BEGIN here; its cursor only tracks the statement
+        plain = psycopg.Cursor(self)
+        cur = self.cursor()
+        with self.pipeline():
+            plain.execute(begin, prepare=False)
+            plain.execute(settings, prepare=False)
+            cur.execute(query, params)
+            plain.execute(b"COMMIT", prepare=False)
+        return cur.fetchall() if cur.description is not None else cur.rowcount
+
+
+class _outer_transaction:
+    """``conn.transaction()`` as the outermost block of a call: BEGIN with the settings, then psycopg's
+    block (a savepoint), then COMMIT (or ROLLBACK)."""
+
+    def __init__(self, conn: RouterConnection, savepoint_name: str | None, force_rollback: bool):
+        self.conn, self.force_rollback = conn, force_rollback
+        self.inner = psycopg.Connection.transaction(conn, savepoint_name, force_rollback)
+
+    def __enter__(self) -> Any:
+        self.conn.begin_if_idle()
+        try:
+            return self.inner.__enter__()
+        except BaseException:
+            self.conn.rollback()
+            raise
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
+        try:
+            swallowed = self.inner.__exit__(kind, value, tb)
+        except BaseException:
+            self.conn.rollback()
+            raise
+        if (kind is not None and not swallowed) or self.force_rollback:
+            self.conn.rollback()
+        else:
+            self.conn.commit()
+        return bool(swallowed)
+
+
+class RouterCursor(psycopg.Cursor):
+    """The Router's cursors: each statement opens the call's transaction when none is open, is refused
+    when it would leave session state behind a transaction pooler, and otherwise marks the connection
+    for the reset when it may leave session state (:func:`leaves_no_state`)."""
+
+    __slots__ = ()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        before_statement(self.connection, query)
+        return super().execute(query, params, **kwargs)
+
+    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        before_statement(self.connection, query)
+        return super().executemany(query, params_seq, **kwargs)
+
+    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        before_statement(self.connection, query)
+        return super().stream(query, params, **kwargs)
+
+    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
+        before_statement(self.connection, statement)
+        return super().copy(statement, params, **kwargs)
+
+
+class RouterServerCursor(psycopg.ServerCursor):
+    """A named cursor lives in the transaction; ``WITH HOLD`` outlives it: always reset after one, and
+    refused behind a transaction pooler."""
+
+    __slots__ = ()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = self.connection
+        if self.withhold and not conn.keeps_sessions:
+            raise SessionStateError(_refusal("a WITH HOLD cursor"))
+        conn.begin_if_idle()
+        conn.session_dirty = True
+        return super().execute(query, params, **kwargs)
+
+
+def before_statement(conn: RouterConnection, query: Any) -> None:
+    text = _text(query)
+    if text is None or not _text_leaves_no_state(text):
+        if not conn.keeps_sessions and text is not None:
+            what = session_statement(text)
+            if what:
+                raise SessionStateError(_refusal(what))
+        conn.session_dirty = True
+    conn.begin_if_idle()
+
+
+def _refusal(what: str) -> str:
+    return (f"{what} would outlive the transaction on a server connection that the host's transaction pooler gives "
+            f"to other clients (hosts[].pooler: transaction, the default); keep state in the transaction (SET LOCAL, "
+            f"set_config(..., true), pg_advisory_xact_lock, ON COMMIT DROP), or set the host's pooler to "
+            f"'session' or 'none' when its dsn keeps sessions")
+
+
+def _text(query: Any) -> str | None:
+    if isinstance(query, bytes):
+        return query.decode("utf-8", "replace")
+    if isinstance(query, str):
+        return query
+    return None  # sql.Composed and friends: not worth rendering here; reset to be safe
+
+
+_STARTS_CLEAN = re.compile(r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(insert|update|delete|select|with|values|table|merge)\b",
+                           re.IGNORECASE | re.DOTALL)
+# Words with which a query can leave session state behind (settings, temp tables, advisory locks,
+# LISTEN, cursors, prepared statements, roles). A false alarm only costs the reset round trip.
+_SESSION_WORDS = re.compile(r"set_config|advisory|temp|listen|prepare|declare|role|authorization|setseed|dblink|"
+                            r"\bset\s+(?:session|local)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=2048)
+def _text_leaves_no_state(text: str) -> bool:
+    return bool(_STARTS_CLEAN.match(text)) and not _SESSION_WORDS.search(text)
+
+
+def leaves_no_state(query: Any) -> bool:
+    """True when a statement cannot leave session state: the reset can be skipped."""
+    text = _text(query)
+    return text is not None and _text_leaves_no_state(text)
+
+
+# Statements that certainly leave session state (refused behind a transaction pooler). Each pattern is
+# matched after leading comments and white space; the first group names what it is.
+_LEAD = r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*"
+_CERTAIN = [
+    (re.compile(_LEAD + r"(?:set\s+(?:session\s+)?(?!local\b|transaction\b|constraints\b)\w|reset\b)",
+                re.IGNORECASE | re.DOTALL), "a session SET or RESET"),
+    (re.compile(_LEAD + r"(?:listen|unlisten)\b", re.IGNORECASE | re.DOTALL), "LISTEN"),
+    (re.compile(_LEAD + r"(?:prepare|deallocate)\b(?!\s+transaction)", re.IGNORECASE | re.DOTALL),
+     "a PREPAREd statement"),
+    (re.compile(_LEAD + r"declare\b[^;]*\bwith\s+hold\b", re.IGNORECASE | re.DOTALL), "a WITH HOLD cursor"),
+    (re.compile(_LEAD + r"create\s+(?:(?:global|local)\s+)?temp(?:orary)?\s+(?:table|view|sequence)\b"
+                r"(?![^;]*\bon\s+commit\s+drop\b)", re.IGNORECASE | re.DOTALL), "a temporary table or view"),
+    (re.compile(r"\bpg_(?:try_)?advisory_(?:un)?lock(?:_shared)?\s*\(", re.IGNORECASE), "a session advisory lock"),
+    (re.compile(r"\bset_config\s*\((?:[^()]|\([^()]*\))*,\s*false\s*\)", re.IGNORECASE), "set_config(..., false)"),
+]
+
+
+@functools.lru_cache(maxsize=2048)
+def session_statement(text: str) -> str | None:
+    """What session state ``text`` certainly leaves (for the refusal), or None."""
+    for pattern, what in _CERTAIN:
+        if pattern.search(text):
+            return what
+    return None
+
+
+def quietly(fn: Callable[..., Any], *args: Any) -> bool:
+    try:
+        fn(*args)
+        return True
+    except Exception:  # noqa: BLE001 - the connection is broken: the caller discards it
+        return False
+
+
+# What ``DISCARD ALL`` does, less ``DEALLOCATE ALL`` (psycopg keeps its own prepared statements
+# and, after the first time, would not notice them gone), and allowed in a transaction.
+_RESET_SQL = ("SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_statements WHERE name !~ '^_pg3_';"
+              "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
+              "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
+
+
+def reset(conn: psycopg.Connection, *, commit: bool = False) -> None:
+    """Return a connection whose server keeps sessions clean: nothing of one checkout's session reaches
+    the next user (settings, temporary tables, session advisory locks, LISTENs, cursors, the user's own
+    prepared statements; psycopg's stay). One round trip, with the transaction's COMMIT in front when
+    ``commit`` (a failed COMMIT raises, like ``commit()``)."""
+    status = conn.pgconn.transaction_status
+    plain = psycopg.Cursor(conn)
+    if commit and status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR):
+        plain.execute("COMMIT; " + _RESET_SQL)
+        plain.nextset()
+    else:
+        if status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        plain.execute(_RESET_SQL)
+    names = plain.fetchone()[0]
+    for name in names:
+        plain.execute(f"DEALLOCATE {quote_ident(name)}")
+
+
+def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
+    """Drop the session's prepared statements, on the server and in psycopg's cache.
+
+    psycopg clears its cache when a statement's tag is DEALLOCATE ALL, but only the first time it
+    sees that query text on a connection (psycopg 3.3: a text it has counted before skips the
+    check), so each epoch sends its own text; a repeated text left psycopg executing
+    statements the server had dropped ("prepared statement _pg3_1 does not exist").
+    """
+    psycopg.Cursor(conn).execute(f"DEALLOCATE ALL /* plan epoch {int(epoch)} */")
+
+
+def stale_plan(exc: BaseException) -> bool:
+    return getattr(exc, "sqlstate", None) == "0A000" and "cached plan must not change result type" in str(exc)

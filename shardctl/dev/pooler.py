@@ -25,7 +25,7 @@ from ..errors import BadInput, OperationFailed
 from .sandbox import _free_port, _make_traversable, _port_open, _run, _server_user
 
 STATE_FILE = "pooler.json"
-MODES = ("transaction", "session", "statement")
+MODES = ("transaction", "session")  # a host's ``pooler:`` in the topology names the same modes
 IGNORED_STARTUP_PARAMETERS = "extra_float_digits,options"
 USER = "postgres"
 
@@ -293,7 +293,8 @@ def sandbox_pooler(directory: str | os.PathLike) -> Pooler:
 
 def front_sandbox(directory: str | os.PathLike, mode: str, pool_size: int) -> dict:
     """Start a PgBouncer in front of the sandbox's hosts (one database per host, named after it) and
-    point the topology's ``dsn`` of each host at it, with ``admin_dsn`` the server itself."""
+    point the topology's ``dsn`` of each host at it, with ``admin_dsn`` the server itself and
+    ``pooler`` the pool mode."""
     from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
     from ..model.topology_file import TopologyFile
@@ -314,6 +315,7 @@ def front_sandbox(directory: str | os.PathLike, mode: str, pool_size: int) -> di
         if name in direct:
             node["dsn"] = DoubleQuotedScalarString(pooler.dsn(name))
             node["admin_dsn"] = DoubleQuotedScalarString(direct[name])
+            node["pooler"] = mode  # the Router keeps no session state behind a transaction pooler
     doc.save()
     return info
 

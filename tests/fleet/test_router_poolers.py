@@ -11,6 +11,8 @@ database, so the server connections under a client change all the time) and in s
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from conftest import load, run_cli
@@ -29,9 +31,10 @@ def mode(request) -> str:
 
 @pytest.fixture
 def pooled_fleet(make_fleet, mode, request):
-    """``make_fleet(...)`` seen through ``mode``: direct DSNs, or PgBouncer's with direct admin DSNs."""
+    """``make_fleet(...)`` seen through ``mode``: direct DSNs (``pooler: none``), or PgBouncer's with direct
+    admin DSNs (``pooler: transaction|session``), initialised."""
     def make(**kwargs):
-        path = make_fleet(**kwargs)
+        path = make_fleet(**kwargs, pooler="none" if mode == "direct" else None)
         if mode != "direct":
             request.getfixturevalue("pgbouncer").front(path, mode)
         result = run_cli("init", config=path)
@@ -96,11 +99,9 @@ def test_psql_and_pgbench_during_move(pooled_fleet, mode, servers, tmp_path):
     with PsqlClient(history, path, bin_dir, keys_for(topo, moved, 4)), \
             PgbenchClient(history, path, bin_dir, 5, tmp_path) as bench5, \
             PgbenchClient(history, path, bin_dir, 6, tmp_path) as bench6:
-        import time
-
-        time.sleep(1.0)
+        time.sleep(0.5)
         report = move_shards(load(path), moved, "pg2")
-        time.sleep(1.5)
+        time.sleep(1.0)
     assert report["phase"] == "cut_over" and report["verified"] is True, report
     checked = history.check()
     print(checked)

@@ -22,6 +22,7 @@ from shardctl.cli import cli
 from shardctl.sql.render import builtin_dir
 from shardctl.dev.sandbox import Sandbox
 from shardctl.model.topology import LayoutWarning, Topology
+from support.pooler import pgbouncer  # noqa: F401 - the fixture: PgBouncer in front of the session servers
 
 SESSION_HOSTS = 3
 

@@ -10,6 +10,7 @@ import click
 from ..dev.demo import run_demo
 from ..errors import BadInput, OperationFailed
 from ..dev.docker import open_sandbox
+from ..dev.pooler import MODES as POOL_MODES
 from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from . import cli, json_option
 from .output import emit, info, stdout, table
@@ -43,28 +44,47 @@ def sandbox() -> None:
 @click.option("--password-env", metavar="VAR", help="Protect the servers with the password in $VAR.")
 @click.option("--standby", is_flag=True, help="Also start a streaming replica of every host (pg_basebackup), "
                                               "named in the topology as its standby.")
+@click.option("--pooler", type=click.Choice(POOL_MODES), default=None,
+              help="Also start PgBouncer (pool_mode MODE) in front of the hosts: each host's dsn goes through it, "
+                   "its admin_dsn goes direct.")
+@click.option("--pool-size", type=AsciiInt(1, 1000), default=10, show_default=True,
+              help="--pooler: PgBouncer's default_pool_size (server connections per host).")
 @json_option
 def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: str | None, use_system: bool,
-               engine: str, image: str | None, password_env: str | None, standby: bool, as_json: bool) -> None:
+               engine: str, image: str | None, password_env: str | None, standby: bool, pooler: str | None,
+               pool_size: int, as_json: bool) -> None:
     """Start N local servers (creating them the first time) and write shardctl.yaml for them."""
     if engine == "docker":
-        if standby:
-            raise BadInput("--standby is for the embedded engine, not --engine docker")
+        if standby or pooler:
+            raise BadInput(f"{'--standby' if standby else '--pooler'} is for the embedded engine, not --engine docker")
         result = _docker_up(directory, hosts, shards, function, image, password_env, pg_bin or use_system)
     elif image:
         raise BadInput("--image is for --engine docker")
     else:
         result = Sandbox(directory).up(hosts=hosts, shards=shards, pg_bin=pg_bin, use_system=use_system,
                                        password_env=password_env, function=function, standby=standby)
+        result["pooler"] = _pooler_up(directory, pooler, pool_size)
 
     def human() -> None:
         stdout.print(table(f"sandbox {result['dir']}", ["host", "port", "dsn"],
                            [[h["name"], h["port"], h["dsn"]] for h in result["hosts"] + result["standbys"]]))
         note = "wrote" if result["wrote_topology"] else "kept existing"
+        if result.get("pooler"):
+            p = result["pooler"]
+            stdout.print(f"PgBouncer ({p['mode']} mode, {p['pool_size']} server connections per host) on "
+                         f"127.0.0.1:{p['port']}: the hosts' dsn goes through it, their admin_dsn direct")
         stdout.print(f"Topology: {result['topology']} ({note})")
         stdout.print(f"Next: export SHARDCTL_CONFIG={result['topology']}; shardctl init")
 
     emit(as_json, result, human)
+
+
+def _pooler_up(directory: str, mode: str | None, pool_size: int) -> dict | None:
+    """``--pooler MODE``: start PgBouncer in front of the hosts and point the topology's dsn at it; without
+    it, start the sandbox's PgBouncer again if an earlier ``--pooler`` made one."""
+    from ..dev.pooler import front_sandbox, restart_sandbox_pooler
+
+    return front_sandbox(directory, mode, pool_size) if mode else restart_sandbox_pooler(directory)
 
 
 def _docker_engine_problem() -> str | None:
@@ -110,10 +130,18 @@ def _docker_up(directory: str, hosts: int, shards: int, function: str, image: st
 def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
     """Stop the servers cleanly (data is kept unless --destroy)."""
     box = open_sandbox(directory)
+    if isinstance(box, Sandbox):
+        from ..dev.pooler import stop_sandbox_pooler
+
+        pooler_stopped = stop_sandbox_pooler(box.dir)
+    else:
+        pooler_stopped = False
     if destroy:
         result = box.destroy() or {"dir": str(box.dir), "destroyed": True}
     else:
         result = box.down()
+        if pooler_stopped:
+            result["stopped"] = ["pgbouncer", *result["stopped"]]
     emit(as_json, result, lambda: stdout.print(
         f"Destroyed {result['dir']}" if destroy else f"Stopped: {', '.join(result['stopped']) or 'nothing running'}"))
 

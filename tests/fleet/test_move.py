@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,8 @@ from helpers import start_shardctl
 from shardctl.errors import LockBusy, OperationFailed
 from shardctl.ops.move import MOVE_LOCK_CLASS, MoveOptions, abort_move, cleanup_move, move_shards, move_status
 from shardctl.router import Router
+from support.clients import RouterTraffic
+from support.history import History
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -111,58 +112,35 @@ def snapshot(topo, host: str, shards: list[int]) -> dict:
     return doc
 
 
-class Traffic:
-    """Writers inserting into the moving shards through the router, and a reader reading them."""
+class Traffic(RouterTraffic):
+    """Writers inserting into the moving shards through the router, and a reader reading them: the shared
+    Router clients (support/clients.py), whose history :func:`check_moved` checks too. The reader scans
+    the shard's table (``read="scan"``); tests/fleet/test_router_poolers.py reads by index."""
 
     def __init__(self, router: Router, shards: list[int], modulus: int, writers: int = 2):
-        self.router, self.shards, self.modulus = router, shards, modulus
-        self.stop = threading.Event()
-        self.written: list[tuple[int, int, float, float]] = []  # id, shard, started, finished
-        self.errors: list[str] = []
-        self.reads = 0
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.write, args=(w,), daemon=True) for w in range(writers)]
-        self.threads.append(threading.Thread(target=self.read, daemon=True))
+        self.modulus = modulus
+        keys = [shard + modulus * j for j in range(50) for shard in shards]  # each routes to its shard
+        super().__init__(History(router.topology.path), router, keys, writers, readers=1, read="scan")
 
     def __enter__(self) -> "Traffic":
-        for t in self.threads:
-            t.start()
+        self.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=60)
+        self.stop()
 
-    def write(self, w: int) -> None:
-        i = 0
-        while not self.stop.is_set():
-            shard = self.shards[(i * 7 + w) % len(self.shards)]
-            user_id = shard + self.modulus * (i % 50)  # routes to ``shard``
-            i += 1
-            started = time.time()
-            try:
-                new_id = self.router.run(user_id, lambda c: c.execute(
-                    "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
-                    (user_id, f"writer {w} #{i}")).fetchone()[0])
-            except Exception as exc:  # noqa: BLE001 - every failure is a lost write: collect it
-                self.errors.append(f"write to shard {shard}: {exc!r}")
-                continue
-            with self._lock:
-                self.written.append((new_id, shard, started, time.time()))
-            time.sleep(0.002)
+    @property
+    def written(self) -> list[tuple[int, int, float, float]]:
+        """id, shard, started, finished of every acknowledged write."""
+        return [(w.id, w.key % self.modulus, w.start, w.end) for w in self.history.writes]
 
-    def read(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            shard = self.shards[i % len(self.shards)]
-            i += 1
-            try:
-                self.router.run(shard, lambda c: c.execute("SELECT count(*), max(id) FROM photos").fetchone())
-                self.reads += 1
-            except Exception as exc:  # noqa: BLE001
-                self.errors.append(f"read of shard {shard}: {exc!r}")
-            time.sleep(0.005)
+    @property
+    def errors(self) -> list[str]:
+        return [f"{f.op} of key {f.key} (shard {f.key % self.modulus}): {f.error}" for f in self.history.failures]
+
+    @property
+    def reads(self) -> int:
+        return len(self.history.reads)
 
 
 @contextmanager
@@ -196,6 +174,8 @@ def check_moved(topo_before, path: Path, moved: list[int], source: str, target: 
     topo = load(path)
     assert all(topo.host_of(n).name == target for n in moved)
     assert not traffic.errors, traffic.errors[:5]
+    checked = traffic.history.check(path)  # each write once, in its shard; each read from its shard, not stale
+    assert checked.ok, checked
     on_target = ids_on(topo, target, moved)
     assert len(on_target) == len(set(on_target))
     written = [w[0] for w in traffic.written]

@@ -137,6 +137,14 @@ class Router:
                                               readonly, self._lag_bound(max_lag) if readonly else None)) as conn:
             yield conn
 
+    @contextmanager
+    def lend(self, host: Host | str, *, timeout: float | None = SAME) -> Iterator[RouterConnection]:
+        """A pooled connection to ``host``'s primary, lent to an ORM session (shardctl.sqlalchemy) that sets each
+        transaction's shard (``conn.begin = transaction_start(...)``); reset only if needed, never prepared."""
+        host = self.topology.host(host) if isinstance(host, str) else host
+        with _session(self, self._pool(host), Call("public", self._timeout(timeout), "lend")) as conn:
+            yield conn
+
     def shard_connection(self, shard: int, **kwargs: Any) -> Any:
         """``connection(shard=...)``."""
         return self.connection(shard=shard, **kwargs)

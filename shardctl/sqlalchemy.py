@@ -1,0 +1,444 @@
+"""SQLAlchemy sessions over a :class:`~shardctl.Router`: models routed by shard key and by decoded ID.
+
+Glue in an application::
+
+    from shardctl import Router, Topology
+    from shardctl.sqlalchemy import sessionmaker
+
+    Session = sessionmaker(Router(Topology.load("shardctl.yaml")))
+
+    class Photo(Base):                 # a declarative model; no schema= on its table
+        __tablename__ = "photos"
+        __shard_key__ = "user_id"      # new photos go to the shard of their user_id
+        ...
+
+    with Session() as session:
+        session.add(Photo(user_id=42, caption="hi")); session.commit()     # id from the shard's next_id()
+        session.get(Photo, photo_id)                                        # the shard inside the ID
+        session.scalars(select(Photo).where(Photo.user_id == 42))          # the shard of the key
+        session.scalars(select(Photo).execution_options(all_shards=True))  # every shard, when asked
+
+How it runs:
+
+* **One connection per host per session transaction.** Each host has one SQLAlchemy Engine whose pool
+  checks out nothing of its own: a checkout is a loan of a pooled connection of the Router's
+  (:meth:`Router.lend`), and the check-in ends the loan (the Router's pool, breaker, timeouts and stats
+  apply). The session's transaction holds one per host it touched, all shards of that host included;
+  they go back when it commits, rolls back or closes.
+* **The shard per statement.** Each statement names its shard's schema in its text
+  (``schema_translate_map={None: "insta5"}``), and the host transaction it opens sets that shard's
+  ``search_path`` with ``SET LOCAL`` semantics (``set_config(..., true)``, in the round trip of the
+  ``BEGIN``). Nothing is prepared and nothing outlives the transaction: safe behind a transaction pooler.
+* **Routing.** A model names its shard key (``__shard_key__``: a column routed by the topology's key
+  rule; ``__shard_key_is_id__ = True`` when its values are IDs, routed by the shard inside them). Its
+  primary key is an ID from the shard's ``next_id()``, so ``get``, refreshes, updates and deletes go to
+  the shard inside the ID. A query is routed by ``==`` or ``IN`` on the shard key or the ID in its WHERE
+  clause (``OR`` of routable terms: the union), by ``execution_options(shard=N)``, or to every shard
+  with ``execution_options(all_shards=True)``; anything else raises :class:`UnroutableStatement`.
+* **Moves.** A statement that meets a moved shard makes the Router follow the move (the topology file,
+  else the old host's redirect): the next transaction goes to the new host. :meth:`ShardSessionMaker.run`
+  calls its work again once, in a new session, like :meth:`Router.run`.
+
+A session's transaction over several hosts commits on each host in turn (no two-phase commit).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import psycopg
+import sqlalchemy
+from sqlalchemy import event, inspect
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import ORMExecuteState, Session
+from sqlalchemy.orm import sessionmaker as _sessionmaker
+from sqlalchemy.pool import Pool
+from sqlalchemy.pool.base import _ConnectionRecord
+from sqlalchemy.sql import elements, operators
+
+from .errors import BadInput
+from .router import MOVED_ERRORS, SAME, Router
+from .router_session import ms, transaction_start
+
+T = TypeVar("T")
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+_RECORD = "_shardctl_sqla_records"  # on a Router connection: its SQLAlchemy pool record, per host pool
+
+
+class UnroutableStatement(BadInput):
+    """A statement or object whose shard cannot be told (no shard key, no ID, no shard named)."""
+
+
+# ---- the binds: one Engine per host, lending the Router's connections ----------------------------------
+class _LendingPool(Pool):
+    """SQLAlchemy's pool for one host: a checkout borrows a connection from the Router
+    (:meth:`Router.lend`), the check-in gives it back. Each Router connection keeps one pool record for
+    its life, so the dialect's per-connection setup runs once per server connection, not per loan."""
+
+    def __init__(self, router: Router, host: str, timeout: Any):
+        self._router, self._host, self._timeout = router, host, timeout
+        self._loans: dict[int, Any] = {}
+        self._local = threading.local()
+        super().__init__(self._lent_connection, reset_on_return="rollback")
+
+    def _lent_connection(self) -> Any:
+        return self._local.conn
+
+    def _do_get(self) -> _ConnectionRecord:
+        loan = self._router.lend(self._host, timeout=self._timeout)
+        conn = loan.__enter__()
+        try:
+            records = conn.__dict__.setdefault(_RECORD, {})
+            record = records.get(id(self))
+            if record is None or record.dbapi_connection is not conn:
+                self._local.conn = conn
+                try:
+                    record = records[id(self)] = _ConnectionRecord(self)
+                finally:
+                    self._local.conn = None
+            conn.shardctl_host = self._router.topology.host(self._host)
+        except BaseException as exc:
+            loan.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._loans[id(record)] = loan
+        return record
+
+    def _do_return_conn(self, record: _ConnectionRecord) -> None:
+        loan = self._loans.pop(id(record), None)
+        if loan is None:
+            return
+        conn = record.dbapi_connection
+        if conn is not None and not conn.closed and conn.pgconn.transaction_status != _IDLE:
+            conn.rollback()  # nothing commits behind SQLAlchemy's back
+        broken = conn is None or conn.closed
+        try:
+            if broken:
+                error = psycopg.OperationalError("the connection was closed by SQLAlchemy")
+                loan.__exit__(type(error), error, None)
+            else:
+                loan.__exit__(None, None, None)
+        except Exception:  # noqa: BLE001 - a broken connection: the Router discarded it and counted the error
+            if not broken:
+                raise
+
+    def recreate(self) -> "_LendingPool":
+        return _LendingPool(self._router, self._host, self._timeout)
+
+    def dispose(self) -> None:
+        """Nothing to close: the connections are the Router's."""
+
+    def status(self) -> str:
+        return f"shardctl lending pool for host {self._host}: {len(self._loans)} on loan"
+
+
+class Shards:
+    """Per Router: an Engine per host, and the execution options that put a statement on a shard."""
+
+    def __init__(self, router: Router, *, timeout: float | None = SAME, echo: bool = False):
+        self.router = router
+        self.timeout = router.timeout if timeout is SAME else timeout
+        self.echo = echo
+        self._engines: dict[str, Engine] = {}
+        self._options: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def engine(self, host: str) -> Engine:
+        """The Engine of host ``host`` (created on first use)."""
+        engine = self._engines.get(host)
+        if engine is None:
+            with self._lock:
+                engine = self._engines.get(host)
+                if engine is None:
+                    pool = _LendingPool(self.router, host, self.timeout)
+                    engine = sqlalchemy.create_engine("postgresql+psycopg://", pool=pool, echo=self.echo)
+                    event.listen(engine, "before_cursor_execute", _on_shard)
+                    event.listen(engine, "handle_error", self._moved)
+                    self._engines[host] = engine
+        return engine
+
+    def host_engine(self, shard: int) -> Engine:
+        return self.engine(self.router._locate(shard).name)
+
+    def options(self, shard: int) -> dict[str, Any]:
+        """Execution options running a statement on ``shard``."""
+        opts = self._options.get(shard)
+        if opts is None:
+            schema = self.router.topology.schema_name(shard)
+            opts = self._options[shard] = {
+                "schema_translate_map": {None: schema}, "shardctl_shard": shard,
+                "shardctl_begin": transaction_start(schema, ms(self.timeout), False),
+                "shardctl_switch": psycopg.sql.SQL("SELECT set_config('search_path', {}, true)").format(
+                    psycopg.sql.Literal(f'"{schema}", public')).as_string(None)}
+        return opts
+
+    def all(self) -> range:
+        return range(self.router.topology.shard_count)
+
+    def _moved(self, ctx: Any) -> None:
+        """A statement met a moved shard: follow the move (the next transaction goes to the new host)."""
+        exc = ctx.original_exception
+        context = ctx.execution_context
+        if getattr(exc, "sqlstate", None) not in MOVED_ERRORS or context is None:
+            return
+        shard = context.execution_options.get("shardctl_shard")
+        conn = getattr(ctx.connection, "connection", None)
+        tried = getattr(getattr(conn, "dbapi_connection", None), "shardctl_host", None)
+        if shard is not None and self.router.follow_move(shard, exc, tried):
+            if ctx.sqlalchemy_exception is not None:
+                ctx.sqlalchemy_exception.shardctl_moved = shard
+
+    def close(self) -> None:
+        for engine in self._engines.values():
+            engine.dispose()
+
+
+def _on_shard(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+    """Before each statement: a transaction it opens starts on its shard; a text statement moving to
+    another shard of the host mid-transaction switches ``search_path`` (for that transaction only)."""
+    opts = context.execution_options
+    begin = opts.get("shardctl_begin")
+    if begin is None:
+        raise UnroutableStatement(f"no shard for {statement[:80]!r}: run it with execution_options(shard=N)")
+    raw = cursor.connection
+    shard = opts["shardctl_shard"]
+    if raw.pgconn.transaction_status == _IDLE:
+        raw.begin = begin
+        raw.shardctl_shard = shard
+    elif getattr(raw, "shardctl_shard", None) != shard:
+        compiled = context.compiled
+        if compiled is None or isinstance(compiled.statement, elements.TextClause):
+            psycopg.Cursor(raw).execute(opts["shardctl_switch"])
+            raw.shardctl_shard = shard
+
+
+# ---- routing ----------------------------------------------------------------------------------------
+class _Routes:
+    """Per mapped class: its ID (primary key) column and shard key column, and how each routes."""
+
+    def __init__(self, mapper: Any):
+        cls = mapper.class_
+        self.table = mapper.local_table
+        pk = mapper.primary_key
+        self.id_col = pk[0].name if len(pk) == 1 else None
+        self.id_attr = mapper.get_property_by_column(pk[0]).key if len(pk) == 1 else None
+        self.key_col = getattr(cls, "__shard_key__", None)
+        self.key_is_id = bool(getattr(cls, "__shard_key_is_id__", False))
+        self.key_attr = mapper.get_property_by_column(self.table.c[self.key_col]).key if self.key_col else None
+        self.columns = {self.id_col: True} if self.id_col else {}
+        if self.key_col:
+            self.columns[self.key_col] = self.key_is_id
+
+
+_ROUTES: dict[Any, _Routes] = {}
+
+
+def _routes(mapper: Any) -> _Routes:
+    routes = _ROUTES.get(mapper)
+    if routes is None:
+        routes = _ROUTES[mapper] = _Routes(mapper)
+    return routes
+
+
+def _value_shards(router: Router, value: Any, is_id: bool) -> set[int]:
+    values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
+    if is_id:
+        return {router.shard_of_id(int(v)) for v in values}
+    return {router.shard_for(v) for v in values}
+
+
+def criterion_shards(router: Router, clause: Any, tables: dict[Any, dict[str, bool]],
+                     params: dict[str, Any]) -> set[int] | None:
+    """The shards a WHERE clause can match, from ``==``/``IN`` on a shard key or ID column of ``tables``
+    (AND: the intersection of routable terms; OR: the union, when every term is routable), or None."""
+    if clause is None:
+        return None
+    if isinstance(clause, elements.Grouping):
+        return criterion_shards(router, clause.element, tables, params)
+    if isinstance(clause, elements.BooleanClauseList):
+        parts = [criterion_shards(router, c, tables, params) for c in clause.clauses]
+        if clause.operator is operators.and_:
+            known = [p for p in parts if p is not None]
+            return set.intersection(*known) if known else None
+        return set().union(*parts) if parts and all(p is not None for p in parts) else None
+    if not isinstance(clause, elements.BinaryExpression) or clause.operator not in (operators.eq, operators.in_op):
+        return None
+    left, right = clause.left, clause.right
+    if isinstance(left, elements.BindParameter):
+        left, right = right, left
+    kinds = tables.get(getattr(left, "table", None))
+    if kinds is None or getattr(left, "name", None) not in kinds or not isinstance(right, elements.BindParameter):
+        return None
+    value = params[right.key] if right.key in params else right.effective_value
+    if value is None:
+        return None
+    return _value_shards(router, value, kinds[left.name])
+
+
+class ShardSession(Session):
+    """A Session over a Router (see the module docstring): made by :func:`sessionmaker`."""
+
+    def __init__(self, *args: Any, shards: Shards, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.shards = shards
+        self.router = shards.router
+        self.connection_callable = self._connection_for_object
+        self._flush_shard: int | None = None
+
+    # -- where an object lives
+    def shard_of(self, obj: Any) -> int:
+        """The shard of a mapped object: the shard inside its ID, else of its shard key."""
+        state = inspect(obj)
+        routes = _routes(state.mapper)
+        if state.key is not None and routes.id_col and len(state.key[1]) == 1:
+            return self.router.shard_of_id(int(state.key[1][0]))
+        ident = state.dict.get(routes.id_attr) if routes.id_attr else None
+        if ident is not None:
+            return self.router.shard_of_id(int(ident))
+        key = state.dict.get(routes.key_attr) if routes.key_attr else None
+        if key is not None:
+            return next(iter(_value_shards(self.router, key, routes.key_is_id)))
+        raise UnroutableStatement(
+            f"no shard for a new {type(obj).__name__}: set its shard key "
+            f"({routes.key_col or 'declare __shard_key__ on the model'}) or its ID")
+
+    # -- flush: one shard at a time, on its host's connection
+    def flush(self, objects: Iterable[Any] | None = None) -> None:
+        if self._flush_shard is not None:
+            return super().flush(objects)
+        todo = list(objects) if objects is not None else [*self.new, *self.dirty, *self.deleted]
+        groups: dict[int, list[Any]] = {}
+        for obj in todo:
+            groups.setdefault(self.shard_of(obj), []).append(obj)
+        whole = objects is None and len(groups) <= 1
+        for shard, group in groups.items():
+            self._flush_shard = shard
+            try:
+                super().flush(None if whole else group)
+            finally:
+                self._flush_shard = None
+
+    def _connection_for_object(self, mapper: Any = None, instance: Any = None, **kw: Any) -> Any:
+        shard = self._flush_shard if self._flush_shard is not None else self.shard_of(instance)
+        conn = self.connection(bind_arguments={"mapper": mapper, "shard": shard})
+        return conn.execution_options(**self.shards.options(shard))
+
+    # -- binds
+    def get_bind(self, mapper: Any = None, *, clause: Any = None, bind: Any = None, shard: int | None = None,
+                 **kw: Any) -> Any:
+        if bind is not None:
+            return bind
+        if shard is None:
+            shard = self._flush_shard
+        if shard is None:
+            raise UnroutableStatement("no shard given: route the statement (execution_options(shard=N) or "
+                                      "a criterion on the shard key or ID)")
+        return self.shards.host_engine(shard)
+
+    def get(self, entity: Any, ident: Any, **kwargs: Any) -> Any:
+        """``Session.get`` on the shard inside the ID."""
+        value = ident[0] if isinstance(ident, (tuple, list)) and len(ident) == 1 else ident
+        if isinstance(value, dict):
+            value = next(iter(value.values())) if len(value) == 1 else None
+        if isinstance(value, int) and not kwargs.get("bind_arguments"):
+            kwargs["bind_arguments"] = {"shard": self.router.shard_of_id(value)}
+        return super().get(entity, ident, **kwargs)
+
+    # -- statements
+    def _route(self, orm: ORMExecuteState) -> Any:
+        opts = orm.execution_options
+        shard = orm.bind_arguments.get("shard", opts.get("shard"))
+        shards = {shard} if shard is not None else None
+        if shards is None and opts.get("all_shards"):
+            shards = set(self.shards.all())
+        if shards is None:
+            shards = self._statement_shards(orm)
+        if not shards:
+            return self._empty(orm) if shards is not None else None
+        if len(shards) == 1:
+            (one,) = shards
+            orm.bind_arguments["shard"] = one
+            orm.update_execution_options(**self.shards.options(one))
+            return None
+        results = [orm.invoke_statement(execution_options=self.shards.options(n),
+                                        bind_arguments={**orm.bind_arguments, "shard": n}) for n in sorted(shards)]
+        if orm.is_select:
+            return results[0].merge(*results[1:])
+        return results[-1]
+
+    def _statement_shards(self, orm: ORMExecuteState) -> set[int]:
+        tables: dict[Any, dict[str, bool]] = {}
+        mappers = list(orm.all_mappers)
+        if orm.bind_mapper is not None:
+            mappers.append(orm.bind_mapper)
+        for mapper in mappers:
+            routes = _routes(mapper)
+            tables[routes.table] = routes.columns
+        params = orm.parameters if isinstance(orm.parameters, dict) else {}
+        found = criterion_shards(self.router, getattr(orm.statement, "whereclause", None), tables, params or {})
+        if found is None and orm.is_insert:
+            found = self._insert_shards(orm, tables)
+        if found is None:
+            names = ", ".join(sorted({t.name for t in tables})) or "the statement"
+            raise UnroutableStatement(
+                f"no shard for a statement on {names}: filter with == or IN on the shard key or the ID, "
+                f"or pass execution_options(shard=N), or execution_options(all_shards=True) to ask every shard")
+        return found
+
+    def _insert_shards(self, orm: ORMExecuteState, tables: dict[Any, dict[str, bool]]) -> set[int] | None:
+        rows = orm.parameters if isinstance(orm.parameters, list) else [orm.parameters or {}]
+        found: set[int] = set()
+        for row in rows:
+            for kinds in tables.values():
+                hits = [(name, is_id) for name, is_id in kinds.items() if row.get(name) is not None]
+                if not hits:
+                    return None
+                name, is_id = min(hits, key=lambda h: not h[1])  # the ID first
+                found |= _value_shards(self.router, row[name], is_id)
+        if len(found) > 1:
+            raise UnroutableStatement("an INSERT of rows for several shards: insert each shard's rows apart")
+        return found or None
+
+    def _empty(self, orm: ORMExecuteState) -> Any:
+        raise UnroutableStatement("the statement's criterion matches no shard")
+
+
+@event.listens_for(ShardSession, "do_orm_execute")
+def _route(orm: ORMExecuteState) -> Any:
+    return orm.session._route(orm)  # type: ignore[attr-defined]
+
+
+class ShardSessionMaker(_sessionmaker):
+    """``sessionmaker`` of :class:`ShardSession`; :meth:`run` retries once after a move."""
+
+    shards: Shards
+
+    def run(self, work: Callable[[ShardSession], T]) -> T:
+        """``work(session)`` in a new session, then commit. If a shard it touched had moved, the Router has
+        followed the move: ``work`` runs once more in a new session (its first run was rolled back)."""
+        for attempt in (1, 2):
+            with self() as session:
+                try:
+                    result = work(session)
+                    session.commit()
+                    return result
+                except sqlalchemy.exc.DBAPIError as exc:
+                    session.rollback()
+                    if attempt == 1 and getattr(exc, "shardctl_moved", None) is not None:
+                        continue
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def sessionmaker(router: Router, *, timeout: float | None = SAME, echo: bool = False,
+                 **kwargs: Any) -> ShardSessionMaker:
+    """A session factory over ``router`` (``kwargs``: SQLAlchemy's sessionmaker options, e.g.
+    ``expire_on_commit``). ``timeout``: each session transaction's bound, seconds (default: the Router's)."""
+    shards = Shards(router, timeout=timeout, echo=echo)
+    maker = ShardSessionMaker(class_=ShardSession, shards=shards, **kwargs)
+    maker.shards = shards
+    return maker
+
+
+__all__ = ["ShardSession", "ShardSessionMaker", "Shards", "UnroutableStatement", "criterion_shards", "sessionmaker"]

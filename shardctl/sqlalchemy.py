@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 import psycopg
 import sqlalchemy
 from sqlalchemy import event, inspect
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import ORMExecuteState, Session
 from sqlalchemy.orm import sessionmaker as _sessionmaker
 from sqlalchemy.pool import Pool
@@ -142,6 +142,7 @@ class Shards:
         self.echo = echo
         self._engines: dict[str, Engine] = {}
         self._options: dict[int, dict[str, Any]] = {}
+        self._shard_engines: dict[int, tuple[str, Engine]] = {}
         self._lock = threading.Lock()
 
     def engine(self, host: str) -> Engine:
@@ -160,6 +161,14 @@ class Shards:
 
     def host_engine(self, shard: int) -> Engine:
         return self.engine(self.router._locate(shard).name)
+
+    def shard_engine(self, shard: int) -> Engine:
+        """The host's Engine with the shard's execution options (cached while the shard stays there)."""
+        host = self.router._locate(shard).name
+        cached = self._shard_engines.get(shard)
+        if cached is None or cached[0] != host:
+            cached = self._shard_engines[shard] = (host, self.engine(host).execution_options(**self.options(shard)))
+        return cached[1]
 
     def options(self, shard: int) -> dict[str, Any]:
         """Execution options running a statement on ``shard``."""
@@ -284,7 +293,7 @@ class ShardSession(Session):
         self.shards = shards
         self.router = shards.router
         self.connection_callable = self._connection_for_object
-        self._flush_shard: int | None = None
+        self._shard_conns: dict[int, tuple[Connection, Connection]] = {}
 
     # -- where an object lives
     def shard_of(self, obj: Any) -> int:
@@ -303,34 +312,23 @@ class ShardSession(Session):
             f"no shard for a new {type(obj).__name__}: set its shard key "
             f"({routes.key_col or 'declare __shard_key__ on the model'}) or its ID")
 
-    # -- flush: one shard at a time, on its host's connection
-    def flush(self, objects: Iterable[Any] | None = None) -> None:
-        if self._flush_shard is not None:
-            return super().flush(objects)
-        todo = list(objects) if objects is not None else [*self.new, *self.dirty, *self.deleted]
-        groups: dict[int, list[Any]] = {}
-        for obj in todo:
-            groups.setdefault(self.shard_of(obj), []).append(obj)
-        whole = objects is None and len(groups) <= 1
-        for shard, group in groups.items():
-            self._flush_shard = shard
-            try:
-                super().flush(None if whole else group)
-            finally:
-                self._flush_shard = None
-
+    # -- flush: each object's statements on its shard, over its host's connection
     def _connection_for_object(self, mapper: Any = None, instance: Any = None, **kw: Any) -> Any:
-        shard = self._flush_shard if self._flush_shard is not None else self.shard_of(instance)
-        conn = self.connection(bind_arguments={"mapper": mapper, "shard": shard})
-        return conn.execution_options(**self.shards.options(shard))
+        """The flush's connection for ``instance``: one per shard (the unit of work batches statements
+        by connection), each over the session's one connection to the shard's host."""
+        shard = self.shard_of(instance)
+        host = self.connection(bind_arguments={"mapper": mapper, "shard": shard})
+        cached = self._shard_conns.get(shard)
+        if cached is None or cached[0] is not host:
+            on_shard = Connection(self.shards.shard_engine(shard), connection=host.connection, _allow_autobegin=False)
+            cached = self._shard_conns[shard] = (host, on_shard)
+        return cached[1]
 
     # -- binds
     def get_bind(self, mapper: Any = None, *, clause: Any = None, bind: Any = None, shard: int | None = None,
                  **kw: Any) -> Any:
         if bind is not None:
             return bind
-        if shard is None:
-            shard = self._flush_shard
         if shard is None:
             raise UnroutableStatement("no shard given: route the statement (execution_options(shard=N) or "
                                       "a criterion on the shard key or ID)")

@@ -17,7 +17,12 @@ sqlalchemy = pytest.importorskip("sqlalchemy")
 from sqlalchemy import func, select, text, update  # noqa: E402
 
 from conftest import load, run_cli  # noqa: E402
+from support.clients import keys_for  # noqa: E402
+from support.history import History, now  # noqa: E402
+from test_move import make_fleet  # noqa: E402,F401 - drops the moves' replication objects after each test
+from shardctl.ops.move import move_shards  # noqa: E402
 from shardctl.router import Router  # noqa: E402
+from shardctl.sqlalchemy import UnroutableStatement, criterion_shards, sessionmaker  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "sqlalchemy_app"
 MODES = ["direct", "transaction"]
@@ -98,3 +103,81 @@ def test_example_app_rows_land_in_their_shards(pooled_fleet):
     assert app.user_count(Session) == len(users)
     router.close()
     Session.shards.router.close()
+
+
+def test_a_session_on_all_64_shards_holds_one_connection_per_host(pooled_fleet, mode):
+    """One session transaction writes to and reads from all 64 shards of 2 hosts: the Router lends it one
+    connection per host (Router.stats(), and directly pg_stat_activity), all given back at its end."""
+    models, _ = example()
+    path = pooled_fleet(hosts=2, shards=64)
+    topo = load(path)
+    router = Router(topo, max_size=8)
+    Session = sessionmaker(router)
+    seen = []
+    with Session() as session:
+        photos = [models.Photo(user_id=n, caption=f"shard {n}") for n in range(64)]
+        session.add_all(photos)
+        session.flush()  # 64 INSERTs, one shard after another
+        for p in photos:
+            assert session.scalars(select(models.Photo.caption).where(models.Photo.user_id == p.user_id)).all() \
+                == [p.caption]
+        assert len(session.scalars(select(models.Photo).execution_options(all_shards=True)).all()) == 64
+        for name, stat in router.stats().items():
+            seen.append((name, stat["in_use"], stat["size"]))
+        if mode == "direct":
+            for host in topo.hosts:
+                with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
+                    seen.append((host.name, conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name LIKE 'shardctl%router'").fetchone()[0]))
+        ids = [p.id for p in photos]
+        session.commit()
+    assert [s for s in seen if len(s) == 3] == [("pg1", 1, 1), ("pg2", 1, 1)], seen
+    assert all(n <= 1 for _, n in (s for s in seen if len(s) == 2)), seen
+    assert all(stat["in_use"] == 0 for stat in router.stats().values())
+    found = rows_in(topo, "photos")
+    assert sorted(topo.shard_of_schema(found[i][1]) for i in ids) == list(range(64))
+    router.close()
+
+
+def test_routing_and_refusals(make_fleet):
+    """== and IN on the shard key or the ID, OR of routable terms, updates, deletes, refresh after commit,
+    text() with a named shard; a statement with no routable criterion raises instead of guessing."""
+    models, _ = example()
+    Photo, User = models.Photo, models.User
+    path = make_fleet(hosts=2, shards=16)
+    assert run_cli("init", config=path).exit_code == 0
+    router = Router(load(path))
+    Session = sessionmaker(router)
+    with Session() as session:
+        photos = [Photo(user_id=k, caption=f"k{k}") for k in (1, 2, 17, 30)]
+        session.add_all(photos)
+        session.commit()
+        ids = [p.id for p in photos]  # expired at commit: each refresh routes by the ID
+        assert [router.shard_of_id(i) for i in ids] == [1, 2, 1, 14]
+    with Session() as session:
+        got = session.scalars(select(Photo).where(Photo.id.in_(ids)).order_by(Photo.id)).all()
+        assert sorted(p.id for p in got) == sorted(ids)  # shard after shard: ORDER BY holds within each
+        got = session.scalars(select(Photo).where((Photo.user_id == 2) | (Photo.user_id == 30))).all()
+        assert sorted(p.user_id for p in got) == [2, 30]
+        got = session.scalars(select(Photo).where(Photo.user_id.in_([1, 17]), Photo.caption == "k17")).all()
+        assert [p.user_id for p in got] == [17]
+        session.execute(update(Photo).where(Photo.id == ids[3]).values(caption="edited"))
+        p = session.get(Photo, ids[0])
+        p.caption = "changed"
+        session.delete(session.get(Photo, ids[1]))
+        session.commit()
+        assert session.scalar(text("SELECT count(*) FROM photos").execution_options(shard=1)) == 2
+        for bad in (select(Photo), select(Photo).where(Photo.caption == "x"),
+                    select(Photo).where((Photo.user_id == 1) | (Photo.caption == "x")), text("SELECT 1")):
+            with pytest.raises(UnroutableStatement, match="no shard"):
+                session.execute(bad)
+        session.rollback()
+        with pytest.raises(UnroutableStatement, match="set its shard key"):
+            session.add(User())
+            session.flush()
+    with Session() as session:
+        assert session.get(Photo, ids[0]).caption == "changed" and session.get(Photo, ids[1]) is None
+        assert session.get(Photo, ids[3]).caption == "edited"
+    assert criterion_shards(router, None, {}, {}) is None
+    router.close()

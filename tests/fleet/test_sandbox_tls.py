@@ -148,3 +148,24 @@ def test_a_target_that_cannot_reach_its_source_is_refused_before_any_change(tls_
         assert _everything(topo) == before and path.read_text() == text_before
     finally:
         path.write_text(original)
+
+
+def test_tls_on_a_build_without_openssl_or_an_existing_plain_sandbox_is_refused_in_one_line(server_dir):
+    plain = [b for b in pgbuilds.preferred_builds().values() if not b.ssl
+             and not any(w.ssl for w in pgbuilds.wheel_builds() if w.major == b.major)]
+    if plain:
+        box = server_dir / "nossl"
+        r = run_cli("sandbox", "up", "--dir", box, "--hosts", "1", "--tls", "--pg", plain[0].major)
+        assert r.exit_code == 2, r
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and f"--tls: PostgreSQL {plain[0].major} from {plain[0].source} is built without " \
+            "OpenSSL" in lines[0], r.stderr
+        assert not (box / "sandbox.json").exists() and not (box / "tls").exists()
+    box = server_dir / "plain"
+    try:
+        assert run_cli("sandbox", "up", "--dir", box, "--hosts", "1", "--shards", "1").exit_code == 0
+        r = run_cli("sandbox", "up", "--dir", box, "--hosts", "1", "--tls")
+        assert r.exit_code == 2 and "was made without TLS; make a new one" in r.stderr, r
+        assert not (box / "tls").exists()
+    finally:
+        run_cli("sandbox", "down", "--destroy", "--dir", box)

@@ -85,11 +85,21 @@ def _extensions(bin_dir: str) -> frozenset[str]:
     return frozenset(p.stem for p in (Path(share) / "extension").glob("*.control"))
 
 
+def _postgres_version(bin_dir: str) -> str:
+    try:
+        out = subprocess.run([str(Path(bin_dir) / "postgres"), "-V"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return ""
+    return out.stdout if out.returncode == 0 else ""
+
+
 def build_at(bin_dir: Path, source: str) -> Build | None:
-    """The build in ``bin_dir`` (``pg_ctl``, ``initdb`` and ``pg_config`` there), or None."""
+    """The build in ``bin_dir`` (``pg_ctl`` and ``initdb`` there; its version from ``pg_config``, else
+    ``postgres -V``), or None. Without ``pg_config``, it counts as built without OpenSSL."""
     if not all((bin_dir / name).exists() for name in ("pg_ctl", "initdb")):
         return None
-    match = re.search(r"(\d+)(?:\.(\d+))?", _pg_config(str(bin_dir), "--version"))
+    text = _pg_config(str(bin_dir), "--version") or _postgres_version(str(bin_dir))
+    match = re.search(r"(\d+)(?:\.(\d+))?", text)
     if match is None:
         return None
     return Build(bin_dir=bin_dir.resolve(), source=source, version=".".join(g for g in match.groups() if g))

@@ -127,7 +127,7 @@ def find_build(pg_bin: str | None = None, use_system: bool = False, pg: str | No
     if pg_bin:
         build = pgbuilds.build_at(Path(pg_bin), "--pg-bin")
         if build is None:
-            raise BadInput(f"--pg-bin {pg_bin}: no pg_ctl, initdb and pg_config there")
+            raise BadInput(f"--pg-bin {pg_bin}: no pg_ctl and initdb there")
         return pgbuilds.check(build, pg, tls)
     if use_system:
         found = system_bin_dir()

@@ -121,7 +121,7 @@ def _reach_problems(run: MoveRun) -> list[str]:
 
     With a password in the connection string, the statement that fails would be written to the target's
     server log with the password in it: the probe then runs only for a role that may turn that off
-    (``log_min_error_statement``, a superuser's setting), else it is noted as not run."""
+    (``log_min_error_statement``: a superuser, or a role granted SET on it), else it is noted as not run."""
     conninfo = run.publisher_conninfo()
     parts = pg_conninfo.conninfo_to_dict(conninfo)
     if "connect_timeout" not in parts:
@@ -129,11 +129,13 @@ def _reach_problems(run: MoveRun) -> list[str]:
     with run.connect(run.target, autocommit=False) as conn:
         try:
             if parts.get("password"):
-                if not q.role_facts(conn, [])["superuser"]:
+                try:
+                    conn.execute("SET LOCAL log_min_error_statement = panic")
+                except psycopg.errors.InsufficientPrivilege:
                     run.note(f"preflight: whether {run.target.name} reaches {run.source.name} is known when sync "
-                             f"starts (the connection string has a password, which a failed probe would log)")
+                             f"starts (the connection string has a password, which a failed probe would log; "
+                             f"GRANT SET ON PARAMETER log_min_error_statement to the role lets the probe run)")
                     return []
-                conn.execute("SET LOCAL log_min_error_statement = panic")
             q.probe_subscription(conn, f"shardctl_probe_{secrets.token_hex(4)}", conninfo, PROBE_PUBLICATION)
         except psycopg.Error as exc:
             return [f"host {run.target.name} cannot reach host {run.source.name} as a subscriber: "

@@ -561,6 +561,16 @@ def create_subscription(conn: psycopg.Connection, name: str, conninfo: str, copy
         start_subscription(conn, name, copy_data)
 
 
+def probe_subscription(conn: psycopg.Connection, name: str, conninfo: str, publication: str) -> None:
+    """Make this server open a replication connection with ``conninfo``, as a subscription's would:
+    CREATE SUBSCRIPTION with ``connect = true`` and no slot (``slot_name = NONE``), so nothing is made on
+    the publisher. Run it in a transaction the caller rolls back: nothing outlives it here either.
+    Raises psycopg's error when the server cannot connect (its first line says why)."""
+    conn.execute(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (connect = true, "
+                         "enabled = false, create_slot = false, slot_name = NONE, copy_data = false)").format(
+        sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(publication)))
+
+
 def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True,
                        hold: psycopg.Connection | None = None, tables: list[tuple[str, str]] | None = None) -> None:
     """Enable a subscription made by :func:`create_subscription` and fetch its tables (the initial copy

@@ -163,6 +163,7 @@ def shard_locks(hosts: list[Host], shards: list[int], options: MoveOptions) -> I
             conn = db.connect(host, autocommit=True, connect_timeout=options.connect_timeout,
                               purpose="move-shard lock")
             conns.append(conn)
+            db.require_direct(host, conn, options.connect_timeout)
             deadline = time.monotonic() + max(0.0, options.wait)
             while not q.try_shard_locks(conn, MOVE_LOCK_CLASS, shards):
                 if time.monotonic() >= deadline:

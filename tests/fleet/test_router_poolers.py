@@ -110,6 +110,27 @@ def test_psql_and_pgbench_during_move(pooled_fleet, mode, servers, tmp_path):
     assert checked.counts["writes"] > 10 and bench5.acked > 20 and bench6.acked > 20, checked
 
 
+def test_router_clients_during_growth(pooled_fleet, mode, make_fleet):
+    """6 writers and 2 readers on every shard while the fleet grows: add-host, add-shard on the new host,
+    rebalance --apply (moves toward it) and redeploy of next_id() in the other dialect."""
+    path = pooled_fleet(hosts=2, shards=16)
+    topo = load(path)
+    with history_traffic(path, keys_for(topo, list(range(16)), 2), writers=6, readers=2) as traffic:
+        steps = [("add-host", "pg3", "--dsn", make_fleet.new_database(2)),
+                 ("add-shard", "--host", "pg3", "--count", "4"), ("rebalance", "--apply")]
+        for step in steps:
+            result = run_cli(*step, config=path)
+            assert result.exit_code == 0, (step, result)
+        path.write_text(path.read_text().replace("function: plpgsql", "function: sql"))
+        result = run_cli("redeploy", config=path)
+        assert result.exit_code == 0, result
+    grown = load(path)
+    assert grown.shard_count == 20 and len(grown.host("pg3").shards) > 4, grown.host("pg3").shards
+    report = traffic.history.check()
+    assert report.ok, report
+    assert report.counts["writes"] > 50 and report.counts["reads"] > 20, report
+
+
 # ---- shardctl's own commands refuse a pooler on admin_dsn -------------------------------------------
 
 def _admin_through_pooler(path, pgbouncer) -> None:

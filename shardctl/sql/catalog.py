@@ -26,6 +26,8 @@ MOVED_SQLSTATE = "SCM01"
 GUARD_FUNCTION = "shardctl.moved_shard_guard"
 GUARD_TRIGGER = "shardctl_moved_shard"
 STUB_READ_FUNCTION = "shardctl.moved_shard_read"  # a moved shard's stub views read through it (it raises SCM01)
+# The stub views' WHERE: an immutable function of a constant, so it raises SCM01 when any read is planned.
+STUB_PLAN_FUNCTION = "shardctl.moved_shard_planned"
 STUB_COMMENT = "shardctl: moved-shard stub"     # COMMENT ON SCHEMA of a stub: never a shard
 # A pg_namespace row (alias n) that is not a stub left under a moved shard's old name.
 NOT_STUB = ("NOT EXISTS (SELECT FROM pg_description d WHERE d.objoid = n.oid AND d.classoid = 'pg_namespace'::regclass "
@@ -51,8 +53,10 @@ def ensure_move_objects(conn: psycopg.Connection) -> None:
     initialised before they existed: the control-schema template again, whose statements are idempotent.
     Call under the host lock (concurrent CREATE IF NOT EXISTS can collide)."""
     ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
-                         "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL",
-                         (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)")).fetchone()[0]
+                         "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
+                         "AND to_regprocedure(%s) IS NOT NULL",
+                         (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)", f"{STUB_PLAN_FUNCTION}(text)")
+                         ).fetchone()[0]
     if not ready:
         with conn.transaction():
             conn.execute(render_control())
@@ -143,8 +147,10 @@ def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str
     for renamed, table, columns in rows:
         old, message = old_of[renamed]
         view, text = f"{quote_ident(old)}.{quote_ident(table)}", quote_literal(message)
+        # The WHERE raises when a query reading the view is planned: the planner cannot skip it as it could
+        # skip the scan (a filter on the NULL columns folds to false, and so do WHERE false and LIMIT 0).
         parts.append(f"CREATE VIEW {view} AS SELECT {', '.join(columns or ['NULL AS none'])} "
-                     f"FROM {STUB_READ_FUNCTION}({text});\n"
+                     f"FROM {STUB_READ_FUNCTION}({text}) WHERE {STUB_PLAN_FUNCTION}({text});\n"
                      f"CREATE TRIGGER {GUARD_TRIGGER} INSTEAD OF INSERT OR UPDATE OR DELETE ON {view} FOR EACH ROW "
                      f"EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n"
                      # The row trigger makes the view writable; this one fires first, for writes of no row too.

@@ -178,25 +178,6 @@ def drop_moved_stubs(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
     return doomed
 
 
-def try_shard_locks(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> bool:
-    """Take the session advisory locks (lock_class, shard) of every shard, or none of them."""
-    got = conn.execute("SELECT count(*) FROM unnest(%s::int[]) AS s WHERE pg_try_advisory_lock(%s, s)",
-                       (shards, lock_class)).fetchone()[0]
-    if got == len(shards):
-        return True
-    conn.execute("SELECT pg_advisory_unlock_all()")
-    return False
-
-
-def shard_lock_holder(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> tuple | None:
-    """(pid, application_name, backend_start) of a session holding one of the shards' advisory locks."""
-    return conn.execute(
-        """SELECT a.pid, a.application_name, a.backend_start FROM pg_locks l
-             JOIN pg_stat_activity a USING (pid)
-            WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = ANY(%s::oid[])
-              AND l.granted LIMIT 1""", (lock_class, shards)).fetchone()
-
-
 def ledger_rows(conn: psycopg.Connection, shards: list[int]) -> list[tuple]:
     """(shard_id, version, description, checksum, duration_ms, applied_at, applied_by) of these shards."""
     return conn.execute(

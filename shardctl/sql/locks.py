@@ -19,22 +19,21 @@ RELEASE_ALL = "SELECT pg_advisory_unlock_all()"
 
 @dataclass(frozen=True)
 class LockHolder:
-    """A backend holding one of the locks asked about. ``backend_start`` is None when the backend has
-    left pg_stat_activity already: it is exiting, and its locks go with it in a moment."""
+    """A backend holding one of the locks asked about. ``exiting``: it has left pg_stat_activity already,
+    and its locks go with it in a moment. ``client_addr`` and ``backend_start`` are None for another
+    role's session unless the asking role may read all statistics (pg_read_all_stats)."""
     pid: int
     application_name: str | None
     client_addr: str | None
     backend_start: datetime | None
-
-    @property
-    def exiting(self) -> bool:
-        return self.backend_start is None
+    exiting: bool
 
     def describe(self) -> str:
         if self.exiting:
             return f"pid {self.pid}, exiting"
+        since = f", connected {self.backend_start:%Y-%m-%d %H:%M:%S}" if self.backend_start else ""
         return (f"pid {self.pid}, {self.application_name or 'unnamed client'}, from "
-                f"{self.client_addr or 'local socket'}, connected {self.backend_start:%Y-%m-%d %H:%M:%S}")
+                f"{self.client_addr or 'local socket'}{since}")
 
 
 def try_advisory_locks(conn: psycopg.Connection, lock_class: int, keys: list[int]) -> bool:
@@ -51,11 +50,11 @@ def try_advisory_locks(conn: psycopg.Connection, lock_class: int, keys: list[int
 def advisory_lock_holder(conn: psycopg.Connection, lock_class: int, keys: list[int]) -> LockHolder | None:
     """Another session holding one of the locks (lock_class, key), or None when none does (any more)."""
     row = conn.execute(
-        """SELECT l.pid, a.application_name, a.client_addr::text, a.backend_start
+        """SELECT l.pid, a.application_name, a.client_addr::text, a.backend_start, a.pid IS NULL
              FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
             WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
                   SELECT oid FROM pg_database WHERE datname = current_database())
               AND l.classid = %s AND l.objid = ANY(%s::oid[]) AND l.objsubid = 2
               AND l.pid <> pg_backend_pid()
-            ORDER BY a.backend_start NULLS LAST LIMIT 1""", (lock_class, keys)).fetchone()
+            ORDER BY a.pid IS NULL, a.backend_start LIMIT 1""", (lock_class, keys)).fetchone()
     return LockHolder(*row) if row else None

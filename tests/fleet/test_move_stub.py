@@ -133,6 +133,7 @@ STUB_READS = [
     "SELECT * FROM insta4.photos LIMIT 0",
     "SELECT * FROM insta4.photos WHERE user_id = 7 FOR UPDATE",
     "TABLE insta4.users",
+    "EXPLAIN SELECT id FROM insta4.photos WHERE user_id = 7",     # planning itself raises
     "BEGIN; DECLARE c CURSOR FOR SELECT id FROM insta4.photos WHERE user_id = 7; FETCH c; COMMIT",
     "PREPARE p(bigint) AS SELECT id FROM insta4.photos WHERE user_id = $1; EXECUTE p(7)",
     "COPY (SELECT id FROM insta4.photos WHERE user_id = 7) TO STDOUT",

@@ -699,23 +699,6 @@ def ledger_versions(conn: psycopg.Connection, shards: list[int]) -> dict[int, li
         (shards,)).fetchall()}
 
 
-def lock_holders(conn: psycopg.Connection, schema: str) -> list[str]:
-    """Other backends holding locks on the relations of ``schema`` (who blocks a migration there):
-    pid, application name, state and query start, one line each."""
-    rows = conn.execute(
-        """SELECT a.pid, coalesce(nullif(a.application_name, ''), 'unnamed client'), a.state,
-                  to_char(coalesce(a.query_start, a.xact_start), 'YYYY-MM-DD HH24:MI:SS.MS'),
-                  extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.query_start))::float8
-             FROM pg_stat_activity a
-            WHERE a.pid <> pg_backend_pid() AND a.pid IN (
-                  SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-                    JOIN pg_namespace n ON n.oid = c.relnamespace
-                   WHERE l.granted AND n.nspname = %s)
-            ORDER BY a.xact_start NULLS LAST LIMIT 3""", (schema,)).fetchall()
-    return [f"pid {p}, {app}, {state}, query started {start} (transaction open {age:.1f}s)"
-            for p, app, state, start, age in rows]
-
-
 def open_moves(conn: psycopg.Connection) -> list[tuple[str, str, str, str]]:
     """Unfinished moves recorded on the host: (shards, source, target, phase)."""
     if not moves_table_exists(conn):

@@ -1,4 +1,5 @@
-"""Session advisory locks of shardctl runs: take them, release them, and say who holds them.
+"""Who holds a lock: shardctl runs' session advisory locks (take them, release them, name their holder),
+and the sessions holding locks on a shard's tables (who blocks a migration there).
 
 Two kinds, both ``pg_try_advisory_lock(class, key)`` (two int4 keys, so ``pg_locks.objsubid = 2``):
 the per-host lock ``('SC', 1)`` of init, migrate, add-shard and moves (``shardctl.engine.connections``),
@@ -58,3 +59,20 @@ def advisory_lock_holder(conn: psycopg.Connection, lock_class: int, keys: list[i
               AND l.pid <> pg_backend_pid()
             ORDER BY a.pid IS NULL, a.backend_start LIMIT 1""", (lock_class, keys)).fetchone()
     return LockHolder(*row) if row else None
+
+
+def lock_holders(conn: psycopg.Connection, schema: str) -> list[str]:
+    """Other backends holding locks on the relations of ``schema`` (who blocks a migration there):
+    pid, application name, state and query start, one line each."""
+    rows = conn.execute(
+        """SELECT a.pid, coalesce(nullif(a.application_name, ''), 'unnamed client'), a.state,
+                  to_char(coalesce(a.query_start, a.xact_start), 'YYYY-MM-DD HH24:MI:SS.MS'),
+                  extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.query_start))::float8
+             FROM pg_stat_activity a
+            WHERE a.pid <> pg_backend_pid() AND a.pid IN (
+                  SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                    JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE l.granted AND n.nspname = %s)
+            ORDER BY a.xact_start NULLS LAST LIMIT 3""", (schema,)).fetchall()
+    return [f"pid {p}, {app}, {state}, query started {start} (transaction open {age:.1f}s)"
+            for p, app, state, start, age in rows]

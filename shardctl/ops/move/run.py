@@ -164,19 +164,14 @@ def shard_locks(hosts: list[Host], shards: list[int], options: MoveOptions) -> I
                               purpose="move-shard lock")
             conns.append(conn)
             db.require_direct(host, conn, options.connect_timeout)
-            deadline = time.monotonic() + max(0.0, options.wait)
-            while not q.try_shard_locks(conn, MOVE_LOCK_CLASS, shards):
-                if time.monotonic() >= deadline:
-                    holder = q.shard_lock_holder(conn, MOVE_LOCK_CLASS, shards)
-                    who = (f"pid {holder[0]}, {holder[1] or 'unnamed client'}, connected "
-                           f"{holder[2]:%Y-%m-%d %H:%M:%S}") if holder else "holder unknown"
-                    raise LockBusy(f"host {host.name}: another shardctl run is moving some of shards "
-                                   f"{format_shards(shards)} ({who}); waited {options.wait:g}s (use --wait)")
-                time.sleep(0.2)
+            who = db.take_locks(conn, MOVE_LOCK_CLASS, shards, time.monotonic() + max(0.0, options.wait))
+            if who is not None:
+                raise LockBusy(f"host {host.name}: another shardctl run is moving some of shards "
+                               f"{format_shards(shards)} ({who}); waited {options.wait:g}s (use --wait)")
         yield
     finally:
         for conn in conns:
-            conn.close()
+            db.close_releasing(conn)  # the next run may start at once
 
 
 # ---- the run ---------------------------------------------------------------------------------

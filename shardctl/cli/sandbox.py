@@ -10,6 +10,7 @@ import click
 from ..dev.demo import run_demo
 from ..errors import BadInput, OperationFailed
 from ..dev.docker import open_sandbox
+from ..dev.pgbuilds import MAJORS
 from ..dev.pooler import MODES as POOL_MODES
 from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from . import cli, json_option
@@ -49,25 +50,34 @@ def sandbox() -> None:
                    "its admin_dsn goes direct.")
 @click.option("--pool-size", type=AsciiInt(1, 1000), default=10, show_default=True,
               help="--pooler: PgBouncer's default_pool_size (server connections per host).")
+@click.option("--pg", type=click.Choice(list(MAJORS)), default=None,
+              help="PostgreSQL major version from the wheels (default: the newest shipped; with --tls, the newest "
+                   "built with OpenSSL).")
+@click.option("--tls", is_flag=True, help="TLS-only servers: a CA of the sandbox's own, hostssl lines only, and "
+                                          "DSNs with sslmode=verify-full.")
 @json_option
 def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: str | None, use_system: bool,
                engine: str, image: str | None, password_env: str | None, standby: bool, pooler: str | None,
-               pool_size: int, as_json: bool) -> None:
+               pool_size: int, pg: str | None, tls: bool, as_json: bool) -> None:
     """Start N local servers (creating them the first time) and write shardctl.yaml for them."""
     if engine == "docker":
-        if standby or pooler:
-            raise BadInput(f"{'--standby' if standby else '--pooler'} is for the embedded engine, not --engine docker")
+        if standby or pooler or pg or tls:
+            raise BadInput("--standby, --pooler, --pg and --tls are for the embedded engine, not --engine docker")
         result = _docker_up(directory, hosts, shards, function, image, password_env, pg_bin or use_system)
     elif image:
         raise BadInput("--image is for --engine docker")
     else:
         result = Sandbox(directory).up(hosts=hosts, shards=shards, pg_bin=pg_bin, use_system=use_system,
-                                       password_env=password_env, function=function, standby=standby)
+                                       password_env=password_env, function=function, standby=standby, pg=pg,
+                                       tls=tls)
         result["pooler"] = _pooler_up(directory, pooler, pool_size)
 
     def human() -> None:
         stdout.print(table(f"sandbox {result['dir']}", ["host", "port", "dsn"],
                            [[h["name"], h["port"], h["dsn"]] for h in result["hosts"] + result["standbys"]]))
+        what = f"PostgreSQL {result['version']}" + (", TLS only (CA: " + result["ca_file"] + ")"
+                                                     if result.get("tls") else "")
+        stdout.print(f"Servers: {what}")
         note = "wrote" if result["wrote_topology"] else "kept existing"
         if result.get("pooler"):
             p = result["pooler"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import time
 from contextlib import contextmanager
 from collections.abc import Iterator
@@ -11,12 +12,17 @@ import psycopg
 from ..model.dsn import mask
 from ..errors import BadInput, HostUnreachable, LockBusy
 from ..model.topology import Host
+from ..sql import locks
 
 DEFAULT_CONNECT_TIMEOUT = 10
 APPLICATION_NAME = "shardctl"
 # pg_advisory_lock(classid, objid): 'SC' and 1 = "changing shards on this host" (init, migrate, add-shard, moves).
 LOCK_CLASS = 0x5343
 LOCK_FLEET = 1
+# Past a lock's deadline, how much longer to wait for a holder that turns out to be gone or exiting
+# (a closed connection's backend holds its locks until it has exited).
+EXIT_GRACE = 2.0
+RELEASE_TIMEOUT = 2.0  # seconds to wait for the server to confirm a release before closing anyway
 
 
 def connect(host: Host, *, autocommit: bool = False, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
@@ -106,17 +112,68 @@ def _acquire(host: Host, deadline: float, wait: float, connect_timeout: int, pur
     conn = connect(host, autocommit=True, connect_timeout=connect_timeout, purpose=f"{purpose} lock")
     try:
         require_direct(host, conn, connect_timeout)
-        while True:
-            got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, LOCK_FLEET)).fetchone()[0]
-            if got:
-                return conn
-            if time.monotonic() >= deadline:
-                raise LockBusy(f"host {host.name}: another shardctl run holds the lock ({lock_holder(conn)}); "
-                               f"waited {wait:g}s (use --wait to wait longer)")
-            time.sleep(0.2)
+        holder = take_locks(conn, LOCK_CLASS, [LOCK_FLEET], deadline)
+        if holder is not None:
+            raise LockBusy(f"host {host.name}: another shardctl run holds the lock ({holder}); "
+                           f"waited {wait:g}s (use --wait to wait longer)")
+        return conn
     except BaseException:
         conn.close()
         raise
+
+
+def take_locks(conn: psycopg.Connection, lock_class: int, keys: list[int], deadline: float) -> str | None:
+    """Take the session advisory locks (lock_class, key) of all ``keys`` on ``conn`` (a connection for
+    these locks only), trying until ``deadline``. None once taken, else who holds them. Past the
+    deadline a holder that is gone (the lock came free between the try and the look) or exiting is
+    waited for up to EXIT_GRACE more: the previous run's backend may still be on its way out."""
+    while True:
+        if locks.try_advisory_locks(conn, lock_class, keys):
+            return None
+        now = time.monotonic()
+        if now >= deadline:
+            holder = locks.advisory_lock_holder(conn, lock_class, keys)
+            if (holder is None or holder.exiting) and now < deadline + EXIT_GRACE:
+                time.sleep(0.02)
+                continue
+            return holder.describe() if holder else "holder unknown"
+        time.sleep(min(0.2, deadline - now))
+
+
+def close_releasing(conn: psycopg.Connection, timeout: float = RELEASE_TIMEOUT) -> None:
+    """Release the session's advisory locks, then close ``conn``. Closing alone returns before the server
+    has ended the session: its backend keeps the locks until it exits, and the next command (``shardctl
+    init && shardctl migrate``) could find them held. A server that does not answer within ``timeout``
+    (a dead network) is not waited for: closing is all that is left to do then."""
+    status = psycopg.pq.TransactionStatus
+    try:
+        # A connection still busy with a statement (interrupted) cannot take another one: just close it.
+        if not conn.closed and not conn.broken and conn.info.transaction_status in (
+                status.IDLE, status.INTRANS, status.INERROR):
+            if conn.info.transaction_status != status.IDLE:
+                conn.rollback()
+            _send_and_wait(conn.pgconn, locks.RELEASE_ALL, timeout)
+    except (psycopg.Error, OSError):
+        pass  # the session is gone or going: its backend releases the locks as it exits
+    finally:
+        conn.close()
+
+
+def _send_and_wait(pgconn: psycopg.pq.abc.PGconn, query: str, timeout: float) -> None:
+    """Send ``query`` and wait up to ``timeout`` seconds for its results (libpq calls, so the wait is bounded)."""
+    deadline = time.monotonic() + timeout
+    pgconn.send_query(query.encode())
+    while pgconn.flush():  # the query's bytes not all sent yet
+        if not select.select([], [pgconn.socket], [], max(0.0, deadline - time.monotonic()))[1]:
+            return
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            break
+        if not select.select([pgconn.socket], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return
+    while pgconn.get_result() is not None:
+        pass
 
 
 @contextmanager
@@ -131,7 +188,7 @@ def host_lock(host: Host, *, wait: float = 0, connect_timeout: int = DEFAULT_CON
     try:
         yield conn
     finally:
-        conn.close()
+        close_releasing(conn)
 
 
 class FleetLocks:
@@ -169,7 +226,7 @@ class FleetLocks:
     def release(self) -> None:
         for item in self._held.values():
             if isinstance(item, psycopg.Connection):
-                item.close()
+                close_releasing(item)
         self._held.clear()
 
     def refuse_untranslatable(self, texts: list[tuple[str, str]]) -> None:
@@ -199,17 +256,3 @@ class FleetLocks:
         if isinstance(item, HostUnreachable):
             raise item
         yield item
-
-
-def lock_holder(conn: psycopg.Connection) -> str:
-    row = conn.execute(
-        """SELECT a.pid, a.application_name, a.client_addr::text, a.backend_start
-             FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-            WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s AND l.granted
-            LIMIT 1""",
-        (LOCK_CLASS, LOCK_FLEET),
-    ).fetchone()
-    if not row:
-        return "holder unknown"
-    pid, app, addr, since = row
-    return f"pid {pid}, {app or 'unnamed client'}, from {addr or 'local socket'}, connected {since:%Y-%m-%d %H:%M:%S}"

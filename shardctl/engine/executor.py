@@ -28,7 +28,7 @@ import psycopg
 
 from . import connections as db
 from ..model.identifiers import quote_ident, quote_literal
-from ..sql.catalog import lock_holders
+from ..sql.locks import lock_holders
 from ..model.topology import Host
 from ..sql.migrations import Step
 

@@ -36,6 +36,11 @@ max_protocol_version ssl_min_protocol_version ssl_max_protocol_version gssencmod
 gssdelegation replication target_session_attrs load_balance_hosts scram_client_key scram_server_key
 oauth_issuer oauth_client_id oauth_client_secret oauth_scope sslkeylogfile
 """.split())
+# Keywords whose values are the client's own files: meaningless, or wrong, on another machine or for
+# another OS user (a subscription's libpq runs inside the target server). "sslrootcert=system" names
+# no file and is kept.
+CLIENT_FILE_KEYWORDS = ("sslrootcert", "sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir", "passfile",
+                        "sslkeylogfile")
 _URI_PREFIXES = ("postgresql://", "postgres://")
 _SPACE = " \t\n\v\f\r"  # C isspace()
 

@@ -27,6 +27,8 @@ MOVED_SQLSTATE = "SCM01"
 GUARD_FUNCTION = "shardctl.moved_shard_guard"
 GUARD_TRIGGER = "shardctl_moved_shard"
 STUB_READ_FUNCTION = "shardctl.moved_shard_read"  # a moved shard's stub views read through it (it raises SCM01)
+# The stub views' WHERE: an immutable function of a constant, so it raises SCM01 when any read is planned.
+STUB_PLAN_FUNCTION = "shardctl.moved_shard_planned"
 STUB_COMMENT = "shardctl: moved-shard stub"     # COMMENT ON SCHEMA of a stub: never a shard
 # A pg_namespace row (alias n) that is not a stub left under a moved shard's old name.
 NOT_STUB = ("NOT EXISTS (SELECT FROM pg_description d WHERE d.objoid = n.oid AND d.classoid = 'pg_namespace'::regclass "
@@ -52,8 +54,10 @@ def ensure_move_objects(conn: psycopg.Connection) -> None:
     initialised before they existed: the control-schema template again, whose statements are idempotent.
     Call under the host lock (concurrent CREATE IF NOT EXISTS can collide)."""
     ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
-                         "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL",
-                         (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)")).fetchone()[0]
+                         "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
+                         "AND to_regprocedure(%s) IS NOT NULL",
+                         (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)", f"{STUB_PLAN_FUNCTION}(text)")
+                         ).fetchone()[0]
     if not ready:
         with conn.transaction():
             conn.execute(render_control())
@@ -144,8 +148,10 @@ def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str
     for renamed, table, columns in rows:
         old, message = old_of[renamed]
         view, text = f"{quote_ident(old)}.{quote_ident(table)}", quote_literal(message)
+        # The WHERE raises when a query reading the view is planned: the planner cannot skip it as it could
+        # skip the scan (a filter on the NULL columns folds to false, and so do WHERE false and LIMIT 0).
         parts.append(f"CREATE VIEW {view} AS SELECT {', '.join(columns or ['NULL AS none'])} "
-                     f"FROM {STUB_READ_FUNCTION}({text});\n"
+                     f"FROM {STUB_READ_FUNCTION}({text}) WHERE {STUB_PLAN_FUNCTION}({text});\n"
                      f"CREATE TRIGGER {GUARD_TRIGGER} INSTEAD OF INSERT OR UPDATE OR DELETE ON {view} FOR EACH ROW "
                      f"EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n"
                      # The row trigger makes the view writable; this one fires first, for writes of no row too.
@@ -171,25 +177,6 @@ def drop_moved_stubs(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
     if doomed:
         conn.execute("".join(f"DROP SCHEMA {quote_ident(s)} CASCADE;\n" for s in doomed))
     return doomed
-
-
-def try_shard_locks(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> bool:
-    """Take the session advisory locks (lock_class, shard) of every shard, or none of them."""
-    got = conn.execute("SELECT count(*) FROM unnest(%s::int[]) AS s WHERE pg_try_advisory_lock(%s, s)",
-                       (shards, lock_class)).fetchone()[0]
-    if got == len(shards):
-        return True
-    conn.execute("SELECT pg_advisory_unlock_all()")
-    return False
-
-
-def shard_lock_holder(conn: psycopg.Connection, lock_class: int, shards: list[int]) -> tuple | None:
-    """(pid, application_name, backend_start) of a session holding one of the shards' advisory locks."""
-    return conn.execute(
-        """SELECT a.pid, a.application_name, a.backend_start FROM pg_locks l
-             JOIN pg_stat_activity a USING (pid)
-            WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = ANY(%s::oid[])
-              AND l.granted LIMIT 1""", (lock_class, shards)).fetchone()
 
 
 def ledger_rows(conn: psycopg.Connection, shards: list[int]) -> list[tuple]:
@@ -561,6 +548,16 @@ def create_subscription(conn: psycopg.Connection, name: str, conninfo: str, copy
         start_subscription(conn, name, copy_data)
 
 
+def probe_subscription(conn: psycopg.Connection, name: str, conninfo: str, publication: str) -> None:
+    """Make this server open a replication connection with ``conninfo``, as a subscription's would:
+    CREATE SUBSCRIPTION with ``connect = true`` and no slot (``slot_name = NONE``), so nothing is made on
+    the publisher. Run it in a transaction the caller rolls back: nothing outlives it here either.
+    Raises psycopg's error when the server cannot connect (its first line says why)."""
+    conn.execute(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (connect = true, "
+                         "enabled = false, create_slot = false, slot_name = NONE, copy_data = false)").format(
+        sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(publication)))
+
+
 def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True,
                        hold: psycopg.Connection | None = None, tables: list[tuple[str, str]] | None = None) -> None:
     """Enable a subscription made by :func:`create_subscription` and fetch its tables (the initial copy
@@ -735,23 +732,6 @@ def ledger_versions(conn: psycopg.Connection, shards: list[int]) -> dict[int, li
     return {s: list(v) for s, v in conn.execute(
         "SELECT shard_id, array_agg(version) FROM shardctl.migrations WHERE shard_id = ANY(%s) GROUP BY 1",
         (shards,)).fetchall()}
-
-
-def lock_holders(conn: psycopg.Connection, schema: str) -> list[str]:
-    """Other backends holding locks on the relations of ``schema`` (who blocks a migration there):
-    pid, application name, state and query start, one line each."""
-    rows = conn.execute(
-        """SELECT a.pid, coalesce(nullif(a.application_name, ''), 'unnamed client'), a.state,
-                  to_char(coalesce(a.query_start, a.xact_start), 'YYYY-MM-DD HH24:MI:SS.MS'),
-                  extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.query_start))::float8
-             FROM pg_stat_activity a
-            WHERE a.pid <> pg_backend_pid() AND a.pid IN (
-                  SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-                    JOIN pg_namespace n ON n.oid = c.relnamespace
-                   WHERE l.granted AND n.nspname = %s)
-            ORDER BY a.xact_start NULLS LAST LIMIT 3""", (schema,)).fetchall()
-    return [f"pid {p}, {app}, {state}, query started {start} (transaction open {age:.1f}s)"
-            for p, app, state, start, age in rows]
 
 
 def open_moves(conn: psycopg.Connection) -> list[tuple[str, str, str, str]]:

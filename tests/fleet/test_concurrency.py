@@ -89,3 +89,65 @@ def test_migrate_during_add_shard(make_fleet):
         assert versions[0] == 3 and versions[1] == versions[2]
     assert topo.shard_count == 1088
     assert run_cli("verify", config=path).exit_code == 0
+
+
+# ---- one run after another (issue 24, item 4) ------------------------------------------------------
+
+OTHERS_ADVISORY_LOCKS = ("SELECT coalesce(string_agg(format('%s/%s by pid %s', l.classid, l.objid, l.pid), ', '), '') "
+                         "FROM pg_locks l WHERE l.locktype = 'advisory' AND l.pid <> pg_backend_pid()")
+
+
+def test_a_finished_run_holds_no_lock(make_fleet):
+    """When a command returns, its locks are released on every host: the next command's very first
+    statement finds them free (it used to meet the previous run's backend still exiting, holding the
+    lock, and fail with "another shardctl run holds the lock")."""
+    path = make_fleet(hosts=2, shards=16)
+    topo = load(path)
+    # Opened before each command ends, so the check runs at once after it returns, as a next command's
+    # first statement could (faster than that command connecting).
+    watchers = {h.name: psycopg.connect(h.dsn, autocommit=True) for h in topo.hosts}
+    try:
+        steps = [("init",), ("migrate",), ("add-shard", "--count", "2", "--host", "pg2"), ("migrate",),
+                 ("move-shard", "3", "--to", "pg2"), ("move-shard", "--cleanup")]
+        steps += [("init",), ("migrate",)] * 6  # the race was narrow: look often
+        for step in steps:
+            result = run_cli(*step, config=path)
+            assert result.exit_code == 0, (step, result)
+            held = {name: conn.execute(OTHERS_ADVISORY_LOCKS).fetchone()[0] for name, conn in watchers.items()}
+            assert not any(held.values()), f"{step}: locks held after the run returned: {held}"
+    finally:
+        for conn in watchers.values():
+            conn.close()
+
+
+def test_init_then_migrate_never_meets_the_previous_lock(make_fleet):
+    """``shardctl init && shardctl migrate`` (the CI flake), a few times over: never LockBusy."""
+    path = make_fleet(hosts=2, shards=8)
+    for n in range(3, 7):
+        assert run_cli("init", config=path).exit_code == 0
+        (path.parent / "migrations" / f"V000{n}__c{n}.sql").write_text(
+            f"ALTER TABLE {{{{ schema|ident }}}}.photos ADD COLUMN c{n} int;\n")
+        result = run_cli("migrate", config=path)
+        assert result.exit_code == 0, result
+
+
+def test_lock_connections_release_their_locks_before_closing(make_fleet):
+    """host_lock and FleetLocks release every advisory lock of their session (also one the work left in a
+    transaction) in a round trip before they close it, so nothing outlives the block."""
+    from shardctl.engine.connections import FleetLocks, host_lock
+
+    topo = load(make_fleet(hosts=2, shards=4))
+    watcher = psycopg.connect(topo.host("pg1").dsn, autocommit=True)
+    try:
+        for _ in range(5):
+            with host_lock(topo.host("pg1"), purpose="test") as conn:
+                conn.execute("SELECT pg_advisory_lock(4242)")
+                conn.autocommit = False
+                conn.execute("SELECT 1")  # the work left a transaction open
+                assert "by pid" in watcher.execute(OTHERS_ADVISORY_LOCKS).fetchone()[0]
+            assert watcher.execute(OTHERS_ADVISORY_LOCKS).fetchone()[0] == ""
+            with FleetLocks(topo.hosts, purpose="test"):
+                assert watcher.execute(OTHERS_ADVISORY_LOCKS).fetchone()[0].count("21315/1") == 1
+            assert watcher.execute(OTHERS_ADVISORY_LOCKS).fetchone()[0] == ""
+    finally:
+        watcher.close()

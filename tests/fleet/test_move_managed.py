@@ -63,6 +63,10 @@ def test_non_superuser_moves_under_load(managed):
         report = move_shards(load(path), moving, "pg2")
         time.sleep(0.3)
     assert report["phase"] == "cut_over" and report["verified"] is True
+    # The reach probe would put the password in a failed statement, which this role cannot keep out of
+    # the server log: it is not run, and the move says so.
+    assert "preflight_reach" not in report
+    assert any("is known when sync starts" in m for m in report["messages"]), report["messages"]
     check_moved(topo, path, moving, "pg1", "pg2", before, traffic, report)
     assert MOVER_PASSWORD not in server_logs(managed) and ADMIN_PASSWORD not in server_logs(managed)
 
@@ -82,3 +86,37 @@ def test_unreachable_publisher_leaks_no_password(managed):
     assert "could not connect to the publisher" in logs or "REFRESH PUBLICATION" in logs
     assert MOVER_PASSWORD not in logs and ADMIN_PASSWORD not in logs
     assert abort_move(load(path), shards=moving)["phase"] == "aborted"
+
+
+MOVES = "SELECT CASE WHEN to_regclass('shardctl.moves') IS NULL THEN 0 ELSE (SELECT count(*) FROM shardctl.moves) END"
+
+
+def test_a_role_granted_the_log_setting_is_probed_and_a_wrong_publisher_refused_without_logging_it(managed):
+    """With SET on log_min_error_statement granted, the reach probe runs for the non-superuser: a wrong
+    --publisher-dsn port is refused in preflight (one line, nothing changed) and no log holds a password."""
+    path = managed.topology_path
+    topo = load(path)
+    admin = topo.host("pg2").connect_kwargs()
+    admin["conninfo"] = str(admin["conninfo"]).replace("mover@", "postgres@")
+    admin["password"] = ADMIN_PASSWORD
+    with psycopg.connect(**admin, autocommit=True) as conn:
+        conn.execute("GRANT SET ON PARAMETER log_min_error_statement TO mover")
+    try:
+        moving = topo.host("pg1").shards[-2:]
+        dsn = topo.host("pg1").dsn
+        port = psycopg.conninfo.conninfo_to_dict(dsn)["port"]
+        with psycopg.connect(**topo.host("pg1").connect_kwargs()) as conn:
+            moves_before = conn.execute(MOVES).fetchone()[0]
+        r = run_cli("move-shard", f"{moving[0]}-{moving[-1]}", "--to", "pg2", "--publisher-dsn",
+                    dsn.replace(f":{port}/", ":1/"), config=path, env={MOVER_ENV: MOVER_PASSWORD})
+        assert r.exit_code == 1, r
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+        assert len(errors) == 1 and "preflight: host pg2 cannot reach host pg1 as a subscriber" in errors[0], r.stderr
+        assert "(nothing was changed)" in errors[0]
+        with psycopg.connect(**topo.host("pg1").connect_kwargs()) as conn:
+            assert conn.execute(MOVES).fetchone()[0] == moves_before
+        logs = server_logs(managed)
+        assert MOVER_PASSWORD not in logs and ADMIN_PASSWORD not in logs
+    finally:
+        with psycopg.connect(**admin, autocommit=True) as conn:
+            conn.execute("REVOKE SET ON PARAMETER log_min_error_statement FROM mover")

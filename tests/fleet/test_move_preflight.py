@@ -84,14 +84,14 @@ def test_subscriptions_sized_to_a_target_with_two_workers(private_sandbox):
 def pg16_target(make_fleet):  # noqa: F811 - test_move's make_fleet, which also drops replication leftovers
     """pg1 (a session server, PostgreSQL 18) with shards 0-15 and pg16 (a server of its own, PostgreSQL 16)
     with 16-31, initialised."""
-    from test_move_versions import wheel_bin
+    from test_move_versions import need
 
     from conftest import _sandbox_dir
     from shardctl.dev.sandbox import Sandbox
 
     box = Sandbox(_sandbox_dir("pg16"))
     try:
-        box.up(hosts=1, shards=1, pg_bin=str(wheel_bin("pginstall")))
+        box.up(hosts=1, shards=1, pg=need("16"))
         extra = f"  - name: pg16\n    dsn: \"{box.state.hosts[0].dsn}\"\n    shards: \"16-31\"\n"
         path = make_fleet(hosts=1, shards=32, ranges=["0-15"], extra=extra)
         assert run_cli("init", config=path).exit_code == 0

@@ -114,3 +114,48 @@ def test_redirect_to_a_host_missing_from_the_stale_file(fleet3):
     assert "host pg3 is unreachable" in message
     assert "not in this Router's topology file" in message and "without a password" in message
     assert "127.0.0.1:1/nowhere" in message
+
+
+def test_stale_router_reads_of_a_moved_shard_return_its_rows(fleet3):
+    """Filtered reads, counts, EXISTS, joins, by-ID and prepared reads of a stale Router after a move return
+    the shard's rows from its new host: the old host's stub raises SCM01 for every read (issue 24, item 1),
+    never an empty answer the Router would take for the truth."""
+    stale_path = stale_copy(fleet3)
+    topo = load(fleet3)
+    with connect(topo, "pg1") as conn:
+        ids7 = sorted(r[0] for r in conn.execute("SELECT id FROM insta9.photos WHERE user_id = 7").fetchall())
+        some = conn.execute("SELECT id, caption FROM insta9.photos WHERE user_id = 8").fetchone()
+    assert len(ids7) == 1
+    by_user = "SELECT id FROM photos WHERE user_id = %s ORDER BY id"
+    warm = Router(load(stale_path), move_wait=0.5)
+    for _ in range(8):  # past psycopg's prepare_threshold: a server-side prepared statement on pg1
+        assert [r[0] for r in warm.read(9, by_user, (7,))] == ids7
+    move_shards(load(fleet3), [9], "pg3")
+    reads = {
+        "filtered": (lambda r: [x[0] for x in r.read(9, by_user, (7,))], ids7),
+        "count": (lambda r: r.execute(9, "SELECT count(*) FROM photos")[0][0], 150),
+        "filtered count": (lambda r: r.read(9, "SELECT count(*) FROM photos WHERE user_id = %s", (7,))[0][0], 1),
+        "exists": (lambda r: r.read(9, "SELECT EXISTS (SELECT FROM photos WHERE user_id = %s)", (7,))[0][0], True),
+        "by id": (lambda r: r.read(9, "SELECT id, caption FROM photos WHERE id = %s", (some[0],)), [some]),
+        "in list": (lambda r: sorted(x[0] for x in r.read(9, "SELECT id FROM photos WHERE id IN (%s, %s, 3)",
+                                                           (ids7[0], some[0]))), sorted([ids7[0], some[0]])),
+        "join of two stubs": (lambda r: r.read(9, "SELECT count(*) FROM photos p CROSS JOIN users u "
+                                                  "WHERE p.user_id = %s", (7,))[0][0], 3),
+        "join with another schema": (lambda r: r.read(9, "SELECT p.id FROM photos p JOIN shardctl.shards s "
+                                                         "ON s.shard_id = 9 WHERE p.user_id = %s", (7,)), [(ids7[0],)]),
+        "in a transaction": (lambda r: r.run(9, lambda c: c.execute(
+            "SELECT count(*) FROM photos WHERE user_id = %s", (7,)).fetchone()[0]), 1),
+        "server-side cursor": (lambda r: r.run(9, lambda c: c.cursor(name="c").execute(
+            "SELECT id FROM photos WHERE user_id = %s", (7,)).fetchall()), [(ids7[0],)]),
+    }
+    got = {}
+    for name, (read, expected) in reads.items():
+        with Router(load(stale_path), move_wait=0.5) as router:  # a fresh stale Router for each shape
+            got[name] = (read(router), router.redirects())
+    wrong = {name: got[name] for name, (_, expected) in reads.items() if got[name] != (expected, {9: "pg3"})}
+    assert not wrong, f"(answer, redirects) of the stale Routers that did not follow the move: {wrong}"
+    try:  # the Router that had prepared the read on pg1 before the move
+        assert [r[0] for r in warm.read(9, by_user, (7,))] == ids7
+        assert warm.redirects() == {9: "pg3"}
+    finally:
+        warm.close()

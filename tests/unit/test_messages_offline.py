@@ -114,3 +114,16 @@ def test_move_to_where_the_shards_are_says_so(capsys):
                  "phase": "nothing to do", "nothing_to_do": True,
                  "messages": ["shards 0-63 are already on pg3: nothing was done"], "seconds": 0.0})
     assert capsys.readouterr().out == "Shards 0-63 are already on pg3: nothing was done.\n"
+
+
+def test_lock_holder_descriptions():
+    """Who holds a lock, as LockBusy says it: in full, without what another role's session hides, exiting."""
+    from datetime import datetime
+
+    from shardctl.sql.locks import LockHolder
+
+    since = datetime(2026, 1, 2, 3, 4, 5)
+    assert LockHolder(7, "shardctl migrate lock", None, since, False).describe() == (
+        "pid 7, shardctl migrate lock, from local socket, connected 2026-01-02 03:04:05")
+    assert LockHolder(7, "", "10.0.0.9/32", None, False).describe() == "pid 7, unnamed client, from 10.0.0.9/32"
+    assert LockHolder(7, None, None, None, True).describe() == "pid 7, exiting"

@@ -3,12 +3,19 @@
 Each problem is one line naming the setting or grant to change. The checks also size the move:
 how many subscriptions the target can run at once with a table-sync worker to spare.
 
+The target's server must reach the source as a subscriber: it opens a replication connection with the
+very connection string the move's subscriptions will use (``MoveRun.publisher_conninfo``), in a
+transaction that is rolled back, so a wrong host, port, ``pg_hba.conf`` line, certificate or password
+is one line here instead of a move stopped half-way in sync.
+
 The target must also be able to run every migration the moving shards have applied (a target on an
 older PostgreSQL may refuse a newer syntax or function): a trial creates one moving shard there and
 applies its migrations in a transaction that is always rolled back.
 """
 
 from __future__ import annotations
+
+import secrets
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
@@ -25,6 +32,7 @@ from .run import MoveRun, require_version
 TRIAL_STATEMENT_TIMEOUT = "60s"
 TRIAL_LOCK_TIMEOUT = "5s"
 
+PROBE_PUBLICATION = "shardctl_preflight_probe"  # never created: the probe fetches nothing
 SYNC_WORKERS_PER_SUBSCRIPTION = 1  # at least one table-sync worker beside each apply worker
 
 
@@ -49,7 +57,8 @@ def preflight(run: MoveRun) -> dict:
         target_problems = _target_problems(run, tgt, facts_t)
         problems += target_problems
     problems += _encoding_problems(run, facts_s, facts_t)
-    if not target_problems:  # a missing grant would make the trial fail for the wrong reason
+    if not target_problems:  # a missing grant would make the probe and the trial fail for the wrong reason
+        problems += _reach_problems(run)
         problems += _trial_problems(run, rows, facts_t)
     subs = subscriptions_for(run, facts_t)
     if subs < 1:
@@ -116,6 +125,38 @@ def _target_problems(run: MoveRun, conn, facts: dict) -> list[str]:
             out.append(f"host {name}: role {role['name']} lacks CREATE on the database (for the shards' schemas "
                        f"and subscriptions)")
     return out
+
+
+def _reach_problems(run: MoveRun) -> list[str]:
+    """The target's server connects to the source with the move's connection string (q.probe_subscription,
+    rolled back): the one line of what stops it, or nothing.
+
+    With a password in the connection string, the statement that fails would be written to the target's
+    server log with the password in it: the probe then runs only for a role that may turn that off
+    (``log_min_error_statement``: a superuser, or a role granted SET on it), else it is noted as not run."""
+    conninfo = run.publisher_conninfo()
+    parts = pg_conninfo.conninfo_to_dict(conninfo)
+    if "connect_timeout" not in parts:
+        conninfo = pg_conninfo.make_conninfo(conninfo, connect_timeout=run.options.connect_timeout)
+    with run.connect(run.target, autocommit=False) as conn:
+        try:
+            if parts.get("password"):
+                try:
+                    conn.execute("SET LOCAL log_min_error_statement = panic")
+                except psycopg.errors.InsufficientPrivilege:
+                    run.note(f"preflight: whether {run.target.name} reaches {run.source.name} is known when sync "
+                             f"starts (the connection string has a password, which a failed probe would log; "
+                             f"GRANT SET ON PARAMETER log_min_error_statement to the role lets the probe run)")
+                    return []
+            q.probe_subscription(conn, f"shardctl_probe_{secrets.token_hex(4)}", conninfo, PROBE_PUBLICATION)
+        except psycopg.Error as exc:
+            return [f"host {run.target.name} cannot reach host {run.source.name} as a subscriber: "
+                    f"{db.first_line(exc)}"]
+        finally:
+            if not conn.closed and not conn.broken:
+                conn.rollback()
+    run.report["preflight_reach"] = True
+    return []
 
 
 def server_version(facts: dict) -> str:

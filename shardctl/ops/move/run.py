@@ -21,6 +21,7 @@ from ...engine.executor import ShardPlan
 from ...engine.fanout import MIN_SHARDS_PER_STREAM, host_jobs, run_streams
 from ...engine.ledger import log_event
 from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed
+from ...model.dsn import CLIENT_FILE_KEYWORDS
 from ...model.identifiers import MAX_IDENTIFIER_BYTES, quote_ident
 from ...model.ranges import format_shards, parse_shards
 from ...model.topology import Host, Topology
@@ -162,19 +163,15 @@ def shard_locks(hosts: list[Host], shards: list[int], options: MoveOptions) -> I
             conn = db.connect(host, autocommit=True, connect_timeout=options.connect_timeout,
                               purpose="move-shard lock")
             conns.append(conn)
-            deadline = time.monotonic() + max(0.0, options.wait)
-            while not q.try_shard_locks(conn, MOVE_LOCK_CLASS, shards):
-                if time.monotonic() >= deadline:
-                    holder = q.shard_lock_holder(conn, MOVE_LOCK_CLASS, shards)
-                    who = (f"pid {holder[0]}, {holder[1] or 'unnamed client'}, connected "
-                           f"{holder[2]:%Y-%m-%d %H:%M:%S}") if holder else "holder unknown"
-                    raise LockBusy(f"host {host.name}: another shardctl run is moving some of shards "
-                                   f"{format_shards(shards)} ({who}); waited {options.wait:g}s (use --wait)")
-                time.sleep(0.2)
+            db.require_direct(host, conn, options.connect_timeout)
+            who = db.take_locks(conn, MOVE_LOCK_CLASS, shards, time.monotonic() + max(0.0, options.wait))
+            if who is not None:
+                raise LockBusy(f"host {host.name}: another shardctl run is moving some of shards "
+                               f"{format_shards(shards)} ({who}); waited {options.wait:g}s (use --wait)")
         yield
     finally:
         for conn in conns:
-            conn.close()
+            db.close_releasing(conn)  # the next run may start at once
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -282,8 +279,19 @@ class MoveRun:
                 pass
 
     def publisher_conninfo(self) -> str:
-        kwargs = self.source.connect_kwargs(purpose="peer")  # how the target's subscription reaches the source
-        dsn = self.options.publisher_dsn or str(kwargs.pop("conninfo"))
+        """The connection string the target's subscription uses to reach the source (its server opens it).
+
+        ``--publisher-dsn`` and the source's ``peer_dsn`` are written for the target server's side and go
+        as they are. Without them, the source's ``admin_dsn`` (or ``dsn``) is shardctl's own: its settings
+        that name the client's files (``sslrootcert``, ``sslcert``, ``sslkey``, ``passfile``…) are left
+        out, so the server's libpq uses its own (for ``sslmode=verify-full``, ``~/.postgresql/root.crt``
+        of the server's OS user); everything else, ``sslmode`` included, stays."""
+        kwargs = self.source.connect_kwargs(purpose="peer")
+        dsn = str(kwargs.pop("conninfo"))
+        if self.options.publisher_dsn:
+            dsn = self.options.publisher_dsn
+        elif not self.source.peer_dsn:
+            dsn = server_side(dsn)
         password = kwargs.get("password")
         return pg_conninfo.make_conninfo(dsn, password=password) if password else dsn
 
@@ -389,3 +397,15 @@ def human_bytes(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def server_side(dsn: str) -> str:
+    """``dsn`` without the settings that name the client's own files (dsn.CLIENT_FILE_KEYWORDS); the same
+    string when it has none. ``sslrootcert=system`` names no file and stays."""
+    parts = pg_conninfo.conninfo_to_dict(dsn)
+    drop = [k for k in CLIENT_FILE_KEYWORDS if k in parts and not (k == "sslrootcert" and parts[k] == "system")]
+    if not drop:
+        return dsn
+    for key in drop:
+        del parts[key]
+    return pg_conninfo.make_conninfo("", **parts)

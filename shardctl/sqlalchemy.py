@@ -35,9 +35,9 @@ How it runs:
   the shard inside the ID. A query is routed by ``==`` or ``IN`` on the shard key or the ID in its WHERE
   clause (``OR`` of routable terms: the union), by ``execution_options(shard=N)``, or to every shard
   with ``execution_options(all_shards=True)``; anything else raises :class:`UnroutableStatement`.
-* **Moves.** A statement that meets a moved shard makes the Router follow the move (the topology file,
-  else the old host's redirect): the next transaction goes to the new host. :meth:`ShardSessionMaker.run`
-  calls its work again once, in a new session, like :meth:`Router.run`.
+* **Moves.** :meth:`ShardSessionMaker.run` calls its work once more, in a new session, when a statement
+  met a moved shard, after the Router followed the move (the topology file, else the old host's redirect),
+  like :meth:`Router.run`. Elsewhere, ``Session.shards.follow_move(exc)`` after the rollback: True, try again.
 
 A session's transaction over several hosts commits on each host in turn (no two-phase commit).
 """
@@ -186,17 +186,21 @@ class Shards:
         return range(self.router.topology.shard_count)
 
     def _moved(self, ctx: Any) -> None:
-        """A statement met a moved shard: follow the move (the next transaction goes to the new host)."""
-        exc = ctx.original_exception
-        context = ctx.execution_context
-        if getattr(exc, "sqlstate", None) not in MOVED_ERRORS or context is None:
+        """A statement met a moved shard: mark the error with the shard and the host it ran on, for
+        :meth:`follow_move` once the session's transaction is over (its locks held up the move's cutover)."""
+        exc, context = ctx.original_exception, ctx.execution_context
+        if getattr(exc, "sqlstate", None) not in MOVED_ERRORS or context is None or ctx.sqlalchemy_exception is None:
             return
-        shard = context.execution_options.get("shardctl_shard")
         conn = getattr(ctx.connection, "connection", None)
         tried = getattr(getattr(conn, "dbapi_connection", None), "shardctl_host", None)
-        if shard is not None and self.router.follow_move(shard, exc, tried):
-            if ctx.sqlalchemy_exception is not None:
-                ctx.sqlalchemy_exception.shardctl_moved = shard
+        ctx.sqlalchemy_exception.shardctl_moved = (context.execution_options.get("shardctl_shard"), tried)
+
+    def follow_move(self, exc: BaseException) -> bool:
+        """After ``exc`` (raised by a session's statement, the session rolled back): True when its shard
+        had moved and the Router now routes it to its new host (try again)."""
+        shard, tried = getattr(exc, "shardctl_moved", (None, None))
+        orig = getattr(exc, "orig", None)
+        return shard is not None and orig is not None and self.router.follow_move(shard, orig, tried)
 
     def close(self) -> None:
         for engine in self._engines.values():
@@ -422,10 +426,11 @@ class ShardSessionMaker(_sessionmaker):
                     session.commit()
                     return result
                 except sqlalchemy.exc.DBAPIError as exc:
+                    error = exc
                     session.rollback()
-                    if attempt == 1 and getattr(exc, "shardctl_moved", None) is not None:
-                        continue
-                    raise
+            if attempt == 1 and self.shards.follow_move(error):
+                continue
+            raise error
         raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -1,0 +1,155 @@
+#!/usr/bin/env python
+"""Cost of an ORM integration per request, against the same ORM on a single plain database.
+
+A request inserts one photo (its id from the shard's next_id(), RETURNING) in one session and gets it by
+its ID in another: what a web request of the example apps does. Per ORM, two candidates:
+
+* the baseline: the plain ORM (SQLAlchemy: one Engine, its QueuePool, a plain Session) on one database
+  whose tables are one shard's (the same rows, indexes and next_id() on the server: only the client
+  side differs), ``search_path`` set once per connection;
+* the integration: the ORM through shardctl (``shardctl.sqlalchemy.sessionmaker(router)``), each request's
+  user_id routing it to one of the fleet's 64 shards, its get routed by the shard inside the ID.
+
+ORMs are listed in ``ORMS`` (name → a function returning its two candidates); ``--orm`` picks them. The
+candidates take turns every ``--chunk`` requests (the order rotating), over ``--rounds`` rounds; the
+figure is the median over rounds of the per-round ratio of the integration's time to its baseline's.
+
+Target: the integration <= 1.2x its baseline's time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's shardctl, not another install's
+
+import _common as c
+
+SHARDS = 64
+BASE_SCHEMA = "insta5"
+TARGET = 1.2
+APPS = c.REPO / "examples"
+
+
+class Candidate:
+    """``request(i)`` does one request; ``close()`` frees what it holds."""
+
+    def __init__(self, name: str, request: Callable[[int], None], close: Callable[[], None]):
+        self.name, self.request, self.close = name, request, close
+
+    def chunk(self, start: int, count: int) -> float:
+        request = self.request
+        started = time.perf_counter()
+        for i in range(start, start + count):
+            request(i)
+        return time.perf_counter() - started
+
+
+def sqlalchemy_candidates(topo) -> list[Candidate]:
+    """Plain SQLAlchemy on one shard's tables, and SQLAlchemy through shardctl.sqlalchemy."""
+    sys.path.insert(0, str(APPS / "sqlalchemy_app"))
+    import psycopg
+    import sqlalchemy
+    from models import Photo
+    from sqlalchemy.orm import sessionmaker as plain_sessionmaker
+
+    from shardctl.router import Router
+    from shardctl.sqlalchemy import sessionmaker
+
+    def requests(Session) -> Callable[[int], None]:
+        def request(i: int) -> None:
+            with Session() as session:
+                photo = Photo(user_id=i, caption=f"photo {i}")
+                session.add(photo)
+                session.commit()
+                photo_id = photo.id
+            with Session() as session:
+                assert session.get(Photo, photo_id).caption == f"photo {i}"
+        return request
+
+    host = topo.host_of(5)
+    kwargs = host.connect_kwargs()
+    engine = sqlalchemy.create_engine("postgresql+psycopg://", pool_size=2, creator=lambda: psycopg.connect(
+        **kwargs, options=f"-c search_path={BASE_SCHEMA},public"))
+    router = Router(topo)
+    return [Candidate("SQLAlchemy, one database", requests(plain_sessionmaker(engine, expire_on_commit=False)),
+                      engine.dispose),
+            Candidate("shardctl.sqlalchemy", requests(sessionmaker(router, expire_on_commit=False)), router.close)]
+
+
+ORMS: dict[str, Callable[[object], list[Candidate]]] = {"sqlalchemy": sqlalchemy_candidates}
+
+
+def one_round(candidates: list[Candidate], requests: int, chunk: int, round_no: int, offset: int) -> dict[str, float]:
+    seconds = dict.fromkeys((cand.name for cand in candidates), 0.0)
+    by_name = {cand.name: cand for cand in candidates}
+    for n, start in enumerate(range(0, requests, chunk)):
+        for name in c.rotated(list(by_name), round_no + n):
+            seconds[name] += by_name[name].chunk(offset + start, min(chunk, requests - start))
+    return seconds
+
+
+def main() -> int:
+    p = c.base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=1_000, help="Requests per candidate and round.")
+    p.add_argument("--chunk", type=int, default=100, help="Requests per turn: candidates take turns within a round.")
+    p.add_argument("--orm", default=",".join(ORMS), help=f"ORMs to measure (of {', '.join(ORMS)}).")
+    args = p.parse_args()
+    rounds = c.check_rounds(args.rounds or (3 if args.quick else 5))
+    requests = 300 if args.quick and args.requests == 1_000 else args.requests
+    orms = [name.strip() for name in args.orm.split(",") if name.strip()]
+    unknown = [name for name in orms if name not in ORMS]
+    if unknown:
+        raise SystemExit(f"unknown ORM(s): {', '.join(unknown)} (known: {', '.join(ORMS)})")
+
+    with c.sandbox(hosts=1, shards=SHARDS, keep=args.keep, prefix="shardctl-bench-orm-",
+                   base=c.sandbox_base(args.tmp, need_gb=1)) as box:
+        init = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(box.topology_path), "init"],
+                              check=False, capture_output=True, text=True)
+        if init.returncode != 0:
+            raise SystemExit(f"shardctl init failed: {init.stdout}{init.stderr}")
+        topo = c.load_topology(box.topology_path)
+        tables = []
+        for orm in orms:
+            candidates = ORMS[orm](topo)
+            try:
+                for cand in candidates:  # warm-up: connections, compiled caches
+                    cand.chunk(10_000_000, 20)
+                series = {cand.name: c.Series(cand.name, work=requests) for cand in candidates}
+                for r in range(rounds):
+                    for name, seconds in one_round(candidates, requests, args.chunk, r, r * requests).items():
+                        series[name].add(seconds)
+                        c.log(f"{orm} round {r + 1}/{rounds} {name}: {seconds / requests * 1e6:.0f} µs/request")
+            finally:
+                for cand in candidates:
+                    cand.close()
+            tables.append(table_of(orm, series, candidates[0].name, requests, rounds, args.chunk))
+    c.write_json(args.json_path, {"requests": requests, "rounds": rounds})
+    return c.verdict_exit(tables)
+
+
+def table_of(orm: str, series: dict[str, c.Series], base_name: str, requests: int, rounds: int,
+             chunk: int) -> list[c.Row]:
+    base = series[base_name]
+    table = []
+    for name, s in series.items():
+        ratio = None if s is base else s.ratio_to(base, faster_is_higher=False)
+        target, ok = ("", None) if s is base else (f"<= {TARGET:.2f}x baseline time", ratio <= TARGET)
+        table.append(c.Row(name, f"{s.median_s / requests * 1e6:.0f} µs/request",
+                           f"{min(s.seconds) / requests * 1e6:.0f} – {max(s.seconds) / requests * 1e6:.0f} µs",
+                           ratio, target, ok,
+                           ratio_range=None if s is base else c.ratio_range(s.ratios_to(base, faster_is_higher=False))))
+    notes = [f"{requests} requests (insert + commit, then get by ID in a new session) per candidate and round, "
+             f"turns of {chunk}, {rounds} rounds; {SHARDS} shards on one host; baseline tables: {BASE_SCHEMA}",
+             c.machine_note()]
+    c.print_table(f"{orm}: cost per request (time; lower is better)", table, base_name, notes)
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())

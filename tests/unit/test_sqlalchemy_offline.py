@@ -1,0 +1,58 @@
+"""shardctl.sqlalchemy without a server: the core never imports SQLAlchemy, and WHERE clauses route."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from shardctl import Router, Topology
+
+TOPOLOGY = """\
+version: 1
+id:
+  layout: instagram
+  epoch: "2026-01-01T00:00:00Z"
+shards:
+  count: 16
+hosts:
+  - name: pg1
+    dsn: "postgresql://app@127.0.0.1:1/app"
+    shards: "0-7"
+  - name: pg2
+    dsn: "postgresql://app@127.0.0.1:1/app2"
+    shards: "8-15"
+"""
+
+
+def test_the_core_does_not_import_sqlalchemy():
+    code = ("import sys, shardctl, shardctl.router, shardctl.cli; "
+            "assert 'sqlalchemy' not in sys.modules, sorted(m for m in sys.modules if 'sqlalchemy' in m)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_where_clauses_route_by_key_and_id(tmp_path):
+    sa = pytest.importorskip("sqlalchemy")
+    from shardctl.sqlalchemy import criterion_shards
+
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(TOPOLOGY)
+    topo = Topology.load(path)
+    photos = sa.Table("photos", sa.MetaData(), sa.Column("id", sa.BigInteger, primary_key=True),
+                      sa.Column("user_id", sa.BigInteger), sa.Column("caption", sa.Text))
+    tables = {photos: {"id": True, "user_id": False}}
+    c = photos.c
+    an_id = topo.layout.encode(shard=9, time=1000)
+    with Router(topo) as router:
+        def shards(clause, params=None):
+            return criterion_shards(router, clause, tables, params or {})
+        assert shards(c.user_id == 3) == {3}
+        assert shards(c.user_id.in_([1, 17, 30])) == {1, 14}
+        assert shards((c.user_id == 2) | (c.user_id == 5)) == {2, 5}
+        assert shards(sa.and_(c.user_id.in_([1, 2]), c.user_id == 2)) == {2}
+        assert shards(sa.and_(c.user_id == 4, c.caption == "x")) == {4}
+        assert shards((c.user_id == 2) | (c.caption == "x")) is None
+        assert shards(c.caption == "x") is None and shards(None) is None
+        assert shards(c.user_id == sa.bindparam("k"), {"k": 20}) == {4}
+        assert shards(c.id == an_id) == {9} and shards(c.id.in_([an_id, an_id + 1])) == {9}

@@ -45,7 +45,7 @@ A session's transaction over several hosts commits on each host in turn (no two-
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -350,14 +350,14 @@ class ShardSession(Session):
     # -- statements
     def _route(self, orm: ORMExecuteState) -> Any:
         opts = orm.execution_options
-        shard = orm.bind_arguments.get("shard", opts.get("shard"))
+        shard = orm.bind_arguments.get("shard")
+        if shard is None and opts.get("shard") is not None:
+            shard = self.router.target(shard=opts["shard"])
         shards = {shard} if shard is not None else None
         if shards is None and opts.get("all_shards"):
             shards = set(self.shards.all())
         if shards is None:
-            shards = self._statement_shards(orm)
-        if not shards:
-            return self._empty(orm) if shards is not None else None
+            shards = self._statement_shards(orm) or {0}  # IN (): no row anywhere, any shard says so
         if len(shards) == 1:
             (one,) = shards
             orm.bind_arguments["shard"] = one
@@ -365,9 +365,7 @@ class ShardSession(Session):
             return None
         results = [orm.invoke_statement(execution_options=self.shards.options(n),
                                         bind_arguments={**orm.bind_arguments, "shard": n}) for n in sorted(shards)]
-        if orm.is_select:
-            return results[0].merge(*results[1:])
-        return results[-1]
+        return results[0].merge(*results[1:])  # rows shard after shard; an UPDATE's or DELETE's rowcount summed
 
     def _statement_shards(self, orm: ORMExecuteState) -> set[int]:
         tables: dict[Any, dict[str, bool]] = {}
@@ -401,9 +399,6 @@ class ShardSession(Session):
         if len(found) > 1:
             raise UnroutableStatement("an INSERT of rows for several shards: insert each shard's rows apart")
         return found or None
-
-    def _empty(self, orm: ORMExecuteState) -> Any:
-        raise UnroutableStatement("the statement's criterion matches no shard")
 
 
 @event.listens_for(ShardSession, "do_orm_execute")

@@ -173,7 +173,10 @@ def test_routing_and_refusals(make_fleet):
         assert sorted(p.user_id for p in got) == [2, 30]
         got = session.scalars(select(Photo).where(Photo.user_id.in_([1, 17]), Photo.caption == "k17")).all()
         assert [p.user_id for p in got] == [17]
-        session.execute(update(Photo).where(Photo.id == ids[3]).values(caption="edited"))
+        assert session.execute(update(Photo).where(Photo.id == ids[3]).values(caption="edited")).rowcount == 1
+        assert session.execute(update(Photo).where(Photo.user_id.in_([2, 30])).values(caption="k2/k30")
+                               .execution_options(synchronize_session=False)).rowcount == 2  # 2 shards
+        assert session.scalars(select(Photo).where(Photo.user_id.in_([]))).all() == []
         p = session.get(Photo, ids[0])
         p.caption = "changed"
         session.delete(session.get(Photo, ids[1]))
@@ -189,7 +192,7 @@ def test_routing_and_refusals(make_fleet):
             session.flush()
     with Session() as session:
         assert session.get(Photo, ids[0]).caption == "changed" and session.get(Photo, ids[1]) is None
-        assert session.get(Photo, ids[3]).caption == "edited"
+        assert session.get(Photo, ids[3]).caption == "k2/k30" and session.get(Photo, ids[2]).caption == "k17"
     assert criterion_shards(router, None, {}, {}) is None
     router.close()
 

@@ -65,7 +65,7 @@ def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
     return out
 
 
-def test_example_app_rows_land_in_their_shards(pooled_fleet):
+def test_example_app_rows_land_in_their_shards(pooled_fleet, capsys):
     """Users, photos and likes through the example's functions: every row is in the shard its key names
     (read back directly in the shard schema), and a get by ID finds every row from the ID alone."""
     models, app = example()
@@ -101,6 +101,8 @@ def test_example_app_rows_land_in_their_shards(pooled_fleet):
     assert app.like_count(Session, photos[0].id) == 1
     assert [p.id for p in app.photos_of(Session, users[3].id)] == sorted((p.id for p in photos[6:8]), reverse=True)
     assert app.user_count(Session) == len(users)
+    app.main(str(path))  # what `python app.py shardctl.yaml` prints
+    assert "1 like(s)" in capsys.readouterr().out
     router.close()
     Session.shards.router.close()
 

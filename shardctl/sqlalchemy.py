@@ -321,12 +321,19 @@ class ShardSession(Session):
         """The flush's connection for ``instance``: one per shard (the unit of work batches statements
         by connection), each over the session's one connection to the shard's host."""
         shard = self.shard_of(instance)
-        host = self.connection(bind_arguments={"mapper": mapper, "shard": shard})
+        host = super().connection(bind_arguments={"mapper": mapper, "shard": shard})
         cached = self._shard_conns.get(shard)
         if cached is None or cached[0] is not host:
             on_shard = Connection(self.shards.shard_engine(shard), connection=host.connection, _allow_autobegin=False)
             cached = self._shard_conns[shard] = (host, on_shard)
         return cached[1]
+
+    def connection(self, bind_arguments: Any = None, execution_options: Any = None) -> Connection:
+        """The session's connection to a shard's host, ``bind_arguments={"shard": N}``: its statements
+        (Core, text, ``exec_driver_sql``) run on shard N until another shard of the host is named."""
+        conn = super().connection(bind_arguments, execution_options)
+        shard = (bind_arguments or {}).get("shard")
+        return conn if shard is None else conn.execution_options(**self.shards.options(self.router.target(shard=shard)))
 
     # -- binds
     def get_bind(self, mapper: Any = None, *, clause: Any = None, bind: Any = None, shard: int | None = None,

@@ -184,6 +184,9 @@ def test_routing_and_refusals(make_fleet):
         session.delete(session.get(Photo, ids[1]))
         session.commit()
         assert session.scalar(text("SELECT count(*) FROM photos").execution_options(shard=1)) == 2
+        conn = session.connection(bind_arguments={"shard": 14})
+        assert conn.exec_driver_sql("SELECT current_schema(), count(*) FROM photos").one() == ("insta14", 1)
+        assert conn.execute(text("SELECT count(*) FROM photos")).scalar() == 1
         for bad in (select(Photo), select(Photo).where(Photo.caption == "x"),
                     select(Photo).where((Photo.user_id == 1) | (Photo.caption == "x")), text("SELECT 1")):
             with pytest.raises(UnroutableStatement, match="no shard"):

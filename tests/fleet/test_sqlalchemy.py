@@ -264,6 +264,14 @@ def test_orm_clients_during_move(pooled_fleet, mode, caplog):
     router = Router(load(path), move_wait=15)
     Session = sessionmaker(router)
     history = History(path)
+    follow = Session.shards.follow_move
+
+    def followed(exc):  # Session.run's retry: recorded as the history's documented retries
+        moved = follow(exc)
+        if moved:
+            history.retried("orm", "run", None, exc.orig)
+        return moved
+    Session.shards.follow_move = followed
     with OrmTraffic(history, Session, models.Photo, keys_for(topo, moved + [0, 9], 4), writers=4, readers=2):
         report = move_shards(load(path), moved, "pg2")
     router.close()
@@ -273,3 +281,4 @@ def test_orm_clients_during_move(pooled_fleet, mode, caplog):
     assert checked.ok, checked
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
     assert "moved from pg1 to pg2" in caplog.text  # the ORM clients met the move and followed it
+    assert checked.counts["retries"] > 0, checked  # ... and Session.run ran their work again

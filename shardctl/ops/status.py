@@ -11,6 +11,7 @@ from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_unreachable, select_hosts
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
+from ..sql.fingerprint import fingerprints
 from ..sql.catalog import applied_versions, control_exists, last_event, move_records, schema_names, shard_list
 from ..sql.migrations import for_topology
 from .move.api import next_step
@@ -47,6 +48,7 @@ class StatusReport:
     seconds: float
     latest_version: int
     pending_moves: list[str] = field(default_factory=list)  # one line per move that needs a command
+    distinct_schemas: int = 0  # catalog fingerprints among the present shards (1: every shard alike)
 
     @property
     def ok(self) -> bool:
@@ -54,7 +56,8 @@ class StatusReport:
 
     def to_dict(self) -> dict:
         return {"command": "status", "seconds": round(self.seconds, 3), "latest_version": self.latest_version,
-                "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts], "pending_moves": self.pending_moves}
+                "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts], "pending_moves": self.pending_moves,
+                "distinct_schemas": self.distinct_schemas}
 
     def raise_for_status(self) -> "StatusReport":
         """Exit 3 when a host could not be reached (drift is shown, not an error)."""
@@ -63,7 +66,7 @@ class StatusReport:
 
 
 def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostStatus,
-                 known_versions: set[int], records: list[tuple]) -> str | None:
+                 known_versions: set[int], records: list[tuple], prints: set[str]) -> str | None:
     """Fill ``st``; returns an error line when the host has no control schema."""
     st.server_version = conn.execute("SHOW server_version").fetchone()[0]
     if not control_exists(conn):
@@ -82,6 +85,7 @@ def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostS
     st.unexpected = format_shards((present | stray) - owned)
     st.moving = _moving(rows)
     records.extend(move_records(conn))
+    prints.update(fingerprints(conn, [topo.schema_name(n) for n in sorted(present & owned)]).values())
     if versions:
         st.min_version, st.max_version = min(versions), max(versions)
     if rows:
@@ -118,12 +122,14 @@ def status(topo: Topology, *, hosts: list[str] | None = None,
     started = time.perf_counter()
     known_versions = {m.version for m in for_topology(topo)}
     records: dict[str, list[tuple]] = {}  # host → its records of moves
+    prints: dict[str, set[str]] = {}  # host → its shards' catalog fingerprints
 
     def work(host: Host, result: HostResult[HostStatus]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="status") as conn:
             result.error = _host_status(conn, topo, host, result.value, known_versions,
-                                        records.setdefault(host.name, []))
+                                        records.setdefault(host.name, []), prints.setdefault(host.name, set()))
 
     results = fan_out(select_hosts(topo, hosts), work, lambda h: HostStatus(h.masked_dsn, expected=len(h.shards)))
     pending = pending_move_lines(topo, [r for name in sorted(records) for r in records[name]])
-    return StatusReport(results, time.perf_counter() - started, len(known_versions), pending)
+    distinct = len(set().union(*prints.values())) if prints else 0
+    return StatusReport(results, time.perf_counter() - started, len(known_versions), pending, distinct)

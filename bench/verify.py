@@ -6,15 +6,20 @@ One fleet is built with ``shardctl init`` (not timed), then each round times:
 * ``fingerprint``  the fingerprint query alone (``sql/fingerprint.py``): one query per host for all its
                    shards, hosts in parallel (``for_each_host``);
 * ``verify``       the library call the CLI makes (``shardctl.ops.verify.verify``) on the identical fleet;
+* ``verify without fingerprints``  the same with ``schemas=False``: what verify cost before item 1 of
+                   issue 26, measured in the same rounds (the difference is the fingerprint's cost);
 * ``verify, 1 shard differs``  the same after one shard gets an extra column and loses an index: the
                    fingerprints differ, and verify reads that shard's objects and a majority shard's
                    to name the difference (it must find exactly that shard).
 
-Target: verify <= 2 s at 8192 shards on 4 hosts.
+Target: verify <= 2 s at 8192 shards on 4 hosts. The sandbox's servers share this machine's cores with
+everything else running on it, so the note also gives the fingerprint query's server CPU time (read from
+/proc for each host's backend), which does not depend on the load.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
 
 TARGET_S = 2.0
+
+
+def backend_cpu(pid: int) -> float:
+    """User + system CPU seconds a (local) server backend has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -39,9 +50,11 @@ def main() -> int:
     from shardctl.ops.verify import verify
     from shardctl.sql.fingerprint import fingerprints
 
-    names = ["fingerprint", "verify", "differs"]
+    names = ["fingerprint", "verify", "plain", "differs"]
     labels = {"fingerprint": "fingerprint query (all hosts)", "verify": "verify (library), identical shards",
+              "plain": "verify without fingerprints (schemas=False)",
               "differs": "verify (library), 1 shard differs"}
+    cpu: list[float] = []  # server CPU seconds of the fingerprint query, summed over the hosts, per round
     series = {n: c.Series(labels[n], work=shards) for n in names}
     notes: list[str] = []
 
@@ -57,9 +70,12 @@ def main() -> int:
             notes.append(f"init of {shards} shards over {args.hosts} hosts: {seconds:.1f}s (not timed)")
             c.checkpoint(ports)
 
-            def prints(host) -> int:
+            def prints(host) -> tuple[int, float]:
                 with db.connect(host, autocommit=True, purpose="verify") as conn:
-                    return len(fingerprints(conn, [topo.schema_name(n) for n in host.shards]))
+                    pid = conn.info.backend_pid
+                    before = backend_cpu(pid)
+                    found = len(fingerprints(conn, [topo.schema_name(n) for n in host.shards]))
+                    return found, backend_cpu(pid) - before
 
             def tamper(undo: bool) -> None:
                 victim = topo.schema_name(shards // 2)
@@ -73,12 +89,17 @@ def main() -> int:
                 for name in c.rotated(names, r):
                     if name == "fingerprint":
                         seconds, counts = c.timed(lambda: for_each_host(topo.hosts, prints))
-                        if sum(counts) != shards:
-                            raise SystemExit(f"fingerprints of {sum(counts)} shards, expected {shards}")
+                        if sum(n for n, _ in counts) != shards:
+                            raise SystemExit(f"fingerprints of {sum(n for n, _ in counts)} shards, expected {shards}")
+                        cpu.append(sum(s for _, s in counts))
                     elif name == "verify":
                         seconds, rep = c.timed(lambda: verify(topo))
                         if not rep.ok or len(rep.schemas) != 1:
                             raise SystemExit(f"verify of the identical fleet failed: {rep.violations[:3]}")
+                    elif name == "plain":
+                        seconds, rep = c.timed(lambda: verify(topo, schemas=False))
+                        if not rep.ok or rep.schemas:
+                            raise SystemExit(f"verify without fingerprints failed: {rep.violations[:3]}")
                     else:
                         tamper(False)
                         try:
@@ -98,15 +119,19 @@ def main() -> int:
     rows = []
     for name in names:
         s = series[name]
-        ok = s.median_s <= TARGET_S if name != "fingerprint" else None
+        ok = s.median_s <= TARGET_S if name in ("verify", "differs") else None
         rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), None,
-                          f"<= {TARGET_S:.0f} s" if ok is not None else "(part of verify)", ok,
+                          f"<= {TARGET_S:.0f} s" if ok is not None else "(info)", ok,
                           c.fmt_rate(s.median_rate, "shards/s")))
     c.print_table(f"verify: {shards} shards over {args.hosts} hosts, median of {rounds} rounds", rows, "-")
+    if cpu:
+        notes.append(f"fingerprint query, server CPU summed over the {args.hosts} hosts: median "
+                     f"{c.median(cpu):.2f} s ({min(cpu):.2f}–{max(cpu):.2f}); on {os.cpu_count()} cores that is "
+                     f"{c.median(cpu) / min(args.hosts, os.cpu_count() or 1):.2f} s of wall time on an idle machine")
     for n in notes + [c.machine_note()]:
         print(f"  {n}")
     c.write_json(args.json_path, {"shards": shards, "hosts": args.hosts, "rounds": rounds,
-                                  "seconds": {n: series[n].seconds for n in names}})
+                                  "seconds": {n: series[n].seconds for n in names}, "fingerprint_cpu": cpu})
     return c.verdict_exit([rows])
 
 

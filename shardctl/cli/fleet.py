@@ -42,7 +42,7 @@ def _host_errors(hosts: list, error: ShardctlError | None) -> None:
 def _print_failed(report: FleetReport, with_version: bool, error: ShardctlError | None = None) -> None:
     failed = [f for f in report.failed if _unsaid(f"shard {f['shard']} on {f['host']}", error)]
     for f in failed[:50]:
-        version = f" at V{f['version']}" if f.get("version") or with_version else ""
+        version = f" at {f.get('file') or 'V%s' % f['version']}" if f.get("version") or with_version else ""
         stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']}{version}: {f['error']}",
                      markup=True, highlight=False)
     if len(failed) > 50:
@@ -347,6 +347,7 @@ def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> N
                 drift.append(f"missing {h['missing']}")
             if h["unexpected"]:
                 drift.append(f"unexpected {h['unexpected']}")
+            drift += [f"failed: {line}" for line in h["failed"]]
             rows.append([h["host"], "yes" if h["reachable"] else "[red]NO[/red]", h["server_version"] or "-",
                          f"{h['present']}/{h['expected']}", versions, "; ".join(drift) or "-",
                          h["moving"] or "-", h["last_event"] or "-"])

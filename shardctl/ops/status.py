@@ -9,6 +9,8 @@ import psycopg
 
 from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_unreachable, select_hosts
+from ..engine.ledger import recorded_failures
+from ..errors import FleetIncomplete
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.fingerprint import fingerprints
@@ -31,6 +33,7 @@ class HostStatus:
     min_version: int | None = None
     max_version: int | None = None
     moving: str = ""
+    failed: list[str] = field(default_factory=list)  # "shards 5,7 at V0003__x.sql": their last migrate failed
     orphan_versions: list[int] = field(default_factory=list)
     last_event: str | None = None
 
@@ -52,7 +55,7 @@ class StatusReport:
 
     @property
     def ok(self) -> bool:
-        return all(h.ok and not h.value.drift for h in self.hosts)
+        return all(h.ok and not h.value.drift and not h.value.failed for h in self.hosts)
 
     def to_dict(self) -> dict:
         return {"command": "status", "seconds": round(self.seconds, 3), "latest_version": self.latest_version,
@@ -60,8 +63,18 @@ class StatusReport:
                 "distinct_schemas": self.distinct_schemas}
 
     def raise_for_status(self) -> "StatusReport":
-        """Exit 3 when a host could not be reached (drift is shown, not an error)."""
-        raise_unreachable(self.hosts, self.to_dict())
+        """Exit 3 when a host could not be reached; 4 (FleetIncomplete) when shards are missing (never
+        created, or their schema is gone) or failed their last migration; else 0. Shards present on the
+        wrong host and moves in flight are shown, not errors."""
+        doc = self.to_dict()
+        raise_unreachable(self.hosts, doc)
+        parts = []
+        for h in self.hosts:
+            if h.value.missing:
+                parts.append(f"{h.host}: shards {h.value.missing} missing (run shardctl init)")
+            parts += [f"{h.host}: {line} failed (fix it, then re-run shardctl migrate)" for line in h.value.failed]
+        if parts:
+            raise FleetIncomplete("status: " + "; ".join(parts), report=doc)
         return self
 
 
@@ -88,9 +101,21 @@ def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostS
     prints.update(fingerprints(conn, [topo.schema_name(n) for n in sorted(present & owned)]).values())
     if versions:
         st.min_version, st.max_version = min(versions), max(versions)
+    st.failed = _failed(conn, topo, {n: r.version for n, r in rows.items() if n in owned & present})
     if rows:
         st.orphan_versions = sorted(applied_versions(conn) - known_versions)
     return None
+
+
+def _failed(conn: psycopg.Connection, topo: Topology, versions: dict[int, int]) -> list[str]:
+    """``shards 5,7 at V0003__x.sql`` per version: shards a migrate run recorded failing that are still
+    below the version they failed at."""
+    files = {m.version: m.name for m in for_topology(topo)}
+    by_version: dict[int, list[int]] = {}
+    for shard, version in recorded_failures(conn).items():
+        if shard in versions and versions[shard] < version:
+            by_version.setdefault(version, []).append(shard)
+    return [f"shards {format_shards(s)} at {files.get(v, f'V{v}')}" for v, s in sorted(by_version.items())]
 
 
 def _moving(rows: dict) -> str:

@@ -113,7 +113,7 @@ class VerifyReport:
 def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEFAULT_SAMPLES,
            tolerance_ms: int = DEFAULT_TOLERANCE_MS, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
            full: bool = False, body_samples: int = DEFAULT_BODY_SAMPLES,
-           id_shards: int = DEFAULT_ID_SHARDS) -> VerifyReport:
+           id_shards: int = DEFAULT_ID_SHARDS, schemas: bool = True) -> VerifyReport:
     """Check every shard on every host: placement, records, next_id() bodies, and sampled IDs (strictly
     increasing, minted for the right shard, near the host clock). Touches nothing but the ID sequences
     (and a temporary function of verify's own session).
@@ -123,7 +123,10 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
     shard that does not is rendered and compared in full. IDs: minted and checked on ``id_shards`` shards
     per host spread over its range, and on every shard whose body differs or whose sequence is missing.
     ``full`` renders and compares every body and checks every shard's IDs (slower: ~0.3 ms of client
-    CPU and up to ~0.5 ms of server CPU per shard)."""
+    CPU and up to ~0.5 ms of server CPU per shard).
+
+    ``schemas``: compare every shard's catalog fingerprint across the hosts (``compare_schemas``); False
+    leaves it out (bench/verify.py measures what it costs)."""
     if samples < 2:
         raise BadInput("--samples must be at least 2 (strict increase needs two IDs)")
     started = time.perf_counter()
@@ -139,7 +142,7 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
     def work(host: Host, result: HostResult[HostVerification]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
             check = _HostCheck(conn, topo, host, result.value, expected_body, tolerance_ms)
-            check.run(samples, full, body_samples, id_shards)
+            check.run(samples, full, body_samples, id_shards, schemas)
 
     reports = fan_out(select_hosts(topo, hosts), work, lambda h: HostVerification(h.name))
     groups = compare_schemas(topo, reports, connect_timeout=connect_timeout, full=full)
@@ -219,13 +222,14 @@ class _HostCheck:
         schema = self.topo.schema_name(shard) if shard is not None else None
         self.result.violations.append(Violation(self.host.name, shard, schema, reason))
 
-    def run(self, samples: int, full: bool, body_samples: int, id_shards: int) -> None:
+    def run(self, samples: int, full: bool, body_samples: int, id_shards: int, schemas: bool = True) -> None:
         checkable = self.placement()
         if not checkable:
             return
-        schema = self.topo.schema_name
-        found = fingerprint.fingerprints(self.conn, [schema(n) for n in checkable])
-        self.result.fingerprints = {n: found[schema(n)] for n in checkable if schema(n) in found}
+        if schemas:
+            schema = self.topo.schema_name
+            found = fingerprint.fingerprints(self.conn, [schema(n) for n in checkable])
+            self.result.fingerprints = {n: found[schema(n)] for n in checkable if schema(n) in found}
         bodies_ok, suspect = self.bodies(checkable, full, body_samples)
         if not full:
             chosen = set(_spread(checkable, id_shards)) | suspect

@@ -225,7 +225,7 @@ def test_a_migration_failing_for_one_shard_rolls_it_back_whole(make_fleet):
 
     human = run_cli("init", config=path)  # same failure, human output names shard, version and error
     assert human.exit_code == 1
-    assert re.search(r"failed shard 7 \(insta7\) on pg1 at V2: .*division by zero", human.stdout), human
+    assert re.search(r"failed shard 7 \(insta7\) on pg1 at V0002__create_likes.sql: .*division by zero", human.stdout), human
 
     topo = load(path)
     with admin(topo, "pg1") as conn:

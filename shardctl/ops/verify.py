@@ -11,7 +11,7 @@ import psycopg
 
 from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_for_status, select_hosts
-from ..errors import BadInput
+from ..errors import BadInput, ShardctlError
 from ..ids import checks as id_checks
 from ..model.dsn import mask
 from ..model.ranges import format_shards
@@ -184,7 +184,7 @@ def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]],
         try:
             group.differences = _explain(topo, host.host, sample, owner[reference].host, reference,
                                          connect_timeout, full)
-        except (psycopg.Error, OSError) as exc:
+        except (psycopg.Error, OSError, ShardctlError) as exc:  # a host gone since: say so, keep the rest
             group.differences = [f"(could not read the objects: {_first_line(str(exc))})"]
         shown = group.differences if full else group.differences[:SHOWN_DIFFERENCES]
         more = len(group.differences) - len(shown)

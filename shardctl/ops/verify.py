@@ -151,6 +151,7 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
 
 
 SHOWN_DIFFERENCES = 3  # per shard in a violation (``--full``: all of them)
+EXPLAINED_GROUPS = 32  # fingerprints (other than the majority's) explained object by object, biggest first
 
 
 def schema_groups(found: dict[int, str]) -> list[SchemaGroup]:
@@ -175,7 +176,15 @@ def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]],
     if len(groups) < 2:
         return groups
     majority = groups[0]
-    for group in groups[1:]:
+    for rank, group in enumerate(groups[1:]):
+        if rank >= EXPLAINED_GROUPS:  # each costs a query or two: name the shards, not the difference
+            for n in group.shards:
+                owner[n].value.violations.append(Violation(
+                    owner[n].host, n, topo.schema_name(n),
+                    f"schema differs from the majority's ({len(majority.shards)} shards, e.g. shard "
+                    f"{majority.shards[0]}); {len(groups) - 1} other schemas, only the first {EXPLAINED_GROUPS} "
+                    f"explained: compare it with `verify --hosts`"))
+            continue
         sample = group.shards[0]
         host = owner[sample]
         near = [n for n in majority.shards if owner[n] is host]

@@ -15,6 +15,13 @@ PostgreSQL 18's NOT NULL constraints (the column's row says ``not null``) and th
 primary key, unique or exclusion constraint (the constraint's row names its columns); deparsing them
 cost about half the query's time.
 
+Cost: the deparsing functions (``pg_get_expr`` and friends) are most of the query's time, and
+deparsing a call of ``next_id()`` looks the name up among every shard's ``next_id()`` (quadratic in
+the shards per host), so a default that is exactly a call of the shard's own ``next_id()`` (its node
+tree, compared as text) is written as ``{schema}.next_id()`` without deparsing, and any other default
+without a column reference (``now()``, the same node tree on every shard) is deparsed once per distinct
+node tree, not once per shard.
+
 ``FINGERPRINT_SQL`` folds each shard's rows, in a fixed order, into one md5 on the server (one query
 per host for all its shards); ``OBJECTS_SQL`` returns the rows themselves for the few shards whose
 digest differs, so the difference can be named object by object (``differences``).
@@ -38,8 +45,19 @@ def _n(expr: str) -> str:
 # is linear in the shards asked for, whatever else the database holds.
 _OBJECTS = f"""
 WITH s AS MATERIALIZED (
-    SELECT n.oid, n.nspname::text AS schema, quote_ident(n.nspname) || '.' AS q, n.nspowner, n.nspacl
+    SELECT n.oid, n.nspname::text AS schema, quote_ident(n.nspname) || '.' AS q, n.nspowner, n.nspacl,
+           '{{FUNCEXPR :funcid ' || (SELECT p.oid FROM pg_proc p WHERE p.pronamespace = n.oid
+                                       AND p.proname = 'next_id' AND p.proargtypes = ''::oidvector)
+           || ' :funcresulttype 20 :funcretset false :funcvariadic false :funcformat 0 :funccollid 0 '
+              ':inputcollid 0 :args <> :location -1}}' AS next_id_call
       FROM unnest(%(schemas)s::text[]) AS u(name) JOIN pg_namespace n ON n.nspname = u.name
+), d AS MATERIALIZED (  -- column defaults, their node trees as text
+    SELECT d.adrelid, d.adnum, d.adbin, d.adbin::text AS node
+      FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_attrdef d ON d.adrelid = c.oid
+), dx AS MATERIALIZED (  -- each node tree without a column reference, deparsed once for every shard
+    SELECT k.node, pg_get_expr(x.adbin, 0) AS expr
+      FROM (SELECT DISTINCT ON (node) node, adrelid, adnum FROM d WHERE position('{{VAR ' IN node) = 0) AS k
+      JOIN pg_attrdef x ON x.adrelid = k.adrelid AND x.adnum = k.adnum
 ), o(schema, kind, tbl, name, def) AS (
     SELECT s.schema, 'schema', '', '', concat_ws(' ', 'owner', pg_get_userbyid(s.nspowner), 'acl', s.nspacl::text)
       FROM s
@@ -66,11 +84,12 @@ WITH s AS MATERIALIZED (
                      CASE WHEN a.attcollation <> 0 THEN 'collate ' || a.attcollation::regcollation::text END,
                      CASE WHEN a.attidentity <> '' THEN 'identity ' || a.attidentity::text END,
                      CASE WHEN a.attgenerated <> '' THEN 'generated' END,
-                     'default ' || {_n('pg_get_expr(d.adbin, d.adrelid)')},
+                     'default ' || CASE WHEN d.node = s.next_id_call THEN '{PLACEHOLDER}next_id()'
+                                        ELSE {_n("coalesce(dx.expr, pg_get_expr(d.adbin, d.adrelid))")} END,
                      'acl ' || a.attacl::text)
       FROM s JOIN pg_class c ON c.relnamespace = s.oid AND c.relkind IN ('r', 'p', 'f', 'c', 'v', 'm')
       JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-      LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+      LEFT JOIN d ON d.adrelid = a.attrelid AND d.adnum = a.attnum LEFT JOIN dx ON dx.node = d.node
     UNION ALL
     SELECT s.schema, 'constraint', coalesce(c.relname, t.typname)::text, k.conname::text,
            concat_ws(' ', k.contype, {_n('pg_get_constraintdef(k.oid)')})

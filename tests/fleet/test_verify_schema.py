@@ -82,6 +82,23 @@ def test_verify_names_an_added_column_and_a_dropped_index(ready):
     assert catalog_snapshot(topo) == before  # verify and status changed nothing
 
 
+def test_only_the_biggest_groups_are_explained(ready, monkeypatch):
+    from shardctl.ops import verify as verify_mod
+
+    topo = load(ready)
+    with admin(topo, "pg1") as conn:
+        conn.execute("ALTER TABLE insta5.photos ADD COLUMN note text")
+    with admin(topo, "pg2") as conn:
+        conn.execute("DROP INDEX insta11.photos_user_id_idx")
+    monkeypatch.setattr(verify_mod, "EXPLAINED_GROUPS", 1)
+    report = verify_mod.verify(topo)
+    reasons = {v.shard: v.reason for v in report.violations}
+    assert set(reasons) == {5, 11}
+    assert reasons[5].startswith("extra column note on photos (schema differs")
+    assert reasons[11] == ("schema differs from the majority's (14 shards, e.g. shard 0); 2 other schemas, only the "
+                           "first 1 explained: compare it with `verify --hosts`")
+
+
 def test_verify_catches_a_constraint_a_do_block_skipped(ready):
     """The real bug: a DO block looks the constraint up by name in pg_constraint with no schema filter,
     finds the first shard's, and skips every shard after it."""

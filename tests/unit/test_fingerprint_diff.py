@@ -43,3 +43,12 @@ def test_long_definitions_are_shortened_unless_limit_is_zero():
     assert short.startswith("the schema itself differs: 'owner app acl xxx") and "…" in short and len(short) < 260
     whole, = differences(REFERENCE, shard, limit=0)
     assert "x" * 300 in whole
+
+
+def test_schema_groups_put_the_majority_first_and_break_ties_by_the_lowest_shard():
+    from shardctl.ops.verify import schema_groups
+
+    groups = schema_groups({0: "b", 1: "a", 2: "a", 3: "c", 4: "b"})
+    assert [(g.fingerprint, g.shards, g.majority) for g in groups] == [
+        ("b", [0, 4], True), ("a", [1, 2], False), ("c", [3], False)]
+    assert schema_groups({}) == []

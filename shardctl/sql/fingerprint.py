@@ -20,7 +20,9 @@ deparsing a call of ``next_id()`` looks the name up among every shard's ``next_i
 the shards per host), so a default that is exactly a call of the shard's own ``next_id()`` (its node
 tree, compared as text) is written as ``{schema}.next_id()`` without deparsing, and any other default
 without a column reference (``now()``, the same node tree on every shard) is deparsed once per distinct
-node tree, not once per shard.
+node tree, not once per shard. An index without expressions or a predicate is described from
+``pg_index`` (access method, columns with their operator classes, options, collations, INCLUDE
+columns, storage options, tablespace) instead of ``pg_get_indexdef``: a third of the cost.
 
 ``FINGERPRINT_SQL`` folds each shard's rows, in a fixed order, into one md5 on the server (one query
 per host for all its shards); ``OBJECTS_SQL`` returns the rows themselves for the few shards whose
@@ -96,9 +98,25 @@ WITH s AS MATERIALIZED (
       FROM s JOIN pg_constraint k ON k.connamespace = s.oid AND k.contype <> 'n'
       LEFT JOIN pg_class c ON c.oid = k.conrelid LEFT JOIN pg_type t ON t.oid = k.contypid
     UNION ALL
-    SELECT s.schema, 'index', c.relname::text, i.relname::text, {_n('pg_get_indexdef(i.oid)')}
+    SELECT s.schema, 'index', c.relname::text, i.relname::text,
+           CASE WHEN x.indexprs IS NULL AND x.indpred IS NULL THEN concat_ws(' ',  -- read, not deparsed: cheaper
+               am.amname, CASE WHEN x.indisunique THEN 'unique' END,
+               CASE WHEN x.indnullsnotdistinct THEN 'nulls not distinct' END,
+               '(' || (SELECT string_agg(concat_ws(' ', quote_ident(a.attname), oc.opcname,
+                                                   CASE WHEN k.opt <> 0 THEN 'option ' || k.opt END,
+                                                   CASE WHEN k.coll <> 0 THEN k.coll::regcollation::text END,
+                                                   CASE WHEN k.i > x.indnkeyatts THEN 'include' END),
+                                         ', ' ORDER BY k.i)
+                         FROM unnest(x.indkey::int2[], x.indclass::oid[], x.indoption::int2[], x.indcollation::oid[])
+                              WITH ORDINALITY AS k(attnum, opclass, opt, coll, i)
+                         JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+                         LEFT JOIN pg_opclass oc ON oc.oid = k.opclass) || ')',
+               'with ' || i.reloptions::text,
+               'tablespace ' || (SELECT t.spcname FROM pg_tablespace t WHERE t.oid = i.reltablespace))
+           ELSE {_n('pg_get_indexdef(i.oid)')} END
+           || CASE WHEN x.indisvalid THEN '' ELSE ' INVALID (a failed CREATE INDEX CONCURRENTLY?)' END
       FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_index x ON x.indrelid = c.oid
-      JOIN pg_class i ON i.oid = x.indexrelid
+      JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_am am ON am.oid = i.relam
      WHERE NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conindid = i.oid AND k.conrelid = c.oid)
     UNION ALL
     SELECT s.schema, CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE 'function' END, '',

@@ -163,3 +163,13 @@ def test_verify_with_a_shard_missing_an_enum_label(ready):
     assert [(v["shard"], v["reason"].split(" (schema")[0]) for v in doc["violations"]] == [
         (14, "type mood differs: \"e owner postgres acl labels 'happy'\" "
              "(others: \"e owner postgres acl labels 'happy', 'sad'\")")]
+
+
+def test_verify_names_an_index_built_differently(ready):
+    topo = load(ready)
+    with admin(topo, "pg1") as conn:  # same name, without the DESC on id
+        conn.execute("DROP INDEX insta3.photos_user_id_idx; CREATE INDEX photos_user_id_idx ON insta3.photos (user_id, id)")
+    doc = json.loads(run_cli("verify", "--json", config=ready).stdout)
+    assert [(v["shard"], v["reason"].split(" (schema")[0]) for v in doc["violations"]] == [
+        (3, "index photos_user_id_idx on photos differs: 'btree (user_id int8_ops, id int8_ops)' "
+            "(others: 'btree (user_id int8_ops, id int8_ops option 3)')")]

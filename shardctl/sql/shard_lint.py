@@ -74,6 +74,11 @@ _WIDE = {"CreateExtensionStmt": "CREATE EXTENSION", "AlterExtensionStmt": "ALTER
          "CreateTableSpaceStmt": "CREATE TABLESPACE", "DropTableSpaceStmt": "DROP TABLESPACE"}
 
 
+# Statements that name what they create or change by a list of names (schema first when qualified).
+_NAMED_BY_LIST = {"CreateFunctionStmt": "funcname", "CreateEnumStmt": "typeName", "AlterEnumStmt": "typeName",
+                  "CreateDomainStmt": "domainname", "DefineStmt": "defnames", "ObjectWithArgs": "objname"}
+
+
 @dataclass
 class Hit:
     rule: str
@@ -163,6 +168,10 @@ class _Checker:
                 self.hit(SEQUENCE, at, f"{name[-1]} column: its sequence mints IDs without the shard number")
         elif isinstance(node, ast.TypeCast):
             self.regclass_literal(node, at)
+        elif type(node).__name__ in _NAMED_BY_LIST:  # CREATE FUNCTION public.f, CREATE TYPE public.mood, …
+            name = _names(getattr(node, _NAMED_BY_LIST[type(node).__name__], None))
+            if len(name) > 1:
+                self.qualifier(name[0], ".".join(name), at)
         elif isinstance(node, ast.DropStmt):
             for obj in node.objects or ():
                 name = _names(obj) if isinstance(obj, (list, tuple)) else []

@@ -61,6 +61,11 @@ def test_catalog_lookup_with_a_schema_filter_passes(sql):
     ("SELECT nextval('public.s'::regclass);", 1),
     ("DROP TABLE public.old;", 1),
     ("DO $$ BEGIN\n  UPDATE insta0.users SET username = lower(username);\nEND $$;", 2),
+    ("CREATE FUNCTION public.f() RETURNS int LANGUAGE sql AS 'SELECT 1';", 1),
+    ("CREATE TYPE public.mood AS ENUM ('a');", 1),
+    ("ALTER TYPE insta0.mood ADD VALUE 'b';", 1),
+    ("CREATE DOMAIN public.pos AS int CHECK (VALUE > 0);", 1),
+    ("GRANT EXECUTE ON FUNCTION public.f() TO app;", 1),
 ])
 def test_fixed_schema_qualifier(sql, line):
     assert (sl.FIXED_SCHEMA, line) in hits(sql)
@@ -71,6 +76,7 @@ def test_fixed_schema_qualifier(sql, line):
     "SELECT * FROM information_schema.tables WHERE table_schema = 'insta3' LIMIT 0;",
     "CREATE TEMP TABLE x (i int); SELECT * FROM pg_temp.x;",
     "SELECT 'public.x is just text';",
+    "CREATE FUNCTION insta3.f() RETURNS int LANGUAGE sql AS 'SELECT 1'; CREATE TYPE insta3.mood AS ENUM ('a');",
 ])
 def test_own_and_shared_schemas_pass(sql):
     assert sl.FIXED_SCHEMA not in {r for r, _ in hits(sql)}

@@ -17,6 +17,7 @@ from ..sql.fingerprint import fingerprints
 from ..sql.catalog import applied_versions, control_exists, last_event, move_records, schema_names, shard_list
 from ..sql.migrations import for_topology
 from .move.api import next_step
+from .verify import per_shard_functions
 from .move.run import Move, merge_records
 
 
@@ -79,7 +80,8 @@ class StatusReport:
 
 
 def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostStatus,
-                 known_versions: set[int], records: list[tuple], prints: set[str]) -> str | None:
+                 known_versions: set[int], records: list[tuple], prints: set[str],
+                 per_shard: tuple[str, ...]) -> str | None:
     """Fill ``st``; returns an error line when the host has no control schema."""
     st.server_version = conn.execute("SHOW server_version").fetchone()[0]
     if not control_exists(conn):
@@ -98,7 +100,7 @@ def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostS
     st.unexpected = format_shards((present | stray) - owned)
     st.moving = _moving(rows)
     records.extend(move_records(conn))
-    prints.update(fingerprints(conn, [topo.schema_name(n) for n in sorted(present & owned)]).values())
+    prints.update(fingerprints(conn, [topo.schema_name(n) for n in sorted(present & owned)], per_shard).values())
     if versions:
         st.min_version, st.max_version = min(versions), max(versions)
     st.failed = _failed(conn, topo, {n: r.version for n, r in rows.items() if n in owned & present})
@@ -148,11 +150,13 @@ def status(topo: Topology, *, hosts: list[str] | None = None,
     known_versions = {m.version for m in for_topology(topo)}
     records: dict[str, list[tuple]] = {}  # host → its records of moves
     prints: dict[str, set[str]] = {}  # host → its shards' catalog fingerprints
+    per_shard = per_shard_functions(topo)
 
     def work(host: Host, result: HostResult[HostStatus]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="status") as conn:
             result.error = _host_status(conn, topo, host, result.value, known_versions,
-                                        records.setdefault(host.name, []), prints.setdefault(host.name, set()))
+                                        records.setdefault(host.name, []), prints.setdefault(host.name, set()),
+                                        per_shard)
 
     results = fan_out(select_hosts(topo, hosts), work, lambda h: HostStatus(h.masked_dsn, expected=len(h.shards)))
     pending = pending_move_lines(topo, [r for name in sorted(records) for r in records[name]])

@@ -142,15 +142,25 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
     def work(host: Host, result: HostResult[HostVerification]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
             check = _HostCheck(conn, topo, host, result.value, expected_body, tolerance_ms)
-            check.run(samples, full, body_samples, id_shards, schemas)
+            check.run(samples, full, body_samples, id_shards, per_shard if schemas else None)
 
+    per_shard = per_shard_functions(topo) if schemas else fingerprint.NEXT_ID
     reports = fan_out(select_hosts(topo, hosts), work, lambda h: HostVerification(h.name))
-    groups = compare_schemas(topo, reports, connect_timeout=connect_timeout, full=full)
+    groups = compare_schemas(topo, reports, connect_timeout=connect_timeout, full=full, per_shard=per_shard)
     layout = {"name": topo.layout.name, **topo.layout.limits()}
     return VerifyReport(reports, time.perf_counter() - started, samples, layout, full, groups)
 
 
 SHOWN_DIFFERENCES = 3  # per shard in a violation (``--full``: all of them)
+
+
+def per_shard_functions(topo: Topology) -> tuple[str, ...]:
+    """``name/nargs`` of the template's re-deployable functions (``next_id/0`` and a project's own): their
+    bodies may hold the shard number, so the fingerprint leaves them out (the template checks cover them)."""
+    from .redeploy import template_functions
+
+    return tuple(sorted({f.object for f in template_functions(topo, 0)} | set(fingerprint.NEXT_ID)))
+
 EXPLAINED_GROUPS = 32  # fingerprints (other than the majority's) explained object by object, biggest first
 
 
@@ -167,7 +177,8 @@ def schema_groups(found: dict[int, str]) -> list[SchemaGroup]:
 
 
 def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]], *,
-                    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT, full: bool = False) -> list[SchemaGroup]:
+                    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT, full: bool = False,
+                    per_shard: tuple[str, ...] = fingerprint.NEXT_ID) -> list[SchemaGroup]:
     """Compare the shards' fingerprints across the hosts checked. Each group that is not the majority's
     is explained once: one of its shards' objects against a majority shard's (on the same host when
     there is one), and every shard in the group gets a violation naming the difference."""
@@ -192,7 +203,7 @@ def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]],
         group.sample, group.reference = sample, reference
         try:
             group.differences = _explain(topo, host.host, sample, owner[reference].host, reference,
-                                         connect_timeout, full)
+                                         connect_timeout, full, per_shard)
         except (psycopg.Error, OSError, ShardctlError) as exc:  # a host gone since: say so, keep the rest
             group.differences = [f"(could not read the objects: {_first_line(str(exc))})"]
         shown = group.differences if full else group.differences[:SHOWN_DIFFERENCES]
@@ -207,14 +218,14 @@ def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]],
 
 
 def _explain(topo: Topology, host: str, shard: int, ref_host: str, reference: int, connect_timeout: int,
-             full: bool) -> list[str]:
+             full: bool, per_shard: tuple[str, ...]) -> list[str]:
     mine, theirs = topo.schema_name(shard), topo.schema_name(reference)
     with db.connect(topo.host(host), autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
-        found = fingerprint.objects(conn, [mine] + ([theirs] if ref_host == host else []))
+        found = fingerprint.objects(conn, [mine] + ([theirs] if ref_host == host else []), per_shard)
     if ref_host != host:
         with db.connect(topo.host(ref_host), autocommit=True, connect_timeout=connect_timeout,
                         purpose="verify") as conn:
-            found.update(fingerprint.objects(conn, [theirs]))
+            found.update(fingerprint.objects(conn, [theirs], per_shard))
     return fingerprint.differences(found[theirs], found[mine], limit=0 if full else 160)
 
 
@@ -231,13 +242,15 @@ class _HostCheck:
         schema = self.topo.schema_name(shard) if shard is not None else None
         self.result.violations.append(Violation(self.host.name, shard, schema, reason))
 
-    def run(self, samples: int, full: bool, body_samples: int, id_shards: int, schemas: bool = True) -> None:
+    def run(self, samples: int, full: bool, body_samples: int, id_shards: int,
+            per_shard: tuple[str, ...] | None = fingerprint.NEXT_ID) -> None:
+        """``per_shard``: the functions whose bodies the fingerprint leaves out; None: no fingerprints."""
         checkable = self.placement()
         if not checkable:
             return
-        if schemas:
+        if per_shard is not None:
             schema = self.topo.schema_name
-            found = fingerprint.fingerprints(self.conn, [schema(n) for n in checkable])
+            found = fingerprint.fingerprints(self.conn, [schema(n) for n in checkable], per_shard)
             self.result.fingerprints = {n: found[schema(n)] for n in checkable if schema(n) in found}
         bodies_ok, suspect = self.bodies(checkable, full, body_samples)
         if not full:

@@ -9,8 +9,9 @@ security policies, default privileges, and the schema's own owner and privileges
 Each shard's own schema name, wherever the catalog spells it (``insta17.next_id()`` in a default,
 ``FROM insta17.photos`` in a view, ``'insta17.next_id_seq'::regclass``), is replaced by
 ``{schema}.``, so identical shards give identical text. What is legitimately per shard is left
-out: the body of ``next_id()`` (it holds the shard number; ``verify`` checks it against the
-template separately) and the trigger a move puts on a shard's old tables. Left out as said twice:
+out: the bodies of ``next_id()`` and of the template's other re-deployable functions (``per_shard``:
+``name/nargs``; they may hold the shard number, and ``verify``, ``plan`` and ``redeploy`` compare them
+with the template) and the trigger a move puts on a shard's old tables. Left out as said twice:
 PostgreSQL 18's NOT NULL constraints (the column's row says ``not null``) and the index behind a
 primary key, unique or exclusion constraint (the constraint's row names its columns); deparsing them
 cost about half the query's time.
@@ -125,7 +126,8 @@ WITH s AS MATERIALIZED (
                      CASE WHEN p.proisstrict THEN 'strict' END, CASE WHEN p.prosecdef THEN 'security definer' END,
                      CASE WHEN p.proleakproof THEN 'leakproof' END, 'parallel', p.proparallel,
                      'config', {_n('p.proconfig::text')}, 'owner', pg_get_userbyid(p.proowner), 'acl', p.proacl::text,
-                     CASE WHEN p.proname = 'next_id' AND p.pronargs = 0 THEN 'body: checked against the template'
+                     CASE WHEN p.proname || '/' || p.pronargs = ANY(%(per_shard)s::text[])
+                          THEN 'body: per shard, compared with the template'
                           ELSE 'body md5 ' || md5({_n('p.prosrc')}) END)
       FROM s JOIN pg_proc p ON p.pronamespace = s.oid JOIN pg_language l ON l.oid = p.prolang
     UNION ALL
@@ -170,19 +172,23 @@ OBJECTS_SQL = _OBJECTS + """
 SELECT schema, kind, tbl, name, def FROM o"""
 
 Key = tuple[str, str, str]  # (kind, tbl, name)
+NEXT_ID = ("next_id/0",)
 
 
-def fingerprints(conn: psycopg.Connection, schemas: list[str]) -> dict[str, str]:
-    """Schema → the md5 of its catalog text, for the ``schemas`` that exist: one query."""
+def fingerprints(conn: psycopg.Connection, schemas: list[str], per_shard: tuple[str, ...] = NEXT_ID) -> dict[str, str]:
+    """Schema → the md5 of its catalog text, for the ``schemas`` that exist: one query. ``per_shard``:
+    functions (``name/nargs``) whose bodies are left out."""
     if not schemas:
         return {}
-    return dict(conn.execute(FINGERPRINT_SQL, {"schemas": schemas}).fetchall())
+    return dict(conn.execute(FINGERPRINT_SQL, {"schemas": schemas, "per_shard": list(per_shard)}).fetchall())
 
 
-def objects(conn: psycopg.Connection, schemas: list[str]) -> dict[str, dict[Key, str]]:
+def objects(conn: psycopg.Connection, schemas: list[str],
+            per_shard: tuple[str, ...] = NEXT_ID) -> dict[str, dict[Key, str]]:
     """Schema → (kind, table, name) → definition text, for a few ``schemas``."""
     out: dict[str, dict[Key, str]] = {s: {} for s in schemas}
-    for schema, kind, tbl, name, definition in conn.execute(OBJECTS_SQL, {"schemas": schemas}).fetchall():
+    rows = conn.execute(OBJECTS_SQL, {"schemas": schemas, "per_shard": list(per_shard)}).fetchall()
+    for schema, kind, tbl, name, definition in rows:
         out[schema][(kind, tbl, name)] = definition or ""
     return out
 

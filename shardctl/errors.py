@@ -1,7 +1,9 @@
 """One exception hierarchy; each class carries the CLI exit code it maps to.
 
 Exit codes: 0 ok; 1 the operation failed or ``--check`` found work
-pending; 2 bad input (config, arguments, IDs); 3 a host could not be reached.
+pending; 2 bad input (config, arguments, IDs); 3 a host could not be reached;
+4 the fleet is incomplete: shards missing (never created, or their schema gone) or
+failed (``migrate`` finished without them; ``status`` found them).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
+EXIT_INCOMPLETE = 4
 
 
 class ShardctlError(Exception):
@@ -64,6 +67,13 @@ class OperationFailed(ShardctlError):
     def __init__(self, message: str, report: object | None = None):
         self.report = report
         super().__init__(message)
+
+
+class FleetIncomplete(OperationFailed):
+    """Shards are missing (never created, or their schema is gone) or failed their last migration: the
+    command itself ran (``migrate`` applied what it could; ``status`` read every host)."""
+
+    exit_code = EXIT_INCOMPLETE
 
 
 class LockBusy(OperationFailed):

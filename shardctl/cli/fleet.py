@@ -42,7 +42,7 @@ def _host_errors(hosts: list, error: ShardctlError | None) -> None:
 def _print_failed(report: FleetReport, with_version: bool, error: ShardctlError | None = None) -> None:
     failed = [f for f in report.failed if _unsaid(f"shard {f['shard']} on {f['host']}", error)]
     for f in failed[:50]:
-        version = f" at V{f['version']}" if f.get("version") or with_version else ""
+        version = f" at {f.get('file') or 'V%s' % f['version']}" if f.get("version") or with_version else ""
         stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']}{version}: {f['error']}",
                      markup=True, highlight=False)
     if len(failed) > 50:
@@ -286,7 +286,8 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
               help="Allowed gap between an ID's time and the host clock.")
 @click.option("--full", is_flag=True, help="Render and compare every shard's next_id() body and check every "
                                           "shard's IDs (default: every body's shape, IDs of 512 shards per host "
-                                          "and of every shard whose body or sequence is off).")
+                                          "and of every shard whose body or sequence is off), and list every "
+                                          "object a shard's schema differs in (default: the first 3).")
 def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samples: int, tolerance_ms: int,
                full: bool) -> None:
     """Check IDs, next_id() definitions, clocks and shard placement on every host."""
@@ -308,6 +309,12 @@ def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samp
         stdout.print(f"Layout {lim['name']}: {lim['ids_per_ms_per_shard']} IDs/ms per shard; IDs overflow on "
                      f"{lim['overflow_at']}" + (f", turn negative on {lim['negative_at']}" if lim["negative_at"]
                                                 else ""))
+        if report.schemas:
+            counted = sum(len(g.shards) for g in report.schemas)
+            stdout.print(f"Schemas: {len(report.schemas)} distinct over {counted} shards"
+                         + ("" if len(report.schemas) == 1 else
+                            " (" + "; ".join(f"{format_shards(g.shards)}: {len(g.shards)}" for g in report.schemas)
+                            + ")"), highlight=False)
         _host_errors(report.hosts, error)
         for v in [v for v in report.violations if _unsaid(f"{v.host} shard {v.shard}: {v.reason}", error)][:100]:
             where = f"shard {v.shard} ({v.schema})" if v.shard is not None else "host"
@@ -340,10 +347,13 @@ def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> N
                 drift.append(f"missing {h['missing']}")
             if h["unexpected"]:
                 drift.append(f"unexpected {h['unexpected']}")
+            drift += [f"failed: {line}" for line in h["failed"]]
             rows.append([h["host"], "yes" if h["reachable"] else "[red]NO[/red]", h["server_version"] or "-",
                          f"{h['present']}/{h['expected']}", versions, "; ".join(drift) or "-",
                          h["moving"] or "-", h["last_event"] or "-"])
-        t = table(f"status (latest migration V{doc['latest_version']})",
+        schemas = doc["distinct_schemas"]
+        t = table(f"status (latest migration V{doc['latest_version']}; {schemas} distinct shard "
+                  f"schema{'' if schemas == 1 else 's'}" + ("" if schemas < 2 else ": run shardctl verify") + ")",
                   ["host", "reachable", "server", "shards", "versions", "drift", "moving", "last event"], [])
         for r in rows:
             t.add_row(*[str(x) for x in r])

@@ -1,4 +1,5 @@
-"""``shardctl lint``: squawk over new migrations, rendered for a sample shard (logic in sql/lint.py)."""
+"""``shardctl lint``: squawk and shardctl's own rules over new migrations, rendered for a sample shard (logic in
+sql/lint.py and sql/shard_lint.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from .params import ASCII_INT
 @click.option("--shard", type=ASCII_INT, default=0, show_default=True, help="Render the migrations for this shard.")
 @json_option
 def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
-    """Flag dangerous DDL in new migrations with squawk (rules set in the topology's lint: section)."""
+    """Flag dangerous DDL in new migrations: squawk, plus shardctl's rules for schema-per-shard (catalog
+    lookups with no schema filter, fixed schemas, database-wide statements, search_path, CONCURRENTLY in a
+    transaction, sequences that bypass next_id()); rules set in the topology's lint: section."""
     from .options import finish
 
     topo = settings().topology()
@@ -33,7 +36,8 @@ def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
             stdout.print(f"[red]{f.file}:{f.line}:{f.column}[/red] {f.rule}: {f.message}"
                          + (f" ({f.help})" if f.help else ""), markup=True, highlight=False)
         skipped = f"; rules off: {', '.join(result.excluded)}" if result.excluded else ""
-        stdout.print(f"squawk: {len(result.findings)} finding(s) in {', '.join(result.files)} "
+        stdout.print(f"lint (squawk and shardctl's schema-per-shard rules): {len(result.findings)} finding(s) in "
+                     f"{', '.join(result.files)} "
                      f"(rendered for shard {result.shard}{skipped})", highlight=False)
 
     error = None

@@ -214,7 +214,12 @@ class FleetReport:
                 "hosts": [h.to_dict() for h in self.hosts], **self.extra}
 
     def problems(self) -> list[str]:
-        parts = [f"{len(self.failed)} shard(s) failed"] if self.failed else []
+        parts = []
+        if self.failed:  # the first failure, named by its migration file when the caller set one (ops/)
+            f = self.failed[0]
+            where = f" at {f['file']}" if f.get("file") else ""
+            parts.append(f"{len(self.failed)} shard(s) failed (first: shard {f['shard']} on {f['host']}{where}: "
+                         f"{f['error']})")
         if self.not_started:
             parts.append(f"{self.not_started} shard(s) not started")
         return parts

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from ..model.ranges import format_shards
+from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Topology
 from ..sql.catalog import control_exists
 from ..sql.migrations import Migration
@@ -41,6 +41,18 @@ def log_event(conn: psycopg.Connection, kind: str, shards: list[int], detail: di
     with conn.transaction():
         conn.execute("INSERT INTO shardctl.events (kind, shards, detail) VALUES (%s, %s, %s::jsonb)",
                      (kind, format_shards(shards) if shards else None, json.dumps(detail, default=str)))
+
+
+def recorded_failures(conn: psycopg.Connection) -> dict[int, int]:
+    """Shard → the highest version a ``migrate`` run recorded it failing at (the events'
+    ``failed_versions``); the caller compares it with the shard's version now."""
+    out: dict[int, int] = {}
+    rows = conn.execute("SELECT v.key, v.value FROM shardctl.events e, jsonb_each_text(e.detail->'failed_versions') v "
+                        "WHERE e.kind = 'migrate' AND jsonb_typeof(e.detail->'failed_versions') = 'object'").fetchall()
+    for version, shards in rows:
+        for n in parse_shards(shards):
+            out[n] = max(out.get(n, 0), int(version))
+    return out
 
 
 @dataclass

@@ -4,7 +4,9 @@ A pull request passes when
 
 1. every migration of the base branch is still there, unchanged (same name, same text);
 2. the change only adds migrations after the base's head (versions base_head+1 …);
-3. each new migration renders, parses and can run as shardctl runs it, for every shard;
+3. each new migration renders, parses and can run as shardctl runs it, for every shard, and passes
+   shardctl's own schema-per-shard lint rules (sql/shard_lint.py; rendered for shard 0; the topology's
+   ``lint.exclude`` turns a rule off);
 4. the fleet is at the base's head: nothing of the base pending on any shard, no applied file
    edited (ledger checksums), no version the base does not have.
 
@@ -24,6 +26,7 @@ from ..engine.fanout import raise_unreachable
 from ..errors import BadInput
 from ..model.ranges import format_shards
 from ..model.topology import Topology
+from ..sql.lint import shard_findings
 from ..sql.migrations import Migration, for_topology, load
 from ..sql.render import shard_context
 from .migrate import migrate
@@ -126,6 +129,9 @@ def check_against_base(topo: Topology, base_dir: Path, *, hosts: list[str] | Non
     result.new = [m.name for m in added]
     rendered, result.shards_rendered = render_everywhere(topo, added)
     result.problems += rendered
+    if not rendered:
+        result.problems += [f"{f.file}:{f.line} {f.rule}: {f.message} (fix: {f.help})"
+                            for f in shard_findings(topo, added)]
     # An edited, removed or renamed base file is reported above; the fleet is still compared up to
     # what both folders hold.
     fleet, result.fleet = fleet_problems(topo, min(len(base), len(head)), hosts, connect_timeout)

@@ -28,7 +28,7 @@ from ..engine.executor import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, RunOption
 from ..engine.fanout import (ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out,
                              host_jobs, raise_unreachable, select_hosts)
 from ..engine.ledger import Drift, Integrity, check_integrity, find_drift, log_event, refresh_cache, repair
-from ..errors import BadInput, OperationFailed, PendingWork
+from ..errors import BadInput, FleetIncomplete, OperationFailed, PendingWork
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog import ShardRow, control_exists, ledger_versions, open_moves, shard_list
@@ -54,12 +54,13 @@ class HostMigration(ApplyOutcome):
     dry_run_sql: dict[str, str] = field(default_factory=dict)
     integrity: dict[str, int] = field(default_factory=dict)
 
-    def ledger_problems(self) -> list[str]:
+    def ledger_problems(self, files: dict[int, str] | None = None) -> list[str]:
         """Shards not created, applied files that changed, and versions missing from a shard's ledger:
-        one line each (the caller names the host)."""
+        one line each (the caller names the host), naming the file (``files``: version → file name)."""
         lines = [f"shards {format_shards(self.missing)} not created (run shardctl init)"] if self.missing else []
         lines += [f"{dr.file} changed after it was applied (shards {format_shards(dr.shards)})" for dr in self.drift]
-        lines += [f"V{v} missing from the ledger of shards {format_shards(s)}" for v, s in self.gaps.items()]
+        lines += [f"{file_of(files, v)} missing from the ledger of shards {format_shards(s)}"
+                  for v, s in self.gaps.items()]
         return lines
 
     def detail(self) -> dict:
@@ -73,6 +74,11 @@ class HostMigration(ApplyOutcome):
                 "integrity": self.integrity}
 
 
+def file_of(files: dict[int, str] | None, version: int | None) -> str:
+    """A version's migration file name (``V3`` when the file is not known: gone, or no mapping)."""
+    return (files or {}).get(version) or f"V{version}"
+
+
 @dataclass
 class MigrateResult(FleetReport):
     """The result of ``migrate`` (and ``plan``): one HostResult[HostMigration] per host."""
@@ -81,6 +87,7 @@ class MigrateResult(FleetReport):
     latest_version: int = 0
     check: bool = False
     dry_run: bool = False
+    files: dict[int, str] = field(default_factory=dict)  # version → migration file name
 
     def host(self, h: HostResult) -> HostMigration:
         return h.value if h.value is not None else HostMigration()
@@ -100,8 +107,9 @@ class MigrateResult(FleetReport):
         for h in self.hosts:
             d = self.host(h)
             if d.pending and self.check:
-                parts.append(f"{h.host}: " + ", ".join(f"V{v} on {n} shards" for v, n in d.pending.items()))
-            parts += [f"{h.host}: {line}" for line in d.ledger_problems()]
+                parts.append(f"{h.host}: " + ", ".join(f"{file_of(self.files, v)} on {n} shards"
+                                                       for v, n in d.pending.items()))
+            parts += [f"{h.host}: {line}" for line in d.ledger_problems(self.files)]
             if self.check:
                 parts += [f"{h.host}: {line}" for line in d.held]
         return parts
@@ -127,17 +135,25 @@ class MigrateResult(FleetReport):
 
     def raise_for_status(self) -> "MigrateResult":
         """Exit 3 for an unreachable host; 1 (OperationFailed) for failed shards or host errors, or a
-        dry run that the real run would refuse; 1 (PendingWork) when ``check`` finds work pending."""
+        dry run that the real run would refuse; 1 (PendingWork) when ``check`` finds work pending; 4
+        (FleetIncomplete) when a run finished but shards in scope were never created. Every line names the
+        migration file."""
         doc = self.to_dict()
         raise_unreachable(self.hosts, doc)
         if self.failed:
             first = self.failed[:3]
-            text = "; ".join(f"shard {f['shard']} on {f['host']} at V{f['version']}: {f['error']}" for f in first)
+            text = "; ".join(f"shard {f['shard']} on {f['host']} at {f.get('file') or file_of(self.files, f['version'])}"
+                             f": {f['error']}" for f in first)
             more = f" (and {len(self.failed) - 3} more)" if len(self.failed) > 3 else ""
             note = (f"; {self.not_started} shard(s) not started (stopped after the first failure; re-run to "
                     f"continue)" if self.not_started else "")
             raise OperationFailed(f"migrate: {len(self.failed)} shard(s) failed: {text}{more}{note}", report=doc)
         super().raise_for_status()
+        missing = [f"{h.host}: shards {format_shards(self.host(h).missing)}" for h in self.hosts
+                   if self.host(h).missing]
+        if missing and not (self.check or self.dry_run):
+            raise FleetIncomplete(f"migrate: shards missing, so not migrated: {'; '.join(missing)} (never created, "
+                                  f"or their schema was dropped: run shardctl init)", report=doc)
         parts = self.findings() if (self.check or self.dry_run) else []
         if parts and self.check:
             raise PendingWork("pending: " + "; ".join(parts))
@@ -311,11 +327,17 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
     chosen = host_jobs(host, conn, run.jobs) if plans else None
     out.jobs_rule = chosen.rule if chosen else ""
     apply_plans(host, plans, run.options, run.stop, out, run.progress, jobs=chosen.count if chosen else 1)
+    files = {m.version: m.name for m in run.migrations}
+    failed_at: dict[int, list[int]] = {}
     for f in out.failed:
         f["error"] = explain_error(f["error"], run.options)
+        f["file"] = file_of(files, f["version"])
+        failed_at.setdefault(f["version"], []).append(f["shard"])
     if out.migrated or out.failed or out.repaired:
         log_event(conn, "migrate", sorted(out.migrated), {
             "target": run.goal, "migrated": len(out.migrated), "failed": len(out.failed),
+            # status reads this: a shard still below the version it failed at is reported as failed.
+            "failed_versions": {str(v): format_shards(s) for v, s in failed_at.items() if v is not None},
             "not_started": len(out.not_started), "repaired": out.repaired, "retried": out.retried,
             "held": format_shards(out.held_shards)})
     refresh_cache(conn, run.topo, run.migrations, verified)
@@ -381,4 +403,5 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
             locks.refuse_untranslatable(rendered)
             reports = fan_out(selected, apply, lambda h: HostMigration())
     return MigrateResult("migrate", reports, time.perf_counter() - started, target=run.goal,
-                         latest_version=len(migrations), check=check, dry_run=dry_run)
+                         latest_version=len(migrations), check=check, dry_run=dry_run,
+                         files={m.version: m.name for m in migrations})

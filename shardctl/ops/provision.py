@@ -90,6 +90,9 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
             chosen = host_jobs(host, conn, jobs) if count else None
             out.jobs_rule = chosen.rule if chosen else ""
             apply_plans(host, plans, options, stop, out, progress, total=count, jobs=chosen.count if chosen else 1)
+            names = {m.version: m.name for m in migrations}
+            for f in out.failed:  # failure lines name the migration file, not just its version
+                f["file"] = names.get(f["version"])
             if out.changed or out.failed:
                 detail = {"created": len(out.created), "migrated": len(out.migrated), "failed": len(out.failed)}
                 if recreated:

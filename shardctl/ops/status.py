@@ -9,11 +9,15 @@ import psycopg
 
 from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_unreachable, select_hosts
+from ..engine.ledger import recorded_failures
+from ..errors import FleetIncomplete
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
+from ..sql.fingerprint import fingerprints
 from ..sql.catalog import applied_versions, control_exists, last_event, move_records, schema_names, shard_list
 from ..sql.migrations import for_topology
 from .move.api import next_step
+from .verify import per_shard_functions
 from .move.run import Move, merge_records
 
 
@@ -30,6 +34,7 @@ class HostStatus:
     min_version: int | None = None
     max_version: int | None = None
     moving: str = ""
+    failed: list[str] = field(default_factory=list)  # "shards 5,7 at V0003__x.sql": their last migrate failed
     orphan_versions: list[int] = field(default_factory=list)
     last_event: str | None = None
 
@@ -47,23 +52,36 @@ class StatusReport:
     seconds: float
     latest_version: int
     pending_moves: list[str] = field(default_factory=list)  # one line per move that needs a command
+    distinct_schemas: int = 0  # catalog fingerprints among the present shards (1: every shard alike)
 
     @property
     def ok(self) -> bool:
-        return all(h.ok and not h.value.drift for h in self.hosts)
+        return all(h.ok and not h.value.drift and not h.value.failed for h in self.hosts)
 
     def to_dict(self) -> dict:
         return {"command": "status", "seconds": round(self.seconds, 3), "latest_version": self.latest_version,
-                "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts], "pending_moves": self.pending_moves}
+                "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts], "pending_moves": self.pending_moves,
+                "distinct_schemas": self.distinct_schemas}
 
     def raise_for_status(self) -> "StatusReport":
-        """Exit 3 when a host could not be reached (drift is shown, not an error)."""
-        raise_unreachable(self.hosts, self.to_dict())
+        """Exit 3 when a host could not be reached; 4 (FleetIncomplete) when shards are missing (never
+        created, or their schema is gone) or failed their last migration; else 0. Shards present on the
+        wrong host and moves in flight are shown, not errors."""
+        doc = self.to_dict()
+        raise_unreachable(self.hosts, doc)
+        parts = []
+        for h in self.hosts:
+            if h.value.missing:
+                parts.append(f"{h.host}: shards {h.value.missing} missing (run shardctl init)")
+            parts += [f"{h.host}: {line} failed (fix it, then re-run shardctl migrate)" for line in h.value.failed]
+        if parts:
+            raise FleetIncomplete("status: " + "; ".join(parts), report=doc)
         return self
 
 
 def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostStatus,
-                 known_versions: set[int], records: list[tuple]) -> str | None:
+                 known_versions: set[int], records: list[tuple], prints: set[str],
+                 per_shard: tuple[str, ...]) -> str | None:
     """Fill ``st``; returns an error line when the host has no control schema."""
     st.server_version = conn.execute("SHOW server_version").fetchone()[0]
     if not control_exists(conn):
@@ -82,11 +100,24 @@ def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostS
     st.unexpected = format_shards((present | stray) - owned)
     st.moving = _moving(rows)
     records.extend(move_records(conn))
+    prints.update(fingerprints(conn, [topo.schema_name(n) for n in sorted(present & owned)], per_shard).values())
     if versions:
         st.min_version, st.max_version = min(versions), max(versions)
+    st.failed = _failed(conn, topo, {n: r.version for n, r in rows.items() if n in owned & present})
     if rows:
         st.orphan_versions = sorted(applied_versions(conn) - known_versions)
     return None
+
+
+def _failed(conn: psycopg.Connection, topo: Topology, versions: dict[int, int]) -> list[str]:
+    """``shards 5,7 at V0003__x.sql`` per version: shards a migrate run recorded failing that are still
+    below the version they failed at."""
+    files = {m.version: m.name for m in for_topology(topo)}
+    by_version: dict[int, list[int]] = {}
+    for shard, version in recorded_failures(conn).items():
+        if shard in versions and versions[shard] < version:
+            by_version.setdefault(version, []).append(shard)
+    return [f"shards {format_shards(s)} at {files.get(v, f'V{v}')}" for v, s in sorted(by_version.items())]
 
 
 def _moving(rows: dict) -> str:
@@ -118,12 +149,16 @@ def status(topo: Topology, *, hosts: list[str] | None = None,
     started = time.perf_counter()
     known_versions = {m.version for m in for_topology(topo)}
     records: dict[str, list[tuple]] = {}  # host → its records of moves
+    prints: dict[str, set[str]] = {}  # host → its shards' catalog fingerprints
+    per_shard = per_shard_functions(topo)
 
     def work(host: Host, result: HostResult[HostStatus]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="status") as conn:
             result.error = _host_status(conn, topo, host, result.value, known_versions,
-                                        records.setdefault(host.name, []))
+                                        records.setdefault(host.name, []), prints.setdefault(host.name, set()),
+                                        per_shard)
 
     results = fan_out(select_hosts(topo, hosts), work, lambda h: HostStatus(h.masked_dsn, expected=len(h.shards)))
     pending = pending_move_lines(topo, [r for name in sorted(records) for r in records[name]])
-    return StatusReport(results, time.perf_counter() - started, len(known_versions), pending)
+    distinct = len(set().union(*prints.values())) if prints else 0
+    return StatusReport(results, time.perf_counter() - started, len(known_versions), pending, distinct)

@@ -11,10 +11,12 @@ import psycopg
 
 from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_for_status, select_hosts
-from ..errors import BadInput
+from ..errors import BadInput, ShardctlError
 from ..ids import checks as id_checks
 from ..model.dsn import mask
+from ..model.ranges import format_shards
 from ..sql import catalog
+from ..sql import fingerprint
 from ..sql.render import next_id_body, render_next_id
 from ..model.topology import Host, Topology
 
@@ -45,11 +47,30 @@ class HostVerification:
     clock_skew_ms: float | None = None
     server_version: str | None = None
     violations: list[Violation] = field(default_factory=list)
+    fingerprints: dict[int, str] = field(default_factory=dict)  # shard → md5 of its catalog (sql/fingerprint.py)
 
     def to_dict(self) -> dict:
         return {"shards_checked": self.shards_checked, "ids_checked": self.ids_checked,
                 "clock_skew_ms": self.clock_skew_ms, "server_version": self.server_version,
                 "violations": len(self.violations)}
+
+
+@dataclass
+class SchemaGroup:
+    """Shards whose catalogs have one fingerprint; ``differences`` name what differs from the majority's
+    (empty for the majority itself), as read on ``sample`` against ``reference``."""
+
+    fingerprint: str
+    shards: list[int]
+    majority: bool = False
+    sample: int | None = None
+    reference: int | None = None
+    differences: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"fingerprint": self.fingerprint, "shards": format_shards(self.shards), "count": len(self.shards),
+                "majority": self.majority, "sample": self.sample, "reference": self.reference,
+                "differences": self.differences}
 
 
 @dataclass
@@ -59,6 +80,7 @@ class VerifyReport:
     samples: int
     layout: dict
     full: bool = False
+    schemas: list[SchemaGroup] = field(default_factory=list)  # majority first
 
     @property
     def violations(self) -> list[Violation]:
@@ -73,6 +95,8 @@ class VerifyReport:
             "command": "verify", "ok": self.ok, "seconds": round(self.seconds, 3), "samples": self.samples,
             "full": self.full,
             "layout": self.layout,
+            "distinct_schemas": len(self.schemas),
+            "schemas": [g.to_dict() for g in self.schemas],
             "hosts": [h.to_dict() for h in self.hosts],
             "violations": [v.__dict__ for v in self.violations],
         }
@@ -89,7 +113,7 @@ class VerifyReport:
 def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEFAULT_SAMPLES,
            tolerance_ms: int = DEFAULT_TOLERANCE_MS, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
            full: bool = False, body_samples: int = DEFAULT_BODY_SAMPLES,
-           id_shards: int = DEFAULT_ID_SHARDS) -> VerifyReport:
+           id_shards: int = DEFAULT_ID_SHARDS, schemas: bool = True) -> VerifyReport:
     """Check every shard on every host: placement, records, next_id() bodies, and sampled IDs (strictly
     increasing, minted for the right shard, near the host clock). Touches nothing but the ID sequences
     (and a temporary function of verify's own session).
@@ -99,7 +123,10 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
     shard that does not is rendered and compared in full. IDs: minted and checked on ``id_shards`` shards
     per host spread over its range, and on every shard whose body differs or whose sequence is missing.
     ``full`` renders and compares every body and checks every shard's IDs (slower: ~0.3 ms of client
-    CPU and up to ~0.5 ms of server CPU per shard)."""
+    CPU and up to ~0.5 ms of server CPU per shard).
+
+    ``schemas``: compare every shard's catalog fingerprint across the hosts (``compare_schemas``); False
+    leaves it out (bench/verify.py measures what it costs)."""
     if samples < 2:
         raise BadInput("--samples must be at least 2 (strict increase needs two IDs)")
     started = time.perf_counter()
@@ -115,11 +142,91 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
     def work(host: Host, result: HostResult[HostVerification]) -> None:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
             check = _HostCheck(conn, topo, host, result.value, expected_body, tolerance_ms)
-            check.run(samples, full, body_samples, id_shards)
+            check.run(samples, full, body_samples, id_shards, per_shard if schemas else None)
 
+    per_shard = per_shard_functions(topo) if schemas else fingerprint.NEXT_ID
     reports = fan_out(select_hosts(topo, hosts), work, lambda h: HostVerification(h.name))
+    groups = compare_schemas(topo, reports, connect_timeout=connect_timeout, full=full, per_shard=per_shard)
     layout = {"name": topo.layout.name, **topo.layout.limits()}
-    return VerifyReport(reports, time.perf_counter() - started, samples, layout, full)
+    return VerifyReport(reports, time.perf_counter() - started, samples, layout, full, groups)
+
+
+SHOWN_DIFFERENCES = 3  # per shard in a violation (``--full``: all of them)
+
+
+def per_shard_functions(topo: Topology) -> tuple[str, ...]:
+    """``name/nargs`` of the template's re-deployable functions (``next_id/0`` and a project's own): their
+    bodies may hold the shard number, so the fingerprint leaves them out (the template checks cover them)."""
+    from .redeploy import template_functions
+
+    return tuple(sorted({f.object for f in template_functions(topo, 0)} | set(fingerprint.NEXT_ID)))
+
+EXPLAINED_GROUPS = 32  # fingerprints (other than the majority's) explained object by object, biggest first
+
+
+def schema_groups(found: dict[int, str]) -> list[SchemaGroup]:
+    """Shards by fingerprint, the majority first (a tie goes to the group with the lowest shard)."""
+    by_fp: dict[str, list[int]] = {}
+    for shard, fp in sorted(found.items()):
+        by_fp.setdefault(fp, []).append(shard)
+    groups = sorted((SchemaGroup(fp, shards) for fp, shards in by_fp.items()),
+                    key=lambda g: (-len(g.shards), g.shards[0]))
+    if groups:
+        groups[0].majority = True
+    return groups
+
+
+def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]], *,
+                    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT, full: bool = False,
+                    per_shard: tuple[str, ...] = fingerprint.NEXT_ID) -> list[SchemaGroup]:
+    """Compare the shards' fingerprints across the hosts checked. Each group that is not the majority's
+    is explained once: one of its shards' objects against a majority shard's (on the same host when
+    there is one), and every shard in the group gets a violation naming the difference."""
+    owner = {n: r for r in reports for n in r.value.fingerprints}
+    groups = schema_groups({n: fp for r in reports for n, fp in r.value.fingerprints.items()})
+    if len(groups) < 2:
+        return groups
+    majority = groups[0]
+    for rank, group in enumerate(groups[1:]):
+        if rank >= EXPLAINED_GROUPS:  # each costs a query or two: name the shards, not the difference
+            for n in group.shards:
+                owner[n].value.violations.append(Violation(
+                    owner[n].host, n, topo.schema_name(n),
+                    f"schema differs from the majority's ({len(majority.shards)} shards, e.g. shard "
+                    f"{majority.shards[0]}); {len(groups) - 1} other schemas, only the first {EXPLAINED_GROUPS} "
+                    f"explained: compare it with `verify --hosts`"))
+            continue
+        sample = group.shards[0]
+        host = owner[sample]
+        near = [n for n in majority.shards if owner[n] is host]
+        reference = near[0] if near else majority.shards[0]
+        group.sample, group.reference = sample, reference
+        try:
+            group.differences = _explain(topo, host.host, sample, owner[reference].host, reference,
+                                         connect_timeout, full, per_shard)
+        except (psycopg.Error, OSError, ShardctlError) as exc:  # a host gone since: say so, keep the rest
+            group.differences = [f"(could not read the objects: {_first_line(str(exc))})"]
+        shown = group.differences if full else group.differences[:SHOWN_DIFFERENCES]
+        more = len(group.differences) - len(shown)
+        detail = "; ".join(shown) + (f"; and {more} more (verify --full lists them)" if more else "")
+        for n in group.shards:
+            owner[n].value.violations.append(Violation(
+                owner[n].host, n, topo.schema_name(n),
+                (detail or "same objects, different fingerprint")
+                + f" (schema differs from the majority's: {len(majority.shards)} shards, e.g. shard {reference})"))
+    return groups
+
+
+def _explain(topo: Topology, host: str, shard: int, ref_host: str, reference: int, connect_timeout: int,
+             full: bool, per_shard: tuple[str, ...]) -> list[str]:
+    mine, theirs = topo.schema_name(shard), topo.schema_name(reference)
+    with db.connect(topo.host(host), autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
+        found = fingerprint.objects(conn, [mine] + ([theirs] if ref_host == host else []), per_shard)
+    if ref_host != host:
+        with db.connect(topo.host(ref_host), autocommit=True, connect_timeout=connect_timeout,
+                        purpose="verify") as conn:
+            found.update(fingerprint.objects(conn, [theirs], per_shard))
+    return fingerprint.differences(found[theirs], found[mine], limit=0 if full else 160)
 
 
 class _HostCheck:
@@ -135,10 +242,16 @@ class _HostCheck:
         schema = self.topo.schema_name(shard) if shard is not None else None
         self.result.violations.append(Violation(self.host.name, shard, schema, reason))
 
-    def run(self, samples: int, full: bool, body_samples: int, id_shards: int) -> None:
+    def run(self, samples: int, full: bool, body_samples: int, id_shards: int,
+            per_shard: tuple[str, ...] | None = fingerprint.NEXT_ID) -> None:
+        """``per_shard``: the functions whose bodies the fingerprint leaves out; None: no fingerprints."""
         checkable = self.placement()
         if not checkable:
             return
+        if per_shard is not None:
+            schema = self.topo.schema_name
+            found = fingerprint.fingerprints(self.conn, [schema(n) for n in checkable], per_shard)
+            self.result.fingerprints = {n: found[schema(n)] for n in checkable if schema(n) in found}
         bodies_ok, suspect = self.bodies(checkable, full, body_samples)
         if not full:
             chosen = set(_spread(checkable, id_shards)) | suspect

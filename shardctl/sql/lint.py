@@ -6,6 +6,11 @@ temporary file of the same name, and linted. Transactional files are linted with
 rerun-safety advice does not apply to them); ``-- shardctl:no-transaction`` files without it (a
 failed ``CREATE INDEX CONCURRENTLY`` is re-run as is, so ``IF NOT EXISTS`` matters there).
 
+Then shardctl's own rules for schema-per-shard (``sql/shard_lint.py``: catalog lookups with no schema
+filter, fixed schema qualifiers, database-wide statements, ``search_path``, ``CONCURRENTLY`` in a
+transaction, sequences that bypass ``next_id()``) run over the same rendered text, on by default;
+``lint: {exclude: [shard-search-path]}`` turns one off, like a squawk rule.
+
 Rules shardctl turns off by default: the timeout rules. shardctl sets ``lock_timeout`` on every
 migration connection (``--lock-timeout``) and ``statement_timeout`` with ``--statement-timeout``,
 outside the file. The topology's ``lint:`` section adds exclusions, turns rules on (``include``;
@@ -24,6 +29,7 @@ from pathlib import Path
 
 from ..errors import BadInput
 from ..model.topology import Topology
+from . import shard_lint
 from .migrations import Migration, for_topology, load
 
 DEFAULT_EXCLUDE = ("require-lock-timeout", "require-statement-timeout")
@@ -78,6 +84,25 @@ def rules(topo: Topology) -> tuple[list[str], list[str]]:
     return exclude, [r for r in include if r not in exclude]
 
 
+def shard_rules(topo: Topology) -> tuple[str, ...]:
+    """shardctl's own rules that are on: all of them but those the topology's ``lint.exclude`` names."""
+    off = set((topo.lint or {}).get("exclude", []))
+    return tuple(r for r in shard_lint.RULES if r not in off)
+
+
+def shard_findings(topo: Topology, migrations: list[Migration], shard: int = 0,
+                   texts: dict[str, str] | None = None) -> list[Finding]:
+    """shardctl's own rules over ``migrations`` rendered for ``shard`` (``texts``: file name → its
+    rendering, when the caller has it)."""
+    rules_on = shard_rules(topo)
+    out = []
+    for m in migrations:
+        text = texts[m.name] if texts is not None else m.render(topo, shard)
+        hits = shard_lint.check(text, topo.schema_name(shard), transactional=m.transactional, rules=rules_on)
+        out += [Finding(m.name, h.line, h.column, h.rule, "error", h.message, h.help) for h in hits]
+    return out
+
+
 def new_migrations(topo: Topology, base_dir: Path | None) -> list[Migration]:
     """The migrations a change adds: those after the base folder's head (every one without a base)."""
     head = for_topology(topo)
@@ -108,18 +133,28 @@ def lint(topo: Topology, migrations: list[Migration], shard: int = 0) -> LintRes
     result = LintResult(shard, [m.name for m in migrations], excluded=exclude, included=include)
     if not migrations:
         return result
+    texts = {m.name: m.render(topo, shard) for m in migrations}
+    result.findings += shard_findings(topo, migrations, shard, texts)
+    for m in migrations:
+        try:
+            m.sql(topo, shard)  # what migrate would refuse, refused here too
+        except BadInput:
+            # ... unless a rule of ours already names it with its line (CONCURRENTLY in a transaction).
+            if not any(f.file == m.name and f.rule == shard_lint.CONCURRENTLY for f in result.findings):
+                raise
     common = []
-    if exclude:
-        common.append("--exclude=" + ",".join(exclude))
-    if include:
-        common.append("--include=" + ",".join(include))
+    ours = set(shard_lint.RULES)
+    if [r for r in exclude if r not in ours]:
+        common.append("--exclude=" + ",".join(r for r in exclude if r not in ours))
+    if [r for r in include if r not in ours]:
+        common.append("--include=" + ",".join(r for r in include if r not in ours))
     if (topo.lint or {}).get("pg_version"):
         common.append(f"--pg-version={topo.lint['pg_version']}")
     with tempfile.TemporaryDirectory(prefix="shardctl-lint-") as tmp:
         groups: dict[bool, list[Path]] = {True: [], False: []}
         for m in migrations:
             path = Path(tmp) / m.name
-            path.write_text(m.sql(topo, shard), encoding="utf-8")
+            path.write_text(texts[m.name], encoding="utf-8")
             groups[m.transactional].append(path)
         raw = []
         for transactional, paths in groups.items():

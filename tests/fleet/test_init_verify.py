@@ -216,16 +216,17 @@ def test_a_migration_failing_for_one_shard_rolls_it_back_whole(make_fleet):
     failed = run_cli("init", "--json", config=path)
     assert failed.exit_code == 1, failed
     line = one_error_line(failed)
-    assert "1 shard(s) failed" in line, line
+    assert "1 shard(s) failed (first: shard 7 on pg1 at V0002__create_likes.sql: " in line, line
     doc = json.loads(failed.stdout)
     failures = [f for h in doc["hosts"] for f in h["failed"]]
     assert len(failures) == 1, failures
     assert failures[0]["shard"] == 7 and failures[0]["schema"] == "insta7" and failures[0]["version"] == 2
     assert "division by zero" in failures[0]["error"]
 
-    human = run_cli("init", config=path)  # same failure, human output names shard, version and error
+    human = run_cli("init", config=path)  # same failure: the error line names shard, migration file and error
     assert human.exit_code == 1
-    assert re.search(r"failed shard 7 \(insta7\) on pg1 at V2: .*division by zero", human.stdout), human
+    assert re.search(r"shard 7 on pg1 at V0002__create_likes.sql: .*division by zero", one_error_line(human)), human
+    assert "failed shard 7" not in human.stdout, human  # said once
 
     topo = load(path)
     with admin(topo, "pg1") as conn:

@@ -59,8 +59,11 @@ def test_a_failing_next_id_is_named_and_the_other_shards_are_still_checked(make_
     with psycopg.connect(topo.host("pg2").dsn, autocommit=True) as conn:
         conn.execute("DROP SEQUENCE insta40.next_id_seq CASCADE")
     found = violations(path)
-    assert [v["shard"] for v in found] == [40]
+    assert [v["shard"] for v in found] == [40, 40]
     assert found[0]["reason"].startswith("next_id() fails: ") and "next_id_seq" in found[0]["reason"], found
+    # ... and the schema fingerprint names the dropped sequence against the other shards.
+    assert found[1]["reason"].startswith("missing sequence next_id_seq (schema differs from the majority's: "
+                                         "63 shards"), found
     report = verify(topo)
     assert [h.value.shards_checked for h in report.hosts] == [32, 31]
     assert sum(h.value.ids_checked for h in report.hosts) == 63 * 16

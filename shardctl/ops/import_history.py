@@ -74,7 +74,7 @@ def _statements(m: SourceMigration) -> list[Statement]:
     try:
         return parse(m.up, tree=True)
     except SqlSyntaxError as exc:
-        raise BadInput(f"{m.name}: line {exc.line} does not parse as PostgreSQL: {exc.message}") from None
+        raise BadInput(f"{m.name}: line {exc.line + m.first_line - 1} does not parse as PostgreSQL: {exc.message}") from None
 
 
 def _literal(text: str) -> str:

@@ -26,6 +26,7 @@ class SourceMigration:
     up: str  # the SQL that migrates up (down sections dropped)
     transactional: bool = True  # False: the tool ran it outside a transaction
     notes: list[str] = field(default_factory=list)  # what the import changed or dropped
+    first_line: int = 1  # the source file's line where ``up`` begins (for error messages)
 
 
 @dataclass
@@ -94,11 +95,11 @@ def _goose_sections(text: str, name: str) -> SourceMigration:
     """Split a goose file: the lines after ``-- +goose Up`` up to ``-- +goose Down``."""
     m = SourceMigration(name, "")
     lines, section, seen_up = [], None, False
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), start=1):
         note = ANNOTATION.match(line)
         word = note.group(1).strip().lower() if note else ""
         if word == "up":
-            section, seen_up = "up", True
+            section, seen_up, m.first_line = "up", True, number + 1
         elif word == "down":
             section = "down"
             m.notes.append("-- +goose Down section dropped")
@@ -112,7 +113,7 @@ def _goose_sections(text: str, name: str) -> SourceMigration:
             lines.append(line)
     if not seen_up:
         raise BadInput(f"{name}.sql has no `-- +goose Up` annotation")
-    m.up = "\n".join(lines).strip() + "\n"
+    m.up = "\n".join(lines).rstrip() + "\n"
     return m
 
 
@@ -136,10 +137,11 @@ def _dbmate(directory: Path, history: History) -> None:
     for _v, path, _m in items:
         m = SourceMigration(path.stem, "")
         lines, section = [], None
-        for line in _read(path).splitlines():
+        for number, line in enumerate(_read(path).splitlines(), start=1):
             mark = DBMATE_MARK.match(line)
             if mark:
                 section = mark.group(1).lower()
+                m.first_line = number + 1 if section == "up" else m.first_line
                 if section == "up" and "transaction:false" in mark.group(2).replace(" ", "").lower():
                     m.transactional = False
                 if section == "down":
@@ -148,7 +150,7 @@ def _dbmate(directory: Path, history: History) -> None:
                 lines.append(line)
         if section is None:
             raise BadInput(f"{path.name} has no `-- migrate:up` marker")
-        m.up = "\n".join(lines).strip() + "\n"
+        m.up = "\n".join(lines).rstrip() + "\n"
         history.migrations.append(m)
 
 

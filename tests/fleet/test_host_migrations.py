@@ -85,6 +85,8 @@ def test_check_apply_drift_repair_and_gate(make_fleet, tmp_path):
     # Plain --check says what is pending, host-level first.
     r = run_cli("migrate", "--check", config=path)
     assert r.exit_code != 0 and "host-level H1" in r.stderr + r.stdout, r
+    plan = json.loads(run_cli("plan", "--json", config=path).stdout)
+    assert [h["host_level_pending"] for h in plan["hosts"]] == [[1], [1]]
     r = run_cli("migrate", "--json", config=path)
     assert r.exit_code == 0, r
     details = json.loads(r.stdout)["details"]

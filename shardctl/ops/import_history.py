@@ -32,6 +32,8 @@ from ..sql.lint import Finding, lint
 from ..sql.migrations import NO_TRANSACTION, Migration, SqlSyntaxError, Statement, load, parse
 
 JINJA_MARKERS = ("{{", "{%", "{#")
+SEARCH_PATH_NOTE = ("SET search_path kept: remove it, shard migrations run with search_path = <shard>, public "
+                    "(anything it points elsewhere lands outside the shard)")
 
 
 @dataclass
@@ -97,6 +99,8 @@ def convert(fmt: str, m: SourceMigration) -> tuple[list[tuple[str, bool, str, li
         notes.append(f"{', '.join(sorted({s.sql.split()[0].upper() for s in control}))} taken out: shardctl "
                      f"runs each shard's migration in a transaction with its ledger row")
     extensions = [s for s in statements if s.kind == "CreateExtensionStmt"]
+    if any(s.kind == "VariableSetStmt" and s.node.get("name") == "search_path" for s in statements):
+        notes.append(SEARCH_PATH_NOTE)
     if extensions:
         notes.append(f"{len(extensions)} CREATE EXTENSION moved to a host-level migration")
     kept = [s for s in statements if not s.transaction_control and s.kind != "CreateExtensionStmt"]
@@ -189,6 +193,10 @@ def summary(result: ImportResult) -> list[str]:
         shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         lines.append(f"{rule}: {len(found)} finding(s) in {shown} ({found[0].message})")
     lines += [f"skipped {s}" for s in result.skipped]
+    paths = [f.name for f in result.files if SEARCH_PATH_NOTE in f.notes]
+    if paths:
+        lines.append(f"SET search_path in {', '.join(paths)}: remove it (shard migrations run with search_path = "
+                     f"<shard>, public)")
     hosts = [f.name for f in result.files if f.host_level]
     if hosts:
         lines.append(f"CREATE EXTENSION moved to {', '.join(hosts)}: extensions install into public, which every "

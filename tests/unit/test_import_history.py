@@ -161,6 +161,13 @@ def test_import_converts_and_lints(tmp_path, topo_file):
         import_history(topo, "golang-migrate", src)
 
 
+def test_set_search_path_is_named_in_what_must_change(tmp_path, topo_file):
+    src = tree(tmp_path / "fw", {"V1__init.sql": "SET search_path = public;\nCREATE TABLE a (id bigint PRIMARY KEY);\n"})
+    result = import_history(Topology.load(topo_file), "flyway", src, dry_run=True)
+    assert "SET search_path in V0001__V1_init.sql: remove it" in "\n".join(result.must_change)
+    assert written(topo_file) == {}
+
+
 def test_cli_exit_codes_one_line_errors_and_nothing_written(tmp_path, topo_file):
     src = tree(tmp_path / "db", {"20240101_users.sql": "-- migrate:up\nCREATE TABLE users (id bigint PRIMARY KEY);\n"})
     empty = tmp_path / "empty"

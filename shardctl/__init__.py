@@ -24,6 +24,7 @@ __all__ = [
     "ShardctlError",
     "Topology",
     "__version__",
+    "import_history",
     "init",
     "migrate",
     "move_shards",
@@ -35,6 +36,7 @@ __all__ = [
 _LAZY = {
     "Router": ("router", "Router"),
     "init": ("ops.provision", "init"),
+    "import_history": ("ops.import_history", "import_history"),
     "migrate": ("ops.migrate", "migrate"),
     "verify": ("ops.verify", "verify"),
     "status": ("ops.status", "status"),

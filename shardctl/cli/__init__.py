@@ -66,7 +66,7 @@ COMMAND_MODULES = {
     "init": "fleet", "migrate": "fleet", "plan": "fleet", "status": "fleet", "verify": "fleet",
     "add-host": "grow", "add-shard": "grow",
     "move-shard": "move", "rebalance": "move",
-    "lint": "lint", "redeploy": "redeploy",
+    "lint": "lint", "migrations": "migrations", "redeploy": "redeploy",
     "sandbox": "sandbox", "demo": "sandbox",
 }
 

@@ -26,6 +26,7 @@ from ..engine.fanout import raise_unreachable
 from ..errors import BadInput
 from ..model.ranges import format_shards
 from ..model.topology import Topology
+from ..sql.host_migrations import HostLevelMigration, host_for_topology, load_host
 from ..sql.lint import shard_findings
 from ..sql.migrations import Migration, for_topology, load
 from ..sql.render import shard_context
@@ -87,10 +88,25 @@ def render_everywhere(topo: Topology, new: list[Migration]) -> tuple[list[str], 
     return list(problems.values()), count
 
 
+def host_level_problems(topo: Topology, base: list[HostLevelMigration],
+                        head: list[HostLevelMigration]) -> list[str]:
+    """The host-level files: the base's kept unchanged, new ones render and parse (for every host)."""
+    problems = [p.replace(" was removed", " (host-level) was removed") for p in compare_files(base, head)]
+    for m in head[len(base):]:
+        for host in topo.hosts:
+            try:
+                m.sql(topo, host.name)
+            except BadInput as exc:
+                problems.append(f"host {host.name}: {exc}")
+                break
+    return problems
+
+
 def fleet_problems(topo: Topology, base_head: int, hosts: list[str] | None,
-                   connect_timeout: int) -> tuple[list[str], dict[str, dict[int, int]]]:
-    """Is the fleet at the base's head? Read-only: one ``migrate --check`` to the base's head."""
-    report = migrate(topo, target=base_head, hosts=hosts, check=True,
+                   connect_timeout: int, host_head: int | None = None) -> tuple[list[str], dict[str, dict[int, int]]]:
+    """Is the fleet at the base's head (and the base's host-level head)? Read-only: one ``migrate
+    --check`` to the base's heads."""
+    report = migrate(topo, target=base_head, hosts=hosts, check=True, host_target=host_head,
                      options=RunOptions(connect_timeout=connect_timeout))
     raise_unreachable(report.hosts, report.to_dict())
     problems: list[str] = []
@@ -112,6 +128,11 @@ def fleet_problems(topo: Topology, base_head: int, hosts: list[str] | None,
         problems += [f"{h.host}: V{v} is applied on shards {format_shards(s)} but its file is gone"
                      for v, s in d.orphans.items()]
         problems += [f"{h.host}: {line}" for line in d.held]
+        if d.host_level.pending:
+            problems.append(f"{h.host}: host-level " + ", ".join(f"H{v}" for v in d.host_level.pending)
+                            + " of the base branch not applied: run migrate on the base branch first")
+        problems += [f"{h.host}: host-level H{v} is applied but its file is gone" for v in d.host_level.orphans
+                     if host_head is None or v <= host_head]
     return problems, fleet
 
 
@@ -126,7 +147,9 @@ def check_against_base(topo: Topology, base_dir: Path, *, hosts: list[str] | Non
     result = GateResult(str(base_dir), len(base), len(head))
     result.problems += compare_files(base, head)
     added = [m for m in head if m.version > len(base)]
-    result.new = [m.name for m in added]
+    base_host, head_host = load_host(Path(base_dir)), host_for_topology(topo)
+    result.new = [m.name for m in head_host[len(base_host):]] + [m.name for m in added]
+    result.problems += host_level_problems(topo, base_host, head_host)
     rendered, result.shards_rendered = render_everywhere(topo, added)
     result.problems += rendered
     if not rendered:
@@ -134,7 +157,8 @@ def check_against_base(topo: Topology, base_dir: Path, *, hosts: list[str] | Non
                             for f in shard_findings(topo, added)]
     # An edited, removed or renamed base file is reported above; the fleet is still compared up to
     # what both folders hold.
-    fleet, result.fleet = fleet_problems(topo, min(len(base), len(head)), hosts, connect_timeout)
+    fleet, result.fleet = fleet_problems(topo, min(len(base), len(head)), hosts, connect_timeout,
+                                         min(len(base_host), len(head_host)))
     result.problems += fleet
     result.seconds = time.perf_counter() - started
     return result

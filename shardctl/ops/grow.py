@@ -10,9 +10,11 @@ from __future__ import annotations
 from ..engine import connections as db
 from ..engine.executor import RunOptions
 from ..engine.fanout import FleetReport, HostResult, fan_out, raise_for_status, raise_unreachable
+from ..engine import host_ledger
 from ..engine.ledger import ensure_control_schema, log_event
 from ..errors import BadInput
 from ..sql.catalog import shard_list
+from ..sql.host_migrations import host_for_topology
 from ..model.identifiers import quote_ident
 from .provision import init
 from ..model.ranges import MAX_SHARDS, format_shards, parse_shards
@@ -32,15 +34,22 @@ def add_host(path: str, name: str, dsn: str, *, password_env: str | None = None,
     edit.add_host(name, dsn, password_env=password_env, standby=standby)
     topo = edit.validate()  # exit 2 before touching anything
     host = topo.host(name)
+    host_level = host_for_topology(topo)
+    for m in host_level:  # a file that does not render fails before anything is touched
+        m.sql(topo, name)
     with db.host_lock(host, connect_timeout=connect_timeout, purpose="add-host") as conn:
         created = ensure_control_schema(conn, topo)
         stray = shard_list(conn)
         if stray:
             raise BadInput(f"host {name} already holds shards {format_shards(stray)} of another fleet; "
                            f"add an empty host")
-        log_event(conn, "add-host", [], {"name": name})
+        # The host-level history (extensions, shared types) now, so shards moved or added here later
+        # find it in place.
+        applied = host_ledger.apply(conn, topo, host, host_level)
+        log_event(conn, "add-host", [], {"name": name, "host_level": applied})
     edit.save()
     return {"command": "add-host", "host": name, "dsn": host.masked_dsn, "control_created": created,
+            "host_level_applied": applied,
             "topology": str(edit.path)}
 
 

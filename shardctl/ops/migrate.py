@@ -27,11 +27,13 @@ from ..engine import connections as db
 from ..engine.executor import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, RunOptions, ShardPlan
 from ..engine.fanout import (ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out,
                              host_jobs, raise_unreachable, select_hosts)
+from ..engine import host_ledger
 from ..engine.ledger import Drift, Integrity, check_integrity, find_drift, log_event, refresh_cache, repair
 from ..errors import BadInput, FleetIncomplete, OperationFailed, PendingWork
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog import ShardRow, control_exists, ledger_versions, open_moves, shard_list
+from ..sql.host_migrations import HostLevelMigration, host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
 
 __all__ = ["HostMigration", "MigrateResult", "find_drift", "host_versions", "migrate",
@@ -53,6 +55,9 @@ class HostMigration(ApplyOutcome):
     repaired: int = 0
     dry_run_sql: dict[str, str] = field(default_factory=dict)
     integrity: dict[str, int] = field(default_factory=dict)
+    host_level: host_ledger.HostLevelState = field(default_factory=host_ledger.HostLevelState)
+    host_applied: list[int] = field(default_factory=list)  # host-level versions this run applied
+    host_repaired: int = 0
 
     def ledger_problems(self, files: dict[int, str] | None = None) -> list[str]:
         """Shards not created, applied files that changed, and versions missing from a shard's ledger:
@@ -61,7 +66,7 @@ class HostMigration(ApplyOutcome):
         lines += [f"{dr.file} changed after it was applied (shards {format_shards(dr.shards)})" for dr in self.drift]
         lines += [f"{file_of(files, v)} missing from the ledger of shards {format_shards(s)}"
                   for v, s in self.gaps.items()]
-        return lines
+        return lines + self.host_level.problems()
 
     def detail(self) -> dict:
         """The per-host document of ``--json``'s ``details``."""
@@ -71,7 +76,10 @@ class HostMigration(ApplyOutcome):
                 "gaps": {v: format_shards(s) for v, s in self.gaps.items()},
                 "orphans": {v: format_shards(s) for v, s in self.orphans.items()},
                 "held": self.held, "repaired": self.repaired, "dry_run_sql": self.dry_run_sql,
-                "integrity": self.integrity}
+                "integrity": self.integrity,
+                "host_level": {"pending": self.host_level.pending, "drift": self.host_level.drift,
+                               "orphans": self.host_level.orphans, "applied": self.host_applied,
+                               "repaired": self.host_repaired}}
 
 
 def file_of(files: dict[int, str] | None, version: int | None) -> str:
@@ -106,6 +114,8 @@ class MigrateResult(FleetReport):
         parts = []
         for h in self.hosts:
             d = self.host(h)
+            if d.host_level.pending and self.check:
+                parts.append(f"{h.host}: host-level " + ", ".join(f"H{v}" for v in d.host_level.pending))
             if d.pending and self.check:
                 parts.append(f"{h.host}: " + ", ".join(f"{file_of(self.files, v)} on {n} shards"
                                                        for v, n in d.pending.items()))
@@ -129,7 +139,8 @@ class MigrateResult(FleetReport):
             d = self.host(h).detail()
             hosts.append({"host": h.host, "reachable": h.reachable, "error": h.error, "versions": d["versions"],
                           "pending": d["pending"], "missing": d["missing"], "drift": d["drift"], "gaps": d["gaps"],
-                          "orphans": d["orphans"], "held": d["held"]})
+                          "orphans": d["orphans"], "held": d["held"],
+                          "host_level_pending": d["host_level"]["pending"]})
         return {"command": "plan", "latest_version": self.latest_version, "target": self.target,
                 "seconds": round(self.seconds, 3), "hosts": hosts, "pending_total": self.pending_total}
 
@@ -157,7 +168,8 @@ class MigrateResult(FleetReport):
         parts = self.findings() if (self.check or self.dry_run) else []
         if parts and self.check:
             raise PendingWork("pending: " + "; ".join(parts))
-        if parts and any(self.host(h).drift or self.host(h).gaps for h in self.hosts):
+        if parts and any(self.host(h).drift or self.host(h).gaps or self.host(h).host_level.problems()
+                         for h in self.hosts):
             # The real run would refuse: say so with exit 1, so a CI dry run catches it too.
             raise OperationFailed("dry run: migrate would refuse to run: " + "; ".join(
                 p for p in parts if "not created" not in p), report=doc)
@@ -267,6 +279,8 @@ class _Run:
     repair: bool
     progress: ProgressFactory | None
     jobs: int | None = None  # streams per host (None: fanout.host_jobs decides)
+    host_migrations: list[HostLevelMigration] = field(default_factory=list)
+    host_goal: int | None = None  # host-level versions to reach (None: all)
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -278,6 +292,7 @@ def _inspect(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration
                                                                                           dict[int, dict]]:
     """Read the host's versions and ledger, refuse drift and gaps, and plan the pending shards."""
     topo, scope = run.topo, _scope(host, run.shards)
+    _inspect_host_level(run, host, conn, out)
     present = shard_list(conn)
     out.missing = [n for n in scope if n not in present]
     out.versions = version_counts(present, scope)
@@ -319,11 +334,24 @@ def _inspect(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration
     return plans, integrity.clean
 
 
+def _inspect_host_level(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) -> None:
+    """The host-level ledger against the H files: pending, drift (repaired with ``--repair``), orphans."""
+    state = out.host_level = host_ledger.host_state(conn, run.host_migrations, run.host_goal)
+    if state.drift and run.repair:
+        out.host_repaired = host_ledger.repair(conn, run.host_migrations, state)
+    elif state.drift and not run.read_only:
+        raise OperationFailed(f"host {host.name}: host-level migration {state.drift[0]} was changed after it was "
+                              f"applied; restore the file, or accept it with `shardctl migrate --repair --yes`")
+
+
 def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) -> None:
     """Apply the host's pending shards under its lock (``conn``), log the event, refresh the cache."""
     if not control_exists(conn):
         raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
     plans, verified = _inspect(run, host, conn, out)
+    if out.host_level.pending:  # before any shard: shard migrations may use what they create
+        out.host_applied = host_ledger.apply(conn, run.topo, host, run.host_migrations, goal=run.host_goal)
+        out.host_level.pending = []
     chosen = host_jobs(host, conn, run.jobs) if plans else None
     out.jobs_rule = chosen.rule if chosen else ""
     apply_plans(host, plans, run.options, run.stop, out, run.progress, jobs=chosen.count if chosen else 1)
@@ -333,7 +361,7 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
         f["error"] = explain_error(f["error"], run.options)
         f["file"] = file_of(files, f["version"])
         failed_at.setdefault(f["version"], []).append(f["shard"])
-    if out.migrated or out.failed or out.repaired:
+    if out.migrated or out.failed or out.repaired or out.host_repaired:
         log_event(conn, "migrate", sorted(out.migrated), {
             "target": run.goal, "migrated": len(out.migrated), "failed": len(out.failed),
             # status reads this: a shard still below the version it failed at is reported as failed.
@@ -345,21 +373,27 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
 
 def _render_one(run: _Run, hosts: list[Host]) -> list[tuple[str, str]]:
     """Render (and parse) every migration up to the goal for the first shard in scope: BadInput for a
-    template that does not render or SQL PostgreSQL would refuse. Returns (file name, SQL) of each."""
+    template that does not render or SQL PostgreSQL would refuse. Returns (file name, SQL) of each
+    (host-level files first, rendered for the first host)."""
+    out = [(m.name, m.sql(run.topo, hosts[0].name)) for m in run.host_migrations
+           if hosts and (run.host_goal is None or m.version <= run.host_goal)]
     for host in hosts:
         scope = _scope(host, run.shards)
         if scope:
             names = {m.version: m.name for m in run.migrations}
-            return [(names[s.version], s.sql) for s in steps_for(run.migrations, run.topo, scope[0], 0, run.goal)]
-    return []
+            return out + [(names[s.version], s.sql)
+                          for s in steps_for(run.migrations, run.topo, scope[0], 0, run.goal)]
+    return out
 
 
 def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | None = None,
             shards: list[int] | None = None, dry_run: bool = False, check: bool = False,
             repair: bool = False, options: RunOptions | None = None, wait: float = 0,
-            progress: ProgressFactory | None = None, jobs: int | None = None) -> MigrateResult:
+            progress: ProgressFactory | None = None, jobs: int | None = None,
+            host_target: int | None = None) -> MigrateResult:
     """Apply (or with ``check``/``dry_run`` only report) pending migrations.
 
+    Host-level migrations (``H`` files, up to ``host_target``; default all) run first on each host.
     Shards a move holds are left pending (``HostMigration.held`` says which command releases
     them). Call ``raise_for_status()`` on the result for the CLI's exit-code policy.
     """
@@ -375,7 +409,7 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
         options.lock_retries = DEFAULT_LOCK_RETRIES
     migrations = for_topology(topo)  # a gap, a duplicate or a badly named file fails here
     run = _Run(topo, migrations, _target(migrations, target), shards, options, check, dry_run, repair, progress,
-               jobs)
+               jobs, host_migrations=host_for_topology(topo), host_goal=host_target)
     selected = select_hosts(topo, hosts)
     rendered = []
     if not check:  # a template that does not render fails here, before any connection

@@ -12,10 +12,12 @@ from ..engine import connections as db
 from ..engine.executor import RunOptions, ShardPlan
 from ..engine.fanout import (ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out,
                              host_jobs, select_hosts)
+from ..engine import host_ledger
 from ..engine.ledger import ensure_control_schema, log_event, refresh_cache
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog import schema_names, shard_list
+from ..sql.host_migrations import host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
 from ..sql.render import render_shard
 
@@ -71,20 +73,25 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
     options = options or RunOptions()
     options.purpose = options.purpose or "init"
     migrations = for_topology(topo)  # bad files fail here, before any connection
+    host_level = host_for_topology(topo)
     goal = len(migrations) if target is None else min(target, len(migrations))
     names, rendered = {m.version: m.name for m in migrations}, []
     for shard in (topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []):
         # and templates that do not render, too; the SQL is checked against each host's encoding below
         rendered = [(names[s.version], s.sql) for s in steps_for(migrations, topo, shard) if s.version <= goal]
+    rendered = [(m.name, m.sql(topo, topo.hosts[0].name)) for m in host_level if topo.hosts] + rendered
     stop = threading.Event()
     started = time.perf_counter()
     recreated_by_host: dict[str, list[int]] = {}
+    host_applied: dict[str, list[int]] = {}
 
     def work(host: Host, result: HostResult[ApplyOutcome]) -> None:
         out = result.value
         recreated = recreated_by_host.setdefault(host.name, [])
         with locks.use(host) as conn:
             out.control_created = ensure_control_schema(conn, topo)
+            # The host-level history first: shard migrations may use its extensions and types.
+            host_applied[host.name] = host_ledger.apply(conn, topo, host, host_level)
             count, plans = _plans(conn, topo, host, migrations, goal, recreated)
             out.unchanged = len(host.shards) - count
             chosen = host_jobs(host, conn, jobs) if count else None
@@ -111,4 +118,6 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
     # Shards whose schema had been dropped by hand, which init set out to build again.
     recreated = {h: format_shards(r) for h, r in recreated_by_host.items() if r}
     return FleetReport("init", reports, time.perf_counter() - started,
-                       extra={"latest_version": len(migrations), "recreated": recreated})
+                       extra={"latest_version": len(migrations), "recreated": recreated,
+                              "host_level": {"latest": len(host_level),
+                                             "applied": {h: v for h, v in host_applied.items() if v}}})

@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # imported where SQL is parsed (parse()) or rendered: a comma
     from pglast import parser as pg_parser
 
 FILE_NAME = re.compile(r"V([0-9]+)__([A-Za-z0-9_]+)\.sql", re.ASCII)  # ASCII: \d would take ٣ as 3
+# Host-level migrations (run once per host database, before the shard migrations): sql/host_migrations.py.
+HOST_FILE_NAME = re.compile(r"H([0-9]+)__([A-Za-z0-9_]+)\.sql", re.ASCII)
 NO_TRANSACTION = "-- shardctl:no-transaction"
 # Files a migrations folder may hold besides migrations (compared in lower case).
 ALLOWED_FILES = {"readme", "readme.md", "readme.txt", "readme.rst", ".gitkeep", ".keep", ".gitignore", ".ds_store"}
@@ -73,14 +75,14 @@ class Migration:
         """The SQL to run on one shard: rendered, then parsed by PostgreSQL's parser and checked
         (BadInput names the file, the shard and the line)."""
         text = self.render(topo, shard, context)
-        self._check_statements(text, shard)
+        self._check_statements(text, f"migration {self.name} (rendered for shard {shard})")
         return text
 
-    def _check_statements(self, text: str, shard: int) -> None:
+    def _check_statements(self, text: str, where: str) -> None:
         """Parse the rendered SQL (after Jinja, so what runs is what is checked) and refuse what could
         not run as shardctl runs it: a syntax error, transaction control, or a statement that cannot
-        run in a transaction without the directive (or alongside others with it)."""
-        where = f"migration {self.name} (rendered for shard {shard})"
+        run in a transaction without the directive (or alongside others with it). ``where`` names the
+        file and what it was rendered for."""
         try:
             statements = parse(text)
         except SqlSyntaxError as exc:
@@ -245,7 +247,7 @@ def migrations_dir(topo: Topology | None) -> Path:
 
 def refusal(name: str) -> str | None:
     """Why a file in the migrations folder is not a migration (None: it is one, or an allowed README)."""
-    if name.lower() in ALLOWED_FILES or FILE_NAME.fullmatch(name):
+    if name.lower() in ALLOWED_FILES or FILE_NAME.fullmatch(name) or HOST_FILE_NAME.fullmatch(name):
         return None
     stem, dot, ext = name.rpartition(".")
     if dot and ext.lower() == "sql" and ext != "sql":
@@ -254,8 +256,10 @@ def refusal(name: str) -> str | None:
         return "it is not a .sql file (only migrations and README files belong in the migrations folder)"
     if stem[:1] == "v":
         return "it must start with an uppercase V"
-    if stem[:1] != "V":
-        return "it must start with V and the version"
+    if stem[:1] == "h":
+        return "a host-level migration must start with an uppercase H"
+    if stem[:1] not in ("V", "H"):
+        return "it must start with V (or H, for a host-level migration) and the version"
     version, sep, description = stem[1:].partition("__")
     odd = next((c for c in version if c.isdigit() and c not in "0123456789"), None)
     if odd is not None:
@@ -284,8 +288,8 @@ def load(directory: Path) -> list[Migration]:
         if why is not None:
             refused.append(f"migration file {path.name} is not named V<version>__<description>.sql: {why}")
             continue
-        if path.name.lower() in ALLOWED_FILES:
-            continue
+        if path.name.lower() in ALLOWED_FILES or HOST_FILE_NAME.fullmatch(path.name):
+            continue  # host-level migrations: host_migrations.load_host
         match = FILE_NAME.fullmatch(path.name)
         try:
             source = path.read_text(encoding="utf-8")

@@ -21,10 +21,12 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 
 from ...engine import connections as db
+from ...engine import host_ledger
 from ...errors import OperationFailed
 from ...model.identifiers import quote_ident
 from ...sql import catalog as q
 from ...sql.catalog import shard_list
+from ...sql.host_migrations import host_for_topology
 from ...sql.migrations import for_topology, steps_for, transactional_form
 from ...sql.render import render_shard
 from .run import MoveRun, require_version
@@ -164,6 +166,19 @@ def server_version(facts: dict) -> str:
     return f"PostgreSQL {num // 10000}.{num % 10000}"
 
 
+def _trial_host_level(run: MoveRun, conn) -> None:
+    """Inside the trial's transaction: the host-level files the target lacks (prepare applies them for
+    real), so the trial's shard finds the extensions and types its migrations use."""
+    host_level = host_for_topology(run.topo)
+    if not host_level:
+        return
+    for v in host_ledger.host_state(conn, host_level).pending:
+        m = host_level[v - 1]
+        if m.transactional:
+            conn.execute("SELECT set_config('search_path', 'public', true)")
+            conn.execute(m.sql(run.topo, run.target.name))
+
+
 def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
     """Create the moving shard with the most migrations on the target and apply its migrations there, in
     one transaction that is always rolled back: the schema is one prepare will create (the target holds
@@ -183,6 +198,7 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
         try:
             conn.execute("SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
                          (TRIAL_STATEMENT_TIMEOUT, TRIAL_LOCK_TIMEOUT))
+            _trial_host_level(run, conn)
             conn.execute(render_shard(run.topo, shard))
             conn.execute("SELECT set_config('search_path', %s, true)", (f"{quote_ident(schema)}, public",))
             for step in steps:

@@ -17,11 +17,13 @@ import psycopg
 from ...engine import connections as db
 from ...engine.executor import ConnectionLost, RunOptions, ShardPlan
 from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
+from ...engine import host_ledger
 from ...engine.ledger import ensure_control_schema
 from ...sql.catalog import shard_list
 from ...errors import OperationFailed
 from ...model.ranges import format_shards
 from ...sql import catalog as q
+from ...sql.host_migrations import host_for_topology
 from ...sql.migrations import for_topology
 from ...sql.render import render_shard
 from ..provision import steps_for
@@ -98,6 +100,10 @@ def _prepare_target(run: MoveRun, conn: psycopg.Connection) -> list[ShardPlan]:
     move = run.move
     require_version(run.target, q.server_facts(conn), "receiving")
     ensure_control_schema(conn, run.topo)
+    # The target's host-level history (extensions, shared types) first: the shards' tables may use it.
+    applied = host_ledger.apply(conn, run.topo, run.target, host_for_topology(run.topo))
+    if applied:
+        run.note(f"applied host-level migrations {', '.join(f'H{v}' for v in applied)} on {run.target.name}")
     q.ensure_move_objects(conn)
     mine = any(r[0] == move.move_id for r in q.move_records(conn))
     rows = shard_list(conn)

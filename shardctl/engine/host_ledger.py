@@ -1,0 +1,151 @@
+"""The host-level ledger (``shardctl.host_migrations``): what of the host-level history a host has.
+
+One row per applied ``H`` file (version, description, checksum of its source, time taken, who),
+beside the shard ledger in the control schema. Applied under the host's advisory lock (the caller
+holds it), before any shard migration: each file in a transaction of its own with its row (a file
+marked ``-- shardctl:no-transaction`` runs alone and is recorded after it succeeds), with
+``search_path = public`` so extensions land where every shard's ``search_path`` sees them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from ..errors import OperationFailed
+from ..model.identifiers import quote_literal
+from ..model.topology import Host, Topology
+from ..sql.host_migrations import EXT_SCHEMA, HostLevelMigration
+
+LEDGER_DDL = """CREATE TABLE IF NOT EXISTS shardctl.host_migrations (
+    version      integer PRIMARY KEY,
+    description  text NOT NULL,
+    checksum     text NOT NULL,
+    duration_ms  double precision NOT NULL,
+    applied_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    applied_by   text NOT NULL DEFAULT current_user
+)"""
+
+
+@dataclass
+class HostLevelState:
+    """A host's host-level ledger compared with the files."""
+
+    applied: dict[int, str] = field(default_factory=dict)  # version → stored checksum
+    pending: list[int] = field(default_factory=list)  # versions still to run (up to the goal)
+    drift: list[str] = field(default_factory=list)  # applied files whose source changed
+    orphans: list[int] = field(default_factory=list)  # applied versions with no file
+    gaps: list[int] = field(default_factory=list)  # versions missing below the highest applied
+
+    def problems(self) -> list[str]:
+        lines = [f"host-level migration {f} changed after it was applied" for f in self.drift]
+        lines += [f"host-level H{v} missing from the host ledger" for v in self.gaps]
+        return lines
+
+
+def read_ledger(conn: psycopg.Connection) -> dict[int, str]:
+    """version → checksum ({} when the host has no host-level ledger yet): one query on an autocommit
+    connection (a host without the table answers with an error, which costs nothing there)."""
+    query = "SELECT version, checksum FROM shardctl.host_migrations"
+    if conn.autocommit:
+        try:
+            return dict(conn.execute(query).fetchall())
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            return {}
+    if not conn.execute("SELECT to_regclass('shardctl.host_migrations') IS NOT NULL").fetchone()[0]:
+        return {}
+    return dict(conn.execute(query).fetchall())
+
+
+def ensure_ledger(conn: psycopg.Connection) -> None:
+    """Create the host-level ledger if missing (hosts initialised before it existed get it here)."""
+    if not conn.execute("SELECT to_regclass('shardctl.host_migrations') IS NOT NULL").fetchone()[0]:
+        with conn.transaction():
+            conn.execute(LEDGER_DDL)
+
+
+def host_state(conn: psycopg.Connection, migrations: list[HostLevelMigration],
+               goal: int | None = None) -> HostLevelState:
+    """Compare the host's ledger with ``migrations`` (pending: versions up to ``goal``, default all)."""
+    state = HostLevelState(applied=read_ledger(conn))
+    by_version = {m.version: m for m in migrations}
+    goal = len(migrations) if goal is None else goal
+    for v, stored in sorted(state.applied.items()):
+        m = by_version.get(v)
+        if m is None:
+            state.orphans.append(v)
+        elif stored != m.host_checksum():
+            state.drift.append(m.name)
+    top = max(state.applied, default=0)
+    state.gaps = [v for v in range(1, top + 1) if v not in state.applied]
+    state.pending = [m.version for m in migrations if m.version <= goal and m.version not in state.applied]
+    return state
+
+
+def repair(conn: psycopg.Connection, migrations: list[HostLevelMigration], state: HostLevelState) -> int:
+    """Record the current checksum of changed host-level files. Returns the rows updated."""
+    changed = [m for m in migrations if m.name in state.drift]
+    with conn.transaction():
+        for m in changed:
+            conn.execute("UPDATE shardctl.host_migrations SET checksum = %s WHERE version = %s",
+                         (m.host_checksum(), m.version))
+    state.drift = []
+    return len(changed)
+
+
+def _run_one(conn: psycopg.Connection, m: HostLevelMigration, sql_text: str, lock_timeout: str | None) -> None:
+    setup = f"SELECT set_config('search_path', {quote_literal(EXT_SCHEMA)}, {'true' if m.transactional else 'false'})"
+    if lock_timeout:
+        setup += f", set_config('lock_timeout', {quote_literal(lock_timeout)}, {'true' if m.transactional else 'false'})"
+    record = ("INSERT INTO shardctl.host_migrations (version, description, checksum, duration_ms) "
+              "VALUES (%s, %s, %s, %s)")
+    started = time.perf_counter()
+    if m.transactional:
+        with conn.transaction():
+            conn.execute(setup)
+            conn.execute(sql_text)
+            conn.execute(record, (m.version, m.description, m.host_checksum(), (time.perf_counter() - started) * 1000))
+        return
+    conn.execute(setup)
+    try:
+        conn.execute(sql_text)
+    finally:
+        conn.execute("RESET search_path; RESET lock_timeout")
+    with conn.transaction():
+        conn.execute(record, (m.version, m.description, m.host_checksum(), (time.perf_counter() - started) * 1000))
+
+
+def apply(conn: psycopg.Connection, topo: Topology, host: Host, migrations: list[HostLevelMigration], *,
+          goal: int | None = None, lock_timeout: str | None = "5s") -> list[int]:
+    """Bring ``host`` up to date with the host-level history (the caller holds the host lock on the
+    autocommit ``conn``). Returns the versions applied; OperationFailed names the file and the error,
+    or refuses a ledger whose applied files changed (until ``migrate --repair``)."""
+    if not migrations and not read_ledger(conn):
+        return []
+    ensure_ledger(conn)
+    state = host_state(conn, migrations, goal)
+    if state.drift:
+        raise OperationFailed(f"host {host.name}: host-level migration {state.drift[0]} was changed after it "
+                              f"was applied; restore the file, or accept it with `shardctl migrate --repair --yes`")
+    if state.gaps:
+        raise OperationFailed(f"host {host.name}: the host-level ledger has no H{state.gaps[0]} though later "
+                              f"versions are applied; shardctl will not apply them out of order")
+    done = []
+    by_version = {m.version: m for m in migrations}
+    for v in state.pending:
+        m = by_version[v]
+        text = m.sql(topo, host.name)
+        try:
+            _run_one(conn, m, text, lock_timeout)
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OperationFailed(f"host {host.name}: host-level migration {m.name} failed: {first} (no shard "
+                                  f"migration ran on this host; fix the file and run again)") from None
+        done.append(v)
+    if done:
+        from .ledger import log_event
+
+        log_event(conn, "host-migrate", [], {"versions": done, "files": [by_version[v].name for v in done]})
+    return done

@@ -1,0 +1,2 @@
+-- Embeddings for visual search.
+CREATE EXTENSION IF NOT EXISTS vector;

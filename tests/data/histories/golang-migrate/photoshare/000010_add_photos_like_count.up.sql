@@ -1,0 +1,1 @@
+ALTER TABLE photos ADD COLUMN like_count integer NOT NULL DEFAULT 0;

@@ -1,0 +1,1 @@
+ALTER TABLE photos DROP CONSTRAINT IF EXISTS photos_location_pair;

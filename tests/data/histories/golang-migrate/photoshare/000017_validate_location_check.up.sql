@@ -1,0 +1,1 @@
+ALTER TABLE photos VALIDATE CONSTRAINT photos_location_pair;

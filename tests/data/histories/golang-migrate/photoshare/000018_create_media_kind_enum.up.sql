@@ -1,0 +1,11 @@
+DO $$
+BEGIN
+    -- Look only in this shard's schema: another shard's type of the same name is not ours.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+         WHERE t.typname = 'media_kind' AND n.nspname = current_schema()
+    ) THEN
+        CREATE TYPE media_kind AS ENUM ('photo', 'video', 'carousel');
+    END IF;
+END
+$$;

@@ -1,0 +1,1 @@
+ALTER TABLE photos ADD COLUMN kind media_kind NOT NULL DEFAULT 'photo';

@@ -1,0 +1,1 @@
+ALTER TABLE users DROP COLUMN bio, DROP COLUMN website;

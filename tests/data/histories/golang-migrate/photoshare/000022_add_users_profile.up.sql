@@ -1,0 +1,3 @@
+ALTER TABLE users
+    ADD COLUMN bio text,
+    ADD COLUMN website text;

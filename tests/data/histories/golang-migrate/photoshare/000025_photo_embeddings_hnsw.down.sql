@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS photo_embeddings_hnsw_idx;

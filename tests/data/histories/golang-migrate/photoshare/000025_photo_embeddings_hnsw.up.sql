@@ -1,0 +1,1 @@
+CREATE INDEX photo_embeddings_hnsw_idx ON photo_embeddings USING hnsw (embedding vector_cosine_ops);

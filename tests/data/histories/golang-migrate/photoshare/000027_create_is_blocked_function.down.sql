@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS is_blocked(bigint, bigint);

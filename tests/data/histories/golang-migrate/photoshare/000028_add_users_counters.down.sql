@@ -1,0 +1,1 @@
+ALTER TABLE users DROP COLUMN follower_count, DROP COLUMN following_count;

@@ -1,0 +1,2 @@
+DROP TRIGGER IF EXISTS follows_counters ON follows;
+DROP FUNCTION IF EXISTS follows_counters();

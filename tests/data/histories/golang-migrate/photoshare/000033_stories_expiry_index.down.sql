@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS stories_expires_at_idx;

@@ -1,0 +1,1 @@
+ALTER TABLE hashtags DROP CONSTRAINT IF EXISTS hashtags_name_lower;

@@ -1,0 +1,1 @@
+UPDATE users SET status = 'active' WHERE status = 'suspended';

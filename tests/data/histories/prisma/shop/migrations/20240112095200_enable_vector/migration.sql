@@ -1,0 +1,2 @@
+-- CreateExtension
+CREATE EXTENSION IF NOT EXISTS "vector";

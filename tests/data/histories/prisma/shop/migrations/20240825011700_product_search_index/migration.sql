@@ -1,0 +1,2 @@
+-- CreateIndex
+CREATE INDEX "Product_searchText_idx" ON "Product"("searchText");

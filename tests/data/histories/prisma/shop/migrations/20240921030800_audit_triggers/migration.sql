@@ -1,0 +1,14 @@
+-- Custom migration
+CREATE OR REPLACE FUNCTION "audit_row"() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO "AuditLog" ("table", "op", "row")
+    VALUES (TG_TABLE_NAME, TG_OP, to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END));
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER "Order_audit" AFTER INSERT OR UPDATE OR DELETE ON "Order"
+    FOR EACH ROW EXECUTE FUNCTION "audit_row"();
+CREATE TRIGGER "Payment_audit" AFTER INSERT OR UPDATE OR DELETE ON "Payment"
+    FOR EACH ROW EXECUTE FUNCTION "audit_row"();

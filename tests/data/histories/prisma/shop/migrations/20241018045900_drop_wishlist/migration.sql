@@ -1,0 +1,5 @@
+-- DropForeignKey
+ALTER TABLE "Wishlist" DROP CONSTRAINT "Wishlist_userId_fkey";
+
+-- DropTable
+DROP TABLE "Wishlist";

@@ -1,0 +1,2 @@
+-- CreateIndex
+CREATE INDEX "Review_productId_rating_idx" ON "Review"("productId", "rating");

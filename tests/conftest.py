@@ -133,9 +133,9 @@ def private_sandbox():
     """Servers of this test's own, for tests that stop or kill them."""
     boxes: list[Sandbox] = []
 
-    def make(hosts: int = 2, shards: int = 64) -> Sandbox:
+    def make(hosts: int = 2, shards: int = 64, **up) -> Sandbox:
         box = Sandbox(_sandbox_dir(f"private{len(boxes)}"))
-        box.up(hosts=hosts, shards=shards)
+        box.up(hosts=hosts, shards=shards, **up)
         boxes.append(box)
         return box
 

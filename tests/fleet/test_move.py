@@ -250,11 +250,13 @@ def test_move_under_load_loses_no_write(make_fleet):
     assert run_cli("verify", config=path).exit_code == 0
 
 
-def after_enable(monkeypatch, action) -> None:
-    """Run ``action`` right after a subscription's ALTER SUBSCRIPTION … ENABLE (sql/catalog.start_subscription)."""
+def after_enable(monkeypatch, action) -> list[int]:
+    """Run ``action`` right after a subscription's ALTER SUBSCRIPTION … ENABLE (sql/catalog.start_subscription).
+    Returns a list that counts the times it ran: a test checks it did run (a renamed statement would skip it)."""
     from shardctl.sql import catalog
 
     real = catalog.start_subscription
+    ran: list[int] = []
 
     class Watched:
         def __init__(self, conn):
@@ -263,18 +265,21 @@ def after_enable(monkeypatch, action) -> None:
         def execute(self, query, *args):
             cur = self.conn.execute(query, *args)
             if (query if isinstance(query, str) else query.as_string(self.conn)).endswith(" ENABLE"):
+                ran.append(1)
                 action()
             return cur
 
     monkeypatch.setattr(catalog, "start_subscription", lambda conn, *a, **k: real(Watched(conn), *a, **k))
+    return ran
 
 
 def test_writes_while_the_subscription_starts_are_not_skipped(fleet3, monkeypatch):
     """The apply worker starts streaming at ENABLE, before REFRESH has registered the subscription's tables:
     changes of tables it does not know yet are skipped, yet confirmed (lag 0 says they were applied). A
     second between the two statements, with writers going on, must lose no row (it lost ~120 before)."""
-    after_enable(monkeypatch, lambda: time.sleep(1.0))  # a loaded server, a slow network
+    ran = after_enable(monkeypatch, lambda: time.sleep(1.0))  # a loaded server, a slow network
     move_under_traffic(fleet3, [4, 5, 6, 7], "pg1", "pg2")
+    assert ran, "the pause after ENABLE never ran: the test would prove nothing"
 
 
 def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):
@@ -287,13 +292,14 @@ def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):
     def die() -> None:
         raise RuntimeError("killed after ENABLE")
 
-    after_enable(monkeypatch, die)
+    ran = after_enable(monkeypatch, die)
     topo = load(fleet3)
     moved = [4, 5, 6, 7]
     before_ids = ids_on(topo, "pg1", moved)
     with router_traffic(fleet3, moved) as traffic:
         with pytest.raises(RuntimeError, match="killed after ENABLE"):
             move_shards(load(fleet3), moved, "pg2")
+        assert ran
         time.sleep(1.0)  # writes go on while the worker runs without its tables
         monkeypatch.setattr(catalog, "start_subscription", real)
         report = move_shards(load(fleet3), moved, "pg2")

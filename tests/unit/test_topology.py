@@ -294,7 +294,9 @@ def test_missing_epoch(tmp_path):
 @pytest.mark.parametrize("epoch", ["2011-01-01T00:00:00Z", '"2011-01-01"', "2011-01-01", "1293840000000",
                                    '"2011-01-01T01:00:00+01:00"'])
 def test_epoch_forms(epoch):
+    assert 'epoch: "2011-01-01T00:00:00Z"' in GOOD  # the replace below must find its target
     text = GOOD.replace('epoch: "2011-01-01T00:00:00Z"', f"epoch: {epoch}")
+    assert f"epoch: {epoch}\n" in text
     assert Topology.from_text(text).layout.epoch_ms == 1293840000000
 
 

@@ -28,6 +28,7 @@ LAYERS = {
     "sql": 3,
     "engine": 4,
     "ops": 5, "router": 5, "router_pool": 5, "router_session": 5, "router_placement": 5,
+    "router_async": 5,
     "dev": 6, "testing": 6,
     "": 7,  # shardctl/__init__.py: the public API
     "cli": 8,

@@ -153,25 +153,37 @@ async def _quietly(fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
 
 class AsyncHostPool(PoolBase):
     """:class:`~shardctl.router_pool.HostPool` for asyncio: the caller's task connects; waiters wait on
-    futures of the loop."""
+    futures of the loop, in turn: a connection given back goes straight to the first waiter."""
 
     def __init__(self, name: str, role: str, connect: Callable[[], Awaitable[psycopg.AsyncConnection]],
                  max_size: int, pool_timeout: float):
         super().__init__(name, role, connect, max_size, pool_timeout, threading.Lock())
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[tuple[asyncio.Future, bool]] = deque()  # (future, a probe's: it connects itself)
 
     def _wake(self, n: int = 1) -> None:
-        while n > 0 and self._waiters:
-            waiter = self._waiters.popleft()
+        """Let ``n`` waiters look again (a place for a new connection freed)."""
+        for waiter, _ in list(self._waiters):
+            if n <= 0:
+                break
             if not waiter.done():
                 waiter.set_result(None)
                 n -= 1
+
+    def release(self, slot: Slot, *, discard: bool = False) -> None:
+        """``HostPool.release``; a reusable connection goes to the first waiter (not a probe) if any."""
+        if self._reusable(slot, discard):
+            with self._guard:
+                for waiter, probe in self._waiters:
+                    if not probe and not waiter.done():
+                        waiter.set_result(slot)
+                        return
+        super().release(slot, discard=discard)
 
     async def acquire(self, deadline: float | None = None) -> Slot:
         """A healthy connection: an idle one, else a new one, else wait for one (HostPool.acquire)."""
         probe = self.breaker.enter()
         try:
-            slot = None if probe else self._take_idle()
+            slot = None if probe or self._waiters else self._take_idle()  # waiters first
             if slot is None:
                 slot = await self._new_or_wait(deadline, probe)
         except BaseException:
@@ -187,20 +199,10 @@ class AsyncHostPool(PoolBase):
                 wait = self._claim(probe, limit)
                 if wait is None:
                     break
-                waiter = asyncio.get_running_loop().create_future() if wait > 0 else None
-                if waiter is not None:
-                    self._waiters.append(waiter)
-                    self._waiting += 1
-            if waiter is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(waiter), wait)
-                except asyncio.TimeoutError:
-                    pass
-                finally:
-                    with self._guard:
-                        self._waiting -= 1
-                        if not waiter.done():
-                            waiter.cancel()
+            if wait > 0:
+                slot = await self._wait(wait, probe)
+                if slot is not None:
+                    return slot
             if not probe:
                 slot = self._take_idle()
                 if slot is not None:
@@ -213,6 +215,29 @@ class AsyncHostPool(PoolBase):
                 raise refusal from None
             raise
         return self._opened(conn)
+
+    async def _wait(self, seconds: float, probe: bool) -> Slot | None:
+        """Wait in turn, at most ``seconds``: a connection handed over, or None (look again)."""
+        waiter = asyncio.get_running_loop().create_future()
+        with self._guard:
+            self._waiters.append((waiter, probe))
+            self._waiting += 1
+        try:
+            async with asyncio.timeout(seconds):
+                await waiter
+        except TimeoutError:
+            pass
+        except BaseException:  # cancelled: a connection handed over meanwhile goes to the next one
+            if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
+                self.release(waiter.result())
+            raise
+        finally:
+            with self._guard:
+                self._waiting -= 1
+                self._waiters.remove((waiter, probe))
+                if not waiter.done():
+                    waiter.cancel()
+        return waiter.result() if waiter.done() and not waiter.cancelled() else None
 
 
 _tried: contextvars.ContextVar[Host | None] = contextvars.ContextVar("shardctl_async_router_tried", default=None)

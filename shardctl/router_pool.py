@@ -222,11 +222,14 @@ class PoolBase:
         slot.plan_epoch = self.plan_epoch
         return slot
 
+    def _reusable(self, slot: Slot, discard: bool) -> bool:
+        conn = slot.conn
+        return not discard and not self.closed and not conn.closed and \
+            conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
     def release(self, slot: Slot, *, discard: bool = False) -> None:
         """Back to the pool, or closed when ``discard``, broken, or the pool is closed."""
-        conn = slot.conn
-        keep = not discard and not self.closed and not conn.closed and \
-            conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        keep = self._reusable(slot, discard)
         with self._guard:
             if keep:
                 self._idle.append(slot)

@@ -323,3 +323,39 @@ def test_sigstopped_server_fails_within_the_bound(box, pool):  # noqa: F811
                 await asyncio.sleep(0.1)
 
     run(main())
+
+
+# ---- the README's async web app ------------------------------------------------------------
+
+def readme_example(name: str) -> str:
+    """The python block after ``<!-- example: NAME -->`` in README.md."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    after = text.split(f"<!-- example: {name} -->", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_async_app(make_fleet):  # noqa: F811
+    path = make_fleet(hosts=2, shards=16)
+    assert run_cli("init", config=path).exit_code == 0
+    app: dict = {}
+    exec(compile(readme_example("async-app"), "README.md (async-app)", "exec"), app)
+
+    async def main():
+        await app["startup"](str(path))
+        try:
+            users = list(range(1, 41))
+            posted = await asyncio.gather(*[app["post_photo"](u, f"photo of {u}") for u in users for _ in range(3)])
+            ids = [p["id"] for p in posted]
+            assert len(set(ids)) == 120
+            got = await asyncio.gather(*[app["get_photo"](i) for i in ids])
+            assert [g["user_id"] for g in got] == [u for u in users for _ in range(3)]
+            assert await app["get_photo"](max(ids) + 1) is None  # the same shard (the sequence bits), no such row
+            mine = await app["user_photos"](7)
+            assert [p["caption"] for p in mine] == ["photo of 7"] * 3
+            assert await app["health"]() == {"pg1": "closed", "pg2": "closed"}
+        finally:
+            await app["shutdown"]()
+
+    run(main())

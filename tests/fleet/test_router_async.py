@@ -13,6 +13,7 @@ import asyncio
 import statistics
 import time
 
+import psycopg
 import pytest
 
 from conftest import load, run_cli
@@ -20,6 +21,8 @@ from support.clients import async_history_traffic, keys_for
 from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
 from test_router_faults import CONNECT_TIMEOUT, PG1_KEY, PG2_KEY, box, frozen  # noqa: F401 - box: a fixture
 from test_router_sessions import SESSION_STATEMENTS
+from test_router_standby import KEY as STANDBY_KEY
+from test_router_standby import replicated, wait_replayed  # noqa: F401 - replicated: a fixture
 
 from shardctl import AsyncRouter
 from shardctl.errors import BadInput, HostUnreachable, SessionStateError
@@ -321,6 +324,54 @@ def test_sigstopped_server_fails_within_the_bound(box, pool):  # noqa: F811
             while not isinstance((await timed(router.execute(PG1_KEY, "SELECT 1")))[1], list):
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.1)
+
+    run(main())
+
+
+# ---- standby reads -------------------------------------------------------------------------
+
+async def on(router: AsyncRouter, **kw) -> tuple[bool, int]:
+    """(served by a server in recovery, rows in users) for a read through the router."""
+    return (await router.read(STANDBY_KEY, "SELECT pg_is_in_recovery(), count(*) FROM users", **kw))[0]
+
+
+def test_reads_go_to_the_standby_fall_back_when_it_lags_or_stops(replicated):  # noqa: F811
+    topo = load(replicated.topology_path)
+    standby = topo.hosts[0].standby
+
+    async def main():
+        async with AsyncRouter(topo, max_lag=0.5, lag_check_interval=0.05) as router:
+            await router.execute(STANDBY_KEY, "INSERT INTO users (username) VALUES ('first')")
+            wait_replayed(topo)
+            assert await on(router) == (True, 1)                 # the replica serves reads
+            async with router.connection(STANDBY_KEY, readonly=True) as conn:
+                cur = await conn.execute("SELECT pg_is_in_recovery(), current_schema()")
+                assert await cur.fetchone() == (True, f"insta{STANDBY_KEY}")
+            assert await router.execute(STANDBY_KEY, "SELECT pg_is_in_recovery()") == [(False,)]
+            with psycopg.connect(standby, autocommit=True) as conn:
+                conn.execute("SELECT pg_wal_replay_pause()")
+            try:
+                await router.execute(STANDBY_KEY, "INSERT INTO users (username) VALUES ('second')")
+                await asyncio.sleep(1.0)                         # now the replica is > max_lag behind
+                assert await on(router) == (False, 2)            # ... so the read went to the primary
+                async with router.connection(STANDBY_KEY, readonly=True) as conn:
+                    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                        await conn.execute("INSERT INTO users (username) VALUES ('not here')")
+                assert await on(router, max_lag=3600) == (True, 1)  # a looser bound accepts the stale replica
+                assert router.stats()["pg1"]["standby"]["fallbacks"]["lagging"] >= 2
+            finally:
+                with psycopg.connect(standby, autocommit=True) as conn:
+                    conn.execute("SELECT pg_wal_replay_resume()")
+            wait_replayed(topo)
+            await asyncio.sleep(0.1)
+            assert await on(router) == (True, 2)                 # caught up: back on the replica
+            replicated.stop_host("pg1-standby")
+            for _ in range(5):
+                started = time.monotonic()
+                assert await on(router) == (False, 2)            # stopped: the primary answers, at once
+                assert time.monotonic() - started < 1.0
+            stats = router.stats()["pg1"]
+            assert stats["standby"]["fallbacks"]["unreachable"] == 5 and stats["breaker"]["state"] == "closed"
 
     run(main())
 

@@ -182,6 +182,26 @@ def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(
     run(main())
 
 
+def test_streams_copies_and_named_cursors_run_on_the_shard(topo_default):
+    async def main():
+        async with AsyncRouter(topo_default) as router:
+            async def work(conn):
+                streamed = [r async for r in conn.cursor().stream("SELECT current_schema()")]
+                async with conn.cursor().copy("COPY users (username) FROM STDIN") as copy:
+                    await copy.write_row(("copied",))
+                named = conn.cursor(name="named")
+                await named.execute("SELECT current_schema()")
+                return streamed, await named.fetchall()
+
+            assert await router.run(5, work) == ([("insta5",)], [("insta5",)])
+            assert await router.execute(5, "SELECT username FROM users") == [("copied",)]
+            with pytest.raises(SessionStateError, match="WITH HOLD"):
+                async with router.connection(5) as conn:
+                    await conn.cursor(name="held", withhold=True).execute("SELECT 1")
+
+    run(main())
+
+
 # ---- poolers and moves ---------------------------------------------------------------------
 
 @pytest.fixture(params=["direct", "transaction"])

@@ -218,20 +218,20 @@ class AsyncHostPool(PoolBase):
 
     async def _wait(self, seconds: float, probe: bool) -> Slot | None:
         """Wait in turn, at most ``seconds``: a connection handed over, or None (look again)."""
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         with self._guard:
             self._waiters.append((waiter, probe))
             self._waiting += 1
+        timer = loop.call_later(seconds, lambda: waiter.done() or waiter.set_result(None))
         try:
-            async with asyncio.timeout(seconds):
-                await waiter
-        except TimeoutError:
-            pass
+            await waiter
         except BaseException:  # cancelled: a connection handed over meanwhile goes to the next one
             if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
                 self.release(waiter.result())
             raise
         finally:
+            timer.cancel()
             with self._guard:
                 self._waiting -= 1
                 self._waiters.remove((waiter, probe))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections import deque
 import time
 
 import psycopg
@@ -131,6 +132,40 @@ def test_100_tasks_share_a_pool_of_8(topo):
             stats = router.stats()
             assert stats["pg1"]["size"] <= 8 and stats["pg2"]["size"] <= 8
             assert stats["pg1"]["calls"] + stats["pg2"]["calls"] == 100
+
+    run(main())
+
+
+def test_waiters_get_connections_in_turn_and_time_out(topo):
+    async def main():
+        async with AsyncRouter(topo, max_size=1, pool_timeout=0.3) as router:
+            async def hold(seconds):
+                async with router.connection(3) as conn:
+                    await conn.execute("SELECT 1")
+                    await asyncio.sleep(seconds)
+
+            holder = asyncio.ensure_future(hold(1.0))
+            await asyncio.sleep(0.1)
+            seconds, error = await timed(router.execute(3, "SELECT 1"))
+            assert isinstance(error, HostUnreachable) and "no free connection" in str(error), error
+            assert 0.2 < seconds < 0.6, seconds
+            cancelled = asyncio.ensure_future(router.execute(3, "SELECT 1", timeout=5))
+            await asyncio.sleep(0.05)
+            cancelled.cancel()  # a waiter that gives up leaves nothing behind
+            await holder
+            async with AsyncRouter(topo, max_size=1, pool_timeout=5) as fifo:
+                order = []
+
+                async def one(i):
+                    await fifo.execute(3, "SELECT pg_sleep(0.02)")
+                    order.append(i)
+
+                await asyncio.gather(*[one(i) for i in range(10)])
+                assert order == list(range(10))  # in turn
+            stats = router.stats()["pg1"]
+            assert stats["size"] == 1 and stats["idle"] == 1 and stats["waiting"] == 0, stats
+            assert router._pools["pg1"]._waiters == deque()
+            assert await router.execute(3, "SELECT 1") == [(1,)]
 
     run(main())
 

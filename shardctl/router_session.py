@@ -19,6 +19,10 @@ Prepared statements live in a server session: the Router's statements are prepar
 host keeps sessions. Behind a transaction pooler, statements that would leave session state (a
 session ``SET``, ``LISTEN``, session advisory locks, temporary tables that outlive the transaction,
 ``WITH HOLD`` cursors, ``PREPARE``) raise :class:`SessionStateError` before they are sent.
+
+The asyncio Router (router_async) speaks the same protocol through the functions here that take a
+connection's values (``check_statement``, ``opening``, ``outer_block``, ``statement_text``,
+``reset_text``): only the sending is its own.
 """
 
 from __future__ import annotations

@@ -294,6 +294,29 @@ def test_async_clients_during_move(pooled_fleet, mode, read):
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
 
 
+def test_a_stale_topology_file_follows_the_old_hosts_redirect(make_fleet):  # noqa: F811
+    """An app server whose copy of the topology file is never updated: its AsyncRouter follows the
+    redirect the old host recorded at the cutover (no error, nothing lost, no read from a wrong shard)."""
+    import shutil
+
+    from support.history import History
+
+    path = make_fleet(hosts=2, shards=16, pooler="none")
+    assert run_cli("init", config=path).exit_code == 0
+    stale = path.with_name("stale.yaml")
+    shutil.copy(path, stale)
+    moved = [4, 5, 6, 7]
+    with async_history_traffic(stale, keys_for(load(path), moved + [0, 9], 4), writers=6, readers=2,
+                               history=History(path), read="scan") as traffic:
+        report = move_shards(load(path), moved, "pg2")
+    assert report["phase"] == "cut_over", report
+    assert load(stale).host_of(moved[0]).name == "pg1"  # the copy never changed
+    assert traffic.router.redirects() == {n: "pg2" for n in moved}
+    checked = traffic.history.check()
+    assert checked.ok, checked
+    assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
+
+
 # ---- faults --------------------------------------------------------------------------------
 
 async def timed(coro) -> tuple[float, object]:

@@ -13,6 +13,7 @@ from .model.topology import Host, Topology
 from .version import __version__
 
 __all__ = [
+    "AsyncRouter",
     "BadInput",
     "ConfigError",
     "Host",
@@ -35,6 +36,7 @@ __all__ = [
 # Imported on first use: they pull in psycopg, which the offline commands never load.
 _LAZY = {
     "Router": ("router", "Router"),
+    "AsyncRouter": ("router_async", "AsyncRouter"),
     "init": ("ops.provision", "init"),
     "import_history": ("ops.import_history", "import_history"),
     "migrate": ("ops.migrate", "migrate"),

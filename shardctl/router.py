@@ -13,22 +13,17 @@ import psycopg
 
 from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT, first_line
 from .errors import BadInput, HostUnreachable, SessionStateError
-from .ids.routing import placement_shard, shard_for_key
 from .model.topology import Host, Topology
-from .router_placement import Placement
+from .router_placement import MOVED_ERRORS, SAME, Placement, Routing
 from .router_pool import HostPool, Slot, Watchdog, foreign_connect_error, log
 from .router_session import (Call, RouterConnection, RouterCursor, RouterServerCursor, forget_prepared, ms,
                              quietly, reset, stale_plan, transaction_start)
 from .sql.catalog import MOVED_SQLSTATE, read_redirects
 
 T = TypeVar("T")
-# Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
-# old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
-MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883"})
-SAME: Any = object()  # per-call argument left at the Router's default
 
 
-class Router:
+class Router(Routing):
     """Routes keys to shards and hands out pooled connections with ``search_path`` set to the shard.
 
     Per host, a pool of connections opened on demand by the caller's thread, a circuit breaker
@@ -66,58 +61,7 @@ class Router:
         # Where each shard is: the topology file, and the redirects followed while the file is stale.
         self.placement = Placement(topology, move_wait=move_wait, allow_inline_password=allow_inline_password)
 
-    @property
-    def topology(self) -> Topology:
-        return self.placement.topology
-
-    # ---- routing ---------------------------------------------------------------
-    def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
-        """Integer keys: ``key % modulus``; strings: ``md5(key) mod modulus``."""
-        return shard_for_key(key, self.topology.modulus, force_string=force_string)
-
-    def host_for(self, key: int | str, *, force_string: bool = False) -> Host:
-        return self._locate(self.shard_for(key, force_string=force_string))
-
-    def schema_for(self, key: int | str, *, force_string: bool = False) -> str:
-        return self.topology.schema_name(self.shard_for(key, force_string=force_string))
-
-    def allocate_shard(self, key: int | str, *, force_string: bool = False) -> int:
-        """Shard for a *new* object: ``placement.new_objects`` when the topology has it, else :meth:`shard_for`.
-
-        Existing objects keep their shard: their own IDs name it (:meth:`shard_of_id`).
-        """
-        if self.topology.new_objects:
-            return placement_shard(key, self.topology.new_objects, force_string=force_string)
-        return self.shard_for(key, force_string=force_string)
-
-    def shard_of_id(self, id_value: int) -> int:
-        """An object's own ID names its shard."""
-        return self.topology.layout.decode(id_value)["shard"]
-
-    def _locate(self, shard: int) -> Host:
-        """The host serving ``shard``: a redirect this Router followed, else the topology's owner."""
-        return self.placement.locate(shard)
-
-    def redirects(self) -> dict[int, str]:
-        """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
-        return self.placement.redirects.names()
-
-    # ---- calls -----------------------------------------------------------------
-    def target(self, key: int | str | None = None, *, id: int | None = None, shard: int | None = None,
-               force_string: bool = False) -> int:
-        """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
-        minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number)."""
-        given = [name for name, value in (("key", key), ("id", id), ("shard", shard)) if value is not None]
-        if len(given) != 1:
-            raise BadInput(f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'})")
-        if key is not None:
-            return self.shard_for(key, force_string=force_string)
-        if id is not None:
-            return self.shard_of_id(id)
-        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < self.topology.shard_count:
-            raise BadInput(f"shard={shard!r} is not a shard of this topology (0-{self.topology.shard_count - 1})")
-        return shard
-
+    # ---- calls (routing: see Routing) --------------------------------------------
     @contextmanager
     def connection(self, key: int | str | None = None, *, id: int | None = None, shard: int | None = None,
                    force_string: bool = False, readonly: bool = False, max_lag: float | None = SAME,
@@ -191,12 +135,6 @@ class Router:
         return self._statement(number, query, params, Call(self.topology.schema_name(number), self._timeout(timeout),
                                                              "statement", True, self._lag_bound(max_lag)))
 
-    def _timeout(self, timeout: Any) -> float | None:
-        return self.timeout if timeout is SAME else timeout
-
-    def _lag_bound(self, max_lag: Any) -> float | None:
-        return self.max_lag if max_lag is SAME else max_lag
-
     def _statement(self, shard: int, query: Any, params: Any, call: Call) -> Any:
         if query is None:
             raise BadInput("execute()/read() need the statement to run")
@@ -241,17 +179,6 @@ class Router:
             yield conn
 
     # ---- moves -----------------------------------------------------------------
-    def reload(self) -> Topology:
-        """Read the topology file again (when it changed); pools of hosts that left or changed DSN are closed."""
-        fresh, changed = self.placement.reload()
-        if changed:
-            with self._lock:  # pool keys: the host's name, and "<name> standby" for its standby's pool
-                stale = [key for key in self._pools if key.split(" ")[0] in changed]
-                old_pools = [self._pools.pop(key) for key in stale]
-            for pool in old_pools:
-                pool.close()
-        return fresh
-
     def follow_move(self, shard: int, exc: BaseException, tried: Host | None = None) -> bool:
         """After ``exc`` on ``shard``: True when the shard turned out to have moved and its new host is
         known (see :meth:`Placement.follow`). ``tried`` is the host the failed statement ran on (default:
@@ -298,24 +225,6 @@ class Router:
         conn.prepare_threshold = None
         return conn
 
-    def stats(self) -> dict[str, dict]:
-        """Per host: pool usage, calls, errors by kind, breaker state and latency percentiles (ms) of
-        its primary, and under ``"standby"`` the same for its standby (with the last lag seen)."""
-        with self._lock:
-            pools = dict(self._pools)
-        out: dict[str, dict] = {}
-        for host in self.topology.hosts:
-            primary = pools.get(host.name) or self._unused(host.name, "primary")
-            doc = primary.stats()
-            standby = pools.get(f"{host.name} standby") or (self._unused(host.name, "standby") if host.standby else None)
-            doc["standby"] = standby.stats() if standby else None
-            out[host.name] = doc
-        return out
-
-    def _unused(self, name: str, role: str) -> HostPool:
-        """A pool never used (nothing opened): for :meth:`stats`' zeros."""
-        return HostPool(name, role, lambda: None, self.max_size, self.pool_timeout)  # type: ignore[arg-type,return-value]
-
     def close(self) -> None:
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
@@ -334,13 +243,16 @@ class _Fallback(Exception):
     """The standby cannot serve this read (args[0]: ``lagging`` or ``unreachable``): use the primary."""
 
 
+SHARD_STATE_SQL = "SELECT state FROM shardctl.shards WHERE shard_id = %s"
+
+
 def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, bool]:
     """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
     None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
     try:
         with _session(router, router._pool(host), Call("public", router.timeout, "run")) as conn:
             redirect = read_redirects(conn, [shard]).get(shard)
-            row = conn.execute("SELECT state FROM shardctl.shards WHERE shard_id = %s", (shard,)).fetchone()
+            row = conn.execute(SHARD_STATE_SQL, (shard,)).fetchone()
     except Exception:  # noqa: BLE001 - no answer means no evidence of a move
         return None, False
     return redirect, bool(row) and row[0] == "moved_out"

@@ -6,11 +6,22 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
+from typing import Any
+
+from .errors import BadInput
+from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask
 from .model.topology import Host, Topology
-from .router_pool import log
+from .sql.catalog import MOVED_SQLSTATE
+from .router_pool import HostPool, PoolBase, log
+
+# Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
+# old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
+MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883"})
+SAME: Any = object()  # per-call argument left at the Router's default
+FOLLOW_POLL = 0.05  # seconds between looks at the topology file while a move's cutover is awaited
 
 
 class Placement:
@@ -53,16 +64,29 @@ class Placement:
         host is known: the reloaded topology names it, or ``old`` recorded a redirect (``ask()``: the
         redirect and whether ``old`` records the shard moved out), which is then followed until the
         file catches up. Without either, waits up to ``move_wait`` seconds for the file to say so."""
+        steps = self.following(shard, old, moved)
+        answer: object = None
+        try:
+            while True:
+                step = steps.send(answer)
+                answer = reload() if step == "reload" else ask() if step == "ask" else time.sleep(FOLLOW_POLL)
+        except StopIteration as done:
+            return bool(done.value)
+
+    def following(self, shard: int, old: Host, moved: bool) -> Generator[str, object, bool]:
+        """:meth:`follow` as steps its caller performs (sync or async): yields ``"reload"`` (reload the
+        topology), ``"ask"`` (send back the old host's answer: (redirect, moved_out)) or ``"wait"``
+        (sleep FOLLOW_POLL seconds); returns the verdict."""
         deadline = time.monotonic() + self.move_wait
         asked = False
         while True:
-            reload()
+            yield "reload"
             new = self.locate(shard)
             if (new.name, new.dsn) != (old.name, old.dsn):
                 return True
             if not asked:  # the file does not know (yet): ask the host the statement failed on
                 asked = True
-                redirect, moved_out = ask()
+                redirect, moved_out = yield "ask"  # type: ignore[misc]
                 if redirect is not None and redirect["host"] != old.name:
                     self.redirects.follow(shard, redirect, self.topology, old)
                     return True
@@ -72,7 +96,7 @@ class Placement:
                     return False
             if self.topology.path is None or time.monotonic() >= deadline:
                 return False
-            time.sleep(0.05)
+            yield "wait"
 
 
 class Redirects:
@@ -132,3 +156,102 @@ def _file_stamp(path: str | os.PathLike) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class Routing:
+    """What :class:`~shardctl.router.Router` and :class:`~shardctl.router_async.AsyncRouter` share: the
+    routing rule (key, id or shard → shard → host) and the per-call defaults."""
+
+    placement: Placement
+    timeout: float | None
+    max_lag: float | None
+    max_size: int
+    pool_timeout: float
+    _pools: dict[str, PoolBase]  # by host name, and "<name> standby" for its standby's pool
+    _lock: threading.Lock
+
+    @property
+    def topology(self) -> Topology:
+        return self.placement.topology
+
+    def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
+        """Integer keys: ``key % modulus``; strings: ``md5(key) mod modulus``."""
+        return shard_for_key(key, self.topology.modulus, force_string=force_string)
+
+    def host_for(self, key: int | str, *, force_string: bool = False) -> Host:
+        return self._locate(self.shard_for(key, force_string=force_string))
+
+    def schema_for(self, key: int | str, *, force_string: bool = False) -> str:
+        return self.topology.schema_name(self.shard_for(key, force_string=force_string))
+
+    def allocate_shard(self, key: int | str, *, force_string: bool = False) -> int:
+        """Shard for a *new* object: ``placement.new_objects`` when the topology has it, else :meth:`shard_for`.
+
+        Existing objects keep their shard: their own IDs name it (:meth:`shard_of_id`).
+        """
+        if self.topology.new_objects:
+            return placement_shard(key, self.topology.new_objects, force_string=force_string)
+        return self.shard_for(key, force_string=force_string)
+
+    def shard_of_id(self, id_value: int) -> int:
+        """An object's own ID names its shard."""
+        return self.topology.layout.decode(id_value)["shard"]
+
+    def _locate(self, shard: int) -> Host:
+        """The host serving ``shard``: a redirect this Router followed, else the topology's owner."""
+        return self.placement.locate(shard)
+
+    def redirects(self) -> dict[int, str]:
+        """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
+        return self.placement.redirects.names()
+
+    def target(self, key: int | str | None = None, *, id: int | None = None, shard: int | None = None,
+               force_string: bool = False) -> int:
+        """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
+        minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number)."""
+        given = [name for name, value in (("key", key), ("id", id), ("shard", shard)) if value is not None]
+        if len(given) != 1:
+            raise BadInput(f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'})")
+        if key is not None:
+            return self.shard_for(key, force_string=force_string)
+        if id is not None:
+            return self.shard_of_id(id)
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < self.topology.shard_count:
+            raise BadInput(f"shard={shard!r} is not a shard of this topology (0-{self.topology.shard_count - 1})")
+        return shard
+
+    def _timeout(self, timeout: Any) -> float | None:
+        return self.timeout if timeout is SAME else timeout
+
+    def _lag_bound(self, max_lag: Any) -> float | None:
+        return self.max_lag if max_lag is SAME else max_lag
+
+    def reload(self) -> Topology:
+        """Read the topology file again (when it changed); pools of hosts that left or changed DSN are closed."""
+        fresh, changed = self.placement.reload()
+        if changed:
+            with self._lock:  # pool keys: the host's name, and "<name> standby" for its standby's pool
+                stale = [key for key in self._pools if key.split(" ")[0] in changed]
+                old_pools = [self._pools.pop(key) for key in stale]
+            for pool in old_pools:
+                pool.close()
+        return fresh
+
+    def stats(self) -> dict[str, dict]:
+        """Per host: pool usage, calls, errors by kind, breaker state and latency percentiles (ms) of
+        its primary, and under ``"standby"`` the same for its standby (with the last lag seen)."""
+        with self._lock:
+            pools = dict(self._pools)
+        out: dict[str, dict] = {}
+        for host in self.topology.hosts:
+            primary = pools.get(host.name) or self._unused(host.name, "primary")
+            doc = primary.stats()
+            standby = pools.get(f"{host.name} standby") or (self._unused(host.name, "standby") if host.standby else None)
+            doc["standby"] = standby.stats() if standby else None
+            out[host.name] = doc
+        return out
+
+    def _unused(self, name: str, role: str) -> PoolBase:
+        """A pool never used (nothing opened): for :meth:`stats`' zeros."""
+        return HostPool(name, role, lambda: None, self.max_size, self.pool_timeout)  # type: ignore[arg-type,return-value]
+

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
@@ -63,7 +64,10 @@ class Slot:
 
     def close(self) -> None:
         try:
-            self.conn.close()
+            if isinstance(self.conn, psycopg.AsyncConnection):
+                self.conn.pgconn.finish()  # what its close() does, without awaiting (nothing to wait for)
+            else:
+                self.conn.close()
         except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
             pass
 
@@ -133,11 +137,12 @@ class Breaker:
                 "consecutive_failures": self.failures, "times_opened": self.opened}
 
 
-class HostPool:
-    """Connections to one server (a host's primary or its standby), opened on demand in the caller's thread."""
+class PoolBase:
+    """What :class:`HostPool` and the asyncio pool (router_async) share: the idle connections, the size,
+    the breaker, the counters; the waiting for a connection is each one's own (``_wake``)."""
 
-    def __init__(self, name: str, role: str, connect: Callable[[], psycopg.Connection], max_size: int,
-                 pool_timeout: float):
+    def __init__(self, name: str, role: str, connect: Callable[[], object], max_size: int, pool_timeout: float,
+                 guard: Any):
         self.name, self.role = name, role
         self._connect = connect
         self.max_size = max_size
@@ -147,11 +152,146 @@ class HostPool:
         self._idle: deque[Slot] = deque()
         self._size = 0
         self._waiting = 0
-        self._cond = threading.Condition(threading.Lock())
+        self._guard = guard  # the lock of the fields above
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self.counts: Counter[str] = Counter()   # calls, connects, replaced_idle, errors by kind
         self.lag: tuple[float, float] | None = None  # standby: (checked at, seconds behind)
         self.plan_epoch = 0  # bumped when a migration made a prepared statement stale (0A000)
+
+    def _wake(self, n: int = 1) -> None:
+        """Let ``n`` waiters look again (called holding the guard)."""
+        raise NotImplementedError
+
+    def _take_idle(self) -> Slot | None:
+        stale = []
+        with self._guard:
+            slot = None
+            while self._idle:
+                candidate = self._idle.pop()      # most recently used first: warm caches, fewer backends
+                if candidate.healthy():
+                    slot = candidate
+                    break
+                stale.append(candidate)
+                self._size -= 1
+            if stale:
+                self.counts["replaced_idle"] += len(stale)
+                log.info("host %s: replaced %d dead idle connection(s)", self.breaker.name, len(stale))
+                self._wake(len(stale))
+        for old in stale:
+            old.close()
+        return slot
+
+    def _claim(self, probe: bool, limit: float) -> float | None:
+        """Under the guard: None when a place for a new connection is reserved (the caller connects),
+        0 when an idle connection came back (take it), else how long to wait. Raises HostUnreachable
+        when the pool is closed or no connection came within the limit."""
+        if self.closed:
+            raise HostUnreachable(self.name, "the router was closed")
+        if self._size < self.max_size:
+            self._size += 1
+            return None
+        if not probe and self._idle:
+            return 0.0
+        left = limit - time.monotonic()
+        if left <= 0:
+            self.counts["errors.pool_timeout"] += 1
+            raise HostUnreachable(self.name, f"no free connection within {self.pool_timeout:g}s "
+                                             f"(all {self.max_size} in use)")
+        return left
+
+    def _limit(self, deadline: float | None) -> float:
+        limit = time.monotonic() + self.pool_timeout
+        return limit if deadline is None else min(limit, deadline)
+
+    def _connect_failed(self, exc: BaseException) -> BaseException | None:
+        """A connection attempt failed: its place freed; HostUnreachable to raise for a server's refusal."""
+        with self._guard:
+            self._size -= 1
+            self._wake()
+        if isinstance(exc, psycopg.Error):
+            cause = first_line(exc)
+            self.count("errors.connect")
+            self.breaker.failure(cause)
+            return HostUnreachable(self.breaker.name, cause)
+        return None
+
+    def _opened(self, conn: object) -> Slot:
+        self.count("connects")
+        self.breaker.success()
+        slot = Slot(conn)  # type: ignore[arg-type]
+        slot.plan_epoch = self.plan_epoch
+        return slot
+
+    def _reusable(self, slot: Slot, discard: bool) -> bool:
+        conn = slot.conn
+        return not discard and not self.closed and not conn.closed and \
+            conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+    def release(self, slot: Slot, *, discard: bool = False) -> None:
+        """Back to the pool, or closed when ``discard``, broken, or the pool is closed."""
+        keep = self._reusable(slot, discard)
+        with self._guard:
+            if keep:
+                self._idle.append(slot)
+            else:
+                self._size -= 1
+            self._wake()
+        if not keep:
+            slot.close()
+
+    def drop_idle(self) -> None:
+        """Close every idle connection (after the host stopped answering: they would hang too)."""
+        with self._guard:
+            idle, self._idle = list(self._idle), deque()
+            self._size -= len(idle)
+            self._wake(len(idle) or 1)
+        for slot in idle:
+            slot.close()
+
+    def close(self) -> None:
+        with self._guard:
+            self.closed = True
+        self.drop_idle()
+
+    # ---- observability -----------------------------------------------------------------------
+    def count(self, what: str) -> None:
+        with self._guard:
+            self.counts[what] += 1
+
+    def record(self, seconds: float, error: str | None = None) -> None:
+        with self._guard:
+            self.latencies.append(seconds)
+            self.counts["calls"] += 1
+            if error:
+                self.counts[f"errors.{error}"] += 1
+
+    def stats(self) -> dict:
+        with self._guard:
+            size, idle, waiting = self._size, len(self._idle), self._waiting
+        lat = sorted(self.latencies)
+        errors = {k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("errors.")}
+        fallbacks = {k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("fallbacks.")}
+        doc = {"role": self.role, "size": size, "in_use": size - idle, "idle": idle, "max_size": self.max_size,
+               "waiting": waiting, "calls": self.counts["calls"], "connects": self.counts["connects"],
+               "replaced_idle": self.counts["replaced_idle"], "errors": errors,
+               "errors_total": sum(errors.values()), "breaker": self.breaker.snapshot(),
+               "latency_ms": _percentiles(lat)}
+        if self.role == "standby":
+            doc["lag_s"] = None if self.lag is None else round(self.lag[1], 3)
+            doc["fallbacks"] = fallbacks  # reads sent to the primary instead: lagging / unreachable
+        return doc
+
+
+class HostPool(PoolBase):
+    """Connections to one server (a host's primary or its standby), opened on demand in the caller's thread."""
+
+    def __init__(self, name: str, role: str, connect: Callable[[], psycopg.Connection], max_size: int,
+                 pool_timeout: float):
+        self._cond = threading.Condition(threading.Lock())
+        super().__init__(name, role, connect, max_size, pool_timeout, self._cond)
+
+    def _wake(self, n: int = 1) -> None:
+        self._cond.notify(n)
 
     # ---- checkout ----------------------------------------------------------------------------
     def acquire(self, deadline: float | None = None) -> Slot:
@@ -170,127 +310,29 @@ class HostPool:
             raise
         return slot
 
-    def _take_idle(self) -> Slot | None:
-        stale = []
-        with self._cond:
-            slot = None
-            while self._idle:
-                candidate = self._idle.pop()      # most recently used first: warm caches, fewer backends
-                if candidate.healthy():
-                    slot = candidate
-                    break
-                stale.append(candidate)
-                self._size -= 1
-            if stale:
-                self.counts["replaced_idle"] += len(stale)
-                log.info("host %s: replaced %d dead idle connection(s)", self.breaker.name, len(stale))
-                self._cond.notify(len(stale))
-        for old in stale:
-            old.close()
-        return slot
-
     def _new_or_wait(self, deadline: float | None, probe: bool) -> Slot:
-        limit = time.monotonic() + self.pool_timeout
-        if deadline is not None:
-            limit = min(limit, deadline)
+        limit = self._limit(deadline)
         while True:
             with self._cond:
-                if self.closed:
-                    raise HostUnreachable(self.name, "the router was closed")
-                if self._size < self.max_size:
-                    self._size += 1
+                wait = self._claim(probe, limit)
+                if wait is None:
                     break
-                if not probe and self._idle:
-                    pass  # a connection came back: take it below
-                else:
-                    left = limit - time.monotonic()
-                    if left <= 0:
-                        self.counts["errors.pool_timeout"] += 1
-                        raise HostUnreachable(self.name, f"no free connection within {self.pool_timeout:g}s "
-                                                         f"(all {self.max_size} in use)")
+                if wait > 0:
                     self._waiting += 1
-                    self._cond.wait(left)
+                    self._cond.wait(wait)
                     self._waiting -= 1
             if not probe:
                 slot = self._take_idle()
                 if slot is not None:
                     return slot
-        return self._open_new()
-
-    def _open_new(self) -> Slot:
         try:
             conn = self._connect()
         except BaseException as exc:
-            with self._cond:
-                self._size -= 1
-                self._cond.notify()
-            if isinstance(exc, psycopg.Error):
-                cause = first_line(exc)
-                self.count("errors.connect")
-                self.breaker.failure(cause)
-                raise HostUnreachable(self.breaker.name, cause) from None
+            refusal = self._connect_failed(exc)
+            if refusal is not None:
+                raise refusal from None
             raise
-        self.count("connects")
-        self.breaker.success()
-        slot = Slot(conn)
-        slot.plan_epoch = self.plan_epoch
-        return slot
-
-    def release(self, slot: Slot, *, discard: bool = False) -> None:
-        """Back to the pool, or closed when ``discard``, broken, or the pool is closed."""
-        conn = slot.conn
-        keep = not discard and not self.closed and not conn.closed and \
-            conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        with self._cond:
-            if keep:
-                self._idle.append(slot)
-            else:
-                self._size -= 1
-            self._cond.notify()
-        if not keep:
-            slot.close()
-
-    def drop_idle(self) -> None:
-        """Close every idle connection (after the host stopped answering: they would hang too)."""
-        with self._cond:
-            idle, self._idle = list(self._idle), deque()
-            self._size -= len(idle)
-            self._cond.notify(len(idle) or 1)
-        for slot in idle:
-            slot.close()
-
-    def close(self) -> None:
-        with self._cond:
-            self.closed = True
-        self.drop_idle()
-
-    # ---- observability -----------------------------------------------------------------------
-    def count(self, what: str) -> None:
-        with self._cond:
-            self.counts[what] += 1
-
-    def record(self, seconds: float, error: str | None = None) -> None:
-        with self._cond:
-            self.latencies.append(seconds)
-            self.counts["calls"] += 1
-            if error:
-                self.counts[f"errors.{error}"] += 1
-
-    def stats(self) -> dict:
-        with self._cond:
-            size, idle, waiting = self._size, len(self._idle), self._waiting
-        lat = sorted(self.latencies)
-        errors = {k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("errors.")}
-        fallbacks = {k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("fallbacks.")}
-        doc = {"role": self.role, "size": size, "in_use": size - idle, "idle": idle, "max_size": self.max_size,
-               "waiting": waiting, "calls": self.counts["calls"], "connects": self.counts["connects"],
-               "replaced_idle": self.counts["replaced_idle"], "errors": errors,
-               "errors_total": sum(errors.values()), "breaker": self.breaker.snapshot(),
-               "latency_ms": _percentiles(lat)}
-        if self.role == "standby":
-            doc["lag_s"] = None if self.lag is None else round(self.lag[1], 3)
-            doc["fallbacks"] = fallbacks  # reads sent to the primary instead: lagging / unreachable
-        return doc
+        return self._opened(conn)
 
 
 def _percentiles(sorted_seconds: list[float]) -> dict:

@@ -19,6 +19,10 @@ Prepared statements live in a server session: the Router's statements are prepar
 host keeps sessions. Behind a transaction pooler, statements that would leave session state (a
 session ``SET``, ``LISTEN``, session advisory locks, temporary tables that outlive the transaction,
 ``WITH HOLD`` cursors, ``PREPARE``) raise :class:`SessionStateError` before they are sent.
+
+The asyncio Router (router_async) speaks the same protocol through the functions here that take a
+connection's values (``check_statement``, ``opening``, ``outer_block``, ``statement_text``,
+``reset_text``): only the sending is its own.
 """
 
 from __future__ import annotations
@@ -83,42 +87,64 @@ class RouterConnection(psycopg.Connection):
 
     def begin_if_idle(self) -> None:
         """Open the call's transaction (BEGIN and the shard's settings) unless one is open."""
-        if self.begin is None or self.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            return
-        begin, settings = self.begin
-        plain = psycopg.Cursor(self)
-        if self._pipeline is not None:  # the extended protocol: two statements, still one round trip
-            plain.execute(begin, prepare=False)
-            plain.execute(settings, prepare=False)
-        else:
-            plain.execute(begin + b"; " + settings, prepare=False)
+        texts = opening(self)
+        if texts:
+            plain = psycopg.Cursor(self)
+            for text in texts:
+                plain.execute(text, prepare=False)
 
     def transaction(self, savepoint_name: str | None = None, force_rollback: bool = False) -> Any:
         """psycopg's transaction block; in a call, inside the call's own transaction (opened first, so
         that it carries the shard's settings) and ending it as an outer block would."""
-        if self.begin is None or self.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            return super().transaction(savepoint_name, force_rollback)
-        if self.one_transaction:  # run(): a savepoint of the run's transaction
+        block = outer_block(self)
+        if block == "savepoint":  # run(): a savepoint of the run's transaction
             self.begin_if_idle()
-            return super().transaction(savepoint_name, force_rollback)
-        return _outer_transaction(self, savepoint_name, force_rollback)
+        elif block == "outer":
+            return _outer_transaction(self, savepoint_name, force_rollback)
+        return super().transaction(savepoint_name, force_rollback)
 
     def run_statement(self, query: Any, params: Any) -> Any:
         """One statement in its own transaction, in one round trip: BEGIN, settings, the statement and
         COMMIT as one simple-protocol text, its parameters bound on the client (psycopg's ClientCursor,
         as for PgBouncer; nothing prepared). Returns its rows, or the number of rows it changed."""
-        begin, settings = self.begin  # type: ignore[misc]
-        text = _query_bytes(self, query)
-        self.begin = None  # the BEGIN is the text's own
-        before_statement(self, text)  # the session-state check and the reset flag
         cur = psycopg.ClientCursor(self)
-        cur.execute(begin + b"; " + settings + b"; " + text + b"; COMMIT", params, prepare=False)
+        cur.execute(statement_text(self, query), params, prepare=False)
         cur.nextset()
         cur.nextset()  # BEGIN, settings, then the statement's result
         return cur.fetchall() if cur.description is not None else cur.rowcount
 
 
-def _query_bytes(conn: psycopg.Connection, query: Any) -> bytes:
+def opening(conn: Any) -> list[bytes]:
+    """What opens the call's transaction on ``conn`` (a Router connection, sync or async): nothing when
+    outside a call or in a transaction; else BEGIN and the settings, as one text (the simple protocol) or
+    two (in a pipeline, the extended protocol: still one round trip)."""
+    if conn.begin is None or conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return []
+    begin, settings = conn.begin
+    if conn._pipeline is not None:
+        return [begin, settings]
+    return [begin + b"; " + settings]
+
+
+def outer_block(conn: Any) -> str:
+    """What ``conn.transaction()`` is in a call: ``"psycopg"`` (psycopg's own block: outside a call or
+    inside a transaction), ``"savepoint"`` (run(): the whole call is one transaction, opened first) or
+    ``"outer"`` (the block is the transaction: BEGIN with the settings ... COMMIT)."""
+    if conn.begin is None or conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return "psycopg"
+    return "savepoint" if conn.one_transaction else "outer"
+
+
+def statement_text(conn: Any, query: Any) -> bytes:
+    """run_statement()'s text: BEGIN, settings, the statement and COMMIT (after the session-state check)."""
+    begin, settings = conn.begin
+    text = _query_bytes(conn, query)
+    conn.begin = None  # the BEGIN is the text's own
+    check_statement(conn, text)  # the session-state check and the reset flag
+    return begin + b"; " + settings + b"; " + text + b"; COMMIT"
+
+
+def _query_bytes(conn: Any, query: Any) -> bytes:
     if isinstance(query, sql.Composable):
         query = query.as_bytes(conn)
     return query.encode(conn.info.encoding) if isinstance(query, str) else bytes(query)
@@ -185,14 +211,19 @@ class RouterServerCursor(psycopg.ServerCursor):
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         conn = self.connection
-        if self.withhold and not conn.keeps_sessions:
-            raise SessionStateError(_refusal("a WITH HOLD cursor"))
+        check_server_cursor(conn, self.withhold)
         conn.begin_if_idle()
-        conn.session_dirty = True
         return super().execute(query, params, **kwargs)
 
 
 def before_statement(conn: RouterConnection, query: Any) -> None:
+    check_statement(conn, query)
+    conn.begin_if_idle()
+
+
+def check_statement(conn: Any, query: Any) -> None:
+    """Before a statement on a Router connection (sync or async): refuse it when it would leave session
+    state behind a transaction pooler; mark the connection for the reset when it may leave some."""
     text = _text(query)
     if text is None or not _text_leaves_no_state(text):
         if not conn.keeps_sessions and text is not None:
@@ -200,7 +231,13 @@ def before_statement(conn: RouterConnection, query: Any) -> None:
             if what:
                 raise SessionStateError(_refusal(what))
         conn.session_dirty = True
-    conn.begin_if_idle()
+
+
+def check_server_cursor(conn: Any, withhold: bool) -> None:
+    """Before a named cursor's statement: WITH HOLD refused behind a transaction pooler; always a reset."""
+    if withhold and not conn.keeps_sessions:
+        raise SessionStateError(_refusal("a WITH HOLD cursor"))
+    conn.session_dirty = True
 
 
 def _refusal(what: str) -> str:
@@ -283,18 +320,29 @@ def reset(conn: psycopg.Connection, *, commit: bool = False) -> None:
     the next user (settings, temporary tables, session advisory locks, LISTENs, cursors, the user's own
     prepared statements; psycopg's stay). One round trip, with the transaction's COMMIT in front when
     ``commit`` (a failed COMMIT raises, like ``commit()``)."""
-    status = conn.pgconn.transaction_status
+    rollback, text = reset_text(conn, commit)
     plain = psycopg.Cursor(conn)
-    if commit and status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR):
-        plain.execute("COMMIT; " + _RESET_SQL)
+    if rollback:
+        conn.rollback()
+    plain.execute(text)
+    if text.startswith("COMMIT"):
         plain.nextset()
-    else:
-        if status != psycopg.pq.TransactionStatus.IDLE:
-            conn.rollback()
-        plain.execute(_RESET_SQL)
-    names = plain.fetchone()[0]
-    for name in names:
-        plain.execute(f"DEALLOCATE {quote_ident(name)}")
+    for name in plain.fetchone()[0]:
+        plain.execute(deallocate_text(name))
+
+
+def reset_text(conn: Any, commit: bool) -> tuple[bool, str]:
+    """The reset for ``conn`` (sync or async): (roll back first, the reset's text: the COMMIT in front
+    when ``commit`` and a transaction is open). Its first result set (after the COMMIT's) names the
+    user's prepared statements, each dropped with :func:`deallocate_text`."""
+    status = conn.pgconn.transaction_status
+    if commit and status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR):
+        return False, "COMMIT; " + _RESET_SQL
+    return status != psycopg.pq.TransactionStatus.IDLE, _RESET_SQL
+
+
+def deallocate_text(name: str) -> str:
+    return f"DEALLOCATE {quote_ident(name)}"
 
 
 def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
@@ -305,7 +353,11 @@ def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
     check), so each epoch sends its own text; a repeated text left psycopg executing
     statements the server had dropped ("prepared statement _pg3_1 does not exist").
     """
-    psycopg.Cursor(conn).execute(f"DEALLOCATE ALL /* plan epoch {int(epoch)} */")
+    psycopg.Cursor(conn).execute(forget_prepared_text(epoch))
+
+
+def forget_prepared_text(epoch: int) -> str:
+    return f"DEALLOCATE ALL /* plan epoch {int(epoch)} */"
 
 
 def stale_plan(exc: BaseException) -> bool:

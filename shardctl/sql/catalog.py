@@ -111,11 +111,18 @@ def read_redirects(conn: psycopg.Connection, shards: list[int]) -> dict[int, dic
     """Where ``shards`` went, as recorded on this host: shard → {host, dsn (no password), schema, move_id,
     at}. Empty for shards that never left it (or a host without the table). For Routers whose topology
     file is stale: connect to ``host`` with the secret of their own topology's entry for it."""
-    if not conn.execute("SELECT to_regclass('shardctl.redirects') IS NOT NULL").fetchone()[0]:
+    if not conn.execute(HAS_REDIRECTS_SQL).fetchone()[0]:
         return {}
-    return {r[0]: {"host": r[1], "dsn": r[2], "schema": r[3], "move_id": r[4], "at": r[5]} for r in conn.execute(
-        "SELECT shard_id, host, dsn, schema_name, move_id, at FROM shardctl.redirects WHERE shard_id = ANY(%s)",
-        (shards,)).fetchall()}
+    return redirects_by_shard(conn.execute(REDIRECTS_SQL, (shards,)).fetchall())
+
+
+HAS_REDIRECTS_SQL = "SELECT to_regclass('shardctl.redirects') IS NOT NULL"
+REDIRECTS_SQL = "SELECT shard_id, host, dsn, schema_name, move_id, at FROM shardctl.redirects WHERE shard_id = ANY(%s)"
+
+
+def redirects_by_shard(rows: list) -> dict[int, dict]:
+    """:func:`read_redirects`' answer from the rows of REDIRECTS_SQL (for the asyncio Router's own query)."""
+    return {r[0]: {"host": r[1], "dsn": r[2], "schema": r[3], "move_id": r[4], "at": r[5]} for r in rows}
 
 
 def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str]]) -> int:

@@ -3,6 +3,8 @@
 * :func:`history_traffic`: N Router writers and M Router readers in threads for a ``with`` block.
   Writers ``router.run(key, INSERT … RETURNING id, current_schema())``; readers
   ``router.run(key, SELECT current_schema(), array_agg(id) … WHERE user_id = key)``.
+* :func:`async_history_traffic`: the same with an :class:`~shardctl.router_async.AsyncRouter`: N writer
+  and M reader tasks on one event loop (in a thread of its own), the same statements.
 * :class:`PsqlClient`: one ``psql`` process per statement against the host the topology gives
   the key's shard (``dsn``: through a pooler when there is one), schema-qualified names. A
   "shard N moved to HOST" error (SQLSTATE SCM01) is the documented signal to re-read the
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import subprocess
@@ -112,6 +115,94 @@ def history_traffic(path: Path, keys: list[int], *, writers: int = 6, readers: i
     finally:
         traffic.stop()
         router.close()
+
+
+class AsyncRouterTraffic:
+    """:class:`RouterTraffic` with an AsyncRouter: writer and reader tasks on an event loop of its own
+    thread, recording into ``history`` until :meth:`stop`."""
+
+    def __init__(self, history: History, path: Path, keys: list[int], writers: int, readers: int,
+                 pause: float = 0.002, read: str = "indexed", **router_kwargs):
+        self.history, self.path, self.keys, self.pause = history, path, keys, pause
+        self.writers, self.readers = writers, readers
+        self.read_sql = RouterTraffic.READS[read]
+        self.router_kwargs = router_kwargs
+        self.router = None
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self.crashed: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "the async Router clients did not stop within 60 s"
+        if self.crashed is not None:
+            raise self.crashed
+
+    async def _main(self) -> None:
+        from shardctl.router_async import AsyncRouter
+
+        try:
+            async with AsyncRouter(Topology.load(self.path), **self.router_kwargs) as router:
+                self.router = router
+                await asyncio.gather(*[self._write(router, f"w{i}") for i in range(self.writers)],
+                                     *[self._read(router, f"r{i}") for i in range(self.readers)])
+                self.stats = router.stats()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread by stop()
+            self.crashed = exc
+
+    async def _write(self, router, client: str) -> None:
+        rng = random.Random(client)
+        caption = self.history.caption(client)
+        while not self._halt.is_set():
+            key = rng.choice(self.keys)
+
+            async def work(conn, key=key):
+                cur = await conn.execute("INSERT INTO photos (user_id, caption) VALUES (%s, %s) "
+                                         "RETURNING id, current_schema()", (key, caption))
+                return await cur.fetchone()
+
+            start = now()
+            try:
+                id_, schema = await router.run(key, work)
+            except Exception as exc:  # noqa: BLE001 - every error the application sees is recorded
+                self.history.failed(client, "write", key, exc, start, now())
+                continue
+            self.history.acked(client, key, id_, start, now(), schema=schema)
+            await asyncio.sleep(self.pause)
+
+    async def _read(self, router, client: str) -> None:
+        rng = random.Random(client)
+        while not self._halt.is_set():
+            key = rng.choice(self.keys)
+            start = now()
+            try:
+                [(schema, ids, server)] = await router.read(key, self.read_sql, (key,))
+            except Exception as exc:  # noqa: BLE001
+                self.history.failed(client, "read", key, exc, start, now())
+                continue
+            self.history.read(client, key, schema, ids, start, now(), server=f"port {server}")
+            await asyncio.sleep(self.pause)
+
+
+@contextmanager
+def async_history_traffic(path: Path, keys: list[int], *, writers: int = 6, readers: int = 2,
+                          history: History | None = None, warmup: float = 0.3, cooldown: float = 0.3,
+                          read: str = "indexed", **router_kwargs) -> Iterator[AsyncRouterTraffic]:
+    """:func:`history_traffic` with an AsyncRouter (writers ``await router.run(key, work)``, readers
+    ``await router.read(key, ...)``)."""
+    router_kwargs.setdefault("move_wait", 15)
+    traffic = AsyncRouterTraffic(history or History(path), path, keys, writers, readers, read=read, **router_kwargs)
+    try:
+        traffic.start()
+        time.sleep(warmup)
+        yield traffic
+        time.sleep(cooldown)
+    finally:
+        traffic.stop()
 
 
 class _ProcessClient(threading.Thread):

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import BadInput
 from ..model.topology import Host, Topology
 from ..router import Router
+from .hosts import host_database
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +65,6 @@ def alias_of(host: Host) -> str:
 
     known = connections.settings.get(alias)
     if known is None or known.get("SHARDCTL_DSN") != host.dsn:
-        from .settings import host_database
-
         with _lock:
             fresh = dict(host_database(host), ALIAS=alias)
             connections.settings[alias] = _complete(fresh)

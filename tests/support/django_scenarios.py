@@ -140,5 +140,68 @@ def leaks() -> dict:
     return {"errors": errors[:20], "error_count": len(errors), **counts}
 
 
+def move() -> dict:
+    """ORM writers (6) and readers (2) on the moving shards 4-7 and on two that stay, while they move
+    pg1 -> pg2; the history is checked against every shard afterwards (support/history.py)."""
+    from django.contrib.postgres.aggregates import ArrayAgg
+    from django.db.models import Max, TextField
+    from django.db.models.expressions import RawSQL
+
+    from shardctl.model.topology import Topology
+    from shardctl.ops.move import move_shards
+    from support.clients import keys_for
+    from support.history import History, now
+
+    path = Path(os.environ["SHARDCTL_CONFIG"])
+    moved = [4, 5, 6, 7]
+    keys = keys_for(Topology.load(path), moved + [0, 9], 4)
+    history = History(path, table="gram_photos")
+    halt = threading.Event()
+    schema_sql = Max(RawSQL("current_schema()", (), output_field=TextField()))
+
+    def write(client: str) -> None:
+        rng, caption = random.Random(client), history.caption(client)
+        while not halt.is_set():
+            key, start = rng.choice(keys), now()
+            try:
+                photo = Photo.objects.create(user_id=key, caption=caption)
+            except Exception as exc:  # noqa: BLE001 - every error the application sees is recorded
+                history.failed(client, "write", key, exc, start, now())
+                continue
+            history.acked(client, key, photo.id, start, now())
+            time.sleep(0.002)
+        connections.close_all()
+
+    def read(client: str) -> None:
+        rng = random.Random(client)
+        while not halt.is_set():
+            key, start = rng.choice(keys), now()
+            try:
+                got = Photo.objects.filter(user_id=key).aggregate(ids=ArrayAgg("id"), schema=schema_sql)
+            except Exception as exc:  # noqa: BLE001
+                history.failed(client, "read", key, exc, start, now())
+                continue
+            if got["schema"] is not None:
+                history.read(client, key, got["schema"], got["ids"], start, now())
+            time.sleep(0.002)
+        connections.close_all()
+
+    threads = [threading.Thread(target=write, args=(f"w{i}",)) for i in range(6)]
+    threads += [threading.Thread(target=read, args=(f"r{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    try:
+        report = move_shards(Topology.load(path), moved, "pg2")
+        time.sleep(0.3)
+    finally:
+        halt.set()
+        for t in threads:
+            t.join()
+    checked = history.check()
+    return {"ok": checked.ok, "report": str(checked), "counts": checked.counts, "phase": report["phase"],
+            "verified": report["verified"], "redirects": router().redirects()}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

@@ -3,9 +3,10 @@ on the current shard (:func:`shardctl.django.on_shard`) without leaving anything
 
 Every transaction that runs on a shard starts with ``set_config('search_path', '<shard>, public', true)``
 sent in the same text as its first statement (psycopg's client-side binding, the simple protocol: one
-round trip). In autocommit (outside ``transaction.atomic``) a statement becomes
-``BEGIN; <settings>; <statement>; COMMIT``, still one round trip; in a transaction the settings go in
-front of its first statement, and again when the block switches shards on the same host. A
+round trip). In autocommit (outside ``transaction.atomic``) a statement becomes ``<settings>;
+<statement>``: one simple-protocol query, which PostgreSQL runs as one implicit transaction, so the
+setting ends with it (an error leaves nothing open either); in a transaction the settings go in front of
+its first statement, and again when the block switches shards on the same host. A
 transaction pooler may thus give every transaction another server connection: each runs on its own
 shard and none sees another's ``search_path``. Nothing is prepared, the time zone is not set on the
 session (psycopg converts timestamps on the client), and server-side cursors are off.
@@ -61,18 +62,10 @@ class ShardCursor(postgresql.Cursor):
                 return super().execute(query, params, **kwargs)
             finally:
                 self._end(alone)
-        settings = settings_sql(schema, params is not None)
-        text = f"BEGIN; {settings}; {query}; COMMIT" if alone else f"{settings}; {query}"
-        try:
-            super().execute(text, params, **kwargs)
-        except BaseException:
-            if alone and conn.pgconn.transaction_status != IDLE:
-                _quietly(conn.rollback)
-            raise
+        # Alone (autocommit): the two statements are one implicit transaction, ending with the query.
+        super().execute(f"{settings_sql(schema, params is not None)}; {query}", params, **kwargs)
         self.nextset()
-        if alone:
-            self.nextset()
-        else:
+        if not alone:
             conn.shardctl_schema = schema
         return self
 

@@ -30,6 +30,7 @@ class Target:
 _current: contextvars.ContextVar[Target | None] = contextvars.ContextVar("shardctl_django_shard", default=None)
 _lock = threading.Lock()
 _state: dict[str, Any] = {"router": None, "path": None, "prefix": ""}
+_aliases: dict[tuple[str, str], str] = {}  # (host name, dsn) -> its alias, once checked
 
 
 def configure(topology: str | Path | Topology, *, alias_prefix: str = "") -> Router:
@@ -38,6 +39,7 @@ def configure(topology: str | Path | Topology, *, alias_prefix: str = "") -> Rou
     with _lock:
         old = _state["router"]
         _state.update(router=Router(topo), path=topo.path, prefix=alias_prefix)
+        _aliases.clear()
     if old is not None:
         old.close()
     return _state["router"]
@@ -59,7 +61,10 @@ def router() -> Router:
 
 def alias_of(host: Host) -> str:
     """The Django database alias of a host (``<prefix><host name>``); a host met only through a move's
-    redirect is registered with Django on first use."""
+    redirect (or whose DSN changed) is registered with Django on first use."""
+    alias = _aliases.get((host.name, host.dsn))
+    if alias is not None:
+        return alias
     alias = _state["prefix"] + host.name
     from django.db import connections
 
@@ -73,6 +78,7 @@ def alias_of(host: Host) -> str:
                 if stale is not None:
                     stale.close()
                     delattr(connections._connections, alias)
+    _aliases[(host.name, host.dsn)] = alias
     return alias
 
 

@@ -4,16 +4,20 @@ on the current :func:`on_shard` block's, and follow a move once."""
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, models
 
 from ..errors import BadInput
-from .context import current, on_shard, router
+from .context import Target, current, on_shard, router
 
 T = TypeVar("T")
 Hint = dict[str, Any] | None  # {"key": v} | {"id": v} | {"shard": n} | None (the current block's)
+
+
+_routing: contextvars.ContextVar[Target | None] = contextvars.ContextVar("shardctl_django_routing", default=None)
 
 
 class ShardNotChosen(BadInput):
@@ -25,20 +29,25 @@ def routed(model: type, hint: Hint, work: Callable[[], T]) -> T:
     has just moved away (outside a transaction block, which cannot be replayed), the Router's
     placement finds the new host (topology file reloaded, or the old host's redirect) and ``work()``
     runs once more there."""
+    here = current()
+    if here is not None and _routing.get() is here and (hint is None or router().target(**hint) == here.shard):
+        return work()  # inside a routed call on this very shard (create() -> save()): it follows moves
     if hint is None:
-        here = current()
         if here is None:
             raise ShardNotChosen(f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "
                                  "or run it in shardctl.django.on_shard(key=|id=|shard=)")
         hint = {"shard": here.shard}
     for attempt in (1, 2):
         with on_shard(**hint) as where:
+            token = _routing.set(where)
             try:
                 return work()
             except DatabaseError as exc:
                 if attempt == 2 or connections[where.alias].in_atomic_block or \
                         not router().follow_move(where.shard, exc.__cause__ or exc, where.host):
                     raise
+            finally:
+                _routing.reset(token)
     raise AssertionError("unreachable")
 
 
@@ -59,10 +68,12 @@ def hint_from(model: Any, lookups: dict[str, Any]) -> Hint:
 
 
 def _key_names(model: Any) -> tuple[str, ...]:
-    if not model.shard_key:
-        return ()
-    field = model._meta.get_field(model.shard_key)
-    return (field.name, field.attname)
+    names = model.__dict__.get("_shard_key_names")
+    if names is None:
+        field = model._meta.get_field(model.shard_key) if model.shard_key else None
+        names = (field.name, field.attname) if field else ()
+        model._shard_key_names = names
+    return names
 
 
 class ShardedQuerySet(models.QuerySet):

@@ -5,8 +5,8 @@ A request is one insert and one get by ID: ``Photo.objects.create(user_id=k, cap
 ``Photo.objects.get(pk=id)``. Candidates (same process, same server, Django's psycopg 3 backend,
 persistent connections, ``--requests`` requests per round):
 
-* ``plain Django``        the baseline: a plain model (BigAutoField) in a plain database, Django's own
-  postgresql backend, no router;
+* ``plain Django``        the baseline: the same model with a plain BigAutoField (an identity column)
+  in a plain database, Django's own postgresql backend, no router;
 * ``shardctl.django``     the example app's ``Photo`` (examples/django_app): routed by its shard key
   on the create and by the decoded ID on the get, each statement on its shard through the shardctl
   backend (``set_config(..., true)`` in the statement's round trip), ids from the shard's ``next_id()``;
@@ -64,9 +64,10 @@ def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type]:
         caption = models.TextField(blank=True)
         created_at = models.DateTimeField(auto_now_add=True)
 
-        class Meta:
+        class Meta:  # the same table as the example's Photo (its index too), ids from an identity column
             app_label = "gram"
             db_table = "plain_photos"
+            indexes = [models.Index(fields=["user_id", "-id"], name="plain_photos_user")]
 
     call_command("shardctl_makemigrations", "gram", verbosity=0, stdout=open(os.devnull, "w"))
     migrate = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(topology), "migrate"],

@@ -29,6 +29,6 @@ def test_the_backend_settings_statement_is_local_and_quoted():
     out = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     first, odd, none = out.stdout.splitlines()
-    assert first == "SELECT set_config('search_path', 'insta3, public', true)"
-    assert "we%%ird" in odd and odd.endswith(", true)")
-    assert none == "SELECT set_config('search_path', '\"$user\", public', true)"
+    assert first == "SET LOCAL search_path = insta3, public"
+    assert odd == 'SET LOCAL search_path = "we%%ird""s", public'
+    assert none == 'SET LOCAL search_path = "$user", public'

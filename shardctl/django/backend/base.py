@@ -1,8 +1,8 @@
 """``ENGINE: "shardctl.django.backend"``: Django's postgresql backend (psycopg 3) whose statements run
 on the current shard (:func:`shardctl.django.on_shard`) without leaving anything in the server session.
 
-Every transaction that runs on a shard starts with ``set_config('search_path', '<shard>, public', true)``
-sent in the same text as its first statement (psycopg's client-side binding, the simple protocol: one
+Every transaction that runs on a shard starts with ``SET LOCAL search_path = <shard>, public`` sent
+in the same text as its first statement (psycopg's client-side binding, the simple protocol: one
 round trip). In autocommit (outside ``transaction.atomic``) a statement becomes ``<settings>;
 <statement>``: one simple-protocol query, which PostgreSQL runs as one implicit transaction, so the
 setting ends with it (an error leaves nothing open either); in a transaction the settings go in front of
@@ -21,7 +21,7 @@ import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql import base as postgresql
 
-from ...model.identifiers import quote_ident, quote_literal
+from ...model.identifiers import quote_ident
 from ..context import current
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
@@ -30,9 +30,11 @@ NO_SHARD = ""  # the search_path outside shards
 
 @functools.lru_cache(maxsize=8192)
 def settings_sql(schema: str, escape: bool) -> str:
-    """The statement that puts a transaction on ``schema`` (``NO_SHARD``: the default path)."""
+    """The statement that puts a transaction on ``schema`` (``NO_SHARD``: the default path). ``SET LOCAL``
+    (a utility statement: about half the server time of ``SELECT set_config(..., true)``), which lasts
+    until the end of the transaction, explicit or the implicit one of a multi-statement query."""
     path = f"{quote_ident(schema)}, public" if schema else '"$user", public'
-    text = f"SELECT set_config('search_path', {quote_literal(path)}, true)"
+    text = f"SET LOCAL search_path = {path}"
     return text.replace("%", "%%") if escape else text
 
 
@@ -116,6 +118,9 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         conn.shardctl_alias = self.alias
         conn.shardctl_schema = NO_SHARD
         return conn
+
+    def ensure_timezone(self) -> bool:
+        return False  # Django 4.2 sets the session's time zone here: never (see _configure_timezone)
 
     def _configure_timezone(self, connection: Any) -> bool:
         return False  # no session SET TIME ZONE: psycopg's loaders convert timestamps to settings.TIME_ZONE

@@ -9,8 +9,13 @@ persistent connections, ``--requests`` requests per round):
   in a plain database, Django's own postgresql backend, no router;
 * ``shardctl.django``     the example app's ``Photo`` (examples/django_app): routed by its shard key
   on the create and by the decoded ID on the get, each statement on its shard through the shardctl
-  backend (``set_config(..., true)`` in the statement's round trip), ids from the shard's ``next_id()``;
-* ``shardctl.django in on_shard``  the same inside ``on_shard(key=k)`` blocks (informational).
+  backend (``SET LOCAL search_path`` in the statement's round trip), ids from the shard's ``next_id()``;
+  keys routing to shard 5, as in bench/router.py, so that it writes one table like the baselines;
+* ``shardctl.django in on_shard``  the same inside ``on_shard(key=k)`` blocks (informational);
+* ``plain Django, next_id() ids``  the baseline with its ids from a shard's ``next_id()`` (plpgsql) as the
+  sharded table's are (informational: what the ID function costs, apart from the routing);
+* ``shardctl.django, keys over 64 shards``  keys spread over every shard (informational: 64 tables and
+  their indexes in each server process's caches instead of one, the fleet's own cost).
 
 Within a round the candidates take turns every ``--chunk`` requests (order rotated); the figure is the
 median over rounds of the per-round time ratio to the baseline. Target: ``shardctl.django`` <= 1.20x.
@@ -34,13 +39,15 @@ import _common as c  # noqa: E402
 
 TARGET = 1.20
 SHARDS = 64
-KEYS = list(range(1, 257))
-NAMES = ("plain Django", "shardctl.django", "shardctl.django in on_shard")
+KEYS = [5 + SHARDS * j for j in range(256)]   # all on shard 5, as bench/router.py: the same table as the baselines
+SPREAD = list(range(1, 257))                   # over all 64 shards
+NAMES = ("plain Django", "shardctl.django", "shardctl.django in on_shard", "plain Django, next_id() ids",
+         "shardctl.django, keys over 64 shards")
 
 
-def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type]:
+def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type, type]:
     """Django configured in this process: the example app on ``topology``, and ``default`` (the plain
-    database) holding the baseline's table. Returns (Photo, PlainPhoto)."""
+    database) holding the baselines' tables. Returns (Photo, PlainPhoto, IdPhoto)."""
     import django
     import psycopg
     from django.conf import settings
@@ -59,6 +66,8 @@ def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type]:
     from django.db import connections, models
     from gram.models import Photo
 
+    from shardctl.django.models import ShardIdField
+
     class PlainPhoto(models.Model):
         user_id = models.BigIntegerField()
         caption = models.TextField(blank=True)
@@ -74,12 +83,31 @@ def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type]:
                              capture_output=True, text=True)
     if migrate.returncode != 0:
         raise SystemExit(f"shardctl migrate failed: {migrate.stdout}{migrate.stderr}")
+    class IdPhoto(models.Model):
+        id = ShardIdField(primary_key=True)
+        user_id = models.BigIntegerField()
+        caption = models.TextField(blank=True)
+        created_at = models.DateTimeField(auto_now_add=True)
+
+        class Meta:
+            app_label = "gram"
+            db_table = "plain_id_photos"
+            indexes = [models.Index(fields=["user_id", "-id"], name="plain_id_photos_user")]
+
+    from shardctl.model.topology import Topology
+    from shardctl.sql.render import render_shard
+
+    with connections["default"].cursor() as cur:  # shard 5's schema and next_id() in the plain database
+        cur.execute(render_shard(Topology.load(topology), 5))
+        cur.execute("SET search_path = public, insta5")  # tables in public, next_id() found in insta5
     with connections["default"].schema_editor() as editor:
         editor.create_model(PlainPhoto)
-    return Photo, PlainPhoto
+        editor.create_model(IdPhoto)  # id bigint DEFAULT next_id(): insta5.next_id, bound at creation
+    connections["default"].close()  # the session's search_path goes with it
+    return Photo, PlainPhoto, IdPhoto
 
 
-def candidates(Photo: type, PlainPhoto: type) -> dict:
+def candidates(Photo: type, PlainPhoto: type, IdPhoto: type) -> dict:
     from shardctl.django import on_shard
 
     def plain(i: int) -> None:
@@ -98,12 +126,21 @@ def candidates(Photo: type, PlainPhoto: type) -> dict:
             p = Photo.objects.create(user_id=key, caption=f"c{i}")
             Photo.objects.get(pk=p.pk)
 
-    return dict(zip(NAMES, (plain, routed, blocks)))
+    def plain_ids(i: int) -> None:
+        key = KEYS[i % len(KEYS)]
+        p = IdPhoto.objects.create(user_id=key, caption=f"c{i}")
+        IdPhoto.objects.get(pk=p.pk)
+
+    def spread(i: int) -> None:
+        key = SPREAD[i % len(SPREAD)]
+        p = Photo.objects.create(user_id=key, caption=f"c{i}")
+        Photo.objects.get(pk=p.pk)
+
+    return dict(zip(NAMES, (plain, routed, blocks, plain_ids, spread)))
 
 
 def run(topology: Path, plain_dsn: str, requests: int, chunk: int, rounds: int) -> dict[str, c.Series]:
-    Photo, PlainPhoto = setup_django(topology, plain_dsn)
-    work = candidates(Photo, PlainPhoto)
+    work = candidates(*setup_django(topology, plain_dsn))
     for fn in work.values():  # warm-up: connections, caches
         for i in range(50):
             fn(i)
@@ -158,7 +195,7 @@ def main() -> int:
     import django
 
     notes = [f"{requests} requests (insert + get by ID) per candidate and round (turns of {args.chunk}), {rounds} "
-             f"rounds, keys 1-{len(KEYS)} over {SHARDS} shards, Django {django.__version__}", c.machine_note()]
+             f"rounds, {len(KEYS)} keys on shard 5 (spread: keys 1-{len(SPREAD)} over {SHARDS} shards), Django {django.__version__}", c.machine_note()]
     c.print_table("shardctl.django per request vs plain Django (time; lower is better)", table, NAMES[0], notes)
     c.write_json(args.json_path, {"requests": requests, "rounds": rounds,
                                   "seconds": {k: v.seconds for k, v in series.items()}})

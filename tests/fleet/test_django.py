@@ -122,6 +122,20 @@ def test_nested_blocks_and_requests_never_leak_a_shard_under_16_threads(django_f
     assert done["requests"] == 16 * 40 and done["blocks"] == 2 * 16 * 40, done
 
 
+def test_transaction_atomic_across_two_shards_of_a_host(django_fleet):
+    """In transaction.atomic, each block's statements run on its shard (the setting sent again when the
+    block switches shards on the same host), a rollback leaves nothing, the session keeps no shard."""
+    topo = load(django_fleet)
+    done = scenario(django_fleet, "atomic")
+    assert done["seen"] == done["schemas"], done
+    assert not done["rolled_found"] and "insta" not in done["session"], done
+    photos = rows(django_fleet, "gram_photos")
+    for pid, key in zip(done["ids"], (done["a"], done["b"], done["b"])):
+        [(host, schema, row)] = photos[pid]
+        assert schema == topo.schema_name(shard_for_key(key, topo.modulus)) and row[1] == key, (pid, schema)
+    assert done["rolled"] not in photos
+
+
 def test_orm_writes_and_reads_during_a_move(django_fleet):
     """6 ORM writers and 2 readers while shards 4-7 move pg1 -> pg2: the ORM follows the move (topology
     file reloaded, or the old host's redirect) and the history checker finds nothing lost, duplicated,

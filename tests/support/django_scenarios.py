@@ -140,6 +140,43 @@ def leaks() -> dict:
     return {"errors": errors[:20], "error_count": len(errors), **counts}
 
 
+def atomic() -> dict:
+    """transaction.atomic on one host spanning two of its shards, a rollback, and a savepoint: each
+    statement answers from its block's shard; nothing stays in the session afterwards."""
+    from django.db import transaction
+
+    r = router()
+    host_of = {n: r.placement.locate(n).name for n in range(r.topology.shard_count)}
+    a = next(k for k in range(1, 100) if host_of[r.shard_for(k)] == "pg1")
+    b = next(k for k in range(1, 100) if host_of[r.shard_for(k)] == "pg1" and r.shard_for(k) != r.shard_for(a))
+    seen, ids = [], []
+    with on_shard(key=a) as where, transaction.atomic(using=where.alias):
+        seen.append(_schema())
+        ids.append(Photo.objects.create(user_id=a, caption="atomic a").id)
+        with on_shard(key=b):
+            seen.append(_schema())
+            ids.append(Photo.objects.create(user_id=b, caption="atomic b").id)
+            with transaction.atomic(using=where.alias):  # a savepoint
+                ids.append(Photo.objects.create(user_id=b, caption="atomic b2").id)
+        seen.append(_schema())
+    try:
+        with on_shard(key=a) as where, transaction.atomic(using=where.alias):
+            rolled = Photo.objects.create(user_id=a, caption="rolled back").id
+            raise RuntimeError("roll back")
+    except RuntimeError:
+        pass
+    return {"a": a, "b": b, "seen": seen, "ids": ids, "rolled": rolled,
+            "schemas": [r.schema_for(a), r.schema_for(b), r.schema_for(a)],
+            "session": session_path("pg1"), "rolled_found": Photo.objects.filter(pk=rolled).exists()}
+
+
+def _schema() -> str:
+    here = current()
+    with connections[here.alias].cursor() as cur:
+        cur.execute("SELECT current_schema()")
+        return cur.fetchone()[0]
+
+
 def move() -> dict:
     """ORM writers (6) and readers (2) on the moving shards 4-7 and on two that stay, while they move
     pg1 -> pg2; the history is checked against every shard afterwards (support/history.py)."""

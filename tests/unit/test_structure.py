@@ -30,7 +30,7 @@ LAYERS = {
     "ops": 5, "router": 5, "router_pool": 5, "router_session": 5, "router_placement": 5,
     "sqlalchemy": 5,  # an ORM integration beside the Router (imports sqlalchemy: an optional extra)
     "router_async": 5,
-    "dev": 6, "testing": 6,
+    "dev": 6, "testing": 6, "django": 6,
     "": 7,  # shardctl/__init__.py: the public API
     "cli": 8,
     "__main__": 9,

@@ -1,0 +1,132 @@
+"""``ENGINE: "shardctl.django.backend"``: Django's postgresql backend (psycopg 3) whose statements run
+on the current shard (:func:`shardctl.django.on_shard`) without leaving anything in the server session.
+
+Every transaction that runs on a shard starts with ``SET LOCAL search_path = <shard>, public`` sent
+in the same text as its first statement (psycopg's client-side binding, the simple protocol: one
+round trip). In autocommit (outside ``transaction.atomic``) a statement becomes ``<settings>;
+<statement>``: one simple-protocol query, which PostgreSQL runs as one implicit transaction, so the
+setting ends with it (an error leaves nothing open either); in a transaction the settings go in front of
+its first statement, and again when the block switches shards on the same host. A
+transaction pooler may thus give every transaction another server connection: each runs on its own
+shard and none sees another's ``search_path``. Nothing is prepared, the time zone is not set on the
+session (psycopg converts timestamps on the client), and server-side cursors are off.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import psycopg
+from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.postgresql import base as postgresql
+
+from ...model.identifiers import quote_ident
+from ..context import current
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+NO_SHARD = ""  # the search_path outside shards
+
+
+@functools.lru_cache(maxsize=8192)
+def settings_sql(schema: str, escape: bool) -> str:
+    """The statement that puts a transaction on ``schema`` (``NO_SHARD``: the default path). ``SET LOCAL``
+    (a utility statement: about half the server time of ``SELECT set_config(..., true)``), which lasts
+    until the end of the transaction, explicit or the implicit one of a multi-statement query."""
+    path = f"{quote_ident(schema)}, public" if schema else '"$user", public'
+    text = f"SET LOCAL search_path = {path}"
+    return text.replace("%", "%%") if escape else text
+
+
+class ShardCursor(postgresql.Cursor):
+    """Django's client-binding cursor, putting each transaction on the current shard."""
+
+    def _needs(self) -> tuple[str | None, bool]:
+        """(the settings to send, or None; whether the statement is a transaction of its own)."""
+        conn = self.connection
+        target = current()
+        schema = target.schema if target is not None and target.alias == conn.shardctl_alias else NO_SHARD
+        if conn.pgconn.transaction_status == IDLE:
+            conn.shardctl_schema = NO_SHARD
+            if not schema:
+                return None, False
+            return schema, conn.autocommit
+        return (None if schema == conn.shardctl_schema else schema), False
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        schema, alone = self._needs()
+        if schema is None:
+            return super().execute(query, params, **kwargs)
+        conn = self.connection
+        if not isinstance(query, str):  # a Composable: the settings in a round trip of their own
+            self._settings(schema, alone)
+            try:
+                return super().execute(query, params, **kwargs)
+            finally:
+                self._end(alone)
+        # Alone (autocommit): the two statements are one implicit transaction, ending with the query.
+        super().execute(f"{settings_sql(schema, params is not None)}; {query}", params, **kwargs)
+        self.nextset()
+        if not alone:
+            conn.shardctl_schema = schema
+        return self
+
+    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
+        schema, alone = self._needs()
+        if schema is None:
+            return super().executemany(query, params_seq, **kwargs)
+        self._settings(schema, alone)
+        try:
+            return super().executemany(query, params_seq, **kwargs)
+        finally:
+            self._end(alone)
+
+    def _settings(self, schema: str, alone: bool) -> None:
+        conn = self.connection
+        psycopg.ClientCursor(conn).execute(("BEGIN; " if alone else "") + settings_sql(schema, False))
+        conn.shardctl_schema = schema
+
+    def _end(self, alone: bool) -> None:
+        if alone:  # commit what succeeded; a failure left the transaction aborted: roll back
+            conn = self.connection
+            if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+                conn.commit()
+            else:
+                _quietly(conn.rollback)
+
+
+def _quietly(fn: Any) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - the connection is broken: Django discards it
+        pass
+
+
+class DatabaseWrapper(postgresql.DatabaseWrapper):
+    """postgresql's DatabaseWrapper with :class:`ShardCursor` and no session state."""
+
+    def get_connection_params(self) -> dict:
+        if self.settings_dict["OPTIONS"].get("server_side_binding") or self.settings_dict["OPTIONS"].get("pool"):
+            raise ImproperlyConfigured("shardctl.django.backend binds parameters on the client and keeps no pool "
+                                       "of its own: remove OPTIONS server_side_binding and pool")
+        params = super().get_connection_params()
+        params["cursor_factory"] = ShardCursor
+        return params
+
+    def get_new_connection(self, conn_params: dict) -> Any:
+        conn = super().get_new_connection(conn_params)
+        conn.shardctl_alias = self.alias
+        conn.shardctl_schema = NO_SHARD
+        return conn
+
+    def ensure_timezone(self) -> bool:
+        return False  # Django 4.2 sets the session's time zone here: never (see _configure_timezone)
+
+    def _configure_timezone(self, connection: Any) -> bool:
+        return False  # no session SET TIME ZONE: psycopg's loaders convert timestamps to settings.TIME_ZONE
+
+    def _configure_role(self, connection: Any) -> bool:
+        if self.settings_dict["OPTIONS"].get("assume_role"):
+            raise ImproperlyConfigured("OPTIONS assume_role sets a session role, which a transaction pooler "
+                                       "gives to other clients: connect as the role instead")
+        return False

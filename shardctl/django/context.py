@@ -1,0 +1,144 @@
+"""The shard a thread (or asyncio task) works on: a context variable set by :func:`on_shard`, and the
+shardctl Router this Django project routes with. No Django import here: settings.py may use it."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadInput
+from ..model.topology import Host, Topology
+from ..router import Router
+from .hosts import host_database
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where statements go: the shard, its schema, its host and that host's Django alias."""
+
+    shard: int
+    schema: str
+    host: Host
+    alias: str
+
+
+_current: contextvars.ContextVar[Target | None] = contextvars.ContextVar("shardctl_django_shard", default=None)
+_lock = threading.Lock()
+_state: dict[str, Any] = {"router": None, "path": None, "prefix": ""}
+_aliases: dict[tuple[str, str], str] = {}  # (host name, dsn) -> its alias, once checked
+
+
+def configure(topology: str | Path | Topology, *, alias_prefix: str = "") -> Router:
+    """The shardctl Router the Django integration routes with (``databases()`` calls this)."""
+    topo = topology if isinstance(topology, Topology) else Topology.load(topology)
+    with _lock:
+        old = _state["router"]
+        _state.update(router=Router(topo), path=topo.path, prefix=alias_prefix)
+        _aliases.clear()
+    if old is not None:
+        old.close()
+    return _state["router"]
+
+
+def router() -> Router:
+    """The configured Router (``databases(path)`` or ``settings.SHARDCTL_TOPOLOGY``)."""
+    r = _state["router"]
+    if r is None:
+        from django.conf import settings  # only when a Django project forgot to call databases()
+
+        path = getattr(settings, "SHARDCTL_TOPOLOGY", None)
+        if path is None:
+            raise BadInput("shardctl.django is not configured: DATABASES = shardctl.django.databases(path) "
+                           "in settings.py, or settings.SHARDCTL_TOPOLOGY")
+        r = configure(path)
+    return r
+
+
+def alias_of(host: Host) -> str:
+    """The Django database alias of a host (``<prefix><host name>``); a host met only through a move's
+    redirect (or whose DSN changed) is registered with Django on first use."""
+    alias = _aliases.get((host.name, host.dsn))
+    if alias is not None:
+        return alias
+    alias = _state["prefix"] + host.name
+    from django.db import connections
+
+    known = connections.settings.get(alias)
+    if known is None or known.get("SHARDCTL_DSN") != host.dsn:
+        with _lock:
+            fresh = dict(host_database(host), ALIAS=alias)
+            connections.settings[alias] = _complete(fresh)
+            if known is not None:  # the host's DSN changed: this thread reconnects
+                stale = getattr(connections._connections, alias, None)
+                if stale is not None:
+                    stale.close()
+                    delattr(connections._connections, alias)
+    _aliases[(host.name, host.dsn)] = alias
+    return alias
+
+
+def _complete(entry: dict) -> dict:
+    """An alias's settings with Django's defaults (what ConnectionHandler.configure_settings fills in)."""
+    entry.pop("ALIAS", None)
+    for key, value in (("ATOMIC_REQUESTS", False), ("AUTOCOMMIT", True), ("CONN_MAX_AGE", 0),
+                       ("CONN_HEALTH_CHECKS", False), ("OPTIONS", {}), ("TIME_ZONE", None), ("NAME", ""),
+                       ("USER", ""), ("PASSWORD", ""), ("HOST", ""), ("PORT", ""), ("TEST", {})):
+        entry.setdefault(key, value)
+    return entry
+
+
+def target(key: int | str | None = None, *, id: int | None = None, shard: int | None = None) -> Target:
+    """The shard of exactly one of ``key`` (the topology's routing rule), ``id`` (an ID minted by
+    ``next_id()``) or ``shard``, with its host as of now."""
+    r = router()
+    number = r.target(key, id=id, shard=shard)
+    host = r.placement.locate(number)
+    return Target(number, r.topology.schema_name(number), host, alias_of(host))
+
+
+def current() -> Target | None:
+    """The shard this thread or task is on (the innermost :func:`on_shard`), or None."""
+    return _current.get()
+
+
+@contextmanager
+def on_shard(key: int | str | None = None, *, id: int | None = None, shard: int | None = None) -> Iterator[Target]:
+    """Run the block's ORM calls on one shard: by ``key``, ``id`` or ``shard``. Nestable: an inner block
+    wins, and the outer one's shard is back when it ends (also on an exception)."""
+    token = _current.set(target(key, id=id, shard=shard))
+    try:
+        yield _current.get()  # type: ignore[misc]
+    finally:
+        _current.reset(token)
+
+
+@contextmanager
+def no_shard() -> Iterator[None]:
+    """A block on no shard (what the middleware gives each request)."""
+    token = _current.set(None)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+_collecting: contextvars.ContextVar[bool] = contextvars.ContextVar("shardctl_django_collecting", default=False)
+
+
+def collecting() -> bool:
+    """True while ``shardctl_makemigrations`` collects the sharded models' SQL."""
+    return _collecting.get()
+
+
+@contextmanager
+def collecting_sql() -> Iterator[None]:
+    token = _collecting.set(True)
+    try:
+        yield
+    finally:
+        _collecting.reset(token)

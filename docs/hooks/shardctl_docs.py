@@ -46,7 +46,7 @@ def _section(path: tuple[str, ...], command: click.Command, ctx: click.Context) 
     out = [f"{level} `{title}`", ""]
     usage = " ".join(command.collect_usage_pieces(ctx))
     out += ["```text", f"{title} {usage}".rstrip(), "```", ""]
-    out += [inspect.cleandoc(command.help or ""), ""]
+    out += [_help(command.help or ""), ""]
     arguments = [p for p in command.params if isinstance(p, click.Argument)]
     if arguments:
         out += ["Arguments: " + ", ".join(f"`{p.make_metavar(ctx) if _takes_ctx(p) else p.make_metavar()}`"
@@ -61,6 +61,20 @@ def _section(path: tuple[str, ...], command: click.Command, ctx: click.Context) 
         out += [f"| `{title} {n}` | {_cell(c.get_short_help_str(120))} |" for n, c in subs if c is not None]
         out += [""]
     return "\n".join(out)
+
+
+def _help(text: str) -> str:
+    """Click help as Markdown: a paragraph that starts with Click's ``\\b`` marker keeps its line
+    breaks in ``--help``, so it becomes a text block here; ``\\f`` ends what ``--help`` shows."""
+    paragraphs = inspect.cleandoc(text.split("\f", 1)[0]).split("\n\n")
+    out = []
+    for paragraph in paragraphs:
+        lines = paragraph.splitlines()
+        if lines and lines[0].strip() == "\b":
+            out.append("\n".join(["```text", *lines[1:], "```"]))
+        else:
+            out.append(paragraph)
+    return "\n\n".join(out)
 
 
 def _takes_ctx(param: click.Parameter) -> bool:

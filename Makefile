@@ -1,4 +1,4 @@
-.PHONY: install test test-unit test-fleet test-slow test-docker bench lint clean
+.PHONY: install test test-unit test-fleet test-slow test-docker bench docs docs-serve lint clean
 
 install:
 	pip install -e '.[dev]'
@@ -22,8 +22,15 @@ test-docker:
 	@examples/docker/prepare.sh || { examples/docker/stop-dockerd.sh; exit 1; }; \
 	python -m pytest -q -m docker -n 0; rc=$$?; examples/docker/stop-dockerd.sh; exit $$rc
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on broken links and anchors.
+docs:
+	mkdocs build --strict
+
+docs-serve:
+	mkdocs serve
+
 bench:
 	python bench/next_id.py && python bench/decode.py && python bench/startup.py
 
 clean:
-	rm -rf .venv build dist .pytest_cache .hypothesis *.egg-info
+	rm -rf .venv build dist site .pytest_cache .hypothesis *.egg-info

@@ -13,7 +13,7 @@ Candidates, each on fresh databases (CREATE DATABASE per candidate and round on 
                        hosts one after another.
 
 Targets: shardctl init <= 1.1x the parallel floor (and <= 1.25x the one-stream floor), and >= 3x faster
-than per-shard transactions. ``--jobs`` passes init's --jobs (default: shardctl's own rule, see README.md).
+than per-shard transactions. ``--jobs`` passes init's --jobs (default: shardctl's own rule, see docs/performance.md).
 """
 
 from __future__ import annotations

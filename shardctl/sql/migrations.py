@@ -108,7 +108,7 @@ class Migration:
 
         Fleet-wide values that change over the fleet's life (``shard_count`` on add-shard, ``function``
         on a re-deploy) are left out, so growing the fleet never makes an applied file look edited.
-        See README.md (Migrations)."""
+        See docs/migrations.md."""
         ctx = context if context is not None else shard_context(topo, shard)
         layout = ctx["layout"]
         parts = ([_source_digest(self.source)] + [str(ctx[k]) for k in CHECKSUM_KEYS]

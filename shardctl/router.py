@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT, first_line
+from .engine.connections import DEFAULT_CONNECT_TIMEOUT, first_line
 from .errors import BadInput, HostUnreachable, SessionStateError
 from .model.topology import Host, Topology
 from .router_placement import MOVED_ERRORS, SAME, Placement, Routing
@@ -207,13 +207,7 @@ class Router(Routing):
         """A new autocommit connection with the Router's bounds: connect timeout, TCP keepalives and user
         timeout (a dead network is noticed). No startup options: poolers refuse them, and each
         transaction sets its own ``statement_timeout``."""
-        kwargs = host.connect_kwargs(connect_timeout=max(1, int(self.connect_timeout)),
-                                     application_name=f"{APPLICATION_NAME} router")
-        foreign = self.placement.redirects.foreign(host.name) and not standby
-        if standby:
-            kwargs["conninfo"] = host.standby
-        kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                      tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)))
+        kwargs, foreign = self._connect_kwargs(host, standby)
         try:
             conn = RouterConnection.connect(autocommit=True, cursor_factory=RouterCursor, **kwargs)
         except psycopg.OperationalError as exc:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
+from .engine.connections import DEFAULT_CONNECT_TIMEOUT
 from .errors import BadInput, HostUnreachable
 from .model.topology import Host, Topology
 from .router import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback
@@ -392,13 +392,7 @@ class AsyncRouter(Routing):
 
     async def _connect(self, host: Host, standby: bool) -> AsyncRouterConnection:
         """``Router._connect`` for asyncio: the same connection settings."""
-        kwargs = host.connect_kwargs(connect_timeout=max(1, int(self.connect_timeout)),
-                                     application_name=f"{APPLICATION_NAME} router")
-        foreign = self.placement.redirects.foreign(host.name) and not standby
-        if standby:
-            kwargs["conninfo"] = host.standby
-        kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                      tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)))
+        kwargs, foreign = self._connect_kwargs(host, standby)
         try:
             conn = await AsyncRouterConnection.connect(autocommit=True, cursor_factory=AsyncRouterCursor, **kwargs)
         except psycopg.OperationalError as exc:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Generator
 
 from typing import Any
 
+from .engine.connections import APPLICATION_NAME
 from .errors import BadInput
 from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask
@@ -170,9 +171,24 @@ class Routing:
     _pools: dict[str, PoolBase]  # by host name, and "<name> standby" for its standby's pool
     _lock: threading.Lock
 
+    connect_timeout: int
+    grace: float
+
     @property
     def topology(self) -> Topology:
         return self.placement.topology
+
+    def _connect_kwargs(self, host: Host, standby: bool) -> tuple[dict[str, Any], bool]:
+        """What both Routers connect with: connect timeout, TCP keepalives and user timeout (a dead network is
+        noticed), and no startup options (poolers refuse them; each transaction sets its own
+        ``statement_timeout``). Also whether the host is known only from a redirect (no password then)."""
+        kwargs = host.connect_kwargs(connect_timeout=max(1, int(self.connect_timeout)),
+                                     application_name=f"{APPLICATION_NAME} router")
+        if standby:
+            kwargs["conninfo"] = host.standby
+        kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                      tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)))
+        return kwargs, self.placement.redirects.foreign(host.name) and not standby
 
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
         """Integer keys: ``key % modulus``; strings: ``md5(key) mod modulus``."""

@@ -141,6 +141,12 @@ def apply_history(path: Path, fmt: str, first: Path, rest: Path, load_data) -> t
 
 
 def assert_identical(topo, at_least: int) -> None:
+    """Every shard has the same schema: by verify's fingerprint (the product's check), and by the test's
+    own catalog digest (an independent one)."""
+    r = run_cli("verify", "--json", config=topo.path)
+    assert r.exit_code == 0, r
+    r = run_cli("status", "--json", config=topo.path)
+    assert r.exit_code == 0 and json.loads(r.stdout)["distinct_schemas"] == 1, r
     found = digests(topo)
     assert sorted(found) == sorted(topo.schema_name(n) for n in range(64))
     kinds = {v for v in found.values()}
@@ -200,6 +206,8 @@ def test_golang_migrate_history(make_fleet, tmp_path):
         conn.commit()
     assert len(set(digests(topo).values())) == 2
     assert differences(topo, ["insta0", "insta63"]) == ["column photos.extra integer"]
+    r = run_cli("verify", config=topo.path)
+    assert r.exit_code == 1 and "shard 63" in r.stdout + r.stderr and "extra" in r.stdout + r.stderr, r
 
 
 def split_prisma(tmp_path: Path, cut: int) -> tuple[Path, Path]:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput, OperationFailed
-from .sandbox import _free_port, _make_traversable, _port_open, _run, _server_user
+from .sandbox import _free_port, _make_traversable, _port_open, _run, _server_user, live_pid
 
 STATE_FILE = "pooler.json"
 MODES = ("transaction", "session")  # a host's ``pooler:`` in the topology names the same modes
@@ -167,17 +167,7 @@ class Pooler:
 
     # ---- process --------------------------------------------------------------------------------
     def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return pid
+        return live_pid(self.pid_path)
 
     def running(self) -> bool:
         return self.pid() is not None

@@ -191,6 +191,21 @@ def _run(args: list[str], user: str | None, log: Path | None = None, timeout: fl
     return ""
 
 
+def live_pid(pidfile: Path) -> int | None:
+    """The process id a pid file's first word names, when that process is alive (else None)."""
+    try:
+        pid = int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, run by another user (the server user)
+    return pid
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -446,18 +461,7 @@ class Sandbox:
 
     @staticmethod
     def pid(host: SandboxHost) -> int | None:
-        pidfile = Path(host.data_dir) / "postmaster.pid"
-        try:
-            pid = int(pidfile.read_text().split("\n", 1)[0])
-        except (OSError, ValueError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return pid
+        return live_pid(Path(host.data_dir) / "postmaster.pid")
 
     def running(self, host: SandboxHost) -> bool:
         return self.pid(host) is not None

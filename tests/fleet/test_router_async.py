@@ -20,6 +20,7 @@ import pytest
 from conftest import load, run_cli
 from support.clients import async_history_traffic, keys_for
 from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
+from test_router_poolers import pooled_fleet  # noqa: F401 - a fixture (with this module's ``mode``)
 from test_router_faults import CONNECT_TIMEOUT, PG1_KEY, PG2_KEY, box, frozen  # noqa: F401 - box: a fixture
 from test_router_sessions import SESSION_STATEMENTS
 from test_router_standby import KEY as STANDBY_KEY
@@ -241,20 +242,8 @@ def test_streams_copies_and_named_cursors_run_on_the_shard(topo_default):
 
 @pytest.fixture(params=["direct", "transaction"])
 def mode(request) -> str:
+    """The modes test_router_poolers.pooled_fleet builds fleets for, here: direct and PgBouncer transaction."""
     return request.param
-
-
-@pytest.fixture
-def pooled_fleet(make_fleet, mode, request):  # noqa: F811 - make_fleet: test_move's
-    """test_router_poolers.pooled_fleet: direct DSNs, or PgBouncer's in transaction mode."""
-    def make(**kwargs):
-        path = make_fleet(**kwargs, pooler="none" if mode == "direct" else None)
-        if mode != "direct":
-            request.getfixturevalue("pgbouncer").front(path, mode)
-        result = run_cli("init", config=path)
-        assert result.exit_code == 0, result
-        return path
-    return make
 
 
 def test_async_clients_during_migrate(pooled_fleet, mode):

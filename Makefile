@@ -32,5 +32,10 @@ docs-serve:
 bench:
 	python bench/next_id.py && python bench/decode.py && python bench/startup.py
 
+# ruff check and ruff format (pinned in the dev extra); .ci/run runs the same two commands.
+lint:
+	ruff check .
+	ruff format --check .
+
 clean:
 	rm -rf .venv build dist site .pytest_cache .hypothesis *.egg-info

@@ -24,9 +24,9 @@ import tempfile
 import time
 import uuid
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -47,6 +47,7 @@ _quiet_layout_warnings()
 
 # ---- statistics -----------------------------------------------------------------------
 
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -65,7 +66,7 @@ class Series:
 
     name: str
     seconds: list[float] = field(default_factory=list)
-    work: float = 1.0          # items per round (rows, IDs, shards) for a rate
+    work: float = 1.0  # items per round (rows, IDs, shards) for a rate
     unit: str = "s"
 
     def add(self, seconds: float) -> None:
@@ -83,14 +84,14 @@ class Series:
     def median_rate(self) -> float:
         return median(self.rates)
 
-    def ratios_to(self, base: "Series", *, faster_is_higher: bool = True) -> list[float]:
+    def ratios_to(self, base: Series, *, faster_is_higher: bool = True) -> list[float]:
         """Per round: this candidate's rate over the baseline's (or its time over the baseline's)."""
         pairs = list(zip(self.seconds, base.seconds))
         if faster_is_higher:
             return [(self.work / s) / (base.work / b) for s, b in pairs if s > 0 and b > 0]
         return [s / b for s, b in pairs if b > 0]
 
-    def ratio_to(self, base: "Series", *, faster_is_higher: bool = True) -> float:
+    def ratio_to(self, base: Series, *, faster_is_higher: bool = True) -> float:
         """Median over rounds of the ratio to the baseline measured in the same round.
 
         Pairing by round cancels most of the load other programs put on the machine.
@@ -100,13 +101,14 @@ class Series:
 
 # ---- results table ------------------------------------------------------------------------
 
+
 @dataclass
 class Row:
     candidate: str
-    value: str            # the median, formatted with its unit
-    spread: str           # min–max over the rounds
-    ratio: float | None   # vs the baseline (None: not applicable)
-    target: str = ""      # human text, e.g. ">= 0.90x bigserial"
+    value: str  # the median, formatted with its unit
+    spread: str  # min–max over the rounds
+    ratio: float | None  # vs the baseline (None: not applicable)
+    target: str = ""  # human text, e.g. ">= 0.90x bigserial"
     ok: bool | None = None  # None: informational
     note: str = ""
     ratio_range: tuple[float, float] | None = None  # min and max of the per-round ratios
@@ -155,7 +157,9 @@ def spread_s(series: Series) -> str:
     return f"{fmt_s(min(series.seconds))} – {fmt_s(max(series.seconds))}"
 
 
-def print_table(title: str, rows: list[Row], baseline_label: str, footnotes: list[str] | None = None) -> None:
+def print_table(
+    title: str, rows: list[Row], baseline_label: str, footnotes: list[str] | None = None
+) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
@@ -164,15 +168,28 @@ def print_table(title: str, rows: list[Row], baseline_label: str, footnotes: lis
     verdicts = {True: "PASS", False: "FAIL", None: "info"}
     if Console is not None:
         table = Table(title=title, title_justify="left")
-        for col, kw in (("candidate", {}), ("median", {"justify": "right"}), ("min – max", {"justify": "right"}),
-                        (f"vs {baseline_label} (min–max)", {"justify": "right"}), ("target", {}), ("result", {}),
-                        ("note", {})):
+        for col, kw in (
+            ("candidate", {}),
+            ("median", {"justify": "right"}),
+            ("min – max", {"justify": "right"}),
+            (f"vs {baseline_label} (min–max)", {"justify": "right"}),
+            ("target", {}),
+            ("result", {}),
+            ("note", {}),
+        ):
             table.add_column(col, **kw)
         for r in rows:
             verdict = verdicts[r.ok]
             style = {"PASS": "green", "FAIL": "bold red", "info": "dim"}[verdict]
-            table.add_row(r.candidate, r.value, r.spread, r.ratio_text,
-                          r.target, f"[{style}]{verdict}[/{style}]", r.note)
+            table.add_row(
+                r.candidate,
+                r.value,
+                r.spread,
+                r.ratio_text,
+                r.target,
+                f"[{style}]{verdict}[/{style}]",
+                r.note,
+            )
         console = Console(width=max(180, shutil.get_terminal_size((150, 40)).columns))
         console.print(table)
         for note in footnotes or []:
@@ -180,8 +197,10 @@ def print_table(title: str, rows: list[Row], baseline_label: str, footnotes: lis
         return
     print(title)
     for r in rows:
-        print(f"  {r.candidate:<40} {r.value:>14} {r.spread:>24} {r.ratio_text:>20} {r.target:<28} {verdicts[r.ok]}"
-              f" {r.note}")
+        print(
+            f"  {r.candidate:<40} {r.value:>14} {r.spread:>24} {r.ratio_text:>20} {r.target:<28} {verdicts[r.ok]}"
+            f" {r.note}"
+        )
     for note in footnotes or []:
         print(f"  {note}")
 
@@ -189,7 +208,10 @@ def print_table(title: str, rows: list[Row], baseline_label: str, footnotes: lis
 def verdict_exit(rows_by_table: list[list[Row]]) -> int:
     missed = [r for rows in rows_by_table for r in rows if r.ok is False]
     if missed:
-        print(f"\n{len(missed)} target(s) missed: " + "; ".join(f"{r.candidate} ({r.target})" for r in missed))
+        print(
+            f"\n{len(missed)} target(s) missed: "
+            + "; ".join(f"{r.candidate} ({r.target})" for r in missed)
+        )
         return 1
     print("\nall targets met")
     return 0
@@ -202,16 +224,28 @@ def write_json(path: str | None, doc: dict) -> None:
 
 # ---- command line ------------------------------------------------------------------------------
 
+
 def base_parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--rounds", type=int, default=None, help="Rounds (>= 3; medians are reported).")
-    p.add_argument("--quick", action="store_true", help="Smaller sizes and 3 rounds: a couple of minutes.")
-    p.add_argument("--keep", action="store_true", help="Keep the sandbox directory (servers are stopped).")
-    p.add_argument("--json", dest="json_path", metavar="FILE", help="Also write the results as JSON.")
-    p.add_argument("--tmp", metavar="DIR", default=None,
-                   help="Where the sandbox's temp dir goes (default: /dev/shm when it is a tmpfs with room, "
-                        "else the system temp dir).")
+    p.add_argument(
+        "--quick", action="store_true", help="Smaller sizes and 3 rounds: a couple of minutes."
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="Keep the sandbox directory (servers are stopped)."
+    )
+    p.add_argument(
+        "--json", dest="json_path", metavar="FILE", help="Also write the results as JSON."
+    )
+    p.add_argument(
+        "--tmp",
+        metavar="DIR",
+        default=None,
+        help="Where the sandbox's temp dir goes (default: /dev/shm when it is a tmpfs with room, "
+        "else the system temp dir).",
+    )
     return p
 
 
@@ -230,14 +264,16 @@ def sandbox_base(choice: str | None, need_gb: float = 4.0) -> str | None:
         st = os.statvfs(shm)
     except OSError:
         return None
-    if st.f_bavail * st.f_frsize >= need_gb * 1024 ** 3 and os.access(shm, os.W_OK):
+    if st.f_bavail * st.f_frsize >= need_gb * 1024**3 and os.access(shm, os.W_OK):
         return str(shm)
     return None
 
 
 def check_rounds(rounds: int) -> int:
     if rounds < 3:
-        raise SystemExit("--rounds must be at least 3 (medians of fewer rounds are not worth reporting)")
+        raise SystemExit(
+            "--rounds must be at least 3 (medians of fewer rounds are not worth reporting)"
+        )
     return rounds
 
 
@@ -247,9 +283,17 @@ def log(msg: str) -> None:
 
 # ---- sandbox and servers -----------------------------------------------------------------------
 
+
 @contextlib.contextmanager
-def sandbox(hosts: int, shards: int, *, function: str = "plpgsql", keep: bool = False,
-            prefix: str = "shardctl-bench-", base: str | None = None) -> Iterator["object"]:
+def sandbox(
+    hosts: int,
+    shards: int,
+    *,
+    function: str = "plpgsql",
+    keep: bool = False,
+    prefix: str = "shardctl-bench-",
+    base: str | None = None,
+) -> Iterator[object]:
     """A fresh sandbox in a temp dir (under ``base``); stopped and deleted afterwards (kept stopped with
     ``keep``)."""
     from shardctl.dev.sandbox import Sandbox
@@ -259,7 +303,9 @@ def sandbox(hosts: int, shards: int, *, function: str = "plpgsql", keep: bool = 
     started = time.perf_counter()
     try:
         box.up(hosts=hosts, shards=shards, function=function)
-        log(f"sandbox: {hosts} PostgreSQL server(s) in {directory} ({time.perf_counter() - started:.1f}s)")
+        log(
+            f"sandbox: {hosts} PostgreSQL server(s) in {directory} ({time.perf_counter() - started:.1f}s)"
+        )
         yield box
     finally:
         if keep:
@@ -311,17 +357,38 @@ def checkpoint(ports: list[int]) -> None:
             conn.execute("CHECKPOINT")
 
 
-def topology_for(box, databases: list[str], shards: int, *, function: str = "plpgsql", name: str = "topo",
-                 migrations: str = "migrations/", schema: str = "insta{n}") -> Path:
+def topology_for(
+    box,
+    databases: list[str],
+    shards: int,
+    *,
+    function: str = "plpgsql",
+    name: str = "topo",
+    migrations: str = "migrations/",
+    schema: str = "insta{n}",
+) -> Path:
     """A topology file over ``databases`` (one per sandbox server), written in the sandbox dir."""
     state = box.state
     n = len(state.hosts)
-    lines = ["version: 1", "id:", "  layout: instagram", '  epoch: "2026-01-01T00:00:00Z"', f"  function: {function}",
-             "shards:", f"  count: {shards}", f'  schema: "{schema}"', f"migrations: {migrations}", "hosts:"]
+    lines = [
+        "version: 1",
+        "id:",
+        "  layout: instagram",
+        '  epoch: "2026-01-01T00:00:00Z"',
+        f"  function: {function}",
+        "shards:",
+        f"  count: {shards}",
+        f'  schema: "{schema}"',
+        f"migrations: {migrations}",
+        "hosts:",
+    ]
     for i, (host, db) in enumerate(zip(state.hosts, databases)):
         lo, hi = i * shards // n, (i + 1) * shards // n - 1
-        lines += [f"  - name: {host.name}", f'    dsn: "postgresql://postgres@127.0.0.1:{host.port}/{db}"',
-                  f'    shards: "{lo}-{hi}"']
+        lines += [
+            f"  - name: {host.name}",
+            f'    dsn: "postgresql://postgres@127.0.0.1:{host.port}/{db}"',
+            f'    shards: "{lo}-{hi}"',
+        ]
     path = box.dir / f"{name}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -343,14 +410,36 @@ def psql_files_parallel(bin_dir: str, jobs: list[tuple[int, str, Path]]) -> floa
     started = time.perf_counter()
     procs = []
     for port, db, path in jobs:
-        args = [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-                "-d", db, "-f", str(path)]
-        procs.append((subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env), path))
+        args = [
+            psql,
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            "postgres",
+            "-d",
+            db,
+            "-f",
+            str(path),
+        ]
+        procs.append(
+            (
+                subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env),
+                path,
+            )
+        )
     errors = []
     for proc, path in procs:
         _, err = proc.communicate()
         if proc.returncode != 0:
-            errors.append(f"{path.name}: exit {proc.returncode}: {err.decode(errors='replace')[-800:]}")
+            errors.append(
+                f"{path.name}: exit {proc.returncode}: {err.decode(errors='replace')[-800:]}"
+            )
     elapsed = time.perf_counter() - started
     if errors:
         raise RuntimeError("psql failed:\n" + "\n".join(errors))

@@ -12,8 +12,15 @@ from pathlib import Path
 import _common as c
 
 
-def render_host_sql(topo, host, *, control: bool = True, create: bool = True, versions: set[int] | None = None,
-                    shards: list[int] | None = None) -> str:
+def render_host_sql(
+    topo,
+    host,
+    *,
+    control: bool = True,
+    create: bool = True,
+    versions: set[int] | None = None,
+    shards: list[int] | None = None,
+) -> str:
     """What ``shardctl render --host NAME`` prints for ``host`` (the library's ``render_host``/``render_text``).
 
     ``versions`` limits the migrations (e.g. only the new one, for the migrate floor); ``create`` False
@@ -23,8 +30,13 @@ def render_host_sql(topo, host, *, control: bool = True, create: bool = True, ve
     from shardctl.sql.render import render_host, render_text
 
     migrations = [m for m in for_topology(topo) if versions is None or m.version in versions]
-    doc = render_host(topo, host.shards if shards is None else shards, control=control, create=create,
-                      migrations=migrations)
+    doc = render_host(
+        topo,
+        host.shards if shards is None else shards,
+        control=control,
+        create=create,
+        migrations=migrations,
+    )
     return render_text(topo, {host.name: doc})
 
 
@@ -37,9 +49,11 @@ def write_floor_files(topo, directory: Path, tag: str, streams: int = 1, **kw) -
         files = []
         n = len(host.shards)
         for k in range(streams):
-            part = host.shards[k * n // streams:(k + 1) * n // streams]
+            part = host.shards[k * n // streams : (k + 1) * n // streams]
             path = directory / f"{tag}_{host.name}_{k}.sql"
-            path.write_text(render_host_sql(topo, host, shards=part, control=control and k == 0, **kw))
+            path.write_text(
+                render_host_sql(topo, host, shards=part, control=control and k == 0, **kw)
+            )
             files.append(path)
         out.append(files)
     return out
@@ -48,8 +62,10 @@ def write_floor_files(topo, directory: Path, tag: str, streams: int = 1, **kw) -
 def run_floor(box, databases: list[str], files: list[list[Path]]) -> float:
     """``psql -f`` per file: every host's files (one per stream), all at once."""
     ports = [h.port for h in box.state.hosts]
-    return c.psql_files_parallel(box.state.bin_dir, [(port, db, path) for port, db, paths in
-                                                     zip(ports, databases, files) for path in paths])
+    return c.psql_files_parallel(
+        box.state.bin_dir,
+        [(port, db, path) for port, db, paths in zip(ports, databases, files) for path in paths],
+    )
 
 
 def default_streams() -> int:
@@ -77,16 +93,19 @@ def per_shard_transactions(topo, *, create: bool, above: int = 0) -> float:
         for n in host.shards:
             schema = topo.schema_name(n)
             steps = steps_for(migrations, topo, n, above)
-            with psycopg.connect(**kwargs) as conn:
-                with conn.transaction():
-                    if create:
-                        conn.execute(transactional_sql(ShardPlan(n, schema, render_shard(topo, n)), []))
-                    for step in steps:
-                        conn.execute(transactional_sql(ShardPlan(n, schema), [step]))
+            with psycopg.connect(**kwargs) as conn, conn.transaction():
+                if create:
+                    conn.execute(
+                        transactional_sql(ShardPlan(n, schema, render_shard(topo, n)), [])
+                    )
+                for step in steps:
+                    conn.execute(transactional_sql(ShardPlan(n, schema), [step]))
     return time.perf_counter() - started
 
 
-def shardctl_cli(args: list[str], config: Path, timeout: float = 3600) -> tuple[float, subprocess.CompletedProcess]:
+def shardctl_cli(
+    args: list[str], config: Path, timeout: float = 3600
+) -> tuple[float, subprocess.CompletedProcess]:
     """Run the ``shardctl`` command as a user would (a new Python process); returns (seconds, result)."""
     exe = Path(sys.executable).with_name("shardctl")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "shardctl.cli"]
@@ -104,7 +123,9 @@ def count_objects(box, databases: list[str], prefix: str = "insta") -> list[tupl
             row = conn.execute(
                 """SELECT (SELECT count(*) FROM pg_namespace WHERE nspname LIKE %(p)s),
                           (SELECT count(*) FROM pg_class k JOIN pg_namespace s ON s.oid = k.relnamespace
-                            WHERE s.nspname LIKE %(p)s AND k.relkind = 'r')""", {"p": prefix + "%"}).fetchone()
+                            WHERE s.nspname LIKE %(p)s AND k.relkind = 'r')""",
+                {"p": prefix + "%"},
+            ).fetchone()
         out.append((row[0], row[1]))
     return out
 
@@ -115,8 +136,10 @@ def expect_fleet(box, databases: list[str], topo, tables_per_shard: int, label: 
     for host, (schemas, tables) in zip(topo.hosts, counts):
         want = len(host.shards)
         if schemas != want or tables != want * tables_per_shard:
-            raise SystemExit(f"{label}: host {host.name} has {schemas} shard schemas and {tables} tables; "
-                             f"expected {want} and {want * tables_per_shard}")
+            raise SystemExit(
+                f"{label}: host {host.name} has {schemas} shard schemas and {tables} tables; "
+                f"expected {want} and {want * tables_per_shard}"
+            )
 
 
 def column_count(box, databases: list[str], table: str, column: str) -> int:
@@ -128,5 +151,6 @@ def column_count(box, databases: list[str], table: str, column: str) -> int:
                 """SELECT count(*) FROM pg_attribute a JOIN pg_class k ON k.oid = a.attrelid
                      JOIN pg_namespace s ON s.oid = k.relnamespace
                     WHERE s.nspname LIKE 'insta%%' AND k.relname = %s AND a.attname = %s AND NOT a.attisdropped""",
-                (table, column)).fetchone()[0]
+                (table, column),
+            ).fetchone()[0]
     return total

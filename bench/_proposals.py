@@ -34,11 +34,15 @@ def write_csv(decoder, lines, out) -> list[tuple[int, str, str]]:
     layout = decoder.layout
     names = [f.name for f in layout.fields]
     if not layout.has_time or len(names) != 3 or names[0] != "time":
-        return decoder.write_csv(lines, out)  # pinterest (no time) and other shapes: the existing loop
+        return decoder.write_csv(
+            lines, out
+        )  # pinterest (no time) and other shapes: the existing loop
     time_shift = layout.shift("time")
     a_shift, a_mask = layout.shift(names[1]), (1 << layout.bits(names[1])) - 1
     b_mask = (1 << layout.bits(names[2])) - 1
-    limit = min(1 << layout.payload_bits, 1 << 63)  # IDs >= 2**63 print as negative bigints: careful loop
+    limit = min(
+        1 << layout.payload_bits, 1 << 63
+    )  # IDs >= 2**63 print as negative bigints: careful loop
     epoch_ms = layout.epoch_ms
     hours, mmss, ms_z = _HOURS, _MM_SS, _MS_Z
     days: dict[int, str] = {}
@@ -77,7 +81,10 @@ def write_csv(decoder, lines, out) -> list[tuple[int, str, str]]:
                 if day is None:
                     try:
                         day = _dt.date.fromordinal(719163 + d).isoformat() + "T"
-                    except (ValueError, OverflowError):  # beyond year 9999: the careful loop prints no time
+                    except (
+                        ValueError,
+                        OverflowError,
+                    ):  # beyond year 9999: the careful loop prints no time
                         fast = False
                         break
                     days[d] = day
@@ -86,25 +93,31 @@ def write_csv(decoder, lines, out) -> list[tuple[int, str, str]]:
                     append(f"{v},{day}{hours[hh]}{mmss[second]}{ms_z[ms]}{a_text[a]}{v & b_mask}\n")
                 else:
                     tail = tails[a]
-                    if tail is None:  # a shard this topology does not have: the careful loop names it
+                    if (
+                        tail is None
+                    ):  # a shard this topology does not have: the careful loop names it
                         fast = False
                         break
-                    append(f"{v},{day}{hours[hh]}{mmss[second]}{ms_z[ms]}{a_text[a]}{v & b_mask}{tail}")
+                    append(
+                        f"{v},{day}{hours[hh]}{mmss[second]}{ms_z[ms]}{a_text[a]}{v & b_mask}{tail}"
+                    )
         if fast:
             write("".join(buf))
         else:
             part = io.StringIO()
-            bad += [(n + done, text, problem) for n, text, problem in decoder.write_csv(chunk, part)]
+            bad += [
+                (n + done, text, problem) for n, text, problem in decoder.write_csv(chunk, part)
+            ]
             text = part.getvalue()
-            write(text[text.index("\n") + 1:])  # without its header
+            write(text[text.index("\n") + 1 :])  # without its header
         done += len(chunk)
     return bad
 
 
 def patched_cli() -> None:
     """``shardctl`` with :func:`write_csv` in place of ``Decoder.write_csv`` (for the CLI proposal row)."""
-    from shardctl.ids import decode
     from shardctl.cli import main
+    from shardctl.ids import decode
 
     original = decode.Decoder.write_csv
 

@@ -34,8 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as c  # noqa: E402
-import _fleet as f  # noqa: E402
+import _common as c
 
 MINTING_SHARDS = 64
 EPOCH = "2026-01-01T00:00:00Z"
@@ -56,8 +55,10 @@ exec(FLOOR_CODE)  # defines floor() for the in-process baseline; the CLI baselin
 FLOOR_PROCESS = FLOOR_CODE + "\nimport sys\nfloor(sys.stdin, sys.stdout.write)\n"
 
 # shardctl decode-id --csv with bench/_proposals.py's write_csv in place of Decoder.write_csv
-PATCHED_CLI = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
-               "sys.argv = ['shardctl', 'decode-id', '--csv']; import _proposals; _proposals.patched_cli()")
+PATCHED_CLI = (
+    f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+    "sys.argv = ['shardctl', 'decode-id', '--csv']; import _proposals; _proposals.patched_cli()"
+)
 
 
 def mint_ids(box, topo, count: int) -> list[int]:
@@ -73,8 +74,9 @@ def mint_ids(box, topo, count: int) -> list[int]:
         port = next(h.port for h in box.state.hosts if h.name == host.name)
         with c.connect(port, "app") as conn:
             conn.execute(render_shard(topo, n))
-            rows = conn.execute(f"SELECT {topo.schema_name(n)}.next_id() FROM generate_series(1, %s)",
-                                (per,)).fetchall()
+            rows = conn.execute(
+                f"SELECT {topo.schema_name(n)}.next_id() FROM generate_series(1, %s)", (per,)
+            ).fetchall()
         ids += [r[0] for r in rows]
     return ids[:count]
 
@@ -87,25 +89,43 @@ def spread_ids(layout, count: int, shard_count: int, seed: int = 7) -> list[int]
     lo = max(0, now_ms - year_ms)
     t_shift, s_shift = layout.shift("time"), layout.shift("shard")
     seq_mask = (1 << layout.bits("sequence")) - 1
-    ids = [(rng.randrange(lo, max(lo + 1, now_ms)) << t_shift) | (rng.randrange(shard_count) << s_shift)
-           | rng.randrange(seq_mask + 1) for _ in range(count)]
+    ids = [
+        (rng.randrange(lo, max(lo + 1, now_ms)) << t_shift)
+        | (rng.randrange(shard_count) << s_shift)
+        | rng.randrange(seq_mask + 1)
+        for _ in range(count)
+    ]
     ids.sort()  # a table dump ordered by id
     return ids
 
 
 def main() -> int:
     p = c.base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--ids", type=int, default=1_000_000,
-                   help="IDs to decode (the CLI target, 3 s for 1M, scales linearly with it).")
-    p.add_argument("--datasets", default=None, help="comma-separated: minted, spread (default both; --quick minted)")
+    p.add_argument(
+        "--ids",
+        type=int,
+        default=1_000_000,
+        help="IDs to decode (the CLI target, 3 s for 1M, scales linearly with it).",
+    )
+    p.add_argument(
+        "--datasets",
+        default=None,
+        help="comma-separated: minted, spread (default both; --quick minted)",
+    )
     p.add_argument("--skip", default="", help="Comma-separated parts to leave out: cli, library.")
-    p.add_argument("--proposals", action="store_true",
-                   help="Also measure the proposed write_csv of bench/_proposals.py (info rows, '(proposal)').")
+    p.add_argument(
+        "--proposals",
+        action="store_true",
+        help="Also measure the proposed write_csv of bench/_proposals.py (info rows, '(proposal)').",
+    )
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or (3 if args.quick else 5))
     count = args.ids
-    datasets = [d.strip() for d in (args.datasets or ("minted" if args.quick else "minted,spread")).split(",")
-                if d.strip()]
+    datasets = [
+        d.strip()
+        for d in (args.datasets or ("minted" if args.quick else "minted,spread")).split(",")
+        if d.strip()
+    ]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
     from shardctl.ids.decode import Decoder
@@ -115,23 +135,36 @@ def main() -> int:
     tables: list[list[c.Row]] = []
     notes: list[str] = []
     doc: dict = {"ids": count, "rounds": rounds, "results": {}}
-    with c.sandbox(hosts=2, shards=8192, keep=args.keep, prefix="shardctl-bench-decode-",
-                   base=c.sandbox_base(args.tmp, need_gb=1)) as box, \
-            tempfile.TemporaryDirectory(prefix="shardctl-bench-decode-io-") as tmp:
+    with (
+        c.sandbox(
+            hosts=2,
+            shards=8192,
+            keep=args.keep,
+            prefix="shardctl-bench-decode-",
+            base=c.sandbox_base(args.tmp, need_gb=1),
+        ) as box,
+        tempfile.TemporaryDirectory(prefix="shardctl-bench-decode-io-") as tmp,
+    ):
         topo = c.load_topology(box.topology_path)
         layout = topo.layout
         foreign = by_name("instagram", parse_epoch(EPOCH))
         if foreign != layout:
-            raise SystemExit("the sandbox topology's layout is not instagram with the expected epoch")
+            raise SystemExit(
+                "the sandbox topology's layout is not instagram with the expected epoch"
+            )
         data: dict[str, list[int]] = {}
         if "minted" in datasets:
             started = time.perf_counter()
             data["minted"] = mint_ids(box, topo, count)
-            notes.append(f"minted: {count} IDs from next_id() of {MINTING_SHARDS} shards on {len(topo.hosts)} "
-                         f"hosts ({time.perf_counter() - started:.1f}s, not timed)")
+            notes.append(
+                f"minted: {count} IDs from next_id() of {MINTING_SHARDS} shards on {len(topo.hosts)} "
+                f"hosts ({time.perf_counter() - started:.1f}s, not timed)"
+            )
         if "spread" in datasets:
             data["spread"] = spread_ids(layout, count, topo.shard_count)
-            notes.append("spread: times uniform over the past year (one distinct second per ID, nearly)")
+            notes.append(
+                "spread: times uniform over the past year (one distinct second per ID, nearly)"
+            )
 
         for dataset, ids in data.items():
             lines = [f"{v}\n" for v in ids]
@@ -179,33 +212,51 @@ def main() -> int:
                     cmd = [sys.executable, "-c", code]
                 else:
                     exe = Path(sys.executable).with_name("shardctl")
-                    cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "shardctl.cli"]) + \
-                        ["decode-id", "--csv"] + extra
+                    cmd = (
+                        ([str(exe)] if exe.exists() else [sys.executable, "-m", "shardctl.cli"])
+                        + ["decode-id", "--csv"]
+                        + extra
+                    )
                 env = dict(os.environ, SHARDCTL_CONFIG=str(box.topology_path))
                 with open(input_path, "rb") as stdin, open(out_path, "wb") as stdout:
                     started = time.perf_counter()
-                    proc = subprocess.run(cmd, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, env=env,
-                                          timeout=600)
+                    proc = subprocess.run(
+                        cmd,
+                        stdin=stdin,
+                        stdout=stdout,
+                        stderr=subprocess.PIPE,
+                        env=env,
+                        timeout=600,
+                    )
                     elapsed = time.perf_counter() - started
                 if proc.returncode != 0:
-                    raise SystemExit(f"{' '.join(cmd[-4:])} exited {proc.returncode}: {proc.stderr[-1500:]!r}")
+                    raise SystemExit(
+                        f"{' '.join(cmd[-4:])} exited {proc.returncode}: {proc.stderr[-1500:]!r}"
+                    )
                 return elapsed, hashlib.sha256(out_path.read_bytes()).hexdigest()
 
             lib: dict[str, tuple[str, object]] = {}
             if "library" not in skip:
-                lib = {"floor": ("floor: int() + 3 fields, join", lib_floor),
-                       "topo": ("Decoder(layout, topology).write_csv", lib_topo),
-                       "bare": ("Decoder(layout).write_csv", lib_bare),
-                       "layout": ("Layout.decode loop", lib_layout),
-                       "lines": ("Decoder.decode_lines", lib_lines)}
+                lib = {
+                    "floor": ("floor: int() + 3 fields, join", lib_floor),
+                    "topo": ("Decoder(layout, topology).write_csv", lib_topo),
+                    "bare": ("Decoder(layout).write_csv", lib_bare),
+                    "layout": ("Layout.decode loop", lib_layout),
+                    "lines": ("Decoder.decode_lines", lib_lines),
+                }
                 if args.proposals:
                     lib["ptopo"] = ("(proposal) write_csv, chunked fast path", lib_proposal)
             clis: dict[str, tuple[str, list[str], str | None]] = {}
             if "cli" not in skip:
-                clis = {"cfloor": ("floor process: python -c, same loop", [], FLOOR_PROCESS),
-                        "ctopo": ("shardctl decode-id --csv (topology)", [], None),
-                        "clayout": ("shardctl decode-id --csv --layout instagram",
-                                    ["--layout", "instagram", "--epoch", EPOCH], None)}
+                clis = {
+                    "cfloor": ("floor process: python -c, same loop", [], FLOOR_PROCESS),
+                    "ctopo": ("shardctl decode-id --csv (topology)", [], None),
+                    "clayout": (
+                        "shardctl decode-id --csv --layout instagram",
+                        ["--layout", "instagram", "--epoch", EPOCH],
+                        None,
+                    ),
+                }
                 if args.proposals:
                     clis["pctopo"] = ("(proposal) decode-id --csv, patched", [], PATCHED_CLI)
             series = {k: c.Series(v[0], work=count) for k, v in {**lib, **clis}.items()}
@@ -221,16 +272,22 @@ def main() -> int:
                         _, extra, code = clis[key]
                         seconds, digests[key] = cli(extra, code)
                     series[key].add(seconds)
-                c.log(f"{dataset} round {r + 1}/{rounds}: " +
-                      ", ".join(f"{k} {series[k].seconds[-1]:.2f}s" for k in keys))
+                c.log(
+                    f"{dataset} round {r + 1}/{rounds}: "
+                    + ", ".join(f"{k} {series[k].seconds[-1]:.2f}s" for k in keys)
+                )
             # The command must print exactly what the library writes.
             if "topo" in digests and "ctopo" in digests and digests["topo"] != digests["ctopo"]:
                 raise SystemExit("shardctl decode-id --csv output differs from Decoder.write_csv's")
             if "bare" in digests and "clayout" in digests and digests["bare"] != digests["clayout"]:
-                raise SystemExit("shardctl decode-id --csv --layout output differs from Decoder(layout).write_csv's")
+                raise SystemExit(
+                    "shardctl decode-id --csv --layout output differs from Decoder(layout).write_csv's"
+                )
             for key in ("ptopo", "pctopo"):
                 if key in digests and "topo" in digests and digests[key] != digests["topo"]:
-                    raise SystemExit(f"{key}: the proposal's output differs from Decoder.write_csv's")
+                    raise SystemExit(
+                        f"{key}: the proposal's output differs from Decoder.write_csv's"
+                    )
             _spot_check(lib_topo() if "topo" in lib else None, ids, layout)
 
             rows = []
@@ -254,11 +311,22 @@ def main() -> int:
                 value = c.fmt_rate(s.median_rate, "IDs/s")
                 if key in clis:
                     note = f"{c.fmt_s(s.median_s)} for {count:,} IDs"
-                rows.append(c.Row(s.name, value, c.spread_rate(s, "IDs/s"), ratio, target, ok, note, rng))
-                doc["results"].setdefault(dataset, {})[key] = {"seconds": s.seconds, "median_ids_per_s": s.median_rate}
-            c.print_table(f"decode {count:,} IDs, dataset {dataset}, median of {rounds} rounds", rows, "floor",
-                          ["ratios: rate / the floor's rate in the same round (library rows vs the in-process "
-                           "floor, CLI rows vs the floor process); higher is better"])
+                rows.append(
+                    c.Row(s.name, value, c.spread_rate(s, "IDs/s"), ratio, target, ok, note, rng)
+                )
+                doc["results"].setdefault(dataset, {})[key] = {
+                    "seconds": s.seconds,
+                    "median_ids_per_s": s.median_rate,
+                }
+            c.print_table(
+                f"decode {count:,} IDs, dataset {dataset}, median of {rounds} rounds",
+                rows,
+                "floor",
+                [
+                    "ratios: rate / the floor's rate in the same round (library rows vs the in-process "
+                    "floor, CLI rows vs the floor process); higher is better"
+                ],
+            )
             tables.append(rows)
     for n in notes + [c.machine_note()]:
         print(f"  {n}")
@@ -276,9 +344,15 @@ def _spot_check(csv_text: str | None, ids: list[int], layout) -> None:
     for i in (0, len(ids) // 2, len(ids) - 1):
         got = rows[i + 1].split(",")
         want = layout.decode(ids[i])
-        if int(got[0]) != want["id"] or got[1] != want["time"] or int(got[2]) != want["shard"] \
-                or int(got[3]) != want["sequence"]:
-            raise SystemExit(f"write_csv row {i + 1} {rows[i + 1]!r} disagrees with Layout.decode: {want}")
+        if (
+            int(got[0]) != want["id"]
+            or got[1] != want["time"]
+            or int(got[2]) != want["shard"]
+            or int(got[3]) != want["sequence"]
+        ):
+            raise SystemExit(
+                f"write_csv row {i + 1} {rows[i + 1]!r} disagrees with Layout.decode: {want}"
+            )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as c  # noqa: E402
-import _fleet as f  # noqa: E402
+import _common as c
+import _fleet as f
 
 V3_NAME = "V0003__add_photo_location.sql"
 V3_SQL = """-- Example app: where a photo was taken, and an index to find photos by place.
@@ -45,14 +45,20 @@ def ledger_query(topo) -> float:
 
     def one(host) -> int:
         with psycopg.connect(**host.connect_kwargs(connect_timeout=10), autocommit=True) as conn:
-            return len(conn.execute("SELECT shard_id, max(version) FROM shardctl.migrations GROUP BY 1").fetchall())
+            return len(
+                conn.execute(
+                    "SELECT shard_id, max(version) FROM shardctl.migrations GROUP BY 1"
+                ).fetchall()
+            )
 
     started = time.perf_counter()
     with ThreadPoolExecutor(len(topo.hosts)) as pool:
         counts = list(pool.map(one, topo.hosts))
     elapsed = time.perf_counter() - started
     if sum(counts) != topo.shard_count:
-        raise SystemExit(f"ledger query: {sum(counts)} shards in the ledgers, expected {topo.shard_count}")
+        raise SystemExit(
+            f"ledger query: {sum(counts)} shards in the ledgers, expected {topo.shard_count}"
+        )
     return elapsed
 
 
@@ -65,10 +71,14 @@ def forget_verified(box, databases: list[str]) -> list:
     saved = []
     for host, db in zip(box.state.hosts, databases):
         with c.connect(host.port, db) as conn:
-            if key is None or not conn.execute("SELECT to_regclass('shardctl.meta') IS NOT NULL").fetchone()[0]:
+            if (
+                key is None
+                or not conn.execute("SELECT to_regclass('shardctl.meta') IS NOT NULL").fetchone()[0]
+            ):
                 continue
-            rows = conn.execute("DELETE FROM shardctl.meta WHERE key = %s RETURNING key, value::text",
-                                (key,)).fetchall()
+            rows = conn.execute(
+                "DELETE FROM shardctl.meta WHERE key = %s RETURNING key, value::text", (key,)
+            ).fetchall()
             saved += [(host.port, db, k, v) for k, v in rows]
     return saved
 
@@ -76,19 +86,36 @@ def forget_verified(box, databases: list[str]) -> list:
 def restore_verified(saved: list) -> None:
     for port, db, key, value in saved:
         with c.connect(port, db) as conn:
-            conn.execute("INSERT INTO shardctl.meta (key, value) VALUES (%s, %s::jsonb)", (key, value))
+            conn.execute(
+                "INSERT INTO shardctl.meta (key, value) VALUES (%s, %s::jsonb)", (key, value)
+            )
 
 
 def main() -> int:
     p = c.base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--shards", type=int, default=None, help="Logical shards (default 8192, --quick 1024).")
+    p.add_argument(
+        "--shards", type=int, default=None, help="Logical shards (default 8192, --quick 1024)."
+    )
     p.add_argument("--hosts", type=int, default=4, help="PostgreSQL servers.")
-    p.add_argument("--check-rounds", type=int, default=None, help="Rounds of the --check part (default 7).")
-    p.add_argument("--skip", default="", help="Comma-separated parts/candidates to leave out: check, apply, cli.")
-    p.add_argument("--streams", type=int, default=None, help="K of the parallel floor (default: cores).")
-    p.add_argument("--jobs", type=int, default=None, help="migrate's --jobs (default: shardctl decides).")
-    p.add_argument("--per-shard", action="store_true",
-                   help="Also time V0003 applied with one connection and transaction per shard, hosts in turn.")
+    p.add_argument(
+        "--check-rounds", type=int, default=None, help="Rounds of the --check part (default 7)."
+    )
+    p.add_argument(
+        "--skip",
+        default="",
+        help="Comma-separated parts/candidates to leave out: check, apply, cli.",
+    )
+    p.add_argument(
+        "--streams", type=int, default=None, help="K of the parallel floor (default: cores)."
+    )
+    p.add_argument(
+        "--jobs", type=int, default=None, help="migrate's --jobs (default: shardctl decides)."
+    )
+    p.add_argument(
+        "--per-shard",
+        action="store_true",
+        help="Also time V0003 applied with one connection and transaction per shard, hosts in turn.",
+    )
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or (3 if args.quick else 5))
     check_rounds = c.check_rounds(args.check_rounds or (5 if args.quick else 7))
@@ -102,8 +129,13 @@ def main() -> int:
     tables: list[list[c.Row]] = []
     notes: list[str] = []
     doc: dict = {"shards": shards, "hosts": args.hosts}
-    with c.sandbox(hosts=args.hosts, shards=min(shards, 8192), keep=args.keep, prefix="shardctl-bench-migrate-",
-                   base=c.sandbox_base(args.tmp)) as box:
+    with c.sandbox(
+        hosts=args.hosts,
+        shards=min(shards, 8192),
+        keep=args.keep,
+        prefix="shardctl-bench-migrate-",
+        base=c.sandbox_base(args.tmp),
+    ) as box:
         ports = [h.port for h in box.state.hosts]
         notes.append(f"sandbox in {box.dir} ({args.hosts} servers)")
         base_dir = box.dir / "migrations_base"
@@ -114,12 +146,16 @@ def main() -> int:
 
         # The template fleet: init once (not timed).
         tpl = c.create_databases(ports, "tpl")
-        tpl_topo = c.load_topology(c.topology_for(box, tpl, shards, name="tpl", migrations="migrations_base/"))
+        tpl_topo = c.load_topology(
+            c.topology_for(box, tpl, shards, name="tpl", migrations="migrations_base/")
+        )
         seconds, report = c.timed(lambda: init(tpl_topo))
         if not report.ok:
             raise SystemExit(f"setup: shardctl init failed: {json.dumps(report.to_dict())[:2000]}")
-        notes.append(f"setup: shardctl init of {shards} shards (V0001, V0002) in {seconds:.1f}s, once, into a "
-                     f"template database per server")
+        notes.append(
+            f"setup: shardctl init of {shards} shards (V0001, V0002) in {seconds:.1f}s, once, into a "
+            f"template database per server"
+        )
         c.log(f"template fleet ready ({seconds:.1f}s)")
 
         def fresh(tag: str, migrations: str) -> tuple[list[str], Path]:
@@ -130,17 +166,24 @@ def main() -> int:
 
         # ---- 1. migrate --check, nothing pending ----------------------------------------------------
         if "check" not in skip:
-            names = ["floor", "lib", "lib_nocache"] + ([] if "cli" in skip else ["cli", "cli_nocache", "startup"])
-            labels = {"floor": "floor: 1 ledger query per host, in parallel",
-                      "lib": "migrate(check=True) (library)", "cli": "shardctl migrate --check (CLI process)",
-                      "lib_nocache": "migrate(check=True), no verified-checksum cache",
-                      "cli_nocache": "shardctl migrate --check, no verified-checksum cache",
-                      "startup": "shardctl --version (process start-up)"}
+            names = ["floor", "lib", "lib_nocache"] + (
+                [] if "cli" in skip else ["cli", "cli_nocache", "startup"]
+            )
+            labels = {
+                "floor": "floor: 1 ledger query per host, in parallel",
+                "lib": "migrate(check=True) (library)",
+                "cli": "shardctl migrate --check (CLI process)",
+                "lib_nocache": "migrate(check=True), no verified-checksum cache",
+                "cli_nocache": "shardctl migrate --check, no verified-checksum cache",
+                "startup": "shardctl --version (process start-up)",
+            }
             series = {n: c.Series(labels[n]) for n in names}
             dbs, path = fresh("chk", "migrations_base/")
             try:
                 topo = c.load_topology(path)
-                migrate(topo, check=True)  # warm the server caches once, as a CI job's first run would not
+                migrate(
+                    topo, check=True
+                )  # warm the server caches once, as a CI job's first run would not
                 for r in range(check_rounds):
                     for name in c.rotated(names, r):
                         saved = []
@@ -155,17 +198,25 @@ def main() -> int:
                         elif name.startswith("lib"):
                             seconds, rep = c.timed(lambda: migrate(topo, check=True))
                             if not rep.ok or rep.pending_total != 0:
-                                raise SystemExit(f"migrate --check (library) found work or failed: "
-                                                 f"{json.dumps(rep.to_dict())[:2000]}")
+                                raise SystemExit(
+                                    f"migrate --check (library) found work or failed: "
+                                    f"{json.dumps(rep.to_dict())[:2000]}"
+                                )
                         else:
-                            seconds, out = f.shardctl_cli(["migrate", "--check"], path)  # cli, cli_nocache
+                            seconds, out = f.shardctl_cli(
+                                ["migrate", "--check"], path
+                            )  # cli, cli_nocache
                             if out.returncode != 0:
-                                raise SystemExit(f"shardctl migrate --check exited {out.returncode}: "
-                                                 f"{out.stderr[-1500:]}{out.stdout[-800:]}")
+                                raise SystemExit(
+                                    f"shardctl migrate --check exited {out.returncode}: "
+                                    f"{out.stderr[-1500:]}{out.stdout[-800:]}"
+                                )
                         restore_verified(saved)
                         series[name].add(seconds)
-                    c.log(f"check round {r + 1}/{check_rounds}: " +
-                          ", ".join(f"{n} {series[n].seconds[-1] * 1000:.0f}ms" for n in names))
+                    c.log(
+                        f"check round {r + 1}/{check_rounds}: "
+                        + ", ".join(f"{n} {series[n].seconds[-1] * 1000:.0f}ms" for n in names)
+                    )
             finally:
                 c.drop_databases(ports, dbs)
             rows = []
@@ -174,36 +225,99 @@ def main() -> int:
                 ratio = s.ratio_to(series["floor"], faster_is_higher=False)
                 rng = c.ratio_range(s.ratios_to(series["floor"], faster_is_higher=False))
                 if name == "floor":
-                    rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), ratio, "baseline", None, "", rng))
+                    rows.append(
+                        c.Row(
+                            s.name,
+                            c.fmt_s(s.median_s),
+                            c.spread_s(s),
+                            ratio,
+                            "baseline",
+                            None,
+                            "",
+                            rng,
+                        )
+                    )
                 elif name.endswith("_nocache"):
-                    rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), ratio, "(info)", None,
-                                      "first check after an upgrade", rng))
+                    rows.append(
+                        c.Row(
+                            s.name,
+                            c.fmt_s(s.median_s),
+                            c.spread_s(s),
+                            ratio,
+                            "(info)",
+                            None,
+                            "first check after an upgrade",
+                            rng,
+                        )
+                    )
                 elif name == "startup":
-                    rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), ratio, "(info)", None,
-                                      "included in every CLI row", rng))
+                    rows.append(
+                        c.Row(
+                            s.name,
+                            c.fmt_s(s.median_s),
+                            c.spread_s(s),
+                            ratio,
+                            "(info)",
+                            None,
+                            "included in every CLI row",
+                            rng,
+                        )
+                    )
                 else:
-                    rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), ratio, "<= 1 s",
-                                      s.median_s <= 1.0, "", rng))
-            c.print_table(f"migrate --check, nothing pending: {shards} shards over {args.hosts} hosts, "
-                          f"median of {check_rounds} rounds", rows, "floor")
+                    rows.append(
+                        c.Row(
+                            s.name,
+                            c.fmt_s(s.median_s),
+                            c.spread_s(s),
+                            ratio,
+                            "<= 1 s",
+                            s.median_s <= 1.0,
+                            "",
+                            rng,
+                        )
+                    )
+            c.print_table(
+                f"migrate --check, nothing pending: {shards} shards over {args.hosts} hosts, "
+                f"median of {check_rounds} rounds",
+                rows,
+                "floor",
+            )
             tables.append(rows)
             doc["check_seconds"] = {n: series[n].seconds for n in names}
 
         # ---- 2. apply V0003 ---------------------------------------------------------------------------
         if "apply" not in skip:
             streams = args.streams or f.default_streams()
-            names = ["floor", "floor-par", "lib"] + ([] if "cli" in skip else ["cli"]) + (
-                ["per-shard"] if args.per_shard else [])
-            labels = {"floor": "floor: psql -f per host, in parallel",
-                      "floor-par": f"parallel floor: {streams} psql -f per host",
-                      "lib": f"shardctl migrate (library, jobs {args.jobs or 'auto'})",
-                      "cli": "shardctl migrate (CLI process)", "per-shard": "per-shard txns, hosts in turn"}
+            names = (
+                ["floor", "floor-par", "lib"]
+                + ([] if "cli" in skip else ["cli"])
+                + (["per-shard"] if args.per_shard else [])
+            )
+            labels = {
+                "floor": "floor: psql -f per host, in parallel",
+                "floor-par": f"parallel floor: {streams} psql -f per host",
+                "lib": f"shardctl migrate (library, jobs {args.jobs or 'auto'})",
+                "cli": "shardctl migrate (CLI process)",
+                "per-shard": "per-shard txns, hosts in turn",
+            }
             series = {n: c.Series(labels[n], work=shards) for n in names}
-            v3_topo = c.load_topology(c.topology_for(box, ["app"] * args.hosts, shards, name="render_v3",
-                                                     migrations="migrations_v3/"))
-            floor_files = f.write_floor_files(v3_topo, box.dir, "v3", control=False, create=False, versions={3})
-            par_files = f.write_floor_files(v3_topo, box.dir, "v3par", streams=streams, control=False,
-                                            create=False, versions={3})
+            v3_topo = c.load_topology(
+                c.topology_for(
+                    box, ["app"] * args.hosts, shards, name="render_v3", migrations="migrations_v3/"
+                )
+            )
+            floor_files = f.write_floor_files(
+                v3_topo, box.dir, "v3", control=False, create=False, versions={3}
+            )
+            par_files = f.write_floor_files(
+                v3_topo,
+                box.dir,
+                "v3par",
+                streams=streams,
+                control=False,
+                create=False,
+                versions={3},
+            )
             for r in range(rounds):
                 for name in c.rotated(names, r):
                     dbs, path = fresh(f"v3{name.replace('-', '')}", "migrations_v3/")
@@ -217,19 +331,25 @@ def main() -> int:
                         elif name == "lib":
                             seconds, rep = c.timed(lambda: migrate(topo, jobs=args.jobs))
                             if not rep.ok:
-                                raise SystemExit(f"shardctl migrate failed: {json.dumps(rep.to_dict())[:2000]}")
+                                raise SystemExit(
+                                    f"shardctl migrate failed: {json.dumps(rep.to_dict())[:2000]}"
+                                )
                         elif name == "cli":
                             extra = ["--jobs", str(args.jobs)] if args.jobs else []
                             seconds, out = f.shardctl_cli(["migrate", "--json"] + extra, path)
                             if out.returncode != 0:
-                                raise SystemExit(f"shardctl migrate (CLI) exited {out.returncode}: "
-                                                 f"{out.stderr[-1500:]}{out.stdout[-800:]}")
+                                raise SystemExit(
+                                    f"shardctl migrate (CLI) exited {out.returncode}: "
+                                    f"{out.stderr[-1500:]}{out.stdout[-800:]}"
+                                )
                         else:
                             seconds = f.per_shard_transactions(topo, create=False, above=2)
                         have = f.column_count(box, dbs, "photos", "location")
                         if have != shards:
-                            raise SystemExit(f"{labels[name]}: {have} photos tables have the new column, "
-                                             f"expected {shards}")
+                            raise SystemExit(
+                                f"{labels[name]}: {have} photos tables have the new column, "
+                                f"expected {shards}"
+                            )
                     finally:
                         c.drop_databases(ports, dbs)
                     series[name].add(seconds)
@@ -248,11 +368,20 @@ def main() -> int:
                     target, ok = "<= 1.25x parallel floor", ratio <= 1.25
                 else:
                     target, ok = "(info)", None
-                rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), ratio, target, ok, note, rng))
-            c.print_table(f"migrate: apply {V3_NAME} to {shards} shards over {args.hosts} hosts, fresh copy "
-                          f"of the fleet per candidate, median of {rounds} rounds", rows, "parallel floor",
-                          ["ratios are medians of per-round ratios (time / the parallel floor's time in the same "
-                           f"round); lower is better", f"parallel floor: {streams} streams per host"])
+                rows.append(
+                    c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), ratio, target, ok, note, rng)
+                )
+            c.print_table(
+                f"migrate: apply {V3_NAME} to {shards} shards over {args.hosts} hosts, fresh copy "
+                f"of the fleet per candidate, median of {rounds} rounds",
+                rows,
+                "parallel floor",
+                [
+                    "ratios are medians of per-round ratios (time / the parallel floor's time in the same "
+                    "round); lower is better",
+                    f"parallel floor: {streams} streams per host",
+                ],
+            )
             tables.append(rows)
             doc["apply_seconds"] = {n: series[n].seconds for n in names}
         c.drop_databases(ports, tpl)

@@ -48,21 +48,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psycopg  # noqa: E402
+import psycopg
+from _common import sandbox_base
+from load import Pgbench, RouterWriters, written_stats
+from move import load as load_rows
+from move import measure
 
-from _common import sandbox_base  # noqa: E402
-from load import Pgbench, RouterWriters, written_stats  # noqa: E402
-from move import load as load_rows, measure  # noqa: E402
-from shardctl.dev.sandbox import Sandbox  # noqa: E402
-from shardctl.model.topology import Topology  # noqa: E402
-from shardctl.ops.move import MoveOptions, move_shards  # noqa: E402
-from shardctl.ops.provision import init  # noqa: E402
-from shardctl.router import Router  # noqa: E402
+from shardctl.dev.sandbox import Sandbox
+from shardctl.model.topology import Topology
+from shardctl.ops.move import MoveOptions, move_shards
+from shardctl.ops.provision import init
+from shardctl.router import Router
 
 MOVE = 128
 
 # A failed move raises without its report; keep a handle on the run to read its figures anyway.
-import shardctl.ops.move.api as _move_api  # noqa: E402
+import shardctl.ops.move.api as _move_api
+
 _LAST_RUN: dict = {}
 _run_steps = _move_api._run_steps
 
@@ -82,6 +84,7 @@ def loadavg() -> str:
 
 # ---- data ----------------------------------------------------------------------------------------
 
+
 def fill(topo: Topology, shards: list[int], mb: float) -> None:
     """About ``mb`` MB of photos over ``shards``: calibrate bytes per row on the first shard, then
     load the rest with two connections."""
@@ -96,10 +99,16 @@ def fill(topo: Topology, shards: list[int], mb: float) -> None:
     if rows > probe:
         load_rows(topo, shards[:1], rows - probe)
     _, got = size_of(topo, shards)
-    if got < 0.97 * mb * 1e6:  # the probe shard's fixed overhead made the estimate per row too large
+    if (
+        got < 0.97 * mb * 1e6
+    ):  # the probe shard's fixed overhead made the estimate per row too large
         more = int(rows * (mb * 1e6 - got) / got)
         with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda part: load_rows(topo, part, more) if part and more else None, halves))
+            list(
+                pool.map(
+                    lambda part: load_rows(topo, part, more) if part and more else None, halves
+                )
+            )
 
 
 def size_of(topo: Topology, shards: list[int]) -> tuple[int, int]:
@@ -110,7 +119,9 @@ def size_of(topo: Topology, shards: list[int]) -> tuple[int, int]:
         _, size = measure(conn, schemas)
         rows = conn.execute(
             "SELECT sum(n_live_tup)::bigint FROM pg_stat_user_tables WHERE schemaname = ANY(%s) "
-            "AND relname = 'photos'", (schemas,)).fetchone()[0]
+            "AND relname = 'photos'",
+            (schemas,),
+        ).fetchone()[0]
     return int(rows or 0), size
 
 
@@ -123,21 +134,31 @@ def writer_rows(topo: Topology, shards: list[int], captions: list[str]) -> dict[
     for name, ns in by_host.items():
         with psycopg.connect(**topo.host(name).connect_kwargs()) as conn:
             for n in ns:
-                out[n] = [r[0] for r in conn.execute(
-                    f"SELECT id FROM {topo.schema_name(n)}.photos WHERE caption = ANY(%s)", (captions,))]
+                out[n] = [
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT id FROM {topo.schema_name(n)}.photos WHERE caption = ANY(%s)",
+                        (captions,),
+                    )
+                ]
     return out
 
 
 # ---- writers: one process per app server -----------------------------------------------------------
 
-def _app_server(topo_path: str, shards: list[int], threads: int, pause: float, rate: float, seed: int,
-                conn) -> None:
+
+def _app_server(
+    topo_path: str, shards: list[int], threads: int, pause: float, rate: float, seed: int, conn
+) -> None:
     """A writer process: its own Router on its own topology copy, RouterWriters threads until told to stop."""
     import warnings
+
     warnings.filterwarnings("ignore")
     topo = Topology.load(Path(topo_path))
     router = Router(topo, max_size=threads + 2)
-    writers = RouterWriters(router, shards, topo.modulus, writers=threads, pause=pause, first=seed * 100, rate=rate)
+    writers = RouterWriters(
+        router, shards, topo.modulus, writers=threads, pause=pause, first=seed * 100, rate=rate
+    )
     with writers:
         conn.send("started")
         conn.recv()  # "stop"
@@ -149,8 +170,16 @@ def _app_server(topo_path: str, shards: list[int], threads: int, pause: float, r
 class AppServers:
     """``n`` writer processes, each with a private copy of the topology file taken now."""
 
-    def __init__(self, box: Sandbox, shards: list[int], n: int, threads: int, pause: float, run_no: int,
-                 rate: float = 0.0):
+    def __init__(
+        self,
+        box: Sandbox,
+        shards: list[int],
+        n: int,
+        threads: int,
+        pause: float,
+        run_no: int,
+        rate: float = 0.0,
+    ):
         self.dir = Path(tempfile.mkdtemp(prefix="appservers-", dir=box.dir))
         ctx = mp.get_context("fork")
         self.pipes, self.procs, self.captions = [], [], []
@@ -159,8 +188,14 @@ class AppServers:
             shutil.copy(box.topology_path, copy)
             parent, child = ctx.Pipe()
             seed = run_no * 50 + i + 1
-            proc = ctx.Process(target=_app_server, args=(str(copy), shards, threads, pause, rate / (n * threads), seed, child), daemon=True)
-            self.captions += [f"writer {w}" for w in range(seed * 100, seed * 100 + threads)]  # RouterWriters
+            proc = ctx.Process(
+                target=_app_server,
+                args=(str(copy), shards, threads, pause, rate / (n * threads), seed, child),
+                daemon=True,
+            )
+            self.captions += [
+                f"writer {w}" for w in range(seed * 100, seed * 100 + threads)
+            ]  # RouterWriters
             proc.start()
             self.pipes.append(parent)
             self.procs.append(proc)
@@ -183,6 +218,7 @@ class AppServers:
 
 # ---- one move under load ---------------------------------------------------------------------------
 
+
 def longest_gap(written: list, shards: set[int]) -> float:
     ends = sorted(r[3] for r in written if r[1] in shards)
     return max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
@@ -204,7 +240,12 @@ def check_rows(topo: Topology, written: list, shards: list[int], captions: list[
         unexpected += len(set(have) - want)
     # When each lost write was under way (time.time()), to place it among the move's phases.
     sample = sorted((round(r[2], 3), round(r[3], 3), r[1]) for r in written if r[0] in lost_ids)
-    return {"lost": lost, "duplicated": dup, "unacknowledged_rows": unexpected, "lost_writes": sample}
+    return {
+        "lost": lost,
+        "duplicated": dup,
+        "unacknowledged_rows": unexpected,
+        "lost_writes": sample,
+    }
 
 
 class Steps:
@@ -233,8 +274,12 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
     if args.pgbench:
         by_host = {h.name: sorted(still & set(h.shards)) for h in topo.hosts}
         # Pgbench draws from a contiguous range per host: keep the longest run of non-moving shards.
-        bench = Pgbench(topo, rate=args.pgbench, clients=2,
-                        shards={k: _longest_run(v) for k, v in by_host.items() if v}).__enter__()
+        bench = Pgbench(
+            topo,
+            rate=args.pgbench,
+            clients=2,
+            shards={k: _longest_run(v) for k, v in by_host.items() if v},
+        ).__enter__()
     load_before = loadavg()
     w0 = time.time()
     time.sleep(args.warmup)
@@ -242,10 +287,15 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
     error = None
     steps = Steps()
     try:
-        report = move_shards(Topology.load(box.topology_path), moving, target,
-                             options=MoveOptions(max_freeze=args.max_freeze, copy_workers=args.copy_workers,
-                                                 nice=args.nice),
-                             progress=steps.seen)
+        report = move_shards(
+            Topology.load(box.topology_path),
+            moving,
+            target,
+            options=MoveOptions(
+                max_freeze=args.max_freeze, copy_workers=args.copy_workers, nice=args.nice
+            ),
+            progress=steps.seen,
+        )
     except Exception as exc:  # noqa: BLE001 - report it with the load figures
         run = _LAST_RUN.pop("run", None)
         report, error = (dict(run.report) if run else {}), f"{type(exc).__name__}: {exc}"
@@ -260,43 +310,78 @@ def one_move(box: Sandbox, args, moving: list[int], target: str, label: str, run
     f0, f1 = report.get("freeze_started_at"), report.get("freeze_ended_at")
     st_all = written_stats(apps.written, apps.errors, apps.seconds)
     st_still = written_stats(apps.written, apps.errors, apps.seconds, still, t0, t0 + move_s)
-    st_still_f = written_stats(apps.written, apps.errors, apps.seconds, still, f0, f1) if f0 else None
+    st_still_f = (
+        written_stats(apps.written, apps.errors, apps.seconds, still, f0, f1) if f0 else None
+    )
     st_moving = written_stats(apps.written, apps.errors, apps.seconds, set(moving), t0, t0 + move_s)
     doc = {
-        "label": label, "nice": args.nice, "copy_workers": args.copy_workers, "rested_seconds": report.get("rested_seconds"),
-        "target": target, "shards": len(moving), "rows": rows, "megabytes": round(size / 1e6, 1),
-        "move_seconds": round(move_s, 2), "error": error,
+        "label": label,
+        "nice": args.nice,
+        "copy_workers": args.copy_workers,
+        "rested_seconds": report.get("rested_seconds"),
+        "target": target,
+        "shards": len(moving),
+        "rows": rows,
+        "megabytes": round(size / 1e6, 1),
+        "move_seconds": round(move_s, 2),
+        "error": error,
         "write_rate": round(st_all.rate, 1),
-        "write_rate_before_move": round(sum(1 for r in apps.written if w0 + 0.5 <= r[3] < t0) / (t0 - w0 - 0.5), 1), "writes": st_all.ops, "write_errors": len(apps.errors),
-        "errors_sample": apps.errors[:3], **checked,
+        "write_rate_before_move": round(
+            sum(1 for r in apps.written if w0 + 0.5 <= r[3] < t0) / (t0 - w0 - 0.5), 1
+        ),
+        "writes": st_all.ops,
+        "write_errors": len(apps.errors),
+        "errors_sample": apps.errors[:3],
+        **checked,
         "freeze_seconds": report.get("freeze_seconds"),
         **{k: v for k, v in report.items() if k.startswith("freeze_") and k.endswith("_seconds")},
-        **{k: report.get(k) for k in ("prepare_seconds", "sync_seconds", "verify_before_seconds",
-                                      "verify_after_seconds", "messages")},
-        "still_max_ms": round(st_still.max_ms, 1), "still_p99_ms": round(st_still.percentile_ms(0.99), 1),
+        **{
+            k: report.get(k)
+            for k in (
+                "prepare_seconds",
+                "sync_seconds",
+                "verify_before_seconds",
+                "verify_after_seconds",
+                "messages",
+            )
+        },
+        "still_max_ms": round(st_still.max_ms, 1),
+        "still_p99_ms": round(st_still.percentile_ms(0.99), 1),
         "still_writes": st_still.ops,
         "still_freeze_max_ms": round(st_still_f.max_ms, 1) if st_still_f else None,
         "still_freeze_p99_ms": round(st_still_f.percentile_ms(0.99), 1) if st_still_f else None,
         "still_freeze_writes": st_still_f.ops if st_still_f else None,
-        "moving_max_ms": round(st_moving.max_ms, 1), "moving_p99_ms": round(st_moving.percentile_ms(0.99), 1),
+        "moving_max_ms": round(st_moving.max_ms, 1),
+        "moving_p99_ms": round(st_moving.percentile_ms(0.99), 1),
         "moving_longest_gap_ms": round(longest_gap(apps.written, set(moving)) * 1000, 1),
-        "load_before": load_before, "load_after": load_during,
+        "load_before": load_before,
+        "load_after": load_during,
         "freeze_at": round(f0 - t0, 2) if f0 else None,  # seconds after the move started
         # When the slowest writes to non-moving shards started (seconds after the move started), and took.
-        "still_slowest": [(round(a - t0, 2), round((b - a) * 1000), steps.at(a)) for _, n, a, b in
-                          sorted((r for r in apps.written if r[1] in still and t0 <= r[3] and r[2] <= t0 + move_s),
-                                 key=lambda r: r[2] - r[3])[:8]],
+        "still_slowest": [
+            (round(a - t0, 2), round((b - a) * 1000), steps.at(a))
+            for _, n, a, b in sorted(
+                (r for r in apps.written if r[1] in still and t0 <= r[3] and r[2] <= t0 + move_s),
+                key=lambda r: r[2] - r[3],
+            )[:8]
+        ],
         "steps": [(round(t - t0, 2), step) for t, step in steps.changes],
     }
     doc["lost_writes"] = [(round(a - t0, 3), round(b - t0, 3), n) for a, b, n in doc["lost_writes"]]
     if bench is not None:
         pst = bench.stats()
         pf = bench.stats(f0, f1) if f0 else None
-        doc.update({"pgbench_rate": round(pst.rate, 1), "pgbench_failed": pst.failed,
-                    "pgbench_errors": pst.errors[:3], "pgbench_max_ms": round(pst.max_ms, 1),
-                    "pgbench_p99_ms": round(pst.percentile_ms(0.99), 1),
-                    "pgbench_freeze_max_ms": round(pf.max_ms, 1) if pf else None,
-                    "pgbench_lag_max_ms": round(max(pst.lags, default=0) * 1000, 1)})
+        doc.update(
+            {
+                "pgbench_rate": round(pst.rate, 1),
+                "pgbench_failed": pst.failed,
+                "pgbench_errors": pst.errors[:3],
+                "pgbench_max_ms": round(pst.max_ms, 1),
+                "pgbench_p99_ms": round(pst.percentile_ms(0.99), 1),
+                "pgbench_freeze_max_ms": round(pf.max_ms, 1) if pf else None,
+                "pgbench_lag_max_ms": round(max(pst.lags, default=0) * 1000, 1),
+            }
+        )
     shutil.rmtree(apps.dir, ignore_errors=True)
     return doc
 
@@ -311,31 +396,51 @@ def _longest_run(ns: list[int]) -> list[int]:
 
 
 def show(doc: dict) -> None:
-    steps = ", ".join(f"{k[7:-8]} {doc[k]}" for k in sorted(doc) if k.startswith("freeze_") and k.endswith("_seconds")
-                      and k != "freeze_seconds" and doc[k] is not None)
-    print(f"[{doc['label']}] --nice {doc['nice']:g} --copy-workers {doc['copy_workers']}: {doc['shards']} shards, {doc['rows']} rows, {doc['megabytes']} MB → {doc['target']} "
-          f"in {doc['move_seconds']}s (prepare {doc['prepare_seconds']}, sync {doc['sync_seconds']}, verify before "
-          f"{doc['verify_before_seconds']}, verify after {doc['verify_after_seconds']})"
-          + (f"  MOVE FAILED: {doc['error']}" if doc["error"] else ""))
+    steps = ", ".join(
+        f"{k[7:-8]} {doc[k]}"
+        for k in sorted(doc)
+        if k.startswith("freeze_")
+        and k.endswith("_seconds")
+        and k != "freeze_seconds"
+        and doc[k] is not None
+    )
+    print(
+        f"[{doc['label']}] --nice {doc['nice']:g} --copy-workers {doc['copy_workers']}: {doc['shards']} shards, {doc['rows']} rows, {doc['megabytes']} MB → {doc['target']} "
+        f"in {doc['move_seconds']}s (prepare {doc['prepare_seconds']}, sync {doc['sync_seconds']}, verify before "
+        f"{doc['verify_before_seconds']}, verify after {doc['verify_after_seconds']})"
+        + (f"  MOVE FAILED: {doc['error']}" if doc["error"] else "")
+    )
     print(f"  freeze {doc['freeze_seconds']}s  (steps from its start: {steps})")
-    print(f"  writes {doc['writes']} at {doc['write_rate']}/s (before the move {doc['write_rate_before_move']}/s); lost {doc['lost']}, duplicated {doc['duplicated']}, "
-          f"errors {doc['write_errors']}, unacknowledged rows {doc['unacknowledged_rows']}"
-          + (f"  e.g. {doc['errors_sample']}" if doc["errors_sample"] else ""))
+    print(
+        f"  writes {doc['writes']} at {doc['write_rate']}/s (before the move {doc['write_rate_before_move']}/s); lost {doc['lost']}, duplicated {doc['duplicated']}, "
+        f"errors {doc['write_errors']}, unacknowledged rows {doc['unacknowledged_rows']}"
+        + (f"  e.g. {doc['errors_sample']}" if doc["errors_sample"] else "")
+    )
     if doc["lost_writes"]:
-        print(f"  lost writes (started, acknowledged: seconds after the move started; shard): "
-              f"{doc['lost_writes'][:10]}; the freeze started at {doc['freeze_at']}s")
-    print(f"  non-moving shards: whole move max {doc['still_max_ms']} ms p99 {doc['still_p99_ms']} ms "
-          f"({doc['still_writes']} writes); in the freeze max {doc['still_freeze_max_ms']} ms p99 "
-          f"{doc['still_freeze_p99_ms']} ms ({doc['still_freeze_writes']} writes)")
-    print(f"  slowest non-moving writes (started s after the move's start, ms, step): {doc['still_slowest']}")
+        print(
+            f"  lost writes (started, acknowledged: seconds after the move started; shard): "
+            f"{doc['lost_writes'][:10]}; the freeze started at {doc['freeze_at']}s"
+        )
+    print(
+        f"  non-moving shards: whole move max {doc['still_max_ms']} ms p99 {doc['still_p99_ms']} ms "
+        f"({doc['still_writes']} writes); in the freeze max {doc['still_freeze_max_ms']} ms p99 "
+        f"{doc['still_freeze_p99_ms']} ms ({doc['still_freeze_writes']} writes)"
+    )
+    print(
+        f"  slowest non-moving writes (started s after the move's start, ms, step): {doc['still_slowest']}"
+    )
     print(f"  steps (s after the move's start): {doc['steps']}")
-    print(f"  moving shards: longest write {doc['moving_max_ms']} ms, p99 {doc['moving_p99_ms']} ms, longest gap "
-          f"between acknowledged writes {doc['moving_longest_gap_ms']} ms")
+    print(
+        f"  moving shards: longest write {doc['moving_max_ms']} ms, p99 {doc['moving_p99_ms']} ms, longest gap "
+        f"between acknowledged writes {doc['moving_longest_gap_ms']} ms"
+    )
     if "pgbench_rate" in doc:
-        print(f"  pgbench (non-moving shards): {doc['pgbench_rate']}/s, failed {doc['pgbench_failed']}, max "
-              f"{doc['pgbench_max_ms']} ms, p99 {doc['pgbench_p99_ms']} ms, in the freeze max "
-              f"{doc['pgbench_freeze_max_ms']} ms (client schedule lag max {doc['pgbench_lag_max_ms']} ms)"
-              + (f" {doc['pgbench_errors']}" if doc["pgbench_errors"] else ""))
+        print(
+            f"  pgbench (non-moving shards): {doc['pgbench_rate']}/s, failed {doc['pgbench_failed']}, max "
+            f"{doc['pgbench_max_ms']} ms, p99 {doc['pgbench_p99_ms']} ms, in the freeze max "
+            f"{doc['pgbench_freeze_max_ms']} ms (client schedule lag max {doc['pgbench_lag_max_ms']} ms)"
+            + (f" {doc['pgbench_errors']}" if doc["pgbench_errors"] else "")
+        )
     print(f"  load average before {doc['load_before']}, after {doc['load_after']}")
 
 
@@ -347,7 +452,9 @@ def verdicts(docs: list[dict], compare: bool) -> list[str]:
         if (d["freeze_seconds"] or 1e9) > TARGETS["freeze_s"]:
             missed.append(f"{d['label']}: freeze {d['freeze_seconds']}s > 1 s")
         if d["lost"] or d["duplicated"] or d["write_errors"]:
-            missed.append(f"{d['label']}: lost/dup/errors {d['lost']}/{d['duplicated']}/{d['write_errors']}")
+            missed.append(
+                f"{d['label']}: lost/dup/errors {d['lost']}/{d['duplicated']}/{d['write_errors']}"
+            )
         if d["still_max_ms"] > TARGETS["still_ms"]:
             missed.append(f"{d['label']}: non-moving write max {d['still_max_ms']} ms > 100 ms")
         if d["write_rate"] < TARGETS["rate"]:
@@ -356,22 +463,54 @@ def verdicts(docs: list[dict], compare: bool) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=700, help="MB loaded into the 128 moving shards (at --scale 1)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--mb", type=float, default=700, help="MB loaded into the 128 moving shards (at --scale 1)"
+    )
     ap.add_argument("--scale", type=float, default=1, help="multiply --mb (2: the doubled run)")
-    ap.add_argument("--compare-scale", action="store_true", help="two shard sets, --mb and 2x, moved in turn")
-    ap.add_argument("--rounds", type=int, default=1, help="with --compare-scale: back-and-forth rounds")
+    ap.add_argument(
+        "--compare-scale", action="store_true", help="two shard sets, --mb and 2x, moved in turn"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="with --compare-scale: back-and-forth rounds"
+    )
     ap.add_argument("--still", type=int, default=128, help="non-moving shards on the source host")
-    ap.add_argument("--routers", type=int, default=4, help="writer processes (app servers), one Router each")
-    ap.add_argument("--threads", type=int, default=4, help="RouterWriters threads per writer process")
-    ap.add_argument("--rate", type=float, default=1200,
-                    help="writes/s of all writer threads together, each on a schedule (0: as fast as they can)")
-    ap.add_argument("--pause", type=float, default=0.0, help="with --rate 0: sleep of a writer thread after each write")
-    ap.add_argument("--pgbench", type=int, default=0, help="also pgbench at this rate on non-moving shards")
+    ap.add_argument(
+        "--routers", type=int, default=4, help="writer processes (app servers), one Router each"
+    )
+    ap.add_argument(
+        "--threads", type=int, default=4, help="RouterWriters threads per writer process"
+    )
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=1200,
+        help="writes/s of all writer threads together, each on a schedule (0: as fast as they can)",
+    )
+    ap.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="with --rate 0: sleep of a writer thread after each write",
+    )
+    ap.add_argument(
+        "--pgbench", type=int, default=0, help="also pgbench at this rate on non-moving shards"
+    )
     ap.add_argument("--max-freeze", type=float, default=5.0)
-    ap.add_argument("--copy-workers", type=int, default=MoveOptions.copy_workers, help="the move's --copy-workers")
-    ap.add_argument("--nice", type=float, default=1.0,
-                    help="the move's --nice (rest per second of copy and checks; 0: full speed)")
+    ap.add_argument(
+        "--copy-workers",
+        type=int,
+        default=MoveOptions.copy_workers,
+        help="the move's --copy-workers",
+    )
+    ap.add_argument(
+        "--nice",
+        type=float,
+        default=1.0,
+        help="the move's --nice (rest per second of copy and checks; 0: full speed)",
+    )
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--cooldown", type=float, default=2.0)
     ap.add_argument("--tmp", default=None)
@@ -380,7 +519,9 @@ def main() -> None:
 
     sets = 2 if args.compare_scale else 1
     source_shards = MOVE * sets + args.still
-    base = sandbox_base(args.tmp, need_gb=args.mb * args.scale * (3 if args.compare_scale else 1) * 4 / 1000)
+    base = sandbox_base(
+        args.tmp, need_gb=args.mb * args.scale * (3 if args.compare_scale else 1) * 4 / 1000
+    )
     box = Sandbox(Path(tempfile.mkdtemp(prefix="shardctl-bench-moveload-", dir=base)))
     docs: list[dict] = []
     try:
@@ -390,7 +531,7 @@ def main() -> None:
         pg1 = topo.host("pg1").shards
         groups = {"1x": pg1[:MOVE]}
         if args.compare_scale:
-            groups["2x"] = pg1[MOVE:2 * MOVE]
+            groups["2x"] = pg1[MOVE : 2 * MOVE]
         t = time.time()
         for label, shards in groups.items():
             fill(topo, shards, args.mb * args.scale * (2 if label == "2x" else 1))
@@ -403,8 +544,14 @@ def main() -> None:
             order = list(groups) if r % 2 == 0 else list(reversed(groups))
             for label in order:
                 target = "pg2" if where[label] == "pg1" else "pg1"
-                doc = one_move(box, args, groups[label], target, label if args.compare_scale else
-                               f"{args.scale:g}x", run_no)
+                doc = one_move(
+                    box,
+                    args,
+                    groups[label],
+                    target,
+                    label if args.compare_scale else f"{args.scale:g}x",
+                    run_no,
+                )
                 doc["round"] = r + 1
                 run_no += 1
                 where[label] = target
@@ -420,10 +567,13 @@ def main() -> None:
         f2 = [d["freeze_seconds"] for d in docs if d["label"] == "2x" and d["freeze_seconds"]]
         if f1 and f2:
             import statistics
+
             ratio = statistics.median(f2) / statistics.median(f1)
             summary["freeze_ratio_2x_1x"] = round(ratio, 2)
-            print(f"freeze(2x)/freeze(1x) = {statistics.median(f2)}/{statistics.median(f1)} = {ratio:.2f} "
-                  f"(target <= {TARGETS['scale_ratio']})")
+            print(
+                f"freeze(2x)/freeze(1x) = {statistics.median(f2)}/{statistics.median(f1)} = {ratio:.2f} "
+                f"(target <= {TARGETS['scale_ratio']})"
+            )
             if ratio > TARGETS["scale_ratio"]:
                 missed.append(f"freeze ratio {ratio:.2f} > 1.2")
     if args.json:

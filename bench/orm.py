@@ -26,7 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's shardctl, not another install's
+sys.path.insert(
+    1, str(Path(__file__).resolve().parents[1])
+)  # this checkout's shardctl, not another install's
 
 import _common as c
 
@@ -70,22 +72,37 @@ def sqlalchemy_candidates(topo) -> list[Candidate]:
                 photo_id = photo.id
             with Session() as session:
                 assert session.get(Photo, photo_id).caption == f"photo {i}"
+
         return request
 
     host = topo.host_of(5)
     kwargs = host.connect_kwargs()
-    engine = sqlalchemy.create_engine("postgresql+psycopg://", pool_size=2, creator=lambda: psycopg.connect(
-        **kwargs, options=f"-c search_path={BASE_SCHEMA},public"))
+    engine = sqlalchemy.create_engine(
+        "postgresql+psycopg://",
+        pool_size=2,
+        creator=lambda: psycopg.connect(**kwargs, options=f"-c search_path={BASE_SCHEMA},public"),
+    )
     router = Router(topo)
-    return [Candidate("SQLAlchemy, one database", requests(plain_sessionmaker(engine, expire_on_commit=False)),
-                      engine.dispose),
-            Candidate("shardctl.sqlalchemy", requests(sessionmaker(router, expire_on_commit=False)), router.close)]
+    return [
+        Candidate(
+            "SQLAlchemy, one database",
+            requests(plain_sessionmaker(engine, expire_on_commit=False)),
+            engine.dispose,
+        ),
+        Candidate(
+            "shardctl.sqlalchemy",
+            requests(sessionmaker(router, expire_on_commit=False)),
+            router.close,
+        ),
+    ]
 
 
 ORMS: dict[str, Callable[[object], list[Candidate]]] = {"sqlalchemy": sqlalchemy_candidates}
 
 
-def one_round(candidates: list[Candidate], requests: int, chunk: int, round_no: int, offset: int) -> dict[str, float]:
+def one_round(
+    candidates: list[Candidate], requests: int, chunk: int, round_no: int, offset: int
+) -> dict[str, float]:
     seconds = dict.fromkeys((cand.name for cand in candidates), 0.0)
     by_name = {cand.name: cand for cand in candidates}
     for n, start in enumerate(range(0, requests, chunk)):
@@ -97,7 +114,12 @@ def one_round(candidates: list[Candidate], requests: int, chunk: int, round_no: 
 def main() -> int:
     p = c.base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=1_000, help="Requests per candidate and round.")
-    p.add_argument("--chunk", type=int, default=100, help="Requests per turn: candidates take turns within a round.")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=100,
+        help="Requests per turn: candidates take turns within a round.",
+    )
     p.add_argument("--orm", default=",".join(ORMS), help=f"ORMs to measure (of {', '.join(ORMS)}).")
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or (3 if args.quick else 5))
@@ -107,10 +129,19 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown ORM(s): {', '.join(unknown)} (known: {', '.join(ORMS)})")
 
-    with c.sandbox(hosts=1, shards=SHARDS, keep=args.keep, prefix="shardctl-bench-orm-",
-                   base=c.sandbox_base(args.tmp, need_gb=1)) as box:
-        init = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(box.topology_path), "init"],
-                              check=False, capture_output=True, text=True)
+    with c.sandbox(
+        hosts=1,
+        shards=SHARDS,
+        keep=args.keep,
+        prefix="shardctl-bench-orm-",
+        base=c.sandbox_base(args.tmp, need_gb=1),
+    ) as box:
+        init = subprocess.run(
+            [sys.executable, "-m", "shardctl", "--config", str(box.topology_path), "init"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         if init.returncode != 0:
             raise SystemExit(f"shardctl init failed: {init.stdout}{init.stderr}")
         topo = c.load_topology(box.topology_path)
@@ -122,9 +153,13 @@ def main() -> int:
                     cand.chunk(10_000_000, 20)
                 series = {cand.name: c.Series(cand.name, work=requests) for cand in candidates}
                 for r in range(rounds):
-                    for name, seconds in one_round(candidates, requests, args.chunk, r, r * requests).items():
+                    for name, seconds in one_round(
+                        candidates, requests, args.chunk, r, r * requests
+                    ).items():
                         series[name].add(seconds)
-                        c.log(f"{orm} round {r + 1}/{rounds} {name}: {seconds / requests * 1e6:.0f} µs/request")
+                        c.log(
+                            f"{orm} round {r + 1}/{rounds} {name}: {seconds / requests * 1e6:.0f} µs/request"
+                        )
             finally:
                 for cand in candidates:
                     cand.close()
@@ -133,20 +168,34 @@ def main() -> int:
     return c.verdict_exit(tables)
 
 
-def table_of(orm: str, series: dict[str, c.Series], base_name: str, requests: int, rounds: int,
-             chunk: int) -> list[c.Row]:
+def table_of(
+    orm: str, series: dict[str, c.Series], base_name: str, requests: int, rounds: int, chunk: int
+) -> list[c.Row]:
     base = series[base_name]
     table = []
     for name, s in series.items():
         ratio = None if s is base else s.ratio_to(base, faster_is_higher=False)
-        target, ok = ("", None) if s is base else (f"<= {TARGET:.2f}x baseline time", ratio <= TARGET)
-        table.append(c.Row(name, f"{s.median_s / requests * 1e6:.0f} µs/request",
-                           f"{min(s.seconds) / requests * 1e6:.0f} – {max(s.seconds) / requests * 1e6:.0f} µs",
-                           ratio, target, ok,
-                           ratio_range=None if s is base else c.ratio_range(s.ratios_to(base, faster_is_higher=False))))
-    notes = [f"{requests} requests (insert + commit, then get by ID in a new session) per candidate and round, "
-             f"turns of {chunk}, {rounds} rounds; {SHARDS} shards on one host; baseline tables: {BASE_SCHEMA}",
-             c.machine_note()]
+        target, ok = (
+            ("", None) if s is base else (f"<= {TARGET:.2f}x baseline time", ratio <= TARGET)
+        )
+        table.append(
+            c.Row(
+                name,
+                f"{s.median_s / requests * 1e6:.0f} µs/request",
+                f"{min(s.seconds) / requests * 1e6:.0f} – {max(s.seconds) / requests * 1e6:.0f} µs",
+                ratio,
+                target,
+                ok,
+                ratio_range=None
+                if s is base
+                else c.ratio_range(s.ratios_to(base, faster_is_higher=False)),
+            )
+        )
+    notes = [
+        f"{requests} requests (insert + commit, then get by ID in a new session) per candidate and round, "
+        f"turns of {chunk}, {rounds} rounds; {SHARDS} shards on one host; baseline tables: {BASE_SCHEMA}",
+        c.machine_note(),
+    ]
     c.print_table(f"{orm}: cost per request (time; lower is better)", table, base_name, notes)
     return table
 

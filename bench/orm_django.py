@@ -35,14 +35,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "examples" / "django_app")]
 
-import _common as c  # noqa: E402
+import _common as c
 
 TARGET = 1.20
 SHARDS = 64
-KEYS = [5 + SHARDS * j for j in range(256)]   # all on shard 5, as bench/router.py: the same table as the baselines
-SPREAD = list(range(1, 257))                   # over all 64 shards
-NAMES = ("plain Django", "shardctl.django", "shardctl.django in on_shard", "plain Django, next_id() ids",
-         "shardctl.django, keys over 64 shards")
+KEYS = [
+    5 + SHARDS * j for j in range(256)
+]  # all on shard 5, as bench/router.py: the same table as the baselines
+SPREAD = list(range(1, 257))  # over all 64 shards
+NAMES = (
+    "plain Django",
+    "shardctl.django",
+    "shardctl.django in on_shard",
+    "plain Django, next_id() ids",
+    "shardctl.django, keys over 64 shards",
+)
 
 
 def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type, type]:
@@ -55,12 +62,21 @@ def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type, type]:
     import shardctl.django as sd
 
     parts = psycopg.conninfo.conninfo_to_dict(plain_dsn)
-    plain = {"ENGINE": "django.db.backends.postgresql", "NAME": parts["dbname"], "USER": parts.get("user", ""),
-             "HOST": parts.get("host", ""), "PORT": parts.get("port", ""), "CONN_MAX_AGE": 60}
-    settings.configure(DATABASES=sd.databases(topology, default=plain), USE_TZ=True,
-                       DATABASE_ROUTERS=["shardctl.django.DatabaseRouter"],
-                       INSTALLED_APPS=["django.contrib.contenttypes", "shardctl.django", "gram"],
-                       DEFAULT_AUTO_FIELD="django.db.models.BigAutoField")
+    plain = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parts["dbname"],
+        "USER": parts.get("user", ""),
+        "HOST": parts.get("host", ""),
+        "PORT": parts.get("port", ""),
+        "CONN_MAX_AGE": 60,
+    }
+    settings.configure(
+        DATABASES=sd.databases(topology, default=plain),
+        USE_TZ=True,
+        DATABASE_ROUTERS=["shardctl.django.DatabaseRouter"],
+        INSTALLED_APPS=["django.contrib.contenttypes", "shardctl.django", "gram"],
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+    )
     django.setup()
     from django.core.management import call_command
     from django.db import connections, models
@@ -79,10 +95,14 @@ def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type, type]:
             indexes = [models.Index(fields=["user_id", "-id"], name="plain_photos_user")]
 
     call_command("shardctl_makemigrations", "gram", verbosity=0, stdout=open(os.devnull, "w"))
-    migrate = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(topology), "migrate"],
-                             capture_output=True, text=True)
+    migrate = subprocess.run(
+        [sys.executable, "-m", "shardctl", "--config", str(topology), "migrate"],
+        capture_output=True,
+        text=True,
+    )
     if migrate.returncode != 0:
         raise SystemExit(f"shardctl migrate failed: {migrate.stdout}{migrate.stderr}")
+
     class IdPhoto(models.Model):
         id = ShardIdField(primary_key=True)
         user_id = models.BigIntegerField()
@@ -97,12 +117,18 @@ def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type, type]:
     from shardctl.model.topology import Topology
     from shardctl.sql.render import render_shard
 
-    with connections["default"].cursor() as cur:  # shard 5's schema and next_id() in the plain database
+    with connections[
+        "default"
+    ].cursor() as cur:  # shard 5's schema and next_id() in the plain database
         cur.execute(render_shard(Topology.load(topology), 5))
-        cur.execute("SET search_path = public, insta5")  # tables in public, next_id() found in insta5
+        cur.execute(
+            "SET search_path = public, insta5"
+        )  # tables in public, next_id() found in insta5
     with connections["default"].schema_editor() as editor:
         editor.create_model(PlainPhoto)
-        editor.create_model(IdPhoto)  # id bigint DEFAULT next_id(): insta5.next_id, bound at creation
+        editor.create_model(
+            IdPhoto
+        )  # id bigint DEFAULT next_id(): insta5.next_id, bound at creation
     connections["default"].close()  # the session's search_path goes with it
     return Photo, PlainPhoto, IdPhoto
 
@@ -139,7 +165,9 @@ def candidates(Photo: type, PlainPhoto: type, IdPhoto: type) -> dict:
     return dict(zip(NAMES, (plain, routed, blocks, plain_ids, spread)))
 
 
-def run(topology: Path, plain_dsn: str, requests: int, chunk: int, rounds: int) -> dict[str, c.Series]:
+def run(
+    topology: Path, plain_dsn: str, requests: int, chunk: int, rounds: int
+) -> dict[str, c.Series]:
     work = candidates(*setup_django(topology, plain_dsn))
     for fn in work.values():  # warm-up: connections, caches
         for i in range(50):
@@ -162,15 +190,33 @@ def run(topology: Path, plain_dsn: str, requests: int, chunk: int, rounds: int) 
 
 def main() -> int:
     p = c.base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=4000, help="Requests (insert + get) per candidate and round.")
-    p.add_argument("--chunk", type=int, default=200, help="Requests per turn: candidates take turns within a round.")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=4000,
+        help="Requests (insert + get) per candidate and round.",
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=200,
+        help="Requests per turn: candidates take turns within a round.",
+    )
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or (3 if args.quick else 5))
     requests = 1000 if args.quick and args.requests == 4000 else args.requests
-    with c.sandbox(hosts=1, shards=SHARDS, keep=args.keep, prefix="shardctl-bench-django-",
-                   base=c.sandbox_base(args.tmp, need_gb=1)) as box:
-        init = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(box.topology_path), "init"],
-                              capture_output=True, text=True)
+    with c.sandbox(
+        hosts=1,
+        shards=SHARDS,
+        keep=args.keep,
+        prefix="shardctl-bench-django-",
+        base=c.sandbox_base(args.tmp, need_gb=1),
+    ) as box:
+        init = subprocess.run(
+            [sys.executable, "-m", "shardctl", "--config", str(box.topology_path), "init"],
+            capture_output=True,
+            text=True,
+        )
         if init.returncode != 0:
             raise SystemExit(f"shardctl init failed: {init.stdout}{init.stderr}")
         port = c.load_topology(box.topology_path).hosts[0]
@@ -179,7 +225,9 @@ def main() -> int:
         dsn = port.dsn_for("admin")
         srv = psycopg.conninfo.conninfo_to_dict(dsn)
         [plain_db] = c.create_databases([int(srv["port"])], "django_plain")
-        series = run(box.topology_path, c.admin_dsn(int(srv["port"]), plain_db), requests, args.chunk, rounds)
+        series = run(
+            box.topology_path, c.admin_dsn(int(srv["port"]), plain_db), requests, args.chunk, rounds
+        )
         from django.db import connections
 
         connections.close_all()
@@ -187,18 +235,43 @@ def main() -> int:
     table = []
     for name, s in series.items():
         ratio = s.ratio_to(base, faster_is_higher=False)
-        target, ok = (f"<= {TARGET:.2f}x baseline time", ratio <= TARGET) if name == NAMES[1] else ("", None)
-        table.append(c.Row(name, f"{s.median_s / requests * 1e6:.0f} µs/request",
-                           f"{min(s.seconds) / requests * 1e6:.0f} – {max(s.seconds) / requests * 1e6:.0f} µs",
-                           None if s is base else ratio, target, ok,
-                           ratio_range=None if s is base else c.ratio_range(s.ratios_to(base, faster_is_higher=False))))
+        target, ok = (
+            (f"<= {TARGET:.2f}x baseline time", ratio <= TARGET) if name == NAMES[1] else ("", None)
+        )
+        table.append(
+            c.Row(
+                name,
+                f"{s.median_s / requests * 1e6:.0f} µs/request",
+                f"{min(s.seconds) / requests * 1e6:.0f} – {max(s.seconds) / requests * 1e6:.0f} µs",
+                None if s is base else ratio,
+                target,
+                ok,
+                ratio_range=None
+                if s is base
+                else c.ratio_range(s.ratios_to(base, faster_is_higher=False)),
+            )
+        )
     import django
 
-    notes = [f"{requests} requests (insert + get by ID) per candidate and round (turns of {args.chunk}), {rounds} "
-             f"rounds, {len(KEYS)} keys on shard 5 (spread: keys 1-{len(SPREAD)} over {SHARDS} shards), Django {django.__version__}", c.machine_note()]
-    c.print_table("shardctl.django per request vs plain Django (time; lower is better)", table, NAMES[0], notes)
-    c.write_json(args.json_path, {"requests": requests, "rounds": rounds,
-                                  "seconds": {k: v.seconds for k, v in series.items()}})
+    notes = [
+        f"{requests} requests (insert + get by ID) per candidate and round (turns of {args.chunk}), {rounds} "
+        f"rounds, {len(KEYS)} keys on shard 5 (spread: keys 1-{len(SPREAD)} over {SHARDS} shards), Django {django.__version__}",
+        c.machine_note(),
+    ]
+    c.print_table(
+        "shardctl.django per request vs plain Django (time; lower is better)",
+        table,
+        NAMES[0],
+        notes,
+    )
+    c.write_json(
+        args.json_path,
+        {
+            "requests": requests,
+            "rounds": rounds,
+            "seconds": {k: v.seconds for k, v in series.items()},
+        },
+    )
     return c.verdict_exit([table])
 
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 
 SHARDS = 64
-KEY = 5            # routes to shard 5 (integer keys: key % shard count)
+KEY = 5  # routes to shard 5 (integer keys: key % shard count)
 INSERT = "INSERT INTO users (username) VALUES (%s)"
 TARGET = 1.15
 
@@ -67,7 +67,9 @@ class Plain:
         import psycopg
 
         self.conn = router._connect(host, False)
-        self.conn.cursor_factory = psycopg.Cursor  # plain psycopg: no Router cursor (nor its refusals)
+        self.conn.cursor_factory = (
+            psycopg.Cursor
+        )  # plain psycopg: no Router cursor (nor its refusals)
         self.conn.autocommit = autocommit
         self.insert = plain_insert(self.conn, schema)
         if not autocommit:
@@ -114,9 +116,12 @@ class ViaRun(ViaExecute):
 def one_round(router, host, schema: str, rows: int, chunk: int, round_no: int) -> dict[str, float]:
     """Every candidate inserts ``rows`` rows, in chunks of ``chunk`` taken in turn (the order rotating
     each chunk): a change in the machine's load hits all candidates alike."""
-    runners = {"psycopg insert+commit": Plain(router, host, schema, False),
-               "psycopg autocommit": Plain(router, host, schema, True),
-               "Router.execute": ViaExecute(router), "Router.run": ViaRun(router)}
+    runners = {
+        "psycopg insert+commit": Plain(router, host, schema, False),
+        "psycopg autocommit": Plain(router, host, schema, True),
+        "Router.execute": ViaExecute(router),
+        "Router.run": ViaRun(router),
+    }
     seconds = dict.fromkeys(runners, 0.0)
     try:
         for n, start in enumerate(range(0, rows, chunk)):
@@ -135,6 +140,7 @@ ASYNC_NAMES = ("AsyncConnection insert+commit", "AsyncConnection autocommit", "A
 
 async def in_tasks(start: int, rows: int, tasks: int, insert_one) -> float:
     """Rows ``start``..``start + rows`` inserted by ``tasks`` concurrent tasks (``await insert_one(i)``)."""
+
     async def worker(k: int) -> None:
         for i in range(start + k, start + rows, tasks):
             await insert_one(i)
@@ -154,7 +160,7 @@ class AsyncPlain:
             self.free.put_nowait(conn)
 
     @classmethod
-    async def open(cls, router, host, schema: str, autocommit: bool, n: int) -> "AsyncPlain":
+    async def open(cls, router, host, schema: str, autocommit: bool, n: int) -> AsyncPlain:
         import psycopg
 
         conns, insert = [], INSERT
@@ -164,7 +170,9 @@ class AsyncPlain:
             if POOLED:
                 insert = INSERT.replace("INTO users", f"INTO {schema}.users")
             else:
-                await conn.execute("SELECT set_config('search_path', %s, false)", (f"{schema}, public",))
+                await conn.execute(
+                    "SELECT set_config('search_path', %s, false)", (f"{schema}, public",)
+                )
             await conn.set_autocommit(autocommit)
             conns.append(conn)
         return cls(conns, insert, autocommit)
@@ -198,8 +206,9 @@ class AsyncViaExecute:
         pass
 
 
-async def async_rounds(topo, rows: int, chunk: int, rounds: int, tasks: int, conns: int,
-                       series: dict) -> dict:
+async def async_rounds(
+    topo, rows: int, chunk: int, rounds: int, tasks: int, conns: int, series: dict
+) -> dict:
     """The asyncio candidates, ``rounds`` rounds of ``rows`` inserts each by ``tasks`` tasks, in turns of
     ``chunk`` rows; returns the AsyncRouter's stats of the host."""
     from shardctl.router_async import AsyncRouter
@@ -208,14 +217,18 @@ async def async_rounds(topo, rows: int, chunk: int, rounds: int, tasks: int, con
     async with AsyncRouter(topo, max_size=conns) as router:
         await router.execute(KEY, INSERT, ("warm-up",))
         for r in range(rounds):
-            runners = {ASYNC_NAMES[0]: await AsyncPlain.open(router, host, schema, False, conns),
-                       ASYNC_NAMES[1]: await AsyncPlain.open(router, host, schema, True, conns),
-                       ASYNC_NAMES[2]: AsyncViaExecute(router)}
+            runners = {
+                ASYNC_NAMES[0]: await AsyncPlain.open(router, host, schema, False, conns),
+                ASYNC_NAMES[1]: await AsyncPlain.open(router, host, schema, True, conns),
+                ASYNC_NAMES[2]: AsyncViaExecute(router),
+            }
             seconds = dict.fromkeys(runners, 0.0)
             try:
                 for n, start in enumerate(range(0, rows, chunk)):
                     for name in c.rotated(list(runners), r + n):
-                        seconds[name] += await runners[name].chunk(start, min(chunk, rows - start), tasks)
+                        seconds[name] += await runners[name].chunk(
+                            start, min(chunk, rows - start), tasks
+                        )
             finally:
                 for runner in runners.values():
                     await runner.close()
@@ -234,31 +247,64 @@ def table_of(series: dict, base_name: str, checked: str, rows: int) -> list:
         target, ok = ("", None)
         if name == checked:
             target, ok = f"<= {TARGET:.2f}x baseline time", ratio <= TARGET
-        table.append(c.Row(name, f"{s.median_s / rows * 1e6:.0f} µs/insert",
-                           f"{min(s.seconds) / rows * 1e6:.0f} – {max(s.seconds) / rows * 1e6:.0f} µs",
-                           None if s is base else ratio, target, ok,
-                           ratio_range=None if s is base else c.ratio_range(ratios)))
+        table.append(
+            c.Row(
+                name,
+                f"{s.median_s / rows * 1e6:.0f} µs/insert",
+                f"{min(s.seconds) / rows * 1e6:.0f} – {max(s.seconds) / rows * 1e6:.0f} µs",
+                None if s is base else ratio,
+                target,
+                ok,
+                ratio_range=None if s is base else c.ratio_range(ratios),
+            )
+        )
     return table
 
 
 def stats_note(what: str, stats: dict) -> str:
     lat = stats["latency_ms"]
-    return (f"{what}.stats() of the host afterwards: {stats['calls']} calls, {stats['connects']} connects, "
-            f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, errors {stats['errors_total']}")
+    return (
+        f"{what}.stats() of the host afterwards: {stats['calls']} calls, {stats['connects']} connects, "
+        f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, errors {stats['errors_total']}"
+    )
 
 
 def main() -> int:
     global POOLED
     p = c.base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=10_000, help="Single-row inserts per candidate and round.")
-    p.add_argument("--chunk", type=int, default=250, help="Inserts per turn: candidates take turns within a round.")
-    p.add_argument("--pooler", choices=["none", "transaction", "session"], default="none",
-                   help="Put PgBouncer in this pool mode in front of the host (every candidate goes through it).")
-    p.add_argument("--async-tasks", type=int, default=100, help="Concurrent tasks of the asyncio candidates (0: skip).")
-    p.add_argument("--async-connections", type=int, default=16,
-                   help="Connections the asyncio candidates share (AsyncRouter max_size; the baseline's queue).")
-    p.add_argument("--async-rows", type=int, default=20_000, help="Inserts per asyncio candidate and round.")
-    p.add_argument("--async-chunk", type=int, default=2_000, help="Inserts per turn of the asyncio candidates.")
+    p.add_argument(
+        "--rows", type=int, default=10_000, help="Single-row inserts per candidate and round."
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=250,
+        help="Inserts per turn: candidates take turns within a round.",
+    )
+    p.add_argument(
+        "--pooler",
+        choices=["none", "transaction", "session"],
+        default="none",
+        help="Put PgBouncer in this pool mode in front of the host (every candidate goes through it).",
+    )
+    p.add_argument(
+        "--async-tasks",
+        type=int,
+        default=100,
+        help="Concurrent tasks of the asyncio candidates (0: skip).",
+    )
+    p.add_argument(
+        "--async-connections",
+        type=int,
+        default=16,
+        help="Connections the asyncio candidates share (AsyncRouter max_size; the baseline's queue).",
+    )
+    p.add_argument(
+        "--async-rows", type=int, default=20_000, help="Inserts per asyncio candidate and round."
+    )
+    p.add_argument(
+        "--async-chunk", type=int, default=2_000, help="Inserts per turn of the asyncio candidates."
+    )
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or (3 if args.quick else 5))
     rows = 2_000 if args.quick and args.rows == 10_000 else args.rows
@@ -267,58 +313,113 @@ def main() -> int:
 
     from shardctl.router import Router
 
-    with c.sandbox(hosts=1, shards=SHARDS, keep=args.keep, prefix="shardctl-bench-router-",
-                   base=c.sandbox_base(args.tmp, need_gb=1)) as box:
+    with c.sandbox(
+        hosts=1,
+        shards=SHARDS,
+        keep=args.keep,
+        prefix="shardctl-bench-router-",
+        base=c.sandbox_base(args.tmp, need_gb=1),
+    ) as box:
         if POOLED:
             from shardctl.dev.pooler import front_sandbox, stop_sandbox_pooler
 
             info = front_sandbox(box.dir, args.pooler, max(args.async_connections, 8))
             c.log(f"PgBouncer ({args.pooler} mode) in front of the host: {info}")
         try:
-            init = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(box.topology_path), "init"],
-                                  check=False, capture_output=True, text=True)
+            init = subprocess.run(
+                [sys.executable, "-m", "shardctl", "--config", str(box.topology_path), "init"],
+                check=False,
+                capture_output=True,
+                text=True,
+            )
             if init.returncode != 0:
                 raise SystemExit(f"shardctl init failed: {init.stdout}{init.stderr}")
             topo = c.load_topology(box.topology_path)
             host, schema = topo.host_of(KEY), topo.schema_name(KEY)
-            series = {name: c.Series(name, work=rows) for name in
-                      ("psycopg insert+commit", "psycopg autocommit", "Router.execute", "Router.run")}
+            series = {
+                name: c.Series(name, work=rows)
+                for name in (
+                    "psycopg insert+commit",
+                    "psycopg autocommit",
+                    "Router.execute",
+                    "Router.run",
+                )
+            }
             with Router(topo) as router:
                 router.execute(KEY, INSERT, ("warm-up",))
                 for r in range(rounds):
-                    for name, seconds in one_round(router, host, schema, rows, args.chunk, r).items():
+                    for name, seconds in one_round(
+                        router, host, schema, rows, args.chunk, r
+                    ).items():
                         series[name].add(seconds)
-                        c.log(f"round {r + 1}/{rounds} {name}: {seconds / rows * 1e6:.0f} µs/insert")
+                        c.log(
+                            f"round {r + 1}/{rounds} {name}: {seconds / rows * 1e6:.0f} µs/insert"
+                        )
                 stats = router.stats()[host.name]
             aseries = {name: c.Series(name, work=async_rows) for name in ASYNC_NAMES}
             astats = None
             if args.async_tasks > 0:
-                astats = asyncio.run(async_rounds(topo, async_rows, args.async_chunk, rounds, args.async_tasks,
-                                                  args.async_connections, aseries))
+                astats = asyncio.run(
+                    async_rounds(
+                        topo,
+                        async_rows,
+                        args.async_chunk,
+                        rounds,
+                        args.async_tasks,
+                        args.async_connections,
+                        aseries,
+                    )
+                )
         finally:
             if POOLED:
                 stop_sandbox_pooler(box.dir)
 
     via = f", through PgBouncer ({args.pooler} mode)" if POOLED else ", direct"
     table = table_of(series, "psycopg insert+commit", "Router.execute", rows)
-    notes = [f"{rows} single-row inserts per candidate and round (turns of {args.chunk}), {rounds} rounds, "
-             f"shard {KEY} ({schema}){via}", stats_note("Router", stats), c.machine_note()]
-    c.print_table("Router overhead per single-row insert (time; lower is better)", table,
-                  "psycopg insert+commit", notes)
+    notes = [
+        f"{rows} single-row inserts per candidate and round (turns of {args.chunk}), {rounds} rounds, "
+        f"shard {KEY} ({schema}){via}",
+        stats_note("Router", stats),
+        c.machine_note(),
+    ]
+    c.print_table(
+        "Router overhead per single-row insert (time; lower is better)",
+        table,
+        "psycopg insert+commit",
+        notes,
+    )
     tables = [table]
     if astats is not None:
         atable = table_of(aseries, ASYNC_NAMES[0], "AsyncRouter.execute", async_rows)
-        c.print_table(f"AsyncRouter overhead per single-row insert, {args.async_tasks} concurrent tasks on "
-                      f"{args.async_connections} connections (time; lower is better)", atable, ASYNC_NAMES[0],
-                      [f"{async_rows} inserts per candidate and round (turns of {args.async_chunk}), {rounds} rounds"
-                       f"{via}", stats_note("AsyncRouter", astats)])
+        c.print_table(
+            f"AsyncRouter overhead per single-row insert, {args.async_tasks} concurrent tasks on "
+            f"{args.async_connections} connections (time; lower is better)",
+            atable,
+            ASYNC_NAMES[0],
+            [
+                f"{async_rows} inserts per candidate and round (turns of {args.async_chunk}), {rounds} rounds"
+                f"{via}",
+                stats_note("AsyncRouter", astats),
+            ],
+        )
         tables.append(atable)
-    c.write_json(args.json_path, {"rows": rows, "rounds": rounds, "pooler": args.pooler,
-                                  "seconds": {k: v.seconds for k, v in series.items()}, "stats": stats,
-                                  "async": {"rows": async_rows, "tasks": args.async_tasks,
-                                            "connections": args.async_connections,
-                                            "seconds": {k: v.seconds for k, v in aseries.items()},
-                                            "stats": astats}})
+    c.write_json(
+        args.json_path,
+        {
+            "rows": rows,
+            "rounds": rounds,
+            "pooler": args.pooler,
+            "seconds": {k: v.seconds for k, v in series.items()},
+            "stats": stats,
+            "async": {
+                "rows": async_rows,
+                "tasks": args.async_tasks,
+                "connections": args.async_connections,
+                "seconds": {k: v.seconds for k, v in aseries.items()},
+                "stats": astats,
+            },
+        },
+    )
     return c.verdict_exit(tables)
 
 

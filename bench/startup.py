@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as c  # noqa: E402
+import _common as c
 
 SHARDCTL = [sys.executable, "-m", "shardctl"]
 OFFLINE = ("decode-id", "info")
@@ -57,7 +57,10 @@ def candidates(topology: Path, env: dict, against: str | None) -> list[tuple[str
     for label, argv in commands:
         out.append((label, argv, env))
         if against:
-            other = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [against, env.get("PYTHONPATH")]))}
+            other = {
+                **env,
+                "PYTHONPATH": os.pathsep.join(filter(None, [against, env.get("PYTHONPATH")])),
+            }
             out.append((f"{label} @ {Path(against).name}", argv, other))
     return out
 
@@ -65,8 +68,15 @@ def candidates(topology: Path, env: dict, against: str | None) -> list[tuple[str
 def compile_package(env: dict) -> Path:
     """Compile (to ``__pycache__``) the ``shardctl`` package that ``python -m shardctl`` imports with
     ``env``; returns its directory. ``py_compile`` writes even under PYTHONDONTWRITEBYTECODE."""
-    proc = subprocess.run([sys.executable, "-c", "import shardctl, os; print(os.path.dirname(shardctl.__file__))"],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=CWD, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import shardctl, os; print(os.path.dirname(shardctl.__file__))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=CWD,
+        check=True,
+    )
     package = Path(proc.stdout.strip())
     if not compileall.compile_dir(str(package), quiet=2):
         raise SystemExit(f"compileall failed for {package}")
@@ -75,33 +85,56 @@ def compile_package(env: dict) -> Path:
 
 def run_once(argv: list[str], env: dict) -> float:
     started = time.perf_counter()
-    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120, cwd=CWD)
+    proc = subprocess.run(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120, cwd=CWD
+    )
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[2:])}: exit {proc.returncode}: {proc.stderr.decode()[-600:]}")
+        raise SystemExit(
+            f"{' '.join(argv[2:])}: exit {proc.returncode}: {proc.stderr.decode()[-600:]}"
+        )
     return elapsed
 
 
 def imports_psycopg(argv: list[str], env: dict) -> bool:
     """Whether the command imports psycopg (``-X importtime`` lists every module imported)."""
-    proc = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, env=env, timeout=120, cwd=CWD)
-    return any(line.rsplit("|", 1)[-1].strip().split(".")[0] == "psycopg" for line in proc.stderr.splitlines())
+    proc = subprocess.run(
+        [argv[0], "-X", "importtime", *argv[1:]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=CWD,
+    )
+    return any(
+        line.rsplit("|", 1)[-1].strip().split(".")[0] == "psycopg"
+        for line in proc.stderr.splitlines()
+    )
 
 
 def main() -> int:
     p = c.base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--against", metavar="DIR", help="Also run every command from the checkout in DIR.")
+    p.add_argument(
+        "--against", metavar="DIR", help="Also run every command from the checkout in DIR."
+    )
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or (10 if args.quick else 30))
     env = {k: v for k, v in os.environ.items() if k != "SHARDCTL_CONFIG"}
     against = str(Path(args.against).resolve()) if args.against else None
-    with c.sandbox(hosts=2, shards=64, keep=args.keep, prefix="shardctl-bench-startup-",
-                   base=c.sandbox_base(args.tmp, need_gb=0.5)) as box:
+    with c.sandbox(
+        hosts=2,
+        shards=64,
+        keep=args.keep,
+        prefix="shardctl-bench-startup-",
+        base=c.sandbox_base(args.tmp, need_gb=0.5),
+    ) as box:
         cands = candidates(box.topology_path, env, against)
         envs = {cenv.get("PYTHONPATH"): cenv for _, _, cenv in cands}  # one per checkout
         for cenv in envs.values():  # the installed state: every module has its .pyc
-            print(f"compiled {compile_package(cenv)} (bytecode, as pip installs it)", file=sys.stderr)
+            print(
+                f"compiled {compile_package(cenv)} (bytecode, as pip installs it)", file=sys.stderr
+            )
         run_once([*SHARDCTL, "--config", str(box.topology_path), "init"], env)
         series = {label: c.Series(label) for label, _, _ in cands}
         for label, argv, cenv in cands:  # warm the page cache and the bytecode caches
@@ -109,8 +142,11 @@ def main() -> int:
         for r in range(rounds):
             for label, argv, cenv in c.rotated(cands, r):
                 series[label].add(run_once(argv, cenv))
-        psycopg_free = {label: not imports_psycopg(argv, cenv) for label, argv, cenv in cands
-                        if label.split()[0] in OFFLINE}
+        psycopg_free = {
+            label: not imports_psycopg(argv, cenv)
+            for label, argv, cenv in cands
+            if label.split()[0] in OFFLINE
+        }
     base = series["python -c pass"]
     rows = []
     for label, _, _ in cands:
@@ -124,15 +160,36 @@ def main() -> int:
         twin = series.get(f"{label} @ {Path(against).name}") if against else None
         if twin is not None:
             note += f"; {s.ratio_to(twin, faster_is_higher=False):.2f}x the time of {Path(against).name}"
-        rows.append(c.Row(label, c.fmt_s(s.median_s), c.spread_s(s),
-                          None if s is base else s.ratio_to(base, faster_is_higher=False),
-                          target, ok, note, None if s is base else c.ratio_range(
-                              s.ratios_to(base, faster_is_higher=False))))
-    c.print_table(f"Start-up, new process per run (median of {rounds})", rows, "python -c pass",
-                  [c.machine_note(), "every checkout's shardctl package compiled to .pyc before the rounds "
-                                     "(as installed; see the docstring)"])
-    c.write_json(args.json_path, {"rounds": rounds, "series": {k: v.seconds for k, v in series.items()},
-                                  "psycopg_free": psycopg_free})
+        rows.append(
+            c.Row(
+                label,
+                c.fmt_s(s.median_s),
+                c.spread_s(s),
+                None if s is base else s.ratio_to(base, faster_is_higher=False),
+                target,
+                ok,
+                note,
+                None if s is base else c.ratio_range(s.ratios_to(base, faster_is_higher=False)),
+            )
+        )
+    c.print_table(
+        f"Start-up, new process per run (median of {rounds})",
+        rows,
+        "python -c pass",
+        [
+            c.machine_note(),
+            "every checkout's shardctl package compiled to .pyc before the rounds "
+            "(as installed; see the docstring)",
+        ],
+    )
+    c.write_json(
+        args.json_path,
+        {
+            "rounds": rounds,
+            "series": {k: v.seconds for k, v in series.items()},
+            "psycopg_free": psycopg_free,
+        },
+    )
     return c.verdict_exit([rows])
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as c  # noqa: E402
+import _common as c
 
 TARGET_S = 2.0
 
@@ -38,7 +38,9 @@ def backend_cpu(pid: int) -> float:
 
 def main() -> int:
     p = c.base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--shards", type=int, default=None, help="Logical shards (default 8192, --quick 1024).")
+    p.add_argument(
+        "--shards", type=int, default=None, help="Logical shards (default 8192, --quick 1024)."
+    )
     p.add_argument("--hosts", type=int, default=4, help="PostgreSQL servers.")
     args = p.parse_args()
     rounds = c.check_rounds(args.rounds or 3)
@@ -51,15 +53,25 @@ def main() -> int:
     from shardctl.sql.fingerprint import fingerprints
 
     names = ["fingerprint", "verify", "plain", "differs"]
-    labels = {"fingerprint": "fingerprint query (all hosts)", "verify": "verify (library), identical shards",
-              "plain": "verify without fingerprints (schemas=False)",
-              "differs": "verify (library), 1 shard differs"}
-    cpu: list[float] = []  # server CPU seconds of the fingerprint query, summed over the hosts, per round
+    labels = {
+        "fingerprint": "fingerprint query (all hosts)",
+        "verify": "verify (library), identical shards",
+        "plain": "verify without fingerprints (schemas=False)",
+        "differs": "verify (library), 1 shard differs",
+    }
+    cpu: list[
+        float
+    ] = []  # server CPU seconds of the fingerprint query, summed over the hosts, per round
     series = {n: c.Series(labels[n], work=shards) for n in names}
     notes: list[str] = []
 
-    with c.sandbox(hosts=args.hosts, shards=min(shards, 8192), keep=args.keep, prefix="shardctl-bench-verify-",
-                   base=c.sandbox_base(args.tmp)) as box:
+    with c.sandbox(
+        hosts=args.hosts,
+        shards=min(shards, 8192),
+        keep=args.keep,
+        prefix="shardctl-bench-verify-",
+        base=c.sandbox_base(args.tmp),
+    ) as box:
         ports = [h.port for h in box.state.hosts]
         dbs = c.create_databases(ports, "verify")
         try:
@@ -67,7 +79,9 @@ def main() -> int:
             seconds, report = c.timed(lambda: init(topo))
             if not report.ok:
                 raise SystemExit("shardctl init failed")
-            notes.append(f"init of {shards} shards over {args.hosts} hosts: {seconds:.1f}s (not timed)")
+            notes.append(
+                f"init of {shards} shards over {args.hosts} hosts: {seconds:.1f}s (not timed)"
+            )
             c.checkpoint(ports)
 
             def prints(host) -> tuple[int, float]:
@@ -79,10 +93,15 @@ def main() -> int:
 
             def tamper(undo: bool) -> None:
                 victim = topo.schema_name(shards // 2)
-                sql = (f"ALTER TABLE {victim}.photos DROP COLUMN note; CREATE INDEX photos_user_id_idx ON "
-                       f"{victim}.photos (user_id, id DESC)" if undo else
-                       f"ALTER TABLE {victim}.photos ADD COLUMN note text; DROP INDEX {victim}.photos_user_id_idx")
-                with db.connect(topo.host_of(shards // 2), autocommit=True, purpose="verify") as conn:
+                sql = (
+                    f"ALTER TABLE {victim}.photos DROP COLUMN note; CREATE INDEX photos_user_id_idx ON "
+                    f"{victim}.photos (user_id, id DESC)"
+                    if undo
+                    else f"ALTER TABLE {victim}.photos ADD COLUMN note text; DROP INDEX {victim}.photos_user_id_idx"
+                )
+                with db.connect(
+                    topo.host_of(shards // 2), autocommit=True, purpose="verify"
+                ) as conn:
                     conn.execute(sql)
 
             for r in range(rounds):
@@ -90,16 +109,22 @@ def main() -> int:
                     if name == "fingerprint":
                         seconds, counts = c.timed(lambda: for_each_host(topo.hosts, prints))
                         if sum(n for n, _ in counts) != shards:
-                            raise SystemExit(f"fingerprints of {sum(n for n, _ in counts)} shards, expected {shards}")
+                            raise SystemExit(
+                                f"fingerprints of {sum(n for n, _ in counts)} shards, expected {shards}"
+                            )
                         cpu.append(sum(s for _, s in counts))
                     elif name == "verify":
                         seconds, rep = c.timed(lambda: verify(topo))
                         if not rep.ok or len(rep.schemas) != 1:
-                            raise SystemExit(f"verify of the identical fleet failed: {rep.violations[:3]}")
+                            raise SystemExit(
+                                f"verify of the identical fleet failed: {rep.violations[:3]}"
+                            )
                     elif name == "plain":
                         seconds, rep = c.timed(lambda: verify(topo, schemas=False))
                         if not rep.ok or rep.schemas:
-                            raise SystemExit(f"verify without fingerprints failed: {rep.violations[:3]}")
+                            raise SystemExit(
+                                f"verify without fingerprints failed: {rep.violations[:3]}"
+                            )
                     else:
                         tamper(False)
                         try:
@@ -108,7 +133,9 @@ def main() -> int:
                             tamper(True)
                         bad = {v.shard for v in rep.violations}
                         if bad != {shards // 2} or len(rep.schemas) != 2:
-                            raise SystemExit(f"verify did not single out shard {shards // 2}: {rep.violations[:3]}")
+                            raise SystemExit(
+                                f"verify did not single out shard {shards // 2}: {rep.violations[:3]}"
+                            )
                         if r == 0:
                             notes.append(f"what it said: {rep.violations[0].reason}")
                     series[name].add(seconds)
@@ -120,18 +147,38 @@ def main() -> int:
     for name in names:
         s = series[name]
         ok = s.median_s <= TARGET_S if name in ("verify", "differs") else None
-        rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), None,
-                          f"<= {TARGET_S:.0f} s" if ok is not None else "(info)", ok,
-                          c.fmt_rate(s.median_rate, "shards/s")))
-    c.print_table(f"verify: {shards} shards over {args.hosts} hosts, median of {rounds} rounds", rows, "-")
+        rows.append(
+            c.Row(
+                s.name,
+                c.fmt_s(s.median_s),
+                c.spread_s(s),
+                None,
+                f"<= {TARGET_S:.0f} s" if ok is not None else "(info)",
+                ok,
+                c.fmt_rate(s.median_rate, "shards/s"),
+            )
+        )
+    c.print_table(
+        f"verify: {shards} shards over {args.hosts} hosts, median of {rounds} rounds", rows, "-"
+    )
     if cpu:
-        notes.append(f"fingerprint query, server CPU summed over the {args.hosts} hosts: median "
-                     f"{c.median(cpu):.2f} s ({min(cpu):.2f}–{max(cpu):.2f}); on {os.cpu_count()} cores that is "
-                     f"{c.median(cpu) / min(args.hosts, os.cpu_count() or 1):.2f} s of wall time on an idle machine")
+        notes.append(
+            f"fingerprint query, server CPU summed over the {args.hosts} hosts: median "
+            f"{c.median(cpu):.2f} s ({min(cpu):.2f}–{max(cpu):.2f}); on {os.cpu_count()} cores that is "
+            f"{c.median(cpu) / min(args.hosts, os.cpu_count() or 1):.2f} s of wall time on an idle machine"
+        )
     for n in notes + [c.machine_note()]:
         print(f"  {n}")
-    c.write_json(args.json_path, {"shards": shards, "hosts": args.hosts, "rounds": rounds,
-                                  "seconds": {n: series[n].seconds for n in names}, "fingerprint_cpu": cpu})
+    c.write_json(
+        args.json_path,
+        {
+            "shards": shards,
+            "hosts": args.hosts,
+            "rounds": rounds,
+            "seconds": {n: series[n].seconds for n in names},
+            "fingerprint_cpu": cpu,
+        },
+    )
     return c.verdict_exit([rows])
 
 

@@ -50,7 +50,11 @@ class ConfigErrors(ConfigError):
     def __init__(self, errors: list[ConfigError]):
         self.errors = errors
         first = errors[0]
-        extra = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+        extra = (
+            f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+            if len(errors) > 1
+            else ""
+        )
         super().__init__(first.problem + extra, path=first.path, line=first.line)
 
     def all_messages(self) -> list[str]:

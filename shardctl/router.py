@@ -16,8 +16,18 @@ from .errors import BadInput, HostUnreachable, SessionStateError
 from .model.topology import Host, Topology
 from .router_placement import MOVED_ERRORS, SAME, Placement, Routing
 from .router_pool import HostPool, Slot, Watchdog, foreign_connect_error, log
-from .router_session import (Call, RouterConnection, RouterCursor, RouterServerCursor, forget_prepared, ms,
-                             quietly, reset, stale_plan, transaction_start)
+from .router_session import (
+    Call,
+    RouterConnection,
+    RouterCursor,
+    RouterServerCursor,
+    forget_prepared,
+    ms,
+    quietly,
+    reset,
+    stale_plan,
+    transaction_start,
+)
 from .sql.catalog import MOVED_SQLSTATE, read_redirects
 
 T = TypeVar("T")
@@ -43,29 +53,51 @@ class Router(Routing):
     block: its callers see that error and can call :meth:`follow_move` (True: try again).
     """
 
-    def __init__(self, topology: Topology, *, max_size: int = 8, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-                 pool_timeout: float = 30.0, move_wait: float = 10.0, allow_inline_password: bool = False,
-                 timeout: float | None = 30.0, grace: float = 0.5, max_lag: float = 5.0,
-                 lag_check_interval: float = 0.2):
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        max_size: int = 8,
+        connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+        pool_timeout: float = 30.0,
+        move_wait: float = 10.0,
+        allow_inline_password: bool = False,
+        timeout: float | None = 30.0,
+        grace: float = 0.5,
+        max_lag: float = 5.0,
+        lag_check_interval: float = 0.2,
+    ):
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
-        self.timeout = timeout      # default bound of every call, seconds (None: unbounded)
-        self.grace = grace          # client deadline = timeout + grace (the server's own timeout fires first)
-        self.max_lag = max_lag      # default staleness bound of standby reads, seconds
+        self.timeout = timeout  # default bound of every call, seconds (None: unbounded)
+        self.grace = (
+            grace  # client deadline = timeout + grace (the server's own timeout fires first)
+        )
+        self.max_lag = max_lag  # default staleness bound of standby reads, seconds
         self.lag_check_interval = lag_check_interval
         self._pools: dict[str, HostPool] = {}
         self._lock = threading.Lock()
         self._tried = threading.local()  # the host this thread's last shard_connection() went to
         self._watchdog = Watchdog()
         # Where each shard is: the topology file, and the redirects followed while the file is stale.
-        self.placement = Placement(topology, move_wait=move_wait, allow_inline_password=allow_inline_password)
+        self.placement = Placement(
+            topology, move_wait=move_wait, allow_inline_password=allow_inline_password
+        )
 
     # ---- calls (routing: see Routing) --------------------------------------------
     @contextmanager
-    def connection(self, key: int | str | None = None, *, id: int | None = None, shard: int | None = None,
-                   force_string: bool = False, readonly: bool = False, max_lag: float | None = SAME,
-                   timeout: float | None = SAME) -> Iterator[psycopg.Connection]:
+    def connection(
+        self,
+        key: int | str | None = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        readonly: bool = False,
+        max_lag: float | None = SAME,
+        timeout: float | None = SAME,
+    ) -> Iterator[psycopg.Connection]:
         """A pooled connection to the shard's host for a block: by ``key``, by ``id`` or by ``shard``.
 
         Each transaction in the block runs on the shard (``search_path``) with the call's
@@ -77,8 +109,17 @@ class Router(Routing):
         number = self.target(key, id=id, shard=shard, force_string=force_string)
         host = self._locate(number)
         self._tried.host = host
-        with self._on_host(host, number, Call(self.topology.schema_name(number), self._timeout(timeout), "block",
-                                              readonly, self._lag_bound(max_lag) if readonly else None)) as conn:
+        with self._on_host(
+            host,
+            number,
+            Call(
+                self.topology.schema_name(number),
+                self._timeout(timeout),
+                "block",
+                readonly,
+                self._lag_bound(max_lag) if readonly else None,
+            ),
+        ) as conn:
             yield conn
 
     @contextmanager
@@ -86,16 +127,25 @@ class Router(Routing):
         """A pooled connection to ``host``'s primary, lent to an ORM session (shardctl.sqlalchemy) that sets each
         transaction's shard (``conn.begin = transaction_start(...)``); reset only if needed, never prepared."""
         host = self.topology.host(host) if isinstance(host, str) else host
-        with _session(self, self._pool(host), Call("public", self._timeout(timeout), "lend")) as conn:
+        with _session(
+            self, self._pool(host), Call("public", self._timeout(timeout), "lend")
+        ) as conn:
             yield conn
 
     def shard_connection(self, shard: int, **kwargs: Any) -> Any:
         """``connection(shard=...)``."""
         return self.connection(shard=shard, **kwargs)
 
-    def run(self, key: int | str | None = None, work: Callable[[psycopg.Connection], T] | None = None, *,
-            id: int | None = None, shard: int | None = None, force_string: bool = False,
-            timeout: float | None = SAME) -> T:
+    def run(
+        self,
+        key: int | str | None = None,
+        work: Callable[[psycopg.Connection], T] | None = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        timeout: float | None = SAME,
+    ) -> T:
         """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the shard
         moved meanwhile, reload the topology and call it once more on the new host.
 
@@ -113,27 +163,61 @@ class Router(Routing):
 
         return self._retrying(number, attempt)
 
-    def run_shard(self, shard: int, work: Callable[[psycopg.Connection], T], *, timeout: float | None = SAME) -> T:
+    def run_shard(
+        self, shard: int, work: Callable[[psycopg.Connection], T], *, timeout: float | None = SAME
+    ) -> T:
         """``run(work=..., shard=...)``."""
         return self.run(work=work, shard=shard, timeout=timeout)
 
-    def execute(self, key: int | str | None = None, query: Any = None, params: Any = None, *, id: int | None = None,
-                shard: int | None = None, force_string: bool = False, timeout: float | None = SAME) -> Any:
+    def execute(
+        self,
+        key: int | str | None = None,
+        query: Any = None,
+        params: Any = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        timeout: float | None = SAME,
+    ) -> Any:
         """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
         round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
         changed."""
         number = self.target(key, id=id, shard=shard, force_string=force_string)
-        return self._statement(number, query, params, Call(self.topology.schema_name(number),
-                                                             self._timeout(timeout), "statement"))
+        return self._statement(
+            number,
+            query,
+            params,
+            Call(self.topology.schema_name(number), self._timeout(timeout), "statement"),
+        )
 
-    def read(self, key: int | str | None = None, query: Any = None, params: Any = None, *, id: int | None = None,
-             shard: int | None = None, force_string: bool = False, max_lag: float | None = SAME,
-             timeout: float | None = SAME) -> Any:
+    def read(
+        self,
+        key: int | str | None = None,
+        query: Any = None,
+        params: Any = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        max_lag: float | None = SAME,
+        timeout: float | None = SAME,
+    ) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
         (else, or when the standby is down, on the primary, in a read-only transaction)."""
         number = self.target(key, id=id, shard=shard, force_string=force_string)
-        return self._statement(number, query, params, Call(self.topology.schema_name(number), self._timeout(timeout),
-                                                             "statement", True, self._lag_bound(max_lag)))
+        return self._statement(
+            number,
+            query,
+            params,
+            Call(
+                self.topology.schema_name(number),
+                self._timeout(timeout),
+                "statement",
+                True,
+                self._lag_bound(max_lag),
+            ),
+        )
 
     def _statement(self, shard: int, query: Any, params: Any, call: Call) -> Any:
         if query is None:
@@ -186,8 +270,13 @@ class Router(Routing):
         if getattr(exc, "sqlstate", None) not in MOVED_ERRORS:
             return False
         old = tried or getattr(self._tried, "host", None) or self._locate(shard)
-        return self.placement.follow(shard, old, getattr(exc, "sqlstate", None) == MOVED_SQLSTATE,
-                                     reload=self.reload, ask=lambda: _ask_old_host(self, old, shard))
+        return self.placement.follow(
+            shard,
+            old,
+            getattr(exc, "sqlstate", None) == MOVED_SQLSTATE,
+            reload=self.reload,
+            ask=lambda: _ask_old_host(self, old, shard),
+        )
 
     # ---- pools -----------------------------------------------------------------
     def _pool(self, host: Host, *, standby: bool = False) -> HostPool:
@@ -198,8 +287,13 @@ class Router(Routing):
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:
-                pool = HostPool(host.name, "standby" if standby else "primary",
-                                functools.partial(self._connect, host, standby), self.max_size, self.pool_timeout)
+                pool = HostPool(
+                    host.name,
+                    "standby" if standby else "primary",
+                    functools.partial(self._connect, host, standby),
+                    self.max_size,
+                    self.pool_timeout,
+                )
                 self._pools[key] = pool
         return pool
 
@@ -226,7 +320,7 @@ class Router(Routing):
             pool.close()
         self._watchdog.stop()
 
-    def __enter__(self) -> "Router":
+    def __enter__(self) -> Router:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -253,9 +347,11 @@ def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, 
 
 
 # Behind by the age of the last replayed transaction, unless everything received is replayed.
-_LAG_SQL = ("SELECT CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() "
-            "THEN 0 ELSE coalesce(extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()), "
-            "1e9) END")
+_LAG_SQL = (
+    "SELECT CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() "
+    "THEN 0 ELSE coalesce(extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()), "
+    "1e9) END"
+)
 
 
 @contextmanager
@@ -309,7 +405,8 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
         error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.grace)
         # The connection stays pooled unless it is cut, broken or was interrupted mid-call.
         keep = error in ("sql", "stale_plan", "other", "session_state") and (
-            not keeps or (call.tracked and not conn.session_dirty) or quietly(reset, conn))
+            not keeps or (call.tracked and not conn.session_dirty) or quietly(reset, conn)
+        )
         _finish(router, pool, slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None
@@ -318,8 +415,16 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
     _finish(router, pool, slot, watch, started, error=None, keep=True)
 
 
-def _finish(router: Router, pool: HostPool, slot: Slot, watch: int | None, started: float, *,
-            error: str | None, keep: bool) -> None:
+def _finish(
+    router: Router,
+    pool: HostPool,
+    slot: Slot,
+    watch: int | None,
+    started: float,
+    *,
+    error: str | None,
+    keep: bool,
+) -> None:
     if watch is not None and router._watchdog.disarm(watch):
         keep = False  # the deadline fired just as the call ended: the socket is cut
     pool.release(slot, discard=not keep)
@@ -333,8 +438,9 @@ def _lag(router: Router, pool: HostPool, conn: psycopg.Connection) -> float:
     return pool.lag[1]
 
 
-def _failure(pool: HostPool, slot: Slot, exc: BaseException, fired: bool, timeout: float | None,
-             grace: float) -> tuple[str, BaseException]:
+def _failure(
+    pool: HostPool, slot: Slot, exc: BaseException, fired: bool, timeout: float | None, grace: float
+) -> tuple[str, BaseException]:
     """The stats kind of an error, and what the caller sees."""
     if fired:
         cause = f"no answer within {timeout + grace:g}s (timeout {timeout:g}s)"
@@ -342,11 +448,15 @@ def _failure(pool: HostPool, slot: Slot, exc: BaseException, fired: bool, timeou
         pool.drop_idle()
         return "timeout", HostUnreachable(pool.breaker.name, cause)
     conn = slot.conn
-    if isinstance(exc, psycopg.OperationalError) and (conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK):
+    if isinstance(exc, psycopg.OperationalError) and (
+        conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK
+    ):
         log.info("host %s: connection lost: %s", pool.breaker.name, first_line(exc))
         return "connection_lost", HostUnreachable(pool.breaker.name, first_line(exc))
     if stale_plan(exc):
-        pool.plan_epoch += 1  # every pooled connection drops its prepared statements before its next use
+        pool.plan_epoch += (
+            1  # every pooled connection drops its prepared statements before its next use
+        )
         return "stale_plan", exc
     if isinstance(exc, SessionStateError):
         return "session_state", exc

@@ -32,8 +32,20 @@ from .model.topology import Host, Topology
 from .router import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback
 from .router_placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Placement, Routing
 from .router_pool import PoolBase, Slot, _cut, foreign_connect_error
-from .router_session import (Call, check_server_cursor, check_statement, deallocate_text, forget_prepared_text, ms,
-                             opening, outer_block, reset_text, stale_plan, statement_text, transaction_start)
+from .router_session import (
+    Call,
+    check_server_cursor,
+    check_statement,
+    deallocate_text,
+    forget_prepared_text,
+    ms,
+    opening,
+    outer_block,
+    reset_text,
+    stale_plan,
+    statement_text,
+    transaction_start,
+)
 from .sql.catalog import HAS_REDIRECTS_SQL, MOVED_SQLSTATE, REDIRECTS_SQL, redirects_by_shard
 
 T = TypeVar("T")
@@ -57,8 +69,9 @@ class AsyncRouterConnection(psycopg.AsyncConnection):
                 await plain.execute(text, prepare=False)
 
     @asynccontextmanager
-    async def transaction(self, savepoint_name: str | None = None,
-                          force_rollback: bool = False) -> AsyncIterator[psycopg.AsyncTransaction]:
+    async def transaction(
+        self, savepoint_name: str | None = None, force_rollback: bool = False
+    ) -> AsyncIterator[psycopg.AsyncTransaction]:
         """psycopg's transaction block; in a call, inside the call's own transaction (see
         ``RouterConnection.transaction``)."""
         block = outer_block(self)
@@ -67,7 +80,9 @@ class AsyncRouterConnection(psycopg.AsyncConnection):
             async with super().transaction(savepoint_name, force_rollback) as tx:
                 yield tx
             return
-        await self.begin_if_idle()  # the outermost block of a call: BEGIN with the settings ... COMMIT
+        await (
+            self.begin_if_idle()
+        )  # the outermost block of a call: BEGIN with the settings ... COMMIT
         try:
             async with super().transaction(savepoint_name, force_rollback) as tx:
                 yield tx
@@ -155,10 +170,18 @@ class AsyncHostPool(PoolBase):
     """:class:`~shardctl.router_pool.HostPool` for asyncio: the caller's task connects; waiters wait on
     futures of the loop, in turn: a connection given back goes straight to the first waiter."""
 
-    def __init__(self, name: str, role: str, connect: Callable[[], Awaitable[psycopg.AsyncConnection]],
-                 max_size: int, pool_timeout: float):
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection]],
+        max_size: int,
+        pool_timeout: float,
+    ):
         super().__init__(name, role, connect, max_size, pool_timeout, threading.Lock())
-        self._waiters: deque[tuple[asyncio.Future, bool]] = deque()  # (future, a probe's: it connects itself)
+        self._waiters: deque[tuple[asyncio.Future, bool]] = (
+            deque()
+        )  # (future, a probe's: it connects itself)
 
     def _wake(self, n: int = 1) -> None:
         """Let ``n`` waiters look again (a place for a new connection freed)."""
@@ -240,7 +263,9 @@ class AsyncHostPool(PoolBase):
         return waiter.result() if waiter.done() and not waiter.cancelled() else None
 
 
-_tried: contextvars.ContextVar[Host | None] = contextvars.ContextVar("shardctl_async_router_tried", default=None)
+_tried: contextvars.ContextVar[Host | None] = contextvars.ContextVar(
+    "shardctl_async_router_tried", default=None
+)
 
 
 class AsyncRouter(Routing):
@@ -252,10 +277,20 @@ class AsyncRouter(Routing):
     ``router.stats()``, ``await router.close()`` (or ``async with AsyncRouter(topology) as router``).
     """
 
-    def __init__(self, topology: Topology, *, max_size: int = 8, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-                 pool_timeout: float = 30.0, move_wait: float = 10.0, allow_inline_password: bool = False,
-                 timeout: float | None = 30.0, grace: float = 0.5, max_lag: float = 5.0,
-                 lag_check_interval: float = 0.2):
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        max_size: int = 8,
+        connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+        pool_timeout: float = 30.0,
+        move_wait: float = 10.0,
+        allow_inline_password: bool = False,
+        timeout: float | None = 30.0,
+        grace: float = 0.5,
+        max_lag: float = 5.0,
+        lag_check_interval: float = 0.2,
+    ):
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
@@ -265,25 +300,47 @@ class AsyncRouter(Routing):
         self.lag_check_interval = lag_check_interval
         self._pools: dict[str, PoolBase] = {}
         self._lock = threading.Lock()
-        self.placement = Placement(topology, move_wait=move_wait, allow_inline_password=allow_inline_password)
+        self.placement = Placement(
+            topology, move_wait=move_wait, allow_inline_password=allow_inline_password
+        )
 
     # ---- calls -----------------------------------------------------------------
     @asynccontextmanager
-    async def connection(self, key: int | str | None = None, *, id: int | None = None, shard: int | None = None,
-                         force_string: bool = False, readonly: bool = False, max_lag: float | None = SAME,
-                         timeout: float | None = SAME) -> AsyncIterator[AsyncRouterConnection]:
+    async def connection(
+        self,
+        key: int | str | None = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        readonly: bool = False,
+        max_lag: float | None = SAME,
+        timeout: float | None = SAME,
+    ) -> AsyncIterator[AsyncRouterConnection]:
         """``Router.connection`` for asyncio: ``async with router.connection(key) as conn``."""
         number = self.target(key, id=id, shard=shard, force_string=force_string)
         host = self._locate(number)
         _tried.set(host)
-        call = Call(self.topology.schema_name(number), self._timeout(timeout), "block", readonly,
-                    self._lag_bound(max_lag) if readonly else None)
+        call = Call(
+            self.topology.schema_name(number),
+            self._timeout(timeout),
+            "block",
+            readonly,
+            self._lag_bound(max_lag) if readonly else None,
+        )
         async with self._on_host(host, call) as conn:
             yield conn
 
-    async def run(self, key: int | str | None = None, work: Callable[[AsyncRouterConnection], Awaitable[T]] | None = None,
-                  *, id: int | None = None, shard: int | None = None, force_string: bool = False,
-                  timeout: float | None = SAME) -> T:
+    async def run(
+        self,
+        key: int | str | None = None,
+        work: Callable[[AsyncRouterConnection], Awaitable[T]] | None = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        timeout: float | None = SAME,
+    ) -> T:
         """``await work(conn)`` in one transaction on the shard; once more on the new host if the shard
         moved meanwhile (``Router.run``: ``work`` may run twice and must only use ``conn``)."""
         if work is None:
@@ -297,22 +354,52 @@ class AsyncRouter(Routing):
 
         return await self._retrying(number, attempt)
 
-    async def execute(self, key: int | str | None = None, query: Any = None, params: Any = None, *,
-                      id: int | None = None, shard: int | None = None, force_string: bool = False,
-                      timeout: float | None = SAME) -> Any:
+    async def execute(
+        self,
+        key: int | str | None = None,
+        query: Any = None,
+        params: Any = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        timeout: float | None = SAME,
+    ) -> Any:
         """One statement in a transaction of its own (one round trip), following a move (``Router.execute``)."""
         number = self.target(key, id=id, shard=shard, force_string=force_string)
-        return await self._statement(number, query, params, Call(self.topology.schema_name(number),
-                                                                   self._timeout(timeout), "statement"))
+        return await self._statement(
+            number,
+            query,
+            params,
+            Call(self.topology.schema_name(number), self._timeout(timeout), "statement"),
+        )
 
-    async def read(self, key: int | str | None = None, query: Any = None, params: Any = None, *,
-                   id: int | None = None, shard: int | None = None, force_string: bool = False,
-                   max_lag: float | None = SAME, timeout: float | None = SAME) -> Any:
+    async def read(
+        self,
+        key: int | str | None = None,
+        query: Any = None,
+        params: Any = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        max_lag: float | None = SAME,
+        timeout: float | None = SAME,
+    ) -> Any:
         """:meth:`execute` for reads, on the host's standby within ``max_lag`` seconds (``Router.read``)."""
         number = self.target(key, id=id, shard=shard, force_string=force_string)
-        return await self._statement(number, query, params, Call(self.topology.schema_name(number),
-                                                                   self._timeout(timeout), "statement", True,
-                                                                   self._lag_bound(max_lag)))
+        return await self._statement(
+            number,
+            query,
+            params,
+            Call(
+                self.topology.schema_name(number),
+                self._timeout(timeout),
+                "statement",
+                True,
+                self._lag_bound(max_lag),
+            ),
+        )
 
     async def _statement(self, shard: int, query: Any, params: Any, call: Call) -> Any:
         if query is None:
@@ -362,7 +449,9 @@ class AsyncRouter(Routing):
         if getattr(exc, "sqlstate", None) not in MOVED_ERRORS:
             return False
         old = tried or _tried.get() or self._locate(shard)
-        steps = self.placement.following(shard, old, getattr(exc, "sqlstate", None) == MOVED_SQLSTATE)
+        steps = self.placement.following(
+            shard, old, getattr(exc, "sqlstate", None) == MOVED_SQLSTATE
+        )
         answer: object = None
         try:
             while True:
@@ -384,9 +473,13 @@ class AsyncRouter(Routing):
             with self._lock:
                 pool = self._pools.get(key)
                 if pool is None:
-                    pool = AsyncHostPool(host.name, "standby" if standby else "primary",
-                                         functools.partial(self._connect, host, standby), self.max_size,
-                                         self.pool_timeout)
+                    pool = AsyncHostPool(
+                        host.name,
+                        "standby" if standby else "primary",
+                        functools.partial(self._connect, host, standby),
+                        self.max_size,
+                        self.pool_timeout,
+                    )
                     self._pools[key] = pool
         return pool  # type: ignore[return-value]
 
@@ -394,7 +487,9 @@ class AsyncRouter(Routing):
         """``Router._connect`` for asyncio: the same connection settings."""
         kwargs, foreign = self._connect_kwargs(host, standby)
         try:
-            conn = await AsyncRouterConnection.connect(autocommit=True, cursor_factory=AsyncRouterCursor, **kwargs)
+            conn = await AsyncRouterConnection.connect(
+                autocommit=True, cursor_factory=AsyncRouterCursor, **kwargs
+            )
         except psycopg.OperationalError as exc:
             if not foreign:
                 raise
@@ -410,7 +505,7 @@ class AsyncRouter(Routing):
         for pool in pools:
             pool.close()
 
-    async def __aenter__(self) -> "AsyncRouter":
+    async def __aenter__(self) -> AsyncRouter:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -421,7 +516,9 @@ async def _ask_old_host(router: AsyncRouter, host: Host, shard: int) -> tuple[di
     """``router._ask_old_host`` for asyncio: the old host's redirect for ``shard`` and whether it records
     the shard moved out (no answer: (None, False))."""
     try:
-        async with _session(router, router._pool(host), Call("public", router.timeout, "run")) as conn:
+        async with _session(
+            router, router._pool(host), Call("public", router.timeout, "run")
+        ) as conn:
             redirect = None
             if (await (await conn.execute(HAS_REDIRECTS_SQL)).fetchone())[0]:
                 rows = await (await conn.execute(REDIRECTS_SQL, ([shard],))).fetchall()
@@ -440,7 +537,9 @@ class _Deadline:
 
     def __init__(self, conn: psycopg.AsyncConnection, deadline: float):
         self.fired = False
-        self.handle = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._fire, conn)
+        self.handle = asyncio.get_running_loop().call_later(
+            max(0.0, deadline - time.monotonic()), self._fire, conn
+        )
 
     def _fire(self, conn: psycopg.AsyncConnection) -> None:
         self.fired = True
@@ -453,7 +552,9 @@ class _Deadline:
 
 
 @asynccontextmanager
-async def _session(router: AsyncRouter, pool: AsyncHostPool, call: Call) -> AsyncIterator[AsyncRouterConnection]:
+async def _session(
+    router: AsyncRouter, pool: AsyncHostPool, call: Call
+) -> AsyncIterator[AsyncRouterConnection]:
     """``router._session`` for asyncio: checkout, the caller's work, the reset where the server keeps
     sessions, checkin; a cut (deadline) or broken connection becomes HostUnreachable."""
     started = time.perf_counter()
@@ -497,7 +598,10 @@ async def _session(router: AsyncRouter, pool: AsyncHostPool, call: Call) -> Asyn
         watch = None
         error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.grace)  # type: ignore[arg-type]
         keep = error in ("sql", "stale_plan", "other", "session_state") and (
-            not keeps or (call.tracked and not conn.session_dirty) or await _quietly(reset_async, conn))
+            not keeps
+            or (call.tracked and not conn.session_dirty)
+            or await _quietly(reset_async, conn)
+        )
         _finish(pool, slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None
@@ -506,8 +610,15 @@ async def _session(router: AsyncRouter, pool: AsyncHostPool, call: Call) -> Asyn
     _finish(pool, slot, watch, started, error=None, keep=True)
 
 
-def _finish(pool: AsyncHostPool, slot: Slot, watch: _Deadline | None, started: float, *,
-            error: str | None, keep: bool) -> None:
+def _finish(
+    pool: AsyncHostPool,
+    slot: Slot,
+    watch: _Deadline | None,
+    started: float,
+    *,
+    error: str | None,
+    keep: bool,
+) -> None:
     if watch is not None and watch.disarm():
         keep = False  # the deadline fired just as the call ended: the socket is cut
     pool.release(slot, discard=not keep)

@@ -7,7 +7,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Generator
-
 from typing import Any
 
 from .engine.connections import APPLICATION_NAME
@@ -15,8 +14,8 @@ from .errors import BadInput
 from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask
 from .model.topology import Host, Topology
-from .sql.catalog import MOVED_SQLSTATE
 from .router_pool import HostPool, PoolBase, log
+from .sql.catalog import MOVED_SQLSTATE
 
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
 # old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
@@ -28,11 +27,17 @@ FOLLOW_POLL = 0.05  # seconds between looks at the topology file while a move's 
 class Placement:
     """The topology a Router routes by, reloaded when its file changes, plus the redirects it follows."""
 
-    def __init__(self, topology: Topology, *, move_wait: float = 10.0, allow_inline_password: bool = False):
+    def __init__(
+        self, topology: Topology, *, move_wait: float = 10.0, allow_inline_password: bool = False
+    ):
         self.topology = topology
-        self.move_wait = move_wait  # how long to wait for the topology file to show a move's cutover
+        self.move_wait = (
+            move_wait  # how long to wait for the topology file to show a move's cutover
+        )
         self.allow_inline_password = allow_inline_password
-        self.redirects = Redirects()  # shards routed by their old host's redirect (stale topology file)
+        self.redirects = (
+            Redirects()
+        )  # shards routed by their old host's redirect (stale topology file)
         self._reload_lock = threading.Lock()
         self._file_stamp: tuple[int, int, int] | None = None  # the file as last parsed by reload()
 
@@ -50,17 +55,28 @@ class Placement:
             stamp = _file_stamp(self.topology.path)
             if stamp is not None and stamp == self._file_stamp:
                 return self.topology, set()
-            fresh = Topology.load(self.topology.path, allow_inline_password=self.allow_inline_password)
+            fresh = Topology.load(
+                self.topology.path, allow_inline_password=self.allow_inline_password
+            )
             self._file_stamp = stamp
             after = {h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in fresh.hosts}
-            before = {h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in self.topology.hosts}
+            before = {
+                h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in self.topology.hosts
+            }
             self.topology = fresh
             changed = {name for name in before if after.get(name) != before[name]}
             changed |= self.redirects.reconcile(fresh)
         return fresh, changed
 
-    def follow(self, shard: int, old: Host, moved: bool, *, reload: Callable[[], object],
-               ask: Callable[[], tuple[dict | None, bool]]) -> bool:
+    def follow(
+        self,
+        shard: int,
+        old: Host,
+        moved: bool,
+        *,
+        reload: Callable[[], object],
+        ask: Callable[[], tuple[dict | None, bool]],
+    ) -> bool:
         """True when ``shard`` (whose statement failed on ``old``) turned out to have moved and its new
         host is known: the reloaded topology names it, or ``old`` recorded a redirect (``ask()``: the
         redirect and whether ``old`` records the shard moved out), which is then followed until the
@@ -70,7 +86,13 @@ class Placement:
         try:
             while True:
                 step = steps.send(answer)
-                answer = reload() if step == "reload" else ask() if step == "ask" else time.sleep(FOLLOW_POLL)
+                answer = (
+                    reload()
+                    if step == "reload"
+                    else ask()
+                    if step == "ask"
+                    else time.sleep(FOLLOW_POLL)
+                )
         except StopIteration as done:
             return bool(done.value)
 
@@ -107,7 +129,9 @@ class Redirects:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_shard: dict[int, tuple[Host, str]] = {}  # shard → (host to use, owner the file named)
+        self._by_shard: dict[
+            int, tuple[Host, str]
+        ] = {}  # shard → (host to use, owner the file named)
         self._foreign: set[str] = set()  # hosts known only from a redirect: its DSN, no password
 
     def host(self, shard: int) -> Host | None:
@@ -132,10 +156,19 @@ class Redirects:
             if self._by_shard.get(shard, (None,))[0] == host:
                 return  # another thread followed it already
             self._by_shard[shard] = (host, topology.host_of(shard).name)
-        log.warning("shard %s moved from %s to %s (redirect recorded by %s; this Router's topology file still "
-                    "names %s)%s", shard, old.name, name, old.name, topology.host_of(shard).name,
-                    f": {name} is not in this Router's topology, connecting with the recorded DSN "
-                    f"{mask(redirect['dsn'])} without a password" if name in self._foreign else "")
+        log.warning(
+            "shard %s moved from %s to %s (redirect recorded by %s; this Router's topology file still "
+            "names %s)%s",
+            shard,
+            old.name,
+            name,
+            old.name,
+            topology.host_of(shard).name,
+            f": {name} is not in this Router's topology, connecting with the recorded DSN "
+            f"{mask(redirect['dsn'])} without a password"
+            if name in self._foreign
+            else "",
+        )
 
     def reconcile(self, fresh: Topology) -> set[str]:
         """After the file was read again: forget the shards it caught up with (it names another owner
@@ -143,8 +176,11 @@ class Redirects:
         host. Returns the foreign hosts the file now has (their pools must be replaced)."""
         by_name = {h.name: h for h in fresh.hosts}
         with self._lock:
-            self._by_shard = {n: (by_name.get(host.name, host), was) for n, (host, was) in self._by_shard.items()
-                              if fresh.host_of(n).name == was}
+            self._by_shard = {
+                n: (by_name.get(host.name, host), was)
+                for n, (host, was) in self._by_shard.items()
+                if fresh.host_of(n).name == was
+            }
             known = {name for name in self._foreign if name in by_name}
             self._foreign -= known
         return known
@@ -182,12 +218,19 @@ class Routing:
         """What both Routers connect with: connect timeout, TCP keepalives and user timeout (a dead network is
         noticed), and no startup options (poolers refuse them; each transaction sets its own
         ``statement_timeout``). Also whether the host is known only from a redirect (no password then)."""
-        kwargs = host.connect_kwargs(connect_timeout=max(1, int(self.connect_timeout)),
-                                     application_name=f"{APPLICATION_NAME} router")
+        kwargs = host.connect_kwargs(
+            connect_timeout=max(1, int(self.connect_timeout)),
+            application_name=f"{APPLICATION_NAME} router",
+        )
         if standby:
             kwargs["conninfo"] = host.standby
-        kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                      tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)))
+        kwargs.update(
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=3,
+            tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)),
+        )
         return kwargs, self.placement.redirects.foreign(host.name) and not standby
 
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
@@ -221,19 +264,37 @@ class Routing:
         """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
         return self.placement.redirects.names()
 
-    def target(self, key: int | str | None = None, *, id: int | None = None, shard: int | None = None,
-               force_string: bool = False) -> int:
+    def target(
+        self,
+        key: int | str | None = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+    ) -> int:
         """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
         minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number)."""
-        given = [name for name, value in (("key", key), ("id", id), ("shard", shard)) if value is not None]
+        given = [
+            name
+            for name, value in (("key", key), ("id", id), ("shard", shard))
+            if value is not None
+        ]
         if len(given) != 1:
-            raise BadInput(f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'})")
+            raise BadInput(
+                f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'})"
+            )
         if key is not None:
             return self.shard_for(key, force_string=force_string)
         if id is not None:
             return self.shard_of_id(id)
-        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < self.topology.shard_count:
-            raise BadInput(f"shard={shard!r} is not a shard of this topology (0-{self.topology.shard_count - 1})")
+        if (
+            isinstance(shard, bool)
+            or not isinstance(shard, int)
+            or not 0 <= shard < self.topology.shard_count
+        ):
+            raise BadInput(
+                f"shard={shard!r} is not a shard of this topology (0-{self.topology.shard_count - 1})"
+            )
         return shard
 
     def _timeout(self, timeout: Any) -> float | None:
@@ -246,7 +307,9 @@ class Routing:
         """Read the topology file again (when it changed); pools of hosts that left or changed DSN are closed."""
         fresh, changed = self.placement.reload()
         if changed:
-            with self._lock:  # pool keys: the host's name, and "<name> standby" for its standby's pool
+            with (
+                self._lock
+            ):  # pool keys: the host's name, and "<name> standby" for its standby's pool
                 stale = [key for key in self._pools if key.split(" ")[0] in changed]
                 old_pools = [self._pools.pop(key) for key in stale]
             for pool in old_pools:
@@ -262,7 +325,9 @@ class Routing:
         for host in self.topology.hosts:
             primary = pools.get(host.name) or self._unused(host.name, "primary")
             doc = primary.stats()
-            standby = pools.get(f"{host.name} standby") or (self._unused(host.name, "standby") if host.standby else None)
+            standby = pools.get(f"{host.name} standby") or (
+                self._unused(host.name, "standby") if host.standby else None
+            )
             doc["standby"] = standby.stats() if standby else None
             out[host.name] = doc
         return out
@@ -270,4 +335,3 @@ class Routing:
     def _unused(self, name: str, role: str) -> PoolBase:
         """A pool never used (nothing opened): for :meth:`stats`' zeros."""
         return HostPool(name, role, lambda: None, self.max_size, self.pool_timeout)  # type: ignore[arg-type,return-value]
-

@@ -41,7 +41,7 @@ class Slot:
 
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
-        self.plan_epoch = 0                   # HostPool.plan_epoch when its prepared statements were last dropped
+        self.plan_epoch = 0  # HostPool.plan_epoch when its prepared statements were last dropped
         self.created = time.monotonic()
 
     def healthy(self) -> bool:
@@ -56,7 +56,9 @@ class Slot:
         if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             return False
         try:
-            poller = select.poll()  # not select(): file descriptors above 1023 are common in big apps
+            poller = (
+                select.poll()
+            )  # not select(): file descriptors above 1023 are common in big apps
             poller.register(conn.fileno(), select.POLLIN)
             return not poller.poll(0)
         except (OSError, ValueError, psycopg.Error):
@@ -87,8 +89,8 @@ class Breaker:
         self.cause = ""
         self.since = time.time()
         self.retry_at = 0.0
-        self.failures = 0       # consecutive failures
-        self.opened = 0         # times it opened
+        self.failures = 0  # consecutive failures
+        self.opened = 0  # times it opened
         self._lock = threading.Lock()
 
     def enter(self) -> bool:
@@ -102,8 +104,11 @@ class Breaker:
             if self.state == OPEN and now >= self.retry_at:
                 self.state = HALF_OPEN
                 return True
-            wait = "a probe is under way" if self.state == HALF_OPEN else \
-                f"next probe in {max(0.0, self.retry_at - now):.1f}s"
+            wait = (
+                "a probe is under way"
+                if self.state == HALF_OPEN
+                else f"next probe in {max(0.0, self.retry_at - now):.1f}s"
+            )
         raise HostUnreachable(self.name, f"{self.cause} (circuit open, {wait})")
 
     def success(self) -> None:
@@ -133,16 +138,28 @@ class Breaker:
                 self.state = OPEN
 
     def snapshot(self) -> dict:
-        return {"state": self.state, "cause": self.cause or None, "since": self.since,
-                "consecutive_failures": self.failures, "times_opened": self.opened}
+        return {
+            "state": self.state,
+            "cause": self.cause or None,
+            "since": self.since,
+            "consecutive_failures": self.failures,
+            "times_opened": self.opened,
+        }
 
 
 class PoolBase:
     """What :class:`HostPool` and the asyncio pool (router_async) share: the idle connections, the size,
     the breaker, the counters; the waiting for a connection is each one's own (``_wake``)."""
 
-    def __init__(self, name: str, role: str, connect: Callable[[], object], max_size: int, pool_timeout: float,
-                 guard: Any):
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        connect: Callable[[], object],
+        max_size: int,
+        pool_timeout: float,
+        guard: Any,
+    ):
         self.name, self.role = name, role
         self._connect = connect
         self.max_size = max_size
@@ -154,7 +171,7 @@ class PoolBase:
         self._waiting = 0
         self._guard = guard  # the lock of the fields above
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
-        self.counts: Counter[str] = Counter()   # calls, connects, replaced_idle, errors by kind
+        self.counts: Counter[str] = Counter()  # calls, connects, replaced_idle, errors by kind
         self.lag: tuple[float, float] | None = None  # standby: (checked at, seconds behind)
         self.plan_epoch = 0  # bumped when a migration made a prepared statement stale (0A000)
 
@@ -167,7 +184,9 @@ class PoolBase:
         with self._guard:
             slot = None
             while self._idle:
-                candidate = self._idle.pop()      # most recently used first: warm caches, fewer backends
+                candidate = (
+                    self._idle.pop()
+                )  # most recently used first: warm caches, fewer backends
                 if candidate.healthy():
                     slot = candidate
                     break
@@ -175,7 +194,9 @@ class PoolBase:
                 self._size -= 1
             if stale:
                 self.counts["replaced_idle"] += len(stale)
-                log.info("host %s: replaced %d dead idle connection(s)", self.breaker.name, len(stale))
+                log.info(
+                    "host %s: replaced %d dead idle connection(s)", self.breaker.name, len(stale)
+                )
                 self._wake(len(stale))
         for old in stale:
             old.close()
@@ -195,8 +216,10 @@ class PoolBase:
         left = limit - time.monotonic()
         if left <= 0:
             self.counts["errors.pool_timeout"] += 1
-            raise HostUnreachable(self.name, f"no free connection within {self.pool_timeout:g}s "
-                                             f"(all {self.max_size} in use)")
+            raise HostUnreachable(
+                self.name,
+                f"no free connection within {self.pool_timeout:g}s (all {self.max_size} in use)",
+            )
         return left
 
     def _limit(self, deadline: float | None) -> float:
@@ -224,8 +247,12 @@ class PoolBase:
 
     def _reusable(self, slot: Slot, discard: bool) -> bool:
         conn = slot.conn
-        return not discard and not self.closed and not conn.closed and \
-            conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        return (
+            not discard
+            and not self.closed
+            and not conn.closed
+            and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
 
     def release(self, slot: Slot, *, discard: bool = False) -> None:
         """Back to the pool, or closed when ``discard``, broken, or the pool is closed."""
@@ -270,12 +297,24 @@ class PoolBase:
             size, idle, waiting = self._size, len(self._idle), self._waiting
         lat = sorted(self.latencies)
         errors = {k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("errors.")}
-        fallbacks = {k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("fallbacks.")}
-        doc = {"role": self.role, "size": size, "in_use": size - idle, "idle": idle, "max_size": self.max_size,
-               "waiting": waiting, "calls": self.counts["calls"], "connects": self.counts["connects"],
-               "replaced_idle": self.counts["replaced_idle"], "errors": errors,
-               "errors_total": sum(errors.values()), "breaker": self.breaker.snapshot(),
-               "latency_ms": _percentiles(lat)}
+        fallbacks = {
+            k.split(".", 1)[1]: v for k, v in self.counts.items() if k.startswith("fallbacks.")
+        }
+        doc = {
+            "role": self.role,
+            "size": size,
+            "in_use": size - idle,
+            "idle": idle,
+            "max_size": self.max_size,
+            "waiting": waiting,
+            "calls": self.counts["calls"],
+            "connects": self.counts["connects"],
+            "replaced_idle": self.counts["replaced_idle"],
+            "errors": errors,
+            "errors_total": sum(errors.values()),
+            "breaker": self.breaker.snapshot(),
+            "latency_ms": _percentiles(lat),
+        }
         if self.role == "standby":
             doc["lag_s"] = None if self.lag is None else round(self.lag[1], 3)
             doc["fallbacks"] = fallbacks  # reads sent to the primary instead: lagging / unreachable
@@ -285,8 +324,14 @@ class PoolBase:
 class HostPool(PoolBase):
     """Connections to one server (a host's primary or its standby), opened on demand in the caller's thread."""
 
-    def __init__(self, name: str, role: str, connect: Callable[[], psycopg.Connection], max_size: int,
-                 pool_timeout: float):
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        connect: Callable[[], psycopg.Connection],
+        max_size: int,
+        pool_timeout: float,
+    ):
         self._cond = threading.Condition(threading.Lock())
         super().__init__(name, role, connect, max_size, pool_timeout, self._cond)
 
@@ -343,7 +388,13 @@ def _percentiles(sorted_seconds: list[float]) -> dict:
     def at(q: float) -> float:
         return round(sorted_seconds[min(n - 1, int(q * n))] * 1000, 3)
 
-    return {"samples": n, "p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "max": round(sorted_seconds[-1] * 1000, 3)}
+    return {
+        "samples": n,
+        "p50": at(0.50),
+        "p90": at(0.90),
+        "p99": at(0.99),
+        "max": round(sorted_seconds[-1] * 1000, 3),
+    }
 
 
 class Watchdog:
@@ -365,7 +416,9 @@ class Watchdog:
             self._armed[key] = (deadline, conn)
             if self._thread is None:
                 self._stop.clear()
-                self._thread = threading.Thread(target=self._run, name="shardctl-router-watchdog", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="shardctl-router-watchdog", daemon=True
+                )
                 self._thread.start()
         return key
 
@@ -423,4 +476,5 @@ def foreign_connect_error(host: Host, exc: BaseException) -> psycopg.Operational
     return psycopg.OperationalError(
         f"{first_line(exc)} (host {host.name} is not in this Router's topology file: a shard moved there and the "
         f"Router connected with the DSN the old host recorded, {mask(host.dsn)}, without a password; add "
-        f"{host.name} to this app server's topology file)")
+        f"{host.name} to this app server's topology file)"
+    )

@@ -65,14 +65,18 @@ def ms(seconds: float | None) -> int:
     return 0 if seconds is None else max(1, int(seconds * 1000))
 
 
-_SETTINGS = sql.SQL("SELECT set_config('search_path', {}, true), set_config('statement_timeout', {}, true)")
+_SETTINGS = sql.SQL(
+    "SELECT set_config('search_path', {}, true), set_config('statement_timeout', {}, true)"
+)
 
 
 @functools.lru_cache(maxsize=4096)
 def transaction_start(schema: str, timeout_ms: int, readonly: bool) -> tuple[bytes, bytes]:
     """(BEGIN, the transaction's settings) as texts: values inlined as literals, never prepared."""
     begin = b"BEGIN READ ONLY" if readonly else b"BEGIN"
-    settings = _SETTINGS.format(sql.Literal(f"{quote_ident(schema)}, public"), sql.Literal(str(timeout_ms)))
+    settings = _SETTINGS.format(
+        sql.Literal(f"{quote_ident(schema)}, public"), sql.Literal(str(timeout_ms))
+    )
     return begin, settings.as_string(None).encode()
 
 
@@ -80,10 +84,12 @@ class RouterConnection(psycopg.Connection):
     """A pooled connection of the Router's. Autocommit at rest; during a call, its cursors open each
     transaction with the call's settings (:meth:`begin_if_idle`)."""
 
-    begin: tuple[bytes, bytes] | None = None  # the current call's BEGIN and settings (None: outside calls)
-    session_dirty = False                     # a statement that may leave session state ran
-    keeps_sessions = True                     # the server session is ours alone (no transaction pooler)
-    one_transaction = False                   # run(): the whole call is one transaction
+    begin: tuple[bytes, bytes] | None = (
+        None  # the current call's BEGIN and settings (None: outside calls)
+    )
+    session_dirty = False  # a statement that may leave session state ran
+    keeps_sessions = True  # the server session is ours alone (no transaction pooler)
+    one_transaction = False  # run(): the whole call is one transaction
 
     def begin_if_idle(self) -> None:
         """Open the call's transaction (BEGIN and the shard's settings) unless one is open."""
@@ -241,10 +247,12 @@ def check_server_cursor(conn: Any, withhold: bool) -> None:
 
 
 def _refusal(what: str) -> str:
-    return (f"{what} would outlive the transaction on a server connection that the host's transaction pooler gives "
-            f"to other clients (hosts[].pooler: transaction, the default); keep state in the transaction (SET LOCAL, "
-            f"set_config(..., true), pg_advisory_xact_lock, ON COMMIT DROP), or set the host's pooler to "
-            f"'session' or 'none' when its dsn keeps sessions")
+    return (
+        f"{what} would outlive the transaction on a server connection that the host's transaction pooler gives "
+        f"to other clients (hosts[].pooler: transaction, the default); keep state in the transaction (SET LOCAL, "
+        f"set_config(..., true), pg_advisory_xact_lock, ON COMMIT DROP), or set the host's pooler to "
+        f"'session' or 'none' when its dsn keeps sessions"
+    )
 
 
 def _text(query: Any) -> str | None:
@@ -255,12 +263,17 @@ def _text(query: Any) -> str | None:
     return None  # sql.Composed and friends: not worth rendering here; reset to be safe
 
 
-_STARTS_CLEAN = re.compile(r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(insert|update|delete|select|with|values|table|merge)\b",
-                           re.IGNORECASE | re.DOTALL)
+_STARTS_CLEAN = re.compile(
+    r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(insert|update|delete|select|with|values|table|merge)\b",
+    re.IGNORECASE | re.DOTALL,
+)
 # Words with which a query can leave session state behind (settings, temp tables, advisory locks,
 # LISTEN, cursors, prepared statements, roles). A false alarm only costs the reset round trip.
-_SESSION_WORDS = re.compile(r"set_config|advisory|temp|listen|prepare|declare|role|authorization|setseed|dblink|"
-                            r"\bset\s+(?:session|local)\b", re.IGNORECASE)
+_SESSION_WORDS = re.compile(
+    r"set_config|advisory|temp|listen|prepare|declare|role|authorization|setseed|dblink|"
+    r"\bset\s+(?:session|local)\b",
+    re.IGNORECASE,
+)
 
 
 @functools.lru_cache(maxsize=2048)
@@ -278,16 +291,40 @@ def leaves_no_state(query: Any) -> bool:
 # matched after leading comments and white space; the first group names what it is.
 _LEAD = r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*"
 _CERTAIN = [
-    (re.compile(_LEAD + r"(?:set\s+(?:session\s+)?(?!local\b|transaction\b|constraints\b)\w|reset\b)",
-                re.IGNORECASE | re.DOTALL), "a session SET or RESET"),
+    (
+        re.compile(
+            _LEAD + r"(?:set\s+(?:session\s+)?(?!local\b|transaction\b|constraints\b)\w|reset\b)",
+            re.IGNORECASE | re.DOTALL,
+        ),
+        "a session SET or RESET",
+    ),
     (re.compile(_LEAD + r"(?:listen|unlisten)\b", re.IGNORECASE | re.DOTALL), "LISTEN"),
-    (re.compile(_LEAD + r"(?:prepare|deallocate)\b(?!\s+transaction)", re.IGNORECASE | re.DOTALL),
-     "a PREPAREd statement"),
-    (re.compile(_LEAD + r"declare\b[^;]*\bwith\s+hold\b", re.IGNORECASE | re.DOTALL), "a WITH HOLD cursor"),
-    (re.compile(_LEAD + r"create\s+(?:(?:global|local)\s+)?temp(?:orary)?\s+(?:table|view|sequence)\b"
-                r"(?![^;]*\bon\s+commit\s+drop\b)", re.IGNORECASE | re.DOTALL), "a temporary table or view"),
-    (re.compile(r"\bpg_(?:try_)?advisory_(?:un)?lock(?:_shared)?\s*\(", re.IGNORECASE), "a session advisory lock"),
-    (re.compile(r"\bset_config\s*\((?:[^()]|\([^()]*\))*,\s*false\s*\)", re.IGNORECASE), "set_config(..., false)"),
+    (
+        re.compile(
+            _LEAD + r"(?:prepare|deallocate)\b(?!\s+transaction)", re.IGNORECASE | re.DOTALL
+        ),
+        "a PREPAREd statement",
+    ),
+    (
+        re.compile(_LEAD + r"declare\b[^;]*\bwith\s+hold\b", re.IGNORECASE | re.DOTALL),
+        "a WITH HOLD cursor",
+    ),
+    (
+        re.compile(
+            _LEAD + r"create\s+(?:(?:global|local)\s+)?temp(?:orary)?\s+(?:table|view|sequence)\b"
+            r"(?![^;]*\bon\s+commit\s+drop\b)",
+            re.IGNORECASE | re.DOTALL,
+        ),
+        "a temporary table or view",
+    ),
+    (
+        re.compile(r"\bpg_(?:try_)?advisory_(?:un)?lock(?:_shared)?\s*\(", re.IGNORECASE),
+        "a session advisory lock",
+    ),
+    (
+        re.compile(r"\bset_config\s*\((?:[^()]|\([^()]*\))*,\s*false\s*\)", re.IGNORECASE),
+        "set_config(..., false)",
+    ),
 ]
 
 
@@ -310,9 +347,11 @@ def quietly(fn: Callable[..., Any], *args: Any) -> bool:
 
 # What ``DISCARD ALL`` does, less ``DEALLOCATE ALL`` (psycopg keeps its own prepared statements
 # and, after the first time, would not notice them gone), and allowed in a transaction.
-_RESET_SQL = ("SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_statements WHERE name !~ '^_pg3_';"
-              "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
-              "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
+_RESET_SQL = (
+    "SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_statements WHERE name !~ '^_pg3_';"
+    "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
+    "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES"
+)
 
 
 def reset(conn: psycopg.Connection, *, commit: bool = False) -> None:
@@ -336,7 +375,10 @@ def reset_text(conn: Any, commit: bool) -> tuple[bool, str]:
     when ``commit`` and a transaction is open). Its first result set (after the COMMIT's) names the
     user's prepared statements, each dropped with :func:`deallocate_text`."""
     status = conn.pgconn.transaction_status
-    if commit and status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR):
+    if commit and status in (
+        psycopg.pq.TransactionStatus.INTRANS,
+        psycopg.pq.TransactionStatus.INERROR,
+    ):
         return False, "COMMIT; " + _RESET_SQL
     return status != psycopg.pq.TransactionStatus.IDLE, _RESET_SQL
 
@@ -361,4 +403,6 @@ def forget_prepared_text(epoch: int) -> str:
 
 
 def stale_plan(exc: BaseException) -> bool:
-    return getattr(exc, "sqlstate", None) == "0A000" and "cached plan must not change result type" in str(exc)
+    return getattr(
+        exc, "sqlstate", None
+    ) == "0A000" and "cached plan must not change result type" in str(exc)

@@ -64,7 +64,9 @@ from .router_session import ms, transaction_start
 
 T = TypeVar("T")
 _IDLE = psycopg.pq.TransactionStatus.IDLE
-_RECORD = "_shardctl_sqla_records"  # on a Router connection: its SQLAlchemy pool record, per host pool
+_RECORD = (
+    "_shardctl_sqla_records"  # on a Router connection: its SQLAlchemy pool record, per host pool
+)
 
 
 class UnroutableStatement(BadInput):
@@ -119,11 +121,11 @@ class _LendingPool(Pool):
                 loan.__exit__(type(error), error, None)
             else:
                 loan.__exit__(None, None, None)
-        except Exception:  # noqa: BLE001 - a broken connection: the Router discarded it and counted the error
+        except Exception:
             if not broken:
                 raise
 
-    def recreate(self) -> "_LendingPool":
+    def recreate(self) -> _LendingPool:
         return _LendingPool(self._router, self._host, self._timeout)
 
     def dispose(self) -> None:
@@ -153,7 +155,9 @@ class Shards:
                 engine = self._engines.get(host)
                 if engine is None:
                     pool = _LendingPool(self.router, host, self.timeout)
-                    engine = sqlalchemy.create_engine("postgresql+psycopg://", pool=pool, echo=self.echo)
+                    engine = sqlalchemy.create_engine(
+                        "postgresql+psycopg://", pool=pool, echo=self.echo
+                    )
                     event.listen(engine, "before_cursor_execute", _on_shard)
                     event.listen(engine, "handle_error", self._moved)
                     self._engines[host] = engine
@@ -167,7 +171,10 @@ class Shards:
         host = self.router._locate(shard).name
         cached = self._shard_engines.get(shard)
         if cached is None or cached[0] != host:
-            cached = self._shard_engines[shard] = (host, self.engine(host).execution_options(**self.options(shard)))
+            cached = self._shard_engines[shard] = (
+                host,
+                self.engine(host).execution_options(**self.options(shard)),
+            )
         return cached[1]
 
     def options(self, shard: int) -> dict[str, Any]:
@@ -176,10 +183,13 @@ class Shards:
         if opts is None:
             schema = self.router.topology.schema_name(shard)
             opts = self._options[shard] = {
-                "schema_translate_map": {None: schema}, "shardctl_shard": shard,
+                "schema_translate_map": {None: schema},
+                "shardctl_shard": shard,
                 "shardctl_begin": transaction_start(schema, ms(self.timeout), False),
-                "shardctl_switch": psycopg.sql.SQL("SELECT set_config('search_path', {}, true)").format(
-                    psycopg.sql.Literal(f'"{schema}", public')).as_string(None)}
+                "shardctl_switch": psycopg.sql.SQL("SELECT set_config('search_path', {}, true)")
+                .format(psycopg.sql.Literal(f'"{schema}", public'))
+                .as_string(None),
+            }
         return opts
 
     def all(self) -> range:
@@ -189,31 +199,44 @@ class Shards:
         """A statement met a moved shard: mark the error with the shard and the host it ran on, for
         :meth:`follow_move` once the session's transaction is over (its locks held up the move's cutover)."""
         exc, context = ctx.original_exception, ctx.execution_context
-        if getattr(exc, "sqlstate", None) not in MOVED_ERRORS or context is None or ctx.sqlalchemy_exception is None:
+        if (
+            getattr(exc, "sqlstate", None) not in MOVED_ERRORS
+            or context is None
+            or ctx.sqlalchemy_exception is None
+        ):
             return
         conn = getattr(ctx.connection, "connection", None)
         tried = getattr(getattr(conn, "dbapi_connection", None), "shardctl_host", None)
-        ctx.sqlalchemy_exception.shardctl_moved = (context.execution_options.get("shardctl_shard"), tried)
+        ctx.sqlalchemy_exception.shardctl_moved = (
+            context.execution_options.get("shardctl_shard"),
+            tried,
+        )
 
     def follow_move(self, exc: BaseException) -> bool:
         """After ``exc`` (raised by a session's statement, the session rolled back): True when its shard
         had moved and the Router now routes it to its new host (try again)."""
         shard, tried = getattr(exc, "shardctl_moved", (None, None))
         orig = getattr(exc, "orig", None)
-        return shard is not None and orig is not None and self.router.follow_move(shard, orig, tried)
+        return (
+            shard is not None and orig is not None and self.router.follow_move(shard, orig, tried)
+        )
 
     def close(self) -> None:
         for engine in self._engines.values():
             engine.dispose()
 
 
-def _on_shard(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+def _on_shard(
+    conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+) -> None:
     """Before each statement: a transaction it opens starts on its shard; a text statement moving to
     another shard of the host mid-transaction switches ``search_path`` (for that transaction only)."""
     opts = context.execution_options
     begin = opts.get("shardctl_begin")
     if begin is None:
-        raise UnroutableStatement(f"no shard for {statement[:80]!r}: run it with execution_options(shard=N)")
+        raise UnroutableStatement(
+            f"no shard for {statement[:80]!r}: run it with execution_options(shard=N)"
+        )
     raw = cursor.connection
     shard = opts["shardctl_shard"]
     if raw.pgconn.transaction_status == _IDLE:
@@ -238,7 +261,9 @@ class _Routes:
         self.id_attr = mapper.get_property_by_column(pk[0]).key if len(pk) == 1 else None
         self.key_col = getattr(cls, "__shard_key__", None)
         self.key_is_id = bool(getattr(cls, "__shard_key_is_id__", False))
-        self.key_attr = mapper.get_property_by_column(self.table.c[self.key_col]).key if self.key_col else None
+        self.key_attr = (
+            mapper.get_property_by_column(self.table.c[self.key_col]).key if self.key_col else None
+        )
         self.columns = {self.id_col: True} if self.id_col else {}
         if self.key_col:
             self.columns[self.key_col] = self.key_is_id
@@ -261,8 +286,9 @@ def _value_shards(router: Router, value: Any, is_id: bool) -> set[int]:
     return {router.shard_for(v) for v in values}
 
 
-def criterion_shards(router: Router, clause: Any, tables: dict[Any, dict[str, bool]],
-                     params: dict[str, Any]) -> set[int] | None:
+def criterion_shards(
+    router: Router, clause: Any, tables: dict[Any, dict[str, bool]], params: dict[str, Any]
+) -> set[int] | None:
     """The shards a WHERE clause can match, from ``==``/``IN`` on a shard key or ID column of ``tables``
     (AND: the intersection of routable terms; OR: the union, when every term is routable), or None."""
     if clause is None:
@@ -275,13 +301,20 @@ def criterion_shards(router: Router, clause: Any, tables: dict[Any, dict[str, bo
             known = [p for p in parts if p is not None]
             return set.intersection(*known) if known else None
         return set().union(*parts) if parts and all(p is not None for p in parts) else None
-    if not isinstance(clause, elements.BinaryExpression) or clause.operator not in (operators.eq, operators.in_op):
+    if not isinstance(clause, elements.BinaryExpression) or clause.operator not in (
+        operators.eq,
+        operators.in_op,
+    ):
         return None
     left, right = clause.left, clause.right
     if isinstance(left, elements.BindParameter):
         left, right = right, left
     kinds = tables.get(getattr(left, "table", None))
-    if kinds is None or getattr(left, "name", None) not in kinds or not isinstance(right, elements.BindParameter):
+    if (
+        kinds is None
+        or getattr(left, "name", None) not in kinds
+        or not isinstance(right, elements.BindParameter)
+    ):
         return None
     value = params[right.key] if right.key in params else right.effective_value
     if value is None:
@@ -314,7 +347,8 @@ class ShardSession(Session):
             return next(iter(_value_shards(self.router, key, routes.key_is_id)))
         raise UnroutableStatement(
             f"no shard for a new {type(obj).__name__}: set its shard key "
-            f"({routes.key_col or 'declare __shard_key__ on the model'}) or its ID")
+            f"({routes.key_col or 'declare __shard_key__ on the model'}) or its ID"
+        )
 
     # -- flush: each object's statements on its shard, over its host's connection
     def _connection_for_object(self, mapper: Any = None, instance: Any = None, **kw: Any) -> Any:
@@ -324,7 +358,9 @@ class ShardSession(Session):
         host = super().connection(bind_arguments={"mapper": mapper, "shard": shard})
         cached = self._shard_conns.get(shard)
         if cached is None or cached[0] is not host:
-            on_shard = Connection(self.shards.shard_engine(shard), connection=host.connection, _allow_autobegin=False)
+            on_shard = Connection(
+                self.shards.shard_engine(shard), connection=host.connection, _allow_autobegin=False
+            )
             cached = self._shard_conns[shard] = (host, on_shard)
         return cached[1]
 
@@ -333,16 +369,29 @@ class ShardSession(Session):
         (Core, text, ``exec_driver_sql``) run on shard N until another shard of the host is named."""
         conn = super().connection(bind_arguments, execution_options)
         shard = (bind_arguments or {}).get("shard")
-        return conn if shard is None else conn.execution_options(**self.shards.options(self.router.target(shard=shard)))
+        return (
+            conn
+            if shard is None
+            else conn.execution_options(**self.shards.options(self.router.target(shard=shard)))
+        )
 
     # -- binds
-    def get_bind(self, mapper: Any = None, *, clause: Any = None, bind: Any = None, shard: int | None = None,
-                 **kw: Any) -> Any:
+    def get_bind(
+        self,
+        mapper: Any = None,
+        *,
+        clause: Any = None,
+        bind: Any = None,
+        shard: int | None = None,
+        **kw: Any,
+    ) -> Any:
         if bind is not None:
             return bind
         if shard is None:
-            raise UnroutableStatement("no shard given: route the statement (execution_options(shard=N) or "
-                                      "a criterion on the shard key or ID)")
+            raise UnroutableStatement(
+                "no shard given: route the statement (execution_options(shard=N) or "
+                "a criterion on the shard key or ID)"
+            )
         return self.shards.host_engine(shard)
 
     def get(self, entity: Any, ident: Any, **kwargs: Any) -> Any:
@@ -370,9 +419,16 @@ class ShardSession(Session):
             orm.bind_arguments["shard"] = one
             orm.update_execution_options(**self.shards.options(one))
             return None
-        results = [orm.invoke_statement(execution_options=self.shards.options(n),
-                                        bind_arguments={**orm.bind_arguments, "shard": n}) for n in sorted(shards)]
-        return results[0].merge(*results[1:])  # rows shard after shard; an UPDATE's or DELETE's rowcount summed
+        results = [
+            orm.invoke_statement(
+                execution_options=self.shards.options(n),
+                bind_arguments={**orm.bind_arguments, "shard": n},
+            )
+            for n in sorted(shards)
+        ]
+        return results[0].merge(
+            *results[1:]
+        )  # rows shard after shard; an UPDATE's or DELETE's rowcount summed
 
     def _statement_shards(self, orm: ORMExecuteState) -> set[int]:
         tables: dict[Any, dict[str, bool]] = {}
@@ -383,17 +439,22 @@ class ShardSession(Session):
             routes = _routes(mapper)
             tables[routes.table] = routes.columns
         params = orm.parameters if isinstance(orm.parameters, dict) else {}
-        found = criterion_shards(self.router, getattr(orm.statement, "whereclause", None), tables, params or {})
+        found = criterion_shards(
+            self.router, getattr(orm.statement, "whereclause", None), tables, params or {}
+        )
         if found is None and orm.is_insert:
             found = self._insert_shards(orm, tables)
         if found is None:
             names = ", ".join(sorted({t.name for t in tables})) or "the statement"
             raise UnroutableStatement(
                 f"no shard for a statement on {names}: filter with == or IN on the shard key or the ID, "
-                f"or pass execution_options(shard=N), or execution_options(all_shards=True) to ask every shard")
+                f"or pass execution_options(shard=N), or execution_options(all_shards=True) to ask every shard"
+            )
         return found
 
-    def _insert_shards(self, orm: ORMExecuteState, tables: dict[Any, dict[str, bool]]) -> set[int] | None:
+    def _insert_shards(
+        self, orm: ORMExecuteState, tables: dict[Any, dict[str, bool]]
+    ) -> set[int] | None:
         rows = orm.parameters if isinstance(orm.parameters, list) else [orm.parameters or {}]
         found: set[int] = set()
         for row in rows:
@@ -404,7 +465,9 @@ class ShardSession(Session):
                 name, is_id = min(hits, key=lambda h: not h[1])  # the ID first
                 found |= _value_shards(self.router, row[name], is_id)
         if len(found) > 1:
-            raise UnroutableStatement("an INSERT of rows for several shards: insert each shard's rows apart")
+            raise UnroutableStatement(
+                "an INSERT of rows for several shards: insert each shard's rows apart"
+            )
         return found or None
 
 
@@ -436,8 +499,9 @@ class ShardSessionMaker(_sessionmaker):
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def sessionmaker(router: Router, *, timeout: float | None = SAME, echo: bool = False,
-                 **kwargs: Any) -> ShardSessionMaker:
+def sessionmaker(
+    router: Router, *, timeout: float | None = SAME, echo: bool = False, **kwargs: Any
+) -> ShardSessionMaker:
     """A session factory over ``router`` (``kwargs``: SQLAlchemy's sessionmaker options, e.g.
     ``expire_on_commit``). ``timeout``: each session transaction's bound, seconds (default: the Router's)."""
     shards = Shards(router, timeout=timeout, echo=echo)
@@ -446,4 +510,11 @@ def sessionmaker(router: Router, *, timeout: float | None = SAME, echo: bool = F
     return maker
 
 
-__all__ = ["ShardSession", "ShardSessionMaker", "Shards", "UnroutableStatement", "criterion_shards", "sessionmaker"]
+__all__ = [
+    "ShardSession",
+    "ShardSessionMaker",
+    "Shards",
+    "UnroutableStatement",
+    "criterion_shards",
+    "sessionmaker",
+]

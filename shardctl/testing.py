@@ -45,15 +45,27 @@ ENGINES = ("embedded", "docker")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("shardctl", "shardctl fleet fixtures")
-    group.addoption("--shardctl-engine", choices=ENGINES, default=None,
-                    help="Where the shardctl_fleet servers run: embedded (default) or docker.")
-    group.addoption("--shardctl-hosts", type=int, default=None, help="Servers in shardctl_fleet (default 2).")
-    group.addoption("--shardctl-image", default=None, help="PostgreSQL image for the docker engine.")
-    parser.addini("shardctl_engine", "shardctl_fleet engine: embedded or docker", default="embedded")
+    group.addoption(
+        "--shardctl-engine",
+        choices=ENGINES,
+        default=None,
+        help="Where the shardctl_fleet servers run: embedded (default) or docker.",
+    )
+    group.addoption(
+        "--shardctl-hosts", type=int, default=None, help="Servers in shardctl_fleet (default 2)."
+    )
+    group.addoption(
+        "--shardctl-image", default=None, help="PostgreSQL image for the docker engine."
+    )
+    parser.addini(
+        "shardctl_engine", "shardctl_fleet engine: embedded or docker", default="embedded"
+    )
     parser.addini("shardctl_hosts", "servers in shardctl_fleet", default="2")
     parser.addini("shardctl_image", "PostgreSQL image for the docker engine", default="")
     parser.addini("shardctl_shards", "logical shards in each shardctl_topology", default="16")
-    parser.addini("shardctl_migrations", "migrations directory (relative to the ini file)", default="")
+    parser.addini(
+        "shardctl_migrations", "migrations directory (relative to the ini file)", default=""
+    )
     parser.addini("shardctl_routing_key", "routing.key of the topologies", default="user_id")
 
 
@@ -62,7 +74,7 @@ class FleetServer:
     """One server of the fleet: how shardctl reaches it, and how its peers do (docker network)."""
 
     name: str
-    dsn_format: str                 # with {db}: reached from this machine
+    dsn_format: str  # with {db}: reached from this machine
     peer_format: str | None = None  # with {db}: reached from the other servers, when that differs
 
     def dsn(self, db: str) -> str:
@@ -82,8 +94,14 @@ class ShardctlFleet:
     routing_key: str = "user_id"
     _databases: list[tuple[FleetServer, str]] = field(default_factory=list)
 
-    def make_topology(self, *, shards: int | None = None, hosts: int | None = None,
-                      migrations: str | Path | None = None, init: bool = True) -> "Any":
+    def make_topology(
+        self,
+        *,
+        shards: int | None = None,
+        hosts: int | None = None,
+        migrations: str | Path | None = None,
+        init: bool = True,
+    ) -> Any:
         """A topology over a fresh database on each of the first ``hosts`` servers, initialised."""
         from .model.topology import Topology
 
@@ -98,16 +116,26 @@ class ShardctlFleet:
 
             source = builtin_dir("migrations")
         shutil.copytree(source, directory / "migrations")
-        lines = ["version: 1", "id:", "  layout: instagram", "  epoch: \"2026-01-01T00:00:00Z\"",
-                 "shards:", f"  count: {shards}", "  schema: \"insta{n}\"", "migrations: migrations/",
-                 "routing:", f"  key: {self.routing_key}", "hosts:"]
+        lines = [
+            "version: 1",
+            "id:",
+            "  layout: instagram",
+            '  epoch: "2026-01-01T00:00:00Z"',
+            "shards:",
+            f"  count: {shards}",
+            '  schema: "insta{n}"',
+            "migrations: migrations/",
+            "routing:",
+            f"  key: {self.routing_key}",
+            "hosts:",
+        ]
         for i, server in enumerate(servers):
             db = self._create_database(server)
             lo, hi = i * shards // len(servers), (i + 1) * shards // len(servers) - 1
-            lines += [f"  - name: {server.name}", f"    dsn: \"{server.dsn(db)}\""]
+            lines += [f"  - name: {server.name}", f'    dsn: "{server.dsn(db)}"']
             if server.peer_format:
-                lines.append(f"    peer_dsn: \"{server.peer_format.format(db=db)}\"")
-            lines.append(f"    shards: \"{lo}-{hi}\"")
+                lines.append(f'    peer_dsn: "{server.peer_format.format(db=db)}"')
+            lines.append(f'    shards: "{lo}-{hi}"')
         path = directory / "shardctl.yaml"
         path.write_text("\n".join(lines) + "\n")
         with warnings.catch_warnings():
@@ -154,7 +182,9 @@ def start_fleet(config: pytest.Config, workdir: Path) -> ShardctlFleet:
     """Start the session's servers as configured (engine, hosts, image)."""
     engine = _setting(config, "--shardctl-engine", "shardctl_engine") or "embedded"
     if engine not in ENGINES:
-        raise pytest.UsageError(f"shardctl_engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        raise pytest.UsageError(
+            f"shardctl_engine must be one of {', '.join(ENGINES)}, got {engine!r}"
+        )
     hosts = int(_setting(config, "--shardctl-hosts", "shardctl_hosts") or 2)
     image = _setting(config, "--shardctl-image", "shardctl_image") or None
     migrations = config.getini("shardctl_migrations")
@@ -167,19 +197,32 @@ def start_fleet(config: pytest.Config, workdir: Path) -> ShardctlFleet:
             raise pytest.UsageError(f"shardctl_engine = docker: {problem}")
         box: Any = DockerSandbox(workdir / "sandbox")
         result = _up(box, hosts=hosts, shards=hosts, image=image)
-        servers = [FleetServer(h["name"], f"postgresql://postgres@127.0.0.1:{h['port']}/{{db}}",
-                               h["peer_dsn"].rsplit("/", 1)[0] + "/{db}") for h in result["hosts"]]
+        servers = [
+            FleetServer(
+                h["name"],
+                f"postgresql://postgres@127.0.0.1:{h['port']}/{{db}}",
+                h["peer_dsn"].rsplit("/", 1)[0] + "/{db}",
+            )
+            for h in result["hosts"]
+        ]
     else:
         from .dev.sandbox import Sandbox
 
         box = Sandbox(workdir / "sandbox")
         result = _up(box, hosts=hosts, shards=hosts)
-        servers = [FleetServer(h["name"], f"postgresql://postgres@127.0.0.1:{h['port']}/{{db}}")
-                   for h in result["hosts"]]
-    return ShardctlFleet(engine=engine, box=box, servers=servers, workdir=workdir,
-                         shards=int(config.getini("shardctl_shards") or 16),
-                         migrations=(base / migrations) if migrations else None,
-                         routing_key=config.getini("shardctl_routing_key") or "user_id")
+        servers = [
+            FleetServer(h["name"], f"postgresql://postgres@127.0.0.1:{h['port']}/{{db}}")
+            for h in result["hosts"]
+        ]
+    return ShardctlFleet(
+        engine=engine,
+        box=box,
+        servers=servers,
+        workdir=workdir,
+        shards=int(config.getini("shardctl_shards") or 16),
+        migrations=(base / migrations) if migrations else None,
+        routing_key=config.getini("shardctl_routing_key") or "user_id",
+    )
 
 
 def _up(box: Any, **kwargs: Any) -> dict:

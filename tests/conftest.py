@@ -17,12 +17,12 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
+from support.pooler import pgbouncer  # noqa: F401 - the fixture: PgBouncer in front of the session servers
 
 from shardctl.cli import cli
-from shardctl.sql.render import builtin_dir
 from shardctl.dev.sandbox import Sandbox
 from shardctl.model.topology import LayoutWarning, Topology
-from support.pooler import pgbouncer  # noqa: F401 - the fixture: PgBouncer in front of the session servers
+from shardctl.sql.render import builtin_dir
 
 SESSION_HOSTS = 3
 
@@ -70,9 +70,20 @@ class FleetMaker:
         self.base = base
         self.created: list[tuple[int, str]] = []
 
-    def __call__(self, hosts: int = 2, shards: int = 64, *, function: str = "plpgsql", schema: str = "insta{n}",
-                 name: str = "shardctl.yaml", epoch: str = "2026-01-01T00:00:00Z", ranges: list[str] | None = None,
-                 extra: str = "", pooler: str | None = None, encoding: str | None = None) -> Path:
+    def __call__(
+        self,
+        hosts: int = 2,
+        shards: int = 64,
+        *,
+        function: str = "plpgsql",
+        schema: str = "insta{n}",
+        name: str = "shardctl.yaml",
+        epoch: str = "2026-01-01T00:00:00Z",
+        ranges: list[str] | None = None,
+        extra: str = "",
+        pooler: str | None = None,
+        encoding: str | None = None,
+    ) -> Path:
         """``pooler``: each host's ``pooler:`` key; ``encoding``: the databases' server encoding (with C
         collation), else the server's default."""
         assert hosts <= SESSION_HOSTS
@@ -80,19 +91,38 @@ class FleetMaker:
         directory = self.base / f"fleet-{uuid.uuid4().hex[:6]}"
         directory.mkdir()
         shutil.copytree(builtin_dir("migrations"), directory / "migrations")
-        lines = ["version: 1", "id:", "  layout: instagram", f"  epoch: \"{epoch}\"", f"  function: {function}",
-                 "shards:", f"  count: {shards}", f"  schema: \"{schema}\"", "migrations: migrations/", "hosts:"]
+        lines = [
+            "version: 1",
+            "id:",
+            "  layout: instagram",
+            f'  epoch: "{epoch}"',
+            f"  function: {function}",
+            "shards:",
+            f"  count: {shards}",
+            f'  schema: "{schema}"',
+            "migrations: migrations/",
+            "hosts:",
+        ]
         for i in range(hosts):
             host = state.hosts[i]
             db = f"t_{uuid.uuid4().hex[:12]}"
             with psycopg.connect(admin_dsn(host.port), autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE {db}" + (f" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' "
-                                                        "TEMPLATE template0" if encoding else ""))
+                conn.execute(
+                    f"CREATE DATABASE {db}"
+                    + (
+                        f" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+                        if encoding
+                        else ""
+                    )
+                )
             self.created.append((host.port, db))
             lo, hi = i * shards // hosts, (i + 1) * shards // hosts - 1
             rng = ranges[i] if ranges else f"{lo}-{hi}"
-            lines += [f"  - name: pg{i + 1}", f"    dsn: \"postgresql://postgres@127.0.0.1:{host.port}/{db}\"",
-                      f"    shards: \"{rng}\""] + ([f"    pooler: {pooler}"] if pooler else [])
+            lines += [
+                f"  - name: pg{i + 1}",
+                f'    dsn: "postgresql://postgres@127.0.0.1:{host.port}/{db}"',
+                f'    shards: "{rng}"',
+            ] + ([f"    pooler: {pooler}"] if pooler else [])
         path = directory / name
         path.write_text("\n".join(lines) + "\n" + extra)
         return path
@@ -160,7 +190,9 @@ class Result:
         return f"Result(exit={self.exit_code}, stdout={self.stdout[-2000:]!r}, stderr={self.stderr[-2000:]!r})"
 
 
-def run_cli(*args: str, config: Path | None = None, input: str | None = None, env: dict | None = None) -> Result:
+def run_cli(
+    *args: str, config: Path | None = None, input: str | None = None, env: dict | None = None
+) -> Result:
     """Run the CLI in-process, exactly as the console script does (same exit-code mapping)."""
     argv = (["--config", str(config)] if config else []) + [str(a) for a in args]
     result = CliRunner().invoke(cli, argv, input=input, env=env, catch_exceptions=False)
@@ -172,4 +204,6 @@ def shardctl():
     return run_cli
 
 
-os.environ.setdefault("SHARDCTL_SANDBOX", str(Path(os.environ.get("TMPDIR", "/tmp")) / "shardctl-test-sandbox"))
+os.environ.setdefault(
+    "SHARDCTL_SANDBOX", str(Path(os.environ.get("TMPDIR", "/tmp")) / "shardctl-test-sandbox")
+)

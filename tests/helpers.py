@@ -25,8 +25,12 @@ def console_script() -> str | None:
     return str(script) if script.exists() else shutil.which("shardctl")
 
 
-def shardctl_argv(*args: Any, config: Path | str | None = None, command: tuple[str, ...] | list[str] = PYTHON_M,
-                  python_flags: tuple[str, ...] = ()) -> list[str]:
+def shardctl_argv(
+    *args: Any,
+    config: Path | str | None = None,
+    command: tuple[str, ...] | list[str] = PYTHON_M,
+    python_flags: tuple[str, ...] = (),
+) -> list[str]:
     """The argument vector: ``command`` (default ``python -m shardctl``), then ``--config`` and ``args``."""
     argv = list(command)
     if python_flags:
@@ -43,19 +47,42 @@ def process_env(env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) 
     return out
 
 
-def run_shardctl(*args: Any, config: Path | str | None = None, env: dict[str, str] | None = None,
-                 unset: tuple[str, ...] = (), input: str | None = None, cwd: Path | str | None = None,
-                 timeout: float = 120, command: tuple[str, ...] | list[str] = PYTHON_M,
-                 python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_shardctl(
+    *args: Any,
+    config: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
+    input: str | None = None,
+    cwd: Path | str | None = None,
+    timeout: float = 120,
+    command: tuple[str, ...] | list[str] = PYTHON_M,
+    python_flags: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
     """Run shardctl to completion; text stdout and stderr captured."""
-    return subprocess.run(shardctl_argv(*args, config=config, command=command, python_flags=python_flags),
-                          input=input, capture_output=True, text=True, env=process_env(env, unset), cwd=cwd,
-                          timeout=timeout)
+    return subprocess.run(
+        shardctl_argv(*args, config=config, command=command, python_flags=python_flags),
+        input=input,
+        capture_output=True,
+        text=True,
+        env=process_env(env, unset),
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
-def start_shardctl(*args: Any, config: Path | str | None = None, env: dict[str, str] | None = None,
-                   unset: tuple[str, ...] = (), command: tuple[str, ...] | list[str] = PYTHON_M,
-                   text: bool = True) -> subprocess.Popen:
+def start_shardctl(
+    *args: Any,
+    config: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
+    command: tuple[str, ...] | list[str] = PYTHON_M,
+    text: bool = True,
+) -> subprocess.Popen:
     """Start shardctl in the background (stdout and stderr piped); the caller waits or kills it."""
-    return subprocess.Popen(shardctl_argv(*args, config=config, command=command), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=text, env=process_env(env, unset))
+    return subprocess.Popen(
+        shardctl_argv(*args, config=config, command=command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=text,
+        env=process_env(env, unset),
+    )

@@ -32,8 +32,10 @@ class Measured:
     peak_mb: float
 
     def __repr__(self) -> str:
-        return (f"Measured(exit={self.exit_code}, {self.seconds:.2f}s wall, {self.cpu_seconds:.2f}s cpu, "
-                f"{self.peak_mb:.0f} MB, stderr={self.stderr[:1500]!r}, stdout={self.stdout[:300]!r})")
+        return (
+            f"Measured(exit={self.exit_code}, {self.seconds:.2f}s wall, {self.cpu_seconds:.2f}s cpu, "
+            f"{self.peak_mb:.0f} MB, stderr={self.stderr[:1500]!r}, stdout={self.stdout[:300]!r})"
+        )
 
     @property
     def stderr_lines(self) -> list[str]:
@@ -54,17 +56,38 @@ with open(sys.argv[1], "w") as f:
 """
 
 
-def run_measured(*args: str, stdin: bytes | Iterable[bytes] | None = None, env: dict | None = None,
-                 keep_stdout: bool = True, cwd: str | None = None) -> Measured:
+def run_measured(
+    *args: str,
+    stdin: bytes | Iterable[bytes] | None = None,
+    env: dict | None = None,
+    keep_stdout: bool = True,
+    cwd: str | None = None,
+) -> Measured:
     """Run ``shardctl ARGS`` in a fresh process and measure it."""
     environment = {k: v for k, v in os.environ.items() if k != "SHARDCTL_CONFIG"}
     environment.update(env or {})
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r", suffix=".json") as report:
-        proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, report.name, sys.executable, "-m", "shardctl",
-                                 *map(str, args)], stdin=subprocess.PIPE,
-                                stdout=out if keep_stdout else subprocess.DEVNULL, stderr=err,
-                                env=environment, cwd=cwd)
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile("r", suffix=".json") as report,
+    ):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _WRAPPER,
+                report.name,
+                sys.executable,
+                "-m",
+                "shardctl",
+                *map(str, args),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=out if keep_stdout else subprocess.DEVNULL,
+            stderr=err,
+            env=environment,
+            cwd=cwd,
+        )
         feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
         feeder.start()
         proc.wait()
@@ -72,9 +95,14 @@ def run_measured(*args: str, stdin: bytes | Iterable[bytes] | None = None, env: 
         facts = json.loads(open(report.name).read())
         out.seek(0)
         err.seek(0)
-        return Measured(facts["exit_code"], out.read(2_000_000) if keep_stdout else b"",
-                        err.read(2_000_000).decode("utf-8", "replace"), facts["seconds"], facts["cpu_seconds"],
-                        facts["peak_mb"])
+        return Measured(
+            facts["exit_code"],
+            out.read(2_000_000) if keep_stdout else b"",
+            err.read(2_000_000).decode("utf-8", "replace"),
+            facts["seconds"],
+            facts["cpu_seconds"],
+            facts["peak_mb"],
+        )
 
 
 def _feed(pipe, data) -> None:
@@ -100,7 +128,9 @@ def load_factor() -> float:
     return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
-def assert_refused_cheaply(result: Measured, *needles: str, code: int = 2, max_mb: float = MAX_MB) -> str:
+def assert_refused_cheaply(
+    result: Measured, *needles: str, code: int = 2, max_mb: float = MAX_MB
+) -> str:
     """Exit ``code``, one short stderr line (no traceback) holding ``needles``, within the time and memory bounds."""
     assert result.exit_code == code, result
     assert "Traceback" not in result.stderr, result
@@ -113,7 +143,9 @@ def assert_refused_cheaply(result: Measured, *needles: str, code: int = 2, max_m
     return lines[0]
 
 
-def assert_cheap(result: Measured, max_mb: float = MAX_MB, max_seconds: float = MAX_SECONDS) -> None:
+def assert_cheap(
+    result: Measured, max_mb: float = MAX_MB, max_seconds: float = MAX_SECONDS
+) -> None:
     """Peak memory within ``max_mb`` and CPU time within ``max_seconds``. Wall-clock time too, scaled by
     twice :func:`load_factor` (a one-minute average that lags a burst): on a 2-core machine shared with
     other test runs (load 10 is common), wall time measures the queue for a core, not the program."""

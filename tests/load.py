@@ -46,7 +46,9 @@ class LoadStats:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    lags: list[float] = field(default_factory=list)  # pgbench: waits before a scheduled start (client busy)
+    lags: list[float] = field(
+        default_factory=list
+    )  # pgbench: waits before a scheduled start (client busy)
 
     @property
     def rate(self) -> float:
@@ -62,15 +64,23 @@ class LoadStats:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, int(len(ordered) * p))] * 1000
 
-    def merge(self, other: "LoadStats") -> "LoadStats":
-        return LoadStats(self.ops + other.ops, self.failed + other.failed, max(self.seconds, other.seconds),
-                         self.latencies + other.latencies, self.errors + other.errors, self.lags + other.lags)
+    def merge(self, other: LoadStats) -> LoadStats:
+        return LoadStats(
+            self.ops + other.ops,
+            self.failed + other.failed,
+            max(self.seconds, other.seconds),
+            self.latencies + other.latencies,
+            self.errors + other.errors,
+            self.lags + other.lags,
+        )
 
     def summary(self) -> str:
-        return (f"{self.ops} ops in {self.seconds:.1f}s ({self.rate:.0f}/s), {self.failed} failed, latency "
-                f"p50 {self.percentile_ms(0.5):.1f} ms, p99 {self.percentile_ms(0.99):.1f} ms, "
-                f"max {self.max_ms:.1f} ms" + (f" (client schedule lag max {max(self.lags) * 1000:.0f} ms)"
-                                                if self.lags else ""))
+        return (
+            f"{self.ops} ops in {self.seconds:.1f}s ({self.rate:.0f}/s), {self.failed} failed, latency "
+            f"p50 {self.percentile_ms(0.5):.1f} ms, p99 {self.percentile_ms(0.99):.1f} ms, "
+            f"max {self.max_ms:.1f} ms"
+            + (f" (client schedule lag max {max(self.lags) * 1000:.0f} ms)" if self.lags else "")
+        )
 
 
 def insert_script(topo: Topology, shards: list[int]) -> str:
@@ -78,16 +88,24 @@ def insert_script(topo: Topology, shards: list[int]) -> str:
 
     Variables are substituted into the text (``-M simple``), so the schema name can hold one."""
     prefix, suffix = topo.schema_format.split("{n}")
-    return (f"\\set s random({min(shards)}, {max(shards)})\n"
-            f"\\set u random(1, 1000000)\n"
-            f"INSERT INTO {prefix}:s{suffix}.photos (user_id, caption) VALUES (:u, 'pgbench');\n")
+    return (
+        f"\\set s random({min(shards)}, {max(shards)})\n"
+        f"\\set u random(1, 1000000)\n"
+        f"INSERT INTO {prefix}:s{suffix}.photos (user_id, caption) VALUES (:u, 'pgbench');\n"
+    )
 
 
 class Pgbench:
     """``pgbench -f`` on every host at ``rate`` transactions/s in all (split over the hosts)."""
 
-    def __init__(self, topo: Topology, rate: int = 1200, clients: int = 4, duration: int = 600,
-                 shards: dict[str, list[int]] | None = None):
+    def __init__(
+        self,
+        topo: Topology,
+        rate: int = 1200,
+        clients: int = 4,
+        duration: int = 600,
+        shards: dict[str, list[int]] | None = None,
+    ):
         self.topo, self.rate, self.clients, self.duration = topo, rate, clients, duration
         self.shards = shards or {h.name: list(h.shards) for h in topo.hosts if h.shards}
         self.dir = Path(tempfile.mkdtemp(prefix="shardctl-pgbench-"))
@@ -100,11 +118,29 @@ class Pgbench:
         per_host = max(1, self.rate // len(self.shards))
         # The DSN as the database name: libpq expands a connection string there (the password, if
         # any, comes from the environment, as for shardctl).
-        return [str(pg_bin("pgbench")), "-n", "-M", "simple", "-f", str(script), "-c", str(self.clients), "-j", "1",
-                "-R", str(per_host), "-T", str(self.duration), "-l", "--log-prefix", str(self.dir / host.name),
-                "-d", host.dsn]
+        return [
+            str(pg_bin("pgbench")),
+            "-n",
+            "-M",
+            "simple",
+            "-f",
+            str(script),
+            "-c",
+            str(self.clients),
+            "-j",
+            "1",
+            "-R",
+            str(per_host),
+            "-T",
+            str(self.duration),
+            "-l",
+            "--log-prefix",
+            str(self.dir / host.name),
+            "-d",
+            host.dsn,
+        ]
 
-    def __enter__(self) -> "Pgbench":
+    def __enter__(self) -> Pgbench:
         self.started = time.monotonic()
         for name, shards in self.shards.items():
             script = self.dir / f"{name}.sql"
@@ -113,8 +149,13 @@ class Pgbench:
             env = dict(os.environ)
             if host.password_env and host.password_env in os.environ:
                 env["PGPASSWORD"] = os.environ[host.password_env]
-            proc = subprocess.Popen(self._command(host, script), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, env=env)
+            proc = subprocess.Popen(
+                self._command(host, script),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            )
             self.procs.append((name, proc))
         return self
 
@@ -138,7 +179,9 @@ class Pgbench:
         """From the per-transaction logs: transactions, failures, latencies (optionally only those
         that ended between the ``time.time()`` instants ``since`` and ``until``)."""
         whole = (self.stopped or time.monotonic()) - self.started
-        st = LoadStats(seconds=(until - since) if since is not None and until is not None else whole)
+        st = LoadStats(
+            seconds=(until - since) if since is not None and until is not None else whole
+        )
         for path in self.dir.glob("*.[0-9]*"):
             for line in path.read_text().splitlines():
                 parts = line.split()
@@ -161,7 +204,9 @@ class Pgbench:
             if m and int(m.group(1)):
                 st.errors.append(f"{name}: {m.group(0)}")
             if "aborted" in (out or "") or "error" in (out or "").lower():
-                st.errors += [f"{name}: {ln}" for ln in out.splitlines() if "error" in ln.lower()][:5]
+                st.errors += [f"{name}: {ln}" for ln in out.splitlines() if "error" in ln.lower()][
+                    :5
+                ]
         return st
 
 
@@ -169,21 +214,37 @@ class RouterWriters:
     """Threads inserting through the Router into random shards of ``shards``; every acknowledged row
     is kept as (id, shard, started, finished) with ``time.time()`` stamps."""
 
-    def __init__(self, router, shards: list[int], modulus: int, writers: int = 2, pause: float = 0.002,
-                 first: int = 0, rate: float = 0.0):
+    def __init__(
+        self,
+        router,
+        shards: list[int],
+        modulus: int,
+        writers: int = 2,
+        pause: float = 0.002,
+        first: int = 0,
+        rate: float = 0.0,
+    ):
         """``rate``: writes/s per thread, on a schedule like ``pgbench -R`` (a late write starts at once
         and the schedule moves on; no burst to catch up); 0: each thread writes, then sleeps ``pause``."""
-        self.router, self.shards, self.modulus, self.pause, self.rate = router, shards, modulus, pause, rate
+        self.router, self.shards, self.modulus, self.pause, self.rate = (
+            router,
+            shards,
+            modulus,
+            pause,
+            rate,
+        )
         self.stop_event = threading.Event()
         self.written: list[tuple[int, int, float, float]] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
         # Writer numbers (random seed, caption) from ``first``: distinct across several RouterWriters.
-        self.threads = [threading.Thread(target=self._write, args=(w,), daemon=True)
-                        for w in range(first, first + writers)]
+        self.threads = [
+            threading.Thread(target=self._write, args=(w,), daemon=True)
+            for w in range(first, first + writers)
+        ]
         self.started = self.stopped = 0.0
 
-    def __enter__(self) -> "RouterWriters":
+    def __enter__(self) -> RouterWriters:
         self.started = time.monotonic()
         for t in self.threads:
             t.start()
@@ -210,9 +271,13 @@ class RouterWriters:
             user_id = shard + self.modulus * rng.randrange(1000)  # routes to ``shard``
             started = time.time()
             try:
-                new_id = self.router.run(user_id, lambda c: c.execute(
-                    "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
-                    (user_id, f"writer {w}")).fetchone()[0])
+                new_id = self.router.run(
+                    user_id,
+                    lambda c: c.execute(
+                        "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
+                        (user_id, f"writer {w}"),
+                    ).fetchone()[0],
+                )
             except Exception as exc:  # noqa: BLE001 - every failure is a lost write: collect it
                 self.errors.append(f"write to shard {shard}: {exc!r}")
                 continue
@@ -221,11 +286,18 @@ class RouterWriters:
             if self.pause and not self.rate:
                 time.sleep(self.pause)
 
-    def stats(self, shards: set[int] | None = None, since: float | None = None,
-              until: float | None = None) -> LoadStats:
+    def stats(
+        self, shards: set[int] | None = None, since: float | None = None, until: float | None = None
+    ) -> LoadStats:
         """Acknowledged writes (to ``shards``, under way at some point of [``since``, ``until``])."""
-        return written_stats(self.written, self.errors, (self.stopped or time.monotonic()) - self.started,
-                             shards, since, until)
+        return written_stats(
+            self.written,
+            self.errors,
+            (self.stopped or time.monotonic()) - self.started,
+            shards,
+            since,
+            until,
+        )
 
     def ids_by_shard(self) -> dict[int, set[int]]:
         out: dict[int, set[int]] = {}
@@ -234,13 +306,25 @@ class RouterWriters:
         return out
 
 
-def written_stats(written: list[tuple[int, int, float, float]], errors: list[str], seconds: float,
-                  shards: set[int] | None = None, since: float | None = None,
-                  until: float | None = None) -> LoadStats:
+def written_stats(
+    written: list[tuple[int, int, float, float]],
+    errors: list[str],
+    seconds: float,
+    shards: set[int] | None = None,
+    since: float | None = None,
+    until: float | None = None,
+) -> LoadStats:
     """LoadStats of :class:`RouterWriters` rows (id, shard, started, finished; ``time.time()`` stamps),
     optionally only those to ``shards`` and under way at some point between ``since`` and ``until``
     (a write that waited through a window counts in it). Also for rows gathered from several
     writer processes."""
-    rows = [r for r in written if (shards is None or r[1] in shards)
-            and (since is None or r[3] >= since) and (until is None or r[2] <= until)]
-    return LoadStats(len(rows), len(errors), seconds, [end - start for _, _, start, end in rows], list(errors))
+    rows = [
+        r
+        for r in written
+        if (shards is None or r[1] in shards)
+        and (since is None or r[3] >= since)
+        and (until is None or r[2] <= until)
+    ]
+    return LoadStats(
+        len(rows), len(errors), seconds, [end - start for _, _, start, end in rows], list(errors)
+    )

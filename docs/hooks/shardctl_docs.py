@@ -49,16 +49,29 @@ def _section(path: tuple[str, ...], command: click.Command, ctx: click.Context) 
     out += [_help(command.help or ""), ""]
     arguments = [p for p in command.params if isinstance(p, click.Argument)]
     if arguments:
-        out += ["Arguments: " + ", ".join(f"`{p.make_metavar(ctx) if _takes_ctx(p) else p.make_metavar()}`"
-                                           for p in arguments), ""]
-    rows = [row for p in command.get_params(ctx) if isinstance(p, click.Option)
-            if (row := _param_row(p, ctx)) is not None]
+        out += [
+            "Arguments: "
+            + ", ".join(
+                f"`{p.make_metavar(ctx) if _takes_ctx(p) else p.make_metavar()}`" for p in arguments
+            ),
+            "",
+        ]
+    rows = [
+        row
+        for p in command.get_params(ctx)
+        if isinstance(p, click.Option)
+        if (row := _param_row(p, ctx)) is not None
+    ]
     if rows:
         out += ["| option | what it does |", "|---|---|", *rows, ""]
     if isinstance(command, click.Group):
         subs = [(n, command.get_command(ctx, n)) for n in command.list_commands(ctx)]
         out += ["| command | what it does |", "|---|---|"]
-        out += [f"| `{title} {n}` | {_cell(c.get_short_help_str(120))} |" for n, c in subs if c is not None]
+        out += [
+            f"| `{title} {n}` | {_cell(c.get_short_help_str(120))} |"
+            for n, c in subs
+            if c is not None
+        ]
         out += [""]
     return "\n".join(out)
 
@@ -86,7 +99,9 @@ def cli_reference() -> str:
     from shardctl.cli import cli
 
     root = click.Context(cli, info_name="shardctl")
-    return "\n".join(_section(path, command, ctx) for path, command, ctx in _walk(cli, ("shardctl",), root))
+    return "\n".join(
+        _section(path, command, ctx) for path, command, ctx in _walk(cli, ("shardctl",), root)
+    )
 
 
 def on_files(files, config):

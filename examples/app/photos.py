@@ -11,20 +11,31 @@ from shardctl import Router
 
 def create_user(router: Router, username: str) -> int:
     """Create a user on the shard allocated for ``username``; returns the new user id."""
-    return router.run(shard=router.allocate_shard(username), work=lambda conn: conn.execute(
-        "INSERT INTO users (username) VALUES (%s) RETURNING id", (username,)).fetchone()[0])
+    return router.run(
+        shard=router.allocate_shard(username),
+        work=lambda conn: conn.execute(
+            "INSERT INTO users (username) VALUES (%s) RETURNING id", (username,)
+        ).fetchone()[0],
+    )
 
 
 def add_photo(router: Router, user_id: int, caption: str) -> int:
     """Add a photo on its owner's shard (the one the user id names); returns the photo id."""
-    return router.run(id=user_id, work=lambda conn: conn.execute(
-        "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id", (user_id, caption)).fetchone()[0])
+    return router.run(
+        id=user_id,
+        work=lambda conn: conn.execute(
+            "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id", (user_id, caption)
+        ).fetchone()[0],
+    )
 
 
 def photos_of(router: Router, user_id: int) -> list[tuple[int, str]]:
     """A user's photos, newest first: one query on one shard."""
-    return router.read(id=user_id, query="SELECT id, caption FROM photos WHERE user_id = %s ORDER BY id DESC",
-                       params=(user_id,))
+    return router.read(
+        id=user_id,
+        query="SELECT id, caption FROM photos WHERE user_id = %s ORDER BY id DESC",
+        params=(user_id,),
+    )
 
 
 def users_per_shard(router: Router) -> dict[int, int]:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """The Django example's manage.py (SHARDCTL_CONFIG: the fleet's topology file)."""
+
 import os
 import sys
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
+from models import Like, Photo, User
 from sqlalchemy import func, select
 
-from models import Like, Photo, User
 from shardctl import Router, Topology
 from shardctl.sqlalchemy import sessionmaker
 
@@ -54,18 +54,24 @@ def photo_by_id(Session, photo_id: int) -> Photo | None:
 
 def photos_of(Session, user_id: int) -> list[Photo]:
     with Session() as session:
-        return list(session.scalars(select(Photo).where(Photo.user_id == user_id).order_by(Photo.id.desc())))
+        return list(
+            session.scalars(select(Photo).where(Photo.user_id == user_id).order_by(Photo.id.desc()))
+        )
 
 
 def like_count(Session, photo_id: int) -> int:
     with Session() as session:
-        return session.scalar(select(func.count()).select_from(Like).where(Like.photo_id == photo_id))
+        return session.scalar(
+            select(func.count()).select_from(Like).where(Like.photo_id == photo_id)
+        )
 
 
 def user_count(Session) -> int:
     """Every shard, asked for explicitly."""
     with Session() as session:
-        counts = session.execute(select(func.count()).select_from(User).execution_options(all_shards=True))
+        counts = session.execute(
+            select(func.count()).select_from(User).execution_options(all_shards=True)
+        )
         return sum(n for (n,) in counts)
 
 
@@ -75,8 +81,12 @@ def main(path: str) -> None:
     photo = post_photo(Session, alice.id, "sunset")
     like(Session, photo.id, alice.id)
     found = photo_by_id(Session, photo.id)
-    print(f"photo {found.id} by user {found.user_id}: {found.caption!r}, {like_count(Session, photo.id)} like(s)")
-    print(f"{len(photos_of(Session, alice.id))} photo(s) of alice, {user_count(Session)} user(s) in all")
+    print(
+        f"photo {found.id} by user {found.user_id}: {found.caption!r}, {like_count(Session, photo.id)} like(s)"
+    )
+    print(
+        f"{len(photos_of(Session, alice.id))} photo(s) of alice, {user_count(Session)} user(s) in all"
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ class User(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default=FetchedValue())
     username: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=FetchedValue())
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=FetchedValue()
+    )
 
 
 class Photo(Base):
@@ -32,7 +34,9 @@ class Photo(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default=FetchedValue())
     user_id: Mapped[int] = mapped_column(BigInteger)
     caption: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=FetchedValue())
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=FetchedValue()
+    )
 
 
 class Like(Base):
@@ -43,4 +47,6 @@ class Like(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default=FetchedValue())
     photo_id: Mapped[int] = mapped_column(BigInteger)
     user_id: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=FetchedValue())
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=FetchedValue()
+    )

@@ -14,17 +14,17 @@ import importlib
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
 
-from ..version import __version__
-from ..model.dsn import mask
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigErrors, ShardctlError
+from ..model.dsn import mask
 from ..model.topology import LayoutWarning, Topology
+from ..version import __version__
 from .output import stderr, warn
-
 
 # The commands that print the topology's warnings (the layout's sign-bit and overflow dates): the ones
 # that show or set up the layout. Every other command stays quiet about them.
@@ -44,7 +44,9 @@ class Settings:
         if self._topology is None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", LayoutWarning)
-                self._topology = Topology.load(self.config, allow_inline_password=self.allow_inline_password)
+                self._topology = Topology.load(
+                    self.config, allow_inline_password=self.allow_inline_password
+                )
             ctx = click.get_current_context(silent=True)
             if ctx is not None and ctx.info_name in WARNING_COMMANDS:
                 for message in self._topology.warnings:
@@ -57,17 +59,32 @@ def settings() -> Settings:
 
 
 def json_option(func: Callable) -> Callable:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")(func)
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."
+    )(func)
 
 
 # The module (in this package) that defines each top-level command.
 COMMAND_MODULES = {
-    "decode-id": "offline", "encode-id": "offline", "info": "offline", "locate": "offline", "render": "offline",
-    "init": "fleet", "migrate": "fleet", "plan": "fleet", "status": "fleet", "verify": "fleet",
-    "add-host": "grow", "add-shard": "grow",
-    "move-shard": "move", "rebalance": "move",
-    "lint": "lint", "migrations": "migrations", "redeploy": "redeploy",
-    "sandbox": "sandbox", "demo": "sandbox",
+    "decode-id": "offline",
+    "encode-id": "offline",
+    "info": "offline",
+    "locate": "offline",
+    "render": "offline",
+    "init": "fleet",
+    "migrate": "fleet",
+    "plan": "fleet",
+    "status": "fleet",
+    "verify": "fleet",
+    "add-host": "grow",
+    "add-shard": "grow",
+    "move-shard": "move",
+    "rebalance": "move",
+    "lint": "lint",
+    "migrations": "migrations",
+    "redeploy": "redeploy",
+    "sandbox": "sandbox",
+    "demo": "sandbox",
 }
 
 
@@ -80,11 +97,13 @@ class ShardctlGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
-            importlib.import_module(f"{__name__}.{COMMAND_MODULES[cmd_name]}")  # adds its commands to ``cli``
+            importlib.import_module(
+                f"{__name__}.{COMMAND_MODULES[cmd_name]}"
+            )  # adds its commands to ``cli``
         _imports_done()
         return super().get_command(ctx, cmd_name)
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         given = args[0] if args else kwargs.get("args")
         argv = [str(a) for a in (sys.argv[1:] if given is None else given)]
@@ -118,18 +137,32 @@ def report_error(exc: ShardctlError, as_json: bool, debug: bool = False) -> None
 
         stderr.print(mask("".join(traceback.format_exception(exc))), markup=False)
     if as_json:
-        doc: dict[str, Any] = {"ok": False, "error": mask(lines[0]), "errors": [mask(x) for x in lines],
-                               "exit_code": exc.exit_code}
+        doc: dict[str, Any] = {
+            "ok": False,
+            "error": mask(lines[0]),
+            "errors": [mask(x) for x in lines],
+            "exit_code": exc.exit_code,
+        }
         report = getattr(exc, "report", None)
         if report is not None:
             doc["report"] = report
         sys.stdout.write(mask(json.dumps(doc, indent=2, default=str)) + "\n")
 
 
-@click.group(cls=ShardctlGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--config", "-c", envvar="SHARDCTL_CONFIG", metavar="FILE",
-              help="Topology file (default: $SHARDCTL_CONFIG, else ./shardctl.yaml).")
-@click.option("--allow-inline-password", is_flag=True, help="Accept a literal password inside a DSN.")
+@click.group(
+    cls=ShardctlGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.option(
+    "--config",
+    "-c",
+    envvar="SHARDCTL_CONFIG",
+    metavar="FILE",
+    help="Topology file (default: $SHARDCTL_CONFIG, else ./shardctl.yaml).",
+)
+@click.option(
+    "--allow-inline-password", is_flag=True, help="Accept a literal password inside a DSN."
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 @click.version_option(__version__, prog_name="shardctl")
 @click.pass_context

@@ -6,25 +6,34 @@ library's ``raise_for_status`` decides the exit code."""
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import click
 
-from ..engine.executor import (DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, DEFAULT_MAX_LOCK_HOLD_MS,
-                               DEFAULT_RETRY_BUDGET, RunOptions)
+from ..engine.executor import (
+    DEFAULT_LOCK_RETRIES,
+    DEFAULT_LOCK_WAIT,
+    DEFAULT_MAX_LOCK_HOLD_MS,
+    DEFAULT_RETRY_BUDGET,
+    RunOptions,
+)
 from ..engine.fanout import FleetReport, host_error, raise_for_status
 from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
-from .output import stdout, table
 from .options import finish, host_options, run_options, split_hosts, status_of
-from .progress import host_progress
+from .output import stdout, table
 from .params import ASCII_INT, AsciiFloat, AsciiInt
+from .progress import host_progress
 
 
 def _state(h) -> str:
-    return "unreachable" if not h.reachable else ("error" if h.error else ("failed" if h.value.failed else "ok"))
+    return (
+        "unreachable"
+        if not h.reachable
+        else ("error" if h.error else ("failed" if h.value.failed else "ok"))
+    )
 
 
 def _unsaid(text: str | None, error: ShardctlError | None) -> bool:
@@ -39,21 +48,46 @@ def _host_errors(hosts: list, error: ShardctlError | None) -> None:
             stdout.print(host_error(h), markup=False, highlight=False)
 
 
-def _print_failed(report: FleetReport, with_version: bool, error: ShardctlError | None = None) -> None:
+def _print_failed(
+    report: FleetReport, with_version: bool, error: ShardctlError | None = None
+) -> None:
     failed = [f for f in report.failed if _unsaid(f"shard {f['shard']} on {f['host']}", error)]
     for f in failed[:50]:
-        version = f" at {f.get('file') or 'V%s' % f['version']}" if f.get("version") or with_version else ""
-        stdout.print(f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']}{version}: {f['error']}",
-                     markup=True, highlight=False)
+        version = (
+            f" at {f.get('file') or 'V%s' % f['version']}"
+            if f.get("version") or with_version
+            else ""
+        )
+        stdout.print(
+            f"[red]failed[/red] shard {f['shard']} ({f['schema']}) on {f['host']}{version}: {f['error']}",
+            markup=True,
+            highlight=False,
+        )
     if len(failed) > 50:
         stdout.print(f"… and {len(failed) - 50} more failed shards (see --json)")
 
 
 def fleet_table(report: FleetReport, title: str, error: ShardctlError | None = None) -> None:
-    rows = [[h.host, _state(h), len(h.value.created), len(h.value.migrated), h.value.unchanged,
-             len(h.value.failed), len(h.value.not_started), f"{h.seconds:.2f}s"] for h in report.hosts]
-    stdout.print(table(title, ["host", "state", "created", "migrated", "unchanged", "failed", "not started", "time"],
-                       rows))
+    rows = [
+        [
+            h.host,
+            _state(h),
+            len(h.value.created),
+            len(h.value.migrated),
+            h.value.unchanged,
+            len(h.value.failed),
+            len(h.value.not_started),
+            f"{h.seconds:.2f}s",
+        ]
+        for h in report.hosts
+    ]
+    stdout.print(
+        table(
+            title,
+            ["host", "state", "created", "migrated", "unchanged", "failed", "not started", "time"],
+            rows,
+        )
+    )
     _host_errors(report.hosts, error)
     _print_failed(report, with_version=False, error=error)
 
@@ -61,27 +95,50 @@ def fleet_table(report: FleetReport, title: str, error: ShardctlError | None = N
 @cli.command("init")
 @host_options
 @run_options
-def init_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
-             wait: float, jobs: int | None) -> None:
+def init_cmd(
+    host_names: str | None,
+    connect_timeout: int,
+    as_json: bool,
+    batch_size: int,
+    recycle_after: int,
+    wait: float,
+    jobs: int | None,
+) -> None:
     """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
     topo = settings().topology()
-    options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout)
-    from ..ops.provision import init  # each command imports its own operation (start-up of the others)
+    options = RunOptions(
+        batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout
+    )
+    from ..ops.provision import (
+        init,
+    )  # each command imports its own operation (start-up of the others)
 
     with host_progress("init", not as_json) as progress:
-        report = init(topo, hosts=split_hosts(host_names), options=options, wait=wait, progress=progress,
-                      jobs=jobs)
+        report = init(
+            topo,
+            hosts=split_hosts(host_names),
+            options=options,
+            wait=wait,
+            progress=progress,
+            jobs=jobs,
+        )
 
     error = status_of(report)
 
     def human() -> None:
         fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts", error)
         for host, shards in report.extra.get("recreated", {}).items():
-            stdout.print(f"[yellow]{host}[/yellow]: shards {shards} were recorded but their schemas had been "
-                         f"dropped; built them again", markup=True, highlight=False)
+            stdout.print(
+                f"[yellow]{host}[/yellow]: shards {shards} were recorded but their schemas had been "
+                f"dropped; built them again",
+                markup=True,
+                highlight=False,
+            )
         if report.ok and not report.changed:
-            stdout.print(f"Nothing to do: every shard exists and is at version {report.extra['latest_version']}. "
-                         f"({report.seconds:.2f}s)")
+            stdout.print(
+                f"Nothing to do: every shard exists and is at version {report.extra['latest_version']}. "
+                f"({report.seconds:.2f}s)"
+            )
         elif report.ok:
             stdout.print(f"{init_summary(report)}, in {report.seconds:.2f}s.")
 
@@ -108,11 +165,19 @@ def init_summary(report: FleetReport) -> str:
     applied = {v for per_host in migrated for versions in per_host.values() for v in versions}
     parts = []
     if created:
-        parts.append(f"Created {_count(created, 'shard')} at V{latest}"
-                     + (f" (migrations {_versions(set(range(1, latest + 1)))} applied to each)" if latest else ""))
+        parts.append(
+            f"Created {_count(created, 'shard')} at V{latest}"
+            + (
+                f" (migrations {_versions(set(range(1, latest + 1)))} applied to each)"
+                if latest
+                else ""
+            )
+        )
     moved = sum(len(m) for m in migrated)
     if moved:
-        parts.append(f"migrated {_count(moved, 'existing shard')} to V{latest} (applied {_versions(applied)})")
+        parts.append(
+            f"migrated {_count(moved, 'existing shard')} to V{latest} (applied {_versions(applied)})"
+        )
     if not parts:
         return f"Created the control schema; every shard was already at V{latest}"
     text = "; ".join(parts)
@@ -125,23 +190,41 @@ def _migrate_notes(report: MigrateResult, error: ShardctlError | None) -> None:
         d = report.host(h)
         _host_errors([h], error)
         for dr in d.drift:
-            stdout.print(f"[red]{h.host}[/red]: {dr.file} changed after it was applied (shards "
-                         f"{format_shards(dr.shards)}); restore it, or accept it with "
-                         f"`shardctl migrate --repair --yes`", markup=True, highlight=False)
+            stdout.print(
+                f"[red]{h.host}[/red]: {dr.file} changed after it was applied (shards "
+                f"{format_shards(dr.shards)}); restore it, or accept it with "
+                f"`shardctl migrate --repair --yes`",
+                markup=True,
+                highlight=False,
+            )
         for v, s in d.gaps.items():
-            stdout.print(f"[red]{h.host}[/red]: V{v} is missing from the ledger of shards {format_shards(s)}, "
-                         f"though later versions are applied there", markup=True, highlight=False)
+            stdout.print(
+                f"[red]{h.host}[/red]: V{v} is missing from the ledger of shards {format_shards(s)}, "
+                f"though later versions are applied there",
+                markup=True,
+                highlight=False,
+            )
         for v, s in d.orphans.items():
-            stdout.print(f"[yellow]{h.host}[/yellow]: V{v} is applied on shards {format_shards(s)} but its file "
-                         f"is gone", markup=True, highlight=False)
+            stdout.print(
+                f"[yellow]{h.host}[/yellow]: V{v} is applied on shards {format_shards(s)} but its file "
+                f"is gone",
+                markup=True,
+                highlight=False,
+            )
         for line in d.held:
-            stdout.print(f"[yellow]{h.host}[/yellow]: pending: {line}", markup=True, highlight=False)
+            stdout.print(
+                f"[yellow]{h.host}[/yellow]: pending: {line}", markup=True, highlight=False
+            )
         if d.repaired:
             stdout.print(f"{h.host}: recorded new checksums for {d.repaired} ledger rows")
         if d.retried:
-            stdout.print(f"{h.host}: {d.retried} shard(s) applied after waiting out another transaction's lock")
+            stdout.print(
+                f"{h.host}: {d.retried} shard(s) applied after waiting out another transaction's lock"
+            )
         if d.not_started:
-            stdout.print(f"{h.host}: not started: shards {format_shards(d.not_started)}", highlight=False)
+            stdout.print(
+                f"{h.host}: not started: shards {format_shards(d.not_started)}", highlight=False
+            )
 
 
 def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
@@ -149,18 +232,45 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
     for h in report.hosts:
         d = report.host(h)
         pend = ", ".join(f"V{v}×{n}" for v, n in d.pending.items()) or "-"
-        rows.append([h.host, _state(h), pend, len(d.migrated), d.unchanged, len(d.failed), len(d.not_started),
-                     format_shards(d.missing) or "-", f"{h.seconds:.2f}s"])
+        rows.append(
+            [
+                h.host,
+                _state(h),
+                pend,
+                len(d.migrated),
+                d.unchanged,
+                len(d.failed),
+                len(d.not_started),
+                format_shards(d.missing) or "-",
+                f"{h.seconds:.2f}s",
+            ]
+        )
     mode = "check" if report.check else ("dry run" if report.dry_run else "migrate")
-    stdout.print(table(f"{mode} to V{report.target}",
-                       ["host", "state", "pending", "migrated", "up to date", "failed", "not started",
-                        "missing shards", "time"], rows))
+    stdout.print(
+        table(
+            f"{mode} to V{report.target}",
+            [
+                "host",
+                "state",
+                "pending",
+                "migrated",
+                "up to date",
+                "failed",
+                "not started",
+                "missing shards",
+                "time",
+            ],
+            rows,
+        )
+    )
     _migrate_notes(report, error)
     _print_failed(report, with_version=True, error=error)
     if report.dry_run:
         for h in report.hosts:
             for label, text in report.host(h).dry_run_sql.items():
-                stdout.print(f"-- {h.host}, {label} (first pending shard; others alike)", markup=False)
+                stdout.print(
+                    f"-- {h.host}, {label} (first pending shard; others alike)", markup=False
+                )
                 stdout.print(text, markup=False, highlight=False)
     if report.check and error is None:
         stdout.print(f"Nothing pending: every shard in scope is at V{report.target}.")
@@ -168,17 +278,34 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
 
 
 def lock_options(func: Callable) -> Callable:
-    func = click.option("--lock-timeout", default=DEFAULT_LOCK_WAIT, show_default=True,
-                        help="How long one shard waits for a table lock before it is put back and retried "
-                             "(PostgreSQL interval).")(func)
-    func = click.option("--lock-retries", type=AsciiInt(0, 1000), default=DEFAULT_LOCK_RETRIES,
-                        show_default=True, help="Retries of a shard whose lock wait timed out (0: fail at once).")(
-        func)
-    func = click.option("--retry-budget", type=AsciiFloat(0, 86_400), default=DEFAULT_RETRY_BUDGET,
-                        show_default=True, help="Seconds a blocked shard keeps being retried, in all.")(func)
-    func = click.option("--max-lock-hold", type=AsciiInt(1, 600_000), default=DEFAULT_MAX_LOCK_HOLD_MS,
-                        show_default=True, help="Milliseconds a batch may hold its shards' locks; batches are "
-                                                "sized to stay under it.")(func)
+    func = click.option(
+        "--lock-timeout",
+        default=DEFAULT_LOCK_WAIT,
+        show_default=True,
+        help="How long one shard waits for a table lock before it is put back and retried "
+        "(PostgreSQL interval).",
+    )(func)
+    func = click.option(
+        "--lock-retries",
+        type=AsciiInt(0, 1000),
+        default=DEFAULT_LOCK_RETRIES,
+        show_default=True,
+        help="Retries of a shard whose lock wait timed out (0: fail at once).",
+    )(func)
+    func = click.option(
+        "--retry-budget",
+        type=AsciiFloat(0, 86_400),
+        default=DEFAULT_RETRY_BUDGET,
+        show_default=True,
+        help="Seconds a blocked shard keeps being retried, in all.",
+    )(func)
+    func = click.option(
+        "--max-lock-hold",
+        type=AsciiInt(1, 600_000),
+        default=DEFAULT_MAX_LOCK_HOLD_MS,
+        show_default=True,
+        help="Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
+    )(func)
     return func
 
 
@@ -189,41 +316,100 @@ def lock_options(func: Callable) -> Callable:
 @click.option("--shards", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 0-1023).")
 @click.option("--target", type=ASCII_INT, help="Migrate up to this version (default: the latest).")
 @click.option("--dry-run", is_flag=True, help="Render and show what would run; touch nothing.")
-@click.option("--check", is_flag=True, help="Exit 1 if anything is pending, listing it (for CI); touch nothing.")
-@click.option("--continue-on-error", is_flag=True,
-              help="Keep starting shards after a failure (default: finish the shards in flight, start no more).")
-@click.option("--statement-timeout", default=None, help="Cancel any one statement that runs longer (interval).")
-@click.option("--repair", is_flag=True, help="Accept changed applied migrations: record their new checksums.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 1 if anything is pending, listing it (for CI); touch nothing.",
+)
+@click.option(
+    "--continue-on-error",
+    is_flag=True,
+    help="Keep starting shards after a failure (default: finish the shards in flight, start no more).",
+)
+@click.option(
+    "--statement-timeout",
+    default=None,
+    help="Cancel any one statement that runs longer (interval).",
+)
+@click.option(
+    "--repair", is_flag=True, help="Accept changed applied migrations: record their new checksums."
+)
 @click.option("--yes", is_flag=True, help="Confirm --repair.")
-@click.option("--base", metavar="DIR", help="With --check: the pull-request gate against the base branch's "
-              "migrations folder (passes when the change only adds migrations after the base's head).")
-def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, batch_size: int, recycle_after: int,
-                wait: float, lock_timeout: str, lock_retries: int, retry_budget: float, max_lock_hold: int,
-                shard_spec: str | None, target: int | None, dry_run: bool, check: bool, continue_on_error: bool,
-                statement_timeout: str | None, repair: bool, yes: bool, base: str | None,
-                jobs: int | None) -> None:
+@click.option(
+    "--base",
+    metavar="DIR",
+    help="With --check: the pull-request gate against the base branch's "
+    "migrations folder (passes when the change only adds migrations after the base's head).",
+)
+def migrate_cmd(
+    host_names: str | None,
+    connect_timeout: int,
+    as_json: bool,
+    batch_size: int,
+    recycle_after: int,
+    wait: float,
+    lock_timeout: str,
+    lock_retries: int,
+    retry_budget: float,
+    max_lock_hold: int,
+    shard_spec: str | None,
+    target: int | None,
+    dry_run: bool,
+    check: bool,
+    continue_on_error: bool,
+    statement_timeout: str | None,
+    repair: bool,
+    yes: bool,
+    base: str | None,
+    jobs: int | None,
+) -> None:
     """Apply pending versioned migrations to every shard on every host."""
     if base is not None:
         if not check or dry_run or repair or target is not None or shard_spec:
-            raise BadInput("--base is the pull-request gate: use it as `migrate --check --base DIR` "
-                           "(with --hosts at most)")
+            raise BadInput(
+                "--base is the pull-request gate: use it as `migrate --check --base DIR` "
+                "(with --hosts at most)"
+            )
         from .gate import run_gate
 
         return run_gate(base, split_hosts(host_names), connect_timeout, as_json)
     if repair and not yes and not (check or dry_run):
-        if not (sys.stdin.isatty() and click.confirm(
+        if not (
+            sys.stdin.isatty()
+            and click.confirm(
                 "--repair records the current checksum of every changed applied migration, accepting the "
-                "edited files as applied. Continue?", default=False, err=True)):
+                "edited files as applied. Continue?",
+                default=False,
+                err=True,
+            )
+        ):
             raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
     topo = settings().topology()
-    options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout,
-                         lock_timeout=lock_timeout, statement_timeout=statement_timeout,
-                         continue_on_error=continue_on_error, lock_retries=lock_retries, retry_budget=retry_budget,
-                         max_lock_hold_ms=max_lock_hold)
+    options = RunOptions(
+        batch_size=batch_size,
+        recycle_after=recycle_after,
+        connect_timeout=connect_timeout,
+        lock_timeout=lock_timeout,
+        statement_timeout=statement_timeout,
+        continue_on_error=continue_on_error,
+        lock_retries=lock_retries,
+        retry_budget=retry_budget,
+        max_lock_hold_ms=max_lock_hold,
+    )
     with host_progress("migrate", not (as_json or check or dry_run)) as progress:
-        report = migrate(topo, target=target, hosts=split_hosts(host_names),
-                         shards=parse_shard_filter(shard_spec, topo), dry_run=dry_run, check=check, repair=repair,
-                         options=options, wait=wait, progress=progress, jobs=jobs)
+        report = migrate(
+            topo,
+            target=target,
+            hosts=split_hosts(host_names),
+            shards=parse_shard_filter(shard_spec, topo),
+            dry_run=dry_run,
+            check=check,
+            repair=repair,
+            options=options,
+            wait=wait,
+            progress=progress,
+            jobs=jobs,
+        )
     error = status_of(report)
     finish(as_json, report.to_dict(), lambda: migrate_human(report, error), error)
 
@@ -231,11 +417,18 @@ def migrate_cmd(host_names: str | None, connect_timeout: int, as_json: bool, bat
 @cli.command("plan")
 @host_options
 @click.option("--target", type=ASCII_INT, help="Plan up to this version (default: the latest).")
-def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target: int | None) -> None:
+def plan_cmd(
+    host_names: str | None, connect_timeout: int, as_json: bool, target: int | None
+) -> None:
     """Per host: pending versions and how many shards are at each version."""
     topo = settings().topology()
-    report = migrate(topo, hosts=split_hosts(host_names), check=True, target=target,
-                     options=RunOptions(connect_timeout=connect_timeout))
+    report = migrate(
+        topo,
+        hosts=split_hosts(host_names),
+        check=True,
+        target=target,
+        options=RunOptions(connect_timeout=connect_timeout),
+    )
     doc = report.plan_dict()
     from .redeploy import template_plan  # template functions a `redeploy` would replace
 
@@ -250,19 +443,34 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
             at = ", ".join(f"V{v}: {n}" for v, n in h["versions"].items()) or "-"
             pend = ", ".join(f"V{v} on {n} shards" for v, n in h["pending"].items()) or "nothing"
             rows.append([h["host"], at, pend, h["missing"] or "-"])
-        stdout.print(table(f"plan to V{doc['target']} (latest V{doc['latest_version']})",
-                           ["host", "shards at version", "pending", "shards missing"], rows))
+        stdout.print(
+            table(
+                f"plan to V{doc['target']} (latest V{doc['latest_version']})",
+                ["host", "shards at version", "pending", "shards missing"],
+                rows,
+            )
+        )
         _host_errors(report.hosts, error)
         for h in doc["hosts"]:
             for dr in h["drift"]:
-                stdout.print(f"[red]{h['host']}[/red]: {dr['file']} changed after it was applied "
-                             f"(shards {dr['shards']})", markup=True, highlight=False)
+                stdout.print(
+                    f"[red]{h['host']}[/red]: {dr['file']} changed after it was applied "
+                    f"(shards {dr['shards']})",
+                    markup=True,
+                    highlight=False,
+                )
             for v, s in h["gaps"].items():
-                stdout.print(f"[red]{h['host']}[/red]: V{v} missing from the ledger of shards {s}",
-                             markup=True, highlight=False)
+                stdout.print(
+                    f"[red]{h['host']}[/red]: V{v} missing from the ledger of shards {s}",
+                    markup=True,
+                    highlight=False,
+                )
             for v, s in h["orphans"].items():
-                stdout.print(f"[yellow]{h['host']}[/yellow]: V{v} is applied on shards {s} but its file is gone",
-                             markup=True, highlight=False)
+                stdout.print(
+                    f"[yellow]{h['host']}[/yellow]: V{v} is applied on shards {s} but its file is gone",
+                    markup=True,
+                    highlight=False,
+                )
             for line in h["held"]:
                 stdout.print(f"[yellow]{h['host']}[/yellow]: {line}", markup=True, highlight=False)
         for line in template_lines:
@@ -280,45 +488,110 @@ def plan_cmd(host_names: str | None, connect_timeout: int, as_json: bool, target
 
 @cli.command("verify")
 @host_options
-@click.option("--samples", type=AsciiInt(2, 100_000), default=16, show_default=True,
-              help="next_id() calls per shard.")
-@click.option("--tolerance-ms", type=AsciiInt(1, 86_400_000), default=5000, show_default=True,
-              help="Allowed gap between an ID's time and the host clock.")
-@click.option("--full", is_flag=True, help="Render and compare every shard's next_id() body and check every "
-                                          "shard's IDs (default: every body's shape, IDs of 512 shards per host "
-                                          "and of every shard whose body or sequence is off), and list every "
-                                          "object a shard's schema differs in (default: the first 3).")
-def verify_cmd(host_names: str | None, connect_timeout: int, as_json: bool, samples: int, tolerance_ms: int,
-               full: bool) -> None:
+@click.option(
+    "--samples",
+    type=AsciiInt(2, 100_000),
+    default=16,
+    show_default=True,
+    help="next_id() calls per shard.",
+)
+@click.option(
+    "--tolerance-ms",
+    type=AsciiInt(1, 86_400_000),
+    default=5000,
+    show_default=True,
+    help="Allowed gap between an ID's time and the host clock.",
+)
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Render and compare every shard's next_id() body and check every "
+    "shard's IDs (default: every body's shape, IDs of 512 shards per host "
+    "and of every shard whose body or sequence is off), and list every "
+    "object a shard's schema differs in (default: the first 3).",
+)
+def verify_cmd(
+    host_names: str | None,
+    connect_timeout: int,
+    as_json: bool,
+    samples: int,
+    tolerance_ms: int,
+    full: bool,
+) -> None:
     """Check IDs, next_id() definitions, clocks and shard placement on every host."""
     topo = settings().topology()
     from ..ops.verify import verify
 
-    report = verify(topo, hosts=split_hosts(host_names), samples=samples, tolerance_ms=tolerance_ms,
-                    connect_timeout=connect_timeout, full=full)
+    report = verify(
+        topo,
+        hosts=split_hosts(host_names),
+        samples=samples,
+        tolerance_ms=tolerance_ms,
+        connect_timeout=connect_timeout,
+        full=full,
+    )
     doc = report.to_dict()
 
     def human() -> None:
-        stdout.print(table("verify", ["host", "reachable", "shards", "IDs checked", "clock skew", "server",
-                                      "violations", "time"],
-                           [[h.host, "yes" if h.reachable else "NO", h.value.shards_checked, h.value.ids_checked,
-                             f"{h.value.clock_skew_ms:+.1f} ms" if h.value.clock_skew_ms is not None else "-",
-                             h.value.server_version or "-", len(h.value.violations), f"{h.seconds:.2f}s"]
-                            for h in report.hosts]))
+        stdout.print(
+            table(
+                "verify",
+                [
+                    "host",
+                    "reachable",
+                    "shards",
+                    "IDs checked",
+                    "clock skew",
+                    "server",
+                    "violations",
+                    "time",
+                ],
+                [
+                    [
+                        h.host,
+                        "yes" if h.reachable else "NO",
+                        h.value.shards_checked,
+                        h.value.ids_checked,
+                        f"{h.value.clock_skew_ms:+.1f} ms"
+                        if h.value.clock_skew_ms is not None
+                        else "-",
+                        h.value.server_version or "-",
+                        len(h.value.violations),
+                        f"{h.seconds:.2f}s",
+                    ]
+                    for h in report.hosts
+                ],
+            )
+        )
         lim = doc["layout"]
-        stdout.print(f"Layout {lim['name']}: {lim['ids_per_ms_per_shard']} IDs/ms per shard; IDs overflow on "
-                     f"{lim['overflow_at']}" + (f", turn negative on {lim['negative_at']}" if lim["negative_at"]
-                                                else ""))
+        stdout.print(
+            f"Layout {lim['name']}: {lim['ids_per_ms_per_shard']} IDs/ms per shard; IDs overflow on "
+            f"{lim['overflow_at']}"
+            + (f", turn negative on {lim['negative_at']}" if lim["negative_at"] else "")
+        )
         if report.schemas:
             counted = sum(len(g.shards) for g in report.schemas)
-            stdout.print(f"Schemas: {len(report.schemas)} distinct over {counted} shards"
-                         + ("" if len(report.schemas) == 1 else
-                            " (" + "; ".join(f"{format_shards(g.shards)}: {len(g.shards)}" for g in report.schemas)
-                            + ")"), highlight=False)
+            stdout.print(
+                f"Schemas: {len(report.schemas)} distinct over {counted} shards"
+                + (
+                    ""
+                    if len(report.schemas) == 1
+                    else " ("
+                    + "; ".join(
+                        f"{format_shards(g.shards)}: {len(g.shards)}" for g in report.schemas
+                    )
+                    + ")"
+                ),
+                highlight=False,
+            )
         _host_errors(report.hosts, error)
-        for v in [v for v in report.violations if _unsaid(f"{v.host} shard {v.shard}: {v.reason}", error)][:100]:
+        for v in [
+            v for v in report.violations if _unsaid(f"{v.host} shard {v.shard}: {v.reason}", error)
+        ][:100]:
             where = f"shard {v.shard} ({v.schema})" if v.shard is not None else "host"
-            stdout.print(f"[red]violation[/red] {v.host} {where}: {v.reason}", markup=True, highlight=False)
+            stdout.print(
+                f"[red]violation[/red] {v.host} {where}: {v.reason}", markup=True, highlight=False
+            )
         if report.ok:
             stdout.print(f"verify passed in {report.seconds:.2f}s")
 
@@ -339,22 +612,42 @@ def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> N
     def human() -> None:
         rows = []
         for h in doc["hosts"]:
-            versions = "-" if h["min_version"] is None else (
-                f"V{h['min_version']}" if h["min_version"] == h["max_version"] else
-                f"V{h['min_version']}–V{h['max_version']}")
+            versions = (
+                "-"
+                if h["min_version"] is None
+                else (
+                    f"V{h['min_version']}"
+                    if h["min_version"] == h["max_version"]
+                    else f"V{h['min_version']}–V{h['max_version']}"
+                )
+            )
             drift = []
             if h["missing"]:
                 drift.append(f"missing {h['missing']}")
             if h["unexpected"]:
                 drift.append(f"unexpected {h['unexpected']}")
             drift += [f"failed: {line}" for line in h["failed"]]
-            rows.append([h["host"], "yes" if h["reachable"] else "[red]NO[/red]", h["server_version"] or "-",
-                         f"{h['present']}/{h['expected']}", versions, "; ".join(drift) or "-",
-                         h["moving"] or "-", h["last_event"] or "-"])
+            rows.append(
+                [
+                    h["host"],
+                    "yes" if h["reachable"] else "[red]NO[/red]",
+                    h["server_version"] or "-",
+                    f"{h['present']}/{h['expected']}",
+                    versions,
+                    "; ".join(drift) or "-",
+                    h["moving"] or "-",
+                    h["last_event"] or "-",
+                ]
+            )
         schemas = doc["distinct_schemas"]
-        t = table(f"status (latest migration V{doc['latest_version']}; {schemas} distinct shard "
-                  f"schema{'' if schemas == 1 else 's'}" + ("" if schemas < 2 else ": run shardctl verify") + ")",
-                  ["host", "reachable", "server", "shards", "versions", "drift", "moving", "last event"], [])
+        t = table(
+            f"status (latest migration V{doc['latest_version']}; {schemas} distinct shard "
+            f"schema{'' if schemas == 1 else 's'}"
+            + ("" if schemas < 2 else ": run shardctl verify")
+            + ")",
+            ["host", "reachable", "server", "shards", "versions", "drift", "moving", "last event"],
+            [],
+        )
         for r in rows:
             t.add_row(*[str(x) for x in r])
         stdout.print(t)
@@ -362,12 +655,13 @@ def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> N
             if h["error"]:
                 stdout.print(f"{h['host']}: {h['error']}", markup=False)
             if h["orphan_versions"]:
-                stdout.print(f"{h['host']}: applied versions with no migration file: "
-                             f"{', '.join('V%d' % v for v in h['orphan_versions'])}", markup=False)
+                stdout.print(
+                    f"{h['host']}: applied versions with no migration file: "
+                    f"{', '.join('V%d' % v for v in h['orphan_versions'])}",
+                    markup=False,
+                )
         for line in doc["pending_moves"]:
             stdout.print(line, markup=False)
 
     error = status_of(report)
     finish(as_json, doc, human, error)
-
-

@@ -18,18 +18,30 @@ def run_gate(base: str, host_names: list[str] | None, connect_timeout: int, as_j
     result = check_against_base(topo, Path(base), hosts=host_names, connect_timeout=connect_timeout)
 
     def human() -> None:
-        rows = [[h, ", ".join(f"V{v}: {n}" for v, n in versions.items()) or "-"]
-                for h, versions in result.fleet.items()]
-        stdout.print(table(f"gate: base {result.base_dir} at V{result.base_head}, change at V{result.head}",
-                           ["host", "shards at version"], rows))
+        rows = [
+            [h, ", ".join(f"V{v}: {n}" for v, n in versions.items()) or "-"]
+            for h, versions in result.fleet.items()
+        ]
+        stdout.print(
+            table(
+                f"gate: base {result.base_dir} at V{result.base_head}, change at V{result.head}",
+                ["host", "shards at version"],
+                rows,
+            )
+        )
         if result.new:
-            stdout.print(f"New migrations: {', '.join(result.new)} (rendered and parsed for "
-                         f"{topo.shard_count} shards)", highlight=False)
+            stdout.print(
+                f"New migrations: {', '.join(result.new)} (rendered and parsed for "
+                f"{topo.shard_count} shards)",
+                highlight=False,
+            )
         for p in result.problems:
             stdout.print(f"[red]problem[/red]: {p}", markup=True, highlight=False)
         if result.ok:
-            stdout.print(f"Gate passed: the fleet is at the base's head V{result.base_head} and the change "
-                         f"only adds migrations after it. ({result.seconds:.2f}s)")
+            stdout.print(
+                f"Gate passed: the fleet is at the base's head V{result.base_head} and the change "
+                f"only adds migrations after it. ({result.seconds:.2f}s)"
+            )
 
     error = None
     if not result.ok:

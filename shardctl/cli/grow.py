@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from ..engine.executor import RunOptions
-from ..ops.grow import add_host, add_shard
 from ..model.topology import CONFIG_ENV, DEFAULT_FILE
+from ..ops.grow import add_host, add_shard
 from . import cli, json_option, settings
 from .options import finish, run_options
 from .output import stdout
@@ -25,39 +25,101 @@ def _path() -> str:
 @click.option("--dsn", required=True, help="libpq connection string of the new host.")
 @click.option("--password-env", metavar="VAR", help="Environment variable holding its password.")
 @click.option("--standby", metavar="DSN", help="Optional standby DSN.")
-@click.option("--connect-timeout", type=AsciiInt(1, 3600), default=10, show_default=True,
-              help="Seconds to wait for a host to answer.")
+@click.option(
+    "--connect-timeout",
+    type=AsciiInt(1, 3600),
+    default=10,
+    show_default=True,
+    help="Seconds to wait for a host to answer.",
+)
 @json_option
-def add_host_cmd(name: str, dsn: str, password_env: str | None, standby: str | None, connect_timeout: int,
-                 as_json: bool) -> None:
+def add_host_cmd(
+    name: str,
+    dsn: str,
+    password_env: str | None,
+    standby: str | None,
+    connect_timeout: int,
+    as_json: bool,
+) -> None:
     """Add an empty host to the topology and create its control schema."""
     settings().topology()  # the current file must be valid first
-    result = add_host(_path(), name, dsn, password_env=password_env, standby=standby,
-                      allow_inline_password=settings().allow_inline_password, connect_timeout=connect_timeout)
-    finish(as_json, result, lambda: stdout.print(
-        f"Added host {name} ({result['dsn']}) to {result['topology']}; it owns no shards yet."), None)
+    result = add_host(
+        _path(),
+        name,
+        dsn,
+        password_env=password_env,
+        standby=standby,
+        allow_inline_password=settings().allow_inline_password,
+        connect_timeout=connect_timeout,
+    )
+    finish(
+        as_json,
+        result,
+        lambda: stdout.print(
+            f"Added host {name} ({result['dsn']}) to {result['topology']}; it owns no shards yet."
+        ),
+        None,
+    )
 
 
 @cli.command("add-shard")
 @click.option("--host", "host_name", required=True, help="Host that will own the new shards.")
 @click.option("--count", type=ASCII_INT, help="Open this many new shards after the current count.")
-@click.option("--ids", metavar="RANGE", help="Open exactly these new shard ids (following on from the count).")
-@click.option("--modulus", type=ASCII_INT, help="Change the routing modulus (refused while shards hold data).")
-@click.option("--place-new", is_flag=True, help="Send new objects to the new shards (placement.new_objects).")
-@click.option("--connect-timeout", type=AsciiInt(1, 3600), default=10, show_default=True,
-              help="Seconds to wait for a host to answer.")
+@click.option(
+    "--ids", metavar="RANGE", help="Open exactly these new shard ids (following on from the count)."
+)
+@click.option(
+    "--modulus", type=ASCII_INT, help="Change the routing modulus (refused while shards hold data)."
+)
+@click.option(
+    "--place-new", is_flag=True, help="Send new objects to the new shards (placement.new_objects)."
+)
+@click.option(
+    "--connect-timeout",
+    type=AsciiInt(1, 3600),
+    default=10,
+    show_default=True,
+    help="Seconds to wait for a host to answer.",
+)
 @run_options
 @json_option
-def add_shard_cmd(host_name: str, count: int | None, ids: str | None, modulus: int | None, place_new: bool,
-                  connect_timeout: int, batch_size: int, recycle_after: int, wait: float, as_json: bool,
-                  jobs: int | None) -> None:
+def add_shard_cmd(
+    host_name: str,
+    count: int | None,
+    ids: str | None,
+    modulus: int | None,
+    place_new: bool,
+    connect_timeout: int,
+    batch_size: int,
+    recycle_after: int,
+    wait: float,
+    as_json: bool,
+    jobs: int | None,
+) -> None:
     """Open new logical shards on a host, at the fleet's migration version, and record them."""
-    options = RunOptions(batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout)
+    options = RunOptions(
+        batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout
+    )
     with host_progress("add-shard", not as_json) as progress:
-        result = add_shard(_path(), host_name, count=count, ids=ids, modulus=modulus, place_new=place_new,
-                           allow_inline_password=settings().allow_inline_password, options=options, wait=wait,
-                           progress=progress, jobs=jobs)
-    finish(as_json, result, lambda: stdout.print(
-        f"Opened shards {result['new_shards']} on {host_name} at migration version V{result['version'] or 0} "
-        f"in {result['seconds']:.2f}s; shard count {result['shard_count']}, routing modulus {result['modulus']}."),
-        None)
+        result = add_shard(
+            _path(),
+            host_name,
+            count=count,
+            ids=ids,
+            modulus=modulus,
+            place_new=place_new,
+            allow_inline_password=settings().allow_inline_password,
+            options=options,
+            wait=wait,
+            progress=progress,
+            jobs=jobs,
+        )
+    finish(
+        as_json,
+        result,
+        lambda: stdout.print(
+            f"Opened shards {result['new_shards']} on {host_name} at migration version V{result['version'] or 0} "
+            f"in {result['seconds']:.2f}s; shard count {result['shard_count']}, routing modulus {result['modulus']}."
+        ),
+        None,
+    )

@@ -15,9 +15,19 @@ from .params import ASCII_INT
 
 
 @cli.command("lint")
-@click.option("--base", metavar="DIR", help="The base branch's migrations folder: lint only the migrations "
-              "the change adds after its head (default: every migration).")
-@click.option("--shard", type=ASCII_INT, default=0, show_default=True, help="Render the migrations for this shard.")
+@click.option(
+    "--base",
+    metavar="DIR",
+    help="The base branch's migrations folder: lint only the migrations "
+    "the change adds after its head (default: every migration).",
+)
+@click.option(
+    "--shard",
+    type=ASCII_INT,
+    default=0,
+    show_default=True,
+    help="Render the migrations for this shard.",
+)
 @json_option
 def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
     """Flag dangerous DDL in new migrations: squawk, plus shardctl's rules for schema-per-shard (catalog
@@ -33,16 +43,25 @@ def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
             stdout.print("No new migrations to lint.")
             return
         for f in result.findings:
-            stdout.print(f"[red]{f.file}:{f.line}:{f.column}[/red] {f.rule}: {f.message}"
-                         + (f" ({f.help})" if f.help else ""), markup=True, highlight=False)
+            stdout.print(
+                f"[red]{f.file}:{f.line}:{f.column}[/red] {f.rule}: {f.message}"
+                + (f" ({f.help})" if f.help else ""),
+                markup=True,
+                highlight=False,
+            )
         skipped = f"; rules off: {', '.join(result.excluded)}" if result.excluded else ""
-        stdout.print(f"lint (squawk and shardctl's schema-per-shard rules): {len(result.findings)} finding(s) in "
-                     f"{', '.join(result.files)} "
-                     f"(rendered for shard {result.shard}{skipped})", highlight=False)
+        stdout.print(
+            f"lint (squawk and shardctl's schema-per-shard rules): {len(result.findings)} finding(s) in "
+            f"{', '.join(result.files)} "
+            f"(rendered for shard {result.shard}{skipped})",
+            highlight=False,
+        )
 
     error = None
     if result.findings:
         first = result.findings[0]
         more = f" (and {len(result.findings) - 1} more)" if len(result.findings) > 1 else ""
-        error = OperationFailed(f"lint: {first.file}:{first.line} {first.rule}: {first.message}{more}")
+        error = OperationFailed(
+            f"lint: {first.file}:{first.line} {first.rule}: {first.message}{more}"
+        )
     finish(as_json, result.to_dict(), human, error)

@@ -16,10 +16,19 @@ def migrations_group() -> None:
 
 
 @migrations_group.command("import")
-@click.option("--from", "fmt", required=True, metavar="FORMAT",
-              help="The history's tool: golang-migrate, goose, dbmate, flyway or prisma.")
-@click.option("--to", "target", metavar="DIR",
-              help="Folder to write into (default: the topology's migrations folder).")
+@click.option(
+    "--from",
+    "fmt",
+    required=True,
+    metavar="FORMAT",
+    help="The history's tool: golang-migrate, goose, dbmate, flyway or prisma.",
+)
+@click.option(
+    "--to",
+    "target",
+    metavar="DIR",
+    help="Folder to write into (default: the topology's migrations folder).",
+)
 @click.option("--dry-run", is_flag=True, help="Convert, check and lint, but write nothing.")
 @click.argument("directory", metavar="DIR")
 @json_option
@@ -30,7 +39,9 @@ def import_cmd(fmt: str, target: str | None, dry_run: bool, directory: str, as_j
     from .options import finish
 
     topo = settings().topology()
-    result = import_history(topo, fmt, Path(directory), Path(target) if target else None, dry_run=dry_run)
+    result = import_history(
+        topo, fmt, Path(directory), Path(target) if target else None, dry_run=dry_run
+    )
 
     def human() -> None:
         for f in result.files:
@@ -41,8 +52,11 @@ def import_cmd(fmt: str, target: str | None, dry_run: bool, directory: str, as_j
         for f in result.findings:
             stdout.print(f"{f.file}:{f.line}:{f.column} {f.rule}: {f.message}", highlight=False)
         verb = "would write" if dry_run else "wrote"
-        stdout.print(f"{verb} {len(result.files)} file(s) into {result.target_dir} from {result.format} "
-                     f"({len(result.findings)} lint finding(s))", highlight=False)
+        stdout.print(
+            f"{verb} {len(result.files)} file(s) into {result.target_dir} from {result.format} "
+            f"({len(result.findings)} lint finding(s))",
+            highlight=False,
+        )
         if result.must_change:
             stdout.print("Before the first init, change:", highlight=False)
             for line in result.must_change:

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable
 
 import click
 
 from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput, ShardctlError
-from ..ops.move import (PHASE_NAMES, MoveOptions, Phase, abort_move, cleanup_move, move_shards, move_status, parse_range)
+from ..ops.move import (
+    PHASE_NAMES,
+    MoveOptions,
+    Phase,
+    abort_move,
+    cleanup_move,
+    move_shards,
+    move_status,
+    parse_range,
+)
 from ..ops.rebalance import apply as rebalance_apply
 from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
@@ -23,36 +31,100 @@ from .params import AsciiFloat, AsciiInt
 
 def move_options(func: Callable) -> Callable:
     opts = [
-        click.option("--max-freeze", type=AsciiFloat(0.1, 3600), default=5.0, show_default=True,
-                     help="Seconds writes may be frozen at cutover; past it the attempt is rolled back."),
-        click.option("--attempts", type=AsciiInt(1, 100), default=3, show_default=True,
-                     help="Cutover freezes to try before giving up."),
-        click.option("--sequence-margin", type=AsciiInt(0, 1 << 40), default=1024, show_default=True,
-                     help="Added to each source sequence's value when it is set on the target."),
-        click.option("--schemas-per-subscription", type=AsciiInt(1, 100_000), default=64, show_default=True,
-                     help="Schemas per publication / subscription."),
-        click.option("--max-subscriptions", type=AsciiInt(1, 64), default=4, show_default=True,
-                     help="Cap on subscriptions per move (batches grow instead)."),
-        click.option("--sync-timeout", type=AsciiFloat(1, 7 * 86_400), default=3600, show_default=True,
-                     help="Seconds to wait for the initial copy (it goes on if this run stops)."),
-        click.option("--publisher-dsn", metavar="DSN",
-                     help="How the target server reaches the source, if not by the topology's DSN "
-                          "(the source's password_env still supplies the password)."),
-        click.option("--copy-workers", type=AsciiInt(0, 4), default=4, show_default=True,
-                     help="Parallel table copies of the initial copy, as of one snapshot per subscription "
-                          "(0: the subscriptions' table-sync workers copy)."),
-        click.option("--verify-before", type=click.Choice(["counts", "full"]), default="counts", show_default=True,
-                     help="The check before the freeze: row counts per table, or checksums of every row "
-                          "(every row is compared after the cutover either way)."),
-        click.option("--nice", type=AsciiFloat(0, 100), default=0, show_default=True, metavar="RATIO",
-                     help="Rest RATIO seconds after each second of the copy and the checks, leaving the "
-                          "hosts' CPU to the application (1: the move runs half the time)."),
-        click.option("--batch-size", type=AsciiInt(1, 10_000), default=16, show_default=True,
-                     help="Shards per transaction when creating or dropping schemas."),
-        click.option("--wait", type=AsciiFloat(0, 86_400), default=0, show_default=True,
-                     help="Seconds to wait for another shardctl run's locks."),
-        click.option("--connect-timeout", type=AsciiInt(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
-                     show_default=True, help="Seconds to wait for a host to answer."),
+        click.option(
+            "--max-freeze",
+            type=AsciiFloat(0.1, 3600),
+            default=5.0,
+            show_default=True,
+            help="Seconds writes may be frozen at cutover; past it the attempt is rolled back.",
+        ),
+        click.option(
+            "--attempts",
+            type=AsciiInt(1, 100),
+            default=3,
+            show_default=True,
+            help="Cutover freezes to try before giving up.",
+        ),
+        click.option(
+            "--sequence-margin",
+            type=AsciiInt(0, 1 << 40),
+            default=1024,
+            show_default=True,
+            help="Added to each source sequence's value when it is set on the target.",
+        ),
+        click.option(
+            "--schemas-per-subscription",
+            type=AsciiInt(1, 100_000),
+            default=64,
+            show_default=True,
+            help="Schemas per publication / subscription.",
+        ),
+        click.option(
+            "--max-subscriptions",
+            type=AsciiInt(1, 64),
+            default=4,
+            show_default=True,
+            help="Cap on subscriptions per move (batches grow instead).",
+        ),
+        click.option(
+            "--sync-timeout",
+            type=AsciiFloat(1, 7 * 86_400),
+            default=3600,
+            show_default=True,
+            help="Seconds to wait for the initial copy (it goes on if this run stops).",
+        ),
+        click.option(
+            "--publisher-dsn",
+            metavar="DSN",
+            help="How the target server reaches the source, if not by the topology's DSN "
+            "(the source's password_env still supplies the password).",
+        ),
+        click.option(
+            "--copy-workers",
+            type=AsciiInt(0, 4),
+            default=4,
+            show_default=True,
+            help="Parallel table copies of the initial copy, as of one snapshot per subscription "
+            "(0: the subscriptions' table-sync workers copy).",
+        ),
+        click.option(
+            "--verify-before",
+            type=click.Choice(["counts", "full"]),
+            default="counts",
+            show_default=True,
+            help="The check before the freeze: row counts per table, or checksums of every row "
+            "(every row is compared after the cutover either way).",
+        ),
+        click.option(
+            "--nice",
+            type=AsciiFloat(0, 100),
+            default=0,
+            show_default=True,
+            metavar="RATIO",
+            help="Rest RATIO seconds after each second of the copy and the checks, leaving the "
+            "hosts' CPU to the application (1: the move runs half the time).",
+        ),
+        click.option(
+            "--batch-size",
+            type=AsciiInt(1, 10_000),
+            default=16,
+            show_default=True,
+            help="Shards per transaction when creating or dropping schemas.",
+        ),
+        click.option(
+            "--wait",
+            type=AsciiFloat(0, 86_400),
+            default=0,
+            show_default=True,
+            help="Seconds to wait for another shardctl run's locks.",
+        ),
+        click.option(
+            "--connect-timeout",
+            type=AsciiInt(1, 3600),
+            default=DEFAULT_CONNECT_TIMEOUT,
+            show_default=True,
+            help="Seconds to wait for a host to answer.",
+        ),
     ]
     for opt in reversed(opts):
         func = opt(func)
@@ -60,13 +132,22 @@ def move_options(func: Callable) -> Callable:
 
 
 def _options(kw: dict) -> MoveOptions:
-    return MoveOptions(max_freeze=kw["max_freeze"], attempts=kw["attempts"], sequence_margin=kw["sequence_margin"],
-                       schemas_per_subscription=kw["schemas_per_subscription"],
-                       max_subscriptions=kw["max_subscriptions"], sync_timeout=kw["sync_timeout"],
-                       publisher_dsn=kw["publisher_dsn"], batch_size=kw["batch_size"], wait=kw["wait"],
-                       copy_workers=kw["copy_workers"], verify_before=kw["verify_before"],
-                       nice=kw["nice"], connect_timeout=kw["connect_timeout"],
-                       allow_inline_password=settings().allow_inline_password)
+    return MoveOptions(
+        max_freeze=kw["max_freeze"],
+        attempts=kw["attempts"],
+        sequence_margin=kw["sequence_margin"],
+        schemas_per_subscription=kw["schemas_per_subscription"],
+        max_subscriptions=kw["max_subscriptions"],
+        sync_timeout=kw["sync_timeout"],
+        publisher_dsn=kw["publisher_dsn"],
+        batch_size=kw["batch_size"],
+        wait=kw["wait"],
+        copy_workers=kw["copy_workers"],
+        verify_before=kw["verify_before"],
+        nice=kw["nice"],
+        connect_timeout=kw["connect_timeout"],
+        allow_inline_password=settings().allow_inline_password,
+    )
 
 
 @contextmanager
@@ -76,10 +157,22 @@ def move_progress(enabled: bool) -> Iterator[Callable[[str, int, int, str], None
         yield None
         return
     if stderr.is_terminal:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=stderr) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[note]}"),
+            TimeElapsedColumn(),
+            console=stderr,
+        ) as bar:
             tasks: dict[str, int] = {}
 
             def tick(step: str, done: int, total: int, note: str) -> None:
@@ -106,7 +199,9 @@ def plain_progress() -> Callable[[str, int, int, str], None]:
             info(note)
             return
         now = time.monotonic()
-        seen = last.get(f"{step}/{bool(total)}")  # a step may be counted at one point, uncounted at another
+        seen = last.get(
+            f"{step}/{bool(total)}"
+        )  # a step may be counted at one point, uncounted at another
         if total:
             finished = done >= total
             if seen and (seen[1] == done or (now - seen[0] < 5 and not finished)):
@@ -114,7 +209,9 @@ def plain_progress() -> Callable[[str, int, int, str], None]:
             last[f"{step}/True"] = (now, done)
             info(f"{step}: {done}/{total}{' ' + note if note else ''}")
             return
-        stage = re.sub(r"[0-9][0-9.,]*\s*[A-Za-z]*", "#", note)  # "lag 3 MB" and "lag 12 kB": one stage
+        stage = re.sub(
+            r"[0-9][0-9.,]*\s*[A-Za-z]*", "#", note
+        )  # "lag 3 MB" and "lag 12 kB": one stage
         if seen and (seen[1] == note or (seen[2] == stage and now - seen[0] < 5)):
             return
         last[f"{step}/False"] = (now, note, stage)
@@ -129,30 +226,46 @@ def _human_move(doc: dict) -> None:
             stdout.print(message[0].upper() + message[1:] + ".", markup=False, highlight=False)
         return
     phases = ", ".join(doc.get("phases_run") or []) or "nothing"
-    stdout.print(f"move {doc.get('move_id', '-')}: shards {doc.get('shards')} "
-                 f"{doc.get('source', '?')} → {doc.get('target', '?')}; ran {phases}; phase now "
-                 f"[bold]{doc.get('phase')}[/bold]", markup=True, highlight=False)
+    stdout.print(
+        f"move {doc.get('move_id', '-')}: shards {doc.get('shards')} "
+        f"{doc.get('source', '?')} → {doc.get('target', '?')}; ran {phases}; phase now "
+        f"[bold]{doc.get('phase')}[/bold]",
+        markup=True,
+        highlight=False,
+    )
     for message in doc.get("messages") or []:
         stdout.print(f"  {message}", markup=False, highlight=False)
     if "sync_seconds" in doc:
-        stdout.print(f"  initial copy: {doc.get('tables', '?')} tables ready in {doc['sync_seconds']:.1f}s")
+        stdout.print(
+            f"  initial copy: {doc.get('tables', '?')} tables ready in {doc['sync_seconds']:.1f}s"
+        )
     if "freeze_seconds" in doc:
         details = []
         if "rows" in doc:
             details.append(f"{doc['rows']} rows compared")
         if "sequences" in doc:
             details.append(f"{doc['sequences']} sequences copied")
-        stdout.print(f"  write freeze: {doc['freeze_seconds']:.3f}s" + (f" ({', '.join(details)})" if details else ""))
-    rested = f" (resting {doc['rested_seconds']:.1f}s of the workers' time: --nice {doc['nice']:g})" \
-        if doc.get("rested_seconds") else ""
+        stdout.print(
+            f"  write freeze: {doc['freeze_seconds']:.3f}s"
+            + (f" ({', '.join(details)})" if details else "")
+        )
+    rested = (
+        f" (resting {doc['rested_seconds']:.1f}s of the workers' time: --nice {doc['nice']:g})"
+        if doc.get("rested_seconds")
+        else ""
+    )
     stdout.print(f"  took {doc.get('seconds', 0):.1f}s{rested}")
     phase = doc.get("phase")
     if phase == Phase.CUT_OVER:
-        stdout.print(f"  The source keeps the old schemas (renamed, no writes) until: "
-                     f"shardctl move-shard --cleanup --move {doc.get('move_id')}")
+        stdout.print(
+            f"  The source keeps the old schemas (renamed, no writes) until: "
+            f"shardctl move-shard --cleanup --move {doc.get('move_id')}"
+        )
     elif phase in (Phase.PREPARED, Phase.SYNCING, Phase.SYNCED):
-        stdout.print(f"  Next: shardctl move-shard {doc.get('shards')} --to {doc.get('target')}"
-                     f"{' sync' if phase == Phase.PREPARED else ' cutover'}")
+        stdout.print(
+            f"  Next: shardctl move-shard {doc.get('shards')} --to {doc.get('target')}"
+            f"{' sync' if phase == Phase.PREPARED else ' cutover'}"
+        )
 
 
 def _human_status(doc: dict) -> None:
@@ -162,12 +275,26 @@ def _human_status(doc: dict) -> None:
         if "tables" in m and "tables_ready" in m:
             progress = f"{m['tables_ready']}/{m['tables']} tables"
         lag = m.get("lag_bytes")
-        rows.append([m["move_id"], m["shards"], m["shard_count"], f"{m['source']} → {m['target']}", m["phase"],
-                     progress or "-", "-" if lag is None else f"{lag} B",
-                     "-" if m.get("freeze_seconds") is None else f"{m['freeze_seconds']:.3f}s",
-                     str(m.get("updated_at") or "")[:19]])
-    stdout.print(table("moves", ["move", "shards", "count", "hosts", "phase", "sync", "lag", "freeze", "updated"],
-                       rows))
+        rows.append(
+            [
+                m["move_id"],
+                m["shards"],
+                m["shard_count"],
+                f"{m['source']} → {m['target']}",
+                m["phase"],
+                progress or "-",
+                "-" if lag is None else f"{lag} B",
+                "-" if m.get("freeze_seconds") is None else f"{m['freeze_seconds']:.3f}s",
+                str(m.get("updated_at") or "")[:19],
+            ]
+        )
+    stdout.print(
+        table(
+            "moves",
+            ["move", "shards", "count", "hosts", "phase", "sync", "lag", "freeze", "updated"],
+            rows,
+        )
+    )
     for host, error in doc.get("unreachable", {}).items():
         stdout.print(f"[red]{host}[/red]: {error}", markup=True, highlight=False)
     stdout.print(f"{doc['in_flight']} move(s) in flight.")
@@ -177,16 +304,46 @@ def _human_status(doc: dict) -> None:
 
 @cli.command("move-shard")
 @click.argument("shard_range", metavar="[RANGE]", required=False)
-@click.argument("phase", metavar="[PHASE]", required=False,
-                type=click.Choice(list(PHASE_NAMES) + ["all"]))
+@click.argument(
+    "phase", metavar="[PHASE]", required=False, type=click.Choice(list(PHASE_NAMES) + ["all"])
+)
 @click.option("--to", "target", metavar="HOST", help="Host that receives the shards.")
-@click.option("--abort", "do_abort", is_flag=True, help="Roll the move back: the source is authoritative again.")
-@click.option("--cleanup", "do_cleanup", is_flag=True, help="After the cutover: drop the source's old schemas.")
-@click.option("--status", "show_status", is_flag=True, help="Show every recorded move, with sync progress and lag.")
-@click.option("--move", "move_id", metavar="ID", help="The move to abort or clean up (default: the one in flight).")
+@click.option(
+    "--abort",
+    "do_abort",
+    is_flag=True,
+    help="Roll the move back: the source is authoritative again.",
+)
+@click.option(
+    "--cleanup",
+    "do_cleanup",
+    is_flag=True,
+    help="After the cutover: drop the source's old schemas.",
+)
+@click.option(
+    "--status",
+    "show_status",
+    is_flag=True,
+    help="Show every recorded move, with sync progress and lag.",
+)
+@click.option(
+    "--move",
+    "move_id",
+    metavar="ID",
+    help="The move to abort or clean up (default: the one in flight).",
+)
 @move_options
-def move_shard_cmd(shard_range: str | None, phase: str | None, target: str | None, do_abort: bool,
-                   do_cleanup: bool, show_status: bool, move_id: str | None, as_json: bool, **kw) -> None:
+def move_shard_cmd(
+    shard_range: str | None,
+    phase: str | None,
+    target: str | None,
+    do_abort: bool,
+    do_cleanup: bool,
+    show_status: bool,
+    move_id: str | None,
+    as_json: bool,
+    **kw,
+) -> None:
     """Move logical shards to another host online (PHASE: prepare, sync, cutover; default: all three).
 
     \b
@@ -196,7 +353,11 @@ def move_shard_cmd(shard_range: str | None, phase: str | None, target: str | Non
     shardctl move-shard 256-511 --abort             roll back (any time before cleanup)
     shardctl move-shard 256-511 --cleanup           drop the source's old schemas
     """
-    modes = [m for m, on in (("--abort", do_abort), ("--cleanup", do_cleanup), ("--status", show_status)) if on]
+    modes = [
+        m
+        for m, on in (("--abort", do_abort), ("--cleanup", do_cleanup), ("--status", show_status))
+        if on
+    ]
     if len(modes) > 1:
         raise BadInput(f"{' and '.join(modes)} are different actions; give one")
     topo = settings().topology()
@@ -217,9 +378,13 @@ def move_shard_cmd(shard_range: str | None, phase: str | None, target: str | Non
         finish(as_json, doc, lambda: _human_move(doc), None)
         return
     if shards is None or not target:
-        raise BadInput("give the shards and the host to move them to: move-shard RANGE --to HOST [PHASE]")
+        raise BadInput(
+            "give the shards and the host to move them to: move-shard RANGE --to HOST [PHASE]"
+        )
     if move_id:
-        raise BadInput("--move names a move to abort or clean up; a move is named by its shards and --to")
+        raise BadInput(
+            "--move names a move to abort or clean up; a move is named by its shards and --to"
+        )
     phases = list(PHASE_NAMES) if phase in (None, "all") else [phase]
     with move_progress(not as_json) as progress:
         doc = move_shards(topo, shards, target, phases=phases, options=options, progress=progress)
@@ -227,16 +392,46 @@ def move_shard_cmd(shard_range: str | None, phase: str | None, target: str | Non
 
 
 @cli.command("rebalance")
-@click.option("--plan", "show_plan", is_flag=True, help="Show the moves that would even out the hosts (default).")
-@click.option("--apply", "do_apply", is_flag=True, help="Run the planned moves, one host pair at a time.")
-@click.option("--cleanup", "do_cleanup", is_flag=True, help="With --apply: clean up each move after its cutover.")
-@click.option("--by", "by", type=click.Choice(["count", "size"]), default="count", show_default=True,
-              help="Even out shards per host, or bytes per host (pg_total_relation_size; placement.pinned stay).")
-@click.option("--min-improvement", type=AsciiFloat(0, 1), default=0.05, show_default=True,
-              help="With --by size: each move must narrow the host spread by this share of the mean host size.")
+@click.option(
+    "--plan",
+    "show_plan",
+    is_flag=True,
+    help="Show the moves that would even out the hosts (default).",
+)
+@click.option(
+    "--apply", "do_apply", is_flag=True, help="Run the planned moves, one host pair at a time."
+)
+@click.option(
+    "--cleanup",
+    "do_cleanup",
+    is_flag=True,
+    help="With --apply: clean up each move after its cutover.",
+)
+@click.option(
+    "--by",
+    "by",
+    type=click.Choice(["count", "size"]),
+    default="count",
+    show_default=True,
+    help="Even out shards per host, or bytes per host (pg_total_relation_size; placement.pinned stay).",
+)
+@click.option(
+    "--min-improvement",
+    type=AsciiFloat(0, 1),
+    default=0.05,
+    show_default=True,
+    help="With --by size: each move must narrow the host spread by this share of the mean host size.",
+)
 @move_options
-def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, by: str, min_improvement: float,
-                  as_json: bool, **kw) -> None:
+def rebalance_cmd(
+    show_plan: bool,
+    do_apply: bool,
+    do_cleanup: bool,
+    by: str,
+    min_improvement: float,
+    as_json: bool,
+    **kw,
+) -> None:
     """Even out shards (or bytes) per host, e.g. after add-host, with the fewest moves."""
     if show_plan and do_apply:
         raise BadInput("--plan shows the moves and --apply runs them; give one")
@@ -250,13 +445,26 @@ def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, by: str, mi
     options = _options(kw)
     error: ShardctlError | None = None
     with move_progress(not as_json) as progress:
+
         def announce(m) -> None:
             if progress:
-                progress("note", 0, 0, f"moving shards {m.to_dict()['shards']} from {m.source} to {m.target}")
+                progress(
+                    "note",
+                    0,
+                    0,
+                    f"moving shards {m.to_dict()['shards']} from {m.source} to {m.target}",
+                )
 
         try:
-            doc = rebalance_apply(topo, options=options, progress=progress, cleanup=do_cleanup, on_move=announce,
-                                  by=by, min_improvement=min_improvement)
+            doc = rebalance_apply(
+                topo,
+                options=options,
+                progress=progress,
+                cleanup=do_cleanup,
+                on_move=announce,
+                by=by,
+                min_improvement=min_improvement,
+            )
         except ShardctlError as exc:
             report = getattr(exc, "report", None)
             if not isinstance(report, dict):
@@ -273,16 +481,33 @@ def rebalance_cmd(show_plan: bool, do_apply: bool, do_cleanup: bool, by: str, mi
 
 def _human_plan(doc: dict) -> None:
     if doc.get("by") == "size":
-        stdout.print(table("hosts (bytes)", ["host", "shards", "after", "bytes", "bytes after"],
-                           [[h["name"], h["shards"], h["after"], h["bytes"], h["bytes_after"]] for h in doc["hosts"]]))
+        stdout.print(
+            table(
+                "hosts (bytes)",
+                ["host", "shards", "after", "bytes", "bytes after"],
+                [
+                    [h["name"], h["shards"], h["after"], h["bytes"], h["bytes_after"]]
+                    for h in doc["hosts"]
+                ],
+            )
+        )
     else:
-        stdout.print(table("hosts", ["host", "shards", "goal", "after"],
-                           [[h["name"], h["shards"], h["goal"], h["after"]] for h in doc["hosts"]]))
+        stdout.print(
+            table(
+                "hosts",
+                ["host", "shards", "goal", "after"],
+                [[h["name"], h["shards"], h["goal"], h["after"]] for h in doc["hosts"]],
+            )
+        )
     if not doc["moves"]:
         stdout.print("Balanced: nothing to move.")
         return
-    stdout.print(table(f"{len(doc['moves'])} move(s), {doc['shards_to_move']} shards",
-                       ["from", "to", "shards", "count"],
-                       [[m["source"], m["target"], m["shards"], m["count"]] for m in doc["moves"]]))
+    stdout.print(
+        table(
+            f"{len(doc['moves'])} move(s), {doc['shards_to_move']} shards",
+            ["from", "to", "shards", "count"],
+            [[m["source"], m["target"], m["shards"], m["count"]] for m in doc["moves"]],
+        )
+    )
     if not doc.get("applied"):
         stdout.print("Run them with: shardctl rebalance --apply")

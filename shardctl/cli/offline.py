@@ -25,12 +25,24 @@ from .params import ASCII_INT
 @cli.command()
 @click.option("--shard", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 5 or 0-15).")
 @click.option("--host", "host_name", help="Only the shards of this host (plus its control schema).")
-@click.option("--control/--no-control", default=True, show_default=True, help="Include the control schema.")
-@click.option("--migrations/--no-migrations", "with_migrations", default=True, show_default=True,
-              help="Include the rendered migrations.")
+@click.option(
+    "--control/--no-control", default=True, show_default=True, help="Include the control schema."
+)
+@click.option(
+    "--migrations/--no-migrations",
+    "with_migrations",
+    default=True,
+    show_default=True,
+    help="Include the rendered migrations.",
+)
 @json_option
-def render(shard_spec: str | None, host_name: str | None, control: bool, with_migrations: bool,
-           as_json: bool) -> None:
+def render(
+    shard_spec: str | None,
+    host_name: str | None,
+    control: bool,
+    with_migrations: bool,
+    as_json: bool,
+) -> None:
     """Print the SQL init would run, per host and shard, without connecting."""
     from ..sql import render as rendering
     from ..sql.migrations import for_topology
@@ -75,12 +87,17 @@ def _foreign_layout(layout: str, epoch: str | None):
 # argument, not an unknown option; anything else that is not an option fails as a bad ID.
 @cli.command("decode-id", context_settings={"ignore_unknown_options": True})
 @click.argument("ids", nargs=-1)
-@click.option("--layout", type=click.Choice(["instagram", "pinterest", "snowflake"]),
-              help="Decode foreign IDs with this layout instead of the topology's.")
+@click.option(
+    "--layout",
+    type=click.Choice(["instagram", "pinterest", "snowflake"]),
+    help="Decode foreign IDs with this layout instead of the topology's.",
+)
 @click.option("--epoch", help="Epoch for --layout (ISO-8601 or Unix ms).")
 @click.option("--csv", "as_csv", is_flag=True, help="Write CSV (fast, for many IDs).")
 @json_option
-def decode_id(ids: tuple[str, ...], layout: str | None, epoch: str | None, as_csv: bool, as_json: bool) -> None:
+def decode_id(
+    ids: tuple[str, ...], layout: str | None, epoch: str | None, as_csv: bool, as_json: bool
+) -> None:
     """Decode IDs (arguments, or stdin one per line) into time, shard, sequence, schema and host."""
     if epoch and not layout:
         raise BadInput("--epoch goes with --layout (the topology's IDs use the topology's epoch)")
@@ -89,7 +106,11 @@ def decode_id(ids: tuple[str, ...], layout: str | None, epoch: str | None, as_cs
     if not ids and sys.stdin.isatty():
         raise BadInput("give IDs as arguments or on stdin, one per line")
     # Streams in every mode: bounded line reads, rows written as decoded, bad lines counted.
-    source = decoding.bounded_arguments(ids) if ids else decoding.bounded_lines(decoding.utf8_reader(sys.stdin))
+    source = (
+        decoding.bounded_arguments(ids)
+        if ids
+        else decoding.bounded_lines(decoding.utf8_reader(sys.stdin))
+    )
     bad = decoding.BadLines()
     if as_csv:
         decoder.write_csv(source, sys.stdout, bad)
@@ -103,8 +124,11 @@ def decode_id(ids: tuple[str, ...], layout: str | None, epoch: str | None, as_cs
     elif bad:
         n, text, problem = bad.kept[0]
         listed = "" if as_json else f"; --json lists the first {bad.keep}"
-        click.echo(f"error: {bad.count} lines are not IDs of this fleet, the first is line {n}: {text!r}: "
-                   f"{problem}{listed}", err=True)
+        click.echo(
+            f"error: {bad.count} lines are not IDs of this fleet, the first is line {n}: {text!r}: "
+            f"{problem}{listed}",
+            err=True,
+        )
     if bad:
         sys.exit(2)
 
@@ -158,26 +182,49 @@ def _write_table(columns: list[str], rows) -> None:
 
 
 @cli.command("encode-id")
-@click.option("--layout", type=click.Choice(["instagram", "pinterest", "snowflake"]),
-              help="Encode with this layout instead of the topology's.")
+@click.option(
+    "--layout",
+    type=click.Choice(["instagram", "pinterest", "snowflake"]),
+    help="Encode with this layout instead of the topology's.",
+)
 @click.option("--epoch", help="Epoch for --layout (ISO-8601 or Unix ms).")
 @click.option("--time", "at", help="The ID's time (ISO-8601, UTC if no offset).")
-@click.option("--ms", type=ASCII_INT, help="Milliseconds since the layout's epoch (instead of --time).")
+@click.option(
+    "--ms", type=ASCII_INT, help="Milliseconds since the layout's epoch (instead of --time)."
+)
 @click.option("--shard", type=ASCII_INT, help="Shard number.")
 @click.option("--sequence", type=ASCII_INT, help="Sequence (instagram, custom, snowflake).")
 @click.option("--type", "type_", type=ASCII_INT, help="Type (pinterest).")
 @click.option("--local", type=ASCII_INT, help="Local id (pinterest).")
 @click.option("--worker", type=ASCII_INT, help="Worker (snowflake).")
 @json_option
-def encode_id(layout: str | None, epoch: str | None, at: str | None, ms: int | None, shard: int | None,
-              sequence: int | None, type_: int | None, local: int | None, worker: int | None,
-              as_json: bool) -> None:
+def encode_id(
+    layout: str | None,
+    epoch: str | None,
+    at: str | None,
+    ms: int | None,
+    shard: int | None,
+    sequence: int | None,
+    type_: int | None,
+    local: int | None,
+    worker: int | None,
+    as_json: bool,
+) -> None:
     """Build an ID from its parts."""
     if epoch and not layout:
         raise BadInput("--epoch goes with --layout (the topology's IDs use the topology's epoch)")
     lay = _foreign_layout(layout, epoch) if layout else settings().topology().layout
-    parts = {k: v for k, v in {"shard": shard, "sequence": sequence, "type": type_, "local": local,
-                               "worker": worker}.items() if v is not None}
+    parts = {
+        k: v
+        for k, v in {
+            "shard": shard,
+            "sequence": sequence,
+            "type": type_,
+            "local": local,
+            "worker": worker,
+        }.items()
+        if v is not None
+    }
     if at is not None and ms is not None:
         raise BadInput("give --time or --ms, not both")
     if at is not None:
@@ -196,7 +243,12 @@ def encode_id(layout: str | None, epoch: str | None, at: str | None, ms: int | N
 
 @cli.command()
 @click.argument("key")
-@click.option("--string", "force_string", is_flag=True, help="Treat the key as a string even if it is a number.")
+@click.option(
+    "--string",
+    "force_string",
+    is_flag=True,
+    help="Treat the key as a string even if it is a number.",
+)
 @json_option
 def locate(key: str, force_string: bool, as_json: bool) -> None:
     """Which shard, schema and host a routing key maps to."""
@@ -205,8 +257,14 @@ def locate(key: str, force_string: bool, as_json: bool) -> None:
     host = topo.host_of(shard)
     kind = "string" if force_string or not is_integer_key(key) else "integer"
     rule = f"md5(key) mod {topo.modulus}" if kind == "string" else f"key % {topo.modulus}"
-    doc = {"key": key, "kind": kind, "rule": rule, "shard": shard, "schema": topo.schema_name(shard),
-           "host": host.name}
+    doc = {
+        "key": key,
+        "kind": kind,
+        "rule": rule,
+        "shard": shard,
+        "schema": topo.schema_name(shard),
+        "host": host.name,
+    }
     emit(as_json, doc, lambda: stdout.print(table(None, list(doc), [list(doc.values())])))
 
 
@@ -219,14 +277,34 @@ def info(as_json: bool) -> None:
 
     def human() -> None:
         lim = doc["limits"]
-        stdout.print(table("ID layout", ["layout", "bits (high→low)", "epoch", "function"],
-                           [[doc["layout"], doc["bits"], doc["epoch"], doc["function"]]]))
-        stdout.print(table("Limits", ["max shards", "IDs per ms per shard", "IDs turn negative", "IDs overflow"],
-                           [[lim["max_shards"], lim["ids_per_ms_per_shard"], lim["negative_at"] or "never",
-                             lim["overflow_at"]]]))
-        stdout.print(table(f"{doc['shard_count']} shards, schema {doc['schema_format']}, "
-                           f"routing modulus {doc['routing_modulus']}",
-                           ["host", "dsn", "shards", "count"],
-                           [[h["name"], h["dsn"], h["shards"], h["shard_count"]] for h in doc["hosts"]]))
+        stdout.print(
+            table(
+                "ID layout",
+                ["layout", "bits (high→low)", "epoch", "function"],
+                [[doc["layout"], doc["bits"], doc["epoch"], doc["function"]]],
+            )
+        )
+        stdout.print(
+            table(
+                "Limits",
+                ["max shards", "IDs per ms per shard", "IDs turn negative", "IDs overflow"],
+                [
+                    [
+                        lim["max_shards"],
+                        lim["ids_per_ms_per_shard"],
+                        lim["negative_at"] or "never",
+                        lim["overflow_at"],
+                    ]
+                ],
+            )
+        )
+        stdout.print(
+            table(
+                f"{doc['shard_count']} shards, schema {doc['schema_format']}, "
+                f"routing modulus {doc['routing_modulus']}",
+                ["host", "dsn", "shards", "count"],
+                [[h["name"], h["dsn"], h["shards"], h["shard_count"]] for h in doc["hosts"]],
+            )
+        )
 
     emit(as_json, doc, human)

@@ -4,7 +4,7 @@ move, lint, redeploy)."""
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import click
 
@@ -17,22 +17,48 @@ from .params import AsciiFloat, AsciiInt
 
 
 def host_options(func: Callable) -> Callable:
-    func = click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")(func)
-    func = click.option("--connect-timeout", type=AsciiInt(1, 3600), default=DEFAULT_CONNECT_TIMEOUT,
-                        show_default=True, help="Seconds to wait for a host to answer.")(func)
+    func = click.option(
+        "--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated)."
+    )(func)
+    func = click.option(
+        "--connect-timeout",
+        type=AsciiInt(1, 3600),
+        default=DEFAULT_CONNECT_TIMEOUT,
+        show_default=True,
+        help="Seconds to wait for a host to answer.",
+    )(func)
     return json_option(func)
 
 
 def run_options(func: Callable) -> Callable:
-    func = click.option("--batch-size", type=AsciiInt(1, 10_000), default=DEFAULT_BATCH, show_default=True,
-                        help="Shards per transaction (at most; see --max-lock-hold).")(func)
-    func = click.option("--recycle-after", type=AsciiInt(1, 1_000_000), default=DEFAULT_RECYCLE,
-                        show_default=True, help="Shards per connection before it is replaced.")(func)
-    func = click.option("--wait", type=AsciiFloat(0, 86_400), default=0, show_default=True,
-                        help="Seconds to wait for another shardctl run's lock on a host.")(func)
-    func = click.option("--jobs", type=AsciiInt(1, 256), default=None,
-                        help="Connections applying shards at once per host (default: the host's cores, "
-                             "bounded by hosts[].max_jobs and free connection slots).")(func)
+    func = click.option(
+        "--batch-size",
+        type=AsciiInt(1, 10_000),
+        default=DEFAULT_BATCH,
+        show_default=True,
+        help="Shards per transaction (at most; see --max-lock-hold).",
+    )(func)
+    func = click.option(
+        "--recycle-after",
+        type=AsciiInt(1, 1_000_000),
+        default=DEFAULT_RECYCLE,
+        show_default=True,
+        help="Shards per connection before it is replaced.",
+    )(func)
+    func = click.option(
+        "--wait",
+        type=AsciiFloat(0, 86_400),
+        default=0,
+        show_default=True,
+        help="Seconds to wait for another shardctl run's lock on a host.",
+    )(func)
+    func = click.option(
+        "--jobs",
+        type=AsciiInt(1, 256),
+        default=None,
+        help="Connections applying shards at once per host (default: the host's cores, "
+        "bounded by hosts[].max_jobs and free connection slots).",
+    )(func)
     return func
 
 
@@ -45,7 +71,9 @@ def split_hosts(value: str | None) -> list[str] | None:
     return names
 
 
-def finish(as_json: bool, doc: dict, human: Callable[[], None], error: ShardctlError | None) -> None:
+def finish(
+    as_json: bool, doc: dict, human: Callable[[], None], error: ShardctlError | None
+) -> None:
     """Print the result, then the one-line error and its exit code, if any."""
     if error is not None and as_json:
         doc = {**doc, "ok": False, "error": str(error), "exit_code": error.exit_code}

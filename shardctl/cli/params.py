@@ -33,11 +33,21 @@ class AsciiInt(click.ParamType):
             try:
                 number = self.parse(text)
             except ValueError as exc:
-                problem = str(exc) if "non-ASCII" in str(exc) else f"{echo(text)} is not a valid {self.name}"
+                problem = (
+                    str(exc)
+                    if "non-ASCII" in str(exc)
+                    else f"{echo(text)} is not a valid {self.name}"
+                )
                 raise BadInput(f"{_name(param)}: {problem}") from None
         if (self.lo is not None and number < self.lo) or (self.hi is not None and number > self.hi):
-            bounds = " and ".join(t for t in (f"at least {_show(self.lo)}" if self.lo is not None else "",
-                                              f"at most {_show(self.hi)}" if self.hi is not None else "") if t)
+            bounds = " and ".join(
+                t
+                for t in (
+                    f"at least {_show(self.lo)}" if self.lo is not None else "",
+                    f"at most {_show(self.hi)}" if self.hi is not None else "",
+                )
+                if t
+            )
             raise BadInput(f"{_name(param)}: {_show(number)} is out of range (it must be {bounds})")
         return number
 

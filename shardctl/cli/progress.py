@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable
 
 from .output import stderr
 
 
 @contextmanager
-def host_progress(label: str, enabled: bool = True) -> Iterator[Callable[[str, int], Callable[[int], None]] | None]:
+def host_progress(
+    label: str, enabled: bool = True
+) -> Iterator[Callable[[str, int], Callable[[int], None]] | None]:
     """Yields a factory ``(host, total) -> tick(n)`` for the library, or None when disabled."""
     if not enabled or not stderr.is_terminal:
         yield None
@@ -18,8 +19,15 @@ def host_progress(label: str, enabled: bool = True) -> Iterator[Callable[[str, i
     # Imported here: a command without a bar (--json, --check, not a terminal) does not pay for it.
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn(f"{label} [bold]{{task.description}}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=stderr, transient=False) as bar:
+    with Progress(
+        TextColumn(f"{label} [bold]{{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=False,
+    ) as bar:
+
         def factory(host: str, total: int) -> Callable[[int], None]:
             task = bar.add_task(host, total=max(total, 1), completed=0 if total else 1)
             return lambda n: bar.advance(task, n)

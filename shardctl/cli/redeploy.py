@@ -15,53 +15,108 @@ from .output import stdout, table
 from .params import AsciiFloat, AsciiInt
 
 
-def template_plan(topo: Topology, hosts: list[str] | None, connect_timeout: int) -> tuple[dict[str, Any], list[str]]:
+def template_plan(
+    topo: Topology, hosts: list[str] | None, connect_timeout: int
+) -> tuple[dict[str, Any], list[str]]:
     """For ``plan``: per host, the template functions a ``redeploy`` would replace (read-only)."""
     try:
         report = redeploy(topo, hosts=hosts, dry_run=True, connect_timeout=connect_timeout)
     except BadInput as exc:
         return {"refused": str(exc)}, [f"templates: {exc}"]
-    doc = {h.host: {o: format_shards(s) for o, s in h.value.stale.items()} for h in report.hosts if h.reachable}
-    lines = [f"{host}: template {o} differs on shards {s} (run shardctl redeploy)"
-             for host, objects in doc.items() for o, s in objects.items()]
+    doc = {
+        h.host: {o: format_shards(s) for o, s in h.value.stale.items()}
+        for h in report.hosts
+        if h.reachable
+    }
+    lines = [
+        f"{host}: template {o} differs on shards {s} (run shardctl redeploy)"
+        for host, objects in doc.items()
+        for o, s in objects.items()
+    ]
     return {"stale": doc}, lines
 
 
 @cli.command("redeploy")
 @click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")
-@click.option("--connect-timeout", type=AsciiInt(1, 3600), default=10, show_default=True,
-              help="Seconds to wait for a host to answer.")
+@click.option(
+    "--connect-timeout",
+    type=AsciiInt(1, 3600),
+    default=10,
+    show_default=True,
+    help="Seconds to wait for a host to answer.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
-@click.option("--dry-run", is_flag=True, help="Only list the shards whose template functions differ.")
-@click.option("--lock-timeout", default=DEFAULT_LOCK_TIMEOUT, show_default=True,
-              help="Give up on a shard when a lock is not granted in time (PostgreSQL interval).")
-@click.option("--wait", type=AsciiFloat(0, 86_400), default=0, show_default=True,
-              help="Seconds to wait for another shardctl run's lock on a host.")
-def redeploy_cmd(host_names: str | None, connect_timeout: int, as_json: bool, dry_run: bool, lock_timeout: str,
-                 wait: float) -> None:
+@click.option(
+    "--dry-run", is_flag=True, help="Only list the shards whose template functions differ."
+)
+@click.option(
+    "--lock-timeout",
+    default=DEFAULT_LOCK_TIMEOUT,
+    show_default=True,
+    help="Give up on a shard when a lock is not granted in time (PostgreSQL interval).",
+)
+@click.option(
+    "--wait",
+    type=AsciiFloat(0, 86_400),
+    default=0,
+    show_default=True,
+    help="Seconds to wait for another shardctl run's lock on a host.",
+)
+def redeploy_cmd(
+    host_names: str | None,
+    connect_timeout: int,
+    as_json: bool,
+    dry_run: bool,
+    lock_timeout: str,
+    wait: float,
+) -> None:
     """Re-deploy template functions (next_id() after an id.function change, your own) on every shard, online.
 
     Refuses a layout or epoch change, which would break existing IDs."""
     from .options import finish, split_hosts
 
     topo = settings().topology()
-    report = redeploy(topo, hosts=split_hosts(host_names), dry_run=dry_run, lock_timeout=lock_timeout, wait=wait,
-                      connect_timeout=connect_timeout)
+    report = redeploy(
+        topo,
+        hosts=split_hosts(host_names),
+        dry_run=dry_run,
+        lock_timeout=lock_timeout,
+        wait=wait,
+        connect_timeout=connect_timeout,
+    )
 
     def human() -> None:
-        rows = [[h.host, "yes" if h.reachable else "NO",
-                 "; ".join(f"{o}: {format_shards(s)}" for o, s in h.value.stale.items()) or "-",
-                 len(h.value.deployed), len(h.value.failed), f"{h.seconds:.2f}s"] for h in report.hosts]
-        stdout.print(table("redeploy (dry run)" if dry_run else "redeploy",
-                           ["host", "reachable", "differs", "re-deployed", "failed", "time"], rows))
+        rows = [
+            [
+                h.host,
+                "yes" if h.reachable else "NO",
+                "; ".join(f"{o}: {format_shards(s)}" for o, s in h.value.stale.items()) or "-",
+                len(h.value.deployed),
+                len(h.value.failed),
+                f"{h.seconds:.2f}s",
+            ]
+            for h in report.hosts
+        ]
+        stdout.print(
+            table(
+                "redeploy (dry run)" if dry_run else "redeploy",
+                ["host", "reachable", "differs", "re-deployed", "failed", "time"],
+                rows,
+            )
+        )
         for h in report.hosts:
             if h.error:
                 stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
             for f in h.value.failed[:20]:
-                stdout.print(f"[red]failed[/red] shard {f['shard']} on {h.host}: {f['error']}", markup=True,
-                             highlight=False)
+                stdout.print(
+                    f"[red]failed[/red] shard {f['shard']} on {h.host}: {f['error']}",
+                    markup=True,
+                    highlight=False,
+                )
         if report.ok and not any(h.value.stale for h in report.hosts):
-            stdout.print("Nothing to re-deploy: every shard's template functions match the rendering.")
+            stdout.print(
+                "Nothing to re-deploy: every shard's template functions match the rendering."
+            )
 
     error: ShardctlError | None = None
     down = [h for h in report.hosts if not h.reachable]
@@ -70,6 +125,10 @@ def redeploy_cmd(host_names: str | None, connect_timeout: int, as_json: bool, dr
     elif not report.ok:
         failed = sum(len(h.value.failed) for h in report.hosts)
         first = next((h for h in report.hosts if h.error or h.value.failed), None)
-        why = first.error if first and first.error else (first.value.failed[0]["error"] if first else "")
+        why = (
+            first.error
+            if first and first.error
+            else (first.value.failed[0]["error"] if first else "")
+        )
         error = OperationFailed(f"redeploy: {failed} shard(s) failed; {why}")
     finish(as_json, report.to_dict(), human, error)

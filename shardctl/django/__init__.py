@@ -29,18 +29,33 @@ from typing import Any
 from .context import Target, configure, current, no_shard, on_shard, router, target
 from .settings import databases, host_database
 
-__all__ = ["DatabaseRouter", "ShardMiddleware", "ShardedModel", "Target", "configure", "current", "databases",
-           "host_database", "no_shard", "on_shard", "router", "target"]
+__all__ = [
+    "DatabaseRouter",
+    "ShardMiddleware",
+    "ShardedModel",
+    "Target",
+    "configure",
+    "current",
+    "databases",
+    "host_database",
+    "no_shard",
+    "on_shard",
+    "router",
+    "target",
+]
 
 
 def __getattr__(name: str) -> Any:
     if name == "DatabaseRouter":
         from .routers import DatabaseRouter
+
         return DatabaseRouter
     if name == "ShardMiddleware":
         from .middleware import ShardMiddleware
+
         return ShardMiddleware
     if name in ("ShardedModel", "ShardIdField", "ShardNotChosen"):
         from . import models
+
         return getattr(models, name)
     raise AttributeError(name)

@@ -27,7 +27,9 @@ class Target:
     alias: str
 
 
-_current: contextvars.ContextVar[Target | None] = contextvars.ContextVar("shardctl_django_shard", default=None)
+_current: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
+    "shardctl_django_shard", default=None
+)
 _lock = threading.Lock()
 _state: dict[str, Any] = {"router": None, "path": None, "prefix": ""}
 _aliases: dict[tuple[str, str], str] = {}  # (host name, dsn) -> its alias, once checked
@@ -53,8 +55,10 @@ def router() -> Router:
 
         path = getattr(settings, "SHARDCTL_TOPOLOGY", None)
         if path is None:
-            raise BadInput("shardctl.django is not configured: DATABASES = shardctl.django.databases(path) "
-                           "in settings.py, or settings.SHARDCTL_TOPOLOGY")
+            raise BadInput(
+                "shardctl.django is not configured: DATABASES = shardctl.django.databases(path) "
+                "in settings.py, or settings.SHARDCTL_TOPOLOGY"
+            )
         r = configure(path)
     return r
 
@@ -85,14 +89,27 @@ def alias_of(host: Host) -> str:
 def _complete(entry: dict) -> dict:
     """An alias's settings with Django's defaults (what ConnectionHandler.configure_settings fills in)."""
     entry.pop("ALIAS", None)
-    for key, value in (("ATOMIC_REQUESTS", False), ("AUTOCOMMIT", True), ("CONN_MAX_AGE", 0),
-                       ("CONN_HEALTH_CHECKS", False), ("OPTIONS", {}), ("TIME_ZONE", None), ("NAME", ""),
-                       ("USER", ""), ("PASSWORD", ""), ("HOST", ""), ("PORT", ""), ("TEST", {})):
+    for key, value in (
+        ("ATOMIC_REQUESTS", False),
+        ("AUTOCOMMIT", True),
+        ("CONN_MAX_AGE", 0),
+        ("CONN_HEALTH_CHECKS", False),
+        ("OPTIONS", {}),
+        ("TIME_ZONE", None),
+        ("NAME", ""),
+        ("USER", ""),
+        ("PASSWORD", ""),
+        ("HOST", ""),
+        ("PORT", ""),
+        ("TEST", {}),
+    ):
         entry.setdefault(key, value)
     return entry
 
 
-def target(key: int | str | None = None, *, id: int | None = None, shard: int | None = None) -> Target:
+def target(
+    key: int | str | None = None, *, id: int | None = None, shard: int | None = None
+) -> Target:
     """The shard of exactly one of ``key`` (the topology's routing rule), ``id`` (an ID minted by
     ``next_id()``) or ``shard``, with its host as of now."""
     r = router()
@@ -107,7 +124,9 @@ def current() -> Target | None:
 
 
 @contextmanager
-def on_shard(key: int | str | None = None, *, id: int | None = None, shard: int | None = None) -> Iterator[Target]:
+def on_shard(
+    key: int | str | None = None, *, id: int | None = None, shard: int | None = None
+) -> Iterator[Target]:
     """Run the block's ORM calls on one shard: by ``key``, ``id`` or ``shard``. Nestable: an inner block
     wins, and the outer one's shard is back when it ends (also on an exception)."""
     token = _current.set(target(key, id=id, shard=shard))
@@ -127,7 +146,9 @@ def no_shard() -> Iterator[None]:
         _current.reset(token)
 
 
-_collecting: contextvars.ContextVar[bool] = contextvars.ContextVar("shardctl_django_collecting", default=False)
+_collecting: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "shardctl_django_collecting", default=False
+)
 
 
 def collecting() -> bool:

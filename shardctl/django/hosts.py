@@ -20,8 +20,17 @@ def host_database(host: Host, *, conn_max_age: int | None = 60) -> dict[str, Any
     if "password" in kwargs:
         parts["password"] = kwargs.pop("password")
     kwargs.pop("client_encoding", None)  # Django sets UTF8 itself
-    entry = {"ENGINE": BACKEND, "NAME": parts.pop("dbname", ""), "USER": parts.pop("user", ""),
-             "PASSWORD": parts.pop("password", ""), "HOST": parts.pop("host", ""), "PORT": parts.pop("port", ""),
-             "CONN_MAX_AGE": conn_max_age, "DISABLE_SERVER_SIDE_CURSORS": True,
-             "OPTIONS": {**parts, "prepare_threshold": None}, "SHARDCTL_HOST": host.name, "SHARDCTL_DSN": host.dsn}
+    entry = {
+        "ENGINE": BACKEND,
+        "NAME": parts.pop("dbname", ""),
+        "USER": parts.pop("user", ""),
+        "PASSWORD": parts.pop("password", ""),
+        "HOST": parts.pop("host", ""),
+        "PORT": parts.pop("port", ""),
+        "CONN_MAX_AGE": conn_max_age,
+        "DISABLE_SERVER_SIDE_CURSORS": True,
+        "OPTIONS": {**parts, "prepare_threshold": None},
+        "SHARDCTL_HOST": host.name,
+        "SHARDCTL_DSN": host.dsn,
+    }
     return entry

@@ -17,7 +17,9 @@ T = TypeVar("T")
 Hint = dict[str, Any] | None  # {"key": v} | {"id": v} | {"shard": n} | None (the current block's)
 
 
-_routing: contextvars.ContextVar[Target | None] = contextvars.ContextVar("shardctl_django_routing", default=None)
+_routing: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
+    "shardctl_django_routing", default=None
+)
 
 
 class ShardNotChosen(BadInput):
@@ -30,12 +32,20 @@ def routed(model: type, hint: Hint, work: Callable[[], T]) -> T:
     placement finds the new host (topology file reloaded, or the old host's redirect) and ``work()``
     runs once more there."""
     here = current()
-    if here is not None and _routing.get() is here and (hint is None or router().target(**hint) == here.shard):
-        return work()  # inside a routed call on this very shard (create() -> save()): it follows moves
+    if (
+        here is not None
+        and _routing.get() is here
+        and (hint is None or router().target(**hint) == here.shard)
+    ):
+        return (
+            work()
+        )  # inside a routed call on this very shard (create() -> save()): it follows moves
     if hint is None:
         if here is None:
-            raise ShardNotChosen(f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "
-                                 "or run it in shardctl.django.on_shard(key=|id=|shard=)")
+            raise ShardNotChosen(
+                f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "
+                "or run it in shardctl.django.on_shard(key=|id=|shard=)"
+            )
         hint = {"shard": here.shard}
     for attempt in (1, 2):
         with on_shard(**hint) as where:
@@ -43,8 +53,11 @@ def routed(model: type, hint: Hint, work: Callable[[], T]) -> T:
             try:
                 return work()
             except DatabaseError as exc:
-                if attempt == 2 or connections[where.alias].in_atomic_block or \
-                        not router().follow_move(where.shard, exc.__cause__ or exc, where.host):
+                if (
+                    attempt == 2
+                    or connections[where.alias].in_atomic_block
+                    or not router().follow_move(where.shard, exc.__cause__ or exc, where.host)
+                ):
                     raise
             finally:
                 _routing.reset(token)
@@ -56,8 +69,10 @@ def hint_from(model: Any, lookups: dict[str, Any]) -> Hint:
     pk = model._meta.pk
     key_names = _key_names(model)
     for name, value in lookups.items():
-        field = name[:-7] if name.endswith("__exact") else name
-        if value is None or isinstance(value, (list, tuple, set, models.expressions.BaseExpression)):
+        field = name.removesuffix("__exact")
+        if value is None or isinstance(
+            value, (list, tuple, set, models.expressions.BaseExpression)
+        ):
             continue
         if field in ("pk", pk.name, pk.attname) and isinstance(value, int):
             return {"id": value}
@@ -81,21 +96,25 @@ class ShardedQuerySet(models.QuerySet):
 
     _shard_hint: Hint = None
 
-    def _clone(self) -> "ShardedQuerySet":
+    def _clone(self) -> ShardedQuerySet:
         clone = super()._clone()
         clone._shard_hint = self._shard_hint
         return clone
 
-    def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> "ShardedQuerySet":
+    def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> ShardedQuerySet:
         clone = super()._filter_or_exclude(negate, args, kwargs)
         if not negate and clone._shard_hint is None:
             clone._shard_hint = hint_from(self.model, kwargs)
         return clone
 
-    def on_shard(self, key: Any = None, *, id: int | None = None, shard: int | None = None) -> "ShardedQuerySet":
+    def on_shard(
+        self, key: Any = None, *, id: int | None = None, shard: int | None = None
+    ) -> ShardedQuerySet:
         """This query on the shard of ``key``, ``id`` or ``shard``."""
         clone = self._chain()
-        clone._shard_hint = {name: v for name, v in (("key", key), ("id", id), ("shard", shard)) if v is not None}
+        clone._shard_hint = {
+            name: v for name, v in (("key", key), ("id", id), ("shard", shard)) if v is not None
+        }
         return clone
 
     def _run(self, work: Callable[[], T]) -> T:
@@ -106,7 +125,9 @@ class ShardedQuerySet(models.QuerySet):
             self._run(super()._fetch_all)
 
     def count(self) -> int:
-        return self._result_cache_len() if self._result_cache is not None else self._run(super().count)
+        return (
+            self._result_cache_len() if self._result_cache is not None else self._run(super().count)
+        )
 
     def _result_cache_len(self) -> int:
         return len(self._result_cache)  # type: ignore[arg-type]
@@ -131,12 +152,17 @@ class ShardedQuerySet(models.QuerySet):
 
     def create(self, **kwargs: Any) -> Any:
         parent = super().create
-        return routed(self.model, self._shard_hint or hint_from(self.model, kwargs), lambda: parent(**kwargs))
+        return routed(
+            self.model, self._shard_hint or hint_from(self.model, kwargs), lambda: parent(**kwargs)
+        )
 
     def get_or_create(self, defaults: Any = None, **kwargs: Any) -> Any:
         parent = super().get_or_create
-        return routed(self.model, self._shard_hint or hint_from(self.model, kwargs),
-                      lambda: parent(defaults=defaults, **kwargs))
+        return routed(
+            self.model,
+            self._shard_hint or hint_from(self.model, kwargs),
+            lambda: parent(defaults=defaults, **kwargs),
+        )
 
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list:
         """Objects grouped by their shard, one ``bulk_create`` per shard."""
@@ -148,7 +174,9 @@ class ShardedQuerySet(models.QuerySet):
             groups.setdefault(shard, []).append(obj)
         out: list = []
         for shard, group in groups.items():
-            out += routed(self.model, {"shard": shard}, lambda group=group: parent(group, *args, **kwargs))
+            out += routed(
+                self.model, {"shard": shard}, lambda group=group: parent(group, *args, **kwargs)
+            )
         return out
 
 

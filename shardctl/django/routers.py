@@ -26,8 +26,10 @@ class DatabaseRouter:
             return None
         here = current()
         if here is None:
-            raise ShardNotChosen(f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "
-                                 "or run it in shardctl.django.on_shard(key=|id=|shard=)")
+            raise ShardNotChosen(
+                f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "
+                "or run it in shardctl.django.on_shard(key=|id=|shard=)"
+            )
         return here.alias
 
     def db_for_read(self, model: Any, **hints: Any) -> str | None:
@@ -41,13 +43,17 @@ class DatabaseRouter:
             return obj1._state.db == obj2._state.db
         return None
 
-    def allow_migrate(self, db: str, app_label: str, model_name: str | None = None, **hints: Any) -> bool | None:
+    def allow_migrate(
+        self, db: str, app_label: str, model_name: str | None = None, **hints: Any
+    ) -> bool | None:
         """Nothing on the host aliases (``shardctl migrate`` applies the shards' files); sharded models
         only while ``shardctl_makemigrations`` collects their SQL."""
         if host_alias(db):
             return False
         model = hints.get("model")
-        if model is not None:  # a migration's historical model: its class in the app registry says more
+        if (
+            model is not None
+        ):  # a migration's historical model: its class in the app registry says more
             app_label, model_name = model._meta.app_label, model._meta.model_name
         model = None
         if model_name is not None:

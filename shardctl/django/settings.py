@@ -10,8 +10,13 @@ from .context import configure
 from .hosts import host_database
 
 
-def databases(topology: str | Path | Topology, *, default: dict[str, Any] | None = None, alias_prefix: str = "",
-              conn_max_age: int | None = 60) -> dict[str, dict[str, Any]]:
+def databases(
+    topology: str | Path | Topology,
+    *,
+    default: dict[str, Any] | None = None,
+    alias_prefix: str = "",
+    conn_max_age: int | None = 60,
+) -> dict[str, dict[str, Any]]:
     """``DATABASES`` for settings.py: an alias per host of the topology (``<alias_prefix><host name>``),
     and ``default`` (your own database for Django's unsharded tables; else the first host's database,
     outside every shard, on Django's own postgresql backend). Also configures the Router that
@@ -21,7 +26,9 @@ def databases(topology: str | Path | Topology, *, default: dict[str, Any] | None
     for host in topo.hosts:
         out[alias_prefix + host.name] = host_database(host, conn_max_age=conn_max_age)
     if default is None:
-        default = dict(out[alias_prefix + topo.hosts[0].name], ENGINE="django.db.backends.postgresql")
+        default = dict(
+            out[alias_prefix + topo.hosts[0].name], ENGINE="django.db.backends.postgresql"
+        )
         for key in ("SHARDCTL_HOST", "SHARDCTL_DSN"):
             default.pop(key)
     return {"default": default, **out}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import select
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 
-from ..model.dsn import mask
 from ..errors import BadInput, HostUnreachable, LockBusy
+from ..model.dsn import mask
 from ..model.topology import Host
 from ..sql import locks
 
@@ -25,12 +25,20 @@ EXIT_GRACE = 2.0
 RELEASE_TIMEOUT = 2.0  # seconds to wait for the server to confirm a release before closing anyway
 
 
-def connect(host: Host, *, autocommit: bool = False, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-            purpose: str = "") -> psycopg.Connection:
+def connect(
+    host: Host,
+    *,
+    autocommit: bool = False,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    purpose: str = "",
+) -> psycopg.Connection:
     """Open a connection to ``host``; an unreachable host raises HostUnreachable with a masked reason."""
     # shardctl's own work (DDL, locks, moves) goes over the admin DSN, never through an app pooler.
-    kwargs = host.connect_kwargs(purpose="admin", connect_timeout=max(1, int(connect_timeout)),
-                                 application_name=f"{APPLICATION_NAME} {purpose}".strip())
+    kwargs = host.connect_kwargs(
+        purpose="admin",
+        connect_timeout=max(1, int(connect_timeout)),
+        application_name=f"{APPLICATION_NAME} {purpose}".strip(),
+    )
     try:
         return psycopg.connect(autocommit=autocommit, **kwargs)
     except psycopg.OperationalError as exc:
@@ -47,8 +55,9 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if len(lines) == 1 else "; ".join(lines[:2])
 
 
-def set_timeouts(conn: psycopg.Connection, lock_timeout: str | None = None,
-                 statement_timeout: str | None = None) -> None:
+def set_timeouts(
+    conn: psycopg.Connection, lock_timeout: str | None = None, statement_timeout: str | None = None
+) -> None:
     for name, value in (("lock_timeout", lock_timeout), ("statement_timeout", statement_timeout)):
         if value is not None:
             conn.execute("SELECT set_config(%s, %s, false)", (name, str(value)))
@@ -59,7 +68,9 @@ def set_timeouts(conn: psycopg.Connection, lock_timeout: str | None = None,
 _DIRECT: set[str] = set()  # admin DSNs this process has found direct (the check runs once per DSN)
 
 
-def require_direct(host: Host, conn: psycopg.Connection, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
+def require_direct(
+    host: Host, conn: psycopg.Connection, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+) -> None:
     """Refuse (BadInput) when ``conn`` (on the host's admin DSN) goes through a transaction pooler.
 
     Session advisory locks, DDL with ``CONCURRENTLY`` and logical replication need the same server
@@ -76,20 +87,28 @@ def require_direct(host: Host, conn: psycopg.Connection, connect_timeout: int = 
         try:
             conn.execute("BEGIN")
             first = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-            other.pgconn.send_query(b"SELECT pg_backend_pid()")  # waits for a server connection behind a pooler
+            other.pgconn.send_query(
+                b"SELECT pg_backend_pid()"
+            )  # waits for a server connection behind a pooler
             conn.execute("COMMIT")
             second = _pid_of_sent(other)
-            switched = (conn.execute("SELECT pg_backend_pid()").fetchone()[0] != first or
-                        other.execute("SELECT pg_backend_pid()").fetchone()[0] != second)
+            switched = (
+                conn.execute("SELECT pg_backend_pid()").fetchone()[0] != first
+                or other.execute("SELECT pg_backend_pid()").fetchone()[0] != second
+            )
         except psycopg.Error as exc:  # a statement pooler refuses BEGIN
-            raise BadInput(f"host {host.name}: admin_dsn {mask(dsn)} does not keep a transaction on one server "
-                           f"connection ({first_line(exc)}); shardctl needs a direct connection there") from None
+            raise BadInput(
+                f"host {host.name}: admin_dsn {mask(dsn)} does not keep a transaction on one server "
+                f"connection ({first_line(exc)}); shardctl needs a direct connection there"
+            ) from None
     finally:
         other.close()
     if switched or first == second:
-        raise BadInput(f"host {host.name}: admin_dsn {mask(dsn)} goes through a transaction pooler (the server "
-                       f"backend changed between transactions on one connection); shardctl's locks, DDL and moves "
-                       f"need a direct connection: point hosts[].admin_dsn at the server itself")
+        raise BadInput(
+            f"host {host.name}: admin_dsn {mask(dsn)} goes through a transaction pooler (the server "
+            f"backend changed between transactions on one connection); shardctl's locks, DDL and moves "
+            f"need a direct connection: point hosts[].admin_dsn at the server itself"
+        )
     _DIRECT.add(dsn)
 
 
@@ -106,23 +125,31 @@ def _pid_of_sent(conn: psycopg.Connection) -> int:
     return pid
 
 
-def _acquire(host: Host, deadline: float, wait: float, connect_timeout: int, purpose: str) -> psycopg.Connection:
+def _acquire(
+    host: Host, deadline: float, wait: float, connect_timeout: int, purpose: str
+) -> psycopg.Connection:
     """A connection holding the host's shardctl lock, or LockBusy naming the holder after ``deadline``.
     Refuses an admin DSN that goes through a transaction pooler (:func:`require_direct`) first."""
-    conn = connect(host, autocommit=True, connect_timeout=connect_timeout, purpose=f"{purpose} lock")
+    conn = connect(
+        host, autocommit=True, connect_timeout=connect_timeout, purpose=f"{purpose} lock"
+    )
     try:
         require_direct(host, conn, connect_timeout)
         holder = take_locks(conn, LOCK_CLASS, [LOCK_FLEET], deadline)
         if holder is not None:
-            raise LockBusy(f"host {host.name}: another shardctl run holds the lock ({holder}); "
-                           f"waited {wait:g}s (use --wait to wait longer)")
+            raise LockBusy(
+                f"host {host.name}: another shardctl run holds the lock ({holder}); "
+                f"waited {wait:g}s (use --wait to wait longer)"
+            )
         return conn
     except BaseException:
         conn.close()
         raise
 
 
-def take_locks(conn: psycopg.Connection, lock_class: int, keys: list[int], deadline: float) -> str | None:
+def take_locks(
+    conn: psycopg.Connection, lock_class: int, keys: list[int], deadline: float
+) -> str | None:
     """Take the session advisory locks (lock_class, key) of all ``keys`` on ``conn`` (a connection for
     these locks only), trying until ``deadline``. None once taken, else who holds them. Past the
     deadline a holder that is gone (the lock came free between the try and the look) or exiting is
@@ -148,8 +175,11 @@ def close_releasing(conn: psycopg.Connection, timeout: float = RELEASE_TIMEOUT) 
     status = psycopg.pq.TransactionStatus
     try:
         # A connection still busy with a statement (interrupted) cannot take another one: just close it.
-        if not conn.closed and not conn.broken and conn.info.transaction_status in (
-                status.IDLE, status.INTRANS, status.INERROR):
+        if (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status in (status.IDLE, status.INTRANS, status.INERROR)
+        ):
             if conn.info.transaction_status != status.IDLE:
                 conn.rollback()
             _send_and_wait(conn.pgconn, locks.RELEASE_ALL, timeout)
@@ -177,8 +207,13 @@ def _send_and_wait(pgconn: psycopg.pq.abc.PGconn, query: str, timeout: float) ->
 
 
 @contextmanager
-def host_lock(host: Host, *, wait: float = 0, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-              purpose: str = "") -> Iterator[psycopg.Connection]:
+def host_lock(
+    host: Host,
+    *,
+    wait: float = 0,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    purpose: str = "",
+) -> Iterator[psycopg.Connection]:
     """Hold the per-host shardctl lock for the block, on a connection of its own.
 
     The lock is session-level: if this process dies, the server releases it.
@@ -199,20 +234,28 @@ class FleetLocks:
     remembered (``use`` raises it) so the other hosts still go ahead.
     """
 
-    def __init__(self, hosts: list[Host], *, wait: float = 0, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-                 purpose: str = ""):
+    def __init__(
+        self,
+        hosts: list[Host],
+        *,
+        wait: float = 0,
+        connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+        purpose: str = "",
+    ):
         self.hosts = sorted(hosts, key=lambda h: h.name)
         self.wait = wait
         self.connect_timeout = connect_timeout
         self.purpose = purpose
         self._held: dict[str, psycopg.Connection | HostUnreachable] = {}
 
-    def __enter__(self) -> "FleetLocks":
+    def __enter__(self) -> FleetLocks:
         deadline = time.monotonic() + max(0.0, self.wait)
         try:
             for host in self.hosts:
                 try:
-                    self._held[host.name] = _acquire(host, deadline, self.wait, self.connect_timeout, self.purpose)
+                    self._held[host.name] = _acquire(
+                        host, deadline, self.wait, self.connect_timeout, self.purpose
+                    )
                 except HostUnreachable as exc:
                     self._held[host.name] = exc
         except BaseException:
@@ -246,8 +289,10 @@ class FleetLocks:
                 try:
                     conn.execute("SELECT %s::text IS NULL", (text,))
                 except psycopg.errors.UntranslatableCharacter as exc:
-                    raise BadInput(f"{name} cannot run on host {host.name}, whose database is {encoding}: "
-                                   f"{exc.diag.message_primary or first_line(exc)} (nothing was changed)") from None
+                    raise BadInput(
+                        f"{name} cannot run on host {host.name}, whose database is {encoding}: "
+                        f"{exc.diag.message_primary or first_line(exc)} (nothing was changed)"
+                    ) from None
 
     @contextmanager
     def use(self, host: Host) -> Iterator[psycopg.Connection]:

@@ -21,22 +21,24 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import psycopg
 
-from . import connections as db
 from ..model.identifiers import quote_ident, quote_literal
-from ..sql.locks import lock_holders
 from ..model.topology import Host
+from ..sql.locks import lock_holders
 from ..sql.migrations import Step
+from . import connections as db
 
 DEFAULT_BATCH = 64
 DEFAULT_RECYCLE = 1024  # shards per connection: a backend caches every schema it touches
 # Migrations under traffic (like GitLab's with_lock_retries): short lock waits, many retries.
 DEFAULT_LOCK_WAIT = "100ms"  # a shard alone (holding no other shard's locks) waits this long
-IN_BATCH_LOCK_WAIT = "20ms"  # a shard after the first of its batch (holding theirs) waits only this long
+IN_BATCH_LOCK_WAIT = (
+    "20ms"  # a shard after the first of its batch (holding theirs) waits only this long
+)
 DEFAULT_LOCK_RETRIES = 30
 DEFAULT_RETRY_BUDGET = 6.0  # seconds a blocked shard keeps being retried
 DEFAULT_MAX_LOCK_HOLD_MS = 100
@@ -58,7 +60,7 @@ class ShardPlan:
     copy_ledger: dict[int, tuple] | None = None
     state: str | None = None  # the new shard row's state (None: the table's default, 'active')
 
-    def materialize(self) -> "ShardPlan":
+    def materialize(self) -> ShardPlan:
         if self.render_steps is not None:
             self.steps, self.render_steps = self.render_steps(), None
         return self
@@ -93,7 +95,9 @@ class RunOptions:
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
     continue_on_error: bool = False
     purpose: str = ""
-    lock_retries: int | None = None  # None: the old whole-batch path (init, add-shard); see module doc
+    lock_retries: int | None = (
+        None  # None: the old whole-batch path (init, add-shard); see module doc
+    )
     retry_budget: float = DEFAULT_RETRY_BUDGET
     max_lock_hold_ms: int = DEFAULT_MAX_LOCK_HOLD_MS
 
@@ -102,29 +106,37 @@ class ConnectionLost(Exception):
     """The host went away mid-run; shards not yet committed are untouched."""
 
 
-_ELAPSED = "extract(epoch FROM clock_timestamp() - current_setting('shardctl.t0')::timestamptz) * 1000"
+_ELAPSED = (
+    "extract(epoch FROM clock_timestamp() - current_setting('shardctl.t0')::timestamptz) * 1000"
+)
 
 
 def shard_row_sql(shard: int, schema: str, state: str | None = None) -> str:
     if state is not None:
-        return (f"INSERT INTO shardctl.shards (shard_id, schema_name, state) VALUES ({int(shard)}, "
-                f"{quote_literal(schema)}, {quote_literal(state)});\n")
+        return (
+            f"INSERT INTO shardctl.shards (shard_id, schema_name, state) VALUES ({int(shard)}, "
+            f"{quote_literal(schema)}, {quote_literal(state)});\n"
+        )
     return f"INSERT INTO shardctl.shards (shard_id, schema_name) VALUES ({int(shard)}, {quote_literal(schema)});\n"
 
 
 def ledger_sql(shard: int, step: Step, elapsed_sql: str = _ELAPSED) -> str:
-    return ("INSERT INTO shardctl.migrations (shard_id, version, description, checksum, duration_ms) VALUES "
-            f"({int(shard)}, {int(step.version)}, {quote_literal(step.description)}, "
-            f"{quote_literal(step.checksum)}, {elapsed_sql});\n")
+    return (
+        "INSERT INTO shardctl.migrations (shard_id, version, description, checksum, duration_ms) VALUES "
+        f"({int(shard)}, {int(step.version)}, {quote_literal(step.description)}, "
+        f"{quote_literal(step.checksum)}, {elapsed_sql});\n"
+    )
 
 
 def copied_ledger_sql(shard: int, version: int, row: tuple) -> str:
     """A ledger row copied from another host: (description, checksum, duration_ms, applied_at, applied_by)."""
     description, checksum, duration_ms, applied_at, applied_by = row
-    return ("INSERT INTO shardctl.migrations (shard_id, version, description, checksum, duration_ms, applied_at, "
-            f"applied_by) VALUES ({int(shard)}, {int(version)}, {quote_literal(description)}, "
-            f"{quote_literal(checksum)}, {float(duration_ms)!r}, {quote_literal(str(applied_at))}::timestamptz, "
-            f"{quote_literal(applied_by)});\n")
+    return (
+        "INSERT INTO shardctl.migrations (shard_id, version, description, checksum, duration_ms, applied_at, "
+        f"applied_by) VALUES ({int(shard)}, {int(version)}, {quote_literal(description)}, "
+        f"{quote_literal(checksum)}, {float(duration_ms)!r}, {quote_literal(str(applied_at))}::timestamptz, "
+        f"{quote_literal(applied_by)});\n"
+    )
 
 
 def plan_ledger_sql(plan: ShardPlan, step: Step, elapsed_sql: str = _ELAPSED) -> str:
@@ -138,11 +150,16 @@ def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
     """One shard's creation and its transactional steps, with their control rows."""
     parts: list[str] = []
     if plan.create_sql is not None:
-        parts += [plan.create_sql.rstrip().rstrip(";") + ";\n", shard_row_sql(plan.shard, plan.schema, plan.state)]
+        parts += [
+            plan.create_sql.rstrip().rstrip(";") + ";\n",
+            shard_row_sql(plan.shard, plan.schema, plan.state),
+        ]
     # One statement starts the step's clock and sets search_path (fewer round trips through the parser).
     search_path = quote_literal(f"{quote_ident(plan.schema)}, public")
-    start = (f"SELECT set_config('shardctl.t0', clock_timestamp()::text, true), "
-             f"set_config('search_path', {search_path}, true);\n")
+    start = (
+        f"SELECT set_config('shardctl.t0', clock_timestamp()::text, true), "
+        f"set_config('search_path', {search_path}, true);\n"
+    )
     for step in steps:
         parts += [start, step.sql.rstrip().rstrip(";") + ";\n", plan_ledger_sql(plan, step)]
     return "".join(parts)
@@ -176,7 +193,7 @@ class _LiveMode:
                     done = []
                     retries.sleep()
                 else:
-                    batch = [p.materialize() for p in plans[i:i + size]]
+                    batch = [p.materialize() for p in plans[i : i + size]]
                     i += len(batch)
                     done, hold = self._live_batch(batch, retries)
                     self._since_recycle += len(batch)
@@ -189,7 +206,9 @@ class _LiveMode:
             if not keep_open:
                 self.close()
         waiting = [e.plan for e in retries.entries]
-        return outcomes + [ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:] + waiting]
+        return outcomes + [
+            ShardOutcome(p.shard, p.schema, started=False) for p in plans[i:] + waiting
+        ]
 
     def _next_size(self, size: int, hold: float, shards: int) -> int:
         """The next batch's size: as many shards as fit in ~70% of ``max_lock_hold_ms`` at the measured
@@ -199,7 +218,9 @@ class _LiveMode:
         fit = int(self.options.max_lock_hold_ms / 1000 * 0.7 / (hold / shards))
         return max(1, min(self.options.batch_size, size * 2, fit))
 
-    def _live_batch(self, batch: list[ShardPlan], retries: "_Retries") -> tuple[list[ShardOutcome], float]:
+    def _live_batch(
+        self, batch: list[ShardPlan], retries: _Retries
+    ) -> tuple[list[ShardOutcome], float]:
         """One transaction, one SAVEPOINT per shard. Returns the outcomes of the shards that are finished
         (applied, or failed and named) and how long the batch held locks (seconds)."""
         conn = self._connection()
@@ -208,12 +229,23 @@ class _LiveMode:
             # timed out included) rolls it back, and the batch runs again shard by shard below.
             started = time.perf_counter()
             try:
-                conn.execute("".join(_lock_wait_sql(self.options.lock_timeout if k == 0 else IN_BATCH_LOCK_WAIT)
-                                     + transactional_sql(p, p.steps) for k, p in enumerate(batch)))
+                conn.execute(
+                    "".join(
+                        _lock_wait_sql(self.options.lock_timeout if k == 0 else IN_BATCH_LOCK_WAIT)
+                        + transactional_sql(p, p.steps)
+                        for k, p in enumerate(batch)
+                    )
+                )
                 conn.commit()
-                return [ShardOutcome(p.shard, p.schema, created=p.create_sql is not None,
-                                     applied=[s.version for s in p.steps]) for p in batch], \
-                    time.perf_counter() - started
+                return [
+                    ShardOutcome(
+                        p.shard,
+                        p.schema,
+                        created=p.create_sql is not None,
+                        applied=[s.version for s in p.steps],
+                    )
+                    for p in batch
+                ], time.perf_counter() - started
             except psycopg.Error as exc:
                 self._rollback_or_lost(exc)
         applied: list[ShardPlan] = []
@@ -226,8 +258,12 @@ class _LiveMode:
             wait = self.options.lock_timeout if held_since is None else IN_BATCH_LOCK_WAIT
             started = time.perf_counter()
             try:
-                conn.execute("SAVEPOINT shard;\n" + _lock_wait_sql(wait) + transactional_sql(plan, plan.steps)
-                             + "RELEASE SAVEPOINT shard;")
+                conn.execute(
+                    "SAVEPOINT shard;\n"
+                    + _lock_wait_sql(wait)
+                    + transactional_sql(plan, plan.steps)
+                    + "RELEASE SAVEPOINT shard;"
+                )
             except psycopg.Error as exc:
                 self._to_savepoint(exc)
                 if isinstance(exc, psycopg.errors.LockNotAvailable):
@@ -243,8 +279,15 @@ class _LiveMode:
             self._rollback_or_lost(exc)
             alone, applied = alone + applied, []
         hold = time.perf_counter() - held_since if held_since is not None else 0.0
-        outcomes = [ShardOutcome(p.shard, p.schema, created=p.create_sql is not None,
-                                 applied=[s.version for s in p.steps]) for p in applied]
+        outcomes = [
+            ShardOutcome(
+                p.shard,
+                p.schema,
+                created=p.create_sql is not None,
+                applied=[s.version for s in p.steps],
+            )
+            for p in applied
+        ]
         return outcomes + [self._one(p) for p in alone], hold
 
     def _to_savepoint(self, exc: psycopg.Error) -> None:
@@ -256,21 +299,31 @@ class _LiveMode:
         except psycopg.Error:
             self._lost(exc)
 
-    def _retry(self, entry: "_Retry", retries: "_Retries") -> list[ShardOutcome]:
+    def _retry(self, entry: _Retry, retries: _Retries) -> list[ShardOutcome]:
         """A blocked shard alone (holding no other shard's locks), with the full lock wait."""
         plan = entry.plan
         conn = self._connection()
         try:
-            conn.execute(_lock_wait_sql(self.options.lock_timeout) + transactional_sql(plan, plan.steps))
+            conn.execute(
+                _lock_wait_sql(self.options.lock_timeout) + transactional_sql(plan, plan.steps)
+            )
             conn.commit()
-            out = ShardOutcome(plan.shard, plan.schema, created=plan.create_sql is not None,
-                               applied=[s.version for s in plan.steps])
+            out = ShardOutcome(
+                plan.shard,
+                plan.schema,
+                created=plan.create_sql is not None,
+                applied=[s.version for s in plan.steps],
+            )
         except psycopg.errors.LockNotAvailable as exc:
             self._rollback_or_lost(exc)
             if retries.put_back(entry):
                 return []
-            out = ShardOutcome(plan.shard, plan.schema, error=self._blocked_message(entry, exc),
-                               failed_version=plan.steps[0].version if plan.steps else None)
+            out = ShardOutcome(
+                plan.shard,
+                plan.schema,
+                error=self._blocked_message(entry, exc),
+                failed_version=plan.steps[0].version if plan.steps else None,
+            )
         except psycopg.Error as exc:
             self._rollback_or_lost(exc)
             out = self._one(plan)
@@ -278,24 +331,31 @@ class _LiveMode:
         self.progress(1)
         return [out]
 
-    def _blocked_message(self, entry: "_Retry", exc: psycopg.Error) -> str:
+    def _blocked_message(self, entry: _Retry, exc: psycopg.Error) -> str:
         holders = lock_holders(self._connection(), entry.plan.schema)
         conn = self.conn
         if conn is not None and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.rollback()
         who = "; ".join(holders) if holders else "the blocking transaction had ended"
-        return (f"lock timeout: waited for a lock on {entry.plan.schema}'s tables once in its batch and "
-                f"{entry.attempts} times alone ({self.options.lock_timeout} each) over "
-                f"{time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
-                f"blocked by {who}; the migration was not applied here. Re-run when that transaction is "
-                f"gone, or raise --lock-retries / --retry-budget")
+        return (
+            f"lock timeout: waited for a lock on {entry.plan.schema}'s tables once in its batch and "
+            f"{entry.attempts} times alone ({self.options.lock_timeout} each) over "
+            f"{time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
+            f"blocked by {who}; the migration was not applied here. Re-run when that transaction is "
+            f"gone, or raise --lock-retries / --retry-budget"
+        )
 
 
 class HostRunner(_LiveMode):
     """Applies a list of shard plans on one host, batch by batch."""
 
-    def __init__(self, host: Host, options: RunOptions, stop: threading.Event,
-                 progress: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        host: Host,
+        options: RunOptions,
+        stop: threading.Event,
+        progress: Callable[[int], None] | None = None,
+    ):
         self.host = host
         self.options = options
         self.stop = stop
@@ -309,8 +369,11 @@ class HostRunner(_LiveMode):
             self.conn.close()
             self.conn = None
         if self.conn is None or self.conn.closed:
-            self.conn = db.connect(self.host, connect_timeout=self.options.connect_timeout,
-                                   purpose=self.options.purpose)
+            self.conn = db.connect(
+                self.host,
+                connect_timeout=self.options.connect_timeout,
+                purpose=self.options.purpose,
+            )
             db.set_timeouts(self.conn, self.options.lock_timeout, self.options.statement_timeout)
             self._since_recycle = 0
         return self.conn
@@ -333,12 +396,15 @@ class HostRunner(_LiveMode):
             while i < len(plans):
                 if self.stop.is_set() and not self.options.continue_on_error:
                     break
-                batch = [p.materialize() for p in plans[i:i + size]]
+                batch = [p.materialize() for p in plans[i : i + size]]
                 outcomes += self._batch(batch)
                 i += len(batch)
                 self._since_recycle += len(batch)
                 self.progress(len(batch))
-                if any(not o.ok for o in outcomes[-len(batch):]) and not self.options.continue_on_error:
+                if (
+                    any(not o.ok for o in outcomes[-len(batch) :])
+                    and not self.options.continue_on_error
+                ):
                     self.stop.set()
         finally:
             if not keep_open:
@@ -354,8 +420,15 @@ class HostRunner(_LiveMode):
             try:
                 conn.execute(sql_text)
                 conn.commit()
-                return [ShardOutcome(p.shard, p.schema, created=p.create_sql is not None,
-                                     applied=[s.version for s in p.steps]) for p in batch]
+                return [
+                    ShardOutcome(
+                        p.shard,
+                        p.schema,
+                        created=p.create_sql is not None,
+                        applied=[s.version for s in p.steps],
+                    )
+                    for p in batch
+                ]
             except psycopg.Error as exc:
                 self._rollback_or_lost(exc)
         return [self._one(p) for p in batch]
@@ -374,12 +447,19 @@ class HostRunner(_LiveMode):
             current: int | None = None
             try:
                 if creating:
-                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema, plan.create_sql,
-                                                             state=plan.state), []))
+                    conn.execute(
+                        transactional_sql(
+                            ShardPlan(plan.shard, plan.schema, plan.create_sql, state=plan.state),
+                            [],
+                        )
+                    )
                 for step in group:
                     current = step.version
-                    conn.execute(transactional_sql(ShardPlan(plan.shard, plan.schema, copy_ledger=plan.copy_ledger),
-                                                   [step]))
+                    conn.execute(
+                        transactional_sql(
+                            ShardPlan(plan.shard, plan.schema, copy_ledger=plan.copy_ledger), [step]
+                        )
+                    )
                 conn.commit()
             except psycopg.Error as exc:
                 self._rollback_or_lost(exc)
@@ -464,7 +544,9 @@ class _Retries:
 
     def add(self, plan: ShardPlan) -> None:
         now = time.monotonic()
-        self.entries.append(_Retry(plan, now, now))  # first try alone: at once, after the batch commits
+        self.entries.append(
+            _Retry(plan, now, now)
+        )  # first try alone: at once, after the batch commits
 
     def due(self) -> _Retry | None:
         now = time.monotonic()
@@ -482,9 +564,12 @@ class _Retries:
         """Schedule the next try; False when the retries or the budget are used up."""
         entry.attempts += 1
         now = time.monotonic()
-        if entry.attempts > (self.options.lock_retries or 0) or now - entry.first >= self.options.retry_budget:
+        if (
+            entry.attempts > (self.options.lock_retries or 0)
+            or now - entry.first >= self.options.retry_budget
+        ):
             return False
-        backoff = min(0.05 * 2 ** entry.attempts, 1.0) * random.uniform(0.5, 1.5)
+        backoff = min(0.05 * 2**entry.attempts, 1.0) * random.uniform(0.5, 1.5)
         entry.due = min(now + backoff, entry.first + self.options.retry_budget)
         self.entries.append(entry)
         return True

@@ -12,24 +12,24 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from . import connections as db
-from .executor import ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
 from ..errors import HostUnreachable, OperationFailed, ShardctlError
 from ..model import dsn as dsnlib
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog import connection_headroom, server_cores
+from . import connections as db
+from .executor import ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
 
 T = TypeVar("T")
 H = TypeVar("H")
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
-
 
 
 @dataclass
@@ -47,8 +47,12 @@ class HostResult(Generic[T]):
         return self.reachable and not self.error
 
     def to_dict(self) -> dict:
-        d: dict[str, Any] = {"host": self.host, "reachable": self.reachable, "error": self.error,
-                             "seconds": round(self.seconds, 3)}
+        d: dict[str, Any] = {
+            "host": self.host,
+            "reachable": self.reachable,
+            "error": self.error,
+            "seconds": round(self.seconds, 3),
+        }
         if hasattr(self.value, "to_dict"):
             d.update(self.value.to_dict())
         elif is_dataclass(self.value):
@@ -65,13 +69,17 @@ def for_each_host(hosts: list[H], work: Callable[[H], T]) -> list[T]:
         return list(pool.map(work, hosts))
 
 
-def fan_out(hosts: list[Host], work: Callable[[Host, HostResult[T]], None],
-            value: Callable[[Host], T] | None = None) -> list[HostResult[T]]:
+def fan_out(
+    hosts: list[Host],
+    work: Callable[[Host, HostResult[T]], None],
+    value: Callable[[Host], T] | None = None,
+) -> list[HostResult[T]]:
     """Run ``work(host, result)`` on every host in parallel; ``value`` makes each result's initial value.
 
     ``work`` fills ``result.value``; an exception it raises becomes ``result.error`` (and
     ``reachable=False`` when the host could not be reached or went away).
     """
+
     def one(host: Host) -> HostResult[T]:
         result: HostResult[T] = HostResult(host.name, value=value(host) if value else None)
         started = time.perf_counter()
@@ -100,20 +108,31 @@ def host_error(result: HostResult) -> str:
     return f"{prefix}: {error}"
 
 
-def raise_unreachable(results: Iterable[HostResult], report: object | None = None,
-                      others: Iterable[str] = ()) -> None:
+def raise_unreachable(
+    results: Iterable[HostResult], report: object | None = None, others: Iterable[str] = ()
+) -> None:
     """Raise HostUnreachable for the hosts that could not be reached, with each distinct reason once
     (and ``others``, the run's other failures, after them)."""
     down = [r for r in results if not r.reachable]
     if not down:
         return
     reasons = list(dict.fromkeys(r.error or "unreachable" for r in down))
-    reason = reasons[0] if len(reasons) == 1 else "; ".join(f"{r.host}: {r.error or 'unreachable'}" for r in down)
-    raise HostUnreachable(", ".join(r.host for r in down), "; ".join([reason, *others]), report=report)
+    reason = (
+        reasons[0]
+        if len(reasons) == 1
+        else "; ".join(f"{r.host}: {r.error or 'unreachable'}" for r in down)
+    )
+    raise HostUnreachable(
+        ", ".join(r.host for r in down), "; ".join([reason, *others]), report=report
+    )
 
 
-def raise_for_status(command: str, results: list[HostResult], problems: Iterable[str] = (),
-                     report: object | None = None) -> None:
+def raise_for_status(
+    command: str,
+    results: list[HostResult],
+    problems: Iterable[str] = (),
+    report: object | None = None,
+) -> None:
     """Raise for the worst outcome: HostUnreachable (exit 3), then OperationFailed (exit 1). The one
     message names ``problems`` and every host's error, each host once."""
     problems = list(problems)
@@ -128,6 +147,7 @@ def select_hosts(topo: Topology, names: list[str] | None) -> list[Host]:
 
 
 # ---- init / migrate / add-shard: shards applied by the executor --------------------------
+
 
 @dataclass
 class ApplyOutcome:
@@ -154,19 +174,40 @@ class ApplyOutcome:
                 self.migrated[o.shard] = o.applied
             self.retried += 1 if o.retries and o.ok else 0
             if o.error:
-                self.failed.append({"shard": o.shard, "schema": o.schema, "version": o.failed_version,
-                                    "error": o.error, "created": o.created, "applied": o.applied})
+                self.failed.append(
+                    {
+                        "shard": o.shard,
+                        "schema": o.schema,
+                        "version": o.failed_version,
+                        "error": o.error,
+                        "created": o.created,
+                        "applied": o.applied,
+                    }
+                )
 
     @property
     def changed(self) -> bool:
-        return bool(self.created or self.migrated or self.control_created or any(f["applied"] for f in self.failed))
+        return bool(
+            self.created
+            or self.migrated
+            or self.control_created
+            or any(f["applied"] for f in self.failed)
+        )
 
     def to_dict(self) -> dict:
-        return {"created": format_shards(self.created), "created_count": len(self.created),
-                "migrated": {str(k): v for k, v in self.migrated.items()}, "migrated_count": len(self.migrated),
-                "unchanged": self.unchanged, "failed": self.failed, "not_started": format_shards(self.not_started),
-                "control_created": self.control_created, "retried": self.retried,
-                "jobs": self.jobs, "jobs_rule": self.jobs_rule}
+        return {
+            "created": format_shards(self.created),
+            "created_count": len(self.created),
+            "migrated": {str(k): v for k, v in self.migrated.items()},
+            "migrated_count": len(self.migrated),
+            "unchanged": self.unchanged,
+            "failed": self.failed,
+            "not_started": format_shards(self.not_started),
+            "control_created": self.control_created,
+            "retried": self.retried,
+            "jobs": self.jobs,
+            "jobs_rule": self.jobs_rule,
+        }
 
 
 @dataclass
@@ -210,21 +251,31 @@ class FleetReport:
         return not self.unreachable and not self.failed and not self.errors and not self.not_started
 
     def to_dict(self) -> dict:
-        return {"command": self.command, "ok": self.ok, "changed": self.changed, "seconds": round(self.seconds, 3),
-                "hosts": [h.to_dict() for h in self.hosts], **self.extra}
+        return {
+            "command": self.command,
+            "ok": self.ok,
+            "changed": self.changed,
+            "seconds": round(self.seconds, 3),
+            "hosts": [h.to_dict() for h in self.hosts],
+            **self.extra,
+        }
 
     def problems(self) -> list[str]:
         parts = []
-        if self.failed:  # the first failure, named by its migration file when the caller set one (ops/)
+        if (
+            self.failed
+        ):  # the first failure, named by its migration file when the caller set one (ops/)
             f = self.failed[0]
             where = f" at {f['file']}" if f.get("file") else ""
-            parts.append(f"{len(self.failed)} shard(s) failed (first: shard {f['shard']} on {f['host']}{where}: "
-                         f"{f['error']})")
+            parts.append(
+                f"{len(self.failed)} shard(s) failed (first: shard {f['shard']} on {f['host']}{where}: "
+                f"{f['error']})"
+            )
         if self.not_started:
             parts.append(f"{self.not_started} shard(s) not started")
         return parts
 
-    def raise_for_status(self) -> "FleetReport":
+    def raise_for_status(self) -> FleetReport:
         """Raise the error matching the worst outcome (exit 3 > 1)."""
         raise_for_status(self.command, self.hosts, self.problems(), report=self.to_dict())
         return self
@@ -232,7 +283,9 @@ class FleetReport:
 
 # ---- parallel streams per host ----------------------------------------------------------
 
-MAX_DEFAULT_JOBS = 16  # a default never opens more streams per host than this (--jobs / max_jobs may)
+MAX_DEFAULT_JOBS = (
+    16  # a default never opens more streams per host than this (--jobs / max_jobs may)
+)
 REMOTE_DEFAULT_JOBS = 4  # a remote server that will not tell its cores
 LOCAL_NAMES = {"", "localhost", "127.0.0.1", "::1"}
 # A stream costs a connection and a backend warming its caches: below this many shards per stream a
@@ -318,7 +371,9 @@ class _Source:
             return [ShardOutcome(p.shard, p.schema, started=False) for p in self._plans]
 
 
-def run_streams(name: str, streams: int, work: Callable[[int], None], halt: threading.Event) -> list[BaseException]:
+def run_streams(
+    name: str, streams: int, work: Callable[[int], None], halt: threading.Event
+) -> list[BaseException]:
     """Run ``work(k)`` for k in 0..streams-1, each in a thread of its own (inline for one stream), and
     return what they raised. The first failure sets ``halt``, which the other streams check between
     batches, so they finish the batch in hand and stop."""
@@ -334,8 +389,10 @@ def run_streams(name: str, streams: int, work: Callable[[int], None], halt: thre
     if streams == 1:
         guarded(0)
         return errors
-    threads = [threading.Thread(target=guarded, args=(k,), name=f"shardctl-{name}-{k}", daemon=True)
-               for k in range(streams)]
+    threads = [
+        threading.Thread(target=guarded, args=(k,), name=f"shardctl-{name}-{k}", daemon=True)
+        for k in range(streams)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -343,9 +400,17 @@ def run_streams(name: str, streams: int, work: Callable[[int], None], halt: thre
     return errors
 
 
-def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, stop: threading.Event,
-                outcome: ApplyOutcome, progress: ProgressFactory | None, *, total: int | None = None,
-                jobs: int = 1) -> None:
+def apply_plans(
+    host: Host,
+    plans: Iterable[ShardPlan],
+    options: RunOptions,
+    stop: threading.Event,
+    outcome: ApplyOutcome,
+    progress: ProgressFactory | None,
+    *,
+    total: int | None = None,
+    jobs: int = 1,
+) -> None:
     """Apply ``plans`` on ``host`` in ``jobs`` parallel streams, each its own ``HostRunner`` (connection).
 
     Plans may be a generator (``total`` then says how many): streams pull disjoint chunks of it, so
@@ -364,6 +429,7 @@ def apply_plans(host: Host, plans: Iterable[ShardPlan], options: RunOptions, sto
         def tick(n: int) -> None:
             with lock:
                 inner(n)
+
     batch = max(1, options.batch_size)
     streams = max(1, min(jobs, -(-total // batch), total // MIN_SHARDS_PER_STREAM))
     # Chunks: a few per stream, so the streams end together; at most recycle_after (a connection's life).

@@ -66,8 +66,9 @@ def ensure_ledger(conn: psycopg.Connection) -> None:
             conn.execute(LEDGER_DDL)
 
 
-def host_state(conn: psycopg.Connection, migrations: list[HostLevelMigration],
-               goal: int | None = None) -> HostLevelState:
+def host_state(
+    conn: psycopg.Connection, migrations: list[HostLevelMigration], goal: int | None = None
+) -> HostLevelState:
     """Compare the host's ledger with ``migrations`` (pending: versions up to ``goal``, default all)."""
     state = HostLevelState(applied=read_ledger(conn))
     by_version = {m.version: m for m in migrations}
@@ -80,33 +81,51 @@ def host_state(conn: psycopg.Connection, migrations: list[HostLevelMigration],
             state.drift.append(m.name)
     top = max(state.applied, default=0)
     state.gaps = [v for v in range(1, top + 1) if v not in state.applied]
-    state.pending = [m.version for m in migrations if m.version <= goal and m.version not in state.applied]
+    state.pending = [
+        m.version for m in migrations if m.version <= goal and m.version not in state.applied
+    ]
     return state
 
 
-def repair(conn: psycopg.Connection, migrations: list[HostLevelMigration], state: HostLevelState) -> int:
+def repair(
+    conn: psycopg.Connection, migrations: list[HostLevelMigration], state: HostLevelState
+) -> int:
     """Record the current checksum of changed host-level files. Returns the rows updated."""
     changed = [m for m in migrations if m.name in state.drift]
     with conn.transaction():
         for m in changed:
-            conn.execute("UPDATE shardctl.host_migrations SET checksum = %s WHERE version = %s",
-                         (m.host_checksum(), m.version))
+            conn.execute(
+                "UPDATE shardctl.host_migrations SET checksum = %s WHERE version = %s",
+                (m.host_checksum(), m.version),
+            )
     state.drift = []
     return len(changed)
 
 
-def _run_one(conn: psycopg.Connection, m: HostLevelMigration, sql_text: str, lock_timeout: str | None) -> None:
+def _run_one(
+    conn: psycopg.Connection, m: HostLevelMigration, sql_text: str, lock_timeout: str | None
+) -> None:
     setup = f"SELECT set_config('search_path', {quote_literal(EXT_SCHEMA)}, {'true' if m.transactional else 'false'})"
     if lock_timeout:
         setup += f", set_config('lock_timeout', {quote_literal(lock_timeout)}, {'true' if m.transactional else 'false'})"
-    record = ("INSERT INTO shardctl.host_migrations (version, description, checksum, duration_ms) "
-              "VALUES (%s, %s, %s, %s)")
+    record = (
+        "INSERT INTO shardctl.host_migrations (version, description, checksum, duration_ms) "
+        "VALUES (%s, %s, %s, %s)"
+    )
     started = time.perf_counter()
     if m.transactional:
         with conn.transaction():
             conn.execute(setup)
             conn.execute(sql_text)
-            conn.execute(record, (m.version, m.description, m.host_checksum(), (time.perf_counter() - started) * 1000))
+            conn.execute(
+                record,
+                (
+                    m.version,
+                    m.description,
+                    m.host_checksum(),
+                    (time.perf_counter() - started) * 1000,
+                ),
+            )
         return
     conn.execute(setup)
     try:
@@ -114,11 +133,21 @@ def _run_one(conn: psycopg.Connection, m: HostLevelMigration, sql_text: str, loc
     finally:
         conn.execute("RESET search_path; RESET lock_timeout")
     with conn.transaction():
-        conn.execute(record, (m.version, m.description, m.host_checksum(), (time.perf_counter() - started) * 1000))
+        conn.execute(
+            record,
+            (m.version, m.description, m.host_checksum(), (time.perf_counter() - started) * 1000),
+        )
 
 
-def apply(conn: psycopg.Connection, topo: Topology, host: Host, migrations: list[HostLevelMigration], *,
-          goal: int | None = None, lock_timeout: str | None = "5s") -> list[int]:
+def apply(
+    conn: psycopg.Connection,
+    topo: Topology,
+    host: Host,
+    migrations: list[HostLevelMigration],
+    *,
+    goal: int | None = None,
+    lock_timeout: str | None = "5s",
+) -> list[int]:
     """Bring ``host`` up to date with the host-level history (the caller holds the host lock on the
     autocommit ``conn``). Returns the versions applied; OperationFailed names the file and the error,
     or refuses a ledger whose applied files changed (until ``migrate --repair``)."""
@@ -127,11 +156,15 @@ def apply(conn: psycopg.Connection, topo: Topology, host: Host, migrations: list
     ensure_ledger(conn)
     state = host_state(conn, migrations, goal)
     if state.drift:
-        raise OperationFailed(f"host {host.name}: host-level migration {state.drift[0]} was changed after it "
-                              f"was applied; restore the file, or accept it with `shardctl migrate --repair --yes`")
+        raise OperationFailed(
+            f"host {host.name}: host-level migration {state.drift[0]} was changed after it "
+            f"was applied; restore the file, or accept it with `shardctl migrate --repair --yes`"
+        )
     if state.gaps:
-        raise OperationFailed(f"host {host.name}: the host-level ledger has no H{state.gaps[0]} though later "
-                              f"versions are applied; shardctl will not apply them out of order")
+        raise OperationFailed(
+            f"host {host.name}: the host-level ledger has no H{state.gaps[0]} though later "
+            f"versions are applied; shardctl will not apply them out of order"
+        )
     done = []
     by_version = {m.version: m for m in migrations}
     for v in state.pending:
@@ -141,11 +174,18 @@ def apply(conn: psycopg.Connection, topo: Topology, host: Host, migrations: list
             _run_one(conn, m, text, lock_timeout)
         except psycopg.Error as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise OperationFailed(f"host {host.name}: host-level migration {m.name} failed: {first} (no shard "
-                                  f"migration ran on this host; fix the file and run again)") from None
+            raise OperationFailed(
+                f"host {host.name}: host-level migration {m.name} failed: {first} (no shard "
+                f"migration ran on this host; fix the file and run again)"
+            ) from None
         done.append(v)
     if done:
         from .ledger import log_event
 
-        log_event(conn, "host-migrate", [], {"versions": done, "files": [by_version[v].name for v in done]})
+        log_event(
+            conn,
+            "host-migrate",
+            [],
+            {"versions": done, "files": [by_version[v].name for v in done]},
+        )
     return done

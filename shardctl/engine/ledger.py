@@ -37,18 +37,24 @@ def ensure_control_schema(conn: psycopg.Connection, topo: Topology | None = None
     return True
 
 
-def log_event(conn: psycopg.Connection, kind: str, shards: list[int], detail: dict[str, Any]) -> None:
+def log_event(
+    conn: psycopg.Connection, kind: str, shards: list[int], detail: dict[str, Any]
+) -> None:
     with conn.transaction():
-        conn.execute("INSERT INTO shardctl.events (kind, shards, detail) VALUES (%s, %s, %s::jsonb)",
-                     (kind, format_shards(shards) if shards else None, json.dumps(detail, default=str)))
+        conn.execute(
+            "INSERT INTO shardctl.events (kind, shards, detail) VALUES (%s, %s, %s::jsonb)",
+            (kind, format_shards(shards) if shards else None, json.dumps(detail, default=str)),
+        )
 
 
 def recorded_failures(conn: psycopg.Connection) -> dict[int, int]:
     """Shard → the highest version a ``migrate`` run recorded it failing at (the events'
     ``failed_versions``); the caller compares it with the shard's version now."""
     out: dict[int, int] = {}
-    rows = conn.execute("SELECT v.key, v.value FROM shardctl.events e, jsonb_each_text(e.detail->'failed_versions') v "
-                        "WHERE e.kind = 'migrate' AND jsonb_typeof(e.detail->'failed_versions') = 'object'").fetchall()
+    rows = conn.execute(
+        "SELECT v.key, v.value FROM shardctl.events e, jsonb_each_text(e.detail->'failed_versions') v "
+        "WHERE e.kind = 'migrate' AND jsonb_typeof(e.detail->'failed_versions') = 'object'"
+    ).fetchall()
     for version, shards in rows:
         for n in parse_shards(shards):
             out[n] = max(out.get(n, 0), int(version))
@@ -69,8 +75,12 @@ class Integrity:
     """Result of comparing a host's ledger with the migration files."""
 
     drift: list[Drift] = field(default_factory=list)
-    orphans: dict[int, list[int]] = field(default_factory=dict)  # applied version with no file → shards
-    clean: dict[int, dict] = field(default_factory=dict)  # version → cache entry, every row on the host verified
+    orphans: dict[int, list[int]] = field(
+        default_factory=dict
+    )  # applied version with no file → shards
+    clean: dict[int, dict] = field(
+        default_factory=dict
+    )  # version → cache entry, every row on the host verified
     rendered: int = 0  # renders this check needed
     cached: int = 0  # versions known good from the cache
 
@@ -78,9 +88,9 @@ class Integrity:
 @functools.cache
 def _renderer_digest() -> str:
     """The code that turns a migration file into SQL: any change to it re-verifies every version."""
-    from ..version import __version__
     from ..model import identifiers
     from ..sql import migrations, render
+    from ..version import __version__
 
     digest = hashlib.sha256(__version__.encode())
     for module in (identifiers, migrations, render):
@@ -90,9 +100,15 @@ def _renderer_digest() -> str:
 
 def context_digest(topo: Topology) -> str:
     """What, besides the file, a migration's rendering depends on."""
-    doc = {"renderer": _renderer_digest(), "schema": topo.schema_format, "count": topo.shard_count,
-           "function": topo.function, "layout": layout_context(topo.layout),
-           "first": shard_context(topo, 0), "last": shard_context(topo, max(0, topo.shard_count - 1))}
+    doc = {
+        "renderer": _renderer_digest(),
+        "schema": topo.schema_format,
+        "count": topo.shard_count,
+        "function": topo.function,
+        "layout": layout_context(topo.layout),
+        "first": shard_context(topo, 0),
+        "last": shard_context(topo, max(0, topo.shard_count - 1)),
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -105,7 +121,8 @@ def ledger_digests(conn: psycopg.Connection) -> dict[int, str]:
     rows = conn.execute(
         """SELECT version, count(*),
                   sum(('x' || substr(md5(shard_id::text || ':' || checksum), 1, 15))::bit(60)::bigint::numeric)
-             FROM shardctl.migrations GROUP BY version""").fetchall()
+             FROM shardctl.migrations GROUP BY version"""
+    ).fetchall()
     return {v: f"{n}:{total}" for v, n, total in rows}
 
 
@@ -123,14 +140,26 @@ def read_cache(conn: psycopg.Connection) -> dict:
 def write_cache(conn: psycopg.Connection, topo: Topology, clean: dict[int, dict]) -> None:
     if not _meta_exists(conn):
         return
-    value = {"context": context_digest(topo), "versions": {str(v): e for v, e in sorted(clean.items())}}
+    value = {
+        "context": context_digest(topo),
+        "versions": {str(v): e for v, e in sorted(clean.items())},
+    }
     with conn.transaction():
-        conn.execute("INSERT INTO shardctl.meta (key, value) VALUES (%s, %s::jsonb) "
-                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (CACHE_KEY, json.dumps(value)))
+        conn.execute(
+            "INSERT INTO shardctl.meta (key, value) VALUES (%s, %s::jsonb) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (CACHE_KEY, json.dumps(value)),
+        )
 
 
-def _known_good(conn: psycopg.Connection, topo: Topology, by_version: dict[int, Migration], use_cache: bool,
-                verified: dict[int, dict] | None, result: Integrity) -> tuple[dict[int, str], list[int]]:
+def _known_good(
+    conn: psycopg.Connection,
+    topo: Topology,
+    by_version: dict[int, Migration],
+    use_cache: bool,
+    verified: dict[int, dict] | None,
+    result: Integrity,
+) -> tuple[dict[int, str], list[int]]:
     """Versions the cache (or this run) vouches for go to ``result.clean``; returns the ledger digests
     and the versions left to render."""
     digests = ledger_digests(conn)
@@ -148,9 +177,15 @@ def _known_good(conn: psycopg.Connection, topo: Topology, by_version: dict[int, 
     return digests, to_read
 
 
-def check_integrity(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
-                    shards: list[int] | None, *, use_cache: bool = True,
-                    verified: dict[int, dict] | None = None) -> Integrity:
+def check_integrity(
+    conn: psycopg.Connection,
+    topo: Topology,
+    migrations: list[Migration],
+    shards: list[int] | None,
+    *,
+    use_cache: bool = True,
+    verified: dict[int, dict] | None = None,
+) -> Integrity:
     """Applied migrations whose checksum changed (drift) and applied versions with no file (orphans).
 
     ``shards``: report only these (None: every shard on the host). Versions whose every ledger row on
@@ -165,8 +200,11 @@ def check_integrity(conn: psycopg.Connection, topo: Topology, migrations: list[M
     wanted = None if shards is None else set(shards)
     bad: set[int] = set()
     drift: dict[int, Drift] = {}
-    rows = conn.execute("SELECT shard_id, version, checksum FROM shardctl.migrations WHERE version = ANY(%s) "
-                        "ORDER BY shard_id", (to_read,)).fetchall()
+    rows = conn.execute(
+        "SELECT shard_id, version, checksum FROM shardctl.migrations WHERE version = ANY(%s) "
+        "ORDER BY shard_id",
+        (to_read,),
+    ).fetchall()
     context_of, context = -1, None  # one context per shard, shared by its versions
     for shard, version, stored in rows:
         m = by_version.get(version)
@@ -195,25 +233,35 @@ def check_integrity(conn: psycopg.Connection, topo: Topology, migrations: list[M
     return result
 
 
-def find_drift(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
-               shards: list[int]) -> tuple[list[Drift], dict[int, list[int]]]:
+def find_drift(
+    conn: psycopg.Connection, topo: Topology, migrations: list[Migration], shards: list[int]
+) -> tuple[list[Drift], dict[int, list[int]]]:
     """Applied migrations whose checksum changed, and applied versions with no file (version → shards)."""
     result = check_integrity(conn, topo, migrations, shards)
     return result.drift, result.orphans
 
 
-def refresh_cache(conn: psycopg.Connection, topo: Topology, migrations: list[Migration],
-                  verified: dict[int, dict] | None = None) -> Integrity:
+def refresh_cache(
+    conn: psycopg.Connection,
+    topo: Topology,
+    migrations: list[Migration],
+    verified: dict[int, dict] | None = None,
+) -> Integrity:
     """Verify every ledger row on the host (re-rendering only what changed) and record the clean versions."""
     cache = read_cache(conn)
     result = check_integrity(conn, topo, migrations, None, verified=verified)
-    value = {"context": context_digest(topo), "versions": {str(v): e for v, e in sorted(result.clean.items())}}
+    value = {
+        "context": context_digest(topo),
+        "versions": {str(v): e for v, e in sorted(result.clean.items())},
+    }
     if value != cache:
         write_cache(conn, topo, result.clean)
     return result
 
 
-def repair(conn: psycopg.Connection, topo: Topology, migrations: list[Migration], drift: list[Drift]) -> int:
+def repair(
+    conn: psycopg.Connection, topo: Topology, migrations: list[Migration], drift: list[Drift]
+) -> int:
     """Record the current checksum of changed migrations. Returns the ledger rows updated."""
     by_version = {m.version: m for m in migrations}
     updated = 0
@@ -223,7 +271,12 @@ def repair(conn: psycopg.Connection, topo: Topology, migrations: list[Migration]
             for shard in d.shards:
                 updated += conn.execute(
                     "UPDATE shardctl.migrations SET checksum = %s WHERE shard_id = %s AND version = %s",
-                    (m.checksum_for(topo, shard), shard, d.version)).rowcount
-    log_event(conn, "repair", sorted({s for d in drift for s in d.shards}),
-              {"versions": [d.version for d in drift], "files": [d.file for d in drift], "rows": updated})
+                    (m.checksum_for(topo, shard), shard, d.version),
+                ).rowcount
+    log_event(
+        conn,
+        "repair",
+        sorted({s for d in drift for s in d.shards}),
+        {"versions": [d.version for d in drift], "files": [d.file for d in drift], "rows": updated},
+    )
     return updated

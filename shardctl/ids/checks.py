@@ -18,7 +18,9 @@ from ..errors import BadInput
 from ..model.layouts import Layout
 
 
-def sample_problems(layout: Layout, shard: int, ids: Sequence[int], host_ms: int, tolerance_ms: int) -> list[str]:
+def sample_problems(
+    layout: Layout, shard: int, ids: Sequence[int], host_ms: int, tolerance_ms: int
+) -> list[str]:
     """Problems with IDs ``ids`` that shard ``shard``'s next_id() returned in a row, just before
     the host's clock read ``host_ms``; an empty list for a healthy shard."""
     problems: list[str] = []
@@ -28,23 +30,31 @@ def sample_problems(layout: Layout, shard: int, ids: Sequence[int], host_ms: int
         return [f"next_id() returns an ID that is not a {layout.name} ID: {exc}"]
     dup = duplicate(ids)
     if dup is not None:
-        problems.append(f"IDs do not strictly increase: next_id() returned {dup} twice (a duplicate ID; "
-                        f"more than {layout.ids_per_ms_per_shard or '?'} IDs in one millisecond, "
-                        f"or a sequence that repeats)")
+        problems.append(
+            f"IDs do not strictly increase: next_id() returned {dup} twice (a duplicate ID; "
+            f"more than {layout.ids_per_ms_per_shard or '?'} IDs in one millisecond, "
+            f"or a sequence that repeats)"
+        )
     back = time_goes_back(layout, ids)
     if back is not None:
         a, b = back
-        problems.append(f"IDs do not strictly increase across milliseconds: {a} then {b} "
-                        f"(the second is from an earlier millisecond)")
+        problems.append(
+            f"IDs do not strictly increase across milliseconds: {a} then {b} "
+            f"(the second is from an earlier millisecond)"
+        )
     wrong = next((p for p in parts if p["shard"] != shard), None)
     if wrong is not None:
-        problems.append(f"next_id() mints IDs for shard {wrong['shard']}, not {shard} (e.g. {wrong['id']})")
+        problems.append(
+            f"next_id() mints IDs for shard {wrong['shard']}, not {shard} (e.g. {wrong['id']})"
+        )
     if layout.has_time:
         for p in (parts[0], parts[-1]) if parts else ():
             off = p["unix_ms"] - host_ms
             if abs(off) > tolerance_ms:
-                problems.append(f"ID {p['id']} decodes to {p['time']}, {off:+d} ms from the host clock "
-                                f"(tolerance {tolerance_ms} ms; wrong epoch?)")
+                problems.append(
+                    f"ID {p['id']} decodes to {p['time']}, {off:+d} ms from the host clock "
+                    f"(tolerance {tolerance_ms} ms; wrong epoch?)"
+                )
                 break
     return problems
 
@@ -85,8 +95,10 @@ def sequence_problems(settings: dict) -> list[str]:
     problems = []
     cache = settings.get("cache_size")
     if cache is not None and cache != 1:
-        problems.append(f"ID sequence has CACHE {cache}, not 1 (backends would take blocks of values and "
-                        f"can mint the same ID in one millisecond)")
+        problems.append(
+            f"ID sequence has CACHE {cache}, not 1 (backends would take blocks of values and "
+            f"can mint the same ID in one millisecond)"
+        )
     increment = settings.get("increment_by")
     if increment is not None and increment != 1:
         problems.append(f"ID sequence has INCREMENT BY {increment}, not 1")

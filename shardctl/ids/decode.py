@@ -172,7 +172,9 @@ class Decoder:
             shard = out["shard"]
             host = self._hosts.get(shard)
             if host is None:
-                raise BadInput(f"shard {shard} is not in this topology (0..{self.topology.shard_count - 1})")
+                raise BadInput(
+                    f"shard {shard} is not in this topology (0..{self.topology.shard_count - 1})"
+                )
             out["schema"] = self.topology.schema_name(shard)
             out["host"] = host
         return out
@@ -215,8 +217,14 @@ class Decoder:
         out.write(",".join(self.columns()) + "\n")
         loop = _csv_loop(self.layout, self.topology is not None)
         owners = None
-        if self.topology is not None:  # shard → "schema,host" (None if not in the fleet): one list index per ID
-            size = 1 << self.layout.bits("shard") if _full_owner_table(self.layout) else max(self._hosts, default=-1) + 1
+        if (
+            self.topology is not None
+        ):  # shard → "schema,host" (None if not in the fleet): one list index per ID
+            size = (
+                1 << self.layout.bits("shard")
+                if _full_owner_table(self.layout)
+                else max(self._hosts, default=-1) + 1
+            )
             owners = [None] * size
             for n, h in self._hosts.items():
                 owners[n] = f"{self.topology.schema_name(n)},{h}"
@@ -305,60 +313,71 @@ def _csv_loop(layout: Layout, with_topology: bool):
     if with_topology:
         shard_var = names[[f.name for f in fields].index("shard")]
         body += [
-            f"        owner = owners[{shard_var}]" if _full_owner_table(layout) else
-            f"        owner = owners[{shard_var}] if {shard_var} < len(owners) else None",
+            f"        owner = owners[{shard_var}]"
+            if _full_owner_table(layout)
+            else f"        owner = owners[{shard_var}] if {shard_var} < len(owners) else None",
             "        if owner is None:",
             f"            bad.append((n, raw.strip(), f'shard {{{shard_var}}} is not in this topology')); continue",
         ]
         row.append("{owner}")
-    source = "\n".join([
-        "def loop(lines, write, bad, owners, slow, day_text):",
-        "    reject = bad.reject",
-        "    it = iter(lines)",
-        "    n0 = 0",
-        "    last_s = None",
-        "    while True:",
-        "        chunk = list(islice(it, 8192))",
-        "        if not chunk:",
-        "            break",
-        # One check per chunk instead of per line: all ASCII digits and newlines means int() needs no
-        # guard (int() alone also reads '١٢٣', ' 1_0 ', '+5'). Then an empty line is the only way int()
-        # fails; after MAX_RAISES of those the chunk takes the per-line checks (no exception per bad line).
-        "        text = ''.join(chunk)",
-        "        clean = text.isascii() and text.replace('\\n', '').replace('\\r', '').isdigit()",
-        "        raises = 0",
-        "        buf = []",
-        "        append = buf.append",
-        "        for n, raw in enumerate(chunk, n0 + 1):",
-        "            if clean:",
-        "                try:",
-        "                    v = int(raw)",
-        "                except ValueError:",
-        "                    raises += 1",
-        f"                    clean = raises < {_MAX_RAISES}",
-        "                    reject(n, raw); continue",
-        "            elif raw.isascii() and raw.rstrip().isdigit():",
-        "                v = int(raw)",
-        "            else:",
-        "                v = parse_loose(raw)",
-        "                if v is None:",
-        "                    reject(n, raw); continue",
-        f"            if v >> {layout.payload_bits}:",  # also true for a negative v (-1)
-        "                v, problem = slow(v)",
-        "                if problem:",
-        "                    bad.append((n, raw.strip(), problem)); continue",
-        # a signed 64-bit ID as PostgreSQL's bigint shows it (only payloads of 64 bits reach the sign bit)
-        *(["            sid = v if v < 9223372036854775808 else v - 18446744073709551616"]
-          if layout.payload_bits > 63 else []),
-        *["    " + line for line in body],
-        "            append(f\"" + ",".join(row) + "\\n\")",
-        "        n0 += len(chunk)",
-        "        write(''.join(buf))",
-    ])
-    scope: dict = {"HH": _HH, "MMSS": _MMSS, "days": _DAYS, "P3Z": _P3Z, "BLANK": _BLANK,
-                   "parse_loose": parse_loose, "islice": islice}
+    source = "\n".join(
+        [
+            "def loop(lines, write, bad, owners, slow, day_text):",
+            "    reject = bad.reject",
+            "    it = iter(lines)",
+            "    n0 = 0",
+            "    last_s = None",
+            "    while True:",
+            "        chunk = list(islice(it, 8192))",
+            "        if not chunk:",
+            "            break",
+            # One check per chunk instead of per line: all ASCII digits and newlines means int() needs no
+            # guard (int() alone also reads '١٢٣', ' 1_0 ', '+5'). Then an empty line is the only way int()
+            # fails; after MAX_RAISES of those the chunk takes the per-line checks (no exception per bad line).
+            "        text = ''.join(chunk)",
+            "        clean = text.isascii() and text.replace('\\n', '').replace('\\r', '').isdigit()",
+            "        raises = 0",
+            "        buf = []",
+            "        append = buf.append",
+            "        for n, raw in enumerate(chunk, n0 + 1):",
+            "            if clean:",
+            "                try:",
+            "                    v = int(raw)",
+            "                except ValueError:",
+            "                    raises += 1",
+            f"                    clean = raises < {_MAX_RAISES}",
+            "                    reject(n, raw); continue",
+            "            elif raw.isascii() and raw.rstrip().isdigit():",
+            "                v = int(raw)",
+            "            else:",
+            "                v = parse_loose(raw)",
+            "                if v is None:",
+            "                    reject(n, raw); continue",
+            f"            if v >> {layout.payload_bits}:",  # also true for a negative v (-1)
+            "                v, problem = slow(v)",
+            "                if problem:",
+            "                    bad.append((n, raw.strip(), problem)); continue",
+            # a signed 64-bit ID as PostgreSQL's bigint shows it (only payloads of 64 bits reach the sign bit)
+            *(
+                ["            sid = v if v < 9223372036854775808 else v - 18446744073709551616"]
+                if layout.payload_bits > 63
+                else []
+            ),
+            *["    " + line for line in body],
+            '            append(f"' + ",".join(row) + '\\n")',
+            "        n0 += len(chunk)",
+            "        write(''.join(buf))",
+        ]
+    )
+    scope: dict = {
+        "HH": _HH,
+        "MMSS": _MMSS,
+        "days": _DAYS,
+        "P3Z": _P3Z,
+        "BLANK": _BLANK,
+        "parse_loose": parse_loose,
+        "islice": islice,
+    }
     exec(compile(source, f"<decode loop for {layout.name}>", "exec"), scope)  # noqa: S102 - our own code
     loop = _LOOPS[key] = scope["loop"]
     return loop
-
-

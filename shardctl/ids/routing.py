@@ -21,10 +21,14 @@ def shard_for_key(key: int | str, modulus: int, *, force_string: bool = False) -
         try:
             return shard_for_key(int(text), modulus)
         except ValueError:  # beyond int()'s 4300 digits
-            raise BadInput(f"integer routing key of {len(text.strip())} digits is too long") from None
+            raise BadInput(
+                f"integer routing key of {len(text.strip())} digits is too long"
+            ) from None
     if not force_string and _foreign_digits(text):
-        raise BadInput(f"routing key {echo(text)} is written with non-ASCII digits: write the number with 0-9, "
-                       f"or route it as a string (--string)")
+        raise BadInput(
+            f"routing key {echo(text)} is written with non-ASCII digits: write the number with 0-9, "
+            f"or route it as a string (--string)"
+        )
     if text == "":
         raise BadInput("a routing key must not be empty")
     # Pinterest's "mod shard": the whole 128-bit md5 digest, as an unsigned integer, mod the count.
@@ -38,14 +42,14 @@ def is_integer_key(text: str) -> bool:
     would send a key that merely looks like 123 to shard 123 (such keys are refused instead).
     """
     stripped = text.strip()
-    digits = stripped[1:] if stripped.startswith("-") else stripped
+    digits = stripped.removeprefix("-")
     return is_ascii_digits(digits)
 
 
 def _foreign_digits(text: str) -> bool:
     """Text that ``int()`` would read as a number, written with non-ASCII digits."""
     stripped = text.strip()
-    digits = stripped[1:] if stripped.startswith("-") else stripped
+    digits = stripped.removeprefix("-")
     return digits.isdecimal() and not digits.isascii()
 
 

@@ -27,20 +27,22 @@ _known_secrets: set[str] = set()
 
 
 # libpq's connection keywords (PQconninfoOptions, PostgreSQL 18).
-KEYWORDS = frozenset("""
-service user password passfile channel_binding connect_timeout dbname host hostaddr port client_encoding
-options application_name fallback_application_name keepalives keepalives_idle keepalives_interval
-keepalives_count tcp_user_timeout sslmode sslnegotiation sslcompression sslcert sslkey sslcertmode
-sslpassword sslrootcert sslcrl sslcrldir sslsni requirepeer require_auth min_protocol_version
-max_protocol_version ssl_min_protocol_version ssl_max_protocol_version gssencmode krbsrvname gsslib
-gssdelegation replication target_session_attrs load_balance_hosts scram_client_key scram_server_key
-oauth_issuer oauth_client_id oauth_client_secret oauth_scope sslkeylogfile
-""".split())
+KEYWORDS = frozenset(
+    ["service", "user", "password", "passfile", "channel_binding", "connect_timeout", "dbname", "host", "hostaddr", "port", "client_encoding", "options", "application_name", "fallback_application_name", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout", "sslmode", "sslnegotiation", "sslcompression", "sslcert", "sslkey", "sslcertmode", "sslpassword", "sslrootcert", "sslcrl", "sslcrldir", "sslsni", "requirepeer", "require_auth", "min_protocol_version", "max_protocol_version", "ssl_min_protocol_version", "ssl_max_protocol_version", "gssencmode", "krbsrvname", "gsslib", "gssdelegation", "replication", "target_session_attrs", "load_balance_hosts", "scram_client_key", "scram_server_key", "oauth_issuer", "oauth_client_id", "oauth_client_secret", "oauth_scope", "sslkeylogfile"]
+)
 # Keywords whose values are the client's own files: meaningless, or wrong, on another machine or for
 # another OS user (a subscription's libpq runs inside the target server). "sslrootcert=system" names
 # no file and is kept.
-CLIENT_FILE_KEYWORDS = ("sslrootcert", "sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir", "passfile",
-                        "sslkeylogfile")
+CLIENT_FILE_KEYWORDS = (
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslcrl",
+    "sslcrldir",
+    "passfile",
+    "sslkeylogfile",
+)
 _URI_PREFIXES = ("postgresql://", "postgres://")
 _SPACE = " \t\n\v\f\r"  # C isspace()
 
@@ -133,7 +135,7 @@ def _parse_uri(uri: str) -> dict[str, str]:
         if colon > start:
             _store(options, "user", _uri_decode(uri[start:colon]))
         if uri[colon] == ":":
-            password = uri[colon + 1:_find(uri, colon, "@")]
+            password = uri[colon + 1 : _find(uri, colon, "@")]
             if password:
                 try:
                     _store(options, "password", _uri_decode(password))
@@ -149,14 +151,18 @@ def _parse_uri(uri: str) -> dict[str, str]:
         if i < len(uri) and uri[i] == "[":  # an IPv6 address
             close = _find(uri, i + 1, "]")
             if close >= len(uri):
-                raise ValueError('end of string reached when looking for matching "]" in IPv6 host address '
-                                 f'in URI: "{uri}"')
+                raise ValueError(
+                    'end of string reached when looking for matching "]" in IPv6 host address '
+                    f'in URI: "{uri}"'
+                )
             if close == i + 1:
                 raise ValueError(f'IPv6 host address may not be empty in URI: "{uri}"')
-            host, i = uri[i + 1:close], close + 1
+            host, i = uri[i + 1 : close], close + 1
             if i < len(uri) and uri[i] not in ":/?,":
-                raise ValueError(f'unexpected character "{uri[i]}" at position {i + 1} in URI '
-                                 f'(expected ":" or "/"): "{uri}"')
+                raise ValueError(
+                    f'unexpected character "{uri[i]}" at position {i + 1} in URI '
+                    f'(expected ":" or "/"): "{uri}"'
+                )
         else:
             end = _find(uri, i, ":/?,")
             host, i = uri[i:end], end
@@ -164,7 +170,7 @@ def _parse_uri(uri: str) -> dict[str, str]:
         stop = uri[i] if i < len(uri) else ""
         if stop == ":":
             end = _find(uri, i + 1, "/?,")
-            ports.append(uri[i + 1:end])
+            ports.append(uri[i + 1 : end])
             i = end
             stop = uri[i] if i < len(uri) else ""
         else:
@@ -179,11 +185,11 @@ def _parse_uri(uri: str) -> dict[str, str]:
     if stop == "/":
         end = _find(uri, i + 1, "?")
         if end > i + 1:
-            _store(options, "dbname", _uri_decode(uri[i + 1:end]))
+            _store(options, "dbname", _uri_decode(uri[i + 1 : end]))
         i = end
         stop = uri[i] if i < len(uri) else ""
     if stop == "?":
-        _parse_uri_params(uri[i + 1:], options)
+        _parse_uri_params(uri[i + 1 :], options)
     return options
 
 
@@ -218,7 +224,7 @@ def _uri_decode(text: str) -> str:
             out.append(raw[i])
             i += 1
             continue
-        pair = raw[i + 1:i + 3]
+        pair = raw[i + 1 : i + 3]
         if len(pair) < 2 or not all(c in b"0123456789abcdefABCDEF" for c in pair):
             raise ValueError(f'invalid percent-encoded token: "{text}"')
         if pair == b"00":
@@ -228,7 +234,9 @@ def _uri_decode(text: str) -> str:
     while i < n and raw[i] == 0x20:
         i += 1
     if i < n:
-        raise ValueError(f'unexpected spaces found in "{text}", use percent-encoded spaces (%20) instead')
+        raise ValueError(
+            f'unexpected spaces found in "{text}", use percent-encoded spaces (%20) instead'
+        )
     try:
         return out.decode()
     except UnicodeDecodeError:
@@ -239,7 +247,9 @@ def has_inline_password(dsn: str) -> bool:
     try:
         return bool(parse(dsn).get("password"))
     except ValueError:
-        return bool(_URI_PASSWORD.search(dsn) or _KV_PASSWORD.search(dsn) or _QUERY_PASSWORD.search(dsn))
+        return bool(
+            _URI_PASSWORD.search(dsn) or _KV_PASSWORD.search(dsn) or _QUERY_PASSWORD.search(dsn)
+        )
 
 
 def remember_secret(value: str | None) -> None:
@@ -274,7 +284,9 @@ def _mask_json_string(match: re.Match) -> str:
 
 
 def _mask_text(text: str) -> str:
-    text = _URI_PASSWORD.sub(lambda m: m.group(1) + ("***" if m.group(2) else "") + m.group(3), text)
+    text = _URI_PASSWORD.sub(
+        lambda m: m.group(1) + ("***" if m.group(2) else "") + m.group(3), text
+    )
     text = _KV_PASSWORD.sub(r"\1***", text)
     text = _QUERY_PASSWORD.sub(r"\1***", text)
     for secret in sorted(_known_secrets, key=len, reverse=True):

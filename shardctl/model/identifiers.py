@@ -15,16 +15,9 @@ _SAFE = re.compile(r"[a-z_][a-z0-9_]*\Z")
 
 # PostgreSQL's reserved key words (Appendix C, "reserved" and "reserved (can be
 # function or type)"): an unquoted schema may not be named after one.
-RESERVED = frozenset("""
-all analyse analyze and any array as asc asymmetric authorization binary both case cast check
-collate collation column concurrently constraint create cross current_catalog current_date
-current_role current_schema current_time current_timestamp current_user default deferrable desc
-distinct do else end except false fetch for foreign freeze from full grant group having ilike in
-initially inner intersect into is isnull join lateral leading left like limit localtime
-localtimestamp natural not notnull null offset on only or order outer overlaps placing primary
-references returning right select session_user similar some symmetric system_user table tablesample
-then to trailing true union unique user using variadic verbose when where window with
-""".split())
+RESERVED = frozenset(
+    ["all", "analyse", "analyze", "and", "any", "array", "as", "asc", "asymmetric", "authorization", "binary", "both", "case", "cast", "check", "collate", "collation", "column", "concurrently", "constraint", "create", "cross", "current_catalog", "current_date", "current_role", "current_schema", "current_time", "current_timestamp", "current_user", "default", "deferrable", "desc", "distinct", "do", "else", "end", "except", "false", "fetch", "for", "foreign", "freeze", "from", "full", "grant", "group", "having", "ilike", "in", "initially", "inner", "intersect", "into", "is", "isnull", "join", "lateral", "leading", "left", "like", "limit", "localtime", "localtimestamp", "natural", "not", "notnull", "null", "offset", "on", "only", "or", "order", "outer", "overlaps", "placing", "primary", "references", "returning", "right", "select", "session_user", "similar", "some", "symmetric", "system_user", "table", "tablesample", "then", "to", "trailing", "true", "union", "unique", "user", "using", "variadic", "verbose", "when", "where", "window", "with"]
+)
 
 # Schemas shardctl or PostgreSQL own; a shard schema must not take one of these names.
 TAKEN = frozenset({"public", "information_schema", "shardctl"})
@@ -35,7 +28,9 @@ def identifier_problem(name: str) -> str | None:
     if not name:
         return "is empty"
     if len(name.encode()) > MAX_IDENTIFIER_BYTES:
-        return f"is {len(name.encode())} bytes long (PostgreSQL keeps at most {MAX_IDENTIFIER_BYTES})"
+        return (
+            f"is {len(name.encode())} bytes long (PostgreSQL keeps at most {MAX_IDENTIFIER_BYTES})"
+        )
     if not _SAFE.match(name):
         return "must be lower-case letters, digits and underscores, not starting with a digit"
     if name in RESERVED:
@@ -62,7 +57,7 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def quote_literal(value: None | bool | int | float | str) -> str:
+def quote_literal(value: None | bool | float | str) -> str:
     """An SQL literal for text that is built outside a live connection.
 
     Strings with a backslash take the E'' form, so the text means the same whatever
@@ -73,7 +68,9 @@ def quote_literal(value: None | bool | int | float | str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and not math.isfinite(value):
-        return {"nan": "'NaN'::float8", "inf": "'Infinity'::float8", "-inf": "'-Infinity'::float8"}[repr(value)]
+        return {"nan": "'NaN'::float8", "inf": "'Infinity'::float8", "-inf": "'-Infinity'::float8"}[
+            repr(value)
+        ]
     if isinstance(value, (int, float)):
         text = repr(value)
         return " " + text if text.startswith("-") else text

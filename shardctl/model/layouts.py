@@ -106,7 +106,9 @@ class Layout:
 
     def negative_message(self, value: int) -> str:
         if self.negative_at is not None:
-            return f"{value} is negative; {self.name} IDs stay positive until {iso(self.negative_at)}"
+            return (
+                f"{value} is negative; {self.name} IDs stay positive until {iso(self.negative_at)}"
+            )
         return f"{value} is negative; {self.name} IDs are never negative"
 
     def limits(self) -> dict:
@@ -119,7 +121,9 @@ class Layout:
         }
 
     def describe(self) -> str:
-        parts = ([f"{self.reserved} reserved"] if self.reserved else []) + [f"{f.bits} {f.name}" for f in self.fields]
+        parts = ([f"{self.reserved} reserved"] if self.reserved else []) + [
+            f"{f.bits} {f.name}" for f in self.fields
+        ]
         return " | ".join(parts)
 
     # ---- encode / decode -------------------------------------------------
@@ -133,15 +137,19 @@ class Layout:
         names = {f.name for f in self.fields}
         unknown = set(parts) - names
         if unknown:
-            raise BadInput(f"layout {self.name} has no field {', '.join(sorted(unknown))}"
-                           f" (fields: {', '.join(f.name for f in self.fields)})")
+            raise BadInput(
+                f"layout {self.name} has no field {', '.join(sorted(unknown))}"
+                f" (fields: {', '.join(f.name for f in self.fields)})"
+            )
         value = 0
         for f in self.fields:
             part = parts.get(f.name, 0)
             if not isinstance(part, int) or isinstance(part, bool):
                 raise BadInput(f"{f.name} must be an integer, got {part!r}")
             if part < 0 or part >= (1 << f.bits):
-                raise BadInput(f"{f.name} {part} does not fit in {f.bits} bits (0..{(1 << f.bits) - 1})")
+                raise BadInput(
+                    f"{f.name} {part} does not fit in {f.bits} bits (0..{(1 << f.bits) - 1})"
+                )
             value = (value << f.bits) | part
         return value
 
@@ -193,8 +201,10 @@ def iso(moment: datetime | None) -> str | None:
         return None
     m = moment.astimezone(timezone.utc)
     # Not strftime: its %Y does not zero-pad years before 1000 on every platform.
-    return (f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}."
-            f"{m.microsecond // 1000:03d}Z")
+    return (
+        f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}."
+        f"{m.microsecond // 1000:03d}Z"
+    )
 
 
 def parse_epoch(value: object) -> int:
@@ -228,27 +238,44 @@ def parse_epoch(value: object) -> int:
 
 
 def instagram(epoch_ms: int) -> Layout:
-    return Layout("instagram", (Field("time", 41), Field("shard", 13), Field("sequence", 10)), epoch_ms)
+    return Layout(
+        "instagram", (Field("time", 41), Field("shard", 13), Field("sequence", 10)), epoch_ms
+    )
 
 
 def pinterest() -> Layout:
-    return Layout("pinterest", (Field("shard", 16), Field("type", 10), Field("local", 36)), 0, reserved=2)
+    return Layout(
+        "pinterest", (Field("shard", 16), Field("type", 10), Field("local", 36)), 0, reserved=2
+    )
 
 
 def snowflake(epoch_ms: int = TWITTER_EPOCH_MS) -> Layout:
-    return Layout("snowflake", (Field("time", 41), Field("worker", 10), Field("sequence", 12)), epoch_ms, reserved=1)
+    return Layout(
+        "snowflake",
+        (Field("time", 41), Field("worker", 10), Field("sequence", 12)),
+        epoch_ms,
+        reserved=1,
+    )
 
 
 def custom(epoch_ms: int, time: int, shard: int, sequence: int) -> Layout:
     for name, value in (("time", time), ("shard", shard), ("sequence", sequence)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"custom layout: bits.{name} must be a positive integer, got {value!r}")
+            raise ConfigError(
+                f"custom layout: bits.{name} must be a positive integer, got {value!r}"
+            )
     total = time + shard + sequence
     if total != 63:
-        raise ConfigError(f"custom layout: bit widths must sum to 63 (the sign bit stays 0), "
-                          f"got {time}+{shard}+{sequence} = {total}")
-    return Layout("custom", (Field("time", time), Field("shard", shard), Field("sequence", sequence)),
-                  epoch_ms, reserved=1)
+        raise ConfigError(
+            f"custom layout: bit widths must sum to 63 (the sign bit stays 0), "
+            f"got {time}+{shard}+{sequence} = {total}"
+        )
+    return Layout(
+        "custom",
+        (Field("time", time), Field("shard", shard), Field("sequence", sequence)),
+        epoch_ms,
+        reserved=1,
+    )
 
 
 LAYOUT_NAMES = ("instagram", "pinterest", "snowflake", "custom")

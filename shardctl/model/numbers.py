@@ -23,7 +23,9 @@ def parse_int(text: str, *, signed: bool = False, max_digits: int = MAX_DIGITS) 
     if not is_ascii_digits(digits):
         raise _not_a_number(stripped, "a whole number")
     if len(digits) > max_digits:
-        raise ValueError(f"number too long ({len(digits)} digits, at most {max_digits}): {echo(stripped)}")
+        raise ValueError(
+            f"number too long ({len(digits)} digits, at most {max_digits}): {echo(stripped)}"
+        )
     return int(stripped)
 
 
@@ -31,7 +33,11 @@ def parse_decimal(text: str, *, max_chars: int = 32) -> float:
     """Parse ASCII decimal text such as ``5``, ``0.5`` or ``.25`` (no sign, exponent, inf or nan)."""
     stripped = text.strip()
     whole, _, frac = stripped.partition(".")
-    if len(stripped) > max_chars or not (whole or frac) or any(p and not is_ascii_digits(p) for p in (whole, frac)):
+    if (
+        len(stripped) > max_chars
+        or not (whole or frac)
+        or any(p and not is_ascii_digits(p) for p in (whole, frac))
+    ):
         raise _not_a_number(stripped, "a decimal number")
     return float(stripped)
 
@@ -56,5 +62,9 @@ def echo(value: object, limit: int = ECHO_CHARS) -> str:
         return f"a number of about {int(value.bit_length() * 0.30103)} digits"
     if isinstance(value, str) and len(value) > limit:
         return repr(value[:limit]) + f"… ({len(value)} characters)"
-    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
+    text = (
+        repr(value)
+        if isinstance(value, (str, int, float, bool, type(None)))
+        else f"a {type(value).__name__}"
+    )
     return text if len(text) <= limit + 2 else text[:limit] + "…"

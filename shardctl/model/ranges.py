@@ -26,7 +26,9 @@ def parse_shards(spec: object, *, limit: int | None = None) -> list[int]:
         if hi >= bound:
             if limit is not None and limit <= MAX_SHARDS:
                 raise ValueError(f"shard {hi} is out of range (0..{limit - 1})")
-            raise ValueError(f"shard {hi} is beyond the {MAX_SHARDS} shards shardctl handles (0..{MAX_SHARDS - 1})")
+            raise ValueError(
+                f"shard {hi} is beyond the {MAX_SHARDS} shards shardctl handles (0..{MAX_SHARDS - 1})"
+            )
         for n in range(lo, hi + 1):
             if n in seen:
                 raise ValueError(f"shard {n} is listed twice")
@@ -36,7 +38,9 @@ def parse_shards(spec: object, *, limit: int | None = None) -> list[int]:
 
 def _items(spec: object) -> list[object]:
     if isinstance(spec, bool) or spec is None:
-        raise ValueError(f"expected a shard number, a range like \"0-2047\" or a list, got {echo(spec)}")
+        raise ValueError(
+            f'expected a shard number, a range like "0-2047" or a list, got {echo(spec)}'
+        )
     if isinstance(spec, int):
         return [spec]
     if isinstance(spec, str):
@@ -53,7 +57,7 @@ def _items(spec: object) -> list[object]:
                 raise ValueError(f"nested list in shard list: {echo(item)}")
             out.extend(_items(item))
         return out
-    raise ValueError(f"expected a shard number, a range like \"0-2047\" or a list, got {echo(spec)}")
+    raise ValueError(f'expected a shard number, a range like "0-2047" or a list, got {echo(spec)}')
 
 
 def _one(item: object) -> tuple[int, int]:
@@ -68,8 +72,14 @@ def _one(item: object) -> tuple[int, int]:
     if not sep:
         hi_text = lo_text
     if not (is_ascii_digits(lo_text) and is_ascii_digits(hi_text)):
-        digits = "" if text.isascii() or not any(c.isdigit() for c in text) else " (digits must be ASCII 0-9)"
-        raise ValueError(f"not a shard number or range: {echo(text)}{digits} (write e.g. 7 or \"0-2047\")")
+        digits = (
+            ""
+            if text.isascii() or not any(c.isdigit() for c in text)
+            else " (digits must be ASCII 0-9)"
+        )
+        raise ValueError(
+            f'not a shard number or range: {echo(text)}{digits} (write e.g. 7 or "0-2047")'
+        )
     if len(lo_text) > MAX_DIGITS or len(hi_text) > MAX_DIGITS:
         raise ValueError(f"shard number too large in {echo(text)}")
     lo, hi = int(lo_text), int(hi_text)

@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, ConfigErrors
 from . import dsn as dsnlib
 from . import yaml_doc, yaml_guard
-from ..errors import ConfigError, ConfigErrors
 from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
 from .numbers import echo
@@ -32,10 +32,30 @@ MAX_ERRORS = 20  # problems listed; the rest are counted
 MAX_MESSAGE = 300  # characters of one problem (a message never repeats a whole huge value)
 MAX_UNKNOWN_KEYS = 3  # unknown keys listed per mapping
 
-TOP_KEYS = {"version", "id", "shards", "hosts", "templates", "migrations", "routing", "placement", "lint"}
+TOP_KEYS = {
+    "version",
+    "id",
+    "shards",
+    "hosts",
+    "templates",
+    "migrations",
+    "routing",
+    "placement",
+    "lint",
+}
 ID_KEYS = {"layout", "epoch", "function", "bits"}
 SHARDS_KEYS = {"count", "schema"}
-HOST_KEYS = {"name", "dsn", "admin_dsn", "peer_dsn", "password_env", "standby", "shards", "max_jobs", "pooler"}
+HOST_KEYS = {
+    "name",
+    "dsn",
+    "admin_dsn",
+    "peer_dsn",
+    "password_env",
+    "standby",
+    "shards",
+    "max_jobs",
+    "pooler",
+}
 # What stands between the Router and a host's ``dsn``: ``transaction`` (the default, the safe choice: no
 # prepared statements, nothing kept on the server between transactions), ``session`` or ``none``.
 POOLER_MODES = ("transaction", "session", "none")
@@ -61,10 +81,14 @@ class Host:
     shards: list[int]
     password_env: str | None = None
     standby: str | None = None
-    admin_dsn: str | None = None   # shardctl's own DDL, locks and moves (direct, not via a pooler)
-    peer_dsn: str | None = None    # how other hosts' subscriptions reach this host
-    max_jobs: int | None = None  # at most this many connections applying shards at once (see docs/performance.md)
-    pooler: str = "transaction"  # what the app ``dsn`` goes through (POOLER_MODES); the Router's behaviour
+    admin_dsn: str | None = None  # shardctl's own DDL, locks and moves (direct, not via a pooler)
+    peer_dsn: str | None = None  # how other hosts' subscriptions reach this host
+    max_jobs: int | None = (
+        None  # at most this many connections applying shards at once (see docs/performance.md)
+    )
+    pooler: str = (
+        "transaction"  # what the app ``dsn`` goes through (POOLER_MODES); the Router's behaviour
+    )
 
     @property
     def keeps_sessions(self) -> bool:
@@ -129,22 +153,33 @@ class Topology:
 
     # ---- loading ---------------------------------------------------------
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None, *, allow_inline_password: bool = False) -> "Topology":
+    def load(
+        cls, path: str | os.PathLike | None = None, *, allow_inline_password: bool = False
+    ) -> Topology:
         """Load and validate a topology file. ``path`` None means ``$SHARDCTL_CONFIG`` or ./shardctl.yaml."""
         chosen = Path(path) if path else Path(os.environ.get(CONFIG_ENV) or DEFAULT_FILE)
         try:
             text = yaml_guard.read_limited(chosen)  # at most yaml_guard.MAX_BYTES are ever read
         except FileNotFoundError:
-            raise ConfigError(f"topology file not found: {chosen} (use --config or ${CONFIG_ENV})") from None
+            raise ConfigError(
+                f"topology file not found: {chosen} (use --config or ${CONFIG_ENV})"
+            ) from None
         except yaml_guard.LimitExceeded as exc:
             raise ConfigError(str(exc), path=str(chosen)) from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read topology file {chosen}: {echo(str(exc), 200)}") from None
+            raise ConfigError(
+                f"cannot read topology file {chosen}: {echo(str(exc), 200)}"
+            ) from None
         return cls.from_text(text, path=chosen, allow_inline_password=allow_inline_password)
 
     @classmethod
-    def from_text(cls, text: str, *, path: str | os.PathLike | None = None,
-                  allow_inline_password: bool = False) -> "Topology":
+    def from_text(
+        cls,
+        text: str,
+        *,
+        path: str | os.PathLike | None = None,
+        allow_inline_password: bool = False,
+    ) -> Topology:
         return _Validator(text, Path(path) if path else None, allow_inline_password).build()
 
     # ---- questions -------------------------------------------------------
@@ -167,7 +202,9 @@ class Topology:
         except KeyError:
             from ..errors import BadInput
 
-            raise BadInput(f"shard {shard} is not in this topology (0..{self.shard_count - 1})") from None
+            raise BadInput(
+                f"shard {shard} is not in this topology (0..{self.shard_count - 1})"
+            ) from None
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -190,8 +227,12 @@ class Topology:
             "schema_format": self.schema_format,
             "limits": self.layout.limits(),
             "hosts": [
-                {"name": h.name, **h.masked_dsns(), "shards": format_shards(h.shards),
-                 "shard_count": len(h.shards)}
+                {
+                    "name": h.name,
+                    **h.masked_dsns(),
+                    "shards": format_shards(h.shards),
+                    "shard_count": len(h.shards),
+                }
                 for h in self.hosts
             ],
             "warnings": list(self.warnings),
@@ -217,14 +258,20 @@ def _parse_yaml(text: str, fast: bool = True) -> Any:
         mark = exc.problem_mark or exc.context_mark
         problem = (exc.problem or "invalid YAML").split("\n")[0]
         if "duplicate key" in problem or "found duplicate key" in str(exc):
-            problem = "duplicate key: " + str(exc).split("found duplicate key", 1)[-1].split("\n")[0].strip()
-        raise yaml_guard.LimitExceeded(f"invalid YAML: {problem}", mark.line + 1 if mark else None) from None
+            problem = (
+                "duplicate key: "
+                + str(exc).split("found duplicate key", 1)[-1].split("\n")[0].strip()
+            )
+        raise yaml_guard.LimitExceeded(
+            f"invalid YAML: {problem}", mark.line + 1 if mark else None
+        ) from None
     except YAMLError as exc:
         raise yaml_guard.LimitExceeded(f"invalid YAML: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - ruamel itself fails on some inputs, e.g. TypeError
         # for a mapping key that holds a list ("? x:\n  - a"); no such text is a topology.
-        raise yaml_guard.LimitExceeded(f"invalid YAML: cannot build the document ({type(exc).__name__}: {exc})") \
-            from None
+        raise yaml_guard.LimitExceeded(
+            f"invalid YAML: cannot build the document ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _same_server(hosts: list[Host], lines: list[int | None]) -> list[tuple[str, int | None]]:
@@ -237,8 +284,13 @@ def _same_server(hosts: list[Host], lines: list[int | None]) -> list[tuple[str, 
         if where is None:
             continue
         if where in seen:
-            problems.append((f"hosts {seen[where]} and {host.name} point at the same server and database "
-                             f"({where[0] or 'local socket'}:{where[1]}/{where[2]}); each host needs its own", line))
+            problems.append(
+                (
+                    f"hosts {seen[where]} and {host.name} point at the same server and database "
+                    f"({where[0] or 'local socket'}:{where[1]}/{where[2]}); each host needs its own",
+                    line,
+                )
+            )
         else:
             seen[where] = host.name
     return problems
@@ -269,7 +321,15 @@ def format_schema(fmt: str, shard: int) -> str:
 
 # What str.format can raise for a format string that passed the checks below
 # (e.g. "{n:{n.x}}" hides an attribute lookup inside the format spec).
-_FORMAT_ERRORS = (ValueError, IndexError, KeyError, AttributeError, TypeError, OverflowError, MemoryError)
+_FORMAT_ERRORS = (
+    ValueError,
+    IndexError,
+    KeyError,
+    AttributeError,
+    TypeError,
+    OverflowError,
+    MemoryError,
+)
 
 
 def _check_schema_format(fmt: str) -> str | None:
@@ -279,15 +339,18 @@ def _check_schema_format(fmt: str) -> str | None:
         return f"shards.schema {fmt!r} is not a valid format string: {exc}"
     fields = [f for f, _ in parsed]
     if not fields:
-        return f"shards.schema {fmt!r} must contain the shard number, e.g. \"insta{{n}}\" or \"shard{{:04d}}\""
+        return f'shards.schema {fmt!r} must contain the shard number, e.g. "insta{{n}}" or "shard{{:04d}}"'
     bad = [f for f in fields if f not in ("", "n")]
     if bad:
         return f"shards.schema {fmt!r} may only use {{n}} (or {{}}), not {{{bad[0]}}}"
     if not all((spec or "").isascii() for _, spec in parsed):
         return f"shards.schema {echo(fmt)} has non-ASCII characters in a format spec (digits must be 0-9)"
     # A width like {n:999999999} would build a gigabyte string before the length check sees it.
-    if any(len(d) > 4 or int(d) > MAX_IDENTIFIER_BYTES
-           for _, spec in parsed for d in re.findall(r"[0-9]+", spec or "")):
+    if any(
+        len(d) > 4 or int(d) > MAX_IDENTIFIER_BYTES
+        for _, spec in parsed
+        for d in re.findall(r"[0-9]+", spec or "")
+    ):
         return f"shards.schema {fmt!r} pads the shard number beyond {MAX_IDENTIFIER_BYTES} bytes"
     try:
         format_schema(fmt, 0)
@@ -325,7 +388,7 @@ def _schema_names_problem(fmt: str, count: int) -> str | None:
     return None
 
 
-def _purpose_dsns(v: "_Validator", node: Any, host: str) -> dict[str, str | None]:
+def _purpose_dsns(v: _Validator, node: Any, host: str) -> dict[str, str | None]:
     """A host's optional ``admin_dsn`` and ``peer_dsn``: absent, or valid DSN strings (problems go to ``v``)."""
     out: dict[str, str | None] = {}
     for key in ("admin_dsn", "peer_dsn"):
@@ -347,12 +410,16 @@ class _HostsSection:
     def hosts_section(self, doc: Any, count: int) -> list[Host]:
         hosts_node = doc.get("hosts")
         if not isinstance(hosts_node, list) or not hosts_node:
-            self.error("'hosts' must be a non-empty list of hosts",
-                       self.line_of(doc, "hosts") if "hosts" in doc else None)
+            self.error(
+                "'hosts' must be a non-empty list of hosts",
+                self.line_of(doc, "hosts") if "hosts" in doc else None,
+            )
             return []
         if len(hosts_node) > yaml_guard.MAX_HOSTS:
-            self.error(f"'hosts' lists {len(hosts_node)} hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}",
-                       self.line_of(doc, "hosts"))
+            self.error(
+                f"'hosts' lists {len(hosts_node)} hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}",
+                self.line_of(doc, "hosts"),
+            )
             return []
         hosts: list[Host] = []
         names: dict[str, int | None] = {}
@@ -370,8 +437,10 @@ class _HostsSection:
                 self.error(f"hosts[{i}] needs a name", line)
                 name = f"hosts[{i}]"
             elif name in names:
-                self.error(f"host name {name!r} is used twice (first at line {names[name]})",
-                           self.line_of(node, "name"))
+                self.error(
+                    f"host name {name!r} is used twice (first at line {names[name]})",
+                    self.line_of(node, "name"),
+                )
             else:
                 names[name] = self.line_of(node, "name")
             dsn_text = node.get("dsn")
@@ -385,24 +454,41 @@ class _HostsSection:
                 if isinstance(standby, str):
                     self.check_dsn(name, "standby", standby, self.line_of(node, "standby"))
                 else:
-                    self.error(f"host {name}: standby must be a DSN string", self.line_of(node, "standby"))
+                    self.error(
+                        f"host {name}: standby must be a DSN string", self.line_of(node, "standby")
+                    )
             password_env = node.get("password_env")
-            if password_env is not None and (not isinstance(password_env, str) or not password_env.strip()):
-                self.error(f"host {name}: password_env must name an environment variable",
-                           self.line_of(node, "password_env"))
+            if password_env is not None and (
+                not isinstance(password_env, str) or not password_env.strip()
+            ):
+                self.error(
+                    f"host {name}: password_env must name an environment variable",
+                    self.line_of(node, "password_env"),
+                )
                 password_env = None
             max_jobs = node.get("max_jobs")
-            if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
-                self.error(f"host {name}: max_jobs must be a positive integer", self.line_of(node, "max_jobs"))
+            if max_jobs is not None and (
+                isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1
+            ):
+                self.error(
+                    f"host {name}: max_jobs must be a positive integer",
+                    self.line_of(node, "max_jobs"),
+                )
                 max_jobs = None
             pooler = node.get("pooler", "transaction")
             if pooler not in POOLER_MODES:
-                self.error(f"host {name}: pooler must be one of {', '.join(POOLER_MODES)} (what the app dsn goes "
-                           f"through; transaction is the safe default)", self.line_of(node, "pooler"))
+                self.error(
+                    f"host {name}: pooler must be one of {', '.join(POOLER_MODES)} (what the app dsn goes "
+                    f"through; transaction is the safe default)",
+                    self.line_of(node, "pooler"),
+                )
                 pooler = "transaction"
             shards: list[int] = []
             if "shards" not in node:
-                self.error(f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)", line)
+                self.error(
+                    f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)",
+                    line,
+                )
             elif node["shards"] != [] and node["shards"] is not None:
                 try:
                     shards = parse_shards(node["shards"], limit=self.range_limit)
@@ -413,20 +499,36 @@ class _HostsSection:
                     overlaps.setdefault((owners[n], name), []).append(n)
                 else:
                     owners[n] = name
-            hosts.append(Host(name=name, dsn=dsn_text, shards=shards, password_env=password_env,
-                              standby=standby if isinstance(standby, str) else None, max_jobs=max_jobs,
-                              pooler=pooler, **_purpose_dsns(self, node, name)))
-            dsn_lines.append(self.line_of(node, "dsn") or self.line_of(node))  # a merged dsn has no line
+            hosts.append(
+                Host(
+                    name=name,
+                    dsn=dsn_text,
+                    shards=shards,
+                    password_env=password_env,
+                    standby=standby if isinstance(standby, str) else None,
+                    max_jobs=max_jobs,
+                    pooler=pooler,
+                    **_purpose_dsns(self, node, name),
+                )
+            )
+            dsn_lines.append(
+                self.line_of(node, "dsn") or self.line_of(node)
+            )  # a merged dsn has no line
         for message, line in _same_server(hosts, dsn_lines):
             self.error(message, line)
         for (first, second), nums in overlaps.items():
-            self.error(f"shards {format_shards(nums)} are owned by both {first} and {second}",
-                       self.line_of(doc, "hosts"))
+            self.error(
+                f"shards {format_shards(nums)} are owned by both {first} and {second}",
+                self.line_of(doc, "hosts"),
+            )
         if count and not any("shards:" in e.problem for e in self.errors):
             gaps = [n for n in range(count) if n not in owners]
             if gaps:
-                self.error(f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
-                           f"needs exactly one)", self.line_of(doc, "hosts"))
+                self.error(
+                    f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
+                    f"needs exactly one)",
+                    self.line_of(doc, "hosts"),
+                )
         return hosts
 
     def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
@@ -436,14 +538,19 @@ class _HostsSection:
             self.error(f"host {host}: {key} is not a valid libpq connection string: {exc}", line)
             return
         if dsnlib.has_inline_password(text) and not self.allow_inline_password:
-            self.error(f"host {host}: {key} contains a literal password; put it in an environment variable named "
-                       f"by password_env (or pass --allow-inline-password)", line)
+            self.error(
+                f"host {host}: {key} contains a literal password; put it in an environment variable named "
+                f"by password_env (or pass --allow-inline-password)",
+                line,
+            )
 
 
 class _Validator(_HostsSection):
     """Walks the parsed YAML once, collecting every problem with its line."""
 
-    def __init__(self, text: str, path: Path | None, allow_inline_password: bool, fast_yaml: bool = True):
+    def __init__(
+        self, text: str, path: Path | None, allow_inline_password: bool, fast_yaml: bool = True
+    ):
         self.text = text
         self.fast_yaml = fast_yaml  # False: always load with ruamel (tests compare both ways)
         self.path = path
@@ -458,14 +565,20 @@ class _Validator(_HostsSection):
             return
         message = message.replace("\n", " ")
         if len(message) > MAX_MESSAGE:
-            message = message[:MAX_MESSAGE - 1] + "…"
-        self.errors.append(ConfigError(message, path=str(self.path) if self.path else None, line=line))
+            message = message[: MAX_MESSAGE - 1] + "…"
+        self.errors.append(
+            ConfigError(message, path=str(self.path) if self.path else None, line=line)
+        )
 
     def fail(self) -> None:
         if self.errors:
             if self.unlisted:
-                self.errors.append(ConfigError(f"{self.unlisted} more problem(s) not listed",
-                                               path=str(self.path) if self.path else None))
+                self.errors.append(
+                    ConfigError(
+                        f"{self.unlisted} more problem(s) not listed",
+                        path=str(self.path) if self.path else None,
+                    )
+                )
                 self.unlisted = 0
             raise ConfigErrors(self.errors)
 
@@ -475,7 +588,9 @@ class _Validator(_HostsSection):
         value = parent.get(key) if isinstance(parent, dict) else None
         if value is None:
             if required:
-                self.error(f"missing section '{key}'", self.line_of(parent, key) if key in parent else None)
+                self.error(
+                    f"missing section '{key}'", self.line_of(parent, key) if key in parent else None
+                )
             return None
         if not isinstance(value, dict):
             self.error(f"'{key}' must be a mapping", self.line_of(parent, key))
@@ -488,13 +603,19 @@ class _Validator(_HostsSection):
         unknown = [k for k in node if k not in known]
         if not unknown:
             return
-        first = echo(unknown[0]) if not isinstance(unknown[0], str) or len(unknown[0]) > 60 else unknown[0]
+        first = (
+            echo(unknown[0])
+            if not isinstance(unknown[0], str) or len(unknown[0]) > 60
+            else unknown[0]
+        )
         more = ""
         if len(unknown) > 1:
-            shown = ", ".join(echo(k, 20) for k in unknown[1:MAX_UNKNOWN_KEYS + 1])
+            shown = ", ".join(echo(k, 20) for k in unknown[1 : MAX_UNKNOWN_KEYS + 1])
             more = f"; {len(unknown) - 1} more unknown key(s) there: {shown}{', …' if len(unknown) > 4 else ''}"
-        self.error(f"unknown key '{first}' in {where} (expected one of: {', '.join(sorted(known))}){more}",
-                   self.line_of(node, unknown[0]))
+        self.error(
+            f"unknown key '{first}' in {where} (expected one of: {', '.join(sorted(known))}){more}",
+            self.line_of(node, unknown[0]),
+        )
 
     def build(self) -> Topology:
         try:
@@ -509,8 +630,12 @@ class _Validator(_HostsSection):
         self.unknown_keys(doc, TOP_KEYS, "the top level")
         version = doc.get("version")
         if version != 1:
-            self.error(f"version must be 1, got {echo(version)}" if "version" in doc else "missing 'version: 1'",
-                       self.line_of(doc, "version") if "version" in doc else None)
+            self.error(
+                f"version must be 1, got {echo(version)}"
+                if "version" in doc
+                else "missing 'version: 1'",
+                self.line_of(doc, "version") if "version" in doc else None,
+            )
 
         layout, function = self.id_section(doc)
         count, schema_format = self.shards_section(doc, layout)
@@ -531,16 +656,29 @@ class _Validator(_HostsSection):
         self.fail()
 
         topo = Topology(
-            layout=layout, function=function, shard_count=count, schema_format=schema_format, hosts=hosts,
-            path=self.path, templates_dir=dirs["templates"], migrations_dir=dirs["migrations"],
-            routing_key=routing.get("key"), string_hash=routing.get("strings", "md5"),
-            modulus=routing.get("modulus") or count, new_objects=new_objects, lint=lint,
+            layout=layout,
+            function=function,
+            shard_count=count,
+            schema_format=schema_format,
+            hosts=hosts,
+            path=self.path,
+            templates_dir=dirs["templates"],
+            migrations_dir=dirs["migrations"],
+            routing_key=routing.get("key"),
+            string_hash=routing.get("strings", "md5"),
+            modulus=routing.get("modulus") or count,
+            new_objects=new_objects,
+            lint=lint,
         )
         if layout.uses_sign_bit:
-            message = (f"the {layout.name} layout uses all 64 bits: its IDs turn negative on "
-                       f"{iso(layout.negative_at)} (and overflow on {iso(layout.overflow_at)})")
+            message = (
+                f"the {layout.name} layout uses all 64 bits: its IDs turn negative on "
+                f"{iso(layout.negative_at)} (and overflow on {iso(layout.overflow_at)})"
+            )
             topo.warnings.append(message)
-            if message not in _WARNED:  # once per process: a Router reloads its file after every move
+            if (
+                message not in _WARNED
+            ):  # once per process: a Router reloads its file after every move
                 _WARNED.add(message)
                 warnings.warn(message, LayoutWarning, stacklevel=3)
         return topo
@@ -553,18 +691,28 @@ class _Validator(_HostsSection):
             return fallback, "plpgsql"
         name = section.get("layout", "instagram")
         if name not in MINTABLE:
-            hint = " (decode-only: use it with decode-id --layout)" if name in ("pinterest", "snowflake") else ""
-            self.error(f"id.layout must be one of {', '.join(MINTABLE)}, got {echo(name)}{hint}",
-                       self.line_of(section, "layout"))
+            hint = (
+                " (decode-only: use it with decode-id --layout)"
+                if name in ("pinterest", "snowflake")
+                else ""
+            )
+            self.error(
+                f"id.layout must be one of {', '.join(MINTABLE)}, got {echo(name)}{hint}",
+                self.line_of(section, "layout"),
+            )
             return fallback, "plpgsql"
         function = section.get("function", "plpgsql")
         if function not in FUNCTIONS:
-            self.error(f"id.function must be one of {', '.join(FUNCTIONS)}, got {echo(function)}",
-                       self.line_of(section, "function"))
+            self.error(
+                f"id.function must be one of {', '.join(FUNCTIONS)}, got {echo(function)}",
+                self.line_of(section, "function"),
+            )
             function = "plpgsql"
 
         if "epoch" not in section:
-            self.error("id.epoch is required (e.g. \"2026-01-01T00:00:00Z\")", self.line_of(doc, "id"))
+            self.error(
+                'id.epoch is required (e.g. "2026-01-01T00:00:00Z")', self.line_of(doc, "id")
+            )
             return fallback, function
         raw_epoch = section["epoch"]
         line = self.line_of(section, "epoch")
@@ -584,13 +732,18 @@ class _Validator(_HostsSection):
         bits = section.get("bits")
         if name == "custom":
             if not isinstance(bits, dict):
-                self.error("id.layout custom needs id.bits: {time: 41, shard: 12, sequence: 10}",
-                           self.line_of(section, "bits") or self.line_of(section, "layout"))
+                self.error(
+                    "id.layout custom needs id.bits: {time: 41, shard: 12, sequence: 10}",
+                    self.line_of(section, "bits") or self.line_of(section, "layout"),
+                )
                 return fallback, function
             self.unknown_keys(bits, BITS_KEYS, "id.bits")
             missing = BITS_KEYS - set(bits)
             if missing:
-                self.error(f"id.bits is missing {', '.join(sorted(missing))}", self.line_of(section, "bits"))
+                self.error(
+                    f"id.bits is missing {', '.join(sorted(missing))}",
+                    self.line_of(section, "bits"),
+                )
                 return fallback, function
             try:
                 return by_name("custom", epoch_ms, dict(bits)), function
@@ -607,22 +760,28 @@ class _Validator(_HostsSection):
             return 0, "insta{n}"
         count = section.get("count")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            self.error(f"shards.count must be a positive integer, got {echo(count)}",
-                       self.line_of(section, "count") or self.line_of(doc, "shards"))
+            self.error(
+                f"shards.count must be a positive integer, got {echo(count)}",
+                self.line_of(section, "count") or self.line_of(doc, "shards"),
+            )
             count = 0
         elif count > layout.max_shards:
-            self.error(f"shards.count {count} does not fit the {layout.name} layout's "
-                       f"{layout.bits('shard')} shard bits (at most {layout.max_shards})",
-                       self.line_of(section, "count"))
+            self.error(
+                f"shards.count {count} does not fit the {layout.name} layout's "
+                f"{layout.bits('shard')} shard bits (at most {layout.max_shards})",
+                self.line_of(section, "count"),
+            )
             count = 0
         elif count > yaml_guard.MAX_SHARDS:
-            self.error(f"shards.count {count} is more than shardctl handles ({yaml_guard.MAX_SHARDS})",
-                       self.line_of(section, "count"))
+            self.error(
+                f"shards.count {count} is more than shardctl handles ({yaml_guard.MAX_SHARDS})",
+                self.line_of(section, "count"),
+            )
             count = 0
         fmt = section.get("schema", "insta{n}")
         line = self.line_of(section, "schema")
         if not isinstance(fmt, str):
-            self.error(f"shards.schema must be a string like \"insta{{n}}\", got {echo(fmt)}", line)
+            self.error(f'shards.schema must be a string like "insta{{n}}", got {echo(fmt)}', line)
             return count, "insta{n}"
         problem = _check_schema_format(fmt)
         if problem:
@@ -633,7 +792,6 @@ class _Validator(_HostsSection):
             self.error(problem, line)
         return count, fmt
 
-
     def routing_section(self, doc: Any, count: int) -> dict:
         section = self.mapping(doc, "routing", ROUTING_KEYS, required=False)
         if section is None:
@@ -641,17 +799,27 @@ class _Validator(_HostsSection):
         out = dict(section)
         strings = section.get("strings", "md5")
         if strings not in STRING_HASHES:
-            self.error(f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {echo(strings)}",
-                       self.line_of(section, "strings"))
+            self.error(
+                f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {echo(strings)}",
+                self.line_of(section, "strings"),
+            )
         modulus = section.get("modulus")
-        if modulus is not None and (isinstance(modulus, bool) or not isinstance(modulus, int)
-                                    or modulus < 1 or (count and modulus > count)):
-            self.error(f"routing.modulus must be an integer from 1 to shards.count ({count}), got {echo(modulus)}",
-                       self.line_of(section, "modulus"))
+        if modulus is not None and (
+            isinstance(modulus, bool)
+            or not isinstance(modulus, int)
+            or modulus < 1
+            or (count and modulus > count)
+        ):
+            self.error(
+                f"routing.modulus must be an integer from 1 to shards.count ({count}), got {echo(modulus)}",
+                self.line_of(section, "modulus"),
+            )
             out["modulus"] = None
         key = section.get("key")
         if key is not None and not isinstance(key, str):
-            self.error(f"routing.key must be a column name, got {echo(key)}", self.line_of(section, "key"))
+            self.error(
+                f"routing.key must be a column name, got {echo(key)}", self.line_of(section, "key")
+            )
         return out
 
     def placement_section(self, doc: Any, count: int) -> list[int] | None:
@@ -673,17 +841,22 @@ def _lint_section(v: _Validator, doc: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("exclude", "include"):
         rules = section.get(key, [])
-        if not isinstance(rules, list) or not all(isinstance(r, str) and re.fullmatch(r"[a-z0-9-]+", r)
-                                                  for r in rules):
-            v.error(f"lint.{key} must be a list of squawk rule names (e.g. [prefer-bigint-over-int])",
-                    v.line_of(section, key))
+        if not isinstance(rules, list) or not all(
+            isinstance(r, str) and re.fullmatch(r"[a-z0-9-]+", r) for r in rules
+        ):
+            v.error(
+                f"lint.{key} must be a list of squawk rule names (e.g. [prefer-bigint-over-int])",
+                v.line_of(section, key),
+            )
             continue
         out[key] = list(rules)
     version = section.get("pg_version")
     if version is not None:
         if isinstance(version, bool) or not re.fullmatch(r"\d+(\.\d+)?", str(version)):
-            v.error(f"lint.pg_version must be a PostgreSQL version such as 16 or 16.4, got {echo(version)}",
-                    v.line_of(section, "pg_version"))
+            v.error(
+                f"lint.pg_version must be a PostgreSQL version such as 16 or 16.4, got {echo(version)}",
+                v.line_of(section, "pg_version"),
+            )
         else:
             out["pg_version"] = str(version)
     return out

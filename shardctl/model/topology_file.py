@@ -23,7 +23,6 @@ from ..errors import BadInput, ConfigError, OperationFailed
 from .ranges import format_shards, parse_shards
 from .topology import Topology
 
-
 _LOCK_GUARD = threading.Lock()
 _THREAD_LOCKS: dict[str, threading.RLock] = {}
 _DEPTH: dict[str, int] = {}
@@ -53,8 +52,13 @@ def topology_file_lock(path: str | os.PathLike) -> Iterator[None]:
                 os.close(fd)
 
 
-def flip_topology(path: str | os.PathLike, shards: list[int], frm: str, to: str,
-                  allow_inline_password: bool = False) -> bool:
+def flip_topology(
+    path: str | os.PathLike,
+    shards: list[int],
+    frm: str,
+    to: str,
+    allow_inline_password: bool = False,
+) -> bool:
     """Give ``shards`` to host ``to`` in the topology file. False if the file already says so."""
     with topology_file_lock(path):
         edit = TopologyFile(path, allow_inline_password=allow_inline_password)
@@ -63,8 +67,10 @@ def flip_topology(path: str | os.PathLike, shards: list[int], frm: str, to: str,
             return False
         stray = moving - src - dst
         if stray:
-            raise OperationFailed(f"the topology file gives shards {format_shards(stray)} to neither {frm} nor "
-                                  f"{to}; it was edited during the move: fix it by hand")
+            raise OperationFailed(
+                f"the topology file gives shards {format_shards(stray)} to neither {frm} nor "
+                f"{to}; it was edited during the move: fix it by hand"
+            )
         edit.set_host_shards(frm, sorted(src - moving))
         edit.set_host_shards(to, sorted(dst | moving))
         edit.save()
@@ -94,7 +100,9 @@ class TopologyFile:
                 return node
         raise BadInput(f"unknown host {name!r}")
 
-    def add_host(self, name: str, dsn: str, *, password_env: str | None = None, standby: str | None = None) -> None:
+    def add_host(
+        self, name: str, dsn: str, *, password_env: str | None = None, standby: str | None = None
+    ) -> None:
         node = CommentedMap()
         node["name"] = name
         node["dsn"] = DoubleQuotedScalarString(dsn)
@@ -141,7 +149,9 @@ class TopologyFile:
 
     def validate(self) -> Topology:
         """The edited document as a validated Topology (raises ConfigErrors, nothing written)."""
-        return Topology.from_text(self.text(), path=self.path, allow_inline_password=self.allow_inline_password)
+        return Topology.from_text(
+            self.text(), path=self.path, allow_inline_password=self.allow_inline_password
+        )
 
     def save(self) -> Topology:
         """Validate, then replace the file atomically, under the topology file lock. Refuses when the file
@@ -151,8 +161,10 @@ class TopologyFile:
         text = self.text()
         with topology_file_lock(self.path):
             if self.path.read_text(encoding="utf-8") != self.loaded_text:
-                raise OperationFailed(f"{self.path}: the topology file changed while this command ran (another "
-                                      f"shardctl run wrote it); nothing was written: run the command again")
+                raise OperationFailed(
+                    f"{self.path}: the topology file changed while this command ran (another "
+                    f"shardctl run wrote it); nothing was written: run the command again"
+                )
             self._replace(text)
             self.loaded_text = text
         return topo

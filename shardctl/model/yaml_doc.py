@@ -24,17 +24,21 @@ NOT_BUILT: Any = object()  # the builder gave up: load the text with ruamel
 # float, int, timestamp: sign, dot, digits; merge <; null ~ n N and ""; value =; the never-matching
 # "yaml" resolver ! & *). A plain scalar starting with any other character is a string.
 _RESOLVED_FIRST = frozenset("tTfFnN~<=!&*-+.0123456789")
-_WORDS = frozenset({"true", "True", "TRUE", "false", "False", "FALSE", "null", "Null", "NULL", "~", "<<", "="})
+_WORDS = frozenset(
+    {"true", "True", "TRUE", "false", "False", "FALSE", "null", "Null", "NULL", "~", "<<", "="}
+)
 # Every character a YAML 1.2 float, int or timestamp can contain: a plain scalar with any other
 # character cannot be one of them.
 _NUMBER_CHARS = frozenset("0123456789_.+-eEboxXabcdefABCDEFinfINFaN:TtZ \t")
-_MAX_INT_DIGITS = 20  # longer decimal integers go to ruamel (Python's int() refuses over 4300 digits)
+_MAX_INT_DIGITS = (
+    20  # longer decimal integers go to ruamel (Python's int() refuses over 4300 digits)
+)
 
 
 class LineCol:
     """Where a node and its keys or items start (0-based line and column), read like ruamel's ``.lc``."""
 
-    __slots__ = ("line", "col", "data")
+    __slots__ = ("col", "data", "line")
 
     def __init__(self, line: int, col: int, data: Any):
         self.line, self.col, self.data = line, col, data
@@ -75,7 +79,9 @@ def plain_scalar(value: str) -> Any:
         # "0", "007": ruamel returns a ScalarInt (it keeps the width); give those to ruamel.
         return int(value) if value[0] != "0" and len(value) <= _MAX_INT_DIGITS else NOT_BUILT
     if value.count("-") == 1 and all(p.isdigit() for p in value.split("-")):
-        return value  # a shard range such as 0-31: a single inner dash matches no number or timestamp
+        return (
+            value  # a shard range such as 0-31: a single inner dash matches no number or timestamp
+        )
     if any(c not in _NUMBER_CHARS for c in value):
         return value
     return NOT_BUILT
@@ -84,7 +90,7 @@ def plain_scalar(value: str) -> Any:
 class Builder:
     """Fed every parse event by :func:`.yaml_guard.checked_document`; :meth:`document` is the result."""
 
-    __slots__ = ("text", "ok", "root", "stack", "key", "flow", "documents")
+    __slots__ = ("documents", "flow", "key", "ok", "root", "stack", "text")
 
     def __init__(self, text: str):
         self.text = text
@@ -92,9 +98,9 @@ class Builder:
         # differ in corners there; such text goes to ruamel.
         self.ok = text.isascii() and text.replace("\n", "").isprintable()
         self.root: Any = NOT_BUILT
-        self.stack: list[Any] = []   # open mappings and lists
-        self.key: list[Any] = []     # per open collection: its pending key (a mapping's), or NOT_BUILT
-        self.flow: list[bool] = []   # per open collection: whether it is a flow one ([...] or {...})
+        self.stack: list[Any] = []  # open mappings and lists
+        self.key: list[Any] = []  # per open collection: its pending key (a mapping's), or NOT_BUILT
+        self.flow: list[bool] = []  # per open collection: whether it is a flow one ([...] or {...})
         self.documents = 0
 
     def document(self) -> Any:
@@ -130,7 +136,9 @@ class Builder:
                 return
         elif kind in ("StreamStartEvent", "StreamEndEvent", "DocumentEndEvent"):
             return
-        self.ok = False  # an alias, an anchor or tag, a directive, a second document, an unsure scalar
+        self.ok = (
+            False  # an alias, an anchor or tag, a directive, a second document, an unsure scalar
+        )
 
     def _scalar(self, event: Any) -> Any:
         if event.anchor is not None or event.tag is not None:
@@ -138,11 +146,13 @@ class Builder:
         start, end = event.start_mark.index, event.end_mark.index
         if event.style == "":
             if ":" in event.value and True in self.flow:
-                return NOT_BUILT  # "a:b" inside [...] or {...}: a corner where YAML 1.1 and 1.2 part
+                return (
+                    NOT_BUILT  # "a:b" inside [...] or {...}: a corner where YAML 1.1 and 1.2 part
+                )
             if self.text[start:end] != event.value:
                 return NOT_BUILT  # folded over several lines
             return plain_scalar(event.value)
-        if event.style in ("'", '"') and self.text[start + 1:end - 1] == event.value:
+        if event.style in ("'", '"') and self.text[start + 1 : end - 1] == event.value:
             return event.value  # one line, no escapes: the same string for any YAML reader
         return NOT_BUILT
 

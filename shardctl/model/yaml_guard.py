@@ -21,11 +21,11 @@ from typing import Any
 from .ranges import MAX_SHARDS  # noqa: F401 - shards.count and every shard number stay below it
 from .yaml_doc import NOT_BUILT, Builder
 
-MAX_BYTES = 256 * 1024        # the topology file, checked before it is read
-MAX_NODES = 12_288            # YAML nodes, each alias counted as the nodes it stands for
-MAX_SCALAR_CHARS = 4096       # one key or value (a DSN, a range, a path)
-MAX_DEPTH = 32                # nesting of mappings and lists
-MAX_HOSTS = 1024              # entries under hosts:
+MAX_BYTES = 256 * 1024  # the topology file, checked before it is read
+MAX_NODES = 12_288  # YAML nodes, each alias counted as the nodes it stands for
+MAX_SCALAR_CHARS = 4096  # one key or value (a DSN, a range, a path)
+MAX_DEPTH = 32  # nesting of mappings and lists
+MAX_HOSTS = 1024  # entries under hosts:
 
 
 class LimitExceeded(ValueError):
@@ -41,8 +41,10 @@ def read_limited(path: Any) -> str:
     with open(path, "rb") as f:
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
-        raise LimitExceeded(f"the topology file is larger than {MAX_BYTES // 1024} KiB (the limit; "
-                            f"a real topology is a few KB)")
+        raise LimitExceeded(
+            f"the topology file is larger than {MAX_BYTES // 1024} KiB (the limit; "
+            f"a real topology is a few KB)"
+        )
     return data.decode("utf-8")
 
 
@@ -59,8 +61,10 @@ def checked_document(text: str, build: bool = True) -> Any:
     :class:`.yaml_doc.Builder` is sure it is the one ruamel's round-trip loader would return;
     otherwise (or with ``build`` False) :data:`.yaml_doc.NOT_BUILT`: load the text with ruamel."""
     if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
-        raise LimitExceeded(f"the topology is larger than {MAX_BYTES // 1024} KiB (the limit; "
-                            f"a real topology is a few KB)")
+        raise LimitExceeded(
+            f"the topology is larger than {MAX_BYTES // 1024} KiB (the limit; "
+            f"a real topology is a few KB)"
+        )
     builder = Builder(text) if build else None
     try:
         _walk(_fast_events(text), builder)
@@ -98,8 +102,10 @@ def _line(event: Any) -> int | None:
 def _walk(events: Iterator[Any], builder: Builder | None = None) -> None:
     """Count nodes (aliases expanded) and check sizes, stopping at the first limit crossed;
     ``builder`` is fed each event until it gives up."""
-    sizes: dict[str, int] = {}      # anchor → nodes it stands for, once its node is complete
-    open_anchors: set[str] = set()  # anchors of collections still being read (an alias to one is a cycle)
+    sizes: dict[str, int] = {}  # anchor → nodes it stands for, once its node is complete
+    open_anchors: set[str] = (
+        set()
+    )  # anchors of collections still being read (an alias to one is a cycle)
     stack: list[_Open] = []
     total = 0
     for event in events:
@@ -109,22 +115,31 @@ def _walk(events: Iterator[Any], builder: Builder | None = None) -> None:
         if kind in ("ScalarEvent", "AliasEvent", "MappingStartEvent", "SequenceStartEvent"):
             if kind == "AliasEvent":
                 if event.anchor in open_anchors:
-                    raise LimitExceeded(f"alias *{event.anchor} refers to a node that contains it", _line(event))
+                    raise LimitExceeded(
+                        f"alias *{event.anchor} refers to a node that contains it", _line(event)
+                    )
                 n = sizes.get(event.anchor, 1)
             else:
                 n = 1
                 if kind == "ScalarEvent" and len(event.value) > MAX_SCALAR_CHARS:
-                    raise LimitExceeded(f"a value of {len(event.value)} characters (at most {MAX_SCALAR_CHARS})",
-                                        _line(event))
+                    raise LimitExceeded(
+                        f"a value of {len(event.value)} characters (at most {MAX_SCALAR_CHARS})",
+                        _line(event),
+                    )
             total += n
             if total > MAX_NODES:
-                raise LimitExceeded(f"the topology has more than {MAX_NODES} YAML nodes"
-                                    f"{' once its aliases are expanded' if kind == 'AliasEvent' else ''} "
-                                    f"(the limit; a thousand hosts with standbys need about 11,000)", _line(event))
+                raise LimitExceeded(
+                    f"the topology has more than {MAX_NODES} YAML nodes"
+                    f"{' once its aliases are expanded' if kind == 'AliasEvent' else ''} "
+                    f"(the limit; a thousand hosts with standbys need about 11,000)",
+                    _line(event),
+                )
             hosts_list = bool(stack) and stack[-1].child(event, n) and len(stack) == 1
             if kind.endswith("StartEvent"):
                 if len(stack) >= MAX_DEPTH:
-                    raise LimitExceeded(f"the topology nests deeper than {MAX_DEPTH} levels", _line(event))
+                    raise LimitExceeded(
+                        f"the topology nests deeper than {MAX_DEPTH} levels", _line(event)
+                    )
                 stack.append(_Open(event.anchor, kind == "MappingStartEvent", hosts_list))
                 if event.anchor:
                     open_anchors.add(event.anchor)
@@ -143,7 +158,7 @@ class _Open:
     """A mapping or list being read: its anchor, nodes inside so far, and (for the top-level
     mapping) which key a value belongs to, so the hosts list is counted as it is read."""
 
-    __slots__ = ("anchor", "inner", "mapping", "hosts", "items", "key_next", "key")
+    __slots__ = ("anchor", "hosts", "inner", "items", "key", "key_next", "mapping")
 
     def __init__(self, anchor: str | None, mapping: bool, hosts: bool):
         self.anchor, self.inner, self.mapping, self.hosts = anchor, 0, mapping, hosts
@@ -155,7 +170,9 @@ class _Open:
         if not self.mapping:
             self.items += 1
             if self.hosts and self.items > MAX_HOSTS:
-                raise LimitExceeded(f"'hosts' lists more than {MAX_HOSTS} hosts (the limit)", _line(event))
+                raise LimitExceeded(
+                    f"'hosts' lists more than {MAX_HOSTS} hosts (the limit)", _line(event)
+                )
             return False
         is_key, self.key_next = self.key_next, not self.key_next
         if is_key:

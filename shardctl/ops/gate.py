@@ -49,10 +49,18 @@ class GateResult:
         return not self.problems
 
     def to_dict(self) -> dict:
-        return {"command": "migrate --check --base", "ok": self.ok, "base_dir": self.base_dir,
-                "base_head": self.base_head, "head": self.head, "new": self.new, "problems": self.problems,
-                "fleet": {h: {str(v): n for v, n in c.items()} for h, c in self.fleet.items()},
-                "shards_rendered": self.shards_rendered, "seconds": round(self.seconds, 3)}
+        return {
+            "command": "migrate --check --base",
+            "ok": self.ok,
+            "base_dir": self.base_dir,
+            "base_head": self.base_head,
+            "head": self.head,
+            "new": self.new,
+            "problems": self.problems,
+            "fleet": {h: {str(v): n for v, n in c.items()} for h, c in self.fleet.items()},
+            "shards_rendered": self.shards_rendered,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def compare_files(base: list[Migration], head: list[Migration]) -> list[str]:
@@ -62,12 +70,18 @@ def compare_files(base: list[Migration], head: list[Migration]) -> list[str]:
     for b in base:
         h = by_version.get(b.version)
         if h is None:
-            problems.append(f"{b.name} was removed; the base branch has it (applied migrations stay)")
+            problems.append(
+                f"{b.name} was removed; the base branch has it (applied migrations stay)"
+            )
         elif h.name != b.name:
-            problems.append(f"{b.name} was renamed to {h.name}; applied migrations keep their names")
+            problems.append(
+                f"{b.name} was renamed to {h.name}; applied migrations keep their names"
+            )
         elif h.source != b.source:
-            problems.append(f"{b.name} changed after it was applied: it differs from the base branch's copy; "
-                            f"restore it and add a new migration instead")
+            problems.append(
+                f"{b.name} changed after it was applied: it differs from the base branch's copy; "
+                f"restore it and add a new migration instead"
+            )
     return problems
 
 
@@ -88,11 +102,14 @@ def render_everywhere(topo: Topology, new: list[Migration]) -> tuple[list[str], 
     return list(problems.values()), count
 
 
-def host_level_problems(topo: Topology, base: list[HostLevelMigration],
-                        head: list[HostLevelMigration]) -> list[str]:
+def host_level_problems(
+    topo: Topology, base: list[HostLevelMigration], head: list[HostLevelMigration]
+) -> list[str]:
     """The host-level files: the base's kept unchanged, new ones render and parse (for every host)."""
-    problems = [p.replace(" was removed", " (host-level) was removed") for p in compare_files(base, head)]
-    for m in head[len(base):]:
+    problems = [
+        p.replace(" was removed", " (host-level) was removed") for p in compare_files(base, head)
+    ]
+    for m in head[len(base) :]:
         for host in topo.hosts:
             try:
                 m.sql(topo, host.name)
@@ -102,12 +119,23 @@ def host_level_problems(topo: Topology, base: list[HostLevelMigration],
     return problems
 
 
-def fleet_problems(topo: Topology, base_head: int, hosts: list[str] | None,
-                   connect_timeout: int, host_head: int | None = None) -> tuple[list[str], dict[str, dict[int, int]]]:
+def fleet_problems(
+    topo: Topology,
+    base_head: int,
+    hosts: list[str] | None,
+    connect_timeout: int,
+    host_head: int | None = None,
+) -> tuple[list[str], dict[str, dict[int, int]]]:
     """Is the fleet at the base's head (and the base's host-level head)? Read-only: one ``migrate
     --check`` to the base's heads."""
-    report = migrate(topo, target=base_head, hosts=hosts, check=True, host_target=host_head,
-                     options=RunOptions(connect_timeout=connect_timeout))
+    report = migrate(
+        topo,
+        target=base_head,
+        hosts=hosts,
+        check=True,
+        host_target=host_head,
+        options=RunOptions(connect_timeout=connect_timeout),
+    )
     raise_unreachable(report.hosts, report.to_dict())
     problems: list[str] = []
     fleet: dict[str, dict[int, int]] = {}
@@ -118,47 +146,72 @@ def fleet_problems(topo: Topology, base_head: int, hosts: list[str] | None,
         fleet[h.host] = dict(d.versions)
         behind = ", ".join(f"V{v} on {n} shards" for v, n in d.pending.items())
         if behind:
-            problems.append(f"{h.host}: the fleet is behind the base branch ({behind} pending): run migrate "
-                            f"on the base branch first")
+            problems.append(
+                f"{h.host}: the fleet is behind the base branch ({behind} pending): run migrate "
+                f"on the base branch first"
+            )
         ahead = {v: n for v, n in d.versions.items() if v > base_head}
         if ahead:
-            problems.append(f"{h.host}: " + ", ".join(f"{n} shards at V{v}" for v, n in ahead.items())
-                            + f", which the base branch (head V{base_head}) does not have: update the base")
+            problems.append(
+                f"{h.host}: "
+                + ", ".join(f"{n} shards at V{v}" for v, n in ahead.items())
+                + f", which the base branch (head V{base_head}) does not have: update the base"
+            )
         problems += [f"{h.host}: {line}" for line in d.ledger_problems()]
-        problems += [f"{h.host}: V{v} is applied on shards {format_shards(s)} but its file is gone"
-                     for v, s in d.orphans.items()]
+        problems += [
+            f"{h.host}: V{v} is applied on shards {format_shards(s)} but its file is gone"
+            for v, s in d.orphans.items()
+        ]
         problems += [f"{h.host}: {line}" for line in d.held]
         if d.host_level.pending:
-            problems.append(f"{h.host}: host-level " + ", ".join(f"H{v}" for v in d.host_level.pending)
-                            + " of the base branch not applied: run migrate on the base branch first")
-        problems += [f"{h.host}: host-level H{v} is applied but its file is gone" for v in d.host_level.orphans
-                     if host_head is None or v <= host_head]
+            problems.append(
+                f"{h.host}: host-level "
+                + ", ".join(f"H{v}" for v in d.host_level.pending)
+                + " of the base branch not applied: run migrate on the base branch first"
+            )
+        problems += [
+            f"{h.host}: host-level H{v} is applied but its file is gone"
+            for v in d.host_level.orphans
+            if host_head is None or v <= host_head
+        ]
     return problems, fleet
 
 
-def check_against_base(topo: Topology, base_dir: Path, *, hosts: list[str] | None = None,
-                       connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> GateResult:
+def check_against_base(
+    topo: Topology,
+    base_dir: Path,
+    *,
+    hosts: list[str] | None = None,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+) -> GateResult:
     """The pull-request gate (see the module docstring). Touches nothing; problems are in the result."""
     started = time.perf_counter()
     if not Path(base_dir).is_dir():
-        raise BadInput(f"--base {base_dir}: not a directory (check out the base branch's migrations folder)")
-    base = load(Path(base_dir))  # a base folder that breaks the naming rules fails here too (exit 2)
+        raise BadInput(
+            f"--base {base_dir}: not a directory (check out the base branch's migrations folder)"
+        )
+    base = load(
+        Path(base_dir)
+    )  # a base folder that breaks the naming rules fails here too (exit 2)
     head = for_topology(topo)
     result = GateResult(str(base_dir), len(base), len(head))
     result.problems += compare_files(base, head)
     added = [m for m in head if m.version > len(base)]
     base_host, head_host = load_host(Path(base_dir)), host_for_topology(topo)
-    result.new = [m.name for m in head_host[len(base_host):]] + [m.name for m in added]
+    result.new = [m.name for m in head_host[len(base_host) :]] + [m.name for m in added]
     result.problems += host_level_problems(topo, base_host, head_host)
     rendered, result.shards_rendered = render_everywhere(topo, added)
     result.problems += rendered
     if not rendered:
-        result.problems += [f"{f.file}:{f.line} {f.rule}: {f.message} (fix: {f.help})"
-                            for f in shard_findings(topo, added)]
+        result.problems += [
+            f"{f.file}:{f.line} {f.rule}: {f.message} (fix: {f.help})"
+            for f in shard_findings(topo, added)
+        ]
     # An edited, removed or renamed base file is reported above; the fleet is still compared up to
     # what both folders hold.
-    fleet, result.fleet = fleet_problems(topo, min(len(base), len(head)), hosts, connect_timeout,
-                                         min(len(base_host), len(head_host)))
+    fleet, result.fleet = fleet_problems(
+        topo, min(len(base), len(head)), hosts, connect_timeout, min(len(base_host), len(head_host))
+    )
     result.problems += fleet
     result.seconds = time.perf_counter() - started
     return result

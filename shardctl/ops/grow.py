@@ -8,22 +8,30 @@ objects go where ``placement.new_objects`` says.
 from __future__ import annotations
 
 from ..engine import connections as db
+from ..engine import host_ledger
 from ..engine.executor import RunOptions
 from ..engine.fanout import FleetReport, HostResult, fan_out, raise_for_status, raise_unreachable
-from ..engine import host_ledger
 from ..engine.ledger import ensure_control_schema, log_event
 from ..errors import BadInput
-from ..sql.catalog import shard_list
-from ..sql.host_migrations import host_for_topology
 from ..model.identifiers import quote_ident
-from .provision import init
 from ..model.ranges import MAX_SHARDS, format_shards, parse_shards
 from ..model.topology import Host, Topology
 from ..model.topology_file import TopologyFile
+from ..sql.catalog import shard_list
+from ..sql.host_migrations import host_for_topology
+from .provision import init
 
 
-def add_host(path: str, name: str, dsn: str, *, password_env: str | None = None, standby: str | None = None,
-             allow_inline_password: bool = False, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> dict:
+def add_host(
+    path: str,
+    name: str,
+    dsn: str,
+    *,
+    password_env: str | None = None,
+    standby: str | None = None,
+    allow_inline_password: bool = False,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+) -> dict:
     """Add an empty host to the topology and create its control schema.
 
     The file is written only after the host was reached and prepared.
@@ -41,16 +49,23 @@ def add_host(path: str, name: str, dsn: str, *, password_env: str | None = None,
         created = ensure_control_schema(conn, topo)
         stray = shard_list(conn)
         if stray:
-            raise BadInput(f"host {name} already holds shards {format_shards(stray)} of another fleet; "
-                           f"add an empty host")
+            raise BadInput(
+                f"host {name} already holds shards {format_shards(stray)} of another fleet; "
+                f"add an empty host"
+            )
         # The host-level history (extensions, shared types) now, so shards moved or added here later
         # find it in place.
         applied = host_ledger.apply(conn, topo, host, host_level)
         log_event(conn, "add-host", [], {"name": name, "host_level": applied})
     edit.save()
-    return {"command": "add-host", "host": name, "dsn": host.masked_dsn, "control_created": created,
-            "host_level_applied": applied,
-            "topology": str(edit.path)}
+    return {
+        "command": "add-host",
+        "host": name,
+        "dsn": host.masked_dsn,
+        "control_created": created,
+        "host_level_applied": applied,
+        "topology": str(edit.path),
+    }
 
 
 def new_shard_ids(topo: Topology, count: int | None, ids: str | None) -> list[int]:
@@ -63,7 +78,9 @@ def new_shard_ids(topo: Topology, count: int | None, ids: str | None) -> list[in
     if count is not None:
         room = max(limit - topo.shard_count, 0)
         if count > room:
-            raise BadInput(f"--count {count} goes {beyond}; the fleet has {topo.shard_count}, so at most {room} more)")
+            raise BadInput(
+                f"--count {count} goes {beyond}; the fleet has {topo.shard_count}, so at most {room} more)"
+            )
         if count < 1:
             raise BadInput(f"--count must be positive, got {count}")
         wanted = list(range(topo.shard_count, topo.shard_count + count))
@@ -75,26 +92,39 @@ def new_shard_ids(topo: Topology, count: int | None, ids: str | None) -> list[in
     owned = [n for n in wanted if n < topo.shard_count]
     if owned:
         owners = sorted({topo.host_of(n).name for n in owned})
-        raise BadInput(f"shards {format_shards(owned)} already exist (owned by {', '.join(owners)}); "
-                       f"add-shard opens new shards from {topo.shard_count} on")
+        raise BadInput(
+            f"shards {format_shards(owned)} already exist (owned by {', '.join(owners)}); "
+            f"add-shard opens new shards from {topo.shard_count} on"
+        )
     gap = sorted(set(range(topo.shard_count, max(wanted) + 1)) - set(wanted))
     if gap:
-        raise BadInput(f"shards {format_shards(gap)} would be owned by no host; new shards must follow on "
-                       f"from {topo.shard_count} without gaps")
+        raise BadInput(
+            f"shards {format_shards(gap)} would be owned by no host; new shards must follow on "
+            f"from {topo.shard_count} without gaps"
+        )
     return wanted
 
 
-def shards_hold_data(topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> list[str]:
+def shards_hold_data(
+    topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
+) -> list[str]:
     """Hosts on which any shard table has a row (exact: EXISTS per table, batched)."""
+
     def work(host: Host, result: HostResult[bool]) -> None:
-        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="data check") as conn:
+        with db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="data check"
+        ) as conn:
             schemas = [topo.schema_name(n) for n in host.shards]
             tables = conn.execute(
                 """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY(%s)""", (schemas,)).fetchall()
+                    WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY(%s)""",
+                (schemas,),
+            ).fetchall()
             for i in range(0, len(tables), 500):
-                chunk = tables[i:i + 500]
-                probe = " OR ".join(f"EXISTS (SELECT 1 FROM {quote_ident(s)}.{quote_ident(t)})" for s, t in chunk)
+                chunk = tables[i : i + 500]
+                probe = " OR ".join(
+                    f"EXISTS (SELECT 1 FROM {quote_ident(s)}.{quote_ident(t)})" for s, t in chunk
+                )
                 if conn.execute(f"SELECT {probe}").fetchone()[0]:
                     result.value = True
                     return
@@ -104,9 +134,20 @@ def shards_hold_data(topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_T
     return [r.host for r in results if r.value]
 
 
-def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str | None = None,
-              modulus: int | None = None, place_new: bool = False, allow_inline_password: bool = False,
-              options: RunOptions | None = None, wait: float = 0, progress=None, jobs: int | None = None) -> dict:
+def add_shard(
+    path: str,
+    host_name: str,
+    *,
+    count: int | None = None,
+    ids: str | None = None,
+    modulus: int | None = None,
+    place_new: bool = False,
+    allow_inline_password: bool = False,
+    options: RunOptions | None = None,
+    wait: float = 0,
+    progress=None,
+    jobs: int | None = None,
+) -> dict:
     """Open new logical shards on ``host_name``: provision them like ``init`` at the fleet's current
     migration version, then record them in the topology (written only when every new shard is ready)."""
     options = options or RunOptions()
@@ -117,8 +158,10 @@ def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str |
     if modulus is not None and modulus != topo.modulus:
         holders = shards_hold_data(topo, options.connect_timeout)
         if holders:
-            raise BadInput(f"refusing to change the routing modulus from {topo.modulus} to {modulus}: shards on "
-                           f"{', '.join(holders)} hold data, and their keys would map to other shards")
+            raise BadInput(
+                f"refusing to change the routing modulus from {topo.modulus} to {modulus}: shards on "
+                f"{', '.join(holders)} hold data, and their keys would map to other shards"
+            )
     edit = TopologyFile(path, allow_inline_password=allow_inline_password)
     edit.pin_modulus(modulus if modulus is not None else topo.modulus)
     edit.set_count(max(wanted) + 1)
@@ -129,11 +172,25 @@ def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str |
 
     version = fleet_version(topo, options.connect_timeout)
     options.purpose = "add-shard"
-    report: FleetReport = init(new_topo, hosts=[host_name], options=options, wait=wait, progress=progress,
-                               target=version, jobs=jobs)
+    report: FleetReport = init(
+        new_topo,
+        hosts=[host_name],
+        options=options,
+        wait=wait,
+        progress=progress,
+        target=version,
+        jobs=jobs,
+    )
     report.command = "add-shard"
-    report.extra.update({"new_shards": format_shards(wanted), "host": host_name, "version": version,
-                         "modulus": new_topo.modulus, "shard_count": new_topo.shard_count})
+    report.extra.update(
+        {
+            "new_shards": format_shards(wanted),
+            "host": host_name,
+            "version": version,
+            "modulus": new_topo.modulus,
+            "shard_count": new_topo.shard_count,
+        }
+    )
     report.raise_for_status()
     edit.save()
     report.extra["topology_written"] = True
@@ -142,9 +199,12 @@ def add_shard(path: str, host_name: str, *, count: int | None = None, ids: str |
 
 def fleet_version(topo: Topology, connect_timeout: int) -> int | None:
     """The highest migration version any existing shard is at (None for an empty fleet)."""
+
     def work(host: Host, result: HostResult[int | None]) -> None:
         if host.shards:
-            with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="add-shard") as conn:
+            with db.connect(
+                host, autocommit=True, connect_timeout=connect_timeout, purpose="add-shard"
+            ) as conn:
                 rows = shard_list(conn)
             owned = set(host.shards)
             result.value = max((r.version for n, r in rows.items() if n in owned), default=None)

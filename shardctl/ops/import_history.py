@@ -32,8 +32,10 @@ from ..sql.lint import Finding, lint
 from ..sql.migrations import NO_TRANSACTION, Migration, SqlSyntaxError, Statement, load, parse
 
 JINJA_MARKERS = ("{{", "{%", "{#")
-SEARCH_PATH_NOTE = ("SET search_path kept: remove it, shard migrations run with search_path = <shard>, public "
-                    "(anything it points elsewhere lands outside the shard)")
+SEARCH_PATH_NOTE = (
+    "SET search_path kept: remove it, shard migrations run with search_path = <shard>, public "
+    "(anything it points elsewhere lands outside the shard)"
+)
 
 
 @dataclass
@@ -59,12 +61,28 @@ class ImportResult:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"command": "migrations import", "ok": True, "format": self.format, "source": self.source_dir,
-                "target": self.target_dir, "written": self.written, "seconds": round(self.seconds, 3),
-                "files": [{"from": f.source, "to": f.name, "host_level": f.host_level,
-                           "transactional": f.transactional, "notes": f.notes} for f in self.files],
-                "skipped": self.skipped, "findings": [asdict(f) for f in self.findings],
-                "must_change": self.must_change}
+        return {
+            "command": "migrations import",
+            "ok": True,
+            "format": self.format,
+            "source": self.source_dir,
+            "target": self.target_dir,
+            "written": self.written,
+            "seconds": round(self.seconds, 3),
+            "files": [
+                {
+                    "from": f.source,
+                    "to": f.name,
+                    "host_level": f.host_level,
+                    "transactional": f.transactional,
+                    "notes": f.notes,
+                }
+                for f in self.files
+            ],
+            "skipped": self.skipped,
+            "findings": [asdict(f) for f in self.findings],
+            "must_change": self.must_change,
+        }
 
 
 def description_of(name: str) -> str:
@@ -76,7 +94,9 @@ def _statements(m: SourceMigration) -> list[Statement]:
     try:
         return parse(m.up, tree=True)
     except SqlSyntaxError as exc:
-        raise BadInput(f"{m.name}: line {exc.line + m.first_line - 1} does not parse as PostgreSQL: {exc.message}") from None
+        raise BadInput(
+            f"{m.name}: line {exc.line + m.first_line - 1} does not parse as PostgreSQL: {exc.message}"
+        ) from None
 
 
 def _literal(text: str) -> str:
@@ -89,15 +109,19 @@ def _join(statements: list[Statement]) -> str:
     return "".join(s.sql.rstrip().rstrip(";") + ";\n\n" for s in statements).rstrip("\n") + "\n"
 
 
-def convert(fmt: str, m: SourceMigration) -> tuple[list[tuple[str, bool, str, list[str]]], list[str]]:
+def convert(
+    fmt: str, m: SourceMigration
+) -> tuple[list[tuple[str, bool, str, list[str]]], list[str]]:
     """One source migration as pieces (description suffix, transactional, SQL, notes) of shard files,
     and the CREATE EXTENSION statements it held (for the host-level file)."""
     statements = _statements(m)
     notes = list(m.notes)
     control = [s for s in statements if s.transaction_control]
     if control:
-        notes.append(f"{', '.join(sorted({s.sql.split()[0].upper() for s in control}))} taken out: shardctl "
-                     f"runs each shard's migration in a transaction with its ledger row")
+        notes.append(
+            f"{', '.join(sorted({s.sql.split()[0].upper() for s in control}))} taken out: shardctl "
+            f"runs each shard's migration in a transaction with its ledger row"
+        )
     extensions = [s for s in statements if s.kind == "CreateExtensionStmt"]
     if any(s.kind == "VariableSetStmt" and s.node.get("name") == "search_path" for s in statements):
         notes.append(SEARCH_PATH_NOTE)
@@ -105,7 +129,9 @@ def convert(fmt: str, m: SourceMigration) -> tuple[list[tuple[str, bool, str, li
         notes.append(f"{len(extensions)} CREATE EXTENSION moved to a host-level migration")
     kept = [s for s in statements if not s.transaction_control and s.kind != "CreateExtensionStmt"]
     if not m.transactional and not any(s.no_transaction for s in kept):
-        notes.append(f"{fmt} ran it outside a transaction; nothing in it needs that, so shardctl runs it in one")
+        notes.append(
+            f"{fmt} ran it outside a transaction; nothing in it needs that, so shardctl runs it in one"
+        )
     if not control and not extensions and not any(s.no_transaction for s in kept):
         return [("", True, m.up, notes)], [s.sql for s in extensions]
     groups: list[tuple[bool, list[Statement]]] = []
@@ -117,11 +143,16 @@ def convert(fmt: str, m: SourceMigration) -> tuple[list[tuple[str, bool, str, li
         else:
             groups.append((True, [s]))
     if len(groups) > 1:
-        notes.append(f"split into {len(groups)} files: a statement that cannot run in a transaction runs alone")
-    pieces = [("" if i == 0 else f"_part{i + 1}", transactional, _join(group), notes if i == 0 else [])
-              for i, (transactional, group) in enumerate(groups)]
-    return pieces or [("", True, "-- (nothing left to run: " + "; ".join(notes) + ")\n", notes)], \
-        [s.sql for s in extensions]
+        notes.append(
+            f"split into {len(groups)} files: a statement that cannot run in a transaction runs alone"
+        )
+    pieces = [
+        ("" if i == 0 else f"_part{i + 1}", transactional, _join(group), notes if i == 0 else [])
+        for i, (transactional, group) in enumerate(groups)
+    ]
+    return pieces or [("", True, "-- (nothing left to run: " + "; ".join(notes) + ")\n", notes)], [
+        s.sql for s in extensions
+    ]
 
 
 def _file_text(fmt: str, source: str, transactional: bool, sql_text: str, notes: list[str]) -> str:
@@ -146,8 +177,10 @@ def plan(fmt: str, history: History, target: Path) -> list[ImportedFile]:
     done = {m.description.replace(" ", "_") for m in shard_files}
     already = [m.name for m in history.migrations if description_of(m.name) in done]
     if already:
-        raise BadInput(f"--to {target} already holds {already[0]} (imported before?): import into an empty folder "
-                       f"or remove those files")
+        raise BadInput(
+            f"--to {target} already holds {already[0]} (imported before?): import into an empty folder "
+            f"or remove those files"
+        )
     version, host_version = len(shard_files), len(host_files)
     width = max(4, len(str(version + 2 * len(history.migrations))))
     out: list[ImportedFile] = []
@@ -155,15 +188,30 @@ def plan(fmt: str, history: History, target: Path) -> list[ImportedFile]:
         pieces, extensions = convert(fmt, m)
         if extensions:
             host_version += 1
-            text = f"-- imported from {fmt}: {m.name} (its CREATE EXTENSION statements)\n" + "".join(
-                e.rstrip().rstrip(";") + ";\n" for e in extensions)
-            out.append(ImportedFile(m.name, f"H{host_version:0{width}d}__{description_of(m.name)}_extensions.sql",
-                                    text, host_level=True))
+            text = (
+                f"-- imported from {fmt}: {m.name} (its CREATE EXTENSION statements)\n"
+                + "".join(e.rstrip().rstrip(";") + ";\n" for e in extensions)
+            )
+            out.append(
+                ImportedFile(
+                    m.name,
+                    f"H{host_version:0{width}d}__{description_of(m.name)}_extensions.sql",
+                    text,
+                    host_level=True,
+                )
+            )
         for suffix, transactional, sql_text, notes in pieces:
             version += 1
             name = f"V{version:0{width}d}__{description_of(m.name)}{suffix}.sql"
-            out.append(ImportedFile(m.name, name, _file_text(fmt, m.name, transactional, sql_text, notes),
-                                    transactional=transactional, notes=notes))
+            out.append(
+                ImportedFile(
+                    m.name,
+                    name,
+                    _file_text(fmt, m.name, transactional, sql_text, notes),
+                    transactional=transactional,
+                    notes=notes,
+                )
+            )
     clash = [f.name for f in out if (target / f.name).exists()]
     if clash:
         raise BadInput(f"--to {target} already has {clash[0]}")
@@ -195,17 +243,22 @@ def summary(result: ImportResult) -> list[str]:
     lines += [f"skipped {s}" for s in result.skipped]
     paths = [f.name for f in result.files if SEARCH_PATH_NOTE in f.notes]
     if paths:
-        lines.append(f"SET search_path in {', '.join(paths)}: remove it (shard migrations run with search_path = "
-                     f"<shard>, public)")
+        lines.append(
+            f"SET search_path in {', '.join(paths)}: remove it (shard migrations run with search_path = "
+            f"<shard>, public)"
+        )
     hosts = [f.name for f in result.files if f.host_level]
     if hosts:
-        lines.append(f"CREATE EXTENSION moved to {', '.join(hosts)}: extensions install into public, which every "
-                     f"shard's search_path holds after the shard's own schema; check any schema-qualified use")
+        lines.append(
+            f"CREATE EXTENSION moved to {', '.join(hosts)}: extensions install into public, which every "
+            f"shard's search_path holds after the shard's own schema; check any schema-qualified use"
+        )
     return lines
 
 
-def import_history(topo: Topology, fmt: str, source: Path, target: Path | None = None, *,
-                   dry_run: bool = False) -> ImportResult:
+def import_history(
+    topo: Topology, fmt: str, source: Path, target: Path | None = None, *, dry_run: bool = False
+) -> ImportResult:
     """Read, convert, check and lint a history; write it into ``target`` (default: the topology's
     migrations folder) unless ``dry_run``. BadInput (nothing written) on bad input."""
     started = time.perf_counter()

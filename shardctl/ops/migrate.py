@@ -24,11 +24,28 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..engine import connections as db
-from ..engine.executor import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, RunOptions, ShardPlan
-from ..engine.fanout import (ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out,
-                             host_jobs, raise_unreachable, select_hosts)
 from ..engine import host_ledger
-from ..engine.ledger import Drift, Integrity, check_integrity, find_drift, log_event, refresh_cache, repair
+from ..engine.executor import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, RunOptions, ShardPlan
+from ..engine.fanout import (
+    ApplyOutcome,
+    FleetReport,
+    HostResult,
+    ProgressFactory,
+    apply_plans,
+    fan_out,
+    host_jobs,
+    raise_unreachable,
+    select_hosts,
+)
+from ..engine.ledger import (
+    Drift,
+    Integrity,
+    check_integrity,
+    find_drift,
+    log_event,
+    refresh_cache,
+    repair,
+)
 from ..errors import BadInput, FleetIncomplete, OperationFailed, PendingWork
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Host, Topology
@@ -36,8 +53,14 @@ from ..sql.catalog import ShardRow, control_exists, ledger_versions, open_moves,
 from ..sql.host_migrations import HostLevelMigration, host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
 
-__all__ = ["HostMigration", "MigrateResult", "find_drift", "host_versions", "migrate",
-           "parse_shard_filter"]
+__all__ = [
+    "HostMigration",
+    "MigrateResult",
+    "find_drift",
+    "host_versions",
+    "migrate",
+    "parse_shard_filter",
+]
 
 
 @dataclass
@@ -48,9 +71,15 @@ class HostMigration(ApplyOutcome):
     versions: dict[int, int] = field(default_factory=dict)  # version → shards at it
     missing: list[int] = field(default_factory=list)  # shards in scope with no record (run init)
     drift: list[Drift] = field(default_factory=list)
-    gaps: dict[int, list[int]] = field(default_factory=dict)  # version missing below the highest → shards
-    orphans: dict[int, list[int]] = field(default_factory=dict)  # applied version with no file → shards
-    held: list[str] = field(default_factory=list)  # one line per group of shards left pending by a move
+    gaps: dict[int, list[int]] = field(
+        default_factory=dict
+    )  # version missing below the highest → shards
+    orphans: dict[int, list[int]] = field(
+        default_factory=dict
+    )  # applied version with no file → shards
+    held: list[str] = field(
+        default_factory=list
+    )  # one line per group of shards left pending by a move
     held_shards: list[int] = field(default_factory=list)
     repaired: int = 0
     dry_run_sql: dict[str, str] = field(default_factory=dict)
@@ -62,24 +91,45 @@ class HostMigration(ApplyOutcome):
     def ledger_problems(self, files: dict[int, str] | None = None) -> list[str]:
         """Shards not created, applied files that changed, and versions missing from a shard's ledger:
         one line each (the caller names the host), naming the file (``files``: version → file name)."""
-        lines = [f"shards {format_shards(self.missing)} not created (run shardctl init)"] if self.missing else []
-        lines += [f"{dr.file} changed after it was applied (shards {format_shards(dr.shards)})" for dr in self.drift]
-        lines += [f"{file_of(files, v)} missing from the ledger of shards {format_shards(s)}"
-                  for v, s in self.gaps.items()]
+        lines = (
+            [f"shards {format_shards(self.missing)} not created (run shardctl init)"]
+            if self.missing
+            else []
+        )
+        lines += [
+            f"{dr.file} changed after it was applied (shards {format_shards(dr.shards)})"
+            for dr in self.drift
+        ]
+        lines += [
+            f"{file_of(files, v)} missing from the ledger of shards {format_shards(s)}"
+            for v, s in self.gaps.items()
+        ]
         return lines + self.host_level.problems()
 
     def detail(self) -> dict:
         """The per-host document of ``--json``'s ``details``."""
-        return {"pending": self.pending, "versions": self.versions, "missing": format_shards(self.missing),
-                "drift": [{"version": d.version, "file": d.file, "shards": format_shards(d.shards)}
-                          for d in self.drift],
-                "gaps": {v: format_shards(s) for v, s in self.gaps.items()},
-                "orphans": {v: format_shards(s) for v, s in self.orphans.items()},
-                "held": self.held, "repaired": self.repaired, "dry_run_sql": self.dry_run_sql,
-                "integrity": self.integrity,
-                "host_level": {"pending": self.host_level.pending, "drift": self.host_level.drift,
-                               "orphans": self.host_level.orphans, "applied": self.host_applied,
-                               "repaired": self.host_repaired}}
+        return {
+            "pending": self.pending,
+            "versions": self.versions,
+            "missing": format_shards(self.missing),
+            "drift": [
+                {"version": d.version, "file": d.file, "shards": format_shards(d.shards)}
+                for d in self.drift
+            ],
+            "gaps": {v: format_shards(s) for v, s in self.gaps.items()},
+            "orphans": {v: format_shards(s) for v, s in self.orphans.items()},
+            "held": self.held,
+            "repaired": self.repaired,
+            "dry_run_sql": self.dry_run_sql,
+            "integrity": self.integrity,
+            "host_level": {
+                "pending": self.host_level.pending,
+                "drift": self.host_level.drift,
+                "orphans": self.host_level.orphans,
+                "applied": self.host_applied,
+                "repaired": self.host_repaired,
+            },
+        }
 
 
 def file_of(files: dict[int, str] | None, version: int | None) -> str:
@@ -115,10 +165,16 @@ class MigrateResult(FleetReport):
         for h in self.hosts:
             d = self.host(h)
             if d.host_level.pending and self.check:
-                parts.append(f"{h.host}: host-level " + ", ".join(f"H{v}" for v in d.host_level.pending))
+                parts.append(
+                    f"{h.host}: host-level " + ", ".join(f"H{v}" for v in d.host_level.pending)
+                )
             if d.pending and self.check:
-                parts.append(f"{h.host}: " + ", ".join(f"{file_of(self.files, v)} on {n} shards"
-                                                       for v, n in d.pending.items()))
+                parts.append(
+                    f"{h.host}: "
+                    + ", ".join(
+                        f"{file_of(self.files, v)} on {n} shards" for v, n in d.pending.items()
+                    )
+                )
             parts += [f"{h.host}: {line}" for line in d.ledger_problems(self.files)]
             if self.check:
                 parts += [f"{h.host}: {line}" for line in d.held]
@@ -126,25 +182,48 @@ class MigrateResult(FleetReport):
 
     def to_dict(self) -> dict:
         read_only = self.check or self.dry_run
-        return {**super().to_dict(), "target": self.target, "latest_version": self.latest_version,
-                "check": self.check, "dry_run": self.dry_run,
-                "pending_total": self.pending_total if read_only else 0,
-                "hosts_with_missing_shards": sum(1 for h in self.hosts if self.host(h).missing),
-                "held": self.held, "details": {h.host: self.host(h).detail() for h in self.hosts}}
+        return {
+            **super().to_dict(),
+            "target": self.target,
+            "latest_version": self.latest_version,
+            "check": self.check,
+            "dry_run": self.dry_run,
+            "pending_total": self.pending_total if read_only else 0,
+            "hosts_with_missing_shards": sum(1 for h in self.hosts if self.host(h).missing),
+            "held": self.held,
+            "details": {h.host: self.host(h).detail() for h in self.hosts},
+        }
 
     def plan_dict(self) -> dict:
         """The ``plan`` document: per host, shards at each version and what is pending."""
         hosts = []
         for h in self.hosts:
             d = self.host(h).detail()
-            hosts.append({"host": h.host, "reachable": h.reachable, "error": h.error, "versions": d["versions"],
-                          "pending": d["pending"], "missing": d["missing"], "drift": d["drift"], "gaps": d["gaps"],
-                          "orphans": d["orphans"], "held": d["held"],
-                          "host_level_pending": d["host_level"]["pending"]})
-        return {"command": "plan", "latest_version": self.latest_version, "target": self.target,
-                "seconds": round(self.seconds, 3), "hosts": hosts, "pending_total": self.pending_total}
+            hosts.append(
+                {
+                    "host": h.host,
+                    "reachable": h.reachable,
+                    "error": h.error,
+                    "versions": d["versions"],
+                    "pending": d["pending"],
+                    "missing": d["missing"],
+                    "drift": d["drift"],
+                    "gaps": d["gaps"],
+                    "orphans": d["orphans"],
+                    "held": d["held"],
+                    "host_level_pending": d["host_level"]["pending"],
+                }
+            )
+        return {
+            "command": "plan",
+            "latest_version": self.latest_version,
+            "target": self.target,
+            "seconds": round(self.seconds, 3),
+            "hosts": hosts,
+            "pending_total": self.pending_total,
+        }
 
-    def raise_for_status(self) -> "MigrateResult":
+    def raise_for_status(self) -> MigrateResult:
         """Exit 3 for an unreachable host; 1 (OperationFailed) for failed shards or host errors, or a
         dry run that the real run would refuse; 1 (PendingWork) when ``check`` finds work pending; 4
         (FleetIncomplete) when a run finished but shards in scope were never created. Every line names the
@@ -153,26 +232,46 @@ class MigrateResult(FleetReport):
         raise_unreachable(self.hosts, doc)
         if self.failed:
             first = self.failed[:3]
-            text = "; ".join(f"shard {f['shard']} on {f['host']} at {f.get('file') or file_of(self.files, f['version'])}"
-                             f": {f['error']}" for f in first)
+            text = "; ".join(
+                f"shard {f['shard']} on {f['host']} at {f.get('file') or file_of(self.files, f['version'])}"
+                f": {f['error']}"
+                for f in first
+            )
             more = f" (and {len(self.failed) - 3} more)" if len(self.failed) > 3 else ""
-            note = (f"; {self.not_started} shard(s) not started (stopped after the first failure; re-run to "
-                    f"continue)" if self.not_started else "")
-            raise OperationFailed(f"migrate: {len(self.failed)} shard(s) failed: {text}{more}{note}", report=doc)
+            note = (
+                f"; {self.not_started} shard(s) not started (stopped after the first failure; re-run to "
+                f"continue)"
+                if self.not_started
+                else ""
+            )
+            raise OperationFailed(
+                f"migrate: {len(self.failed)} shard(s) failed: {text}{more}{note}", report=doc
+            )
         super().raise_for_status()
-        missing = [f"{h.host}: shards {format_shards(self.host(h).missing)}" for h in self.hosts
-                   if self.host(h).missing]
+        missing = [
+            f"{h.host}: shards {format_shards(self.host(h).missing)}"
+            for h in self.hosts
+            if self.host(h).missing
+        ]
         if missing and not (self.check or self.dry_run):
-            raise FleetIncomplete(f"migrate: shards missing, so not migrated: {'; '.join(missing)} (never created, "
-                                  f"or their schema was dropped: run shardctl init)", report=doc)
+            raise FleetIncomplete(
+                f"migrate: shards missing, so not migrated: {'; '.join(missing)} (never created, "
+                f"or their schema was dropped: run shardctl init)",
+                report=doc,
+            )
         parts = self.findings() if (self.check or self.dry_run) else []
         if parts and self.check:
             raise PendingWork("pending: " + "; ".join(parts))
-        if parts and any(self.host(h).drift or self.host(h).gaps or self.host(h).host_level.problems()
-                         for h in self.hosts):
+        if parts and any(
+            self.host(h).drift or self.host(h).gaps or self.host(h).host_level.problems()
+            for h in self.hosts
+        ):
             # The real run would refuse: say so with exit 1, so a CI dry run catches it too.
-            raise OperationFailed("dry run: migrate would refuse to run: " + "; ".join(
-                p for p in parts if "not created" not in p), report=doc)
+            raise OperationFailed(
+                "dry run: migrate would refuse to run: "
+                + "; ".join(p for p in parts if "not created" not in p),
+                report=doc,
+            )
         return self
 
 
@@ -208,13 +307,17 @@ def version_counts(rows: dict[int, ShardRow], scope: list[int] | None = None) ->
     return {v: counts[v] for v in sorted(counts)}
 
 
-def host_versions(host: Host, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> dict[int, int]:
+def host_versions(
+    host: Host, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
+) -> dict[int, int]:
     """Version → shard count on one host (for ``plan`` and library users)."""
     with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="plan") as conn:
         return version_counts(shard_list(conn), list(host.shards))
 
 
-def _gaps(conn: psycopg.Connection, rows: dict[int, ShardRow], scope: list[int]) -> dict[int, list[int]]:
+def _gaps(
+    conn: psycopg.Connection, rows: dict[int, ShardRow], scope: list[int]
+) -> dict[int, list[int]]:
     """Versions missing below a shard's highest applied version (version → shards). Rare: only
     a hand-edited ledger or a removed-and-renumbered file leaves one, so this queries only then."""
     holed = [n for n in scope if n in rows and rows[n].has_gap]
@@ -227,8 +330,9 @@ def _gaps(conn: psycopg.Connection, rows: dict[int, ShardRow], scope: list[int])
     return {v: sorted(s) for v, s in sorted(out.items())}
 
 
-def held_by_moves(conn: psycopg.Connection, rows: dict[int, ShardRow], scope: list[int], goal: int) -> tuple[
-        list[int], list[str]]:
+def held_by_moves(
+    conn: psycopg.Connection, rows: dict[int, ShardRow], scope: list[int], goal: int
+) -> tuple[list[int], list[str]]:
     """Shards in scope that a move holds (not 'active') and still need migrations, with one line per
     group naming the command that releases them."""
     held = [n for n in scope if n in rows and rows[n].state != "active" and rows[n].version < goal]
@@ -246,22 +350,28 @@ def held_by_moves(conn: psycopg.Connection, rows: dict[int, ShardRow], scope: li
         move = next((m for m in moves if m[1] & set(shards)), None)
         group = move[0] if move else format_shards(shards)
         if state == "moved_out":
-            lines.append(f"shards {format_shards(shards)} were moved away: drop the old copies with "
-                         f"`shardctl move-shard {group} --cleanup`")
+            lines.append(
+                f"shards {format_shards(shards)} were moved away: drop the old copies with "
+                f"`shardctl move-shard {group} --cleanup`"
+            )
         else:
             where = f" to {move[2]}, phase {move[3]}" if move else ""
             to = move[2] if move else "HOST"
-            lines.append(f"shards {format_shards(shards)} are being moved{where}: finish the move with "
-                         f"`shardctl move-shard {group} --to {to}` (or roll it back with `shardctl move-shard "
-                         f"{group} --abort`), then run migrate again")
+            lines.append(
+                f"shards {format_shards(shards)} are being moved{where}: finish the move with "
+                f"`shardctl move-shard {group} --to {to}` (or roll it back with `shardctl move-shard "
+                f"{group} --abort`), then run migrate again"
+            )
     return held, lines
 
 
 def explain_error(error: str, options: RunOptions) -> str:
     """Say in plain words what a statement timeout means for a shard's migration."""
     if "statement timeout" in error.lower() and "not applied" not in error:
-        return (f"statement timeout: a statement ran longer than --statement-timeout {options.statement_timeout} "
-                f"({error}); the migration was not applied here")
+        return (
+            f"statement timeout: a statement ran longer than --statement-timeout {options.statement_timeout} "
+            f"({error}); the migration was not applied here"
+        )
     return error
 
 
@@ -288,8 +398,9 @@ class _Run:
         return self.check or self.dry_run
 
 
-def _inspect(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) -> tuple[list[ShardPlan],
-                                                                                          dict[int, dict]]:
+def _inspect(
+    run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration
+) -> tuple[list[ShardPlan], dict[int, dict]]:
     """Read the host's versions and ledger, refuse drift and gaps, and plan the pending shards."""
     topo, scope = run.topo, _scope(host, run.shards)
     _inspect_host_level(run, host, conn, out)
@@ -306,14 +417,18 @@ def _inspect(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration
         integrity.clean = {}  # the ledger changed: verify again
     elif out.drift and not run.read_only:
         first = out.drift[0]
-        raise OperationFailed(f"host {host.name}: migration {first.file} was changed after it was applied "
-                              f"(shards {format_shards(first.shards)}); restore the file, or accept it with "
-                              f"`shardctl migrate --repair --yes`")
+        raise OperationFailed(
+            f"host {host.name}: migration {first.file} was changed after it was applied "
+            f"(shards {format_shards(first.shards)}); restore the file, or accept it with "
+            f"`shardctl migrate --repair --yes`"
+        )
     if out.gaps and not run.read_only:
         v, where = next(iter(out.gaps.items()))
-        raise OperationFailed(f"host {host.name}: the ledger has no V{v} for shards {format_shards(where)}, "
-                              f"though later versions are applied there; shardctl will not apply migrations "
-                              f"out of order")
+        raise OperationFailed(
+            f"host {host.name}: the ledger has no V{v} for shards {format_shards(where)}, "
+            f"though later versions are applied there; shardctl will not apply migrations "
+            f"out of order"
+        )
     out.held_shards, out.held = held_by_moves(conn, present, scope, run.goal)
     held = set(out.held_shards)
     pending: Counter[int] = Counter()
@@ -323,9 +438,19 @@ def _inspect(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration
         if row is None or row.version >= run.goal:
             continue
         pending.update(range(row.version + 1, run.goal + 1))
-        if not run.check and n not in held:  # --check only counts; it renders nothing it does not compare
-            plans.append(ShardPlan(n, topo.schema_name(n), None, render_steps=functools.partial(
-                steps_for, run.migrations, topo, n, row.version, run.goal)))
+        if (
+            not run.check and n not in held
+        ):  # --check only counts; it renders nothing it does not compare
+            plans.append(
+                ShardPlan(
+                    n,
+                    topo.schema_name(n),
+                    None,
+                    render_steps=functools.partial(
+                        steps_for, run.migrations, topo, n, row.version, run.goal
+                    ),
+                )
+            )
     out.pending = {v: pending[v] for v in sorted(pending)}
     out.unchanged = sum(1 for n in scope if n in present and present[n].version >= run.goal)
     if run.dry_run and plans:
@@ -334,27 +459,37 @@ def _inspect(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration
     return plans, integrity.clean
 
 
-def _inspect_host_level(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) -> None:
+def _inspect_host_level(
+    run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration
+) -> None:
     """The host-level ledger against the H files: pending, drift (repaired with ``--repair``), orphans."""
     state = out.host_level = host_ledger.host_state(conn, run.host_migrations, run.host_goal)
     if state.drift and run.repair:
         out.host_repaired = host_ledger.repair(conn, run.host_migrations, state)
     elif state.drift and not run.read_only:
-        raise OperationFailed(f"host {host.name}: host-level migration {state.drift[0]} was changed after it was "
-                              f"applied; restore the file, or accept it with `shardctl migrate --repair --yes`")
+        raise OperationFailed(
+            f"host {host.name}: host-level migration {state.drift[0]} was changed after it was "
+            f"applied; restore the file, or accept it with `shardctl migrate --repair --yes`"
+        )
 
 
 def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) -> None:
     """Apply the host's pending shards under its lock (``conn``), log the event, refresh the cache."""
     if not control_exists(conn):
-        raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
+        raise OperationFailed(
+            f"host {host.name} has no shardctl control schema; run `shardctl init`"
+        )
     plans, verified = _inspect(run, host, conn, out)
     if out.host_level.pending:  # before any shard: shard migrations may use what they create
-        out.host_applied = host_ledger.apply(conn, run.topo, host, run.host_migrations, goal=run.host_goal)
+        out.host_applied = host_ledger.apply(
+            conn, run.topo, host, run.host_migrations, goal=run.host_goal
+        )
         out.host_level.pending = []
     chosen = host_jobs(host, conn, run.jobs) if plans else None
     out.jobs_rule = chosen.rule if chosen else ""
-    apply_plans(host, plans, run.options, run.stop, out, run.progress, jobs=chosen.count if chosen else 1)
+    apply_plans(
+        host, plans, run.options, run.stop, out, run.progress, jobs=chosen.count if chosen else 1
+    )
     files = {m.version: m.name for m in run.migrations}
     failed_at: dict[int, list[int]] = {}
     for f in out.failed:
@@ -362,12 +497,24 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
         f["file"] = file_of(files, f["version"])
         failed_at.setdefault(f["version"], []).append(f["shard"])
     if out.migrated or out.failed or out.repaired or out.host_repaired:
-        log_event(conn, "migrate", sorted(out.migrated), {
-            "target": run.goal, "migrated": len(out.migrated), "failed": len(out.failed),
-            # status reads this: a shard still below the version it failed at is reported as failed.
-            "failed_versions": {str(v): format_shards(s) for v, s in failed_at.items() if v is not None},
-            "not_started": len(out.not_started), "repaired": out.repaired, "retried": out.retried,
-            "held": format_shards(out.held_shards)})
+        log_event(
+            conn,
+            "migrate",
+            sorted(out.migrated),
+            {
+                "target": run.goal,
+                "migrated": len(out.migrated),
+                "failed": len(out.failed),
+                # status reads this: a shard still below the version it failed at is reported as failed.
+                "failed_versions": {
+                    str(v): format_shards(s) for v, s in failed_at.items() if v is not None
+                },
+                "not_started": len(out.not_started),
+                "repaired": out.repaired,
+                "retried": out.retried,
+                "held": format_shards(out.held_shards),
+            },
+        )
     refresh_cache(conn, run.topo, run.migrations, verified)
 
 
@@ -375,22 +522,37 @@ def _render_one(run: _Run, hosts: list[Host]) -> list[tuple[str, str]]:
     """Render (and parse) every migration up to the goal for the first shard in scope: BadInput for a
     template that does not render or SQL PostgreSQL would refuse. Returns (file name, SQL) of each
     (host-level files first, rendered for the first host)."""
-    out = [(m.name, m.sql(run.topo, hosts[0].name)) for m in run.host_migrations
-           if hosts and (run.host_goal is None or m.version <= run.host_goal)]
+    out = [
+        (m.name, m.sql(run.topo, hosts[0].name))
+        for m in run.host_migrations
+        if hosts and (run.host_goal is None or m.version <= run.host_goal)
+    ]
     for host in hosts:
         scope = _scope(host, run.shards)
         if scope:
             names = {m.version: m.name for m in run.migrations}
-            return out + [(names[s.version], s.sql)
-                          for s in steps_for(run.migrations, run.topo, scope[0], 0, run.goal)]
+            return out + [
+                (names[s.version], s.sql)
+                for s in steps_for(run.migrations, run.topo, scope[0], 0, run.goal)
+            ]
     return out
 
 
-def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | None = None,
-            shards: list[int] | None = None, dry_run: bool = False, check: bool = False,
-            repair: bool = False, options: RunOptions | None = None, wait: float = 0,
-            progress: ProgressFactory | None = None, jobs: int | None = None,
-            host_target: int | None = None) -> MigrateResult:
+def migrate(
+    topo: Topology,
+    *,
+    target: int | None = None,
+    hosts: list[str] | None = None,
+    shards: list[int] | None = None,
+    dry_run: bool = False,
+    check: bool = False,
+    repair: bool = False,
+    options: RunOptions | None = None,
+    wait: float = 0,
+    progress: ProgressFactory | None = None,
+    jobs: int | None = None,
+    host_target: int | None = None,
+) -> MigrateResult:
     """Apply (or with ``check``/``dry_run`` only report) pending migrations.
 
     Host-level migrations (``H`` files, up to ``host_target``; default all) run first on each host.
@@ -403,13 +565,27 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
         raise BadInput("--check and --dry-run are two different reports; choose one")
     options = options or RunOptions()
     options.purpose = options.purpose or "migrate"
-    if options.lock_timeout is None:  # never queue behind application traffic for long ("0" disables it)
+    if (
+        options.lock_timeout is None
+    ):  # never queue behind application traffic for long ("0" disables it)
         options.lock_timeout = DEFAULT_LOCK_WAIT
     if options.lock_retries is None:
         options.lock_retries = DEFAULT_LOCK_RETRIES
     migrations = for_topology(topo)  # a gap, a duplicate or a badly named file fails here
-    run = _Run(topo, migrations, _target(migrations, target), shards, options, check, dry_run, repair, progress,
-               jobs, host_migrations=host_for_topology(topo), host_goal=host_target)
+    run = _Run(
+        topo,
+        migrations,
+        _target(migrations, target),
+        shards,
+        options,
+        check,
+        dry_run,
+        repair,
+        progress,
+        jobs,
+        host_migrations=host_for_topology(topo),
+        host_goal=host_target,
+    )
     selected = select_hosts(topo, hosts)
     rendered = []
     if not check:  # a template that does not render fails here, before any connection
@@ -417,8 +593,12 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
     started = time.perf_counter()
 
     def inspect_only(host: Host, result: HostResult[HostMigration]) -> None:
-        with db.connect(host, autocommit=True, connect_timeout=options.connect_timeout,
-                        purpose="migrate --check" if check else "migrate --dry-run") as conn:
+        with db.connect(
+            host,
+            autocommit=True,
+            connect_timeout=options.connect_timeout,
+            purpose="migrate --check" if check else "migrate --dry-run",
+        ) as conn:
             _inspect(run, host, conn, result.value)
 
     def apply(host: Host, result: HostResult[HostMigration]) -> None:
@@ -432,10 +612,18 @@ def migrate(topo: Topology, *, target: int | None = None, hosts: list[str] | Non
             # does not even load the SQL parser: start-up, bench/startup.py).
             _render_one(run, selected)
     else:
-        with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,
-                           purpose=options.purpose) as locks:
+        with db.FleetLocks(
+            selected, wait=wait, connect_timeout=options.connect_timeout, purpose=options.purpose
+        ) as locks:
             locks.refuse_untranslatable(rendered)
             reports = fan_out(selected, apply, lambda h: HostMigration())
-    return MigrateResult("migrate", reports, time.perf_counter() - started, target=run.goal,
-                         latest_version=len(migrations), check=check, dry_run=dry_run,
-                         files={m.version: m.name for m in migrations})
+    return MigrateResult(
+        "migrate",
+        reports,
+        time.perf_counter() - started,
+        target=run.goal,
+        latest_version=len(migrations),
+        check=check,
+        dry_run=dry_run,
+        files={m.version: m.name for m in migrations},
+    )

@@ -9,10 +9,18 @@ from collections.abc import Iterator
 import psycopg
 
 from ..engine import connections as db
-from ..engine.executor import RunOptions, ShardPlan
-from ..engine.fanout import (ApplyOutcome, FleetReport, HostResult, ProgressFactory, apply_plans, fan_out,
-                             host_jobs, select_hosts)
 from ..engine import host_ledger
+from ..engine.executor import RunOptions, ShardPlan
+from ..engine.fanout import (
+    ApplyOutcome,
+    FleetReport,
+    HostResult,
+    ProgressFactory,
+    apply_plans,
+    fan_out,
+    host_jobs,
+    select_hosts,
+)
 from ..engine.ledger import ensure_control_schema, log_event, refresh_cache
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
@@ -24,12 +32,20 @@ from ..sql.render import render_shard
 
 def forget_sql(shard: int) -> str:
     """Drop a shard's control rows (its schema is gone), ahead of creating it again."""
-    return (f"DELETE FROM shardctl.migrations WHERE shard_id = {int(shard)};\n"
-            f"DELETE FROM shardctl.shards WHERE shard_id = {int(shard)};\n")
+    return (
+        f"DELETE FROM shardctl.migrations WHERE shard_id = {int(shard)};\n"
+        f"DELETE FROM shardctl.shards WHERE shard_id = {int(shard)};\n"
+    )
 
 
-def _plans(conn: psycopg.Connection, topo: Topology, host: Host, migrations: list[Migration], goal: int,
-           recreated: list[int]) -> tuple[int, Iterator[ShardPlan]]:
+def _plans(
+    conn: psycopg.Connection,
+    topo: Topology,
+    host: Host,
+    migrations: list[Migration],
+    goal: int,
+    recreated: list[int],
+) -> tuple[int, Iterator[ShardPlan]]:
     """What init must do for each of the host's shards: create it, rebuild it, or bring it to ``goal``.
 
     Returns how many shards need work and a generator of their plans, rendered only when a stream
@@ -53,19 +69,32 @@ def _plans(conn: psycopg.Connection, topo: Topology, host: Host, migrations: lis
         for n, at in work:
             schema = topo.schema_name(n)
             if at == -1:
-                yield ShardPlan(n, schema, render_shard(topo, n), steps_for(migrations, topo, n, target=goal))
+                yield ShardPlan(
+                    n, schema, render_shard(topo, n), steps_for(migrations, topo, n, target=goal)
+                )
             elif at == -2:
-                yield ShardPlan(n, schema, forget_sql(n) + render_shard(topo, n),
-                                steps_for(migrations, topo, n, target=goal))
+                yield ShardPlan(
+                    n,
+                    schema,
+                    forget_sql(n) + render_shard(topo, n),
+                    steps_for(migrations, topo, n, target=goal),
+                )
             else:
                 yield ShardPlan(n, schema, None, steps_for(migrations, topo, n, at, goal))
 
     return len(work), generate()
 
 
-def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions | None = None,
-         wait: float = 0, progress: ProgressFactory | None = None, target: int | None = None,
-         jobs: int | None = None) -> FleetReport:
+def init(
+    topo: Topology,
+    *,
+    hosts: list[str] | None = None,
+    options: RunOptions | None = None,
+    wait: float = 0,
+    progress: ProgressFactory | None = None,
+    target: int | None = None,
+    jobs: int | None = None,
+) -> FleetReport:
     """Create the control schema and every missing shard (schema, sequence, next_id(), migrations),
     and bring present shards to the latest migration (or to ``target``). Idempotent.
 
@@ -76,10 +105,16 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
     host_level = host_for_topology(topo)
     goal = len(migrations) if target is None else min(target, len(migrations))
     names, rendered = {m.version: m.name for m in migrations}, []
-    for shard in (topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []):
+    for shard in topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []:
         # and templates that do not render, too; the SQL is checked against each host's encoding below
-        rendered = [(names[s.version], s.sql) for s in steps_for(migrations, topo, shard) if s.version <= goal]
-    rendered = [(m.name, m.sql(topo, topo.hosts[0].name)) for m in host_level if topo.hosts] + rendered
+        rendered = [
+            (names[s.version], s.sql)
+            for s in steps_for(migrations, topo, shard)
+            if s.version <= goal
+        ]
+    rendered = [
+        (m.name, m.sql(topo, topo.hosts[0].name)) for m in host_level if topo.hosts
+    ] + rendered
     stop = threading.Event()
     started = time.perf_counter()
     recreated_by_host: dict[str, list[int]] = {}
@@ -96,12 +131,25 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
             out.unchanged = len(host.shards) - count
             chosen = host_jobs(host, conn, jobs) if count else None
             out.jobs_rule = chosen.rule if chosen else ""
-            apply_plans(host, plans, options, stop, out, progress, total=count, jobs=chosen.count if chosen else 1)
+            apply_plans(
+                host,
+                plans,
+                options,
+                stop,
+                out,
+                progress,
+                total=count,
+                jobs=chosen.count if chosen else 1,
+            )
             names = {m.version: m.name for m in migrations}
             for f in out.failed:  # failure lines name the migration file, not just its version
                 f["file"] = names.get(f["version"])
             if out.changed or out.failed:
-                detail = {"created": len(out.created), "migrated": len(out.migrated), "failed": len(out.failed)}
+                detail = {
+                    "created": len(out.created),
+                    "migrated": len(out.migrated),
+                    "failed": len(out.failed),
+                }
                 if recreated:
                     detail["recreated"] = format_shards(recreated)
                 log_event(conn, options.purpose, out.created, detail)
@@ -111,13 +159,23 @@ def init(topo: Topology, *, hosts: list[str] | None = None, options: RunOptions 
                 refresh_cache(conn, topo, migrations)
 
     selected = select_hosts(topo, hosts)
-    with db.FleetLocks(selected, wait=wait, connect_timeout=options.connect_timeout,
-                       purpose=options.purpose) as locks:
+    with db.FleetLocks(
+        selected, wait=wait, connect_timeout=options.connect_timeout, purpose=options.purpose
+    ) as locks:
         locks.refuse_untranslatable(rendered)
         reports = fan_out(selected, work, lambda h: ApplyOutcome())
     # Shards whose schema had been dropped by hand, which init set out to build again.
     recreated = {h: format_shards(r) for h, r in recreated_by_host.items() if r}
-    return FleetReport("init", reports, time.perf_counter() - started,
-                       extra={"latest_version": len(migrations), "recreated": recreated,
-                              "host_level": {"latest": len(host_level),
-                                             "applied": {h: v for h, v in host_applied.items() if v}}})
+    return FleetReport(
+        "init",
+        reports,
+        time.perf_counter() - started,
+        extra={
+            "latest_version": len(migrations),
+            "recreated": recreated,
+            "host_level": {
+                "latest": len(host_level),
+                "applied": {h: v for h, v in host_applied.items() if v},
+            },
+        },
+    )

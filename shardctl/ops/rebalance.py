@@ -22,7 +22,9 @@ from ..model.topology_file import TopologyFile
 from ..sql import catalog as q
 from .move import MoveOptions, Phase, Progress, cleanup_move, move_shards
 
-EMPTY_SHARD_BYTES = 64 << 10  # an empty shard still costs something (and fills up): counted as 64 KiB
+EMPTY_SHARD_BYTES = (
+    64 << 10
+)  # an empty shard still costs something (and fills up): counted as 64 KiB
 
 
 @dataclass
@@ -57,7 +59,9 @@ def goals(topo: Topology) -> dict[str, int]:
 def plan(topo: Topology) -> list[PlannedMove]:
     """The fewest shard moves that leave every host within one shard of the others."""
     goal = goals(topo)
-    need = [[h.name, goal[h.name] - len(h.shards)] for h in topo.hosts if len(h.shards) < goal[h.name]]
+    need = [
+        [h.name, goal[h.name] - len(h.shards)] for h in topo.hosts if len(h.shards) < goal[h.name]
+    ]
     moves: list[PlannedMove] = []
     for host in topo.hosts:
         surplus = len(host.shards) - goal[host.name]
@@ -66,7 +70,7 @@ def plan(topo: Topology) -> list[PlannedMove]:
         give = sorted(host.shards)[-surplus:]
         while give:
             slot = next(n for n in need if n[1] > 0)
-            chunk, give = give[:slot[1]], give[slot[1]:]
+            chunk, give = give[: slot[1]], give[slot[1] :]
             slot[1] -= len(chunk)
             moves.append(PlannedMove(host.name, slot[0], chunk))
     return moves
@@ -86,21 +90,31 @@ def pinned_shards(topo: Topology) -> set[int]:
         raise BadInput(f"placement.pinned: {exc}") from None
 
 
-def shard_sizes(topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> dict[int, int]:
+def shard_sizes(
+    topo: Topology, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
+) -> dict[int, int]:
     """Bytes per shard, from its host (pg_total_relation_size of its tables)."""
     sizes: dict[int, int] = {}
     for host in topo.hosts:
         if not host.shards:
             continue
         schema_of = {topo.schema_name(n): n for n in host.shards}
-        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="rebalance") as conn:
+        with db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="rebalance"
+        ) as conn:
             for schema, size in q.schema_sizes(conn, list(schema_of)).items():
                 sizes[schema_of[schema]] = int(size)
     return sizes
 
 
-def plan_by_size(topo: Topology, sizes: dict[int, int], *, pinned: set[int] = frozenset(),
-                 min_improvement: float = 0.05, floor: int = EMPTY_SHARD_BYTES) -> list[PlannedMove]:
+def plan_by_size(
+    topo: Topology,
+    sizes: dict[int, int],
+    *,
+    pinned: set[int] = frozenset(),
+    min_improvement: float = 0.05,
+    floor: int = EMPTY_SHARD_BYTES,
+) -> list[PlannedMove]:
     """Moves that even out bytes per host: repeatedly the shard from the fullest host to the emptiest that
     narrows their gap the most, while each such move narrows the spread (fullest − emptiest) by at least
     ``min_improvement`` of the mean host size. Pinned shards stay. Moves are grouped per host pair."""
@@ -132,11 +146,18 @@ def plan_by_size(topo: Topology, sizes: dict[int, int], *, pinned: set[int] = fr
     return [PlannedMove(s, t, sorted(ns)) for (s, t), ns in sorted(pairs.items())]
 
 
-def plan_report(topo: Topology, *, by: str = "count", sizes: dict[int, int] | None = None,
-                min_improvement: float = 0.05) -> dict:
+def plan_report(
+    topo: Topology,
+    *,
+    by: str = "count",
+    sizes: dict[int, int] | None = None,
+    min_improvement: float = 0.05,
+) -> dict:
     """The plan and the hosts before and after it; ``by``: "count" (shards) or "size" (bytes)."""
     if by == "size":
-        return _size_report(topo, sizes if sizes is not None else shard_sizes(topo), min_improvement)
+        return _size_report(
+            topo, sizes if sizes is not None else shard_sizes(topo), min_improvement
+        )
     if by != "count":
         raise BadInput(f"rebalance --by {by!r}: count or size")
     moves = plan(topo)
@@ -145,10 +166,15 @@ def plan_report(topo: Topology, *, by: str = "count", sizes: dict[int, int] | No
     for m in moves:
         after[m.source] -= len(m.shards)
         after[m.target] += len(m.shards)
-    return {"command": "rebalance", "moves": [m.to_dict() for m in moves],
-            "shards_to_move": sum(len(m.shards) for m in moves),
-            "hosts": [{"name": h.name, "shards": len(h.shards), "goal": goal[h.name], "after": after[h.name]}
-                      for h in topo.hosts]}
+    return {
+        "command": "rebalance",
+        "moves": [m.to_dict() for m in moves],
+        "shards_to_move": sum(len(m.shards) for m in moves),
+        "hosts": [
+            {"name": h.name, "shards": len(h.shards), "goal": goal[h.name], "after": after[h.name]}
+            for h in topo.hosts
+        ],
+    }
 
 
 def _size_report(topo: Topology, sizes: dict[int, int], min_improvement: float) -> dict:
@@ -163,16 +189,38 @@ def _size_report(topo: Topology, sizes: dict[int, int], min_improvement: float) 
         after[m.target] += moved
         count_after[m.source] -= len(m.shards)
         count_after[m.target] += len(m.shards)
-    return {"command": "rebalance", "by": "size", "min_improvement": min_improvement,
-            "pinned": format_shards(sorted(pinned)), "moves": [m.to_dict() for m in moves],
-            "shards_to_move": sum(len(m.shards) for m in moves),
-            "bytes_to_move": sum(sizes.get(n, 0) for m in moves for n in m.shards),
-            "hosts": [{"name": h.name, "shards": len(h.shards), "goal": None, "after": count_after[h.name],
-                       "bytes": before[h.name], "bytes_after": after[h.name]} for h in topo.hosts]}
+    return {
+        "command": "rebalance",
+        "by": "size",
+        "min_improvement": min_improvement,
+        "pinned": format_shards(sorted(pinned)),
+        "moves": [m.to_dict() for m in moves],
+        "shards_to_move": sum(len(m.shards) for m in moves),
+        "bytes_to_move": sum(sizes.get(n, 0) for m in moves for n in m.shards),
+        "hosts": [
+            {
+                "name": h.name,
+                "shards": len(h.shards),
+                "goal": None,
+                "after": count_after[h.name],
+                "bytes": before[h.name],
+                "bytes_after": after[h.name],
+            }
+            for h in topo.hosts
+        ],
+    }
 
 
-def apply(topo: Topology, *, options: MoveOptions | None = None, progress: Progress | None = None,
-          cleanup: bool = False, on_move=None, by: str = "count", min_improvement: float = 0.05) -> dict:
+def apply(
+    topo: Topology,
+    *,
+    options: MoveOptions | None = None,
+    progress: Progress | None = None,
+    cleanup: bool = False,
+    on_move=None,
+    by: str = "count",
+    min_improvement: float = 0.05,
+) -> dict:
     """Run the plan's moves one host pair at a time (prepare, sync, cutover; and cleanup if asked).
 
     Re-running after an interruption resumes: the plan of an unchanged topology is the same, and
@@ -181,20 +229,28 @@ def apply(topo: Topology, *, options: MoveOptions | None = None, progress: Progr
     options = options or MoveOptions()
     started = time.perf_counter()
     doc = plan_report(topo, by=by, min_improvement=min_improvement)
-    planned_moves = [PlannedMove(m["source"], m["target"], parse_shards(m["shards"])) for m in doc["moves"]]
+    planned_moves = [
+        PlannedMove(m["source"], m["target"], parse_shards(m["shards"])) for m in doc["moves"]
+    ]
     results = []
     for planned in planned_moves:
         if on_move:
             on_move(planned)
         current = Topology.load(topo.path, allow_inline_password=options.allow_inline_password)
-        report = move_shards(current, planned.shards, planned.target, options=options, progress=progress)
+        report = move_shards(
+            current, planned.shards, planned.target, options=options, progress=progress
+        )
         if report.get("phase") not in (Phase.CUT_OVER, "nothing to do"):
-            raise OperationFailed(f"rebalance: the move of shards {format_shards(planned.shards)} from "
-                                  f"{planned.source} to {planned.target} stopped in phase {report.get('phase')}",
-                                  report={**doc, "results": results + [report]})
+            raise OperationFailed(
+                f"rebalance: the move of shards {format_shards(planned.shards)} from "
+                f"{planned.source} to {planned.target} stopped in phase {report.get('phase')}",
+                report={**doc, "results": results + [report]},
+            )
         if cleanup and report.get("move_id"):
             current = Topology.load(topo.path, allow_inline_password=options.allow_inline_password)
-            report["cleanup"] = cleanup_move(current, move_id=report["move_id"], options=options, progress=progress)
+            report["cleanup"] = cleanup_move(
+                current, move_id=report["move_id"], options=options, progress=progress
+            )
         results.append(report)
     doc.update(results=results, applied=True, seconds=round(time.perf_counter() - started, 3))
     return doc

@@ -32,8 +32,13 @@ from ..errors import BadInput, OperationFailed
 from ..model.identifiers import quote_ident
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import (control_exists, ensure_template_ledger, function_sources, present_schemas,
-                           record_template)
+from ..sql.catalog import (
+    control_exists,
+    ensure_template_ledger,
+    function_sources,
+    present_schemas,
+    record_template,
+)
 from ..sql.migrations import parse
 from ..sql.render import render_shard
 
@@ -79,10 +84,22 @@ def template_functions(topo: Topology, shard: int) -> list[TemplateFunction]:
         body_items = (_option(node, "as") or {}).get("List", {}).get("items", [])
         if len(body_items) != 1:  # C functions (file, symbol) and BEGIN ATOMIC bodies: not compared
             continue
-        nargs = sum(1 for p in node.get("parameters", [])
-                    if p["FunctionParameter"].get("mode") not in ("FUNC_PARAM_OUT", "FUNC_PARAM_TABLE"))
-        out.append(TemplateFunction(f"{names[-1]}/{nargs}", names[0] if len(names) > 1 else schema, names[-1],
-                                    nargs, language.lower(), body_items[0]["String"]["sval"], st.sql))
+        nargs = sum(
+            1
+            for p in node.get("parameters", [])
+            if p["FunctionParameter"].get("mode") not in ("FUNC_PARAM_OUT", "FUNC_PARAM_TABLE")
+        )
+        out.append(
+            TemplateFunction(
+                f"{names[-1]}/{nargs}",
+                names[0] if len(names) > 1 else schema,
+                names[-1],
+                nargs,
+                language.lower(),
+                body_items[0]["String"]["sval"],
+                st.sql,
+            )
+        )
     return out
 
 
@@ -96,9 +113,13 @@ class TemplateState:
     failed: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"stale": {o: format_shards(s) for o, s in self.stale.items()}, "refused": self.refused,
-                "deployed": format_shards(self.deployed), "deployed_count": len(self.deployed),
-                "failed": self.failed}
+        return {
+            "stale": {o: format_shards(s) for o, s in self.stale.items()},
+            "refused": self.refused,
+            "deployed": format_shards(self.deployed),
+            "deployed_count": len(self.deployed),
+            "failed": self.failed,
+        }
 
 
 @dataclass
@@ -112,12 +133,18 @@ class RedeployReport:
         return all(h.ok and not h.value.failed and not h.value.refused for h in self.hosts)
 
     def to_dict(self) -> dict:
-        return {"command": "redeploy", "ok": self.ok, "dry_run": self.dry_run, "seconds": round(self.seconds, 3),
-                "hosts": [h.to_dict() for h in self.hosts]}
+        return {
+            "command": "redeploy",
+            "ok": self.ok,
+            "dry_run": self.dry_run,
+            "seconds": round(self.seconds, 3),
+            "hosts": [h.to_dict() for h in self.hosts],
+        }
 
 
-def _stale(conn: psycopg.Connection, topo: Topology, host: Host
-           ) -> tuple[dict[int, list[TemplateFunction]], set[int]]:
+def _stale(
+    conn: psycopg.Connection, topo: Topology, host: Host
+) -> tuple[dict[int, list[TemplateFunction]], set[int]]:
     """(shard → its template functions that differ from the catalog, shards that have a next_id())
     for the host's present shards."""
     schemas = [topo.schema_name(n) for n in host.shards]
@@ -131,8 +158,11 @@ def _stale(conn: psycopg.Connection, topo: Topology, host: Host
             continue  # not created (init's business; verify reports it)
         if (schema, "next_id", 0) in catalog:
             minting.add(n)
-        differ = [f for f in template_functions(topo, n)
-                  if catalog.get((f.schema, f.name, f.nargs)) != (f.language, f.body)]
+        differ = [
+            f
+            for f in template_functions(topo, n)
+            if catalog.get((f.schema, f.name, f.nargs)) != (f.language, f.body)
+        ]
         if differ:
             out[n] = differ
     return out, minting
@@ -142,27 +172,39 @@ def _id_refusals(conn: psycopg.Connection, topo: Topology, shards: list[int]) ->
     """Shards whose deployed next_id() mints IDs the topology's layout decodes wrongly."""
     refusals = []
     for i in range(0, len(shards), 256):
-        chunk = shards[i:i + 256]
-        parts = [f"SELECT {int(n)}, {quote_ident(topo.schema_name(n))}.next_id(), "
-                 f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint" for n in chunk]
+        chunk = shards[i : i + 256]
+        parts = [
+            f"SELECT {int(n)}, {quote_ident(topo.schema_name(n))}.next_id(), "
+            f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+            for n in chunk
+        ]
         for shard, minted, at_ms in conn.execute("\nUNION ALL\n".join(parts)).fetchall():
             try:
                 d = topo.layout.decode(minted)
             except BadInput as exc:
-                refusals.append(f"shard {shard}: its next_id() mints {minted}, which the topology's layout "
-                                f"cannot decode ({exc})")
+                refusals.append(
+                    f"shard {shard}: its next_id() mints {minted}, which the topology's layout "
+                    f"cannot decode ({exc})"
+                )
                 continue
             if d["shard"] != shard or abs(d["unix_ms"] - at_ms) > TOLERANCE_MS:
                 refusals.append(
                     f"shard {shard}: its next_id() mints IDs that the topology's {topo.layout.name} layout "
                     f"decodes to shard {d['shard']} at {d.get('time')}: the layout or epoch changed since "
                     f"it was deployed; re-deploying would break existing IDs (they would no longer decode to "
-                    f"their shard and time, and new IDs could collide with them); restore id.layout/id.epoch")
+                    f"their shard and time, and new IDs could collide with them); restore id.layout/id.epoch"
+                )
     return refusals
 
 
-def _plan_host(conn: psycopg.Connection, topo: Topology, host: Host, result: TemplateState, *,
-               id_checks: int | None = None) -> dict[int, list[TemplateFunction]]:
+def _plan_host(
+    conn: psycopg.Connection,
+    topo: Topology,
+    host: Host,
+    result: TemplateState,
+    *,
+    id_checks: int | None = None,
+) -> dict[int, list[TemplateFunction]]:
     """Find the host's stale functions (into ``result.stale``) and any layout/epoch refusal.
 
     The refusal check mints one ID on each shard whose next_id() is to be replaced, at most
@@ -171,14 +213,23 @@ def _plan_host(conn: psycopg.Connection, topo: Topology, host: Host, result: Tem
     for n, funcs in stale.items():
         for f in funcs:
             result.stale.setdefault(f.object, []).append(n)
-    replacing = sorted(n for n, funcs in stale.items()
-                       if n in minting and any(f.object == "next_id/0" for f in funcs))
-    result.refused = _id_refusals(conn, topo, replacing if id_checks is None else replacing[:id_checks])
+    replacing = sorted(
+        n
+        for n, funcs in stale.items()
+        if n in minting and any(f.object == "next_id/0" for f in funcs)
+    )
+    result.refused = _id_refusals(
+        conn, topo, replacing if id_checks is None else replacing[:id_checks]
+    )
     return stale
 
 
-def _apply_host(conn: psycopg.Connection, stale: dict[int, list[TemplateFunction]], lock_timeout: str,
-                result: TemplateState) -> None:
+def _apply_host(
+    conn: psycopg.Connection,
+    stale: dict[int, list[TemplateFunction]],
+    lock_timeout: str,
+    result: TemplateState,
+) -> None:
     """One transaction per shard: its functions and their ledger rows."""
     ensure_template_ledger(conn)
     for n in sorted(stale):
@@ -194,13 +245,27 @@ def _apply_host(conn: psycopg.Connection, stale: dict[int, list[TemplateFunction
                 raise
             result.failed.append({"shard": n, "error": db.first_line(exc)})
     if result.deployed or result.failed:
-        log_event(conn, "redeploy", result.deployed, {
-            "objects": sorted(result.stale), "deployed": len(result.deployed), "failed": len(result.failed)})
+        log_event(
+            conn,
+            "redeploy",
+            result.deployed,
+            {
+                "objects": sorted(result.stale),
+                "deployed": len(result.deployed),
+                "failed": len(result.failed),
+            },
+        )
 
 
-def redeploy(topo: Topology, *, hosts: list[str] | None = None, dry_run: bool = False,
-             lock_timeout: str = DEFAULT_LOCK_TIMEOUT, wait: float = 0,
-             connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> RedeployReport:
+def redeploy(
+    topo: Topology,
+    *,
+    hosts: list[str] | None = None,
+    dry_run: bool = False,
+    lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
+    wait: float = 0,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+) -> RedeployReport:
     """Re-deploy stale template functions on every shard (``dry_run``: only report them).
 
     Raises BadInput, before any change on any host, when a layout or epoch change would break IDs."""
@@ -209,7 +274,9 @@ def redeploy(topo: Topology, *, hosts: list[str] | None = None, dry_run: bool = 
     selected = select_hosts(topo, hosts)
 
     def inspect(host: Host, result: HostResult[TemplateState]) -> None:
-        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="redeploy") as conn:
+        with db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="redeploy"
+        ) as conn:
             _plan_host(conn, topo, host, result.value, id_checks=1 if dry_run else None)
 
     results = fan_out(selected, inspect, lambda h: TemplateState())
@@ -220,11 +287,16 @@ def redeploy(topo: Topology, *, hosts: list[str] | None = None, dry_run: bool = 
     busy = [h for h, res in zip(selected, results) if res.ok and res.value.stale]
     if dry_run or not busy:
         return RedeployReport(results, dry_run, time.perf_counter() - started)
-    with db.FleetLocks(busy, wait=wait, connect_timeout=connect_timeout, purpose="redeploy") as locks:
+    with db.FleetLocks(
+        busy, wait=wait, connect_timeout=connect_timeout, purpose="redeploy"
+    ) as locks:
+
         def apply(host: Host, result: HostResult[TemplateState]) -> None:
             with locks.use(host) as conn:
                 if not control_exists(conn):
-                    raise OperationFailed(f"host {host.name} has no shardctl control schema; run `shardctl init`")
+                    raise OperationFailed(
+                        f"host {host.name} has no shardctl control schema; run `shardctl init`"
+                    )
                 # Again under the host's lock (IDs were checked on every shard above).
                 stale = _plan_host(conn, topo, host, result.value, id_checks=0)
                 _apply_host(conn, stale, lock_timeout, result.value)

@@ -13,12 +13,19 @@ from ..engine.ledger import recorded_failures
 from ..errors import FleetIncomplete
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
+from ..sql.catalog import (
+    applied_versions,
+    control_exists,
+    last_event,
+    move_records,
+    schema_names,
+    shard_list,
+)
 from ..sql.fingerprint import fingerprints
-from ..sql.catalog import applied_versions, control_exists, last_event, move_records, schema_names, shard_list
 from ..sql.migrations import for_topology
 from .move.api import next_step
-from .verify import per_shard_functions
 from .move.run import Move, merge_records
+from .verify import per_shard_functions
 
 
 @dataclass
@@ -34,7 +41,9 @@ class HostStatus:
     min_version: int | None = None
     max_version: int | None = None
     moving: str = ""
-    failed: list[str] = field(default_factory=list)  # "shards 5,7 at V0003__x.sql": their last migrate failed
+    failed: list[str] = field(
+        default_factory=list
+    )  # "shards 5,7 at V0003__x.sql": their last migrate failed
     orphan_versions: list[int] = field(default_factory=list)
     last_event: str | None = None
 
@@ -52,18 +61,26 @@ class StatusReport:
     seconds: float
     latest_version: int
     pending_moves: list[str] = field(default_factory=list)  # one line per move that needs a command
-    distinct_schemas: int = 0  # catalog fingerprints among the present shards (1: every shard alike)
+    distinct_schemas: int = (
+        0  # catalog fingerprints among the present shards (1: every shard alike)
+    )
 
     @property
     def ok(self) -> bool:
         return all(h.ok and not h.value.drift and not h.value.failed for h in self.hosts)
 
     def to_dict(self) -> dict:
-        return {"command": "status", "seconds": round(self.seconds, 3), "latest_version": self.latest_version,
-                "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts], "pending_moves": self.pending_moves,
-                "distinct_schemas": self.distinct_schemas}
+        return {
+            "command": "status",
+            "seconds": round(self.seconds, 3),
+            "latest_version": self.latest_version,
+            "ok": self.ok,
+            "hosts": [h.to_dict() for h in self.hosts],
+            "pending_moves": self.pending_moves,
+            "distinct_schemas": self.distinct_schemas,
+        }
 
-    def raise_for_status(self) -> "StatusReport":
+    def raise_for_status(self) -> StatusReport:
         """Exit 3 when a host could not be reached; 4 (FleetIncomplete) when shards are missing (never
         created, or their schema is gone) or failed their last migration; else 0. Shards present on the
         wrong host and moves in flight are shown, not errors."""
@@ -73,15 +90,25 @@ class StatusReport:
         for h in self.hosts:
             if h.value.missing:
                 parts.append(f"{h.host}: shards {h.value.missing} missing (run shardctl init)")
-            parts += [f"{h.host}: {line} failed (fix it, then re-run shardctl migrate)" for line in h.value.failed]
+            parts += [
+                f"{h.host}: {line} failed (fix it, then re-run shardctl migrate)"
+                for line in h.value.failed
+            ]
         if parts:
             raise FleetIncomplete("status: " + "; ".join(parts), report=doc)
         return self
 
 
-def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostStatus,
-                 known_versions: set[int], records: list[tuple], prints: set[str],
-                 per_shard: tuple[str, ...]) -> str | None:
+def _host_status(
+    conn: psycopg.Connection,
+    topo: Topology,
+    host: Host,
+    st: HostStatus,
+    known_versions: set[int],
+    records: list[tuple],
+    prints: set[str],
+    per_shard: tuple[str, ...],
+) -> str | None:
     """Fill ``st``; returns an error line when the host has no control schema."""
     st.server_version = conn.execute("SHOW server_version").fetchone()[0]
     if not control_exists(conn):
@@ -100,7 +127,11 @@ def _host_status(conn: psycopg.Connection, topo: Topology, host: Host, st: HostS
     st.unexpected = format_shards((present | stray) - owned)
     st.moving = _moving(rows)
     records.extend(move_records(conn))
-    prints.update(fingerprints(conn, [topo.schema_name(n) for n in sorted(present & owned)], per_shard).values())
+    prints.update(
+        fingerprints(
+            conn, [topo.schema_name(n) for n in sorted(present & owned)], per_shard
+        ).values()
+    )
     if versions:
         st.min_version, st.max_version = min(versions), max(versions)
     st.failed = _failed(conn, topo, {n: r.version for n, r in rows.items() if n in owned & present})
@@ -117,7 +148,10 @@ def _failed(conn: psycopg.Connection, topo: Topology, versions: dict[int, int]) 
     for shard, version in recorded_failures(conn).items():
         if shard in versions and versions[shard] < version:
             by_version.setdefault(version, []).append(shard)
-    return [f"shards {format_shards(s)} at {files.get(v, f'V{v}')}" for v, s in sorted(by_version.items())]
+    return [
+        f"shards {format_shards(s)} at {files.get(v, f'V{v}')}"
+        for v, s in sorted(by_version.items())
+    ]
 
 
 def _moving(rows: dict) -> str:
@@ -138,13 +172,19 @@ def pending_move_lines(topo: Topology, records: list[tuple]) -> list[str]:
     for move in sorted(moves.values(), key=lambda m: str(m.started_at)):
         step = next_step(topo, move) if move.active else None
         if step:
-            out.append(f"move {move.move_id} (shards {format_shards(move.shards)} {move.source} → {move.target}, "
-                       f"phase {move.phase}): {step}")
+            out.append(
+                f"move {move.move_id} (shards {format_shards(move.shards)} {move.source} → {move.target}, "
+                f"phase {move.phase}): {step}"
+            )
     return out
 
 
-def status(topo: Topology, *, hosts: list[str] | None = None,
-           connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> StatusReport:
+def status(
+    topo: Topology,
+    *,
+    hosts: list[str] | None = None,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+) -> StatusReport:
     """Per host: reachability, server version, shards expected vs present, versions, moves, last event."""
     started = time.perf_counter()
     known_versions = {m.version for m in for_topology(topo)}
@@ -153,12 +193,25 @@ def status(topo: Topology, *, hosts: list[str] | None = None,
     per_shard = per_shard_functions(topo)
 
     def work(host: Host, result: HostResult[HostStatus]) -> None:
-        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="status") as conn:
-            result.error = _host_status(conn, topo, host, result.value, known_versions,
-                                        records.setdefault(host.name, []), prints.setdefault(host.name, set()),
-                                        per_shard)
+        with db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="status"
+        ) as conn:
+            result.error = _host_status(
+                conn,
+                topo,
+                host,
+                result.value,
+                known_versions,
+                records.setdefault(host.name, []),
+                prints.setdefault(host.name, set()),
+                per_shard,
+            )
 
-    results = fan_out(select_hosts(topo, hosts), work, lambda h: HostStatus(h.masked_dsn, expected=len(h.shards)))
+    results = fan_out(
+        select_hosts(topo, hosts), work, lambda h: HostStatus(h.masked_dsn, expected=len(h.shards))
+    )
     pending = pending_move_lines(topo, [r for name in sorted(records) for r in records[name]])
     distinct = len(set().union(*prints.values())) if prints else 0
-    return StatusReport(results, time.perf_counter() - started, len(known_versions), pending, distinct)
+    return StatusReport(
+        results, time.perf_counter() - started, len(known_versions), pending, distinct
+    )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import psycopg
 
@@ -15,14 +15,15 @@ from ..errors import BadInput, ShardctlError
 from ..ids import checks as id_checks
 from ..model.dsn import mask
 from ..model.ranges import format_shards
-from ..sql import catalog
-from ..sql import fingerprint
-from ..sql.render import next_id_body, render_next_id
 from ..model.topology import Host, Topology
+from ..sql import catalog, fingerprint
+from ..sql.render import next_id_body, render_next_id
 
 DEFAULT_SAMPLES = 16
 DEFAULT_TOLERANCE_MS = 5000
-DEFAULT_BODY_SAMPLES = 8  # shards per host whose next_id() is rendered to learn the template's shape
+DEFAULT_BODY_SAMPLES = (
+    8  # shards per host whose next_id() is rendered to learn the template's shape
+)
 # Shards per host whose IDs are minted and checked (besides every shard whose body or sequence is off):
 # a backend pays ~0.1-0.5 ms the first time it calls a shard's next_id() (compiling it, opening its
 # sequence), so 65,536 shards cost seconds of server CPU; --full checks every shard.
@@ -47,12 +48,18 @@ class HostVerification:
     clock_skew_ms: float | None = None
     server_version: str | None = None
     violations: list[Violation] = field(default_factory=list)
-    fingerprints: dict[int, str] = field(default_factory=dict)  # shard → md5 of its catalog (sql/fingerprint.py)
+    fingerprints: dict[int, str] = field(
+        default_factory=dict
+    )  # shard → md5 of its catalog (sql/fingerprint.py)
 
     def to_dict(self) -> dict:
-        return {"shards_checked": self.shards_checked, "ids_checked": self.ids_checked,
-                "clock_skew_ms": self.clock_skew_ms, "server_version": self.server_version,
-                "violations": len(self.violations)}
+        return {
+            "shards_checked": self.shards_checked,
+            "ids_checked": self.ids_checked,
+            "clock_skew_ms": self.clock_skew_ms,
+            "server_version": self.server_version,
+            "violations": len(self.violations),
+        }
 
 
 @dataclass
@@ -68,9 +75,15 @@ class SchemaGroup:
     differences: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"fingerprint": self.fingerprint, "shards": format_shards(self.shards), "count": len(self.shards),
-                "majority": self.majority, "sample": self.sample, "reference": self.reference,
-                "differences": self.differences}
+        return {
+            "fingerprint": self.fingerprint,
+            "shards": format_shards(self.shards),
+            "count": len(self.shards),
+            "majority": self.majority,
+            "sample": self.sample,
+            "reference": self.reference,
+            "differences": self.differences,
+        }
 
 
 @dataclass
@@ -92,7 +105,10 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         return {
-            "command": "verify", "ok": self.ok, "seconds": round(self.seconds, 3), "samples": self.samples,
+            "command": "verify",
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "samples": self.samples,
             "full": self.full,
             "layout": self.layout,
             "distinct_schemas": len(self.schemas),
@@ -101,19 +117,33 @@ class VerifyReport:
             "violations": [v.__dict__ for v in self.violations],
         }
 
-    def raise_for_status(self) -> "VerifyReport":
+    def raise_for_status(self) -> VerifyReport:
         """Exit 3 for an unreachable host, 1 for a violation or a host that could not be checked."""
         first = self.violations[0] if self.violations else None
-        problems = [f"{len(self.violations)} violation(s); first: {first.host} shard {first.shard}: "
-                    f"{first.reason}"] if first else []
+        problems = (
+            [
+                f"{len(self.violations)} violation(s); first: {first.host} shard {first.shard}: "
+                f"{first.reason}"
+            ]
+            if first
+            else []
+        )
         raise_for_status("verify", self.hosts, problems, report=self.to_dict())
         return self
 
 
-def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEFAULT_SAMPLES,
-           tolerance_ms: int = DEFAULT_TOLERANCE_MS, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
-           full: bool = False, body_samples: int = DEFAULT_BODY_SAMPLES,
-           id_shards: int = DEFAULT_ID_SHARDS, schemas: bool = True) -> VerifyReport:
+def verify(
+    topo: Topology,
+    *,
+    hosts: list[str] | None = None,
+    samples: int = DEFAULT_SAMPLES,
+    tolerance_ms: int = DEFAULT_TOLERANCE_MS,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+    full: bool = False,
+    body_samples: int = DEFAULT_BODY_SAMPLES,
+    id_shards: int = DEFAULT_ID_SHARDS,
+    schemas: bool = True,
+) -> VerifyReport:
     """Check every shard on every host: placement, records, next_id() bodies, and sampled IDs (strictly
     increasing, minted for the right shard, near the host clock). Touches nothing but the ID sequences
     (and a temporary function of verify's own session).
@@ -140,13 +170,17 @@ def verify(topo: Topology, *, hosts: list[str] | None = None, samples: int = DEF
             return expected_bodies[n]
 
     def work(host: Host, result: HostResult[HostVerification]) -> None:
-        with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
+        with db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="verify"
+        ) as conn:
             check = _HostCheck(conn, topo, host, result.value, expected_body, tolerance_ms)
             check.run(samples, full, body_samples, id_shards, per_shard if schemas else None)
 
     per_shard = per_shard_functions(topo) if schemas else fingerprint.NEXT_ID
     reports = fan_out(select_hosts(topo, hosts), work, lambda h: HostVerification(h.name))
-    groups = compare_schemas(topo, reports, connect_timeout=connect_timeout, full=full, per_shard=per_shard)
+    groups = compare_schemas(
+        topo, reports, connect_timeout=connect_timeout, full=full, per_shard=per_shard
+    )
     layout = {"name": topo.layout.name, **topo.layout.limits()}
     return VerifyReport(reports, time.perf_counter() - started, samples, layout, full, groups)
 
@@ -161,7 +195,10 @@ def per_shard_functions(topo: Topology) -> tuple[str, ...]:
 
     return tuple(sorted({f.object for f in template_functions(topo, 0)} | set(fingerprint.NEXT_ID)))
 
-EXPLAINED_GROUPS = 32  # fingerprints (other than the majority's) explained object by object, biggest first
+
+EXPLAINED_GROUPS = (
+    32  # fingerprints (other than the majority's) explained object by object, biggest first
+)
 
 
 def schema_groups(found: dict[int, str]) -> list[SchemaGroup]:
@@ -169,16 +206,23 @@ def schema_groups(found: dict[int, str]) -> list[SchemaGroup]:
     by_fp: dict[str, list[int]] = {}
     for shard, fp in sorted(found.items()):
         by_fp.setdefault(fp, []).append(shard)
-    groups = sorted((SchemaGroup(fp, shards) for fp, shards in by_fp.items()),
-                    key=lambda g: (-len(g.shards), g.shards[0]))
+    groups = sorted(
+        (SchemaGroup(fp, shards) for fp, shards in by_fp.items()),
+        key=lambda g: (-len(g.shards), g.shards[0]),
+    )
     if groups:
         groups[0].majority = True
     return groups
 
 
-def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]], *,
-                    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT, full: bool = False,
-                    per_shard: tuple[str, ...] = fingerprint.NEXT_ID) -> list[SchemaGroup]:
+def compare_schemas(
+    topo: Topology,
+    reports: list[HostResult[HostVerification]],
+    *,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+    full: bool = False,
+    per_shard: tuple[str, ...] = fingerprint.NEXT_ID,
+) -> list[SchemaGroup]:
     """Compare the shards' fingerprints across the hosts checked. Each group that is not the majority's
     is explained once: one of its shards' objects against a majority shard's (on the same host when
     there is one), and every shard in the group gets a violation naming the difference."""
@@ -188,13 +232,20 @@ def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]],
         return groups
     majority = groups[0]
     for rank, group in enumerate(groups[1:]):
-        if rank >= EXPLAINED_GROUPS:  # each costs a query or two: name the shards, not the difference
+        if (
+            rank >= EXPLAINED_GROUPS
+        ):  # each costs a query or two: name the shards, not the difference
             for n in group.shards:
-                owner[n].value.violations.append(Violation(
-                    owner[n].host, n, topo.schema_name(n),
-                    f"schema differs from the majority's ({len(majority.shards)} shards, e.g. shard "
-                    f"{majority.shards[0]}); {len(groups) - 1} other schemas, only the first {EXPLAINED_GROUPS} "
-                    f"explained: compare it with `verify --hosts`"))
+                owner[n].value.violations.append(
+                    Violation(
+                        owner[n].host,
+                        n,
+                        topo.schema_name(n),
+                        f"schema differs from the majority's ({len(majority.shards)} shards, e.g. shard "
+                        f"{majority.shards[0]}); {len(groups) - 1} other schemas, only the first {EXPLAINED_GROUPS} "
+                        f"explained: compare it with `verify --hosts`",
+                    )
+                )
             continue
         sample = group.shards[0]
         host = owner[sample]
@@ -202,29 +253,61 @@ def compare_schemas(topo: Topology, reports: list[HostResult[HostVerification]],
         reference = near[0] if near else majority.shards[0]
         group.sample, group.reference = sample, reference
         try:
-            group.differences = _explain(topo, host.host, sample, owner[reference].host, reference,
-                                         connect_timeout, full, per_shard)
-        except (psycopg.Error, OSError, ShardctlError) as exc:  # a host gone since: say so, keep the rest
+            group.differences = _explain(
+                topo,
+                host.host,
+                sample,
+                owner[reference].host,
+                reference,
+                connect_timeout,
+                full,
+                per_shard,
+            )
+        except (
+            psycopg.Error,
+            OSError,
+            ShardctlError,
+        ) as exc:  # a host gone since: say so, keep the rest
             group.differences = [f"(could not read the objects: {_first_line(str(exc))})"]
         shown = group.differences if full else group.differences[:SHOWN_DIFFERENCES]
         more = len(group.differences) - len(shown)
-        detail = "; ".join(shown) + (f"; and {more} more (verify --full lists them)" if more else "")
+        detail = "; ".join(shown) + (
+            f"; and {more} more (verify --full lists them)" if more else ""
+        )
         for n in group.shards:
-            owner[n].value.violations.append(Violation(
-                owner[n].host, n, topo.schema_name(n),
-                (detail or "same objects, different fingerprint")
-                + f" (schema differs from the majority's: {len(majority.shards)} shards, e.g. shard {reference})"))
+            owner[n].value.violations.append(
+                Violation(
+                    owner[n].host,
+                    n,
+                    topo.schema_name(n),
+                    (detail or "same objects, different fingerprint")
+                    + f" (schema differs from the majority's: {len(majority.shards)} shards, e.g. shard {reference})",
+                )
+            )
     return groups
 
 
-def _explain(topo: Topology, host: str, shard: int, ref_host: str, reference: int, connect_timeout: int,
-             full: bool, per_shard: tuple[str, ...]) -> list[str]:
+def _explain(
+    topo: Topology,
+    host: str,
+    shard: int,
+    ref_host: str,
+    reference: int,
+    connect_timeout: int,
+    full: bool,
+    per_shard: tuple[str, ...],
+) -> list[str]:
     mine, theirs = topo.schema_name(shard), topo.schema_name(reference)
-    with db.connect(topo.host(host), autocommit=True, connect_timeout=connect_timeout, purpose="verify") as conn:
-        found = fingerprint.objects(conn, [mine] + ([theirs] if ref_host == host else []), per_shard)
+    with db.connect(
+        topo.host(host), autocommit=True, connect_timeout=connect_timeout, purpose="verify"
+    ) as conn:
+        found = fingerprint.objects(
+            conn, [mine] + ([theirs] if ref_host == host else []), per_shard
+        )
     if ref_host != host:
-        with db.connect(topo.host(ref_host), autocommit=True, connect_timeout=connect_timeout,
-                        purpose="verify") as conn:
+        with db.connect(
+            topo.host(ref_host), autocommit=True, connect_timeout=connect_timeout, purpose="verify"
+        ) as conn:
             found.update(fingerprint.objects(conn, [theirs], per_shard))
     return fingerprint.differences(found[theirs], found[mine], limit=0 if full else 160)
 
@@ -232,8 +315,15 @@ def _explain(topo: Topology, host: str, shard: int, ref_host: str, reference: in
 class _HostCheck:
     """verify on one host: catalog, bodies and IDs, each one set-based query (or a few)."""
 
-    def __init__(self, conn: psycopg.Connection, topo: Topology, host: Host, result: HostVerification,
-                 expected_body: Callable[[int], str], tolerance_ms: int):
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        topo: Topology,
+        host: Host,
+        result: HostVerification,
+        expected_body: Callable[[int], str],
+        tolerance_ms: int,
+    ):
         self.conn, self.topo, self.host, self.result = conn, topo, host, result
         self.expected_body = expected_body
         self.tolerance_ms = tolerance_ms
@@ -242,8 +332,14 @@ class _HostCheck:
         schema = self.topo.schema_name(shard) if shard is not None else None
         self.result.violations.append(Violation(self.host.name, shard, schema, reason))
 
-    def run(self, samples: int, full: bool, body_samples: int, id_shards: int,
-            per_shard: tuple[str, ...] | None = fingerprint.NEXT_ID) -> None:
+    def run(
+        self,
+        samples: int,
+        full: bool,
+        body_samples: int,
+        id_shards: int,
+        per_shard: tuple[str, ...] | None = fingerprint.NEXT_ID,
+    ) -> None:
         """``per_shard``: the functions whose bodies the fingerprint leaves out; None: no fingerprints."""
         checkable = self.placement()
         if not checkable:
@@ -251,7 +347,9 @@ class _HostCheck:
         if per_shard is not None:
             schema = self.topo.schema_name
             found = fingerprint.fingerprints(self.conn, [schema(n) for n in checkable], per_shard)
-            self.result.fingerprints = {n: found[schema(n)] for n in checkable if schema(n) in found}
+            self.result.fingerprints = {
+                n: found[schema(n)] for n in checkable if schema(n) in found
+            }
         bodies_ok, suspect = self.bodies(checkable, full, body_samples)
         if not full:
             chosen = set(_spread(checkable, id_shards)) | suspect
@@ -263,13 +361,18 @@ class _HostCheck:
         check further (expected, present)."""
         topo, result = self.topo, self.result
         before = time.time()
-        version, server_now, has_control, schemas = self.conn.execute(catalog.VERIFY_HOST_SQL).fetchone()
+        version, server_now, has_control, schemas = self.conn.execute(
+            catalog.VERIFY_HOST_SQL
+        ).fetchone()
         after = time.time()
         result.server_version = version
         result.clock_skew_ms = round((server_now - (before + after) / 2) * 1000, 1)
         if abs(result.clock_skew_ms) > self.tolerance_ms:
-            self.violation(None, f"host clock is {result.clock_skew_ms:+.0f} ms off this machine's "
-                                 f"(tolerance {self.tolerance_ms} ms)")
+            self.violation(
+                None,
+                f"host clock is {result.clock_skew_ms:+.0f} ms off this machine's "
+                f"(tolerance {self.tolerance_ms} ms)",
+            )
         # Any name the schema format yields, within the layout's shard bits, is a shard schema.
         present = {topo.shard_of_schema(s) for s in schemas} - {None}
         expected = set(self.host.shards)
@@ -286,12 +389,19 @@ class _HostCheck:
             if n in recorded:
                 self.violation(n, f"unexpected shard schema on this host ({where})")
             else:
-                self.violation(n, f"unexpected shard schema on this host, not recorded by shardctl ({where})")
+                self.violation(
+                    n, f"unexpected shard schema on this host, not recorded by shardctl ({where})"
+                )
         for n in sorted((expected & present) - recorded):
-            self.violation(n, "schema exists but shardctl has no record of creating it (half-built or created by hand)")
+            self.violation(
+                n,
+                "schema exists but shardctl has no record of creating it (half-built or created by hand)",
+            )
         return sorted(expected & present)
 
-    def bodies(self, shards: list[int], full: bool, body_samples: int) -> tuple[dict[int, bool], set[int]]:
+    def bodies(
+        self, shards: list[int], full: bool, body_samples: int
+    ) -> tuple[dict[int, bool], set[int]]:
         """Compare next_id() bodies with the template. Returns shard → whether its IDs can be sampled
         (False: no next_id() at all), and the shards whose body or sequence is off (their IDs are
         always checked)."""
@@ -303,8 +413,14 @@ class _HostCheck:
             picks = _spread(shards, body_samples)
             expected = [self.expected_body(n) for n in picks]
             shapes, known, no_sequence = catalog.next_id_shapes(
-                self.conn, [schema(n) for n in shards], shards, expected=(expected, [schema(n) for n in picks], picks))
-            compare = sorted(n for shape, members in shapes.items() if shape not in known for n in members)
+                self.conn,
+                [schema(n) for n in shards],
+                shards,
+                expected=(expected, [schema(n) for n in picks], picks),
+            )
+            compare = sorted(
+                n for shape, members in shapes.items() if shape not in known for n in members
+            )
             suspect = set(compare) | set(no_sequence)
         found = catalog.next_id_bodies(self.conn, [schema(n) for n in compare])
         usable: dict[int, bool] = {}
@@ -314,7 +430,9 @@ class _HostCheck:
                 self.violation(n, "next_id() is missing")
                 usable[n] = False
             elif body != self.expected_body(n):
-                self.violation(n, "next_id() differs from the template's rendering (changed by hand or stale)")
+                self.violation(
+                    n, "next_id() differs from the template's rendering (changed by hand or stale)"
+                )
         return usable, suspect
 
     def ids(self, shards: list[int], samples: int) -> None:
@@ -333,7 +451,9 @@ class _HostCheck:
         one millisecond is fine), this shard's bits, a time near the host clock."""
         self.result.shards_checked += 1
         self.result.ids_checked += len(ids)
-        for problem in id_checks.sample_problems(self.topo.layout, shard, ids, at_ms, self.tolerance_ms):
+        for problem in id_checks.sample_problems(
+            self.topo.layout, shard, ids, at_ms, self.tolerance_ms
+        ):
             self.violation(shard, problem)
 
     def sequences(self, shards: list[int]) -> None:
@@ -342,7 +462,9 @@ class _HostCheck:
         A shard without ``next_id_seq`` (a project's own templates may name it otherwise) is left
         to the samples: a next_id() that cannot run fails there.
         """
-        settings = catalog.id_sequence_settings(self.conn, [self.topo.schema_name(n) for n in shards])
+        settings = catalog.id_sequence_settings(
+            self.conn, [self.topo.schema_name(n) for n in shards]
+        )
         for n in shards:
             for problem in id_checks.sequence_problems(settings.get(self.topo.schema_name(n), {})):
                 self.violation(n, problem)

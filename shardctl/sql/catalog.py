@@ -26,24 +26,31 @@ from .render import render_control
 MOVED_SQLSTATE = "SCM01"
 GUARD_FUNCTION = "shardctl.moved_shard_guard"
 GUARD_TRIGGER = "shardctl_moved_shard"
-STUB_READ_FUNCTION = "shardctl.moved_shard_read"  # a moved shard's stub views read through it (it raises SCM01)
+STUB_READ_FUNCTION = (
+    "shardctl.moved_shard_read"  # a moved shard's stub views read through it (it raises SCM01)
+)
 # The stub views' WHERE: an immutable function of a constant, so it raises SCM01 when any read is planned.
 STUB_PLAN_FUNCTION = "shardctl.moved_shard_planned"
-STUB_COMMENT = "shardctl: moved-shard stub"     # COMMENT ON SCHEMA of a stub: never a shard
+STUB_COMMENT = "shardctl: moved-shard stub"  # COMMENT ON SCHEMA of a stub: never a shard
 # A pg_namespace row (alias n) that is not a stub left under a moved shard's old name.
-NOT_STUB = ("NOT EXISTS (SELECT FROM pg_description d WHERE d.objoid = n.oid AND d.classoid = 'pg_namespace'::regclass "
-            f"AND d.objsubid = 0 AND starts_with(d.description, '{STUB_COMMENT}'))")
+NOT_STUB = (
+    "NOT EXISTS (SELECT FROM pg_description d WHERE d.objoid = n.oid AND d.classoid = 'pg_namespace'::regclass "
+    f"AND d.objsubid = 0 AND starts_with(d.description, '{STUB_COMMENT}'))"
+)
 WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 CHUNK = 100  # tables per checksum query
 PACED_CHUNK = 4  # tables per checksum query between pauses
 PAUSE_BYTES = 1 << 20  # bytes a paced copy moves between pauses
 
 # Row text must not depend on the session: the same rows give the same checksum on both hosts.
-STABLE_TEXT = ("SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, YMD'; SET IntervalStyle TO 'postgres'; "
-               "SET extra_float_digits TO 3; SET bytea_output TO 'hex'")
+STABLE_TEXT = (
+    "SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, YMD'; SET IntervalStyle TO 'postgres'; "
+    "SET extra_float_digits TO 3; SET bytea_output TO 'hex'"
+)
 
 
 # ---- control-schema records -----------------------------------------------------------
+
 
 def moves_table_exists(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL").fetchone()[0]
@@ -53,11 +60,12 @@ def ensure_move_objects(conn: psycopg.Connection) -> None:
     """Create what moves need in the control schema (shardctl.moves, the guard function) on a host
     initialised before they existed: the control-schema template again, whose statements are idempotent.
     Call under the host lock (concurrent CREATE IF NOT EXISTS can collide)."""
-    ready = conn.execute("SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
-                         "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
-                         "AND to_regprocedure(%s) IS NOT NULL",
-                         (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)", f"{STUB_PLAN_FUNCTION}(text)")
-                         ).fetchone()[0]
+    ready = conn.execute(
+        "SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
+        "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
+        "AND to_regprocedure(%s) IS NOT NULL",
+        (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)", f"{STUB_PLAN_FUNCTION}(text)"),
+    ).fetchone()[0]
     if not ready:
         with conn.transaction():
             conn.execute(render_control())
@@ -67,12 +75,23 @@ def move_records(conn: psycopg.Connection) -> list[tuple]:
     """This host's records of moves: (move_id, shards, source, target, role, phase, detail, started, updated)."""
     if not moves_table_exists(conn):
         return []
-    return conn.execute("SELECT move_id, shards, source, target, role, phase, detail, started_at, updated_at "
-                        "FROM shardctl.moves ORDER BY started_at").fetchall()
+    return conn.execute(
+        "SELECT move_id, shards, source, target, role, phase, detail, started_at, updated_at "
+        "FROM shardctl.moves ORDER BY started_at"
+    ).fetchall()
 
 
-def record_move(conn: psycopg.Connection, move_id: str, shards: str, source: str, target: str, role: str,
-                phase: str, detail: dict, finished: list[str]) -> None:
+def record_move(
+    conn: psycopg.Connection,
+    move_id: str,
+    shards: str,
+    source: str,
+    target: str,
+    role: str,
+    phase: str,
+    detail: dict,
+    finished: list[str],
+) -> None:
     """Insert or update this host's record of a move; ``finished`` phases stamp finished_at."""
     conn.execute(
         """INSERT INTO shardctl.moves (move_id, shards, source, target, role, phase, detail)
@@ -80,7 +99,8 @@ def record_move(conn: psycopg.Connection, move_id: str, shards: str, source: str
            ON CONFLICT (move_id) DO UPDATE SET phase = EXCLUDED.phase,
                   detail = shardctl.moves.detail || EXCLUDED.detail, updated_at = clock_timestamp(),
                   finished_at = CASE WHEN EXCLUDED.phase = ANY(%s) THEN clock_timestamp() END""",
-        (move_id, shards, source, target, role, str(phase), dumps(detail), finished))
+        (move_id, shards, source, target, role, str(phase), dumps(detail), finished),
+    )
 
 
 def dsn_without_password(dsn: str) -> str:
@@ -90,15 +110,22 @@ def dsn_without_password(dsn: str) -> str:
     return pg_conninfo.make_conninfo(**parts)
 
 
-def write_redirects(conn: psycopg.Connection, shards: list[int], schemas: list[str], host: str, dsn: str,
-                    move_id: str) -> None:
+def write_redirects(
+    conn: psycopg.Connection,
+    shards: list[int],
+    schemas: list[str],
+    host: str,
+    dsn: str,
+    move_id: str,
+) -> None:
     """Record on this host that ``shards`` (schemas ``schemas`` there) now live on ``host``."""
     conn.execute(
         """INSERT INTO shardctl.redirects (shard_id, schema_name, host, dsn, move_id)
            SELECT r.id, r.name, %s, %s, %s FROM unnest(%s::int[], %s::text[]) AS r(id, name)
            ON CONFLICT (shard_id) DO UPDATE SET schema_name = EXCLUDED.schema_name, host = EXCLUDED.host,
                   dsn = EXCLUDED.dsn, move_id = EXCLUDED.move_id, at = clock_timestamp()""",
-        (host, dsn_without_password(dsn), move_id, shards, schemas))
+        (host, dsn_without_password(dsn), move_id, shards, schemas),
+    )
 
 
 def clear_redirects(conn: psycopg.Connection, shards: list[int]) -> None:
@@ -122,7 +149,9 @@ REDIRECTS_SQL = "SELECT shard_id, host, dsn, schema_name, move_id, at FROM shard
 
 def redirects_by_shard(rows: list) -> dict[int, dict]:
     """:func:`read_redirects`' answer from the rows of REDIRECTS_SQL (for the asyncio Router's own query)."""
-    return {r[0]: {"host": r[1], "dsn": r[2], "schema": r[3], "move_id": r[4], "at": r[5]} for r in rows}
+    return {
+        r[0]: {"host": r[1], "dsn": r[2], "schema": r[3], "move_id": r[4], "at": r[5]} for r in rows
+    }
 
 
 def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str]]) -> int:
@@ -143,30 +172,38 @@ def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
             WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND NOT c.relispartition
-            GROUP BY 1, 2 ORDER BY 1, 2""", (list(old_of),)).fetchall()
+            GROUP BY 1, 2 ORDER BY 1, 2""",
+        (list(old_of),),
+    ).fetchall()
     parts = []
     for old, (_new, message) in stubs.items():
         schema = quote_ident(old)
-        parts.append(f"CREATE SCHEMA {schema};\nCOMMENT ON SCHEMA {schema} IS "
-                     f"{quote_literal(f'{STUB_COMMENT}: {message}')};\nGRANT USAGE ON SCHEMA {schema} TO PUBLIC;\n"
-                     # A direct client minting IDs on the old host is told too.
-                     f"CREATE FUNCTION {schema}.next_id() RETURNS bigint LANGUAGE sql VOLATILE AS "
-                     f"{quote_literal(f'SELECT count(*)::bigint FROM {STUB_READ_FUNCTION}({quote_literal(message)})')};\n")
+        parts.append(
+            f"CREATE SCHEMA {schema};\nCOMMENT ON SCHEMA {schema} IS "
+            f"{quote_literal(f'{STUB_COMMENT}: {message}')};\nGRANT USAGE ON SCHEMA {schema} TO PUBLIC;\n"
+            # A direct client minting IDs on the old host is told too.
+            f"CREATE FUNCTION {schema}.next_id() RETURNS bigint LANGUAGE sql VOLATILE AS "
+            f"{quote_literal(f'SELECT count(*)::bigint FROM {STUB_READ_FUNCTION}({quote_literal(message)})')};\n"
+        )
     for renamed, table, columns in rows:
         old, message = old_of[renamed]
         view, text = f"{quote_ident(old)}.{quote_ident(table)}", quote_literal(message)
         # The WHERE raises when a query reading the view is planned: the planner cannot skip it as it could
         # skip the scan (a filter on the NULL columns folds to false, and so do WHERE false and LIMIT 0).
-        parts.append(f"CREATE VIEW {view} AS SELECT {', '.join(columns or ['NULL AS none'])} "
-                     f"FROM {STUB_READ_FUNCTION}({text}) WHERE {STUB_PLAN_FUNCTION}({text});\n"
-                     f"CREATE TRIGGER {GUARD_TRIGGER} INSTEAD OF INSERT OR UPDATE OR DELETE ON {view} FOR EACH ROW "
-                     f"EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n"
-                     # The row trigger makes the view writable; this one fires first, for writes of no row too.
-                     f"CREATE TRIGGER {GUARD_TRIGGER}_statement BEFORE INSERT OR UPDATE OR DELETE ON {view} "
-                     f"FOR EACH STATEMENT EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n")
+        parts.append(
+            f"CREATE VIEW {view} AS SELECT {', '.join(columns or ['NULL AS none'])} "
+            f"FROM {STUB_READ_FUNCTION}({text}) WHERE {STUB_PLAN_FUNCTION}({text});\n"
+            f"CREATE TRIGGER {GUARD_TRIGGER} INSTEAD OF INSERT OR UPDATE OR DELETE ON {view} FOR EACH ROW "
+            f"EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n"
+            # The row trigger makes the view writable; this one fires first, for writes of no row too.
+            f"CREATE TRIGGER {GUARD_TRIGGER}_statement BEFORE INSERT OR UPDATE OR DELETE ON {view} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {GUARD_FUNCTION}({text});\n"
+        )
     # Anyone may try: a client without rights on the old tables is told where the shard went, too.
-    parts += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {quote_ident(old)} TO PUBLIC;\n"
-              for old in stubs]
+    parts += [
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {quote_ident(old)} TO PUBLIC;\n"
+        for old in stubs
+    ]
     conn.execute("".join(parts))
     return len(rows)
 
@@ -174,13 +211,22 @@ def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str
 def place_moved_stubs(conn: psycopg.Connection, names: dict[str, str]) -> None:
     """Rename each stub (key) to the moved shard's old schema name (value): in the cutover's transaction,
     after the shard schema itself was renamed (renames are cheap; making the views is not)."""
-    conn.execute("".join(f"ALTER SCHEMA {quote_ident(k)} RENAME TO {quote_ident(v)};\n" for k, v in names.items()))
+    conn.execute(
+        "".join(
+            f"ALTER SCHEMA {quote_ident(k)} RENAME TO {quote_ident(v)};\n" for k, v in names.items()
+        )
+    )
 
 
 def drop_moved_stubs(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
     """Drop the stubs among ``schemas`` (only schemas marked as stubs, never a shard); returns them."""
-    doomed = [r[0] for r in conn.execute(
-        f"SELECT nspname FROM pg_namespace n WHERE nspname = ANY(%s) AND NOT {NOT_STUB}", (schemas,)).fetchall()]
+    doomed = [
+        r[0]
+        for r in conn.execute(
+            f"SELECT nspname FROM pg_namespace n WHERE nspname = ANY(%s) AND NOT {NOT_STUB}",
+            (schemas,),
+        ).fetchall()
+    ]
     if doomed:
         conn.execute("".join(f"DROP SCHEMA {quote_ident(s)} CASCADE;\n" for s in doomed))
     return doomed
@@ -190,48 +236,82 @@ def ledger_rows(conn: psycopg.Connection, shards: list[int]) -> list[tuple]:
     """(shard_id, version, description, checksum, duration_ms, applied_at, applied_by) of these shards."""
     return conn.execute(
         """SELECT shard_id, version, description, checksum, duration_ms, applied_at, applied_by
-             FROM shardctl.migrations WHERE shard_id = ANY(%s) ORDER BY shard_id, version""", (shards,)).fetchall()
+             FROM shardctl.migrations WHERE shard_id = ANY(%s) ORDER BY shard_id, version""",
+        (shards,),
+    ).fetchall()
 
 
 def change_shard_states(conn: psycopg.Connection, shards: list[int], old: str, new: str) -> int:
     """Shards in state ``old`` go to ``new``; returns how many did."""
-    return conn.execute("UPDATE shardctl.shards SET state = %s WHERE shard_id = ANY(%s) AND state = %s",
-                        (str(new), shards, str(old))).rowcount
+    return conn.execute(
+        "UPDATE shardctl.shards SET state = %s WHERE shard_id = ANY(%s) AND state = %s",
+        (str(new), shards, str(old)),
+    ).rowcount
 
 
-def set_shard_states(conn: psycopg.Connection, shards: list[int], state: str, schemas: list[str]) -> None:
+def set_shard_states(
+    conn: psycopg.Connection, shards: list[int], state: str, schemas: list[str]
+) -> None:
     """Set the state and schema name of each shard (``schemas`` in the order of ``shards``)."""
-    conn.execute("UPDATE shardctl.shards AS s SET state = %s, schema_name = r.name "
-                 "FROM unnest(%s::int[], %s::text[]) AS r(id, name) WHERE s.shard_id = r.id",
-                 (str(state), shards, schemas))
+    conn.execute(
+        "UPDATE shardctl.shards AS s SET state = %s, schema_name = r.name "
+        "FROM unnest(%s::int[], %s::text[]) AS r(id, name) WHERE s.shard_id = r.id",
+        (str(state), shards, schemas),
+    )
 
 
-def drop_shard_schemas(conn: psycopg.Connection, schemas: list[str], shards: list[int], state: str) -> None:
+def drop_shard_schemas(
+    conn: psycopg.Connection, schemas: list[str], shards: list[int], state: str
+) -> None:
     """Drop ``schemas`` and forget the shards' ledger and their shard rows in ``state`` (one batch)."""
     conn.execute("".join(f"DROP SCHEMA IF EXISTS {quote_ident(s)} CASCADE;\n" for s in schemas))
     conn.execute("DELETE FROM shardctl.migrations WHERE shard_id = ANY(%s)", (shards,))
-    conn.execute("DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = %s", (shards, str(state)))
+    conn.execute(
+        "DELETE FROM shardctl.shards WHERE shard_id = ANY(%s) AND state = %s", (shards, str(state))
+    )
 
 
-def lock_tables(conn: psycopg.Connection, items: list[tuple[str, str]], per_statement: int = 500,
-                mode: str = "EXCLUSIVE") -> None:
+def lock_tables(
+    conn: psycopg.Connection,
+    items: list[tuple[str, str]],
+    per_statement: int = 500,
+    mode: str = "EXCLUSIVE",
+) -> None:
     """LOCK TABLE … IN EXCLUSIVE MODE (``mode``): writes wait, reads go on."""
     if mode not in ("EXCLUSIVE", "SHARE"):
         raise ValueError(f"lock mode {mode}")
     for i in range(0, len(items), per_statement):
-        conn.execute("LOCK TABLE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}"
-                                              for s, t in items[i:i + per_statement]) + f" IN {mode} MODE")
+        conn.execute(
+            "LOCK TABLE "
+            + ", ".join(
+                f"{quote_ident(s)}.{quote_ident(t)}" for s, t in items[i : i + per_statement]
+            )
+            + f" IN {mode} MODE"
+        )
 
 
-def copy_tables(frm: psycopg.Connection, into: psycopg.Connection, pairs: list[tuple[tuple[str, str], tuple[str, str]]],
-                truncate: bool = False, progress=None) -> None:
+def copy_tables(
+    frm: psycopg.Connection,
+    into: psycopg.Connection,
+    pairs: list[tuple[tuple[str, str], tuple[str, str]]],
+    truncate: bool = False,
+    progress=None,
+) -> None:
     """COPY each (from table, into table) pair in binary; ``truncate`` empties the destinations first."""
     if truncate and pairs:
-        into.execute("TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for _, (s, t) in pairs))
+        into.execute(
+            "TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for _, (s, t) in pairs)
+        )
     with copy_encoding(frm, into):
         for i, ((fs, ft), (ts, tt)) in enumerate(pairs, 1):
-            with frm.cursor().copy(f"COPY {quote_ident(fs)}.{quote_ident(ft)} TO STDOUT (FORMAT binary)") as out, \
-                    into.cursor().copy(f"COPY {quote_ident(ts)}.{quote_ident(tt)} FROM STDIN (FORMAT binary)") as dst:
+            with (
+                frm.cursor().copy(
+                    f"COPY {quote_ident(fs)}.{quote_ident(ft)} TO STDOUT (FORMAT binary)"
+                ) as out,
+                into.cursor().copy(
+                    f"COPY {quote_ident(ts)}.{quote_ident(tt)} FROM STDIN (FORMAT binary)"
+                ) as dst,
+            ):
                 for data in out:
                     dst.write(data)
             if progress:
@@ -247,15 +327,19 @@ def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator
     COPYs only (psycopg reads SQL_ASCII text as bytes); each connection's encoding is restored after
     it (unless its transaction failed: the rollback restores it)."""
     encoding = into.info.parameter_status("server_encoding") or "UTF8"
-    saved = [(conn, conn.info.parameter_status("client_encoding") or "UTF8") for conn in (frm, into)]
+    saved = [
+        (conn, conn.info.parameter_status("client_encoding") or "UTF8") for conn in (frm, into)
+    ]
     for conn, _ in saved:
         conn.execute("SELECT set_config('client_encoding', %s, false)", (encoding,))
     try:
         yield
     finally:
         for conn, before in saved:
-            if not conn.closed and conn.info.transaction_status in (psycopg.pq.TransactionStatus.IDLE,
-                                                                   psycopg.pq.TransactionStatus.INTRANS):
+            if not conn.closed and conn.info.transaction_status in (
+                psycopg.pq.TransactionStatus.IDLE,
+                psycopg.pq.TransactionStatus.INTRANS,
+            ):
                 conn.execute("SELECT set_config('client_encoding', %s, false)", (before,))
 
 
@@ -272,11 +356,21 @@ def server_facts(conn: psycopg.Connection) -> dict:
                   greatest((SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL),
                            (SELECT count(*) FROM pg_subscription WHERE subenabled))::int,
                   current_setting('max_sync_workers_per_subscription')::int,
-                  current_setting('server_encoding')""").fetchone()
-    return {"version_num": row[0], "wal_level": row[1], "max_replication_slots": row[2], "slots_used": row[3],
-            "max_wal_senders": row[4], "max_logical_replication_workers": row[5], "log_statement": row[6],
-            "senders_used": row[7], "workers_used": row[8], "max_sync_workers_per_subscription": row[9],
-            "server_encoding": row[10]}
+                  current_setting('server_encoding')"""
+    ).fetchone()
+    return {
+        "version_num": row[0],
+        "wal_level": row[1],
+        "max_replication_slots": row[2],
+        "slots_used": row[3],
+        "max_wal_senders": row[4],
+        "max_logical_replication_workers": row[5],
+        "log_statement": row[6],
+        "senders_used": row[7],
+        "workers_used": row[8],
+        "max_sync_workers_per_subscription": row[9],
+        "server_encoding": row[10],
+    }
 
 
 def role_facts(conn: psycopg.Connection, schemas: list[str]) -> dict:
@@ -291,24 +385,42 @@ def role_facts(conn: psycopg.Connection, schemas: list[str]) -> dict:
                   (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                     WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p')
                       AND NOT pg_has_role(current_user, c.relowner, 'USAGE'))::int
-             FROM pg_roles r WHERE r.rolname = current_user""", (schemas,)).fetchone()
-    return {"name": row[0], "superuser": row[1], "replication": row[2], "create_on_database": row[3],
-            "create_subscription": row[4], "read_all_stats": row[5], "tables_not_owned": row[6]}
+             FROM pg_roles r WHERE r.rolname = current_user""",
+        (schemas,),
+    ).fetchone()
+    return {
+        "name": row[0],
+        "superuser": row[1],
+        "replication": row[2],
+        "create_on_database": row[3],
+        "create_subscription": row[4],
+        "read_all_stats": row[5],
+        "tables_not_owned": row[6],
+    }
 
 
 # ---- what the schemas hold --------------------------------------------------------------
 
+
 def tables(conn: psycopg.Connection, schemas: list[str], kinds: str = "r") -> list[tuple[str, str]]:
     """(schema, table) of the relations of ``kinds`` (pg_class.relkind letters) in ``schemas``."""
-    return [tuple(r) for r in conn.execute(
-        """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    return [
+        tuple(r)
+        for r in conn.execute(
+            """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
             WHERE n.nspname = ANY(%s) AND c.relkind = ANY(%s) ORDER BY 1, 2""",
-        (schemas, list(kinds))).fetchall()]
+            (schemas, list(kinds)),
+        ).fetchall()
+    ]
 
 
 def present_schemas(conn: psycopg.Connection, schemas: list[str]) -> set[str]:
-    return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)",
-                                       (schemas,)).fetchall()}
+    return {
+        r[0]
+        for r in conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (schemas,)
+        ).fetchall()
+    }
 
 
 def unmovable(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
@@ -321,7 +433,9 @@ def unmovable(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
                   EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
             WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'm', 'f')
-            ORDER BY 1, 2""", (schemas,)).fetchall()
+            ORDER BY 1, 2""",
+        (schemas,),
+    ).fetchall()
     problems = []
     for schema, table, kind, persistence, ident, has_pk, has_ident_index in rows:
         name = f"{schema}.{table}"
@@ -331,28 +445,39 @@ def unmovable(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
             problems.append(f"{name} is a foreign table (not replicated)")
         elif persistence == "u":
             problems.append(f"{name} is unlogged (not replicated)")
-        elif ident == "n" or (ident == "d" and not has_pk) or (ident == "i" and not has_ident_index):
+        elif (
+            ident == "n" or (ident == "d" and not has_pk) or (ident == "i" and not has_ident_index)
+        ):
             problems.append(f"{name} has no primary key or replica identity")
     return problems
 
 
-def structure(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+def structure(
+    conn: psycopg.Connection, schemas: list[str]
+) -> dict[tuple[str, str], list[tuple[str, str]]]:
     """(schema, table) → [(column, type)] for the ordinary and partitioned tables in ``schemas``."""
     out: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for schema, table, column, typ in conn.execute(
-            """SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod)
+        """SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod)
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
                 WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p')
-                ORDER BY 1, 2, a.attnum""", (schemas,)).fetchall():
+                ORDER BY 1, 2, a.attnum""",
+        (schemas,),
+    ).fetchall():
         out.setdefault((schema, table), []).append((column, typ))
     for schema, table in tables(conn, schemas, "rp"):  # a table without columns still counts
         out.setdefault((schema, table), [])
     return out
 
 
-def checksums(conn: psycopg.Connection, items: list[tuple[str, str]], *, rows_only: bool = False,
-              pause: Callable[[], None] | None = None) -> dict[tuple[str, str], tuple[int, str]]:
+def checksums(
+    conn: psycopg.Connection,
+    items: list[tuple[str, str]],
+    *,
+    rows_only: bool = False,
+    pause: Callable[[], None] | None = None,
+) -> dict[tuple[str, str], tuple[int, str]]:
     """(schema, table) → (row count, checksum of the rows). Order-independent: a sum of 64-bit hashes of
     each row, so no sort is needed. ``rows_only``: the row count alone (about 4x cheaper; the
     checksum is then the constant ``'n'``). ``pause``: called between queries, which then take
@@ -369,13 +494,23 @@ def checksums(conn: psycopg.Connection, items: list[tuple[str, str]], *, rows_on
     for i in range(0, len(items), step):
         if pause and i:
             pause()
-        chunk = items[i:i + step]
-        rows = conn.execute(_checksum_query(chunk, None, "n")).fetchall() if rows_only else _hashed_rows(conn, chunk)
-        if rows is None:  # some table of the chunk cannot be hashed by column: find which, one by one
+        chunk = items[i : i + step]
+        rows = (
+            conn.execute(_checksum_query(chunk, None, "n")).fetchall()
+            if rows_only
+            else _hashed_rows(conn, chunk)
+        )
+        if (
+            rows is None
+        ):  # some table of the chunk cannot be hashed by column: find which, one by one
             rows = []
             for item in chunk:
-                rows += _hashed_rows(conn, [item]) or conn.execute(
-                    _checksum_query([item], "hashtextextended(x::text, 0)", "t")).fetchall()
+                rows += (
+                    _hashed_rows(conn, [item])
+                    or conn.execute(
+                        _checksum_query([item], "hashtextextended(x::text, 0)", "t")
+                    ).fetchall()
+                )
         for schema, table, count, total in rows:
             out[(schema, table)] = (count, total)
     return out
@@ -384,7 +519,9 @@ def checksums(conn: psycopg.Connection, items: list[tuple[str, str]], *, rows_on
 def _hashed_rows(conn: psycopg.Connection, chunk: list[tuple[str, str]]) -> list[tuple] | None:
     try:
         with conn.transaction():  # a savepoint inside the caller's snapshot transaction
-            return conn.execute(_checksum_query(chunk, "hash_record_extended(x, 0)", "r")).fetchall()
+            return conn.execute(
+                _checksum_query(chunk, "hash_record_extended(x, 0)", "r")
+            ).fetchall()
     except psycopg.errors.UndefinedFunction:  # a column type without an extended hash function
         return None
 
@@ -394,14 +531,21 @@ def _checksum_query(chunk: list[tuple[str, str]], row_hash: str | None, method: 
     total = f"'{method}' || coalesce(sum({row_hash}), 0)::text" if row_hash else f"'{method}'"
     return "\nUNION ALL\n".join(
         f"SELECT {quote_literal(s)}, {quote_literal(t)}, count(*), {total} "
-        f"FROM {quote_ident(s)}.{quote_ident(t)} AS x" for s, t in chunk)
+        f"FROM {quote_ident(s)}.{quote_ident(t)} AS x"
+        for s, t in chunk
+    )
 
 
 def sequences(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str], dict]:
     """(schema, sequence) → last_value (None if never used), max_value: read from the sequences themselves."""
-    return {(r[0], r[1]): {"last_value": r[2], "max_value": r[3]} for r in conn.execute(
-        """SELECT schemaname, sequencename, last_value, max_value FROM pg_sequences
-            WHERE schemaname = ANY(%s)""", (schemas,)).fetchall()}
+    return {
+        (r[0], r[1]): {"last_value": r[2], "max_value": r[3]}
+        for r in conn.execute(
+            """SELECT schemaname, sequencename, last_value, max_value FROM pg_sequences
+            WHERE schemaname = ANY(%s)""",
+            (schemas,),
+        ).fetchall()
+    }
 
 
 def set_sequences(conn: psycopg.Connection, values: list[tuple[str, str, int]]) -> int:
@@ -414,22 +558,28 @@ def set_sequences(conn: psycopg.Connection, values: list[tuple[str, str, int]]) 
                               greatest(u.v, coalesce(q.last_value, 0)), true))
              FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS u(s, n, v)
              LEFT JOIN pg_sequences q ON q.schemaname = u.s AND q.sequencename = u.n""",
-        (list(schemas), list(names), list(vals))).fetchone()[0]
+        (list(schemas), list(names), list(vals)),
+    ).fetchone()[0]
 
 
 def write_grants(conn: psycopg.Connection, schemas: list[str]) -> list[list[str]]:
     """[schema, table, grantee (SQL: a quoted role or PUBLIC), privilege] for every write privilege but the
     owner's (the guard trigger stops the owner; revoking its own rights would hide the guard's message
     behind "permission denied" when the fleet's role owns the tables, as on managed Postgres)."""
-    return [list(r) for r in conn.execute(
-        """SELECT n.nspname, c.relname,
+    return [
+        list(r)
+        for r in conn.execute(
+            """SELECT n.nspname, c.relname,
                   CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
                   a.privilege_type
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
                   aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) AS a
             WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND a.privilege_type = ANY(%s)
               AND a.grantee <> c.relowner
-            ORDER BY 1, 2, 3, 4""", (schemas, list(WRITE_PRIVILEGES))).fetchall()]
+            ORDER BY 1, 2, 3, 4""",
+            (schemas, list(WRITE_PRIVILEGES)),
+        ).fetchall()
+    ]
 
 
 def grant_sql(grants: list[list[str]], revoke: bool, rename: dict[str, str] | None = None) -> str:
@@ -448,34 +598,52 @@ def grant_sql(grants: list[list[str]], revoke: bool, rename: dict[str, str] | No
 
 
 def guard_sql(schema: str, table: str, message: str) -> str:
-    return (f"CREATE TRIGGER {GUARD_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON "
-            f"{quote_ident(schema)}.{quote_ident(table)} FOR EACH STATEMENT EXECUTE FUNCTION "
-            f"{GUARD_FUNCTION}({quote_literal(message)});\n")
+    return (
+        f"CREATE TRIGGER {GUARD_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON "
+        f"{quote_ident(schema)}.{quote_ident(table)} FOR EACH STATEMENT EXECUTE FUNCTION "
+        f"{GUARD_FUNCTION}({quote_literal(message)});\n"
+    )
 
 
 def unguard_sql(schema: str, table: str) -> str:
-    return f"DROP TRIGGER IF EXISTS {GUARD_TRIGGER} ON {quote_ident(schema)}.{quote_ident(table)};\n"
+    return (
+        f"DROP TRIGGER IF EXISTS {GUARD_TRIGGER} ON {quote_ident(schema)}.{quote_ident(table)};\n"
+    )
 
 
 def now_ms(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone()[0]
+    return conn.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone()[
+        0
+    ]
 
 
 # ---- publications, slots, subscriptions -------------------------------------------------
 
+
 def publication_exists(conn: psycopg.Connection, name: str) -> bool:
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s)", (name,)).fetchone()[0]
+    return conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s)", (name,)
+    ).fetchone()[0]
 
 
-def create_publication(conn: psycopg.Connection, name: str, schemas: list[str], by_table: bool = False) -> None:
+def create_publication(
+    conn: psycopg.Connection, name: str, schemas: list[str], by_table: bool = False
+) -> None:
     """A publication of every table in ``schemas``: ``FOR TABLES IN SCHEMA`` (superuser only), or, for
     ``by_table`` (a role that owns the tables, as on managed Postgres), ``FOR TABLE`` naming each."""
     if not by_table:
-        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLES IN SCHEMA {}").format(
-            sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s) for s in schemas)))
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLES IN SCHEMA {}").format(
+                sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s) for s in schemas)
+            )
+        )
         return
     names = [sql.Identifier(s, t) for s, t in tables(conn, schemas, "r")]
-    conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), sql.SQL(", ").join(names)))
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(name), sql.SQL(", ").join(names)
+        )
+    )
 
 
 def drop_publications(conn: psycopg.Connection, names: list[str]) -> list[str]:
@@ -488,8 +656,9 @@ def drop_publications(conn: psycopg.Connection, names: list[str]) -> list[str]:
 
 
 def slot_exists(conn: psycopg.Connection, name: str) -> bool:
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)",
-                        (name,)).fetchone()[0]
+    return conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)", (name,)
+    ).fetchone()[0]
 
 
 def create_slot(conn: psycopg.Connection, name: str) -> None:
@@ -501,12 +670,18 @@ def create_slot(conn: psycopg.Connection, name: str) -> None:
 def move_slots(conn: psycopg.Connection, names: list[str], sub_oids: list[int]) -> list[str]:
     """The slots a move made on the publisher: its subscriptions' slots and their table-sync slots."""
     patterns = [f"pg\\_{int(oid)}\\_sync\\_%" for oid in sub_oids]
-    return [r[0] for r in conn.execute(
-        "SELECT slot_name FROM pg_replication_slots WHERE slot_name = ANY(%s) OR slot_name LIKE ANY(%s)",
-        (names, patterns)).fetchall()]
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name = ANY(%s) OR slot_name LIKE ANY(%s)",
+            (names, patterns),
+        ).fetchall()
+    ]
 
 
-def drop_slots(conn: psycopg.Connection, names: list[str], sub_oids: list[int], timeout: float = 30) -> list[str]:
+def drop_slots(
+    conn: psycopg.Connection, names: list[str], sub_oids: list[int], timeout: float = 30
+) -> list[str]:
     """Drop the move's slots on the publisher, ending a walsender that still holds one."""
     dropped: list[str] = []
     deadline = time.monotonic() + timeout
@@ -515,8 +690,9 @@ def drop_slots(conn: psycopg.Connection, names: list[str], sub_oids: list[int], 
         if not left:
             return dropped
         for slot in left:
-            pid = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                               (slot,)).fetchone()
+            pid = conn.execute(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
             try:
                 if pid and pid[0]:
                     conn.execute("SELECT pg_terminate_backend(%s)", (pid[0],))
@@ -537,36 +713,55 @@ def drop_slots(conn: psycopg.Connection, names: list[str], sub_oids: list[int], 
 
 def subscriptions(conn: psycopg.Connection, names: list[str]) -> dict[str, int]:
     """name → oid of the named subscriptions in this database."""
-    return dict(conn.execute(
-        """SELECT subname, oid::int FROM pg_subscription
+    return dict(
+        conn.execute(
+            """SELECT subname, oid::int FROM pg_subscription
             WHERE subname = ANY(%s) AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())""",
-        (names,)).fetchall())
+            (names,),
+        ).fetchall()
+    )
 
 
-def create_subscription(conn: psycopg.Connection, name: str, conninfo: str, copy_data: bool = True,
-                        start: bool = True) -> None:
+def create_subscription(
+    conn: psycopg.Connection, name: str, conninfo: str, copy_data: bool = True, start: bool = True
+) -> None:
     """Create the subscription without connecting (``connect = false``): the one statement that holds
     the publisher's password cannot fail on the network, so the server never logs it with an error.
     :func:`start_subscription` then connects, in statements that carry no secret."""
-    conn.execute(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH "
-                         "(connect = false, enabled = false, create_slot = false, slot_name = {})").format(
-        sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(name), sql.Literal(name)))
+    conn.execute(
+        sql.SQL(
+            "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH "
+            "(connect = false, enabled = false, create_slot = false, slot_name = {})"
+        ).format(
+            sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(name), sql.Literal(name)
+        )
+    )
     if start:
         start_subscription(conn, name, copy_data)
 
 
-def probe_subscription(conn: psycopg.Connection, name: str, conninfo: str, publication: str) -> None:
+def probe_subscription(
+    conn: psycopg.Connection, name: str, conninfo: str, publication: str
+) -> None:
     """Make this server open a replication connection with ``conninfo``, as a subscription's would:
     CREATE SUBSCRIPTION with ``connect = true`` and no slot (``slot_name = NONE``), so nothing is made on
     the publisher. Run it in a transaction the caller rolls back: nothing outlives it here either.
     Raises psycopg's error when the server cannot connect (its first line says why)."""
-    conn.execute(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (connect = true, "
-                         "enabled = false, create_slot = false, slot_name = NONE, copy_data = false)").format(
-        sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(publication)))
+    conn.execute(
+        sql.SQL(
+            "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (connect = true, "
+            "enabled = false, create_slot = false, slot_name = NONE, copy_data = false)"
+        ).format(sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(publication))
+    )
 
 
-def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = True,
-                       hold: psycopg.Connection | None = None, tables: list[tuple[str, str]] | None = None) -> None:
+def start_subscription(
+    conn: psycopg.Connection,
+    name: str,
+    copy_data: bool = True,
+    hold: psycopg.Connection | None = None,
+    tables: list[tuple[str, str]] | None = None,
+) -> None:
     """Enable a subscription made by :func:`create_subscription` and fetch its tables (the initial copy
     starts). Idempotent: a subscription already enabled and with tables is left alone.
 
@@ -590,8 +785,11 @@ def start_subscription(conn: psycopg.Connection, name: str, copy_data: bool = Tr
         if not enabled:
             conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
         if not rels:
-            conn.execute(sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = {})").format(
-                ident, sql.SQL("true" if copy_data else "false")))
+            conn.execute(
+                sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = {})").format(
+                    ident, sql.SQL("true" if copy_data else "false")
+                )
+            )
     finally:
         if held:
             hold.rollback()  # the locks go; the apply worker reads the tables' state (ready) after this
@@ -609,7 +807,9 @@ def _subscription_state(conn: psycopg.Connection, name: str) -> tuple[bool, int]
     """(enabled, tables registered) of a subscription; (False, 0) when there is none."""
     row = conn.execute(
         """SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
-             FROM pg_subscription s WHERE s.subname = %s""", (name,)).fetchone()
+             FROM pg_subscription s WHERE s.subname = %s""",
+        (name,),
+    ).fetchone()
     return (bool(row[0]), int(row[1])) if row else (False, 0)
 
 
@@ -617,10 +817,15 @@ def disable_subscription(conn: psycopg.Connection, name: str, timeout: float = 3
     """Disable a subscription and wait until its apply worker has exited."""
     conn.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(sql.Identifier(name)))
     deadline = time.monotonic() + timeout
-    while conn.execute("""SELECT count(*) FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid
-                           WHERE s.subname = %s AND st.pid IS NOT NULL""", (name,)).fetchone()[0]:
+    while conn.execute(
+        """SELECT count(*) FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid
+                           WHERE s.subname = %s AND st.pid IS NOT NULL""",
+        (name,),
+    ).fetchone()[0]:
         if time.monotonic() > deadline:
-            raise psycopg.OperationalError(f"the apply worker of subscription {name} did not stop within {timeout:g}s")
+            raise psycopg.OperationalError(
+                f"the apply worker of subscription {name} did not stop within {timeout:g}s"
+            )
         time.sleep(0.05)
 
 
@@ -647,15 +852,24 @@ def sync_state(conn: psycopg.Connection, names: list[str]) -> dict:
     """Table states of the subscriptions: counts by state letter, and error counters."""
     states: dict[str, int] = {}
     for state, count in conn.execute(
-            """SELECT r.srsubstate::text, count(*)::int FROM pg_subscription s
+        """SELECT r.srsubstate::text, count(*)::int FROM pg_subscription s
                  JOIN pg_subscription_rel r ON r.srsubid = s.oid
-                WHERE s.subname = ANY(%s) GROUP BY 1""", (names,)).fetchall():
+                WHERE s.subname = ANY(%s) GROUP BY 1""",
+        (names,),
+    ).fetchall():
         states[state] = count
     errors = conn.execute(
         """SELECT coalesce(sum(apply_error_count), 0)::bigint, coalesce(sum(sync_error_count), 0)::bigint
-             FROM pg_stat_subscription_stats WHERE subname = ANY(%s)""", (names,)).fetchone()
-    return {"states": states, "ready": states.get("r", 0), "tables": sum(states.values()),
-            "apply_errors": errors[0], "sync_errors": errors[1]}
+             FROM pg_stat_subscription_stats WHERE subname = ANY(%s)""",
+        (names,),
+    ).fetchone()
+    return {
+        "states": states,
+        "ready": states.get("r", 0),
+        "tables": sum(states.values()),
+        "apply_errors": errors[0],
+        "sync_errors": errors[1],
+    }
 
 
 def slot_lag(conn: psycopg.Connection, names: list[str]) -> int | None:
@@ -663,7 +877,9 @@ def slot_lag(conn: psycopg.Connection, names: list[str]) -> int | None:
     row = conn.execute(
         """SELECT max(pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn)))::bigint,
                   count(*)
-             FROM pg_replication_slots WHERE slot_name = ANY(%s)""", (names,)).fetchone()
+             FROM pg_replication_slots WHERE slot_name = ANY(%s)""",
+        (names,),
+    ).fetchone()
     return None if not row[1] else max(0, int(row[0] or 0))
 
 
@@ -674,7 +890,9 @@ def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
     row = conn.execute(
         """SELECT count(*) FILTER (WHERE r.replay_lsn >= %s::pg_lsn), count(*)
              FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-            WHERE s.slot_name = ANY(%s)""", (lsn, names)).fetchone()
+            WHERE s.slot_name = ANY(%s)""",
+        (lsn, names),
+    ).fetchone()
     return row[1] == len(names) and row[0] == len(names)
 
 
@@ -685,6 +903,7 @@ def dumps(value: object) -> str:
 # ======================================================================================
 # Shard list and ledger reads (init, migrate, status, grow, moves): one place for each query.
 # ======================================================================================
+
 
 @dataclass
 class ShardRow:
@@ -713,41 +932,56 @@ def shard_list(conn: psycopg.Connection) -> dict[int, ShardRow]:
     rows = conn.execute(
         """SELECT s.shard_id, s.schema_name, s.state, coalesce(max(m.version), 0), count(m.version)
              FROM shardctl.shards s LEFT JOIN shardctl.migrations m USING (shard_id)
-            GROUP BY 1, 2, 3""").fetchall()
+            GROUP BY 1, 2, 3"""
+    ).fetchall()
     return {r[0]: ShardRow(r[0], r[1], r[2], r[3], r[4]) for r in rows}
 
 
 def applied_versions(conn: psycopg.Connection) -> set[int]:
     """Every version the host's ledger records for any shard."""
-    return {r[0] for r in conn.execute("SELECT DISTINCT version FROM shardctl.migrations").fetchall()}
+    return {
+        r[0] for r in conn.execute("SELECT DISTINCT version FROM shardctl.migrations").fetchall()
+    }
 
 
 def last_event(conn: psycopg.Connection) -> str | None:
     row = conn.execute(
         """SELECT kind || ' at ' || to_char(at, 'YYYY-MM-DD HH24:MI:SS') || coalesce(' (' || shards || ')', '')
-             FROM shardctl.events ORDER BY id DESC LIMIT 1""").fetchone()
+             FROM shardctl.events ORDER BY id DESC LIMIT 1"""
+    ).fetchone()
     return row[0] if row else None
 
 
 def schema_names(conn: psycopg.Connection) -> set[str]:
     """Every schema of the database but the stubs left under moved shards' old names."""
-    return {r[0] for r in conn.execute(f"SELECT nspname FROM pg_namespace n WHERE {NOT_STUB}").fetchall()}
+    return {
+        r[0]
+        for r in conn.execute(f"SELECT nspname FROM pg_namespace n WHERE {NOT_STUB}").fetchall()
+    }
 
 
 def ledger_versions(conn: psycopg.Connection, shards: list[int]) -> dict[int, list[int]]:
     """Shard → the versions its ledger holds (for the shards given)."""
-    return {s: list(v) for s, v in conn.execute(
-        "SELECT shard_id, array_agg(version) FROM shardctl.migrations WHERE shard_id = ANY(%s) GROUP BY 1",
-        (shards,)).fetchall()}
+    return {
+        s: list(v)
+        for s, v in conn.execute(
+            "SELECT shard_id, array_agg(version) FROM shardctl.migrations WHERE shard_id = ANY(%s) GROUP BY 1",
+            (shards,),
+        ).fetchall()
+    }
 
 
 def open_moves(conn: psycopg.Connection) -> list[tuple[str, str, str, str]]:
     """Unfinished moves recorded on the host: (shards, source, target, phase)."""
     if not moves_table_exists(conn):
         return []
-    return [tuple(r) for r in conn.execute(
-        "SELECT shards, source, target, phase FROM shardctl.moves WHERE finished_at IS NULL "
-        "ORDER BY started_at").fetchall()]
+    return [
+        tuple(r)
+        for r in conn.execute(
+            "SELECT shards, source, target, phase FROM shardctl.moves WHERE finished_at IS NULL "
+            "ORDER BY started_at"
+        ).fetchall()
+    ]
 
 
 def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[str]:
@@ -755,32 +989,44 @@ def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[st
     apply worker running, table-sync workers waiting for a free worker slot, error counters."""
     out = []
     for name, enabled, workers, syncing, apply_errors, sync_errors in conn.execute(
-            """SELECT s.subname, s.subenabled,
+        """SELECT s.subname, s.subenabled,
                       (SELECT count(*) FROM pg_stat_subscription w WHERE w.subid = s.oid AND w.pid IS NOT NULL
                           AND w.relid IS NULL)::int,
                       (SELECT count(*) FROM pg_stat_subscription w WHERE w.subid = s.oid AND w.relid IS NOT NULL)::int,
                       coalesce(st.apply_error_count, 0), coalesce(st.sync_error_count, 0)
                  FROM pg_subscription s LEFT JOIN pg_stat_subscription_stats st ON st.subid = s.oid
-                WHERE s.subname = ANY(%s) ORDER BY 1""", (names,)).fetchall():
+                WHERE s.subname = ANY(%s) ORDER BY 1""",
+        (names,),
+    ).fetchall():
         if not enabled:
             out.append(f"subscription {name} is disabled")
         elif not workers:
             out.append(f"subscription {name} has no apply worker running")
         if apply_errors or sync_errors:
-            out.append(f"subscription {name} has {apply_errors} apply and {sync_errors} table-sync errors")
+            out.append(
+                f"subscription {name} has {apply_errors} apply and {sync_errors} table-sync errors"
+            )
     workers = conn.execute(
         """SELECT current_setting('max_logical_replication_workers')::int,
-                  (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int""").fetchone()
+                  (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int"""
+    ).fetchone()
     if workers[1] >= workers[0]:
-        out.append(f"all {workers[0]} logical replication workers are busy (max_logical_replication_workers)")
+        out.append(
+            f"all {workers[0]} logical replication workers are busy (max_logical_replication_workers)"
+        )
     return out
 
 
 def id_sequence_settings(conn: psycopg.Connection, schemas: list[str]) -> dict[str, dict]:
     """schema → cache_size and increment_by of its ``next_id_seq`` (what verify checks: CACHE 1, INCREMENT 1)."""
-    return {r[0]: {"cache_size": r[1], "increment_by": r[2]} for r in conn.execute(
-        """SELECT schemaname, cache_size, increment_by FROM pg_sequences
-            WHERE sequencename = 'next_id_seq' AND schemaname = ANY(%s)""", (schemas,)).fetchall()}
+    return {
+        r[0]: {"cache_size": r[1], "increment_by": r[2]}
+        for r in conn.execute(
+            """SELECT schemaname, cache_size, increment_by FROM pg_sequences
+            WHERE sequencename = 'next_id_seq' AND schemaname = ANY(%s)""",
+            (schemas,),
+        ).fetchall()
+    }
 
 
 # ---- template functions (``redeploy``) ------------------------------------------------------
@@ -795,13 +1041,17 @@ TEMPLATE_LEDGER = """CREATE TABLE IF NOT EXISTS shardctl.templates (
 )"""
 
 
-def function_sources(conn: psycopg.Connection, schemas: list[str]) -> dict[tuple[str, str, int], tuple[str, str]]:
+def function_sources(
+    conn: psycopg.Connection, schemas: list[str]
+) -> dict[tuple[str, str, int], tuple[str, str]]:
     """(schema, name, argument count) → (language, body as ``pg_proc.prosrc``) of the functions in ``schemas``."""
     rows = conn.execute(
         """SELECT n.nspname, p.proname, p.pronargs, l.lanname, p.prosrc
              FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
              JOIN pg_language l ON l.oid = p.prolang
-            WHERE n.nspname = ANY(%s)""", (schemas,)).fetchall()
+            WHERE n.nspname = ANY(%s)""",
+        (schemas,),
+    ).fetchall()
     return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
 
 
@@ -811,17 +1061,24 @@ def ensure_template_ledger(conn: psycopg.Connection) -> None:
 
 
 def record_template(conn: psycopg.Connection, shard: int, obj: str, checksum: str) -> None:
-    conn.execute("""INSERT INTO shardctl.templates (shard_id, object, checksum) VALUES (%s, %s, %s)
+    conn.execute(
+        """INSERT INTO shardctl.templates (shard_id, object, checksum) VALUES (%s, %s, %s)
                     ON CONFLICT (shard_id, object) DO UPDATE SET checksum = excluded.checksum,
-                        deployed_at = clock_timestamp(), deployed_by = current_user""", (shard, obj, checksum))
+                        deployed_at = clock_timestamp(), deployed_by = current_user""",
+        (shard, obj, checksum),
+    )
 
 
 def schema_sizes(conn: psycopg.Connection, schemas: list[str]) -> dict[str, int]:
     """Bytes per schema: pg_total_relation_size (tables, indexes, TOAST) of its tables."""
-    return dict(conn.execute(
-        """SELECT n.nspname, coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+    return dict(
+        conn.execute(
+            """SELECT n.nspname, coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
              FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'm')
-            WHERE n.nspname = ANY(%s) GROUP BY 1""", (schemas,)).fetchall())
+            WHERE n.nspname = ANY(%s) GROUP BY 1""",
+            (schemas,),
+        ).fetchall()
+    )
 
 
 def create_slot_with_snapshot(repl: psycopg.Connection, name: str) -> tuple[str, str]:
@@ -837,8 +1094,14 @@ def create_slot_with_snapshot(repl: psycopg.Connection, name: str) -> tuple[str,
     return res.get_value(0, 1).decode(), res.get_value(0, 2).decode()
 
 
-def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot: str,
-                     items: list[tuple[str, str]], progress=None, pause: Callable[[], None] | None = None) -> int:
+def copy_in_snapshot(
+    src: psycopg.Connection,
+    tgt: psycopg.Connection,
+    snapshot: str,
+    items: list[tuple[str, str]],
+    progress=None,
+    pause: Callable[[], None] | None = None,
+) -> int:
     """Copy each (schema, table) from ``src`` as of ``snapshot`` into the same (empty) table on ``tgt``,
     in binary, in one target transaction. Returns bytes copied. ``pause``: called after every
     PAUSE_BYTES copied (a move's ``--nice``)."""
@@ -849,8 +1112,10 @@ def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot:
     with tgt.transaction(), copy_encoding(src, tgt):
         for schema, table in items:
             name = f"{quote_ident(schema)}.{quote_ident(table)}"
-            with src.cursor().copy(f"COPY {name} TO STDOUT (FORMAT binary)") as out, \
-                    tgt.cursor().copy(f"COPY {name} FROM STDIN (FORMAT binary)") as into:
+            with (
+                src.cursor().copy(f"COPY {name} TO STDOUT (FORMAT binary)") as out,
+                tgt.cursor().copy(f"COPY {name} FROM STDIN (FORMAT binary)") as into,
+            ):
                 for data in out:
                     copied += len(data)
                     into.write(data)
@@ -865,12 +1130,15 @@ def copy_in_snapshot(src: psycopg.Connection, tgt: psycopg.Connection, snapshot:
 
 def truncate_tables(conn: psycopg.Connection, items: list[tuple[str, str]]) -> None:
     if items:
-        conn.execute("TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in items))
+        conn.execute(
+            "TRUNCATE " + ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in items)
+        )
 
 
 # ======================================================================================
 # Capacity (how many connections may apply shards at once) and fleet-wide set-based reads.
 # ======================================================================================
+
 
 def connection_headroom(conn: psycopg.Connection) -> int:
     """Connection slots an ordinary role can still open: max_connections minus the reserved slots
@@ -880,7 +1148,8 @@ def connection_headroom(conn: psycopg.Connection) -> int:
         """SELECT current_setting('max_connections')::int
                 - current_setting('superuser_reserved_connections')::int
                 - coalesce(current_setting('reserved_connections', true)::int, 0)
-                - (SELECT coalesce(sum(numbackends), 0)::int FROM pg_stat_database)""").fetchone()[0]
+                - (SELECT coalesce(sum(numbackends), 0)::int FROM pg_stat_database)"""
+    ).fetchone()[0]
 
 
 def server_cores(conn: psycopg.Connection) -> int | None:
@@ -888,7 +1157,8 @@ def server_cores(conn: psycopg.Connection) -> int | None:
     pg_read_server_files) and the server runs Linux; None otherwise (no SQL gives it to other roles)."""
     allowed = conn.execute(
         """SELECT rolsuper OR pg_has_role(current_user, 'pg_read_server_files', 'MEMBER')
-             FROM pg_roles WHERE rolname = current_user""").fetchone()
+             FROM pg_roles WHERE rolname = current_user"""
+    ).fetchone()
     if not allowed or not allowed[0]:
         return None
     try:
@@ -909,24 +1179,34 @@ VERIFY_HOST_SQL = f"""SELECT current_setting('server_version'), extract(epoch FR
 
 
 def active_shard_ids(conn: psycopg.Connection) -> set[int]:
-    return {r[0] for r in conn.execute("SELECT shard_id FROM shardctl.shards WHERE state = 'active'").fetchall()}
+    return {
+        r[0]
+        for r in conn.execute(
+            "SELECT shard_id FROM shardctl.shards WHERE state = 'active'"
+        ).fetchall()
+    }
 
 
 # A next_id() body with its shard's schema name and shard number (as a whole number) taken out: the
 # same for every shard rendered from one template, whatever its number. Linear in the rows: one fixed
 # pattern (compiled once per query, not once per row) brackets every run of digits, so the shard number
 # as a whole number is a plain replace of '<N>'.
-_SHAPE = ("md5(replace(regexp_replace(replace({body}, {schema}, '{{schema}}'), '([0-9]+)', '<\\1>', 'g'), "
-          "'<' || {shard}::text || '>', '{{shard}}'))")
+_SHAPE = (
+    "md5(replace(regexp_replace(replace({body}, {schema}, '{{schema}}'), '([0-9]+)', '<\\1>', 'g'), "
+    "'<' || {shard}::text || '>', '{{shard}}'))"
+)
 # A schema's next_id(): the whole key of pg_proc's (proname, proargtypes, pronamespace) index, so a
 # nested-loop plan (stale catalog statistics right after init) looks each one up instead of scanning
 # every shard's next_id() per shard.
 _NEXT_ID = "p.proname = 'next_id' AND p.proargtypes = ''::oidvector"
 
 
-def next_id_shapes(conn: psycopg.Connection, schemas: list[str], shards: list[int],
-                   expected: tuple[list[str], list[str], list[int]]) -> tuple[dict[str | None, list[int]], set[str],
-                                                                             list[int]]:
+def next_id_shapes(
+    conn: psycopg.Connection,
+    schemas: list[str],
+    shards: list[int],
+    expected: tuple[list[str], list[str], list[int]],
+) -> tuple[dict[str | None, list[int]], set[str], list[int]]:
     """Every shard's next_id() shape (None: no next_id()) → its shards, the shapes of the ``expected``
     (bodies, schemas, shards) renderings, and the shards without a ``next_id_seq`` sequence: two
     set-based queries."""
@@ -939,10 +1219,14 @@ def next_id_shapes(conn: psycopg.Connection, schemas: list[str], shards: list[in
               FROM unnest(%s::text[], %s::int[]) AS u(schema, shard)
               LEFT JOIN pg_namespace n ON n.nspname = u.schema
               LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND {_NEXT_ID}
-             GROUP BY 1""", (schemas, shards)).fetchall()
+             GROUP BY 1""",
+        (schemas, shards),
+    ).fetchall()
     known = conn.execute(
         f"SELECT DISTINCT {_SHAPE.format(body='e.body', schema='e.schema', shard='e.shard')} "
-        "FROM unnest(%s::text[], %s::text[], %s::int[]) AS e(body, schema, shard)", expected).fetchall()
+        "FROM unnest(%s::text[], %s::text[], %s::int[]) AS e(body, schema, shard)",
+        expected,
+    ).fetchall()
     no_sequence = [n for r in rows for n in (r[2] or [])]
     return {r[0]: list(r[1]) for r in rows}, {r[0] for r in known}, no_sequence
 
@@ -951,9 +1235,13 @@ def next_id_bodies(conn: psycopg.Connection, schemas: list[str]) -> dict[str, st
     """Schema → its next_id() body (``pg_proc.prosrc``), for the schemas given."""
     if not schemas:
         return {}
-    return dict(conn.execute(
-        f"""SELECT n.nspname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-             WHERE {_NEXT_ID} AND n.nspname = ANY(%s)""", (schemas,)).fetchall())
+    return dict(
+        conn.execute(
+            f"""SELECT n.nspname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE {_NEXT_ID} AND n.nspname = ANY(%s)""",
+            (schemas,),
+        ).fetchall()
+    )
 
 
 # Calls every shard's next_id() ``n`` times in one query: a function of the session's own (pg_temp),
@@ -978,11 +1266,14 @@ BEGIN
 END
 $sample$"""
 SAMPLE_BATCH = 256  # shards per UNION ALL query when no temporary function can be made
-SAMPLE_CALL = 1024  # shards per call of the function: each is a transaction holding a lock per sequence
+SAMPLE_CALL = (
+    1024  # shards per call of the function: each is a transaction holding a lock per sequence
+)
 
 
-def sample_next_ids(conn: psycopg.Connection, schemas: list[str], shards: list[int],
-                    n: int) -> list[tuple[int, list[int] | None, int, str | None]]:
+def sample_next_ids(
+    conn: psycopg.Connection, schemas: list[str], shards: list[int], n: int
+) -> list[tuple[int, list[int] | None, int, str | None]]:
     """(shard, ``n`` IDs from its next_id(), server time in ms after them, error or None) per shard:
     one query, or (a role that may not make temporary objects, a standby) UNION ALL batches."""
     if not shards:
@@ -992,21 +1283,29 @@ def sample_next_ids(conn: psycopg.Connection, schemas: list[str], shards: list[i
     except psycopg.Error:
         return _sample_union(conn, schemas, shards, n)
     out: list[tuple] = []
-    for i in range(0, len(shards), SAMPLE_CALL):  # max_locks_per_transaction: 64 x max_connections slots
-        out += conn.execute("SELECT * FROM pg_temp.shardctl_sample_ids(%s::text[], %s::int[], %s)",
-                            (schemas[i:i + SAMPLE_CALL], shards[i:i + SAMPLE_CALL], n)).fetchall()
+    for i in range(
+        0, len(shards), SAMPLE_CALL
+    ):  # max_locks_per_transaction: 64 x max_connections slots
+        out += conn.execute(
+            "SELECT * FROM pg_temp.shardctl_sample_ids(%s::text[], %s::int[], %s)",
+            (schemas[i : i + SAMPLE_CALL], shards[i : i + SAMPLE_CALL], n),
+        ).fetchall()
     return out
 
 
-def _sample_union(conn: psycopg.Connection, schemas: list[str], shards: list[int], n: int) -> list[tuple]:
+def _sample_union(
+    conn: psycopg.Connection, schemas: list[str], shards: list[int], n: int
+) -> list[tuple]:
     def one(schema: str, shard: int) -> str:
         fn = f"{quote_ident(schema)}.next_id"
-        return (f"SELECT {int(shard)}, (SELECT array_agg({fn}() ORDER BY g) FROM generate_series(1, {int(n)}) g), "
-                f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint, NULL::text")
+        return (
+            f"SELECT {int(shard)}, (SELECT array_agg({fn}() ORDER BY g) FROM generate_series(1, {int(n)}) g), "
+            f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint, NULL::text"
+        )
 
     out: list[tuple] = []
     for i in range(0, len(shards), SAMPLE_BATCH):
-        part = list(zip(schemas[i:i + SAMPLE_BATCH], shards[i:i + SAMPLE_BATCH]))
+        part = list(zip(schemas[i : i + SAMPLE_BATCH], shards[i : i + SAMPLE_BATCH]))
         try:
             out += conn.execute("\nUNION ALL\n".join(one(s, k) for s, k in part)).fetchall()
         except psycopg.Error:

@@ -71,7 +71,7 @@ WITH s AS MATERIALIZED (
            '', c.relname::text,
            concat_ws(' ', c.relkind, c.relpersistence, 'owner', pg_get_userbyid(c.relowner), 'acl', c.relacl::text,
                      'options', c.reloptions::text, 'rls', c.relrowsecurity, c.relforcerowsecurity,
-                     CASE WHEN c.relkind IN ('v', 'm') THEN {_n('pg_get_viewdef(c.oid)')} END,
+                     CASE WHEN c.relkind IN ('v', 'm') THEN {_n("pg_get_viewdef(c.oid)")} END,
                      CASE WHEN c.relkind = 'S' THEN (
                          SELECT concat_ws(' ', format_type(q.seqtypid, NULL), 'start', q.seqstart, 'increment',
                                           q.seqincrement, 'min', q.seqmin, 'max', q.seqmax, 'cache', q.seqcache,
@@ -82,7 +82,7 @@ WITH s AS MATERIALIZED (
     UNION ALL
     SELECT s.schema, 'column', c.relname::text, a.attname::text,
            concat_ws(' ', '#' || row_number() OVER (PARTITION BY a.attrelid ORDER BY a.attnum),
-                     {_n('format_type(a.atttypid, a.atttypmod)')},
+                     {_n("format_type(a.atttypid, a.atttypmod)")},
                      CASE WHEN a.attnotnull THEN 'not null' END,
                      CASE WHEN a.attcollation <> 0 THEN 'collate ' || a.attcollation::regcollation::text END,
                      CASE WHEN a.attidentity <> '' THEN 'identity ' || a.attidentity::text END,
@@ -95,7 +95,7 @@ WITH s AS MATERIALIZED (
       LEFT JOIN d ON d.adrelid = a.attrelid AND d.adnum = a.attnum LEFT JOIN dx ON dx.node = d.node
     UNION ALL
     SELECT s.schema, 'constraint', coalesce(c.relname, t.typname)::text, k.conname::text,
-           concat_ws(' ', k.contype, {_n('pg_get_constraintdef(k.oid)')})
+           concat_ws(' ', k.contype, {_n("pg_get_constraintdef(k.oid)")})
       FROM s JOIN pg_constraint k ON k.connamespace = s.oid AND k.contype <> 'n'
       LEFT JOIN pg_class c ON c.oid = k.conrelid LEFT JOIN pg_type t ON t.oid = k.contypid
     UNION ALL
@@ -114,25 +114,25 @@ WITH s AS MATERIALIZED (
                          LEFT JOIN pg_opclass oc ON oc.oid = k.opclass) || ')',
                'with ' || i.reloptions::text,
                'tablespace ' || (SELECT t.spcname FROM pg_tablespace t WHERE t.oid = i.reltablespace))
-           ELSE {_n('pg_get_indexdef(i.oid)')} END
+           ELSE {_n("pg_get_indexdef(i.oid)")} END
            || CASE WHEN x.indisvalid THEN '' ELSE ' INVALID (a failed CREATE INDEX CONCURRENTLY?)' END
       FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_index x ON x.indrelid = c.oid
       JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_am am ON am.oid = i.relam
      WHERE NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conindid = i.oid AND k.conrelid = c.oid)
     UNION ALL
     SELECT s.schema, CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE 'function' END, '',
-           p.proname || '(' || {_n('pg_get_function_identity_arguments(p.oid)')} || ')',
-           concat_ws(' ', 'returns', {_n('pg_get_function_result(p.oid)')}, 'language', l.lanname, p.provolatile,
+           p.proname || '(' || {_n("pg_get_function_identity_arguments(p.oid)")} || ')',
+           concat_ws(' ', 'returns', {_n("pg_get_function_result(p.oid)")}, 'language', l.lanname, p.provolatile,
                      CASE WHEN p.proisstrict THEN 'strict' END, CASE WHEN p.prosecdef THEN 'security definer' END,
                      CASE WHEN p.proleakproof THEN 'leakproof' END, 'parallel', p.proparallel,
-                     'config', {_n('p.proconfig::text')}, 'owner', pg_get_userbyid(p.proowner), 'acl', p.proacl::text,
+                     'config', {_n("p.proconfig::text")}, 'owner', pg_get_userbyid(p.proowner), 'acl', p.proacl::text,
                      CASE WHEN p.proname || '/' || p.pronargs = ANY(%(per_shard)s::text[])
                           THEN 'body: per shard, compared with the template'
-                          ELSE 'body md5 ' || md5({_n('p.prosrc')}) END)
+                          ELSE 'body md5 ' || md5({_n("p.prosrc")}) END)
       FROM s JOIN pg_proc p ON p.pronamespace = s.oid JOIN pg_language l ON l.oid = p.prolang
     UNION ALL
     SELECT s.schema, 'trigger', c.relname::text, g.tgname::text,
-           concat_ws(' ', {_n('pg_get_triggerdef(g.oid)')}, 'enabled', g.tgenabled)
+           concat_ws(' ', {_n("pg_get_triggerdef(g.oid)")}, 'enabled', g.tgenabled)
       FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_trigger g ON g.tgrelid = c.oid
      WHERE NOT g.tgisinternal AND g.tgname <> '{GUARD_TRIGGER}'
     UNION ALL
@@ -142,10 +142,10 @@ WITH s AS MATERIALIZED (
                          WHEN 'e' THEN 'labels ' || (SELECT string_agg(quote_literal(e.enumlabel), ', '
                                                                        ORDER BY e.enumsortorder)
                                                        FROM pg_enum e WHERE e.enumtypid = t.oid)
-                         WHEN 'd' THEN concat_ws(' ', {_n('format_type(t.typbasetype, t.typtypmod)')},
+                         WHEN 'd' THEN concat_ws(' ', {_n("format_type(t.typbasetype, t.typtypmod)")},
                                                  CASE WHEN t.typnotnull THEN 'not null' END,
-                                                 'default ' || {_n('t.typdefault')})
-                         WHEN 'r' THEN (SELECT {_n('format_type(r.rngsubtype, NULL)')} FROM pg_range r
+                                                 'default ' || {_n("t.typdefault")})
+                         WHEN 'r' THEN (SELECT {_n("format_type(r.rngsubtype, NULL)")} FROM pg_range r
                                          WHERE r.rngtypid = t.oid)
                      END)
       FROM s JOIN pg_type t ON t.typnamespace = s.oid WHERE t.typtype IN ('e', 'd', 'r')
@@ -154,8 +154,8 @@ WITH s AS MATERIALIZED (
            concat_ws(' ', y.polcmd, CASE WHEN y.polpermissive THEN 'permissive' ELSE 'restrictive' END,
                      'to', array(SELECT CASE r WHEN 0 THEN 'public' ELSE pg_get_userbyid(r)::text END
                                    FROM unnest(y.polroles) AS r ORDER BY 1)::text,
-                     'using', {_n('pg_get_expr(y.polqual, y.polrelid)')},
-                     'check', {_n('pg_get_expr(y.polwithcheck, y.polrelid)')})
+                     'using', {_n("pg_get_expr(y.polqual, y.polrelid)")},
+                     'check', {_n("pg_get_expr(y.polwithcheck, y.polrelid)")})
       FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_policy y ON y.polrelid = c.oid
     UNION ALL
     SELECT s.schema, 'default privileges', '', pg_get_userbyid(d.defaclrole) || ' ' || d.defaclobjtype::text,
@@ -163,28 +163,39 @@ WITH s AS MATERIALIZED (
       FROM s JOIN pg_default_acl d ON d.defaclnamespace = s.oid
 )"""
 
-FINGERPRINT_SQL = _OBJECTS + """
+FINGERPRINT_SQL = (
+    _OBJECTS
+    + """
 SELECT schema, md5(string_agg(concat_ws(' ', kind, tbl, name, def), E'\\n'
                               ORDER BY kind COLLATE "C", tbl COLLATE "C", name COLLATE "C"))
   FROM o GROUP BY schema"""
+)
 
-OBJECTS_SQL = _OBJECTS + """
+OBJECTS_SQL = (
+    _OBJECTS
+    + """
 SELECT schema, kind, tbl, name, def FROM o"""
+)
 
 Key = tuple[str, str, str]  # (kind, tbl, name)
 NEXT_ID = ("next_id/0",)
 
 
-def fingerprints(conn: psycopg.Connection, schemas: list[str], per_shard: tuple[str, ...] = NEXT_ID) -> dict[str, str]:
+def fingerprints(
+    conn: psycopg.Connection, schemas: list[str], per_shard: tuple[str, ...] = NEXT_ID
+) -> dict[str, str]:
     """Schema → the md5 of its catalog text, for the ``schemas`` that exist: one query. ``per_shard``:
     functions (``name/nargs``) whose bodies are left out."""
     if not schemas:
         return {}
-    return dict(conn.execute(FINGERPRINT_SQL, {"schemas": schemas, "per_shard": list(per_shard)}).fetchall())
+    return dict(
+        conn.execute(FINGERPRINT_SQL, {"schemas": schemas, "per_shard": list(per_shard)}).fetchall()
+    )
 
 
-def objects(conn: psycopg.Connection, schemas: list[str],
-            per_shard: tuple[str, ...] = NEXT_ID) -> dict[str, dict[Key, str]]:
+def objects(
+    conn: psycopg.Connection, schemas: list[str], per_shard: tuple[str, ...] = NEXT_ID
+) -> dict[str, dict[Key, str]]:
     """Schema → (kind, table, name) → definition text, for a few ``schemas``."""
     out: dict[str, dict[Key, str]] = {s: {} for s in schemas}
     rows = conn.execute(OBJECTS_SQL, {"schemas": schemas, "per_shard": list(per_shard)}).fetchall()
@@ -201,7 +212,7 @@ def _label(key: Key) -> str:
 
 
 def _short(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def differences(reference: dict[Key, str], shard: dict[Key, str], *, limit: int = 160) -> list[str]:
@@ -211,7 +222,9 @@ def differences(reference: dict[Key, str], shard: dict[Key, str], *, limit: int 
     lost = {k[2] for k in reference.keys() - shard.keys() if k[0] == "table"}
     gained = {k[2] for k in shard.keys() - reference.keys() if k[0] == "table"}
     out = []
-    for key in sorted(reference.keys() | shard.keys(), key=lambda k: (k[1] or k[2], k[1] != "", k[0], k[2])):
+    for key in sorted(
+        reference.keys() | shard.keys(), key=lambda k: (k[1] or k[2], k[1] != "", k[0], k[2])
+    ):
         if key[0] != "table" and key[1] in (lost | gained):
             continue
         if key not in shard:
@@ -219,7 +232,10 @@ def differences(reference: dict[Key, str], shard: dict[Key, str], *, limit: int 
         elif key not in reference:
             out.append(f"extra {_label(key)}")
         elif shard[key] != reference[key]:
-            mine, theirs = (shard[key], reference[key]) if not limit else (
-                _short(shard[key], limit), _short(reference[key], limit))
+            mine, theirs = (
+                (shard[key], reference[key])
+                if not limit
+                else (_short(shard[key], limit), _short(reference[key], limit))
+            )
             out.append(f"{_label(key)} differs: {mine!r} (others: {theirs!r})")
     return out

@@ -34,8 +34,10 @@ class HostLevelMigration(Migration):
         except render_errors() as exc:
             line = template_line(exc, "<template>")
             where = f"{self.name}:{line}" if line else self.name
-            raise BadInput(f"host-level migration {where} does not render: "
-                           f"{getattr(exc, 'message', None) or exc}") from None
+            raise BadInput(
+                f"host-level migration {where} does not render: "
+                f"{getattr(exc, 'message', None) or exc}"
+            ) from None
 
     def sql(self, topo: Topology, host: str = "", context: dict | None = None) -> str:  # type: ignore[override]
         """The SQL to run on ``host``: rendered, parsed and checked (BadInput names the file and line)."""
@@ -65,16 +67,22 @@ def load_host(directory: Path) -> list[HostLevelMigration]:
             source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read host-level migration {path.name}: {exc}") from None
-        found.append(HostLevelMigration(int(match.group(1)), match.group(2).replace("_", " "), path, source))
+        found.append(
+            HostLevelMigration(int(match.group(1)), match.group(2).replace("_", " "), path, source)
+        )
     found.sort(key=lambda m: m.version)
     for expected, m in enumerate(found, start=1):
         if m.version != expected:
             twice = next((o for o in found if o.version == m.version and o is not m), None)
             if twice is not None:
-                raise ConfigError(f"host-level migration version {m.version} is used twice: {twice.name} "
-                                  f"and {m.name}")
-            raise ConfigError(f"host-level migration versions must run 1, 2, 3… without gaps: expected "
-                              f"H{expected}, found {m.name}")
+                raise ConfigError(
+                    f"host-level migration version {m.version} is used twice: {twice.name} "
+                    f"and {m.name}"
+                )
+            raise ConfigError(
+                f"host-level migration versions must run 1, 2, 3… without gaps: expected "
+                f"H{expected}, found {m.name}"
+            )
     return found
 
 

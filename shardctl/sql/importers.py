@@ -43,8 +43,9 @@ def _read(path: Path) -> str:
         raise BadInput(f"cannot read {path.name}: {exc}") from None
 
 
-def _numbered(paths: list[Path], pattern: re.Pattern, kind: str,
-             skipped: list[str]) -> list[tuple[tuple, Path, re.Match]]:
+def _numbered(
+    paths: list[Path], pattern: re.Pattern, kind: str, skipped: list[str]
+) -> list[tuple[tuple, Path, re.Match]]:
     """The files matching ``pattern`` (its group "v" is the version), sorted by version; other .sql
     files are refused by name, anything else skipped."""
     found, refused = [], []
@@ -69,14 +70,20 @@ def _no_duplicates(items: list[tuple[tuple, Path, re.Match]], kind: str) -> None
     seen: dict[tuple, str] = {}
     for version, path, _m in items:
         if version in seen and seen[version] != path.name:
-            raise BadInput(f"{kind} version {'.'.join(map(str, version))} is used twice: {seen[version]} and "
-                           f"{path.name}")
+            raise BadInput(
+                f"{kind} version {'.'.join(map(str, version))} is used twice: {seen[version]} and "
+                f"{path.name}"
+            )
         seen[version] = path.name
 
 
 def _golang_migrate(directory: Path, history: History) -> None:
-    items = _numbered(list(directory.iterdir()), re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.(?P<dir>up|down)\.sql"),
-                      "golang-migrate", history.skipped)
+    items = _numbered(
+        list(directory.iterdir()),
+        re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.(?P<dir>up|down)\.sql"),
+        "golang-migrate",
+        history.skipped,
+    )
     ups = [i for i in items if i[2].group("dir") == "up"]
     _no_duplicates(ups, "golang-migrate")
     for _v, path, match in ups:
@@ -108,7 +115,9 @@ def _goose_sections(text: str, name: str) -> SourceMigration:
         elif word in ("statementbegin", "statementend"):
             continue  # PostgreSQL's parser splits statements itself
         elif word.startswith("envsub"):
-            m.notes.append(f"-- +goose {word} is not supported: ${{VAR}} references stay as written")
+            m.notes.append(
+                f"-- +goose {word} is not supported: ${{VAR}} references stay as written"
+            )
         elif section == "up":
             lines.append(line)
     if not seen_up:
@@ -118,12 +127,19 @@ def _goose_sections(text: str, name: str) -> SourceMigration:
 
 
 def _goose(directory: Path, history: History) -> None:
-    items = _numbered(list(directory.iterdir()), re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.sql"), "goose", history.skipped)
+    items = _numbered(
+        list(directory.iterdir()),
+        re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.sql"),
+        "goose",
+        history.skipped,
+    )
     _no_duplicates(items, "goose")
     gos = [s for s in history.skipped if s.split(":")[0].endswith(".go")]
     if gos:
-        raise BadInput(f"goose Go migrations cannot be imported: {', '.join(s.split(':')[0] for s in gos)}; "
-                       f"rewrite them as SQL first")
+        raise BadInput(
+            f"goose Go migrations cannot be imported: {', '.join(s.split(':')[0] for s in gos)}; "
+            f"rewrite them as SQL first"
+        )
     for _v, path, _m in items:
         history.migrations.append(_goose_sections(_read(path), path.stem))
 
@@ -132,7 +148,12 @@ DBMATE_MARK = re.compile(r"--\s*migrate:(up|down)\b(.*)", re.IGNORECASE)
 
 
 def _dbmate(directory: Path, history: History) -> None:
-    items = _numbered(list(directory.iterdir()), re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.sql"), "dbmate", history.skipped)
+    items = _numbered(
+        list(directory.iterdir()),
+        re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.sql"),
+        "dbmate",
+        history.skipped,
+    )
     _no_duplicates(items, "dbmate")
     for _v, path, _m in items:
         m = SourceMigration(path.stem, "")
@@ -142,7 +163,10 @@ def _dbmate(directory: Path, history: History) -> None:
             if mark:
                 section = mark.group(1).lower()
                 m.first_line = number + 1 if section == "up" else m.first_line
-                if section == "up" and "transaction:false" in mark.group(2).replace(" ", "").lower():
+                if (
+                    section == "up"
+                    and "transaction:false" in mark.group(2).replace(" ", "").lower()
+                ):
                     m.transactional = False
                 if section == "down":
                     m.notes.append("-- migrate:down section dropped")
@@ -158,14 +182,22 @@ def _flyway(directory: Path, history: History) -> None:
     rest = []
     for path in sorted(directory.iterdir()):
         if path.name.startswith("R__") and path.suffix == ".sql":
-            history.skipped.append(f"{path.name}: Flyway repeatable migration (shardctl has none: make its final "
-                                   f"state a versioned migration)")
+            history.skipped.append(
+                f"{path.name}: Flyway repeatable migration (shardctl has none: make its final "
+                f"state a versioned migration)"
+            )
         elif re.fullmatch(r"[UB][0-9][0-9._]*__.+\.sql", path.name):
-            history.skipped.append(f"{path.name}: Flyway undo/baseline migration (not a forward migration)")
+            history.skipped.append(
+                f"{path.name}: Flyway undo/baseline migration (not a forward migration)"
+            )
         else:
             rest.append(path)
-    items = _numbered(rest, re.compile(r"V(?P<v>[0-9]+(?:[._][0-9]+)*)__(?P<d>.+)\.sql"), "Flyway",
-                      history.skipped)
+    items = _numbered(
+        rest,
+        re.compile(r"V(?P<v>[0-9]+(?:[._][0-9]+)*)__(?P<d>.+)\.sql"),
+        "Flyway",
+        history.skipped,
+    )
     _no_duplicates(items, "Flyway")
     for _v, path, _m in items:
         text = _read(path)
@@ -186,17 +218,27 @@ def _prisma(directory: Path, history: History) -> None:
     folders = sorted(p for p in directory.iterdir() if p.is_dir())
     for folder in folders:
         if not re.fullmatch(r"[0-9]+_.+", folder.name):
-            raise BadInput(f"{folder.name}: not named as Prisma names migrations (<timestamp>_<name>/)")
+            raise BadInput(
+                f"{folder.name}: not named as Prisma names migrations (<timestamp>_<name>/)"
+            )
         sql_file = folder / "migration.sql"
         if not sql_file.is_file():
             raise BadInput(f"{folder.name}/ has no migration.sql")
         history.migrations.append(SourceMigration(folder.name, _read(sql_file)))
-    history.skipped += [f"{p.name}: not a Prisma migration folder" for p in directory.iterdir()
-                        if p.is_file() and p.name != lock.name and p.name.lower() not in IGNORED]
+    history.skipped += [
+        f"{p.name}: not a Prisma migration folder"
+        for p in directory.iterdir()
+        if p.is_file() and p.name != lock.name and p.name.lower() not in IGNORED
+    ]
 
 
-READERS = {"golang-migrate": _golang_migrate, "goose": _goose, "dbmate": _dbmate, "flyway": _flyway,
-           "prisma": _prisma}
+READERS = {
+    "golang-migrate": _golang_migrate,
+    "goose": _goose,
+    "dbmate": _dbmate,
+    "flyway": _flyway,
+    "prisma": _prisma,
+}
 
 
 def read_history(fmt: str, directory: Path) -> History:

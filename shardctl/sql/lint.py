@@ -59,9 +59,15 @@ class LintResult:
         return not self.findings
 
     def to_dict(self) -> dict:
-        return {"command": "lint", "ok": self.ok, "shard": self.shard, "files": self.files,
-                "excluded_rules": self.excluded, "included_rules": self.included,
-                "findings": [asdict(f) for f in self.findings]}
+        return {
+            "command": "lint",
+            "ok": self.ok,
+            "shard": self.shard,
+            "files": self.files,
+            "excluded_rules": self.excluded,
+            "included_rules": self.included,
+            "findings": [asdict(f) for f in self.findings],
+        }
 
 
 def squawk_binary() -> str:
@@ -90,15 +96,18 @@ def shard_rules(topo: Topology) -> tuple[str, ...]:
     return tuple(r for r in shard_lint.RULES if r not in off)
 
 
-def shard_findings(topo: Topology, migrations: list[Migration], shard: int = 0,
-                   texts: dict[str, str] | None = None) -> list[Finding]:
+def shard_findings(
+    topo: Topology, migrations: list[Migration], shard: int = 0, texts: dict[str, str] | None = None
+) -> list[Finding]:
     """shardctl's own rules over ``migrations`` rendered for ``shard`` (``texts``: file name → its
     rendering, when the caller has it)."""
     rules_on = shard_rules(topo)
     out = []
     for m in migrations:
         text = texts[m.name] if texts is not None else m.render(topo, shard)
-        hits = shard_lint.check(text, topo.schema_name(shard), transactional=m.transactional, rules=rules_on)
+        hits = shard_lint.check(
+            text, topo.schema_name(shard), transactional=m.transactional, rules=rules_on
+        )
         out += [Finding(m.name, h.line, h.column, h.rule, "error", h.message, h.help) for h in hits]
     return out
 
@@ -109,16 +118,27 @@ def new_migrations(topo: Topology, base_dir: Path | None) -> list[Migration]:
     if base_dir is None:
         return head
     if not Path(base_dir).is_dir():
-        raise BadInput(f"--base {base_dir}: not a directory (check out the base branch's migrations folder)")
+        raise BadInput(
+            f"--base {base_dir}: not a directory (check out the base branch's migrations folder)"
+        )
     return [m for m in head if m.version > len(load(Path(base_dir)))]
 
 
 def _run_squawk(paths: list[Path], args: list[str]) -> list[dict]:
-    proc = subprocess.run([squawk_binary(), "--reporter", "json", *args, *map(str, paths)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [squawk_binary(), "--reporter", "json", *args, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     if proc.returncode not in (0, 1):
-        first = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()[0]
-        raise BadInput(f"squawk refused its arguments: {first} (check the topology's lint: section)")
+        first = (
+            proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}"
+        ).splitlines()[0]
+        raise BadInput(
+            f"squawk refused its arguments: {first} (check the topology's lint: section)"
+        )
     try:
         return json.loads(proc.stdout or "[]")
     except json.JSONDecodeError:
@@ -140,7 +160,9 @@ def lint(topo: Topology, migrations: list[Migration], shard: int = 0) -> LintRes
             m.sql(topo, shard)  # what migrate would refuse, refused here too
         except BadInput:
             # ... unless a rule of ours already names it with its line (CONCURRENTLY in a transaction).
-            if not any(f.file == m.name and f.rule == shard_lint.CONCURRENTLY for f in result.findings):
+            if not any(
+                f.file == m.name and f.rule == shard_lint.CONCURRENTLY for f in result.findings
+            ):
                 raise
     common = []
     ours = set(shard_lint.RULES)
@@ -159,11 +181,20 @@ def lint(topo: Topology, migrations: list[Migration], shard: int = 0) -> LintRes
         raw = []
         for transactional, paths in groups.items():
             if paths:
-                raw += _run_squawk(paths, common + (["--assume-in-transaction"] if transactional else []))
+                raw += _run_squawk(
+                    paths, common + (["--assume-in-transaction"] if transactional else [])
+                )
     for item in raw:
-        result.findings.append(Finding(Path(item.get("file", "")).name, int(item.get("line", 0)) + 1,
-                                       int(item.get("column", 0)) + 1, item.get("rule_name", "?"),
-                                       str(item.get("level", "")).lower(), item.get("message", ""),
-                                       item.get("help")))
+        result.findings.append(
+            Finding(
+                Path(item.get("file", "")).name,
+                int(item.get("line", 0)) + 1,
+                int(item.get("column", 0)) + 1,
+                item.get("rule_name", "?"),
+                str(item.get("level", "")).lower(),
+                item.get("message", ""),
+                item.get("help"),
+            )
+        )
     result.findings.sort(key=lambda f: (f.file, f.line, f.column, f.rule))
     return result

@@ -23,6 +23,7 @@ class LockHolder:
     """A backend holding one of the locks asked about. ``exiting``: it has left pg_stat_activity already,
     and its locks go with it in a moment. ``client_addr`` and ``backend_start`` are None for another
     role's session unless the asking role may read all statistics (pg_read_all_stats)."""
+
     pid: int
     application_name: str | None
     client_addr: str | None
@@ -33,22 +34,28 @@ class LockHolder:
         if self.exiting:
             return f"pid {self.pid}, exiting"
         since = f", connected {self.backend_start:%Y-%m-%d %H:%M:%S}" if self.backend_start else ""
-        return (f"pid {self.pid}, {self.application_name or 'unnamed client'}, from "
-                f"{self.client_addr or 'local socket'}{since}")
+        return (
+            f"pid {self.pid}, {self.application_name or 'unnamed client'}, from "
+            f"{self.client_addr or 'local socket'}{since}"
+        )
 
 
 def try_advisory_locks(conn: psycopg.Connection, lock_class: int, keys: list[int]) -> bool:
     """Take the session advisory locks (lock_class, key) of every key, or none of them (a session
     holding only these: on a miss it releases all its advisory locks)."""
-    got = conn.execute("SELECT count(*) FROM unnest(%s::int[]) AS k WHERE pg_try_advisory_lock(%s, k)",
-                       (keys, lock_class)).fetchone()[0]
+    got = conn.execute(
+        "SELECT count(*) FROM unnest(%s::int[]) AS k WHERE pg_try_advisory_lock(%s, k)",
+        (keys, lock_class),
+    ).fetchone()[0]
     if got == len(keys):
         return True
     conn.execute(RELEASE_ALL)
     return False
 
 
-def advisory_lock_holder(conn: psycopg.Connection, lock_class: int, keys: list[int]) -> LockHolder | None:
+def advisory_lock_holder(
+    conn: psycopg.Connection, lock_class: int, keys: list[int]
+) -> LockHolder | None:
     """Another session holding one of the locks (lock_class, key), or None when none does (any more)."""
     row = conn.execute(
         """SELECT l.pid, a.application_name, a.client_addr::text, a.backend_start, a.pid IS NULL
@@ -57,7 +64,9 @@ def advisory_lock_holder(conn: psycopg.Connection, lock_class: int, keys: list[i
                   SELECT oid FROM pg_database WHERE datname = current_database())
               AND l.classid = %s AND l.objid = ANY(%s::oid[]) AND l.objsubid = 2
               AND l.pid <> pg_backend_pid()
-            ORDER BY a.pid IS NULL, a.backend_start LIMIT 1""", (lock_class, keys)).fetchone()
+            ORDER BY a.pid IS NULL, a.backend_start LIMIT 1""",
+        (lock_class, keys),
+    ).fetchone()
     return LockHolder(*row) if row else None
 
 
@@ -73,6 +82,10 @@ def lock_holders(conn: psycopg.Connection, schema: str) -> list[str]:
                   SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
                     JOIN pg_namespace n ON n.oid = c.relnamespace
                    WHERE l.granted AND n.nspname = %s)
-            ORDER BY a.xact_start NULLS LAST LIMIT 3""", (schema,)).fetchall()
-    return [f"pid {p}, {app}, {state}, query started {start} (transaction open {age:.1f}s)"
-            for p, app, state, start, age in rows]
+            ORDER BY a.xact_start NULLS LAST LIMIT 3""",
+        (schema,),
+    ).fetchall()
+    return [
+        f"pid {p}, {app}, {state}, query started {start} (transaction open {age:.1f}s)"
+        for p, app, state, start, age in rows
+    ]

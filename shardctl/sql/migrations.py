@@ -6,13 +6,14 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..errors import BadInput, ConfigError
-from .render import builtin_dir, render_errors, shard_context, string_environment, template_line
 from ..model.topology import Topology
+from .render import builtin_dir, render_errors, shard_context, string_environment, template_line
 
 if TYPE_CHECKING:  # imported where SQL is parsed (parse()) or rendered: a command that does neither
     import jinja2  # (migrate --check with nothing pending) never pays for them
@@ -23,7 +24,16 @@ FILE_NAME = re.compile(r"V([0-9]+)__([A-Za-z0-9_]+)\.sql", re.ASCII)  # ASCII: \
 HOST_FILE_NAME = re.compile(r"H([0-9]+)__([A-Za-z0-9_]+)\.sql", re.ASCII)
 NO_TRANSACTION = "-- shardctl:no-transaction"
 # Files a migrations folder may hold besides migrations (compared in lower case).
-ALLOWED_FILES = {"readme", "readme.md", "readme.txt", "readme.rst", ".gitkeep", ".keep", ".gitignore", ".ds_store"}
+ALLOWED_FILES = {
+    "readme",
+    "readme.md",
+    "readme.txt",
+    "readme.rst",
+    ".gitkeep",
+    ".keep",
+    ".gitignore",
+    ".ds_store",
+}
 # The rendering context that goes into a ledger checksum: what identifies the shard and its IDs.
 # A fixed list, so that adding a value to the rendering context later never changes existing checksums.
 CHECKSUM_KEYS = ("schema", "shard_id", "next_id", "sequence")
@@ -65,10 +75,14 @@ class Migration:
         try:
             template = _compiled(self.source, str(self.path))
             text = template.render(context if context is not None else shard_context(topo, shard))
-        except render_errors() as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
+        except (
+            render_errors()
+        ) as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
             line = template_line(exc, "<template>")
             where = f"{self.name}:{line}" if line else self.name
-            raise BadInput(f"migration {where} does not render: {getattr(exc, 'message', None) or exc}") from None
+            raise BadInput(
+                f"migration {where} does not render: {getattr(exc, 'message', None) or exc}"
+            ) from None
         return text
 
     def sql(self, topo: Topology, shard: int, context: dict | None = None) -> str:
@@ -89,19 +103,25 @@ class Migration:
             raise BadInput(f"{where} line {exc.line} does not parse: {exc.message}") from None
         control = next((s for s in statements if s.transaction_control), None)
         if control is not None:
-            raise BadInput(f"{where} holds {control.sql.split()[0].upper()}: shardctl runs each shard's migration "
-                           f"in a transaction of its own, with its ledger row; remove it")
+            raise BadInput(
+                f"{where} holds {control.sql.split()[0].upper()}: shardctl runs each shard's migration "
+                f"in a transaction of its own, with its ledger row; remove it"
+            )
         if self.transactional:
             blocker = next((s for s in statements if s.no_transaction), None)
             if blocker is not None:
-                raise BadInput(f"{where} holds {blocker.no_transaction}, which cannot run inside a transaction: "
-                               f"put `{NO_TRANSACTION}` on the file's first line, and keep that statement "
-                               f"alone in its file")
+                raise BadInput(
+                    f"{where} holds {blocker.no_transaction}, which cannot run inside a transaction: "
+                    f"put `{NO_TRANSACTION}` on the file's first line, and keep that statement "
+                    f"alone in its file"
+                )
         elif len(statements) > 1:
             # Statements sent together run in one implicit transaction, where CREATE INDEX
             # CONCURRENTLY cannot; and a half-applied no-transaction file could not be re-run.
-            raise BadInput(f"migration {self.name} is marked {NO_TRANSACTION} but holds {len(statements)} "
-                           f"statements; give each statement a migration file of its own")
+            raise BadInput(
+                f"migration {self.name} is marked {NO_TRANSACTION} but holds {len(statements)} "
+                f"statements; give each statement a migration file of its own"
+            )
 
     def checksum_for(self, topo: Topology, shard: int, context: dict | None = None) -> str:
         """The ledger checksum: the file's source plus the values that identify the shard.
@@ -111,8 +131,11 @@ class Migration:
         See docs/migrations.md."""
         ctx = context if context is not None else shard_context(topo, shard)
         layout = ctx["layout"]
-        parts = ([_source_digest(self.source)] + [str(ctx[k]) for k in CHECKSUM_KEYS]
-                 + [str(layout.get(k)) for k in CHECKSUM_LAYOUT_KEYS])
+        parts = (
+            [_source_digest(self.source)]
+            + [str(ctx[k]) for k in CHECKSUM_KEYS]
+            + [str(layout.get(k)) for k in CHECKSUM_LAYOUT_KEYS]
+        )
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
     def matches(self, topo: Topology, shard: int, stored: str, context: dict | None = None) -> bool:
@@ -143,7 +166,9 @@ def _compiled(source: str, name: str) -> jinja2.Template:
         try:
             template = string_environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
-            raise BadInput(f"migration {Path(name).name}:{exc.lineno} is not a valid template: {exc.message}") from None
+            raise BadInput(
+                f"migration {Path(name).name}:{exc.lineno} is not a valid template: {exc.message}"
+            ) from None
         _templates[key] = template
     return template
 
@@ -159,9 +184,13 @@ _NO_TRANSACTION: dict[str, tuple[str, Callable[[dict], bool]]] = {
     "DropStmt": ("DROP INDEX CONCURRENTLY", lambda n: bool(n.get("concurrent"))),
     "ReindexStmt": ("REINDEX CONCURRENTLY", lambda n: _has_option(n, "concurrently")),
     "VacuumStmt": ("VACUUM", lambda n: bool(n.get("is_vacuumcmd"))),
-    "AlterTableStmt": ("DETACH PARTITION CONCURRENTLY", lambda n: any(
-        c.get("AlterTableCmd", {}).get("def", {}).get("PartitionCmd", {}).get("concurrent")
-        for c in n.get("cmds", []))),
+    "AlterTableStmt": (
+        "DETACH PARTITION CONCURRENTLY",
+        lambda n: any(
+            c.get("AlterTableCmd", {}).get("def", {}).get("PartitionCmd", {}).get("concurrent")
+            for c in n.get("cmds", [])
+        ),
+    ),
     "CreatedbStmt": ("CREATE DATABASE", lambda n: True),
     "DropdbStmt": ("DROP DATABASE", lambda n: True),
     "AlterSystemStmt": ("ALTER SYSTEM", lambda n: True),
@@ -176,9 +205,13 @@ _NO_TRANSACTION: dict[str, tuple[str, Callable[[dict], bool]]] = {
 class Statement:
     sql: str
     kind: str  # the parse-tree node, e.g. "IndexStmt" ("" when parse() did not build the tree)
-    no_transaction: str | None = None  # what makes it refuse a transaction block, e.g. "CREATE INDEX CONCURRENTLY"
+    no_transaction: str | None = (
+        None  # what makes it refuse a transaction block, e.g. "CREATE INDEX CONCURRENTLY"
+    )
     transaction_control: bool = False  # BEGIN, COMMIT, SAVEPOINT…
-    node: dict = field(default_factory=dict, compare=False, repr=False)  # the parse tree (pglast JSON)
+    node: dict = field(
+        default_factory=dict, compare=False, repr=False
+    )  # the parse tree (pglast JSON)
 
 
 class SqlSyntaxError(ValueError):
@@ -190,8 +223,24 @@ class SqlSyntaxError(ValueError):
 # Words without which no statement needs its parse tree looked at (no-transaction statements and
 # transaction control): text without any of them is only split, which costs a fraction of building
 # the whole tree (the tree of a typical migration takes ~0.2 ms; splitting ~0.03 ms).
-_TREE_WORDS = ("concurrently", "vacuum", "database", "system", "tablespace", "subscription", "cluster", "begin",
-               "start", "commit", "end", "rollback", "abort", "savepoint", "release", "prepare")
+_TREE_WORDS = (
+    "concurrently",
+    "vacuum",
+    "database",
+    "system",
+    "tablespace",
+    "subscription",
+    "cluster",
+    "begin",
+    "start",
+    "commit",
+    "end",
+    "rollback",
+    "abort",
+    "savepoint",
+    "release",
+    "prepare",
+)
 
 
 def _syntax_error(exc: pg_parser.ParseError, sql_text: str) -> SqlSyntaxError:
@@ -208,7 +257,9 @@ def parse(sql_text: str, *, tree: bool = False) -> list[Statement]:
     from pglast import parser as pg_parser
 
     lower = sql_text.lower()
-    if not tree and not any(word in lower for word in _TREE_WORDS):  # substrings: at worst a needless tree
+    if not tree and not any(
+        word in lower for word in _TREE_WORDS
+    ):  # substrings: at worst a needless tree
         try:
             slices = pg_parser.split(sql_text, True, True)  # with the parser: a syntax error raises
         except pg_parser.ParseError as exc:
@@ -223,11 +274,18 @@ def parse(sql_text: str, *, tree: bool = False) -> list[Statement]:
     for item in doc.get("stmts", []):
         start = item.get("stmt_location", 0)
         length = item.get("stmt_len")
-        text = raw[start:start + length if length else len(raw)].decode().strip()
-        (kind, node), = item["stmt"].items()
+        text = raw[start : start + length if length else len(raw)].decode().strip()
+        ((kind, node),) = item["stmt"].items()
         rule = _NO_TRANSACTION.get(kind)
-        out.append(Statement(text, kind, rule[0] if rule and rule[1](node) else None, kind == "TransactionStmt",
-                             node))
+        out.append(
+            Statement(
+                text,
+                kind,
+                rule[0] if rule and rule[1](node) else None,
+                kind == "TransactionStmt",
+                node,
+            )
+        )
     return out
 
 
@@ -286,7 +344,9 @@ def load(directory: Path) -> list[Migration]:
     for path in sorted(directory.iterdir()):
         why = refusal(path.name)
         if why is not None:
-            refused.append(f"migration file {path.name} is not named V<version>__<description>.sql: {why}")
+            refused.append(
+                f"migration file {path.name} is not named V<version>__<description>.sql: {why}"
+            )
             continue
         if path.name.lower() in ALLOWED_FILES or HOST_FILE_NAME.fullmatch(path.name):
             continue  # host-level migrations: host_migrations.load_host
@@ -302,12 +362,16 @@ def load(directory: Path) -> list[Migration]:
     seen: dict[int, Migration] = {}
     for m in found:
         if m.version in seen:
-            raise ConfigError(f"migration version {m.version} is used twice: {seen[m.version].name} and {m.name}")
+            raise ConfigError(
+                f"migration version {m.version} is used twice: {seen[m.version].name} and {m.name}"
+            )
         seen[m.version] = m
     for expected, m in enumerate(found, start=1):
         if m.version != expected:
-            raise ConfigError(f"migration versions must run 1, 2, 3… without gaps: expected version {expected}, "
-                              f"found {m.name}")
+            raise ConfigError(
+                f"migration versions must run 1, 2, 3… without gaps: expected version {expected}, "
+                f"found {m.name}"
+            )
     return found
 
 
@@ -315,15 +379,22 @@ def for_topology(topo: Topology) -> list[Migration]:
     return load(migrations_dir(topo))
 
 
-def steps_for(migrations: list[Migration], topo: Topology, shard: int, above: int = 0,
-              target: int | None = None) -> list[Step]:
+def steps_for(
+    migrations: list[Migration],
+    topo: Topology,
+    shard: int,
+    above: int = 0,
+    target: int | None = None,
+) -> list[Step]:
     """Rendered migration steps for one shard, versions ``above < v <= target``."""
     out = []
     for m in migrations:
         if m.version <= above or (target is not None and m.version > target):
             continue
         text = m.sql(topo, shard)
-        out.append(Step(m.version, m.description, text, m.checksum_for(topo, shard), m.transactional))
+        out.append(
+            Step(m.version, m.description, text, m.checksum_for(topo, shard), m.transactional)
+        )
     return out
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from ..errors import BadInput
@@ -13,7 +12,9 @@ from ..model.identifiers import quote_ident, quote_literal
 from ..model.layouts import Layout, iso
 from ..model.topology import Topology
 
-if TYPE_CHECKING:  # imported where a template is rendered: a command that renders nothing never pays for it
+if (
+    TYPE_CHECKING
+):  # imported where a template is rendered: a command that renders nothing never pays for it
     import jinja2
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # the shardctl package
@@ -59,6 +60,7 @@ def _defined(quote):
         if isinstance(value, Undefined):
             value._fail_with_undefined_error()
         return quote(value)
+
     return apply
 
 
@@ -117,7 +119,14 @@ def render_errors() -> tuple[type[BaseException], ...]:
     then)."""
     import jinja2
 
-    return (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError)
+    return (
+        jinja2.TemplateError,
+        ArithmeticError,
+        TypeError,
+        ValueError,
+        LookupError,
+        AttributeError,
+    )
 
 
 def template_line(exc: BaseException, filename: str | None = None) -> int | None:
@@ -126,7 +135,9 @@ def template_line(exc: BaseException, filename: str | None = None) -> int | None
     tb = exc.__traceback__
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
-        if name == filename or (filename is None and (name == "<template>" or name.endswith(".j2"))):
+        if name == filename or (
+            filename is None and (name == "<template>" or name.endswith(".j2"))
+        ):
             line = tb.tb_lineno
         tb = tb.tb_next
     return line
@@ -166,8 +177,14 @@ def next_id_body(function_sql: str) -> str:
     return match.group(1)
 
 
-def render_host(topo: Topology, host_shards: list[int], *, control: bool = True, create: bool = True,
-                migrations: list = ()) -> dict:
+def render_host(
+    topo: Topology,
+    host_shards: list[int],
+    *,
+    control: bool = True,
+    create: bool = True,
+    migrations: list = (),
+) -> dict:
     """What ``shardctl render`` shows for one host: ``{"control": SQL or None, "shards": {"n": SQL}}``,
     each shard's infrastructure (unless ``create`` is False) followed by its ``migrations``
     (``sql.migrations.Migration`` objects, rendered for the shard)."""

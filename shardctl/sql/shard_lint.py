@@ -23,12 +23,11 @@ Statements inside ``DO`` blocks and function bodies are checked too: PL/pgSQL bo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pglast
 from pglast import ast
-
 
 CATALOG = "shard-catalog-lookup-no-schema"
 FIXED_SCHEMA = "shard-fixed-schema"
@@ -40,43 +39,102 @@ RULES = (CATALOG, FIXED_SCHEMA, DATABASE_WIDE, SEARCH_PATH, CONCURRENTLY, SEQUEN
 
 HINTS = {
     CATALOG: "filter by the shard's schema too: AND connamespace = {{ schema|literal }}::regnamespace, "
-             "AND schemaname = {{ schema|literal }}, or look the object up as {{ schema|literal }}::regnamespace",
+    "AND schemaname = {{ schema|literal }}, or look the object up as {{ schema|literal }}::regnamespace",
     FIXED_SCHEMA: "qualify with the shard's own schema, {{ schema|ident }}; what every shard shares "
-                  "(extensions, types) belongs to a host-level migration",
+    "(extensions, types) belongs to a host-level migration",
     DATABASE_WIDE: "move it to a host-level migration: it runs once per host database, not once per shard",
     SEARCH_PATH: "qualify names with {{ schema|ident }} instead; a changed search_path outlives the shard "
-                 "on a pooled connection",
+    "on a pooled connection",
     CONCURRENTLY: "put -- shardctl:no-transaction on the file's first line (one statement per file, with "
-                  "IF NOT EXISTS), or drop CONCURRENTLY",
+    "IF NOT EXISTS), or drop CONCURRENTLY",
     SEQUENCE: "use bigint DEFAULT {{ next_id }}(): its IDs carry the shard number and stay unique across "
-              "the fleet",
+    "the fleet",
 }
 
 # Name columns of catalog relations and information_schema views: a lookup by one of these names an object.
-NAME_COLUMNS = {"relname", "conname", "indexname", "tablename", "viewname", "matviewname", "sequencename",
-                "proname", "typname", "tgname", "attname", "polname", "policyname", "collname", "indexrelname",
-                "table_name", "constraint_name", "column_name", "routine_name", "sequence_name", "trigger_name",
-                "udt_name", "domain_name", "view_name"}
+NAME_COLUMNS = {
+    "relname",
+    "conname",
+    "indexname",
+    "tablename",
+    "viewname",
+    "matviewname",
+    "sequencename",
+    "proname",
+    "typname",
+    "tgname",
+    "attname",
+    "polname",
+    "policyname",
+    "collname",
+    "indexrelname",
+    "table_name",
+    "constraint_name",
+    "column_name",
+    "routine_name",
+    "sequence_name",
+    "trigger_name",
+    "udt_name",
+    "domain_name",
+    "view_name",
+}
 # Columns (and casts) that pin a lookup to one schema or one relation.
-SCHEMA_COLUMNS = {"relnamespace", "connamespace", "pronamespace", "typnamespace", "collnamespace", "nspname",
-                  "schemaname", "table_schema", "constraint_schema", "routine_schema", "sequence_schema",
-                  "trigger_schema", "specific_schema", "udt_schema", "domain_schema", "view_schema",
-                  "conrelid", "attrelid", "indrelid", "tgrelid", "polrelid", "confrelid", "relid"}
+SCHEMA_COLUMNS = {
+    "relnamespace",
+    "connamespace",
+    "pronamespace",
+    "typnamespace",
+    "collnamespace",
+    "nspname",
+    "schemaname",
+    "table_schema",
+    "constraint_schema",
+    "routine_schema",
+    "sequence_schema",
+    "trigger_schema",
+    "specific_schema",
+    "udt_schema",
+    "domain_schema",
+    "view_schema",
+    "conrelid",
+    "attrelid",
+    "indrelid",
+    "tgrelid",
+    "polrelid",
+    "confrelid",
+    "relid",
+}
 REG_TYPES = {"regclass", "regnamespace", "regproc", "regprocedure", "regtype"}
 SHARED_SCHEMAS = {"pg_catalog", "information_schema", "pg_temp"}
 SERIAL_TYPES = {"serial", "serial2", "serial4", "serial8", "smallserial", "bigserial"}
-_WIDE = {"CreateExtensionStmt": "CREATE EXTENSION", "AlterExtensionStmt": "ALTER EXTENSION",
-         "CreateRoleStmt": "CREATE ROLE", "AlterRoleStmt": "ALTER ROLE", "AlterRoleSetStmt": "ALTER ROLE … SET",
-         "DropRoleStmt": "DROP ROLE", "GrantRoleStmt": "GRANT/REVOKE of a role", "AlterSystemStmt": "ALTER SYSTEM",
-         "AlterDatabaseStmt": "ALTER DATABASE", "AlterDatabaseSetStmt": "ALTER DATABASE … SET",
-         "AlterDatabaseRefreshCollStmt": "ALTER DATABASE … REFRESH COLLATION VERSION",
-         "CreatedbStmt": "CREATE DATABASE", "DropdbStmt": "DROP DATABASE",
-         "CreateTableSpaceStmt": "CREATE TABLESPACE", "DropTableSpaceStmt": "DROP TABLESPACE"}
+_WIDE = {
+    "CreateExtensionStmt": "CREATE EXTENSION",
+    "AlterExtensionStmt": "ALTER EXTENSION",
+    "CreateRoleStmt": "CREATE ROLE",
+    "AlterRoleStmt": "ALTER ROLE",
+    "AlterRoleSetStmt": "ALTER ROLE … SET",
+    "DropRoleStmt": "DROP ROLE",
+    "GrantRoleStmt": "GRANT/REVOKE of a role",
+    "AlterSystemStmt": "ALTER SYSTEM",
+    "AlterDatabaseStmt": "ALTER DATABASE",
+    "AlterDatabaseSetStmt": "ALTER DATABASE … SET",
+    "AlterDatabaseRefreshCollStmt": "ALTER DATABASE … REFRESH COLLATION VERSION",
+    "CreatedbStmt": "CREATE DATABASE",
+    "DropdbStmt": "DROP DATABASE",
+    "CreateTableSpaceStmt": "CREATE TABLESPACE",
+    "DropTableSpaceStmt": "DROP TABLESPACE",
+}
 
 
 # Statements that name what they create or change by a list of names (schema first when qualified).
-_NAMED_BY_LIST = {"CreateFunctionStmt": "funcname", "CreateEnumStmt": "typeName", "AlterEnumStmt": "typeName",
-                  "CreateDomainStmt": "domainname", "DefineStmt": "defnames", "ObjectWithArgs": "objname"}
+_NAMED_BY_LIST = {
+    "CreateFunctionStmt": "funcname",
+    "CreateEnumStmt": "typeName",
+    "AlterEnumStmt": "typeName",
+    "CreateDomainStmt": "domainname",
+    "DefineStmt": "defnames",
+    "ObjectWithArgs": "objname",
+}
 
 
 @dataclass
@@ -137,8 +195,12 @@ class _Checker:
         kind = type(stmt).__name__
         at = where(base)
         if kind in _WIDE:
-            self.hit(DATABASE_WIDE, at, f"{_WIDE[kind]} in a shard migration: it acts on the whole "
-                                        f"database (or cluster), once per shard")
+            self.hit(
+                DATABASE_WIDE,
+                at,
+                f"{_WIDE[kind]} in a shard migration: it acts on the whole "
+                f"database (or cluster), once per shard",
+            )
         if isinstance(stmt, ast.VariableSetStmt) and (stmt.name or "").lower() == "search_path":
             self.hit(SEARCH_PATH, at, "SET search_path in a shard migration")
         if isinstance(stmt, (ast.CreateFunctionStmt, ast.DoStmt)):
@@ -157,18 +219,28 @@ class _Checker:
             if len(name) > 1:
                 self.qualifier(name[0], ".".join(name), at)
             args = node.args or ()
-            if name[-1] == "set_config" and args and isinstance(args[0], ast.A_Const) \
-                    and getattr(args[0].val, "sval", "") == "search_path":
+            if (
+                name[-1] == "set_config"
+                and args
+                and isinstance(args[0], ast.A_Const)
+                and getattr(args[0].val, "sval", "") == "search_path"
+            ):
                 self.hit(SEARCH_PATH, at, "set_config('search_path', …) in a shard migration")
         elif isinstance(node, ast.TypeName):
             name = _names(node.names)
             if len(name) > 1:
                 self.qualifier(name[0], ".".join(name), at)
             if name and name[-1] in SERIAL_TYPES:
-                self.hit(SEQUENCE, at, f"{name[-1]} column: its sequence mints IDs without the shard number")
+                self.hit(
+                    SEQUENCE,
+                    at,
+                    f"{name[-1]} column: its sequence mints IDs without the shard number",
+                )
         elif isinstance(node, ast.TypeCast):
             self.regclass_literal(node, at)
-        elif type(node).__name__ in _NAMED_BY_LIST:  # CREATE FUNCTION public.f, CREATE TYPE public.mood, …
+        elif (
+            type(node).__name__ in _NAMED_BY_LIST
+        ):  # CREATE FUNCTION public.f, CREATE TYPE public.mood, …
             name = _names(getattr(node, _NAMED_BY_LIST[type(node).__name__], None))
             if len(name) > 1:
                 self.qualifier(name[0], ".".join(name), at)
@@ -179,9 +251,18 @@ class _Checker:
                     self.qualifier(name[0], ".".join(name), at)
         self.concurrently(node, at)
         if isinstance(node, ast.CreateSeqStmt) and not node.for_identity:
-            self.hit(SEQUENCE, at, "CREATE SEQUENCE in a shard migration: its values carry no shard number")
-        elif isinstance(node, ast.Constraint) and node.contype == pglast.enums.ConstrType.CONSTR_IDENTITY:
-            self.hit(SEQUENCE, at, "identity column: its sequence mints IDs without the shard number")
+            self.hit(
+                SEQUENCE,
+                at,
+                "CREATE SEQUENCE in a shard migration: its values carry no shard number",
+            )
+        elif (
+            isinstance(node, ast.Constraint)
+            and node.contype == pglast.enums.ConstrType.CONSTR_IDENTITY
+        ):
+            self.hit(
+                SEQUENCE, at, "identity column: its sequence mints IDs without the shard number"
+            )
 
     def concurrently(self, node, at: int) -> None:
         if not self.transactional:
@@ -191,19 +272,28 @@ class _Checker:
             what = "CREATE INDEX CONCURRENTLY"
         elif isinstance(node, ast.DropStmt) and node.concurrent:
             what = "DROP INDEX CONCURRENTLY"
-        elif isinstance(node, ast.ReindexStmt) and any(getattr(p, "defname", "") == "concurrently"
-                                                       for p in node.params or ()):
+        elif isinstance(node, ast.ReindexStmt) and any(
+            getattr(p, "defname", "") == "concurrently" for p in node.params or ()
+        ):
             what = "REINDEX CONCURRENTLY"
         elif isinstance(node, ast.PartitionCmd) and node.concurrent:
             what = "DETACH PARTITION CONCURRENTLY"
         if what:
-            self.hit(CONCURRENTLY, at, f"{what} in a migration shardctl runs inside a transaction "
-                                       f"(no -- shardctl:no-transaction directive): PostgreSQL refuses it")
+            self.hit(
+                CONCURRENTLY,
+                at,
+                f"{what} in a migration shardctl runs inside a transaction "
+                f"(no -- shardctl:no-transaction directive): PostgreSQL refuses it",
+            )
 
     def qualifier(self, schema: str | None, name: str, at: int) -> None:
         if schema and schema != self.schema and schema.lower() not in SHARED_SCHEMAS:
-            self.hit(FIXED_SCHEMA, at, f"fixed schema {schema!r} in {name}: every shard would use "
-                                       f"{schema}'s object, not its own ({self.schema} here)")
+            self.hit(
+                FIXED_SCHEMA,
+                at,
+                f"fixed schema {schema!r} in {name}: every shard would use "
+                f"{schema}'s object, not its own ({self.schema} here)",
+            )
 
     def regclass_literal(self, node: ast.TypeCast, at: int) -> None:
         names = _names(node.typeName.names if node.typeName else ())
@@ -214,26 +304,42 @@ class _Checker:
 
     def catalog_lookup(self, select: ast.SelectStmt, base: int, where) -> None:
         """A catalog relation in FROM, a name column compared, and no schema column or reg* cast."""
-        catalog = [r for r in walk(select.fromClause) if isinstance(r, ast.RangeVar) and (
-            (r.relname or "").startswith("pg_") and (r.schemaname in (None, "pg_catalog"))
-            or (r.schemaname or "").lower() == "information_schema")]
+        catalog = [
+            r
+            for r in walk(select.fromClause)
+            if isinstance(r, ast.RangeVar)
+            and (
+                (r.relname or "").startswith("pg_")
+                and (r.schemaname in (None, "pg_catalog"))
+                or (r.schemaname or "").lower() == "information_schema"
+            )
+        ]
         if not catalog:
             return
         columns = _compared_to_values(select)
-        casts = {_names(t.typeName.names)[-1] for t in walk(select)
-                 if isinstance(t, ast.TypeCast) and t.typeName is not None}
+        casts = {
+            _names(t.typeName.names)[-1]
+            for t in walk(select)
+            if isinstance(t, ast.TypeCast) and t.typeName is not None
+        }
         named = sorted(columns & NAME_COLUMNS)
         if named and not columns & SCHEMA_COLUMNS and not casts & REG_TYPES:
             rel = catalog[0]
             what = f"{rel.schemaname}.{rel.relname}" if rel.schemaname else rel.relname
-            self.hit(CATALOG, where(_loc(rel, base)), f"lookup in {what} by {named[0]} with no schema "
-                                                         f"filter: on every shard it finds the first shard's object")
+            self.hit(
+                CATALOG,
+                where(_loc(rel, base)),
+                f"lookup in {what} by {named[0]} with no schema "
+                f"filter: on every shard it finds the first shard's object",
+            )
 
     def bodies(self, stmt, base: int, where) -> None:
         """The statements inside a DO block or a function body, at their lines in the file."""
         options = stmt.args if isinstance(stmt, ast.DoStmt) else stmt.options
-        language = next((getattr(o.arg, "sval", None) for o in options or () if o.defname == "language"),
-                        "plpgsql" if isinstance(stmt, ast.DoStmt) else "sql")
+        language = next(
+            (getattr(o.arg, "sval", None) for o in options or () if o.defname == "language"),
+            "plpgsql" if isinstance(stmt, ast.DoStmt) else "sql",
+        )
         body_opt = next((o for o in options or () if o.defname == "as"), None)
         if body_opt is None:
             return
@@ -262,17 +368,22 @@ class _Checker:
             query = expr.get("query") or ""
             text = query if expr.get("parseMode", 0) == 0 else f"SELECT {query}"
             # Where the text stands in the body: PERFORM's query reads "SELECT …" but the body "PERFORM …".
-            shift, found = (0, body.find(query)) if text is query else (-len("SELECT "), body.find(query))
+            shift, found = (
+                (0, body.find(query)) if text is query else (-len("SELECT "), body.find(query))
+            )
             if found < 0 and text.startswith("SELECT "):
-                shift, found = -len("SELECT "), body.find(text[len("SELECT "):])
+                shift, found = -len("SELECT "), body.find(text[len("SELECT ") :])
             origin = start + max(found, 0)
             try:
                 inner = pglast.parse_sql(text)
             except pglast.parser.ParseError:
                 continue
             for raw in inner:
-                self.statement(raw.stmt, raw.stmt_location or 0,
-                               lambda off, o=origin, d=shift: o + max(0, off + d))
+                self.statement(
+                    raw.stmt,
+                    raw.stmt_location or 0,
+                    lambda off, o=origin, d=shift: o + max(0, off + d),
+                )
 
 
 def _column(node) -> str | None:
@@ -307,6 +418,8 @@ def _plpgsql_exprs(tree) -> Iterator[dict]:
             yield from _plpgsql_exprs(item)
 
 
-def check(sql: str, schema: str, *, transactional: bool = True, rules: tuple[str, ...] = RULES) -> list[Hit]:
+def check(
+    sql: str, schema: str, *, transactional: bool = True, rules: tuple[str, ...] = RULES
+) -> list[Hit]:
     """The rules' findings in one rendered migration (``schema``: the shard's own schema name)."""
     return [h for h in _Checker(sql, schema, transactional).run() if h.rule in rules]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import run_cli
+
 from shardctl.dev.docker import LABEL, LABEL_DIR, DockerSandbox, docker_client
 from shardctl.model.topology import Topology
 
@@ -78,26 +78,55 @@ def sandbox_dirs(tmp_path):
 
 def test_three_containers_init_migrate_verify_move_and_destroy(image, sandbox_dirs):
     box, other = sandbox_dirs("fleet"), sandbox_dirs("other")
-    up = json.loads(ok("sandbox", "up", "--engine", "docker", "--hosts", "3", "--shards", "24", "--image", image,
-                       "--dir", box, "--json").stdout)
+    up = json.loads(
+        ok(
+            "sandbox",
+            "up",
+            "--engine",
+            "docker",
+            "--hosts",
+            "3",
+            "--shards",
+            "24",
+            "--image",
+            image,
+            "--dir",
+            box,
+            "--json",
+        ).stdout
+    )
     assert [h["name"] for h in up["hosts"]] == ["pg1", "pg2", "pg3"] and up["wrote_topology"]
     ok("sandbox", "up", "--engine", "docker", "--hosts", "1", "--image", image, "--dir", other)
     config = box / "shardctl.yaml"
     topo = Topology.load(config)
-    assert [h.peer_dsn for h in topo.hosts] == [f"postgresql://postgres@pg{i}:5432/app" for i in (1, 2, 3)]
+    assert [h.peer_dsn for h in topo.hosts] == [
+        f"postgresql://postgres@pg{i}:5432/app" for i in (1, 2, 3)
+    ]
     with psycopg.connect(**topo.hosts[0].connect_kwargs()) as conn:
-        settings = dict(conn.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
-                                     (["wal_level", "max_replication_slots", "max_wal_senders", "fsync"],)))
-    assert settings == {"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20",
-                        "fsync": "off"}
+        settings = dict(
+            conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                (["wal_level", "max_replication_slots", "max_wal_senders", "fsync"],),
+            )
+        )
+    assert settings == {
+        "wal_level": "logical",
+        "max_replication_slots": "20",
+        "max_wal_senders": "20",
+        "fsync": "off",
+    }
 
     ok("init", config=config)
     ok("migrate", config=config)
     ok("verify", config=config)
     with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as conn:
         for shard in range(8):
-            conn.execute(f"INSERT INTO insta{shard}.users (username) SELECT 'u' || g FROM generate_series(1, 20) g")
-    ok("move-shard", "0-7", "--to", "pg3", config=config)  # 8 shards, subscriptions over the container network
+            conn.execute(
+                f"INSERT INTO insta{shard}.users (username) SELECT 'u' || g FROM generate_series(1, 20) g"
+            )
+    ok(
+        "move-shard", "0-7", "--to", "pg3", config=config
+    )  # 8 shards, subscriptions over the container network
     moved = Topology.load(config)
     assert all(moved.host_of(n).name == "pg3" for n in range(8))
     with psycopg.connect(**moved.host("pg3").connect_kwargs()) as conn:
@@ -108,7 +137,9 @@ def test_three_containers_init_migrate_verify_move_and_destroy(image, sandbox_di
     assert all(h["running"] for h in status["hosts"]) and status["engine"] == "docker"
     ok("sandbox", "down", "--dir", box)
     assert run_cli("sandbox", "status", "--dir", box).exit_code == 3
-    ok("sandbox", "up", "--engine", "docker", "--dir", box)  # the same containers again: the data is kept
+    ok(
+        "sandbox", "up", "--engine", "docker", "--dir", box
+    )  # the same containers again: the data is kept
     ok("verify", config=config)
 
     sid = json.loads((box / "docker.json").read_text())["sandbox_id"]
@@ -120,16 +151,34 @@ def test_three_containers_init_migrate_verify_move_and_destroy(image, sandbox_di
         assert labelled(kind, f"{LABEL_DIR}={box.resolve()}") == [], kind
     assert not box.exists()
     # Exactly its own: the other sandbox's container is untouched.
-    assert [c.status for c in labelled("containers", f"{LABEL_DIR}={other.resolve()}")] == ["running"]
+    assert [c.status for c in labelled("containers", f"{LABEL_DIR}={other.resolve()}")] == [
+        "running"
+    ]
     ok("sandbox", "down", "--destroy", "--dir", other)
     assert labelled("containers", f"{LABEL_DIR}={other.resolve()}") == []
 
 
-def test_a_password_protected_fleet_moves_with_the_password_from_the_environment(image, sandbox_dirs, monkeypatch):
+def test_a_password_protected_fleet_moves_with_the_password_from_the_environment(
+    image, sandbox_dirs, monkeypatch
+):
     monkeypatch.setenv("SHARDCTL_TEST_PW", "Docker-Secret-9")
     box = sandbox_dirs("pw")
-    result = ok("sandbox", "up", "--engine", "docker", "--hosts", "2", "--shards", "4", "--image", image,
-                "--dir", box, "--password-env", "SHARDCTL_TEST_PW")
+    result = ok(
+        "sandbox",
+        "up",
+        "--engine",
+        "docker",
+        "--hosts",
+        "2",
+        "--shards",
+        "4",
+        "--image",
+        image,
+        "--dir",
+        box,
+        "--password-env",
+        "SHARDCTL_TEST_PW",
+    )
     assert "Docker-Secret-9" not in result.stdout + result.stderr
     config = box / "shardctl.yaml"
     topo = Topology.load(config)
@@ -143,7 +192,9 @@ def test_a_password_protected_fleet_moves_with_the_password_from_the_environment
 
 def test_a_missing_image_fails_before_anything_is_created(sandbox_dirs):
     box = sandbox_dirs("noimage")
-    result = run_cli("sandbox", "up", "--engine", "docker", "--image", "local/no-such-image:1", "--dir", box)
+    result = run_cli(
+        "sandbox", "up", "--engine", "docker", "--image", "local/no-such-image:1", "--dir", box
+    )
     assert result.exit_code == 1
     assert "image local/no-such-image:1 is not available locally" in result.stderr, result
     assert not box.exists()
@@ -151,21 +202,54 @@ def test_a_missing_image_fails_before_anything_is_created(sandbox_dirs):
 
 def test_the_example_app_passes_on_the_docker_engine(image):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             "--shardctl-engine", "docker", "--shardctl-image", image], cwd=APP, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--shardctl-engine",
+            "docker",
+            "--shardctl-image",
+            image,
+        ],
+        cwd=APP,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout
 
 
-def test_a_container_removed_behind_its_back_is_reported_and_destroy_still_cleans_up(image, sandbox_dirs):
+def test_a_container_removed_behind_its_back_is_reported_and_destroy_still_cleans_up(
+    image, sandbox_dirs
+):
     box = sandbox_dirs("gone")
-    ok("sandbox", "up", "--engine", "docker", "--hosts", "1", "--shards", "2", "--image", image, "--dir", box)
+    ok(
+        "sandbox",
+        "up",
+        "--engine",
+        "docker",
+        "--hosts",
+        "1",
+        "--shards",
+        "2",
+        "--image",
+        image,
+        "--dir",
+        box,
+    )
     sid = json.loads((box / "docker.json").read_text())["sandbox_id"]
     for container in labelled("containers", f"{LABEL}={sid}"):
         container.remove(force=True)
     result = run_cli("sandbox", "up", "--engine", "docker", "--dir", box)
-    assert result.exit_code == 1 and "its container" in result.stderr and "is gone" in result.stderr, result
+    assert (
+        result.exit_code == 1 and "its container" in result.stderr and "is gone" in result.stderr
+    ), result
     assert run_cli("sandbox", "status", "--dir", box).exit_code == 3
     ok("sandbox", "down", "--destroy", "--dir", box)
     for kind in ("containers", "volumes", "networks"):

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import connect, load, run_cli
 
 WORKFLOW = Path(__file__).resolve().parents[2] / "examples" / "ci" / "shardctl-migrate.yml"
@@ -51,9 +50,16 @@ def condition_holds(expr: str | None, event: str, ref: str) -> bool:
     if text.strip() == "always()":
         return True
     text = text.replace("github.event_name", repr(event)).replace("github.ref", repr(ref))
-    text = text.replace("&&", " and ").replace("||", " or ").replace("!", " not ").replace(" not =", " !=")
-    assert re.fullmatch(r"[\w\s'/.=!()-]*", text), f"unsupported expression in the workflow: {expr!r}"
-    return bool(eval(text, {"__builtins__": {}}, {}))  # noqa: S307 - the subset checked above
+    text = (
+        text.replace("&&", " and ")
+        .replace("||", " or ")
+        .replace("!", " not ")
+        .replace(" not =", " !=")
+    )
+    assert re.fullmatch(r"[\w\s'/.=!()-]*", text), (
+        f"unsupported expression in the workflow: {expr!r}"
+    )
+    return bool(eval(text, {"__builtins__": {}}, {}))
 
 
 def commands(run: str) -> list[list[str]]:
@@ -64,9 +70,13 @@ def commands(run: str) -> list[list[str]]:
         if not line or line.startswith("#"):
             continue
         if line.startswith("shardctl "):
-            assert "${{" not in line and "$" not in line, f"a shardctl line the test cannot run: {line!r}"
+            assert "${{" not in line and "$" not in line, (
+                f"a shardctl line the test cannot run: {line!r}"
+            )
             args = shlex.split(line)[1:]
-            assert "--config" not in args and "-c" not in args, "use SHARDCTL_CONFIG, as the workflow's env does"
+            assert "--config" not in args and "-c" not in args, (
+                "use SHARDCTL_CONFIG, as the workflow's env does"
+            )
             out.append(args)
         else:
             assert line.startswith("pip install "), f"unexpected command in the workflow: {line!r}"
@@ -91,8 +101,16 @@ def run_event(event: str, ref: str, env: dict[str, str]) -> list[StepRun]:
                 continue
             for args in commands(step["run"]):
                 result = run_cli(*args, env=env)
-                runs.append(StepRun(job_name, step.get("name", ""), args, result.exit_code, result.stdout,
-                                    result.stderr))
+                runs.append(
+                    StepRun(
+                        job_name,
+                        step.get("name", ""),
+                        args,
+                        result.exit_code,
+                        result.stdout,
+                        result.stderr,
+                    )
+                )
                 if result.exit_code != 0:
                     failed = True
                     break
@@ -115,17 +133,35 @@ def test_workflow_triggers_on_pull_requests_and_main():
     wf = workflow()
     assert "pull_request" in wf["on"]
     assert wf["on"]["push"]["branches"] == ["main"]
-    pr = [n for n, j in wf["jobs"].items() if condition_holds(j.get("if"), "pull_request", "refs/pull/7/merge")]
-    main = [n for n, j in wf["jobs"].items() if condition_holds(j.get("if"), "push", "refs/heads/main")]
-    branch = [n for n, j in wf["jobs"].items() if condition_holds(j.get("if"), "push", "refs/heads/feature")]
-    pr_cmds = [a for n in pr for s in wf["jobs"][n]["steps"] if "run" in s for a in commands(s["run"])]
-    main_cmds = [a for n in main for s in wf["jobs"][n]["steps"] if "run" in s for a in commands(s["run"])]
-    assert pr_cmds[:2] == [["migrate", "--check", "--base", BASE], ["lint", "--base", BASE]], \
+    pr = [
+        n
+        for n, j in wf["jobs"].items()
+        if condition_holds(j.get("if"), "pull_request", "refs/pull/7/merge")
+    ]
+    main = [
+        n for n, j in wf["jobs"].items() if condition_holds(j.get("if"), "push", "refs/heads/main")
+    ]
+    branch = [
+        n
+        for n, j in wf["jobs"].items()
+        if condition_holds(j.get("if"), "push", "refs/heads/feature")
+    ]
+    pr_cmds = [
+        a for n in pr for s in wf["jobs"][n]["steps"] if "run" in s for a in commands(s["run"])
+    ]
+    main_cmds = [
+        a for n in main for s in wf["jobs"][n]["steps"] if "run" in s for a in commands(s["run"])
+    ]
+    assert pr_cmds[:2] == [["migrate", "--check", "--base", BASE], ["lint", "--base", BASE]], (
         "the pull-request job starts with the two gates"
-    base_checkout = [s for n in pr for s in wf["jobs"][n]["steps"] if s.get("with", {}).get("path") == "base"]
+    )
+    base_checkout = [
+        s for n in pr for s in wf["jobs"][n]["steps"] if s.get("with", {}).get("path") == "base"
+    ]
     assert base_checkout and base_checkout[0]["with"]["ref"] == "${{ github.base_ref }}"
-    assert not any(a[0] == "migrate" and not {"--check", "--dry-run"} & set(a) for a in pr_cmds), \
+    assert not any(a[0] == "migrate" and not {"--check", "--dry-run"} & set(a) for a in pr_cmds), (
         "a pull request must not change the fleet"
+    )
     assert any(a[0] == "migrate" and not {"--check", "--dry-run"} & set(a) for a in main_cmds)
     assert branch == []
 
@@ -147,13 +183,19 @@ def test_workflow_commands_against_the_sandbox(ci_env):
     # A pull request that adds V3: both gates pass (it is new, after the base's head, renders for every
     # shard, and squawk finds nothing), the dry run shows its SQL, and nothing changes.
     runs = run_event("pull_request", "refs/pull/7/merge", env)
-    assert [r.args for r in runs] == [["migrate", "--check", "--base", BASE], ["lint", "--base", BASE],
-                                      ["migrate", "--dry-run"]], runs
+    assert [r.args for r in runs] == [
+        ["migrate", "--check", "--base", BASE],
+        ["lint", "--base", BASE],
+        ["migrate", "--dry-run"],
+    ], runs
     assert all(r.exit_code == 0 for r in runs), runs
     assert "V0003__photo_location.sql" in runs[0].stdout and "Gate passed" in runs[0].stdout
     assert "ALTER TABLE insta0.photos ADD COLUMN location text;" in runs[2].stdout
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 3").fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 3").fetchone()[0]
+            == 0
+        )
 
     # The merge: main applies it, then proves nothing is left.
     runs = run_event("push", "refs/heads/main", env)
@@ -161,7 +203,12 @@ def test_workflow_commands_against_the_sandbox(ci_env):
     assert all(r.exit_code == 0 for r in runs), runs
     for host in ("pg1", "pg2"):
         with connect(topo, host) as conn:
-            assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 3").fetchone()[0] == 32
+            assert (
+                conn.execute(
+                    "SELECT count(*) FROM shardctl.migrations WHERE version = 3"
+                ).fetchone()[0]
+                == 32
+            )
 
     # The next pull request (its base is main, now at V3) without migrations is green.
     checkout_base(fleet)
@@ -213,8 +260,10 @@ def test_pr_job_passes_a_new_migration_and_fails_the_three_bad_ones(ci_env):
     (migrations / "V0003__photo_location.SQL").write_text(ADD_LOCATION)
     runs = pull_request(13)
     assert len(runs) == 1 and runs[0].exit_code != 0, runs
-    assert "V0003__photo_location.SQL is not named V<version>__<description>.sql: the extension must be " \
-           "lowercase .sql" in runs[0].stderr
+    assert (
+        "V0003__photo_location.SQL is not named V<version>__<description>.sql: the extension must be "
+        "lowercase .sql" in runs[0].stderr
+    )
     (migrations / "V0003__photo_location.SQL").unlink()
 
     # Back to the base's files: green again, and none of the four touched the fleet.

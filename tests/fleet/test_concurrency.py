@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import psycopg
-
 from conftest import load, run_cli
 from helpers import start_shardctl as start
 
@@ -16,8 +15,9 @@ def ledger(topo):
     out = {}
     for host in topo.hosts:
         with psycopg.connect(host.dsn) as conn:
-            out[host.name] = conn.execute("SELECT count(*), count(DISTINCT (shard_id, version)) "
-                                          "FROM shardctl.migrations").fetchone()
+            out[host.name] = conn.execute(
+                "SELECT count(*), count(DISTINCT (shard_id, version)) FROM shardctl.migrations"
+            ).fetchone()
     return out
 
 
@@ -28,7 +28,9 @@ def wait_for_locks(topo, timeout=60):
     while pending and time.monotonic() < deadline:
         for host in topo.hosts:
             with psycopg.connect(host.dsn) as conn:
-                if conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted").fetchone()[0]:
+                if conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                ).fetchone()[0]:
                     pending.discard(host.name)
         time.sleep(0.02)
     assert not pending, f"no lock taken on {pending}"
@@ -64,12 +66,18 @@ def test_migrate_during_add_shard(make_fleet):
     path = make_fleet(hosts=2, shards=64)
     assert run_cli("init", config=path).exit_code == 0
     (path.parent / "migrations" / "V0003__add_location.sql").write_text(ADD_COLUMN)
-    grower = start("add-shard", "--count", "1024", "--host", "pg2", "--batch-size", "4", config=path)
+    grower = start(
+        "add-shard", "--count", "1024", "--host", "pg2", "--batch-size", "4", config=path
+    )
     topo = load(path)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until add-shard holds pg2's lock and is creating shards
+    while (
+        time.monotonic() < deadline
+    ):  # wait until add-shard holds pg2's lock and is creating shards
         with psycopg.connect(topo.host("pg2").dsn) as conn:
-            if conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id >= 64").fetchone()[0]:
+            if conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id >= 64").fetchone()[
+                0
+            ]:
                 break
         time.sleep(0.05)
     during = run_cli("migrate", config=path)
@@ -84,8 +92,10 @@ def test_migrate_during_add_shard(make_fleet):
     topo = load(path)
     for host in topo.hosts:
         with psycopg.connect(host.dsn) as conn:
-            versions = conn.execute("SELECT max(version), count(*), count(DISTINCT (shard_id, version)) "
-                                    "FROM shardctl.migrations").fetchone()
+            versions = conn.execute(
+                "SELECT max(version), count(*), count(DISTINCT (shard_id, version)) "
+                "FROM shardctl.migrations"
+            ).fetchone()
         assert versions[0] == 3 and versions[1] == versions[2]
     assert topo.shard_count == 1088
     assert run_cli("verify", config=path).exit_code == 0
@@ -93,8 +103,10 @@ def test_migrate_during_add_shard(make_fleet):
 
 # ---- one run after another (issue 24, item 4) ------------------------------------------------------
 
-OTHERS_ADVISORY_LOCKS = ("SELECT coalesce(string_agg(format('%s/%s by pid %s', l.classid, l.objid, l.pid), ', '), '') "
-                         "FROM pg_locks l WHERE l.locktype = 'advisory' AND l.pid <> pg_backend_pid()")
+OTHERS_ADVISORY_LOCKS = (
+    "SELECT coalesce(string_agg(format('%s/%s by pid %s', l.classid, l.objid, l.pid), ', '), '') "
+    "FROM pg_locks l WHERE l.locktype = 'advisory' AND l.pid <> pg_backend_pid()"
+)
 
 
 def test_a_finished_run_holds_no_lock(make_fleet):
@@ -107,13 +119,22 @@ def test_a_finished_run_holds_no_lock(make_fleet):
     # first statement could (faster than that command connecting).
     watchers = {h.name: psycopg.connect(h.dsn, autocommit=True) for h in topo.hosts}
     try:
-        steps = [("init",), ("migrate",), ("add-shard", "--count", "2", "--host", "pg2"), ("migrate",),
-                 ("move-shard", "3", "--to", "pg2"), ("move-shard", "--cleanup")]
+        steps = [
+            ("init",),
+            ("migrate",),
+            ("add-shard", "--count", "2", "--host", "pg2"),
+            ("migrate",),
+            ("move-shard", "3", "--to", "pg2"),
+            ("move-shard", "--cleanup"),
+        ]
         steps += [("init",), ("migrate",)] * 6  # the race was narrow: look often
         for step in steps:
             result = run_cli(*step, config=path)
             assert result.exit_code == 0, (step, result)
-            held = {name: conn.execute(OTHERS_ADVISORY_LOCKS).fetchone()[0] for name, conn in watchers.items()}
+            held = {
+                name: conn.execute(OTHERS_ADVISORY_LOCKS).fetchone()[0]
+                for name, conn in watchers.items()
+            }
             assert not any(held.values()), f"{step}: locks held after the run returned: {held}"
     finally:
         for conn in watchers.values():
@@ -126,7 +147,8 @@ def test_init_then_migrate_never_meets_the_previous_lock(make_fleet):
     for n in range(3, 7):
         assert run_cli("init", config=path).exit_code == 0
         (path.parent / "migrations" / f"V000{n}__c{n}.sql").write_text(
-            f"ALTER TABLE {{{{ schema|ident }}}}.photos ADD COLUMN c{n} int;\n")
+            f"ALTER TABLE {{{{ schema|ident }}}}.photos ADD COLUMN c{n} int;\n"
+        )
         result = run_cli("migrate", config=path)
         assert result.exit_code == 0, result
 

@@ -10,9 +10,9 @@ import time
 
 import psycopg
 import pytest
-
 from conftest import load, run_cli
 from helpers import start_shardctl as start_cli
+
 from shardctl.dev.sandbox import Sandbox
 
 SHARDS = 512  # per fleet; 256 per host
@@ -54,17 +54,27 @@ def assert_consistent(dsn: str, latest: int) -> dict[int, int]:
 
     Returns shard → version."""
     with psycopg.connect(dsn) as conn:
-        recorded = dict(conn.execute(
-            """SELECT s.shard_id, coalesce(max(m.version), 0) FROM shardctl.shards s
-               LEFT JOIN shardctl.migrations m USING (shard_id) GROUP BY 1""").fetchall())
+        recorded = dict(
+            conn.execute(
+                """SELECT s.shard_id, coalesce(max(m.version), 0) FROM shardctl.shards s
+               LEFT JOIN shardctl.migrations m USING (shard_id) GROUP BY 1"""
+            ).fetchall()
+        )
         gaps = conn.execute("""SELECT shard_id FROM shardctl.migrations GROUP BY 1
                                HAVING count(*) <> max(version)""").fetchall()
         assert not gaps, f"ledger gaps on shards {gaps}"
         orphans = conn.execute("""SELECT shard_id FROM shardctl.migrations
                                   WHERE shard_id NOT IN (SELECT shard_id FROM shardctl.shards)""").fetchall()
         assert not orphans, f"ledger rows without a shard: {orphans}"
-        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname ~ '^insta[0-9]+$'")}
-        assert schemas == {f"insta{n}" for n in recorded}, "a schema exists without its shard record, or vice versa"
+        schemas = {
+            r[0]
+            for r in conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname ~ '^insta[0-9]+$'"
+            )
+        }
+        assert schemas == {f"insta{n}" for n in recorded}, (
+            "a schema exists without its shard record, or vice versa"
+        )
         objects = conn.execute(
             """SELECT n.nspname,
                       EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'next_id'),
@@ -75,14 +85,21 @@ def assert_consistent(dsn: str, latest: int) -> dict[int, int]:
                                WHERE c.relnamespace = n.oid AND c.relname = 'photos' AND a.attname = 'location'),
                       EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid
                                AND c.relname = 'photos_location_idx')
-                 FROM pg_namespace n WHERE n.nspname ~ '^insta[0-9]+$'""").fetchall()
+                 FROM pg_namespace n WHERE n.nspname ~ '^insta[0-9]+$'"""
+        ).fetchall()
     for schema, fn, seq, photos, likes, column, index in objects:
         version = recorded[int(schema[5:])]
         assert fn and seq, f"{schema}: schema without its next_id() or sequence"
-        assert photos == (version >= 1), f"{schema}: V1 objects do not match ledger version {version}"
-        assert likes == (version >= 2), f"{schema}: V2 objects do not match ledger version {version}"
+        assert photos == (version >= 1), (
+            f"{schema}: V1 objects do not match ledger version {version}"
+        )
+        assert likes == (version >= 2), (
+            f"{schema}: V2 objects do not match ledger version {version}"
+        )
         if latest >= 3:
-            assert column == index == (version >= 3), f"{schema}: V3 half applied (ledger {version})"
+            assert column == index == (version >= 3), (
+                f"{schema}: V3 half applied (ledger {version})"
+            )
     return recorded
 
 
@@ -95,8 +112,12 @@ def test_server_killed_during_init(box):
     path = box.topology_path
     dsn = load(path).host("pg1").dsn
     proc = start_cli("init", "--batch-size", "4", "--jobs", "2", config=path)
-    wait_for(dsn, "SELECT CASE WHEN to_regclass('shardctl.shards') IS NULL THEN 0 ELSE "
-                  "(SELECT count(*) FROM shardctl.shards) END", 16)
+    wait_for(
+        dsn,
+        "SELECT CASE WHEN to_regclass('shardctl.shards') IS NULL THEN 0 ELSE "
+        "(SELECT count(*) FROM shardctl.shards) END",
+        16,
+    )
     kill_server(box, "pg1")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, (out, err)
@@ -115,8 +136,12 @@ def test_shardctl_killed_during_init(box):
     path = box.topology_path
     dsn = load(path).host("pg2").dsn
     proc = start_cli("init", "--batch-size", "4", "--jobs", "2", config=path)
-    wait_for(dsn, "SELECT CASE WHEN to_regclass('shardctl.shards') IS NULL THEN 0 ELSE "
-                  "(SELECT count(*) FROM shardctl.shards) END", 16)
+    wait_for(
+        dsn,
+        "SELECT CASE WHEN to_regclass('shardctl.shards') IS NULL THEN 0 ELSE "
+        "(SELECT count(*) FROM shardctl.shards) END",
+        16,
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     time.sleep(0.5)  # the server notices the dead client and rolls back its transaction
@@ -139,7 +164,9 @@ def test_server_killed_during_migrate(box):
     assert proc.returncode == 3, (out, err)
     box.start_host("pg2")
     versions = assert_consistent(dsn, 3)
-    assert set(versions.values()) == {2, 3}, "expected a fleet caught half way: some shards at V3, some at V2"
+    assert set(versions.values()) == {2, 3}, (
+        "expected a fleet caught half way: some shards at V3, some at V2"
+    )
     assert run_cli("migrate", config=path).exit_code == 0
     assert set(assert_consistent(dsn, 3).values()) == {3}
     assert run_cli("migrate", "--check", config=path).exit_code == 0
@@ -151,7 +178,18 @@ def test_server_killed_during_add_shard(box, tmp_path):
     # add-shard then opens HALF more shards on pg2.
     assert run_cli("init", config=path).exit_code == 0
     dsn = load(path).host("pg2").dsn
-    proc = start_cli("add-shard", "--count", str(HALF), "--host", "pg2", "--batch-size", "4", "--jobs", "2", config=path)
+    proc = start_cli(
+        "add-shard",
+        "--count",
+        str(HALF),
+        "--host",
+        "pg2",
+        "--batch-size",
+        "4",
+        "--jobs",
+        "2",
+        config=path,
+    )
     wait_for(dsn, f"SELECT count(*) FROM shardctl.shards WHERE shard_id >= {SHARDS}", 16)
     kill_server(box, "pg2")
     out, err = proc.communicate(timeout=120)

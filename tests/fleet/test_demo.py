@@ -14,7 +14,7 @@ def test_demo_runs_every_step_then_sandbox_down_destroys_it(server_dir):
         result = run_cli("demo", "--dir", box)
         assert result.exit_code == 0, result
         out = result.stdout
-        steps = [int(m) for m in re.findall(r"^(\d)\. ", out, flags=re.M)]
+        steps = [int(m) for m in re.findall(r"^(\d)\. ", out, flags=re.MULTILINE)]
         assert steps == [1, 2, 3, 4, 5], out
         assert "Starting 2 PostgreSQL servers" in out
         assert "created 256 shards" in out

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import load, run_cli
-from shardctl.ids.routing import shard_for_key
 from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
+
+from shardctl.ids.routing import shard_for_key
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "django_app"
@@ -27,21 +27,35 @@ SCENARIOS = ROOT / "tests" / "support" / "django_scenarios.py"
 
 def django_env(path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(SHARDCTL_CONFIG=str(path), DJANGO_SETTINGS_MODULE="gramsite.settings",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(APP)]))
+    env.update(
+        SHARDCTL_CONFIG=str(path),
+        DJANGO_SETTINGS_MODULE="gramsite.settings",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(APP)]),
+    )
     return env
 
 
 def manage(path: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(APP / "manage.py"), *args], env=django_env(path), cwd=APP,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(APP / "manage.py"), *args],
+        env=django_env(path),
+        cwd=APP,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
 
 def scenario(path: Path, name: str) -> dict:
-    result = subprocess.run([sys.executable, str(SCENARIOS), name], env=django_env(path), capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(SCENARIOS), name],
+        env=django_env(path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -70,7 +84,10 @@ def rows(path: Path, table: str) -> dict[int, list[tuple[str, str, tuple]]]:
         with psycopg.connect(**host.connect_kwargs(purpose="admin")) as conn:
             for shard in range(topo.shard_count):
                 schema = topo.schema_name(shard)
-                if conn.execute("SELECT to_regclass(%s)", (f'"{schema}".{table}',)).fetchone()[0] is None:
+                if (
+                    conn.execute("SELECT to_regclass(%s)", (f'"{schema}".{table}',)).fetchone()[0]
+                    is None
+                ):
                     continue
                 for row in conn.execute(f'SELECT * FROM "{schema}".{table}').fetchall():
                     out.setdefault(row[0], []).append((host.name, schema, row))
@@ -81,7 +98,9 @@ def test_makemigrations_writes_unqualified_shardctl_files(django_fleet):
     text = (django_fleet.parent / "migrations" / "V0003__gram_0001_initial.sql").read_text()
     assert 'CREATE TABLE "gram_photos"' in text and "DEFAULT next_id()" in text, text
     assert "BEGIN;" not in text and "COMMIT;" not in text and "insta" not in text, text
-    again = manage(django_fleet, "shardctl_makemigrations", "gram").stdout  # nothing new: nothing written
+    again = manage(
+        django_fleet, "shardctl_makemigrations", "gram"
+    ).stdout  # nothing new: nothing written
     assert "wrote" not in again, again
 
 
@@ -97,15 +116,24 @@ def test_example_app_rows_live_in_their_shards(django_fleet):
             assert pid not in photos
             continue
         assert layout.decode(pid)["shard"] == shard  # the ID was minted on its key's shard
-        [(host, schema, row)] = photos[pid]          # exactly one copy, in that shard, on its host
-        assert (host, schema) == (topo.host_of(shard).name, topo.schema_name(shard)), (pid, host, schema)
-        got = done["got"][str(pid)]                  # GET /photos/<id>: found from the ID alone
-        assert got["user_id"] == key and (got["caption"] == caption or pid == done["photos"][0][0]), got
+        [(host, schema, row)] = photos[pid]  # exactly one copy, in that shard, on its host
+        assert (host, schema) == (topo.host_of(shard).name, topo.schema_name(shard)), (
+            pid,
+            host,
+            schema,
+        )
+        got = done["got"][str(pid)]  # GET /photos/<id>: found from the ID alone
+        assert got["user_id"] == key and (
+            got["caption"] == caption or pid == done["photos"][0][0]
+        ), got
     users = rows(django_fleet, "gram_users")
     for uid, username in done["users"]:
         [(host, schema, row)] = users[uid]
-        assert schema == topo.schema_name(shard_for_key(username, topo.modulus)) == \
-            topo.schema_name(layout.decode(uid)["shard"])
+        assert (
+            schema
+            == topo.schema_name(shard_for_key(username, topo.modulus))
+            == topo.schema_name(layout.decode(uid)["shard"])
+        )
     likes = rows(django_fleet, "gram_likes")
     for like_id, photo_id, _ in done["likes"]:
         [(host, schema, row)] = likes[like_id]
@@ -132,7 +160,10 @@ def test_transaction_atomic_across_two_shards_of_a_host(django_fleet):
     photos = rows(django_fleet, "gram_photos")
     for pid, key in zip(done["ids"], (done["a"], done["b"], done["b"])):
         [(host, schema, row)] = photos[pid]
-        assert schema == topo.schema_name(shard_for_key(key, topo.modulus)) and row[1] == key, (pid, schema)
+        assert schema == topo.schema_name(shard_for_key(key, topo.modulus)) and row[1] == key, (
+            pid,
+            schema,
+        )
     assert done["rolled"] not in photos
 
 

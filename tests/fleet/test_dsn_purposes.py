@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import run_cli
+
 from shardctl.model.topology import Topology
 from shardctl.router import Router
 
@@ -100,11 +100,15 @@ def split_dsns(path: Path, proxies, peer: bool = False) -> dict[str, dict[str, T
         port, db = int(m.group(1)), m.group(2)
         name = f"pg{len(made) + 1}"
         made[name] = {"app": proxies(port)}
-        lines = [f'    dsn: "postgresql://postgres@127.0.0.1:{made[name]["app"].port}/{db}"',
-                 f'    admin_dsn: "postgresql://postgres@127.0.0.1:{port}/{db}"']
+        lines = [
+            f'    dsn: "postgresql://postgres@127.0.0.1:{made[name]["app"].port}/{db}"',
+            f'    admin_dsn: "postgresql://postgres@127.0.0.1:{port}/{db}"',
+        ]
         if peer:
             made[name]["peer"] = proxies(port)
-            lines.append(f'    peer_dsn: "host=127.0.0.1 port={made[name]["peer"].port} dbname={db} user=postgres"')
+            lines.append(
+                f'    peer_dsn: "host=127.0.0.1 port={made[name]["peer"].port} dbname={db} user=postgres"'
+            )
         return "\n".join(lines)
 
     path.write_text(DSN_LINE.sub(rewrite, path.read_text()))
@@ -117,19 +121,27 @@ def test_the_router_uses_dsn_and_shardctl_uses_admin_dsn(make_fleet, proxies):
     for command in (["init"], ["migrate"], ["verify"], ["status"], ["migrate", "--check"]):
         result = run_cli(*command, config=path)
         assert result.exit_code == 0, (command, result)
-    assert [p["app"].connections for p in made.values()] == [0, 0], "shardctl went through the app DSN"
+    assert [p["app"].connections for p in made.values()] == [0, 0], (
+        "shardctl went through the app DSN"
+    )
 
     topo = Topology.load(path)
     with Router(topo) as router:
         ids = {}
         for key in range(8):
-            ids[key] = router.execute(key, "INSERT INTO users (username) VALUES (%s) RETURNING id", (f"u{key}",))[0][0]
+            ids[key] = router.execute(
+                key, "INSERT INTO users (username) VALUES (%s) RETURNING id", (f"u{key}",)
+            )[0][0]
         for host in topo.hosts:
             # The server sees the Router's sessions arrive from the app proxy's upstream sockets.
             with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
-                ports = {r[0] for r in conn.execute(
-                    "SELECT client_port FROM pg_stat_activity WHERE application_name = 'shardctl router' "
-                    "AND datname = current_database()")}
+                ports = {
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT client_port FROM pg_stat_activity WHERE application_name = 'shardctl router' "
+                        "AND datname = current_database()"
+                    )
+                }
             assert ports and ports <= made[host.name]["app"].upstream_ports, (host.name, ports)
     assert all(p["app"].connections >= 1 for p in made.values())
     before = [p["app"].connections for p in made.values()]
@@ -143,14 +155,18 @@ def test_a_move_subscribes_through_the_source_peer_dsn(make_fleet, proxies):
     assert run_cli("init", config=path).exit_code == 0
     source = Topology.load(path).host("pg1")
     with psycopg.connect(**source.connect_kwargs(purpose="admin"), autocommit=True) as conn:
-        conn.execute("INSERT INTO insta0.users (username) SELECT 'u' || g FROM generate_series(1, 50) g")
+        conn.execute(
+            "INSERT INTO insta0.users (username) SELECT 'u' || g FROM generate_series(1, 50) g"
+        )
     app_before = {n: p["app"].connections for n, p in made.items()}
 
     result = run_cli("move-shard", "0-1", "--to", "pg2", config=path)
     assert result.exit_code == 0, result
     assert made["pg1"]["peer"].connections >= 1, "the subscription did not use pg1's peer_dsn"
     assert made["pg2"]["peer"].connections == 0  # pg2 published nothing
-    assert {n: p["app"].connections for n, p in made.items()} == app_before, "the move used an app DSN"
+    assert {n: p["app"].connections for n, p in made.items()} == app_before, (
+        "the move used an app DSN"
+    )
     target = Topology.load(path).host("pg2")
     with psycopg.connect(**target.connect_kwargs(purpose="admin")) as conn:
         assert conn.execute("SELECT count(*) FROM insta0.users").fetchone()[0] == 50
@@ -186,14 +202,20 @@ def test_each_dsn_defaults_to_the_one_before_it():
         a.dsn_for("replica")
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("admin_dsn: 42", "host a: admin_dsn must be a libpq connection string"),
-    ('peer_dsn: ""', "host a: peer_dsn must be a libpq connection string"),
-    ('peer_dsn: "host=x port"', "host a: peer_dsn is not a valid libpq connection string"),
-    ('admin_dsn: "postgresql://u:Sekr3tPw@h/app"', "host a: admin_dsn contains a literal password"),
-    ('peer_dsn: "host=h password=Sekr3tPw"', "host a: peer_dsn contains a literal password"),
-    ('replica_dsn: "host=h"', "unknown key 'replica_dsn' in hosts[0]"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("admin_dsn: 42", "host a: admin_dsn must be a libpq connection string"),
+        ('peer_dsn: ""', "host a: peer_dsn must be a libpq connection string"),
+        ('peer_dsn: "host=x port"', "host a: peer_dsn is not a valid libpq connection string"),
+        (
+            'admin_dsn: "postgresql://u:Sekr3tPw@h/app"',
+            "host a: admin_dsn contains a literal password",
+        ),
+        ('peer_dsn: "host=h password=Sekr3tPw"', "host a: peer_dsn contains a literal password"),
+        ('replica_dsn: "host=h"', "unknown key 'replica_dsn' in hosts[0]"),
+    ],
+)
 def test_bad_per_purpose_dsns_are_reported_with_their_line(tmp_path, line, problem):
     path = tmp_path / "shardctl.yaml"
     path.write_text(BASE % line)
@@ -205,8 +227,10 @@ def test_bad_per_purpose_dsns_are_reported_with_their_line(tmp_path, line, probl
 
 def test_every_dsn_is_masked_in_output(tmp_path):
     path = tmp_path / "shardctl.yaml"
-    path.write_text(BASE % 'admin_dsn: "postgresql://admin:Hunter2Admin@a-direct/app"\n'
-                           '    peer_dsn: "host=a-peer dbname=app password=Hunter2Peer"')
+    path.write_text(
+        BASE % 'admin_dsn: "postgresql://admin:Hunter2Admin@a-direct/app"\n'
+        '    peer_dsn: "host=a-peer dbname=app password=Hunter2Peer"'
+    )
     for extra in ([], ["--json"]):
         result = run_cli("--config", path, "--allow-inline-password", "info", *extra)
         assert result.exit_code == 0, result

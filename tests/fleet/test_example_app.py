@@ -15,8 +15,14 @@ APP = Path(__file__).resolve().parents[2] / "examples" / "app"
 
 def run_app_tests(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=APP,
-                          env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=APP,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_example_app_passes_its_tests_on_the_embedded_engine():
@@ -40,4 +46,7 @@ def test_the_plugin_is_registered_as_a_pytest11_entry_point():
 def test_a_bad_engine_setting_is_a_usage_error():
     result = run_app_tests("-o", "shardctl_engine=podman")
     assert result.returncode != 0
-    assert "shardctl_engine must be one of embedded, docker, got 'podman'" in result.stdout + result.stderr
+    assert (
+        "shardctl_engine must be one of embedded, docker, got 'podman'"
+        in result.stdout + result.stderr
+    )

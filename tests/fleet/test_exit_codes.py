@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import connect, load, run_cli
 
 
@@ -15,8 +14,12 @@ def admin(topo, host):
 
 
 def error_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result
+    lines = [
+        ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")
+    ]
+    assert (
+        len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr
+    ), result
     return lines[0]
 
 
@@ -24,7 +27,9 @@ def ledger(topo) -> dict:
     out = {}
     for host in topo.hosts:
         with admin(topo, host.name) as conn:
-            out[host.name] = conn.execute("SELECT count(*), max(applied_at) FROM shardctl.migrations").fetchone()
+            out[host.name] = conn.execute(
+                "SELECT count(*), max(applied_at) FROM shardctl.migrations"
+            ).fetchone()
     return out
 
 
@@ -38,10 +43,13 @@ def ready(make_fleet):
 def test_missing_shard_makes_migrate_and_status_exit_4(ready):
     topo = load(ready)
     with admin(topo, "pg1") as conn:  # shard 2 was never created (its record and schema gone)
-        conn.execute("DROP SCHEMA insta2 CASCADE; DELETE FROM shardctl.migrations WHERE shard_id = 2; "
-                     "DELETE FROM shardctl.shards WHERE shard_id = 2")
+        conn.execute(
+            "DROP SCHEMA insta2 CASCADE; DELETE FROM shardctl.migrations WHERE shard_id = 2; "
+            "DELETE FROM shardctl.shards WHERE shard_id = 2"
+        )
     (ready.parent / "migrations" / "V0003__photo_location.sql").write_text(
-        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n")
+        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
+    )
 
     status = run_cli("status", config=ready)
     assert status.exit_code == 4, status
@@ -51,11 +59,15 @@ def test_missing_shard_makes_migrate_and_status_exit_4(ready):
 
     migrated = run_cli("migrate", config=ready)
     assert migrated.exit_code == 4, migrated
-    assert error_line(migrated) == ("error: migrate: shards missing, so not migrated: pg1: shards 2 (never created, "
-                                    "or their schema was dropped: run shardctl init)")
+    assert error_line(migrated) == (
+        "error: migrate: shards missing, so not migrated: pg1: shards 2 (never created, "
+        "or their schema was dropped: run shardctl init)"
+    )
     with admin(topo, "pg1") as conn:  # the other shards were migrated all the same
-        assert conn.execute("SELECT array_agg(shard_id ORDER BY shard_id) FROM shardctl.migrations "
-                            "WHERE version = 3").fetchone()[0] == [0, 1, 3]
+        assert conn.execute(
+            "SELECT array_agg(shard_id ORDER BY shard_id) FROM shardctl.migrations "
+            "WHERE version = 3"
+        ).fetchone()[0] == [0, 1, 3]
 
     assert run_cli("init", config=ready).exit_code == 0
     assert run_cli("migrate", config=ready).exit_code == 0
@@ -67,25 +79,36 @@ def test_failed_shard_names_the_file_and_status_exits_4_until_it_is_fixed(ready)
     with admin(topo, "pg2") as conn:  # one row that the new NOT NULL refuses, on shard 5 only
         conn.execute("INSERT INTO insta5.photos (user_id, caption) VALUES (1, NULL)")
     (ready.parent / "migrations" / "V0003__caption_required.sql").write_text(
-        "ALTER TABLE {{ schema|ident }}.photos ALTER COLUMN caption SET NOT NULL;\n")
+        "ALTER TABLE {{ schema|ident }}.photos ALTER COLUMN caption SET NOT NULL;\n"
+    )
 
     failed = run_cli("migrate", config=ready)
     assert failed.exit_code == 1, failed
     line = error_line(failed)
-    assert line.startswith("error: migrate: 1 shard(s) failed: shard 5 on pg2 at V0003__caption_required.sql: "), line
+    assert line.startswith(
+        "error: migrate: 1 shard(s) failed: shard 5 on pg2 at V0003__caption_required.sql: "
+    ), line
     assert "contains null values" in line
-    assert "failed shard 5 (insta5) on pg2 at V0003__caption_required.sql" not in failed.stdout  # said once
+    assert (
+        "failed shard 5 (insta5) on pg2 at V0003__caption_required.sql" not in failed.stdout
+    )  # said once
     doc = json.loads(run_cli("migrate", "--json", config=ready).stdout)
-    assert [(f["shard"], f["file"]) for f in doc["hosts"][1]["failed"]] == [(5, "V0003__caption_required.sql")]
+    assert [(f["shard"], f["file"]) for f in doc["hosts"][1]["failed"]] == [
+        (5, "V0003__caption_required.sql")
+    ]
 
     before = ledger(topo)
     status = run_cli("status", config=ready)
     assert status.exit_code == 4, status
-    assert error_line(status) == ("error: status: pg2: shards 5 at V0003__caption_required.sql failed (fix it, then "
-                                  "re-run shardctl migrate)")
+    assert error_line(status) == (
+        "error: status: pg2: shards 5 at V0003__caption_required.sql failed (fix it, then "
+        "re-run shardctl migrate)"
+    )
     assert "failed: shards 5 at V0003__caption_required.sql" in " ".join(status.stdout.split())
     check = run_cli("migrate", "--check", config=ready)
-    assert check.exit_code == 1 and "pg2: V0003__caption_required.sql on 1 shards" in check.stderr, check
+    assert (
+        check.exit_code == 1 and "pg2: V0003__caption_required.sql on 1 shards" in check.stderr
+    ), check
     assert ledger(topo) == before  # status and --check changed nothing
 
     with admin(topo, "pg2") as conn:

@@ -20,7 +20,10 @@ def test_init_then_second_init_changes_nothing(fleet):
     with connect(topo, "pg1") as conn:
         assert conn.execute("SELECT count(*) FROM shardctl.shards").fetchone()[0] == 32
         assert conn.execute("SELECT count(*) FROM shardctl.migrations").fetchone()[0] == 32 * 2
-        assert conn.execute("SELECT count(*) FROM shardctl.events WHERE kind = 'init'").fetchone()[0] == 1
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.events WHERE kind = 'init'").fetchone()[0]
+            == 1
+        )
 
 
 def test_verify_and_status_pass_after_init(fleet):

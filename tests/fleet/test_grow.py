@@ -4,8 +4,8 @@ import json
 
 import psycopg
 import pytest
-
 from conftest import connect, load, run_cli
+
 from shardctl.router import Router
 
 COMMENTED = "# fleet for the grow tests\n"
@@ -22,12 +22,17 @@ def _with_rows(topo_path, users=(1, 2, 3, 500, 1341, 2047, 31341, 99999)):
 
 def _schemas(dsn):
     with psycopg.connect(dsn) as conn:
-        return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'insta%'")}
+        return {
+            r[0]
+            for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'insta%'")
+        }
 
 
 def _grown(make_fleet, shards):
     path = make_fleet(hosts=2, shards=shards)
-    path.write_text(COMMENTED + path.read_text().replace("hosts:", "# the hosts\nhosts:  # keep me"))
+    path.write_text(
+        COMMENTED + path.read_text().replace("hosts:", "# the hosts\nhosts:  # keep me")
+    )
     assert run_cli("init", config=path).exit_code == 0
     return path, make_fleet.new_database(2)
 
@@ -65,11 +70,16 @@ def test_add_host_then_add_shard_keeps_keys_and_comments(grown):
     assert topo.shard_count == 4096 and topo.modulus == 2048
     assert {k: Router(topo).shard_for(k) for k in keys} == before
     for k in keys:
-        assert run_cli("locate", str(k), "--json", config=path).stdout.count(f'"shard": {before[k]}') == 1
+        assert (
+            run_cli("locate", str(k), "--json", config=path).stdout.count(f'"shard": {before[k]}')
+            == 1
+        )
 
     with connect(topo, "pg3") as conn:
-        versions = conn.execute("SELECT min(v), max(v), count(*) FROM (SELECT shard_id, max(version) v "
-                                "FROM shardctl.migrations GROUP BY 1) x").fetchone()
+        versions = conn.execute(
+            "SELECT min(v), max(v), count(*) FROM (SELECT shard_id, max(version) v "
+            "FROM shardctl.migrations GROUP BY 1) x"
+        ).fetchone()
     assert versions == (2, 2, 2048)
     assert run_cli("verify", config=path).exit_code == 0
 
@@ -77,7 +87,10 @@ def test_add_host_then_add_shard_keeps_keys_and_comments(grown):
 def test_add_shard_place_new_sends_new_objects_to_new_shards(small):
     path, pg3 = small
     assert run_cli("add-host", "pg3", "--dsn", pg3, config=path).exit_code == 0
-    assert run_cli("add-shard", "--count", "64", "--host", "pg3", "--place-new", config=path).exit_code == 0
+    assert (
+        run_cli("add-shard", "--count", "64", "--host", "pg3", "--place-new", config=path).exit_code
+        == 0
+    )
     topo = load(path)
     assert topo.new_objects == list(range(64, 128))
     with Router(topo) as router:
@@ -85,19 +98,24 @@ def test_add_shard_place_new_sends_new_objects_to_new_shards(small):
             shard = router.allocate_shard(key)
             assert 64 <= shard < 128
             with router.shard_connection(shard) as conn:
-                new_id = conn.execute("INSERT INTO users (username) VALUES ('n') RETURNING id").fetchone()[0]
+                new_id = conn.execute(
+                    "INSERT INTO users (username) VALUES ('n') RETURNING id"
+                ).fetchone()[0]
             assert router.shard_of_id(new_id) == shard
             assert router.shard_for(key) < 64  # existing keys still map where they did
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--count", "8200", "--host", "pg1"], "beyond the instagram layout"),
-    (["--ids", "5-6", "--host", "pg1"], "already exist"),
-    (["--count", "4", "--host", "nosuch"], "unknown host"),
-    (["--count", "4", "--host", "pg1", "--modulus", "68"], "hold data"),
-    (["--ids", "66-67", "--host", "pg1"], "owned by no host"),
-    (["--host", "pg1"], "either --count"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--count", "8200", "--host", "pg1"], "beyond the instagram layout"),
+        (["--ids", "5-6", "--host", "pg1"], "already exist"),
+        (["--count", "4", "--host", "nosuch"], "unknown host"),
+        (["--count", "4", "--host", "pg1", "--modulus", "68"], "hold data"),
+        (["--ids", "66-67", "--host", "pg1"], "owned by no host"),
+        (["--host", "pg1"], "either --count"),
+    ],
+)
 def test_add_shard_refusals_change_nothing(small, args, message):
     path, _ = small
     _with_rows(path)
@@ -127,8 +145,15 @@ def test_add_host_refusals(small):
     assert r.exit_code == 2 and "already in the topology" in r.stderr
     r = run_cli("add-host", "pg9", "--dsn", "postgresql://u:secret@127.0.0.1:1/x", config=path)
     assert r.exit_code == 2 and "literal password" in r.stderr and "secret" not in r.stderr
-    r = run_cli("add-host", "pg9", "--dsn", "postgresql://postgres@127.0.0.1:1/x", "--connect-timeout", "2",
-                config=path)
+    r = run_cli(
+        "add-host",
+        "pg9",
+        "--dsn",
+        "postgresql://postgres@127.0.0.1:1/x",
+        "--connect-timeout",
+        "2",
+        config=path,
+    )
     assert r.exit_code == 3 and "pg9" in r.stderr
     assert path.read_text() == before
 

@@ -9,11 +9,12 @@ import time
 
 import psycopg
 import pytest
-
 from conftest import load, run_cli
 
 
-def write_concurrently(topo, writers: int, shards: list[int], rows: int, per_statement: int = 1000) -> None:
+def write_concurrently(
+    topo, writers: int, shards: list[int], rows: int, per_statement: int = 1000
+) -> None:
     """``writers`` threads, each its own connections, spread INSERT … SELECT batches over ``shards``.
 
     Writer i only writes shards ≡ i (mod writers), one statement at a time, at most 1000 rows per
@@ -29,9 +30,13 @@ def write_concurrently(topo, writers: int, shards: list[int], rows: int, per_sta
             for k in range(index, statements, writers):
                 shard = shards[k % len(shards)]
                 host = topo.host_of(shard)
-                conn = conns.get(host.name) or conns.setdefault(host.name, psycopg.connect(host.dsn, autocommit=True))
-                conn.execute(f"INSERT INTO insta{shard}.photos (user_id) SELECT g FROM generate_series(1, %s) g",
-                             (per_statement,))
+                conn = conns.get(host.name) or conns.setdefault(
+                    host.name, psycopg.connect(host.dsn, autocommit=True)
+                )
+                conn.execute(
+                    f"INSERT INTO insta{shard}.photos (user_id) SELECT g FROM generate_series(1, %s) g",
+                    (per_statement,),
+                )
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             errors.append(exc)
         finally:
@@ -58,7 +63,8 @@ def check_ids(topo, shards: list[int], expected_rows: int) -> None:
             rows, distinct, misplaced = conn.execute(
                 f"""SELECT count(*), count(DISTINCT id),
                            count(*) FILTER (WHERE (id >> {seq_bits}) & {(1 << shard_bits) - 1} <> shard)
-                      FROM ({union}) x""").fetchone()
+                      FROM ({union}) x"""
+            ).fetchone()
         assert rows == distinct, f"{rows - distinct} duplicate IDs on {host.name}"
         assert misplaced == 0, f"{misplaced} IDs on {host.name} decode to another shard"
         total += rows
@@ -88,8 +94,12 @@ def test_burst_beyond_the_per_ms_budget_is_an_error_not_a_duplicate(make_fleet):
     statement wraps the sequence inside one millisecond: the primary key refuses the duplicate,
     the client gets unique_violation (23505) and the statement stores nothing; verify flags it."""
     path = make_fleet(hosts=2, shards=8)
-    path.write_text(path.read_text().replace("  layout: instagram\n",
-                                             "  layout: custom\n  bits: {time: 41, shard: 20, sequence: 2}\n"))
+    path.write_text(
+        path.read_text().replace(
+            "  layout: instagram\n",
+            "  layout: custom\n  bits: {time: 41, shard: 20, sequence: 2}\n",
+        )
+    )
     assert run_cli("init", config=path).exit_code == 0
     topo = load(path)
     assert topo.layout.ids_per_ms_per_shard == 4
@@ -98,9 +108,13 @@ def test_burst_beyond_the_per_ms_budget_is_an_error_not_a_duplicate(make_fleet):
     host = topo.host_of(3)
     with psycopg.connect(host.dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.UniqueViolation) as caught:
-            conn.execute("INSERT INTO insta3.photos (user_id) SELECT g FROM generate_series(1, 2000) g")
+            conn.execute(
+                "INSERT INTO insta3.photos (user_id) SELECT g FROM generate_series(1, 2000) g"
+            )
         assert caught.value.sqlstate == "23505" and "photos_pkey" in str(caught.value)
-        stored, distinct = conn.execute("SELECT count(*), count(DISTINCT id) FROM insta3.photos").fetchone()
+        stored, distinct = conn.execute(
+            "SELECT count(*), count(DISTINCT id) FROM insta3.photos"
+        ).fetchone()
         assert stored == distinct == 0
         # Within budget (at most 4 per ms: a row every 2 ms) writes succeed.
         for _ in range(20):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import connect, load, run_cli
 
 HISTORIES = Path(__file__).resolve().parents[1] / "data" / "histories"
@@ -54,8 +53,11 @@ items AS (
     SELECT s.nspname, 'sequence ' || c.relname FROM s JOIN pg_class c ON c.relnamespace = s.oid WHERE c.relkind = 'S'
 )
 """
-DIGEST = ITEMS + """SELECT nspname, count(*), md5(string_agg(x, E'\\n' ORDER BY x))
+DIGEST = (
+    ITEMS
+    + """SELECT nspname, count(*), md5(string_agg(x, E'\\n' ORDER BY x))
   FROM (SELECT nspname, replace(item, nspname || '.', 'S.') AS x FROM items) named GROUP BY nspname"""
+)
 
 
 def digests(topo) -> dict[str, tuple[int, str]]:
@@ -65,7 +67,9 @@ def digests(topo) -> dict[str, tuple[int, str]]:
         with connect(topo, host.name, autocommit=True) as conn:
             conn.execute("SET search_path = pg_catalog")
             schemas = [topo.schema_name(n) for n in host.shards]
-            out.update({r[0]: (r[1], r[2]) for r in conn.execute(DIGEST, {"schemas": schemas}).fetchall()})
+            out.update(
+                {r[0]: (r[1], r[2]) for r in conn.execute(DIGEST, {"schemas": schemas}).fetchall()}
+            )
     return out
 
 
@@ -91,14 +95,20 @@ def fresh_fleet(make_fleet) -> Path:
 
 def vector_available(topo) -> bool:
     with connect(topo, "pg1") as conn:
-        return conn.execute("SELECT EXISTS (SELECT FROM pg_available_extensions WHERE name = 'vector')").fetchone()[0]
+        return conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_available_extensions WHERE name = 'vector')"
+        ).fetchone()[0]
 
 
 def import_ok(fmt: str, source: Path, path: Path) -> dict:
     r = run_cli("migrations", "import", "--from", fmt, str(source), "--json", config=path)
     assert r.exit_code == 0, r
     doc = json.loads(r.stdout)
-    assert doc["written"] and isinstance(doc["findings"], list) and isinstance(doc["must_change"], list)
+    assert (
+        doc["written"]
+        and isinstance(doc["findings"], list)
+        and isinstance(doc["must_change"], list)
+    )
     return doc
 
 
@@ -116,8 +126,13 @@ def per_shard(topo, sql: str) -> dict[int, tuple]:
 def run_sql_everywhere(topo, template: str) -> None:
     for host in topo.hosts:
         with connect(topo, host.name) as conn:
-            conn.execute("".join(f"SET LOCAL search_path = {topo.schema_name(n)}, public;\n"
-                                 + template.replace("$N", str(n)) for n in host.shards))
+            conn.execute(
+                "".join(
+                    f"SET LOCAL search_path = {topo.schema_name(n)}, public;\n"
+                    + template.replace("$N", str(n))
+                    for n in host.shards
+                )
+            )
             conn.commit()
 
 
@@ -125,8 +140,10 @@ def apply_history(path: Path, fmt: str, first: Path, rest: Path, load_data) -> t
     """Import the first part, init, load data, import the rest, migrate; returns both import reports."""
     topo = load(path)
     if not vector_available(topo):
-        pytest.skip("the sandbox's PostgreSQL has no `vector` extension (pg_available_extensions), which the "
-                    "history's host-level migration installs")
+        pytest.skip(
+            "the sandbox's PostgreSQL has no `vector` extension (pg_available_extensions), which the "
+            "history's host-level migration installs"
+        )
     one = import_ok(fmt, first, path)
     r = run_cli("init", config=path)
     assert r.exit_code == 0, r
@@ -151,7 +168,7 @@ def assert_identical(topo, at_least: int) -> None:
     assert sorted(found) == sorted(topo.schema_name(n) for n in range(64))
     kinds = {v for v in found.values()}
     assert len(kinds) == 1, f"schemas differ: {differences(topo, sorted(found))}"
-    (objects, _digest), = kinds
+    ((objects, _digest),) = kinds
     assert objects >= at_least
 
 
@@ -172,17 +189,22 @@ def test_golang_migrate_history(make_fleet, tmp_path):
     first, rest = split_golang_migrate(tmp_path, 28)
 
     def load_data(topo) -> None:
-        run_sql_everywhere(topo, """
+        run_sql_everywhere(
+            topo,
+            """
             INSERT INTO users (id, username, email) VALUES ($N * 10 + 1, 'Ann$N', 'ann$N@x.org'),
                 ($N * 10 + 2, 'admin', 'root$N@x.org'), ($N * 10 + 3, 'Cy$N', 'cy$N@x.org');
             INSERT INTO follows VALUES ($N * 10 + 1, $N * 10 + 3), ($N * 10 + 2, $N * 10 + 3);
             INSERT INTO photos (id, user_id, width, height) VALUES ($N * 10 + 5, $N * 10 + 3, 1080, 1350);
             INSERT INTO hashtags (name) VALUES ('Sunset$N');
-        """)
+        """,
+        )
 
     one, two = apply_history(path, "golang-migrate", first, rest, load_data)
     migrations = path.parent / "migrations"
-    assert [f["to"] for f in one["files"] if f["host_level"]] == ["H0001__000001_enable_extensions_extensions.sql"]
+    assert [f["to"] for f in one["files"] if f["host_level"]] == [
+        "H0001__000001_enable_extensions_extensions.sql"
+    ]
     assert "V0001__000001_enable_extensions.sql" in {f["to"] for f in one["files"]}
     index = next(f for f in one["files"] if f["from"] == "000021_notifications_unread_index")
     assert not index["transactional"]
@@ -192,12 +214,19 @@ def test_golang_migrate_history(make_fleet, tmp_path):
     topo = load(path)
     assert_identical(topo, 100)
     # The data migrations ran on every shard, and the triggers work on every shard.
-    rows = per_shard(topo, "SELECT (SELECT follower_count FROM users WHERE username LIKE 'Cy%'), "
-                           "(SELECT status::text FROM users WHERE username = 'admin'), "
-                           "(SELECT string_agg(name, ',') FROM hashtags), "
-                           "(SELECT count(*) FROM photo_embeddings)")
-    assert {(n, r) for n, r in rows.items()} == {(n, (2, "suspended", f"sunset{n}", 1)) for n in range(64)}
-    run_sql_everywhere(topo, "INSERT INTO likes (photo_id, user_id) SELECT id, user_id FROM photos;")
+    rows = per_shard(
+        topo,
+        "SELECT (SELECT follower_count FROM users WHERE username LIKE 'Cy%'), "
+        "(SELECT status::text FROM users WHERE username = 'admin'), "
+        "(SELECT string_agg(name, ',') FROM hashtags), "
+        "(SELECT count(*) FROM photo_embeddings)",
+    )
+    assert {(n, r) for n, r in rows.items()} == {
+        (n, (2, "suspended", f"sunset{n}", 1)) for n in range(64)
+    }
+    run_sql_everywhere(
+        topo, "INSERT INTO likes (photo_id, user_id) SELECT id, user_id FROM photos;"
+    )
     rows = per_shard(topo, "SELECT like_count, is_blocked(1, 2) FROM photos")
     assert set(rows.values()) == {(1, False)}
     # The digest sees a difference, and says what it is.
@@ -207,7 +236,9 @@ def test_golang_migrate_history(make_fleet, tmp_path):
     assert len(set(digests(topo).values())) == 2
     assert differences(topo, ["insta0", "insta63"]) == ["column photos.extra integer"]
     r = run_cli("verify", config=topo.path)
-    assert r.exit_code == 1 and "shard 63" in r.stdout + r.stderr and "extra" in r.stdout + r.stderr, r
+    assert (
+        r.exit_code == 1 and "shard 63" in r.stdout + r.stderr and "extra" in r.stdout + r.stderr
+    ), r
 
 
 def split_prisma(tmp_path: Path, cut: int) -> tuple[Path, Path]:
@@ -218,7 +249,10 @@ def split_prisma(tmp_path: Path, cut: int) -> tuple[Path, Path]:
         shutil.copy(source / "migration_lock.toml", target)
     for i, folder in enumerate(sorted(p for p in source.iterdir() if p.is_dir())):
         shutil.copytree(folder, (first if i < cut else rest) / folder.name)
-    return first.parent, rest  # the first as prisma/ (its migrations/ is read), the rest as the folder
+    return (
+        first.parent,
+        rest,
+    )  # the first as prisma/ (its migrations/ is read), the rest as the folder
 
 
 def test_prisma_history(make_fleet, tmp_path):
@@ -228,7 +262,9 @@ def test_prisma_history(make_fleet, tmp_path):
     first, rest = split_prisma(tmp_path, 23)
 
     def load_data(topo) -> None:
-        run_sql_everywhere(topo, """
+        run_sql_everywhere(
+            topo,
+            """
             INSERT INTO "User" ("id", "email", "updatedAt") VALUES ('u$N', 'Buyer$N@Example.com', now());
             INSERT INTO "Product" ("id", "name", "slug", "priceCents", "updatedAt")
                 VALUES ('p$N', 'Book $N', 'book-$N', 1250, now());
@@ -236,19 +272,26 @@ def test_prisma_history(make_fleet, tmp_path):
             INSERT INTO "OrderItem" ("id", "orderId", "productId", "quantity", "unitPriceCents")
                 VALUES ('i$N', 'o$N', 'p$N', 3, 1250);
             INSERT INTO "StockMovement" ("id", "productId", "kind", "delta") VALUES ('m$N', 'p$N', 'RESTOCK', 7);
-        """)
+        """,
+        )
 
     one, two = apply_history(path, "prisma", first, rest, load_data)
-    assert [f["to"] for f in one["files"] if f["host_level"]] == ["H0001__20240112095200_enable_vector_extensions.sql"]
+    assert [f["to"] for f in one["files"] if f["host_level"]] == [
+        "H0001__20240112095200_enable_vector_extensions.sql"
+    ]
     assert len(list((path.parent / "migrations").glob("V*.sql"))) == 42
     topo = load(path)
     assert_identical(topo, 150)
-    rows = per_shard(topo, 'SELECT o."totalCents", order_total(o."id"), u."email", p."stock", p."embedding"::text, '
-                           'p."currency"::text, p."unitPriceCents", o."number" '
-                           'FROM "Order" o JOIN "User" u ON u."id" = o."userId" JOIN "Product" p ON TRUE')
+    rows = per_shard(
+        topo,
+        'SELECT o."totalCents", order_total(o."id"), u."email", p."stock", p."embedding"::text, '
+        'p."currency"::text, p."unitPriceCents", o."number" '
+        'FROM "Order" o JOIN "User" u ON u."id" = o."userId" JOIN "Product" p ON TRUE',
+    )
     assert {(n, r[2]) for n, r in rows.items()} == {(n, f"buyer{n}@example.com") for n in range(64)}
     assert {r[:2] + r[3:] for r in rows.values()} == {(3750, 3750, 7, "[0,0,0,1]", "USD", 1250, 1)}
-    with pytest.raises(psycopg.errors.CheckViolation):
-        with connect(topo, "pg2") as conn:
-            conn.execute('INSERT INTO insta40."Review" ("id", "productId", "userId", "rating") '
-                         "VALUES ('r', 'p40', 'u40', 9)")
+    with pytest.raises(psycopg.errors.CheckViolation), connect(topo, "pg2") as conn:
+        conn.execute(
+            'INSERT INTO insta40."Review" ("id", "productId", "userId", "rating") '
+            "VALUES ('r', 'p40', 'u40', 9)"
+        )

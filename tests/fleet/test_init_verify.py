@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import connect, load, run_cli
-from shardctl.sql.render import render_next_id
+
 from shardctl.dev.sandbox import Sandbox
+from shardctl.sql.render import render_next_id
 
 
 def one_error_line(result) -> str:
@@ -19,7 +19,9 @@ def one_error_line(result) -> str:
 
     (The instagram layout's 64-bit warning may precede it: it is a warning, not part of the failure.)
     """
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")]
+    lines = [
+        ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")
+    ]
     assert len(lines) == 1, result
     assert "Traceback" not in result.stderr and lines[0].startswith("error: "), result
     return lines[0]
@@ -34,13 +36,16 @@ def counts(topo, host) -> dict:
     with admin(topo, host) as conn:
         return {
             "shards": conn.execute("SELECT count(*) FROM shardctl.shards").fetchone()[0],
-            "migrations": conn.execute("SELECT count(*), max(applied_at) FROM shardctl.migrations").fetchone(),
+            "migrations": conn.execute(
+                "SELECT count(*), max(applied_at) FROM shardctl.migrations"
+            ).fetchone(),
             "events": conn.execute("SELECT count(*) FROM shardctl.events").fetchone()[0],
             "relations": conn.execute("SELECT count(*) FROM pg_class").fetchone()[0],
             "schemas": conn.execute("SELECT count(*) FROM pg_namespace").fetchone()[0],
             "functions": conn.execute(
                 "SELECT count(*), string_agg(md5(prosrc), ',' ORDER BY oid) FROM pg_proc "
-                "WHERE proname = 'next_id'").fetchone(),
+                "WHERE proname = 'next_id'"
+            ).fetchone(),
         }
 
 
@@ -61,11 +66,16 @@ def verify_fails(path, shard: int, reason: str) -> dict:
     assert human.exit_code == 1, human
     line = one_error_line(human)
     assert f"shard {shard}" in line, line
-    assert (re.search(rf"violation\s+pg\d shard {shard} \(insta{shard}\): .*{reason}", human.stdout)
-            or re.search(rf"first: pg\d shard {shard}: .*{reason}", line)), human
+    assert re.search(
+        rf"violation\s+pg\d shard {shard} \(insta{shard}\): .*{reason}", human.stdout
+    ) or re.search(rf"first: pg\d shard {shard}: .*{reason}", line), human
     # Said once: the violation the error line names is not listed again under the table.
     first = re.search(r"first: (pg\d+) shard (\d+): (.*)$", line)
-    assert first and f"violation {first[1]} shard {first[2]} (insta{first[2]}): {first[3]}" not in human.stdout, human
+    assert (
+        first
+        and f"violation {first[1]} shard {first[2]} (insta{first[2]}): {first[3]}"
+        not in human.stdout
+    ), human
     as_json = run_cli("verify", "--json", config=path)
     assert as_json.exit_code == 1, as_json
     doc = json.loads(as_json.stdout)
@@ -75,6 +85,7 @@ def verify_fails(path, shard: int, reason: str) -> dict:
 
 
 # ---- 1. tampering ----------------------------------------------------------------
+
 
 def test_verify_catches_next_id_with_wrong_shard_number(ready):
     topo = load(ready)
@@ -121,24 +132,41 @@ def test_init_rebuilds_a_shard_whose_schema_was_dropped(ready):
     rebuilt = run_cli("init", config=ready)
     assert rebuilt.exit_code == 0, rebuilt
     assert "Nothing to do" not in rebuilt.stdout
-    assert "pg2: shards 12 were recorded but their schemas had been dropped; built them again" in rebuilt.stdout
-    assert "Created 1 shard at V2 (migrations V1, V2 applied to each), in " in rebuilt.stdout, rebuilt
+    assert (
+        "pg2: shards 12 were recorded but their schemas had been dropped; built them again"
+        in rebuilt.stdout
+    )
+    assert "Created 1 shard at V2 (migrations V1, V2 applied to each), in " in rebuilt.stdout, (
+        rebuilt
+    )
     assert run_cli("verify", config=ready).exit_code == 0
     with admin(topo, "pg2") as conn:
-        assert conn.execute("SELECT array_agg(version ORDER BY version) FROM shardctl.migrations "
-                            "WHERE shard_id = 12").fetchone()[0] == [1, 2]
-        assert conn.execute("SELECT detail->>'recreated' FROM shardctl.events ORDER BY id DESC LIMIT 1"
-                            ).fetchone()[0] == "12"
+        assert conn.execute(
+            "SELECT array_agg(version ORDER BY version) FROM shardctl.migrations "
+            "WHERE shard_id = 12"
+        ).fetchone()[0] == [1, 2]
+        assert (
+            conn.execute(
+                "SELECT detail->>'recreated' FROM shardctl.events ORDER BY id DESC LIMIT 1"
+            ).fetchone()[0]
+            == "12"
+        )
     again = run_cli("init", "--json", config=ready)
-    assert json.loads(again.stdout)["changed"] is False and json.loads(again.stdout)["recreated"] == {}
+    assert (
+        json.loads(again.stdout)["changed"] is False and json.loads(again.stdout)["recreated"] == {}
+    )
 
 
 def test_verify_catches_a_schema_of_another_hosts_shard(ready):
     topo = load(ready)
     with admin(topo, "pg1") as conn:  # shard 13 belongs to pg2
         conn.execute("CREATE SCHEMA insta13")
-    doc = verify_fails(ready, 13, "unexpected shard schema on this host, not recorded by shardctl "
-                                  r"\(it belongs to pg2\)")
+    doc = verify_fails(
+        ready,
+        13,
+        "unexpected shard schema on this host, not recorded by shardctl "
+        r"\(it belongs to pg2\)",
+    )
     assert [(v["host"], v["shard"]) for v in doc["violations"]] == [("pg1", 13)]
 
 
@@ -151,6 +179,7 @@ def test_verify_catches_a_schema_beyond_the_shard_count(ready):
 
 
 # ---- 2. a host down when init starts ---------------------------------------------
+
 
 def test_init_with_a_host_down_exits_3_then_completes(private_sandbox):
     box: Sandbox = private_sandbox(hosts=2, shards=16)
@@ -191,6 +220,7 @@ def test_init_with_a_host_down_exits_3_then_completes(private_sandbox):
 
 # ---- 4. a failing shard is rolled back whole; a re-run finishes ---------------------
 
+
 def failing_migrations(path: Path, shard: int) -> Path:
     """Copy the fleet's migrations, making V0002 fail for one shard only."""
     migrations = path.parent / "migrations"
@@ -202,9 +232,14 @@ def failing_migrations(path: Path, shard: int) -> Path:
 
 def shard_objects(conn, schema: str) -> dict:
     return {
-        "schema": conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()[0],
-        "relations": conn.execute("SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                                  "WHERE n.nspname = %s", (schema,)).fetchone()[0],
+        "schema": conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)
+        ).fetchone()[0],
+        "relations": conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s",
+            (schema,),
+        ).fetchone()[0],
     }
 
 
@@ -220,23 +255,41 @@ def test_a_migration_failing_for_one_shard_rolls_it_back_whole(make_fleet):
     doc = json.loads(failed.stdout)
     failures = [f for h in doc["hosts"] for f in h["failed"]]
     assert len(failures) == 1, failures
-    assert failures[0]["shard"] == 7 and failures[0]["schema"] == "insta7" and failures[0]["version"] == 2
+    assert (
+        failures[0]["shard"] == 7
+        and failures[0]["schema"] == "insta7"
+        and failures[0]["version"] == 2
+    )
     assert "division by zero" in failures[0]["error"]
 
-    human = run_cli("init", config=path)  # same failure: the error line names shard, migration file and error
+    human = run_cli(
+        "init", config=path
+    )  # same failure: the error line names shard, migration file and error
     assert human.exit_code == 1
-    assert re.search(r"shard 7 on pg1 at V0002__create_likes.sql: .*division by zero", one_error_line(human)), human
+    assert re.search(
+        r"shard 7 on pg1 at V0002__create_likes.sql: .*division by zero", one_error_line(human)
+    ), human
     assert "failed shard 7" not in human.stdout, human  # said once
 
     topo = load(path)
     with admin(topo, "pg1") as conn:
         # Shard 7 left no trace: no schema, no relations, no control rows.
         assert shard_objects(conn, "insta7") == {"schema": 0, "relations": 0}
-        assert conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id = 7").fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE shard_id = 7").fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id = 7").fetchone()[0]
+            == 0
+        )
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.migrations WHERE shard_id = 7").fetchone()[
+                0
+            ]
+            == 0
+        )
         # Every other shard of the host is complete.
-        rows = conn.execute("SELECT shard_id, array_agg(version ORDER BY version) FROM shardctl.migrations "
-                            "GROUP BY 1 ORDER BY 1").fetchall()
+        rows = conn.execute(
+            "SELECT shard_id, array_agg(version ORDER BY version) FROM shardctl.migrations "
+            "GROUP BY 1 ORDER BY 1"
+        ).fetchall()
         assert rows == [(n, [1, 2]) for n in range(8) if n != 7]
         assert conn.execute("SELECT count(*) FROM insta6.likes").fetchone()[0] == 0
     with admin(topo, "pg2") as conn:
@@ -249,8 +302,9 @@ def test_a_migration_failing_for_one_shard_rolls_it_back_whole(make_fleet):
     assert [h["created"] for h in doc["hosts"]] == ["7", ""]
     assert run_cli("verify", config=path).exit_code == 0
     with admin(topo, "pg1") as conn:
-        assert conn.execute("SELECT array_agg(version ORDER BY version) FROM shardctl.migrations "
-                            "WHERE shard_id = 7").fetchone()[0] == [1, 2]
+        assert conn.execute(
+            "SELECT array_agg(version ORDER BY version) FROM shardctl.migrations WHERE shard_id = 7"
+        ).fetchone()[0] == [1, 2]
 
 
 def test_a_hand_made_schema_fails_only_its_shard_and_is_left_alone(make_fleet):
@@ -270,11 +324,24 @@ def test_a_hand_made_schema_fails_only_its_shard_and_is_left_alone(make_fleet):
 
     with admin(topo, "pg1") as conn:
         # Nothing of shardctl's inside insta5 and no control rows; the user's table is untouched.
-        assert conn.execute("SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                            "WHERE n.nspname = 'insta5'").fetchall() == [("precious",)]
-        assert conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id = 5").fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE shard_id = 5").fetchone()[0] == 0
-        assert conn.execute("SELECT count(DISTINCT shard_id) FROM shardctl.migrations").fetchone()[0] == 7
+        assert conn.execute(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'insta5'"
+        ).fetchall() == [("precious",)]
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id = 5").fetchone()[0]
+            == 0
+        )
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.migrations WHERE shard_id = 5").fetchone()[
+                0
+            ]
+            == 0
+        )
+        assert (
+            conn.execute("SELECT count(DISTINCT shard_id) FROM shardctl.migrations").fetchone()[0]
+            == 7
+        )
     # verify names the half-made shard too.
     checked = run_cli("verify", "--json", config=path)
     assert checked.exit_code == 1
@@ -300,9 +367,16 @@ def test_a_failure_in_a_later_batch_leaves_every_shard_whole_or_untouched(make_f
     assert report["not_started"] == "30-39"
     topo = load(path)
     with admin(topo, "pg1") as conn:
-        versions = dict(conn.execute("SELECT shard_id, array_agg(version ORDER BY version) "
-                                     "FROM shardctl.migrations GROUP BY 1").fetchall())
-        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'insta%'")}
+        versions = dict(
+            conn.execute(
+                "SELECT shard_id, array_agg(version ORDER BY version) "
+                "FROM shardctl.migrations GROUP BY 1"
+            ).fetchall()
+        )
+        schemas = {
+            r[0]
+            for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'insta%'")
+        }
     # The failing batch was replayed shard by shard: its other shards are complete; later batches untouched.
     assert set(versions) == set(range(30)) - {25}
     assert all(v == [1, 2] for v in versions.values())
@@ -316,6 +390,7 @@ def test_a_failure_in_a_later_batch_leaves_every_shard_whole_or_untouched(make_f
 
 
 # ---- 5. idempotence ---------------------------------------------------------------
+
 
 def test_second_init_says_nothing_to_do_and_changes_nothing(ready):
     topo = load(ready)
@@ -332,6 +407,7 @@ def test_second_init_says_nothing_to_do_and_changes_nothing(ready):
 
 
 # ---- 9. scale ---------------------------------------------------------------------
+
 
 def init_at_scale(path: Path, shards: int, *verify_args: str) -> dict:
     """init, a second init, then verify (with ``verify_args``), over a whole fleet; returns (and prints) the
@@ -362,10 +438,16 @@ def init_at_scale(path: Path, shards: int, *verify_args: str) -> dict:
 
     for h in topo.hosts:
         with admin(topo, h.name) as conn:
-            assert conn.execute("SELECT count(*) FROM shardctl.shards").fetchone()[0] == len(h.shards)
-            assert conn.execute("SELECT count(*) FROM shardctl.migrations").fetchone()[0] == 2 * len(h.shards)
-    print(f"\n{shards} shards over {len(topo.hosts)} hosts: " +
-          ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+            assert conn.execute("SELECT count(*) FROM shardctl.shards").fetchone()[0] == len(
+                h.shards
+            )
+            assert conn.execute("SELECT count(*) FROM shardctl.migrations").fetchone()[
+                0
+            ] == 2 * len(h.shards)
+    print(
+        f"\n{shards} shards over {len(topo.hosts)} hosts: "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
+    )
     return timings
 
 

@@ -11,14 +11,17 @@ import time
 from pathlib import Path
 
 import psycopg
-
 from conftest import connect, load, run_cli
 from helpers import run_shardctl, start_shardctl
 
-ADD_LOCATION = ("ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
-                "CREATE INDEX photos_location_idx ON {{ schema|ident }}.photos (location);\n")
-UNIQUE_USERNAME = ("ALTER TABLE {{ schema|ident }}.users ADD COLUMN email text;\n"
-                   "ALTER TABLE {{ schema|ident }}.users ADD CONSTRAINT users_username_key UNIQUE (username);\n")
+ADD_LOCATION = (
+    "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
+    "CREATE INDEX photos_location_idx ON {{ schema|ident }}.photos (location);\n"
+)
+UNIQUE_USERNAME = (
+    "ALTER TABLE {{ schema|ident }}.users ADD COLUMN email text;\n"
+    "ALTER TABLE {{ schema|ident }}.users ADD CONSTRAINT users_username_key UNIQUE (username);\n"
+)
 
 
 def add_migration(fleet: Path, name: str, sql: str) -> Path:
@@ -33,8 +36,12 @@ def as_json(result) -> dict:
 
 def ledger(topo, host: str, version: int) -> set[int]:
     with connect(topo, host) as conn:
-        return {r[0] for r in conn.execute("SELECT shard_id FROM shardctl.migrations WHERE version = %s",
-                                           (version,))}
+        return {
+            r[0]
+            for r in conn.execute(
+                "SELECT shard_id FROM shardctl.migrations WHERE version = %s", (version,)
+            )
+        }
 
 
 def shards_with_column(topo, host: str, table: str, column: str) -> set[int]:
@@ -42,7 +49,8 @@ def shards_with_column(topo, host: str, table: str, column: str) -> set[int]:
         rows = conn.execute(
             """SELECT s.shard_id FROM shardctl.shards s JOIN information_schema.columns c
                    ON c.table_schema = s.schema_name AND c.table_name = %s AND c.column_name = %s""",
-            (table, column)).fetchall()
+            (table, column),
+        ).fetchall()
     return {r[0] for r in rows}
 
 
@@ -62,6 +70,7 @@ def timed(*args, config):
 
 
 # ---- acceptance: scale ------------------------------------------------------------------------------
+
 
 def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
     fleet = make_fleet(hosts=2, shards=4096)
@@ -89,8 +98,12 @@ def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
         assert len(ledger(topo, host, 3)) == 2048
         assert len(shards_with_column(topo, host, "photos", "location")) == 2048
         with connect(topo, host) as conn:
-            assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'photos_location_idx'"
-                                ).fetchone()[0] == 2048
+            assert (
+                conn.execute(
+                    "SELECT count(*) FROM pg_indexes WHERE indexname = 'photos_location_idx'"
+                ).fetchone()[0]
+                == 2048
+            )
 
     times = []
     for _ in range(3):
@@ -98,19 +111,24 @@ def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
         assert result.exit_code == 0, result
         times.append(seconds)
     doc = as_json(result)
-    print(f"migrate --check, nothing pending, 4096 shards: {min(times):.3f}s (runs: "
-          f"{', '.join(f'{t:.3f}' for t in times)}; library {doc['seconds']:.3f}s)")
+    print(
+        f"migrate --check, nothing pending, 4096 shards: {min(times):.3f}s (runs: "
+        f"{', '.join(f'{t:.3f}' for t in times)}; library {doc['seconds']:.3f}s)"
+    )
     # After a migrate run, each host's ledger is vouched for without rendering anything.
     assert all(d["integrity"]["rendered"] == 0 for d in doc["details"].values()), doc["details"]
     assert min(times) < 1.0
     human = run_cli("migrate", "--check", config=fleet)
-    assert human.exit_code == 0 and "check took" in human.stdout and "Nothing pending" in human.stdout
+    assert (
+        human.exit_code == 0 and "check took" in human.stdout and "Nothing pending" in human.stdout
+    )
 
     plan = as_json(run_cli("plan", "--json", config=fleet))
     assert [h["versions"] for h in plan["hosts"]] == [{"3": 2048}, {"3": 2048}]
 
 
 # ---- acceptance: failures on some shards ------------------------------------------------------------
+
 
 def test_check_with_nothing_pending_loads_no_template_or_parser(make_fleet):
     """CI runs `migrate --check` on every push: with nothing pending it reads the ledgers and stops,
@@ -119,10 +137,16 @@ def test_check_with_nothing_pending_loads_no_template_or_parser(make_fleet):
     assert run_cli("init", config=path).exit_code == 0
     proc = run_shardctl("migrate", "--check", config=path, python_flags=("-X", "importtime"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    modules = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     assert "psycopg" in modules  # the list is real
     assert not {m for m in modules if m.split(".")[0] in ("jinja2", "pglast")}
-    (path.parent / "migrations" / "V0003__x.sql").write_text("ALTER TABLE {{ schema }}.photos ADD COLUMN x int;\n")
+    (path.parent / "migrations" / "V0003__x.sql").write_text(
+        "ALTER TABLE {{ schema }}.photos ADD COLUMN x int;\n"
+    )
     proc = run_shardctl("migrate", "--check", config=path)
     assert proc.returncode == 1 and "V3" in proc.stdout + proc.stderr, proc
 
@@ -154,10 +178,16 @@ def test_failure_on_some_shards_is_all_or_nothing_per_shard_and_rerun_completes(
     def assert_whole(topo):
         for host in ("pg1", "pg2"):
             done = ledger(topo, host, 3)
-            assert done == shards_with_column(topo, host, "users", "email"), "a shard is half migrated"
+            assert done == shards_with_column(topo, host, "users", "email"), (
+                "a shard is half migrated"
+            )
             with connect(topo, host) as conn:
-                constrained = {int(r[0][len("insta"):]) for r in conn.execute(
-                    "SELECT connamespace::regnamespace::text FROM pg_constraint WHERE conname = 'users_username_key'")}
+                constrained = {
+                    int(r[0][len("insta") :])
+                    for r in conn.execute(
+                        "SELECT connamespace::regnamespace::text FROM pg_constraint WHERE conname = 'users_username_key'"
+                    )
+                }
             assert constrained == done
         return ledger(topo, "pg1", 3) | ledger(topo, "pg2", 3)
 
@@ -178,13 +208,20 @@ def test_failure_on_some_shards_is_all_or_nothing_per_shard_and_rerun_completes(
     # Each failure is said once: on stderr's one line, or (past the ones it names) under the table.
     said = human.stdout + human.stderr
     for shard, host in bad.items():
-        assert len(re.findall(rf"shard {shard}( \(insta{shard}\))? on {host} at V0003__\w+\.sql", said)) == 1, human
+        assert (
+            len(
+                re.findall(rf"shard {shard}( \(insta{shard}\))? on {host} at V0003__\w+\.sql", said)
+            )
+            == 1
+        ), human
     assert "could not create unique index" in said
 
     for shard, host in bad.items():
         with connect(topo, host) as conn:
-            conn.execute(f"DELETE FROM insta{shard}.users WHERE ctid IN "
-                         f"(SELECT ctid FROM insta{shard}.users WHERE username = 'kim' LIMIT 1)")
+            conn.execute(
+                f"DELETE FROM insta{shard}.users WHERE ctid IN "
+                f"(SELECT ctid FROM insta{shard}.users WHERE username = 'kim' LIMIT 1)"
+            )
             conn.commit()
     result = run_cli("migrate", "--json", config=fleet)
     assert result.exit_code == 0, result
@@ -195,8 +232,11 @@ def test_failure_on_some_shards_is_all_or_nothing_per_shard_and_rerun_completes(
 
 # ---- acceptance: two runs at once -------------------------------------------------------------------
 
+
 def shardctl_process(fleet: Path, *args: str) -> subprocess.Popen:
-    return start_shardctl(*args, config=fleet, command=[str(Path(sys.executable).with_name("shardctl"))])
+    return start_shardctl(
+        *args, config=fleet, command=[str(Path(sys.executable).with_name("shardctl"))]
+    )
 
 
 def test_two_migrate_runs_at_once_never_migrate_a_shard_twice(make_fleet):
@@ -252,6 +292,7 @@ def test_second_run_waits_for_the_lock_or_fails_clearly(make_fleet):
 
 # ---- acceptance: lock and statement timeouts --------------------------------------------------------
 
+
 def test_open_application_transaction_makes_that_shard_time_out(make_fleet):
     fleet = make_fleet(hosts=2, shards=64)
     assert run_cli("init", config=fleet).exit_code == 0
@@ -271,7 +312,9 @@ def test_open_application_transaction_makes_that_shard_time_out(make_fleet):
         assert fails[5]["version"] == 3 and "lock timeout" in fails[5]["error"]
         assert "500ms" in fails[5]["error"]
         assert "shard 5 on pg1 at V0003__photo_location.sql: lock timeout" in result.stderr
-        assert 5 not in ledger(topo, "pg1", 3) and 5 not in shards_with_column(topo, "pg1", "photos", "location")
+        assert 5 not in ledger(topo, "pg1", 3) and 5 not in shards_with_column(
+            topo, "pg1", "photos", "location"
+        )
         assert ledger(topo, "pg1", 3) == set(range(32)) - {5}
     finally:
         app.rollback()
@@ -293,13 +336,18 @@ def test_statement_timeout_names_shard_and_version(make_fleet):
 
 # ---- acceptance: integrity --------------------------------------------------------------------------
 
+
 def test_edited_applied_migration_is_detected_until_repaired(make_fleet):
     fleet = make_fleet(hosts=2, shards=32)
     assert run_cli("init", config=fleet).exit_code == 0
-    assert run_cli("migrate", config=fleet).exit_code == 0  # vouches for the ledger: the cache path is on
+    assert (
+        run_cli("migrate", config=fleet).exit_code == 0
+    )  # vouches for the ledger: the cache path is on
     topo = load(fleet)
     path = fleet.parent / "migrations" / "V0002__create_likes.sql"
-    path.write_text(path.read_text() + "CREATE INDEX likes_user_idx ON {{ schema|ident }}.likes (user_id);\n")
+    path.write_text(
+        path.read_text() + "CREATE INDEX likes_user_idx ON {{ schema|ident }}.likes (user_id);\n"
+    )
 
     check = run_cli("migrate", "--check", config=fleet)
     assert check.exit_code == 1, check
@@ -325,15 +373,23 @@ def test_edited_applied_migration_is_detected_until_repaired(make_fleet):
     check = run_cli("migrate", "--check", "--json", config=fleet)
     assert check.exit_code == 0, check
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT count(*) FROM shardctl.events WHERE kind = 'repair'").fetchone()[0] == 1
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.events WHERE kind = 'repair'").fetchone()[0]
+            == 1
+        )
 
     # A ledger row changed behind shardctl's back is caught too, cache or not.
     with connect(topo, "pg2") as conn:
-        conn.execute("UPDATE shardctl.migrations SET checksum = 'x' WHERE shard_id = 20 AND version = 1")
+        conn.execute(
+            "UPDATE shardctl.migrations SET checksum = 'x' WHERE shard_id = 20 AND version = 1"
+        )
         conn.commit()
     check = run_cli("migrate", "--check", config=fleet)
     assert check.exit_code == 1
-    assert "V0001__create_users_and_photos.sql changed after it was applied (shards 20)" in check.stderr
+    assert (
+        "V0001__create_users_and_photos.sql changed after it was applied (shards 20)"
+        in check.stderr
+    )
 
 
 def test_applied_migration_whose_file_is_gone_is_reported(make_fleet):
@@ -352,6 +408,7 @@ def test_applied_migration_whose_file_is_gone_is_reported(make_fleet):
 
 # ---- files and rendering ----------------------------------------------------------------------------
 
+
 def test_gap_duplicate_or_undefined_name_fails_before_anything_runs(make_fleet):
     fleet = make_fleet(hosts=2, shards=8)
     assert run_cli("init", config=fleet).exit_code == 0
@@ -366,7 +423,9 @@ def test_gap_duplicate_or_undefined_name_fails_before_anything_runs(make_fleet):
     assert result.exit_code == 2 and "version 2 is used twice" in result.stderr, result
     dup.unlink()
 
-    typo = add_migration(fleet, "V0003__typo.sql", "ALTER TABLE {{ shcema|ident }}.photos ADD COLUMN x int;\n")
+    typo = add_migration(
+        fleet, "V0003__typo.sql", "ALTER TABLE {{ shcema|ident }}.photos ADD COLUMN x int;\n"
+    )
     for args in (["migrate"], ["migrate", "--dry-run"], ["migrate", "--check"]):
         result = run_cli(*args, config=fleet)
         assert result.exit_code == 2, result
@@ -374,13 +433,19 @@ def test_gap_duplicate_or_undefined_name_fails_before_anything_runs(make_fleet):
     typo.unlink()
 
     # Several statements sent together run in one implicit transaction, where CONCURRENTLY cannot.
-    add_migration(fleet, "V0003__two_indexes.sql",
-                  "-- shardctl:no-transaction\n"
-                  "CREATE INDEX CONCURRENTLY a_idx ON {{ schema|ident }}.photos (caption);\n"
-                  "CREATE INDEX CONCURRENTLY b_idx ON {{ schema|ident }}.photos (created_at);\n")
+    add_migration(
+        fleet,
+        "V0003__two_indexes.sql",
+        "-- shardctl:no-transaction\n"
+        "CREATE INDEX CONCURRENTLY a_idx ON {{ schema|ident }}.photos (caption);\n"
+        "CREATE INDEX CONCURRENTLY b_idx ON {{ schema|ident }}.photos (created_at);\n",
+    )
     result = run_cli("migrate", config=fleet)
     assert result.exit_code == 2, result
-    assert "V0003__two_indexes.sql is marked -- shardctl:no-transaction but holds 2 statements" in result.stderr
+    assert (
+        "V0003__two_indexes.sql is marked -- shardctl:no-transaction but holds 2 statements"
+        in result.stderr
+    )
     assert ledger(topo, "pg1", 3) == set()
 
 
@@ -388,10 +453,13 @@ def test_split_statements():
     from shardctl.sql.migrations import split_statements
 
     # PostgreSQL's own parser (pglast) splits: statements come back without comments or semicolons.
-    assert split_statements("-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);\n-- a; b\n") == \
-        ["CREATE INDEX CONCURRENTLY i ON t (x)"]
+    assert split_statements(
+        "-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);\n-- a; b\n"
+    ) == ["CREATE INDEX CONCURRENTLY i ON t (x)"]
     assert len(split_statements("SELECT 'a;''b'; SELECT E'\\';'; SELECT \"x;y\"")) == 3
-    assert len(split_statements("DO $f$ BEGIN PERFORM 1; END $f$; /* x; /* y; */ */ SELECT 1;")) == 2
+    assert (
+        len(split_statements("DO $f$ BEGIN PERFORM 1; END $f$; /* x; /* y; */ */ SELECT 1;")) == 2
+    )
     assert split_statements("  ;; -- nothing\n") == []
 
 
@@ -405,9 +473,17 @@ def test_dry_run_shows_rendered_sql_and_touches_nothing(make_fleet):
     assert "ALTER TABLE insta0.photos ADD COLUMN location text;" in result.stdout
     assert "ALTER TABLE insta4.photos ADD COLUMN location text;" in result.stdout
     assert "V3×4" in result.stdout
-    assert ledger(topo, "pg1", 3) == set() and shards_with_column(topo, "pg1", "photos", "location") == set()
+    assert (
+        ledger(topo, "pg1", 3) == set()
+        and shards_with_column(topo, "pg1", "photos", "location") == set()
+    )
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT count(*) FROM shardctl.events WHERE kind = 'migrate'").fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.events WHERE kind = 'migrate'").fetchone()[
+                0
+            ]
+            == 0
+        )
 
 
 def test_target_hosts_and_shards_limit_the_run(make_fleet):
@@ -415,7 +491,11 @@ def test_target_hosts_and_shards_limit_the_run(make_fleet):
     assert run_cli("init", config=fleet).exit_code == 0
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
-    add_migration(fleet, "V0004__photo_width.sql", "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN width int;\n")
+    add_migration(
+        fleet,
+        "V0004__photo_width.sql",
+        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN width int;\n",
+    )
 
     assert run_cli("migrate", "--target", "9", config=fleet).exit_code == 2
     result = run_cli("migrate", "--target", "3", "--shards", "0-2,9", "--json", config=fleet)
@@ -423,7 +503,10 @@ def test_target_hosts_and_shards_limit_the_run(make_fleet):
     assert migrated(json.loads(result.stdout)) == {0, 1, 2, 9}
     assert ledger(topo, "pg1", 3) == {0, 1, 2} and ledger(topo, "pg1", 4) == set()
 
-    assert run_cli("migrate", "--check", "--shards", "0-2,9", "--target", "3", config=fleet).exit_code == 0
+    assert (
+        run_cli("migrate", "--check", "--shards", "0-2,9", "--target", "3", config=fleet).exit_code
+        == 0
+    )
     check = run_cli("migrate", "--check", "--shards", "0-2,9", config=fleet)
     assert check.exit_code == 1 and "pg1: V0004__photo_width.sql on 3 shards" in check.stderr
     assert "pg2: V0004__photo_width.sql on 1 shards" in check.stderr
@@ -434,8 +517,11 @@ def test_target_hosts_and_shards_limit_the_run(make_fleet):
     assert by_host["pg1"]["pending"] == {"3": 5, "4": 8}
     assert by_host["pg2"]["versions"] == {"2": 7, "3": 1}
     human = run_cli("plan", config=fleet)
-    assert human.exit_code == 0 and "V2: 5, V3: 3" in human.stdout and "V4 on 8 shards" in human.stdout
+    assert (
+        human.exit_code == 0 and "V2: 5, V3: 3" in human.stdout and "V4 on 8 shards" in human.stdout
+    )
     from shardctl.ops.migrate import host_versions
+
     assert host_versions(topo.host("pg2")) == {2: 7, 3: 1}
 
     result = run_cli("migrate", "--hosts", "pg2", "--json", config=fleet)
@@ -453,17 +539,26 @@ def test_no_transaction_migration_and_ledger_columns(make_fleet):
     fleet = make_fleet(hosts=2, shards=8)
     assert run_cli("init", config=fleet).exit_code == 0
     topo = load(fleet)
-    add_migration(fleet, "V0003__caption_index.sql",
-                  "-- shardctl:no-transaction\n"
-                  "CREATE INDEX CONCURRENTLY photos_caption_idx ON {{ schema|ident }}.photos (caption);\n")
+    add_migration(
+        fleet,
+        "V0003__caption_index.sql",
+        "-- shardctl:no-transaction\n"
+        "CREATE INDEX CONCURRENTLY photos_caption_idx ON {{ schema|ident }}.photos (caption);\n",
+    )
     result = run_cli("migrate", "--json", config=fleet)
     assert result.exit_code == 0, result
     assert migrated(json.loads(result.stdout)) == set(range(8))
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'photos_caption_idx'"
-                            ).fetchone()[0] == 4
-        row = conn.execute("SELECT checksum, duration_ms, applied_at, applied_by FROM shardctl.migrations "
-                           "WHERE shard_id = 1 AND version = 3").fetchone()
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_indexes WHERE indexname = 'photos_caption_idx'"
+            ).fetchone()[0]
+            == 4
+        )
+        row = conn.execute(
+            "SELECT checksum, duration_ms, applied_at, applied_by FROM shardctl.migrations "
+            "WHERE shard_id = 1 AND version = 3"
+        ).fetchone()
     assert len(row[0]) == 64 and row[1] >= 0 and row[2] is not None and row[3] == "postgres"
     assert run_cli("migrate", "--check", config=fleet).exit_code == 0
 

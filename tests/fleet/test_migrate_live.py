@@ -8,11 +8,11 @@ import time
 
 import psycopg
 import pytest
-
 from conftest import connect, load, run_cli
 from load import Pgbench, RouterWriters
-from shardctl.router import Router
 from test_migrate import ADD_LOCATION, add_migration, ledger, migrated, shards_with_column
+
+from shardctl.router import Router
 
 
 def _ids_in_db(topo, written: dict[int, set[int]]) -> dict[int, set[int]]:
@@ -20,8 +20,10 @@ def _ids_in_db(topo, written: dict[int, set[int]]) -> dict[int, set[int]]:
     for host in topo.hosts:
         with connect(topo, host.name) as conn:
             for shard in [s for s in written if s in host.shards]:
-                rows = conn.execute(f"SELECT id FROM {topo.schema_name(shard)}.photos "
-                                    f"WHERE caption LIKE 'writer %%'").fetchall()
+                rows = conn.execute(
+                    f"SELECT id FROM {topo.schema_name(shard)}.photos "
+                    f"WHERE caption LIKE 'writer %%'"
+                ).fetchall()
                 out[shard] = {r[0] for r in rows}
     return out
 
@@ -34,8 +36,11 @@ def test_migrate_512_shards_under_1000_ops_per_second(make_fleet):
     assert run_cli("init", config=fleet).exit_code == 0
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
-    with Router(topo) as router, Pgbench(topo, rate=1400, clients=4) as bench, \
-            RouterWriters(router, list(range(512)), topo.modulus, writers=2) as writers:
+    with (
+        Router(topo) as router,
+        Pgbench(topo, rate=1400, clients=4) as bench,
+        RouterWriters(router, list(range(512)), topo.modulus, writers=2) as writers,
+    ):
         time.sleep(3)  # steady load first
         t0 = time.time()
         result = run_cli("migrate", "--json", config=fleet)
@@ -50,16 +55,20 @@ def test_migrate_512_shards_under_1000_ops_per_second(make_fleet):
     app = bench.stats()
     during = bench.stats(since=t0, until=t1 + 0.3)
     router_stats = writers.stats()
-    print(f"\nmigrate of 512 shards under load: {t1 - t0:.2f}s (migrate's own {doc['seconds']:.2f}s)"
-          f"\n  pgbench, whole run: {app.summary()}\n  pgbench, during migrate: {during.summary()}"
-          f"\n  router writers: {router_stats.summary()}")
+    print(
+        f"\nmigrate of 512 shards under load: {t1 - t0:.2f}s (migrate's own {doc['seconds']:.2f}s)"
+        f"\n  pgbench, whole run: {app.summary()}\n  pgbench, during migrate: {during.summary()}"
+        f"\n  router writers: {router_stats.summary()}"
+    )
     assert app.rate >= 1000, app.summary()
     assert app.failed == 0 and not app.errors, app.errors[:5]
     # Latency while migrate runs (its start to its end, plus the commits in flight); the whole run's
     # maximum, printed above, also holds the load's own start-up on a busy machine.
     assert during.ops > 0 and during.max_ms <= 250, during.summary()
     assert not writers.errors, writers.errors[:5]
-    writers_during = [end - start for _, _, start, end in writers.written if end >= t0 and start <= t1 + 0.3]
+    writers_during = [
+        end - start for _, _, start, end in writers.written if end >= t0 and start <= t1 + 0.3
+    ]
     assert writers_during and max(writers_during) <= 0.25, max(writers_during)
     # Every acknowledged Router write is there exactly once.
     written = writers.ids_by_shard()
@@ -75,7 +84,10 @@ def _held_shard_run(make_fleet):
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     others = [n for n in range(128) if n != 5]
     app = connect(topo, "pg1")
-    with Router(topo) as router, RouterWriters(router, others, topo.modulus, writers=2, pause=0.001) as writers:
+    with (
+        Router(topo) as router,
+        RouterWriters(router, others, topo.modulus, writers=2, pause=0.001) as writers,
+    ):
         time.sleep(1)
         app.execute("SELECT count(*) FROM insta5.photos")  # the open transaction holds ACCESS SHARE
         timer = threading.Timer(3.0, app.rollback)
@@ -89,7 +101,9 @@ def _held_shard_run(make_fleet):
     app.close()
     assert result.exit_code == 0, result
     stats = writers.stats()
-    print(f"\nmigrate with shard 5 held 3s: {elapsed:.2f}s, shard 5 retried; other shards: {stats.summary()}")
+    print(
+        f"\nmigrate with shard 5 held 3s: {elapsed:.2f}s, shard 5 retried; other shards: {stats.summary()}"
+    )
     assert not writers.errors, writers.errors[:5]
     return topo, json.loads(result.stdout), elapsed, stats
 
@@ -99,13 +113,18 @@ def test_shard_held_3s_is_retried_and_applied_after(make_fleet):
     it, and exits 0; the shards batched with it were committed long before."""
     topo, doc, elapsed, _ = _held_shard_run(make_fleet)
     assert migrated(doc) == set(range(128))
-    assert 5 in ledger(topo, "pg1", 3) and 5 in shards_with_column(topo, "pg1", "photos", "location")
+    assert 5 in ledger(topo, "pg1", 3) and 5 in shards_with_column(
+        topo, "pg1", "photos", "location"
+    )
     pg1 = next(h for h in doc["hosts"] if h["host"] == "pg1")
     assert pg1["retried"] >= 1
     assert elapsed >= 2.5  # shard 5 was applied only after the transaction ended
     with connect(topo, "pg1") as conn:
-        times = dict(conn.execute("SELECT shard_id, applied_at FROM shardctl.migrations WHERE version = 3"
-                                  ).fetchall())
+        times = dict(
+            conn.execute(
+                "SELECT shard_id, applied_at FROM shardctl.migrations WHERE version = 3"
+            ).fetchall()
+        )
     # Shards 0-7 were the host's first batch (FIRST_BATCH): shard 5's wait did not hold them back.
     assert (times[5] - max(t for n, t in times.items() if n != 5 and n < 8)).total_seconds() > 1.5
 
@@ -126,7 +145,9 @@ def test_retries_exhausted_names_the_blocker(make_fleet):
     try:
         app.execute("SELECT count(*) FROM insta3.photos")
         started = time.perf_counter()
-        result = run_cli("migrate", "--lock-retries", "3", "--retry-budget", "2", "--json", config=fleet)
+        result = run_cli(
+            "migrate", "--lock-retries", "3", "--retry-budget", "2", "--json", config=fleet
+        )
         elapsed = time.perf_counter() - started
     finally:
         app.rollback()
@@ -136,7 +157,12 @@ def test_retries_exhausted_names_the_blocker(make_fleet):
     fails = {f["shard"]: f for h in json.loads(result.stdout)["hosts"] for f in h["failed"]}
     assert list(fails) == [3]
     error = fails[3]["error"]
-    assert error.startswith("lock timeout") and "photo-app" in error and "pid " in error and "4 times alone" in error
+    assert (
+        error.startswith("lock timeout")
+        and "photo-app" in error
+        and "pid " in error
+        and "4 times alone" in error
+    )
     assert ledger(topo, "pg1", 3) == set(range(16)) - {3}
 
 
@@ -147,13 +173,18 @@ def test_migrate_leaves_shards_of_a_move_pending(make_fleet):
     assert run_cli("init", config=fleet).exit_code == 0
     topo = load(fleet)
     with connect(topo, "pg1") as conn:
-        conn.execute("UPDATE shardctl.shards SET state = 'moving_out' WHERE shard_id BETWEEN 4 AND 7")
+        conn.execute(
+            "UPDATE shardctl.shards SET state = 'moving_out' WHERE shard_id BETWEEN 4 AND 7"
+        )
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     check = run_cli("migrate", "--check", config=fleet)
     assert check.exit_code == 1 and "shards 4-7 are being moved" in check.stderr, check
     result = run_cli("migrate", config=fleet)
     assert result.exit_code == 0, result
-    assert "shards 4-7 are being moved" in result.stdout and "shardctl move-shard 4-7 --to" in result.stdout
+    assert (
+        "shards 4-7 are being moved" in result.stdout
+        and "shardctl move-shard 4-7 --to" in result.stdout
+    )
     assert ledger(topo, "pg1", 3) == set(range(16)) - {4, 5, 6, 7}
     assert ledger(topo, "pg2", 3) == set(range(16, 32))
     doc = json.loads(run_cli("migrate", "--json", config=fleet).stdout)
@@ -178,11 +209,16 @@ def test_library_check_tells_pending_from_failed(make_fleet):
     assert result.pending_total == 16 and result.ok
     with pytest.raises(PendingWork):
         result.raise_for_status()
-    add_migration(fleet, "V0004__bad.sql", "ALTER TABLE {{ schema|ident }}.nope ADD COLUMN x int;\n")
+    add_migration(
+        fleet, "V0004__bad.sql", "ALTER TABLE {{ schema|ident }}.nope ADD COLUMN x int;\n"
+    )
     result = migrate(topo)
     with pytest.raises(OperationFailed) as info:
         result.raise_for_status()
     assert not isinstance(info.value, PendingWork) and "failed" in str(info.value)
     assert isinstance(result.hosts[0].value.failed, list) and result.failed
     with psycopg.connect(**topo.host("pg1").connect_kwargs()) as conn:
-        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 4").fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 4").fetchone()[0]
+            == 0
+        )

@@ -11,33 +11,48 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import connect, load, run_cli
 from helpers import start_shardctl
-from shardctl.errors import LockBusy, OperationFailed
-from shardctl.ops.move import MOVE_LOCK_CLASS, MoveOptions, abort_move, cleanup_move, move_shards, move_status
-from shardctl.router import Router
 from support.clients import RouterTraffic
 from support.history import History
 
+from shardctl.errors import LockBusy, OperationFailed
+from shardctl.ops.move import (
+    MOVE_LOCK_CLASS,
+    MoveOptions,
+    abort_move,
+    cleanup_move,
+    move_shards,
+    move_status,
+)
+from shardctl.router import Router
 
 # ---- helpers ---------------------------------------------------------------------------------
+
 
 def drop_replication(created: list[tuple[int, str]]) -> None:
     """Remove any subscription, publication and slot left in the test's databases (a failed test must
     not leave slots on the session servers, nor databases that cannot be dropped)."""
     for port, db in created:
         try:
-            with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/{db}", autocommit=True) as conn:
-                for (name,) in conn.execute("SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
-                                            "pg_database WHERE datname = current_database())").fetchall():
+            with psycopg.connect(
+                f"postgresql://postgres@127.0.0.1:{port}/{db}", autocommit=True
+            ) as conn:
+                for (name,) in conn.execute(
+                    "SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
+                    "pg_database WHERE datname = current_database())"
+                ).fetchall():
                     conn.execute(f'ALTER SUBSCRIPTION "{name}" DISABLE')
                     conn.execute(f'ALTER SUBSCRIPTION "{name}" SET (slot_name = NONE)')
                     conn.execute(f'DROP SUBSCRIPTION "{name}"')
-                for (name,) in conn.execute("SELECT slot_name FROM pg_replication_slots "
-                                            "WHERE database = current_database()").fetchall():
-                    conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                                 "WHERE slot_name = %s AND active_pid IS NOT NULL", (name,))
+                for (name,) in conn.execute(
+                    "SELECT slot_name FROM pg_replication_slots WHERE database = current_database()"
+                ).fetchall():
+                    conn.execute(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                        "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                        (name,),
+                    )
                     time.sleep(0.2)
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
         except psycopg.Error:
@@ -64,17 +79,24 @@ def load_rows(topo, shards: list[int], per_shard: int) -> None:
         by_host.setdefault(topo.host_of(n).name, []).append(n)
     for host, ns in by_host.items():
         with connect(topo, host, autocommit=True) as conn:
-            conn.execute("".join(
-                f"INSERT INTO insta{n}.photos (user_id, caption) SELECT g, 'photo ' || g "
-                f"FROM generate_series(1, {per_shard}) g;"
-                f"INSERT INTO insta{n}.users (username) SELECT 'user' || g FROM generate_series(1, 3) g;"
-                for n in ns))
+            conn.execute(
+                "".join(
+                    f"INSERT INTO insta{n}.photos (user_id, caption) SELECT g, 'photo ' || g "
+                    f"FROM generate_series(1, {per_shard}) g;"
+                    f"INSERT INTO insta{n}.users (username) SELECT 'user' || g FROM generate_series(1, 3) g;"
+                    for n in ns
+                )
+            )
 
 
 def ids_on(topo, host: str, shards: list[int], table: str = "photos") -> list[int]:
     with connect(topo, host) as conn:
-        return [r[0] for r in conn.execute(" UNION ALL ".join(
-            f"SELECT id FROM insta{n}.{table}" for n in shards)).fetchall()]
+        return [
+            r[0]
+            for r in conn.execute(
+                " UNION ALL ".join(f"SELECT id FROM insta{n}.{table}" for n in shards)
+            ).fetchall()
+        ]
 
 
 def replication_leftovers(topo) -> dict[str, list]:
@@ -84,10 +106,14 @@ def replication_leftovers(topo) -> dict[str, list]:
         with connect(topo, h.name) as conn:
             out[h.name] = (
                 conn.execute("SELECT pubname FROM pg_publication").fetchall()
-                + conn.execute("SELECT subname FROM pg_subscription WHERE subdbid = "
-                               "(SELECT oid FROM pg_database WHERE datname = current_database())").fetchall()
-                + conn.execute("SELECT slot_name FROM pg_replication_slots "
-                               "WHERE database = current_database()").fetchall())
+                + conn.execute(
+                    "SELECT subname FROM pg_subscription WHERE subdbid = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())"
+                ).fetchall()
+                + conn.execute(
+                    "SELECT slot_name FROM pg_replication_slots WHERE database = current_database()"
+                ).fetchall()
+            )
     return {k: v for k, v in out.items() if v}
 
 
@@ -95,20 +121,35 @@ def snapshot(topo, host: str, shards: list[int]) -> dict:
     """Everything a move could disturb on a host: schemas, rows, sequences, control rows, grants, triggers."""
     with connect(topo, host) as conn:
         doc = {
-            "schemas": conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'insta%' "
-                                    "ORDER BY 1").fetchall(),
-            "shards": conn.execute("SELECT shard_id, schema_name, state FROM shardctl.shards ORDER BY 1").fetchall(),
-            "ledger": conn.execute("SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
-                                   "ORDER BY 1, 2").fetchall(),
-            "sequences": conn.execute("SELECT schemaname, sequencename, last_value FROM pg_sequences "
-                                      "WHERE schemaname LIKE 'insta%' ORDER BY 1, 2").fetchall(),
-            "triggers": conn.execute("SELECT tgrelid::regclass::text, tgname FROM pg_trigger "
-                                     "WHERE NOT tgisinternal ORDER BY 1, 2").fetchall(),
-            "acl": conn.execute("SELECT c.oid::regclass::text, c.relacl::text FROM pg_class c JOIN pg_namespace n "
-                                "ON n.oid = c.relnamespace WHERE n.nspname LIKE 'insta%' ORDER BY 1").fetchall(),
+            "schemas": conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'insta%' ORDER BY 1"
+            ).fetchall(),
+            "shards": conn.execute(
+                "SELECT shard_id, schema_name, state FROM shardctl.shards ORDER BY 1"
+            ).fetchall(),
+            "ledger": conn.execute(
+                "SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
+                "ORDER BY 1, 2"
+            ).fetchall(),
+            "sequences": conn.execute(
+                "SELECT schemaname, sequencename, last_value FROM pg_sequences "
+                "WHERE schemaname LIKE 'insta%' ORDER BY 1, 2"
+            ).fetchall(),
+            "triggers": conn.execute(
+                "SELECT tgrelid::regclass::text, tgname FROM pg_trigger "
+                "WHERE NOT tgisinternal ORDER BY 1, 2"
+            ).fetchall(),
+            "acl": conn.execute(
+                "SELECT c.oid::regclass::text, c.relacl::text FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname LIKE 'insta%' ORDER BY 1"
+            ).fetchall(),
         }
-        doc["rows"] = {n: conn.execute(
-            f"SELECT count(*), sum(hashtext(p::text)) FROM insta{n}.photos p").fetchone() for n in shards}
+        doc["rows"] = {
+            n: conn.execute(
+                f"SELECT count(*), sum(hashtext(p::text)) FROM insta{n}.photos p"
+            ).fetchone()
+            for n in shards
+        }
     return doc
 
 
@@ -119,10 +160,14 @@ class Traffic(RouterTraffic):
 
     def __init__(self, router: Router, shards: list[int], modulus: int, writers: int = 2):
         self.modulus = modulus
-        keys = [shard + modulus * j for j in range(50) for shard in shards]  # each routes to its shard
-        super().__init__(History(router.topology.path), router, keys, writers, readers=1, read="scan")
+        keys = [
+            shard + modulus * j for j in range(50) for shard in shards
+        ]  # each routes to its shard
+        super().__init__(
+            History(router.topology.path), router, keys, writers, readers=1, read="scan"
+        )
 
-    def __enter__(self) -> "Traffic":
+    def __enter__(self) -> Traffic:
         self.start()
         return self
 
@@ -136,7 +181,10 @@ class Traffic(RouterTraffic):
 
     @property
     def errors(self) -> list[str]:
-        return [f"{f.op} of key {f.key} (shard {f.key % self.modulus}): {f.error}" for f in self.history.failures]
+        return [
+            f"{f.op} of key {f.key} (shard {f.key % self.modulus}): {f.error}"
+            for f in self.history.failures
+        ]
 
     @property
     def reads(self) -> int:
@@ -144,7 +192,9 @@ class Traffic(RouterTraffic):
 
 
 @contextmanager
-def router_traffic(path: Path, shards: list[int], warmup: float = 0.3, move_wait: float = 15) -> Iterator[Traffic]:
+def router_traffic(
+    path: Path, shards: list[int], warmup: float = 0.3, move_wait: float = 15
+) -> Iterator[Traffic]:
     """:class:`Traffic` on ``shards`` through a Router of ``path`` for the block, started ``warmup`` s before it."""
     router = Router(load(path), move_wait=move_wait)
     try:
@@ -155,8 +205,9 @@ def router_traffic(path: Path, shards: list[int], warmup: float = 0.3, move_wait
         router.close()
 
 
-def move_under_traffic(path: Path, moved: list[int], source: str, target: str,
-                       options: MoveOptions | None = None) -> tuple[dict, Traffic]:
+def move_under_traffic(
+    path: Path, moved: list[int], source: str, target: str, options: MoveOptions | None = None
+) -> tuple[dict, Traffic]:
     """Move ``moved`` from ``source`` to ``target`` while a Router writes to them, then :func:`check_moved`."""
     topo = load(path)
     before = ids_on(topo, source, moved)
@@ -168,13 +219,23 @@ def move_under_traffic(path: Path, moved: list[int], source: str, target: str,
     return report, traffic
 
 
-def check_moved(topo_before, path: Path, moved: list[int], source: str, target: str, before_ids: list[int],
-                traffic: Traffic, report: dict) -> None:
+def check_moved(
+    topo_before,
+    path: Path,
+    moved: list[int],
+    source: str,
+    target: str,
+    before_ids: list[int],
+    traffic: Traffic,
+    report: dict,
+) -> None:
     """Every row written before, during and after the move is on the target exactly once."""
     topo = load(path)
     assert all(topo.host_of(n).name == target for n in moved)
     assert not traffic.errors, traffic.errors[:5]
-    checked = traffic.history.check(path)  # each write once, in its shard; each read from its shard, not stale
+    checked = traffic.history.check(
+        path
+    )  # each write once, in its shard; each read from its shard, not stale
     assert checked.ok, checked
     on_target = ids_on(topo, target, moved)
     assert len(on_target) == len(set(on_target))
@@ -184,9 +245,11 @@ def check_moved(topo_before, path: Path, moved: list[int], source: str, target: 
     # The source's old schemas are renamed and refuse writes; under the old names only stubs remain
     # (views that tell direct clients where the shard went).
     with connect(topo_before, source, autocommit=True) as conn:
-        live = conn.execute("SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                            "WHERE n.nspname = ANY(%s) AND c.relkind <> 'v'",
-                            ([f"insta{n}" for n in moved],)).fetchone()[0]
+        live = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = ANY(%s) AND c.relkind <> 'v'",
+            ([f"insta{n}" for n in moved],),
+        ).fetchone()[0]
         assert live == 0
         renamed = f"insta{moved[0]}_moved_{report['move_id']}"
         with pytest.raises(psycopg.Error) as info:
@@ -212,6 +275,7 @@ def fleet3(make_fleet):
 
 # ---- the move under load ---------------------------------------------------------------------
 
+
 def test_move_under_load_loses_no_write(make_fleet):
     """64 shards, ~20k rows; 16 shards move pg1 → pg3 while writers and a reader use them via the router."""
     path = init_fleet(make_fleet, shards=64)  # pg1 0-20, pg2 21-41, pg3 42-63
@@ -227,10 +291,16 @@ def test_move_under_load_loses_no_write(make_fleet):
             time.sleep(1.0)
         assert result.exit_code == 0, result
         report = json.loads(result.stdout)
-        print(f"\nmove of 16 shards under load: freeze {report['freeze_seconds']:.3f}s, sync "
-              f"{report['sync_seconds']:.1f}s, total {report['seconds']:.1f}s, {len(traffic.written)} writes, "
-              f"{traffic.reads} reads")
-        assert report["phase"] == "cut_over" and report["phases_run"] == ["prepare", "sync", "cutover"]
+        print(
+            f"\nmove of 16 shards under load: freeze {report['freeze_seconds']:.3f}s, sync "
+            f"{report['sync_seconds']:.1f}s, total {report['seconds']:.1f}s, {len(traffic.written)} writes, "
+            f"{traffic.reads} reads"
+        )
+        assert report["phase"] == "cut_over" and report["phases_run"] == [
+            "prepare",
+            "sync",
+            "cutover",
+        ]
         assert report["freeze_seconds"] < 5
         assert len(traffic.written) > 50
         check_moved(topo, path, moved, "pg1", "pg3", before_ids, traffic, report)
@@ -244,8 +314,18 @@ def test_move_under_load_loses_no_write(make_fleet):
     cleaned = run_cli("move-shard", "5-20", "--cleanup", config=path)
     assert cleaned.exit_code == 0, cleaned
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE '%%_moved_%%'").fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id BETWEEN 5 AND 20").fetchone()[0] == 0
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_namespace WHERE nspname LIKE '%%_moved_%%'"
+            ).fetchone()[0]
+            == 0
+        )
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM shardctl.shards WHERE shard_id BETWEEN 5 AND 20"
+            ).fetchone()[0]
+            == 0
+        )
     assert run_cli("migrate", config=path).exit_code == 0
     assert run_cli("verify", config=path).exit_code == 0
 
@@ -264,12 +344,16 @@ def after_enable(monkeypatch, action) -> list[int]:
 
         def execute(self, query, *args):
             cur = self.conn.execute(query, *args)
-            if (query if isinstance(query, str) else query.as_string(self.conn)).endswith(" ENABLE"):
+            if (query if isinstance(query, str) else query.as_string(self.conn)).endswith(
+                " ENABLE"
+            ):
                 ran.append(1)
                 action()
             return cur
 
-    monkeypatch.setattr(catalog, "start_subscription", lambda conn, *a, **k: real(Watched(conn), *a, **k))
+    monkeypatch.setattr(
+        catalog, "start_subscription", lambda conn, *a, **k: real(Watched(conn), *a, **k)
+    )
     return ran
 
 
@@ -327,11 +411,13 @@ def test_acceptance_1024_shards_200k_rows_128_moved(make_fleet):
             time.sleep(1.0)
         assert result.exit_code == 0, result
         report = json.loads(result.stdout)
-        print(f"\nacceptance: 128 of 1024 shards moved in {duration:.1f}s (sync {report['sync_seconds']:.1f}s); "
-              f"write freeze {report['freeze_seconds']:.3f}s (locked {report['freeze_lock_seconds']}s, lag 0 at "
-              f"{report['freeze_caught_up_seconds']}s, compared at {report['freeze_compared_seconds']}s); "
-              f"{report['rows']} rows compared; {len(traffic.written)} writes and {traffic.reads} reads during "
-              f"the move")
+        print(
+            f"\nacceptance: 128 of 1024 shards moved in {duration:.1f}s (sync {report['sync_seconds']:.1f}s); "
+            f"write freeze {report['freeze_seconds']:.3f}s (locked {report['freeze_lock_seconds']}s, lag 0 at "
+            f"{report['freeze_caught_up_seconds']}s, compared at {report['freeze_compared_seconds']}s); "
+            f"{report['rows']} rows compared; {len(traffic.written)} writes and {traffic.reads} reads during "
+            f"the move"
+        )
         assert report["freeze_seconds"] < 5
         check_moved(topo, path, moved, "pg1", "pg3", before_ids, traffic, report)
         assert replication_leftovers(topo) == {}
@@ -341,6 +427,7 @@ def test_acceptance_1024_shards_200k_rows_128_moved(make_fleet):
 
 
 # ---- phases, status, resume ------------------------------------------------------------------
+
 
 def test_phases_one_by_one_with_status(fleet3):
     topo = load(fleet3)
@@ -352,18 +439,27 @@ def test_phases_one_by_one_with_status(fleet3):
     [m] = status["moves"]
     assert (m["shards"], m["source"], m["target"], m["phase"]) == ("0-3", "pg1", "pg2", "prepared")
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards WHERE shard_id <= 3").fetchall() == \
-            [("moving_out",)]
+        assert conn.execute(
+            "SELECT DISTINCT state FROM shardctl.shards WHERE shard_id <= 3"
+        ).fetchall() == [("moving_out",)]
     with connect(topo, "pg2") as conn:
-        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards WHERE shard_id <= 3").fetchall() == \
-            [("moving_in",)]
+        assert conn.execute(
+            "SELECT DISTINCT state FROM shardctl.shards WHERE shard_id <= 3"
+        ).fetchall() == [("moving_in",)]
         # The ledger rows were copied, not re-made.
-        copied = conn.execute("SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
-                              "WHERE shard_id <= 3 ORDER BY 1, 2").fetchall()
+        copied = conn.execute(
+            "SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
+            "WHERE shard_id <= 3 ORDER BY 1, 2"
+        ).fetchall()
         assert conn.execute("SELECT count(*) FROM insta0.photos").fetchone()[0] == 0
     with connect(topo, "pg1") as conn:
-        assert copied == conn.execute("SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
-                                      "WHERE shard_id <= 3 ORDER BY 1, 2").fetchall()
+        assert (
+            copied
+            == conn.execute(
+                "SELECT shard_id, version, checksum, applied_at FROM shardctl.migrations "
+                "WHERE shard_id <= 3 ORDER BY 1, 2"
+            ).fetchall()
+        )
     # migrate goes on for the shards that are not moving (nothing is pending here; the shards of a
     # move with pending migrations are covered by test_migrate_live).
     r = run_cli("migrate", config=fleet3)
@@ -394,32 +490,49 @@ def test_phases_one_by_one_with_status(fleet3):
 def test_sync_before_prepare_and_bad_input(fleet3):
     assert run_cli("move-shard", "0-3", "--to", "pg2", "sync", config=fleet3).exit_code == 1
     assert run_cli("move-shard", "0-3", "--to", "pg9", config=fleet3).exit_code == 2
-    assert run_cli("move-shard", "14-17", "--to", "pg3", config=fleet3).exit_code == 2  # two source hosts
+    assert (
+        run_cli("move-shard", "14-17", "--to", "pg3", config=fleet3).exit_code == 2
+    )  # two source hosts
     assert run_cli("move-shard", "0-99", "--to", "pg3", config=fleet3).exit_code == 2
     assert run_cli("move-shard", "0-3", config=fleet3).exit_code == 2
     assert run_cli("move-shard", "--abort", config=fleet3).exit_code == 2  # nothing in flight
     assert run_cli("move-shard", "--abort", "--cleanup", config=fleet3).exit_code == 2
-    assert run_cli("move-shard", "0-3", "--to", "pg2", "prepare", "--abort", config=fleet3).exit_code == 2
+    assert (
+        run_cli("move-shard", "0-3", "--to", "pg2", "prepare", "--abort", config=fleet3).exit_code
+        == 2
+    )
 
 
 def test_kill_during_sync_then_resume(fleet3):
     """A run killed while the initial copy goes on resumes where it was: same subscriptions, no new ones."""
     topo = load(fleet3)
     assert run_cli("move-shard", "0-15", "--to", "pg3", "prepare", config=fleet3).exit_code == 0
-    proc = start_shardctl("move-shard", "0-15", "--to", "pg3", "sync", "--schemas-per-subscription", "4",
-                          config=fleet3, text=False)
+    proc = start_shardctl(
+        "move-shard",
+        "0-15",
+        "--to",
+        "pg3",
+        "sync",
+        "--schemas-per-subscription",
+        "4",
+        config=fleet3,
+        text=False,
+    )
     try:
         deadline = time.monotonic() + 60
         with connect(topo, "pg3", autocommit=True) as conn:
             while time.monotonic() < deadline:
-                subs = conn.execute("SELECT oid, subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
-                                    "pg_database WHERE datname = current_database())").fetchall()
+                subs = conn.execute(
+                    "SELECT oid, subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
+                    "pg_database WHERE datname = current_database())"
+                ).fetchall()
                 if len(subs) == 4:
                     break
                 assert proc.poll() is None, proc.communicate()
                 time.sleep(0.02)
-            ready = conn.execute("SELECT count(*) FILTER (WHERE srsubstate = 'r'), count(*) "
-                                 "FROM pg_subscription_rel").fetchone()
+            ready = conn.execute(
+                "SELECT count(*) FILTER (WHERE srsubstate = 'r'), count(*) FROM pg_subscription_rel"
+            ).fetchone()
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -428,8 +541,10 @@ def test_kill_during_sync_then_resume(fleet3):
     report = move_shards(load(fleet3), list(range(16)), "pg3", phases=["sync"])
     assert report["phase"] == "synced" and report["tables"] == 48
     with connect(topo, "pg3") as conn:
-        again = conn.execute("SELECT oid, subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
-                             "pg_database WHERE datname = current_database())").fetchall()
+        again = conn.execute(
+            "SELECT oid, subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM "
+            "pg_database WHERE datname = current_database())"
+        ).fetchall()
     assert sorted(again) == sorted(subs)
     before = ids_on(topo, "pg1", list(range(16)))
     report = move_shards(load(fleet3), list(range(16)), "pg3", phases=["cutover"])
@@ -444,8 +559,10 @@ def test_interrupted_prepare_resumes(fleet3):
     topo = load(fleet3)
     report = move_shards(topo, [4, 5, 6], "pg3", phases=["prepare"])
     with connect(topo, "pg3", autocommit=True) as conn:
-        conn.execute("DELETE FROM shardctl.migrations WHERE shard_id = 5; DELETE FROM shardctl.shards WHERE "
-                     "shard_id = 5; DROP TABLE insta5.likes; UPDATE shardctl.moves SET phase = 'preparing'")
+        conn.execute(
+            "DELETE FROM shardctl.migrations WHERE shard_id = 5; DELETE FROM shardctl.shards WHERE "
+            "shard_id = 5; DROP TABLE insta5.likes; UPDATE shardctl.moves SET phase = 'preparing'"
+        )
     with connect(topo, "pg1", autocommit=True) as conn:
         conn.execute("UPDATE shardctl.moves SET phase = 'preparing'")
     assert move_status(load(fleet3))["moves"][0]["phase"] == "preparing"
@@ -454,7 +571,12 @@ def test_interrupted_prepare_resumes(fleet3):
     assert any("half-built" in m for m in again["messages"])
     with connect(topo, "pg3") as conn:
         assert conn.execute("SELECT count(*) FROM insta5.photos").fetchone()[0] == 150
-        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE shard_id = 5").fetchone()[0] == 2
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.migrations WHERE shard_id = 5").fetchone()[
+                0
+            ]
+            == 2
+        )
 
 
 def test_crash_between_source_commit_and_flip(fleet3, monkeypatch):
@@ -490,6 +612,7 @@ def test_crash_between_source_commit_and_flip(fleet3, monkeypatch):
 
 # ---- abort -------------------------------------------------------------------------------------
 
+
 def test_abort_after_sync_leaves_source_as_it_was(fleet3):
     topo = load(fleet3)
     moving = list(range(4, 12))
@@ -505,12 +628,25 @@ def test_abort_after_sync_leaves_source_as_it_was(fleet3):
     assert fleet3.read_text() == topology_text
     assert replication_leftovers(topo) == {}
     with connect(topo, "pg3") as conn:
-        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)",
-                            ([f"insta{n}" for n in moving],)).fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM shardctl.shards WHERE shard_id = ANY(%s)",
-                            (moving,)).fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE shard_id = ANY(%s)",
-                            (moving,)).fetchone()[0] == 0
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)",
+                ([f"insta{n}" for n in moving],),
+            ).fetchone()[0]
+            == 0
+        )
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM shardctl.shards WHERE shard_id = ANY(%s)", (moving,)
+            ).fetchone()[0]
+            == 0
+        )
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM shardctl.migrations WHERE shard_id = ANY(%s)", (moving,)
+            ).fetchone()[0]
+            == 0
+        )
     assert run_cli("migrate", config=fleet3).exit_code == 0
     assert run_cli("verify", config=fleet3).exit_code == 0
     # The same shards can be moved again afterwards.
@@ -534,31 +670,51 @@ def test_abort_during_prepare_and_after_cutover(fleet3):
     report = move_shards(load(fleet3), moving, "pg2")
     assert report["phase"] == "cut_over"
     with Router(load(fleet3)) as router:
-        new_ids = [router.execute(2, "INSERT INTO photos (user_id) VALUES (2) RETURNING id")[0][0] for _ in range(5)]
+        new_ids = [
+            router.execute(2, "INSERT INTO photos (user_id) VALUES (2) RETURNING id")[0][0]
+            for _ in range(5)
+        ]
         with pytest.raises(psycopg.Error):  # the old copy refuses writes
             with connect(topo, "pg1", autocommit=True) as conn:
-                conn.execute(f"INSERT INTO insta2_moved_{report['move_id']}.photos (user_id) VALUES (1)")
+                conn.execute(
+                    f"INSERT INTO insta2_moved_{report['move_id']}.photos (user_id) VALUES (1)"
+                )
         result = abort_move(load(fleet3), shards=moving)
         assert result["phase"] == "aborted"
         print(f"\nabort after cutover: freeze {result['freeze_seconds']:.3f}s")
         assert load(fleet3).host_of(2).name == "pg1"
         # The router follows the move back too.
-        after = router.execute(2, "SELECT id FROM photos WHERE id = ANY(%s) ORDER BY id", (new_ids,))
+        after = router.execute(
+            2, "SELECT id FROM photos WHERE id = ANY(%s) ORDER BY id", (new_ids,)
+        )
         assert [r[0] for r in after] == sorted(new_ids)
         newer = router.execute(2, "INSERT INTO photos (user_id) VALUES (2) RETURNING id")[0][0]
         assert newer > max(new_ids)
     assert replication_leftovers(topo) == {}
     with connect(topo, "pg2") as conn:
-        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname ~ '^insta[123](_|$)'").fetchone()[0] == 0
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_namespace WHERE nspname ~ '^insta[123](_|$)'"
+            ).fetchone()[0]
+            == 0
+        )
     with connect(topo, "pg1") as conn:
         assert conn.execute("SELECT count(*) FROM insta2.photos").fetchone()[0] == 150 + 5 + 1
-        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards").fetchall() == [("active",)]
-        assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'shardctl_moved_shard'").fetchone()[0] == 0
+        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards").fetchall() == [
+            ("active",)
+        ]
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_trigger WHERE tgname = 'shardctl_moved_shard'"
+            ).fetchone()[0]
+            == 0
+        )
     assert run_cli("verify", config=fleet3).exit_code == 0
     assert run_cli("migrate", config=fleet3).exit_code == 0
 
 
 # ---- safety ------------------------------------------------------------------------------------
+
 
 def test_refuses_tables_without_primary_key(fleet3):
     topo = load(fleet3)
@@ -568,11 +724,18 @@ def test_refuses_tables_without_primary_key(fleet3):
     assert r.exit_code == 1, r
     assert "insta6.audit has no primary key or replica identity" in r.stderr
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards").fetchall() == [("active",)]
-        assert conn.execute("SELECT to_regclass('shardctl.moves') IS NULL OR "
-                            "NOT EXISTS (SELECT 1 FROM shardctl.moves)").fetchone()[0]
+        assert conn.execute("SELECT DISTINCT state FROM shardctl.shards").fetchall() == [
+            ("active",)
+        ]
+        assert conn.execute(
+            "SELECT to_regclass('shardctl.moves') IS NULL OR "
+            "NOT EXISTS (SELECT 1 FROM shardctl.moves)"
+        ).fetchone()[0]
     with connect(topo, "pg2") as conn:
-        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'insta4'").fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'insta4'").fetchone()[0]
+            == 0
+        )
     # With a replica identity the table may move (but it exists only on the source: prepare says so).
     with connect(topo, "pg1", autocommit=True) as conn:
         conn.execute("ALTER TABLE insta6.audit REPLICA IDENTITY FULL")
@@ -616,12 +779,19 @@ def test_cleanup_needs_cutover_and_cutover_failure_keeps_source(fleet3):
     with connect(topo, "pg1") as writer:
         writer.execute("INSERT INTO insta13.users (username) VALUES ('in a long transaction')")
         with pytest.raises(OperationFailed, match="gave up after 2 attempts"):
-            move_shards(load(fleet3), [12, 13], "pg3", phases=["cutover"],
-                        options=MoveOptions(max_freeze=0.3, attempts=2))
+            move_shards(
+                load(fleet3),
+                [12, 13],
+                "pg3",
+                phases=["cutover"],
+                options=MoveOptions(max_freeze=0.3, attempts=2),
+            )
         writer.rollback()
     assert load(fleet3).host_of(13).name == "pg1"
     with connect(topo, "pg1", autocommit=True) as conn:
-        conn.execute("INSERT INTO insta13.photos (user_id) VALUES (13)")  # writes still go to the source
+        conn.execute(
+            "INSERT INTO insta13.photos (user_id) VALUES (13)"
+        )  # writes still go to the source
     report = move_shards(load(fleet3), [12, 13], "pg3", phases=["cutover"])
     assert report["phase"] == "cut_over"
     assert len(ids_on(topo, "pg3", [13])) == 151
@@ -651,15 +821,13 @@ def test_router_follows_a_move(fleet3):
             h.shards = sorted(h.shards + [15])
     stale_topo._owner[15] = stale_topo.host("pg1")
     with Router(stale_topo, move_wait=1) as r2:
-        with pytest.raises(psycopg.Error) as info:
-            with r2.connection(15) as conn:
-                conn.execute("INSERT INTO photos (user_id) VALUES (15)")
+        with pytest.raises(psycopg.Error) as info, r2.connection(15) as conn:
+            conn.execute("INSERT INTO photos (user_id) VALUES (15)")
         r2.reload()  # as if another thread had reloaded first: follow_move still sees the move
         assert r2.topology.host_of(15).name == "pg2"
         assert r2.follow_move(15, info.value) is True
         with r2.connection(15) as conn:
             assert conn.execute("SELECT count(*) FROM photos").fetchone()[0] == 150
     # An unrelated missing table is not mistaken for a move.
-    with Router(load(fleet3), move_wait=1) as r3:
-        with pytest.raises(psycopg.errors.UndefinedTable):
-            r3.execute(3, "SELECT * FROM no_such_table")
+    with Router(load(fleet3), move_wait=1) as r3, pytest.raises(psycopg.errors.UndefinedTable):
+        r3.execute(3, "SELECT * FROM no_such_table")

@@ -19,15 +19,25 @@ V4 = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN filter text;\n"
 
 def _versions(topo, host: str, shards: list[int]) -> dict[int, int]:
     with connect(topo, host) as conn:
-        return dict(conn.execute("SELECT shard_id, max(version) FROM shardctl.migrations WHERE shard_id = ANY(%s) "
-                                 "GROUP BY 1", (shards,)).fetchall())
+        return dict(
+            conn.execute(
+                "SELECT shard_id, max(version) FROM shardctl.migrations WHERE shard_id = ANY(%s) "
+                "GROUP BY 1",
+                (shards,),
+            ).fetchall()
+        )
 
 
 def _columns(topo, host: str, schema: str) -> list[str]:
     with connect(topo, host) as conn:
-        return [r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = "
-                                           "%s AND table_name = 'photos' ORDER BY ordinal_position",
-                                           (schema,)).fetchall()]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+                "%s AND table_name = 'photos' ORDER BY ordinal_position",
+                (schema,),
+            ).fetchall()
+        ]
 
 
 def _migrate_while_in_flight(path: Path) -> None:
@@ -40,7 +50,9 @@ def _migrate_while_in_flight(path: Path) -> None:
     topo = load(path)
     assert set(_versions(topo, "pg1", [0, 1, 2, 3]).values()) == {2}
     assert set(_versions(topo, "pg1", [4, 5]).values()) == {3}
-    assert set(_versions(topo, "pg2", [0, 1, 2, 3]).values()) == {2}  # the target's copies, moving_in
+    assert set(_versions(topo, "pg2", [0, 1, 2, 3]).values()) == {
+        2
+    }  # the target's copies, moving_in
     check = run_cli("migrate", "--check", config=path)
     assert check.exit_code == 1 and "shards 0-3 are being moved" in check.stderr, check
 
@@ -57,15 +69,28 @@ def test_cutover_brings_moved_shards_to_the_fleets_version(fleet3):
     assert r.exit_code == 0, r
     report = json.loads(r.stdout)
     assert report["phase"] == "cut_over"
-    assert report["caught_up"] == {"host": "pg2", "to": 3, "shards": "0-3", "from": {"V2": "0-3"}}, report
+    assert report["caught_up"] == {
+        "host": "pg2",
+        "to": 3,
+        "shards": "0-3",
+        "from": {"V2": "0-3"},
+    }, report
     assert "brought shards 0-3 from V2 to V3 on pg2 (the fleet's version)" in report["messages"]
     v4.unlink()
     topo = load(path)
     assert _versions(topo, "pg2", [0, 1, 2, 3]) == {0: 3, 1: 3, 2: 3, 3: 3}
-    assert "location" in _columns(topo, "pg2", "insta0") and "filter" not in _columns(topo, "pg2", "insta0")
+    assert "location" in _columns(topo, "pg2", "insta0") and "filter" not in _columns(
+        topo, "pg2", "insta0"
+    )
     with connect(topo, "pg2") as conn:  # new ledger rows, written by this run on pg2 (not copied)
-        assert conn.execute("SELECT count(*) FROM shardctl.migrations WHERE version = 3 AND shard_id = ANY(%s) "
-                            "AND applied_at > now() - interval '5 minutes'", ([0, 1, 2, 3],)).fetchone()[0] == 4
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM shardctl.migrations WHERE version = 3 AND shard_id = ANY(%s) "
+                "AND applied_at > now() - interval '5 minutes'",
+                ([0, 1, 2, 3],),
+            ).fetchone()[0]
+            == 4
+        )
     check = run_cli("migrate", "--check", config=path)
     assert check.exit_code == 0, check
     assert run_cli("verify", config=path).exit_code == 0
@@ -83,9 +108,28 @@ def test_rerun_after_a_crash_after_the_flip_brings_the_shards(fleet3):
     path = fleet3
     assert run_cli("move-shard", "0-3", "--to", "pg2", "prepare", config=path).exit_code == 0
     _migrate_while_in_flight(path)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), SHARDCTL_MOVE_CRASH_AT="after-flip")
-    killed = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(path), "move-shard", "0-3",
-                             "--to", "pg2"], env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        SHARDCTL_MOVE_CRASH_AT="after-flip",
+    )
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardctl",
+            "--config",
+            str(path),
+            "move-shard",
+            "0-3",
+            "--to",
+            "pg2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
     topo = load(path)
     assert all(topo.host_of(n).name == "pg2" for n in range(4))
@@ -98,5 +142,7 @@ def test_rerun_after_a_crash_after_the_flip_brings_the_shards(fleet3):
     assert run_cli("verify", config=path).exit_code == 0
     # The old copies on pg1 are at V2: an abort could not take the new rows back, and says so.
     refused = run_cli("move-shard", "0-3", "--abort", config=path)
-    assert refused.exit_code == 1 and "migrations ran on pg2 after the cutover" in refused.stderr, refused
+    assert refused.exit_code == 1 and "migrations ran on pg2 after the cutover" in refused.stderr, (
+        refused
+    )
     assert run_cli("migrate", "--check", config=path).exit_code == 0

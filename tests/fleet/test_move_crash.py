@@ -12,11 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import load, run_cli
 from test_move import fleet3, ids_on, make_fleet, replication_leftovers, router_traffic  # noqa: F401
 
-POINTS = ["after-prepare", "after-sync", "in-freeze", "after-source-commit", "after-activate", "after-flip"]
+POINTS = [
+    "after-prepare",
+    "after-sync",
+    "in-freeze",
+    "after-source-commit",
+    "after-activate",
+    "after-flip",
+]
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -24,14 +30,35 @@ def test_sigkill_then_one_rerun_finishes(fleet3, point):
     topo = load(fleet3)
     moving = [0, 1, 2, 3]
     before = ids_on(topo, "pg1", moving)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), SHARDCTL_MOVE_CRASH_AT=point)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        SHARDCTL_MOVE_CRASH_AT=point,
+    )
     with router_traffic(fleet3, moving, move_wait=30) as traffic:
-        killed = subprocess.run([sys.executable, "-m", "shardctl", "--config", str(fleet3), "move-shard", "0-3",
-                                 "--to", "pg2"], env=env, capture_output=True, text=True, timeout=300)
+        killed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shardctl",
+                "--config",
+                str(fleet3),
+                "move-shard",
+                "0-3",
+                "--to",
+                "pg2",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
         status = json.loads(run_cli("move-shard", "--status", "--json", config=fleet3).stdout)
         [move] = status["moves"]
-        assert status["needs_finishing"] and "move-shard 0-3 --to pg2" in status["needs_finishing"][0], status
+        assert (
+            status["needs_finishing"] and "move-shard 0-3 --to pg2" in status["needs_finishing"][0]
+        ), status
         again = run_cli("move-shard", "0-3", "--to", "pg2", "--json", config=fleet3)
         assert again.exit_code == 0, again
         time.sleep(0.5)

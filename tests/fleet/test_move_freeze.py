@@ -8,11 +8,17 @@ import time
 
 import psycopg
 import pytest
-
 from conftest import connect, load, run_cli
+from test_move import (
+    ids_on,
+    init_fleet,
+    load_rows,
+    move_under_traffic,
+    replication_leftovers,
+)
+
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards
-from test_move import ids_on, init_fleet, load_rows, make_fleet, move_under_traffic, replication_leftovers  # noqa: F401
 
 
 def test_freeze_does_not_grow_with_the_data(make_fleet):
@@ -20,13 +26,17 @@ def test_freeze_does_not_grow_with_the_data(make_fleet):
     stays below a second either way; every row is verified after the cutover."""
     path = init_fleet(make_fleet, shards=48)  # pg1 0-15, pg2 16-31, pg3 32-47
     topo = load(path)
-    load_rows(topo, list(range(0, 8)), 100)
+    load_rows(topo, list(range(8)), 100)
     load_rows(topo, list(range(8, 16)), 5000)
-    small, _ = move_under_traffic(path, list(range(0, 8)), "pg1", "pg2")
+    small, _ = move_under_traffic(path, list(range(8)), "pg1", "pg2")
     big, _ = move_under_traffic(path, list(range(8, 16)), "pg1", "pg3")
-    print(f"\nfreeze: {small['freeze_seconds']:.3f}s with {small['rows']} rows, {big['freeze_seconds']:.3f}s with "
-          f"{big['rows']} rows (verified after in {big['verify_after_seconds']:.3f}s)")
-    assert big["rows"] >= 8 * 5000 and big["rows"] > 5 * small["rows"]  # rows include the writers' ones
+    print(
+        f"\nfreeze: {small['freeze_seconds']:.3f}s with {small['rows']} rows, {big['freeze_seconds']:.3f}s with "
+        f"{big['rows']} rows (verified after in {big['verify_after_seconds']:.3f}s)"
+    )
+    assert (
+        big["rows"] >= 8 * 5000 and big["rows"] > 5 * small["rows"]
+    )  # rows include the writers' ones
     assert small["verified"] is True and big["verified"] is True
     # The freeze must not grow with the data (the old freeze checksummed every row inside it). Absolute
     # figures depend on the machine's load; bench/move.py measures them. The slack is for scheduling jitter
@@ -34,7 +44,9 @@ def test_freeze_does_not_grow_with_the_data(make_fleet):
     # that nothing is compared inside the freeze is freeze_compared_seconds below.
     assert big["freeze_seconds"] <= 1.5 * small["freeze_seconds"] + 0.6
     assert big["freeze_seconds"] < 5.0
-    assert big["freeze_compared_seconds"] is None and big["verify_after_seconds"] > 0  # rows compared outside
+    assert (
+        big["freeze_compared_seconds"] is None and big["verify_after_seconds"] > 0
+    )  # rows compared outside
     assert replication_leftovers(topo) == {}
 
 
@@ -42,7 +54,7 @@ def test_failed_attempts_never_hold_writes_past_max_freeze(make_fleet, monkeypat
     """With the target's apply worker blocked (a lock held on the target's table once the check before the
     freeze is done), lag 0 never comes: each attempt gives up within --max-freeze and a writer on a moving
     shard never waits longer than that. Lock released, the cutover goes through."""
-    import shardctl.ops.move.cutover as cutover
+    from shardctl.ops.move import cutover
 
     path = init_fleet(make_fleet, shards=48)
     topo = load(path)
@@ -74,7 +86,13 @@ def test_failed_attempts_never_hold_writes_past_max_freeze(make_fleet, monkeypat
     thread.start()
     try:
         with pytest.raises(OperationFailed, match="gave up after 2 attempts"):
-            move_shards(load(path), [4, 5], "pg2", phases=["cutover"], options=MoveOptions(max_freeze=0.5, attempts=2))
+            move_shards(
+                load(path),
+                [4, 5],
+                "pg2",
+                phases=["cutover"],
+                options=MoveOptions(max_freeze=0.5, attempts=2),
+            )
     finally:
         stop.set()
         thread.join(10)
@@ -99,8 +117,10 @@ def test_a_diverged_target_fails_before_the_freeze(make_fleet):
     load_rows(topo, [6, 7], 100)
     move_shards(topo, [6, 7], "pg3", phases=["prepare", "sync"])
     with connect(topo, "pg3", autocommit=True) as conn:
-        conn.execute("SET session_replication_role = replica; DELETE FROM insta7.photos WHERE id = "
-                     "(SELECT min(id) FROM insta7.photos)")
+        conn.execute(
+            "SET session_replication_role = replica; DELETE FROM insta7.photos WHERE id = "
+            "(SELECT min(id) FROM insta7.photos)"
+        )
     with pytest.raises(OperationFailed, match="insta7.photos: 100 rows on pg1, 99 on pg3"):
         move_shards(load(path), [6, 7], "pg3", phases=["cutover"])
     assert load(path).host_of(7).name == "pg1"

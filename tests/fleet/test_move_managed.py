@@ -10,12 +10,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import _sandbox_dir, load, run_cli
+from test_move import check_moved, ids_on, load_rows, router_traffic
+
 from shardctl.dev.sandbox import Sandbox
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards
-from test_move import check_moved, ids_on, load_rows, router_traffic
 
 ADMIN_PASSWORD = "Adm1n-secret-4c1f"
 MOVER_PASSWORD = "M0ver-secret-77aa"
@@ -34,7 +34,9 @@ def managed():
             db = conn.execute("SELECT current_database()").fetchone()[0]
             conn.execute(f"CREATE ROLE mover LOGIN REPLICATION PASSWORD '{MOVER_PASSWORD}'")
             conn.execute("GRANT pg_create_subscription TO mover")
-            conn.execute("GRANT pg_monitor TO mover")  # managed services give their admin role pg_monitor
+            conn.execute(
+                "GRANT pg_monitor TO mover"
+            )  # managed services give their admin role pg_monitor
             conn.execute(f'ALTER DATABASE "{db}" OWNER TO mover')
     text = box.topology_path.read_text()
     for host in topo.hosts:
@@ -55,7 +57,10 @@ def test_non_superuser_moves_under_load(managed):
     path = managed.topology_path
     topo = load(path)
     with psycopg.connect(**topo.host("pg1").connect_kwargs()) as conn:
-        assert conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0] is False
+        assert (
+            conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+            is False
+        )
     moving = topo.host("pg1").shards[:4]
     load_rows(topo, moving, 100)
     before = ids_on(topo, "pg1", moving)
@@ -91,7 +96,9 @@ def test_unreachable_publisher_leaks_no_password(managed):
 MOVES = "SELECT CASE WHEN to_regclass('shardctl.moves') IS NULL THEN 0 ELSE (SELECT count(*) FROM shardctl.moves) END"
 
 
-def test_a_role_granted_the_log_setting_is_probed_and_a_wrong_publisher_refused_without_logging_it(managed):
+def test_a_role_granted_the_log_setting_is_probed_and_a_wrong_publisher_refused_without_logging_it(
+    managed,
+):
     """With SET on log_min_error_statement granted, the reach probe runs for the non-superuser: a wrong
     --publisher-dsn port is refused in preflight (one line, nothing changed) and no log holds a password."""
     path = managed.topology_path
@@ -107,11 +114,22 @@ def test_a_role_granted_the_log_setting_is_probed_and_a_wrong_publisher_refused_
         port = psycopg.conninfo.conninfo_to_dict(dsn)["port"]
         with psycopg.connect(**topo.host("pg1").connect_kwargs()) as conn:
             moves_before = conn.execute(MOVES).fetchone()[0]
-        r = run_cli("move-shard", f"{moving[0]}-{moving[-1]}", "--to", "pg2", "--publisher-dsn",
-                    dsn.replace(f":{port}/", ":1/"), config=path, env={MOVER_ENV: MOVER_PASSWORD})
+        r = run_cli(
+            "move-shard",
+            f"{moving[0]}-{moving[-1]}",
+            "--to",
+            "pg2",
+            "--publisher-dsn",
+            dsn.replace(f":{port}/", ":1/"),
+            config=path,
+            env={MOVER_ENV: MOVER_PASSWORD},
+        )
         assert r.exit_code == 1, r
         errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
-        assert len(errors) == 1 and "preflight: host pg2 cannot reach host pg1 as a subscriber" in errors[0], r.stderr
+        assert (
+            len(errors) == 1
+            and "preflight: host pg2 cannot reach host pg1 as a subscriber" in errors[0]
+        ), r.stderr
         assert "(nothing was changed)" in errors[0]
         with psycopg.connect(**topo.host("pg1").connect_kwargs()) as conn:
             assert conn.execute(MOVES).fetchone()[0] == moves_before

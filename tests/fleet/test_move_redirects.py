@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-
 from conftest import connect, load
+from test_move import fleet3, init_fleet, load_rows, make_fleet  # noqa: F401
+
 from shardctl.ops.move import abort_move, move_shards
 from shardctl.sql.catalog import dsn_without_password, read_redirects
-from test_move import fleet3, init_fleet, load_rows, make_fleet  # noqa: F401
 
 
 def test_dsn_without_password():
-    assert "password" not in dsn_without_password("postgresql://app:s3cret@db1:5432/app?sslmode=require")
+    assert "password" not in dsn_without_password(
+        "postgresql://app:s3cret@db1:5432/app?sslmode=require"
+    )
     assert "s3cret" not in dsn_without_password("host=db1 user=app password=s3cret dbname=app")
     assert "host=db1" in dsn_without_password("host=db1 user=app password=s3cret dbname=app")
 
@@ -23,8 +25,12 @@ def test_source_records_where_the_shards_went(fleet3):
     report = move_shards(load(fleet3), [9, 10], "pg3")
     with connect(stale, stale.host_of(9).name) as conn:  # the host the stale file names
         found = read_redirects(conn, [9, 10, 11])
-        with pytest.raises(psycopg.Error) as info:  # a direct client writing to the old copy is told where
-            conn.execute(f"INSERT INTO insta9_moved_{report['move_id']}.photos (user_id) VALUES (9)")
+        with pytest.raises(
+            psycopg.Error
+        ) as info:  # a direct client writing to the old copy is told where
+            conn.execute(
+                f"INSERT INTO insta9_moved_{report['move_id']}.photos (user_id) VALUES (9)"
+            )
     assert info.value.sqlstate == "SCM01" and "shard 9 moved to pg3" in str(info.value)
     assert set(found) == {9, 10}
     assert found[9]["host"] == "pg3" and found[9]["schema"] == "insta9"

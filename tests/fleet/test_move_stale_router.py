@@ -8,16 +8,16 @@ import time
 
 import psycopg
 import pytest
-
 from conftest import connect, load
 from load import RouterWriters
+from test_move import fleet3, ids_on, init_fleet, load_rows, make_fleet  # noqa: F401
+
 from shardctl.errors import HostUnreachable
 from shardctl.ops.move import move_shards
 from shardctl.router import Router
-from test_move import fleet3, ids_on, init_fleet, load_rows, make_fleet  # noqa: F401
 
-MOVED = list(range(8, 14))     # pg1 → pg3
-STILL = [0, 1, 2, 20, 21]      # shards that stay where they are (pg1, pg2)
+MOVED = list(range(8, 14))  # pg1 → pg3
+STILL = [0, 1, 2, 20, 21]  # shards that stay where they are (pg1, pg2)
 
 
 def stale_copy(path, name: str = "stale.yaml"):
@@ -34,8 +34,10 @@ def test_two_routers_one_with_a_stale_file_write_through_a_move(fleet3):
     fresh = Router(load(fleet3), move_wait=15)
     stale = Router(load(stale_path), move_wait=15)
     try:
-        with RouterWriters(fresh, MOVED + STILL, topo.modulus, writers=2) as w_fresh, \
-                RouterWriters(stale, MOVED + STILL, topo.modulus, writers=2) as w_stale:
+        with (
+            RouterWriters(fresh, MOVED + STILL, topo.modulus, writers=2) as w_fresh,
+            RouterWriters(stale, MOVED + STILL, topo.modulus, writers=2) as w_stale,
+        ):
             time.sleep(0.5)
             report = move_shards(load(fleet3), MOVED, "pg3")
             time.sleep(1.5)  # the stale Router must keep writing after the cutover
@@ -51,15 +53,19 @@ def test_two_routers_one_with_a_stale_file_write_through_a_move(fleet3):
     assert not w_stale.errors, w_stale.errors[:3]
     start, end = report["freeze_started_at"], report["freeze_ended_at"]
     after = [r for r in w_stale.written if r[1] in MOVED and r[2] > end]
-    assert len(after) > 20, "the stale Router did not keep writing to the moved shards after the cutover"
+    assert len(after) > 20, (
+        "the stale Router did not keep writing to the moved shards after the cutover"
+    )
     # The stall: the longest write of the stale Router that was under way at or after the freeze.
     stall = max(r[3] - r[2] for r in w_stale.written if r[3] >= start)
     gaps = sorted(r[3] for r in w_stale.written if r[1] in MOVED)
     longest_gap = max(b - a for a, b in zip(gaps, gaps[1:]))
-    print(f"\nstale router: {len(w_stale.written)} writes ({len(after)} to moved shards after the cutover), "
-          f"0 errors, longest write from the freeze on {stall * 1000:.0f} ms, longest gap between acknowledged "
-          f"writes to moved shards {longest_gap * 1000:.0f} ms, freeze {report['freeze_seconds']:.3f}s; "
-          f"fresh router: {len(w_fresh.written)} writes")
+    print(
+        f"\nstale router: {len(w_stale.written)} writes ({len(after)} to moved shards after the cutover), "
+        f"0 errors, longest write from the freeze on {stall * 1000:.0f} ms, longest gap between acknowledged "
+        f"writes to moved shards {longest_gap * 1000:.0f} ms, freeze {report['freeze_seconds']:.3f}s; "
+        f"fresh router: {len(w_fresh.written)} writes"
+    )
     assert stall <= 1.0
     assert longest_gap <= 1.0
     # Every acknowledged row is where its shard lives now, exactly once; nothing else is there.
@@ -105,8 +111,10 @@ def test_redirect_to_a_host_missing_from_the_stale_file(fleet3):
     assert len(ids_on(load(fleet3), "pg3", [10])) == 151
     # The recorded DSN does not work from this app server: the error says where it came from.
     with connect(load(fleet3), "pg1", autocommit=True) as conn:
-        conn.execute("UPDATE shardctl.redirects SET dsn = 'postgresql://app@127.0.0.1:1/nowhere' "
-                     "WHERE shard_id = 11")
+        conn.execute(
+            "UPDATE shardctl.redirects SET dsn = 'postgresql://app@127.0.0.1:1/nowhere' "
+            "WHERE shard_id = 11"
+        )
     with Router(load(stale_path), move_wait=0.5, connect_timeout=2) as router:
         with pytest.raises(HostUnreachable) as info:
             router.execute(11, "INSERT INTO photos (user_id) VALUES (11)")
@@ -123,7 +131,9 @@ def test_stale_router_reads_of_a_moved_shard_return_its_rows(fleet3):
     stale_path = stale_copy(fleet3)
     topo = load(fleet3)
     with connect(topo, "pg1") as conn:
-        ids7 = sorted(r[0] for r in conn.execute("SELECT id FROM insta9.photos WHERE user_id = 7").fetchall())
+        ids7 = sorted(
+            r[0] for r in conn.execute("SELECT id FROM insta9.photos WHERE user_id = 7").fetchall()
+        )
         some = conn.execute("SELECT id, caption FROM insta9.photos WHERE user_id = 8").fetchone()
     assert len(ids7) == 1
     by_user = "SELECT id FROM photos WHERE user_id = %s ORDER BY id"
@@ -134,26 +144,79 @@ def test_stale_router_reads_of_a_moved_shard_return_its_rows(fleet3):
     reads = {
         "filtered": (lambda r: [x[0] for x in r.read(9, by_user, (7,))], ids7),
         "count": (lambda r: r.execute(9, "SELECT count(*) FROM photos")[0][0], 150),
-        "filtered count": (lambda r: r.read(9, "SELECT count(*) FROM photos WHERE user_id = %s", (7,))[0][0], 1),
-        "exists": (lambda r: r.read(9, "SELECT EXISTS (SELECT FROM photos WHERE user_id = %s)", (7,))[0][0], True),
-        "by id": (lambda r: r.read(9, "SELECT id, caption FROM photos WHERE id = %s", (some[0],)), [some]),
-        "in list": (lambda r: sorted(x[0] for x in r.read(9, "SELECT id FROM photos WHERE id IN (%s, %s, 3)",
-                                                           (ids7[0], some[0]))), sorted([ids7[0], some[0]])),
-        "join of two stubs": (lambda r: r.read(9, "SELECT count(*) FROM photos p CROSS JOIN users u "
-                                                  "WHERE p.user_id = %s", (7,))[0][0], 3),
-        "join with another schema": (lambda r: r.read(9, "SELECT p.id FROM photos p JOIN shardctl.shards s "
-                                                         "ON s.shard_id = 9 WHERE p.user_id = %s", (7,)), [(ids7[0],)]),
-        "in a transaction": (lambda r: r.run(9, lambda c: c.execute(
-            "SELECT count(*) FROM photos WHERE user_id = %s", (7,)).fetchone()[0]), 1),
-        "server-side cursor": (lambda r: r.run(9, lambda c: c.cursor(name="c").execute(
-            "SELECT id FROM photos WHERE user_id = %s", (7,)).fetchall()), [(ids7[0],)]),
+        "filtered count": (
+            lambda r: r.read(9, "SELECT count(*) FROM photos WHERE user_id = %s", (7,))[0][0],
+            1,
+        ),
+        "exists": (
+            lambda r: r.read(9, "SELECT EXISTS (SELECT FROM photos WHERE user_id = %s)", (7,))[0][
+                0
+            ],
+            True,
+        ),
+        "by id": (
+            lambda r: r.read(9, "SELECT id, caption FROM photos WHERE id = %s", (some[0],)),
+            [some],
+        ),
+        "in list": (
+            lambda r: sorted(
+                x[0]
+                for x in r.read(
+                    9, "SELECT id FROM photos WHERE id IN (%s, %s, 3)", (ids7[0], some[0])
+                )
+            ),
+            sorted([ids7[0], some[0]]),
+        ),
+        "join of two stubs": (
+            lambda r: r.read(
+                9, "SELECT count(*) FROM photos p CROSS JOIN users u WHERE p.user_id = %s", (7,)
+            )[0][0],
+            3,
+        ),
+        "join with another schema": (
+            lambda r: r.read(
+                9,
+                "SELECT p.id FROM photos p JOIN shardctl.shards s "
+                "ON s.shard_id = 9 WHERE p.user_id = %s",
+                (7,),
+            ),
+            [(ids7[0],)],
+        ),
+        "in a transaction": (
+            lambda r: r.run(
+                9,
+                lambda c: c.execute(
+                    "SELECT count(*) FROM photos WHERE user_id = %s", (7,)
+                ).fetchone()[0],
+            ),
+            1,
+        ),
+        "server-side cursor": (
+            lambda r: r.run(
+                9,
+                lambda c: (
+                    c.cursor(name="c")
+                    .execute("SELECT id FROM photos WHERE user_id = %s", (7,))
+                    .fetchall()
+                ),
+            ),
+            [(ids7[0],)],
+        ),
     }
     got = {}
     for name, (read, expected) in reads.items():
-        with Router(load(stale_path), move_wait=0.5) as router:  # a fresh stale Router for each shape
+        with Router(
+            load(stale_path), move_wait=0.5
+        ) as router:  # a fresh stale Router for each shape
             got[name] = (read(router), router.redirects())
-    wrong = {name: got[name] for name, (_, expected) in reads.items() if got[name] != (expected, {9: "pg3"})}
-    assert not wrong, f"(answer, redirects) of the stale Routers that did not follow the move: {wrong}"
+    wrong = {
+        name: got[name]
+        for name, (_, expected) in reads.items()
+        if got[name] != (expected, {9: "pg3"})
+    }
+    assert not wrong, (
+        f"(answer, redirects) of the stale Routers that did not follow the move: {wrong}"
+    )
     try:  # the Router that had prepared the read on pg1 before the move
         assert [r[0] for r in warm.read(9, by_user, (7,))] == ids7
         assert warm.redirects() == {9: "pg3"}

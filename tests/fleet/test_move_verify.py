@@ -6,13 +6,13 @@ authoritative, and the comparison of every row after the cutover catches what co
 from __future__ import annotations
 
 import pytest
-
 from conftest import connect, load
+from test_move import fleet3, make_fleet  # noqa: F401
+
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards
 from shardctl.ops.move.run import Pacer
 from shardctl.sql import catalog as q
-from test_move import fleet3, make_fleet  # noqa: F401
 
 
 def tamper_target(path, sql: str) -> None:
@@ -23,7 +23,10 @@ def tamper_target(path, sql: str) -> None:
 
 def captions(path, host: str, schema: str) -> list[str]:
     with connect(load(path), host) as conn:
-        return [r[0] for r in conn.execute(f"SELECT caption FROM {schema}.photos ORDER BY id").fetchall()]
+        return [
+            r[0]
+            for r in conn.execute(f"SELECT caption FROM {schema}.photos ORDER BY id").fetchall()
+        ]
 
 
 def source_still_serves(path) -> None:
@@ -34,10 +37,16 @@ def source_still_serves(path) -> None:
 
 
 def test_rows_missing_on_the_target_stop_the_move_before_the_freeze(fleet3):
-    tamper_target(fleet3, "DELETE FROM insta4.photos WHERE id IN (SELECT id FROM insta4.photos ORDER BY id LIMIT 3)")
-    with pytest.raises(OperationFailed, match=r"1 table\(s\) differ between the hosts though unchanged on the "
-                                              r"source, e\.g\. insta4\.photos: 150 rows on pg1, 147 on pg2; "
-                                              r"nothing was switched"):
+    tamper_target(
+        fleet3,
+        "DELETE FROM insta4.photos WHERE id IN (SELECT id FROM insta4.photos ORDER BY id LIMIT 3)",
+    )
+    with pytest.raises(
+        OperationFailed,
+        match=r"1 table\(s\) differ between the hosts though unchanged on the "
+        r"source, e\.g\. insta4\.photos: 150 rows on pg1, 147 on pg2; "
+        r"nothing was switched",
+    ):
         move_shards(load(fleet3), [4, 5], "pg2", phases=["cutover"])
     source_still_serves(fleet3)
     abort_move(load(fleet3), shards=[4, 5])
@@ -46,26 +55,48 @@ def test_rows_missing_on_the_target_stop_the_move_before_the_freeze(fleet3):
 
 @pytest.mark.parametrize("nice", [0, 1])
 def test_a_changed_value_passes_the_counts_and_is_caught_after_the_cutover(fleet3, nice):
-    tamper_target(fleet3, "UPDATE insta4.photos SET caption = 'tampered' WHERE id = (SELECT min(id) FROM insta4.photos)")
-    with pytest.raises(OperationFailed, match=r"verify after the cutover: 1 table\(s\) differ between pg1 \(frozen\) "
-                                              r"and pg2 as of the cutover, e\.g\. insta4\.photos: .*--abort"):
+    tamper_target(
+        fleet3,
+        "UPDATE insta4.photos SET caption = 'tampered' WHERE id = (SELECT min(id) FROM insta4.photos)",
+    )
+    with pytest.raises(
+        OperationFailed,
+        match=r"verify after the cutover: 1 table\(s\) differ between pg1 \(frozen\) "
+        r"and pg2 as of the cutover, e\.g\. insta4\.photos: .*--abort",
+    ):
         move_shards(load(fleet3), [4, 5], "pg2", phases=["cutover"], options=MoveOptions(nice=nice))
-    assert load(fleet3).host_of(4).name == "pg2"  # the target serves the shards: the check came after the switch
+    assert (
+        load(fleet3).host_of(4).name == "pg2"
+    )  # the target serves the shards: the check came after the switch
     abort_move(load(fleet3), shards=[4, 5])  # copies the (authoritative) target's rows back
     source_still_serves(fleet3)
     assert len(captions(fleet3, "pg1", "insta4")) == 151
 
 
 def test_verify_before_full_catches_the_changed_value_before_the_freeze(fleet3):
-    tamper_target(fleet3, "UPDATE insta4.photos SET caption = 'tampered' WHERE id = (SELECT min(id) FROM insta4.photos)")
-    with pytest.raises(OperationFailed, match=r"differ between the hosts though unchanged on the source, "
-                                              r"e\.g\. insta4\.photos: 150 rows on pg1, 150 on pg2"):
-        move_shards(load(fleet3), [4, 5], "pg2", phases=["cutover"], options=MoveOptions(verify_before="full"))
+    tamper_target(
+        fleet3,
+        "UPDATE insta4.photos SET caption = 'tampered' WHERE id = (SELECT min(id) FROM insta4.photos)",
+    )
+    with pytest.raises(
+        OperationFailed,
+        match=r"differ between the hosts though unchanged on the source, "
+        r"e\.g\. insta4\.photos: 150 rows on pg1, 150 on pg2",
+    ):
+        move_shards(
+            load(fleet3),
+            [4, 5],
+            "pg2",
+            phases=["cutover"],
+            options=MoveOptions(verify_before="full"),
+        )
     source_still_serves(fleet3)
     abort_move(load(fleet3), shards=[4, 5])
 
 
-def test_a_nice_move_rests_between_its_units_of_work_and_still_compares_every_row(fleet3, monkeypatch):
+def test_a_nice_move_rests_between_its_units_of_work_and_still_compares_every_row(
+    fleet3, monkeypatch
+):
     """``--nice``: the copy rests after each PAUSE_BYTES (made tiny here), the checks after each few tables;
     the report says how long the workers rested; the rows all arrive and are compared."""
     rests: list[float] = []
@@ -82,6 +113,8 @@ def test_a_nice_move_rests_between_its_units_of_work_and_still_compares_every_ro
     report = move_shards(load(fleet3), [4, 5], "pg2", options=MoveOptions(nice=1))
     assert report["verified"] is True and report["rows"] >= 300
     assert {s: captions(fleet3, "pg2", s) for s in before} == before
-    assert len(rests) >= 20, rests  # the copy's ~KB of rows in 256-byte units, and the checks' chunks
+    assert len(rests) >= 20, (
+        rests
+    )  # the copy's ~KB of rows in 256-byte units, and the checks' chunks
     assert report["nice"] == 1 and report["rested_seconds"] == pytest.approx(sum(rests), abs=0.01)
     assert 0 < report["rested_seconds"] < report["seconds"]

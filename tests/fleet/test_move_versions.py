@@ -4,13 +4,13 @@ upgrade path (or downgrade), shard range by shard range."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import _sandbox_dir, load, run_cli
+from test_move import load_rows, move_under_traffic
+
 from shardctl.dev import pgbuilds
 from shardctl.dev.sandbox import Sandbox, SandboxHost, SandboxState
 from shardctl.ops.move import MoveOptions
 from shardctl.router import Router
-from test_move import load_rows, move_under_traffic
 
 EPOCH = "2026-01-01T00:00:00Z"
 
@@ -31,9 +31,13 @@ def mixed():
     try:
         for box, major in zip(boxes, majors):
             box.up(hosts=1, shards=32, pg=need(major))
-        state = SandboxState(bin_dir="", hosts=[SandboxHost(f"pg{major}", box.state.hosts[0].port,
-                                                            box.state.hosts[0].data_dir)
-                                                for box, major in zip(boxes, majors)])
+        state = SandboxState(
+            bin_dir="",
+            hosts=[
+                SandboxHost(f"pg{major}", box.state.hosts[0].port, box.state.hosts[0].data_dir)
+                for box, major in zip(boxes, majors)
+            ],
+        )
         path = boxes[0].dir / "mixed.yaml"
         path.write_text(Sandbox.topology_text(state, 32, "plpgsql", EPOCH))
         assert run_cli("init", config=path).exit_code == 0
@@ -46,13 +50,20 @@ def mixed():
 def test_move_16_to_18_and_back(mixed):
     topo = load(mixed)
     with Router(topo) as router:
-        versions = {h.name: router.execute(h.shards[0], "SHOW server_version_num")[0][0][:2] for h in topo.hosts}
-    assert versions == {h.name: h.name[2:] for h in topo.hosts} and {"pg18", "pg16"} <= set(versions)
+        versions = {
+            h.name: router.execute(h.shards[0], "SHOW server_version_num")[0][0][:2]
+            for h in topo.hosts
+        }
+    assert versions == {h.name: h.name[2:] for h in topo.hosts} and {"pg18", "pg16"} <= set(
+        versions
+    )
     load_rows(topo, list(range(32)), 100)
     # upgrade: 16 → 18, paced (--nice) on the PostgreSQL 16 source
-    report, _ = move_under_traffic(mixed, [16, 17, 18, 19], "pg16", "pg18", options=MoveOptions(nice=0.5))
+    report, _ = move_under_traffic(
+        mixed, [16, 17, 18, 19], "pg16", "pg18", options=MoveOptions(nice=0.5)
+    )
     assert report["rested_seconds"] > 0
-    move_under_traffic(mixed, [0, 1, 2, 3], "pg18", "pg16")       # and the other way
+    move_under_traffic(mixed, [0, 1, 2, 3], "pg18", "pg16")  # and the other way
     assert run_cli("verify", config=mixed).exit_code == 0
 
 

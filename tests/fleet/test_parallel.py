@@ -6,8 +6,8 @@ import json
 import re
 
 import psycopg
-
 from conftest import load, run_cli
+
 from shardctl.engine import connections as db
 from shardctl.engine.fanout import host_jobs
 
@@ -19,18 +19,32 @@ CREATE INDEX photos_location_idx ON {{ schema|ident }}.photos (location);
 def whole(dsn: str, latest: int) -> dict[int, int]:
     """shard → version; every recorded shard has a gap-free ledger and its schema, nothing else exists."""
     with psycopg.connect(dsn) as conn:
-        versions = dict(conn.execute(
-            """SELECT s.shard_id, coalesce(max(m.version), 0) FROM shardctl.shards s
-               LEFT JOIN shardctl.migrations m USING (shard_id) GROUP BY 1""").fetchall())
-        gaps = conn.execute("SELECT shard_id FROM shardctl.migrations GROUP BY 1 HAVING count(*) <> max(version)")
+        versions = dict(
+            conn.execute(
+                """SELECT s.shard_id, coalesce(max(m.version), 0) FROM shardctl.shards s
+               LEFT JOIN shardctl.migrations m USING (shard_id) GROUP BY 1"""
+            ).fetchall()
+        )
+        gaps = conn.execute(
+            "SELECT shard_id FROM shardctl.migrations GROUP BY 1 HAVING count(*) <> max(version)"
+        )
         assert not gaps.fetchall()
-        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname ~ '^insta[0-9]+$'")}
+        schemas = {
+            r[0]
+            for r in conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname ~ '^insta[0-9]+$'"
+            )
+        }
         assert schemas == {f"insta{n}" for n in versions}
         if latest >= 3:
-            with_column = {r[0] for r in conn.execute(
-                """SELECT n.nspname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+            with_column = {
+                r[0]
+                for r in conn.execute(
+                    """SELECT n.nspname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
                      JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.relname = 'photos' AND a.attname = 'location'""")}
+                    WHERE c.relname = 'photos' AND a.attname = 'location'"""
+                )
+            }
             assert with_column == {f"insta{n}" for n, v in versions.items() if v >= 3}
     return versions
 
@@ -40,7 +54,9 @@ def test_init_and_migrate_run_the_requested_streams(make_fleet):
     out = run_cli("init", "--json", "--jobs", "3", "--batch-size", "8", config=path)
     assert out.exit_code == 0, out
     doc = json.loads(out.stdout)
-    assert [(h["jobs"], h["jobs_rule"], h["created_count"]) for h in doc["hosts"]] == [(3, "--jobs", 256)] * 2
+    assert [(h["jobs"], h["jobs_rule"], h["created_count"]) for h in doc["hosts"]] == [
+        (3, "--jobs", 256)
+    ] * 2
     topo = load(path)
     for host in topo.hosts:
         assert len(whole(host.dsn, 2)) == 256
@@ -65,7 +81,11 @@ def test_a_failure_in_one_stream_stops_the_others_and_leaves_every_shard_whole(m
     # Both streams stopped: not everything was created, and what was is whole.
     assert 0 < host["created_count"] < 511 and host["not_started"]
     versions = whole(load(path).hosts[0].dsn, 2)
-    assert set(versions.values()) == {2} and 40 not in versions and len(versions) == host["created_count"]
+    assert (
+        set(versions.values()) == {2}
+        and 40 not in versions
+        and len(versions) == host["created_count"]
+    )
     v2.write_text(v2.read_text().replace("{% if shard_id == 40 %}SELECT 1/0;{% endif %}\n", ""))
     again = run_cli("init", "--json", "--jobs", "2", config=path)
     assert again.exit_code == 0, again
@@ -76,7 +96,9 @@ def test_a_failure_in_one_stream_stops_the_others_and_leaves_every_shard_whole(m
 def test_add_shard_in_parallel(make_fleet):
     path = make_fleet(hosts=2, shards=128)
     assert run_cli("init", config=path).exit_code == 0
-    out = run_cli("add-shard", "--host", "pg2", "--count", "256", "--jobs", "2", "--json", config=path)
+    out = run_cli(
+        "add-shard", "--host", "pg2", "--count", "256", "--jobs", "2", "--json", config=path
+    )
     assert out.exit_code == 0, out
     assert load(path).shard_count == 384
     assert len(whole(load(path).host("pg2").dsn, 2)) == 64 + 256
@@ -94,12 +116,17 @@ def test_max_jobs_and_connection_headroom_bound_the_streams(make_fleet):
     assert out.exit_code == 0, out
     hosts = json.loads(out.stdout)["hosts"]
     assert (hosts[0]["jobs"], hosts[0]["jobs_rule"]) == (1, "hosts[].max_jobs")
-    assert (hosts[1]["jobs"], hosts[1]["jobs_rule"]) == (2, "--jobs")  # 128 shards: at most 2 streams of 64
+    assert (hosts[1]["jobs"], hosts[1]["jobs_rule"]) == (
+        2,
+        "--jobs",
+    )  # 128 shards: at most 2 streams of 64
     with db.connect(topo.hosts[1], autocommit=True) as conn:
         free = conn.execute("SELECT current_setting('max_connections')::int").fetchone()[0]
         chosen = host_jobs(topo.hosts[1], conn, requested=1000)
         assert chosen.rule == "connection headroom" and chosen.count < free // 2
-        default = host_jobs(topo.hosts[1], conn)  # the sandbox role is a superuser: the server's cores
+        default = host_jobs(
+            topo.hosts[1], conn
+        )  # the sandbox role is a superuser: the server's cores
         assert default.rule == "server cores" and default.count >= 1
 
 
@@ -109,14 +136,18 @@ def test_max_jobs_must_be_a_positive_integer(make_fleet):
     first_dsn = re.search(r'(    dsn: "[^"]+"\n)', text).group(1)
     path.write_text(text.replace(first_dsn, first_dsn + "    max_jobs: 0\n", 1))
     out = run_cli("info", config=path)
-    assert out.exit_code == 2 and "max_jobs must be a positive integer" in out.stdout + out.stderr, out
+    assert (
+        out.exit_code == 2 and "max_jobs must be a positive integer" in out.stdout + out.stderr
+    ), out
 
 
 def _sessions(dsn: str) -> int:
     """Sessions ever opened on the fleet's database (pg_stat_database.sessions, counted at disconnect)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_force_next_flush()")
-        return conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
+        return conn.execute(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()[0]
 
 
 def test_a_stream_keeps_its_connection_from_chunk_to_chunk(make_fleet):

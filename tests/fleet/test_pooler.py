@@ -7,11 +7,11 @@ import json
 
 import psycopg
 import pytest
-
 from conftest import load, run_cli
+from support.pooler import require_pgbouncer
+
 from shardctl.dev.pooler import Pooler
 from shardctl.router import Router
-from support.pooler import require_pgbouncer
 
 
 def server_port(conn: psycopg.Connection) -> int:
@@ -22,34 +22,62 @@ def test_sandbox_up_pooler_routes_dsn_through_pgbouncer_and_admin_direct(server_
     require_pgbouncer()
     box = server_dir / "box"
     try:
-        up = run_cli("sandbox", "up", "--dir", box, "--hosts", "2", "--shards", "8", "--pooler", "transaction",
-                     "--pool-size", "3", "--json")
+        up = run_cli(
+            "sandbox",
+            "up",
+            "--dir",
+            box,
+            "--hosts",
+            "2",
+            "--shards",
+            "8",
+            "--pooler",
+            "transaction",
+            "--pool-size",
+            "3",
+            "--json",
+        )
         assert up.exit_code == 0, up
         doc = json.loads(up.stdout)
         pooler = Pooler(box / "pgbouncer")
-        assert doc["pooler"]["mode"] == "transaction" and doc["pooler"]["running"] and pooler.health() is None
+        assert (
+            doc["pooler"]["mode"] == "transaction"
+            and doc["pooler"]["running"]
+            and pooler.health() is None
+        )
         ports = {h["name"]: h["port"] for h in doc["hosts"]}
         topo = load(box / "shardctl.yaml")
         for host in topo.hosts:
-            assert f":{doc['pooler']['port']}/{host.name}" in host.dsn and host.admin_dsn == doc["hosts"][
-                [h["name"] for h in doc["hosts"]].index(host.name)]["dsn"]
+            assert (
+                f":{doc['pooler']['port']}/{host.name}" in host.dsn
+                and host.admin_dsn
+                == doc["hosts"][[h["name"] for h in doc["hosts"]].index(host.name)]["dsn"]
+            )
             with psycopg.connect(**host.connect_kwargs(purpose="app")) as conn:
                 assert server_port(conn) == ports[host.name]  # PgBouncer → that host's server
-        assert {p["database"]: p["pool_mode"] for p in pooler.pools()}.items() >= \
-            {"pg1": "transaction", "pg2": "transaction"}.items()
+        assert {p["database"]: p["pool_mode"] for p in pooler.pools()}.items() >= {
+            "pg1": "transaction",
+            "pg2": "transaction",
+        }.items()
         assert run_cli("init", config=box / "shardctl.yaml").exit_code == 0
         with Router(load(box / "shardctl.yaml")) as router:
-            assert router.execute(3, "SELECT current_setting('port')")[0][0] == str(ports[topo.host_of(3).name])
+            assert router.execute(3, "SELECT current_setting('port')")[0][0] == str(
+                ports[topo.host_of(3).name]
+            )
 
         down = run_cli("sandbox", "down", "--dir", box, "--json")
         assert down.exit_code == 0, down
         assert json.loads(down.stdout)["stopped"] == ["pgbouncer", "pg1", "pg2"]
         assert not pooler.running() and pooler.health() == "not running"
 
-        again = run_cli("sandbox", "up", "--dir", box, "--json")  # without --pooler: the sandbox's PgBouncer too
+        again = run_cli(
+            "sandbox", "up", "--dir", box, "--json"
+        )  # without --pooler: the sandbox's PgBouncer too
         assert again.exit_code == 0, again
         assert pooler.health() is None
-        with psycopg.connect(**load(box / "shardctl.yaml").host("pg2").connect_kwargs(purpose="app")) as conn:
+        with psycopg.connect(
+            **load(box / "shardctl.yaml").host("pg2").connect_kwargs(purpose="app")
+        ) as conn:
             assert server_port(conn) == ports["pg2"]
     finally:
         run_cli("sandbox", "down", "--destroy", "--dir", box)
@@ -62,9 +90,13 @@ def test_pgbouncer_drops_startup_options(make_fleet, pgbouncer):
     setting must be set with SET/set_config in the transaction that needs it."""
     path = pgbouncer.front(make_fleet(hosts=1, shards=2), "transaction")
     host = load(path).hosts[0]
-    with psycopg.connect(**host.connect_kwargs(purpose="admin"), options="-c statement_timeout=4321") as direct:
+    with psycopg.connect(
+        **host.connect_kwargs(purpose="admin"), options="-c statement_timeout=4321"
+    ) as direct:
         assert direct.execute("SHOW statement_timeout").fetchone()[0] == "4321ms"
-    with psycopg.connect(**host.connect_kwargs(purpose="app"), options="-c statement_timeout=4321") as pooled:
+    with psycopg.connect(
+        **host.connect_kwargs(purpose="app"), options="-c statement_timeout=4321"
+    ) as pooled:
         assert pooled.execute("SHOW statement_timeout").fetchone()[0] == "0"
 
 
@@ -73,9 +105,13 @@ def test_transaction_mode_switches_server_connections(make_fleet, pgbouncer):
     one client sets is seen by others (why the Router must not rely on it)."""
     path = pgbouncer.front(make_fleet(hosts=1, shards=2), "transaction")
     host = load(path).hosts[0]
-    clients = [psycopg.connect(**host.connect_kwargs(purpose="app"), autocommit=True) for _ in range(6)]
+    clients = [
+        psycopg.connect(**host.connect_kwargs(purpose="app"), autocommit=True) for _ in range(6)
+    ]
     try:
-        pids = [{c.execute("SELECT pg_backend_pid()").fetchone()[0] for c in clients} for _ in range(5)]
+        pids = [
+            {c.execute("SELECT pg_backend_pid()").fetchone()[0] for c in clients} for _ in range(5)
+        ]
         assert len(set().union(*pids)) <= 3
         clients[0].execute("SELECT set_config('search_path', 'leaked', false)")
         leaked = [c.execute("SHOW search_path").fetchone()[0] for c in clients[1:]]

@@ -6,11 +6,11 @@ import json
 import random
 
 import pytest
-
 from conftest import connect, load, run_cli
-from shardctl.ops.rebalance import goals, plan, plan_report
-from shardctl.model.topology import Topology
 from test_move import drop_replication, ids_on, load_rows, replication_leftovers
+
+from shardctl.model.topology import Topology
+from shardctl.ops.rebalance import goals, plan, plan_report
 
 
 @pytest.fixture
@@ -20,11 +20,21 @@ def make_fleet(make_fleet):
 
 
 def topology(count: int, ranges: list[str | None]) -> Topology:
-    lines = ["version: 1", "id:", "  layout: instagram", '  epoch: "2026-01-01T00:00:00Z"', "shards:",
-             f"  count: {count}", "hosts:"]
+    lines = [
+        "version: 1",
+        "id:",
+        "  layout: instagram",
+        '  epoch: "2026-01-01T00:00:00Z"',
+        "shards:",
+        f"  count: {count}",
+        "hosts:",
+    ]
     for i, r in enumerate(ranges):
-        lines += [f"  - name: pg{i + 1}", f'    dsn: "postgresql://app@db{i + 1}/app"',
-                  f'    shards: "{r}"' if r else "    shards: []"]
+        lines += [
+            f"  - name: pg{i + 1}",
+            f'    dsn: "postgresql://app@db{i + 1}/app"',
+            f'    shards: "{r}"' if r else "    shards: []",
+        ]
     return Topology.from_text("\n".join(lines) + "\n")
 
 
@@ -40,8 +50,10 @@ def after(topo: Topology) -> dict[str, list[int]]:
 def test_plan_after_adding_a_host():
     topo = topology(32, ["0-15", "16-31", None])
     moves = [m.to_dict() for m in plan(topo)]
-    assert moves == [{"source": "pg1", "target": "pg3", "shards": "11-15", "count": 5},
-                     {"source": "pg2", "target": "pg3", "shards": "27-31", "count": 5}]
+    assert moves == [
+        {"source": "pg1", "target": "pg3", "shards": "11-15", "count": 5},
+        {"source": "pg2", "target": "pg3", "shards": "27-31", "count": 5},
+    ]
     assert goals(topo) == {"pg1": 11, "pg2": 11, "pg3": 10}
     report = plan_report(topo)
     assert report["shards_to_move"] == 10
@@ -58,14 +70,18 @@ def test_plan_several_new_hosts_and_remainders():
     assert goals(topo) == {"pg1": 8, "pg2": 8, "pg3": 7, "pg4": 7}
     assert [m.to_dict()["shards"] for m in plan(topo)] == ["8-9", "18-19", "27-29"]
     topo = topology(20, ["0-19", None, None])
-    assert [(m.target, m.to_dict()["shards"]) for m in plan(topo)] == [("pg2", "7-13"), ("pg3", "14-19")]
+    assert [(m.target, m.to_dict()["shards"]) for m in plan(topo)] == [
+        ("pg2", "7-13"),
+        ("pg3", "14-19"),
+    ]
 
 
 def test_plan_prefers_fewer_host_pairs():
     # 1024 over 3: pg3 holds 342 = 341 + 1 already, so only pg2 gives shards.
     topo = topology(1024, ["0-299", "300-681", "682-1023"])
-    assert [m.to_dict() for m in plan(topo)] == [{"source": "pg2", "target": "pg1", "shards": "641-681",
-                                                  "count": 41}]
+    assert [m.to_dict() for m in plan(topo)] == [
+        {"source": "pg2", "target": "pg1", "shards": "641-681", "count": 41}
+    ]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -87,16 +103,36 @@ def test_plan_is_minimal_and_even(seed):
     surplus_floor = sum(max(0, len(h.shards) - (base + 1)) for h in topo.hosts)
     moved = [n for m in plan(topo) for n in m.shards]
     assert len(moved) == len(set(moved))
-    assert surplus_floor <= len(moved) == sum(max(0, len(h.shards) - goals(topo)[h.name]) for h in topo.hosts)
+    assert (
+        surplus_floor
+        <= len(moved)
+        == sum(max(0, len(h.shards) - goals(topo)[h.name]) for h in topo.hosts)
+    )
     assert len(moved) == sum(max(0, goals(topo)[h.name] - len(h.shards)) for h in topo.hosts)
 
 
 def test_plan_cli_offline(tmp_path):
     path = tmp_path / "shardctl.yaml"
-    path.write_text("\n".join([
-        "version: 1", "id:", "  layout: instagram", '  epoch: "2026-01-01T00:00:00Z"', "shards:", "  count: 12",
-        "hosts:", "  - name: a", '    dsn: "postgresql://x@127.0.0.1:1/none"', '    shards: "0-11"',
-        "  - name: b", '    dsn: "postgresql://x@127.0.0.1:1/none_b"', "    shards: []"]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                "version: 1",
+                "id:",
+                "  layout: instagram",
+                '  epoch: "2026-01-01T00:00:00Z"',
+                "shards:",
+                "  count: 12",
+                "hosts:",
+                "  - name: a",
+                '    dsn: "postgresql://x@127.0.0.1:1/none"',
+                '    shards: "0-11"',
+                "  - name: b",
+                '    dsn: "postgresql://x@127.0.0.1:1/none_b"',
+                "    shards: []",
+            ]
+        )
+        + "\n"
+    )
     r = run_cli("rebalance", "--plan", "--json", config=path)
     assert r.exit_code == 0, r
     doc = json.loads(r.stdout)
@@ -122,7 +158,9 @@ def test_apply_after_add_host(make_fleet):
     doc = json.loads(r.stdout)
     assert [res["phase"] for res in doc["results"]] == ["cut_over", "cut_over"]
     assert [res["cleanup"]["phase"] for res in doc["results"]] == ["cleaned", "cleaned"]
-    print(f"\nrebalance: freezes {[res['freeze_seconds'] for res in doc['results']]}s, {doc['seconds']:.1f}s in all")
+    print(
+        f"\nrebalance: freezes {[res['freeze_seconds'] for res in doc['results']]}s, {doc['seconds']:.1f}s in all"
+    )
     topo = load(path)
     assert [len(h.shards) for h in topo.hosts] == [8, 8, 8]
     assert topo.host("pg3").shards == [8, 9, 10, 11, 20, 21, 22, 23]
@@ -130,7 +168,12 @@ def test_apply_after_add_host(make_fleet):
         assert sorted(ids_on(topo, topo.host_of(n).name, [n])) == before[n]
     assert replication_leftovers(topo) == {}
     with connect(topo, "pg1") as conn:
-        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'insta%%'").fetchone()[0] == 8
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'insta%%'"
+            ).fetchone()[0]
+            == 8
+        )
     assert run_cli("verify", config=path).exit_code == 0
     assert run_cli("migrate", "--check", config=path).exit_code == 0
     r = run_cli("rebalance", "--apply", config=path)
@@ -138,6 +181,7 @@ def test_apply_after_add_host(make_fleet):
 
 
 # ---- by size -------------------------------------------------------------------------------------
+
 
 def test_plan_by_size_moves_big_shards_and_respects_pins_and_min_improvement():
     from shardctl.ops.rebalance import plan_by_size
@@ -150,7 +194,7 @@ def test_plan_by_size_moves_big_shards_and_respects_pins_and_min_improvement():
     assert [(m.source, m.target) for m in moves] == [("pg1", "pg2")]
     moved = moves[0].shards
     assert len(moved) == 5  # 500 MB each side afterwards
-    kept = plan_by_size(topo, sizes, pinned=set(range(0, 8)))
+    kept = plan_by_size(topo, sizes, pinned=set(range(8)))
     assert set(kept[0].shards) == {8, 9}  # only the unpinned ones may go
     assert plan_by_size(topo, sizes, min_improvement=2.0) == []  # no move narrows the spread enough
     even = {n: 10 * mb for n in range(20)}
@@ -161,14 +205,19 @@ def test_rebalance_by_size_applies(make_fleet):
     path = make_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
     assert run_cli("init", config=path).exit_code == 0
     topo = load(path)
-    load_rows(topo, list(range(0, 8)), 20000)
+    load_rows(topo, list(range(8)), 20000)
     text = path.read_text()
     path.write_text(text + 'placement:\n  pinned: "0-3"\n')
     offline = json.loads(run_cli("rebalance", "--json", config=path).stdout)
     assert offline["moves"] == []  # by count it is balanced
     planned = json.loads(run_cli("rebalance", "--by", "size", "--json", config=path).stdout)
     assert planned["moves"] and all(m["source"] == "pg1" for m in planned["moves"])
-    moving = [n for m in planned["moves"] for n in range(16) if str(n) in m["shards"].replace("-", ",").split(",")]
+    moving = [
+        n
+        for m in planned["moves"]
+        for n in range(16)
+        if str(n) in m["shards"].replace("-", ",").split(",")
+    ]
     assert not set(moving) & {0, 1, 2, 3}
     before = ids_on(topo, "pg1", list(range(8)))
     r = run_cli("rebalance", "--by", "size", "--apply", "--json", config=path)
@@ -176,6 +225,9 @@ def test_rebalance_by_size_applies(make_fleet):
     after = load(path)
     assert all(after.host_of(n).name == "pg1" for n in range(4))
     assert any(after.host_of(n).name == "pg2" for n in range(4, 8))
-    on = {h: ids_on(after, h, [n for n in range(8) if after.host_of(n).name == h]) for h in ("pg1", "pg2")}
+    on = {
+        h: ids_on(after, h, [n for n in range(8) if after.host_of(n).name == h])
+        for h in ("pg1", "pg2")
+    }
     assert sorted(on["pg1"] + on["pg2"]) == sorted(before)
     assert replication_leftovers(topo) == {}

@@ -21,10 +21,13 @@ def set_function(fleet: Path, old: str, new: str) -> None:
 
 def languages(topo, host: str) -> dict[str, int]:
     with connect(topo, host) as conn:
-        return dict(conn.execute(
-            """SELECT l.lanname, count(*) FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+        return dict(
+            conn.execute(
+                """SELECT l.lanname, count(*) FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
                  JOIN shardctl.shards s ON s.schema_name = p.pronamespace::regnamespace::text
-                WHERE p.proname = 'next_id' GROUP BY 1""").fetchall())
+                WHERE p.proname = 'next_id' GROUP BY 1"""
+            ).fetchall()
+        )
 
 
 def test_switching_id_function_redeploys_online_while_router_writes(make_fleet):
@@ -36,10 +39,14 @@ def test_switching_id_function_redeploys_online_while_router_writes(make_fleet):
     assert stale.exit_code == 1 and "differs from the template's rendering" in stale.stderr, stale
     plan = run_cli("plan", "--json", config=fleet)
     assert plan.exit_code == 0, plan
-    assert json.loads(plan.stdout)["templates"]["stale"] == {"pg1": {"next_id/0": "0-31"},
-                                                            "pg2": {"next_id/0": "32-63"}}
-    assert "template next_id/0 differs on shards 0-31 (run shardctl redeploy)" in \
-        run_cli("plan", config=fleet).stdout
+    assert json.loads(plan.stdout)["templates"]["stale"] == {
+        "pg1": {"next_id/0": "0-31"},
+        "pg2": {"next_id/0": "32-63"},
+    }
+    assert (
+        "template next_id/0 differs on shards 0-31 (run shardctl redeploy)"
+        in run_cli("plan", config=fleet).stdout
+    )
 
     # Writers through the Router, on every shard, for the whole re-deploy.
     topo = load(fleet)
@@ -53,7 +60,9 @@ def test_switching_id_function_redeploys_online_while_router_writes(make_fleet):
             key = index
             try:
                 while not stop.is_set():
-                    (row,) = router.execute(key, "INSERT INTO photos (user_id) VALUES (%s) RETURNING id", (key,))
+                    (row,) = router.execute(
+                        key, "INSERT INTO photos (user_id) VALUES (%s) RETURNING id", (key,)
+                    )
                     acked[index] += 1
                     ids[index].append(row[0])
                     key += 4
@@ -76,8 +85,10 @@ def test_switching_id_function_redeploys_online_while_router_writes(make_fleet):
     assert {h["host"]: h["deployed_count"] for h in doc["hosts"]} == {"pg1": 32, "pg2": 32}
     assert errors == [], errors[:3]
     assert during > 0 and before > 0, (before, during)  # writes went on through the re-deploy
-    print(f"redeploy {doc['seconds']}s for 64 shards; rows acknowledged: {before} before, {during} during, "
-          f"{sum(acked)} in all; errors {len(errors)}")
+    print(
+        f"redeploy {doc['seconds']}s for 64 shards; rows acknowledged: {before} before, {during} during, "
+        f"{sum(acked)} in all; errors {len(errors)}"
+    )
 
     # Every acknowledged row is there, with an ID that decodes to its shard.
     total = 0
@@ -98,12 +109,22 @@ def test_switching_id_function_redeploys_online_while_router_writes(make_fleet):
 
     # Recorded: a ledger row per shard and object, an event per host; a second run has nothing to do.
     with connect(topo, "pg1") as conn:
-        rows = conn.execute("SELECT shard_id, object, length(checksum) FROM shardctl.templates ORDER BY 1").fetchall()
+        rows = conn.execute(
+            "SELECT shard_id, object, length(checksum) FROM shardctl.templates ORDER BY 1"
+        ).fetchall()
         assert rows == [(n, "next_id/0", 64) for n in range(32)]
-        assert conn.execute("SELECT count(*) FROM shardctl.events WHERE kind = 'redeploy'").fetchone()[0] == 1
+        assert (
+            conn.execute("SELECT count(*) FROM shardctl.events WHERE kind = 'redeploy'").fetchone()[
+                0
+            ]
+            == 1
+        )
     again = run_cli("redeploy", config=fleet)
     assert again.exit_code == 0 and "Nothing to re-deploy" in again.stdout, again
-    assert json.loads(run_cli("plan", "--json", config=fleet).stdout)["templates"]["stale"] == {"pg1": {}, "pg2": {}}
+    assert json.loads(run_cli("plan", "--json", config=fleet).stdout)["templates"]["stale"] == {
+        "pg1": {},
+        "pg2": {},
+    }
 
 
 def test_own_template_function_is_deployed_and_updated(make_fleet, tmp_path):
@@ -114,8 +135,10 @@ def test_own_template_function_is_deployed_and_updated(make_fleet, tmp_path):
     (templates / "shard.sql.j2").write_text(base)
     fleet.write_text(fleet.read_text() + "templates: templates/\n")
     assert run_cli("init", config=fleet).exit_code == 0
-    helper = ("\nCREATE OR REPLACE FUNCTION {{ schema|ident }}.shard_label() RETURNS text LANGUAGE sql "
-              "IMMUTABLE AS $f$ SELECT '{{ version }}-' || {{ shard_id }} $f$;\n")
+    helper = (
+        "\nCREATE OR REPLACE FUNCTION {{ schema|ident }}.shard_label() RETURNS text LANGUAGE sql "
+        "IMMUTABLE AS $f$ SELECT '{{ version }}-' || {{ shard_id }} $f$;\n"
+    )
     (templates / "shard.sql.j2").write_text(base + helper.replace("{{ version }}", "v1"))
     dry = run_cli("redeploy", "--dry-run", "--json", config=fleet)
     assert dry.exit_code == 0, dry
@@ -126,11 +149,17 @@ def test_own_template_function_is_deployed_and_updated(make_fleet, tmp_path):
         assert conn.execute("SELECT insta2.shard_label()").fetchone()[0] == "v1-2"
     (templates / "shard.sql.j2").write_text(base + helper.replace("{{ version }}", "v2"))
     result = run_cli("redeploy", "--json", config=fleet)
-    assert result.exit_code == 0 and json.loads(result.stdout)["hosts"][0]["deployed_count"] == 4, result
+    assert result.exit_code == 0 and json.loads(result.stdout)["hosts"][0]["deployed_count"] == 4, (
+        result
+    )
     with connect(topo, "pg1") as conn:
         assert conn.execute("SELECT insta3.shard_label()").fetchone()[0] == "v2-3"
-        assert conn.execute("SELECT count(*) FROM shardctl.templates WHERE object = 'shard_label/0'"
-                            ).fetchone()[0] == 4
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM shardctl.templates WHERE object = 'shard_label/0'"
+            ).fetchone()[0]
+            == 4
+        )
     assert run_cli("verify", config=fleet).exit_code == 0
 
 
@@ -139,23 +168,38 @@ def test_layout_or_epoch_change_is_refused_and_changes_nothing(make_fleet):
     assert run_cli("init", config=fleet).exit_code == 0
     topo = load(fleet)
     with connect(topo, "pg1") as conn:
-        before = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'next_id' "
-                              "AND pronamespace = 'insta1'::regnamespace").fetchone()[0]
-    fleet.write_text(fleet.read_text().replace('epoch: "2026-01-01T00:00:00Z"', 'epoch: "2025-06-01T00:00:00Z"'))
+        before = conn.execute(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'next_id' "
+            "AND pronamespace = 'insta1'::regnamespace"
+        ).fetchone()[0]
+    fleet.write_text(
+        fleet.read_text().replace('epoch: "2026-01-01T00:00:00Z"', 'epoch: "2025-06-01T00:00:00Z"')
+    )
     result = run_cli("redeploy", config=fleet)
     assert result.exit_code == 2, result
     assert "redeploy refused, nothing changed: shard 0: its next_id() mints IDs" in result.stderr
-    assert "the layout or epoch changed" in result.stderr and "would break existing IDs" in result.stderr
+    assert (
+        "the layout or epoch changed" in result.stderr
+        and "would break existing IDs" in result.stderr
+    )
     with connect(topo, "pg1") as conn:
-        after = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'next_id' "
-                             "AND pronamespace = 'insta1'::regnamespace").fetchone()[0]
+        after = conn.execute(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'next_id' "
+            "AND pronamespace = 'insta1'::regnamespace"
+        ).fetchone()[0]
         assert after == before
         assert conn.execute("SELECT to_regclass('shardctl.templates')").fetchone()[0] is None
     plan = run_cli("plan", config=fleet)
     assert "templates: redeploy refused" in plan.stdout, plan
     # A layout change (fewer shard bits) is refused too.
-    text = fleet.read_text().replace('epoch: "2025-06-01T00:00:00Z"', 'epoch: "2026-01-01T00:00:00Z"')
-    fleet.write_text(text.replace("  layout: instagram\n",
-                                  "  layout: custom\n  bits: {time: 42, shard: 11, sequence: 10}\n"))
+    text = fleet.read_text().replace(
+        'epoch: "2025-06-01T00:00:00Z"', 'epoch: "2026-01-01T00:00:00Z"'
+    )
+    fleet.write_text(
+        text.replace(
+            "  layout: instagram\n",
+            "  layout: custom\n  bits: {time: 42, shard: 11, sequence: 10}\n",
+        )
+    )
     result = run_cli("redeploy", config=fleet)
     assert result.exit_code == 2 and "the layout or epoch changed" in result.stderr, result

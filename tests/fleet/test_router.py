@@ -8,8 +8,8 @@ import time
 
 import psycopg
 import pytest
-
 from conftest import connect, load, run_cli
+
 from shardctl.router import Router
 
 
@@ -31,6 +31,7 @@ def topo_sessions(make_fleet):
 
 # ---- 6. routing and connections -------------------------------------------------------
 
+
 def test_shard_and_host_for_ints_and_strings(topo):
     router = Router(topo)
     assert router.shard_for(31341) == 31341 % 64 == 45
@@ -42,7 +43,10 @@ def test_shard_and_host_for_ints_and_strings(topo):
         assert router.shard_for(key) == expected
         assert router.host_for(key).name == ("pg1" if expected < 32 else "pg2")
         assert router.schema_for(key) == f"insta{expected}"
-    assert router.shard_for("31341", force_string=True) == int(hashlib.md5(b"31341").hexdigest(), 16) % 64
+    assert (
+        router.shard_for("31341", force_string=True)
+        == int(hashlib.md5(b"31341").hexdigest(), 16) % 64
+    )
     assert router._pools == {}  # routing alone opens nothing
 
 
@@ -67,7 +71,9 @@ def test_pools_open_lazily_and_close(topo):
 
 
 def test_connection_sets_search_path_and_returns_clean(topo_sessions):
-    with Router(topo_sessions, max_size=1) as router:  # one connection per host: every checkout is the same backend
+    with Router(
+        topo_sessions, max_size=1
+    ) as router:  # one connection per host: every checkout is the same backend
         with router.connection(5) as conn:
             pid = conn.info.backend_pid
             assert conn.execute("SHOW search_path").fetchone()[0] == "insta5, public"
@@ -79,14 +85,15 @@ def test_connection_sets_search_path_and_returns_clean(topo_sessions):
         with router.connection(6) as conn:
             assert conn.info.backend_pid == pid
             assert conn.execute("SHOW search_path").fetchone()[0] == "insta6, public"
-            assert conn.execute("SHOW statement_timeout").fetchone()[0] == default_timeout != "4321ms"
+            assert (
+                conn.execute("SHOW statement_timeout").fetchone()[0] == default_timeout != "4321ms"
+            )
             assert conn.execute("SHOW work_mem").fetchone()[0] != "7MB"
         # The same after an error inside the block: rolled back, settings reset.
-        with pytest.raises(psycopg.errors.DivisionByZero):
-            with router.connection(7) as conn:
-                assert conn.info.backend_pid == pid
-                conn.execute("SET statement_timeout = '999ms'")
-                conn.execute("SELECT 1/0")
+        with pytest.raises(psycopg.errors.DivisionByZero), router.connection(7) as conn:
+            assert conn.info.backend_pid == pid
+            conn.execute("SET statement_timeout = '999ms'")
+            conn.execute("SELECT 1/0")
         with router.connection("31") as conn:
             assert conn.info.backend_pid == pid
             assert conn.execute("SELECT current_schema()").fetchone()[0] == "insta31"
@@ -106,20 +113,36 @@ def test_session_state_of_one_checkout_never_reaches_the_next(topo_sessions):
             conn.execute("LISTEN somewhere")
         with router.connection(6) as conn:
             assert conn.info.backend_pid == pid
-            row_id = conn.execute("INSERT INTO users (username) VALUES ('six') RETURNING id").fetchone()[0]
+            row_id = conn.execute(
+                "INSERT INTO users (username) VALUES ('six') RETURNING id"
+            ).fetchone()[0]
             assert conn.execute("SELECT to_regclass('pg_temp.users')").fetchone()[0] is None
-            assert conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'"
-                                ).fetchone()[0] == 0
+            assert (
+                conn.execute(
+                    "SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'"
+                ).fetchone()[0]
+                == 0
+            )
             assert conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()[0] == 0
-            assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 "
-                                "AND pid = pg_backend_pid()").fetchone()[0] == 0
+            assert (
+                conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 "
+                    "AND pid = pg_backend_pid()"
+                ).fetchone()[0]
+                == 0
+            )
         assert row_id is not None and topo.layout.decode(row_id)["shard"] == 6
         # psycopg's own prepared statements survive the reset: the connection keeps working with prepare=True.
         for key in (7, 8, 9):
             with router.connection(key) as conn:
-                assert conn.execute("SELECT current_schema()", prepare=True).fetchone()[0] == f"insta{key}"
+                assert (
+                    conn.execute("SELECT current_schema()", prepare=True).fetchone()[0]
+                    == f"insta{key}"
+                )
     with connect(topo, "pg1") as check:
-        assert check.execute("SELECT username FROM insta6.users WHERE id = %s", (row_id,)).fetchone() == ("six",)
+        assert check.execute(
+            "SELECT username FROM insta6.users WHERE id = %s", (row_id,)
+        ).fetchone() == ("six",)
 
 
 def test_rows_written_through_the_router_carry_their_shard(topo):
@@ -127,14 +150,16 @@ def test_rows_written_through_the_router_carry_their_shard(topo):
     with Router(topo) as router:
         for key in keys:
             with router.connection(key) as conn:
-                row_id = conn.execute("INSERT INTO users (username) VALUES (%s) RETURNING id",
-                                      (str(key),)).fetchone()[0]
+                row_id = conn.execute(
+                    "INSERT INTO users (username) VALUES (%s) RETURNING id", (str(key),)
+                ).fetchone()[0]
             shard = router.shard_for(key)
             assert topo.layout.decode(row_id)["shard"] == shard == router.shard_of_id(row_id)
             # ... and the row is in that shard's schema on that host (committed on exit).
             with connect(topo, router.host_for(key).name) as check:
-                found = check.execute(f"SELECT username FROM insta{shard}.users WHERE id = %s",
-                                      (row_id,)).fetchone()
+                found = check.execute(
+                    f"SELECT username FROM insta{shard}.users WHERE id = %s", (row_id,)
+                ).fetchone()
             assert found == (str(key),)
 
 
@@ -155,8 +180,10 @@ CHUNK = 2_500
 def insert_concurrently(topo, shard: int) -> float:
     host = topo.host_of(shard).name
     with connect(topo, host, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE insta{shard}.burst (id bigint NOT NULL DEFAULT insta{shard}.next_id(), "
-                     "session int NOT NULL, n int NOT NULL)")  # no unique index: duplicates must show up
+        conn.execute(
+            f"CREATE TABLE insta{shard}.burst (id bigint NOT NULL DEFAULT insta{shard}.next_id(), "
+            "session int NOT NULL, n int NOT NULL)"
+        )  # no unique index: duplicates must show up
     barrier = threading.Barrier(SESSIONS)
     errors: list[BaseException] = []
     pids: set[int] = set()
@@ -187,21 +214,33 @@ def insert_concurrently(topo, shard: int) -> float:
 
     with connect(topo, host) as conn:
         total, distinct, sessions = conn.execute(
-            f"SELECT count(*), count(DISTINCT id), count(DISTINCT session) FROM insta{shard}.burst").fetchone()
-        busiest_ms = conn.execute(f"SELECT max(c) FROM (SELECT count(*) AS c FROM insta{shard}.burst "
-                                  "GROUP BY id >> 23) per_ms").fetchone()[0]
+            f"SELECT count(*), count(DISTINCT id), count(DISTINCT session) FROM insta{shard}.burst"
+        ).fetchone()
+        busiest_ms = conn.execute(
+            f"SELECT max(c) FROM (SELECT count(*) AS c FROM insta{shard}.burst "
+            "GROUP BY id >> 23) per_ms"
+        ).fetchone()[0]
         # The sessions really overlapped: their ID ranges interleave.
-        spans = conn.execute(f"SELECT session, min(id), max(id) FROM insta{shard}.burst GROUP BY 1").fetchall()
-        shard_bits = [r[0] for r in conn.execute(f"SELECT DISTINCT (id >> 10) & 8191 FROM insta{shard}.burst")]
-        sample = [r[0] for r in conn.execute(f"SELECT id FROM insta{shard}.burst TABLESAMPLE SYSTEM (5)")]
-    assert busiest_ms < topo.layout.ids_per_ms_per_shard, \
+        spans = conn.execute(
+            f"SELECT session, min(id), max(id) FROM insta{shard}.burst GROUP BY 1"
+        ).fetchall()
+        shard_bits = [
+            r[0] for r in conn.execute(f"SELECT DISTINCT (id >> 10) & 8191 FROM insta{shard}.burst")
+        ]
+        sample = [
+            r[0] for r in conn.execute(f"SELECT id FROM insta{shard}.burst TABLESAMPLE SYSTEM (5)")
+        ]
+    assert busiest_ms < topo.layout.ids_per_ms_per_shard, (
         f"{busiest_ms} IDs in one ms: beyond the layout's limit, this test cannot judge next_id()"
+    )
     assert (total, distinct, sessions) == (ROWS, ROWS, SESSIONS)
     assert shard_bits == [shard]
     assert sample and {topo.layout.decode(i)["shard"] for i in sample} == {shard}
     assert max(s[1] for s in spans) < min(s[2] for s in spans), spans
-    print(f"\n{ROWS} rows into shard {shard} from {SESSIONS} sessions ({topo.function}): {elapsed:.1f}s, "
-          f"busiest ms {busiest_ms} IDs")
+    print(
+        f"\n{ROWS} rows into shard {shard} from {SESSIONS} sessions ({topo.function}): {elapsed:.1f}s, "
+        f"busiest ms {busiest_ms} IDs"
+    )
     return elapsed
 
 

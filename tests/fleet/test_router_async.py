@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from collections import deque
 import time
+from collections import deque
 
 import psycopg
 import pytest
-
 from conftest import load, run_cli
 from support.clients import async_history_traffic, keys_for
 from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
-from test_router_poolers import pooled_fleet  # noqa: F401 - a fixture (with this module's ``mode``)
 from test_router_faults import CONNECT_TIMEOUT, PG1_KEY, PG2_KEY, box, frozen  # noqa: F401 - box: a fixture
+from test_router_poolers import pooled_fleet  # noqa: F401 - a fixture (with this module's ``mode``)
 from test_router_sessions import SESSION_STATEMENTS
 from test_router_standby import KEY as STANDBY_KEY
 from test_router_standby import replicated, wait_replayed  # noqa: F401 - replicated: a fixture
@@ -57,13 +56,16 @@ async def backend(router: AsyncRouter, key: int) -> int:
 
 # ---- the API ------------------------------------------------------------------------------
 
+
 def test_routes_runs_executes_and_reports(topo):
     async def main():
         async with AsyncRouter(topo) as router:
             assert router.shard_for(35) == 3 and router.host_for(35).name == "pg1"
             assert router._pools == {}  # routing alone opens nothing
             assert await router.execute(3, "INSERT INTO users (username) VALUES (%s)", ("a",)) == 1
-            assert await router.execute(3, "SELECT current_schema(), count(*) FROM users") == [("insta3", 1)]
+            assert await router.execute(3, "SELECT current_schema(), count(*) FROM users") == [
+                ("insta3", 1)
+            ]
             assert await router.execute(shard=12, query="SELECT current_schema()") == [("insta12",)]
 
             async def work(conn):
@@ -72,7 +74,9 @@ def test_routes_runs_executes_and_reports(topo):
                 return await cur.fetchone()
 
             assert await router.run(3, work) == ("insta3", 2)
-            async with router.connection(id=(await router.execute(3, "SELECT next_id()"))[0][0]) as conn:
+            async with router.connection(
+                id=(await router.execute(3, "SELECT next_id()"))[0][0]
+            ) as conn:
                 cur = await conn.execute("SELECT current_schema()")
                 assert await cur.fetchone() == ("insta3",)
             assert await router.read(3, "SELECT count(*) FROM users") == [(2,)]
@@ -91,6 +95,7 @@ def test_routes_runs_executes_and_reports(topo):
 def test_a_run_is_all_or_nothing_and_a_block_commits_at_its_end(topo):
     async def main():
         async with AsyncRouter(topo) as router:
+
             async def failing(conn):
                 await conn.execute("INSERT INTO users (username) VALUES ('lost')")
                 async with conn.transaction():
@@ -105,7 +110,9 @@ def test_a_run_is_all_or_nothing_and_a_block_commits_at_its_end(topo):
                     await conn.execute("INSERT INTO users (username) VALUES ('kept')")
                 await conn.execute("INSERT INTO users (username) VALUES ('kept too')")
                 await conn.commit()
-                cur = await conn.execute("SELECT current_schema()")  # the next transaction: same shard
+                cur = await conn.execute(
+                    "SELECT current_schema()"
+                )  # the next transaction: same shard
                 assert await cur.fetchone() == ("insta4",)
             assert await router.execute(4, "SELECT count(*) FROM users") == [(2,)]
 
@@ -117,7 +124,9 @@ def test_per_call_timeout_is_the_servers_statement_timeout(topo):
         async with AsyncRouter(topo, timeout=5) as router:
             with pytest.raises(Exception, match="statement timeout"):
                 await router.execute(3, "SELECT pg_sleep(2)", timeout=0.2)
-            assert await router.execute(3, "SELECT current_setting('statement_timeout')") == [("5s",)]
+            assert await router.execute(3, "SELECT current_setting('statement_timeout')") == [
+                ("5s",)
+            ]
 
     run(main())
 
@@ -125,6 +134,7 @@ def test_per_call_timeout_is_the_servers_statement_timeout(topo):
 def test_100_tasks_share_a_pool_of_8(topo):
     async def main():
         async with AsyncRouter(topo, max_size=8) as router:
+
             async def one(i):
                 return await router.execute(i % 16, "SELECT current_schema(), pg_sleep(0.01)")
 
@@ -140,6 +150,7 @@ def test_100_tasks_share_a_pool_of_8(topo):
 def test_waiters_get_connections_in_turn_and_time_out(topo):
     async def main():
         async with AsyncRouter(topo, max_size=1, pool_timeout=0.3) as router:
+
             async def hold(seconds):
                 async with router.connection(3) as conn:
                     await conn.execute("SELECT 1")
@@ -173,6 +184,7 @@ def test_waiters_get_connections_in_turn_and_time_out(topo):
 
 # ---- sessions: nothing carries over ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
 def test_execute_and_run_leave_nothing_for_the_next_call(topo, statement, probe, clean_value):
     async def main():
@@ -195,8 +207,9 @@ def test_execute_and_run_leave_nothing_for_the_next_call(topo, statement, probe,
 
 @pytest.mark.parametrize("how", ["execute", "run", "connection", "cursor"])
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
-def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(topo_default, how, statement, probe,
-                                                                                 clean_value):
+def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(
+    topo_default, how, statement, probe, clean_value
+):
     async def main():
         async with AsyncRouter(topo_default, max_size=1) as router:
             pid = await backend(router, 5)
@@ -221,6 +234,7 @@ def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(
 def test_streams_copies_and_named_cursors_run_on_the_shard(topo_default):
     async def main():
         async with AsyncRouter(topo_default) as router:
+
             async def work(conn):
                 streamed = [r async for r in conn.cursor().stream("SELECT current_schema()")]
                 async with conn.cursor().copy("COPY users (username) FROM STDIN") as copy:
@@ -240,6 +254,7 @@ def test_streams_copies_and_named_cursors_run_on_the_shard(topo_default):
 
 # ---- poolers and moves ---------------------------------------------------------------------
 
+
 @pytest.fixture(params=["direct", "transaction"])
 def mode(request) -> str:
     """The modes test_router_poolers.pooled_fleet builds fleets for, here: direct and PgBouncer transaction."""
@@ -250,9 +265,12 @@ def test_async_clients_during_migrate(pooled_fleet, mode):
     """6 async writers and 2 async readers on every shard while ``shardctl migrate`` adds a column."""
     path = pooled_fleet(hosts=2, shards=16)
     (path.parent / "migrations" / "V0003__add_photo_filter.sql").write_text(
-        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN filter text NOT NULL DEFAULT 'none';\n")
+        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN filter text NOT NULL DEFAULT 'none';\n"
+    )
     topo = load(path)
-    with async_history_traffic(path, keys_for(topo, list(range(16)), 3), writers=6, readers=2) as traffic:
+    with async_history_traffic(
+        path, keys_for(topo, list(range(16)), 3), writers=6, readers=2
+    ) as traffic:
         result = run_cli("migrate", config=path)
     assert result.exit_code == 0, result
     report = traffic.history.check()
@@ -267,8 +285,9 @@ def test_async_clients_during_move(pooled_fleet, mode, read):
     path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
     moved = [4, 5, 6, 7]
     topo = load(path)
-    with async_history_traffic(path, keys_for(topo, moved + [0, 9], 4), writers=6, readers=2,
-                               read=read) as traffic:
+    with async_history_traffic(
+        path, keys_for(topo, moved + [0, 9], 4), writers=6, readers=2, read=read
+    ) as traffic:
         report = move_shards(load(path), moved, "pg2")
     assert report["phase"] == "cut_over" and report["verified"] is True, report
     assert all(load(path).host_of(n).name == "pg2" for n in moved)
@@ -289,8 +308,14 @@ def test_a_stale_topology_file_follows_the_old_hosts_redirect(make_fleet):  # no
     stale = path.with_name("stale.yaml")
     shutil.copy(path, stale)
     moved = [4, 5, 6, 7]
-    with async_history_traffic(stale, keys_for(load(path), moved + [0, 9], 4), writers=6, readers=2,
-                               history=History(path), read="scan") as traffic:
+    with async_history_traffic(
+        stale,
+        keys_for(load(path), moved + [0, 9], 4),
+        writers=6,
+        readers=2,
+        history=History(path),
+        read="scan",
+    ) as traffic:
         report = move_shards(load(path), moved, "pg2")
     assert report["phase"] == "cut_over", report
     assert load(stale).host_of(moved[0]).name == "pg1"  # the copy never changed
@@ -301,6 +326,7 @@ def test_a_stale_topology_file_follows_the_old_hosts_redirect(make_fleet):  # no
 
 
 # ---- faults --------------------------------------------------------------------------------
+
 
 async def timed(coro) -> tuple[float, object]:
     started = time.monotonic()
@@ -337,15 +363,22 @@ def test_stopped_host_fails_fast_with_the_breaker_other_hosts_unaffected(box):  
                 assert seconds <= 1.0, (seconds, result)
             causes = {str(r) for _, r in pg1}
             assert any("refused" in c for c in causes), causes
-            assert any("circuit open" in c for c in causes), causes  # the breaker failed calls without trying
+            assert any("circuit open" in c for c in causes), (
+                causes
+            )  # the breaker failed calls without trying
             assert all(isinstance(r, list) for _, r in pg2), pg2
             assert statistics.median(s for s, _ in pg2) <= max(0.05, 3 * statistics.median(before))
             stats = router.stats()["pg1"]
-            assert stats["breaker"]["state"] in ("open", "half-open") and "refused" in stats["breaker"]["cause"]
+            assert (
+                stats["breaker"]["state"] in ("open", "half-open")
+                and "refused" in stats["breaker"]["cause"]
+            )
             assert stats["replaced_idle"] == 4 and stats["errors"]["connect"] >= 1
             box.start_host("pg1")
             deadline = time.monotonic() + 6
-            while isinstance((await timed(router.execute(PG1_KEY, "SELECT 1")))[1], HostUnreachable):
+            while isinstance(
+                (await timed(router.execute(PG1_KEY, "SELECT 1")))[1], HostUnreachable
+            ):
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.1)
             assert router.stats()["pg1"]["breaker"]["state"] == "closed"
@@ -358,7 +391,9 @@ def test_sigstopped_server_fails_within_the_bound(box, pool):  # noqa: F811
     bound = 0.5
 
     async def main():
-        async with AsyncRouter(load(box.topology_path), connect_timeout=CONNECT_TIMEOUT, timeout=bound) as router:
+        async with AsyncRouter(
+            load(box.topology_path), connect_timeout=CONNECT_TIMEOUT, timeout=bound
+        ) as router:
             if pool == "warm":
                 await warm(router, PG1_KEY, 4)
             await router.execute(PG2_KEY, "SELECT 1")
@@ -373,9 +408,13 @@ def test_sigstopped_server_fails_within_the_bound(box, pool):  # noqa: F811
                     assert isinstance(result, HostUnreachable) and result.host == "pg1", result
                     assert seconds <= CONNECT_TIMEOUT + 1, (seconds, result)
                 first = str(results[0][1])
-                assert ("no answer within" in first) if pool == "warm" else ("timeout" in first), first
+                assert ("no answer within" in first) if pool == "warm" else ("timeout" in first), (
+                    first
+                )
                 if pool == "warm":
-                    assert results[0][0] <= bound + 0.5 + 0.3, results[0]  # the client deadline cut it
+                    assert results[0][0] <= bound + 0.5 + 0.3, results[
+                        0
+                    ]  # the client deadline cut it
                 # Tasks on other hosts go on while one awaits the frozen host.
                 slow = asyncio.ensure_future(timed(router.execute(PG1_KEY, "SELECT 1")))
                 fast = await timed(router.execute(PG2_KEY, "SELECT 1"))
@@ -391,9 +430,12 @@ def test_sigstopped_server_fails_within_the_bound(box, pool):  # noqa: F811
 
 # ---- standby reads -------------------------------------------------------------------------
 
+
 async def on(router: AsyncRouter, **kw) -> tuple[bool, int]:
     """(served by a server in recovery, rows in users) for a read through the router."""
-    return (await router.read(STANDBY_KEY, "SELECT pg_is_in_recovery(), count(*) FROM users", **kw))[0]
+    return (
+        await router.read(STANDBY_KEY, "SELECT pg_is_in_recovery(), count(*) FROM users", **kw)
+    )[0]
 
 
 def test_reads_go_to_the_standby_fall_back_when_it_lags_or_stops(replicated):  # noqa: F811
@@ -404,7 +446,7 @@ def test_reads_go_to_the_standby_fall_back_when_it_lags_or_stops(replicated):  #
         async with AsyncRouter(topo, max_lag=0.5, lag_check_interval=0.05) as router:
             await router.execute(STANDBY_KEY, "INSERT INTO users (username) VALUES ('first')")
             wait_replayed(topo)
-            assert await on(router) == (True, 1)                 # the replica serves reads
+            assert await on(router) == (True, 1)  # the replica serves reads
             async with router.connection(STANDBY_KEY, readonly=True) as conn:
                 cur = await conn.execute("SELECT pg_is_in_recovery(), current_schema()")
                 assert await cur.fetchone() == (True, f"insta{STANDBY_KEY}")
@@ -413,31 +455,38 @@ def test_reads_go_to_the_standby_fall_back_when_it_lags_or_stops(replicated):  #
                 conn.execute("SELECT pg_wal_replay_pause()")
             try:
                 await router.execute(STANDBY_KEY, "INSERT INTO users (username) VALUES ('second')")
-                await asyncio.sleep(1.0)                         # now the replica is > max_lag behind
-                assert await on(router) == (False, 2)            # ... so the read went to the primary
+                await asyncio.sleep(1.0)  # now the replica is > max_lag behind
+                assert await on(router) == (False, 2)  # ... so the read went to the primary
                 async with router.connection(STANDBY_KEY, readonly=True) as conn:
                     with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                         await conn.execute("INSERT INTO users (username) VALUES ('not here')")
-                assert await on(router, max_lag=3600) == (True, 1)  # a looser bound accepts the stale replica
+                assert await on(router, max_lag=3600) == (
+                    True,
+                    1,
+                )  # a looser bound accepts the stale replica
                 assert router.stats()["pg1"]["standby"]["fallbacks"]["lagging"] >= 2
             finally:
                 with psycopg.connect(standby, autocommit=True) as conn:
                     conn.execute("SELECT pg_wal_replay_resume()")
             wait_replayed(topo)
             await asyncio.sleep(0.1)
-            assert await on(router) == (True, 2)                 # caught up: back on the replica
+            assert await on(router) == (True, 2)  # caught up: back on the replica
             replicated.stop_host("pg1-standby")
             for _ in range(5):
                 started = time.monotonic()
-                assert await on(router) == (False, 2)            # stopped: the primary answers, at once
+                assert await on(router) == (False, 2)  # stopped: the primary answers, at once
                 assert time.monotonic() - started < 1.0
             stats = router.stats()["pg1"]
-            assert stats["standby"]["fallbacks"]["unreachable"] == 5 and stats["breaker"]["state"] == "closed"
+            assert (
+                stats["standby"]["fallbacks"]["unreachable"] == 5
+                and stats["breaker"]["state"] == "closed"
+            )
 
     run(main())
 
 
 # ---- the documentation's async web app (docs/router.md) ----------------------------------------
+
 
 def docs_example(name: str) -> str:
     """The python block after ``<!-- example: NAME -->`` in docs/router.md."""
@@ -458,12 +507,16 @@ def test_the_docs_async_app(make_fleet):  # noqa: F811
         await app["startup"](str(path))
         try:
             users = list(range(1, 41))
-            posted = await asyncio.gather(*[app["post_photo"](u, f"photo of {u}") for u in users for _ in range(3)])
+            posted = await asyncio.gather(
+                *[app["post_photo"](u, f"photo of {u}") for u in users for _ in range(3)]
+            )
             ids = [p["id"] for p in posted]
             assert len(set(ids)) == 120
             got = await asyncio.gather(*[app["get_photo"](i) for i in ids])
             assert [g["user_id"] for g in got] == [u for u in users for _ in range(3)]
-            assert await app["get_photo"](max(ids) + 1) is None  # the same shard (the sequence bits), no such row
+            assert (
+                await app["get_photo"](max(ids) + 1) is None
+            )  # the same shard (the sequence bits), no such row
             mine = await app["user_photos"](7)
             assert [p["caption"] for p in mine] == ["photo of 7"] * 3
             assert await app["health"]() == {"pg1": "closed", "pg2": "closed"}

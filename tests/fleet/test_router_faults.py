@@ -108,12 +108,20 @@ def test_stopped_host_fails_fast_and_quietly_other_hosts_unaffected(box, capfd, 
         assert any("refused" in c for c in causes), causes  # libpq's reason, not a pool timeout
         assert all(isinstance(r, list) for _, r in pg2), pg2
         during = [s for s, _ in pg2]
-        assert statistics.median(during) <= max(0.05, 3 * statistics.median(before)), (before, during)
+        assert statistics.median(during) <= max(0.05, 3 * statistics.median(before)), (
+            before,
+            during,
+        )
         out, err = capfd.readouterr()
         assert err == "" and out == ""  # nothing on the application's stderr ...
-        assert any(r.name == "shardctl.router" and "circuit open" in r.getMessage() for r in caplog.records)
+        assert any(
+            r.name == "shardctl.router" and "circuit open" in r.getMessage() for r in caplog.records
+        )
         stats = router.stats()["pg1"]
-        assert stats["breaker"]["state"] in ("open", "half-open") and "refused" in stats["breaker"]["cause"]
+        assert (
+            stats["breaker"]["state"] in ("open", "half-open")
+            and "refused" in stats["breaker"]["cause"]
+        )
         assert stats["replaced_idle"] == 4 and stats["errors"]["connect"] >= 1
         # Back up: within the breaker's back-off (at most 5 s), calls succeed again.
         box.start_host("pg1")
@@ -128,7 +136,9 @@ def test_restart_with_8_idle_connections_costs_no_request_an_error(box):
     with Router(load(box.topology_path), max_size=8) as router:
         warm(router, PG1_KEY, 8)
         in_flight: list[object] = []
-        sleeper = threading.Thread(target=lambda: in_flight.append(timed(router.execute, PG1_KEY, "SELECT pg_sleep(30)")))
+        sleeper = threading.Thread(
+            target=lambda: in_flight.append(timed(router.execute, PG1_KEY, "SELECT pg_sleep(30)"))
+        )
         sleeper.start()
         time.sleep(0.5)
         box.stop_host("pg1")
@@ -142,7 +152,12 @@ def test_restart_with_8_idle_connections_costs_no_request_an_error(box):
         def requests(n: int) -> None:
             for i in range(n):
                 try:
-                    assert router.execute(PG1_KEY, "INSERT INTO users (username) VALUES (%s)", (f"r{i}",)) == 1
+                    assert (
+                        router.execute(
+                            PG1_KEY, "INSERT INTO users (username) VALUES (%s)", (f"r{i}",)
+                        )
+                        == 1
+                    )
                 except BaseException as exc:  # noqa: BLE001 - counted below
                     errors.append(exc)
 
@@ -183,7 +198,9 @@ def test_silent_listener_fails_within_connect_timeout(make_fleet):
             for seconds, result in results:
                 assert isinstance(result, HostUnreachable) and result.host == "pg1", result
                 assert seconds <= CONNECT_TIMEOUT + 1, (seconds, result)
-            assert results[0][0] >= CONNECT_TIMEOUT - 0.5  # the first one really waited for the server
+            assert (
+                results[0][0] >= CONNECT_TIMEOUT - 0.5
+            )  # the first one really waited for the server
             assert "timeout" in str(results[0][1]), results[0]
             assert len(results) > 10  # the others failed fast
     finally:
@@ -204,7 +221,9 @@ def test_sigstopped_server_fails_within_connect_timeout_plus_bound(box, pool):
                 results.append(timed(router.execute, PG1_KEY, "SELECT 1"))
                 others.append(timed(router.execute, PG2_KEY, "SELECT 1"))
             assert all(isinstance(r, list) for _, r in others)
-            assert statistics.median(s for s, _ in others) < 0.05, others  # pg2 keeps its usual latency
+            assert statistics.median(s for s, _ in others) < 0.05, (
+                others
+            )  # pg2 keeps its usual latency
             for seconds, result in results:
                 assert isinstance(result, HostUnreachable) and result.host == "pg1", result
                 assert seconds <= CONNECT_TIMEOUT + 1, (seconds, result)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from conftest import load, run_cli
 from support.clients import PgbenchClient, PsqlClient, history_traffic, keys_for
 from support.history import History
 from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
+
 from shardctl.ops.move import move_shards
 
 MODES = ["direct", "transaction", "session"]
@@ -33,6 +33,7 @@ def mode(request) -> str:
 def pooled_fleet(make_fleet, mode, request):
     """``make_fleet(...)`` seen through ``mode``: direct DSNs (``pooler: none``), or PgBouncer's with direct
     admin DSNs (``pooler: transaction|session``), initialised."""
+
     def make(**kwargs):
         path = make_fleet(**kwargs, pooler="none" if mode == "direct" else None)
         if mode != "direct":
@@ -40,6 +41,7 @@ def pooled_fleet(make_fleet, mode, request):
         result = run_cli("init", config=path)
         assert result.exit_code == 0, result
         return path
+
     return make
 
 
@@ -62,7 +64,8 @@ def test_router_clients_during_migrate(pooled_fleet, mode):
     """6 writers and 2 readers on every shard while ``shardctl migrate`` adds a column to all of them."""
     path = pooled_fleet(hosts=2, shards=16)
     (path.parent / "migrations" / "V0003__add_photo_filter.sql").write_text(
-        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN filter text NOT NULL DEFAULT 'none';\n")
+        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN filter text NOT NULL DEFAULT 'none';\n"
+    )
     topo = load(path)
     with history_traffic(path, keys_for(topo, list(range(16)), 3), writers=6, readers=2) as traffic:
         result = run_cli("migrate", config=path)
@@ -82,8 +85,11 @@ def test_router_clients_during_move(pooled_fleet, mode):
     assert report["phase"] == "cut_over" and report["verified"] is True, report
     assert all(load(path).host_of(n).name == "pg2" for n in moved)
     checked = traffic.history.check()
-    assert checked.ok, (checked, {k: report.get(k) for k in ("freeze_started_at", "freeze_ended_at")},
-                        {h.name: h.admin_dsn or h.dsn for h in topo.hosts})
+    assert checked.ok, (
+        checked,
+        {k: report.get(k) for k in ("freeze_started_at", "freeze_ended_at")},
+        {h.name: h.admin_dsn or h.dsn for h in topo.hosts},
+    )
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
 
 
@@ -96,9 +102,11 @@ def test_psql_and_pgbench_during_move(pooled_fleet, mode, servers, tmp_path):
     topo = load(path)
     history = History(path)
     bin_dir = servers.state.bin_dir
-    with PsqlClient(history, path, bin_dir, keys_for(topo, moved, 4)), \
-            PgbenchClient(history, path, bin_dir, 5, tmp_path) as bench5, \
-            PgbenchClient(history, path, bin_dir, 6, tmp_path) as bench6:
+    with (
+        PsqlClient(history, path, bin_dir, keys_for(topo, moved, 4)),
+        PgbenchClient(history, path, bin_dir, 5, tmp_path) as bench5,
+        PgbenchClient(history, path, bin_dir, 6, tmp_path) as bench6,
+    ):
         time.sleep(0.5)
         report = move_shards(load(path), moved, "pg2")
         time.sleep(1.0)
@@ -106,7 +114,9 @@ def test_psql_and_pgbench_during_move(pooled_fleet, mode, servers, tmp_path):
     checked = history.check()
     print(checked)
     assert checked.ok, checked
-    assert checked.counts["retries"] > 0, checked  # the clients were told of the move, and followed it
+    assert checked.counts["retries"] > 0, (
+        checked
+    )  # the clients were told of the move, and followed it
     assert checked.counts["writes"] > 10 and bench5.acked > 20 and bench6.acked > 20, checked
 
 
@@ -116,8 +126,11 @@ def test_router_clients_during_growth(pooled_fleet, mode, make_fleet):
     path = pooled_fleet(hosts=2, shards=16)
     topo = load(path)
     with history_traffic(path, keys_for(topo, list(range(16)), 2), writers=6, readers=2) as traffic:
-        steps = [("add-host", "pg3", "--dsn", make_fleet.new_database(2)),
-                 ("add-shard", "--host", "pg3", "--count", "4"), ("rebalance", "--apply")]
+        steps = [
+            ("add-host", "pg3", "--dsn", make_fleet.new_database(2)),
+            ("add-shard", "--host", "pg3", "--count", "4"),
+            ("rebalance", "--apply"),
+        ]
         for step in steps:
             result = run_cli(*step, config=path)
             assert result.exit_code == 0, (step, result)
@@ -133,6 +146,7 @@ def test_router_clients_during_growth(pooled_fleet, mode, make_fleet):
 
 # ---- shardctl's own commands refuse a pooler on admin_dsn -------------------------------------------
 
+
 def _admin_through_pooler(path, pgbouncer) -> None:
     """Point every host's admin_dsn at PgBouncer's transaction pool as well (the mistake to catch)."""
     from shardctl.model.topology_file import TopologyFile
@@ -144,12 +158,23 @@ def _admin_through_pooler(path, pgbouncer) -> None:
     doc.save()
 
 
-_PORTS: dict[str, int] = {}  # database name → its server's port (the fleets' databases have unique names)
+_PORTS: dict[
+    str, int
+] = {}  # database name → its server's port (the fleets' databases have unique names)
 
 
-@pytest.mark.parametrize("command", [["init"], ["migrate"], ["add-shard", "--host", "pg2", "--count", "4"],
-                                     ["move-shard", "4-5", "--to", "pg2"]])
-def test_admin_dsn_behind_a_transaction_pooler_is_refused_before_anything_changes(make_fleet, pgbouncer, command):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["init"],
+        ["migrate"],
+        ["add-shard", "--host", "pg2", "--count", "4"],
+        ["move-shard", "4-5", "--to", "pg2"],
+    ],
+)
+def test_admin_dsn_behind_a_transaction_pooler_is_refused_before_anything_changes(
+    make_fleet, pgbouncer, command
+):
     """Session advisory locks, DDL and replication need the server session: with admin_dsn through PgBouncer's
     transaction pool, every command that changes the fleet refuses in one line, in ≤ 2 s, naming the host."""
     from psycopg.conninfo import conninfo_to_dict
@@ -166,7 +191,11 @@ def test_admin_dsn_behind_a_transaction_pooler_is_refused_before_anything_change
     result = run_cli(*command, config=path)
     took = time.monotonic() - started
     assert result.exit_code == 2, result
-    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("warning:")]
+    lines = [
+        line
+        for line in result.stderr.splitlines()
+        if line.strip() and not line.startswith("warning:")
+    ]
     assert len(lines) == 1 and "admin_dsn" in lines[0] and "transaction pooler" in lines[0], result
     assert "host pg1" in lines[0] or "host pg2" in lines[0], result
     assert took <= 2.0, took
@@ -181,10 +210,21 @@ def _footprint_direct(path) -> list:
     out = []
     for host in load(path).hosts:
         dbname = conninfo_to_dict(host.dsn)["dbname"]
-        with psycopg.connect(host="127.0.0.1", port=_PORTS[dbname], dbname=dbname, user="postgres") as conn:
-            out.append(conn.execute("SELECT array_agg(nspname::text ORDER BY nspname) FROM pg_namespace "
-                                    "WHERE nspname LIKE 'insta%' OR nspname = 'shardctl'").fetchone()[0])
-            out.append(conn.execute("SELECT to_regclass('shardctl.migrations') IS NOT NULL AND "
-                                    "(SELECT count(*) FROM shardctl.migrations) > 0").fetchone()[0]
-                       if out[-1] else None)
+        with psycopg.connect(
+            host="127.0.0.1", port=_PORTS[dbname], dbname=dbname, user="postgres"
+        ) as conn:
+            out.append(
+                conn.execute(
+                    "SELECT array_agg(nspname::text ORDER BY nspname) FROM pg_namespace "
+                    "WHERE nspname LIKE 'insta%' OR nspname = 'shardctl'"
+                ).fetchone()[0]
+            )
+            out.append(
+                conn.execute(
+                    "SELECT to_regclass('shardctl.migrations') IS NOT NULL AND "
+                    "(SELECT count(*) FROM shardctl.migrations) > 0"
+                ).fetchone()[0]
+                if out[-1]
+                else None
+            )
     return out

@@ -10,8 +10,8 @@ import pytest
 from conftest import connect, load, run_cli
 
 from shardctl import Router
-from shardctl.router import forget_prepared
 from shardctl.errors import HostUnreachable, SessionStateError
+from shardctl.router import forget_prepared
 
 
 @pytest.fixture
@@ -39,7 +39,9 @@ def test_execute_is_autocommit_and_sets_search_path_once(topo):
         pid = backend(router, 3)
         assert router.execute(3, "INSERT INTO users (username) VALUES ('a')") == 1
         assert router.execute(3, "SELECT current_schema(), count(*) FROM users") == [("insta3", 1)]
-        assert router.execute(4, "SELECT current_schema()") == [("insta4",)]  # same backend, next shard
+        assert router.execute(4, "SELECT current_schema()") == [
+            ("insta4",)
+        ]  # same backend, next shard
         assert backend(router, 4) == pid
         # Committed at once (autocommit): another session sees the row.
         with connect(topo, "pg1") as check:
@@ -48,12 +50,27 @@ def test_execute_is_autocommit_and_sets_search_path_once(topo):
 
 SESSION_STATEMENTS = [
     ("SELECT set_config('work_mem', '7MB', false)", "SHOW work_mem", "4MB"),
-    ("SET statement_timeout = '4321ms'", "SELECT current_setting('statement_timeout') <> '4321ms'", True),
-    ("CREATE TEMP TABLE users (id bigint, username text)", "SELECT to_regclass('pg_temp.users') IS NULL", True),
-    ("SELECT pg_advisory_lock(4242)", "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                       "AND pid = pg_backend_pid()", 0),
+    (
+        "SET statement_timeout = '4321ms'",
+        "SELECT current_setting('statement_timeout') <> '4321ms'",
+        True,
+    ),
+    (
+        "CREATE TEMP TABLE users (id bigint, username text)",
+        "SELECT to_regclass('pg_temp.users') IS NULL",
+        True,
+    ),
+    (
+        "SELECT pg_advisory_lock(4242)",
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+        0,
+    ),
     ("LISTEN somewhere", "SELECT count(*) FROM pg_listening_channels()", 0),
-    ("PREPARE mine AS SELECT 1", "SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'", 0),
+    (
+        "PREPARE mine AS SELECT 1",
+        "SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'",
+        0,
+    ),
 ]
 
 
@@ -71,12 +88,11 @@ def test_execute_leaves_nothing_for_the_next_call(topo, statement, probe, clean_
             assert conn.execute(probe).fetchone()[0] == clean_value
 
 
-
-
 @pytest.mark.parametrize("how", ["execute", "run", "connection", "cursor", "executemany"])
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
-def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(topo_default, how, statement, probe,
-                                                                                 clean_value):
+def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(
+    topo_default, how, statement, probe, clean_value
+):
     """The default host (``pooler: transaction``): a statement that would leave session state on a server
     connection other clients get raises SessionStateError, names the way out, and never reaches the server."""
     with Router(topo_default, max_size=1) as router:
@@ -88,17 +104,30 @@ def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(
                 with router.connection(5) as conn:
                     conn.execute(statement)
             else:
-                router.run(5, lambda c: c.cursor().executemany(statement, [()]) if how == "executemany"
-                           else c.cursor().execute(statement) if how == "cursor" else c.execute(statement))
+                router.run(
+                    5,
+                    lambda c: (
+                        c.cursor().executemany(statement, [()])
+                        if how == "executemany"
+                        else c.cursor().execute(statement)
+                        if how == "cursor"
+                        else c.execute(statement)
+                    ),
+                )
         assert "pooler" in str(caught.value) and "\n" not in str(caught.value)
         assert backend(router, 6) == pid  # the connection stays usable and pooled
-        assert router.execute(6, probe)[0][0] == clean_value  # same backend: the statement never ran
+        assert (
+            router.execute(6, probe)[0][0] == clean_value
+        )  # same backend: the statement never ran
 
 
 @pytest.mark.parametrize("how", ["conn.execute", "cursor.execute", "executemany"])
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
-def test_a_transaction_block_leaves_nothing_for_the_next_call(topo, how, statement, probe, clean_value):
+def test_a_transaction_block_leaves_nothing_for_the_next_call(
+    topo, how, statement, probe, clean_value
+):
     """run() commits without the reset when its statements cannot leave session state; these can."""
+
     def work(conn):
         if how == "conn.execute":
             conn.execute(statement)
@@ -109,7 +138,9 @@ def test_a_transaction_block_leaves_nothing_for_the_next_call(topo, how, stateme
 
     with Router(topo, max_size=1) as router:
         pid = backend(router, 5)
-        router.run(5, lambda c: c.execute("INSERT INTO users (username) VALUES ('clean')"))  # no reset needed
+        router.run(
+            5, lambda c: c.execute("INSERT INTO users (username) VALUES ('clean')")
+        )  # no reset needed
         router.run(5, work)
         assert backend(router, 6) == pid
         assert router.run(6, lambda c: c.execute(probe).fetchone()[0]) == clean_value
@@ -135,8 +166,10 @@ def test_a_connection_block_always_resets_even_a_hidden_setting(topo):
     """A function's side effect behind a plain SELECT is invisible to the statement check: connection()
     blocks reset whatever they ran (docs/router.md's advice for such functions)."""
     with connect(topo, "pg1", autocommit=True) as conn:
-        conn.execute("CREATE FUNCTION insta5.sneaky() RETURNS text LANGUAGE sql "
-                     "AS $$ SELECT set_config('work_mem', '7MB', false) $$")
+        conn.execute(
+            "CREATE FUNCTION insta5.sneaky() RETURNS text LANGUAGE sql "
+            "AS $$ SELECT set_config('work_mem', '7MB', false) $$"
+        )
     with Router(topo, max_size=1) as router:
         pid = backend(router, 5)
         with router.connection(5) as conn:
@@ -149,14 +182,22 @@ def test_a_clean_transaction_keeps_the_shards_search_path_and_backend(topo):
     with Router(topo, max_size=1) as router:
         pid = backend(router, 5)
         for n in (5, 5, 6, 5):
-            assert router.run(n, lambda c: c.execute(
-                "SELECT current_schema(), pg_backend_pid(), current_setting('statement_timeout')").fetchone()) == \
-                (f"insta{n}", pid, router.run(n, lambda c: c.execute("SHOW statement_timeout").fetchone()[0]))
+            assert router.run(
+                n,
+                lambda c: c.execute(
+                    "SELECT current_schema(), pg_backend_pid(), current_setting('statement_timeout')"
+                ).fetchone(),
+            ) == (
+                f"insta{n}",
+                pid,
+                router.run(n, lambda c: c.execute("SHOW statement_timeout").fetchone()[0]),
+            )
 
 
 @pytest.mark.parametrize("pooler", ["none", "transaction"])
-def test_a_run_takes_three_round_trips_and_execute_one_each_transaction_carrying_its_settings(make_fleet, tmp_path,
-                                                                                              pooler):
+def test_a_run_takes_three_round_trips_and_execute_one_each_transaction_carrying_its_settings(
+    make_fleet, tmp_path, pooler
+):
     """run(): BEGIN goes with the shard's settings, local to the transaction (one simple-protocol text), then the
     work, then COMMIT; every transaction again, since a pooler may give it another server connection.
     execute(): BEGIN, settings, statement and COMMIT in one round trip. libpq's trace counts what the client
@@ -179,18 +220,26 @@ def test_a_run_takes_three_round_trips_and_execute_one_each_transaction_carrying
             router.run(5, insert)
             router.execute(5, "INSERT INTO users (username) VALUES ('one trip')")
             seen[0].pgconn.untrace()
-    sent = [(line.split("\t") + [""])[3:5] for line in trace.read_text().splitlines() if line.split("\t")[1:2] == ["F"]]
+    sent = [
+        (line.split("\t") + [""])[3:5]
+        for line in trace.read_text().splitlines()
+        if line.split("\t")[1:2] == ["F"]
+    ]
     trips = [text for kind, text in sent if kind.strip() in ("Query", "Sync")]
     assert len(trips) == 7, trips
-    begin = ' "BEGIN; SELECT set_config(\'search_path\', \'insta5, public\', true), set_config(\'statement_timeout\''
+    begin = " \"BEGIN; SELECT set_config('search_path', 'insta5, public', true), set_config('statement_timeout'"
     assert trips[0].startswith(begin) and trips[3].startswith(begin), trips
     assert trips[2].strip() == '"COMMIT"' and trips[5].strip() == '"COMMIT"'
-    assert trips[6].startswith(begin) and "INSERT INTO users (username) VALUES ('one trip'); COMMIT" in trips[6], trips
+    assert (
+        trips[6].startswith(begin)
+        and "INSERT INTO users (username) VALUES ('one trip'); COMMIT" in trips[6]
+    ), trips
 
 
 def test_a_run_is_all_or_nothing_even_with_the_works_own_transaction_blocks(topo):
     """psycopg's conn.transaction() inside run() is a savepoint of the run's transaction: an error after it
     rolls the block back too (nothing of a failed run is left, so it can be run again)."""
+
     def work(c: psycopg.Connection) -> None:
         with c.transaction():
             c.execute("INSERT INTO users (username) VALUES ('inner block')")
@@ -199,7 +248,9 @@ def test_a_run_is_all_or_nothing_even_with_the_works_own_transaction_blocks(topo
     with Router(topo, max_size=1) as router:
         with pytest.raises(ValueError):
             router.run(3, work)
-        assert router.execute(3, "SELECT count(*) FROM users WHERE username = 'inner block'") == [(0,)]
+        assert router.execute(3, "SELECT count(*) FROM users WHERE username = 'inner block'") == [
+            (0,)
+        ]
 
         def block_then_more(c: psycopg.Connection) -> None:
             with c.transaction():
@@ -207,28 +258,32 @@ def test_a_run_is_all_or_nothing_even_with_the_works_own_transaction_blocks(topo
             c.execute("INSERT INTO users (username) VALUES ('committed')")
 
         router.run(3, block_then_more)
-        assert router.execute(3, "SELECT count(*) FROM users WHERE username = 'committed'") == [(2,)]
+        assert router.execute(3, "SELECT count(*) FROM users WHERE username = 'committed'") == [
+            (2,)
+        ]
 
 
 def test_a_connection_block_that_commits_inside_keeps_its_next_statements_in_a_transaction(topo):
     """connection() blocks are psycopg's own transactions: after a commit() in the block, the next statement
     opens the next transaction, so an error after it rolls back only what came after the commit."""
     with Router(topo, max_size=1) as router:
-        with pytest.raises(ValueError):
-            with router.connection(3) as conn:
-                conn.execute("INSERT INTO users (username) VALUES ('first chunk')")
-                conn.commit()
-                conn.execute("INSERT INTO users (username) VALUES ('second chunk')")
-                raise ValueError("the batch job failed")
-        assert router.execute(3, "SELECT username FROM users WHERE username LIKE '%chunk' ORDER BY 1") == \
-            [("first chunk",)]
+        with pytest.raises(ValueError), router.connection(3) as conn:
+            conn.execute("INSERT INTO users (username) VALUES ('first chunk')")
+            conn.commit()
+            conn.execute("INSERT INTO users (username) VALUES ('second chunk')")
+            raise ValueError("the batch job failed")
+        assert router.execute(
+            3, "SELECT username FROM users WHERE username LIKE '%chunk' ORDER BY 1"
+        ) == [("first chunk",)]
 
 
 def test_per_call_timeout_is_the_servers_statement_timeout(topo):
     with Router(topo, max_size=1, timeout=5) as router:
         with pytest.raises(psycopg.errors.QueryCanceled):
             router.execute(3, "SELECT pg_sleep(2)", timeout=0.2)
-        assert router.execute(3, "SHOW statement_timeout") == [("5s",)]       # back to the Router's default
+        assert router.execute(3, "SHOW statement_timeout") == [
+            ("5s",)
+        ]  # back to the Router's default
         assert router.execute(3, "SHOW statement_timeout", timeout=1.5) == [("1500ms",)]
         assert router.execute(3, "SHOW statement_timeout", timeout=None) == [("0",)]
         with router.connection(3, timeout=0.2) as conn:
@@ -236,7 +291,9 @@ def test_per_call_timeout_is_the_servers_statement_timeout(topo):
                 conn.execute("SELECT pg_sleep(2)")
         assert router.run(3, lambda c: c.execute("SHOW statement_timeout").fetchone()[0]) == "5s"
         stats = router.stats()["pg1"]
-        assert stats["errors"] == {"sql": 1} and stats["breaker"]["state"] == "closed"  # a slow query is no outage
+        assert (
+            stats["errors"] == {"sql": 1} and stats["breaker"]["state"] == "closed"
+        )  # a slow query is no outage
 
 
 def test_stats_report_pools_errors_breakers_and_latency(topo):
@@ -270,6 +327,7 @@ def test_stats_report_pools_errors_breakers_and_latency(topo):
 
 # ---- issue 13 item 7: no 0A000 after a migration adds a column ----------------------------------
 
+
 def add_column(topo, shard: int) -> None:
     with connect(topo, topo.host_of(shard).name, autocommit=True) as conn:
         conn.execute(f"ALTER TABLE insta{shard}.users ADD COLUMN bio text")
@@ -281,7 +339,9 @@ def test_plain_psycopg_meets_0A000_after_add_column(topo):
         for _ in range(6):  # psycopg prepares from the 5th execution on
             conn.execute("SELECT * FROM insta2.users WHERE id = %s", (1,))
         add_column(topo, 2)
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match="cached plan must not change result type"):
+        with pytest.raises(
+            psycopg.errors.FeatureNotSupported, match="cached plan must not change result type"
+        ):
             conn.execute("SELECT * FROM insta2.users WHERE id = %s", (1,))
 
 
@@ -317,9 +377,12 @@ def test_router_sees_no_0A000_after_add_column(topo):
         traffic(8)
         assert errors == [] and widths == {5}  # id, username, created_at, bio, pg_sleep
         assert router.run(2, lambda c: len(c.execute(select, (uid,)).fetchone())) == 5
-        with router.connection(2) as conn:  # connection() blocks do not auto-prepare: nothing to go stale
+        with router.connection(
+            2
+        ) as conn:  # connection() blocks do not auto-prepare: nothing to go stale
             for _ in range(6):
                 assert len(conn.execute(select, (uid,)).fetchone()) == 5
+
         # execute() binds on the client and prepares nothing. Work that prepares on purpose (prepare=True, a
         # host that keeps sessions) meets the stale plan once, and run() calls it again on a fresh plan.
         def prepared(c) -> int:
@@ -353,7 +416,9 @@ def test_a_host_that_is_not_there_names_itself_and_the_cause(make_fleet, tmp_pat
     path = make_fleet(hosts=2, shards=16)
     text = path.read_text()
     port = text.split("127.0.0.1:")[1].split("/")[0]
-    path.write_text(text.replace(f"127.0.0.1:{port}", "127.0.0.1:1", 1))  # nothing listens on port 1
+    path.write_text(
+        text.replace(f"127.0.0.1:{port}", "127.0.0.1:1", 1)
+    )  # nothing listens on port 1
     with Router(load(path)) as router:
         with pytest.raises(HostUnreachable, match=r"host pg1 is unreachable: .*refused") as info:
             router.execute(1, "SELECT 1")
@@ -363,12 +428,13 @@ def test_a_host_that_is_not_there_names_itself_and_the_cause(make_fleet, tmp_pat
 def test_an_application_error_in_a_block_rolls_back_and_keeps_the_connection(topo):
     with Router(topo, max_size=1) as router:
         pid = backend(router, 3)
-        with pytest.raises(ValueError):
-            with router.connection(3) as conn:
-                conn.execute("INSERT INTO users (username) VALUES ('rolled back')")
-                conn.execute("SET work_mem = '7MB'")
-                raise ValueError("the application changed its mind")
-        assert router.execute(3, "SELECT count(*), current_setting('work_mem') FROM users") == [(0, "4MB")]
+        with pytest.raises(ValueError), router.connection(3) as conn:
+            conn.execute("INSERT INTO users (username) VALUES ('rolled back')")
+            conn.execute("SET work_mem = '7MB'")
+            raise ValueError("the application changed its mind")
+        assert router.execute(3, "SELECT count(*), current_setting('work_mem') FROM users") == [
+            (0, "4MB")
+        ]
         assert backend(router, 3) == pid
         assert router.stats()["pg1"]["errors"] == {"other": 1}
 
@@ -379,11 +445,12 @@ def test_a_failing_commit_raises_at_the_end_of_the_block(topo):
         conn.execute("CREATE TABLE insta3.handles (h text UNIQUE DEFERRABLE INITIALLY DEFERRED)")
     with Router(topo, max_size=1) as router:
         pid = backend(router, 3)
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            with router.connection(3) as conn:
-                conn.execute("SET work_mem = '7MB'")
-                conn.execute("INSERT INTO handles VALUES ('same'), ('same')")  # checked at COMMIT
-        assert router.execute(3, "SELECT count(*), current_setting('work_mem') FROM handles") == [(0, "4MB")]
+        with pytest.raises(psycopg.errors.UniqueViolation), router.connection(3) as conn:
+            conn.execute("SET work_mem = '7MB'")
+            conn.execute("INSERT INTO handles VALUES ('same'), ('same')")  # checked at COMMIT
+        assert router.execute(3, "SELECT count(*), current_setting('work_mem') FROM handles") == [
+            (0, "4MB")
+        ]
         assert backend(router, 3) == pid
         with router.connection(3) as conn:
             conn.execute("INSERT INTO handles VALUES ('one')")

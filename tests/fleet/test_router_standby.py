@@ -22,7 +22,18 @@ def replicated():
     directory = tempfile.mkdtemp(prefix="shardctl-test-standby-")
     box = Sandbox(directory)
     try:
-        r = run_cli("sandbox", "up", "--dir", directory, "--hosts", "1", "--shards", "8", "--standby", "--json")
+        r = run_cli(
+            "sandbox",
+            "up",
+            "--dir",
+            directory,
+            "--hosts",
+            "1",
+            "--shards",
+            "8",
+            "--standby",
+            "--json",
+        )
         assert r.exit_code == 0, r
         doc = json.loads(r.stdout)
         assert [s["name"] for s in doc["standbys"]] == ["pg1-standby"]
@@ -57,22 +68,29 @@ def test_reads_go_to_the_standby_and_fall_back_when_it_lags(replicated):
     with Router(topo, max_lag=0.5, lag_check_interval=0.05) as router:
         router.execute(KEY, "INSERT INTO users (username) VALUES ('first')")
         wait_replayed(topo)
-        assert on(router) == (True, 1)                       # the replica serves reads
+        assert on(router) == (True, 1)  # the replica serves reads
         with router.connection(KEY, readonly=True) as conn:
-            assert conn.execute("SELECT pg_is_in_recovery(), current_schema()").fetchone() == (True, f"insta{KEY}")
-        assert router.execute(KEY, "SELECT pg_is_in_recovery()") == [(False,)]  # writes and execute: primary
+            assert conn.execute("SELECT pg_is_in_recovery(), current_schema()").fetchone() == (
+                True,
+                f"insta{KEY}",
+            )
+        assert router.execute(KEY, "SELECT pg_is_in_recovery()") == [
+            (False,)
+        ]  # writes and execute: primary
 
         with psycopg.connect(standby, autocommit=True) as conn:
             conn.execute("SELECT pg_wal_replay_pause()")
         try:
             router.execute(KEY, "INSERT INTO users (username) VALUES ('second')")
-            time.sleep(1.0)                                   # now the replica is > max_lag behind
-            assert on(router) == (False, 2)                   # ... so the read went to the primary
+            time.sleep(1.0)  # now the replica is > max_lag behind
+            assert on(router) == (False, 2)  # ... so the read went to the primary
             with router.connection(KEY, readonly=True) as conn:
-                assert conn.execute("SELECT pg_is_in_recovery(), count(*) FROM users").fetchone() == (False, 2)
+                assert conn.execute(
+                    "SELECT pg_is_in_recovery(), count(*) FROM users"
+                ).fetchone() == (False, 2)
                 with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                     conn.execute("INSERT INTO users (username) VALUES ('not here')")
-            assert on(router, max_lag=3600) == (True, 1)      # a looser bound accepts the stale replica
+            assert on(router, max_lag=3600) == (True, 1)  # a looser bound accepts the stale replica
             stats = router.stats()["pg1"]["standby"]
             assert stats["fallbacks"]["lagging"] >= 2 and stats["lag_s"] > 0.5
         finally:
@@ -80,7 +98,7 @@ def test_reads_go_to_the_standby_and_fall_back_when_it_lags(replicated):
                 conn.execute("SELECT pg_wal_replay_resume()")
         wait_replayed(topo)
         time.sleep(0.1)
-        assert on(router) == (True, 2)                        # caught up: back on the replica
+        assert on(router) == (True, 2)  # caught up: back on the replica
 
 
 def test_a_stopped_standby_sends_reads_to_the_primary(replicated):
@@ -94,7 +112,10 @@ def test_a_stopped_standby_sends_reads_to_the_primary(replicated):
             assert on(router) == (False, 0)
             assert time.monotonic() - started < 1.0
         stats = router.stats()["pg1"]
-        assert stats["standby"]["fallbacks"]["unreachable"] == 5 and stats["breaker"]["state"] == "closed"
+        assert (
+            stats["standby"]["fallbacks"]["unreachable"] == 5
+            and stats["breaker"]["state"] == "closed"
+        )
         assert stats["standby"]["breaker"]["state"] in ("open", "half-open")
 
 
@@ -102,13 +123,18 @@ def test_standby_added_to_an_existing_sandbox_is_named_in_its_topology():
     directory = tempfile.mkdtemp(prefix="shardctl-test-standby-late-")
     box = Sandbox(directory)
     try:
-        assert run_cli("sandbox", "up", "--dir", directory, "--hosts", "1", "--shards", "4").exit_code == 0
+        assert (
+            run_cli("sandbox", "up", "--dir", directory, "--hosts", "1", "--shards", "4").exit_code
+            == 0
+        )
         assert "standby" not in box.topology_path.read_text()
         r = run_cli("sandbox", "up", "--dir", directory, "--hosts", "1", "--standby", "--json")
         assert r.exit_code == 0, r
         topo = load(box.topology_path)
         replica = box.state.standby_of("pg1")
-        assert topo.hosts[0].standby == replica.dsn and json.loads(r.stdout)["wrote_topology"] is False
+        assert (
+            topo.hosts[0].standby == replica.dsn and json.loads(r.stdout)["wrote_topology"] is False
+        )
         with psycopg.connect(topo.hosts[0].dsn, autocommit=True) as conn:
             assert conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0] == 1
         assert run_cli("sandbox", "down", "--dir", directory).exit_code == 0

@@ -7,13 +7,14 @@ import time
 
 import psycopg
 import pytest
-
 from conftest import load, run_cli
 
 
 def error_line(result) -> str:
     """Failures print exactly one error line on stderr, never a traceback."""
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")]
+    lines = [
+        ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")
+    ]
     assert len(lines) == 1, result
     assert "Traceback" not in result.stderr, result
     return lines[0]
@@ -81,14 +82,24 @@ def test_engine_docker_fails_clearly(tmp_path):
     result = run_cli("sandbox", "up", "--dir", tmp_path / "docker", "--engine", "docker")
     assert result.exit_code == 1, result
     line = error_line(result)
-    assert line.startswith("error: --engine docker") and "docker" in line.split("--engine docker", 1)[1], line
+    assert (
+        line.startswith("error: --engine docker")
+        and "docker" in line.split("--engine docker", 1)[1]
+    ), line
     assert not (tmp_path / "docker" / "sandbox.json").exists()
 
 
 @pytest.mark.parametrize("docker_host", ["unix:///nonexistent/docker.sock", "tcp://127.0.0.1:1"])
 def test_engine_docker_without_an_engine_says_so(tmp_path, docker_host):
-    result = run_cli("sandbox", "up", "--dir", tmp_path / "docker", "--engine", "docker",
-                     env={"DOCKER_HOST": docker_host})
+    result = run_cli(
+        "sandbox",
+        "up",
+        "--dir",
+        tmp_path / "docker",
+        "--engine",
+        "docker",
+        env={"DOCKER_HOST": docker_host},
+    )
     assert result.exit_code == 1, result
     line = error_line(result)
     assert f"no Docker engine is reachable at {docker_host}" in line, line
@@ -96,15 +107,18 @@ def test_engine_docker_without_an_engine_says_so(tmp_path, docker_host):
     assert not (tmp_path / "docker").exists()
 
 
-@pytest.mark.parametrize("args", [
-    ["--hosts", "0"],
-    ["--hosts", "65"],
-    ["--shards", "0"],
-    ["--shards", "9000"],
-    ["--hosts", "three"],
-    ["--engine", "podman"],
-    ["--function", "perl"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--hosts", "0"],
+        ["--hosts", "65"],
+        ["--shards", "0"],
+        ["--shards", "9000"],
+        ["--hosts", "three"],
+        ["--engine", "podman"],
+        ["--function", "perl"],
+    ],
+)
 def test_bad_arguments_exit_2_and_touch_nothing(tmp_path, args):
     box = tmp_path / "bad"
     result = run_cli("sandbox", "up", "--dir", box, *args)
@@ -121,7 +135,9 @@ def test_fewer_shards_than_hosts_is_bad_input(tmp_path):
     assert not (box / "sandbox.json").exists()
 
 
-def test_hosts_are_made_together_and_a_failed_one_leaves_those_before_it_for_the_rerun(server_dir, monkeypatch):
+def test_hosts_are_made_together_and_a_failed_one_leaves_those_before_it_for_the_rerun(
+    server_dir, monkeypatch
+):
     """initdb runs for every new host at once; when one fails, the state records the hosts before it (names
     stay pg1..pgN), nothing is started, and the next ``up`` makes the rest (reusing a later host's data)."""
     from shardctl.dev.sandbox import Sandbox
@@ -143,11 +159,17 @@ def test_hosts_are_made_together_and_a_failed_one_leaves_those_before_it_for_the
         with pytest.raises(OperationFailed, match="No space left"):
             box.up(hosts=3, shards=3)
         assert [h.name for h in box.state.hosts] == ["pg1"]
-        assert max(a for a, _ in spans) < min(b for _, b in spans), spans  # the three initdb ran at once
+        assert max(a for a, _ in spans) < min(b for _, b in spans), (
+            spans
+        )  # the three initdb ran at once
         assert not any(box.running(h) for h in box.state.hosts)
         monkeypatch.setattr(Sandbox, "_initdb", real)
         doc = box.up(hosts=3, shards=3)
-        assert doc["created"] == ["pg2", "pg3"] and [h["name"] for h in doc["hosts"]] == ["pg1", "pg2", "pg3"]
+        assert doc["created"] == ["pg2", "pg3"] and [h["name"] for h in doc["hosts"]] == [
+            "pg1",
+            "pg2",
+            "pg3",
+        ]
         assert len({h["port"] for h in doc["hosts"]}) == 3
         for host in doc["hosts"]:
             with psycopg.connect(host["dsn"]) as conn:

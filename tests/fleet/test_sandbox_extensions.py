@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-
 from conftest import _sandbox_dir
+
 from shardctl.dev import pgbuilds
 from shardctl.dev.sandbox import Sandbox
 from shardctl.errors import BadInput
@@ -24,8 +24,11 @@ USES = {
     "citext": ("SELECT 'Insta'::citext = 'INSTA'::citext", True),
     "hstore": ("SELECT ('a=>1, b=>2'::hstore) -> 'b' = '2'", True),
     "pg_stat_statements": ("SELECT count(*) > 0 FROM pg_stat_statements", True),
-    "pgcrypto": ("SELECT encode(digest('abc', 'sha256'), 'hex') = "
-                 "'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'", True),
+    "pgcrypto": (
+        "SELECT encode(digest('abc', 'sha256'), 'hex') = "
+        "'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'",
+        True,
+    ),
 }
 
 
@@ -46,7 +49,9 @@ def test_the_build_for_each_version_ships_what_the_readme_says_and_its_extension
             assert conn.execute("SHOW server_version_num").fetchone()[0][:2] == major
             for name in pgbuilds.APP_EXTENSIONS:
                 if name not in extensions:
-                    with pytest.raises(psycopg.errors.FeatureNotSupported, match="is not available"):
+                    with pytest.raises(
+                        psycopg.errors.FeatureNotSupported, match="is not available"
+                    ):
                         conn.execute(f"CREATE EXTENSION {name}")
                     continue
                 conn.execute(f"CREATE EXTENSION {name}")
@@ -65,9 +70,18 @@ def test_pg_and_tls_choose_a_build_or_say_why_not():
     with_ssl = [b for b in pgbuilds.wheel_builds() if b.ssl]
     if with_ssl:
         assert pgbuilds.choose(tls=True) == with_ssl[0]
-    without = next((b for b in builds.values() if not any(w.ssl for w in pgbuilds.wheel_builds()
-                                                          if w.major == b.major)), None)
+    without = next(
+        (
+            b
+            for b in builds.values()
+            if not any(w.ssl for w in pgbuilds.wheel_builds() if w.major == b.major)
+        ),
+        None,
+    )
     if without is not None:
-        with pytest.raises(BadInput, match=f"--tls: PostgreSQL {without.major} from {without.source} "
-                                                    f"is built without OpenSSL"):
+        with pytest.raises(
+            BadInput,
+            match=f"--tls: PostgreSQL {without.major} from {without.source} "
+            f"is built without OpenSSL",
+        ):
             pgbuilds.choose(without.major, tls=True)

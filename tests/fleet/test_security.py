@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import _sandbox_dir, run_cli
 from helpers import run_shardctl as cli_process
+
 from shardctl.dev.sandbox import Sandbox
 
 PASSWORD = "Sw0rdf1sh-9f8e7d"
@@ -32,9 +32,19 @@ def protected():
 def test_password_never_printed(protected, tmp_path):
     path = str(protected.topology_path)
     assert "password_env" in Path(path).read_text() and PASSWORD not in Path(path).read_text()
-    commands = [["init"], ["verify"], ["status"], ["migrate", "--check"], ["migrate", "--dry-run"], ["plan"],
-                ["migrate"], ["info"], ["locate", "42"], ["render", "--shard", "3"], ["decode-id", "--layout",
-                                                                                         "pinterest", "1"]]
+    commands = [
+        ["init"],
+        ["verify"],
+        ["status"],
+        ["migrate", "--check"],
+        ["migrate", "--dry-run"],
+        ["plan"],
+        ["migrate"],
+        ["info"],
+        ["locate", "42"],
+        ["render", "--shard", "3"],
+        ["decode-id", "--layout", "pinterest", "1"],
+    ]
     seen = []
     for command in commands:
         for extra in ([], ["--json"]):
@@ -54,8 +64,16 @@ def test_password_never_printed(protected, tmp_path):
     inline.write_text(text.replace("postgresql://postgres@", f"postgresql://postgres:{PASSWORD}@"))
     refused = cli_process("--config", str(inline), "status", "--json")
     assert refused.returncode == 2 and PASSWORD not in refused.stdout + refused.stderr
-    allowed = cli_process("--debug", "--allow-inline-password", "--config", str(inline), "status", "--json",
-                          "--connect-timeout", "2")
+    allowed = cli_process(
+        "--debug",
+        "--allow-inline-password",
+        "--config",
+        str(inline),
+        "status",
+        "--json",
+        "--connect-timeout",
+        "2",
+    )
     assert allowed.returncode == 3, allowed
     assert PASSWORD not in allowed.stdout + allowed.stderr
     # Nothing the servers logged, nor the control schema's event log, holds it either.
@@ -98,14 +116,20 @@ def silent():
     server.close()
 
 
-@pytest.mark.parametrize("command", [["init"], ["status"], ["verify"], ["migrate", "--check"], ["migrate"]])
+@pytest.mark.parametrize(
+    "command", [["init"], ["status"], ["verify"], ["migrate", "--check"], ["migrate"]]
+)
 def test_silent_host_times_out_with_exit_3(make_fleet, silent, command):
     path = make_fleet(hosts=2, shards=8)
     text = path.read_text()
     # pg2 points at a server that accepts TCP and never answers.
     head, tail = text.split("- name: pg2", 1)
     tail = tail.split("\n", 2)
-    path.write_text(head + "- name: pg2\n    dsn: \"postgresql://postgres@127.0.0.1:%d/app\"\n%s" % (silent.port, tail[2]))
+    path.write_text(
+        head
+        + '- name: pg2\n    dsn: "postgresql://postgres@127.0.0.1:%d/app"\n%s'
+        % (silent.port, tail[2])
+    )
     started = time.monotonic()
     result = run_cli(*command, "--connect-timeout", "2", config=path)
     elapsed = time.monotonic() - started

@@ -14,15 +14,15 @@ import psycopg
 import pytest
 
 sqlalchemy = pytest.importorskip("sqlalchemy")
-from sqlalchemy import func, select, text, update  # noqa: E402
+from conftest import load, run_cli
+from sqlalchemy import func, select, text, update
+from support.clients import keys_for
+from support.history import History, now
+from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
 
-from conftest import load, run_cli  # noqa: E402
-from support.clients import keys_for  # noqa: E402
-from support.history import History, now  # noqa: E402
-from test_move import make_fleet  # noqa: E402,F401 - drops the moves' replication objects after each test
-from shardctl.ops.move import move_shards  # noqa: E402
-from shardctl.router import Router  # noqa: E402
-from shardctl.sqlalchemy import UnroutableStatement, criterion_shards, sessionmaker  # noqa: E402
+from shardctl.ops.move import move_shards
+from shardctl.router import Router
+from shardctl.sqlalchemy import UnroutableStatement, criterion_shards, sessionmaker
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "sqlalchemy_app"
 MODES = ["direct", "transaction"]
@@ -49,6 +49,7 @@ def pooled_fleet(make_fleet, mode, request):
         result = run_cli("init", config=path)
         assert result.exit_code == 0, result
         return path
+
     return make
 
 
@@ -60,7 +61,9 @@ def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
             for shard in host.shards:
                 schema = topo.schema_name(shard)
                 for row in conn.execute(f'SELECT * FROM "{schema}".{table}'):
-                    assert row[0] not in out, f"id {row[0]} twice: {out[row[0]][:2]} and {(host.name, schema)}"
+                    assert row[0] not in out, (
+                        f"id {row[0]} twice: {out[row[0]][:2]} and {(host.name, schema)}"
+                    )
                     out[row[0]] = (host.name, schema, row)
     return out
 
@@ -73,7 +76,9 @@ def test_example_app_rows_land_in_their_shards(pooled_fleet, capsys):
     topo = load(path)
     Session = app.make_sessions(str(path))
     users = [app.sign_up(Session, f"user{i}") for i in range(40)]
-    photos = [app.post_photo(Session, u.id, f"photo of {u.username}") for u in users for _ in range(2)]
+    photos = [
+        app.post_photo(Session, u.id, f"photo of {u.username}") for u in users for _ in range(2)
+    ]
     likes = [app.like(Session, p.id, users[i % len(users)].id) for i, p in enumerate(photos[:30])]
     router = Router(topo)
     found = rows_in(topo, "users")
@@ -99,7 +104,9 @@ def test_example_app_rows_land_in_their_shards(pooled_fleet, capsys):
         with Session() as session:
             assert session.get(models.User, u.id).username == u.username
     assert app.like_count(Session, photos[0].id) == 1
-    assert [p.id for p in app.photos_of(Session, users[3].id)] == sorted((p.id for p in photos[6:8]), reverse=True)
+    assert [p.id for p in app.photos_of(Session, users[3].id)] == sorted(
+        (p.id for p in photos[6:8]), reverse=True
+    )
     assert app.user_count(Session) == len(users)
     app.main(str(path))  # what `python app.py shardctl.yaml` prints
     assert "1 like(s)" in capsys.readouterr().out
@@ -121,17 +128,29 @@ def test_a_session_on_all_64_shards_holds_one_connection_per_host(pooled_fleet, 
         session.add_all(photos)
         session.flush()  # 64 INSERTs, one shard after another
         for p in photos:
-            assert session.scalars(select(models.Photo.caption).where(models.Photo.user_id == p.user_id)).all() \
-                == [p.caption]
-        assert len(session.scalars(select(models.Photo).execution_options(all_shards=True)).all()) == 64
+            assert session.scalars(
+                select(models.Photo.caption).where(models.Photo.user_id == p.user_id)
+            ).all() == [p.caption]
+        assert (
+            len(session.scalars(select(models.Photo).execution_options(all_shards=True)).all())
+            == 64
+        )
         for name, stat in router.stats().items():
             seen.append((name, stat["in_use"], stat["size"]))
         if mode == "direct":
             for host in topo.hosts:
-                with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
-                    seen.append((host.name, conn.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name LIKE 'shardctl%router'").fetchone()[0]))
+                with psycopg.connect(
+                    **host.connect_kwargs(purpose="admin"), autocommit=True
+                ) as conn:
+                    seen.append(
+                        (
+                            host.name,
+                            conn.execute(
+                                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                "AND application_name LIKE 'shardctl%router'"
+                            ).fetchone()[0],
+                        )
+                    )
         ids = [p.id for p in photos]
         session.commit()
     assert [s for s in seen if len(s) == 3] == [("pg1", 1, 1), ("pg2", 1, 1)], seen
@@ -170,14 +189,32 @@ def test_routing_and_refusals(make_fleet):
         assert [router.shard_of_id(i) for i in ids] == [1, 2, 1, 14]
     with Session() as session:
         got = session.scalars(select(Photo).where(Photo.id.in_(ids)).order_by(Photo.id)).all()
-        assert sorted(p.id for p in got) == sorted(ids)  # shard after shard: ORDER BY holds within each
-        got = session.scalars(select(Photo).where((Photo.user_id == 2) | (Photo.user_id == 30))).all()
+        assert sorted(p.id for p in got) == sorted(
+            ids
+        )  # shard after shard: ORDER BY holds within each
+        got = session.scalars(
+            select(Photo).where((Photo.user_id == 2) | (Photo.user_id == 30))
+        ).all()
         assert sorted(p.user_id for p in got) == [2, 30]
-        got = session.scalars(select(Photo).where(Photo.user_id.in_([1, 17]), Photo.caption == "k17")).all()
+        got = session.scalars(
+            select(Photo).where(Photo.user_id.in_([1, 17]), Photo.caption == "k17")
+        ).all()
         assert [p.user_id for p in got] == [17]
-        assert session.execute(update(Photo).where(Photo.id == ids[3]).values(caption="edited")).rowcount == 1
-        assert session.execute(update(Photo).where(Photo.user_id.in_([2, 30])).values(caption="k2/k30")
-                               .execution_options(synchronize_session=False)).rowcount == 2  # 2 shards
+        assert (
+            session.execute(
+                update(Photo).where(Photo.id == ids[3]).values(caption="edited")
+            ).rowcount
+            == 1
+        )
+        assert (
+            session.execute(
+                update(Photo)
+                .where(Photo.user_id.in_([2, 30]))
+                .values(caption="k2/k30")
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            == 2
+        )  # 2 shards
         assert session.scalars(select(Photo).where(Photo.user_id.in_([]))).all() == []
         p = session.get(Photo, ids[0])
         p.caption = "changed"
@@ -185,10 +222,17 @@ def test_routing_and_refusals(make_fleet):
         session.commit()
         assert session.scalar(text("SELECT count(*) FROM photos").execution_options(shard=1)) == 2
         conn = session.connection(bind_arguments={"shard": 14})
-        assert conn.exec_driver_sql("SELECT current_schema(), count(*) FROM photos").one() == ("insta14", 1)
+        assert conn.exec_driver_sql("SELECT current_schema(), count(*) FROM photos").one() == (
+            "insta14",
+            1,
+        )
         assert conn.execute(text("SELECT count(*) FROM photos")).scalar() == 1
-        for bad in (select(Photo), select(Photo).where(Photo.caption == "x"),
-                    select(Photo).where((Photo.user_id == 1) | (Photo.caption == "x")), text("SELECT 1")):
+        for bad in (
+            select(Photo),
+            select(Photo).where(Photo.caption == "x"),
+            select(Photo).where((Photo.user_id == 1) | (Photo.caption == "x")),
+            text("SELECT 1"),
+        ):
             with pytest.raises(UnroutableStatement, match="no shard"):
                 session.execute(bad)
         session.rollback()
@@ -196,8 +240,13 @@ def test_routing_and_refusals(make_fleet):
             session.add(User())
             session.flush()
     with Session() as session:
-        assert session.get(Photo, ids[0]).caption == "changed" and session.get(Photo, ids[1]) is None
-        assert session.get(Photo, ids[3]).caption == "k2/k30" and session.get(Photo, ids[2]).caption == "k17"
+        assert (
+            session.get(Photo, ids[0]).caption == "changed" and session.get(Photo, ids[1]) is None
+        )
+        assert (
+            session.get(Photo, ids[3]).caption == "k2/k30"
+            and session.get(Photo, ids[2]).caption == "k17"
+        )
     assert criterion_shards(router, None, {}, {}) is None
     router.close()
 
@@ -206,13 +255,19 @@ class OrmTraffic:
     """ORM writers (``Session.run``: add a Photo, flush, its id) and readers (the key's photo ids and the
     schema that answered) recording into a History until :meth:`stop`."""
 
-    def __init__(self, history: History, Session, Photo, keys: list[int], writers: int, readers: int):
+    def __init__(
+        self, history: History, Session, Photo, keys: list[int], writers: int, readers: int
+    ):
         self.history, self.Session, self.Photo, self.keys = history, Session, Photo, keys
         self._halt = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(f"orm-w{i}", self._write), daemon=True)
-                        for i in range(writers)]
-        self.threads += [threading.Thread(target=self._loop, args=(f"orm-r{i}", self._read), daemon=True)
-                         for i in range(readers)]
+        self.threads = [
+            threading.Thread(target=self._loop, args=(f"orm-w{i}", self._write), daemon=True)
+            for i in range(writers)
+        ]
+        self.threads += [
+            threading.Thread(target=self._loop, args=(f"orm-r{i}", self._read), daemon=True)
+            for i in range(readers)
+        ]
 
     def __enter__(self):
         for t in self.threads:
@@ -229,6 +284,7 @@ class OrmTraffic:
 
     def _loop(self, client: str, op) -> None:
         import random
+
         rng = random.Random(client)
         while not self._halt.is_set():
             key = rng.choice(self.keys)
@@ -245,12 +301,16 @@ class OrmTraffic:
             session.add(photo)
             session.flush()
             return photo.id
+
         self.history.acked(client, key, self.Session.run(work), start, now())
 
     def _read(self, client: str, key: int, start: float) -> None:
         Photo = self.Photo
-        schema, ids = self.Session.run(lambda s: s.execute(
-            select(func.current_schema(), func.array_agg(Photo.id)).where(Photo.user_id == key)).one())
+        schema, ids = self.Session.run(
+            lambda s: s.execute(
+                select(func.current_schema(), func.array_agg(Photo.id)).where(Photo.user_id == key)
+            ).one()
+        )
         self.history.read(client, key, schema, ids, start, now())
 
 
@@ -271,8 +331,11 @@ def test_orm_clients_during_move(pooled_fleet, mode, caplog):
         if moved:
             history.retried("orm", "run", None, exc.orig)
         return moved
+
     Session.shards.follow_move = followed
-    with OrmTraffic(history, Session, models.Photo, keys_for(topo, moved + [0, 9], 4), writers=4, readers=2):
+    with OrmTraffic(
+        history, Session, models.Photo, keys_for(topo, moved + [0, 9], 4), writers=4, readers=2
+    ):
         report = move_shards(load(path), moved, "pg2")
     router.close()
     assert report["phase"] == "cut_over" and report["verified"] is True, report

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import load, run_cli
+from test_move import fleet3, init_fleet, load_rows, make_fleet  # noqa: F401
+
 from shardctl.ops.move import move_shards
 from shardctl.ops.status import status
-from test_move import fleet3, init_fleet, load_rows, make_fleet  # noqa: F401
 
 
 def status_doc(path) -> dict:
@@ -30,9 +30,13 @@ def test_status_names_the_command_each_move_needs(fleet3, monkeypatch):
     assert moving(doc) == {"pg1": "0-3 moving_out", "pg2": "0-3 moving_in", "pg3": ""}
     [line] = doc["pending_moves"]
     assert "shards 0-3 pg1 → pg2, phase prepared" in line
-    assert "shardctl move-shard 0-3 --to pg2" in line and "shardctl move-shard --abort --move" in line
+    assert (
+        "shardctl move-shard 0-3 --to pg2" in line and "shardctl move-shard --abort --move" in line
+    )
     human = run_cli("status", config=fleet3)
-    assert human.exit_code == 0 and "shardctl move-shard 0-3 --to pg2" in human.stdout.replace("\n", " ")
+    assert human.exit_code == 0 and "shardctl move-shard 0-3 --to pg2" in human.stdout.replace(
+        "\n", " "
+    )
 
     # Cut over: the source keeps its old copies (moved_out) and status says --cleanup is needed.
     assert run_cli("move-shard", "0-3", "--to", "pg2", config=fleet3).exit_code == 0
@@ -54,7 +58,10 @@ def test_status_names_the_command_each_move_needs(fleet3, monkeypatch):
     monkeypatch.undo()
     lines = status(load(fleet3)).pending_moves
     assert len(lines) == 2
-    assert "the switch is unfinished" in lines[1] and "run shardctl move-shard 7-8 --to pg3" in lines[1]
+    assert (
+        "the switch is unfinished" in lines[1]
+        and "run shardctl move-shard 7-8 --to pg3" in lines[1]
+    )
 
     # Finished and cleaned up: nothing left to say.
     assert run_cli("move-shard", "7-8", "--to", "pg3", config=fleet3).exit_code == 0

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import connect, load, run_cli
+
 from shardctl.sql.render import render_next_id
 
 
@@ -70,8 +70,9 @@ def test_a_parked_sequence_really_wraps_within_one_millisecond(fleet100):
     for attempt in range(5):  # the wrap may, rarely, fall on a millisecond boundary
         park_sequences_below_a_wrap(topo)
         with admin(topo, "pg1") as conn:
-            ids = conn.execute("SELECT array_agg(insta0.next_id() ORDER BY g) "
-                               "FROM generate_series(1, 16) g").fetchone()[0]
+            ids = conn.execute(
+                "SELECT array_agg(insta0.next_id() ORDER BY g) FROM generate_series(1, 16) g"
+            ).fetchone()[0]
         if any(b < a and b >> shift == a >> shift for a, b in zip(ids, ids[1:])):
             return
     raise AssertionError(f"no wrap within one millisecond in 5 tries: {ids}")
@@ -88,7 +89,9 @@ def verify_fails(path, shard: int, reason: str) -> list[str]:
     human = run_cli("verify", config=path)
     assert human.exit_code == 1
     # The shard is named under the table, or (the first violation, said once) on the error line.
-    assert f"shard {shard} (insta{shard})" in human.stdout or f" shard {shard}: " in human.stderr, human
+    assert f"shard {shard} (insta{shard})" in human.stdout or f" shard {shard}: " in human.stderr, (
+        human
+    )
     return reasons
 
 
@@ -118,14 +121,18 @@ def test_verify_catches_a_sequence_with_a_cache(ready):
 def test_verify_catches_a_function_that_differs_from_the_template(ready):
     topo = load(ready)
     sql = render_next_id(topo, 12)
-    changed = sql.replace("BEGIN", "BEGIN\n    -- edited by hand", 1) if "BEGIN" in sql else sql.replace(
-        "SELECT", "SELECT /* edited by hand */", 1)
+    changed = (
+        sql.replace("BEGIN", "BEGIN\n    -- edited by hand", 1)
+        if "BEGIN" in sql
+        else sql.replace("SELECT", "SELECT /* edited by hand */", 1)
+    )
     assert changed != sql
     with admin(topo, "pg2") as conn:
         conn.execute(changed)
     # It still mints correct IDs: only the comparison with the template catches it.
     assert verify_fails(ready, 12, "differs from the template") == [
-        "next_id() differs from the template's rendering (changed by hand or stale)"]
+        "next_id() differs from the template's rendering (changed by hand or stale)"
+    ]
 
 
 def test_verify_catches_real_duplicates(ready):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import connect, load, run_cli
 
 
@@ -14,8 +13,12 @@ def admin(topo, host):
 
 
 def error_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result
+    lines = [
+        ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")
+    ]
+    assert (
+        len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr
+    ), result
     return lines[0]
 
 
@@ -27,7 +30,8 @@ def catalog_snapshot(topo) -> dict:
             out[host.name] = conn.execute(
                 """SELECT (SELECT count(*) FROM pg_class), (SELECT count(*) FROM pg_constraint),
                           (SELECT string_agg(md5(prosrc), ',' ORDER BY oid) FROM pg_proc),
-                          (SELECT count(*) FROM shardctl.events)""").fetchone()
+                          (SELECT count(*) FROM shardctl.events)"""
+            ).fetchone()
     return out
 
 
@@ -63,11 +67,17 @@ def test_verify_names_an_added_column_and_a_dropped_index(ready):
     human = run_cli("verify", config=ready)
     assert human.exit_code == 1, human
     line = error_line(human)
-    assert line.startswith("error: verify: 2 violation(s); first: pg1 shard 5: extra column note on photos "
-                           "(schema differs from the majority's: 14 shards, e.g. shard "), line
-    assert "violation pg2 shard 11 (insta11): missing index photos_user_id_idx on photos (schema differs" \
-        in human.stdout, human
-    assert "Schemas: 3 distinct over 16 shards (0-4,6-10,12-15: 14; 5: 1; 11: 1)" in human.stdout, human
+    assert line.startswith(
+        "error: verify: 2 violation(s); first: pg1 shard 5: extra column note on photos "
+        "(schema differs from the majority's: 14 shards, e.g. shard "
+    ), line
+    assert (
+        "violation pg2 shard 11 (insta11): missing index photos_user_id_idx on photos (schema differs"
+        in human.stdout
+    ), human
+    assert "Schemas: 3 distinct over 16 shards (0-4,6-10,12-15: 14; 5: 1; 11: 1)" in human.stdout, (
+        human
+    )
 
     doc = json.loads(run_cli("verify", "--json", config=ready).stdout)
     assert doc["ok"] is False and doc["distinct_schemas"] == 3
@@ -75,10 +85,14 @@ def test_verify_names_an_added_column_and_a_dropped_index(ready):
     by_shards = {g["shards"]: g for g in doc["schemas"]}
     assert by_shards["5"]["differences"] == ["extra column note on photos"]
     assert by_shards["11"]["differences"] == ["missing index photos_user_id_idx on photos"]
-    assert by_shards["11"]["reference"] in range(8, 16)  # compared with a majority shard on its own host
+    assert by_shards["11"]["reference"] in range(
+        8, 16
+    )  # compared with a majority shard on its own host
 
     status = run_cli("status", config=ready)
-    assert status.exit_code == 0 and "3 distinct shard schemas: run shardctl verify)" in status.stdout, status
+    assert (
+        status.exit_code == 0 and "3 distinct shard schemas: run shardctl verify)" in status.stdout
+    ), status
     assert catalog_snapshot(topo) == before  # verify and status changed nothing
 
 
@@ -95,8 +109,10 @@ def test_only_the_biggest_groups_are_explained(ready, monkeypatch):
     reasons = {v.shard: v.reason for v in report.violations}
     assert set(reasons) == {5, 11}
     assert reasons[5].startswith("extra column note on photos (schema differs")
-    assert reasons[11] == ("schema differs from the majority's (14 shards, e.g. shard 0); 2 other schemas, only the "
-                           "first 1 explained: compare it with `verify --hosts`")
+    assert reasons[11] == (
+        "schema differs from the majority's (14 shards, e.g. shard 0); 2 other schemas, only the "
+        "first 1 explained: compare it with `verify --hosts`"
+    )
 
 
 def test_verify_catches_a_constraint_a_do_block_skipped(ready):
@@ -108,17 +124,26 @@ def test_verify_catches_a_constraint_a_do_block_skipped(ready):
         "    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'photos_caption_user_uniq') THEN\n"
         "        ALTER TABLE {{ schema|ident }}.photos\n"
         "            ADD CONSTRAINT photos_caption_user_uniq UNIQUE (user_id, caption);\n"
-        "    END IF;\nEND\n$$;\n")
+        "    END IF;\nEND\n$$;\n"
+    )
     migrated = run_cli("migrate", config=ready)
-    assert migrated.exit_code == 0, migrated  # migrate cannot tell: every shard ran V3 "successfully"
+    assert migrated.exit_code == 0, (
+        migrated
+    )  # migrate cannot tell: every shard ran V3 "successfully"
 
     have = set()
     for host in topo.hosts:
         with admin(topo, host.name) as conn:
-            have |= {topo.shard_of_schema(r[0]) for r in conn.execute(
-                "SELECT n.nspname FROM pg_constraint k JOIN pg_namespace n ON n.oid = k.connamespace "
-                "WHERE k.conname = 'photos_caption_user_uniq'").fetchall()}
-    assert 0 in have and len(have) < 8, have  # the first shard of each host got it, the rest did not
+            have |= {
+                topo.shard_of_schema(r[0])
+                for r in conn.execute(
+                    "SELECT n.nspname FROM pg_constraint k JOIN pg_namespace n ON n.oid = k.connamespace "
+                    "WHERE k.conname = 'photos_caption_user_uniq'"
+                ).fetchall()
+            }
+    assert 0 in have and len(have) < 8, (
+        have
+    )  # the first shard of each host got it, the rest did not
 
     result = run_cli("verify", "--json", config=ready)
     assert result.exit_code == 1, result
@@ -126,9 +151,13 @@ def test_verify_catches_a_constraint_a_do_block_skipped(ready):
     named = {v["shard"]: v["reason"] for v in doc["violations"]}
     assert set(named) == have, (named, have)
     for shard in have:
-        assert named[shard].startswith("extra constraint photos_caption_user_uniq on photos (schema differs from "
-                                       f"the majority's: {16 - len(have)} shards"), named[shard]
-    assert "first: pg1 shard 0: extra constraint photos_caption_user_uniq on photos" in error_line(result)
+        assert named[shard].startswith(
+            "extra constraint photos_caption_user_uniq on photos (schema differs from "
+            f"the majority's: {16 - len(have)} shards"
+        ), named[shard]
+    assert "first: pg1 shard 0: extra constraint photos_caption_user_uniq on photos" in error_line(
+        result
+    )
 
 
 def test_verify_shows_three_differences_and_full_shows_all(ready):
@@ -141,8 +170,10 @@ def test_verify_shows_three_differences_and_full_shows_all(ready):
     short = run_cli("verify", config=ready)
     assert short.exit_code == 1, short
     line = error_line(short)
-    assert "first: pg2 shard 9: extra type mood; extra column a on photos; extra column b on photos; " \
-           "and 3 more (verify --full lists them) (schema differs" in line, line
+    assert (
+        "first: pg2 shard 9: extra type mood; extra column a on photos; extra column b on photos; "
+        "and 3 more (verify --full lists them) (schema differs" in line
+    ), line
     full = run_cli("verify", "--full", "--json", config=ready)
     assert full.exit_code == 1, full
     reason = json.loads(full.stdout)["violations"][0]["reason"]
@@ -161,15 +192,25 @@ def test_verify_with_a_shard_missing_an_enum_label(ready):
                 conn.execute(f"CREATE TYPE insta{n}.mood AS ENUM ({labels})")
     doc = json.loads(run_cli("verify", "--json", config=ready).stdout)
     assert [(v["shard"], v["reason"].split(" (schema")[0]) for v in doc["violations"]] == [
-        (14, "type mood differs: \"e owner postgres acl labels 'happy'\" "
-             "(others: \"e owner postgres acl labels 'happy', 'sad'\")")]
+        (
+            14,
+            "type mood differs: \"e owner postgres acl labels 'happy'\" "
+            "(others: \"e owner postgres acl labels 'happy', 'sad'\")",
+        )
+    ]
 
 
 def test_verify_names_an_index_built_differently(ready):
     topo = load(ready)
     with admin(topo, "pg1") as conn:  # same name, without the DESC on id
-        conn.execute("DROP INDEX insta3.photos_user_id_idx; CREATE INDEX photos_user_id_idx ON insta3.photos (user_id, id)")
+        conn.execute(
+            "DROP INDEX insta3.photos_user_id_idx; CREATE INDEX photos_user_id_idx ON insta3.photos (user_id, id)"
+        )
     doc = json.loads(run_cli("verify", "--json", config=ready).stdout)
     assert [(v["shard"], v["reason"].split(" (schema")[0]) for v in doc["violations"]] == [
-        (3, "index photos_user_id_idx on photos differs: 'btree (user_id int8_ops, id int8_ops)' "
-            "(others: 'btree (user_id int8_ops, id int8_ops option 3)')")]
+        (
+            3,
+            "index photos_user_id_idx on photos differs: 'btree (user_id int8_ops, id int8_ops)' "
+            "(others: 'btree (user_id int8_ops, id int8_ops option 3)')",
+        )
+    ]

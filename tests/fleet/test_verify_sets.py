@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import psycopg
-
 from conftest import load, run_cli
+
 from shardctl.ops.verify import verify
 from shardctl.sql.render import render_next_id
 
@@ -29,7 +29,8 @@ def test_a_body_edited_on_a_shard_outside_the_rendered_sample_is_caught(make_fle
     for args in ((), ("--full",)):
         found = violations(path, *args)
         assert [(v["shard"], v["reason"]) for v in found] == [
-            (6, "next_id() differs from the template's rendering (changed by hand or stale)")], found
+            (6, "next_id() differs from the template's rendering (changed by hand or stale)")
+        ], found
     report = verify(topo)
     assert [h.value.shards_checked for h in report.hosts] == [32, 32]
 
@@ -43,13 +44,17 @@ def test_a_body_with_another_shards_number_is_caught_by_its_shape(make_fleet):
     with psycopg.connect(topo.host("pg1").dsn, autocommit=True) as conn:
         for shard, other in ((6, 26), (7, 77)):
             body = render_next_id(topo, shard)
-            assert f"({shard}::bigint" in body  # the template's shard bits (a change here needs a new edit)
+            assert (
+                f"({shard}::bigint" in body
+            )  # the template's shard bits (a change here needs a new edit)
             conn.execute(body.replace(f"({shard}::bigint", f"({other}::bigint"))
     # id_shards=0: no IDs minted except for suspects, so the shapes alone must single out 6 and 7.
     report = verify(topo, id_shards=0)
     found = sorted({(v.shard, v.reason) for v in report.violations if "differs" in v.reason})
-    assert found == [(6, "next_id() differs from the template's rendering (changed by hand or stale)"),
-                     (7, "next_id() differs from the template's rendering (changed by hand or stale)")], found
+    assert found == [
+        (6, "next_id() differs from the template's rendering (changed by hand or stale)"),
+        (7, "next_id() differs from the template's rendering (changed by hand or stale)"),
+    ], found
 
 
 def test_a_failing_next_id_is_named_and_the_other_shards_are_still_checked(make_fleet):
@@ -60,10 +65,13 @@ def test_a_failing_next_id_is_named_and_the_other_shards_are_still_checked(make_
         conn.execute("DROP SEQUENCE insta40.next_id_seq CASCADE")
     found = violations(path)
     assert [v["shard"] for v in found] == [40, 40]
-    assert found[0]["reason"].startswith("next_id() fails: ") and "next_id_seq" in found[0]["reason"], found
+    assert (
+        found[0]["reason"].startswith("next_id() fails: ") and "next_id_seq" in found[0]["reason"]
+    ), found
     # ... and the schema fingerprint names the dropped sequence against the other shards.
-    assert found[1]["reason"].startswith("missing sequence next_id_seq (schema differs from the majority's: "
-                                         "63 shards"), found
+    assert found[1]["reason"].startswith(
+        "missing sequence next_id_seq (schema differs from the majority's: 63 shards"
+    ), found
     report = verify(topo)
     assert [h.value.shards_checked for h in report.hosts] == [32, 31]
     assert sum(h.value.ids_checked for h in report.hosts) == 63 * 16
@@ -74,5 +82,7 @@ def test_verify_leaves_no_object_behind(make_fleet):
     assert run_cli("init", config=path).exit_code == 0
     assert run_cli("verify", config=path).exit_code == 0
     with psycopg.connect(load(path).hosts[0].dsn) as conn:
-        left = conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'shardctl_sample_ids'").fetchone()[0]
+        left = conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE proname = 'shardctl_sample_ids'"
+        ).fetchone()[0]
     assert left == 0  # the sampling function lived in verify's own session (pg_temp)

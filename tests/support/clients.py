@@ -47,16 +47,30 @@ class RouterTraffic:
         "indexed": "SELECT current_schema(), array_agg(id), current_setting('port') FROM photos WHERE user_id = %s",
         # A scan of the shard's whole table (a moved shard's stub view raises on it whatever the filter).
         "scan": "SELECT current_schema(), array_agg(id) FILTER (WHERE user_id = %s), current_setting('port') "
-                "FROM photos",
+        "FROM photos",
     }
 
-    def __init__(self, history: History, router: Router, keys: list[int], writers: int, readers: int,
-                 pause: float = 0.002, read: str = "indexed"):
+    def __init__(
+        self,
+        history: History,
+        router: Router,
+        keys: list[int],
+        writers: int,
+        readers: int,
+        pause: float = 0.002,
+        read: str = "indexed",
+    ):
         self.history, self.router, self.keys, self.pause = history, router, keys, pause
         self.read_sql = self.READS[read]
         self._halt = threading.Event()
-        self.threads = [threading.Thread(target=self._write, args=(f"w{i}",), daemon=True) for i in range(writers)]
-        self.threads += [threading.Thread(target=self._read, args=(f"r{i}",), daemon=True) for i in range(readers)]
+        self.threads = [
+            threading.Thread(target=self._write, args=(f"w{i}",), daemon=True)
+            for i in range(writers)
+        ]
+        self.threads += [
+            threading.Thread(target=self._read, args=(f"r{i}",), daemon=True)
+            for i in range(readers)
+        ]
 
     def start(self) -> None:
         for t in self.threads:
@@ -66,7 +80,9 @@ class RouterTraffic:
         self._halt.set()
         for t in self.threads:
             t.join(timeout=60)
-        assert not any(t.is_alive() for t in self.threads), "a Router client did not stop within 60 s"
+        assert not any(t.is_alive() for t in self.threads), (
+            "a Router client did not stop within 60 s"
+        )
 
     def _write(self, client: str) -> None:
         rng = random.Random(client)
@@ -75,9 +91,13 @@ class RouterTraffic:
             key = rng.choice(self.keys)
             start = now()
             try:
-                id_, schema = self.router.run(key, lambda c: c.execute(
-                    "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id, current_schema()",
-                    (key, caption)).fetchone())
+                id_, schema = self.router.run(
+                    key,
+                    lambda c: c.execute(
+                        "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id, current_schema()",
+                        (key, caption),
+                    ).fetchone(),
+                )
             except Exception as exc:  # noqa: BLE001 - every error the application sees is recorded
                 self.history.failed(client, "write", key, exc, start, now())
                 continue
@@ -90,7 +110,9 @@ class RouterTraffic:
             key = rng.choice(self.keys)
             start = now()
             try:
-                schema, ids, server = self.router.run(key, lambda c: c.execute(self.read_sql, (key,)).fetchone())
+                schema, ids, server = self.router.run(
+                    key, lambda c: c.execute(self.read_sql, (key,)).fetchone()
+                )
             except Exception as exc:  # noqa: BLE001
                 self.history.failed(client, "read", key, exc, start, now())
                 continue
@@ -99,9 +121,18 @@ class RouterTraffic:
 
 
 @contextmanager
-def history_traffic(path: Path, keys: list[int], *, writers: int = 6, readers: int = 2,
-                    history: History | None = None, warmup: float = 0.3, cooldown: float = 0.3,
-                    read: str = "indexed", **router_kwargs) -> Iterator[RouterTraffic]:
+def history_traffic(
+    path: Path,
+    keys: list[int],
+    *,
+    writers: int = 6,
+    readers: int = 2,
+    history: History | None = None,
+    warmup: float = 0.3,
+    cooldown: float = 0.3,
+    read: str = "indexed",
+    **router_kwargs,
+) -> Iterator[RouterTraffic]:
     """Router writers and readers on ``keys`` for the block (started ``warmup`` s before it, stopped
     ``cooldown`` s after it); ``traffic.history`` is the record, ``traffic.router`` the Router."""
     router_kwargs.setdefault("move_wait", 15)
@@ -121,8 +152,17 @@ class AsyncRouterTraffic:
     """:class:`RouterTraffic` with an AsyncRouter: writer and reader tasks on an event loop of its own
     thread, recording into ``history`` until :meth:`stop`."""
 
-    def __init__(self, history: History, path: Path, keys: list[int], writers: int, readers: int,
-                 pause: float = 0.002, read: str = "indexed", **router_kwargs):
+    def __init__(
+        self,
+        history: History,
+        path: Path,
+        keys: list[int],
+        writers: int,
+        readers: int,
+        pause: float = 0.002,
+        read: str = "indexed",
+        **router_kwargs,
+    ):
         self.history, self.path, self.keys, self.pause = history, path, keys, pause
         self.writers, self.readers = writers, readers
         self.read_sql = RouterTraffic.READS[read]
@@ -148,8 +188,10 @@ class AsyncRouterTraffic:
         try:
             async with AsyncRouter(Topology.load(self.path), **self.router_kwargs) as router:
                 self.router = router
-                await asyncio.gather(*[self._write(router, f"w{i}") for i in range(self.writers)],
-                                     *[self._read(router, f"r{i}") for i in range(self.readers)])
+                await asyncio.gather(
+                    *[self._write(router, f"w{i}") for i in range(self.writers)],
+                    *[self._read(router, f"r{i}") for i in range(self.readers)],
+                )
                 self.stats = router.stats()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread by stop()
             self.crashed = exc
@@ -161,8 +203,11 @@ class AsyncRouterTraffic:
             key = rng.choice(self.keys)
 
             async def work(conn, key=key):
-                cur = await conn.execute("INSERT INTO photos (user_id, caption) VALUES (%s, %s) "
-                                         "RETURNING id, current_schema()", (key, caption))
+                cur = await conn.execute(
+                    "INSERT INTO photos (user_id, caption) VALUES (%s, %s) "
+                    "RETURNING id, current_schema()",
+                    (key, caption),
+                )
                 return await cur.fetchone()
 
             start = now()
@@ -189,13 +234,24 @@ class AsyncRouterTraffic:
 
 
 @contextmanager
-def async_history_traffic(path: Path, keys: list[int], *, writers: int = 6, readers: int = 2,
-                          history: History | None = None, warmup: float = 0.3, cooldown: float = 0.3,
-                          read: str = "indexed", **router_kwargs) -> Iterator[AsyncRouterTraffic]:
+def async_history_traffic(
+    path: Path,
+    keys: list[int],
+    *,
+    writers: int = 6,
+    readers: int = 2,
+    history: History | None = None,
+    warmup: float = 0.3,
+    cooldown: float = 0.3,
+    read: str = "indexed",
+    **router_kwargs,
+) -> Iterator[AsyncRouterTraffic]:
     """:func:`history_traffic` with an AsyncRouter (writers ``await router.run(key, work)``, readers
     ``await router.read(key, ...)``)."""
     router_kwargs.setdefault("move_wait", 15)
-    traffic = AsyncRouterTraffic(history or History(path), path, keys, writers, readers, read=read, **router_kwargs)
+    traffic = AsyncRouterTraffic(
+        history or History(path), path, keys, writers, readers, read=read, **router_kwargs
+    )
     try:
         traffic.start()
         time.sleep(warmup)
@@ -208,7 +264,12 @@ def async_history_traffic(path: Path, keys: list[int], *, writers: int = 6, read
 class _ProcessClient(threading.Thread):
     def __init__(self, history: History, path: Path, bin_dir: str | Path, name: str):
         super().__init__(daemon=True, name=name)
-        self.history, self.path, self.bin_dir, self.client = history, Path(path), Path(bin_dir), name
+        self.history, self.path, self.bin_dir, self.client = (
+            history,
+            Path(path),
+            Path(bin_dir),
+            name,
+        )
         self._halt = threading.Event()
         self.crashed: BaseException | None = None
         self._dsns: dict[int, str] = {}
@@ -244,16 +305,34 @@ class _ProcessClient(threading.Thread):
 class PsqlClient(_ProcessClient):
     """psql, one process per statement: inserts into and reads from ``insta<n>.photos`` by name."""
 
-    def __init__(self, history: History, path: Path, bin_dir: str | Path, keys: list[int], name: str = "psql"):
+    def __init__(
+        self, history: History, path: Path, bin_dir: str | Path, keys: list[int], name: str = "psql"
+    ):
         super().__init__(history, path, bin_dir, name)
         self.keys = keys
         self.modulus = Topology.load(path).modulus
         self.schema = Topology.load(path).schema_name
 
     def psql(self, shard: int, sql: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin_dir / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
-                               "-v", "VERBOSITY=verbose", "-d", self.dsn(shard), "-c", sql],
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [
+                str(self.bin_dir / "psql"),
+                "-X",
+                "-q",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-v",
+                "VERBOSITY=verbose",
+                "-d",
+                self.dsn(shard),
+                "-c",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def attempt(self, op: str, key: int, sql: str) -> str | None:
         """Run ``sql`` for ``key``'s shard until it succeeds or fails for another reason than a move."""
@@ -268,7 +347,9 @@ class PsqlClient(_ProcessClient):
                 self.forget(shard)
                 time.sleep(0.05)
                 continue  # re-resolve the host from the topology file and try again
-            self.history.failed(self.client, op, key, out.stderr or f"psql exit {out.returncode}", start, now())
+            self.history.failed(
+                self.client, op, key, out.stderr or f"psql exit {out.returncode}", start, now()
+            )
             return None
         self.history.failed(self.client, op, key, "still moving after 20 tries", now(), now())
         return None
@@ -280,19 +361,30 @@ class PsqlClient(_ProcessClient):
             key = rng.choice(self.keys)
             table = f"{self.schema(key % self.modulus)}.photos"
             start = now()
-            out = self.attempt("write", key, f"INSERT INTO {table} (user_id, caption) VALUES ({key}, "
-                                             f"'{caption}') RETURNING id")
+            out = self.attempt(
+                "write",
+                key,
+                f"INSERT INTO {table} (user_id, caption) VALUES ({key}, '{caption}') RETURNING id",
+            )
             if out is not None:
                 self.history.acked(self.client, key, int(out.split()[0]), start, now())
-            key = rng.choice(self.keys)  # another key: a read may go to a host no write told of the move yet
+            key = rng.choice(
+                self.keys
+            )  # another key: a read may go to a host no write told of the move yet
             table = f"{self.schema(key % self.modulus)}.photos"
             start = now()
-            out = self.attempt("read", key, f"SELECT '{self.schema(key % self.modulus)}', "
-                                            f"coalesce(string_agg(id::text, ','), '') FROM {table} "
-                                            f"WHERE user_id = {key}")
+            out = self.attempt(
+                "read",
+                key,
+                f"SELECT '{self.schema(key % self.modulus)}', "
+                f"coalesce(string_agg(id::text, ','), '') FROM {table} "
+                f"WHERE user_id = {key}",
+            )
             if out is not None:
                 schema, _, ids = out.strip().partition("|")
-                self.history.read(self.client, key, schema, [int(i) for i in ids.split(",") if i], start, now())
+                self.history.read(
+                    self.client, key, schema, [int(i) for i in ids.split(",") if i], start, now()
+                )
 
 
 class PgbenchClient(_ProcessClient):
@@ -301,29 +393,64 @@ class PgbenchClient(_ProcessClient):
 
     PROCESSED = re.compile(r"number of transactions actually processed: (\d+)")
 
-    def __init__(self, history: History, path: Path, bin_dir: str | Path, shard: int, workdir: Path,
-                 clients: int = 2, seconds: float = 1, rate: int = 200, name: str | None = None):
+    def __init__(
+        self,
+        history: History,
+        path: Path,
+        bin_dir: str | Path,
+        shard: int,
+        workdir: Path,
+        clients: int = 2,
+        seconds: float = 1,
+        rate: int = 200,
+        name: str | None = None,
+    ):
         super().__init__(history, path, bin_dir, name or f"pgbench{shard}")
-        self.shard, self.workdir, self.clients, self.seconds, self.rate = shard, Path(workdir), clients, seconds, rate
+        self.shard, self.workdir, self.clients, self.seconds, self.rate = (
+            shard,
+            Path(workdir),
+            clients,
+            seconds,
+            rate,
+        )
         self.bursts = 0
         self.acked = 0
 
     def script(self, tag: str) -> Path:
         topo = Topology.load(self.path)
         path = self.workdir / f"{self.client}-{self.bursts}.sql"
-        path.write_text(f"\\set j random(1, 50)\n"
-                        f"\\set uid {self.shard} + {topo.modulus} * :j\n"
-                        f"INSERT INTO {topo.schema_name(self.shard)}.photos (user_id, caption) "
-                        f"VALUES (:uid, '{tag}');\n")
+        path.write_text(
+            f"\\set j random(1, 50)\n"
+            f"\\set uid {self.shard} + {topo.modulus} * :j\n"
+            f"INSERT INTO {topo.schema_name(self.shard)}.photos (user_id, caption) "
+            f"VALUES (:uid, '{tag}');\n"
+        )
         return path
 
     def loop(self) -> None:
         while not self._halt.is_set():
             self.bursts += 1
             tag = self.history.caption(f"{self.client}-{self.bursts}")
-            out = subprocess.run([str(self.bin_dir / "pgbench"), "-n", "-f", str(self.script(tag)),
-                                  "-c", str(self.clients), "-j", "1", "-T", str(self.seconds), "-R", str(self.rate),
-                                  self.dsn(self.shard)], capture_output=True, text=True, timeout=120)
+            out = subprocess.run(
+                [
+                    str(self.bin_dir / "pgbench"),
+                    "-n",
+                    "-f",
+                    str(self.script(tag)),
+                    "-c",
+                    str(self.clients),
+                    "-j",
+                    "1",
+                    "-T",
+                    str(self.seconds),
+                    "-R",
+                    str(self.rate),
+                    self.dsn(self.shard),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             found = self.PROCESSED.search(out.stdout)
             acked = int(found.group(1)) if found else 0
             aborted = len(re.findall(r"client \d+ aborted", out.stderr))
@@ -334,6 +461,12 @@ class PgbenchClient(_ProcessClient):
                     self.history.retried(self.client, "pgbench", None, out.stderr[-300:])
                     self.forget(self.shard)
                 else:
-                    self.history.failed(self.client, "pgbench", None, out.stderr[-500:] or out.stdout[-500:],
-                                        now(), now())
+                    self.history.failed(
+                        self.client,
+                        "pgbench",
+                        None,
+                        out.stderr[-500:] or out.stdout[-500:],
+                        now(),
+                        now(),
+                    )
                     time.sleep(0.2)

@@ -16,16 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "examples" / "django_app"), str(ROOT), str(ROOT / "tests")]
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gramsite.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
-from django.db import connections  # noqa: E402
-from django.test import Client  # noqa: E402
-from gram.models import Like, Photo, User  # noqa: E402
+from django.db import connections
+from django.test import Client
+from gram.models import Like, Photo, User
 
-from shardctl.django import current, on_shard, router  # noqa: E402
-from shardctl.django.middleware import ShardMiddleware  # noqa: E402
+from shardctl.django import current, on_shard, router
+from shardctl.django.middleware import ShardMiddleware
 
 
 def crud() -> dict:
@@ -33,25 +33,43 @@ def crud() -> dict:
     client = Client()
     users = []
     for i in range(12):
-        uid = client.post("/users", json.dumps({"username": f"user{i}"}), content_type="application/json").json()["id"]
+        uid = client.post(
+            "/users", json.dumps({"username": f"user{i}"}), content_type="application/json"
+        ).json()["id"]
         users.append((uid, f"user{i}"))
     photos, likes = [], []
     for n, (uid, _) in enumerate(users):
         for j in range(3):
             key = uid % 1000 + n  # photos keyed by a small user_id of their own
-            pid = client.post(f"/users/{key}/photos", json.dumps({"caption": f"p{n}.{j}"}),
-                              content_type="application/json").json()["id"]
+            pid = client.post(
+                f"/users/{key}/photos",
+                json.dumps({"caption": f"p{n}.{j}"}),
+                content_type="application/json",
+            ).json()["id"]
             photos.append((pid, key, f"p{n}.{j}"))
     for pid, _, _ in photos[::2]:
         for liker in (1, 2):
-            client.post(f"/photos/{pid}/likes", json.dumps({"user_id": liker}), content_type="application/json")
+            client.post(
+                f"/photos/{pid}/likes",
+                json.dumps({"user_id": liker}),
+                content_type="application/json",
+            )
         likes += [(pid, 1), (pid, 2)]
     got = {pid: client.get(f"/photos/{pid}").json() for pid, _, _ in photos}
     listed = {key: client.get(f"/users/{key}/photos").json()["photos"] for _, key, _ in photos}
-    like_rows = [(like.id, like.photo_id, like.user_id) for pid, _ in likes[::2]
-                 for like in Like.objects.filter(photo_id=pid)]
-    return {"users": users, "photos": photos, "got": got, "listed": listed, "likes": like_rows,
-            "orm": orm_calls(photos)}
+    like_rows = [
+        (like.id, like.photo_id, like.user_id)
+        for pid, _ in likes[::2]
+        for like in Like.objects.filter(photo_id=pid)
+    ]
+    return {
+        "users": users,
+        "photos": photos,
+        "got": got,
+        "listed": listed,
+        "likes": like_rows,
+        "orm": orm_calls(photos),
+    }
 
 
 def orm_calls(photos: list) -> dict:
@@ -63,14 +81,23 @@ def orm_calls(photos: list) -> dict:
         p.caption = "edited in another shard's block"
         p.save()
         Photo.objects.filter(pk=pid).update(caption="updated by id")
-        moved_in = Photo.objects.filter(caption="edited in another shard's block").count()  # the block's shard
+        moved_in = Photo.objects.filter(
+            caption="edited in another shard's block"
+        ).count()  # the block's shard
     p.refresh_from_db()
     victim = Photo.objects.get(pk=photos[1][0])
     victim.delete()
     gone = not Photo.objects.filter(pk=photos[1][0]).exists()
     user = User.objects.get(username="user3")
-    return {"caption": p.caption, "other_block_rows": moved_in, "deleted": photos[1][0], "gone": gone,
-            "user3": user.id, "first_key": key, "other_key": other}
+    return {
+        "caption": p.caption,
+        "other_block_rows": moved_in,
+        "deleted": photos[1][0],
+        "gone": gone,
+        "user3": user.id,
+        "first_key": key,
+        "other_key": other,
+    }
 
 
 def session_path(alias: str) -> str:
@@ -97,7 +124,9 @@ def leaks() -> dict:
     def worker(n: int) -> None:
         rng = random.Random(n)
         client = Client()
-        leaky = ShardMiddleware(lambda request: on_shard(key=rng.choice(keys)).__enter__() and 1 / 0)
+        leaky = ShardMiddleware(
+            lambda request: on_shard(key=rng.choice(keys)).__enter__() and 1 / 0
+        )
         try:
             for _ in range(40):
                 a, b = rng.sample(keys, 2)
@@ -109,9 +138,13 @@ def leaks() -> dict:
                         pid = Photo.objects.create(user_id=b, caption="leak").id
                     back_a = _schema()
                 if (got_a, got_b, back_a) != (sa, sb, sa) or current() is not None:
-                    errors.append(f"nested: {(got_a, got_b, back_a)} != {(sa, sb, sa)}, after: {current()}")
+                    errors.append(
+                        f"nested: {(got_a, got_b, back_a)} != {(sa, sb, sa)}, after: {current()}"
+                    )
                 if router().shard_of_id(pid) != router().shard_for(b):
-                    errors.append(f"photo {pid} of key {b} minted on shard {router().shard_of_id(pid)}")
+                    errors.append(
+                        f"photo {pid} of key {b} minted on shard {router().shard_of_id(pid)}"
+                    )
                 try:
                     leaky(None)
                 except ZeroDivisionError:
@@ -122,7 +155,7 @@ def leaks() -> dict:
                 if got.get("user_id") != b:
                     errors.append(f"GET /photos/{pid}: {got}")
                 for alias in connections.settings:
-                    if alias != "default" and 'insta' in session_path(alias):
+                    if alias != "default" and "insta" in session_path(alias):
                         errors.append(f"{alias}: session search_path {session_path(alias)}")
                 with lock:
                     counts["blocks"] += 2
@@ -148,7 +181,11 @@ def atomic() -> dict:
     r = router()
     host_of = {n: r.placement.locate(n).name for n in range(r.topology.shard_count)}
     a = next(k for k in range(1, 100) if host_of[r.shard_for(k)] == "pg1")
-    b = next(k for k in range(1, 100) if host_of[r.shard_for(k)] == "pg1" and r.shard_for(k) != r.shard_for(a))
+    b = next(
+        k
+        for k in range(1, 100)
+        if host_of[r.shard_for(k)] == "pg1" and r.shard_for(k) != r.shard_for(a)
+    )
     seen, ids = [], []
     with on_shard(key=a) as where, transaction.atomic(using=where.alias):
         seen.append(_schema())
@@ -165,9 +202,16 @@ def atomic() -> dict:
             raise RuntimeError("roll back")
     except RuntimeError:
         pass
-    return {"a": a, "b": b, "seen": seen, "ids": ids, "rolled": rolled,
-            "schemas": [r.schema_for(a), r.schema_for(b), r.schema_for(a)],
-            "session": session_path("pg1"), "rolled_found": Photo.objects.filter(pk=rolled).exists()}
+    return {
+        "a": a,
+        "b": b,
+        "seen": seen,
+        "ids": ids,
+        "rolled": rolled,
+        "schemas": [r.schema_for(a), r.schema_for(b), r.schema_for(a)],
+        "session": session_path("pg1"),
+        "rolled_found": Photo.objects.filter(pk=rolled).exists(),
+    }
 
 
 def _schema() -> str:
@@ -214,7 +258,9 @@ def move() -> dict:
         while not halt.is_set():
             key, start = rng.choice(keys), now()
             try:
-                got = Photo.objects.filter(user_id=key).aggregate(ids=ArrayAgg("id"), schema=schema_sql)
+                got = Photo.objects.filter(user_id=key).aggregate(
+                    ids=ArrayAgg("id"), schema=schema_sql
+                )
             except Exception as exc:  # noqa: BLE001
                 history.failed(client, "read", key, exc, start, now())
                 continue
@@ -236,8 +282,14 @@ def move() -> dict:
         for t in threads:
             t.join()
     checked = history.check()
-    return {"ok": checked.ok, "report": str(checked), "counts": checked.counts, "phase": report["phase"],
-            "verified": report["verified"], "redirects": router().redirects()}
+    return {
+        "ok": checked.ok,
+        "report": str(checked),
+        "counts": checked.counts,
+        "phase": report["phase"],
+        "verified": report["verified"],
+        "redirects": router().redirects(),
+    }
 
 
 if __name__ == "__main__":

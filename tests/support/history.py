@@ -34,7 +34,7 @@ import psycopg
 from shardctl.ids.routing import shard_for_key
 from shardctl.model.topology import Topology
 
-TAG_PREFIX = "hist:"   # every row a history's clients write carries a caption starting with its tag
+TAG_PREFIX = "hist:"  # every row a history's clients write carries a caption starting with its tag
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Write:
     client: str
     key: int
     id: int
-    schema: str | None       # what the client saw (current_schema() at the insert), when it can tell
+    schema: str | None  # what the client saw (current_schema() at the insert), when it can tell
     start: float
     end: float
 
@@ -51,7 +51,7 @@ class Write:
 class Read:
     client: str
     key: int
-    schema: str               # the schema that answered
+    schema: str  # the schema that answered
     ids: frozenset[int]
     start: float
     end: float
@@ -71,6 +71,7 @@ class Failure:
 @dataclass
 class Batch:
     """Rows whose caption is ``tag``: ``acked`` acknowledged, ``ambiguous`` more may exist."""
+
     client: str
     tag: str
     acked: int
@@ -123,16 +124,30 @@ class History:
         return f"{self.tag} {client}"
 
     # ---- recording --------------------------------------------------------------------------
-    def acked(self, client: str, key: int, id: int, start: float, end: float, schema: str | None = None) -> None:
+    def acked(
+        self, client: str, key: int, id: int, start: float, end: float, schema: str | None = None
+    ) -> None:
         with self._lock:
             self.writes.append(Write(client, key, int(id), schema, start, end))
 
-    def read(self, client: str, key: int, schema: str, ids, start: float, end: float,
-             server: str | None = None) -> None:
+    def read(
+        self,
+        client: str,
+        key: int,
+        schema: str,
+        ids,
+        start: float,
+        end: float,
+        server: str | None = None,
+    ) -> None:
         with self._lock:
-            self.reads.append(Read(client, key, schema, frozenset(int(i) for i in ids or ()), start, end, server))
+            self.reads.append(
+                Read(client, key, schema, frozenset(int(i) for i in ids or ()), start, end, server)
+            )
 
-    def failed(self, client: str, op: str, key: int | None, error: object, start: float, end: float) -> None:
+    def failed(
+        self, client: str, op: str, key: int | None, error: object, start: float, end: float
+    ) -> None:
         with self._lock:
             self.failures.append(Failure(client, op, key, _text(error), start, end))
 
@@ -149,9 +164,16 @@ class History:
         """Compare the history with every shard schema on every host (direct connections)."""
         topo = Topology.load(path or self.path)
         rows = self._rows(topo)  # (host, schema, id, user_id, caption)
-        report = Report(counts={"writes": len(self.writes), "reads": len(self.reads),
-                                "batches": sum(b.acked for b in self.batches), "rows": len(rows),
-                                "retries": len(self.retries), "errors": len(self.failures)})
+        report = Report(
+            counts={
+                "writes": len(self.writes),
+                "reads": len(self.reads),
+                "batches": sum(b.acked for b in self.batches),
+                "rows": len(rows),
+                "retries": len(self.retries),
+                "errors": len(self.failures),
+            }
+        )
         self._check_rows(topo, rows, report)
         self._check_reads(topo, report)
         for f in self.failures:
@@ -164,16 +186,25 @@ class History:
         out = []
         for host in topo.hosts:
             with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
-                schemas = [s for (s,) in conn.execute(
-                    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                    "WHERE c.relname = %s AND c.relkind IN ('r', 'p')", (self.table,)).fetchall()
-                    if topo.shard_of_schema(s) is not None]
+                schemas = [
+                    s
+                    for (s,) in conn.execute(
+                        "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE c.relname = %s AND c.relkind IN ('r', 'p')",
+                        (self.table,),
+                    ).fetchall()
+                    if topo.shard_of_schema(s) is not None
+                ]
                 for i in range(0, len(schemas), 200):
                     union = " UNION ALL ".join(
                         f"SELECT '{s}', id, user_id, caption FROM \"{s}\".{self.table} WHERE caption LIKE %s"
-                        for s in schemas[i:i + 200])
+                        for s in schemas[i : i + 200]
+                    )
                     like = self.tag.replace("%", r"\%").replace("_", r"\_") + "%"
-                    out += [(host.name, *r) for r in conn.execute(union, [like] * len(schemas[i:i + 200]))]
+                    out += [
+                        (host.name, *r)
+                        for r in conn.execute(union, [like] * len(schemas[i : i + 200]))
+                    ]
         return out
 
     def _check_rows(self, topo: Topology, rows: list, report: Report) -> None:
@@ -182,22 +213,32 @@ class History:
             where[id_].append((host, schema))
             shard = shard_for_key(user_id, topo.modulus)
             if schema != topo.schema_name(shard) or topo.host_of(shard).name != host:
-                report.add("wrong_shard", f"row {id_} (user_id {user_id}, shard {shard} on "
-                                          f"{topo.host_of(shard).name}) found in {host}:{schema}")
+                report.add(
+                    "wrong_shard",
+                    f"row {id_} (user_id {user_id}, shard {shard} on "
+                    f"{topo.host_of(shard).name}) found in {host}:{schema}",
+                )
         for w in self.writes:
             found = where.get(w.id, [])
             if not found:
                 report.add("lost", f"{w.client} key {w.key} id {w.id} (acked at {w.end:.3f})")
             elif len(found) > 1:
                 report.add("duplicated", f"{w.client} key {w.key} id {w.id} in {found}")
-            if w.schema is not None and w.schema != topo.schema_name(shard_for_key(w.key, topo.modulus)):
-                report.add("wrong_shard", f"{w.client} key {w.key} id {w.id}: the insert ran in {w.schema}")
+            if w.schema is not None and w.schema != topo.schema_name(
+                shard_for_key(w.key, topo.modulus)
+            ):
+                report.add(
+                    "wrong_shard", f"{w.client} key {w.key} id {w.id}: the insert ran in {w.schema}"
+                )
         captions = Counter(r[4] for r in rows)
         for b in self.batches:
             n = captions.get(b.tag, 0)
             if not b.acked <= n <= b.acked + b.ambiguous:
-                report.add("batch", f"{b.client} {b.tag}: {n} rows for {b.acked} acknowledged "
-                                    f"(+{b.ambiguous} ambiguous)")
+                report.add(
+                    "batch",
+                    f"{b.client} {b.tag}: {n} rows for {b.acked} acknowledged "
+                    f"(+{b.ambiguous} ambiguous)",
+                )
 
     def _check_reads(self, topo: Topology, report: Report) -> None:
         acked_by_key: dict[int, list[Write]] = defaultdict(list)
@@ -206,11 +247,19 @@ class History:
         for r in self.reads:
             expected = topo.schema_name(shard_for_key(r.key, topo.modulus))
             if r.schema != expected:
-                report.add("read_wrong_shard", f"{r.client} key {r.key}: answered by {r.schema}, not {expected}")
-            missed = [w.id for w in acked_by_key.get(r.key, []) if w.end < r.start and w.id not in r.ids]
+                report.add(
+                    "read_wrong_shard",
+                    f"{r.client} key {r.key}: answered by {r.schema}, not {expected}",
+                )
+            missed = [
+                w.id for w in acked_by_key.get(r.key, []) if w.end < r.start and w.id not in r.ids
+            ]
             if missed:
-                report.add("stale_read", f"{r.client} key {r.key} at {r.start:.3f}-{r.end:.3f} on {r.server}: "
-                                         f"saw {len(r.ids)}, missed {len(missed)} acked row(s), e.g. {missed[:3]}")
+                report.add(
+                    "stale_read",
+                    f"{r.client} key {r.key} at {r.start:.3f}-{r.end:.3f} on {r.server}: "
+                    f"saw {len(r.ids)}, missed {len(missed)} acked row(s), e.g. {missed[:3]}",
+                )
 
 
 def _text(error: object) -> str:

@@ -18,8 +18,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
-
 from helpers import PYTHON_M, console_script, run_shardctl
+
 from shardctl.cli import cli
 
 BLOG_EPOCH_MS = 1293840000000  # 2011-01-01T00:00:00Z
@@ -114,37 +114,82 @@ def errors(result) -> list[str]:
 
 # ---- the worked examples on the command line ---------------------------------------------------------
 
+
 def test_decode_pinterest_worked_example():
     # no topology needed for a foreign layout (and none exists in the working directory)
     result = run(["decode-id", "--layout", "pinterest", "241294492511762325"])
     assert result.exit_code == 0, result.output
     assert "3429" in result.stdout and "7075733" in result.stdout
     doc = run_json(["decode-id", "--layout", "pinterest", "241294492511762325"])
-    assert doc == {"ok": True, "errors": [],
-                   "ids": [{"id": 241294492511762325, "shard": 3429, "type": 1, "local": 7075733}]}
+    assert doc == {
+        "ok": True,
+        "errors": [],
+        "ids": [{"id": 241294492511762325, "shard": 3429, "type": 1, "local": 7075733}],
+    }
 
 
 def test_encode_instagram_worked_example(topo):
     assert BLOG_ID == 11637205501278089
-    result = run(["encode-id", "--layout", "instagram", "--epoch", "2011-01-01T00:00:00Z",
-                  "--ms", 1387263000, "--shard", 31341 % 2000, "--sequence", 5001 % 1024])
+    result = run(
+        [
+            "encode-id",
+            "--layout",
+            "instagram",
+            "--epoch",
+            "2011-01-01T00:00:00Z",
+            "--ms",
+            1387263000,
+            "--shard",
+            31341 % 2000,
+            "--sequence",
+            5001 % 1024,
+        ]
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == str(BLOG_ID)
     # the topology's layout, and --time instead of --ms
-    result = run(["-c", topo, "encode-id", "--time", "2011-01-17T01:21:03Z", "--shard", 1341, "--sequence", 905])
+    result = run(
+        [
+            "-c",
+            topo,
+            "encode-id",
+            "--time",
+            "2011-01-17T01:21:03Z",
+            "--shard",
+            1341,
+            "--sequence",
+            905,
+        ]
+    )
     assert result.exit_code == 0 and result.stdout.strip() == str(BLOG_ID)
-    doc = run_json(["-c", topo, "encode-id", "--ms", 1387263000, "--shard", 1341, "--sequence", 905])
-    assert doc == {"layout": "instagram", "id": BLOG_ID, "ms_since_epoch": 1387263000, "shard": 1341,
-                   "sequence": 905, "unix_ms": BLOG_EPOCH_MS + 1387263000, "time": "2011-01-17T01:21:03.000Z"}
+    doc = run_json(
+        ["-c", topo, "encode-id", "--ms", 1387263000, "--shard", 1341, "--sequence", 905]
+    )
+    assert doc == {
+        "layout": "instagram",
+        "id": BLOG_ID,
+        "ms_since_epoch": 1387263000,
+        "shard": 1341,
+        "sequence": 905,
+        "unix_ms": BLOG_EPOCH_MS + 1387263000,
+        "time": "2011-01-17T01:21:03.000Z",
+    }
 
 
 def test_decode_instagram_worked_example(topo):
     doc = run_json(["-c", topo, "decode-id", BLOG_ID])
     assert doc["ok"] is True and doc["errors"] == []
     (parts,) = doc["ids"]
-    assert parts == {"id": BLOG_ID, "ms_since_epoch": 1387263000, "shard": 1341, "sequence": 905,
-                     "unix_ms": BLOG_EPOCH_MS + 1387263000, "time": "2011-01-17T01:21:03.000Z",
-                     "schema": "insta1341", "host": "pg2"}
+    assert parts == {
+        "id": BLOG_ID,
+        "ms_since_epoch": 1387263000,
+        "shard": 1341,
+        "sequence": 905,
+        "unix_ms": BLOG_EPOCH_MS + 1387263000,
+        "time": "2011-01-17T01:21:03.000Z",
+        "schema": "insta1341",
+        "host": "pg2",
+    }
     result = run(["-c", topo, "decode-id", BLOG_ID])
     assert result.exit_code == 0
     for text in ("2011-01-17T01:21:03.000Z", "1341", "905", "insta1341", "pg2"):
@@ -156,11 +201,19 @@ def test_locate_worked_example(topo):
     assert result.exit_code == 0, result.output
     assert "1341" in result.stdout and "insta1341" in result.stdout and "pg2" in result.stdout
     doc = run_json(["-c", topo, "locate", 31341])
-    assert doc == {"key": "31341", "kind": "integer", "rule": "key % 2000", "shard": 1341,
-                   "schema": "insta1341", "host": "pg2"}
+    assert doc == {
+        "key": "31341",
+        "kind": "integer",
+        "rule": "key % 2000",
+        "shard": 1341,
+        "schema": "insta1341",
+        "host": "pg2",
+    }
 
 
-@pytest.mark.parametrize("key,args", [("alice", []), ("31341", ["--string"]), ("²", []), ("--5", [])])
+@pytest.mark.parametrize(
+    "key,args", [("alice", []), ("31341", ["--string"]), ("²", []), ("--5", [])]
+)
 def test_locate_string_keys_use_md5(topo, key, args):
     expected = int(hashlib.md5(key.encode()).hexdigest(), 16) % 2000
     doc = json.loads(run(["-c", topo, "locate", "--json", *args, "--", key]).stdout)
@@ -180,7 +233,9 @@ def test_snowflake_decode():
     (parts,) = doc["ids"]
     assert parts["time"] == "2022-06-28T16:07:40.105Z" and parts["unix_ms"] == 1656432460105
     assert (parts["worker"], parts["sequence"]) == (378, 0)
-    doc = run_json(["decode-id", "--layout", "snowflake", "--epoch", "0", str((1000 << 22) | (3 << 12) | 7)])
+    doc = run_json(
+        ["decode-id", "--layout", "snowflake", "--epoch", "0", str((1000 << 22) | (3 << 12) | 7)]
+    )
     assert doc["ids"][0]["time"] == "1970-01-01T00:00:01.000Z"
     assert doc["ids"][0]["worker"] == 3 and doc["ids"][0]["sequence"] == 7
 
@@ -195,32 +250,40 @@ def test_custom_layout_round_trip(small):
 
 
 def test_pinterest_encode():
-    result = run(["encode-id", "--layout", "pinterest", "--shard", 3429, "--type", 1, "--local", 7075733])
+    result = run(
+        ["encode-id", "--layout", "pinterest", "--shard", 3429, "--type", 1, "--local", 7075733]
+    )
     assert result.exit_code == 0 and result.stdout.strip() == "241294492511762325"
 
 
 # ---- decode-id: bad input ---------------------------------------------------------------------------
 
+
 def _foreign_shard_id() -> int:
     return 1 << 23 | 5000 << 10 | 1  # shard 5000 fits the layout, not the 2000-shard topology
 
 
-@pytest.mark.parametrize("given,problem", [
-    ("abc", "'abc': not an integer ID"),
-    ("-1", "'-1': -1 is negative; instagram IDs stay positive until 2045-11-03T19:53:47.776Z"),
-    (str(1 << 64), f"'{1 << 64}': {1 << 64} does not fit in 64 bits"),
-    ("", "'': empty line"),
-    ("  ", "'  ': empty line"),
-    (str(_foreign_shard_id()), "shard 5000 is not in this topology (0..1999)"),
-    ("12.5", "not an integer ID"),
-    ("0x10", "not an integer ID"),
-])
+@pytest.mark.parametrize(
+    "given,problem",
+    [
+        ("abc", "'abc': not an integer ID"),
+        ("-1", "'-1': -1 is negative; instagram IDs stay positive until 2045-11-03T19:53:47.776Z"),
+        (str(1 << 64), f"'{1 << 64}': {1 << 64} does not fit in 64 bits"),
+        ("", "'': empty line"),
+        ("  ", "'  ': empty line"),
+        (str(_foreign_shard_id()), "shard 5000 is not in this topology (0..1999)"),
+        ("12.5", "not an integer ID"),
+        ("0x10", "not an integer ID"),
+    ],
+)
 @pytest.mark.parametrize("how", ["argument", "stdin", "csv"])
 def test_decode_bad_input(topo, given, problem, how):
     if how == "argument":
         result = run(["-c", topo, "decode-id", given])
     else:
-        result = run(["-c", topo, "decode-id", *(["--csv"] if how == "csv" else [])], input=given + "\n")
+        result = run(
+            ["-c", topo, "decode-id", *(["--csv"] if how == "csv" else [])], input=given + "\n"
+        )
     assert result.exit_code == 2, result.output
     (line,) = errors(result)
     assert line.startswith("error: line 1: ")
@@ -231,14 +294,29 @@ def test_decode_bad_input(topo, given, problem, how):
 
 def test_decode_many_lines_good_and_bad(topo):
     good = [BLOG_ID, 1 << 23 | 0 << 10 | 0, 5 << 23 | 1999 << 10 | 1023]
-    lines = [str(good[0]), "abc", str(good[1]), "", "-1", str(1 << 64), str(_foreign_shard_id()), str(good[2])]
+    lines = [
+        str(good[0]),
+        "abc",
+        str(good[1]),
+        "",
+        "-1",
+        str(1 << 64),
+        str(_foreign_shard_id()),
+        str(good[2]),
+    ]
     stdin = "\n".join(lines) + "\n"
 
     result = run(["-c", topo, "decode-id"], input=stdin)
     assert result.exit_code == 2
     for value in good:
         assert str(value) in result.stdout  # good lines still decode
-    assert [e.split(":")[1].strip() for e in errors(result)] == ["line 2", "line 4", "line 5", "line 6", "line 7"]
+    assert [e.split(":")[1].strip() for e in errors(result)] == [
+        "line 2",
+        "line 4",
+        "line 5",
+        "line 6",
+        "line 7",
+    ]
 
     result = run(["-c", topo, "decode-id", "--json"], input=stdin)
     assert result.exit_code == 2
@@ -247,7 +325,12 @@ def test_decode_many_lines_good_and_bad(topo):
     assert [d["id"] for d in doc["ids"]] == good
     assert [d["shard"] for d in doc["ids"]] == [1341, 0, 1999]
     assert [(e["line"], e["input"]) for e in doc["errors"]] == [
-        (2, "abc"), (4, ""), (5, "-1"), (6, str(1 << 64)), (7, str(_foreign_shard_id()))]
+        (2, "abc"),
+        (4, ""),
+        (5, "-1"),
+        (6, str(1 << 64)),
+        (7, str(_foreign_shard_id())),
+    ]
     assert all(e["error"] for e in doc["errors"])
 
     result = run(["-c", topo, "decode-id", "--csv"], input=stdin)
@@ -274,7 +357,10 @@ def test_decode_csv_shape(topo):
     ]
     result = run(["decode-id", "--layout", "pinterest", "--csv", "241294492511762325"])
     assert result.exit_code == 0
-    assert result.stdout.splitlines() == ["id,shard,type,local", "241294492511762325,3429,1,7075733"]
+    assert result.stdout.splitlines() == [
+        "id,shard,type,local",
+        "241294492511762325,3429,1,7075733",
+    ]
 
 
 def test_decode_json_shape_with_layout():
@@ -288,7 +374,7 @@ def test_decode_option_errors(topo):
     assert result.exit_code == 2 and "--epoch goes with --layout" in result.stderr
     result = run(["decode-id", "--layout", "snowflake", "--epoch", "soon", "5"])
     assert result.exit_code == 2 and "--epoch: not an ISO-8601 timestamp" in result.stderr
-    result = run(["decode-id", "--layout", "snowflake", "--epoch", str(10 ** 18), "5"])
+    result = run(["decode-id", "--layout", "snowflake", "--epoch", str(10**18), "5"])
     assert result.exit_code == 2 and "outside the years 1-9999" in result.stderr
     result = run(["decode-id", "--layout", "twitter", "5"])
     assert result.exit_code == 2 and "twitter" in result.stderr
@@ -296,18 +382,25 @@ def test_decode_option_errors(topo):
 
 # ---- encode-id: bad input --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args,needle", [
-    (["--ms", 1, "--shard", 8192, "--sequence", 0], "shard 8192 does not fit in 13 bits (0..8191)"),
-    (["--ms", 1, "--shard", 0, "--sequence", 1024], "sequence 1024 does not fit in 10 bits"),
-    (["--ms", -1, "--shard", 0], "time -1 does not fit"),
-    (["--time", "2010-12-31T23:59:59Z", "--shard", 0], "time -1000 does not fit"),
-    (["--shard", 1], "layout instagram needs --time or --ms"),
-    (["--ms", 1, "--time", "2012-01-01", "--shard", 1], "give --time or --ms, not both"),
-    (["--time", "noon", "--shard", 1], "--time: not an ISO-8601 timestamp"),
-    (["--ms", 1, "--worker", 1], "layout instagram has no field worker"),
-    (["--ms", 1, "--epoch", "0"], "--epoch goes with --layout"),
-    (["--ms", "x"], "'x' is not a valid integer"),
-])
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (
+            ["--ms", 1, "--shard", 8192, "--sequence", 0],
+            "shard 8192 does not fit in 13 bits (0..8191)",
+        ),
+        (["--ms", 1, "--shard", 0, "--sequence", 1024], "sequence 1024 does not fit in 10 bits"),
+        (["--ms", -1, "--shard", 0], "time -1 does not fit"),
+        (["--time", "2010-12-31T23:59:59Z", "--shard", 0], "time -1000 does not fit"),
+        (["--shard", 1], "layout instagram needs --time or --ms"),
+        (["--ms", 1, "--time", "2012-01-01", "--shard", 1], "give --time or --ms, not both"),
+        (["--time", "noon", "--shard", 1], "--time: not an ISO-8601 timestamp"),
+        (["--ms", 1, "--worker", 1], "layout instagram has no field worker"),
+        (["--ms", 1, "--epoch", "0"], "--epoch goes with --layout"),
+        (["--ms", "x"], "'x' is not a valid integer"),
+    ],
+)
 def test_encode_bad_input(topo, args, needle):
     result = run(["-c", topo, "encode-id", *args])
     assert result.exit_code == 2, result.output
@@ -317,11 +410,21 @@ def test_encode_bad_input(topo, args, needle):
 
 # ---- info ------------------------------------------------------------------------------------------------------
 
+
 def test_info(topo):
     result = run(["-c", topo, "info"])
     assert result.exit_code == 0
-    for text in ("instagram", "41 time | 13 shard | 10 sequence", "8192", "1024", "2045-11-03T19:53:47.776Z",
-                 "2080-09-06T15:47:35.552Z", "pg1", "0-999", "1000-1999"):
+    for text in (
+        "instagram",
+        "41 time | 13 shard | 10 sequence",
+        "8192",
+        "1024",
+        "2045-11-03T19:53:47.776Z",
+        "2080-09-06T15:47:35.552Z",
+        "pg1",
+        "0-999",
+        "1000-1999",
+    ):
         assert text in result.stdout, text
     doc = run_json(["-c", topo, "info"])
     assert doc["shard_count"] == 2000 and doc["routing_modulus"] == 2000
@@ -332,9 +435,11 @@ def test_info(topo):
 
 def test_info_masks_inline_passwords(tmp_path):
     path = tmp_path / "pw.yaml"
-    path.write_text(TOPOLOGY
-                    .replace("postgresql://app@127.0.0.1:1/app", "postgresql://app:Hunter2Secret@127.0.0.1:1/app")
-                    .replace("dbname=app2 user=app", "dbname=app2 user=app password=Hunter2Other"))
+    path.write_text(
+        TOPOLOGY.replace(
+            "postgresql://app@127.0.0.1:1/app", "postgresql://app:Hunter2Secret@127.0.0.1:1/app"
+        ).replace("dbname=app2 user=app", "dbname=app2 user=app password=Hunter2Other")
+    )
     for extra in ([], ["--json"]):
         result = run(["-c", path, "--allow-inline-password", "info", *extra])
         assert result.exit_code == 0, result.output
@@ -345,6 +450,7 @@ def test_info_masks_inline_passwords(tmp_path):
 
 
 # ---- render -----------------------------------------------------------------------------------------------------
+
 
 def test_render_one_shard(small):
     result = run(["-c", small, "render", "--shard", 5, "--no-migrations", "--no-control"])
@@ -364,9 +470,13 @@ def test_render_json(small):
     assert "CREATE SCHEMA IF NOT EXISTS shardctl;" in doc["hosts"]["a"]["control"]
     sql = doc["hosts"]["b"]["shards"]["7"]
     assert "CREATE SCHEMA shard0007;" in sql and "-- migration V0001__" in sql
-    doc = run_json(["-c", small, "render", "--host", "a", "--shard", "2-5", "--no-control", "--no-migrations"])
+    doc = run_json(
+        ["-c", small, "render", "--host", "a", "--shard", "2-5", "--no-control", "--no-migrations"]
+    )
     assert list(doc["hosts"]) == ["a"] and set(doc["hosts"]["a"]["shards"]) == {"2", "3"}
-    assert doc["hosts"]["a"]["control"] is None and "migration" not in doc["hosts"]["a"]["shards"]["2"]
+    assert (
+        doc["hosts"]["a"]["control"] is None and "migration" not in doc["hosts"]["a"]["shards"]["2"]
+    )
 
 
 def test_render_is_deterministic(small):
@@ -374,11 +484,14 @@ def test_render_is_deterministic(small):
     assert first.exit_code == 0 and first.stdout == second.stdout
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--shard", 8], "--shard: shard 8 is out of range (0..7)"),
-    (["--shard", "x"], "--shard: not a shard number or range"),
-    (["--host", "c"], "unknown host 'c' (hosts: a, b)"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--shard", 8], "--shard: shard 8 is out of range (0..7)"),
+        (["--shard", "x"], "--shard: not a shard number or range"),
+        (["--host", "c"], "unknown host 'c' (hosts: a, b)"),
+    ],
+)
 def test_render_bad_input(small, args, needle):
     result = run(["-c", small, "render", *args])
     assert result.exit_code == 2 and needle in result.stderr
@@ -400,20 +513,26 @@ def test_render_template_error_is_bad_input(small, tmp_path):
     small.write_text(SMALL + "templates: tpl/\n")
     result = run(["-c", small, "render"])
     assert result.exit_code == 2
-    assert errors(result) == ["error: template shard.sql.j2:1 does not render: 'schema_name' is undefined"]
+    assert errors(result) == [
+        "error: template shard.sql.j2:1 does not render: 'schema_name' is undefined"
+    ]
 
 
 # ---- --json everywhere --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [
-    ["info"],
-    ["locate", "31341"],
-    ["locate", "--string", "alice"],
-    ["decode-id", str(BLOG_ID)],
-    ["decode-id", "--layout", "pinterest", "241294492511762325"],
-    ["encode-id", "--ms", "1387263000", "--shard", "1341", "--sequence", "905"],
-    ["render", "--shard", "0-1"],
-])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["info"],
+        ["locate", "31341"],
+        ["locate", "--string", "alice"],
+        ["decode-id", str(BLOG_ID)],
+        ["decode-id", "--layout", "pinterest", "241294492511762325"],
+        ["encode-id", "--ms", "1387263000", "--shard", "1341", "--sequence", "905"],
+        ["render", "--shard", "0-1"],
+    ],
+)
 def test_every_offline_command_speaks_json(topo, args):
     doc = run_json(["-c", topo, *args])
     assert isinstance(doc, dict) and doc
@@ -421,14 +540,18 @@ def test_every_offline_command_speaks_json(topo, args):
 
 # ---- exit codes and usage errors --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args,code", [
-    (["no-such-command"], 2),
-    (["decode-id", "--layout", "nope", "5"], 2),
-    (["encode-id", "--shard"], 2),
-    (["--version"], 0),
-    (["--help"], 0),
-    (["decode-id", "--help"], 0),
-])
+
+@pytest.mark.parametrize(
+    "args,code",
+    [
+        (["no-such-command"], 2),
+        (["decode-id", "--layout", "nope", "5"], 2),
+        (["encode-id", "--shard"], 2),
+        (["--version"], 0),
+        (["--help"], 0),
+        (["decode-id", "--help"], 0),
+    ],
+)
 def test_usage_exit_codes(args, code):
     assert run(args).exit_code == code
 
@@ -451,7 +574,9 @@ def _check_same_as_clirunner(command, case, topo, tmp_path):
     names = {"topo": str(topo), "missing": str(tmp_path / "missing.yaml"), "bad": str(bad)}
     args, code = CASES[case]
     args = [a.format(**names) for a in args]
-    real = run_shardctl(*args, command=command, unset=("SHARDCTL_CONFIG",), cwd=tmp_path, timeout=60)
+    real = run_shardctl(
+        *args, command=command, unset=("SHARDCTL_CONFIG",), cwd=tmp_path, timeout=60
+    )
     inproc = run(args)
     assert real.returncode == inproc.exit_code == code, (args, real.stderr)
     assert "Traceback" not in real.stderr
@@ -477,18 +602,35 @@ def test_console_script_exit_codes_match_clirunner(topo, tmp_path, case):
 
 
 def test_real_process_json_error_document(tmp_path):
-    real = run_shardctl("-c", tmp_path / "missing.yaml", "info", "--json", unset=("SHARDCTL_CONFIG",), cwd=tmp_path,
-                        timeout=60)
+    real = run_shardctl(
+        "-c",
+        tmp_path / "missing.yaml",
+        "info",
+        "--json",
+        unset=("SHARDCTL_CONFIG",),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert real.returncode == 2
     doc = json.loads(real.stdout)
-    assert doc["ok"] is False and doc["exit_code"] == 2 and "topology file not found" in doc["error"]
+    assert (
+        doc["ok"] is False and doc["exit_code"] == 2 and "topology file not found" in doc["error"]
+    )
 
 
 def test_real_process_reads_stdin_and_env(topo, tmp_path):
-    real = run_shardctl("decode-id", "--csv", env={"SHARDCTL_CONFIG": str(topo)}, input=f"{BLOG_ID}\nabc\n",
-                        cwd=tmp_path, timeout=60)
+    real = run_shardctl(
+        "decode-id",
+        "--csv",
+        env={"SHARDCTL_CONFIG": str(topo)},
+        input=f"{BLOG_ID}\nabc\n",
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert real.returncode == 2
-    assert real.stdout.splitlines()[1].startswith(f"{BLOG_ID},2011-01-17T01:21:03.000Z,1341,905,insta1341,pg2")
+    assert real.stdout.splitlines()[1].startswith(
+        f"{BLOG_ID},2011-01-17T01:21:03.000Z,1341,905,insta1341,pg2"
+    )
     assert "error: line 2: 'abc': not an integer ID" in real.stderr
 
 

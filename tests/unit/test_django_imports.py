@@ -6,8 +6,12 @@ import sys
 
 
 def imported_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return set(out.stdout.split())
 
@@ -23,10 +27,14 @@ def test_settings_can_import_shardctl_django_before_setup():
 
 
 def test_the_backend_settings_statement_is_local_and_quoted():
-    code = ("from shardctl.django.backend.base import settings_sql\n"
-            "print(settings_sql('insta3', False)); print(settings_sql('we%ird\"s', True)); print(settings_sql('', False))")
+    code = (
+        "from shardctl.django.backend.base import settings_sql\n"
+        "print(settings_sql('insta3', False)); print(settings_sql('we%ird\"s', True)); print(settings_sql('', False))"
+    )
     env_code = "import django\nfrom django.conf import settings\nsettings.configure()\n" + code
-    out = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", env_code], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     first, odd, none = out.stdout.splitlines()
     assert first == "SET LOCAL search_path = insta3, public"

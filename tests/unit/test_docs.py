@@ -36,7 +36,10 @@ from shardctl.model.topology import Topology
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 # The hand-written pages (cli.md's reference part and changelog.md are made at build time).
-PAGES = {p.relative_to(ROOT / "docs").as_posix(): p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
+PAGES = {
+    p.relative_to(ROOT / "docs").as_posix(): p.read_text()
+    for p in sorted((ROOT / "docs").glob("*.md"))
+}
 DOCS = "\n".join(PAGES.values())
 
 
@@ -47,7 +50,9 @@ def walk(command: click.Command, path: tuple[str, ...]):
             yield from walk(sub, (*path, name))
 
 
-COMMANDS = dict(item for name, command in load_commands().items() for item in walk(command, (name,)))
+COMMANDS = dict(
+    item for name, command in load_commands().items() for item in walk(command, (name,))
+)
 TOP = sorted(load_commands())
 
 
@@ -76,8 +81,10 @@ def table_commands() -> list[str]:
 
 def test_command_table_lists_every_command_once():
     rows = table_commands()
-    assert sorted(set(rows)) == TOP, f"README command table: missing {sorted(set(TOP) - set(rows))}, " \
-                                     f"unknown {sorted(set(rows) - set(TOP))}"
+    assert sorted(set(rows)) == TOP, (
+        f"README command table: missing {sorted(set(TOP) - set(rows))}, "
+        f"unknown {sorted(set(rows) - set(TOP))}"
+    )
     assert len(rows) == len(set(rows)), "a command has two rows"
 
 
@@ -102,13 +109,16 @@ def test_every_option_has_help(path):
 def test_global_options_have_help_and_are_documented():
     for option in options(cli):
         assert (option.help or "").strip(), option_name(option)
-        assert f"`{option_name(option)}" in DOCS, f"global option {option_name(option)} is not in docs/"
+        assert f"`{option_name(option)}" in DOCS, (
+            f"global option {option_name(option)} is not in docs/"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(shared_options()))
 def test_option_group_is_documented(name):
-    assert re.search(rf"`{re.escape(name)}\b", DOCS), \
+    assert re.search(rf"`{re.escape(name)}\b", DOCS), (
         f"{name} (taken by {', '.join(shared_options()[name])}) is not named in docs/"
+    )
 
 
 def test_the_checks_see_the_cli():
@@ -119,6 +129,7 @@ def test_the_checks_see_the_cli():
 
 
 # ---- the landing page ----------------------------------------------------------------------------
+
 
 def test_readme_is_a_landing_page():
     words = len(re.sub(r"[`|*#>\-]", " ", README).split())
@@ -133,13 +144,18 @@ def test_ci_runs_the_readmes_install_and_test_commands():
     """.ci/run installs as the README says and runs the README's test command."""
     run = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     setup = README.split("\n## Set up\n", 1)[1].split("\n## ", 1)[0]
-    commands = [line.split("#")[0].strip() for block in code_blocks(setup, "sh") for line in block.splitlines()]
+    commands = [
+        line.split("#")[0].strip()
+        for block in code_blocks(setup, "sh")
+        for line in block.splitlines()
+    ]
     assert commands == ["pip install -e '.[dev]'", "python -m pytest -q"], commands
     assert all(command in run for command in commands), commands
     assert run.index("mkdocs build --strict") < run.index("python -m pytest -q")
 
 
 # ---- links and anchors ---------------------------------------------------------------------------
+
 
 def anchors(text: str) -> set[str]:
     """The ids MkDocs (Python-Markdown's toc) gives the headings of a page; GitHub's agree for these."""
@@ -158,10 +174,14 @@ def links(text: str) -> list[str]:
 
 
 def documents() -> list[tuple[Path, str]]:
-    return [(ROOT / "README.md", README)] + [(ROOT / "docs" / name, text) for name, text in PAGES.items()]
+    return [(ROOT / "README.md", README)] + [
+        (ROOT / "docs" / name, text) for name, text in PAGES.items()
+    ]
 
 
-@pytest.mark.parametrize("path,text", documents(), ids=lambda v: v.name if isinstance(v, Path) else "")
+@pytest.mark.parametrize(
+    "path,text", documents(), ids=lambda v: v.name if isinstance(v, Path) else ""
+)
 def test_links_resolve(path, text):
     generated = {ROOT / "docs" / "changelog.md": (ROOT / "CHANGELOG.md").read_text()}
     for link in links(text):
@@ -170,11 +190,15 @@ def test_links_resolve(path, text):
         target, _, anchor = link.partition("#")
         file = (path.parent / target).resolve() if target else path
         if path.parent == ROOT / "docs":
-            assert file.parent == ROOT / "docs", f"{path.name}: {link} leaves docs/ (mkdocs --strict refuses it)"
+            assert file.parent == ROOT / "docs", (
+                f"{path.name}: {link} leaves docs/ (mkdocs --strict refuses it)"
+            )
         assert file.exists() or file in generated, f"{path.name}: {link}: no such file"
         if anchor and file.suffix == ".md":
             body = generated.get(file) or file.read_text()
-            assert anchor in anchors(body), f"{path.name}: {link}: no heading with that anchor in {file.name}"
+            assert anchor in anchors(body), (
+                f"{path.name}: {link}: no heading with that anchor in {file.name}"
+            )
 
 
 def test_every_page_is_in_the_nav():
@@ -190,7 +214,10 @@ def test_the_changelog_is_linked_from_the_docs():
 
 # ---- code blocks ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path,text", documents(), ids=lambda v: v.name if isinstance(v, Path) else "")
+
+@pytest.mark.parametrize(
+    "path,text", documents(), ids=lambda v: v.name if isinstance(v, Path) else ""
+)
 def test_python_blocks_parse(path, text):
     for block in code_blocks(text, "python"):
         try:
@@ -199,14 +226,16 @@ def test_python_blocks_parse(path, text):
             pytest.fail(f"{path.name}: a python block does not parse: {exc}\n{block}")
 
 
-@pytest.mark.parametrize("path,text", documents(), ids=lambda v: v.name if isinstance(v, Path) else "")
+@pytest.mark.parametrize(
+    "path,text", documents(), ids=lambda v: v.name if isinstance(v, Path) else ""
+)
 def test_yaml_blocks_load_and_topologies_validate(path, text):
     for block in code_blocks(text, "yaml"):
         data = yaml.safe_load(block)
         if isinstance(data, dict) and "version" in data:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                Topology.from_text(block, path=str(path))   # raises ConfigError naming the line
+                Topology.from_text(block, path=str(path))  # raises ConfigError naming the line
 
 
 def test_the_readmes_minimal_topology_validates():
@@ -233,7 +262,9 @@ def shell_lines(text: str) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("path,text", documents(), ids=lambda v: v.name if isinstance(v, Path) else "")
+@pytest.mark.parametrize(
+    "path,text", documents(), ids=lambda v: v.name if isinstance(v, Path) else ""
+)
 def test_shell_examples_name_real_commands_and_options(path, text):
     for line in shell_lines(text):
         words = shlex.split(line.replace("[", " ").replace("]", " "))[1:]
@@ -251,13 +282,18 @@ def test_shell_examples_name_real_commands_and_options(path, text):
         for word in words:
             name = word.split("=", 1)[0]
             if name.startswith("-") and not re.fullmatch(r"-\d.*", name):
-                assert name in known, f"{path.name}: {line!r}: shardctl {' '.join(command_path)} has no {name}"
+                assert name in known, (
+                    f"{path.name}: {line!r}: shardctl {' '.join(command_path)} has no {name}"
+                )
 
 
 # ---- the generated CLI reference ------------------------------------------------------------------
 
+
 def load_hook():
-    spec = importlib.util.spec_from_file_location("shardctl_docs", ROOT / "docs" / "hooks" / "shardctl_docs.py")
+    spec = importlib.util.spec_from_file_location(
+        "shardctl_docs", ROOT / "docs" / "hooks" / "shardctl_docs.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -15,7 +15,6 @@ from psycopg import conninfo, sql
 from shardctl.model import dsn as dsnlib
 from shardctl.model.identifiers import quote_ident, quote_literal
 
-
 NOT_UTF8 = "error: a percent-encoded value is not UTF-8"
 
 
@@ -24,7 +23,7 @@ def uri_password(text: str) -> str | None:
     scheme = next((p for p in ("postgresql://", "postgres://") if text.startswith(p)), None)
     if scheme is None:
         return None
-    rest = text[len(scheme):]
+    rest = text[len(scheme) :]
     userinfo = re.match(r"[^@/]*@", rest)
     if not userinfo or ":" not in userinfo.group(0):
         return None
@@ -52,18 +51,58 @@ def ours(text: str) -> dict[str, str] | str:
 
 
 KNOWN = [
-    "", "   ", "host=a", "host = a  port= 5432 ", "host='a b' dbname='x\\'y'", "host=a\\ b", "host='unterminated",
-    "nonsense", "=x", "host=a bogus=1", "requiressl=1", "requiressl=0 host=h", "host=''", "password=s3cr=t",
-    "postgresql://", "postgres://", "postgresql://u:p@h1,h2:5/db?sslmode=&ssl=true", "postgresql://[::1]:5/x",
-    "postgresql://[::1", "postgresql://[]/x", "postgresql://[::1]x/y", "postgresql://h?user=a@b",
-    "postgresql://h/%41?requiressl=0", "postgresql://h/%4", "postgresql://h/%00", "postgresql://h/%zz",
-    "postgresql://h/db?a", "postgresql://h/db?sslmode=a=b", "postgresql://h/db?bogus=1", "postgresql://h/db?&",
-    "postgresql://h/db?sslmode=require&", "postgresql://h/db?sslmode=require&&x=1", "postgresql://u@",
-    "postgresql://:pw@h", "postgresql://u:@h", "postgresql://h:,:6/", "postgresql://h,[::1]:7,k/d",
-    "postgresql://app@127.0.0.1:1/app", "host=127.0.0.1 port=1 dbname=app user=app",
-    "postgresql://a%40b:p%2Fw@h/d%20b?application_name=x%26y", "POSTGRESQL://h/d", "postgresql:/h",
-    "postgresql://h/db?ssl=true", "postgresql://h/db?ssl=false", "host=a\\", "host='a\\", "postgresql://,",
-    "postgresql://:", "postgresql:// h /d", "postgresql://h/d b", "postgresql://h/%20d%20", "postgresql://h/d?application_name= x ",
+    "",
+    "   ",
+    "host=a",
+    "host = a  port= 5432 ",
+    "host='a b' dbname='x\\'y'",
+    "host=a\\ b",
+    "host='unterminated",
+    "nonsense",
+    "=x",
+    "host=a bogus=1",
+    "requiressl=1",
+    "requiressl=0 host=h",
+    "host=''",
+    "password=s3cr=t",
+    "postgresql://",
+    "postgres://",
+    "postgresql://u:p@h1,h2:5/db?sslmode=&ssl=true",
+    "postgresql://[::1]:5/x",
+    "postgresql://[::1",
+    "postgresql://[]/x",
+    "postgresql://[::1]x/y",
+    "postgresql://h?user=a@b",
+    "postgresql://h/%41?requiressl=0",
+    "postgresql://h/%4",
+    "postgresql://h/%00",
+    "postgresql://h/%zz",
+    "postgresql://h/db?a",
+    "postgresql://h/db?sslmode=a=b",
+    "postgresql://h/db?bogus=1",
+    "postgresql://h/db?&",
+    "postgresql://h/db?sslmode=require&",
+    "postgresql://h/db?sslmode=require&&x=1",
+    "postgresql://u@",
+    "postgresql://:pw@h",
+    "postgresql://u:@h",
+    "postgresql://h:,:6/",
+    "postgresql://h,[::1]:7,k/d",
+    "postgresql://app@127.0.0.1:1/app",
+    "host=127.0.0.1 port=1 dbname=app user=app",
+    "postgresql://a%40b:p%2Fw@h/d%20b?application_name=x%26y",
+    "POSTGRESQL://h/d",
+    "postgresql:/h",
+    "postgresql://h/db?ssl=true",
+    "postgresql://h/db?ssl=false",
+    "host=a\\",
+    "host='a\\",
+    "postgresql://,",
+    "postgresql://:",
+    "postgresql:// h /d",
+    "postgresql://h/d b",
+    "postgresql://h/%20d%20",
+    "postgresql://h/d?application_name= x ",
 ]
 
 
@@ -76,8 +115,14 @@ def test_known_dsns_parse_as_libpq_does(text):
 TEXT = st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))
 
 
-@pytest.mark.parametrize("dsn", ["postgresql://app:my secret@db/app", "postgresql://app:bad%zzsecret@db/app",
-                                 "postgresql://app:nul%00secret@db/app"])
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://app:my secret@db/app",
+        "postgresql://app:bad%zzsecret@db/app",
+        "postgresql://app:nul%00secret@db/app",
+    ],
+)
 def test_a_bad_password_is_not_repeated_in_the_error(dsn):
     with pytest.raises(ValueError) as caught:
         dsnlib.parse(dsn)
@@ -92,11 +137,64 @@ def test_nul_is_refused_not_cut_off():
         dsnlib.parse("host=a\x00b")
 
 
-URI_PIECES = st.sampled_from(["postgresql://", "postgres://", "u", ":", "@", "p", "h", "[", "]", "::1", ",", "5432",
-                              "/", "db", "?", "&", "=", "sslmode", "ssl", "true", "user", "%41", "%2", "%", "x y",
-                              "application_name", "requiressl", "1", "'", "\\", " "])
-KV_PIECES = st.sampled_from(["host", "port", "user", "password", "dbname", "sslmode", "requiressl", "bogus", "=",
-                             " ", "  ", "\t", "'", "\\", "a", "b c", "1", "\\'", "x=y"])
+URI_PIECES = st.sampled_from(
+    [
+        "postgresql://",
+        "postgres://",
+        "u",
+        ":",
+        "@",
+        "p",
+        "h",
+        "[",
+        "]",
+        "::1",
+        ",",
+        "5432",
+        "/",
+        "db",
+        "?",
+        "&",
+        "=",
+        "sslmode",
+        "ssl",
+        "true",
+        "user",
+        "%41",
+        "%2",
+        "%",
+        "x y",
+        "application_name",
+        "requiressl",
+        "1",
+        "'",
+        "\\",
+        " ",
+    ]
+)
+KV_PIECES = st.sampled_from(
+    [
+        "host",
+        "port",
+        "user",
+        "password",
+        "dbname",
+        "sslmode",
+        "requiressl",
+        "bogus",
+        "=",
+        " ",
+        "  ",
+        "\t",
+        "'",
+        "\\",
+        "a",
+        "b c",
+        "1",
+        "\\'",
+        "x=y",
+    ]
+)
 
 
 @settings(max_examples=400, deadline=None)

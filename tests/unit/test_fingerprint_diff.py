@@ -7,7 +7,11 @@ REFERENCE = {
     ("table", "", "photos"): "r p owner app",
     ("column", "photos", "id"): "#1 bigint not null default {schema}.next_id()",
     ("column", "photos", "caption"): "#2 text",
-    ("index", "photos", "photos_user_id_idx"): "CREATE INDEX photos_user_id_idx ON {schema}.photos (user_id)",
+    (
+        "index",
+        "photos",
+        "photos_user_id_idx",
+    ): "CREATE INDEX photos_user_id_idx ON {schema}.photos (user_id)",
     ("table", "", "likes"): "r p owner app",
     ("column", "likes", "id"): "#1 bigint",
     ("constraint", "likes", "likes_pkey"): "p PRIMARY KEY (id)",
@@ -39,9 +43,13 @@ def test_a_missing_table_is_said_once_not_per_column():
 def test_long_definitions_are_shortened_unless_limit_is_zero():
     shard = dict(REFERENCE)
     shard[("schema", "", "")] = "owner app acl " + "x" * 300
-    short, = differences(REFERENCE, shard)
-    assert short.startswith("the schema itself differs: 'owner app acl xxx") and "…" in short and len(short) < 260
-    whole, = differences(REFERENCE, shard, limit=0)
+    (short,) = differences(REFERENCE, shard)
+    assert (
+        short.startswith("the schema itself differs: 'owner app acl xxx")
+        and "…" in short
+        and len(short) < 260
+    )
+    (whole,) = differences(REFERENCE, shard, limit=0)
     assert "x" * 300 in whole
 
 
@@ -50,5 +58,8 @@ def test_schema_groups_put_the_majority_first_and_break_ties_by_the_lowest_shard
 
     groups = schema_groups({0: "b", 1: "a", 2: "a", 3: "c", 4: "b"})
     assert [(g.fingerprint, g.shards, g.majority) for g in groups] == [
-        ("b", [0, 4], True), ("a", [1, 2], False), ("c", [3], False)]
+        ("b", [0, 4], True),
+        ("a", [1, 2], False),
+        ("c", [3], False),
+    ]
     assert schema_groups({}) == []

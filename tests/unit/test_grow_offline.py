@@ -31,12 +31,15 @@ def topo() -> Topology:
     return Topology.from_text(TOPOLOGY)
 
 
-@pytest.mark.parametrize("count,ids,needle", [
-    (10**15, None, "--count 1000000000000000 goes beyond the custom layout's 12 shard bits"),
-    (None, "16-99999999999999999", "--ids: shard 99999999999999999 is out of range"),
-    (5, "16-20", "give either --count N or --ids RANGE"),
-    (0, None, "--count must be positive"),
-])
+@pytest.mark.parametrize(
+    "count,ids,needle",
+    [
+        (10**15, None, "--count 1000000000000000 goes beyond the custom layout's 12 shard bits"),
+        (None, "16-99999999999999999", "--ids: shard 99999999999999999 is out of range"),
+        (5, "16-20", "give either --count N or --ids RANGE"),
+        (0, None, "--count must be positive"),
+    ],
+)
 def test_bad_counts_cost_nothing(topo, count, ids, needle):
     tracemalloc.start()
     started = time.process_time()

@@ -53,7 +53,9 @@ def test_time_far_from_the_host_clock():
 def test_signed_ids_after_the_sign_bit_date_compare_as_unsigned():
     layout = instagram(0)  # epoch 1970: its IDs are already negative bigints
     base = 1 << 40
-    raw = [layout.encode(time=base + t, shard=1, sequence=q) for t, q in ((0, 1023), (0, 0), (1, 1))]
+    raw = [
+        layout.encode(time=base + t, shard=1, sequence=q) for t, q in ((0, 1023), (0, 0), (1, 1))
+    ]
     signed = [v - (1 << 64) if v >= 1 << 63 else v for v in raw]
     assert all(v < 0 for v in signed)
     assert time_goes_back(layout, signed) is None and duplicate(signed) is None
@@ -76,5 +78,8 @@ def test_sequence_settings():
     assert sequence_problems({"cache_size": 1, "increment_by": 1}) == []
     assert sequence_problems({"cache_size": 20, "increment_by": 1}) == [
         "ID sequence has CACHE 20, not 1 (backends would take blocks of values and can mint the same ID "
-        "in one millisecond)"]
-    assert sequence_problems({"cache_size": 1, "increment_by": -1}) == ["ID sequence has INCREMENT BY -1, not 1"]
+        "in one millisecond)"
+    ]
+    assert sequence_problems({"cache_size": 1, "increment_by": -1}) == [
+        "ID sequence has INCREMENT BY -1, not 1"
+    ]

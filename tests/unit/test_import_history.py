@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from shardctl.errors import BadInput
 from shardctl.model.topology import Topology
 from shardctl.ops.import_history import import_history
@@ -37,9 +37,11 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 @pytest.fixture
 def topo_file(tmp_path) -> Path:
     path = tmp_path / "shardctl.yaml"
-    path.write_text("version: 1\nid:\n  layout: instagram\n  epoch: \"2026-01-01T00:00:00Z\"\nshards:\n  count: 4\n"
-                    "  schema: \"insta{n}\"\nmigrations: migrations/\nhosts:\n  - name: pg1\n"
-                    "    dsn: \"postgresql://postgres@127.0.0.1:1/x\"\n    shards: \"0-3\"\n")
+    path.write_text(
+        'version: 1\nid:\n  layout: instagram\n  epoch: "2026-01-01T00:00:00Z"\nshards:\n  count: 4\n'
+        '  schema: "insta{n}"\nmigrations: migrations/\nhosts:\n  - name: pg1\n'
+        '    dsn: "postgresql://postgres@127.0.0.1:1/x"\n    shards: "0-3"\n'
+    )
     return path
 
 
@@ -49,17 +51,26 @@ def written(topo_file: Path) -> dict[str, str]:
 
 
 def test_golang_migrate_order_down_files_and_transaction_control(tmp_path):
-    src = tree(tmp_path / "gm", {
-        "000002_add_email.up.sql": "ALTER TABLE users ADD COLUMN email text;\n",
-        "000002_add_email.down.sql": "ALTER TABLE users DROP COLUMN email;\n",
-        "000010_later.up.sql": "CREATE INDEX users_email ON users (email);\n",
-        "000001_create_users.up.sql": "BEGIN;\nCREATE TABLE users (id bigint PRIMARY KEY);\nCOMMIT;\n",
-        "000001_create_users.down.sql": "DROP TABLE users;\n",
-        "embed.go": "package migrations\n",
-    })
+    src = tree(
+        tmp_path / "gm",
+        {
+            "000002_add_email.up.sql": "ALTER TABLE users ADD COLUMN email text;\n",
+            "000002_add_email.down.sql": "ALTER TABLE users DROP COLUMN email;\n",
+            "000010_later.up.sql": "CREATE INDEX users_email ON users (email);\n",
+            "000001_create_users.up.sql": "BEGIN;\nCREATE TABLE users (id bigint PRIMARY KEY);\nCOMMIT;\n",
+            "000001_create_users.down.sql": "DROP TABLE users;\n",
+            "embed.go": "package migrations\n",
+        },
+    )
     history = read_history("golang-migrate", src)
-    assert [m.name for m in history.migrations] == ["000001_create_users", "000002_add_email", "000010_later"]
-    assert "BEGIN" in history.migrations[0].up  # the reader keeps text; the import takes control out
+    assert [m.name for m in history.migrations] == [
+        "000001_create_users",
+        "000002_add_email",
+        "000010_later",
+    ]
+    assert (
+        "BEGIN" in history.migrations[0].up
+    )  # the reader keeps text; the import takes control out
     assert history.migrations[1].notes == ["down migration 000002_add_email.down.sql dropped"]
     assert history.skipped == ["embed.go: not a golang-migrate SQL migration"]
     tree(src, {"2_dup.up.sql": "SELECT 1;\n"})
@@ -68,17 +79,24 @@ def test_golang_migrate_order_down_files_and_transaction_control(tmp_path):
 
 
 def test_goose_sections_statement_blocks_and_no_transaction(tmp_path):
-    src = tree(tmp_path / "goose", {
-        "00001_users.sql": "-- +goose Up\nCREATE TABLE users (id bigint PRIMARY KEY, updated_at timestamptz);\n"
-                           "-- +goose StatementBegin\n" + FUNCTION + "-- +goose StatementEnd\n"
-                           "-- +goose Down\nDROP TABLE users;\n",
-        "00002_index.sql": "-- +goose NO TRANSACTION\n-- +goose Up\n"
-                           "CREATE INDEX CONCURRENTLY users_updated ON users (updated_at);\n"
-                           "-- +goose Down\nDROP INDEX users_updated;\n",
-    })
+    src = tree(
+        tmp_path / "goose",
+        {
+            "00001_users.sql": "-- +goose Up\nCREATE TABLE users (id bigint PRIMARY KEY, updated_at timestamptz);\n"
+            "-- +goose StatementBegin\n" + FUNCTION + "-- +goose StatementEnd\n"
+            "-- +goose Down\nDROP TABLE users;\n",
+            "00002_index.sql": "-- +goose NO TRANSACTION\n-- +goose Up\n"
+            "CREATE INDEX CONCURRENTLY users_updated ON users (updated_at);\n"
+            "-- +goose Down\nDROP INDEX users_updated;\n",
+        },
+    )
     history = read_history("goose", src)
     first, second = history.migrations
-    assert "DROP TABLE" not in first.up and "StatementBegin" not in first.up and "touch_updated_at" in first.up
+    assert (
+        "DROP TABLE" not in first.up
+        and "StatementBegin" not in first.up
+        and "touch_updated_at" in first.up
+    )
     assert not second.transactional and "-- +goose Down section dropped" in second.notes
     tree(src, {"00003_go.go": "package x\n"})
     with pytest.raises(BadInput, match="Go migrations cannot be imported: 00003_go.go"):
@@ -90,28 +108,39 @@ def test_goose_sections_statement_blocks_and_no_transaction(tmp_path):
 
 
 def test_dbmate_markers_and_transaction_false(tmp_path):
-    src = tree(tmp_path / "db", {
-        "20240102030405_users.sql": "-- migrate:up\nCREATE TABLE users (id bigint PRIMARY KEY);\n\n"
-                                    "-- migrate:down\nDROP TABLE users;\n",
-        "20240102030406_idx.sql": "-- migrate:up transaction:false\nCREATE INDEX CONCURRENTLY u ON users (id);\n"
-                                  "-- migrate:down\n",
-    })
+    src = tree(
+        tmp_path / "db",
+        {
+            "20240102030405_users.sql": "-- migrate:up\nCREATE TABLE users (id bigint PRIMARY KEY);\n\n"
+            "-- migrate:down\nDROP TABLE users;\n",
+            "20240102030406_idx.sql": "-- migrate:up transaction:false\nCREATE INDEX CONCURRENTLY u ON users (id);\n"
+            "-- migrate:down\n",
+        },
+    )
     users, idx = read_history("dbmate", src).migrations
     assert users.up.strip() == "CREATE TABLE users (id bigint PRIMARY KEY);" and users.transactional
     assert not idx.transactional
 
 
 def test_flyway_versions_repeatables_and_undo(tmp_path):
-    src = tree(tmp_path / "fw", {
-        "V1__init.sql": "CREATE TABLE a (id bigint PRIMARY KEY);\n",
-        "V1.1__more.sql": "ALTER TABLE a ADD COLUMN b text;\n",
-        "V2__next.sql": "ALTER TABLE a ADD COLUMN c text;\n",
-        "V1_2__mid.sql": "ALTER TABLE a ADD COLUMN d text;\n",
-        "R__views.sql": "CREATE OR REPLACE VIEW v AS SELECT 1;\n",
-        "U2__next.sql": "ALTER TABLE a DROP COLUMN c;\n",
-    })
+    src = tree(
+        tmp_path / "fw",
+        {
+            "V1__init.sql": "CREATE TABLE a (id bigint PRIMARY KEY);\n",
+            "V1.1__more.sql": "ALTER TABLE a ADD COLUMN b text;\n",
+            "V2__next.sql": "ALTER TABLE a ADD COLUMN c text;\n",
+            "V1_2__mid.sql": "ALTER TABLE a ADD COLUMN d text;\n",
+            "R__views.sql": "CREATE OR REPLACE VIEW v AS SELECT 1;\n",
+            "U2__next.sql": "ALTER TABLE a DROP COLUMN c;\n",
+        },
+    )
     history = read_history("flyway", src)
-    assert [m.name for m in history.migrations] == ["V1__init", "V1.1__more", "V1_2__mid", "V2__next"]
+    assert [m.name for m in history.migrations] == [
+        "V1__init",
+        "V1.1__more",
+        "V1_2__mid",
+        "V2__next",
+    ]
     assert any(s.startswith("R__views.sql: Flyway repeatable") for s in history.skipped)
     assert any(s.startswith("U2__next.sql") for s in history.skipped)
     tree(src, {"v3_lower.sql": "SELECT 1;\n"})
@@ -120,12 +149,15 @@ def test_flyway_versions_repeatables_and_undo(tmp_path):
 
 
 def test_prisma_folders_lock_file_and_provider(tmp_path):
-    src = tree(tmp_path / "prisma", {
-        "migrations/migration_lock.toml": 'provider = "postgresql"\n',
-        "migrations/20240101000000_init/migration.sql": "-- CreateTable\nCREATE TABLE \"User\" (\"id\" TEXT);\n",
-        "migrations/20240201000000_posts/migration.sql": "CREATE TABLE \"Post\" (\"id\" TEXT);\n",
-        "schema.prisma": "datasource db { provider = \"postgresql\" }\n",
-    })
+    src = tree(
+        tmp_path / "prisma",
+        {
+            "migrations/migration_lock.toml": 'provider = "postgresql"\n',
+            "migrations/20240101000000_init/migration.sql": '-- CreateTable\nCREATE TABLE "User" ("id" TEXT);\n',
+            "migrations/20240201000000_posts/migration.sql": 'CREATE TABLE "Post" ("id" TEXT);\n',
+            "schema.prisma": 'datasource db { provider = "postgresql" }\n',
+        },
+    )
     history = read_history("prisma", src)  # the prisma/ folder: its migrations/ is read
     assert [m.name for m in history.migrations] == ["20240101000000_init", "20240201000000_posts"]
     tree(src, {"migrations/migration_lock.toml": 'provider = "mysql"\n'})
@@ -134,17 +166,24 @@ def test_prisma_folders_lock_file_and_provider(tmp_path):
 
 
 def test_import_converts_and_lints(tmp_path, topo_file):
-    src = tree(tmp_path / "gm", {
-        "1_init.up.sql": "BEGIN;\nCREATE EXTENSION IF NOT EXISTS pgcrypto;\n"
-                         "CREATE TABLE users (id bigint PRIMARY KEY, token text DEFAULT '{{x}}');\nCOMMIT;\n",
-        "2_index.up.sql": "CREATE INDEX CONCURRENTLY users_token ON users (token);\n"
-                          "ALTER TABLE users ADD COLUMN age int;\n",
-    })
+    src = tree(
+        tmp_path / "gm",
+        {
+            "1_init.up.sql": "BEGIN;\nCREATE EXTENSION IF NOT EXISTS pgcrypto;\n"
+            "CREATE TABLE users (id bigint PRIMARY KEY, token text DEFAULT '{{x}}');\nCOMMIT;\n",
+            "2_index.up.sql": "CREATE INDEX CONCURRENTLY users_token ON users (token);\n"
+            "ALTER TABLE users ADD COLUMN age int;\n",
+        },
+    )
     topo = Topology.load(topo_file)
     result = import_history(topo, "golang-migrate", src)
     files = written(topo_file)
-    assert list(files) == ["H0001__1_init_extensions.sql", "V0001__1_init.sql", "V0002__2_index.sql",
-                           "V0003__2_index_part2.sql"]
+    assert list(files) == [
+        "H0001__1_init_extensions.sql",
+        "V0001__1_init.sql",
+        "V0002__2_index.sql",
+        "V0003__2_index_part2.sql",
+    ]
     assert "BEGIN;" not in files["V0001__1_init.sql"] and "{% raw %}" in files["V0001__1_init.sql"]
     assert files["V0002__2_index.sql"].startswith("-- shardctl:no-transaction\n")
     assert "CREATE EXTENSION IF NOT EXISTS pgcrypto;" in files["H0001__1_init_extensions.sql"]
@@ -154,37 +193,61 @@ def test_import_converts_and_lints(tmp_path, topo_file):
     assert "'{{x}}'" in migrations[0].sql(topo, 0)
     assert len(load_host(topo_file.parent / "migrations")) == 1
     assert {f.rule for f in result.findings} >= {"prefer-bigint-over-int"}
-    assert any(line.startswith("prefer-bigint-over-int: 1 finding(s) in V0003__2_index_part2.sql")
-               for line in result.must_change)
+    assert any(
+        line.startswith("prefer-bigint-over-int: 1 finding(s) in V0003__2_index_part2.sql")
+        for line in result.must_change
+    )
     # Importing again is refused: the files are there.
     with pytest.raises(BadInput, match="already holds 1_init"):
         import_history(topo, "golang-migrate", src)
 
 
 def test_set_search_path_is_named_in_what_must_change(tmp_path, topo_file):
-    src = tree(tmp_path / "fw", {"V1__init.sql": "SET search_path = public;\nCREATE TABLE a (id bigint PRIMARY KEY);\n"})
+    src = tree(
+        tmp_path / "fw",
+        {"V1__init.sql": "SET search_path = public;\nCREATE TABLE a (id bigint PRIMARY KEY);\n"},
+    )
     result = import_history(Topology.load(topo_file), "flyway", src, dry_run=True)
     assert "SET search_path in V0001__V1_init.sql: remove it" in "\n".join(result.must_change)
     assert written(topo_file) == {}
 
 
 def test_cli_exit_codes_one_line_errors_and_nothing_written(tmp_path, topo_file):
-    src = tree(tmp_path / "db", {"20240101_users.sql": "-- migrate:up\nCREATE TABLE users (id bigint PRIMARY KEY);\n"})
+    src = tree(
+        tmp_path / "db",
+        {"20240101_users.sql": "-- migrate:up\nCREATE TABLE users (id bigint PRIMARY KEY);\n"},
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
     bad_sql = tree(tmp_path / "bad", {"20240101_x.sql": "-- migrate:up\nCREATE TABLE (;\n"})
-    cases = [(["--from", "liquibase", str(src)], "unknown format"),
-             (["--from", "dbmate", str(tmp_path / "missing")], "not a directory"),
-             (["--from", "dbmate", str(empty)], "no dbmate migrations found"),
-             (["--from", "dbmate", str(bad_sql)], "20240101_x: line 2 does not parse")]
+    cases = [
+        (["--from", "liquibase", str(src)], "unknown format"),
+        (["--from", "dbmate", str(tmp_path / "missing")], "not a directory"),
+        (["--from", "dbmate", str(empty)], "no dbmate migrations found"),
+        (["--from", "dbmate", str(bad_sql)], "20240101_x: line 2 does not parse"),
+    ]
     for args, message in cases:
         started = time.perf_counter()
         r = run_cli("migrations", "import", *args, config=topo_file)
-        assert r.exit_code == 2 and message in r.stderr and r.stderr.strip().count("\n") == 0, (args, r)
+        assert r.exit_code == 2 and message in r.stderr and r.stderr.strip().count("\n") == 0, (
+            args,
+            r,
+        )
         assert time.perf_counter() - started < 2
         assert written(topo_file) == {}
-    r = run_cli("migrations", "import", "--from", "dbmate", str(src), "--dry-run", "--json", config=topo_file)
-    assert r.exit_code == 0 and json.loads(r.stdout)["written"] is False and written(topo_file) == {}, r
+    r = run_cli(
+        "migrations",
+        "import",
+        "--from",
+        "dbmate",
+        str(src),
+        "--dry-run",
+        "--json",
+        config=topo_file,
+    )
+    assert (
+        r.exit_code == 0 and json.loads(r.stdout)["written"] is False and written(topo_file) == {}
+    ), r
     r = run_cli("migrations", "import", "--from", "dbmate", str(src), "--json", config=topo_file)
     doc = json.loads(r.stdout)
     assert r.exit_code == 0 and doc["files"][0]["to"] == "V0001__20240101_users.sql", r

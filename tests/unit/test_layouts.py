@@ -7,8 +7,8 @@ from datetime import date, datetime, timezone
 
 import pytest
 
-from shardctl.ids.decode import Decoder
 from shardctl.errors import BadInput, ConfigError
+from shardctl.ids.decode import Decoder
 from shardctl.model.layouts import (
     TWITTER_EPOCH_MS,
     by_name,
@@ -24,6 +24,7 @@ BLOG_EPOCH_MS = 1293840000000  # 2011-01-01T00:00:00Z, the epoch of Instagram's 
 
 
 # ---- the worked examples ---------------------------------------------------------------
+
 
 def test_pinterest_worked_example():
     parts = pinterest().decode(241294492511762325)
@@ -51,8 +52,10 @@ def test_instagram_worked_example():
 
 def test_instagram_encode_from_unix_ms():
     layout = instagram(BLOG_EPOCH_MS)
-    assert layout.encode(unix_ms=BLOG_EPOCH_MS + 1387263000, shard=1341, sequence=905) == \
-        1387263000 << 23 | 1341 << 10 | 905
+    assert (
+        layout.encode(unix_ms=BLOG_EPOCH_MS + 1387263000, shard=1341, sequence=905)
+        == 1387263000 << 23 | 1341 << 10 | 905
+    )
 
 
 def test_snowflake_twitter_epoch():
@@ -74,7 +77,9 @@ def test_snowflake_other_epoch():
     assert parts["time"] == "1970-01-01T00:00:01.000Z"
 
 
-@pytest.mark.parametrize("time_bits,shard_bits,sequence_bits", [(41, 12, 10), (40, 13, 10), (42, 10, 11), (1, 1, 61)])
+@pytest.mark.parametrize(
+    "time_bits,shard_bits,sequence_bits", [(41, 12, 10), (40, 13, 10), (42, 10, 11), (1, 1, 61)]
+)
 def test_custom_layouts(time_bits, shard_bits, sequence_bits):
     layout = custom(BLOG_EPOCH_MS, time_bits, shard_bits, sequence_bits)
     assert layout.total_bits == 64 and layout.payload_bits == 63 and not layout.uses_sign_bit
@@ -98,14 +103,17 @@ def test_custom_12_bit_shards_example():
     assert value == 1387263000 << 22 | 1341 << 10 | 905
 
 
-@pytest.mark.parametrize("bits,needle", [
-    ({"time": 41, "shard": 13, "sequence": 10}, "sum to 63"),
-    ({"time": 40, "shard": 12, "sequence": 10}, "sum to 63"),
-    ({"time": 0, "shard": 53, "sequence": 10}, "bits.time"),
-    ({"time": 41, "shard": -1, "sequence": 23}, "bits.shard"),
-    ({"time": 41.0, "shard": 12, "sequence": 10}, "bits.time"),
-    ({"time": True, "shard": 52, "sequence": 10}, "bits.time"),
-])
+@pytest.mark.parametrize(
+    "bits,needle",
+    [
+        ({"time": 41, "shard": 13, "sequence": 10}, "sum to 63"),
+        ({"time": 40, "shard": 12, "sequence": 10}, "sum to 63"),
+        ({"time": 0, "shard": 53, "sequence": 10}, "bits.time"),
+        ({"time": 41, "shard": -1, "sequence": 23}, "bits.shard"),
+        ({"time": 41.0, "shard": 12, "sequence": 10}, "bits.time"),
+        ({"time": True, "shard": 52, "sequence": 10}, "bits.time"),
+    ],
+)
 def test_custom_bits_must_sum_to_63(bits, needle):
     with pytest.raises(ConfigError, match=needle):
         by_name("custom", 0, bits)
@@ -119,6 +127,7 @@ def test_unknown_layout_and_custom_without_bits():
 
 
 # ---- limits ---------------------------------------------------------------------------
+
 
 def test_instagram_limits_name_the_dates():
     limits = instagram(BLOG_EPOCH_MS).limits()
@@ -145,14 +154,18 @@ def test_63_bit_layouts_never_turn_negative():
 
 # ---- refusing bad IDs and parts --------------------------------------------------------
 
-@pytest.mark.parametrize("value,needle", [
-    (-1, "negative"),
-    (1 << 64, "does not fit in 64 bits"),
-    ((1 << 64) + 5, "does not fit in 64 bits"),
-    ("123", "must be an integer"),
-    (1.0, "must be an integer"),
-    (True, "must be an integer"),
-])
+
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        (-1, "negative"),
+        (1 << 64, "does not fit in 64 bits"),
+        ((1 << 64) + 5, "does not fit in 64 bits"),
+        ("123", "must be an integer"),
+        (1.0, "must be an integer"),
+        (True, "must be an integer"),
+    ],
+)
 def test_decode_refuses(value, needle):
     with pytest.raises(BadInput, match=needle):
         instagram(BLOG_EPOCH_MS).decode(value)
@@ -181,16 +194,22 @@ def test_negative_ids_before_and_after_the_sign_bit_date():
         custom(0, 41, 12, 10).decode(-1)
 
 
-@pytest.mark.parametrize("parts,needle", [
-    ({"time": 1 << 41, "shard": 0, "sequence": 0}, "time 2199023255552 does not fit in 41 bits"),
-    ({"time": 0, "shard": 8192, "sequence": 0}, "shard 8192 does not fit in 13 bits"),
-    ({"time": 0, "shard": 0, "sequence": 1024}, "sequence 1024 does not fit in 10 bits"),
-    ({"time": -1}, "time -1 does not fit"),
-    ({"unix_ms": BLOG_EPOCH_MS - 1}, "time -1 does not fit"),
-    ({"shard": "1"}, "shard must be an integer"),
-    ({"shard": True}, "shard must be an integer"),
-    ({"worker": 1}, "has no field worker"),
-])
+@pytest.mark.parametrize(
+    "parts,needle",
+    [
+        (
+            {"time": 1 << 41, "shard": 0, "sequence": 0},
+            "time 2199023255552 does not fit in 41 bits",
+        ),
+        ({"time": 0, "shard": 8192, "sequence": 0}, "shard 8192 does not fit in 13 bits"),
+        ({"time": 0, "shard": 0, "sequence": 1024}, "sequence 1024 does not fit in 10 bits"),
+        ({"time": -1}, "time -1 does not fit"),
+        ({"unix_ms": BLOG_EPOCH_MS - 1}, "time -1 does not fit"),
+        ({"shard": "1"}, "shard must be an integer"),
+        ({"shard": True}, "shard must be an integer"),
+        ({"worker": 1}, "has no field worker"),
+    ],
+)
 def test_encode_refuses(parts, needle):
     with pytest.raises(BadInput, match=needle):
         instagram(BLOG_EPOCH_MS).encode(**parts)
@@ -214,19 +233,23 @@ def test_wide_time_fields_beyond_year_9999_still_decode():
 
 # ---- epochs and timestamps ----------------------------------------------------------------
 
-@pytest.mark.parametrize("value,expected", [
-    ("2011-01-01T00:00:00Z", BLOG_EPOCH_MS),
-    ("2011-01-01T00:00:00z", BLOG_EPOCH_MS),
-    ("2011-01-01T00:00:00+00:00", BLOG_EPOCH_MS),
-    ("2011-01-01T01:00:00+01:00", BLOG_EPOCH_MS),
-    ("2011-01-01T00:00:00", BLOG_EPOCH_MS),  # no offset: UTC
-    ("2011-01-01T00:00:00.250Z", BLOG_EPOCH_MS + 250),
-    ("2011-01-01", BLOG_EPOCH_MS),
-    (" 1293840000000 ", BLOG_EPOCH_MS),
-    (1288834974657, TWITTER_EPOCH_MS),
-    (datetime(2011, 1, 1, tzinfo=timezone.utc), BLOG_EPOCH_MS),
-    (date(2011, 1, 1), BLOG_EPOCH_MS),  # YAML reads an unquoted date as a date
-])
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("2011-01-01T00:00:00Z", BLOG_EPOCH_MS),
+        ("2011-01-01T00:00:00z", BLOG_EPOCH_MS),
+        ("2011-01-01T00:00:00+00:00", BLOG_EPOCH_MS),
+        ("2011-01-01T01:00:00+01:00", BLOG_EPOCH_MS),
+        ("2011-01-01T00:00:00", BLOG_EPOCH_MS),  # no offset: UTC
+        ("2011-01-01T00:00:00.250Z", BLOG_EPOCH_MS + 250),
+        ("2011-01-01", BLOG_EPOCH_MS),
+        (" 1293840000000 ", BLOG_EPOCH_MS),
+        (1288834974657, TWITTER_EPOCH_MS),
+        (datetime(2011, 1, 1, tzinfo=timezone.utc), BLOG_EPOCH_MS),
+        (date(2011, 1, 1), BLOG_EPOCH_MS),  # YAML reads an unquoted date as a date
+    ],
+)
 def test_parse_epoch(value, expected):
     assert parse_epoch(value) == expected
 
@@ -238,18 +261,32 @@ def test_parse_epoch_refuses(value):
 
 
 def test_iso_format():
-    assert iso(datetime(2013, 12, 17, 2, 50, 0, 123456, tzinfo=timezone.utc)) == "2013-12-17T02:50:00.123Z"
+    assert (
+        iso(datetime(2013, 12, 17, 2, 50, 0, 123456, tzinfo=timezone.utc))
+        == "2013-12-17T02:50:00.123Z"
+    )
     assert iso(datetime(5, 1, 2, tzinfo=timezone.utc)) == "0005-01-02T00:00:00.000Z"
     assert iso(None) is None
 
 
 # ---- the bulk decoder ------------------------------------------------------------------------
 
+
 def test_decoder_lines_and_csv_agree():
     layout = instagram(BLOG_EPOCH_MS)
-    good = [layout.encode(time=t, shard=s, sequence=q) for t, s, q in [(0, 0, 0), (1387263000, 1341, 905),
-                                                                        ((1 << 40) - 1, 8191, 1023)]]
-    lines = [f"{good[0]}\n", "abc\n", f"{good[1]}\r\n", "\n", "-1\n", f"{1 << 64}\n", f"{good[2]}\n"]
+    good = [
+        layout.encode(time=t, shard=s, sequence=q)
+        for t, s, q in [(0, 0, 0), (1387263000, 1341, 905), ((1 << 40) - 1, 8191, 1023)]
+    ]
+    lines = [
+        f"{good[0]}\n",
+        "abc\n",
+        f"{good[1]}\r\n",
+        "\n",
+        "-1\n",
+        f"{1 << 64}\n",
+        f"{good[2]}\n",
+    ]
     decoder = Decoder(layout)
     results, bad = decoder.decode_lines(lines)
     assert [r["id"] for r in results] == good

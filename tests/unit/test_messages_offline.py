@@ -7,14 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers import run_shardctl
+
 from shardctl.cli.move import _human_move, plain_progress
 from shardctl.engine.fanout import HostResult, raise_for_status
 from shardctl.errors import HostUnreachable, OperationFailed
 
-WARNING = ("warning: the instagram layout uses all 64 bits: its IDs turn negative on 2060-11-03T19:53:47.776Z "
-           "(and overflow on 2095-09-07T15:47:35.552Z)")
+WARNING = (
+    "warning: the instagram layout uses all 64 bits: its IDs turn negative on 2060-11-03T19:53:47.776Z "
+    "(and overflow on 2095-09-07T15:47:35.552Z)"
+)
 
 TOPOLOGY = """\
 version: 1
@@ -46,8 +48,13 @@ def test_layout_warning_once_in_info_only_there(topo):
     shown = run_shardctl("info", config=topo)
     assert shown.returncode == 0, shown
     assert shown.stderr.splitlines() == [WARNING]
-    for args in (["decode-id", "12345"], ["encode-id", "--shard", "5", "--sequence", "1", "--ms", "0"],
-                 ["locate", "5"], ["render"], ["lint"]):
+    for args in (
+        ["decode-id", "12345"],
+        ["encode-id", "--shard", "5", "--sequence", "1", "--ms", "0"],
+        ["locate", "5"],
+        ["render"],
+        ["lint"],
+    ):
         quiet = run_shardctl(*args, config=topo)
         assert quiet.returncode == 0, (args, quiet)
         assert WARNING not in quiet.stderr and "warning:" not in quiet.stderr, (args, quiet)
@@ -61,7 +68,9 @@ def test_layout_warning_once_in_verify_and_init_then_one_error_line(topo):
         assert result.returncode == 3, result
         lines = result.stderr.splitlines()
         assert lines[0] == WARNING and len(lines) == 2, result
-        assert lines[1].startswith("error: host pg1, pg2 is unreachable: connection failed: "), result
+        assert lines[1].startswith("error: host pg1, pg2 is unreachable: connection failed: "), (
+            result
+        )
         assert lines[1].count("pg1") == 1 and lines[1].count("Connection refused") == 1, result
         assert "Connection refused" not in result.stdout, result
     status = run_shardctl("status", config=topo)
@@ -69,24 +78,34 @@ def test_layout_warning_once_in_verify_and_init_then_one_error_line(topo):
 
 
 def test_a_host_error_names_its_host_once():
-    hosts = [HostResult("pg1", error="host pg1: another shardctl run holds the lock (pid 7)"),
-             HostResult("pg2", error="relation \"shardctl.shards\" does not exist")]
+    hosts = [
+        HostResult("pg1", error="host pg1: another shardctl run holds the lock (pid 7)"),
+        HostResult("pg2", error='relation "shardctl.shards" does not exist'),
+    ]
     with pytest.raises(OperationFailed) as caught:
         raise_for_status("init", hosts, ["2 shard(s) failed"])
-    assert str(caught.value) == ("init: 2 shard(s) failed; host pg1: another shardctl run holds the lock (pid 7); "
-                                 "host pg2: relation \"shardctl.shards\" does not exist")
+    assert str(caught.value) == (
+        "init: 2 shard(s) failed; host pg1: another shardctl run holds the lock (pid 7); "
+        'host pg2: relation "shardctl.shards" does not exist'
+    )
 
 
 def test_unreachable_hosts_each_reason_once_and_the_other_failures_too():
-    hosts = [HostResult("pg1", reachable=False, error="timeout expired"),
-             HostResult("pg2", reachable=False, error="Connection refused"),
-             HostResult("pg3", error="host pg3: no control schema")]
+    hosts = [
+        HostResult("pg1", reachable=False, error="timeout expired"),
+        HostResult("pg2", reachable=False, error="Connection refused"),
+        HostResult("pg3", error="host pg3: no control schema"),
+    ]
     with pytest.raises(HostUnreachable) as caught:
         raise_for_status("verify", hosts)
-    assert str(caught.value) == ("host pg1, pg2 is unreachable: pg1: timeout expired; pg2: Connection refused; "
-                                 "host pg3: no control schema")
-    same = [HostResult("pg1", reachable=False, error="Connection refused"),
-            HostResult("pg2", reachable=False, error="Connection refused")]
+    assert str(caught.value) == (
+        "host pg1, pg2 is unreachable: pg1: timeout expired; pg2: Connection refused; "
+        "host pg3: no control schema"
+    )
+    same = [
+        HostResult("pg1", reachable=False, error="Connection refused"),
+        HostResult("pg2", reachable=False, error="Connection refused"),
+    ]
     with pytest.raises(HostUnreachable) as caught:
         raise_for_status("verify", same)
     assert str(caught.value) == "host pg1, pg2 is unreachable: Connection refused"
@@ -96,23 +115,48 @@ def test_plain_progress_prints_every_freeze_step(capsys):
     """Without a terminal: each stage of the freeze is its own line; a counted step prints when it
     starts and finishes; a shrinking lag does not flood the output."""
     tick = plain_progress()
-    for args in [("catch-up", 0, 0, "lag 3 MB"), ("catch-up", 0, 0, "lag 2 MB"), ("catch-up", 0, 0, "lag 1 kB"),
-                 ("verify", 0, 12, "before the freeze"), ("verify", 6, 12, "before the freeze"),
-                 ("verify", 12, 12, "before the freeze"),
-                 ("freeze", 0, 0, "locking"), ("freeze", 0, 0, "waiting for lag 0"),
-                 ("verify", 0, 0, "after the cutover"), ("note", 0, 0, "retrying the freeze"),
-                 ("freeze", 0, 0, "locking"), ("freeze", 0, 0, "waiting for lag 0")]:
+    for args in [
+        ("catch-up", 0, 0, "lag 3 MB"),
+        ("catch-up", 0, 0, "lag 2 MB"),
+        ("catch-up", 0, 0, "lag 1 kB"),
+        ("verify", 0, 12, "before the freeze"),
+        ("verify", 6, 12, "before the freeze"),
+        ("verify", 12, 12, "before the freeze"),
+        ("freeze", 0, 0, "locking"),
+        ("freeze", 0, 0, "waiting for lag 0"),
+        ("verify", 0, 0, "after the cutover"),
+        ("note", 0, 0, "retrying the freeze"),
+        ("freeze", 0, 0, "locking"),
+        ("freeze", 0, 0, "waiting for lag 0"),
+    ]:
         tick(*args)
     assert capsys.readouterr().err.splitlines() == [
-        "catch-up: lag 3 MB", "verify: 0/12 before the freeze", "verify: 12/12 before the freeze",
-        "freeze: locking", "freeze: waiting for lag 0", "verify: after the cutover", "retrying the freeze",
-        "freeze: locking", "freeze: waiting for lag 0"]
+        "catch-up: lag 3 MB",
+        "verify: 0/12 before the freeze",
+        "verify: 12/12 before the freeze",
+        "freeze: locking",
+        "freeze: waiting for lag 0",
+        "verify: after the cutover",
+        "retrying the freeze",
+        "freeze: locking",
+        "freeze: waiting for lag 0",
+    ]
 
 
 def test_move_to_where_the_shards_are_says_so(capsys):
-    _human_move({"command": "move-shard", "shards": "0-63", "source": "pg3", "target": "pg3", "phases_run": [],
-                 "phase": "nothing to do", "nothing_to_do": True,
-                 "messages": ["shards 0-63 are already on pg3: nothing was done"], "seconds": 0.0})
+    _human_move(
+        {
+            "command": "move-shard",
+            "shards": "0-63",
+            "source": "pg3",
+            "target": "pg3",
+            "phases_run": [],
+            "phase": "nothing to do",
+            "nothing_to_do": True,
+            "messages": ["shards 0-63 are already on pg3: nothing was done"],
+            "seconds": 0.0,
+        }
+    )
     assert capsys.readouterr().out == "Shards 0-63 are already on pg3: nothing was done.\n"
 
 
@@ -124,6 +168,10 @@ def test_lock_holder_descriptions():
 
     since = datetime(2026, 1, 2, 3, 4, 5)
     assert LockHolder(7, "shardctl migrate lock", None, since, False).describe() == (
-        "pid 7, shardctl migrate lock, from local socket, connected 2026-01-02 03:04:05")
-    assert LockHolder(7, "", "10.0.0.9/32", None, False).describe() == "pid 7, unnamed client, from 10.0.0.9/32"
+        "pid 7, shardctl migrate lock, from local socket, connected 2026-01-02 03:04:05"
+    )
+    assert (
+        LockHolder(7, "", "10.0.0.9/32", None, False).describe()
+        == "pid 7, unnamed client, from 10.0.0.9/32"
+    )
     assert LockHolder(7, None, None, None, True).describe() == "pid 7, exiting"

@@ -7,8 +7,8 @@ process imports (on stderr, one line each, the module name after the last ``|``)
 from __future__ import annotations
 
 import pytest
-
 from helpers import run_shardctl
+
 from shardctl.cli import COMMAND_MODULES, cli, load_commands
 
 DRIVER = ("psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c")
@@ -33,7 +33,11 @@ hosts:
 
 
 def imported(stderr: str) -> set[str]:
-    return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+    return {
+        line.rsplit("|", 1)[-1].strip()
+        for line in stderr.splitlines()
+        if line.startswith("import time:")
+    }
 
 
 @pytest.fixture
@@ -56,7 +60,9 @@ OFFLINE = {
 @pytest.mark.parametrize("name", list(OFFLINE))
 def test_offline_command_does_not_import_psycopg(name, topo, tmp_path):
     args = [a.format(topo=topo) for a in OFFLINE[name]]
-    proc = run_shardctl(*args, python_flags=("-X", "importtime"), unset=("SHARDCTL_CONFIG",), cwd=tmp_path)
+    proc = run_shardctl(
+        *args, python_flags=("-X", "importtime"), unset=("SHARDCTL_CONFIG",), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     modules = imported(proc.stderr)
     assert "shardctl.cli" in modules, "importtime output not understood"
@@ -66,14 +72,20 @@ def test_offline_command_does_not_import_psycopg(name, topo, tmp_path):
 
 def test_the_check_sees_a_driver_import(tmp_path):
     """The same check run on a command that connects does see psycopg (so the test above can fail)."""
-    proc = run_shardctl("-c", tmp_path / "none.yaml", "status", python_flags=("-X", "importtime"), cwd=tmp_path)
+    proc = run_shardctl(
+        "-c", tmp_path / "none.yaml", "status", python_flags=("-X", "importtime"), cwd=tmp_path
+    )
     assert "psycopg" in imported(proc.stderr)
 
 
 def test_help_lists_every_command():
     proc = run_shardctl("--help")
     assert proc.returncode == 0
-    listed = {line.split()[0] for line in proc.stdout.split("Commands:", 1)[1].splitlines() if line.strip()}
+    listed = {
+        line.split()[0]
+        for line in proc.stdout.split("Commands:", 1)[1].splitlines()
+        if line.strip()
+    }
     assert listed == set(COMMAND_MODULES)
 
 

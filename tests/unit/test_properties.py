@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from shardctl.model import dsn as dsnlib
 from shardctl.errors import BadInput, ConfigError
+from shardctl.model import dsn as dsnlib
 from shardctl.model.identifiers import identifier_problem, quote_ident
 from shardctl.model.layouts import Layout, custom, instagram, pinterest, snowflake
 from shardctl.model.ranges import format_shards, parse_shards
-from shardctl.sql.render import render_shard
 from shardctl.model.topology import Topology
+from shardctl.sql.render import render_shard
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NOW_MS = int(datetime.now(timezone.utc).timestamp() * 1000)
@@ -107,7 +107,9 @@ def test_decode_any_integer_is_parts_or_bad_input(layout, value):
         return
     assert -(1 << 63) <= decoded["id"] < (1 << 64)
     unsigned = decoded["id"] % (1 << 64)
-    again = {f.name: decoded["ms_since_epoch" if f.name == "time" else f.name] for f in layout.fields}
+    again = {
+        f.name: decoded["ms_since_epoch" if f.name == "time" else f.name] for f in layout.fields
+    }
     assert layout.encode(**again) == unsigned
 
 
@@ -153,12 +155,25 @@ def test_parse_shards_text_is_a_list_or_value_error(text):
     assert shards  # an accepted spec names at least one shard
 
 
-@pytest.mark.parametrize("spec,needle", [
-    ("1-", "not a shard number or range"), ("a", "not a shard number or range"), ("3-1", "runs backwards"),
-    ("1,,2", "empty shard range"), ("1,1", "listed twice"), ("1-3,2", "listed twice"), ("", "empty"),
-    ("²", "not a shard number"), ("1.5", "not a shard number"), (None, "expected a shard number"),
-    ([], "empty list"), ([[1]], "nested list"), (-3, "not negative"), (True, "expected a shard number"),
-])
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ("1-", "not a shard number or range"),
+        ("a", "not a shard number or range"),
+        ("3-1", "runs backwards"),
+        ("1,,2", "empty shard range"),
+        ("1,1", "listed twice"),
+        ("1-3,2", "listed twice"),
+        ("", "empty"),
+        ("²", "not a shard number"),
+        ("1.5", "not a shard number"),
+        (None, "expected a shard number"),
+        ([], "empty list"),
+        ([[1]], "nested list"),
+        (-3, "not negative"),
+        (True, "expected a shard number"),
+    ],
+)
 def test_bad_ranges_have_messages(spec, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):
         parse_shards(spec)
@@ -193,13 +208,69 @@ placement:
 """
 
 yaml_scalars = st.one_of(
-    st.sampled_from(["", "~", "null", "true", "no", "0", "-1", "16", "8192", "9000", "1e3", "0x10", "0o7", ".inf",
-                     "[]", "{}", "[1, [2]]", "{a: 1}", "custom", "pinterest", "sql", "'0-3'", "\"0-99999\"",
-                     "\"{n:{n.x}}\"", "\"{n:999999999}\"", "\"X{n}\"", "\"{}{}\"", "\"{n\"", "2999-01-01",
-                     "1969-01-01", "2020-01-01", "!!binary aGk=", "!!set {a}", "!foo bar", "&a 1", "*a", "*nope",
-                     "|\n  text", ">-\n  folded", "{time: 41, shard: 12, sequence: 10}",
-                     "{time: 61, shard: 1, sequence: 1}", "'postgresql://u:pw@h/db'", "'password=x'", "[[0, 1]]",
-                     "\"\\0\"", "\"\\t\"", "? a", "- - -", "@", "`", "%", "'", "\"", "[", "{", "}", "]", ":", "#"]),
+    st.sampled_from(
+        [
+            "",
+            "~",
+            "null",
+            "true",
+            "no",
+            "0",
+            "-1",
+            "16",
+            "8192",
+            "9000",
+            "1e3",
+            "0x10",
+            "0o7",
+            ".inf",
+            "[]",
+            "{}",
+            "[1, [2]]",
+            "{a: 1}",
+            "custom",
+            "pinterest",
+            "sql",
+            "'0-3'",
+            '"0-99999"',
+            '"{n:{n.x}}"',
+            '"{n:999999999}"',
+            '"X{n}"',
+            '"{}{}"',
+            '"{n"',
+            "2999-01-01",
+            "1969-01-01",
+            "2020-01-01",
+            "!!binary aGk=",
+            "!!set {a}",
+            "!foo bar",
+            "&a 1",
+            "*a",
+            "*nope",
+            "|\n  text",
+            ">-\n  folded",
+            "{time: 41, shard: 12, sequence: 10}",
+            "{time: 61, shard: 1, sequence: 1}",
+            "'postgresql://u:pw@h/db'",
+            "'password=x'",
+            "[[0, 1]]",
+            '"\\0"',
+            '"\\t"',
+            "? a",
+            "- - -",
+            "@",
+            "`",
+            "%",
+            "'",
+            '"',
+            "[",
+            "{",
+            "}",
+            "]",
+            ":",
+            "#",
+        ]
+    ),
     st.integers(-(1 << 70), 1 << 70).map(str),
     st.text(alphabet=string.ascii_letters + string.digits + " -_{}:,'\"[]!&*#%@|>\\", max_size=20),
 )
@@ -220,14 +291,34 @@ def mutated_topologies(draw) -> str:
                 lines = ["x: 1"]
         elif action == "insert":
             indent = " " * draw(st.sampled_from([0, 2, 4, 6]))
-            key = draw(st.sampled_from(["colour", "version", "id", "shards", "hosts", "count", "name", "bits",
-                                        "- name"]))
+            key = draw(
+                st.sampled_from(
+                    [
+                        "colour",
+                        "version",
+                        "id",
+                        "shards",
+                        "hosts",
+                        "count",
+                        "name",
+                        "bits",
+                        "- name",
+                    ]
+                )
+            )
             lines.insert(i, f"{indent}{key}: {draw(yaml_scalars)}")
         elif action == "indent":
             lines[i] = " " * draw(st.integers(0, 3)) + line
         else:
-            lines[i] = line.replace(line.strip().split(":", 1)[0], draw(st.sampled_from(
-                ["colour", "Count", "name", "shards", "epoch", "<<", "1", "? x", "- x"])), 1)
+            lines[i] = line.replace(
+                line.strip().split(":", 1)[0],
+                draw(
+                    st.sampled_from(
+                        ["colour", "Count", "name", "shards", "epoch", "<<", "1", "? x", "- x"]
+                    )
+                ),
+                1,
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -261,11 +352,41 @@ def test_loader_arbitrary_text_raises_only_config_errors(text):
 
 
 json_like = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(1 << 64), 1 << 64), st.floats(allow_nan=False),
-              st.text(max_size=15)),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["version", "id", "shards", "hosts", "layout", "epoch", "count", "schema", "name", "dsn",
-                         "bits", "time", "shard", "sequence", "routing", "modulus", "x"]), children, max_size=5),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(1 << 64), 1 << 64),
+        st.floats(allow_nan=False),
+        st.text(max_size=15),
+    ),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "version",
+                    "id",
+                    "shards",
+                    "hosts",
+                    "layout",
+                    "epoch",
+                    "count",
+                    "schema",
+                    "name",
+                    "dsn",
+                    "bits",
+                    "time",
+                    "shard",
+                    "sequence",
+                    "routing",
+                    "modulus",
+                    "x",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
+    ),
     max_leaves=20,
 )
 
@@ -287,7 +408,10 @@ def _with_schema(fmt: str) -> str:
 
 
 @SETTINGS
-@given(st.text(alphabet=SAFE_CHARS + BAD_CHARS, max_size=12), st.text(alphabet=SAFE_CHARS + BAD_CHARS, max_size=12))
+@given(
+    st.text(alphabet=SAFE_CHARS + BAD_CHARS, max_size=12),
+    st.text(alphabet=SAFE_CHARS + BAD_CHARS, max_size=12),
+)
 @example("insta", "; DROP SCHEMA public CASCADE; --")
 @example("x", "$$")
 @example("Insta", "")
@@ -325,7 +449,7 @@ def test_any_accepted_schema_format_gives_safe_names(fmt):
 @SETTINGS
 @given(st.text(min_size=1, max_size=70))
 def test_identifier_problem_agrees_with_the_rule(name):
-    safe = (re.fullmatch(r"[a-z_][a-z0-9_]*", name) is not None and len(name.encode()) <= 63)
+    safe = re.fullmatch(r"[a-z_][a-z0-9_]*", name) is not None and len(name.encode()) <= 63
     if not safe:
         assert identifier_problem(name) is not None
         assert quote_ident(name).startswith('"')
@@ -333,7 +457,9 @@ def test_identifier_problem_agrees_with_the_rule(name):
 
 # ---- DSN masking never leaks a password ---------------------------------------------------------------------
 
-passwords = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=30)
+passwords = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=30
+)
 users = st.sampled_from(["app", "", "u", "reader"])
 hosts = st.sampled_from(["db1", "127.0.0.1", "db.example.com", "[::1]"])
 
@@ -345,7 +471,13 @@ def _kv_quote(value: str) -> str:
 
 
 @SETTINGS
-@given(users, passwords, hosts, st.sampled_from(["", ":5432"]), st.sampled_from(["/app", "/app?sslmode=require", ""]))
+@given(
+    users,
+    passwords,
+    hosts,
+    st.sampled_from(["", ":5432"]),
+    st.sampled_from(["/app", "/app?sslmode=require", ""]),
+)
 def test_mask_uri_password(user, password, host, port, rest):
     encoded = quote(password, safe="")
     dsn = f"postgresql://{user}:{encoded}@{host}{port}{rest}"
@@ -353,14 +485,20 @@ def test_mask_uri_password(user, password, host, port, rest):
     assert masked == f"postgresql://{user}:***@{host}{port}{rest}"
     assert dsnlib.has_inline_password(dsn)
     # in a sentence, and inside JSON (--json output): still masked, and the JSON stays valid
-    assert dsnlib.mask(f"cannot connect to {dsn}: refused") == f"cannot connect to {masked}: refused"
+    assert (
+        dsnlib.mask(f"cannot connect to {dsn}: refused") == f"cannot connect to {masked}: refused"
+    )
     doc = json.loads(dsnlib.mask(json.dumps({"dsn": dsn, "hosts": [{"dsn": dsn}]}, indent=2)))
     assert doc == {"dsn": masked, "hosts": [{"dsn": masked}]}
 
 
 @SETTINGS
-@given(passwords, st.sampled_from(["host=db1", "host=db1 port=5432", "dbname=app host=127.0.0.1"]),
-       st.sampled_from(["", " user=app", " sslmode=require"]), st.sampled_from(["password", "password ", "PASSWORD"]))
+@given(
+    passwords,
+    st.sampled_from(["host=db1", "host=db1 port=5432", "dbname=app host=127.0.0.1"]),
+    st.sampled_from(["", " user=app", " sslmode=require"]),
+    st.sampled_from(["password", "password ", "PASSWORD"]),
+)
 def test_mask_key_value_password(password, before, after, keyword):
     head = f"{before} {keyword}= " if keyword.endswith(" ") else f"{before} {keyword}="
     dsn = head + _kv_quote(password) + after
@@ -377,7 +515,10 @@ def test_mask_key_value_password(password, before, after, keyword):
 def test_mask_query_password(password):
     encoded = quote(password, safe="")
     dsn = f"postgresql://app@db1/app?sslmode=require&password={encoded}&application_name=x"
-    assert dsnlib.mask(dsn) == "postgresql://app@db1/app?sslmode=require&password=***&application_name=x"
+    assert (
+        dsnlib.mask(dsn)
+        == "postgresql://app@db1/app?sslmode=require&password=***&application_name=x"
+    )
 
 
 @SETTINGS
@@ -406,8 +547,11 @@ foreign_digits = st.characters(categories=["Nd"]).filter(lambda c: not c.isascii
 
 
 @SETTINGS
-@given(st.lists(st.one_of(foreign_digits, st.sampled_from("0123456789-,")), min_size=1, max_size=12)
-       .filter(lambda chars: any(not c.isascii() for c in chars)))
+@given(
+    st.lists(
+        st.one_of(foreign_digits, st.sampled_from("0123456789-,")), min_size=1, max_size=12
+    ).filter(lambda chars: any(not c.isascii() for c in chars))
+)
 def test_non_ascii_digits_are_never_numbers(chars):
     from shardctl.ids.decode import Decoder, parse_loose
     from shardctl.ids.routing import is_integer_key, shard_for_key
@@ -425,7 +569,9 @@ def test_non_ascii_digits_are_never_numbers(chars):
     with pytest.raises((ValueError, BadInput)):
         parse_epoch(text)
     stripped = text.strip()
-    if (stripped[1:] if stripped.startswith("-") else stripped).isdecimal():  # what int() would read ("--٠" is not)
+    if (
+        stripped.removeprefix("-")
+    ).isdecimal():  # what int() would read ("--٠" is not)
         with pytest.raises(BadInput, match="non-ASCII digits"):
             shard_for_key(text, 16)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from shardctl.sql import migrations as miglib
-from shardctl.sql import render
 from shardctl.errors import BadInput, ConfigError
 from shardctl.model.topology import Topology
+from shardctl.sql import migrations as miglib
+from shardctl.sql import render
 
 TEMPLATE = """\
 version: 1
@@ -33,7 +33,9 @@ hosts:
 BLOG_EPOCH_MS = 1293840000000
 
 
-def topology(function="plpgsql", layout="instagram", schema="insta{n}", path=None, extra="") -> Topology:
+def topology(
+    function="plpgsql", layout="instagram", schema="insta{n}", path=None, extra=""
+) -> Topology:
     text = TEMPLATE.format(function=function, layout=layout, schema=schema) + extra
     return Topology.from_text(text, path=path)
 
@@ -91,9 +93,16 @@ def _evaluate(sql: str, unix_ms: int, nextval: int) -> int:
 @pytest.mark.parametrize("shard", [0, 5, 63])
 def test_next_id_computes_the_layouts_ids(topo, shard):
     sql = render.render_next_id(topo, shard)
-    for ms, nextval in [(0, 1), (1387263000, 5001), (1387263000, 1024 * 7 + 3), ((1 << 40) - 1, 1023)]:
+    for ms, nextval in [
+        (0, 1),
+        (1387263000, 5001),
+        (1387263000, 1024 * 7 + 3),
+        ((1 << 40) - 1, 1023),
+    ]:
         unix_ms = BLOG_EPOCH_MS + ms
-        expected = topo.layout.encode(time=ms, shard=shard, sequence=nextval % topo.layout.ids_per_ms_per_shard)
+        expected = topo.layout.encode(
+            time=ms, shard=shard, sequence=nextval % topo.layout.ids_per_ms_per_shard
+        )
         assert _evaluate(sql, unix_ms, nextval) == expected
         parts = topo.layout.decode(expected)
         assert parts["shard"] == shard and parts["unix_ms"] == unix_ms
@@ -101,8 +110,12 @@ def test_next_id_computes_the_layouts_ids(topo, shard):
 
 def test_instagram_blog_example_through_the_template():
     # The blog's shard (31341 % 2000 = 1341) needs a 2000-shard topology.
-    text = TEMPLATE.format(function="plpgsql", layout="instagram", schema="insta{n}").replace(
-        "count: 64", "count: 2000").replace('"0-31"', '"0-999"').replace('"32-63"', '"1000-1999"')
+    text = (
+        TEMPLATE.format(function="plpgsql", layout="instagram", schema="insta{n}")
+        .replace("count: 64", "count: 2000")
+        .replace('"0-31"', '"0-999"')
+        .replace('"32-63"', '"1000-1999"')
+    )
     sql = render.render_next_id(Topology.from_text(text), 1341)
     assert _evaluate(sql, BLOG_EPOCH_MS + 1387263000, 5001) == 1387263000 << 23 | 1341 << 10 | 905
 
@@ -121,8 +134,13 @@ def test_render_is_deterministic(topo):
     again = [render.render_shard(topo, n) for n in range(64)]
     assert first == again
     # and does not depend on the Topology object, only on the file
-    fresh = Topology.from_text(TEMPLATE.format(function=topo.function, layout=CUSTOM if topo.layout.name == "custom"
-                                               else "instagram", schema="insta{n}"))
+    fresh = Topology.from_text(
+        TEMPLATE.format(
+            function=topo.function,
+            layout=CUSTOM if topo.layout.name == "custom" else "instagram",
+            schema="insta{n}",
+        )
+    )
     assert [render.render_shard(fresh, n) for n in range(64)] == first
     assert render.render_control(topo) == render.render_control(fresh)
 
@@ -130,7 +148,12 @@ def test_render_is_deterministic(topo):
 def test_shards_differ_only_in_number_and_schema(topo):
     a, b = render.render_shard(topo, 3), render.render_shard(topo, 4)
     assert a != b
-    assert a.replace("insta3", "insta4").replace("shard 3 of", "shard 4 of").replace("(3::bigint", "(4::bigint") == b
+    assert (
+        a.replace("insta3", "insta4")
+        .replace("shard 3 of", "shard 4 of")
+        .replace("(3::bigint", "(4::bigint")
+        == b
+    )
 
 
 def test_schema_format_reaches_every_name():
@@ -160,20 +183,34 @@ def test_control_schema():
 
 def test_topology_templates_override_the_builtin_ones(tmp_path):
     (tmp_path / "tpl").mkdir()
-    (tmp_path / "tpl" / "shard.sql.j2").write_text("-- custom shard {{ shard_id }}\nCREATE SCHEMA {{ schema }};\n"
-                                                  "{% include 'next_id_' ~ function ~ '.sql.j2' %}")
+    (tmp_path / "tpl" / "shard.sql.j2").write_text(
+        "-- custom shard {{ shard_id }}\nCREATE SCHEMA {{ schema }};\n"
+        "{% include 'next_id_' ~ function ~ '.sql.j2' %}"
+    )
     topo = topology(path=tmp_path / "shardctl.yaml", extra="templates: tpl/\n")
     sql = render.render_shard(topo, 2)
     assert sql.startswith("-- custom shard 2\nCREATE SCHEMA insta2;\n")
     assert "CREATE OR REPLACE FUNCTION insta2.next_id(" in sql  # falls back to the built-in next_id
 
 
-@pytest.mark.parametrize("source,needle", [
-    ("-- shard\nCREATE SCHEMA {{ shema }};\n", "template shard.sql.j2:2 does not render: 'shema' is undefined"),
-    ("CREATE SCHEMA {{ schema }}{{ shard_id + 'x' }};\n", "template shard.sql.j2:1 does not render: unsupported"),
-    ("{% include 'missing.sql.j2' %}\n", "template shard.sql.j2:1 does not render: 'missing.sql.j2' not found"),
-    ("{% if %}\n", "template shard.sql.j2:1 does not render"),
-])
+@pytest.mark.parametrize(
+    "source,needle",
+    [
+        (
+            "-- shard\nCREATE SCHEMA {{ shema }};\n",
+            "template shard.sql.j2:2 does not render: 'shema' is undefined",
+        ),
+        (
+            "CREATE SCHEMA {{ schema }}{{ shard_id + 'x' }};\n",
+            "template shard.sql.j2:1 does not render: unsupported",
+        ),
+        (
+            "{% include 'missing.sql.j2' %}\n",
+            "template shard.sql.j2:1 does not render: 'missing.sql.j2' not found",
+        ),
+        ("{% if %}\n", "template shard.sql.j2:1 does not render"),
+    ],
+)
 def test_template_errors_are_bad_input_naming_the_file(tmp_path, source, needle):
     (tmp_path / "tpl").mkdir()
     (tmp_path / "tpl" / "shard.sql.j2").write_text(source)
@@ -184,6 +221,7 @@ def test_template_errors_are_bad_input_naming_the_file(tmp_path, source, needle)
 
 
 # ---- migrations ---------------------------------------------------------------------------------------
+
 
 def write(directory: Path, files: dict[str, str]) -> Path:
     directory.mkdir(exist_ok=True)
@@ -206,22 +244,43 @@ def test_shipped_migrations_render():
 
 
 def test_migration_context(tmp_path):
-    directory = write(tmp_path / "m", {"V0001__context.sql": (
-        "{{ schema }}|{{ shard_id }}|{{ shard_count }}|{{ layout.name }}|{{ layout.epoch_ms }}|{{ next_id }}|"
-        "{{ schema|ident }}|{{ \"it's\"|literal }}\n")})
+    directory = write(
+        tmp_path / "m",
+        {
+            "V0001__context.sql": (
+                "{{ schema }}|{{ shard_id }}|{{ shard_count }}|{{ layout.name }}|{{ layout.epoch_ms }}|{{ next_id }}|"
+                '{{ schema|ident }}|{{ "it\'s"|literal }}\n'
+            )
+        },
+    )
     (m,) = miglib.load(directory)
-    assert m.render(topology(), 7) == f"insta7|7|64|instagram|{BLOG_EPOCH_MS}|insta7.next_id|insta7|'it''s'\n"
+    assert (
+        m.render(topology(), 7)
+        == f"insta7|7|64|instagram|{BLOG_EPOCH_MS}|insta7.next_id|insta7|'it''s'\n"
+    )
     assert (m.version, m.description, m.name) == (1, "context", "V0001__context.sql")
 
 
-@pytest.mark.parametrize("source,needle", [
-    ("CREATE TABLE {{ shema }}.t ();\n", "V0002__typo.sql:1 does not render: 'shema' is undefined"),
-    ("SELECT 1;\nSELECT {{ shard_id + 'x' }};\n", "V0002__typo.sql:2 does not render: unsupported operand"),
-    ("SELECT 1;\n\nSELECT {{ shard_id // 0 }};\n", "V0002__typo.sql:3 does not render: integer division"),
-    ("CREATE TABLE {{ schema }}.t (id bigint DEFAULT {{ layout.next_idd }}());\n", "next_idd"),
-    ("SELECT 1;\n{{ shard_id + }}\n", "V0002__typo.sql:2"),
-    ("{% for x in %}\n", "is not a valid template"),
-])
+@pytest.mark.parametrize(
+    "source,needle",
+    [
+        (
+            "CREATE TABLE {{ shema }}.t ();\n",
+            "V0002__typo.sql:1 does not render: 'shema' is undefined",
+        ),
+        (
+            "SELECT 1;\nSELECT {{ shard_id + 'x' }};\n",
+            "V0002__typo.sql:2 does not render: unsupported operand",
+        ),
+        (
+            "SELECT 1;\n\nSELECT {{ shard_id // 0 }};\n",
+            "V0002__typo.sql:3 does not render: integer division",
+        ),
+        ("CREATE TABLE {{ schema }}.t (id bigint DEFAULT {{ layout.next_idd }}());\n", "next_idd"),
+        ("SELECT 1;\n{{ shard_id + }}\n", "V0002__typo.sql:2"),
+        ("{% for x in %}\n", "is not a valid template"),
+    ],
+)
 def test_migration_typos_are_bad_input_naming_the_file(tmp_path, source, needle):
     directory = write(tmp_path / "m", {"V0001__ok.sql": "SELECT 1;\n", "V0002__typo.sql": source})
     found = miglib.load(directory)
@@ -234,8 +293,17 @@ def test_migration_typos_are_bad_input_naming_the_file(tmp_path, source, needle)
 
 def test_migration_discovery_orders_and_allows_readme_files(tmp_path):
     # Issue 13: every file is a migration or refused by name; README-like files are allowed.
-    directory = write(tmp_path / "m", {"V10__ten.sql": "", "V0002__two.sql": "", "V1__one.sql": "",
-                                       "V3__three_words_here.sql": "", "README.md": "", ".gitkeep": ""})
+    directory = write(
+        tmp_path / "m",
+        {
+            "V10__ten.sql": "",
+            "V0002__two.sql": "",
+            "V1__one.sql": "",
+            "V3__three_words_here.sql": "",
+            "README.md": "",
+            ".gitkeep": "",
+        },
+    )
     for n in range(4, 10):
         (directory / f"V{n:04d}__n{n}.sql").write_text("")
     found = miglib.load(directory)
@@ -243,29 +311,41 @@ def test_migration_discovery_orders_and_allows_readme_files(tmp_path):
     assert found[2].description == "three words here"
 
 
-@pytest.mark.parametrize("files,needle", [
-    (["V0001__a.sql", "V0003__c.sql"], "without gaps: expected version 2, found V0003__c.sql"),
-    (["V0002__b.sql"], "expected version 1, found V0002__b.sql"),
-    (["V0000__zero.sql", "V0001__a.sql"], "expected version 1, found V0000__zero.sql"),
-    (["V0001__a.sql", "V1__b.sql"], "migration version 1 is used twice"),
-    (["V0001__a.sql", "V0002_b.sql"], "V0002_b.sql is not named V<version>__<description>.sql"),
-    (["V0001__a.sql", "0002__b.sql"], "0002__b.sql is not named"),
-    (["V0001__a.sql", "v0002__b.sql"], "v0002__b.sql is not named"),
-    (["V0001__a.sql", "V0002__bad-name.sql"], "V0002__bad-name.sql is not named"),
-    (["V0001__a.sql", "V0002__.sql"], "V0002__.sql is not named"),
-    (["V0001__a.sql", "V0002__b c.sql"], "is not named"),
-    (["V0001__a.sql", "Vx__b.sql"], "Vx__b.sql is not named"),
-    (["V0001__a.sql", "V0002__x.SQL"], "V0002__x.SQL is not named V<version>__<description>.sql: the extension "
-                                       "must be lowercase .sql"),
-    (["V0001__a.sql", "V0002__x.Sql"], "must be lowercase .sql, not .Sql"),
-    (["V0001__a.sql", "V\u0660\u0660\u0660\u0662__x.sql"], "the version must be written in ASCII digits 0-9"),
-    (["V0001__a.sql", "V0002.sql"], "two underscores must separate"),
-    (["V0001__a.sql", "V0002__.sql"], "it has no description"),
-    (["V0001__a.sql", "v0002__b.sql"], "must start with an uppercase V"),
-    (["V0001__a.sql", "notes.txt"], "notes.txt is not named V<version>__<description>.sql: it is not a .sql file"),
-    (["V0001__a.sql", ".V0002__hidden.sql"], ".V0002__hidden.sql is not named"),
-    (["V0001__a.sql", "V0002__caf\u00e9.sql"], "only ASCII letters, digits and underscores"),
-])
+@pytest.mark.parametrize(
+    "files,needle",
+    [
+        (["V0001__a.sql", "V0003__c.sql"], "without gaps: expected version 2, found V0003__c.sql"),
+        (["V0002__b.sql"], "expected version 1, found V0002__b.sql"),
+        (["V0000__zero.sql", "V0001__a.sql"], "expected version 1, found V0000__zero.sql"),
+        (["V0001__a.sql", "V1__b.sql"], "migration version 1 is used twice"),
+        (["V0001__a.sql", "V0002_b.sql"], "V0002_b.sql is not named V<version>__<description>.sql"),
+        (["V0001__a.sql", "0002__b.sql"], "0002__b.sql is not named"),
+        (["V0001__a.sql", "v0002__b.sql"], "v0002__b.sql is not named"),
+        (["V0001__a.sql", "V0002__bad-name.sql"], "V0002__bad-name.sql is not named"),
+        (["V0001__a.sql", "V0002__.sql"], "V0002__.sql is not named"),
+        (["V0001__a.sql", "V0002__b c.sql"], "is not named"),
+        (["V0001__a.sql", "Vx__b.sql"], "Vx__b.sql is not named"),
+        (
+            ["V0001__a.sql", "V0002__x.SQL"],
+            "V0002__x.SQL is not named V<version>__<description>.sql: the extension "
+            "must be lowercase .sql",
+        ),
+        (["V0001__a.sql", "V0002__x.Sql"], "must be lowercase .sql, not .Sql"),
+        (
+            ["V0001__a.sql", "V\u0660\u0660\u0660\u0662__x.sql"],
+            "the version must be written in ASCII digits 0-9",
+        ),
+        (["V0001__a.sql", "V0002.sql"], "two underscores must separate"),
+        (["V0001__a.sql", "V0002__.sql"], "it has no description"),
+        (["V0001__a.sql", "v0002__b.sql"], "must start with an uppercase V"),
+        (
+            ["V0001__a.sql", "notes.txt"],
+            "notes.txt is not named V<version>__<description>.sql: it is not a .sql file",
+        ),
+        (["V0001__a.sql", ".V0002__hidden.sql"], ".V0002__hidden.sql is not named"),
+        (["V0001__a.sql", "V0002__caf\u00e9.sql"], "only ASCII letters, digits and underscores"),
+    ],
+)
 def test_migration_discovery_rejects(tmp_path, files, needle):
     directory = write(tmp_path / "m", {name: "SELECT 1;\n" for name in files})
     with pytest.raises(ConfigError) as info:
@@ -304,13 +384,16 @@ def test_checksums(tmp_path):
     assert miglib.checksum(m.render(topo, 2)) != miglib.checksum(sql)  # rendered per shard
 
 
-@pytest.mark.parametrize("source,transactional", [
-    ("CREATE INDEX ON t (x);\n", True),
-    ("-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);\n", False),
-    ("\ufeff-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);\n", False),
-    ("-- SHARDCTL:NO-TRANSACTION  \n", False),
-    ("SELECT 1;\n-- shardctl:no-transaction\n", True),  # only on the first line
-])
+@pytest.mark.parametrize(
+    "source,transactional",
+    [
+        ("CREATE INDEX ON t (x);\n", True),
+        ("-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);\n", False),
+        ("\ufeff-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);\n", False),
+        ("-- SHARDCTL:NO-TRANSACTION  \n", False),
+        ("SELECT 1;\n-- shardctl:no-transaction\n", True),  # only on the first line
+    ],
+)
 def test_no_transaction_directive(tmp_path, source, transactional):
     (m,) = miglib.load(write(tmp_path / "m", {"V0001__x.sql": source}))
     assert m.transactional is transactional

@@ -29,8 +29,12 @@ def test_an_unchanged_file_is_not_parsed_again(tmp_path):
     with Router(Topology.load(path)) as router:
         first = router.reload()
         assert router.reload() is first and router.reload() is first  # same file: the same object
-        flipped = tmp_path / "shardctl.yaml.new"  # how shardctl writes it: a new file renamed over the old
-        flipped.write_text(TOPOLOGY.replace('shards: "0-3"', 'shards: "0-2"').replace('"4-7"', '"3-7"'))
+        flipped = (
+            tmp_path / "shardctl.yaml.new"
+        )  # how shardctl writes it: a new file renamed over the old
+        flipped.write_text(
+            TOPOLOGY.replace('shards: "0-3"', 'shards: "0-2"').replace('"4-7"', '"3-7"')
+        )
         os.replace(flipped, path)
         fresh = router.reload()
         assert fresh is not first and fresh.host_of(3).name == "pg2"

@@ -27,8 +27,10 @@ hosts:
 
 
 def test_the_core_does_not_import_sqlalchemy():
-    code = ("import sys, shardctl, shardctl.router, shardctl.cli; "
-            "assert 'sqlalchemy' not in sys.modules, sorted(m for m in sys.modules if 'sqlalchemy' in m)")
+    code = (
+        "import sys, shardctl, shardctl.router, shardctl.cli; "
+        "assert 'sqlalchemy' not in sys.modules, sorted(m for m in sys.modules if 'sqlalchemy' in m)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -39,14 +41,21 @@ def test_where_clauses_route_by_key_and_id(tmp_path):
     path = tmp_path / "shardctl.yaml"
     path.write_text(TOPOLOGY)
     topo = Topology.load(path)
-    photos = sa.Table("photos", sa.MetaData(), sa.Column("id", sa.BigInteger, primary_key=True),
-                      sa.Column("user_id", sa.BigInteger), sa.Column("caption", sa.Text))
+    photos = sa.Table(
+        "photos",
+        sa.MetaData(),
+        sa.Column("id", sa.BigInteger, primary_key=True),
+        sa.Column("user_id", sa.BigInteger),
+        sa.Column("caption", sa.Text),
+    )
     tables = {photos: {"id": True, "user_id": False}}
     c = photos.c
     an_id = topo.layout.encode(shard=9, time=1000)
     with Router(topo) as router:
+
         def shards(clause, params=None):
             return criterion_shards(router, clause, tables, params or {})
+
         assert shards(c.user_id == 3) == {3}
         assert shards(c.user_id.in_([1, 17, 30])) == {1, 14}
         assert shards((c.user_id == 2) | (c.user_id == 5)) == {2, 5}

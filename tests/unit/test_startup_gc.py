@@ -38,7 +38,7 @@ def test_a_command_runs_with_the_collector_on_and_start_up_frozen():
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     words = proc.stderr.split()
-    during, exit_ = words[words.index("during") + 1:][:2], words[words.index("exit") + 1:][:2]
+    during, exit_ = words[words.index("during") + 1 :][:2], words[words.index("exit") + 1 :][:2]
     assert during[0] == "True" and int(during[1]) > 10_000  # on, with the imports frozen
     assert int(exit_[1]) >= int(during[1])  # frozen again before exit
 

@@ -22,21 +22,38 @@ MAX_CLASS_LINES = 300
 
 # The first part of a module name under shardctl, to its layer (lower is more basic).
 LAYERS = {
-    "errors": 0, "version": 0,
+    "errors": 0,
+    "version": 0,
     "model": 1,
     "ids": 2,
     "sql": 3,
     "engine": 4,
-    "ops": 5, "router": 5, "router_pool": 5, "router_session": 5, "router_placement": 5,
+    "ops": 5,
+    "router": 5,
+    "router_pool": 5,
+    "router_session": 5,
+    "router_placement": 5,
     "sqlalchemy": 5,  # an ORM integration beside the Router (imports sqlalchemy: an optional extra)
     "router_async": 5,
-    "dev": 6, "testing": 6, "django": 6,
+    "dev": 6,
+    "testing": 6,
+    "django": 6,
     "": 7,  # shardctl/__init__.py: the public API
     "cli": 8,
     "__main__": 9,
 }
-LAYER_NAMES = {0: "errors", 1: "model", 2: "ids", 3: "sql", 4: "engine", 5: "ops/router", 6: "dev",
-               7: "shardctl (API)", 8: "cli", 9: "__main__"}
+LAYER_NAMES = {
+    0: "errors",
+    1: "model",
+    2: "ids",
+    3: "sql",
+    4: "engine",
+    5: "ops/router",
+    6: "dev",
+    7: "shardctl (API)",
+    8: "cli",
+    9: "__main__",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -64,6 +81,7 @@ def lines(node: ast.AST) -> int:
 
 def qualified(tree: ast.AST):
     """(qualified name, node) of every function and class, nested ones too."""
+
     def walk(node, prefix):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -72,20 +90,28 @@ def qualified(tree: ast.AST):
                 yield from walk(child, name + ".")
             else:
                 yield from walk(child, prefix)
+
     yield from walk(tree, "")
 
 
 def test_no_function_longer_than_100_lines():
-    long = [f"{where(mod, node)} {name}: {lines(node)} lines"
-            for mod, tree in TREES.items() for name, node in qualified(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and lines(node) > MAX_FUNCTION_LINES]
+    long = [
+        f"{where(mod, node)} {name}: {lines(node)} lines"
+        for mod, tree in TREES.items()
+        for name, node in qualified(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and lines(node) > MAX_FUNCTION_LINES
+    ]
     assert not long, f"functions longer than {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
 
 
 def test_no_class_longer_than_300_lines():
-    long = [f"{where(mod, node)} {name}: {lines(node)} lines"
-            for mod, tree in TREES.items() for name, node in qualified(tree)
-            if isinstance(node, ast.ClassDef) and lines(node) > MAX_CLASS_LINES]
+    long = [
+        f"{where(mod, node)} {name}: {lines(node)} lines"
+        for mod, tree in TREES.items()
+        for name, node in qualified(tree)
+        if isinstance(node, ast.ClassDef) and lines(node) > MAX_CLASS_LINES
+    ]
     assert not long, f"classes longer than {MAX_CLASS_LINES} lines:\n" + "\n".join(long)
 
 
@@ -102,7 +128,10 @@ def resolve(module: str, node: ast.ImportFrom | ast.Import) -> list[str]:
         else:
             base = node.module or ""
         # "from package import submodule" depends on the submodule; "from module import name" on the module.
-        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        names = [
+            f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+            for alias in node.names
+        ]
     out = []
     for name in names:
         while name and name not in MODULES:  # "import shardctl.x.y" of a name inside a module
@@ -166,8 +195,12 @@ def test_no_import_cycles():
     problems = []
     for component in cycles(graph):
         members = set(component)
-        edges = [f"    {a} -> {b} ({MODULES[a].relative_to(PACKAGE.parent)}:{graph[a][b]})"
-                 for a in component for b in sorted(graph[a]) if b in members]
+        edges = [
+            f"    {a} -> {b} ({MODULES[a].relative_to(PACKAGE.parent)}:{graph[a][b]})"
+            for a in component
+            for b in sorted(graph[a])
+            if b in members
+        ]
         problems.append(" <-> ".join(component) + "\n" + "\n".join(edges))
     assert not problems, "import cycles:\n" + "\n".join(problems)
 
@@ -184,8 +217,10 @@ def test_layers_depend_only_downward():
     for mod, edges in imports().items():
         for target, line in sorted(edges.items()):
             if layer(target) > layer(mod):
-                upward.append(f"{MODULES[mod].relative_to(PACKAGE.parent)}:{line} {mod} ({LAYER_NAMES[layer(mod)]}) "
-                              f"imports {target} ({LAYER_NAMES[layer(target)]})")
+                upward.append(
+                    f"{MODULES[mod].relative_to(PACKAGE.parent)}:{line} {mod} ({LAYER_NAMES[layer(mod)]}) "
+                    f"imports {target} ({LAYER_NAMES[layer(target)]})"
+                )
     assert not upward, "imports from a later layer:\n" + "\n".join(upward)
 
 
@@ -193,9 +228,9 @@ def test_the_checks_see_what_they_check():
     """The analysis finds the modules, imports and sizes it is meant to (so the tests above can fail)."""
     assert {"shardctl.cli", "shardctl.model.dsn", "shardctl.errors", "shardctl"} <= set(MODULES)
     graph = imports()
-    assert "shardctl.model.topology" in graph["shardctl.cli"]       # from ..model.topology import ...
-    assert "shardctl.cli" in graph["shardctl.cli.offline"]          # from . import cli, ...
-    assert "shardctl.sql.render" in graph["shardctl.cli.offline"]   # imported inside a function
+    assert "shardctl.model.topology" in graph["shardctl.cli"]  # from ..model.topology import ...
+    assert "shardctl.cli" in graph["shardctl.cli.offline"]  # from . import cli, ...
+    assert "shardctl.sql.render" in graph["shardctl.cli.offline"]  # imported inside a function
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
     sizes = {name: lines(node) for name, node in qualified(TREES["shardctl.cli"])}
     assert sizes["ShardctlGroup"] > sizes["ShardctlGroup.main"] > 10

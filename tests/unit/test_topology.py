@@ -45,7 +45,9 @@ routing:
   strings: md5
 """
 
-CUSTOM = GOOD.replace("  layout: instagram\n", "  layout: custom\n  bits: {time: 41, shard: 12, sequence: 10}\n")
+CUSTOM = GOOD.replace(
+    "  layout: instagram\n", "  layout: custom\n  bits: {time: 41, shard: 12, sequence: 10}\n"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -77,8 +79,13 @@ def run(args, input=None, env=None):
     return result
 
 
-def check_bad(tmp_path: Path, text: str, *needles: str, line: int | None = None,
-              extra_args: tuple[str, ...] = ()) -> str:
+def check_bad(
+    tmp_path: Path,
+    text: str,
+    *needles: str,
+    line: int | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> str:
     """``shardctl info`` on ``text`` exits 2; stderr has ``path:line:`` and every needle. Returns stderr."""
     path = tmp_path / "shardctl.yaml"
     path.write_text(text)
@@ -97,13 +104,18 @@ def check_bad(tmp_path: Path, text: str, *needles: str, line: int | None = None,
 
 def test_good_topology_loads():
     import shardctl.model.topology as topology_module
+
     topology_module._WARNED.clear()
     with pytest.warns(LayoutWarning, match="turn negative on 2045-11-03T19:53:47.776Z"):
         topo = Topology.from_text(GOOD, path="/etc/shardctl/shardctl.yaml")
-    with warnings.catch_warnings():  # said once per process (a Router reloads its file after every move) ...
+    with (
+        warnings.catch_warnings()
+    ):  # said once per process (a Router reloads its file after every move) ...
         warnings.simplefilter("error", LayoutWarning)
         again = Topology.from_text(GOOD, path="/etc/shardctl/shardctl.yaml")
-    assert again.warnings == topo.warnings != []  # ... and still on every topology, for info and verify
+    assert (
+        again.warnings == topo.warnings != []
+    )  # ... and still on every topology, for info and verify
     assert topo.shard_count == 2000 and topo.modulus == 2000
     assert [h.name for h in topo.hosts] == ["pg1", "pg2"]
     assert topo.host_of(0).name == "pg1" and topo.host_of(1999).name == "pg2"
@@ -119,8 +131,12 @@ def test_good_topology_loads():
     with pytest.raises(BadInput, match="unknown host 'pg3'"):
         topo.host("pg3")
     summary = topo.summary()
-    assert summary["hosts"][0] == {"name": "pg1", "dsn": "postgresql://app@127.0.0.1:1/app",
-                                   "shards": "0-999", "shard_count": 1000}
+    assert summary["hosts"][0] == {
+        "name": "pg1",
+        "dsn": "postgresql://app@127.0.0.1:1/app",
+        "shards": "0-999",
+        "shard_count": 1000,
+    }
     assert summary["limits"]["negative_at"] == "2045-11-03T19:53:47.776Z"
 
 
@@ -133,8 +149,10 @@ def test_custom_63_bit_layout_has_no_warning():
 
 
 def test_shards_as_lists_numbers_and_empty():
-    text = GOOD.replace('shards: "0-999"', "shards: [0, \"1-998\", 999]").replace(
-        'shards: "1000-1999"', "shards: 1000-1999\n  - name: spare\n    dsn: \"host=127.0.0.1 port=1\"\n    shards: []")
+    text = GOOD.replace('shards: "0-999"', 'shards: [0, "1-998", 999]').replace(
+        'shards: "1000-1999"',
+        'shards: 1000-1999\n  - name: spare\n    dsn: "host=127.0.0.1 port=1"\n    shards: []',
+    )
     topo = Topology.from_text(text)
     assert topo.host("pg1").shards == list(range(1000))
     assert topo.host("spare").shards == []
@@ -145,7 +163,9 @@ def test_sixty_four_bit_layout_warns_on_the_command_line(tmp_path):
     path.write_text(GOOD)
     result = run(["--config", str(path), "info"])
     assert result.exit_code == 0
-    assert "warning" in result.stderr and "turn negative on 2045-11-03T19:53:47.776Z" in result.stderr
+    assert (
+        "warning" in result.stderr and "turn negative on 2045-11-03T19:53:47.776Z" in result.stderr
+    )
     assert "2045-11-03T19:53:47.776Z" in result.stdout  # info shows the limit too
     path.write_text(CUSTOM)
     result = run(["--config", str(path), "info"])
@@ -154,15 +174,20 @@ def test_sixty_four_bit_layout_warns_on_the_command_line(tmp_path):
 
 # ---- every shard owned by exactly one host -------------------------------------------------------
 
+
 def test_gap_is_reported_by_number(tmp_path):
     text = GOOD.replace('"0-999"', '"0-499,501-989"')
-    err = check_bad(tmp_path, text, "shards 500,990-999 are owned by no host", line=line_of(text, "hosts:"))
+    err = check_bad(
+        tmp_path, text, "shards 500,990-999 are owned by no host", line=line_of(text, "hosts:")
+    )
     assert "500" in err
 
 
 def test_overlap_is_reported_by_number(tmp_path):
     text = GOOD.replace('"1000-1999"', '"990-1999"')
-    check_bad(tmp_path, text, "shards 990-999 are owned by both pg1 and pg2", line=line_of(text, "hosts:"))
+    check_bad(
+        tmp_path, text, "shards 990-999 are owned by both pg1 and pg2", line=line_of(text, "hosts:")
+    )
 
 
 def test_same_host_listing_a_shard_twice(tmp_path):
@@ -172,18 +197,26 @@ def test_same_host_listing_a_shard_twice(tmp_path):
 
 def test_shard_beyond_count(tmp_path):
     text = GOOD.replace('"1000-1999"', '"1000-2000"')
-    check_bad(tmp_path, text, "shard 2000 is out of range (0..1999)", line=line_of(text, '"1000-2000"'))
+    check_bad(
+        tmp_path, text, "shard 2000 is out of range (0..1999)", line=line_of(text, '"1000-2000"')
+    )
 
 
 # ---- host names ------------------------------------------------------------------------------------
 
+
 def test_duplicate_host_names(tmp_path):
     text = GOOD.replace("name: pg2", "name: pg1")
-    check_bad(tmp_path, text, "host name 'pg1' is used twice (first at line 10)", line=line_of(text, "name: pg1", 2))
+    check_bad(
+        tmp_path,
+        text,
+        "host name 'pg1' is used twice (first at line 10)",
+        line=line_of(text, "name: pg1", 2),
+    )
 
 
 def test_host_without_name_dsn_or_shards(tmp_path):
-    text = GOOD.replace("  - name: pg2\n", "  - standby: \"host=127.0.0.1\"\n")
+    text = GOOD.replace("  - name: pg2\n", '  - standby: "host=127.0.0.1"\n')
     check_bad(tmp_path, text, "hosts[1] needs a name")
     text = GOOD.replace('    dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"\n', "")
     check_bad(tmp_path, text, "host pg2 needs a dsn")
@@ -193,10 +226,15 @@ def test_host_without_name_dsn_or_shards(tmp_path):
 
 # ---- shard count vs layout bits --------------------------------------------------------------------
 
+
 def test_count_must_fit_the_shard_bits(tmp_path):
     text = GOOD.replace("count: 2000", "count: 8193").replace('"1000-1999"', '"1000-8192"')
-    check_bad(tmp_path, text, "shards.count 8193 does not fit the instagram layout's 13 shard bits (at most 8192)",
-              line=line_of(text, "count: 8193"))
+    check_bad(
+        tmp_path,
+        text,
+        "shards.count 8193 does not fit the instagram layout's 13 shard bits (at most 8192)",
+        line=line_of(text, "count: 8193"),
+    )
     text = CUSTOM.replace("count: 2000", "count: 4097").replace('"1000-1999"', '"1000-4096"')
     check_bad(tmp_path, text, "12 shard bits (at most 4096)", line=line_of(text, "count: 4097"))
 
@@ -209,45 +247,62 @@ def test_count_at_the_limit_is_fine():
 @pytest.mark.parametrize("count", ["0", "-4", "abc", "2.5", "true", "null"])
 def test_count_must_be_a_positive_integer(tmp_path, count):
     text = GOOD.replace("count: 2000", f"count: {count}")
-    check_bad(tmp_path, text, "shards.count must be a positive integer", line=line_of(text, "count:"))
+    check_bad(
+        tmp_path, text, "shards.count must be a positive integer", line=line_of(text, "count:")
+    )
 
 
 def test_huge_range_with_unusable_count_is_quick(tmp_path):
     # Without a count the ranges are checked against the layout, not expanded to 10**11 numbers.
     text = GOOD.replace("count: 2000", "count: abc").replace('"0-999"', '"0-99999999999"')
-    check_bad(tmp_path, text, "shards.count must be a positive integer", "shard 99999999999 is out of range")
+    check_bad(
+        tmp_path,
+        text,
+        "shards.count must be a positive integer",
+        "shard 99999999999 is out of range",
+    )
 
 
 # ---- schema names ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt,needle", [
-    ("Insta{n}", "'Insta0' for shard 0, which must be lower-case"),
-    ("{n}", "'0' for shard 0, which must be lower-case letters, digits and underscores, not starting with a digit"),
-    ("insta-{n}", "'insta-0' for shard 0"),
-    ("in sta{n}", "'in sta0'"),
-    ("x{n}; DROP SCHEMA public", "must be lower-case"),
-    ("x{n}$$", "'x0$$'"),
-    ("x{n}'", "must be lower-case"),
-    ("é{n}", "must be lower-case"),
-    ("a" * 60 + "{n:04d}", "is 64 bytes long (PostgreSQL keeps at most 63)"),
-    ("a" * 62 + "{n}", "for shard 10, which is 64 bytes long"),  # only the longer numbers overflow
-    ("do{n!s:.0}", "'do' for shard 0, which is a reserved SQL key word"),
-    ("select{n!s:.0}", "reserved SQL key word"),
-    ("pg_{n}", "starts with pg_"),
-    ("public{n!s:.0}", "is a schema PostgreSQL or shardctl already uses"),
-    ("shardctl{n!s:.0}", "already uses"),
-    ("insta", "must contain the shard number"),
-    ("x{n!s:.1}", "gives the same schema 'x1' to shards 1 and 10"),
-    ("x{n!s:.0}", "gives the same schema 'x' to shards 0 and 1"),
-    ("x{shard}", "may only use {n}"),
-    ("x{0}", "may only use {n}"),
-    ("x{n.real}", "may only use {n}"),
-    ("x{n", "not a valid format string"),
-    ("x{n:q}", "cannot format a shard number"),
-    ("x{}{}", "cannot format a shard number"),
-    ("x{n:{n.x}}", "cannot format a shard number"),
-    ("x{n:999999999}", "pads the shard number beyond 63 bytes"),
-])
+
+@pytest.mark.parametrize(
+    "fmt,needle",
+    [
+        ("Insta{n}", "'Insta0' for shard 0, which must be lower-case"),
+        (
+            "{n}",
+            "'0' for shard 0, which must be lower-case letters, digits and underscores, not starting with a digit",
+        ),
+        ("insta-{n}", "'insta-0' for shard 0"),
+        ("in sta{n}", "'in sta0'"),
+        ("x{n}; DROP SCHEMA public", "must be lower-case"),
+        ("x{n}$$", "'x0$$'"),
+        ("x{n}'", "must be lower-case"),
+        ("é{n}", "must be lower-case"),
+        ("a" * 60 + "{n:04d}", "is 64 bytes long (PostgreSQL keeps at most 63)"),
+        (
+            "a" * 62 + "{n}",
+            "for shard 10, which is 64 bytes long",
+        ),  # only the longer numbers overflow
+        ("do{n!s:.0}", "'do' for shard 0, which is a reserved SQL key word"),
+        ("select{n!s:.0}", "reserved SQL key word"),
+        ("pg_{n}", "starts with pg_"),
+        ("public{n!s:.0}", "is a schema PostgreSQL or shardctl already uses"),
+        ("shardctl{n!s:.0}", "already uses"),
+        ("insta", "must contain the shard number"),
+        ("x{n!s:.1}", "gives the same schema 'x1' to shards 1 and 10"),
+        ("x{n!s:.0}", "gives the same schema 'x' to shards 0 and 1"),
+        ("x{shard}", "may only use {n}"),
+        ("x{0}", "may only use {n}"),
+        ("x{n.real}", "may only use {n}"),
+        ("x{n", "not a valid format string"),
+        ("x{n:q}", "cannot format a shard number"),
+        ("x{}{}", "cannot format a shard number"),
+        ("x{n:{n.x}}", "cannot format a shard number"),
+        ("x{n:999999999}", "pads the shard number beyond 63 bytes"),
+    ],
+)
 def test_bad_schema_formats(tmp_path, fmt, needle):
     text = GOOD.replace('schema: "insta{n}"', f"schema: {json.dumps(fmt)}")
     check_bad(tmp_path, text, needle, line=line_of(text, "schema:"))
@@ -259,8 +314,10 @@ def test_schema_with_trailing_newline_is_refused(tmp_path):
     check_bad(tmp_path, text, "must be lower-case", line=line_of(text, "schema:"))
 
 
-@pytest.mark.parametrize("fmt,name", [("insta{n}", "insta7"), ("shard{:04d}", "shard0007"),
-                                      ("s_{n:03}", "s_007"), ("x{n:x}", "x7")])
+@pytest.mark.parametrize(
+    "fmt,name",
+    [("insta{n}", "insta7"), ("shard{:04d}", "shard0007"), ("s_{n:03}", "s_007"), ("x{n:x}", "x7")],
+)
 def test_good_schema_formats(fmt, name):
     text = GOOD.replace('schema: "insta{n}"', f"schema: {json.dumps(fmt)}")
     assert Topology.from_text(text).schema_name(7) == name
@@ -273,14 +330,18 @@ def test_schema_must_be_a_string(tmp_path):
 
 # ---- epoch -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("epoch,needle", [
-    ('"2999-01-01T00:00:00Z"', "id.epoch 2999-01-01T00:00:00Z is in the future"),
-    ("2999-01-01", "is in the future"),
-    ('"1969-12-31T23:59:59Z"', "id.epoch 1969-12-31T23:59:59Z is before 1970-01-01"),
-    ("-1", "is before 1970-01-01"),
-    ('"yesterday"', "id.epoch: not an ISO-8601 timestamp: 'yesterday'"),
-    ("[2011]", "id.epoch: not a timestamp"),
-])
+
+@pytest.mark.parametrize(
+    "epoch,needle",
+    [
+        ('"2999-01-01T00:00:00Z"', "id.epoch 2999-01-01T00:00:00Z is in the future"),
+        ("2999-01-01", "is in the future"),
+        ('"1969-12-31T23:59:59Z"', "id.epoch 1969-12-31T23:59:59Z is before 1970-01-01"),
+        ("-1", "is before 1970-01-01"),
+        ('"yesterday"', "id.epoch: not an ISO-8601 timestamp: 'yesterday'"),
+        ("[2011]", "id.epoch: not a timestamp"),
+    ],
+)
 def test_bad_epoch(tmp_path, epoch, needle):
     text = GOOD.replace('epoch: "2011-01-01T00:00:00Z"', f"epoch: {epoch}")
     check_bad(tmp_path, text, needle, line=line_of(text, "epoch:"))
@@ -291,8 +352,16 @@ def test_missing_epoch(tmp_path):
     check_bad(tmp_path, text, "id.epoch is required", line=line_of(text, "id:"))
 
 
-@pytest.mark.parametrize("epoch", ["2011-01-01T00:00:00Z", '"2011-01-01"', "2011-01-01", "1293840000000",
-                                   '"2011-01-01T01:00:00+01:00"'])
+@pytest.mark.parametrize(
+    "epoch",
+    [
+        "2011-01-01T00:00:00Z",
+        '"2011-01-01"',
+        "2011-01-01",
+        "1293840000000",
+        '"2011-01-01T01:00:00+01:00"',
+    ],
+)
 def test_epoch_forms(epoch):
     assert 'epoch: "2011-01-01T00:00:00Z"' in GOOD  # the replace below must find its target
     text = GOOD.replace('epoch: "2011-01-01T00:00:00Z"', f"epoch: {epoch}")
@@ -302,13 +371,20 @@ def test_epoch_forms(epoch):
 
 # ---- layouts and bit widths ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("bits,needle", [
-    ("{time: 41, shard: 13, sequence: 10}", "bit widths must sum to 63 (the sign bit stays 0), got 41+13+10 = 64"),
-    ("{time: 40, shard: 12, sequence: 10}", "got 40+12+10 = 62"),
-    ("{time: 41, shard: 0, sequence: 22}", "bits.shard must be a positive integer"),
-    ("{time: 41, shard: 12}", "id.bits is missing sequence"),
-    ("{time: 41, shard: 12, sequence: 10, worker: 0}", "unknown key 'worker' in id.bits"),
-])
+
+@pytest.mark.parametrize(
+    "bits,needle",
+    [
+        (
+            "{time: 41, shard: 13, sequence: 10}",
+            "bit widths must sum to 63 (the sign bit stays 0), got 41+13+10 = 64",
+        ),
+        ("{time: 40, shard: 12, sequence: 10}", "got 40+12+10 = 62"),
+        ("{time: 41, shard: 0, sequence: 22}", "bits.shard must be a positive integer"),
+        ("{time: 41, shard: 12}", "id.bits is missing sequence"),
+        ("{time: 41, shard: 12, sequence: 10, worker: 0}", "unknown key 'worker' in id.bits"),
+    ],
+)
 def test_custom_bits(tmp_path, bits, needle):
     text = CUSTOM.replace("{time: 41, shard: 12, sequence: 10}", bits)
     check_bad(tmp_path, text, needle, line=line_of(text, "bits:"))
@@ -316,19 +392,27 @@ def test_custom_bits(tmp_path, bits, needle):
 
 def test_custom_needs_bits(tmp_path):
     text = CUSTOM.replace("  bits: {time: 41, shard: 12, sequence: 10}\n", "")
-    check_bad(tmp_path, text, "id.layout custom needs id.bits", line=line_of(text, "layout: custom"))
+    check_bad(
+        tmp_path, text, "id.layout custom needs id.bits", line=line_of(text, "layout: custom")
+    )
 
 
 def test_bits_only_for_custom(tmp_path):
-    text = GOOD.replace("  layout: instagram\n", "  layout: instagram\n  bits: {time: 41, shard: 12, sequence: 10}\n")
+    text = GOOD.replace(
+        "  layout: instagram\n",
+        "  layout: instagram\n  bits: {time: 41, shard: 12, sequence: 10}\n",
+    )
     check_bad(tmp_path, text, "id.bits is only for layout: custom", line=line_of(text, "bits:"))
 
 
-@pytest.mark.parametrize("layout,needle", [
-    ("pinterest", "got 'pinterest' (decode-only: use it with decode-id --layout)"),
-    ("snowflake", "decode-only"),
-    ("twitter", "id.layout must be one of instagram, custom, got 'twitter'"),
-])
+@pytest.mark.parametrize(
+    "layout,needle",
+    [
+        ("pinterest", "got 'pinterest' (decode-only: use it with decode-id --layout)"),
+        ("snowflake", "decode-only"),
+        ("twitter", "id.layout must be one of instagram, custom, got 'twitter'"),
+    ],
+)
 def test_layout_must_be_mintable(tmp_path, layout, needle):
     text = GOOD.replace("layout: instagram", f"layout: {layout}")
     check_bad(tmp_path, text, needle, line=line_of(text, "layout:"))
@@ -336,23 +420,65 @@ def test_layout_must_be_mintable(tmp_path, layout, needle):
 
 def test_function_flavour(tmp_path):
     text = GOOD.replace("function: plpgsql", "function: pgsql")
-    check_bad(tmp_path, text, "id.function must be one of plpgsql, sql, got 'pgsql'", line=line_of(text, "function:"))
+    check_bad(
+        tmp_path,
+        text,
+        "id.function must be one of plpgsql, sql, got 'pgsql'",
+        line=line_of(text, "function:"),
+    )
     assert Topology.from_text(GOOD.replace("function: plpgsql", "function: sql")).function == "sql"
 
 
 # ---- unknown keys ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("old,new,needle,marker", [
-    ("version: 1\n", "version: 1\ncolour: blue\n", "unknown key 'colour' in the top level", "colour:"),
-    ("  function: plpgsql\n", "  function: plpgsql\n  colour: blue\n", "unknown key 'colour' in id", "colour:"),
-    ("  count: 2000\n", "  count: 2000\n  colour: blue\n", "unknown key 'colour' in shards", "colour:"),
-    ('    shards: "1000-1999"\n', '    shards: "1000-1999"\n    colour: blue\n', "unknown key 'colour' in hosts[1]",
-     "colour:"),
-    ("  key: user_id\n", "  key: user_id\n  colour: blue\n", "unknown key 'colour' in routing", "colour:"),
-    ("routing:\n", "placement:\n  colour: blue\nrouting:\n", "unknown key 'colour' in placement", "colour:"),
-    ("    password_env: PG1_PASSWORD\n", "    pasword_env: PG1_PASSWORD\n", "unknown key 'pasword_env' in hosts[0]",
-     "pasword_env"),
-])
+
+@pytest.mark.parametrize(
+    "old,new,needle,marker",
+    [
+        (
+            "version: 1\n",
+            "version: 1\ncolour: blue\n",
+            "unknown key 'colour' in the top level",
+            "colour:",
+        ),
+        (
+            "  function: plpgsql\n",
+            "  function: plpgsql\n  colour: blue\n",
+            "unknown key 'colour' in id",
+            "colour:",
+        ),
+        (
+            "  count: 2000\n",
+            "  count: 2000\n  colour: blue\n",
+            "unknown key 'colour' in shards",
+            "colour:",
+        ),
+        (
+            '    shards: "1000-1999"\n',
+            '    shards: "1000-1999"\n    colour: blue\n',
+            "unknown key 'colour' in hosts[1]",
+            "colour:",
+        ),
+        (
+            "  key: user_id\n",
+            "  key: user_id\n  colour: blue\n",
+            "unknown key 'colour' in routing",
+            "colour:",
+        ),
+        (
+            "routing:\n",
+            "placement:\n  colour: blue\nrouting:\n",
+            "unknown key 'colour' in placement",
+            "colour:",
+        ),
+        (
+            "    password_env: PG1_PASSWORD\n",
+            "    pasword_env: PG1_PASSWORD\n",
+            "unknown key 'pasword_env' in hosts[0]",
+            "pasword_env",
+        ),
+    ],
+)
 def test_unknown_keys(tmp_path, old, new, needle, marker):
     text = GOOD.replace(old, new)
     assert text != GOOD
@@ -361,7 +487,9 @@ def test_unknown_keys(tmp_path, old, new, needle, marker):
 
 
 def test_several_problems_are_all_reported(tmp_path):
-    text = GOOD.replace("version: 1\n", "version: 1\ncolour: blue\n").replace("count: 2000", "count: 2000\n  size: 3")
+    text = GOOD.replace("version: 1\n", "version: 1\ncolour: blue\n").replace(
+        "count: 2000", "count: 2000\n  size: 3"
+    )
     err = check_bad(tmp_path, text, "unknown key 'colour'", "unknown key 'size'")
     assert err.count("error:") == 2
     with pytest.raises(ConfigErrors) as info:
@@ -372,20 +500,34 @@ def test_several_problems_are_all_reported(tmp_path):
 
 # ---- passwords in DSNs -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dsn", [
-    "postgresql://app:Hunter2Secret@127.0.0.1:1/app2",
-    "host=127.0.0.1 port=1 password=Hunter2Secret",
-    "host=127.0.0.1 port=1 password='Hunter2 Secret'",
-    "postgresql://app@127.0.0.1:1/app2?password=Hunter2Secret",
-])
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://app:Hunter2Secret@127.0.0.1:1/app2",
+        "host=127.0.0.1 port=1 password=Hunter2Secret",
+        "host=127.0.0.1 port=1 password='Hunter2 Secret'",
+        "postgresql://app@127.0.0.1:1/app2?password=Hunter2Secret",
+    ],
+)
 @pytest.mark.parametrize("key", ["dsn", "standby"])
 def test_inline_password_refused(tmp_path, dsn, key):
     if key == "dsn":
-        text = GOOD.replace('dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"', f"dsn: {json.dumps(dsn)}")
+        text = GOOD.replace(
+            'dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"', f"dsn: {json.dumps(dsn)}"
+        )
     else:
-        text = GOOD.replace('standby: "postgresql://app@127.0.0.1:1/standby"', f"standby: {json.dumps(dsn)}")
-    err = check_bad(tmp_path, text, f"{key} contains a literal password", "password_env", "--allow-inline-password",
-                    line=line_of(text, "Hunter2"))
+        text = GOOD.replace(
+            'standby: "postgresql://app@127.0.0.1:1/standby"', f"standby: {json.dumps(dsn)}"
+        )
+    err = check_bad(
+        tmp_path,
+        text,
+        f"{key} contains a literal password",
+        "password_env",
+        "--allow-inline-password",
+        line=line_of(text, "Hunter2"),
+    )
     assert "Hunter2Secret" not in err and "Hunter2 Secret" not in err
     # --allow-inline-password accepts it, and the password never reaches the output
     path = tmp_path / "shardctl.yaml"
@@ -403,19 +545,28 @@ def test_password_env_is_not_an_inline_password():
 
 def test_invalid_dsn(tmp_path):
     text = GOOD.replace('dsn: "host=127.0.0.1 port=1 dbname=app2 user=app"', 'dsn: "nonsense"')
-    check_bad(tmp_path, text, "host pg2: dsn is not a valid libpq connection string", line=line_of(text, "nonsense"))
+    check_bad(
+        tmp_path,
+        text,
+        "host pg2: dsn is not a valid libpq connection string",
+        line=line_of(text, "nonsense"),
+    )
 
 
 # ---- YAML itself -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,needle,line", [
-    ("version: 1\nid: [\n", "invalid YAML", None),
-    ("version: 1\nid:\n  layout: instagram\n   epoch: x\n", "invalid YAML", 4),
-    ("version: 1\nversion: 1\n", 'invalid YAML: duplicate key: "version"', 2),
-    ("version: 1\nid:\n\tlayout: instagram\n", "invalid YAML", 3),
-    ("a: *nope\n", "invalid YAML", 1),
-    ("---\na: 1\n---\nb: 2\n", "invalid YAML", None),
-])
+
+@pytest.mark.parametrize(
+    "text,needle,line",
+    [
+        ("version: 1\nid: [\n", "invalid YAML", None),
+        ("version: 1\nid:\n  layout: instagram\n   epoch: x\n", "invalid YAML", 4),
+        ("version: 1\nversion: 1\n", 'invalid YAML: duplicate key: "version"', 2),
+        ("version: 1\nid:\n\tlayout: instagram\n", "invalid YAML", 3),
+        ("a: *nope\n", "invalid YAML", 1),
+        ("---\na: 1\n---\nb: 2\n", "invalid YAML", None),
+    ],
+)
 def test_invalid_yaml(tmp_path, text, needle, line):
     check_bad(tmp_path, text, needle, line=line)
 
@@ -425,35 +576,43 @@ def test_duplicate_key_in_a_host(tmp_path):
     check_bad(tmp_path, text, "duplicate key", '"name"', line=line_of(text, "name: pg3"))
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("", "must be a YAML mapping"),
-    ("- pg1\n- pg2\n", "must be a YAML mapping"),
-    ("just text\n", "must be a YAML mapping"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("", "must be a YAML mapping"),
+        ("- pg1\n- pg2\n", "must be a YAML mapping"),
+        ("just text\n", "must be a YAML mapping"),
+    ],
+)
 def test_not_a_mapping(tmp_path, text, needle):
     check_bad(tmp_path, text, needle)
 
 
 # ---- shard range syntax ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,needle", [
-    ('"0-999,x"', "not a shard number or range: 'x'"),
-    ('"999-0"', "range '999-0' runs backwards"),
-    ('"0-499,,500-999"', "empty shard range"),
-    ('"0..999"', "not a shard number or range: '0..999'"),
-    ('"-1-999"', "not a shard number or range"),
-    ("[[0, 1]]", "nested list"),
-    ("[-1]", "shard numbers are not negative"),
-    ("true", "expected a shard number"),
-    ("{a: 1}", "expected a shard number"),
-    ('""', "empty shard range"),
-])
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ('"0-999,x"', "not a shard number or range: 'x'"),
+        ('"999-0"', "range '999-0' runs backwards"),
+        ('"0-499,,500-999"', "empty shard range"),
+        ('"0..999"', "not a shard number or range: '0..999'"),
+        ('"-1-999"', "not a shard number or range"),
+        ("[[0, 1]]", "nested list"),
+        ("[-1]", "shard numbers are not negative"),
+        ("true", "expected a shard number"),
+        ("{a: 1}", "expected a shard number"),
+        ('""', "empty shard range"),
+    ],
+)
 def test_bad_shard_ranges(tmp_path, spec, needle):
     text = GOOD.replace('"0-999"', spec)
     check_bad(tmp_path, text, f"host pg1: shards: {needle}", line=line_of(text, f"shards: {spec}"))
 
 
 # ---- missing sections and versions ------------------------------------------------------------------------------
+
 
 def _without(text: str, section: str) -> str:
     out, skipping = [], False
@@ -468,12 +627,15 @@ def _without(text: str, section: str) -> str:
     return "".join(out)
 
 
-@pytest.mark.parametrize("section,needle", [
-    ("id", "missing section 'id'"),
-    ("shards", "missing section 'shards'"),
-    ("hosts", "'hosts' must be a non-empty list of hosts"),
-    ("version", "missing 'version: 1'"),
-])
+@pytest.mark.parametrize(
+    "section,needle",
+    [
+        ("id", "missing section 'id'"),
+        ("shards", "missing section 'shards'"),
+        ("hosts", "'hosts' must be a non-empty list of hosts"),
+        ("version", "missing 'version: 1'"),
+    ],
+)
 def test_missing_sections(tmp_path, section, needle):
     text = _without(GOOD, section)
     assert f"\n{section}:" not in text and not text.startswith(f"{section}:")
@@ -495,12 +657,18 @@ def test_optional_sections_may_be_left_out():
     assert topo.templates_dir is None and topo.migrations_dir is None and topo.routing_key is None
 
 
-@pytest.mark.parametrize("routing,needle", [
-    ("{strings: sha1}", "routing.strings must be one of md5, got 'sha1'"),
-    ("{modulus: 2001}", "routing.modulus must be an integer from 1 to shards.count (2000), got 2001"),
-    ("{modulus: 0}", "routing.modulus must be an integer"),
-    ("{key: [a]}", "routing.key must be a column name"),
-])
+@pytest.mark.parametrize(
+    "routing,needle",
+    [
+        ("{strings: sha1}", "routing.strings must be one of md5, got 'sha1'"),
+        (
+            "{modulus: 2001}",
+            "routing.modulus must be an integer from 1 to shards.count (2000), got 2001",
+        ),
+        ("{modulus: 0}", "routing.modulus must be an integer"),
+        ("{key: [a]}", "routing.key must be a column name"),
+    ],
+)
 def test_bad_routing(tmp_path, routing, needle):
     text = _without(GOOD, "routing") + f"routing: {routing}\n"
     check_bad(tmp_path, text, needle, line=line_of(text, "routing:"))
@@ -512,6 +680,7 @@ def test_routing_modulus_smaller_than_count():
 
 
 # ---- which file: --config, $SHARDCTL_CONFIG, ./shardctl.yaml ------------------------------------------------------
+
 
 def test_missing_file(tmp_path):
     path = tmp_path / "nope.yaml"
@@ -540,7 +709,9 @@ def test_default_file_in_the_current_directory(tmp_path, monkeypatch):
 
 def test_env_var_and_config_option_pick_the_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "shardctl.yaml").write_text(GOOD.replace("count: 2000", "count: bad"))  # must not be read
+    (tmp_path / "shardctl.yaml").write_text(
+        GOOD.replace("count: 2000", "count: bad")
+    )  # must not be read
     from_env = tmp_path / "env.yaml"
     from_env.write_text(GOOD)
     from_opt = tmp_path / "opt.yaml"
@@ -551,7 +722,9 @@ def test_env_var_and_config_option_pick_the_file(tmp_path, monkeypatch):
     assert json.loads(result.stdout)["config"] == str(from_env)
     assert json.loads(result.stdout)["layout"] == "instagram"
 
-    result = run(["--config", str(from_opt), "info", "--json"], env={"SHARDCTL_CONFIG": str(from_env)})
+    result = run(
+        ["--config", str(from_opt), "info", "--json"], env={"SHARDCTL_CONFIG": str(from_env)}
+    )
     assert result.exit_code == 0
     assert json.loads(result.stdout)["layout"] == "custom"
 
@@ -565,7 +738,13 @@ def test_env_var_and_config_option_pick_the_file(tmp_path, monkeypatch):
 def test_bad_topology_fails_every_offline_command(tmp_path):
     path = tmp_path / "shardctl.yaml"
     path.write_text(GOOD.replace("count: 2000", "count: 9000"))
-    for args in (["info"], ["locate", "5"], ["decode-id", "5"], ["encode-id", "--ms", "1"], ["render"]):
+    for args in (
+        ["info"],
+        ["locate", "5"],
+        ["decode-id", "5"],
+        ["encode-id", "--ms", "1"],
+        ["render"],
+    ):
         result = run(["--config", str(path), *args])
         assert result.exit_code == 2, args
         assert f"{path}:7: shards.count 9000 does not fit" in result.stderr
@@ -581,5 +760,10 @@ def test_bad_topology_fixtures_are_all_rejected():
         assert expected, f"{path.name} must start with '# expect: <message>'"
         with pytest.raises(ConfigError) as info:
             Topology.load(path)
-        messages = info.value.all_messages() if isinstance(info.value, ConfigErrors) else [str(info.value)]
-        assert any(expected in m and m.startswith(f"{path}:") for m in messages), (path.name, messages)
+        messages = (
+            info.value.all_messages() if isinstance(info.value, ConfigErrors) else [str(info.value)]
+        )
+        assert any(expected in m and m.startswith(f"{path}:") for m in messages), (
+            path.name,
+            messages,
+        )

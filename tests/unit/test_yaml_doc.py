@@ -57,6 +57,7 @@ lint:
 
 # ---- comparing the two loads -----------------------------------------------------------------------
 
+
 def parsed(text: str, fast: bool):
     """The document (or the LimitExceeded message and line) of one way of loading."""
     try:
@@ -82,7 +83,9 @@ def assert_same_doc(fast, slow, where: str = "doc") -> None:
             assert_same_doc(fast[i], item, f"{where}[{i}]")
     else:
         # repr: two ruamel loads give objects without __eq__ (TaggedScalar), and nan != nan
-        assert type(fast) is type(slow) and (fast == slow or repr(fast) == repr(slow)), f"{where}: {fast!r} != {slow!r}"
+        assert type(fast) is type(slow) and (fast == slow or repr(fast) == repr(slow)), (
+            f"{where}: {fast!r} != {slow!r}"
+        )
 
 
 def outcome(text: str, fast: bool, path: str | None = None, allow: bool = False):
@@ -90,7 +93,9 @@ def outcome(text: str, fast: bool, path: str | None = None, allow: bool = False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return "topology", _Validator(text, Path(path) if path else None, allow, fast_yaml=fast).build()
+            return "topology", _Validator(
+                text, Path(path) if path else None, allow, fast_yaml=fast
+            ).build()
         except ConfigErrors as exc:
             return "errors", [(e.problem, e.line, e.path) for e in exc.errors]
 
@@ -111,11 +116,14 @@ def check_both_ways(text: str, path: str | None = None, validate: bool = True) -
 
 def corpus() -> list[str]:
     texts = json.loads(CORPUS.read_text())
-    files = sorted((ROOT / "tests" / "bad_topologies").glob("*.y*ml")) + sorted((ROOT / "examples").rglob("*.y*ml"))
+    files = sorted((ROOT / "tests" / "bad_topologies").glob("*.y*ml")) + sorted(
+        (ROOT / "examples").rglob("*.y*ml")
+    )
     return texts + [f.read_text() for f in files]
 
 
 # ---- the corpus ----------------------------------------------------------------------------------
+
 
 def test_every_topology_the_tests_use_loads_the_same_both_ways():
     texts = corpus()
@@ -160,14 +168,20 @@ def test_a_plain_topology_takes_the_fast_path(text):
 def test_read_only_load_does_not_import_ruamel(tmp_path):
     path = tmp_path / "shardctl.yaml"
     path.write_text(BASE)
-    code = ("import sys; from shardctl.model.topology import Topology; Topology.load(sys.argv[1]); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ruamel'))")
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; from shardctl.model.topology import Topology; Topology.load(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ruamel'))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
     # ... and a text the fast path leaves to ruamel does import it (so the check above can fail).
     path.write_text(BASE.replace("count: 16", "count: &n 16"))
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+    )
     assert "ruamel.yaml" in proc.stdout
 
 
@@ -176,24 +190,126 @@ def test_read_only_load_does_not_import_ruamel(tmp_path):
 # Plain scalars ruamel (YAML 1.2) reads as something other than a string or a plain int, or as an
 # int it wraps: the fast path must leave every one of them to ruamel.
 NOT_STRINGS = [
-    "", "~", "null", "Null", "NULL", "true", "True", "TRUE", "false", "False", "FALSE", "<<", "=",
-    "0", "00", "007", "-1", "+1", "-0", "1_000", "0x1F", "0x1f", "0o17", "0b101", "0b", "+0x1", "1.5", "1.",
-    ".5", "-.5", "1e3", "1E3", "1e-3", "1.5e+3", "-1e3", ".inf", "-.inf", "+.Inf", ".INF", ".nan", ".NaN",
-    ".NAN", "2026-01-01", "2026-01-01T00:00:00Z", "2026-1-1 0:00:00", "2026-01-01 00:00:00.5 +01:00",
-    "2026-01-01t00:00:00-05", "123456789012345678901", "1_",
+    "",
+    "~",
+    "null",
+    "Null",
+    "NULL",
+    "true",
+    "True",
+    "TRUE",
+    "false",
+    "False",
+    "FALSE",
+    "<<",
+    "=",
+    "0",
+    "00",
+    "007",
+    "-1",
+    "+1",
+    "-0",
+    "1_000",
+    "0x1F",
+    "0x1f",
+    "0o17",
+    "0b101",
+    "0b",
+    "+0x1",
+    "1.5",
+    "1.",
+    ".5",
+    "-.5",
+    "1e3",
+    "1E3",
+    "1e-3",
+    "1.5e+3",
+    "-1e3",
+    ".inf",
+    "-.inf",
+    "+.Inf",
+    ".INF",
+    ".nan",
+    ".NaN",
+    ".NAN",
+    "2026-01-01",
+    "2026-01-01T00:00:00Z",
+    "2026-1-1 0:00:00",
+    "2026-01-01 00:00:00.5 +01:00",
+    "2026-01-01t00:00:00-05",
+    "123456789012345678901",
+    "1_",
 ]
 # Plain scalars that are strings in YAML 1.2 (several of them are booleans or numbers in YAML 1.1).
-STRINGS = ["_", "__", 
-    "yes", "no", "on", "off", "y", "n", "Yes", "NO", "nul", "nulls", "truthy", "tru", "Falsey", "~x", "<", "<<<",
-    "==", "x=y", "0-31", "32-63", "0-31,40", "0xg", "./templates", "../x", "/abs/path", "migrations/", "_1",
-    "insta{n}", "shard{:04d}", "{n}x", "host=127.0.0.1 port=1", "postgresql://u@h:5432/db?sslmode=disable",
-    "a b", "a#b", "ab:", "x'y", 'x"y', "e", "inf", "nan", "Infinity", "NaN", "Z", "T",
+STRINGS = [
+    "_",
+    "__",
+    "yes",
+    "no",
+    "on",
+    "off",
+    "y",
+    "n",
+    "Yes",
+    "NO",
+    "nul",
+    "nulls",
+    "truthy",
+    "tru",
+    "Falsey",
+    "~x",
+    "<",
+    "<<<",
+    "==",
+    "x=y",
+    "0-31",
+    "32-63",
+    "0-31,40",
+    "0xg",
+    "./templates",
+    "../x",
+    "/abs/path",
+    "migrations/",
+    "_1",
+    "insta{n}",
+    "shard{:04d}",
+    "{n}x",
+    "host=127.0.0.1 port=1",
+    "postgresql://u@h:5432/db?sslmode=disable",
+    "a b",
+    "a#b",
+    "ab:",
+    "x'y",
+    'x"y',
+    "e",
+    "inf",
+    "nan",
+    "Infinity",
+    "NaN",
+    "Z",
+    "T",
 ]
 INTS = ["1", "9", "16", "64", "8192", "12345678901234567890"]
 # Strings to ruamel too, made only of characters a number or a timestamp may contain: the fast path
 # does not try to tell them from numbers and leaves them to ruamel.
-NUMBER_LIKE = ["1-2-3", "1:20", "190:20:30", "0x", "1.2.3", "1e", "1e+", "+", "-", ".", "..", "1a", "0-", "-0-1",
-               "1 - 2", "12:30:45.5"]
+NUMBER_LIKE = [
+    "1-2-3",
+    "1:20",
+    "190:20:30",
+    "0x",
+    "1.2.3",
+    "1e",
+    "1e+",
+    "+",
+    "-",
+    ".",
+    "..",
+    "1a",
+    "0-",
+    "-0-1",
+    "1 - 2",
+    "12:30:45.5",
+]
 
 POSITIONS = [
     ("count: 16", "count: {}"),
@@ -217,7 +333,9 @@ def test_a_plain_scalar_reads_the_same_in_every_position(value):
         check_both_ways(BASE.replace(old, new.replace("{}", value), 1), validate=i == 0)
         for quote in ("'", '"'):
             if quote not in value:
-                check_both_ways(BASE.replace(old, new.replace("{}", quote + value + quote), 1), validate=False)
+                check_both_ways(
+                    BASE.replace(old, new.replace("{}", quote + value + quote), 1), validate=False
+                )
 
 
 @pytest.mark.parametrize("value", NOT_STRINGS + NUMBER_LIKE)
@@ -244,14 +362,24 @@ def test_every_plain_scalar_ruamel_resolves_is_left_to_it():
 def ruamel_12_regexps() -> list[tuple[str, re.Pattern]]:
     from ruamel.yaml.resolver import implicit_resolvers
 
-    return [(tag, re.compile(rx.pattern, rx.flags)) for versions, tag, rx, _ in implicit_resolvers
-            if (1, 2) in versions and not tag.endswith(":yaml")]
+    return [
+        (tag, re.compile(rx.pattern, rx.flags))
+        for versions, tag, rx, _ in implicit_resolvers
+        if (1, 2) in versions and not tag.endswith(":yaml")
+    ]
 
 
-@settings(derandomize=True, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(range(6)).flatmap(
-    lambda i: st.tuples(st.just(ruamel_12_regexps()[i][0]),
-                        st.from_regex(ruamel_12_regexps()[i][1], fullmatch=True))))
+@settings(
+    derandomize=True, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    st.sampled_from(range(6)).flatmap(
+        lambda i: st.tuples(
+            st.just(ruamel_12_regexps()[i][0]),
+            st.from_regex(ruamel_12_regexps()[i][1], fullmatch=True),
+        )
+    )
+)
 def test_no_scalar_a_resolver_matches_is_read_as_a_string(case):
     tag, value = case
     value = value.rstrip("\n")
@@ -260,7 +388,9 @@ def test_no_scalar_a_resolver_matches_is_read_as_a_string(case):
     got = yaml_doc.plain_scalar(value)
     if tag.endswith(":int") and re.fullmatch(r"[1-9][0-9]{0,19}", value):
         assert got == int(value)
-    elif got is not yaml_doc.NOT_BUILT:  # read on the fast path: it must be what ruamel reads ("_" is a str)
+    elif (
+        got is not yaml_doc.NOT_BUILT
+    ):  # read on the fast path: it must be what ruamel reads ("_" is a str)
         from ruamel.yaml import YAML
 
         slow = YAML(typ="rt").load(f"a: {value}\n")["a"]
@@ -269,77 +399,127 @@ def test_no_scalar_a_resolver_matches_is_read_as_a_string(case):
 
 # ---- structures the fast path leaves to ruamel, or reads -------------------------------------------
 
-@pytest.mark.parametrize("text", [
-    BASE.replace("count: 16", "count: &n 16"),                          # anchor
-    BASE + "extra: *n\n",                                                # alias (undefined: an error)
-    BASE.replace("key: user_id", "key: !!str user_id"),                  # tag
-    BASE.replace("key: user_id", "key: ! user_id"),                      # non-specific tag
-    "%YAML 1.1\n---\n" + BASE,                                           # directive
-    "%TAG !e! tag:example.com,2000:\n---\n" + BASE,                      # tag directive
-    BASE + "---\nversion: 1\n",                                          # two documents
-    BASE.replace("routing:", "routing:\n  key: dup"),                    # duplicate key
-    BASE.replace("strings: md5", "strings: md5\n  strings: md5"),        # duplicate key, same value
-    BASE.replace("count: 16", "count: 16\n  count: '16'"),               # not a duplicate: 16 and "16"
-    BASE.replace("key: user_id", "key: |\n    user_id"),                 # block scalar
-    BASE.replace("key: user_id", "key: >-\n    user_id"),                # folded scalar
-    BASE.replace("key: user_id", "key: user\n    _id"),                  # multi-line plain scalar
-    BASE.replace("key: user_id", 'key: "user\n    _id"'),                # multi-line quoted scalar
-    BASE.replace("key: user_id", 'key: "user\\x5fid"'),                  # escape
-    BASE.replace("key: user_id", "key: 'it''s'"),                        # quote escape
-    BASE.replace("key: user_id", "key:\tuser_id"),                       # tab
-    BASE.replace("\n", "\r\n"),                                          # CRLF
-    BASE.replace("pg1", "pg\u00e9"),                                     # non-ASCII
-    "\ufeff" + BASE,                                                     # byte order mark
-    BASE.replace("routing:", "? [a, b]\n: 1\nrouting:"),                 # a list as a key
-    BASE.replace("routing:", "? {a: b}\n: 1\nrouting:"),                 # a mapping as a key
-    BASE.replace("routing:", "<<: {x: 1}\nrouting:"),                    # merge key
-    BASE.replace("shards: [8, 9-15]", "shards: [8, a:b]"),               # colon in a flow scalar
-    BASE.replace("shards: [8, 9-15]", "shards: {a:b}"),
-    BASE.replace("shards: [8, 9-15]", "shards: [8, 9-15,]"),             # trailing comma
-    BASE.replace("shards: [8, 9-15]", "shards: [8, {a: b}]"),
-    BASE.replace("shards: [8, 9-15]", "shards: [\n  8,\n  9-15\n]"),     # flow list over lines
-    BASE.replace("key: user_id", "key: user_id # a comment"),
-    BASE.replace("key: user_id", "key: user_id#not a comment"),
-    BASE.replace("key: user_id", "'key': user_id"),                      # quoted key
-    BASE.replace("key: user_id", "? key\n  : user_id"),                  # explicit key
-    BASE.replace("key: user_id", "key:    user_id   "),                  # spaces
-    BASE.replace("id:\n", "id: \n"),
-    "---\n" + BASE + "...\n",                                            # explicit document
-    "--- {version: 1}\n",
-    "",                                                                  # empty
-    "# only a comment\n",
-    "just a string\n",
-    "- a\n- b\n",
-    "[1, 2]\n",
-    "a: b: c\n",                                                         # syntax errors
-    "a: [1, 2\n",
-    "a:\n  - b\n  c: d\n",
-    "a: 'unclosed\n",
-    "key: value\n  bad indent: 1\n",
-    "- a\nb: c\n",
-    "{a: 1, a: 2}\n",
-    "a: 1\na: 2\n",
-])
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        BASE.replace("count: 16", "count: &n 16"),  # anchor
+        BASE + "extra: *n\n",  # alias (undefined: an error)
+        BASE.replace("key: user_id", "key: !!str user_id"),  # tag
+        BASE.replace("key: user_id", "key: ! user_id"),  # non-specific tag
+        "%YAML 1.1\n---\n" + BASE,  # directive
+        "%TAG !e! tag:example.com,2000:\n---\n" + BASE,  # tag directive
+        BASE + "---\nversion: 1\n",  # two documents
+        BASE.replace("routing:", "routing:\n  key: dup"),  # duplicate key
+        BASE.replace("strings: md5", "strings: md5\n  strings: md5"),  # duplicate key, same value
+        BASE.replace("count: 16", "count: 16\n  count: '16'"),  # not a duplicate: 16 and "16"
+        BASE.replace("key: user_id", "key: |\n    user_id"),  # block scalar
+        BASE.replace("key: user_id", "key: >-\n    user_id"),  # folded scalar
+        BASE.replace("key: user_id", "key: user\n    _id"),  # multi-line plain scalar
+        BASE.replace("key: user_id", 'key: "user\n    _id"'),  # multi-line quoted scalar
+        BASE.replace("key: user_id", 'key: "user\\x5fid"'),  # escape
+        BASE.replace("key: user_id", "key: 'it''s'"),  # quote escape
+        BASE.replace("key: user_id", "key:\tuser_id"),  # tab
+        BASE.replace("\n", "\r\n"),  # CRLF
+        BASE.replace("pg1", "pg\u00e9"),  # non-ASCII
+        "\ufeff" + BASE,  # byte order mark
+        BASE.replace("routing:", "? [a, b]\n: 1\nrouting:"),  # a list as a key
+        BASE.replace("routing:", "? {a: b}\n: 1\nrouting:"),  # a mapping as a key
+        BASE.replace("routing:", "<<: {x: 1}\nrouting:"),  # merge key
+        BASE.replace("shards: [8, 9-15]", "shards: [8, a:b]"),  # colon in a flow scalar
+        BASE.replace("shards: [8, 9-15]", "shards: {a:b}"),
+        BASE.replace("shards: [8, 9-15]", "shards: [8, 9-15,]"),  # trailing comma
+        BASE.replace("shards: [8, 9-15]", "shards: [8, {a: b}]"),
+        BASE.replace("shards: [8, 9-15]", "shards: [\n  8,\n  9-15\n]"),  # flow list over lines
+        BASE.replace("key: user_id", "key: user_id # a comment"),
+        BASE.replace("key: user_id", "key: user_id#not a comment"),
+        BASE.replace("key: user_id", "'key': user_id"),  # quoted key
+        BASE.replace("key: user_id", "? key\n  : user_id"),  # explicit key
+        BASE.replace("key: user_id", "key:    user_id   "),  # spaces
+        BASE.replace("id:\n", "id: \n"),
+        "---\n" + BASE + "...\n",  # explicit document
+        "--- {version: 1}\n",
+        "",  # empty
+        "# only a comment\n",
+        "just a string\n",
+        "- a\n- b\n",
+        "[1, 2]\n",
+        "a: b: c\n",  # syntax errors
+        "a: [1, 2\n",
+        "a:\n  - b\n  c: d\n",
+        "a: 'unclosed\n",
+        "key: value\n  bad indent: 1\n",
+        "- a\nb: c\n",
+        "{a: 1, a: 2}\n",
+        "a: 1\na: 2\n",
+    ],
+)
 def test_structures_read_the_same_both_ways(text):
     check_both_ways(text)
 
 
-@pytest.mark.parametrize("text", [
-    "k" * 1100 + ": v\n", "a: @x\n", "a: `x\n", "a: %x\n", "a: [%x]\n", "a: x%\n", "- -1\n", "a: - b\n",
-    "a: !\n", "a: b\n...\n", "a: b\n---\n", "--- >\n x\n", "a:\n- b\n- c\n", "a:\n  - b\n - c\n",
-    "{a: [b, c], d: e}\n", "[a, b]: c\n", "? a\n? b\n", "a: {b}\n", "a: [b: c]\n", "a: [? b : c]\n",
-    "a:\n  b: 1\n   c: 2\n", "a: 'b'c\n", "a: \"b\" c\n", "a: b # c\n# d\n", "a: -\n", "a: - \n",
-    "a: ---\n", "--- a\n", "a: ?b\n", "a: ? b\n", "a: :b\n", "a: b:\n", "a: [b,c]\n", "a: [b ,c]\n",
-    "a: {b: c,d: e}\n", "a: {b:c}\n", "a: x\n\n\n", "\n\na: x\n", "a:   \n  x\n", "a: |\n", "a: [\n]\n",
-    "a: {\n}\n", "a: []\nb: {}\n", "? a\n: b\n", "a: b\nc\n", "a: 1\n 2\n", "'a': \"b\"\n", "\"a\": 'b'\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "k" * 1100 + ": v\n",
+        "a: @x\n",
+        "a: `x\n",
+        "a: %x\n",
+        "a: [%x]\n",
+        "a: x%\n",
+        "- -1\n",
+        "a: - b\n",
+        "a: !\n",
+        "a: b\n...\n",
+        "a: b\n---\n",
+        "--- >\n x\n",
+        "a:\n- b\n- c\n",
+        "a:\n  - b\n - c\n",
+        "{a: [b, c], d: e}\n",
+        "[a, b]: c\n",
+        "? a\n? b\n",
+        "a: {b}\n",
+        "a: [b: c]\n",
+        "a: [? b : c]\n",
+        "a:\n  b: 1\n   c: 2\n",
+        "a: 'b'c\n",
+        'a: "b" c\n',
+        "a: b # c\n# d\n",
+        "a: -\n",
+        "a: - \n",
+        "a: ---\n",
+        "--- a\n",
+        "a: ?b\n",
+        "a: ? b\n",
+        "a: :b\n",
+        "a: b:\n",
+        "a: [b,c]\n",
+        "a: [b ,c]\n",
+        "a: {b: c,d: e}\n",
+        "a: {b:c}\n",
+        "a: x\n\n\n",
+        "\n\na: x\n",
+        "a:   \n  x\n",
+        "a: |\n",
+        "a: [\n]\n",
+        "a: {\n}\n",
+        "a: []\nb: {}\n",
+        "? a\n: b\n",
+        "a: b\nc\n",
+        "a: 1\n 2\n",
+        "'a': \"b\"\n",
+        "\"a\": 'b'\n",
+    ],
+)
 def test_yaml_corners_read_the_same_both_ways(text):
     check_both_ways(text, validate=False)
 
 
 # ---- random documents ----------------------------------------------------------------------------
 
-_tokens = st.sampled_from(NOT_STRINGS + STRINGS + INTS + ["hosts", "name", "dsn", "shards", "a", "b", "a b"])
+_tokens = st.sampled_from(
+    NOT_STRINGS + STRINGS + INTS + ["hosts", "name", "dsn", "shards", "a", "b", "a b"]
+)
 
 
 def _scalar(draw_style: str, value: str) -> str:
@@ -362,30 +542,37 @@ def _flow(node) -> str:
 
 def _render(node, flow_at: int) -> str:
     """Block style down to depth ``flow_at``, flow style below."""
+
     def walk(n, depth, indent):
         if depth >= flow_at and isinstance(n, (dict, list)):
             return f" {_flow(n)}\n"
         if isinstance(n, dict):
             if not n:
                 return " {}\n"
-            return "\n" + "".join(f"{' ' * indent}{k}:{walk(v, depth + 1, indent + 2)}" for k, v in n.items())
+            return "\n" + "".join(
+                f"{' ' * indent}{k}:{walk(v, depth + 1, indent + 2)}" for k, v in n.items()
+            )
         if isinstance(n, list):
             if not n:
                 return " []\n"
             return "\n" + "".join(f"{' ' * indent}-{walk(v, depth + 1, indent + 2)}" for v in n)
         return f" {n}\n"
+
     return walk(node, 0, 0).lstrip("\n") if isinstance(node, dict) else walk(node, 0, 0).lstrip()
 
 
 documents = st.recursive(
     scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4),
-                               st.dictionaries(scalars, children, max_size=4)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(scalars, children, max_size=4)
+    ),
     max_leaves=12,
 ).filter(lambda d: isinstance(d, (dict, list)))
 
 
-@settings(derandomize=True, max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    derandomize=True, max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(documents, st.integers(min_value=0, max_value=4))
 def test_random_documents_read_the_same_both_ways(doc, flow_at):
     text = _render(doc, flow_at)

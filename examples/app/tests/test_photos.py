@@ -1,9 +1,8 @@
 """The example app's tests: a real 2-host fleet from shardctl's pytest plugin, fresh per test."""
 
+import photos
 import psycopg
 import pytest
-
-import photos
 
 
 def test_a_user_and_their_photos_live_on_one_shard(shardctl_router):
@@ -27,7 +26,9 @@ def test_users_spread_over_every_host(shardctl_router, shardctl_topology):
         host = shardctl_topology.host_of(shard)
         with psycopg.connect(**host.connect_kwargs()) as conn:
             schema = shardctl_topology.schema_name(shard)
-            found = conn.execute(f'SELECT count(*) FROM "{schema}".users WHERE id = %s', (user_id,)).fetchone()[0]
+            found = conn.execute(
+                f'SELECT count(*) FROM "{schema}".users WHERE id = %s', (user_id,)
+            ).fetchone()[0]
         assert found == 1
 
 

@@ -37,4 +37,6 @@ class Like(ShardedModel):
 
     class Meta:
         db_table = "gram_likes"
-        constraints = [models.UniqueConstraint(fields=["photo_id", "user_id"], name="gram_likes_once")]
+        constraints = [
+            models.UniqueConstraint(fields=["photo_id", "user_id"], name="gram_likes_once")
+        ]

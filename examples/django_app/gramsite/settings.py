@@ -12,6 +12,8 @@ ROOT_URLCONF = "gramsite.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["django.contrib.contenttypes", "shardctl.django", "gram"]  # shardctl: the command
 
-DATABASES = shardctl.django.databases(os.environ.get("SHARDCTL_CONFIG", "shardctl.yaml"))  # shardctl
+DATABASES = shardctl.django.databases(
+    os.environ.get("SHARDCTL_CONFIG", "shardctl.yaml")
+)  # shardctl
 DATABASE_ROUTERS = ["shardctl.django.DatabaseRouter"]  # shardctl
 MIDDLEWARE = ["shardctl.django.ShardMiddleware"]  # shardctl

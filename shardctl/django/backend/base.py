@@ -45,7 +45,11 @@ class ShardCursor(postgresql.Cursor):
         """(the settings to send, or None; whether the statement is a transaction of its own)."""
         conn = self.connection
         target = current()
-        schema = target.schema if target is not None and target.alias == conn.shardctl_alias else NO_SHARD
+        schema = (
+            target.schema
+            if target is not None and target.alias == conn.shardctl_alias
+            else NO_SHARD
+        )
         if conn.pgconn.transaction_status == IDLE:
             conn.shardctl_schema = NO_SHARD
             if not schema:
@@ -83,7 +87,9 @@ class ShardCursor(postgresql.Cursor):
 
     def _settings(self, schema: str, alone: bool) -> None:
         conn = self.connection
-        psycopg.ClientCursor(conn).execute(("BEGIN; " if alone else "") + settings_sql(schema, False))
+        psycopg.ClientCursor(conn).execute(
+            ("BEGIN; " if alone else "") + settings_sql(schema, False)
+        )
         conn.shardctl_schema = schema
 
     def _end(self, alone: bool) -> None:
@@ -106,9 +112,13 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     """postgresql's DatabaseWrapper with :class:`ShardCursor` and no session state."""
 
     def get_connection_params(self) -> dict:
-        if self.settings_dict["OPTIONS"].get("server_side_binding") or self.settings_dict["OPTIONS"].get("pool"):
-            raise ImproperlyConfigured("shardctl.django.backend binds parameters on the client and keeps no pool "
-                                       "of its own: remove OPTIONS server_side_binding and pool")
+        if self.settings_dict["OPTIONS"].get("server_side_binding") or self.settings_dict[
+            "OPTIONS"
+        ].get("pool"):
+            raise ImproperlyConfigured(
+                "shardctl.django.backend binds parameters on the client and keeps no pool "
+                "of its own: remove OPTIONS server_side_binding and pool"
+            )
         params = super().get_connection_params()
         params["cursor_factory"] = ShardCursor
         return params
@@ -120,13 +130,17 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         return conn
 
     def ensure_timezone(self) -> bool:
-        return False  # Django 4.2 sets the session's time zone here: never (see _configure_timezone)
+        return (
+            False  # Django 4.2 sets the session's time zone here: never (see _configure_timezone)
+        )
 
     def _configure_timezone(self, connection: Any) -> bool:
         return False  # no session SET TIME ZONE: psycopg's loaders convert timestamps to settings.TIME_ZONE
 
     def _configure_role(self, connection: Any) -> bool:
         if self.settings_dict["OPTIONS"].get("assume_role"):
-            raise ImproperlyConfigured("OPTIONS assume_role sets a session role, which a transaction pooler "
-                                       "gives to other clients: connect as the role instead")
+            raise ImproperlyConfigured(
+                "OPTIONS assume_role sets a session role, which a transaction pooler "
+                "gives to other clients: connect as the role instead"
+            )
         return False

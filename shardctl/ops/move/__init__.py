@@ -9,5 +9,17 @@ from .api import abort_move, cleanup_move, move_shards, move_status, parse_range
 from .run import MOVE_LOCK_CLASS, MoveOptions, Progress
 from .state import PHASE_NAMES, Phase, ShardState
 
-__all__ = ["MOVE_LOCK_CLASS", "PHASE_NAMES", "MoveOptions", "Phase", "Progress", "ShardState", "abort_move",
-           "cleanup_move", "move_shards", "move_status", "parse_range", "pending_moves"]
+__all__ = [
+    "MOVE_LOCK_CLASS",
+    "PHASE_NAMES",
+    "MoveOptions",
+    "Phase",
+    "Progress",
+    "ShardState",
+    "abort_move",
+    "cleanup_move",
+    "move_shards",
+    "move_status",
+    "parse_range",
+    "pending_moves",
+]

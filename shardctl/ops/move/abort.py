@@ -13,12 +13,12 @@ import psycopg
 
 from ...engine import connections as db
 from ...errors import OperationFailed
-from ...sql.catalog import shard_list
 from ...model.identifiers import quote_ident
 from ...model.ranges import format_shards
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
 from ...sql import catalog as q
+from ...sql.catalog import shard_list
 from .cutover import stub_names
 from .run import MoveRun, set_phase
 from .state import Phase, ShardState
@@ -30,8 +30,10 @@ def abort(run: MoveRun) -> None:
         run.note("abort: already aborted")
         return
     if phase == Phase.CLEANED:
-        raise OperationFailed(f"move {run.move.move_id} was cleaned up: the source's copies are gone, so it "
-                              f"cannot be rolled back (move the shards back instead)")
+        raise OperationFailed(
+            f"move {run.move.move_id} was cleaned up: the source's copies are gone, so it "
+            f"cannot be rolled back (move the shards back instead)"
+        )
     run.report["phases_run"].append("abort")
     if run.move.phases.get("source") == Phase.CUT_OVER or run.move.detail.get("copy_back"):
         _abort_after_cutover(run)
@@ -53,8 +55,10 @@ def _abort_before_cutover(run: MoveRun) -> None:
     move = run.move
     owned = [n for n in move.shards if run.topo.host_of(n).name == run.target.name]
     if owned:
-        raise OperationFailed(f"the topology gives shards {format_shards(owned)} to {run.target.name} already; "
-                              f"refusing to drop its copies")
+        raise OperationFailed(
+            f"the topology gives shards {format_shards(owned)} to {run.target.name} already; "
+            f"refusing to drop its copies"
+        )
     for host, role in ((run.source, "source"), (run.target, "target")):
         if move.phases.get(role):
             with run.connect(host) as conn, conn.transaction():
@@ -64,7 +68,9 @@ def _abort_before_cutover(run: MoveRun) -> None:
         rows = shard_list(tgt)
         mine = [n for n in move.shards if n in rows and rows[n].state == ShardState.MOVING_IN]
         present = q.present_schemas(tgt, run.schemas)
-        doomed = [n for n in move.shards if n in mine or (n not in rows and run.schema(n) in present)]
+        doomed = [
+            n for n in move.shards if n in mine or (n not in rows and run.schema(n) in present)
+        ]
         tgt.commit()
         run.drop_shards(tgt, doomed, run.schema, ShardState.MOVING_IN, "abort", run.target.name)
     with run.connect(run.source) as src, src.transaction():
@@ -89,22 +95,35 @@ def _abort_after_cutover(run: MoveRun) -> None:
         with run.connect(run.source) as src, run.connect(run.target) as tgt:
             src_rows, tgt_rows = shard_list(src), shard_list(tgt)
             frozen = set(aside.values()) <= q.present_schemas(tgt, list(aside.values()))
-        behind = [n for n in move.shards if n in tgt_rows and n in src_rows and
-                  tgt_rows[n].version != src_rows[n].version]
+        behind = [
+            n
+            for n in move.shards
+            if n in tgt_rows and n in src_rows and tgt_rows[n].version != src_rows[n].version
+        ]
         if behind and not frozen:
             raise OperationFailed(
                 f"migrations ran on {run.target.name} after the cutover (shards {format_shards(behind)} are at "
                 f"V{tgt_rows[behind[0]].version} there, V{src_rows[behind[0]].version} on {run.source.name}): "
-                f"the old copies cannot take the new rows back; move the shards back instead")
+                f"the old copies cannot take the new rows back; move the shards back instead"
+            )
         if not frozen:  # 1
             _freeze_target(run, aside)
         _copy_back(run, run.renamed_map(), aside)  # 2
-    flip_topology(run.topo.path, move.shards, move.target, move.source, opts.allow_inline_password)  # 3
+    flip_topology(
+        run.topo.path, move.shards, move.target, move.source, opts.allow_inline_password
+    )  # 3
     run.topo = Topology.load(run.topo.path, allow_inline_password=opts.allow_inline_password)
     run.report["freeze_seconds"] = round(time.monotonic() - t0, 3)
     run.drop_replication()
     with run.connect(run.target, autocommit=False) as tgt:  # 4
-        run.drop_shards(tgt, move.shards, lambda n: aside[str(n)], ShardState.MOVED_OUT, "abort", run.target.name)
+        run.drop_shards(
+            tgt,
+            move.shards,
+            lambda n: aside[str(n)],
+            ShardState.MOVED_OUT,
+            "abort",
+            run.target.name,
+        )
     _finish(run)
 
 
@@ -112,16 +131,27 @@ def _freeze_target(run: MoveRun, aside: dict[str, str]) -> None:
     """On the target: lock, guard and rename the move's schemas aside in one transaction."""
     current = {str(n): run.schema(n) for n in run.move.shards}
     with run.connect(run.target, autocommit=False) as conn:
-        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(run.options.max_freeze * 1000)}ms",))
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, true)",
+            (f"{int(run.options.max_freeze * 1000)}ms",),
+        )
         tables_rp = q.tables(conn, list(current.values()), "rp")
         try:
             q.lock_tables(conn, tables_rp)
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
-            raise OperationFailed(f"could not freeze {run.target.name} within --max-freeze: {db.first_line(exc)}; "
-                                  f"nothing changed, try again") from None
+            raise OperationFailed(
+                f"could not freeze {run.target.name} within --max-freeze: {db.first_line(exc)}; "
+                f"nothing changed, try again"
+            ) from None
         run.retire(conn, tables_rp, current, aside, f"moved back to {run.source.name}", [])
-        q.write_redirects(conn, run.move.shards, list(current.values()), run.source.name, run.source.dsn,
-                          run.move.move_id)
+        q.write_redirects(
+            conn,
+            run.move.shards,
+            list(current.values()),
+            run.source.name,
+            run.source.dsn,
+            run.move.move_id,
+        )
         set_phase(conn, run.move, "target", Phase.ABORTING, {"copy_back": True})
         conn.commit()
 
@@ -131,8 +161,11 @@ def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> 
     with run.connect(run.source, autocommit=False) as src, run.connect(run.target) as tgt:
         q.drop_moved_stubs(src, stub_names(run))  # the old names are the shards' own again
         present = q.present_schemas(src, list(renamed.values()))
-        parts = [f"ALTER SCHEMA {quote_ident(renamed[str(n)])} RENAME TO {quote_ident(run.schema(n))};\n"
-                 for n in move.shards if renamed[str(n)] in present]
+        parts = [
+            f"ALTER SCHEMA {quote_ident(renamed[str(n)])} RENAME TO {quote_ident(run.schema(n))};\n"
+            for n in move.shards
+            if renamed[str(n)] in present
+        ]
         if parts:
             src.execute("".join(parts))
         tables_rp = q.tables(src, run.schemas, "rp")
@@ -143,21 +176,37 @@ def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> 
         if grants:
             src.execute(grants)
         back = {run.schema(n): aside[str(n)] for n in move.shards}
-        q.copy_tables(tgt, src, [((back[s], t), (s, t)) for s, t in tables_r], truncate=True,
-                      progress=lambda i: run.progress("copy back", i, len(tables_r), run.source.name))
+        q.copy_tables(
+            tgt,
+            src,
+            [((back[s], t), (s, t)) for s, t in tables_r],
+            truncate=True,
+            progress=lambda i: run.progress("copy back", i, len(tables_r), run.source.name),
+        )
         src_sums = q.checksums(src, tables_r)
         tgt_sums = q.checksums(tgt, [(back[s], t) for s, t in tables_r])
         diff = [(s, t) for s, t in tables_r if src_sums[(s, t)] != tgt_sums.get((back[s], t))]
         if diff:
             src.rollback()
-            raise OperationFailed(f"abort: {len(diff)} table(s) differ after copying back, e.g. "
-                                  f"{diff[0][0]}.{diff[0][1]}; the source was left as it was (rolled back)")
+            raise OperationFailed(
+                f"abort: {len(diff)} table(s) differ after copying back, e.g. "
+                f"{diff[0][0]}.{diff[0][1]}; the source was left as it was (rolled back)"
+            )
         seqs = q.sequences(tgt, list(back.values()))
         back_of = {v: k for k, v in back.items()}
-        values = [(back_of[s], name, min(int(i["last_value"]) + opts.sequence_margin, int(i["max_value"])))
-                  for (s, name), i in seqs.items() if i["last_value"] is not None]
+        values = [
+            (
+                back_of[s],
+                name,
+                min(int(i["last_value"]) + opts.sequence_margin, int(i["max_value"])),
+            )
+            for (s, name), i in seqs.items()
+            if i["last_value"] is not None
+        ]
         q.set_sequences(src, values)
-        q.set_shard_states(src, move.shards, ShardState.ACTIVE, [run.schema(n) for n in move.shards])
+        q.set_shard_states(
+            src, move.shards, ShardState.ACTIVE, [run.schema(n) for n in move.shards]
+        )
         q.clear_redirects(src, move.shards)
         set_phase(src, move, "source", Phase.ABORTING, {"copy_back": True})
         src.commit()

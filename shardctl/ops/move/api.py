@@ -10,7 +10,7 @@ locks, and runs the phases.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
 
@@ -24,15 +24,32 @@ from .catchup import catch_up
 from .cleanup import cleanup
 from .cutover import cutover
 from .prepare import prepare
-from .run import MOVE_LOCK_CLASS, Move, MoveOptions, MoveRun, Progress, find_moves, new_move_id, shard_locks
+from .run import (
+    MOVE_LOCK_CLASS,
+    Move,
+    MoveOptions,
+    MoveRun,
+    Progress,
+    find_moves,
+    new_move_id,
+    shard_locks,
+)
 from .state import FINISHED, PHASE_NAMES, Phase
 from .sync import sync
 
-STEPS: dict[str, Callable[[MoveRun], None]] = {"prepare": prepare, "sync": sync, "cutover": cutover,
-                                                "abort": abort, "cleanup": cleanup, "catch-up": catch_up}
+STEPS: dict[str, Callable[[MoveRun], None]] = {
+    "prepare": prepare,
+    "sync": sync,
+    "cutover": cutover,
+    "abort": abort,
+    "cleanup": cleanup,
+    "catch-up": catch_up,
+}
 
 
-def _resolve(topo: Topology, shards: list[int] | None, move_id: str | None, options: MoveOptions) -> Move:
+def _resolve(
+    topo: Topology, shards: list[int] | None, move_id: str | None, options: MoveOptions
+) -> Move:
     """The move an abort or cleanup is about: named by id, by its shards, or the only one in flight."""
     moves, _ = find_moves(topo, connect_timeout=options.connect_timeout)
     candidates = [m for m in moves.values() if m.active]
@@ -49,15 +66,21 @@ def _resolve(topo: Topology, shards: list[int] | None, move_id: str | None, opti
         if len(overlapping) == 1:
             return overlapping[0]
         if overlapping:
-            raise BadInput(f"shards {format_shards(shards)} overlap several moves "
-                           f"({', '.join(m.move_id for m in overlapping)}): name one with --move")
-        raise BadInput(f"no move in progress holds shards {format_shards(shards)} (see move-shard --status)")
+            raise BadInput(
+                f"shards {format_shards(shards)} overlap several moves "
+                f"({', '.join(m.move_id for m in overlapping)}): name one with --move"
+            )
+        raise BadInput(
+            f"no move in progress holds shards {format_shards(shards)} (see move-shard --status)"
+        )
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
         raise BadInput("no move is in progress")
-    raise BadInput(f"{len(candidates)} moves are in progress ({', '.join(m.move_id for m in candidates)}): "
-                   f"give the shard range or --move")
+    raise BadInput(
+        f"{len(candidates)} moves are in progress ({', '.join(m.move_id for m in candidates)}): "
+        f"give the shard range or --move"
+    )
 
 
 def _check_request(topo: Topology, shards: list[int], phases: list[str]) -> None:
@@ -68,11 +91,14 @@ def _check_request(topo: Topology, shards: list[int], phases: list[str]) -> None
         raise BadInput("no shards to move")
     beyond = [n for n in shards if n >= topo.shard_count]
     if beyond:
-        raise BadInput(f"shards {format_shards(beyond)} are not in this topology (0..{topo.shard_count - 1})")
+        raise BadInput(
+            f"shards {format_shards(beyond)} are not in this topology (0..{topo.shard_count - 1})"
+        )
 
 
-def _find_or_start(topo: Topology, shards: list[int], target: str, phases: list[str],
-                   options: MoveOptions) -> Move | dict:
+def _find_or_start(
+    topo: Topology, shards: list[int], target: str, phases: list[str], options: MoveOptions
+) -> Move | dict:
     """The recorded move of exactly these shards to ``target``, or a new one; a dict when there is
     nothing to do."""
     target_host = topo.host(target)
@@ -81,25 +107,42 @@ def _find_or_start(topo: Topology, shards: list[int], target: str, phases: list[
     exact = [m for m in overlapping if set(m.shards) == set(shards) and m.target == target]
     if exact:
         if exact[0].phase == Phase.ABORTING:
-            raise OperationFailed(f"move {exact[0].move_id} is being aborted: run move-shard --abort again to finish")
+            raise OperationFailed(
+                f"move {exact[0].move_id} is being aborted: run move-shard --abort again to finish"
+            )
         return exact[0]
     if overlapping:
         m = overlapping[0]
-        raise OperationFailed(f"shards {format_shards(sorted(set(m.shards) & set(shards)))} are part of move "
-                              f"{m.move_id} ({format_shards(m.shards)} from {m.source} to {m.target}, phase "
-                              f"{m.phase}): finish it (or --abort it) first")
+        raise OperationFailed(
+            f"shards {format_shards(sorted(set(m.shards) & set(shards)))} are part of move "
+            f"{m.move_id} ({format_shards(m.shards)} from {m.source} to {m.target}, phase "
+            f"{m.phase}): finish it (or --abort it) first"
+        )
     owners = sorted({topo.host_of(n).name for n in shards})
     if owners == [target]:
-        return {"command": "move-shard", "shards": format_shards(shards), "source": target, "target": target,
-                "phases_run": [], "phase": "nothing to do", "nothing_to_do": True,
-                "messages": [f"shards {format_shards(shards)} are already on {target}: nothing was done"],
-                "seconds": 0.0}
+        return {
+            "command": "move-shard",
+            "shards": format_shards(shards),
+            "source": target,
+            "target": target,
+            "phases_run": [],
+            "phase": "nothing to do",
+            "nothing_to_do": True,
+            "messages": [
+                f"shards {format_shards(shards)} are already on {target}: nothing was done"
+            ],
+            "seconds": 0.0,
+        }
     if len(owners) > 1:
-        raise BadInput(f"shards {format_shards(shards)} live on {', '.join(owners)}: move the shards of one "
-                       f"source host at a time")
+        raise BadInput(
+            f"shards {format_shards(shards)} live on {', '.join(owners)}: move the shards of one "
+            f"source host at a time"
+        )
     if phases[0] != "prepare":
-        raise OperationFailed(f"no move of shards {format_shards(shards)} to {target} has been prepared: run "
-                              f"the prepare phase first")
+        raise OperationFailed(
+            f"no move of shards {format_shards(shards)} to {target} has been prepared: run "
+            f"the prepare phase first"
+        )
     return Move(new_move_id(), sorted(shards), owners[0], target_host.name)
 
 
@@ -107,8 +150,12 @@ def _refresh(run: MoveRun) -> None:
     """Re-read the move under the locks: another run may have advanced it meanwhile."""
     if not run.move.phases:
         return
-    fresh, _ = find_moves(run.topo, [run.source, run.target], run.options.connect_timeout,
-                          required=(run.source.name, run.target.name))
+    fresh, _ = find_moves(
+        run.topo,
+        [run.source, run.target],
+        run.options.connect_timeout,
+        required=(run.source.name, run.target.name),
+    )
     run.move = fresh.get(run.move.move_id, run.move)
 
 
@@ -119,14 +166,26 @@ def _run_steps(run: MoveRun, steps: list[str]) -> dict:
             try:
                 _guarded(run, name)
             except ShardctlError as exc:
-                if name in PHASE_NAMES and run.move.phases and run.move.phase not in FINISHED and exc.args:
-                    exc.args = (f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: run the "
-                                f"command again to resume, or roll it back with move-shard --abort]",) + exc.args[1:]
+                if (
+                    name in PHASE_NAMES
+                    and run.move.phases
+                    and run.move.phase not in FINISHED
+                    and exc.args
+                ):
+                    exc.args = (
+                        f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: run the "
+                        f"command again to resume, or roll it back with move-shard --abort]",
+                    ) + exc.args[1:]
                 raise
         if any(name in ("cutover", "cleanup") for name in steps):
             _guarded(run, "catch-up")  # the moved shards to the fleet's version (migrate held them)
-    run.report.update({"command": "move-shard", "phase": str(run.move.phase),
-                       "seconds": round(time.perf_counter() - run.started, 3)})
+    run.report.update(
+        {
+            "command": "move-shard",
+            "phase": str(run.move.phase),
+            "seconds": round(time.perf_counter() - run.started, 3),
+        }
+    )
     if run.pacers:
         run.report.update({"nice": run.options.nice, "rested_seconds": run.rested()})
     return run.report
@@ -140,8 +199,15 @@ def _guarded(run: MoveRun, name: str) -> None:
         raise OperationFailed(f"{name}: {db.first_line(exc)}") from exc
 
 
-def move_shards(topo: Topology, shards: list[int], target: str, *, phases: list[str] | None = None,
-                options: MoveOptions | None = None, progress: Progress | None = None) -> dict:
+def move_shards(
+    topo: Topology,
+    shards: list[int],
+    target: str,
+    *,
+    phases: list[str] | None = None,
+    options: MoveOptions | None = None,
+    progress: Progress | None = None,
+) -> dict:
     """Run the move's phases (default prepare, sync, cutover), starting or resuming the move of ``shards``
     to host ``target``. Returns the report (``freeze_seconds``, ``sync_seconds``, …)."""
     options = options or MoveOptions()
@@ -153,18 +219,34 @@ def move_shards(topo: Topology, shards: list[int], target: str, *, phases: list[
     return _run_steps(MoveRun(topo, move, options, progress), phases)
 
 
-def abort_move(topo: Topology, *, shards: list[int] | None = None, move_id: str | None = None,
-               options: MoveOptions | None = None, progress: Progress | None = None) -> dict:
+def abort_move(
+    topo: Topology,
+    *,
+    shards: list[int] | None = None,
+    move_id: str | None = None,
+    options: MoveOptions | None = None,
+    progress: Progress | None = None,
+) -> dict:
     """Roll a move back (any time before cleanup): the source is authoritative again."""
     options = options or MoveOptions()
-    return _run_steps(MoveRun(topo, _resolve(topo, shards, move_id, options), options, progress), ["abort"])
+    return _run_steps(
+        MoveRun(topo, _resolve(topo, shards, move_id, options), options, progress), ["abort"]
+    )
 
 
-def cleanup_move(topo: Topology, *, shards: list[int] | None = None, move_id: str | None = None,
-                 options: MoveOptions | None = None, progress: Progress | None = None) -> dict:
+def cleanup_move(
+    topo: Topology,
+    *,
+    shards: list[int] | None = None,
+    move_id: str | None = None,
+    options: MoveOptions | None = None,
+    progress: Progress | None = None,
+) -> dict:
     """Drop the renamed source schemas (and any replication object) of a cut-over move."""
     options = options or MoveOptions()
-    return _run_steps(MoveRun(topo, _resolve(topo, shards, move_id, options), options, progress), ["cleanup"])
+    return _run_steps(
+        MoveRun(topo, _resolve(topo, shards, move_id, options), options, progress), ["cleanup"]
+    )
 
 
 def next_step(topo: Topology, move: Move) -> str | None:
@@ -174,34 +256,50 @@ def next_step(topo: Topology, move: Move) -> str | None:
     phase, shards = move.phase, format_shards(move.shards)
     if phase == Phase.CUT_OVER:
         flipped = all(topo.host_of(n).name == move.target for n in move.shards)
-        if move.phases.get("target") != Phase.CUT_OVER or not flipped or not move.detail.get("switched"):
-            return (f"the source committed the cutover but the switch is unfinished (target activated: "
-                    f"{move.phases.get('target') == Phase.CUT_OVER}, topology flipped: {flipped}, replication "
-                    f"dropped: {bool(move.detail.get('switched'))}): run shardctl move-shard {shards} "
-                    f"--to {move.target}")
+        if (
+            move.phases.get("target") != Phase.CUT_OVER
+            or not flipped
+            or not move.detail.get("switched")
+        ):
+            return (
+                f"the source committed the cutover but the switch is unfinished (target activated: "
+                f"{move.phases.get('target') == Phase.CUT_OVER}, topology flipped: {flipped}, replication "
+                f"dropped: {bool(move.detail.get('switched'))}): run shardctl move-shard {shards} "
+                f"--to {move.target}"
+            )
         return f"cut over; drop the source's old copies with shardctl move-shard --cleanup --move {move.move_id}"
     if phase == Phase.ABORTING:
         return f"an abort is unfinished: run shardctl move-shard --abort --move {move.move_id}"
     if phase in (Phase.NEW, Phase.PREPARING, Phase.PREPARED, Phase.SYNCING, Phase.SYNCED):
-        return (f"in flight (migrate waits for it): finish with shardctl move-shard {shards} --to {move.target}, "
-                f"or roll back with shardctl move-shard --abort --move {move.move_id}")
+        return (
+            f"in flight (migrate waits for it): finish with shardctl move-shard {shards} --to {move.target}, "
+            f"or roll back with shardctl move-shard --abort --move {move.move_id}"
+        )
     return None
 
 
-def pending_moves(topo: Topology, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> list[str]:
+def pending_moves(
+    topo: Topology, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
+) -> list[str]:
     """One line per recorded move that needs a command to finish (for ``status`` and other fleet commands)."""
     moves, _ = find_moves(topo, connect_timeout=connect_timeout)
     out = []
     for move in sorted(moves.values(), key=lambda m: str(m.started_at)):
         step = next_step(topo, move) if move.active else None
         if step and not step.startswith("cut over;"):
-            out.append(f"move {move.move_id} (shards {format_shards(move.shards)} {move.source} → {move.target}, "
-                       f"phase {move.phase}): {step}")
+            out.append(
+                f"move {move.move_id} (shards {format_shards(move.shards)} {move.source} → {move.target}, "
+                f"phase {move.phase}): {step}"
+            )
     return out
 
 
-def move_status(topo: Topology, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
-                include_finished: bool = True) -> dict:
+def move_status(
+    topo: Topology,
+    *,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+    include_finished: bool = True,
+) -> dict:
     """Every recorded move, with live sync progress and lag for moves in flight."""
     started = time.perf_counter()
     moves, errors = find_moves(topo, connect_timeout=connect_timeout)
@@ -217,21 +315,39 @@ def move_status(topo: Topology, *, connect_timeout: int = db.DEFAULT_CONNECT_TIM
             except (HostUnreachable, psycopg.Error, BadInput) as exc:
                 doc["error"] = getattr(exc, "reason", None) or db.first_line(exc)
         out.append(doc)
-    return {"command": "move-shard --status", "moves": out,
-            "in_flight": sum(1 for m in moves.values() if m.active),
-            "needs_finishing": [f"{m['move_id']}: {m['next']}" for m in out
-                                if m["next"] and not m["next"].startswith("cut over;")],
-            "unreachable": errors, "seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "command": "move-shard --status",
+        "moves": out,
+        "in_flight": sum(1 for m in moves.values() if m.active),
+        "needs_finishing": [
+            f"{m['move_id']}: {m['next']}"
+            for m in out
+            if m["next"] and not m["next"].startswith("cut over;")
+        ],
+        "unreachable": errors,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
 
 
 def _live_sync(topo: Topology, move: Move, connect_timeout: int) -> dict:
-    with db.connect(topo.host(move.target), autocommit=True, connect_timeout=connect_timeout,
-                    purpose="move-shard status") as conn:
+    with db.connect(
+        topo.host(move.target),
+        autocommit=True,
+        connect_timeout=connect_timeout,
+        purpose="move-shard status",
+    ) as conn:
         state = q.sync_state(conn, move.names)
-    doc = {"tables_ready": state["ready"], "tables": state["tables"],
-           "replication_errors": state["apply_errors"] + state["sync_errors"]}
-    with db.connect(topo.host(move.source), autocommit=True, connect_timeout=connect_timeout,
-                    purpose="move-shard status") as conn:
+    doc = {
+        "tables_ready": state["ready"],
+        "tables": state["tables"],
+        "replication_errors": state["apply_errors"] + state["sync_errors"],
+    }
+    with db.connect(
+        topo.host(move.source),
+        autocommit=True,
+        connect_timeout=connect_timeout,
+        purpose="move-shard status",
+    ) as conn:
         doc["lag_bytes"] = q.slot_lag(conn, move.names)
     return doc
 
@@ -244,6 +360,17 @@ def parse_range(spec: str, topo: Topology) -> list[int]:
         raise BadInput(f"shard range {spec!r}: {exc}") from None
 
 
-__all__ = ["MoveOptions", "Move", "move_shards", "abort_move", "cleanup_move", "move_status", "find_moves",
-           "next_step", "pending_moves",
-           "MOVE_LOCK_CLASS", "PHASE_NAMES", "parse_range"]
+__all__ = [
+    "MOVE_LOCK_CLASS",
+    "PHASE_NAMES",
+    "Move",
+    "MoveOptions",
+    "abort_move",
+    "cleanup_move",
+    "find_moves",
+    "move_shards",
+    "move_status",
+    "next_step",
+    "parse_range",
+    "pending_moves",
+]

@@ -28,8 +28,11 @@ def copy_workers(run: MoveRun, tables: int) -> int:
 
 def slot_and_copy(run: MoveRun, name: str, schemas: list[str]) -> int:
     """Create slot ``name`` with a snapshot and copy the schemas' tables as of it. Returns bytes copied."""
-    kwargs = run.source.connect_kwargs(purpose="admin", connect_timeout=run.options.connect_timeout,
-                                       application_name="shardctl move-shard copy")
+    kwargs = run.source.connect_kwargs(
+        purpose="admin",
+        connect_timeout=run.options.connect_timeout,
+        application_name="shardctl move-shard copy",
+    )
     repl = psycopg.connect(autocommit=True, replication="database", **kwargs)
     try:
         _, snapshot = q.create_slot_with_snapshot(repl, name)

@@ -66,12 +66,16 @@ def cutover(run: MoveRun) -> None:
     run.report["phases_run"].append("cutover")
     names = run.move.names
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
-        q.ensure_move_objects(src)  # a move prepared by an older shardctl may lack the redirects table
+        q.ensure_move_objects(
+            src
+        )  # a move prepared by an older shardctl may lack the redirects table
         q.ensure_move_objects(tgt)
         tables_r = q.tables(src, run.schemas, "r")
         tables_rp = q.tables(src, run.schemas, "rp")
         # The stubs for direct clients are made now, under other names; the freeze only renames them.
-        q.create_moved_stubs(src, {stub_name(run, n): (run.schema(n), stub_message(run, n)) for n in run.move.shards})
+        q.create_moved_stubs(
+            src, {stub_name(run, n): (run.schema(n), stub_message(run, n)) for n in run.move.shards}
+        )
     verify_before(run, tables_r)
     last: Exception | None = None
     for attempt in range(1, max(1, run.options.attempts) + 1):
@@ -86,8 +90,10 @@ def cutover(run: MoveRun) -> None:
             run.note(f"cutover attempt {attempt}: {exc}; writes resumed on {run.source.name}")
             time.sleep(min(5.0, attempt * 1.0))
     else:
-        raise OperationFailed(f"cutover: gave up after {run.options.attempts} attempts ({last}); the source "
-                              f"stays authoritative; run the cutover again or raise --max-freeze")
+        raise OperationFailed(
+            f"cutover: gave up after {run.options.attempts} attempts ({last}); the source "
+            f"stays authoritative; run the cutover again or raise --max-freeze"
+        )
     try:
         finish_cutover(run)
         verify_after(run, freeze.snapshot, tables_r)
@@ -95,27 +101,39 @@ def cutover(run: MoveRun) -> None:
         freeze.close_snapshot()
 
 
-def _wait_small_lag(run: MoveRun, src: psycopg.Connection, names: list[str], limit: int = CATCH_UP_BYTES) -> None:
+def _wait_small_lag(
+    run: MoveRun, src: psycopg.Connection, names: list[str], limit: int = CATCH_UP_BYTES
+) -> None:
     """Before freezing, let the subscriptions catch up to a few MB, so the freeze can finish in time;
     refuse to freeze while they cannot."""
     deadline = time.monotonic() + max(30.0, run.options.max_freeze * 6)
     while True:
         lag = q.slot_lag(src, names)
         if lag is None:
-            raise OperationFailed(f"cutover: the move's replication slots are missing on {run.source.name}; "
-                                  f"abort the move and start again")
+            raise OperationFailed(
+                f"cutover: the move's replication slots are missing on {run.source.name}; "
+                f"abort the move and start again"
+            )
         if lag <= limit:
             return
         if time.monotonic() > deadline:
-            raise OperationFailed(f"cutover: the subscriptions stay {human_bytes(lag)} behind {run.source.name} "
-                                  f"(more than {human_bytes(limit)}): a freeze now could not finish within "
-                                  f"--max-freeze; nothing was frozen, try again when the write load is lower")
+            raise OperationFailed(
+                f"cutover: the subscriptions stay {human_bytes(lag)} behind {run.source.name} "
+                f"(more than {human_bytes(limit)}): a freeze now could not finish within "
+                f"--max-freeze; nothing was frozen, try again when the write load is lower"
+            )
         run.progress("catch-up", 0, 0, f"lag {human_bytes(lag)}")
         time.sleep(0.2)
 
 
-def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
-                      items: list[tuple[str, str]], rows_only: bool, timeout: float = 20.0) -> tuple[dict, dict]:
+def _sums_at_lag_zero(
+    run: MoveRun,
+    src: psycopg.Connection,
+    tgt: psycopg.Connection,
+    items: list[tuple[str, str]],
+    rows_only: bool,
+    timeout: float = 20.0,
+) -> tuple[dict, dict]:
     """Checksums of ``items``: on the source first (one snapshot), then on the target once it has applied
     the source's WAL up to past that snapshot. The target then holds at least the source's rows: with
     no write meanwhile, exactly them."""
@@ -127,14 +145,21 @@ def _sums_at_lag_zero(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connec
     deadline = time.monotonic() + timeout
     while not q.replayed(src, run.move.names, lsn):
         if time.monotonic() > deadline:
-            why = "; ".join(q.subscription_problems(tgt, run.move.names)) or "no problem reported by the target"
-            raise OperationFailed(f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
-                                  f"within {timeout:g}s ({why}); nothing was frozen")
+            why = (
+                "; ".join(q.subscription_problems(tgt, run.move.names))
+                or "no problem reported by the target"
+            )
+            raise OperationFailed(
+                f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
+                f"within {timeout:g}s ({why}); nothing was frozen"
+            )
         time.sleep(0.02)
     return src_sums, q.checksums(tgt, items, rows_only=rows_only, pause=pause)
 
 
-def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int, rows_only: bool) -> tuple[dict, dict]:
+def _sums_in_streams(
+    run: MoveRun, items: list[tuple[str, str]], streams: int, rows_only: bool
+) -> tuple[dict, dict]:
     """:func:`_sums_at_lag_zero` over ``items`` split into ``streams`` parts, each on a connection pair of
     its own (the hosts hash in parallel; each part is consistent on its own, which is all a table needs)."""
     parts = [p for p in (items[k::streams] for k in range(streams)) if p]
@@ -149,7 +174,11 @@ def _sums_in_streams(run: MoveRun, items: list[tuple[str, str]], streams: int, r
             src_all.update(src_sums)
             tgt_all.update(tgt_sums)
 
-    errors = run_streams(f"{run.source.name}-check", len(parts), work, threading.Event()) if parts else []
+    errors = (
+        run_streams(f"{run.source.name}-check", len(parts), work, threading.Event())
+        if parts
+        else []
+    )
     if errors:
         raise errors[0]
     return src_all, tgt_all
@@ -166,7 +195,14 @@ def verify_before(run: MoveRun, tables_r: list[tuple[str, str]]) -> None:
     pending, previous, unchanged_rounds, busy = list(tables_r), {}, {}, 0
     rows_only = run.options.verify_before == "counts"
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
-        streams = max(1, min(MAX_CHECK_STREAMS, host_jobs(run.source, src).count, host_jobs(run.target, tgt).count))
+        streams = max(
+            1,
+            min(
+                MAX_CHECK_STREAMS,
+                host_jobs(run.source, src).count,
+                host_jobs(run.target, tgt).count,
+            ),
+        )
         for round_no in range(3):
             run.progress("verify", len(tables_r) - len(pending), len(tables_r), "before the freeze")
             src_sums, tgt_sums = _sums_in_streams(run, pending, streams, rows_only)
@@ -182,7 +218,8 @@ def verify_before(run: MoveRun, tables_r: list[tuple[str, str]]) -> None:
                 raise OperationFailed(
                     f"cutover: {len(stuck)} table(s) differ between the hosts though unchanged on the source, e.g. "
                     f"{k[0]}.{k[1]}: {src_sums[k][0]} rows on {run.source.name}, {tgt_sums.get(k, (0,))[0]} on "
-                    f"{run.target.name}; nothing was switched (abort the move and look at the target's log)")
+                    f"{run.target.name}; nothing was switched (abort the move and look at the target's log)"
+                )
             previous = {k: src_sums[k] for k in differ}
             pending = differ
             if not pending:
@@ -192,11 +229,15 @@ def verify_before(run: MoveRun, tables_r: list[tuple[str, str]]) -> None:
     run.report["verify_before_seconds"] = round(time.perf_counter() - t0, 3)
     run.report["verify_before_busy_tables"] = busy
     if busy:
-        run.note(f"{busy} table(s) were being written during the check before the freeze; the check "
-                 f"after the cutover compares them")
+        run.note(
+            f"{busy} table(s) were being written during the check before the freeze; the check "
+            f"after the cutover compares them"
+        )
 
 
-def verify_after(run: MoveRun, snapshot: psycopg.Connection | None, tables_r: list[tuple[str, str]]) -> None:
+def verify_after(
+    run: MoveRun, snapshot: psycopg.Connection | None, tables_r: list[tuple[str, str]]
+) -> None:
     """Compare every row of the (now read-only) source with the target's snapshot taken in the freeze."""
     if snapshot is None:
         return
@@ -211,8 +252,13 @@ def verify_after(run: MoveRun, snapshot: psycopg.Connection | None, tables_r: li
             tgt_sums = on_target.result()
     diff = [(s, t) for s, t in tables_r if src_sums[(old[s], t)] != tgt_sums.get((s, t))]
     rows = sum(v[0] for v in tgt_sums.values())
-    run.report.update({"rows": rows, "verify_after_seconds": round(time.perf_counter() - t0, 3),
-                       "verified": not diff})
+    run.report.update(
+        {
+            "rows": rows,
+            "verify_after_seconds": round(time.perf_counter() - t0, 3),
+            "verified": not diff,
+        }
+    )
     with run.connect(run.source) as conn, conn.transaction():
         set_phase(conn, run.move, "source", Phase.CUT_OVER, {"rows": rows, "verified": not diff})
     if diff:
@@ -221,13 +267,16 @@ def verify_after(run: MoveRun, snapshot: psycopg.Connection | None, tables_r: li
             f"verify after the cutover: {len(diff)} table(s) differ between {run.source.name} (frozen) and "
             f"{run.target.name} as of the cutover, e.g. {s}.{t}: {src_sums[(old[s], t)][0]} rows on "
             f"{run.source.name}, {tgt_sums.get((s, t), (0,))[0]} on {run.target.name}; the target serves the "
-            f"shards now: move-shard --abort copies its rows back and makes the source authoritative again")
+            f"shards now: move-shard --abort copies its rows back and makes the source authoritative again"
+        )
 
 
 class Freeze:
     """One freeze attempt: one source transaction that ends with the schemas renamed and guarded."""
 
-    def __init__(self, run: MoveRun, tables_r: list[tuple[str, str]], tables_rp: list[tuple[str, str]]):
+    def __init__(
+        self, run: MoveRun, tables_r: list[tuple[str, str]], tables_rp: list[tuple[str, str]]
+    ):
         self.run = run
         self.move = run.move
         self.options = run.options
@@ -240,7 +289,9 @@ class Freeze:
         self.src: psycopg.Connection | None = None
         self.tgt: psycopg.Connection | None = None
         self.aux: psycopg.Connection | None = None
-        self.snapshot: psycopg.Connection | None = None  # target, REPEATABLE READ as of lag 0 in the freeze
+        self.snapshot: psycopg.Connection | None = (
+            None  # target, REPEATABLE READ as of lag 0 in the freeze
+        )
 
     def attempt(self) -> None:
         run, move = self.run, self.move
@@ -262,19 +313,28 @@ class Freeze:
             self._budget()
             detail = self._retire(started_at, len(values))
             if time.monotonic() > self.deadline:
-                raise FreezeTimeout(f"the freeze ran past --max-freeze {self.options.max_freeze:g}s before its "
-                                    f"commit")
+                raise FreezeTimeout(
+                    f"the freeze ran past --max-freeze {self.options.max_freeze:g}s before its "
+                    f"commit"
+                )
             src.commit()
             crash_point("after-source-commit")
             run.freeze_t0 = self.t0
             run.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
-            run.report.update({"freeze_started_at": started_at, "sequences": len(values),
-                               "freeze_commit_seconds": round(time.monotonic() - self.t0, 3)})
+            run.report.update(
+                {
+                    "freeze_started_at": started_at,
+                    "sequences": len(values),
+                    "freeze_commit_seconds": round(time.monotonic() - self.t0, 3),
+                }
+            )
         except psycopg.errors.QueryCanceled as exc:
             move.phases, move.detail = phases_before, detail_before
             self._rollback()
             self.close_snapshot()
-            raise FreezeTimeout(f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})") from None
+            raise FreezeTimeout(
+                f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})"
+            ) from None
         except BaseException:
             move.phases, move.detail = phases_before, detail_before
             self._rollback()
@@ -302,8 +362,10 @@ class Freeze:
         left = int((self.deadline - time.monotonic()) * 1000)
         if left <= 0:
             raise FreezeTimeout(f"the freeze used up --max-freeze {self.options.max_freeze:g}s")
-        self.src.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-                         (f"{left}ms", f"{left}ms"))
+        self.src.execute(
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+            (f"{left}ms", f"{left}ms"),
+        )
 
     def _rollback(self) -> None:
         if self.src is not None and not self.src.closed and not self.src.broken:
@@ -318,9 +380,11 @@ class Freeze:
     def _timeouts(self) -> None:
         limit = f"{max(1, int(self.options.max_freeze * 1000))}ms"
         # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
-        self.src.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
-                         "set_config('idle_in_transaction_session_timeout', %s, true)",
-                         (limit, limit, f"{int(self.options.max_freeze * 2000) + 10000}ms"))
+        self.src.execute(
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
+            "set_config('idle_in_transaction_session_timeout', %s, true)",
+            (limit, limit, f"{int(self.options.max_freeze * 2000) + 10000}ms"),
+        )
         self.tgt.execute("SELECT set_config('statement_timeout', %s, false)", (limit,))
 
     def _lock(self) -> None:
@@ -328,9 +392,14 @@ class Freeze:
         try:
             self._budget()
             q.lock_tables(self.src, self.tables_rp, LOCKS_PER_STATEMENT)
-        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected,
-                psycopg.errors.QueryCanceled) as exc:
-            raise FreezeTimeout(f"could not lock the tables within --max-freeze ({db.first_line(exc)})") from None
+        except (
+            psycopg.errors.LockNotAvailable,
+            psycopg.errors.DeadlockDetected,
+            psycopg.errors.QueryCanceled,
+        ) as exc:
+            raise FreezeTimeout(
+                f"could not lock the tables within --max-freeze ({db.first_line(exc)})"
+            ) from None
         self._mark("lock")
         if time.monotonic() > self.deadline:
             raise FreezeTimeout("taking the locks used up --max-freeze")
@@ -351,23 +420,36 @@ class Freeze:
         self.run.progress("freeze", 0, 0, "waiting for lag 0")
         while not q.replayed(self.aux, self.names, lsn):
             if time.monotonic() > self.deadline:
-                raise FreezeTimeout(f"the subscriptions did not apply the source's WAL up to {lsn} within "
-                                    f"--max-freeze {self.options.max_freeze:g}s")
+                raise FreezeTimeout(
+                    f"the subscriptions did not apply the source's WAL up to {lsn} within "
+                    f"--max-freeze {self.options.max_freeze:g}s"
+                )
             time.sleep(0.01)
         self._mark("caught_up")
 
     def _sequences(self) -> list[tuple[str, str, int]]:
         seqs = q.sequences(self.src, self.run.schemas)
-        values = [(schema, name, min(int(info["last_value"]) + self.options.sequence_margin, int(info["max_value"])))
-                  for (schema, name), info in seqs.items() if info["last_value"] is not None]
+        values = [
+            (
+                schema,
+                name,
+                min(int(info["last_value"]) + self.options.sequence_margin, int(info["max_value"])),
+            )
+            for (schema, name), info in seqs.items()
+            if info["last_value"] is not None
+        ]
         q.set_sequences(self.tgt, values)
         return values
 
     def _wait_clock(self) -> None:
         source_ms = q.now_ms(self.src)
-        while q.now_ms(self.tgt) <= source_ms:  # new IDs on the target sort after every ID minted on the source
+        while (
+            q.now_ms(self.tgt) <= source_ms
+        ):  # new IDs on the target sort after every ID minted on the source
             if time.monotonic() > self.deadline:
-                raise FreezeTimeout("the target's clock is behind the source's by more than --max-freeze")
+                raise FreezeTimeout(
+                    "the target's clock is behind the source's by more than --max-freeze"
+                )
             time.sleep(0.001)
 
     def _retire(self, started_at: float, sequences: int) -> dict:
@@ -375,21 +457,34 @@ class Freeze:
         grants = q.write_grants(self.src, run.schemas)
         current = {str(n): run.schema(n) for n in self.move.shards}
         renamed = {str(n): run.renamed(n) for n in self.move.shards}
-        run.retire(self.src, self.tables_rp, current, renamed, f"moved to {run.target.name}", grants)
+        run.retire(
+            self.src, self.tables_rp, current, renamed, f"moved to {run.target.name}", grants
+        )
         self._mark("retired")
-        q.write_redirects(self.src, self.move.shards, [run.schema(n) for n in self.move.shards], run.target.name,
-                          run.target.dsn, self.move.move_id)
+        q.write_redirects(
+            self.src,
+            self.move.shards,
+            [run.schema(n) for n in self.move.shards],
+            run.target.name,
+            run.target.dsn,
+            self.move.move_id,
+        )
         # Direct clients that still use the old schema name get an error naming the new host.
         q.place_moved_stubs(self.src, {stub_name(run, n): run.schema(n) for n in self.move.shards})
         self._mark("stubs")
-        detail = {"grants": grants, "renamed": renamed, "cutover_at": started_at,
-                  "sequences": sequences, "freeze_lock_seconds": self.marks.get("lock"),
-                  "freeze_caught_up_seconds": self.marks.get("caught_up"),
-                  "freeze_snapshot_seconds": self.marks.get("snapshot"),
-                  "freeze_retired_seconds": self.marks.get("retired"),
-                  "freeze_stubs_seconds": self.marks.get("stubs"),
-                  "freeze_compared_seconds": None,  # rows are compared after the freeze now
-                  "freeze_started": started_at}
+        detail = {
+            "grants": grants,
+            "renamed": renamed,
+            "cutover_at": started_at,
+            "sequences": sequences,
+            "freeze_lock_seconds": self.marks.get("lock"),
+            "freeze_caught_up_seconds": self.marks.get("caught_up"),
+            "freeze_snapshot_seconds": self.marks.get("snapshot"),
+            "freeze_retired_seconds": self.marks.get("retired"),
+            "freeze_stubs_seconds": self.marks.get("stubs"),
+            "freeze_compared_seconds": None,  # rows are compared after the freeze now
+            "freeze_started": started_at,
+        }
         set_phase(self.src, self.move, "source", Phase.CUT_OVER, detail)
         return detail
 
@@ -406,8 +501,10 @@ def stub_names(run: MoveRun) -> list[str]:
 
 def stub_message(run: MoveRun, shard: int) -> str:
     """What a direct client reading or writing a moved shard's old schema is told (no password)."""
-    return (f"shard {shard} moved to {run.target.name} (move {run.move.move_id}): connect to "
-            f"{mask(q.dsn_without_password(run.target.dsn))}")
+    return (
+        f"shard {shard} moved to {run.target.name} (move {run.move.move_id}): connect to "
+        f"{mask(q.dsn_without_password(run.target.dsn))}"
+    )
 
 
 def finish_cutover(run: MoveRun) -> None:
@@ -416,19 +513,31 @@ def finish_cutover(run: MoveRun) -> None:
     with run.connect(run.target) as tgt, tgt.transaction():
         activated = q.change_shard_states(tgt, move.shards, ShardState.MOVING_IN, ShardState.ACTIVE)
         q.clear_redirects(tgt, move.shards)
-        set_phase(tgt, move, "target", Phase.CUT_OVER, {k: v for k, v in move.detail.items() if k != "grants"})
+        set_phase(
+            tgt,
+            move,
+            "target",
+            Phase.CUT_OVER,
+            {k: v for k, v in move.detail.items() if k != "grants"},
+        )
     crash_point("after-activate")
-    flipped = flip_topology(run.topo.path, move.shards, move.source, move.target, run.options.allow_inline_password)
+    flipped = flip_topology(
+        run.topo.path, move.shards, move.source, move.target, run.options.allow_inline_password
+    )
     crash_point("after-flip")
     run.topo = Topology.load(run.topo.path, allow_inline_password=run.options.allow_inline_password)
     done: dict = {"switched": True}  # the switch is complete: nothing left to finish but cleanup
     if run.freeze_t0 is not None:
-        done["freeze_seconds"] = run.report["freeze_seconds"] = round(time.monotonic() - run.freeze_t0, 3)
+        done["freeze_seconds"] = run.report["freeze_seconds"] = round(
+            time.monotonic() - run.freeze_t0, 3
+        )
         run.report["freeze_ended_at"] = time.time()
     run.report["topology_flipped"] = flipped
     run.progress("switch", 0, 0, "dropping the replication")
     run.drop_replication()
     run.both(Phase.CUT_OVER, done)
     if flipped or activated or run.freeze_t0 is not None:
-        run.event("move-shard cutover", {"freeze_seconds": run.report.get("freeze_seconds"),
-                                         "rows": run.report.get("rows")})
+        run.event(
+            "move-shard cutover",
+            {"freeze_seconds": run.report.get("freeze_seconds"), "rows": run.report.get("rows")},
+        )

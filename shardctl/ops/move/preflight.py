@@ -59,14 +59,18 @@ def preflight(run: MoveRun) -> dict:
         target_problems = _target_problems(run, tgt, facts_t)
         problems += target_problems
     problems += _encoding_problems(run, facts_s, facts_t)
-    if not target_problems:  # a missing grant would make the probe and the trial fail for the wrong reason
+    if (
+        not target_problems
+    ):  # a missing grant would make the probe and the trial fail for the wrong reason
         problems += _reach_problems(run)
         problems += _trial_problems(run, rows, facts_t)
     subs = subscriptions_for(run, facts_t)
     if subs < 1:
-        problems.append(f"host {run.target.name}: max_logical_replication_workers={facts_t['max_logical_replication_workers']}"
-                        f" with {facts_t['workers_used']} in use: a move needs 2 free (an apply worker and a "
-                        f"table-sync worker); raise it (a restart) or wait for other subscriptions to finish")
+        problems.append(
+            f"host {run.target.name}: max_logical_replication_workers={facts_t['max_logical_replication_workers']}"
+            f" with {facts_t['workers_used']} in use: a move needs 2 free (an apply worker and a "
+            f"table-sync worker); raise it (a restart) or wait for other subscriptions to finish"
+        )
     if problems:
         raise OperationFailed("preflight: " + "; ".join(problems) + " (nothing was changed)")
     return {"max_subscriptions": subs}
@@ -79,53 +83,81 @@ def _encoding_problems(run: MoveRun, facts_s: dict, facts_t: dict) -> list[str]:
     enc_s, enc_t = facts_s["server_encoding"], facts_t["server_encoding"]
     if enc_s == enc_t:
         return []
-    return [f"host {run.source.name}'s database is {enc_s} and host {run.target.name}'s is {enc_t}: shards move only "
-            f"between databases of the same encoding (text would not arrive byte for byte)"]
+    return [
+        f"host {run.source.name}'s database is {enc_s} and host {run.target.name}'s is {enc_t}: shards move only "
+        f"between databases of the same encoding (text would not arrive byte for byte)"
+    ]
 
 
 def _source_problems(run: MoveRun, conn, facts: dict) -> list[str]:
     name, out = run.source.name, []
     if facts["wal_level"] != "logical":
-        out.append(f"host {name} has wal_level={facts['wal_level']}: set wal_level=logical (a restart)")
+        out.append(
+            f"host {name} has wal_level={facts['wal_level']}: set wal_level=logical (a restart)"
+        )
     free_slots = facts["max_replication_slots"] - facts["slots_used"]
     if free_slots < 2:
-        out.append(f"host {name}: max_replication_slots={facts['max_replication_slots']} with {facts['slots_used']} "
-                   f"used: a move needs 2 free (a slot and a table-sync slot); raise it (a restart)")
+        out.append(
+            f"host {name}: max_replication_slots={facts['max_replication_slots']} with {facts['slots_used']} "
+            f"used: a move needs 2 free (a slot and a table-sync slot); raise it (a restart)"
+        )
     free_senders = facts["max_wal_senders"] - facts["senders_used"]
     if free_senders < 2:
-        out.append(f"host {name}: max_wal_senders={facts['max_wal_senders']} with {facts['senders_used']} in use: "
-                   f"a move needs 2 free; raise it (a restart)")
+        out.append(
+            f"host {name}: max_wal_senders={facts['max_wal_senders']} with {facts['senders_used']} in use: "
+            f"a move needs 2 free; raise it (a restart)"
+        )
     role = q.role_facts(conn, run.schemas)
     if not role["superuser"]:
         if not role["replication"]:
-            out.append(f"host {name}: role {role['name']} lacks REPLICATION (ALTER ROLE {role['name']} REPLICATION)")
+            out.append(
+                f"host {name}: role {role['name']} lacks REPLICATION (ALTER ROLE {role['name']} REPLICATION)"
+            )
         if not role["create_on_database"]:
-            out.append(f"host {name}: role {role['name']} lacks CREATE on the database (to create publications)")
-        if not role["read_all_stats"]:  # pg_stat_replication hides the subscriptions' progress otherwise
-            out.append(f"host {name}: role {role['name']} cannot see replication progress (GRANT pg_monitor or "
-                       f"pg_read_all_stats TO {role['name']})")
+            out.append(
+                f"host {name}: role {role['name']} lacks CREATE on the database (to create publications)"
+            )
+        if not role[
+            "read_all_stats"
+        ]:  # pg_stat_replication hides the subscriptions' progress otherwise
+            out.append(
+                f"host {name}: role {role['name']} cannot see replication progress (GRANT pg_monitor or "
+                f"pg_read_all_stats TO {role['name']})"
+            )
         if role["tables_not_owned"]:
-            out.append(f"host {name}: role {role['name']} does not own {role['tables_not_owned']} of the shards' "
-                       f"tables (publishing them needs ownership)")
+            out.append(
+                f"host {name}: role {role['name']} does not own {role['tables_not_owned']} of the shards' "
+                f"tables (publishing them needs ownership)"
+            )
     return out
 
 
 def _target_problems(run: MoveRun, conn, facts: dict) -> list[str]:
     name, out = run.target.name, []
-    if facts["log_statement"] in ("ddl", "all") and pg_conninfo.conninfo_to_dict(run.publisher_conninfo()).get("password"):
-        out.append(f"host {name} has log_statement={facts['log_statement']}: it would write the subscription's "
-                   f"password to the server log; set log_statement to none or mod for the move")
+    if facts["log_statement"] in ("ddl", "all") and pg_conninfo.conninfo_to_dict(
+        run.publisher_conninfo()
+    ).get("password"):
+        out.append(
+            f"host {name} has log_statement={facts['log_statement']}: it would write the subscription's "
+            f"password to the server log; set log_statement to none or mod for the move"
+        )
     role = q.role_facts(conn, [])
     if not role["superuser"]:
         if facts["version_num"] < 160000:
-            out.append(f"host {name} runs PostgreSQL {facts['version_num'] // 10000}: a role that is not superuser "
-                       f"can create subscriptions from PostgreSQL 16 on (pg_create_subscription)")
+            out.append(
+                f"host {name} runs PostgreSQL {facts['version_num'] // 10000}: a role that is not superuser "
+                f"can create subscriptions from PostgreSQL 16 on (pg_create_subscription)"
+            )
         elif not role["create_subscription"]:
-            out.append(f"host {name}: role {role['name']} lacks pg_create_subscription "
-                       f"(GRANT pg_create_subscription TO {role['name']})")
+            out.append(
+                f"host {name}: role {role['name']} lacks pg_create_subscription "
+                f"(GRANT pg_create_subscription TO {role['name']})"
+            )
         if not role["create_on_database"]:
-            out.append(f"host {name}: role {role['name']} lacks CREATE on the database (for the shards' schemas "
-                       f"and subscriptions)")
+            out.append(
+                f"host {name}: role {role['name']} lacks CREATE on the database (for the shards' schemas "
+                f"and subscriptions)"
+            )
     return out
 
 
@@ -146,14 +178,20 @@ def _reach_problems(run: MoveRun) -> list[str]:
                 try:
                     conn.execute("SET LOCAL log_min_error_statement = panic")
                 except psycopg.errors.InsufficientPrivilege:
-                    run.note(f"preflight: whether {run.target.name} reaches {run.source.name} is known when sync "
-                             f"starts (the connection string has a password, which a failed probe would log; "
-                             f"GRANT SET ON PARAMETER log_min_error_statement to the role lets the probe run)")
+                    run.note(
+                        f"preflight: whether {run.target.name} reaches {run.source.name} is known when sync "
+                        f"starts (the connection string has a password, which a failed probe would log; "
+                        f"GRANT SET ON PARAMETER log_min_error_statement to the role lets the probe run)"
+                    )
                     return []
-            q.probe_subscription(conn, f"shardctl_probe_{secrets.token_hex(4)}", conninfo, PROBE_PUBLICATION)
+            q.probe_subscription(
+                conn, f"shardctl_probe_{secrets.token_hex(4)}", conninfo, PROBE_PUBLICATION
+            )
         except psycopg.Error as exc:
-            return [f"host {run.target.name} cannot reach host {run.source.name} as a subscriber: "
-                    f"{db.first_line(exc)}"]
+            return [
+                f"host {run.target.name} cannot reach host {run.source.name} as a subscriber: "
+                f"{db.first_line(exc)}"
+            ]
         finally:
             if not conn.closed and not conn.broken:
                 conn.rollback()
@@ -196,11 +234,15 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
     what = f"the creation of shard {shard}"
     with run.connect(run.target, autocommit=False) as conn:
         try:
-            conn.execute("SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
-                         (TRIAL_STATEMENT_TIMEOUT, TRIAL_LOCK_TIMEOUT))
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+                (TRIAL_STATEMENT_TIMEOUT, TRIAL_LOCK_TIMEOUT),
+            )
             _trial_host_level(run, conn)
             conn.execute(render_shard(run.topo, shard))
-            conn.execute("SELECT set_config('search_path', %s, true)", (f"{quote_ident(schema)}, public",))
+            conn.execute(
+                "SELECT set_config('search_path', %s, true)", (f"{quote_ident(schema)}, public",)
+            )
             for step in steps:
                 what = f"migration {names[step.version]} (rendered for shard {shard})"
                 sql_text = step.sql if step.transactional else transactional_form(step.sql)
@@ -211,13 +253,17 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
                     continue
                 conn.execute(sql_text)
         except psycopg.Error as exc:
-            return [f"host {run.target.name} runs {server_version(facts)}, which cannot run {what}: "
-                    f"{db.first_line(exc)}"]
+            return [
+                f"host {run.target.name} runs {server_version(facts)}, which cannot run {what}: "
+                f"{db.first_line(exc)}"
+            ]
         finally:
             if not conn.closed and not conn.broken:
                 conn.rollback()
     if skipped:
-        run.note(f"preflight: {', '.join(skipped)} cannot run in a transaction and had no transactional form "
-                 f"to try on {run.target.name}")
+        run.note(
+            f"preflight: {', '.join(skipped)} cannot run in a transaction and had no transactional form "
+            f"to try on {run.target.name}"
+        )
     run.report["preflight_trial"] = {"shard": shard, "migrations": len(steps), "skipped": skipped}
     return []

@@ -15,14 +15,14 @@ import time
 import psycopg
 
 from ...engine import connections as db
+from ...engine import host_ledger
 from ...engine.executor import ConnectionLost, RunOptions, ShardPlan
 from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
-from ...engine import host_ledger
 from ...engine.ledger import ensure_control_schema
-from ...sql.catalog import shard_list
 from ...errors import OperationFailed
 from ...model.ranges import format_shards
 from ...sql import catalog as q
+from ...sql.catalog import shard_list
 from ...sql.host_migrations import host_for_topology
 from ...sql.migrations import for_topology
 from ...sql.render import render_shard
@@ -41,15 +41,32 @@ def prepare(run: MoveRun) -> None:
     run.report["phases_run"].append("prepare")
     t0 = time.perf_counter()
     if move.phases.get("target") is None:
-        with run.connect(run.target) as conn:  # before the source's shards are marked (and the preflight's trial)
-            check_target_free(run.target, move.shards, shard_list(conn), q.present_schemas(conn, run.schemas),
-                              mine=False)
-    sizing = preflight(run) if not move.phases else {}  # a new move: check both hosts before any change
-    with db.host_lock(run.source, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
-                      purpose="move-shard") as conn:
+        with run.connect(
+            run.target
+        ) as conn:  # before the source's shards are marked (and the preflight's trial)
+            check_target_free(
+                run.target,
+                move.shards,
+                shard_list(conn),
+                q.present_schemas(conn, run.schemas),
+                mine=False,
+            )
+    sizing = (
+        preflight(run) if not move.phases else {}
+    )  # a new move: check both hosts before any change
+    with db.host_lock(
+        run.source,
+        wait=run.options.wait,
+        connect_timeout=run.options.connect_timeout,
+        purpose="move-shard",
+    ) as conn:
         _prepare_source(run, conn, sizing)
-    with db.host_lock(run.target, wait=run.options.wait, connect_timeout=run.options.connect_timeout,
-                      purpose="move-shard") as conn:
+    with db.host_lock(
+        run.target,
+        wait=run.options.wait,
+        connect_timeout=run.options.connect_timeout,
+        purpose="move-shard",
+    ) as conn:
         _create_on_target(run, conn, _prepare_target(run, conn))
     _compare_structure(run)
     run.both(Phase.PREPARED)
@@ -64,24 +81,34 @@ def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> Non
     rows = shard_list(conn)
     missing = [n for n in shards if n not in rows]
     if missing:
-        raise OperationFailed(f"host {run.source.name} has no record of shards {format_shards(missing)} "
-                              f"(run shardctl init)")
+        raise OperationFailed(
+            f"host {run.source.name} has no record of shards {format_shards(missing)} "
+            f"(run shardctl init)"
+        )
     new = move.phases.get("source") is None
     expected = ShardState.ACTIVE if new else ShardState.MOVING_OUT
     wrong = [n for n in shards if rows[n].state != expected]
     if wrong:
         states = sorted({rows[n].state for n in wrong})
-        raise OperationFailed(f"shards {format_shards(wrong)} on {run.source.name} are {', '.join(states)}, "
-                              f"not active: another move holds them (see move-shard --status)")
+        raise OperationFailed(
+            f"shards {format_shards(wrong)} on {run.source.name} are {', '.join(states)}, "
+            f"not active: another move holds them (see move-shard --status)"
+        )
     present = q.present_schemas(conn, run.schemas)
     absent = [n for n in shards if run.schema(n) not in present]
     if absent:
-        raise OperationFailed(f"host {run.source.name} lacks the schemas of shards {format_shards(absent)}")
+        raise OperationFailed(
+            f"host {run.source.name} lacks the schemas of shards {format_shards(absent)}"
+        )
     problems = q.unmovable(conn, run.schemas)
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise OperationFailed("refusing to move: " + "; ".join(problems[:5]) + more +
-                              ". Add a primary key (or REPLICA IDENTITY) first")
+        raise OperationFailed(
+            "refusing to move: "
+            + "; ".join(problems[:5])
+            + more
+            + ". Add a primary key (or REPLICA IDENTITY) first"
+        )
     run.ledger = {}
     for row in q.ledger_rows(conn, shards):
         run.ledger.setdefault(row[0], []).append(row)
@@ -103,7 +130,9 @@ def _prepare_target(run: MoveRun, conn: psycopg.Connection) -> list[ShardPlan]:
     # The target's host-level history (extensions, shared types) first: the shards' tables may use it.
     applied = host_ledger.apply(conn, run.topo, run.target, host_for_topology(run.topo))
     if applied:
-        run.note(f"applied host-level migrations {', '.join(f'H{v}' for v in applied)} on {run.target.name}")
+        run.note(
+            f"applied host-level migrations {', '.join(f'H{v}' for v in applied)} on {run.target.name}"
+        )
     q.ensure_move_objects(conn)
     mine = any(r[0] == move.move_id for r in q.move_records(conn))
     rows = shard_list(conn)
@@ -115,12 +144,21 @@ def _prepare_target(run: MoveRun, conn: psycopg.Connection) -> list[ShardPlan]:
     todo = [p for p in run.plans if p.shard not in rows]
     half_built = [p.shard for p in todo if p.schema in present]
     if half_built:
-        run.note(f"dropping {len(half_built)} half-built schema(s) on {run.target.name} from an "
-                 f"interrupted prepare")
+        run.note(
+            f"dropping {len(half_built)} half-built schema(s) on {run.target.name} from an "
+            f"interrupted prepare"
+        )
         conn.autocommit = False
         try:
-            run.drop_shards(conn, half_built, run.schema, ShardState.MOVING_IN, "prepare", run.target.name,
-                            parallel=True)
+            run.drop_shards(
+                conn,
+                half_built,
+                run.schema,
+                ShardState.MOVING_IN,
+                "prepare",
+                run.target.name,
+                parallel=True,
+            )
         finally:
             conn.autocommit = True
     return todo
@@ -136,20 +174,33 @@ def _plans(run: MoveRun) -> list[ShardPlan]:
         rows = run.ledger.get(n, [])
         versions = [r[1] for r in rows]
         if versions != list(range(1, len(versions) + 1)):
-            raise OperationFailed(f"shard {n} on {run.source.name} has ledger versions {versions}: not "
-                                  f"1..N without gaps; fix that before moving it")
+            raise OperationFailed(
+                f"shard {n} on {run.source.name} has ledger versions {versions}: not "
+                f"1..N without gaps; fix that before moving it"
+            )
         steps = steps_for(migrations, run.topo, n, 0, len(versions)) if versions else []
         for row, step in zip(rows, steps):
             # As migrate does: a ledger written before checksums left out fleet-wide values still matches.
             if not by_version[step.version].matches(run.topo, n, row[3]):
                 raise OperationFailed(
                     f"{by_version[step.version].name} changed after it was applied to shard {n}: the target "
-                    f"would not match the source (restore the file, or migrate --repair first)")
+                    f"would not match the source (restore the file, or migrate --repair first)"
+                )
         if len(steps) != len(versions):
-            raise OperationFailed(f"shard {n} is at V{len(versions)} but the migrations directory stops at "
-                                  f"V{len(steps)}")
-        plans.append(ShardPlan(n, run.schema(n), render_shard(run.topo, n), steps,
-                               copy_ledger={r[1]: tuple(r[2:]) for r in rows}, state=ShardState.MOVING_IN))
+            raise OperationFailed(
+                f"shard {n} is at V{len(versions)} but the migrations directory stops at "
+                f"V{len(steps)}"
+            )
+        plans.append(
+            ShardPlan(
+                n,
+                run.schema(n),
+                render_shard(run.topo, n),
+                steps,
+                copy_ledger={r[1]: tuple(r[2:]) for r in rows},
+                state=ShardState.MOVING_IN,
+            )
+        )
     return plans
 
 
@@ -161,21 +212,36 @@ def _create_on_target(run: MoveRun, conn: psycopg.Connection, plans: list[ShardP
     total = len(plans)
     run.progress("prepare", 0, total, run.target.name)
 
-    options = RunOptions(batch_size=max(1, run.options.batch_size), connect_timeout=run.options.connect_timeout,
-                         purpose="move-shard")
+    options = RunOptions(
+        batch_size=max(1, run.options.batch_size),
+        connect_timeout=run.options.connect_timeout,
+        purpose="move-shard",
+    )
     outcome = ApplyOutcome()
     jobs = host_jobs(run.target, conn).count if total > 1 else 1
     try:
-        apply_plans(run.target, plans, options, threading.Event(), outcome, run.progress_factory("prepare"), jobs=jobs)
+        apply_plans(
+            run.target,
+            plans,
+            options,
+            threading.Event(),
+            outcome,
+            run.progress_factory("prepare"),
+            jobs=jobs,
+        )
     except ConnectionLost as exc:
         raise OperationFailed(f"prepare on {run.target.name}: connection lost ({exc})") from None
     run.report["prepare_streams"] = outcome.jobs
     if outcome.failed:
         first = outcome.failed[0]
-        raise OperationFailed(f"prepare on {run.target.name}: shard {first['shard']}: {first['error']}")
+        raise OperationFailed(
+            f"prepare on {run.target.name}: shard {first['shard']}: {first['error']}"
+        )
     if outcome.not_started:
-        raise OperationFailed(f"prepare on {run.target.name}: shards {format_shards(outcome.not_started)} were "
-                              f"not created; run the command again")
+        raise OperationFailed(
+            f"prepare on {run.target.name}: shards {format_shards(outcome.not_started)} were "
+            f"not created; run the command again"
+        )
 
 
 def _compare_structure(run: MoveRun) -> None:
@@ -184,13 +250,21 @@ def _compare_structure(run: MoveRun) -> None:
     diffs = []
     for key in sorted(set(src) | set(tgt)):
         if key not in tgt:
-            diffs.append(f"{key[0]}.{key[1]} exists only on {run.source.name} (created outside migrations?)")
+            diffs.append(
+                f"{key[0]}.{key[1]} exists only on {run.source.name} (created outside migrations?)"
+            )
         elif key not in src:
             diffs.append(f"{key[0]}.{key[1]} exists only on {run.target.name}")
         elif src[key] != tgt[key]:
-            diffs.append(f"{key[0]}.{key[1]} has columns {src[key]} on {run.source.name} but {tgt[key]} on "
-                         f"{run.target.name}")
+            diffs.append(
+                f"{key[0]}.{key[1]} has columns {src[key]} on {run.source.name} but {tgt[key]} on "
+                f"{run.target.name}"
+            )
     if diffs:
         more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
-        raise OperationFailed("prepare: the target's tables differ from the source's: " + "; ".join(diffs[:3]) +
-                              more + ". Abort the move (move-shard --abort) and bring the schemas in line")
+        raise OperationFailed(
+            "prepare: the target's tables differ from the source's: "
+            + "; ".join(diffs[:3])
+            + more
+            + ". Abort the move (move-shard --abort) and bring the schemas in line"
+        )

@@ -8,10 +8,10 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
@@ -36,19 +36,23 @@ MIN_SERVER_VERSION = 150000  # FOR TABLES IN SCHEMA, pg_stat_subscription_stats
 
 @dataclass
 class MoveOptions:
-    max_freeze: float = 5.0            # seconds writes may wait at cutover before it gives up (and retries)
-    sequence_margin: int = 1024        # added to each source sequence's value on the target
+    max_freeze: float = 5.0  # seconds writes may wait at cutover before it gives up (and retries)
+    sequence_margin: int = 1024  # added to each source sequence's value on the target
     schemas_per_subscription: int = 64
-    max_subscriptions: int = 4         # more schemas per publication rather than more subscriptions
+    max_subscriptions: int = 4  # more schemas per publication rather than more subscriptions
     sync_timeout: float = 3600.0
-    attempts: int = 3                  # cutover freezes tried before giving up
-    wait: float = 0.0                  # seconds to wait for another run's locks
+    attempts: int = 3  # cutover freezes tried before giving up
+    wait: float = 0.0  # seconds to wait for another run's locks
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
-    batch_size: int = 16               # shards per transaction when creating or dropping schemas
-    publisher_dsn: str | None = None   # how the target reaches the source, if not by the topology DSN
-    copy_workers: int = 4              # parallel table copies of the initial copy (0: the subscription copies)
-    verify_before: str = "counts"      # the check before the freeze: "counts" (row counts) or "full" (checksums)
-    nice: float = 0.0                  # seconds of rest per second of bulk work (copy, checks): see Pacer
+    batch_size: int = 16  # shards per transaction when creating or dropping schemas
+    publisher_dsn: str | None = (
+        None  # how the target reaches the source, if not by the topology DSN
+    )
+    copy_workers: int = 4  # parallel table copies of the initial copy (0: the subscription copies)
+    verify_before: str = (
+        "counts"  # the check before the freeze: "counts" (row counts) or "full" (checksums)
+    )
+    nice: float = 0.0  # seconds of rest per second of bulk work (copy, checks): see Pacer
     allow_inline_password: bool = False
 
 
@@ -76,14 +80,28 @@ class Move:
     @property
     def names(self) -> list[str]:
         """Publication = slot = subscription name per batch."""
-        return [f"shardctl_{self.move_id}_{k}" for k in range(len(self.detail.get("batches") or []))]
+        return [
+            f"shardctl_{self.move_id}_{k}" for k in range(len(self.detail.get("batches") or []))
+        ]
 
     def to_dict(self) -> dict:
-        return {"move_id": self.move_id, "shards": format_shards(self.shards), "shard_count": len(self.shards),
-                "source": self.source, "target": self.target, "phase": str(self.phase),
-                "phases": dict(self.phases), "started_at": self.started_at, "updated_at": self.updated_at,
-                **{k: v for k, v in self.detail.items() if k in ("freeze_seconds", "sync_seconds", "tables",
-                                                                  "cutover_at", "sequences", "rows")}}
+        return {
+            "move_id": self.move_id,
+            "shards": format_shards(self.shards),
+            "shard_count": len(self.shards),
+            "source": self.source,
+            "target": self.target,
+            "phase": str(self.phase),
+            "phases": dict(self.phases),
+            "started_at": self.started_at,
+            "updated_at": self.updated_at,
+            **{
+                k: v
+                for k, v in self.detail.items()
+                if k
+                in ("freeze_seconds", "sync_seconds", "tables", "cutover_at", "sequences", "rows")
+            },
+        }
 
 
 def new_move_id() -> str:
@@ -105,12 +123,19 @@ def crash_point(name: str) -> None:
 
 # ---- records -----------------------------------------------------------------------------
 
+
 def merge_records(records: list[tuple], moves: dict[str, Move]) -> None:
     for move_id, shards, source, target, role, phase, detail, started, updated in records:
         move = moves.get(move_id)
         if move is None:
-            move = moves[move_id] = Move(move_id, parse_shards(shards), source, target, started_at=started,
-                                         updated_at=updated)
+            move = moves[move_id] = Move(
+                move_id,
+                parse_shards(shards),
+                source,
+                target,
+                started_at=started,
+                updated_at=updated,
+            )
         move.phases[role] = phase
         # The source's record is authoritative for the cutover; merge the rest.
         if role == "source":
@@ -120,15 +145,21 @@ def merge_records(records: list[tuple], moves: dict[str, Move]) -> None:
         move.updated_at = max(filter(None, [move.updated_at, updated]), default=None)
 
 
-def find_moves(topo: Topology, hosts: list[Host] | None = None, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
-               required: tuple[str, ...] = ()) -> tuple[dict[str, Move], dict[str, str]]:
+def find_moves(
+    topo: Topology,
+    hosts: list[Host] | None = None,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+    required: tuple[str, ...] = (),
+) -> tuple[dict[str, Move], dict[str, str]]:
     """Every move recorded on ``hosts`` (default: all), and the hosts that could not be read.
     Hosts named in ``required`` must answer."""
     moves: dict[str, Move] = {}
     errors: dict[str, str] = {}
     for host in hosts or topo.hosts:
         try:
-            with db.connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="move-shard") as conn:
+            with db.connect(
+                host, autocommit=True, connect_timeout=connect_timeout, purpose="move-shard"
+            ) as conn:
                 merge_records(q.move_records(conn), moves)
         except HostUnreachable as exc:
             if host.name in required:
@@ -136,22 +167,36 @@ def find_moves(topo: Topology, hosts: list[Host] | None = None, connect_timeout:
             errors[host.name] = exc.reason
         except psycopg.Error as exc:
             if host.name in required:
-                raise OperationFailed(f"host {host.name}: cannot read moves: {db.first_line(exc)}") from None
+                raise OperationFailed(
+                    f"host {host.name}: cannot read moves: {db.first_line(exc)}"
+                ) from None
             errors[host.name] = db.first_line(exc)
     return moves, errors
 
 
-def set_phase(conn: psycopg.Connection, move: Move, role: str, phase: Phase, detail: dict | None = None) -> None:
+def set_phase(
+    conn: psycopg.Connection, move: Move, role: str, phase: Phase, detail: dict | None = None
+) -> None:
     """Insert or update this host's record of the move (in the caller's transaction, if any)."""
     check_transition(role, move.phases.get(role), phase)
-    q.record_move(conn, move.move_id, format_shards(move.shards), move.source, move.target, role, phase,
-                  detail if detail is not None else move.detail, list(FINISHED))
+    q.record_move(
+        conn,
+        move.move_id,
+        format_shards(move.shards),
+        move.source,
+        move.target,
+        role,
+        phase,
+        detail if detail is not None else move.detail,
+        list(FINISHED),
+    )
     move.phases[role] = phase
     if detail:
         move.detail.update(detail)
 
 
 # ---- locks ---------------------------------------------------------------------------------
+
 
 @contextmanager
 def shard_locks(hosts: list[Host], shards: list[int], options: MoveOptions) -> Iterator[None]:
@@ -160,14 +205,22 @@ def shard_locks(hosts: list[Host], shards: list[int], options: MoveOptions) -> I
     conns: list[psycopg.Connection] = []
     try:
         for host in hosts:
-            conn = db.connect(host, autocommit=True, connect_timeout=options.connect_timeout,
-                              purpose="move-shard lock")
+            conn = db.connect(
+                host,
+                autocommit=True,
+                connect_timeout=options.connect_timeout,
+                purpose="move-shard lock",
+            )
             conns.append(conn)
             db.require_direct(host, conn, options.connect_timeout)
-            who = db.take_locks(conn, MOVE_LOCK_CLASS, shards, time.monotonic() + max(0.0, options.wait))
+            who = db.take_locks(
+                conn, MOVE_LOCK_CLASS, shards, time.monotonic() + max(0.0, options.wait)
+            )
             if who is not None:
-                raise LockBusy(f"host {host.name}: another shardctl run is moving some of shards "
-                               f"{format_shards(shards)} ({who}); waited {options.wait:g}s (use --wait)")
+                raise LockBusy(
+                    f"host {host.name}: another shardctl run is moving some of shards "
+                    f"{format_shards(shards)} ({who}); waited {options.wait:g}s (use --wait)"
+                )
         yield
     finally:
         for conn in conns:
@@ -175,6 +228,7 @@ def shard_locks(hosts: list[Host], shards: list[int], options: MoveOptions) -> I
 
 
 # ---- the run ---------------------------------------------------------------------------------
+
 
 class Pacer:
     """``--nice``: after each second of bulk work on a connection (the copy, the checks), rest ``ratio``
@@ -201,21 +255,29 @@ class MoveRun:
 
     def __init__(self, topo: Topology, move: Move, options: MoveOptions, progress: Progress | None):
         if topo.path is None:
-            raise BadInput("move-shard needs a topology loaded from a file (it rewrites the file at cutover)")
+            raise BadInput(
+                "move-shard needs a topology loaded from a file (it rewrites the file at cutover)"
+            )
         self.topo = topo
         self.move = move
         self.options = options
         self.progress: Progress = progress or (lambda step, done, total, note: None)
         self.source = topo.host(move.source)
         self.target = topo.host(move.target)
-        self.report: dict[str, Any] = {"move_id": move.move_id, "shards": format_shards(move.shards),
-                                       "shard_count": len(move.shards), "source": move.source,
-                                       "target": move.target, "phases_run": [], "messages": []}
+        self.report: dict[str, Any] = {
+            "move_id": move.move_id,
+            "shards": format_shards(move.shards),
+            "shard_count": len(move.shards),
+            "source": move.source,
+            "target": move.target,
+            "phases_run": [],
+            "messages": [],
+        }
         self.started = time.perf_counter()
-        self.ledger: dict[int, list[tuple]] = {}   # source's ledger rows per shard (prepare)
-        self.plans: list[ShardPlan] = []            # what prepare creates on the target
-        self.freeze_t0: float | None = None         # monotonic start of this run's committed freeze
-        self.pacers: list[Pacer] = []                # --nice: one per worker of the bulk work
+        self.ledger: dict[int, list[tuple]] = {}  # source's ledger rows per shard (prepare)
+        self.plans: list[ShardPlan] = []  # what prepare creates on the target
+        self.freeze_t0: float | None = None  # monotonic start of this run's committed freeze
+        self.pacers: list[Pacer] = []  # --nice: one per worker of the bulk work
 
     # ---- helpers ---------------------------------------------------------------------------
     def pause(self) -> Callable[[], None] | None:
@@ -232,6 +294,7 @@ class MoveRun:
 
     def progress_factory(self, step: str) -> Callable[[str, int], Callable[[int], None]]:
         """A fan-out progress factory (host name, total → tick(n)) reporting as ``step`` of this move."""
+
         def factory(host_name: str, total: int) -> Callable[[int], None]:
             done = 0
 
@@ -239,7 +302,9 @@ class MoveRun:
                 nonlocal done
                 done += n
                 self.progress(step, done, total, host_name)
+
             return tick
+
         return factory
 
     def note(self, message: str) -> None:
@@ -247,8 +312,12 @@ class MoveRun:
         self.progress("note", 0, 0, message)
 
     def connect(self, host: Host, autocommit: bool = True) -> psycopg.Connection:
-        return db.connect(host, autocommit=autocommit, connect_timeout=self.options.connect_timeout,
-                          purpose="move-shard")
+        return db.connect(
+            host,
+            autocommit=autocommit,
+            connect_timeout=self.options.connect_timeout,
+            purpose="move-shard",
+        )
 
     def schema(self, shard: int) -> str:
         return self.topo.schema_name(shard)
@@ -262,7 +331,9 @@ class MoveRun:
 
     def renamed_map(self) -> dict[str, str]:
         """Shard (as text) → the source's renamed schema, as recorded at the cutover."""
-        return self.move.detail.get("renamed") or {str(n): self.renamed(n) for n in self.move.shards}
+        return self.move.detail.get("renamed") or {
+            str(n): self.renamed(n) for n in self.move.shards
+        }
 
     def both(self, phase: Phase, detail: dict | None = None) -> None:
         """Record a phase on the source, then the target."""
@@ -274,7 +345,9 @@ class MoveRun:
         for host in (self.source, self.target):
             try:
                 with self.connect(host) as conn:
-                    log_event(conn, kind, self.move.shards, {"move_id": self.move.move_id, **detail})
+                    log_event(
+                        conn, kind, self.move.shards, {"move_id": self.move.move_id, **detail}
+                    )
             except (HostUnreachable, psycopg.Error):
                 pass
 
@@ -296,19 +369,33 @@ class MoveRun:
         return pg_conninfo.make_conninfo(dsn, password=password) if password else dsn
 
     # ---- steps several phases share ------------------------------------------------------------
-    def drop_shards(self, conn: psycopg.Connection, shards: list[int], schema_of: Callable[[int], str],
-                    state: ShardState, step: str, host_name: str, parallel: bool = False) -> None:
+    def drop_shards(
+        self,
+        conn: psycopg.Connection,
+        shards: list[int],
+        schema_of: Callable[[int], str],
+        state: ShardState,
+        step: str,
+        host_name: str,
+        parallel: bool = False,
+    ) -> None:
         """Drop these shards' schemas and forget their control rows (rows in ``state``), batch by batch,
         each batch one transaction (a re-run drops what is left: every statement is idempotent).
 
         ``parallel``: with many shards, drop in the host's parallel streams (``fanout.host_jobs``, as init
         creates), each on a connection of its own; otherwise on ``conn``."""
         size = max(1, self.options.batch_size)
-        batches = [shards[i:i + size] for i in range(0, len(shards), size)]
+        batches = [shards[i : i + size] for i in range(0, len(shards), size)]
         streams = 1
         if parallel and len(shards) >= 2 * MIN_SHARDS_PER_STREAM:
-            streams = max(1, min(host_jobs(self.topo.host(host_name), conn).count, len(batches),
-                                 len(shards) // MIN_SHARDS_PER_STREAM))
+            streams = max(
+                1,
+                min(
+                    host_jobs(self.topo.host(host_name), conn).count,
+                    len(batches),
+                    len(shards) // MIN_SHARDS_PER_STREAM,
+                ),
+            )
             conn.commit()  # host_jobs read the server's facts in a transaction of its own
         self.report[f"{step}_drop_streams"] = streams
         lock, done, stop = threading.Lock(), [0], threading.Event()
@@ -349,21 +436,36 @@ class MoveRun:
                 for name in existing:
                     out["subscriptions"].append(f"{name} ({q.drop_subscription(tgt, name)})")
         except HostUnreachable as exc:
-            self.note(f"target {self.target.name} unreachable ({exc.reason}): its subscriptions stay until the "
-                      f"command is run again")
+            self.note(
+                f"target {self.target.name} unreachable ({exc.reason}): its subscriptions stay until the "
+                f"command is run again"
+            )
         with self.connect(self.source) as src:
             out["publications"] = q.drop_publications(src, names)
             out["slots"] = q.drop_slots(src, names, sub_oids)
         return out
 
-    def retire(self, conn: psycopg.Connection, tables_rp: list[tuple[str, str]], current: dict[str, str],
-               new: dict[str, str], message: str, grants: list[list[str]]) -> None:
+    def retire(
+        self,
+        conn: psycopg.Connection,
+        tables_rp: list[tuple[str, str]],
+        current: dict[str, str],
+        new: dict[str, str],
+        message: str,
+        grants: list[list[str]],
+    ) -> None:
         """Guard every table, revoke ``grants`` and rename the schemas ``current`` → ``new`` (shard as text →
         schema), and mark the shards ``moved_out``: the statements that retire a copy, for one transaction."""
         shard_of = {v: k for k, v in current.items()}
-        parts = [q.guard_sql(s, t, f"shard {shard_of[s]} {message} (move {self.move.move_id})") for s, t in tables_rp]
+        parts = [
+            q.guard_sql(s, t, f"shard {shard_of[s]} {message} (move {self.move.move_id})")
+            for s, t in tables_rp
+        ]
         parts.append(q.grant_sql(grants, revoke=True))
-        parts += [f"ALTER SCHEMA {quote_ident(current[k])} RENAME TO {quote_ident(new[k])};\n" for k in current]
+        parts += [
+            f"ALTER SCHEMA {quote_ident(current[k])} RENAME TO {quote_ident(new[k])};\n"
+            for k in current
+        ]
         conn.execute("".join(parts))
         q.set_shard_states(conn, [int(k) for k in new], ShardState.MOVED_OUT, list(new.values()))
 
@@ -371,22 +473,30 @@ class MoveRun:
 def require_version(host: Host, facts: dict, role: str) -> None:
     """Moving shards needs PostgreSQL 15 or later on both hosts."""
     if facts["version_num"] < MIN_SERVER_VERSION:
-        raise OperationFailed(f"host {host.name} runs PostgreSQL {facts['version_num']}: {role} shards needs 15 or "
-                              f"later (FOR TABLES IN SCHEMA)")
+        raise OperationFailed(
+            f"host {host.name} runs PostgreSQL {facts['version_num']}: {role} shards needs 15 or "
+            f"later (FOR TABLES IN SCHEMA)"
+        )
 
 
-def check_target_free(host: Host, shards: list[int], rows: dict, present: set[str], mine: bool) -> None:
+def check_target_free(
+    host: Host, shards: list[int], rows: dict, present: set[str], mine: bool
+) -> None:
     """The target must record none of the shards (but this move's own ``moving_in`` ones), and, for a new
     move, hold none of their schemas."""
     taken = [n for n in shards if n in rows and (rows[n].state != ShardState.MOVING_IN or not mine)]
     if taken:
-        raise OperationFailed(f"host {host.name} already records shards {format_shards(taken)} "
-                              f"({', '.join(sorted({rows[n].state for n in taken}))}); clean up or abort "
-                              f"the move that left them")
+        raise OperationFailed(
+            f"host {host.name} already records shards {format_shards(taken)} "
+            f"({', '.join(sorted({rows[n].state for n in taken}))}); clean up or abort "
+            f"the move that left them"
+        )
     if present and not mine:
         found = sorted(present)
-        raise OperationFailed(f"host {host.name} already has schemas {', '.join(found[:5])}"
-                              f"{' …' if len(found) > 5 else ''}; refusing to overwrite them")
+        raise OperationFailed(
+            f"host {host.name} already has schemas {', '.join(found[:5])}"
+            f"{' …' if len(found) > 5 else ''}; refusing to overwrite them"
+        )
 
 
 def human_bytes(n: int | None) -> str:
@@ -403,7 +513,11 @@ def server_side(dsn: str) -> str:
     """``dsn`` without the settings that name the client's own files (dsn.CLIENT_FILE_KEYWORDS); the same
     string when it has none. ``sslrootcert=system`` names no file and stays."""
     parts = pg_conninfo.conninfo_to_dict(dsn)
-    drop = [k for k in CLIENT_FILE_KEYWORDS if k in parts and not (k == "sslrootcert" and parts[k] == "system")]
+    drop = [
+        k
+        for k in CLIENT_FILE_KEYWORDS
+        if k in parts and not (k == "sslrootcert" and parts[k] == "system")
+    ]
     if not drop:
         return dsn
     for key in drop:

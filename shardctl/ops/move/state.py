@@ -14,7 +14,7 @@ from ...errors import OperationFailed
 class Phase(StrEnum):
     """A host's record of a move (``shardctl.moves.phase``), or the move's combined phase."""
 
-    NEW = "new"                # nothing recorded yet (combined phase only)
+    NEW = "new"  # nothing recorded yet (combined phase only)
     PREPARING = "preparing"
     PREPARED = "prepared"
     SYNCING = "syncing"
@@ -29,9 +29,11 @@ class ShardState(StrEnum):
     """A shard's row in ``shardctl.shards`` on one host."""
 
     ACTIVE = "active"
-    MOVING_OUT = "moving_out"   # source, from prepare until the cutover (migrate refuses)
-    MOVING_IN = "moving_in"     # target, until the cutover
-    MOVED_OUT = "moved_out"     # renamed, guarded copy kept until cleanup (or a copy put aside by abort)
+    MOVING_OUT = "moving_out"  # source, from prepare until the cutover (migrate refuses)
+    MOVING_IN = "moving_in"  # target, until the cutover
+    MOVED_OUT = (
+        "moved_out"  # renamed, guarded copy kept until cleanup (or a copy put aside by abort)
+    )
 
 
 # Role: "source" or "target". Every phase a host's record may go to from each phase (staying put is
@@ -57,8 +59,10 @@ def _forward() -> tuple[Phase, ...]:
     return tuple(path)
 
 
-FORWARD: tuple[Phase, ...] = _forward()          # preparing … cleaned
-FINISHED: tuple[Phase, ...] = tuple(p for p, nxt in TRANSITIONS.items() if not nxt)  # cleaned, aborted
+FORWARD: tuple[Phase, ...] = _forward()  # preparing … cleaned
+FINISHED: tuple[Phase, ...] = tuple(
+    p for p, nxt in TRANSITIONS.items() if not nxt
+)  # cleaned, aborted
 # The phases a ``move-shard`` run executes (command words, not recorded phases).
 PHASE_NAMES = ("prepare", "sync", "cutover")
 

@@ -24,18 +24,23 @@ def batches(run: MoveRun) -> list[list[int]]:
         return existing
     shards = run.move.shards
     per = max(1, run.options.schemas_per_subscription)
-    cap = min(run.options.max_subscriptions, run.move.detail.get("max_subscriptions") or run.options.max_subscriptions)
+    cap = min(
+        run.options.max_subscriptions,
+        run.move.detail.get("max_subscriptions") or run.options.max_subscriptions,
+    )
     if cap > 0:
         per = max(per, -(-len(shards) // cap))
-    return [shards[i:i + per] for i in range(0, len(shards), per)]
+    return [shards[i : i + per] for i in range(0, len(shards), per)]
 
 
 def sync(run: MoveRun, wait_only: bool = False) -> None:
     """The sync phase; ``wait_only``: just wait for a sync already under way (the cutover's first step)."""
     phase = run.move.phase
     if phase in (Phase.PREPARING, Phase.NEW):
-        raise OperationFailed(f"move {run.move.move_id} is not prepared yet (phase {phase}): run the prepare "
-                              f"phase first")
+        raise OperationFailed(
+            f"move {run.move.move_id} is not prepared yet (phase {phase}): run the prepare "
+            f"phase first"
+        )
     if phase not in (Phase.PREPARED, Phase.SYNCING, Phase.SYNCED):
         run.note(f"sync: nothing to do (phase {phase})")
         return
@@ -77,24 +82,34 @@ def _size_to_target(run: MoveRun) -> None:
         facts = q.server_facts(tgt)
     subs = subscriptions_for(run, facts)
     if subs < 1:
-        raise OperationFailed(f"sync: host {run.target.name} has {facts['workers_used']} of "
-                              f"max_logical_replication_workers={facts['max_logical_replication_workers']} in use: "
-                              f"a move needs 2 free (an apply and a table-sync worker); raise it or wait")
+        raise OperationFailed(
+            f"sync: host {run.target.name} has {facts['workers_used']} of "
+            f"max_logical_replication_workers={facts['max_logical_replication_workers']} in use: "
+            f"a move needs 2 free (an apply and a table-sync worker); raise it or wait"
+        )
     recorded = run.move.detail.get("max_subscriptions") or subs
     run.move.detail["max_subscriptions"] = min(recorded, subs)
 
 
-def _create_replication(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection,
-                        planned: list[list[int]], missing: list[int], own_copy: bool) -> None:
+def _create_replication(
+    run: MoveRun,
+    src: psycopg.Connection,
+    tgt: psycopg.Connection,
+    planned: list[list[int]],
+    missing: list[int],
+    own_copy: bool,
+) -> None:
     names = run.move.names
     facts = q.server_facts(src)
     slots_needed = sum(1 for k in missing if not q.slot_exists(src, names[k]))
     free = facts["max_replication_slots"] - facts["slots_used"]
     if slots_needed + 2 > free:
-        raise OperationFailed(f"host {run.source.name} has {free} free replication slots "
-                              f"(max_replication_slots={facts['max_replication_slots']}); this move needs "
-                              f"{slots_needed} plus 2 for the initial copy: raise it or use larger "
-                              f"batches (--schemas-per-subscription)")
+        raise OperationFailed(
+            f"host {run.source.name} has {free} free replication slots "
+            f"(max_replication_slots={facts['max_replication_slots']}); this move needs "
+            f"{slots_needed} plus 2 for the initial copy: raise it or use larger "
+            f"batches (--schemas-per-subscription)"
+        )
     conninfo = run.publisher_conninfo()
     by_table = not q.role_facts(src, [])["superuser"]  # FOR TABLES IN SCHEMA needs superuser
     for k in missing:
@@ -107,8 +122,10 @@ def _create_replication(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Conn
             # With our own copy the subscription waits, disabled, for its slot and data (_copy_and_start).
             q.create_subscription(tgt, name, conninfo, copy_data=not own_copy, start=not own_copy)
         except psycopg.Error as exc:
-            raise OperationFailed(f"sync: setting up replication {name} from {run.source.name} to "
-                                  f"{run.target.name}: {db.first_line(exc)}") from None
+            raise OperationFailed(
+                f"sync: setting up replication {name} from {run.source.name} to "
+                f"{run.target.name}: {db.first_line(exc)}"
+            ) from None
     subs = q.subscriptions(tgt, names)
     with tgt.transaction():
         set_phase(tgt, run.move, "target", Phase.SYNCING, {"sub_oids": list(subs.values())})
@@ -134,16 +151,23 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
                 forget_partial_copy(run, name, schemas)
                 copied = slot_and_copy(run, name, schemas)
             except psycopg.Error as exc:
-                raise OperationFailed(f"sync: copying {name} from {run.source.name} to {run.target.name}: "
-                                      f"{db.first_line(exc)}") from None
+                raise OperationFailed(
+                    f"sync: copying {name} from {run.source.name} to {run.target.name}: "
+                    f"{db.first_line(exc)}"
+                ) from None
             run.report["copied_bytes"] = run.report.get("copied_bytes", 0) + copied
             run.both(Phase.SYNCING, {flag: True})
-        with run.connect(run.target, autocommit=False) as hold:  # see start_subscription: no change skipped
-            q.start_subscription(tgt, name, copy_data=False, hold=hold, tables=q.tables(tgt, schemas, "r"))
+        with run.connect(
+            run.target, autocommit=False
+        ) as hold:  # see start_subscription: no change skipped
+            q.start_subscription(
+                tgt, name, copy_data=False, hold=hold, tables=q.tables(tgt, schemas, "r")
+            )
 
 
-def _wait_ready(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection, names: list[str],
-                expected: int) -> None:
+def _wait_ready(
+    run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection, names: list[str], expected: int
+) -> None:
     deadline = time.monotonic() + run.options.sync_timeout
     progressed, ready = time.monotonic(), -1
     while True:
@@ -162,11 +186,19 @@ def _wait_ready(run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection, 
         elif time.monotonic() - progressed > STALL_SECONDS:
             why = q.subscription_problems(tgt, names)
             if why or errors:
-                raise OperationFailed(f"sync: stuck at {ready} of {expected} tables ready for {STALL_SECONDS}s: "
-                                      f"{'; '.join(why) or f'{errors} replication errors'} on {run.target.name}; "
-                                      f"fix the cause and run the command again, or abort the move")
+                raise OperationFailed(
+                    f"sync: stuck at {ready} of {expected} tables ready for {STALL_SECONDS}s: "
+                    f"{'; '.join(why) or f'{errors} replication errors'} on {run.target.name}; "
+                    f"fix the cause and run the command again, or abort the move"
+                )
         if time.monotonic() > deadline:
-            why = "; ".join(q.subscription_problems(tgt, names)) or note or "no problem reported by the target"
-            raise OperationFailed(f"sync: {state['ready']} of {expected} tables ready after "
-                                  f"{run.options.sync_timeout:g}s ({why}); run the command again to keep waiting")
+            why = (
+                "; ".join(q.subscription_problems(tgt, names))
+                or note
+                or "no problem reported by the target"
+            )
+            raise OperationFailed(
+                f"sync: {state['ready']} of {expected} tables ready after "
+                f"{run.options.sync_timeout:g}s ({why}); run the command again to keep waiting"
+            )
         time.sleep(0.5)

@@ -26,9 +26,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("apps", nargs="+", help="app labels")
-        parser.add_argument("--config", help="the topology file (default: the one DATABASES was built from)")
-        parser.add_argument("--dir", help="the migrations directory (default: the topology's migrations:)")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="alias sqlmigrate renders with")
+        parser.add_argument(
+            "--config", help="the topology file (default: the one DATABASES was built from)"
+        )
+        parser.add_argument(
+            "--dir", help="the migrations directory (default: the topology's migrations:)"
+        )
+        parser.add_argument(
+            "--database", default=DEFAULT_DB_ALIAS, help="alias sqlmigrate renders with"
+        )
         parser.add_argument("--dry-run", action="store_true", help="print the files, write nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -36,14 +42,19 @@ class Command(BaseCommand):
         directory = Path(options["dir"] or topo.migrations_dir or "migrations")
         if not directory.is_dir():
             raise CommandError(f"{directory}: no such migrations directory")
-        existing = {m.group(2): int(m.group(1)) for p in directory.iterdir() if (m := VERSION.match(p.name))}
+        existing = {
+            m.group(2): int(m.group(1)) for p in directory.iterdir() if (m := VERSION.match(p.name))
+        }
         version = max(existing.values(), default=0)
         loader = MigrationLoader(connections[options["database"]], replace_migrations=False)
         for app in options["apps"]:
             if app not in loader.migrated_apps:
                 raise CommandError(f"{app}: no Django migrations (run makemigrations {app} first)")
-            names = [name for label, name in loader.graph.forwards_plan(max(loader.graph.leaf_nodes(app)))
-                     if label == app]
+            names = [
+                name
+                for label, name in loader.graph.forwards_plan(max(loader.graph.leaf_nodes(app)))
+                if label == app
+            ]
             for name in names:
                 if f"{app}_{name}" in existing:
                     continue
@@ -52,8 +63,10 @@ class Command(BaseCommand):
                     continue
                 version += 1
                 path = directory / f"V{version:04d}__{app}_{name}.sql"
-                text = (f"-- Django migration {app}.{name} (manage.py shardctl_makemigrations)\n"
-                        "{% raw %}\n" + body + "\n{% endraw %}\n")
+                text = (
+                    f"-- Django migration {app}.{name} (manage.py shardctl_makemigrations)\n"
+                    "{% raw %}\n" + body + "\n{% endraw %}\n"
+                )
                 if options["dry_run"]:
                     self.stdout.write(f"== {path}\n{text}")
                 else:
@@ -66,6 +79,10 @@ def shard_sql(app: str, name: str, database: str) -> str:
     out = io.StringIO()
     with collecting_sql():
         call_command("sqlmigrate", app, name, database=database, stdout=out, no_color=True)
-    lines = [line for line in out.getvalue().splitlines() if line.strip().upper() not in ("BEGIN;", "COMMIT;")]
+    lines = [
+        line
+        for line in out.getvalue().splitlines()
+        if line.strip().upper() not in ("BEGIN;", "COMMIT;")
+    ]
     statements = [line for line in lines if line.strip() and not line.strip().startswith("--")]
     return "\n".join(lines).strip() if statements else ""

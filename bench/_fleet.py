@@ -95,9 +95,7 @@ def per_shard_transactions(topo, *, create: bool, above: int = 0) -> float:
             steps = steps_for(migrations, topo, n, above)
             with psycopg.connect(**kwargs) as conn, conn.transaction():
                 if create:
-                    conn.execute(
-                        transactional_sql(ShardPlan(n, schema, render_shard(topo, n)), [])
-                    )
+                    conn.execute(transactional_sql(ShardPlan(n, schema, render_shard(topo, n)), []))
                 for step in steps:
                     conn.execute(transactional_sql(ShardPlan(n, schema), [step]))
     return time.perf_counter() - started

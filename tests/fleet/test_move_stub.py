@@ -227,10 +227,9 @@ def test_every_read_of_a_moved_shard_raises_on_the_old_host(fleet3):
             with pytest.raises(psycopg.Error) as info:
                 conn.execute("SELECT id FROM insta4.photos WHERE user_id = %s", (7,), prepare=True)
             assert info.value.sqlstate == "SCM01" and "shard 4 moved to pg2" in str(info.value)
-        with pytest.raises(psycopg.Error) as info:
-            with conn.transaction(), conn.cursor(name="c") as cur:
-                cur.execute("SELECT id FROM insta4.photos WHERE id = %s", (some_id,))
-                cur.fetchall()
+        with pytest.raises(psycopg.Error) as info, conn.transaction(), conn.cursor(name="c") as cur:
+            cur.execute("SELECT id FROM insta4.photos WHERE id = %s", (some_id,))
+            cur.fetchall()
         assert info.value.sqlstate == "SCM01"
     # Other schemas on the old host are untouched.
     out = psql(pg1, "SELECT count(*) FROM insta0.photos WHERE user_id = 7")

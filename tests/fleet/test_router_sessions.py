@@ -286,9 +286,8 @@ def test_per_call_timeout_is_the_servers_statement_timeout(topo):
         ]  # back to the Router's default
         assert router.execute(3, "SHOW statement_timeout", timeout=1.5) == [("1500ms",)]
         assert router.execute(3, "SHOW statement_timeout", timeout=None) == [("0",)]
-        with router.connection(3, timeout=0.2) as conn:
-            with pytest.raises(psycopg.errors.QueryCanceled):
-                conn.execute("SELECT pg_sleep(2)")
+        with router.connection(3, timeout=0.2) as conn, pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT pg_sleep(2)")
         assert router.run(3, lambda c: c.execute("SHOW statement_timeout").fetchone()[0]) == "5s"
         stats = router.stats()["pg1"]
         assert (

@@ -569,9 +569,7 @@ def test_non_ascii_digits_are_never_numbers(chars):
     with pytest.raises((ValueError, BadInput)):
         parse_epoch(text)
     stripped = text.strip()
-    if (
-        stripped.removeprefix("-")
-    ).isdecimal():  # what int() would read ("--٠" is not)
+    if (stripped.removeprefix("-")).isdecimal():  # what int() would read ("--٠" is not)
         with pytest.raises(BadInput, match="non-ASCII digits"):
             shard_for_key(text, 16)
 

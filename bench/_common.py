@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -127,7 +128,7 @@ def ratio_range(values: list[float]) -> tuple[float, float] | None:
 
 
 def fmt_rate(v: float, unit: str) -> str:
-    if v != v:  # nan
+    if math.isnan(v):
         return "n/a"
     if v >= 1e6:
         return f"{v / 1e6:.2f}M {unit}"
@@ -137,7 +138,7 @@ def fmt_rate(v: float, unit: str) -> str:
 
 
 def fmt_s(v: float) -> str:
-    if v != v:
+    if math.isnan(v):
         return "n/a"
     if v < 1:
         return f"{v * 1000:.0f} ms"

@@ -109,7 +109,9 @@ def shardctl_cli(
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "shardctl.cli"]
     env = dict(os.environ, SHARDCTL_CONFIG=str(config), COLUMNS="120", NO_COLOR="1")
     started = time.perf_counter()
-    out = subprocess.run(cmd + args, capture_output=True, text=True, timeout=timeout, env=env)
+    out = subprocess.run(
+        cmd + args, capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
     return time.perf_counter() - started, out
 
 

@@ -227,6 +227,7 @@ def main() -> int:
                         stderr=subprocess.PIPE,
                         env=env,
                         timeout=600,
+                        check=False,
                     )
                     elapsed = time.perf_counter() - started
                 if proc.returncode != 0:
@@ -323,8 +324,10 @@ def main() -> int:
                 rows,
                 "floor",
                 [
-                    "ratios: rate / the floor's rate in the same round (library rows vs the in-process "
-                    "floor, CLI rows vs the floor process); higher is better"
+                    (
+                        "ratios: rate / the floor's rate in the same round (library rows vs the in-process "
+                        "floor, CLI rows vs the floor process); higher is better"
+                    )
                 ],
             )
             tables.append(rows)

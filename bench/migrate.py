@@ -20,6 +20,7 @@ database on every server; every candidate and round then gets a fresh copy
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -329,7 +330,7 @@ def main() -> int:
                         elif name == "floor-par":
                             seconds = f.run_floor(box, dbs, par_files)
                         elif name == "lib":
-                            seconds, rep = c.timed(lambda: migrate(topo, jobs=args.jobs))
+                            seconds, rep = c.timed(functools.partial(migrate, topo, jobs=args.jobs))
                             if not rep.ok:
                                 raise SystemExit(
                                     f"shardctl migrate failed: {json.dumps(rep.to_dict())[:2000]}"
@@ -377,8 +378,10 @@ def main() -> int:
                 rows,
                 "parallel floor",
                 [
-                    "ratios are medians of per-round ratios (time / the parallel floor's time in the same "
-                    "round); lower is better",
+                    (
+                        "ratios are medians of per-round ratios (time / the parallel floor's time in the same "
+                        "round); lower is better"
+                    ),
                     f"parallel floor: {streams} streams per host",
                 ],
             )

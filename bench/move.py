@@ -97,6 +97,7 @@ def floor(box: Sandbox, topo: Topology, schemas: list[str]) -> float:
         stdin=dump.stdout,
         capture_output=True,
         text=True,
+        check=False,
     )
     dump.stdout.close()
     if dump.wait() != 0 or restore.returncode != 0:

@@ -24,9 +24,10 @@ Starts its own two sandbox servers (in /dev/shm when it has room), provisions th
 Prints rows and MB moved, the write rate, the freeze (the move report's ``freeze_seconds``, from the
 locks to the topology flip, and its steps), write latency max/p99 on the shards that do not move
 (the whole move, and the writes under way in the freeze window), the longest write to a moving
-shard, the load average, and the slowest writes placed among the move's steps. ``--compare-scale`` loads two sets of 128 shards, one of ``--mb`` and one
-of twice that, moves them in turn (alternating order per round, back and forth between the
-hosts), and prints freeze(2x) / freeze(1x). Exit code 1 when a target is missed:
+shard, the load average, and the slowest writes placed among the move's steps.
+``--compare-scale`` loads two sets of 128 shards, one of ``--mb`` and one of twice that, moves
+them in turn (alternating order per round, back and forth between the hosts), and prints
+freeze(2x) / freeze(1x). Exit code 1 when a target is missed:
 freeze <= 1 s, freeze(2x)/freeze(1x) <= 1.2, non-moving writes <= 100 ms, 0 lost/dup/errors,
 >= 1000 writes/s.
 """
@@ -63,6 +64,8 @@ from shardctl.router import Router
 MOVE = 128
 
 # A failed move raises without its report; keep a handle on the run to read its figures anyway.
+import itertools
+
 import shardctl.ops.move.api as _move_api
 
 _LAST_RUN: dict = {}
@@ -221,7 +224,7 @@ class AppServers:
 
 def longest_gap(written: list, shards: set[int]) -> float:
     ends = sorted(r[3] for r in written if r[1] in shards)
-    return max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(ends)), default=0.0)
 
 
 def check_rows(topo: Topology, written: list, shards: list[int], captions: list[str]) -> dict:
@@ -405,14 +408,18 @@ def show(doc: dict) -> None:
         and doc[k] is not None
     )
     print(
-        f"[{doc['label']}] --nice {doc['nice']:g} --copy-workers {doc['copy_workers']}: {doc['shards']} shards, {doc['rows']} rows, {doc['megabytes']} MB → {doc['target']} "
-        f"in {doc['move_seconds']}s (prepare {doc['prepare_seconds']}, sync {doc['sync_seconds']}, verify before "
+        f"[{doc['label']}] --nice {doc['nice']:g} --copy-workers {doc['copy_workers']}: "
+        f"{doc['shards']} shards, {doc['rows']} rows, {doc['megabytes']} MB → {doc['target']} "
+        f"in {doc['move_seconds']}s (prepare {doc['prepare_seconds']}, "
+        f"sync {doc['sync_seconds']}, verify before "
         f"{doc['verify_before_seconds']}, verify after {doc['verify_after_seconds']})"
         + (f"  MOVE FAILED: {doc['error']}" if doc["error"] else "")
     )
     print(f"  freeze {doc['freeze_seconds']}s  (steps from its start: {steps})")
     print(
-        f"  writes {doc['writes']} at {doc['write_rate']}/s (before the move {doc['write_rate_before_move']}/s); lost {doc['lost']}, duplicated {doc['duplicated']}, "
+        f"  writes {doc['writes']} at {doc['write_rate']}/s "
+        f"(before the move {doc['write_rate_before_move']}/s); "
+        f"lost {doc['lost']}, duplicated {doc['duplicated']}, "
         f"errors {doc['write_errors']}, unacknowledged rows {doc['unacknowledged_rows']}"
         + (f"  e.g. {doc['errors_sample']}" if doc["errors_sample"] else "")
     )

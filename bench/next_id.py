@@ -171,8 +171,9 @@ def bulk_round(
                 for _ in range(k):
                     conn.execute(text)
             except psycopg.errors.UniqueViolation as exc:
-                # One backend minted more than 1024 IDs of one shard within a millisecond: the layout's hard
-                # limit (the layout's IDs per ms per shard), reached by a fast enough machine. Say so instead of a traceback.
+                # One backend minted more than 1024 IDs of one shard within a millisecond: the layout's
+                # hard limit (IDs per ms per shard), reached by a fast enough machine. Say so instead
+                # of a traceback.
                 raise SystemExit(
                     f"{cand.label}: duplicate id ({exc.diag.message_primary}): this machine inserts "
                     f"more than 1024 rows per ms per shard, the instagram layout's limit; use "
@@ -210,7 +211,7 @@ def run_single_pgbench(
         "-j",
         str(min(clients, 2)),
         "-T",
-        str(max(1, int(round(seconds)))),
+        str(max(1, round(seconds))),
         "-f",
         str(script),
         "-h",
@@ -221,7 +222,9 @@ def run_single_pgbench(
         "postgres",
         "app",
     ]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=seconds * 10 + 60)
+    out = subprocess.run(
+        args, capture_output=True, text=True, timeout=seconds * 10 + 60, check=False
+    )
     if out.returncode != 0:
         raise SystemExit(f"pgbench failed for {cand.label}: {out.stderr[-1500:]}")
     tps = float(_TPS.search(out.stdout).group(1))

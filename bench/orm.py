@@ -192,8 +192,10 @@ def table_of(
             )
         )
     notes = [
-        f"{requests} requests (insert + commit, then get by ID in a new session) per candidate and round, "
-        f"turns of {chunk}, {rounds} rounds; {SHARDS} shards on one host; baseline tables: {BASE_SCHEMA}",
+        (
+            f"{requests} requests (insert + commit, then get by ID in a new session) per candidate and round, "
+            f"turns of {chunk}, {rounds} rounds; {SHARDS} shards on one host; baseline tables: {BASE_SCHEMA}"
+        ),
         c.machine_note(),
     ]
     c.print_table(f"{orm}: cost per request (time; lower is better)", table, base_name, notes)

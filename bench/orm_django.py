@@ -94,11 +94,13 @@ def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type, type]:
             db_table = "plain_photos"
             indexes = [models.Index(fields=["user_id", "-id"], name="plain_photos_user")]
 
-    call_command("shardctl_makemigrations", "gram", verbosity=0, stdout=open(os.devnull, "w"))
+    with open(os.devnull, "w") as devnull:
+        call_command("shardctl_makemigrations", "gram", verbosity=0, stdout=devnull)
     migrate = subprocess.run(
         [sys.executable, "-m", "shardctl", "--config", str(topology), "migrate"],
         capture_output=True,
         text=True,
+        check=False,
     )
     if migrate.returncode != 0:
         raise SystemExit(f"shardctl migrate failed: {migrate.stdout}{migrate.stderr}")
@@ -216,6 +218,7 @@ def main() -> int:
             [sys.executable, "-m", "shardctl", "--config", str(box.topology_path), "init"],
             capture_output=True,
             text=True,
+            check=False,
         )
         if init.returncode != 0:
             raise SystemExit(f"shardctl init failed: {init.stdout}{init.stderr}")
@@ -254,8 +257,11 @@ def main() -> int:
     import django
 
     notes = [
-        f"{requests} requests (insert + get by ID) per candidate and round (turns of {args.chunk}), {rounds} "
-        f"rounds, {len(KEYS)} keys on shard 5 (spread: keys 1-{len(SPREAD)} over {SHARDS} shards), Django {django.__version__}",
+        (
+            f"{requests} requests (insert + get by ID) per candidate and round (turns of {args.chunk}), "
+            f"{rounds} rounds, {len(KEYS)} keys on shard 5 (spread: keys 1-{len(SPREAD)} over "
+            f"{SHARDS} shards), Django {django.__version__}"
+        ),
         c.machine_note(),
     ]
     c.print_table(

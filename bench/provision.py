@@ -18,6 +18,7 @@ than per-shard transactions. ``--jobs`` passes init's --jobs (default: shardctl'
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -109,7 +110,9 @@ def main() -> int:
                         seconds = f.run_floor(box, dbs, par_files)
                     elif name == "init":
                         seconds, report = c.timed(
-                            lambda: init(topo, options=RunOptions(batch_size=batch), jobs=args.jobs)
+                            functools.partial(
+                                init, topo, options=RunOptions(batch_size=batch), jobs=args.jobs
+                            )
                         )
                         if not report.ok:
                             raise SystemExit(
@@ -165,8 +168,10 @@ def main() -> int:
         rows,
         "parallel floor",
         [
-            "ratios are medians of per-round ratios (time / the parallel floor's time in the same round); "
-            "lower is better",
+            (
+                "ratios are medians of per-round ratios (time / the parallel floor's time in the same round); "
+                "lower is better"
+            ),
             f"parallel floor: {streams} streams per host (this machine's cores)",
         ],
     )

@@ -377,8 +377,10 @@ def main() -> int:
     via = f", through PgBouncer ({args.pooler} mode)" if POOLED else ", direct"
     table = table_of(series, "psycopg insert+commit", "Router.execute", rows)
     notes = [
-        f"{rows} single-row inserts per candidate and round (turns of {args.chunk}), {rounds} rounds, "
-        f"shard {KEY} ({schema}){via}",
+        (
+            f"{rows} single-row inserts per candidate and round (turns of {args.chunk}), {rounds} rounds, "
+            f"shard {KEY} ({schema}){via}"
+        ),
         stats_note("Router", stats),
         c.machine_note(),
     ]
@@ -397,8 +399,10 @@ def main() -> int:
             atable,
             ASYNC_NAMES[0],
             [
-                f"{async_rows} inserts per candidate and round (turns of {args.async_chunk}), {rounds} rounds"
-                f"{via}",
+                (
+                    f"{async_rows} inserts per candidate and round (turns of {args.async_chunk}), {rounds} rounds"
+                    f"{via}"
+                ),
                 stats_note("AsyncRouter", astats),
             ],
         )

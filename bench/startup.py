@@ -86,7 +86,13 @@ def compile_package(env: dict) -> Path:
 def run_once(argv: list[str], env: dict) -> float:
     started = time.perf_counter()
     proc = subprocess.run(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120, cwd=CWD
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        timeout=120,
+        cwd=CWD,
+        check=False,
     )
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
@@ -106,6 +112,7 @@ def imports_psycopg(argv: list[str], env: dict) -> bool:
         env=env,
         timeout=120,
         cwd=CWD,
+        check=False,
     )
     return any(
         line.rsplit("|", 1)[-1].strip().split(".")[0] == "psycopg"
@@ -178,8 +185,10 @@ def main() -> int:
         "python -c pass",
         [
             c.machine_note(),
-            "every checkout's shardctl package compiled to .pyc before the rounds "
-            "(as installed; see the docstring)",
+            (
+                "every checkout's shardctl package compiled to .pyc before the rounds "
+                "(as installed; see the docstring)"
+            ),
         ],
     )
     c.write_json(

@@ -70,7 +70,7 @@ class Slot:
                 self.conn.pgconn.finish()  # what its close() does, without awaiting (nothing to wait for)
             else:
                 self.conn.close()
-        except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
+        except Exception:  # noqa: BLE001, S110 - closing a broken connection may fail; it is gone either way
             pass
 
 

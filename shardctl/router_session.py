@@ -31,6 +31,7 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -172,7 +173,12 @@ class _outer_transaction:
             self.conn.rollback()
             raise
 
-    def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
         try:
             swallowed = self.inner.__exit__(kind, value, tb)
         except BaseException:

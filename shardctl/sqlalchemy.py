@@ -316,7 +316,7 @@ def criterion_shards(
         or not isinstance(right, elements.BindParameter)
     ):
         return None
-    value = params[right.key] if right.key in params else right.effective_value
+    value = params.get(right.key, right.effective_value)
     if value is None:
         return None
     return _value_shards(router, value, kinds[left.name])

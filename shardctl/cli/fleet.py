@@ -54,7 +54,7 @@ def _print_failed(
     failed = [f for f in report.failed if _unsaid(f"shard {f['shard']} on {f['host']}", error)]
     for f in failed[:50]:
         version = (
-            f" at {f.get('file') or 'V%s' % f['version']}"
+            f" at {f.get('file') or 'V{}'.format(f['version'])}"
             if f.get("version") or with_version
             else ""
         )
@@ -309,6 +309,16 @@ def lock_options(func: Callable) -> Callable:
     return func
 
 
+def _repair_confirmed() -> bool:
+    """Ask on a terminal before ``--repair`` accepts edited migration files as applied."""
+    return sys.stdin.isatty() and click.confirm(
+        "--repair records the current checksum of every changed applied migration, "
+        "accepting the edited files as applied. Continue?",
+        default=False,
+        err=True,
+    )
+
+
 @cli.command("migrate")
 @host_options
 @run_options
@@ -373,17 +383,8 @@ def migrate_cmd(
         from .gate import run_gate
 
         return run_gate(base, split_hosts(host_names), connect_timeout, as_json)
-    if repair and not yes and not (check or dry_run):
-        if not (
-            sys.stdin.isatty()
-            and click.confirm(
-                "--repair records the current checksum of every changed applied migration, accepting the "
-                "edited files as applied. Continue?",
-                default=False,
-                err=True,
-            )
-        ):
-            raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
+    if repair and not (check or dry_run or yes) and not _repair_confirmed():
+        raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
     topo = settings().topology()
     options = RunOptions(
         batch_size=batch_size,
@@ -657,7 +658,7 @@ def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> N
             if h["orphan_versions"]:
                 stdout.print(
                     f"{h['host']}: applied versions with no migration file: "
-                    f"{', '.join('V%d' % v for v in h['orphan_versions'])}",
+                    f"{', '.join(f'V{v}' for v in h['orphan_versions'])}",
                     markup=False,
                 )
         for line in doc["pending_moves"]:

@@ -512,7 +512,7 @@ class HostRunner(_LiveMode):
         if self.conn is not None:
             try:
                 self.conn.close()
-            except Exception:  # noqa: BLE001 - the connection is already broken
+            except Exception:  # noqa: BLE001, S110 - the connection is already broken
                 pass
             self.conn = None
         raise ConnectionLost(db.first_line(exc))

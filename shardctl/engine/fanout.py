@@ -312,7 +312,8 @@ def _is_local(host: Host) -> bool:
 
 
 def host_jobs(host: Host, conn: psycopg.Connection, requested: int | None = None) -> Jobs:
-    """Streams for ``host`` (the rule, as docs/performance.md gives it): ``requested`` (``--jobs``), else the server's cores
+    """Streams for ``host`` (the rule, as docs/performance.md gives it): ``requested`` (``--jobs``),
+    else the server's cores
     (asked when the role may read /proc/cpuinfo), else this machine's for a local server, else
     REMOTE_DEFAULT_JOBS; a default is capped at MAX_DEFAULT_JOBS. Then bounded by ``hosts[].max_jobs``
     and by half the server's free connection slots (the other half stays for the application)."""

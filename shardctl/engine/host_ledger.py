@@ -107,7 +107,8 @@ def _run_one(
 ) -> None:
     setup = f"SELECT set_config('search_path', {quote_literal(EXT_SCHEMA)}, {'true' if m.transactional else 'false'})"
     if lock_timeout:
-        setup += f", set_config('lock_timeout', {quote_literal(lock_timeout)}, {'true' if m.transactional else 'false'})"
+        local = "true" if m.transactional else "false"
+        setup += f", set_config('lock_timeout', {quote_literal(lock_timeout)}, {local})"
     record = (
         "INSERT INTO shardctl.host_migrations (version, description, checksum, duration_ms) "
         "VALUES (%s, %s, %s, %s)"

@@ -223,7 +223,7 @@ def parse_epoch(value: object) -> int:
             return parse_int(text, signed=True)  # ValueError for non-ASCII digits such as ١٢٣
         if not text.isascii():
             raise ValueError(f"not an ISO-8601 timestamp: {echo(value)} (only ASCII characters)")
-        if text.endswith("Z") or text.endswith("z"):
+        if text.endswith(("Z", "z")):
             text = text[:-1] + "+00:00"
         try:
             moment = datetime.fromisoformat(text)

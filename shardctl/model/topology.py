@@ -286,8 +286,10 @@ def _same_server(hosts: list[Host], lines: list[int | None]) -> list[tuple[str, 
         if where in seen:
             problems.append(
                 (
-                    f"hosts {seen[where]} and {host.name} point at the same server and database "
-                    f"({where[0] or 'local socket'}:{where[1]}/{where[2]}); each host needs its own",
+                    (
+                        f"hosts {seen[where]} and {host.name} point at the same server and database "
+                        f"({where[0] or 'local socket'}:{where[1]}/{where[2]}); each host needs its own"
+                    ),
                     line,
                 )
             )

@@ -75,7 +75,7 @@ def checked_document(text: str, build: bool = True) -> Any:
             _walk(_ruamel_events(text))
         except LimitExceeded:
             raise
-        except Exception:  # noqa: BLE001 - a syntax error: the loader reports it with its line
+        except Exception:  # noqa: BLE001, S110 - a syntax error: the loader reports it with its line
             pass
         return NOT_BUILT
     return builder.document() if builder is not None else NOT_BUILT

@@ -5,8 +5,8 @@ The plan is computed from the topology alone. Every host ends with ``count // ho
 more shard; hosts above the even share keep the extra ones (first those already at exactly one
 more, which then need no move), so the number of shards moved is the least any plan can move.
 Each surplus host gives away its highest numbered shards (its own range stays contiguous), to
-the hosts short of shards in topology order; each (source, target) pair is one ``move-shard``. ``apply`` runs them one host pair at a
-time, each through all of move-shard's phases.
+the hosts short of shards in topology order; each (source, target) pair is one ``move-shard``.
+``apply`` runs them one host pair at a time, each through all of move-shard's phases.
 """
 
 from __future__ import annotations

@@ -122,8 +122,10 @@ class VerifyReport:
         first = self.violations[0] if self.violations else None
         problems = (
             [
-                f"{len(self.violations)} violation(s); first: {first.host} shard {first.shard}: "
-                f"{first.reason}"
+                (
+                    f"{len(self.violations)} violation(s); first: {first.host} shard {first.shard}: "
+                    f"{first.reason}"
+                )
             ]
             if first
             else []
@@ -148,10 +150,10 @@ def verify(
     increasing, minted for the right shard, near the host clock). Touches nothing but the ID sequences
     (and a temporary function of verify's own session).
 
-    A few set-based queries per host (docs/performance.md, Fleet-wide reads). Bodies: every shard's body, with its shard number
-    and schema name taken out, must match the template rendered for ``body_samples`` shards per host; a
-    shard that does not is rendered and compared in full. IDs: minted and checked on ``id_shards`` shards
-    per host spread over its range, and on every shard whose body differs or whose sequence is missing.
+    A few set-based queries per host (docs/performance.md, Fleet-wide reads). Bodies: every
+    shard's body, with its shard number and schema name taken out, must match the template
+    rendered for ``body_samples`` shards per host; a shard that does not is rendered and compared
+    in full. IDs: minted and checked on ``id_shards`` shards per host spread over its range, and on every shard whose body differs or whose sequence is missing.
     ``full`` renders and compares every body and checks every shard's IDs (slower: ~0.3 ms of client
     CPU and up to ~0.5 ms of server CPU per shard).
 

@@ -359,7 +359,10 @@ class _Checker:
             self.plpgsql(body, start)
 
     def plpgsql(self, body: str, start: int) -> None:
-        wrapped = f"CREATE FUNCTION pg_temp.shardctl_lint() RETURNS void LANGUAGE plpgsql AS $shardctl_lint${body}$shardctl_lint$"
+        wrapped = (
+            "CREATE FUNCTION pg_temp.shardctl_lint() RETURNS void LANGUAGE plpgsql "
+            f"AS $shardctl_lint${body}$shardctl_lint$"
+        )
         try:
             tree = pglast.parse_plpgsql(wrapped)
         except Exception:  # noqa: BLE001 - a body PostgreSQL would refuse is squawk's and migrate's to report

@@ -104,7 +104,7 @@ class ShardCursor(postgresql.Cursor):
 def _quietly(fn: Any) -> None:
     try:
         fn()
-    except Exception:  # noqa: BLE001 - the connection is broken: Django discards it
+    except Exception:  # noqa: BLE001, S110 - the connection is broken: Django discards it
         pass
 
 

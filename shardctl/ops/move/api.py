@@ -173,8 +173,10 @@ def _run_steps(run: MoveRun, steps: list[str]) -> dict:
                     and exc.args
                 ):
                     exc.args = (
-                        f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: run the "
-                        f"command again to resume, or roll it back with move-shard --abort]",
+                        (
+                            f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: run the "
+                            f"command again to resume, or roll it back with move-shard --abort]"
+                        ),
                     ) + exc.args[1:]
                 raise
         if any(name in ("cutover", "cleanup") for name in steps):

@@ -245,11 +245,13 @@ def verify_after(
     renamed = run.renamed_map()
     old = {run.schema(n): renamed[str(n)] for n in run.move.shards}
     run.progress("verify", 0, 0, "after the cutover")
-    with run.connect(run.source) as src:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool:
-            on_target = pool.submit(q.checksums, snapshot, tables_r, pause=run.pause())
-            src_sums = q.checksums(src, [(old[s], t) for s, t in tables_r], pause=run.pause())
-            tgt_sums = on_target.result()
+    with (
+        run.connect(run.source) as src,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool,
+    ):
+        on_target = pool.submit(q.checksums, snapshot, tables_r, pause=run.pause())
+        src_sums = q.checksums(src, [(old[s], t) for s, t in tables_r], pause=run.pause())
+        tgt_sums = on_target.result()
     diff = [(s, t) for s, t in tables_r if src_sums[(old[s], t)] != tgt_sums.get((s, t))]
     rows = sum(v[0] for v in tgt_sums.values())
     run.report.update(

@@ -84,8 +84,10 @@ def _encoding_problems(run: MoveRun, facts_s: dict, facts_t: dict) -> list[str]:
     if enc_s == enc_t:
         return []
     return [
-        f"host {run.source.name}'s database is {enc_s} and host {run.target.name}'s is {enc_t}: shards move only "
-        f"between databases of the same encoding (text would not arrive byte for byte)"
+        (
+            f"host {run.source.name}'s database is {enc_s} and host {run.target.name}'s is {enc_t}: shards move only "
+            f"between databases of the same encoding (text would not arrive byte for byte)"
+        )
     ]
 
 
@@ -189,8 +191,10 @@ def _reach_problems(run: MoveRun) -> list[str]:
             )
         except psycopg.Error as exc:
             return [
-                f"host {run.target.name} cannot reach host {run.source.name} as a subscriber: "
-                f"{db.first_line(exc)}"
+                (
+                    f"host {run.target.name} cannot reach host {run.source.name} as a subscriber: "
+                    f"{db.first_line(exc)}"
+                )
             ]
         finally:
             if not conn.closed and not conn.broken:
@@ -254,8 +258,10 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
                 conn.execute(sql_text)
         except psycopg.Error as exc:
             return [
-                f"host {run.target.name} runs {server_version(facts)}, which cannot run {what}: "
-                f"{db.first_line(exc)}"
+                (
+                    f"host {run.target.name} runs {server_version(facts)}, which cannot run {what}: "
+                    f"{db.first_line(exc)}"
+                )
             ]
         finally:
             if not conn.closed and not conn.broken:

@@ -153,7 +153,8 @@ def verify(
     A few set-based queries per host (docs/performance.md, Fleet-wide reads). Bodies: every
     shard's body, with its shard number and schema name taken out, must match the template
     rendered for ``body_samples`` shards per host; a shard that does not is rendered and compared
-    in full. IDs: minted and checked on ``id_shards`` shards per host spread over its range, and on every shard whose body differs or whose sequence is missing.
+    in full. IDs: minted and checked on ``id_shards`` shards per host spread over its range, and
+    on every shard whose body differs or whose sequence is missing.
     ``full`` renders and compares every body and checks every shard's IDs (slower: ~0.3 ms of client
     CPU and up to ~0.5 ms of server CPU per shard).
 

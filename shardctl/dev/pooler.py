@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput, OperationFailed
-from .sandbox import _free_port, _make_traversable, _port_open, _run, _server_user, live_pid
+from .process import free_port, live_pid, make_traversable, port_open, run, server_user
 
 STATE_FILE = "pooler.json"
 MODES = ("transaction", "session")  # a host's ``pooler:`` in the topology names the same modes
@@ -87,7 +87,7 @@ class Pooler:
         self.dir.mkdir(parents=True, exist_ok=True)
         old = self.state
         state = PoolerState(
-            port=port or (old.port if old else _free_port()),
+            port=port or (old.port if old else free_port()),
             mode=mode,
             pool_size=pool_size,
             max_client_conn=max_client_conn,
@@ -198,17 +198,17 @@ class Pooler:
             raise OperationFailed(
                 "pgbouncer is not installed (apt-get install pgbouncer, or set $PGBOUNCER)"
             )
-        user = _server_user()
+        user = server_user()
         self._write_files(state, user)
         if self.running():
             self.reload()
             return self.info()
-        if _port_open(state.port):
+        if port_open(state.port):
             raise OperationFailed(f"pooler: port {state.port} is taken by another program")
         if user:
-            _make_traversable(self.dir)
+            make_traversable(self.dir)
         self.pid_path.unlink(missing_ok=True)
-        _run(
+        run(
             [binary, "-d", str(self.ini_path)],
             user,
             self.log_path.with_suffix(".start.log"),
@@ -264,7 +264,7 @@ class Pooler:
     def reload(self) -> None:
         """Rewrite the ini from the state and make PgBouncer read it (``RELOAD``: synchronous)."""
         state = self._require_state()
-        self._write_files(state, _server_user())
+        self._write_files(state, server_user())
         if self.running():
             self.admin("RELOAD")
 

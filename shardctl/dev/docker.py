@@ -260,7 +260,8 @@ class DockerObjects:
         host.container = container.get_wrapped_container().id
         return host
 
-    def wait_ready(self, host: DockerHost, password_env: str | None, timeout: float) -> None:
+    def wait_ready(self, host: DockerHost, password_env: str | None, timeout: float) -> str:
+        """Wait until the host's server accepts connections; its version (``server_version``)."""
         import psycopg
 
         def gone() -> bool:
@@ -270,7 +271,8 @@ class DockerObjects:
             connect_when_ready(host.dsn, password_env, timeout, gone).close()
             # The official image restarts the server once after initialising; ask again a moment later.
             time.sleep(0.5)
-            connect_when_ready(host.dsn, password_env, timeout, gone).close()
+            with connect_when_ready(host.dsn, password_env, timeout, gone) as conn:
+                return conn.execute("SHOW server_version").fetchone()[0].split()[0]
         except psycopg.OperationalError as exc:
             logs = (
                 self.container(host)
@@ -341,13 +343,15 @@ class DockerSandbox(SandboxBase):
             container = self.objects.container(host)
             if container.status != "running":
                 container.start()
-        for host in state.hosts:
-            self.objects.wait_ready(host, state.password_env, timeout)
+        versions = [
+            self.objects.wait_ready(host, state.password_env, timeout) for host in state.hosts
+        ]
         wrote_topology = self._write_fleet_files(state, shards, function, epoch)
         return {
             "dir": str(self.dir),
             "engine": "docker",
             "image": state.image,
+            "version": versions[0],  # the image's PostgreSQL, as its first server reports it
             "topology": str(self.topology_path),
             "created": created,
             "wrote_topology": wrote_topology,

@@ -20,6 +20,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import BadInput, OperationFailed
 from .process import free_port, live_pid, make_traversable, port_open, run, server_user
@@ -245,19 +246,23 @@ class Pooler:
             return str(exc).strip() or type(exc).__name__
         return None
 
-    def admin(self, command: str) -> list[tuple]:
-        """Run a command on PgBouncer's admin console (simple query protocol)."""
+    def _console(self) -> Any:
+        """A connection to PgBouncer's admin console (simple query protocol: ClientCursor)."""
         import psycopg
 
         state = self._require_state()
         kwargs = {"password": os.environ.get(state.password_env)} if state.password_env else {}
-        with psycopg.connect(
+        return psycopg.connect(
             self.admin_dsn(),
             autocommit=True,
             connect_timeout=5,
             cursor_factory=psycopg.ClientCursor,
             **kwargs,
-        ) as conn:
+        )
+
+    def admin(self, command: str) -> list[tuple]:
+        """Run a command on PgBouncer's admin console."""
+        with self._console() as conn:
             cur = conn.execute(command)
             return cur.fetchall() if cur.description else []
 
@@ -269,17 +274,7 @@ class Pooler:
             self.admin("RELOAD")
 
     def pools(self) -> list[dict]:
-        import psycopg
-
-        state = self._require_state()
-        kwargs = {"password": os.environ.get(state.password_env)} if state.password_env else {}
-        with psycopg.connect(
-            self.admin_dsn(),
-            autocommit=True,
-            connect_timeout=5,
-            cursor_factory=psycopg.ClientCursor,
-            **kwargs,
-        ) as conn:
+        with self._console() as conn:
             cur = conn.execute("SHOW POOLS")
             names = [d.name for d in cur.description]
             return [dict(zip(names, row)) for row in cur.fetchall()]

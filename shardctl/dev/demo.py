@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
+from ..errors import OperationFailed
 from ..model.topology import LayoutWarning, Topology
 from ..ops.provision import init
 from ..ops.verify import verify
@@ -28,9 +30,28 @@ def run_demo(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LayoutWarning)
         topo = Topology.load(up["topology"])
+    created = _init(topo, say)
+    rows = _write(topo, say)
+    decoded = _decode(topo, rows, say)
+    checked = _verify(topo, say)
+    return {
+        "command": "demo",
+        "ok": checked.ok,
+        "dir": str(sandbox.dir),
+        "topology": up["topology"],
+        "hosts": up["hosts"],
+        "created": created,
+        "writes": rows,
+        "decoded": decoded,
+        "verify": checked.to_dict(),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _init(topo: Topology, say: Callable[[str], None]) -> int:
+    last = topo.schema_name(topo.shard_count - 1)
     say(
-        f"2. init: {topo.shard_count} shards ({topo.schema_name(0)} … {topo.schema_name(topo.shard_count - 1)}) "
-        f"over {len(topo.hosts)} hosts …"
+        f"2. init: {topo.shard_count} shards ({topo.schema_name(0)} … {last}) over {len(topo.hosts)} hosts …"
     )
     report = init(topo).raise_for_status()
     created = report.total("created")
@@ -39,10 +60,12 @@ def run_demo(
         if created
         else "   every shard already existed: nothing to do"
     )
+    return created
 
+
+def _write(topo: Topology, say: Callable[[str], None]) -> list[dict]:
     say(
-        "3. Writing a user and two photos per user through the router (shard = user_id % "
-        f"{topo.modulus}) …"
+        f"3. Writing a user and two photos per user through the router (shard = user_id % {topo.modulus}) …"
     )
     rows = []
     with Router(topo) as router:
@@ -59,21 +82,23 @@ def run_demo(
                     for i in (1, 2)
                 ]
             shard = router.shard_for(user_id)
+            host = router.host_for(user_id).name
+            schema = topo.schema_name(shard)
             rows.append(
                 {
                     "user_id": user_id,
                     "shard": shard,
-                    "schema": topo.schema_name(shard),
-                    "host": router.host_for(user_id).name,
+                    "schema": schema,
+                    "host": host,
                     "row_id": uid,
                     "photo_ids": photo_ids,
                 }
             )
-            say(
-                f"   user {user_id:>6} → shard {shard:>3} ({topo.schema_name(shard)}) on "
-                f"{router.host_for(user_id).name}: user row id {uid}"
-            )
+            say(f"   user {user_id:>6} → shard {shard:>3} ({schema}) on {host}: user row id {uid}")
+    return rows
 
+
+def _decode(topo: Topology, rows: list[dict], say: Callable[[str], None]) -> list[dict]:
     say("4. Decoding the new IDs: each names the shard (and so the host) its row lives on …")
     decoded = []
     for r in rows:
@@ -94,10 +119,11 @@ def run_demo(
                 f"   {pid} → {d['time']}, shard {d['shard']}, sequence {d['sequence']}, host {host}"
             )
     if not all(d["matches_router"] for d in decoded):
-        from ..errors import OperationFailed
-
         raise OperationFailed("a decoded ID named a different shard than the router chose")
+    return decoded
 
+
+def _verify(topo: Topology, say: Callable[[str], None]) -> Any:
     say("5. verify: every shard's next_id(), IDs, clocks and placement …")
     checked = verify(topo, samples=8)
     say(
@@ -106,15 +132,4 @@ def run_demo(
     )
     for v in checked.violations[:10]:
         say(f"   violation on {v.host} shard {v.shard}: {v.reason}")
-    return {
-        "command": "demo",
-        "ok": checked.ok,
-        "dir": str(sandbox.dir),
-        "topology": up["topology"],
-        "hosts": up["hosts"],
-        "created": created,
-        "writes": rows,
-        "decoded": decoded,
-        "verify": checked.to_dict(),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    return checked

@@ -17,14 +17,24 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput, OperationFailed
 from ..model.dsn import mask
-from ..sql.render import builtin_dir
-from .sandbox import DATABASE, DEFAULT_SHARDS, SERVER_SETTINGS, Sandbox, _free_port
+from .base import (
+    DATABASE,
+    DEFAULT_SHARDS,
+    SandboxBase,
+    check_up_args,
+    connect_when_ready,
+    topology_text,
+)
+from .process import free_port
+from .sandbox import Sandbox
+from .servers import SERVER_SETTINGS
 
 STATE_FILE = "docker.json"
 DEFAULT_IMAGE = "postgres:18"
@@ -116,22 +126,13 @@ def engine_problem() -> str | None:
     return None
 
 
-class DockerSandbox:
-    """A sandbox whose hosts are containers; the directory holds its state and ``shardctl.yaml``."""
+class DockerObjects:
+    """One sandbox's objects in the Docker engine, found by their labels: the image it runs, its
+    network, and per host a container with its data volume."""
 
-    engine = "docker"
-
-    def __init__(self, directory: str | os.PathLike):
-        self.dir = Path(directory).resolve()
+    def __init__(self, directory: Path):
+        self.dir = directory
         self._client: Any = None
-
-    @property
-    def topology_path(self) -> Path:
-        return self.dir / "shardctl.yaml"
-
-    @property
-    def state(self) -> DockerState | None:
-        return DockerState.read(self.dir)
 
     @property
     def client(self) -> Any:
@@ -145,87 +146,39 @@ class DockerSandbox:
             out[LABEL_HOST] = host
         return out
 
-    # ---- up ----------------------------------------------------------------------
-    def up(
-        self,
-        hosts: int = 2,
-        shards: int = DEFAULT_SHARDS,
-        *,
-        image: str | None = None,
-        password_env: str | None = None,
-        function: str = "plpgsql",
-        epoch: str = "2026-01-01T00:00:00Z",
-        timeout: float = 120,
-    ) -> dict:
-        """Start the containers (creating them the first time) and write ``shardctl.yaml``."""
-        if hosts < 1 or hosts > 64:
-            raise BadInput(f"--hosts must be between 1 and 64, got {hosts}")
-        if shards < hosts or shards > 8192:
-            raise BadInput(f"--shards must be between --hosts ({hosts}) and 8192, got {shards}")
-        if password_env and not os.environ.get(password_env):
-            raise BadInput(f"--password-env {password_env}: that environment variable is not set")
-        if (self.dir / "sandbox.json").exists():
-            raise BadInput(
-                f"{self.dir} holds an embedded-engine sandbox; use another --dir for --engine docker"
-            )
-        state = self.state
-        if state is not None and image and image != state.image:
-            raise BadInput(
-                f"this sandbox runs {state.image}; --image {image} would need a new sandbox "
-                f"(sandbox down --destroy first)"
-            )
-        chosen = state.image if state else (image or DEFAULT_IMAGE)
-        self._require_image(chosen)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        if state is None:
-            sid = uuid.uuid4().hex[:12]
-            state = DockerState(
-                sandbox_id=sid, image=chosen, network=f"shardctl-{sid}", password_env=password_env
-            )
-            state.write(self.dir)
-        hosts = max(hosts, len(state.hosts))
-        network = self._network(state)
-        created = []
-        for i in range(len(state.hosts), hosts):
-            host = self._create(state, f"pg{i + 1}", network)
-            state.hosts.append(host)
-            state.write(self.dir)
-            created.append(host.name)
-        for host in state.hosts:
-            container = self._container(host)
-            if container.status != "running":
-                container.start()
-        for host in state.hosts:
-            self._wait_ready(host, state.password_env, timeout)
-        wrote_topology = False
-        if not self.topology_path.exists():
-            self.topology_path.write_text(self.topology_text(state, shards, function, epoch))
-            wrote_topology = True
-        migrations = self.dir / "migrations"
-        if not migrations.exists():
-            shutil.copytree(builtin_dir("migrations"), migrations)
-        return {
-            "dir": str(self.dir),
-            "engine": "docker",
-            "image": state.image,
-            "topology": str(self.topology_path),
-            "created": created,
-            "wrote_topology": wrote_topology,
-            "hosts": [
-                {
-                    "name": h.name,
-                    "port": h.port,
-                    "dsn": h.dsn,
-                    "peer_dsn": h.peer_dsn,
-                    "container": h.container[:12],
-                    "running": True,
-                }
-                for h in state.hosts
-            ],
-            "standbys": [],
-        }
+    def _filters(self, state: DockerState | None) -> list[dict]:
+        """By the directory label (a lost state file) and by the sandbox's id label."""
+        return [{"label": f"{LABEL_DIR}={self.dir}"}] + (
+            [{"label": f"{LABEL}={state.sandbox_id}"}] if state else []
+        )
 
-    def _container(self, host: DockerHost) -> Any:
+    def _labelled(self, kind: str, state: DockerState | None) -> list[Any]:
+        """This sandbox's ``kind`` (containers, volumes, networks), each once."""
+        seen: dict[str, Any] = {}
+        for f in self._filters(state):
+            found: Iterable[Any] = (
+                self.client.containers.list(all=True, filters=f)
+                if kind == "containers"
+                else getattr(self.client, kind).list(filters=f)
+            )
+            for obj in found:
+                seen[obj.id] = obj
+        return list(seen.values())
+
+    def containers(self, state: DockerState | None) -> list[Any]:
+        return self._labelled("containers", state)
+
+    def remove_all(self, state: DockerState | None) -> dict[str, int]:
+        """Remove the containers, then the volumes and the network; how many of each."""
+        removed = {}
+        for kind in ("containers", "volumes", "networks"):
+            found = self._labelled(kind, state)
+            for obj in found:
+                obj.remove(force=True, v=True) if kind == "containers" else obj.remove()
+            removed[kind] = len(found)
+        return removed
+
+    def container(self, host: DockerHost) -> Any:
         import docker.errors
 
         try:
@@ -237,17 +190,24 @@ class DockerSandbox:
                 f"--dir {self.dir}"
             ) from None
 
-    def _require_image(self, image: str) -> None:
+    def running(self, host: DockerHost) -> bool:
+        try:
+            return self.client.containers.get(host.container).status == "running"
+        except Exception:  # noqa: BLE001 - a removed container is not running
+            return False
+
+    def require_image(self, image: str) -> None:
         """The image must be present or pullable; a clear error instead of a pull failure midway."""
+        client = self.client  # first: without the docker extra, this is the error to give
         import docker.errors
 
         try:
-            self.client.images.get(image)
+            client.images.get(image)
             return
         except docker.errors.ImageNotFound:
             pass
         try:
-            self.client.images.pull(image)
+            client.images.pull(image)
         except docker.errors.APIError as exc:
             raise OperationFailed(
                 f"--engine docker: image {image} is not available locally and cannot be pulled "
@@ -255,7 +215,7 @@ class DockerSandbox:
                 f"(see examples/docker/prepare.sh)"
             ) from None
 
-    def _network(self, state: DockerState) -> Any:
+    def network(self, state: DockerState) -> Any:
         from testcontainers.core.network import Network
 
         net = Network(docker_network_kw={"labels": self.labels(state)})
@@ -267,12 +227,11 @@ class DockerSandbox:
             net.create()
         return net
 
-    def _create(self, state: DockerState, name: str, network: Any) -> DockerHost:
+    def create(self, state: DockerState, name: str, network: Any) -> DockerHost:
+        """A started container (and its volume) for host ``name``, published on 127.0.0.1."""
         from testcontainers.core.container import DockerContainer
 
-        host = DockerHost(
-            name=name, port=_free_port(), volume=f"shardctl-{state.sandbox_id}-{name}"
-        )
+        host = DockerHost(name=name, port=free_port(), volume=f"shardctl-{state.sandbox_id}-{name}")
         self.client.volumes.create(name=host.volume, labels=self.labels(state, name))
         env = {"POSTGRES_DB": DATABASE, "PGDATA": PGDATA}
         if state.password_env:
@@ -296,46 +255,133 @@ class DockerSandbox:
             container.start()
         except Exception as exc:  # noqa: BLE001 - docker SDK errors; the message says what went wrong
             raise OperationFailed(
-                f"sandbox host {name}: the container did not start: "
-                f"{mask(str(exc)).splitlines()[0][:300]}"
+                f"sandbox host {name}: the container did not start: {mask(str(exc)).splitlines()[0][:300]}"
             ) from None
         host.container = container.get_wrapped_container().id
         return host
 
-    def _wait_ready(self, host: DockerHost, password_env: str | None, timeout: float) -> None:
+    def wait_ready(self, host: DockerHost, password_env: str | None, timeout: float) -> str:
+        """Wait until the host's server accepts connections; its version (``server_version``)."""
         import psycopg
 
-        kwargs = {"password": os.environ.get(password_env)} if password_env else {}
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with psycopg.connect(
-                    host.dsn, connect_timeout=5, autocommit=True, **kwargs
-                ) as conn:
-                    conn.execute("SELECT 1")
-                # The official image restarts the server once after initialising; ask again a moment later.
-                time.sleep(0.5)
-                with psycopg.connect(
-                    host.dsn, connect_timeout=5, autocommit=True, **kwargs
-                ) as conn:
-                    conn.execute("SELECT 1")
-                return
-            except psycopg.OperationalError as exc:
-                container = self._container(host)
-                if container.status in ("exited", "dead") or time.monotonic() > deadline:
-                    logs = (
-                        container.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
-                    )
-                    raise OperationFailed(
-                        f"sandbox host {host.name} did not accept connections "
-                        f"({mask(str(exc)).strip().splitlines()[0]}); log: {mask(logs)[-400:]}"
-                    ) from None
-                time.sleep(0.5)
+        def gone() -> bool:
+            return self.container(host).status in ("exited", "dead")
+
+        try:
+            connect_when_ready(host.dsn, password_env, timeout, gone).close()
+            # The official image restarts the server once after initialising; ask again a moment later.
+            time.sleep(0.5)
+            with connect_when_ready(host.dsn, password_env, timeout, gone) as conn:
+                return conn.execute("SHOW server_version").fetchone()[0].split()[0]
+        except psycopg.OperationalError as exc:
+            logs = (
+                self.container(host)
+                .logs(tail=5)
+                .decode(errors="replace")
+                .strip()
+                .replace("\n", " | ")
+            )
+            raise OperationFailed(
+                f"sandbox host {host.name} did not accept connections "
+                f"({mask(str(exc)).strip().splitlines()[0]}); log: {mask(logs)[-400:]}"
+            ) from None
+
+
+def _host_row(host: DockerHost, running: bool) -> dict:
+    return {
+        "name": host.name,
+        "port": host.port,
+        "dsn": host.dsn,
+        "peer_dsn": host.peer_dsn,
+        "container": host.container[:12],
+        "running": running,
+    }
+
+
+class DockerSandbox(SandboxBase):
+    """A sandbox whose hosts are containers; the directory holds its state and ``shardctl.yaml``."""
+
+    engine = "docker"
+    state_class = DockerState
+    missing = "no docker sandbox in {dir}"
+
+    def __init__(self, directory: str | os.PathLike):
+        super().__init__(directory)
+        self.objects = DockerObjects(self.dir)
+
+    @property
+    def client(self) -> Any:
+        return self.objects.client
+
+    def up(
+        self,
+        hosts: int = 2,
+        shards: int = DEFAULT_SHARDS,
+        *,
+        image: str | None = None,
+        password_env: str | None = None,
+        function: str = "plpgsql",
+        epoch: str = "2026-01-01T00:00:00Z",
+        timeout: float = 120,
+    ) -> dict:
+        """Start the containers (creating them the first time) and write ``shardctl.yaml``."""
+        check_up_args(hosts, shards, password_env)
+        if (self.dir / "sandbox.json").exists():
+            raise BadInput(
+                f"{self.dir} holds an embedded-engine sandbox; use another --dir for --engine docker"
+            )
+        state = self._state_for(image, password_env)
+        hosts = max(hosts, len(state.hosts))
+        network = self.objects.network(state)
+        created = []
+        for i in range(len(state.hosts), hosts):
+            host = self.objects.create(state, f"pg{i + 1}", network)
+            state.hosts.append(host)
+            state.write(self.dir)
+            created.append(host.name)
+        for host in state.hosts:
+            container = self.objects.container(host)
+            if container.status != "running":
+                container.start()
+        versions = [
+            self.objects.wait_ready(host, state.password_env, timeout) for host in state.hosts
+        ]
+        wrote_topology = self._write_fleet_files(state, shards, function, epoch)
+        return {
+            "dir": str(self.dir),
+            "engine": "docker",
+            "image": state.image,
+            "version": versions[0],  # the image's PostgreSQL, as its first server reports it
+            "topology": str(self.topology_path),
+            "created": created,
+            "wrote_topology": wrote_topology,
+            "hosts": [_host_row(h, True) for h in state.hosts],
+            "standbys": [],
+        }
+
+    def _state_for(self, image: str | None, password_env: str | None) -> DockerState:
+        """The sandbox's state (a new one, written, the first time), once its image is there."""
+        state = self.state
+        if state is not None and image and image != state.image:
+            raise BadInput(
+                f"this sandbox runs {state.image}; --image {image} would need a new sandbox "
+                f"(sandbox down --destroy first)"
+            )
+        chosen = state.image if state else (image or DEFAULT_IMAGE)
+        self.objects.require_image(chosen)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if state is None:
+            sid = uuid.uuid4().hex[:12]
+            state = DockerState(
+                sandbox_id=sid, image=chosen, network=f"shardctl-{sid}", password_env=password_env
+            )
+            state.write(self.dir)
+        return state
 
     @staticmethod
-    def topology_text(state: DockerState, shards: int, function: str, epoch: str) -> str:
+    def topology_text(state: DockerState, shards: int, function: str, epoch: str) -> str:  # type: ignore[override]
         """The embedded engine's topology, plus each host's ``peer_dsn`` on the container network."""
-        text = Sandbox.topology_text(state, shards, function, epoch)  # type: ignore[arg-type]
+        text = topology_text(state, shards, function, epoch)
         for host in state.hosts:
             line = f'    dsn: "{host.dsn}"\n'
             text = text.replace(line, line + f'    peer_dsn: "{host.peer_dsn}"\n', 1)
@@ -345,43 +391,16 @@ class DockerSandbox:
             1,
         )
 
-    # ---- down, destroy, status -----------------------------------------------------
-    def _require_state(self) -> DockerState:
-        state = self.state
-        if state is None:
-            raise BadInput(f"no docker sandbox in {self.dir}")
-        return state
-
-    def _containers(self, state: DockerState | None) -> list[Any]:
-        """This sandbox's containers: by its id label, and by its directory label (a lost state file)."""
-        seen: dict[str, Any] = {}
-        filters = [{"label": f"{LABEL_DIR}={self.dir}"}]
-        if state:
-            filters.append({"label": f"{LABEL}={state.sandbox_id}"})
-        for f in filters:
-            for c in self.client.containers.list(all=True, filters=f):
-                seen[c.id] = c
-        return list(seen.values())
-
+    # ---- down, hosts, destroy, status -----------------------------------------------
     def down(self) -> dict:
         """Stop the containers (their volumes keep the data; ``up`` starts them again)."""
         state = self._require_state()
         stopped = []
-        for container in self._containers(state):
+        for container in self.objects.containers(state):
             if container.status == "running":
                 container.stop(timeout=60)
                 stopped.append(container.labels.get(LABEL_HOST, container.name))
         return {"dir": str(self.dir), "stopped": sorted(stopped)}
-
-    def stop_host(self, name: str, mode: str = "fast") -> None:
-        host = self._host(name)
-        self._container(host).stop(timeout=0 if mode == "immediate" else 60)
-
-    def start_host(self, name: str) -> None:
-        state = self._require_state()
-        host = self._host(name)
-        self._container(host).start()
-        self._wait_ready(host, state.password_env, 120)
 
     def _host(self, name: str) -> DockerHost:
         host = next((h for h in self._require_state().hosts if h.name == name), None)
@@ -389,45 +408,30 @@ class DockerSandbox:
             raise BadInput(f"no sandbox host {name}")
         return host
 
+    def stop_host(self, name: str, mode: str = "fast") -> None:
+        self.objects.container(self._host(name)).stop(timeout=0 if mode == "immediate" else 60)
+
+    def start_host(self, name: str) -> None:
+        state = self._require_state()
+        host = self._host(name)
+        self.objects.container(host).start()
+        self.objects.wait_ready(host, state.password_env, 120)
+
     def destroy(self) -> dict:
         """Remove this sandbox's containers, volumes and network, then its directory."""
-        state = self.state
-        removed = {"containers": 0, "volumes": 0, "networks": 0}
-        for container in self._containers(state):
-            container.remove(force=True, v=True)
-            removed["containers"] += 1
-        filters = [{"label": f"{LABEL_DIR}={self.dir}"}] + (
-            [{"label": f"{LABEL}={state.sandbox_id}"}] if state else []
-        )
-        for kind in ("volumes", "networks"):
-            seen: dict[str, Any] = {}
-            for f in filters:
-                for obj in getattr(self.client, kind).list(filters=f):
-                    seen[obj.id] = obj
-            for obj in seen.values():
-                obj.remove()
-                removed[kind] += 1
+        removed = self.objects.remove_all(self.state)
         shutil.rmtree(self.dir, ignore_errors=True)
         return {"dir": str(self.dir), "destroyed": True, "removed": removed}
 
     def status(self) -> dict:
         state = self._require_state()
-        by_id = {c.id: c for c in self._containers(state)}
+        by_id = {c.id: c for c in self.objects.containers(state)}
         hosts = []
         for h in state.hosts:
             c = by_id.get(h.container)
             running = bool(c and c.status == "running")
-            hosts.append(
-                {
-                    "name": h.name,
-                    "port": h.port,
-                    "dsn": h.dsn,
-                    "peer_dsn": h.peer_dsn,
-                    "container": h.container[:12],
-                    "running": running,
-                    "pid": (c.attrs.get("State", {}).get("Pid") or None) if running else None,
-                }
-            )
+            pid = (c.attrs.get("State", {}).get("Pid") or None) if running else None
+            hosts.append({**_host_row(h, running), "pid": pid})
         return {
             "dir": str(self.dir),
             "engine": "docker",
@@ -438,10 +442,7 @@ class DockerSandbox:
         }
 
     def running(self, host: DockerHost) -> bool:
-        try:
-            return self.client.containers.get(host.container).status == "running"
-        except Exception:  # noqa: BLE001 - a removed container is not running
-            return False
+        return self.objects.running(host)
 
 
 def open_sandbox(directory: str | os.PathLike) -> Sandbox:

@@ -20,9 +20,10 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import BadInput, OperationFailed
-from .sandbox import _free_port, _make_traversable, _port_open, _run, _server_user, live_pid
+from .process import free_port, live_pid, make_traversable, port_open, run, server_user
 
 STATE_FILE = "pooler.json"
 MODES = ("transaction", "session")  # a host's ``pooler:`` in the topology names the same modes
@@ -87,7 +88,7 @@ class Pooler:
         self.dir.mkdir(parents=True, exist_ok=True)
         old = self.state
         state = PoolerState(
-            port=port or (old.port if old else _free_port()),
+            port=port or (old.port if old else free_port()),
             mode=mode,
             pool_size=pool_size,
             max_client_conn=max_client_conn,
@@ -198,17 +199,17 @@ class Pooler:
             raise OperationFailed(
                 "pgbouncer is not installed (apt-get install pgbouncer, or set $PGBOUNCER)"
             )
-        user = _server_user()
+        user = server_user()
         self._write_files(state, user)
         if self.running():
             self.reload()
             return self.info()
-        if _port_open(state.port):
+        if port_open(state.port):
             raise OperationFailed(f"pooler: port {state.port} is taken by another program")
         if user:
-            _make_traversable(self.dir)
+            make_traversable(self.dir)
         self.pid_path.unlink(missing_ok=True)
-        _run(
+        run(
             [binary, "-d", str(self.ini_path)],
             user,
             self.log_path.with_suffix(".start.log"),
@@ -245,41 +246,35 @@ class Pooler:
             return str(exc).strip() or type(exc).__name__
         return None
 
-    def admin(self, command: str) -> list[tuple]:
-        """Run a command on PgBouncer's admin console (simple query protocol)."""
+    def _console(self) -> Any:
+        """A connection to PgBouncer's admin console (simple query protocol: ClientCursor)."""
         import psycopg
 
         state = self._require_state()
         kwargs = {"password": os.environ.get(state.password_env)} if state.password_env else {}
-        with psycopg.connect(
+        return psycopg.connect(
             self.admin_dsn(),
             autocommit=True,
             connect_timeout=5,
             cursor_factory=psycopg.ClientCursor,
             **kwargs,
-        ) as conn:
+        )
+
+    def admin(self, command: str) -> list[tuple]:
+        """Run a command on PgBouncer's admin console."""
+        with self._console() as conn:
             cur = conn.execute(command)
             return cur.fetchall() if cur.description else []
 
     def reload(self) -> None:
         """Rewrite the ini from the state and make PgBouncer read it (``RELOAD``: synchronous)."""
         state = self._require_state()
-        self._write_files(state, _server_user())
+        self._write_files(state, server_user())
         if self.running():
             self.admin("RELOAD")
 
     def pools(self) -> list[dict]:
-        import psycopg
-
-        state = self._require_state()
-        kwargs = {"password": os.environ.get(state.password_env)} if state.password_env else {}
-        with psycopg.connect(
-            self.admin_dsn(),
-            autocommit=True,
-            connect_timeout=5,
-            cursor_factory=psycopg.ClientCursor,
-            **kwargs,
-        ) as conn:
+        with self._console() as conn:
             cur = conn.execute("SHOW POOLS")
             names = [d.name for d in cur.description]
             return [dict(zip(names, row)) for row in cur.fetchall()]

@@ -145,9 +145,9 @@ def test_a_target_that_cannot_reach_its_source_is_refused_before_any_change(tls_
         peer_dsn = src.dsn  # the client's own DSN, sslrootcert=DIR/tls/ca.crt, given as the peer's
         cause = f'root certificate file "{tls_box.state.hosts[0].ca_file}" does not exist'
     else:
-        from shardctl.dev.sandbox import _free_port
+        from shardctl.dev.process import free_port
 
-        port = _free_port()
+        port = free_port()
         peer_dsn = src.dsn.replace(f":{tls_box.state.hosts[0].port}/", f":{port}/")
         cause = f"port {port} failed: Connection refused"
     line = f'    dsn: "{src.dsn}"\n'

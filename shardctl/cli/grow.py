@@ -8,9 +8,9 @@ from ..engine.executor import RunOptions
 from ..model.topology import CONFIG_ENV, DEFAULT_FILE
 from ..ops.grow import add_host, add_shard
 from . import cli, json_option, settings
-from .options import finish, run_options
+from .options import connect_timeout_option, finish, run_options
 from .output import stdout
-from .params import ASCII_INT, AsciiInt
+from .params import ASCII_INT
 from .progress import host_progress
 
 
@@ -25,13 +25,7 @@ def _path() -> str:
 @click.option("--dsn", required=True, help="libpq connection string of the new host.")
 @click.option("--password-env", metavar="VAR", help="Environment variable holding its password.")
 @click.option("--standby", metavar="DSN", help="Optional standby DSN.")
-@click.option(
-    "--connect-timeout",
-    type=AsciiInt(1, 3600),
-    default=10,
-    show_default=True,
-    help="Seconds to wait for a host to answer.",
-)
+@connect_timeout_option
 @json_option
 def add_host_cmd(
     name: str,
@@ -74,13 +68,7 @@ def add_host_cmd(
 @click.option(
     "--place-new", is_flag=True, help="Send new objects to the new shards (placement.new_objects)."
 )
-@click.option(
-    "--connect-timeout",
-    type=AsciiInt(1, 3600),
-    default=10,
-    show_default=True,
-    help="Seconds to wait for a host to answer.",
-)
+@connect_timeout_option
 @run_options
 @json_option
 def add_shard_cmd(

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 
 import click
 
-from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput, ShardctlError
 from ..ops.move import (
     PHASE_NAMES,
@@ -24,7 +23,7 @@ from ..ops.move import (
 from ..ops.rebalance import apply as rebalance_apply
 from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
-from .options import finish
+from .options import connect_timeout_option, finish
 from .output import info, stderr, stdout, table
 from .params import AsciiFloat, AsciiInt
 
@@ -118,13 +117,7 @@ def move_options(func: Callable) -> Callable:
             show_default=True,
             help="Seconds to wait for another shardctl run's locks.",
         ),
-        click.option(
-            "--connect-timeout",
-            type=AsciiInt(1, 3600),
-            default=DEFAULT_CONNECT_TIMEOUT,
-            show_default=True,
-            help="Seconds to wait for a host to answer.",
-        ),
+        connect_timeout_option,
     ]
     for opt in reversed(opts):
         func = opt(func)

@@ -16,18 +16,28 @@ from .output import emit
 from .params import AsciiFloat, AsciiInt
 
 
-def host_options(func: Callable) -> Callable:
-    func = click.option(
-        "--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated)."
-    )(func)
-    func = click.option(
+def connect_timeout_option(func: Callable) -> Callable:
+    """``--connect-timeout``: every command that connects to a host has it, with one default
+    (``engine.connections.DEFAULT_CONNECT_TIMEOUT``, the library's default too)."""
+    return click.option(
         "--connect-timeout",
         type=AsciiInt(1, 3600),
         default=DEFAULT_CONNECT_TIMEOUT,
         show_default=True,
         help="Seconds to wait for a host to answer.",
     )(func)
-    return json_option(func)
+
+
+def hosts_option(func: Callable) -> Callable:
+    """``--hosts NAMES``: limit a command to some hosts (read with :func:`split_hosts`)."""
+    return click.option(
+        "--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated)."
+    )(func)
+
+
+def host_options(func: Callable) -> Callable:
+    """``--hosts``, ``--connect-timeout`` and ``--json``: what every fleet-wide command takes."""
+    return json_option(connect_timeout_option(hosts_option(func)))
 
 
 def run_options(func: Callable) -> Callable:

@@ -11,8 +11,9 @@ from ..model.ranges import format_shards
 from ..model.topology import Topology
 from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
+from .options import host_options
 from .output import stdout, table
-from .params import AsciiFloat, AsciiInt
+from .params import AsciiFloat
 
 
 def template_plan(
@@ -37,15 +38,7 @@ def template_plan(
 
 
 @cli.command("redeploy")
-@click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")
-@click.option(
-    "--connect-timeout",
-    type=AsciiInt(1, 3600),
-    default=10,
-    show_default=True,
-    help="Seconds to wait for a host to answer.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@host_options
 @click.option(
     "--dry-run", is_flag=True, help="Only list the shards whose template functions differ."
 )

@@ -17,7 +17,7 @@ from ..engine.executor import (
     DEFAULT_RETRY_BUDGET,
     RunOptions,
 )
-from ..engine.fanout import FleetReport, host_error, raise_for_status
+from ..engine.fanout import FleetReport, host_error
 from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
@@ -54,7 +54,7 @@ def _print_failed(
     failed = [f for f in report.failed if _unsaid(f"shard {f['shard']} on {f['host']}", error)]
     for f in failed[:50]:
         version = (
-            f" at {f.get('file') or 'V%s' % f['version']}"
+            f" at {f.get('file') or 'V' + str(f['version'])}"
             if f.get("version") or with_version
             else ""
         )
@@ -373,8 +373,11 @@ def migrate_cmd(
         from .gate import run_gate
 
         return run_gate(base, split_hosts(host_names), connect_timeout, as_json)
-    if repair and not yes and not (check or dry_run):
-        if not (
+    confirmed = yes or check or dry_run
+    if (
+        repair
+        and not confirmed
+        and not (
             sys.stdin.isatty()
             and click.confirm(
                 "--repair records the current checksum of every changed applied migration, accepting the "
@@ -382,8 +385,9 @@ def migrate_cmd(
                 default=False,
                 err=True,
             )
-        ):
-            raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
+        )
+    ):
+        raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
     topo = settings().topology()
     options = RunOptions(
         batch_size=batch_size,
@@ -421,18 +425,15 @@ def plan_cmd(
     host_names: str | None, connect_timeout: int, as_json: bool, target: int | None
 ) -> None:
     """Per host: pending versions and how many shards are at each version."""
-    topo = settings().topology()
-    report = migrate(
-        topo,
-        hosts=split_hosts(host_names),
-        check=True,
-        target=target,
-        options=RunOptions(connect_timeout=connect_timeout),
-    )
-    doc = report.plan_dict()
-    from .redeploy import template_plan  # template functions a `redeploy` would replace
+    from ..ops.plan import plan
 
-    doc["templates"], template_lines = template_plan(topo, split_hosts(host_names), connect_timeout)
+    result = plan(
+        settings().topology(),
+        hosts=split_hosts(host_names),
+        target=target,
+        connect_timeout=connect_timeout,
+    )
+    doc = result.to_dict()
 
     def human() -> None:
         rows = []
@@ -450,7 +451,7 @@ def plan_cmd(
                 rows,
             )
         )
-        _host_errors(report.hosts, error)
+        _host_errors(result.hosts, error)
         for h in doc["hosts"]:
             for dr in h["drift"]:
                 stdout.print(
@@ -473,16 +474,12 @@ def plan_cmd(
                 )
             for line in h["held"]:
                 stdout.print(f"[yellow]{h['host']}[/yellow]: {line}", markup=True, highlight=False)
-        for line in template_lines:
+        for line in result.templates.lines():
             stdout.print(line, markup=False, highlight=False)
         total = doc["pending_total"]
         stdout.print(f"{total} shard migration(s) pending." if total else "Nothing pending.")
 
-    error = None
-    try:
-        raise_for_status("plan", report.hosts)  # pending work is what plan shows, not an error
-    except ShardctlError as exc:
-        error = exc
+    error = status_of(result)  # pending work is what plan shows, not an error
     finish(as_json, doc, human, error)
 
 
@@ -657,7 +654,7 @@ def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> N
             if h["orphan_versions"]:
                 stdout.print(
                     f"{h['host']}: applied versions with no migration file: "
-                    f"{', '.join('V%d' % v for v in h['orphan_versions'])}",
+                    f"{', '.join(f'V{v}' for v in h['orphan_versions'])}",
                     markup=False,
                 )
         for line in doc["pending_moves"]:

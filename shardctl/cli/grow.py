@@ -48,9 +48,9 @@ def add_host_cmd(
     )
     finish(
         as_json,
-        result,
+        result.to_dict(),
         lambda: stdout.print(
-            f"Added host {name} ({result['dsn']}) to {result['topology']}; it owns no shards yet."
+            f"Added host {name} ({result.dsn}) to {result.topology}; it owns no shards yet."
         ),
         None,
     )
@@ -104,10 +104,10 @@ def add_shard_cmd(
         )
     finish(
         as_json,
-        result,
+        result.to_dict(),
         lambda: stdout.print(
-            f"Opened shards {result['new_shards']} on {host_name} at migration version V{result['version'] or 0} "
-            f"in {result['seconds']:.2f}s; shard count {result['shard_count']}, routing modulus {result['modulus']}."
+            f"Opened shards {result.new_shards} on {host_name} at migration version V{result.version or 0} "
+            f"in {result.seconds:.2f}s; shard count {result.shard_count}, routing modulus {result.modulus}."
         ),
         None,
     )

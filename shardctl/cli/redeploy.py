@@ -2,39 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from ..errors import BadInput, HostUnreachable, OperationFailed, ShardctlError
 from ..model.ranges import format_shards
-from ..model.topology import Topology
 from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
 from .options import host_options
 from .output import stdout, table
 from .params import AsciiFloat
-
-
-def template_plan(
-    topo: Topology, hosts: list[str] | None, connect_timeout: int
-) -> tuple[dict[str, Any], list[str]]:
-    """For ``plan``: per host, the template functions a ``redeploy`` would replace (read-only)."""
-    try:
-        report = redeploy(topo, hosts=hosts, dry_run=True, connect_timeout=connect_timeout)
-    except BadInput as exc:
-        return {"refused": str(exc)}, [f"templates: {exc}"]
-    doc = {
-        h.host: {o: format_shards(s) for o, s in h.value.stale.items()}
-        for h in report.hosts
-        if h.reachable
-    }
-    lines = [
-        f"{host}: template {o} differs on shards {s} (run shardctl redeploy)"
-        for host, objects in doc.items()
-        for o, s in objects.items()
-    ]
-    return {"stale": doc}, lines
 
 
 @cli.command("redeploy")
@@ -66,7 +41,7 @@ def redeploy_cmd(
     """Re-deploy template functions (next_id() after an id.function change, your own) on every shard, online.
 
     Refuses a layout or epoch change, which would break existing IDs."""
-    from .options import finish, split_hosts
+    from .options import finish, split_hosts, status_of
 
     topo = settings().topology()
     report = redeploy(
@@ -111,17 +86,4 @@ def redeploy_cmd(
                 "Nothing to re-deploy: every shard's template functions match the rendering."
             )
 
-    error: ShardctlError | None = None
-    down = [h for h in report.hosts if not h.reachable]
-    if down:
-        error = HostUnreachable(", ".join(h.host for h in down), down[0].error or "unreachable")
-    elif not report.ok:
-        failed = sum(len(h.value.failed) for h in report.hosts)
-        first = next((h for h in report.hosts if h.error or h.value.failed), None)
-        why = (
-            first.error
-            if first and first.error
-            else (first.value.failed[0]["error"] if first else "")
-        )
-        error = OperationFailed(f"redeploy: {failed} shard(s) failed; {why}")
-    finish(as_json, report.to_dict(), human, error)
+    finish(as_json, report.to_dict(), human, status_of(report))

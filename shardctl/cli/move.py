@@ -432,7 +432,7 @@ def rebalance_cmd(
         raise BadInput("--cleanup goes with --apply")
     topo = settings().topology()
     if not do_apply:
-        doc = plan_report(topo, by=by, min_improvement=min_improvement)
+        doc = plan_report(topo, by=by, min_improvement=min_improvement).to_dict()
         finish(as_json, doc, lambda: _human_plan(doc), None)
         return
     options = _options(kw)
@@ -457,7 +457,7 @@ def rebalance_cmd(
                 on_move=announce,
                 by=by,
                 min_improvement=min_improvement,
-            )
+            ).to_dict()
         except ShardctlError as exc:
             report = getattr(exc, "report", None)
             if not isinstance(report, dict):

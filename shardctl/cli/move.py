@@ -367,7 +367,9 @@ def move_shard_cmd(
             raise BadInput(f"{modes[0]} takes no phase")
         action = abort_move if do_abort else cleanup_move
         with move_progress(not as_json) as progress:
-            doc = action(topo, shards=shards, move_id=move_id, options=options, progress=progress)
+            doc = action(
+                topo, shards=shards, move_id=move_id, options=options, progress=progress
+            ).to_dict()
         finish(as_json, doc, lambda: _human_move(doc), None)
         return
     if shards is None or not target:
@@ -380,7 +382,9 @@ def move_shard_cmd(
         )
     phases = list(PHASE_NAMES) if phase in (None, "all") else [phase]
     with move_progress(not as_json) as progress:
-        doc = move_shards(topo, shards, target, phases=phases, options=options, progress=progress)
+        doc = move_shards(
+            topo, shards, target, phases=phases, options=options, progress=progress
+        ).to_dict()
     finish(as_json, doc, lambda: _human_move(doc), None)
 
 

@@ -70,6 +70,11 @@ class PlanResult:
         return self.migrations.hosts
 
     @property
+    def ok(self) -> bool:
+        """Every host answered without error (pending work does not count)."""
+        return all(h.reachable and not h.error for h in self.migrations.hosts)
+
+    @property
     def pending_total(self) -> int:
         return self.migrations.pending_total
 

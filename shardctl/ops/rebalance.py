@@ -311,13 +311,14 @@ def apply(
             raise OperationFailed(
                 f"rebalance: the move of shards {format_shards(planned.shards)} from "
                 f"{planned.source} to {planned.target} stopped in phase {report.get('phase')}",
-                report={**result.to_dict(applied=False), "results": results + [report]},
+                report={**result.to_dict(applied=False), "results": [*results, report.to_dict()]},
             )
-        if cleanup and report.get("move_id"):
+        doc = report.to_dict()
+        if cleanup and report.move_id:
             current = Topology.load(topo.path, allow_inline_password=options.allow_inline_password)
-            report["cleanup"] = cleanup_move(
-                current, move_id=report["move_id"], options=options, progress=progress
-            )
-        results.append(report)
+            doc["cleanup"] = cleanup_move(
+                current, move_id=report.move_id, options=options, progress=progress
+            ).to_dict()
+        results.append(doc)
     result.seconds = time.perf_counter() - started
     return result

@@ -24,7 +24,9 @@ def test_every_operation_takes_a_topology_and_returns_a_typed_result():
         func = getattr(shardctl, name)
         hints = typing.get_type_hints(func)
         first = next(iter(inspect.signature(func).parameters))
-        assert shardctl.Topology in typing.get_args(hints[first]) or hints[first] is shardctl.Topology, (
+        assert (
+            shardctl.Topology in typing.get_args(hints[first]) or hints[first] is shardctl.Topology
+        ), (
             name,
             hints[first],
         )

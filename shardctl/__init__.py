@@ -29,6 +29,7 @@ _OPERATIONS = {
     "move_shards": ("ops.move", "move_shards"),
     "abort_move": ("ops.move", "abort_move"),
     "cleanup_move": ("ops.move", "cleanup_move"),
+    "move_status": ("ops.move", "move_status"),
     "check_against_base": ("ops.gate", "check_against_base"),
     "import_history": ("ops.import_history", "import_history"),
 }
@@ -47,6 +48,7 @@ _RESULTS = {
     "ImportResult": ("ops.import_history", "ImportResult"),
     "RunOptions": ("engine.executor", "RunOptions"),
     "MoveReport": ("ops.move", "MoveReport"),
+    "MoveStatus": ("ops.move", "MoveStatus"),
     "MoveOptions": ("ops.move", "MoveOptions"),
 }
 
@@ -73,6 +75,7 @@ __all__ = [
     "MigrateResult",
     "MoveOptions",
     "MoveReport",
+    "MoveStatus",
     "OperationFailed",
     "PendingWork",
     "PlanResult",
@@ -95,6 +98,7 @@ __all__ = [
     "init",
     "migrate",
     "move_shards",
+    "move_status",
     "plan",
     "rebalance",
     "rebalance_plan",

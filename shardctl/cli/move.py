@@ -358,7 +358,7 @@ def move_shard_cmd(
     if show_status:
         if shard_range or phase or target:
             raise BadInput("--status takes no shard range, phase or --to")
-        doc = move_status(topo, connect_timeout=options.connect_timeout)
+        doc = move_status(topo, connect_timeout=options.connect_timeout).to_dict()
         finish(as_json, doc, lambda: _human_status(doc), None)
         return
     shards = parse_range(shard_range, topo) if shard_range else None

@@ -7,6 +7,7 @@ functions).
 
 from .api import (
     MoveReport,
+    MoveStatus,
     abort_move,
     cleanup_move,
     move_shards,
@@ -22,6 +23,7 @@ __all__ = [
     "PHASE_NAMES",
     "MoveOptions",
     "MoveReport",
+    "MoveStatus",
     "Phase",
     "Progress",
     "ShardState",

@@ -345,12 +345,48 @@ def pending_moves(
     return out
 
 
+@dataclass
+class MoveStatus:
+    """The result of :func:`move_status`: every recorded move (its record, the command it still needs
+    as ``next``, and live sync progress for moves in flight), how many are in flight, the ones that need
+    a command to finish, and the hosts that did not answer (``raise_for_status`` raises for those)."""
+
+    moves: list[dict[str, Any]]
+    in_flight: int
+    needs_finishing: list[str]
+    unreachable: dict[str, str]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.unreachable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": "move-shard --status",
+            "moves": self.moves,
+            "in_flight": self.in_flight,
+            "needs_finishing": self.needs_finishing,
+            "unreachable": self.unreachable,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def raise_for_status(self) -> MoveStatus:
+        if self.unreachable:
+            raise HostUnreachable(
+                ", ".join(self.unreachable),
+                "; ".join(f"{h}: {e}" for h, e in self.unreachable.items()),
+                report=self.to_dict(),
+            )
+        return self
+
+
 def move_status(
     topo: Topology,
     *,
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
     include_finished: bool = True,
-) -> dict:
+) -> MoveStatus:
     """Every recorded move, with live sync progress and lag for moves in flight."""
     started = time.perf_counter()
     moves, errors = find_moves(topo, connect_timeout=connect_timeout)
@@ -366,18 +402,17 @@ def move_status(
             except (HostUnreachable, psycopg.Error, BadInput) as exc:
                 doc["error"] = getattr(exc, "reason", None) or db.first_line(exc)
         out.append(doc)
-    return {
-        "command": "move-shard --status",
-        "moves": out,
-        "in_flight": sum(1 for m in moves.values() if m.active),
-        "needs_finishing": [
+    return MoveStatus(
+        moves=out,
+        in_flight=sum(1 for m in moves.values() if m.active),
+        needs_finishing=[
             f"{m['move_id']}: {m['next']}"
             for m in out
             if m["next"] and not m["next"].startswith("cut over;")
         ],
-        "unreachable": errors,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+        unreachable=errors,
+        seconds=time.perf_counter() - started,
+    )
 
 
 def _live_sync(topo: Topology, move: Move, connect_timeout: int) -> dict:

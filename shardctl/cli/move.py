@@ -23,7 +23,7 @@ from ..ops.move import (
 from ..ops.rebalance import apply as rebalance_apply
 from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
-from .options import connect_timeout_option, finish
+from .options import connect_timeout_option, finish, wait_option
 from .output import info, stderr, stdout, table
 from .params import AsciiFloat, AsciiInt
 
@@ -110,13 +110,7 @@ def move_options(func: Callable) -> Callable:
             show_default=True,
             help="Shards per transaction when creating or dropping schemas.",
         ),
-        click.option(
-            "--wait",
-            type=AsciiFloat(0, 86_400),
-            default=0,
-            show_default=True,
-            help="Seconds to wait for another shardctl run's locks.",
-        ),
+        wait_option,
         connect_timeout_option,
     ]
     for opt in reversed(opts):

@@ -28,6 +28,17 @@ def connect_timeout_option(func: Callable) -> Callable:
     )(func)
 
 
+def wait_option(func: Callable) -> Callable:
+    """``--wait``: how long a command that takes hosts' locks waits for another run's (one default, 0)."""
+    return click.option(
+        "--wait",
+        type=AsciiFloat(0, 86_400),
+        default=0,
+        show_default=True,
+        help="Seconds to wait for another shardctl run's locks on the hosts.",
+    )(func)
+
+
 def hosts_option(func: Callable) -> Callable:
     """``--hosts NAMES``: limit a command to some hosts (read with :func:`split_hosts`)."""
     return click.option(
@@ -55,13 +66,7 @@ def run_options(func: Callable) -> Callable:
         show_default=True,
         help="Shards per connection before it is replaced.",
     )(func)
-    func = click.option(
-        "--wait",
-        type=AsciiFloat(0, 86_400),
-        default=0,
-        show_default=True,
-        help="Seconds to wait for another shardctl run's lock on a host.",
-    )(func)
+    func = wait_option(func)
     func = click.option(
         "--jobs",
         type=AsciiInt(1, 256),

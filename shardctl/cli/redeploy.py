@@ -7,9 +7,8 @@ import click
 from ..model.ranges import format_shards
 from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
-from .options import host_options
+from .options import host_options, wait_option
 from .output import stdout, table
-from .params import AsciiFloat
 
 
 @cli.command("redeploy")
@@ -23,13 +22,7 @@ from .params import AsciiFloat
     show_default=True,
     help="Give up on a shard when a lock is not granted in time (PostgreSQL interval).",
 )
-@click.option(
-    "--wait",
-    type=AsciiFloat(0, 86_400),
-    default=0,
-    show_default=True,
-    help="Seconds to wait for another shardctl run's lock on a host.",
-)
+@wait_option
 def redeploy_cmd(
     host_names: str | None,
     connect_timeout: int,

@@ -72,3 +72,16 @@ def test_every_connecting_command_has_one_connect_timeout():
 def test_offline_commands_take_no_connect_timeout():
     for name in OFFLINE:
         assert connect_timeout(commands()[name]) is None, name
+
+
+def test_every_wait_option_is_the_shared_one():
+    """``--wait`` (another run's locks) comes from one decorator too: one type, default and help."""
+    shapes = {}
+    for name, command in commands().items():
+        found = [p for p in command.params if "--wait" in getattr(p, "opts", ())]
+        if found:
+            (option,) = found
+            shapes[name] = (option.default, option.help, option.type.lo, option.type.hi)
+    assert {"init", "migrate", "add-shard", "move-shard", "rebalance", "redeploy"} <= set(shapes)
+    assert len(set(shapes.values())) == 1, shapes
+    assert next(iter(shapes.values()))[0] == 0

@@ -17,7 +17,7 @@ from ..engine.executor import (
     DEFAULT_RETRY_BUDGET,
     RunOptions,
 )
-from ..engine.fanout import FleetReport, host_error, raise_for_status
+from ..engine.fanout import FleetReport, host_error
 from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
@@ -54,7 +54,7 @@ def _print_failed(
     failed = [f for f in report.failed if _unsaid(f"shard {f['shard']} on {f['host']}", error)]
     for f in failed[:50]:
         version = (
-            f" at {f.get('file') or 'V{}'.format(f['version'])}"
+            f" at {f.get('file') or 'V' + str(f['version'])}"
             if f.get("version") or with_version
             else ""
         )
@@ -422,18 +422,15 @@ def plan_cmd(
     host_names: str | None, connect_timeout: int, as_json: bool, target: int | None
 ) -> None:
     """Per host: pending versions and how many shards are at each version."""
-    topo = settings().topology()
-    report = migrate(
-        topo,
-        hosts=split_hosts(host_names),
-        check=True,
-        target=target,
-        options=RunOptions(connect_timeout=connect_timeout),
-    )
-    doc = report.plan_dict()
-    from .redeploy import template_plan  # template functions a `redeploy` would replace
+    from ..ops.plan import plan
 
-    doc["templates"], template_lines = template_plan(topo, split_hosts(host_names), connect_timeout)
+    result = plan(
+        settings().topology(),
+        hosts=split_hosts(host_names),
+        target=target,
+        connect_timeout=connect_timeout,
+    )
+    doc = result.to_dict()
 
     def human() -> None:
         rows = []
@@ -451,7 +448,7 @@ def plan_cmd(
                 rows,
             )
         )
-        _host_errors(report.hosts, error)
+        _host_errors(result.hosts, error)
         for h in doc["hosts"]:
             for dr in h["drift"]:
                 stdout.print(
@@ -474,16 +471,12 @@ def plan_cmd(
                 )
             for line in h["held"]:
                 stdout.print(f"[yellow]{h['host']}[/yellow]: {line}", markup=True, highlight=False)
-        for line in template_lines:
+        for line in result.templates.lines():
             stdout.print(line, markup=False, highlight=False)
         total = doc["pending_total"]
         stdout.print(f"{total} shard migration(s) pending." if total else "Nothing pending.")
 
-    error = None
-    try:
-        raise_for_status("plan", report.hosts)  # pending work is what plan shows, not an error
-    except ShardctlError as exc:
-        error = exc
+    error = status_of(result)  # pending work is what plan shows, not an error
     finish(as_json, doc, human, error)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import OperationFailed
 from ..ops.gate import check_against_base
 from . import settings
 from .output import stdout, table
@@ -12,7 +11,7 @@ from .output import stdout, table
 
 def run_gate(base: str, host_names: list[str] | None, connect_timeout: int, as_json: bool) -> None:
     """Compare the change with the base branch's migrations folder and the fleet; exit 1 on any problem."""
-    from .options import finish
+    from .options import finish, status_of
 
     topo = settings().topology()
     result = check_against_base(topo, Path(base), hosts=host_names, connect_timeout=connect_timeout)
@@ -43,8 +42,4 @@ def run_gate(base: str, host_names: list[str] | None, connect_timeout: int, as_j
                 f"only adds migrations after it. ({result.seconds:.2f}s)"
             )
 
-    error = None
-    if not result.ok:
-        more = f" (and {len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
-        error = OperationFailed(f"gate: {result.problems[0]}{more}")
-    finish(as_json, result.to_dict(), human, error)
+    finish(as_json, result.to_dict(), human, status_of(result))

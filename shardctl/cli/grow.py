@@ -8,9 +8,9 @@ from ..engine.executor import RunOptions
 from ..model.topology import CONFIG_ENV, DEFAULT_FILE
 from ..ops.grow import add_host, add_shard
 from . import cli, json_option, settings
-from .options import finish, run_options
+from .options import connect_timeout_option, finish, run_options
 from .output import stdout
-from .params import ASCII_INT, AsciiInt
+from .params import ASCII_INT
 from .progress import host_progress
 
 
@@ -25,13 +25,7 @@ def _path() -> str:
 @click.option("--dsn", required=True, help="libpq connection string of the new host.")
 @click.option("--password-env", metavar="VAR", help="Environment variable holding its password.")
 @click.option("--standby", metavar="DSN", help="Optional standby DSN.")
-@click.option(
-    "--connect-timeout",
-    type=AsciiInt(1, 3600),
-    default=10,
-    show_default=True,
-    help="Seconds to wait for a host to answer.",
-)
+@connect_timeout_option
 @json_option
 def add_host_cmd(
     name: str,
@@ -54,9 +48,9 @@ def add_host_cmd(
     )
     finish(
         as_json,
-        result,
+        result.to_dict(),
         lambda: stdout.print(
-            f"Added host {name} ({result['dsn']}) to {result['topology']}; it owns no shards yet."
+            f"Added host {name} ({result.dsn}) to {result.topology}; it owns no shards yet."
         ),
         None,
     )
@@ -74,13 +68,7 @@ def add_host_cmd(
 @click.option(
     "--place-new", is_flag=True, help="Send new objects to the new shards (placement.new_objects)."
 )
-@click.option(
-    "--connect-timeout",
-    type=AsciiInt(1, 3600),
-    default=10,
-    show_default=True,
-    help="Seconds to wait for a host to answer.",
-)
+@connect_timeout_option
 @run_options
 @json_option
 def add_shard_cmd(
@@ -116,10 +104,10 @@ def add_shard_cmd(
         )
     finish(
         as_json,
-        result,
+        result.to_dict(),
         lambda: stdout.print(
-            f"Opened shards {result['new_shards']} on {host_name} at migration version V{result['version'] or 0} "
-            f"in {result['seconds']:.2f}s; shard count {result['shard_count']}, routing modulus {result['modulus']}."
+            f"Opened shards {result.new_shards} on {host_name} at migration version V{result.version or 0} "
+            f"in {result.seconds:.2f}s; shard count {result.shard_count}, routing modulus {result.modulus}."
         ),
         None,
     )

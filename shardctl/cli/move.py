@@ -9,7 +9,6 @@ from contextlib import contextmanager
 
 import click
 
-from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput, ShardctlError
 from ..ops.move import (
     PHASE_NAMES,
@@ -24,7 +23,7 @@ from ..ops.move import (
 from ..ops.rebalance import apply as rebalance_apply
 from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
-from .options import finish
+from .options import connect_timeout_option, finish, wait_option
 from .output import info, stderr, stdout, table
 from .params import AsciiFloat, AsciiInt
 
@@ -111,20 +110,8 @@ def move_options(func: Callable) -> Callable:
             show_default=True,
             help="Shards per transaction when creating or dropping schemas.",
         ),
-        click.option(
-            "--wait",
-            type=AsciiFloat(0, 86_400),
-            default=0,
-            show_default=True,
-            help="Seconds to wait for another shardctl run's locks.",
-        ),
-        click.option(
-            "--connect-timeout",
-            type=AsciiInt(1, 3600),
-            default=DEFAULT_CONNECT_TIMEOUT,
-            show_default=True,
-            help="Seconds to wait for a host to answer.",
-        ),
+        wait_option,
+        connect_timeout_option,
     ]
     for opt in reversed(opts):
         func = opt(func)
@@ -365,7 +352,7 @@ def move_shard_cmd(
     if show_status:
         if shard_range or phase or target:
             raise BadInput("--status takes no shard range, phase or --to")
-        doc = move_status(topo, connect_timeout=options.connect_timeout)
+        doc = move_status(topo, connect_timeout=options.connect_timeout).to_dict()
         finish(as_json, doc, lambda: _human_status(doc), None)
         return
     shards = parse_range(shard_range, topo) if shard_range else None
@@ -374,7 +361,9 @@ def move_shard_cmd(
             raise BadInput(f"{modes[0]} takes no phase")
         action = abort_move if do_abort else cleanup_move
         with move_progress(not as_json) as progress:
-            doc = action(topo, shards=shards, move_id=move_id, options=options, progress=progress)
+            doc = action(
+                topo, shards=shards, move_id=move_id, options=options, progress=progress
+            ).to_dict()
         finish(as_json, doc, lambda: _human_move(doc), None)
         return
     if shards is None or not target:
@@ -387,7 +376,9 @@ def move_shard_cmd(
         )
     phases = list(PHASE_NAMES) if phase in (None, "all") else [phase]
     with move_progress(not as_json) as progress:
-        doc = move_shards(topo, shards, target, phases=phases, options=options, progress=progress)
+        doc = move_shards(
+            topo, shards, target, phases=phases, options=options, progress=progress
+        ).to_dict()
     finish(as_json, doc, lambda: _human_move(doc), None)
 
 
@@ -439,7 +430,7 @@ def rebalance_cmd(
         raise BadInput("--cleanup goes with --apply")
     topo = settings().topology()
     if not do_apply:
-        doc = plan_report(topo, by=by, min_improvement=min_improvement)
+        doc = plan_report(topo, by=by, min_improvement=min_improvement).to_dict()
         finish(as_json, doc, lambda: _human_plan(doc), None)
         return
     options = _options(kw)
@@ -464,7 +455,7 @@ def rebalance_cmd(
                 on_move=announce,
                 by=by,
                 min_improvement=min_improvement,
-            )
+            ).to_dict()
         except ShardctlError as exc:
             report = getattr(exc, "report", None)
             if not isinstance(report, dict):

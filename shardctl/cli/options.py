@@ -16,18 +16,39 @@ from .output import emit
 from .params import AsciiFloat, AsciiInt
 
 
-def host_options(func: Callable) -> Callable:
-    func = click.option(
-        "--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated)."
-    )(func)
-    func = click.option(
+def connect_timeout_option(func: Callable) -> Callable:
+    """``--connect-timeout``: every command that connects to a host has it, with one default
+    (``engine.connections.DEFAULT_CONNECT_TIMEOUT``, the library's default too)."""
+    return click.option(
         "--connect-timeout",
         type=AsciiInt(1, 3600),
         default=DEFAULT_CONNECT_TIMEOUT,
         show_default=True,
         help="Seconds to wait for a host to answer.",
     )(func)
-    return json_option(func)
+
+
+def wait_option(func: Callable) -> Callable:
+    """``--wait``: how long a command that takes hosts' locks waits for another run's (one default, 0)."""
+    return click.option(
+        "--wait",
+        type=AsciiFloat(0, 86_400),
+        default=0,
+        show_default=True,
+        help="Seconds to wait for another shardctl run's locks on the hosts.",
+    )(func)
+
+
+def hosts_option(func: Callable) -> Callable:
+    """``--hosts NAMES``: limit a command to some hosts (read with :func:`split_hosts`)."""
+    return click.option(
+        "--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated)."
+    )(func)
+
+
+def host_options(func: Callable) -> Callable:
+    """``--hosts``, ``--connect-timeout`` and ``--json``: what every fleet-wide command takes."""
+    return json_option(connect_timeout_option(hosts_option(func)))
 
 
 def run_options(func: Callable) -> Callable:
@@ -45,13 +66,7 @@ def run_options(func: Callable) -> Callable:
         show_default=True,
         help="Shards per connection before it is replaced.",
     )(func)
-    func = click.option(
-        "--wait",
-        type=AsciiFloat(0, 86_400),
-        default=0,
-        show_default=True,
-        help="Seconds to wait for another shardctl run's lock on a host.",
-    )(func)
+    func = wait_option(func)
     func = click.option(
         "--jobs",
         type=AsciiInt(1, 256),

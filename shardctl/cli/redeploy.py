@@ -2,50 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from ..errors import BadInput, HostUnreachable, OperationFailed, ShardctlError
 from ..model.ranges import format_shards
-from ..model.topology import Topology
 from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
+from .options import host_options, wait_option
 from .output import stdout, table
-from .params import AsciiFloat, AsciiInt
-
-
-def template_plan(
-    topo: Topology, hosts: list[str] | None, connect_timeout: int
-) -> tuple[dict[str, Any], list[str]]:
-    """For ``plan``: per host, the template functions a ``redeploy`` would replace (read-only)."""
-    try:
-        report = redeploy(topo, hosts=hosts, dry_run=True, connect_timeout=connect_timeout)
-    except BadInput as exc:
-        return {"refused": str(exc)}, [f"templates: {exc}"]
-    doc = {
-        h.host: {o: format_shards(s) for o, s in h.value.stale.items()}
-        for h in report.hosts
-        if h.reachable
-    }
-    lines = [
-        f"{host}: template {o} differs on shards {s} (run shardctl redeploy)"
-        for host, objects in doc.items()
-        for o, s in objects.items()
-    ]
-    return {"stale": doc}, lines
 
 
 @cli.command("redeploy")
-@click.option("--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated).")
-@click.option(
-    "--connect-timeout",
-    type=AsciiInt(1, 3600),
-    default=10,
-    show_default=True,
-    help="Seconds to wait for a host to answer.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@host_options
 @click.option(
     "--dry-run", is_flag=True, help="Only list the shards whose template functions differ."
 )
@@ -55,13 +22,7 @@ def template_plan(
     show_default=True,
     help="Give up on a shard when a lock is not granted in time (PostgreSQL interval).",
 )
-@click.option(
-    "--wait",
-    type=AsciiFloat(0, 86_400),
-    default=0,
-    show_default=True,
-    help="Seconds to wait for another shardctl run's lock on a host.",
-)
+@wait_option
 def redeploy_cmd(
     host_names: str | None,
     connect_timeout: int,
@@ -73,7 +34,7 @@ def redeploy_cmd(
     """Re-deploy template functions (next_id() after an id.function change, your own) on every shard, online.
 
     Refuses a layout or epoch change, which would break existing IDs."""
-    from .options import finish, split_hosts
+    from .options import finish, split_hosts, status_of
 
     topo = settings().topology()
     report = redeploy(
@@ -118,17 +79,4 @@ def redeploy_cmd(
                 "Nothing to re-deploy: every shard's template functions match the rendering."
             )
 
-    error: ShardctlError | None = None
-    down = [h for h in report.hosts if not h.reachable]
-    if down:
-        error = HostUnreachable(", ".join(h.host for h in down), down[0].error or "unreachable")
-    elif not report.ok:
-        failed = sum(len(h.value.failed) for h in report.hosts)
-        first = next((h for h in report.hosts if h.error or h.value.failed), None)
-        why = (
-            first.error
-            if first and first.error
-            else (first.value.failed[0]["error"] if first else "")
-        )
-        error = OperationFailed(f"redeploy: {failed} shard(s) failed; {why}")
-    finish(as_json, report.to_dict(), human, error)
+    finish(as_json, report.to_dict(), human, status_of(report))

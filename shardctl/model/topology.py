@@ -390,176 +390,18 @@ def _schema_names_problem(fmt: str, count: int) -> str | None:
     return None
 
 
-def _purpose_dsns(v: _Validator, node: Any, host: str) -> dict[str, str | None]:
-    """A host's optional ``admin_dsn`` and ``peer_dsn``: absent, or valid DSN strings (problems go to ``v``)."""
-    out: dict[str, str | None] = {}
-    for key in ("admin_dsn", "peer_dsn"):
-        value = node.get(key)
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            v.error(f"host {host}: {key} must be a libpq connection string", v.line_of(node, key))
-            value = None
-        elif value is not None:
-            v.check_dsn(host, key, value, v.line_of(node, key))
-        out[key] = value
-    return out
+class Problems:
+    """Where validation reports what is wrong: each problem with its line, at most ``MAX_ERRORS`` listed
+    (the rest counted), raised together by :meth:`fail`.
 
+    The section validators below are given one and report into it; they share nothing else."""
 
-class _HostsSection:
-    """The ``hosts:`` section of a topology: names, DSNs (per purpose), ranges, standbys, limits.
-
-    Mixed into ``_Validator``, whose ``error``/``mapping``/``unknown_keys`` it uses."""
-
-    def hosts_section(self, doc: Any, count: int) -> list[Host]:
-        hosts_node = doc.get("hosts")
-        if not isinstance(hosts_node, list) or not hosts_node:
-            self.error(
-                "'hosts' must be a non-empty list of hosts",
-                self.line_of(doc, "hosts") if "hosts" in doc else None,
-            )
-            return []
-        if len(hosts_node) > yaml_guard.MAX_HOSTS:
-            self.error(
-                f"'hosts' lists {len(hosts_node)} hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}",
-                self.line_of(doc, "hosts"),
-            )
-            return []
-        hosts: list[Host] = []
-        names: dict[str, int | None] = {}
-        owners: dict[int, str] = {}
-        overlaps: dict[tuple[str, str], list[int]] = {}
-        dsn_lines: list[int | None] = []
-        for i, node in enumerate(hosts_node):
-            line = self.line_of(hosts_node, i)
-            if not isinstance(node, dict):
-                self.error(f"hosts[{i}] must be a mapping with name, dsn and shards", line)
-                continue
-            self.unknown_keys(node, HOST_KEYS, f"hosts[{i}]")
-            name = node.get("name")
-            if not isinstance(name, str) or not name.strip():
-                self.error(f"hosts[{i}] needs a name", line)
-                name = f"hosts[{i}]"
-            elif name in names:
-                self.error(
-                    f"host name {name!r} is used twice (first at line {names[name]})",
-                    self.line_of(node, "name"),
-                )
-            else:
-                names[name] = self.line_of(node, "name")
-            dsn_text = node.get("dsn")
-            if not isinstance(dsn_text, str) or not dsn_text.strip():
-                self.error(f"host {name} needs a dsn (a libpq connection string)", line)
-                dsn_text = ""
-            else:
-                self.check_dsn(name, "dsn", dsn_text, self.line_of(node, "dsn"))
-            standby = node.get("standby")
-            if standby is not None:
-                if isinstance(standby, str):
-                    self.check_dsn(name, "standby", standby, self.line_of(node, "standby"))
-                else:
-                    self.error(
-                        f"host {name}: standby must be a DSN string", self.line_of(node, "standby")
-                    )
-            password_env = node.get("password_env")
-            if password_env is not None and (
-                not isinstance(password_env, str) or not password_env.strip()
-            ):
-                self.error(
-                    f"host {name}: password_env must name an environment variable",
-                    self.line_of(node, "password_env"),
-                )
-                password_env = None
-            max_jobs = node.get("max_jobs")
-            if max_jobs is not None and (
-                isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1
-            ):
-                self.error(
-                    f"host {name}: max_jobs must be a positive integer",
-                    self.line_of(node, "max_jobs"),
-                )
-                max_jobs = None
-            pooler = node.get("pooler", "transaction")
-            if pooler not in POOLER_MODES:
-                self.error(
-                    f"host {name}: pooler must be one of {', '.join(POOLER_MODES)} (what the app dsn goes "
-                    f"through; transaction is the safe default)",
-                    self.line_of(node, "pooler"),
-                )
-                pooler = "transaction"
-            shards: list[int] = []
-            if "shards" not in node:
-                self.error(
-                    f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)",
-                    line,
-                )
-            elif node["shards"] != [] and node["shards"] is not None:
-                try:
-                    shards = parse_shards(node["shards"], limit=self.range_limit)
-                except ValueError as exc:
-                    self.error(f"host {name}: shards: {exc}", self.line_of(node, "shards"))
-            for n in shards:
-                if n in owners:
-                    overlaps.setdefault((owners[n], name), []).append(n)
-                else:
-                    owners[n] = name
-            hosts.append(
-                Host(
-                    name=name,
-                    dsn=dsn_text,
-                    shards=shards,
-                    password_env=password_env,
-                    standby=standby if isinstance(standby, str) else None,
-                    max_jobs=max_jobs,
-                    pooler=pooler,
-                    **_purpose_dsns(self, node, name),
-                )
-            )
-            dsn_lines.append(
-                self.line_of(node, "dsn") or self.line_of(node)
-            )  # a merged dsn has no line
-        for message, line in _same_server(hosts, dsn_lines):
-            self.error(message, line)
-        for (first, second), nums in overlaps.items():
-            self.error(
-                f"shards {format_shards(nums)} are owned by both {first} and {second}",
-                self.line_of(doc, "hosts"),
-            )
-        if count and not any("shards:" in e.problem for e in self.errors):
-            gaps = [n for n in range(count) if n not in owners]
-            if gaps:
-                self.error(
-                    f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
-                    f"needs exactly one)",
-                    self.line_of(doc, "hosts"),
-                )
-        return hosts
-
-    def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
-        try:
-            dsnlib.parse(text)
-        except ValueError as exc:
-            self.error(f"host {host}: {key} is not a valid libpq connection string: {exc}", line)
-            return
-        if dsnlib.has_inline_password(text) and not self.allow_inline_password:
-            self.error(
-                f"host {host}: {key} contains a literal password; put it in an environment variable named "
-                f"by password_env (or pass --allow-inline-password)",
-                line,
-            )
-
-
-class _Validator(_HostsSection):
-    """Walks the parsed YAML once, collecting every problem with its line."""
-
-    def __init__(
-        self, text: str, path: Path | None, allow_inline_password: bool, fast_yaml: bool = True
-    ):
-        self.text = text
-        self.fast_yaml = fast_yaml  # False: always load with ruamel (tests compare both ways)
+    def __init__(self, path: Path | None):
         self.path = path
-        self.allow_inline_password = allow_inline_password
         self.errors: list[ConfigError] = []
         self.unlisted = 0
-        self.range_limit = yaml_guard.MAX_SHARDS
+
+    line_of = staticmethod(_line_of)
 
     def error(self, message: str, line: int | None = None) -> None:
         if len(self.errors) >= MAX_ERRORS:
@@ -573,6 +415,7 @@ class _Validator(_HostsSection):
         )
 
     def fail(self) -> None:
+        """Raise every problem reported so far as one :class:`ConfigErrors` (nothing if there is none)."""
         if self.errors:
             if self.unlisted:
                 self.errors.append(
@@ -584,9 +427,8 @@ class _Validator(_HostsSection):
                 self.unlisted = 0
             raise ConfigErrors(self.errors)
 
-    line_of = staticmethod(_line_of)
-
     def mapping(self, parent: Any, key: str, known: set[str], required: bool = True) -> Any:
+        """``parent[key]`` when it is a mapping with only ``known`` keys (else reported); None if absent."""
         value = parent.get(key) if isinstance(parent, dict) else None
         if value is None:
             if required:
@@ -619,43 +461,267 @@ class _Validator(_HostsSection):
             self.line_of(node, unknown[0]),
         )
 
-    def build(self) -> Topology:
+
+@dataclass
+class _Ownership:
+    """Which host owns each shard, as the hosts are read: the first owner, and every shard two hosts claim."""
+
+    owners: dict[int, str] = field(default_factory=dict)
+    overlaps: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+    def claim(self, host: str, shards: list[int]) -> None:
+        for n in shards:
+            if n in self.owners:
+                self.overlaps.setdefault((self.owners[n], host), []).append(n)
+            else:
+                self.owners[n] = host
+
+
+class HostsValidator:
+    """The ``hosts:`` section: names, DSNs (per purpose), shard ranges, standbys, limits.
+
+    Given where to report problems, whether a DSN may hold a literal password, and the highest
+    number a shard range may reach; :meth:`validate` takes the whole document (for ``hosts`` and its
+    line) and the shard count, and returns a :class:`Host` per usable entry."""
+
+    def __init__(self, problems: Problems, *, allow_inline_password: bool, range_limit: int):
+        self.problems = problems
+        self.allow_inline_password = allow_inline_password
+        self.range_limit = range_limit
+
+    def validate(self, doc: Any, count: int) -> list[Host]:
+        p = self.problems
+        hosts_node = doc.get("hosts")
+        if not isinstance(hosts_node, list) or not hosts_node:
+            p.error(
+                "'hosts' must be a non-empty list of hosts",
+                p.line_of(doc, "hosts") if "hosts" in doc else None,
+            )
+            return []
+        if len(hosts_node) > yaml_guard.MAX_HOSTS:
+            p.error(
+                f"'hosts' lists {len(hosts_node)} hosts; shardctl handles at most {yaml_guard.MAX_HOSTS}",
+                p.line_of(doc, "hosts"),
+            )
+            return []
+        hosts: list[Host] = []
+        names: dict[str, int | None] = {}
+        ownership = _Ownership()
+        dsn_lines: list[int | None] = []
+        for i, node in enumerate(hosts_node):
+            if not isinstance(node, dict):
+                p.error(
+                    f"hosts[{i}] must be a mapping with name, dsn and shards",
+                    p.line_of(hosts_node, i),
+                )
+                continue
+            host = self.host(i, node, p.line_of(hosts_node, i), names)
+            ownership.claim(host.name, host.shards)
+            hosts.append(host)
+            dsn_lines.append(p.line_of(node, "dsn") or p.line_of(node))  # a merged dsn has no line
+        self.fleet_checks(doc, count, hosts, dsn_lines, ownership)
+        return hosts
+
+    def fleet_checks(
+        self,
+        doc: Any,
+        count: int,
+        hosts: list[Host],
+        dsn_lines: list[int | None],
+        ownership: _Ownership,
+    ) -> None:
+        """What no single host shows: one server listed twice, shards owned twice or by nobody."""
+        p = self.problems
+        for message, line in _same_server(hosts, dsn_lines):
+            p.error(message, line)
+        for (first, second), nums in ownership.overlaps.items():
+            p.error(
+                f"shards {format_shards(nums)} are owned by both {first} and {second}",
+                p.line_of(doc, "hosts"),
+            )
+        if count and not any("shards:" in e.problem for e in p.errors):
+            gaps = [n for n in range(count) if n not in ownership.owners]
+            if gaps:
+                p.error(
+                    f"shards {format_shards(gaps)} are owned by no host (every shard 0..{count - 1} "
+                    f"needs exactly one)",
+                    p.line_of(doc, "hosts"),
+                )
+
+    def host(self, i: int, node: Any, line: int | None, names: dict[str, int | None]) -> Host:
+        """One entry of ``hosts`` (a mapping); ``names`` holds the names seen so far and their lines."""
+        p = self.problems
+        p.unknown_keys(node, HOST_KEYS, f"hosts[{i}]")
+        name = node.get("name")
+        if not isinstance(name, str) or not name.strip():
+            p.error(f"hosts[{i}] needs a name", line)
+            name = f"hosts[{i}]"
+        elif name in names:
+            p.error(
+                f"host name {name!r} is used twice (first at line {names[name]})",
+                p.line_of(node, "name"),
+            )
+        else:
+            names[name] = p.line_of(node, "name")
+        dsn_text = node.get("dsn")
+        if not isinstance(dsn_text, str) or not dsn_text.strip():
+            p.error(f"host {name} needs a dsn (a libpq connection string)", line)
+            dsn_text = ""
+        else:
+            self.check_dsn(name, "dsn", dsn_text, p.line_of(node, "dsn"))
+        standby = node.get("standby")
+        if standby is not None:
+            if isinstance(standby, str):
+                self.check_dsn(name, "standby", standby, p.line_of(node, "standby"))
+            else:
+                p.error(f"host {name}: standby must be a DSN string", p.line_of(node, "standby"))
+        settings = self.settings(name, node)
+        shards = self.shards(name, node, line)
+        return Host(
+            name=name,
+            dsn=dsn_text,
+            shards=shards,
+            standby=standby if isinstance(standby, str) else None,
+            **settings,
+            **self.purpose_dsns(name, node),
+        )
+
+    def settings(self, name: str, node: Any) -> dict[str, Any]:
+        """A host's ``password_env``, ``max_jobs`` and ``pooler`` (a bad value is reported and dropped)."""
+        p = self.problems
+        password_env = node.get("password_env")
+        if password_env is not None and (
+            not isinstance(password_env, str) or not password_env.strip()
+        ):
+            p.error(
+                f"host {name}: password_env must name an environment variable",
+                p.line_of(node, "password_env"),
+            )
+            password_env = None
+        max_jobs = node.get("max_jobs")
+        if max_jobs is not None and (
+            isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1
+        ):
+            p.error(
+                f"host {name}: max_jobs must be a positive integer", p.line_of(node, "max_jobs")
+            )
+            max_jobs = None
+        pooler = node.get("pooler", "transaction")
+        if pooler not in POOLER_MODES:
+            p.error(
+                f"host {name}: pooler must be one of {', '.join(POOLER_MODES)} (what the app dsn goes "
+                f"through; transaction is the safe default)",
+                p.line_of(node, "pooler"),
+            )
+            pooler = "transaction"
+        return {"password_env": password_env, "max_jobs": max_jobs, "pooler": pooler}
+
+    def shards(self, name: str, node: Any, line: int | None) -> list[int]:
+        """A host's ``shards`` (a range, a list, or empty); [] after a problem."""
+        if "shards" not in node:
+            self.problems.error(
+                f"host {name} needs 'shards' (a range like \"0-2047\", a list, or [] for none)",
+                line,
+            )
+        elif node["shards"] != [] and node["shards"] is not None:
+            try:
+                return parse_shards(node["shards"], limit=self.range_limit)
+            except ValueError as exc:
+                self.problems.error(
+                    f"host {name}: shards: {exc}", self.problems.line_of(node, "shards")
+                )
+        return []
+
+    def purpose_dsns(self, host: str, node: Any) -> dict[str, str | None]:
+        """A host's optional ``admin_dsn`` and ``peer_dsn``: absent, or valid DSN strings."""
+        p = self.problems
+        out: dict[str, str | None] = {}
+        for key in ("admin_dsn", "peer_dsn"):
+            value = node.get(key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                p.error(
+                    f"host {host}: {key} must be a libpq connection string", p.line_of(node, key)
+                )
+                value = None
+            elif value is not None:
+                self.check_dsn(host, key, value, p.line_of(node, key))
+            out[key] = value
+        return out
+
+    def check_dsn(self, host: str, key: str, text: str, line: int | None) -> None:
+        try:
+            dsnlib.parse(text)
+        except ValueError as exc:
+            self.problems.error(
+                f"host {host}: {key} is not a valid libpq connection string: {exc}", line
+            )
+            return
+        if dsnlib.has_inline_password(text) and not self.allow_inline_password:
+            self.problems.error(
+                f"host {host}: {key} contains a literal password; put it in an environment variable named "
+                f"by password_env (or pass --allow-inline-password)",
+                line,
+            )
+
+
+class _Validator:
+    """Parses a topology's text and runs each section's validator over it, collecting every problem
+    with its line into one :class:`Problems`; :meth:`build` returns the Topology or raises them all."""
+
+    def __init__(
+        self, text: str, path: Path | None, allow_inline_password: bool, fast_yaml: bool = True
+    ):
+        self.text = text
+        self.fast_yaml = fast_yaml  # False: always load with ruamel (tests compare both ways)
+        self.path = path
+        self.allow_inline_password = allow_inline_password
+        self.problems = Problems(path)
+
+    def document(self) -> dict:
+        """The parsed YAML mapping (problems raised here: nothing else can be checked without it)."""
+        p = self.problems
         try:
             doc = _parse_yaml(self.text, self.fast_yaml)
         except yaml_guard.LimitExceeded as exc:
-            self.error(str(exc), exc.line)
-            self.fail()
+            p.error(str(exc), exc.line)
+            p.fail()
         if not isinstance(doc, dict):
-            self.error("the topology must be a YAML mapping with version, id, shards and hosts")
-            self.fail()
-
-        self.unknown_keys(doc, TOP_KEYS, "the top level")
+            p.error("the topology must be a YAML mapping with version, id, shards and hosts")
+            p.fail()
+        p.unknown_keys(doc, TOP_KEYS, "the top level")
         version = doc.get("version")
         if version != 1:
-            self.error(
+            p.error(
                 f"version must be 1, got {echo(version)}"
                 if "version" in doc
                 else "missing 'version: 1'",
-                self.line_of(doc, "version") if "version" in doc else None,
+                p.line_of(doc, "version") if "version" in doc else None,
             )
+        return doc
 
-        layout, function = self.id_section(doc)
-        count, schema_format = self.shards_section(doc, layout)
+    def build(self) -> Topology:
+        p = self.problems
+        doc = self.document()
+        layout, function = id_section(p, doc)
+        count, schema_format = shards_section(p, doc, layout)
         # With no usable count, shard ranges are still checked, against what the layout could
         # hold (capped, so a range like "0-99999999999" is not expanded number by number).
-        self.range_limit = count or min(layout.max_shards, yaml_guard.MAX_SHARDS)
-        hosts = self.hosts_section(doc, count)
-        routing = self.routing_section(doc, count)
-        new_objects, lint = self.placement_section(doc, count), _lint_section(self, doc)
+        range_limit = count or min(layout.max_shards, yaml_guard.MAX_SHARDS)
+        hosts = HostsValidator(
+            p, allow_inline_password=self.allow_inline_password, range_limit=range_limit
+        ).validate(doc, count)
+        routing = routing_section(p, doc, count)
+        new_objects = placement_section(p, doc, range_limit)
+        lint = lint_section(p, doc)
         base = self.path.parent if self.path else Path.cwd()
         dirs = {}
         for key in ("templates", "migrations"):
             value = doc.get(key)
             if value is not None and not isinstance(value, str):
-                self.error(f"'{key}' must be a directory path", self.line_of(doc, key))
+                p.error(f"'{key}' must be a directory path", p.line_of(doc, key))
                 value = None
             dirs[key] = (base / value) if value else None
-        self.fail()
+        p.fail()
 
         topo = Topology(
             layout=layout,
@@ -685,159 +751,172 @@ class _Validator(_HostsSection):
                 warnings.warn(message, LayoutWarning, stacklevel=3)
         return topo
 
-    # ---- sections ----------------------------------------------------------
-    def id_section(self, doc: Any) -> tuple[Layout, str]:
-        section = self.mapping(doc, "id", ID_KEYS)
-        fallback = by_name("instagram", parse_epoch("2026-01-01T00:00:00Z"))
-        if section is None:
-            return fallback, "plpgsql"
-        name = section.get("layout", "instagram")
-        if name not in MINTABLE:
-            hint = (
-                " (decode-only: use it with decode-id --layout)"
-                if name in ("pinterest", "snowflake")
-                else ""
-            )
-            self.error(
-                f"id.layout must be one of {', '.join(MINTABLE)}, got {echo(name)}{hint}",
-                self.line_of(section, "layout"),
-            )
-            return fallback, "plpgsql"
-        function = section.get("function", "plpgsql")
-        if function not in FUNCTIONS:
-            self.error(
-                f"id.function must be one of {', '.join(FUNCTIONS)}, got {echo(function)}",
-                self.line_of(section, "function"),
-            )
-            function = "plpgsql"
 
-        if "epoch" not in section:
-            self.error(
-                'id.epoch is required (e.g. "2026-01-01T00:00:00Z")', self.line_of(doc, "id")
-            )
-            return fallback, function
-        raw_epoch = section["epoch"]
-        line = self.line_of(section, "epoch")
-        try:
-            epoch_ms = parse_epoch(raw_epoch)
-        except ValueError as exc:
-            self.error(f"id.epoch: {exc}", line)
-            return fallback, function
-        now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
-        if epoch_ms < 0:
-            self.error(f"id.epoch {raw_epoch!s} is before 1970-01-01", line)
-            return fallback, function
-        if epoch_ms > now_ms:
-            self.error(f"id.epoch {raw_epoch!s} is in the future (IDs would start negative)", line)
-            return fallback, function
-
-        bits = section.get("bits")
-        if name == "custom":
-            if not isinstance(bits, dict):
-                self.error(
-                    "id.layout custom needs id.bits: {time: 41, shard: 12, sequence: 10}",
-                    self.line_of(section, "bits") or self.line_of(section, "layout"),
-                )
-                return fallback, function
-            self.unknown_keys(bits, BITS_KEYS, "id.bits")
-            missing = BITS_KEYS - set(bits)
-            if missing:
-                self.error(
-                    f"id.bits is missing {', '.join(sorted(missing))}",
-                    self.line_of(section, "bits"),
-                )
-                return fallback, function
-            try:
-                return by_name("custom", epoch_ms, dict(bits)), function
-            except ConfigError as exc:
-                self.error(exc.problem, self.line_of(section, "bits"))
-                return fallback, function
-        if bits is not None:
-            self.error("id.bits is only for layout: custom", self.line_of(section, "bits"))
-        return by_name(name, epoch_ms), function
-
-    def shards_section(self, doc: Any, layout: Layout) -> tuple[int, str]:
-        section = self.mapping(doc, "shards", SHARDS_KEYS)
-        if section is None:
-            return 0, "insta{n}"
-        count = section.get("count")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            self.error(
-                f"shards.count must be a positive integer, got {echo(count)}",
-                self.line_of(section, "count") or self.line_of(doc, "shards"),
-            )
-            count = 0
-        elif count > layout.max_shards:
-            self.error(
-                f"shards.count {count} does not fit the {layout.name} layout's "
-                f"{layout.bits('shard')} shard bits (at most {layout.max_shards})",
-                self.line_of(section, "count"),
-            )
-            count = 0
-        elif count > yaml_guard.MAX_SHARDS:
-            self.error(
-                f"shards.count {count} is more than shardctl handles ({yaml_guard.MAX_SHARDS})",
-                self.line_of(section, "count"),
-            )
-            count = 0
-        fmt = section.get("schema", "insta{n}")
-        line = self.line_of(section, "schema")
-        if not isinstance(fmt, str):
-            self.error(f'shards.schema must be a string like "insta{{n}}", got {echo(fmt)}', line)
-            return count, "insta{n}"
-        problem = _check_schema_format(fmt)
-        if problem:
-            self.error(problem, line)
-            return count, "insta{n}"
-        problem = _schema_names_problem(fmt, count)
-        if problem:
-            self.error(problem, line)
-        return count, fmt
-
-    def routing_section(self, doc: Any, count: int) -> dict:
-        section = self.mapping(doc, "routing", ROUTING_KEYS, required=False)
-        if section is None:
-            return {}
-        out = dict(section)
-        strings = section.get("strings", "md5")
-        if strings not in STRING_HASHES:
-            self.error(
-                f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {echo(strings)}",
-                self.line_of(section, "strings"),
-            )
-        modulus = section.get("modulus")
-        if modulus is not None and (
-            isinstance(modulus, bool)
-            or not isinstance(modulus, int)
-            or modulus < 1
-            or (count and modulus > count)
-        ):
-            self.error(
-                f"routing.modulus must be an integer from 1 to shards.count ({count}), got {echo(modulus)}",
-                self.line_of(section, "modulus"),
-            )
-            out["modulus"] = None
-        key = section.get("key")
-        if key is not None and not isinstance(key, str):
-            self.error(
-                f"routing.key must be a column name, got {echo(key)}", self.line_of(section, "key")
-            )
-        return out
-
-    def placement_section(self, doc: Any, count: int) -> list[int] | None:
-        section = self.mapping(doc, "placement", PLACEMENT_KEYS, required=False)
-        if section is None or "new_objects" not in section:
-            return None
-        try:
-            return parse_shards(section["new_objects"], limit=self.range_limit)
-        except ValueError as exc:
-            self.error(f"placement.new_objects: {exc}", self.line_of(section, "new_objects"))
-            return None
+# ---- sections: each is given the document and where to report, and returns its values -----------
+def id_section(p: Problems, doc: Any) -> tuple[Layout, str]:
+    """``id:``: the layout (with its epoch and, for ``custom``, its bits) and the ID function."""
+    section = p.mapping(doc, "id", ID_KEYS)
+    fallback = by_name("instagram", parse_epoch("2026-01-01T00:00:00Z"))
+    if section is None:
+        return fallback, "plpgsql"
+    name = section.get("layout", "instagram")
+    if name not in MINTABLE:
+        hint = (
+            " (decode-only: use it with decode-id --layout)"
+            if name in ("pinterest", "snowflake")
+            else ""
+        )
+        p.error(
+            f"id.layout must be one of {', '.join(MINTABLE)}, got {echo(name)}{hint}",
+            p.line_of(section, "layout"),
+        )
+        return fallback, "plpgsql"
+    function = section.get("function", "plpgsql")
+    if function not in FUNCTIONS:
+        p.error(
+            f"id.function must be one of {', '.join(FUNCTIONS)}, got {echo(function)}",
+            p.line_of(section, "function"),
+        )
+        function = "plpgsql"
+    epoch_ms = _epoch(p, doc, section)
+    if epoch_ms is None:
+        return fallback, function
+    bits = section.get("bits")
+    if name == "custom":
+        return _custom_layout(p, section, epoch_ms) or fallback, function
+    if bits is not None:
+        p.error("id.bits is only for layout: custom", p.line_of(section, "bits"))
+    return by_name(name, epoch_ms), function
 
 
-def _lint_section(v: _Validator, doc: Any) -> dict[str, Any]:
+def _epoch(p: Problems, doc: Any, section: Any) -> int | None:
+    """``id.epoch`` in milliseconds, or None after a problem."""
+    if "epoch" not in section:
+        p.error('id.epoch is required (e.g. "2026-01-01T00:00:00Z")', p.line_of(doc, "id"))
+        return None
+    raw_epoch = section["epoch"]
+    line = p.line_of(section, "epoch")
+    try:
+        epoch_ms = parse_epoch(raw_epoch)
+    except ValueError as exc:
+        p.error(f"id.epoch: {exc}", line)
+        return None
+    now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
+    if epoch_ms < 0:
+        p.error(f"id.epoch {raw_epoch!s} is before 1970-01-01", line)
+        return None
+    if epoch_ms > now_ms:
+        p.error(f"id.epoch {raw_epoch!s} is in the future (IDs would start negative)", line)
+        return None
+    return epoch_ms
+
+
+def _custom_layout(p: Problems, section: Any, epoch_ms: int) -> Layout | None:
+    """The ``custom`` layout from ``id.bits``, or None after a problem."""
+    bits = section.get("bits")
+    if not isinstance(bits, dict):
+        p.error(
+            "id.layout custom needs id.bits: {time: 41, shard: 12, sequence: 10}",
+            p.line_of(section, "bits") or p.line_of(section, "layout"),
+        )
+        return None
+    p.unknown_keys(bits, BITS_KEYS, "id.bits")
+    missing = BITS_KEYS - set(bits)
+    if missing:
+        p.error(f"id.bits is missing {', '.join(sorted(missing))}", p.line_of(section, "bits"))
+        return None
+    try:
+        return by_name("custom", epoch_ms, dict(bits))
+    except ConfigError as exc:
+        p.error(exc.problem, p.line_of(section, "bits"))
+        return None
+
+
+def shards_section(p: Problems, doc: Any, layout: Layout) -> tuple[int, str]:
+    """``shards:``: the count (0 when unusable) and the schema name format."""
+    section = p.mapping(doc, "shards", SHARDS_KEYS)
+    if section is None:
+        return 0, "insta{n}"
+    count = section.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        p.error(
+            f"shards.count must be a positive integer, got {echo(count)}",
+            p.line_of(section, "count") or p.line_of(doc, "shards"),
+        )
+        count = 0
+    elif count > layout.max_shards:
+        p.error(
+            f"shards.count {count} does not fit the {layout.name} layout's "
+            f"{layout.bits('shard')} shard bits (at most {layout.max_shards})",
+            p.line_of(section, "count"),
+        )
+        count = 0
+    elif count > yaml_guard.MAX_SHARDS:
+        p.error(
+            f"shards.count {count} is more than shardctl handles ({yaml_guard.MAX_SHARDS})",
+            p.line_of(section, "count"),
+        )
+        count = 0
+    fmt = section.get("schema", "insta{n}")
+    line = p.line_of(section, "schema")
+    if not isinstance(fmt, str):
+        p.error(f'shards.schema must be a string like "insta{{n}}", got {echo(fmt)}', line)
+        return count, "insta{n}"
+    problem = _check_schema_format(fmt)
+    if problem:
+        p.error(problem, line)
+        return count, "insta{n}"
+    problem = _schema_names_problem(fmt, count)
+    if problem:
+        p.error(problem, line)
+    return count, fmt
+
+
+def routing_section(p: Problems, doc: Any, count: int) -> dict:
+    """``routing:`` as given, with an unusable ``modulus`` set to None."""
+    section = p.mapping(doc, "routing", ROUTING_KEYS, required=False)
+    if section is None:
+        return {}
+    out = dict(section)
+    strings = section.get("strings", "md5")
+    if strings not in STRING_HASHES:
+        p.error(
+            f"routing.strings must be one of {', '.join(STRING_HASHES)}, got {echo(strings)}",
+            p.line_of(section, "strings"),
+        )
+    modulus = section.get("modulus")
+    if modulus is not None and (
+        isinstance(modulus, bool)
+        or not isinstance(modulus, int)
+        or modulus < 1
+        or (count and modulus > count)
+    ):
+        p.error(
+            f"routing.modulus must be an integer from 1 to shards.count ({count}), got {echo(modulus)}",
+            p.line_of(section, "modulus"),
+        )
+        out["modulus"] = None
+    key = section.get("key")
+    if key is not None and not isinstance(key, str):
+        p.error(f"routing.key must be a column name, got {echo(key)}", p.line_of(section, "key"))
+    return out
+
+
+def placement_section(p: Problems, doc: Any, range_limit: int) -> list[int] | None:
+    """``placement.new_objects`` (shards below ``range_limit``), or None."""
+    section = p.mapping(doc, "placement", PLACEMENT_KEYS, required=False)
+    if section is None or "new_objects" not in section:
+        return None
+    try:
+        return parse_shards(section["new_objects"], limit=range_limit)
+    except ValueError as exc:
+        p.error(f"placement.new_objects: {exc}", p.line_of(section, "new_objects"))
+        return None
+
+
+def lint_section(p: Problems, doc: Any) -> dict[str, Any]:
     """``lint:``: squawk rules to skip (``exclude``) or turn on (``include``), and ``pg_version``."""
-    section = v.mapping(doc, "lint", LINT_KEYS, required=False)
+    section = p.mapping(doc, "lint", LINT_KEYS, required=False)
     if section is None:
         return {}
     out: dict[str, Any] = {}
@@ -846,18 +925,18 @@ def _lint_section(v: _Validator, doc: Any) -> dict[str, Any]:
         if not isinstance(rules, list) or not all(
             isinstance(r, str) and re.fullmatch(r"[a-z0-9-]+", r) for r in rules
         ):
-            v.error(
+            p.error(
                 f"lint.{key} must be a list of squawk rule names (e.g. [prefer-bigint-over-int])",
-                v.line_of(section, key),
+                p.line_of(section, key),
             )
             continue
         out[key] = list(rules)
     version = section.get("pg_version")
     if version is not None:
         if isinstance(version, bool) or not re.fullmatch(r"\d+(\.\d+)?", str(version)):
-            v.error(
+            p.error(
                 f"lint.pg_version must be a PostgreSQL version such as 16 or 16.4, got {echo(version)}",
-                v.line_of(section, "pg_version"),
+                p.line_of(section, "pg_version"),
             )
         else:
             out["pg_version"] = str(version)

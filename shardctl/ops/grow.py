@@ -7,6 +7,10 @@ objects go where ``placement.new_objects`` says.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
 from ..engine import connections as db
 from ..engine import host_ledger
 from ..engine.executor import RunOptions
@@ -22,8 +26,76 @@ from ..sql.host_migrations import host_for_topology
 from .provision import init
 
 
+@dataclass
+class AddHostResult:
+    """What ``add_host`` did: the host (its DSN masked), whether its control schema was created, the
+    host-level migrations applied, and the topology file written. A failure raises instead."""
+
+    host: str
+    dsn: str
+    control_created: bool
+    host_level_applied: list[int]
+    topology: str
+    command: str = "add-host"
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_dict(self) -> dict:
+        return {
+            "command": self.command,
+            "host": self.host,
+            "dsn": self.dsn,
+            "control_created": self.control_created,
+            "host_level_applied": self.host_level_applied,
+            "topology": self.topology,
+        }
+
+    def raise_for_status(self) -> AddHostResult:
+        return self
+
+
+@dataclass
+class AddShardResult(FleetReport):
+    """What ``add_shard`` did: ``init``'s report for the host, plus the new shards, the fleet's migration
+    version they were brought to, the routing modulus, the new shard count, and whether the topology
+    file was written (only when every new shard is ready)."""
+
+    new_shards: str = ""
+    host: str = ""
+    version: int | None = None
+    modulus: int = 0
+    shard_count: int = 0
+    topology_written: bool = False
+
+    def to_dict(self) -> dict:
+        doc = {
+            **super().to_dict(),
+            "new_shards": self.new_shards,
+            "host": self.host,
+            "version": self.version,
+            "modulus": self.modulus,
+            "shard_count": self.shard_count,
+        }
+        if self.topology_written:
+            doc["topology_written"] = True
+        return doc
+
+
+def topology_path(topology: Topology | str | os.PathLike) -> Path:
+    """The file behind ``topology`` (a loaded Topology or a path): growing the fleet rewrites it."""
+    if isinstance(topology, Topology):
+        if topology.path is None:
+            raise BadInput(
+                "this topology was not loaded from a file; growing the fleet rewrites its file"
+            )
+        return topology.path
+    return Path(topology)
+
+
 def add_host(
-    path: str,
+    topology: Topology | str | os.PathLike,
     name: str,
     dsn: str,
     *,
@@ -31,12 +103,13 @@ def add_host(
     standby: str | None = None,
     allow_inline_password: bool = False,
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
-) -> dict:
-    """Add an empty host to the topology and create its control schema.
+) -> AddHostResult:
+    """Add an empty host to the topology file (``topology``: a loaded Topology or its path) and create
+    its control schema.
 
     The file is written only after the host was reached and prepared.
     """
-    edit = TopologyFile(path, allow_inline_password=allow_inline_password)
+    edit = TopologyFile(topology_path(topology), allow_inline_password=allow_inline_password)
     if any(isinstance(h, dict) and h.get("name") == name for h in edit.doc.get("hosts") or []):
         raise BadInput(f"host {name!r} is already in the topology")
     edit.add_host(name, dsn, password_env=password_env, standby=standby)
@@ -58,14 +131,13 @@ def add_host(
         applied = host_ledger.apply(conn, topo, host, host_level)
         log_event(conn, "add-host", [], {"name": name, "host_level": applied})
     edit.save()
-    return {
-        "command": "add-host",
-        "host": name,
-        "dsn": host.masked_dsn,
-        "control_created": created,
-        "host_level_applied": applied,
-        "topology": str(edit.path),
-    }
+    return AddHostResult(
+        host=name,
+        dsn=host.masked_dsn,
+        control_created=created,
+        host_level_applied=applied,
+        topology=str(edit.path),
+    )
 
 
 def new_shard_ids(topo: Topology, count: int | None, ids: str | None) -> list[int]:
@@ -135,7 +207,7 @@ def shards_hold_data(
 
 
 def add_shard(
-    path: str,
+    topology: Topology | str | os.PathLike,
     host_name: str,
     *,
     count: int | None = None,
@@ -147,12 +219,19 @@ def add_shard(
     wait: float = 0,
     progress=None,
     jobs: int | None = None,
-) -> dict:
+) -> AddShardResult:
     """Open new logical shards on ``host_name``: provision them like ``init`` at the fleet's current
-    migration version, then record them in the topology (written only when every new shard is ready)."""
-    options = options or RunOptions()
+    migration version, then record them in the topology file (``topology``: a loaded Topology or its
+    path; written only when every new shard is ready, else the error raised carries the report)."""
+    # a copy: the caller's options are not changed
+    options = replace(options or RunOptions(), purpose="add-shard")
     options.connect_timeout = options.connect_timeout or db.DEFAULT_CONNECT_TIMEOUT
-    topo = Topology.load(path, allow_inline_password=allow_inline_password)
+    path = topology_path(topology)
+    topo = (
+        topology
+        if isinstance(topology, Topology)
+        else Topology.load(path, allow_inline_password=allow_inline_password)
+    )
     topo.host(host_name)  # unknown host: exit 2
     wanted = new_shard_ids(topo, count, ids)
     if modulus is not None and modulus != topo.modulus:
@@ -171,8 +250,7 @@ def add_shard(
     new_topo = edit.validate()
 
     version = fleet_version(topo, options.connect_timeout)
-    options.purpose = "add-shard"
-    report: FleetReport = init(
+    report = init(
         new_topo,
         hosts=[host_name],
         options=options,
@@ -181,20 +259,21 @@ def add_shard(
         target=version,
         jobs=jobs,
     )
-    report.command = "add-shard"
-    report.extra.update(
-        {
-            "new_shards": format_shards(wanted),
-            "host": host_name,
-            "version": version,
-            "modulus": new_topo.modulus,
-            "shard_count": new_topo.shard_count,
-        }
+    result = AddShardResult(
+        command="add-shard",
+        hosts=report.hosts,
+        seconds=report.seconds,
+        extra=report.extra,
+        new_shards=format_shards(wanted),
+        host=host_name,
+        version=version,
+        modulus=new_topo.modulus,
+        shard_count=new_topo.shard_count,
     )
-    report.raise_for_status()
+    result.raise_for_status()
     edit.save()
-    report.extra["topology_written"] = True
-    return report.to_dict()
+    result.topology_written = True
+    return result
 
 
 def fleet_version(topo: Topology, connect_timeout: int) -> int | None:

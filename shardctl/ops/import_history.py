@@ -60,6 +60,13 @@ class ImportResult:
     written: bool = False
     seconds: float = 0.0
 
+    @property
+    def ok(self) -> bool:
+        return True  # a history that cannot be imported raises BadInput instead
+
+    def raise_for_status(self) -> ImportResult:
+        return self
+
     def to_dict(self) -> dict:
         return {
             "command": "migrations import",

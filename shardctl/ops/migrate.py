@@ -19,7 +19,7 @@ import functools
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psycopg
 
@@ -563,7 +563,7 @@ def migrate(
         raise BadInput("--repair cannot be combined with --check or --dry-run")
     if check and dry_run:
         raise BadInput("--check and --dry-run are two different reports; choose one")
-    options = options or RunOptions()
+    options = replace(options or RunOptions())  # a copy: the caller's options are not changed
     options.purpose = options.purpose or "migrate"
     if (
         options.lock_timeout is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import psycopg
 
@@ -99,7 +100,7 @@ def init(
     and bring present shards to the latest migration (or to ``target``). Idempotent.
 
     ``jobs``: streams (connections) per host; default from the host's cores (``host_jobs``)."""
-    options = options or RunOptions()
+    options = replace(options or RunOptions())  # a copy: the caller's options are not changed
     options.purpose = options.purpose or "init"
     migrations = for_topology(topo)  # bad files fail here, before any connection
     host_level = host_for_topology(topo)

@@ -12,7 +12,7 @@ the hosts short of shards in topology order; each (source, target) pair is one `
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..engine import connections as db
 from ..errors import BadInput, OperationFailed
@@ -146,13 +146,91 @@ def plan_by_size(
     return [PlannedMove(s, t, sorted(ns)) for (s, t), ns in sorted(pairs.items())]
 
 
+@dataclass
+class HostBalance:
+    """One host before and after a rebalance plan: shards (and, by size, bytes)."""
+
+    name: str
+    shards: int
+    after: int
+    goal: int | None = None  # by count: the even share
+    bytes: int | None = None  # by size
+    bytes_after: int | None = None
+
+    def to_dict(self, by: str) -> dict:
+        doc = {"name": self.name, "shards": self.shards, "goal": self.goal, "after": self.after}
+        if by == "size":
+            doc.update(bytes=self.bytes, bytes_after=self.bytes_after)
+        return doc
+
+
+@dataclass
+class RebalancePlan:
+    """The result of :func:`plan_report`: the moves, and each host before and after them. A plan
+    never fails (``raise_for_status`` returns it); bad input raises before it is built."""
+
+    moves: list[PlannedMove]
+    hosts: list[HostBalance]
+    by: str = "count"
+    min_improvement: float | None = None  # by size
+    pinned: list[int] = field(default_factory=list)  # by size: placement.pinned, never moved
+    bytes_to_move: int | None = None  # by size
+
+    @property
+    def shards_to_move(self) -> int:
+        return sum(len(m.shards) for m in self.moves)
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def raise_for_status(self) -> RebalancePlan:
+        return self
+
+    def to_dict(self) -> dict:
+        doc: dict = {"command": "rebalance"}
+        if self.by == "size":
+            doc.update(
+                by="size", min_improvement=self.min_improvement, pinned=format_shards(self.pinned)
+            )
+        doc.update(moves=[m.to_dict() for m in self.moves], shards_to_move=self.shards_to_move)
+        if self.by == "size":
+            doc["bytes_to_move"] = self.bytes_to_move
+        doc["hosts"] = [h.to_dict(self.by) for h in self.hosts]
+        return doc
+
+
+@dataclass
+class RebalanceResult:
+    """The result of :func:`apply`: the plan that was run and each move's report (move-shard's, with
+    its ``cleanup`` report when asked). A move that stops raises OperationFailed carrying this
+    document so far."""
+
+    plan: RebalancePlan
+    results: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def raise_for_status(self) -> RebalanceResult:
+        return self
+
+    def to_dict(self, applied: bool = True) -> dict:
+        doc = {**self.plan.to_dict(), "results": self.results}
+        if applied:
+            doc.update(applied=True, seconds=round(self.seconds, 3))
+        return doc
+
+
 def plan_report(
     topo: Topology,
     *,
     by: str = "count",
     sizes: dict[int, int] | None = None,
     min_improvement: float = 0.05,
-) -> dict:
+) -> RebalancePlan:
     """The plan and the hosts before and after it; ``by``: "count" (shards) or "size" (bytes)."""
     if by == "size":
         return _size_report(
@@ -166,18 +244,13 @@ def plan_report(
     for m in moves:
         after[m.source] -= len(m.shards)
         after[m.target] += len(m.shards)
-    return {
-        "command": "rebalance",
-        "moves": [m.to_dict() for m in moves],
-        "shards_to_move": sum(len(m.shards) for m in moves),
-        "hosts": [
-            {"name": h.name, "shards": len(h.shards), "goal": goal[h.name], "after": after[h.name]}
-            for h in topo.hosts
-        ],
-    }
+    return RebalancePlan(
+        moves,
+        [HostBalance(h.name, len(h.shards), after[h.name], goal=goal[h.name]) for h in topo.hosts],
+    )
 
 
-def _size_report(topo: Topology, sizes: dict[int, int], min_improvement: float) -> dict:
+def _size_report(topo: Topology, sizes: dict[int, int], min_improvement: float) -> RebalancePlan:
     pinned = pinned_shards(topo)
     moves = plan_by_size(topo, sizes, pinned=pinned, min_improvement=min_improvement)
     before = {h.name: sum(sizes.get(n, 0) for n in h.shards) for h in topo.hosts}
@@ -189,26 +262,23 @@ def _size_report(topo: Topology, sizes: dict[int, int], min_improvement: float) 
         after[m.target] += moved
         count_after[m.source] -= len(m.shards)
         count_after[m.target] += len(m.shards)
-    return {
-        "command": "rebalance",
-        "by": "size",
-        "min_improvement": min_improvement,
-        "pinned": format_shards(sorted(pinned)),
-        "moves": [m.to_dict() for m in moves],
-        "shards_to_move": sum(len(m.shards) for m in moves),
-        "bytes_to_move": sum(sizes.get(n, 0) for m in moves for n in m.shards),
-        "hosts": [
-            {
-                "name": h.name,
-                "shards": len(h.shards),
-                "goal": None,
-                "after": count_after[h.name],
-                "bytes": before[h.name],
-                "bytes_after": after[h.name],
-            }
+    return RebalancePlan(
+        moves,
+        [
+            HostBalance(
+                h.name,
+                len(h.shards),
+                count_after[h.name],
+                bytes=before[h.name],
+                bytes_after=after[h.name],
+            )
             for h in topo.hosts
         ],
-    }
+        by="size",
+        min_improvement=min_improvement,
+        pinned=sorted(pinned),
+        bytes_to_move=sum(sizes.get(n, 0) for m in moves for n in m.shards),
+    )
 
 
 def apply(
@@ -220,7 +290,7 @@ def apply(
     on_move=None,
     by: str = "count",
     min_improvement: float = 0.05,
-) -> dict:
+) -> RebalanceResult:
     """Run the plan's moves one host pair at a time (prepare, sync, cutover; and cleanup if asked).
 
     Re-running after an interruption resumes: the plan of an unchanged topology is the same, and
@@ -228,12 +298,9 @@ def apply(
     """
     options = options or MoveOptions()
     started = time.perf_counter()
-    doc = plan_report(topo, by=by, min_improvement=min_improvement)
-    planned_moves = [
-        PlannedMove(m["source"], m["target"], parse_shards(m["shards"])) for m in doc["moves"]
-    ]
-    results = []
-    for planned in planned_moves:
+    result = RebalanceResult(plan_report(topo, by=by, min_improvement=min_improvement))
+    results = result.results
+    for planned in result.plan.moves:
         if on_move:
             on_move(planned)
         current = Topology.load(topo.path, allow_inline_password=options.allow_inline_password)
@@ -244,13 +311,14 @@ def apply(
             raise OperationFailed(
                 f"rebalance: the move of shards {format_shards(planned.shards)} from "
                 f"{planned.source} to {planned.target} stopped in phase {report.get('phase')}",
-                report={**doc, "results": results + [report]},
+                report={**result.to_dict(applied=False), "results": [*results, report.to_dict()]},
             )
-        if cleanup and report.get("move_id"):
+        doc = report.to_dict()
+        if cleanup and report.move_id:
             current = Topology.load(topo.path, allow_inline_password=options.allow_inline_password)
-            report["cleanup"] = cleanup_move(
-                current, move_id=report["move_id"], options=options, progress=progress
-            )
-        results.append(report)
-    doc.update(results=results, applied=True, seconds=round(time.perf_counter() - started, 3))
-    return doc
+            doc["cleanup"] = cleanup_move(
+                current, move_id=report.move_id, options=options, progress=progress
+            ).to_dict()
+        results.append(doc)
+    result.seconds = time.perf_counter() - started
+    return result

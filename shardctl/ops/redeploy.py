@@ -28,7 +28,7 @@ import psycopg
 from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, select_hosts
 from ..engine.ledger import log_event
-from ..errors import BadInput, OperationFailed
+from ..errors import BadInput, HostUnreachable, OperationFailed
 from ..model.identifiers import quote_ident
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
@@ -140,6 +140,29 @@ class RedeployReport:
             "seconds": round(self.seconds, 3),
             "hosts": [h.to_dict() for h in self.hosts],
         }
+
+    def raise_for_status(self) -> RedeployReport:
+        """Exit 3 (HostUnreachable) for a host that did not answer; 1 (OperationFailed) for failed or
+        refused shards, naming the first reason."""
+        down = [h for h in self.hosts if not h.reachable]
+        if down:
+            raise HostUnreachable(
+                ", ".join(h.host for h in down),
+                down[0].error or "unreachable",
+                report=self.to_dict(),
+            )
+        if not self.ok:
+            failed = sum(len(h.value.failed) for h in self.hosts)
+            first = next((h for h in self.hosts if h.error or h.value.failed), None)
+            why = (
+                first.error
+                if first and first.error
+                else (first.value.failed[0]["error"] if first else "")
+            )
+            raise OperationFailed(
+                f"redeploy: {failed} shard(s) failed; {why}", report=self.to_dict()
+            )
+        return self
 
 
 def _stale(

@@ -167,7 +167,7 @@ class Traffic(RouterTraffic):
             History(router.topology.path), router, keys, writers, readers=1, read="scan"
         )
 
-    def __enter__(self) -> Traffic:
+    def __enter__(self):
         self.start()
         return self
 
@@ -565,7 +565,7 @@ def test_interrupted_prepare_resumes(fleet3):
         )
     with connect(topo, "pg1", autocommit=True) as conn:
         conn.execute("UPDATE shardctl.moves SET phase = 'preparing'")
-    assert move_status(load(fleet3))["moves"][0]["phase"] == "preparing"
+    assert move_status(load(fleet3)).moves[0]["phase"] == "preparing"
     again = move_shards(load(fleet3), [4, 5, 6], "pg3")
     assert again["move_id"] == report["move_id"] and again["phase"] == "cut_over"
     assert any("half-built" in m for m in again["messages"])
@@ -601,7 +601,7 @@ def test_crash_between_source_commit_and_flip(fleet3, monkeypatch):
         assert router.execute(7, "INSERT INTO photos (user_id) VALUES (7)") == 1
         assert router.redirects() == {7: "pg2"}
         status = move_status(load(fleet3))
-        assert status["moves"][0]["phase"] == "cut_over"
+        assert status.moves[0]["phase"] == "cut_over"
         r = run_cli("move-shard", "7-8", "--to", "pg2", config=fleet3)
         assert r.exit_code == 0 and "finishing the flip" in r.stdout, r
         assert router.execute(7, "INSERT INTO photos (user_id) VALUES (7)") == 1
@@ -674,11 +674,11 @@ def test_abort_during_prepare_and_after_cutover(fleet3):
             router.execute(2, "INSERT INTO photos (user_id) VALUES (2) RETURNING id")[0][0]
             for _ in range(5)
         ]
-        with pytest.raises(psycopg.Error):  # the old copy refuses writes
-            with connect(topo, "pg1", autocommit=True) as conn:
-                conn.execute(
-                    f"INSERT INTO insta2_moved_{report['move_id']}.photos (user_id) VALUES (1)"
-                )
+        # the old copy refuses writes
+        with pytest.raises(psycopg.Error), connect(topo, "pg1", autocommit=True) as conn:
+            conn.execute(
+                f"INSERT INTO insta2_moved_{report['move_id']}.photos (user_id) VALUES (1)"
+            )
         result = abort_move(load(fleet3), shards=moving)
         assert result["phase"] == "aborted"
         print(f"\nabort after cutover: freeze {result['freeze_seconds']:.3f}s")
@@ -762,12 +762,12 @@ def test_one_move_at_a_time_per_shard(fleet3):
     other = move_shards(load(fleet3), [0, 1], "pg3", phases=["prepare"])
     assert other["phase"] == "prepared"
     status = move_status(load(fleet3))
-    assert status["in_flight"] == 2
+    assert status.in_flight == 2
     r = run_cli("move-shard", "--abort", config=fleet3)
     assert r.exit_code == 2 and "2 moves are in progress" in r.stderr
     abort_move(load(fleet3), shards=[8, 9, 10])
     abort_move(load(fleet3), move_id=other["move_id"])
-    assert move_status(load(fleet3))["in_flight"] == 0
+    assert move_status(load(fleet3)).in_flight == 0
 
 
 def test_cleanup_needs_cutover_and_cutover_failure_keeps_source(fleet3):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -56,8 +57,11 @@ def test_plan_after_adding_a_host():
     ]
     assert goals(topo) == {"pg1": 11, "pg2": 11, "pg3": 10}
     report = plan_report(topo)
-    assert report["shards_to_move"] == 10
-    assert [h["after"] for h in report["hosts"]] == [11, 11, 10]
+    assert report.shards_to_move == 10
+    assert [h.after for h in report.hosts] == [11, 11, 10]
+    doc = report.to_dict()
+    assert doc["shards_to_move"] == 10
+    assert [h["after"] for h in doc["hosts"]] == [11, 11, 10]
 
 
 def test_plan_balanced_moves_nothing():
@@ -91,7 +95,7 @@ def test_plan_is_minimal_and_even(seed):
     count = rnd.randint(hosts, 200)
     cuts = sorted(rnd.sample(range(1, count), min(hosts - 1, count - 1)))
     bounds = [0] + cuts + [count]
-    ranges = [f"{a}-{b - 1}" for a, b in zip(bounds, bounds[1:])]
+    ranges = [f"{a}-{b - 1}" for a, b in itertools.pairwise(bounds)]
     ranges += [None] * (hosts - len(ranges))
     topo = topology(count, ranges)
     final = after(topo)
@@ -114,24 +118,19 @@ def test_plan_is_minimal_and_even(seed):
 def test_plan_cli_offline(tmp_path):
     path = tmp_path / "shardctl.yaml"
     path.write_text(
-        "\n".join(
-            [
-                "version: 1",
-                "id:",
-                "  layout: instagram",
-                '  epoch: "2026-01-01T00:00:00Z"',
-                "shards:",
-                "  count: 12",
-                "hosts:",
-                "  - name: a",
-                '    dsn: "postgresql://x@127.0.0.1:1/none"',
-                '    shards: "0-11"',
-                "  - name: b",
-                '    dsn: "postgresql://x@127.0.0.1:1/none_b"',
-                "    shards: []",
-            ]
-        )
-        + "\n"
+        "version: 1\n"
+        "id:\n"
+        "  layout: instagram\n"
+        '  epoch: "2026-01-01T00:00:00Z"\n'
+        "shards:\n"
+        "  count: 12\n"
+        "hosts:\n"
+        "  - name: a\n"
+        '    dsn: "postgresql://x@127.0.0.1:1/none"\n'
+        '    shards: "0-11"\n'
+        "  - name: b\n"
+        '    dsn: "postgresql://x@127.0.0.1:1/none_b"\n'
+        "    shards: []\n"
     )
     r = run_cli("rebalance", "--plan", "--json", config=path)
     assert r.exit_code == 0, r

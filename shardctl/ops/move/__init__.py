@@ -5,7 +5,16 @@ context) · ``prepare`` · ``sync`` · ``cutover`` · ``abort`` · ``cleanup`` �
 functions).
 """
 
-from .api import abort_move, cleanup_move, move_shards, move_status, parse_range, pending_moves
+from .api import (
+    MoveReport,
+    MoveStatus,
+    abort_move,
+    cleanup_move,
+    move_shards,
+    move_status,
+    parse_range,
+    pending_moves,
+)
 from .run import MOVE_LOCK_CLASS, MoveOptions, Progress
 from .state import PHASE_NAMES, Phase, ShardState
 
@@ -13,6 +22,8 @@ __all__ = [
     "MOVE_LOCK_CLASS",
     "PHASE_NAMES",
     "MoveOptions",
+    "MoveReport",
+    "MoveStatus",
     "Phase",
     "Progress",
     "ShardState",

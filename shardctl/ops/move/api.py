@@ -10,7 +10,9 @@ locks, and runs the phases.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
@@ -159,7 +161,7 @@ def _refresh(run: MoveRun) -> None:
     run.move = fresh.get(run.move.move_id, run.move)
 
 
-def _run_steps(run: MoveRun, steps: list[str]) -> dict:
+def _run_steps(run: MoveRun, steps: list[str]) -> MoveReport:
     with shard_locks([run.source, run.target], run.move.shards, run.options):
         _refresh(run)
         for name in steps:
@@ -174,10 +176,11 @@ def _run_steps(run: MoveRun, steps: list[str]) -> dict:
                 ):
                     exc.args = (
                         (
-                            f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: run the "
-                            f"command again to resume, or roll it back with move-shard --abort]"
+                            f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: "
+                            f"run the command again to resume, or roll it back with move-shard --abort]"
                         ),
-                    ) + exc.args[1:]
+                        *exc.args[1:],
+                    )
                 raise
         if any(name in ("cutover", "cleanup") for name in steps):
             _guarded(run, "catch-up")  # the moved shards to the fleet's version (migrate held them)
@@ -190,7 +193,7 @@ def _run_steps(run: MoveRun, steps: list[str]) -> dict:
     )
     if run.pacers:
         run.report.update({"nice": run.options.nice, "rested_seconds": run.rested()})
-    return run.report
+    return MoveReport(run.report)
 
 
 def _guarded(run: MoveRun, name: str) -> None:
@@ -201,6 +204,52 @@ def _guarded(run: MoveRun, name: str) -> None:
         raise OperationFailed(f"{name}: {db.first_line(exc)}") from exc
 
 
+@dataclass
+class MoveReport(Mapping):
+    """The result of :func:`move_shards`, :func:`abort_move` and :func:`cleanup_move`: the move, the
+    phases run and the phase it is in now (typed attributes), and each phase's own figures
+    (``freeze_seconds``, ``sync_seconds``, ``rows``, …) read as ``report["freeze_seconds"]``. A phase that
+    fails raises instead, naming the move's phase and how to resume or roll back; so does
+    :meth:`raise_for_status` for a move that stopped short of the phases asked for (never, today)."""
+
+    doc: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.doc[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.doc)
+
+    def __len__(self) -> int:
+        return len(self.doc)
+
+    @property
+    def move_id(self) -> str | None:
+        return self.doc.get("move_id")
+
+    @property
+    def phase(self) -> str:
+        return self.doc["phase"]
+
+    @property
+    def phases_run(self) -> list[str]:
+        return list(self.doc.get("phases_run") or [])
+
+    @property
+    def seconds(self) -> float:
+        return self.doc.get("seconds", 0.0)
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.doc)
+
+    def raise_for_status(self) -> MoveReport:
+        return self
+
+
 def move_shards(
     topo: Topology,
     shards: list[int],
@@ -209,7 +258,7 @@ def move_shards(
     phases: list[str] | None = None,
     options: MoveOptions | None = None,
     progress: Progress | None = None,
-) -> dict:
+) -> MoveReport:
     """Run the move's phases (default prepare, sync, cutover), starting or resuming the move of ``shards``
     to host ``target``. Returns the report (``freeze_seconds``, ``sync_seconds``, …)."""
     options = options or MoveOptions()
@@ -217,7 +266,7 @@ def move_shards(
     _check_request(topo, shards, phases)
     move = _find_or_start(topo, shards, target, phases, options)
     if isinstance(move, dict):
-        return move
+        return MoveReport(move)
     return _run_steps(MoveRun(topo, move, options, progress), phases)
 
 
@@ -228,7 +277,7 @@ def abort_move(
     move_id: str | None = None,
     options: MoveOptions | None = None,
     progress: Progress | None = None,
-) -> dict:
+) -> MoveReport:
     """Roll a move back (any time before cleanup): the source is authoritative again."""
     options = options or MoveOptions()
     return _run_steps(
@@ -243,7 +292,7 @@ def cleanup_move(
     move_id: str | None = None,
     options: MoveOptions | None = None,
     progress: Progress | None = None,
-) -> dict:
+) -> MoveReport:
     """Drop the renamed source schemas (and any replication object) of a cut-over move."""
     options = options or MoveOptions()
     return _run_steps(
@@ -296,12 +345,48 @@ def pending_moves(
     return out
 
 
+@dataclass
+class MoveStatus:
+    """The result of :func:`move_status`: every recorded move (its record, the command it still needs
+    as ``next``, and live sync progress for moves in flight), how many are in flight, the ones that need
+    a command to finish, and the hosts that did not answer (``raise_for_status`` raises for those)."""
+
+    moves: list[dict[str, Any]]
+    in_flight: int
+    needs_finishing: list[str]
+    unreachable: dict[str, str]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.unreachable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": "move-shard --status",
+            "moves": self.moves,
+            "in_flight": self.in_flight,
+            "needs_finishing": self.needs_finishing,
+            "unreachable": self.unreachable,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def raise_for_status(self) -> MoveStatus:
+        if self.unreachable:
+            raise HostUnreachable(
+                ", ".join(self.unreachable),
+                "; ".join(f"{h}: {e}" for h, e in self.unreachable.items()),
+                report=self.to_dict(),
+            )
+        return self
+
+
 def move_status(
     topo: Topology,
     *,
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
     include_finished: bool = True,
-) -> dict:
+) -> MoveStatus:
     """Every recorded move, with live sync progress and lag for moves in flight."""
     started = time.perf_counter()
     moves, errors = find_moves(topo, connect_timeout=connect_timeout)
@@ -317,18 +402,17 @@ def move_status(
             except (HostUnreachable, psycopg.Error, BadInput) as exc:
                 doc["error"] = getattr(exc, "reason", None) or db.first_line(exc)
         out.append(doc)
-    return {
-        "command": "move-shard --status",
-        "moves": out,
-        "in_flight": sum(1 for m in moves.values() if m.active),
-        "needs_finishing": [
+    return MoveStatus(
+        moves=out,
+        in_flight=sum(1 for m in moves.values() if m.active),
+        needs_finishing=[
             f"{m['move_id']}: {m['next']}"
             for m in out
             if m["next"] and not m["next"].startswith("cut over;")
         ],
-        "unreachable": errors,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+        unreachable=errors,
+        seconds=time.perf_counter() - started,
+    )
 
 
 def _live_sync(topo: Topology, move: Move, connect_timeout: int) -> dict:

@@ -1,0 +1,47 @@
+"""The library API has one shape: every fleet operation exported by ``shardctl`` takes a Topology first
+and is annotated to return a result type with ``ok``, ``to_dict()`` and ``raise_for_status()``; every name
+in ``__all__`` resolves; the docs' library API section lists every operation."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from pathlib import Path
+
+import shardctl
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+
+
+def test_every_exported_name_resolves():
+    assert sorted(set(shardctl.__all__)) == sorted(shardctl.__all__)
+    for name in shardctl.__all__:
+        assert getattr(shardctl, name) is not None, name
+
+
+def test_every_operation_takes_a_topology_and_returns_a_typed_result():
+    for name in shardctl._OPERATIONS:
+        func = getattr(shardctl, name)
+        hints = typing.get_type_hints(func)
+        first = next(iter(inspect.signature(func).parameters))
+        assert (
+            shardctl.Topology in typing.get_args(hints[first]) or hints[first] is shardctl.Topology
+        ), (
+            name,
+            hints[first],
+        )
+        result = hints["return"]
+        assert result is not dict and inspect.isclass(result), (name, result)
+        for member in ("ok", "to_dict", "raise_for_status"):
+            assert hasattr(result, member), (name, result, member)
+        assert name in shardctl.__all__
+        assert result.__name__ in shardctl.__all__, (name, result)
+
+
+def test_the_docs_list_every_operation_and_its_result():
+    text = DOCS.read_text()
+    section = text.split("## Library API", 1)[1].split("\n## ", 1)[0]
+    for name in shardctl._OPERATIONS:
+        result = typing.get_type_hints(getattr(shardctl, name))["return"]
+        assert f"`{name}(" in section, name
+        assert f"`{result.__name__}`" in section, (name, result.__name__)

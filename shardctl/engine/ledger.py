@@ -112,10 +112,6 @@ def context_digest(topo: Topology) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def source_digest(m: Migration) -> str:
-    return hashlib.sha256(m.source.encode()).hexdigest()
-
-
 def ledger_digests(conn: psycopg.Connection) -> dict[int, str]:
     """Per version, a digest of its ledger rows (shard, checksum): one query, no sort."""
     rows = conn.execute(
@@ -168,7 +164,7 @@ def _known_good(
     to_read: list[int] = []
     for v, digest in digests.items():
         m = by_version.get(v)
-        entry = {"source": source_digest(m), "ledger": digest} if m else None
+        entry = {"source": m.source_digest, "ledger": digest} if m else None
         if entry is not None and (known.get(str(v)) == entry or (verified or {}).get(v) == entry):
             result.clean[v] = entry
             result.cached += 1
@@ -225,7 +221,7 @@ def check_integrity(
                 drift.setdefault(version, Drift(version, m.name)).shards.append(shard)
     for v in to_read:
         if v in by_version and v not in bad:
-            result.clean[v] = {"source": source_digest(by_version[v]), "ledger": digests[v]}
+            result.clean[v] = {"source": by_version[v].source_digest, "ledger": digests[v]}
     for d in drift.values():
         d.shards.sort()
     result.drift = sorted(drift.values(), key=lambda d: d.version)

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import BadInput, OperationFailed
 from ..model.dsn import mask
 from ..sql.render import builtin_dir
+from ..sql.session import PING
 from .sandbox import DATABASE, DEFAULT_SHARDS, SERVER_SETTINGS, Sandbox, _free_port
 
 STATE_FILE = "docker.json"
@@ -312,13 +313,13 @@ class DockerSandbox:
                 with psycopg.connect(
                     host.dsn, connect_timeout=5, autocommit=True, **kwargs
                 ) as conn:
-                    conn.execute("SELECT 1")
+                    conn.execute(PING)
                 # The official image restarts the server once after initialising; ask again a moment later.
                 time.sleep(0.5)
                 with psycopg.connect(
                     host.dsn, connect_timeout=5, autocommit=True, **kwargs
                 ) as conn:
-                    conn.execute("SELECT 1")
+                    conn.execute(PING)
                 return
             except psycopg.OperationalError as exc:
                 container = self._container(host)

@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..errors import BadInput, OperationFailed
+from ..sql.databases import ensure_database
 from ..sql.render import builtin_dir
 from . import certs, pgbuilds
 
@@ -707,10 +708,7 @@ class Sandbox:
                 with psycopg.connect(
                     host.dsn_to("postgres"), autocommit=True, connect_timeout=5, **kwargs
                 ) as conn:
-                    if not conn.execute(
-                        "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
-                    ).fetchone():
-                        conn.execute(f"CREATE DATABASE {DATABASE}")
+                    ensure_database(conn, DATABASE)
                 return
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:

@@ -418,7 +418,7 @@ class Freeze:
         # after committing what it received (worker.c send_feedback; streamed transactions too: the
         # leader waits for the parallel worker at STREAM COMMIT). That holds only if the worker applies,
         # not skips, what it receives: every table was registered before it streamed (see
-        # catalog.start_subscription; rows written while it was not were the lost rows once seen here).
+        # replication.start_subscription; rows written while it was not were the lost rows once seen here).
         lsn = replication.wal_insert_lsn(self.src)
         # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
         session.synchronous_commit_on(self.aux)

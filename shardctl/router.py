@@ -26,9 +26,10 @@ from .router_session import (
     quietly,
     reset,
     stale_plan,
-    transaction_start,
 )
-from .sql.catalog import MOVED_SQLSTATE, read_redirects
+from .sql.catalog.control import MOVED_SQLSTATE, SHARD_STATE_SQL, read_redirects
+from .sql.catalog.replication import STANDBY_LAG_SQL as _LAG_SQL
+from .sql.session import transaction_start
 
 T = TypeVar("T")
 
@@ -331,9 +332,6 @@ class _Fallback(Exception):
     """The standby cannot serve this read (args[0]: ``lagging`` or ``unreachable``): use the primary."""
 
 
-SHARD_STATE_SQL = "SELECT state FROM shardctl.shards WHERE shard_id = %s"
-
-
 def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, bool]:
     """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
     None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
@@ -344,14 +342,6 @@ def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, 
     except Exception:  # noqa: BLE001 - no answer means no evidence of a move
         return None, False
     return redirect, bool(row) and row[0] == "moved_out"
-
-
-# Behind by the age of the last replayed transaction, unless everything received is replayed.
-_LAG_SQL = (
-    "SELECT CASE WHEN NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() "
-    "THEN 0 ELSE coalesce(extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()), "
-    "1e9) END"
-)
 
 
 @contextmanager

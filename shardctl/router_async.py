@@ -44,9 +44,15 @@ from .router_session import (
     reset_text,
     stale_plan,
     statement_text,
-    transaction_start,
 )
-from .sql.catalog import HAS_REDIRECTS_SQL, MOVED_SQLSTATE, REDIRECTS_SQL, redirects_by_shard
+from .sql import session as session_sql
+from .sql.catalog.control import (
+    HAS_REDIRECTS_SQL,
+    MOVED_SQLSTATE,
+    REDIRECTS_SQL,
+    redirects_by_shard,
+)
+from .sql.session import transaction_start
 
 T = TypeVar("T")
 
@@ -152,7 +158,7 @@ async def reset_async(conn: psycopg.AsyncConnection, *, commit: bool = False) ->
     if rollback:
         await conn.rollback()
     await plain.execute(text)
-    if text.startswith("COMMIT"):
+    if text.startswith(session_sql.COMMIT):
         plain.nextset()
     for name in (await plain.fetchone())[0]:
         await plain.execute(deallocate_text(name))

@@ -15,7 +15,7 @@ from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask
 from .model.topology import Host, Topology
 from .router_pool import HostPool, PoolBase, log
-from .sql.catalog import MOVED_SQLSTATE
+from .sql.catalog.control import MOVED_SQLSTATE
 
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
 # old tables, and the old schema's name no longer resolving (it was renamed at the cutover).

@@ -38,7 +38,7 @@ import psycopg
 from psycopg import sql
 
 from .errors import SessionStateError
-from .model.identifiers import quote_ident
+from .sql import session as session_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,21 +64,6 @@ class Call:
 def ms(seconds: float | None) -> int:
     """statement_timeout in ms (0: none)."""
     return 0 if seconds is None else max(1, int(seconds * 1000))
-
-
-_SETTINGS = sql.SQL(
-    "SELECT set_config('search_path', {}, true), set_config('statement_timeout', {}, true)"
-)
-
-
-@functools.lru_cache(maxsize=4096)
-def transaction_start(schema: str, timeout_ms: int, readonly: bool) -> tuple[bytes, bytes]:
-    """(BEGIN, the transaction's settings) as texts: values inlined as literals, never prepared."""
-    begin = b"BEGIN READ ONLY" if readonly else b"BEGIN"
-    settings = _SETTINGS.format(
-        sql.Literal(f"{quote_ident(schema)}, public"), sql.Literal(str(timeout_ms))
-    )
-    return begin, settings.as_string(None).encode()
 
 
 class RouterConnection(psycopg.Connection):
@@ -148,7 +133,7 @@ def statement_text(conn: Any, query: Any) -> bytes:
     text = _query_bytes(conn, query)
     conn.begin = None  # the BEGIN is the text's own
     check_statement(conn, text)  # the session-state check and the reset flag
-    return begin + b"; " + settings + b"; " + text + b"; COMMIT"
+    return session_sql.one_statement(begin, settings, text)
 
 
 def _query_bytes(conn: Any, query: Any) -> bytes:
@@ -351,15 +336,6 @@ def quietly(fn: Callable[..., Any], *args: Any) -> bool:
         return False
 
 
-# What ``DISCARD ALL`` does, less ``DEALLOCATE ALL`` (psycopg keeps its own prepared statements
-# and, after the first time, would not notice them gone), and allowed in a transaction.
-_RESET_SQL = (
-    "SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_statements WHERE name !~ '^_pg3_';"
-    "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
-    "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES"
-)
-
-
 def reset(conn: psycopg.Connection, *, commit: bool = False) -> None:
     """Return a connection whose server keeps sessions clean: nothing of one checkout's session reaches
     the next user (settings, temporary tables, session advisory locks, LISTENs, cursors, the user's own
@@ -370,7 +346,7 @@ def reset(conn: psycopg.Connection, *, commit: bool = False) -> None:
     if rollback:
         conn.rollback()
     plain.execute(text)
-    if text.startswith("COMMIT"):
+    if text.startswith(session_sql.COMMIT):
         plain.nextset()
     for name in plain.fetchone()[0]:
         plain.execute(deallocate_text(name))
@@ -385,12 +361,12 @@ def reset_text(conn: Any, commit: bool) -> tuple[bool, str]:
         psycopg.pq.TransactionStatus.INTRANS,
         psycopg.pq.TransactionStatus.INERROR,
     ):
-        return False, "COMMIT; " + _RESET_SQL
-    return status != psycopg.pq.TransactionStatus.IDLE, _RESET_SQL
+        return False, session_sql.COMMIT_THEN_RESET
+    return status != psycopg.pq.TransactionStatus.IDLE, session_sql.RESET
 
 
 def deallocate_text(name: str) -> str:
-    return f"DEALLOCATE {quote_ident(name)}"
+    return session_sql.deallocate(name)
 
 
 def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
@@ -405,7 +381,7 @@ def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
 
 
 def forget_prepared_text(epoch: int) -> str:
-    return f"DEALLOCATE ALL /* plan epoch {int(epoch)} */"
+    return session_sql.deallocate_all(epoch)
 
 
 def stale_plan(exc: BaseException) -> bool:

@@ -60,7 +60,8 @@ from sqlalchemy.sql import elements, operators
 
 from .errors import BadInput
 from .router import MOVED_ERRORS, SAME, Router
-from .router_session import ms, transaction_start
+from .router_session import ms
+from .sql.session import switch_search_path, transaction_start
 
 T = TypeVar("T")
 _IDLE = psycopg.pq.TransactionStatus.IDLE
@@ -186,9 +187,7 @@ class Shards:
                 "schema_translate_map": {None: schema},
                 "shardctl_shard": shard,
                 "shardctl_begin": transaction_start(schema, ms(self.timeout), False),
-                "shardctl_switch": psycopg.sql.SQL("SELECT set_config('search_path', {}, true)")
-                .format(psycopg.sql.Literal(f'"{schema}", public'))
-                .as_string(None),
+                "shardctl_switch": switch_search_path(schema),
             }
         return opts
 

@@ -153,9 +153,11 @@ class ShardctlFleet:
     def _create_database(self, server: FleetServer) -> str:
         import psycopg
 
+        from .sql.databases import create_database
+
         db = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {db}")
+            create_database(conn, db)
         self._databases.append((server, db))
         return db
 
@@ -163,12 +165,14 @@ class ShardctlFleet:
         """Drop every database this fleet created so far (a test's end)."""
         import psycopg
 
+        from .sql.databases import drop_database
+
         while self._databases:
             server, db = self._databases.pop()
             try:
                 with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
                     # A shard move leaves subscriptions behind only if it failed; drop them with the database.
-                    conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+                    drop_database(conn, db)
             except psycopg.Error:
                 pass
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import BadInput, OperationFailed
 from ..model.dsn import mask
+from ..sql.session import SERVER_VERSION
 from .base import (
     DATABASE,
     DEFAULT_SHARDS,
@@ -272,7 +273,7 @@ class DockerObjects:
             # The official image restarts the server once after initialising; ask again a moment later.
             time.sleep(0.5)
             with connect_when_ready(host.dsn, password_env, timeout, gone) as conn:
-                return conn.execute("SHOW server_version").fetchone()[0].split()[0]
+                return conn.execute(SERVER_VERSION).fetchone()[0].split()[0]
         except psycopg.OperationalError as exc:
             logs = (
                 self.container(host)

@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..errors import BadInput, OperationFailed
+from ..sql.databases import ensure_database
 from . import pgbuilds
 from .base import (
     DATABASE,
@@ -300,10 +301,7 @@ class Sandbox(SandboxBase):
                 f"sandbox host {host.name} did not accept connections: {mask(str(exc)).strip()}"
             ) from None
         with conn:
-            if not conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
-            ).fetchone():
-                conn.execute(f"CREATE DATABASE {DATABASE}")
+            ensure_database(conn, DATABASE)
 
     # ---- standbys ---------------------------------------------------------------
     def _add_standbys(self, state: SandboxState, servers: LocalServers) -> None:

@@ -12,7 +12,7 @@ import psycopg
 from ..errors import BadInput, HostUnreachable, LockBusy
 from ..model.dsn import mask
 from ..model.topology import Host
-from ..sql import locks
+from ..sql import locks, session
 
 DEFAULT_CONNECT_TIMEOUT = 10
 APPLICATION_NAME = "shardctl"
@@ -58,9 +58,10 @@ def first_line(exc: BaseException) -> str:
 def set_timeouts(
     conn: psycopg.Connection, lock_timeout: str | None = None, statement_timeout: str | None = None
 ) -> None:
-    for name, value in (("lock_timeout", lock_timeout), ("statement_timeout", statement_timeout)):
-        if value is not None:
-            conn.execute("SELECT set_config(%s, %s, false)", (name, str(value)))
+    settings = {"lock_timeout": lock_timeout, "statement_timeout": statement_timeout}
+    settings = {name: value for name, value in settings.items() if value is not None}
+    if settings:
+        session.set_settings(conn, settings, local=False)
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         conn.commit()
 
@@ -85,16 +86,16 @@ def require_direct(
     other = connect(host, autocommit=True, connect_timeout=connect_timeout, purpose="direct check")
     try:
         try:
-            conn.execute("BEGIN")
-            first = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            conn.execute(session.BEGIN)
+            first = conn.execute(session.BACKEND_PID).fetchone()[0]
             other.pgconn.send_query(
-                b"SELECT pg_backend_pid()"
+                session.BACKEND_PID.encode()
             )  # waits for a server connection behind a pooler
-            conn.execute("COMMIT")
+            conn.execute(session.COMMIT)
             second = _pid_of_sent(other)
             switched = (
-                conn.execute("SELECT pg_backend_pid()").fetchone()[0] != first
-                or other.execute("SELECT pg_backend_pid()").fetchone()[0] != second
+                conn.execute(session.BACKEND_PID).fetchone()[0] != first
+                or other.execute(session.BACKEND_PID).fetchone()[0] != second
             )
         except psycopg.Error as exc:  # a statement pooler refuses BEGIN
             raise BadInput(
@@ -287,7 +288,7 @@ class FleetLocks:
                 continue
             for name, text in wide:
                 try:
-                    conn.execute("SELECT %s::text IS NULL", (text,))
+                    session.text_round_trips(conn, text)
                 except psycopg.errors.UntranslatableCharacter as exc:
                     raise BadInput(
                         f"{name} cannot run on host {host.name}, whose database is {encoding}: "

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from ..model.identifiers import quote_ident, quote_literal
 from ..model.topology import Host
+from ..sql import session
+from ..sql.catalog import ledger as ledger_q
 from ..sql.locks import lock_holders
 from ..sql.migrations import Step
 from . import connections as db
@@ -106,44 +107,13 @@ class ConnectionLost(Exception):
     """The host went away mid-run; shards not yet committed are untouched."""
 
 
-_ELAPSED = (
-    "extract(epoch FROM clock_timestamp() - current_setting('shardctl.t0')::timestamptz) * 1000"
-)
-
-
-def shard_row_sql(shard: int, schema: str, state: str | None = None) -> str:
-    if state is not None:
-        return (
-            f"INSERT INTO shardctl.shards (shard_id, schema_name, state) VALUES ({int(shard)}, "
-            f"{quote_literal(schema)}, {quote_literal(state)});\n"
-        )
-    return f"INSERT INTO shardctl.shards (shard_id, schema_name) VALUES ({int(shard)}, {quote_literal(schema)});\n"
-
-
-def ledger_sql(shard: int, step: Step, elapsed_sql: str = _ELAPSED) -> str:
-    return (
-        "INSERT INTO shardctl.migrations (shard_id, version, description, checksum, duration_ms) VALUES "
-        f"({int(shard)}, {int(step.version)}, {quote_literal(step.description)}, "
-        f"{quote_literal(step.checksum)}, {elapsed_sql});\n"
-    )
-
-
-def copied_ledger_sql(shard: int, version: int, row: tuple) -> str:
-    """A ledger row copied from another host: (description, checksum, duration_ms, applied_at, applied_by)."""
-    description, checksum, duration_ms, applied_at, applied_by = row
-    return (
-        "INSERT INTO shardctl.migrations (shard_id, version, description, checksum, duration_ms, applied_at, "
-        f"applied_by) VALUES ({int(shard)}, {int(version)}, {quote_literal(description)}, "
-        f"{quote_literal(checksum)}, {float(duration_ms)!r}, {quote_literal(str(applied_at))}::timestamptz, "
-        f"{quote_literal(applied_by)});\n"
-    )
-
-
-def plan_ledger_sql(plan: ShardPlan, step: Step, elapsed_sql: str = _ELAPSED) -> str:
+def plan_ledger_sql(plan: ShardPlan, step: Step, elapsed_sql: str = ledger_q.ELAPSED) -> str:
     """The ledger row for ``step`` in the plan's ledger mode: a new row, or the copied one."""
     if plan.copy_ledger is None:
-        return ledger_sql(plan.shard, step, elapsed_sql)
-    return copied_ledger_sql(plan.shard, step.version, plan.copy_ledger[step.version])
+        return ledger_q.ledger_row(
+            plan.shard, step.version, step.description, step.checksum, elapsed_sql
+        )
+    return ledger_q.copied_ledger_row(plan.shard, step.version, plan.copy_ledger[step.version])
 
 
 def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
@@ -152,14 +122,10 @@ def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
     if plan.create_sql is not None:
         parts += [
             plan.create_sql.rstrip().rstrip(";") + ";\n",
-            shard_row_sql(plan.shard, plan.schema, plan.state),
+            ledger_q.shard_row(plan.shard, plan.schema, plan.state),
         ]
     # One statement starts the step's clock and sets search_path (fewer round trips through the parser).
-    search_path = quote_literal(f"{quote_ident(plan.schema)}, public")
-    start = (
-        f"SELECT set_config('shardctl.t0', clock_timestamp()::text, true), "
-        f"set_config('search_path', {search_path}, true);\n"
-    )
+    start = ledger_q.step_start(session.search_path(plan.schema))
     for step in steps:
         parts += [start, step.sql.rstrip().rstrip(";") + ";\n", plan_ledger_sql(plan, step)]
     return "".join(parts)
@@ -259,10 +225,10 @@ class _LiveMode:
             started = time.perf_counter()
             try:
                 conn.execute(
-                    "SAVEPOINT shard;\n"
+                    session.SAVEPOINT
                     + _lock_wait_sql(wait)
                     + transactional_sql(plan, plan.steps)
-                    + "RELEASE SAVEPOINT shard;"
+                    + session.RELEASE
                 )
             except psycopg.Error as exc:
                 self._to_savepoint(exc)
@@ -295,7 +261,7 @@ class _LiveMode:
         if conn is None or conn.broken or conn.closed:
             self._lost(exc)
         try:
-            conn.execute("ROLLBACK TO SAVEPOINT shard; RELEASE SAVEPOINT shard")
+            conn.execute(session.UNDO_SAVEPOINT)
         except psycopg.Error:
             self._lost(exc)
 
@@ -482,13 +448,13 @@ class HostRunner(_LiveMode):
     def _no_transaction(self, conn: psycopg.Connection, plan: ShardPlan, step: Step) -> None:
         conn.autocommit = True
         try:
-            conn.execute(f"SET search_path TO {quote_ident(plan.schema)}, public")
+            conn.execute(session.set_search_path(plan.schema))
             started = time.perf_counter()
             try:
                 conn.execute(step.sql)
             finally:
                 if not conn.broken:
-                    conn.execute("RESET search_path")
+                    conn.execute(session.RESET_PATH)
             elapsed = (time.perf_counter() - started) * 1000
         finally:
             if not conn.broken:
@@ -520,7 +486,7 @@ class HostRunner(_LiveMode):
 
 def _lock_wait_sql(wait: str | None) -> str:
     """Set the transaction's lock wait for the statements that follow (to the end of the transaction)."""
-    return f"SELECT set_config('lock_timeout', {quote_literal(wait or '0')}, true);\n"
+    return session.settings_text({"lock_timeout": wait or "0"}) + ";\n"
 
 
 @dataclass

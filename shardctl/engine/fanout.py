@@ -23,7 +23,7 @@ from ..errors import HostUnreachable, OperationFailed, ShardctlError
 from ..model import dsn as dsnlib
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import connection_headroom, server_cores
+from ..sql.catalog.capacity import connection_headroom, server_cores
 from . import connections as db
 from .executor import ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
 

@@ -15,18 +15,10 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..errors import OperationFailed
-from ..model.identifiers import quote_literal
 from ..model.topology import Host, Topology
+from ..sql import session
+from ..sql.catalog import ledger as ledger_q
 from ..sql.host_migrations import EXT_SCHEMA, HostLevelMigration
-
-LEDGER_DDL = """CREATE TABLE IF NOT EXISTS shardctl.host_migrations (
-    version      integer PRIMARY KEY,
-    description  text NOT NULL,
-    checksum     text NOT NULL,
-    duration_ms  double precision NOT NULL,
-    applied_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
-    applied_by   text NOT NULL DEFAULT current_user
-)"""
 
 
 @dataclass
@@ -48,22 +40,22 @@ class HostLevelState:
 def read_ledger(conn: psycopg.Connection) -> dict[int, str]:
     """version → checksum ({} when the host has no host-level ledger yet): one query on an autocommit
     connection (a host without the table answers with an error, which costs nothing there)."""
-    query = "SELECT version, checksum FROM shardctl.host_migrations"
+    query = ledger_q.HOST_LEDGER_ROWS
     if conn.autocommit:
         try:
             return dict(conn.execute(query).fetchall())
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return {}
-    if not conn.execute("SELECT to_regclass('shardctl.host_migrations') IS NOT NULL").fetchone()[0]:
+    if not ledger_q.host_ledger_exists(conn):
         return {}
     return dict(conn.execute(query).fetchall())
 
 
 def ensure_ledger(conn: psycopg.Connection) -> None:
     """Create the host-level ledger if missing (hosts initialised before it existed get it here)."""
-    if not conn.execute("SELECT to_regclass('shardctl.host_migrations') IS NOT NULL").fetchone()[0]:
+    if not ledger_q.host_ledger_exists(conn):
         with conn.transaction():
-            conn.execute(LEDGER_DDL)
+            conn.execute(ledger_q.HOST_LEDGER_DDL)
 
 
 def host_state(
@@ -94,10 +86,7 @@ def repair(
     changed = [m for m in migrations if m.name in state.drift]
     with conn.transaction():
         for m in changed:
-            conn.execute(
-                "UPDATE shardctl.host_migrations SET checksum = %s WHERE version = %s",
-                (m.host_checksum(), m.version),
-            )
+            ledger_q.set_host_checksum(conn, m.version, m.host_checksum())
     state.drift = []
     return len(changed)
 
@@ -105,14 +94,11 @@ def repair(
 def _run_one(
     conn: psycopg.Connection, m: HostLevelMigration, sql_text: str, lock_timeout: str | None
 ) -> None:
-    setup = f"SELECT set_config('search_path', {quote_literal(EXT_SCHEMA)}, {'true' if m.transactional else 'false'})"
-    if lock_timeout:
-        local = "true" if m.transactional else "false"
-        setup += f", set_config('lock_timeout', {quote_literal(lock_timeout)}, {local})"
-    record = (
-        "INSERT INTO shardctl.host_migrations (version, description, checksum, duration_ms) "
-        "VALUES (%s, %s, %s, %s)"
+    settings = {"search_path": EXT_SCHEMA} | (
+        {"lock_timeout": lock_timeout} if lock_timeout else {}
     )
+    setup = session.settings_text(settings, local=m.transactional)
+    record = ledger_q.HOST_LEDGER_RECORD
     started = time.perf_counter()
     if m.transactional:
         with conn.transaction():
@@ -132,7 +118,7 @@ def _run_one(
     try:
         conn.execute(sql_text)
     finally:
-        conn.execute("RESET search_path; RESET lock_timeout")
+        conn.execute(session.RESET_PATH_AND_LOCKS)
     with conn.transaction():
         conn.execute(
             record,

@@ -21,7 +21,8 @@ import psycopg
 
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Topology
-from ..sql.catalog import control_exists
+from ..sql.catalog import ledger as ledger_q
+from ..sql.catalog.control import control_exists
 from ..sql.migrations import Migration
 from ..sql.render import layout_context, render_control, shard_context
 
@@ -41,9 +42,8 @@ def log_event(
     conn: psycopg.Connection, kind: str, shards: list[int], detail: dict[str, Any]
 ) -> None:
     with conn.transaction():
-        conn.execute(
-            "INSERT INTO shardctl.events (kind, shards, detail) VALUES (%s, %s, %s::jsonb)",
-            (kind, format_shards(shards) if shards else None, json.dumps(detail, default=str)),
+        ledger_q.insert_event(
+            conn, kind, format_shards(shards) if shards else None, json.dumps(detail, default=str)
         )
 
 
@@ -51,11 +51,7 @@ def recorded_failures(conn: psycopg.Connection) -> dict[int, int]:
     """Shard → the highest version a ``migrate`` run recorded it failing at (the events'
     ``failed_versions``); the caller compares it with the shard's version now."""
     out: dict[int, int] = {}
-    rows = conn.execute(
-        "SELECT v.key, v.value FROM shardctl.events e, jsonb_each_text(e.detail->'failed_versions') v "
-        "WHERE e.kind = 'migrate' AND jsonb_typeof(e.detail->'failed_versions') = 'object'"
-    ).fetchall()
-    for version, shards in rows:
+    for version, shards in ledger_q.failed_versions(conn):
         for n in parse_shards(shards):
             out[n] = max(out.get(n, 0), int(version))
     return out
@@ -112,44 +108,27 @@ def context_digest(topo: Topology) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def source_digest(m: Migration) -> str:
-    return hashlib.sha256(m.source.encode()).hexdigest()
-
-
 def ledger_digests(conn: psycopg.Connection) -> dict[int, str]:
     """Per version, a digest of its ledger rows (shard, checksum): one query, no sort."""
-    rows = conn.execute(
-        """SELECT version, count(*),
-                  sum(('x' || substr(md5(shard_id::text || ':' || checksum), 1, 15))::bit(60)::bigint::numeric)
-             FROM shardctl.migrations GROUP BY version"""
-    ).fetchall()
-    return {v: f"{n}:{total}" for v, n, total in rows}
-
-
-def _meta_exists(conn: psycopg.Connection) -> bool:
-    return conn.execute("SELECT to_regclass('shardctl.meta') IS NOT NULL").fetchone()[0]
+    return {v: f"{n}:{total}" for v, n, total in ledger_q.version_digests(conn)}
 
 
 def read_cache(conn: psycopg.Connection) -> dict:
-    if not _meta_exists(conn):
+    if not ledger_q.meta_exists(conn):
         return {}
-    row = conn.execute("SELECT value FROM shardctl.meta WHERE key = %s", (CACHE_KEY,)).fetchone()
-    return row[0] if row and isinstance(row[0], dict) else {}
+    value = ledger_q.read_meta(conn, CACHE_KEY)
+    return value if isinstance(value, dict) else {}
 
 
 def write_cache(conn: psycopg.Connection, topo: Topology, clean: dict[int, dict]) -> None:
-    if not _meta_exists(conn):
+    if not ledger_q.meta_exists(conn):
         return
     value = {
         "context": context_digest(topo),
         "versions": {str(v): e for v, e in sorted(clean.items())},
     }
     with conn.transaction():
-        conn.execute(
-            "INSERT INTO shardctl.meta (key, value) VALUES (%s, %s::jsonb) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (CACHE_KEY, json.dumps(value)),
-        )
+        ledger_q.write_meta(conn, CACHE_KEY, json.dumps(value))
 
 
 def _known_good(
@@ -168,7 +147,7 @@ def _known_good(
     to_read: list[int] = []
     for v, digest in digests.items():
         m = by_version.get(v)
-        entry = {"source": source_digest(m), "ledger": digest} if m else None
+        entry = {"source": m.source_digest, "ledger": digest} if m else None
         if entry is not None and (known.get(str(v)) == entry or (verified or {}).get(v) == entry):
             result.clean[v] = entry
             result.cached += 1
@@ -200,11 +179,7 @@ def check_integrity(
     wanted = None if shards is None else set(shards)
     bad: set[int] = set()
     drift: dict[int, Drift] = {}
-    rows = conn.execute(
-        "SELECT shard_id, version, checksum FROM shardctl.migrations WHERE version = ANY(%s) "
-        "ORDER BY shard_id",
-        (to_read,),
-    ).fetchall()
+    rows = ledger_q.version_checksums(conn, to_read)
     context_of, context = -1, None  # one context per shard, shared by its versions
     for shard, version, stored in rows:
         m = by_version.get(version)
@@ -225,7 +200,7 @@ def check_integrity(
                 drift.setdefault(version, Drift(version, m.name)).shards.append(shard)
     for v in to_read:
         if v in by_version and v not in bad:
-            result.clean[v] = {"source": source_digest(by_version[v]), "ledger": digests[v]}
+            result.clean[v] = {"source": by_version[v].source_digest, "ledger": digests[v]}
     for d in drift.values():
         d.shards.sort()
     result.drift = sorted(drift.values(), key=lambda d: d.version)
@@ -269,10 +244,9 @@ def repair(
         for d in drift:
             m = by_version[d.version]
             for shard in d.shards:
-                updated += conn.execute(
-                    "UPDATE shardctl.migrations SET checksum = %s WHERE shard_id = %s AND version = %s",
-                    (m.checksum_for(topo, shard), shard, d.version),
-                ).rowcount
+                updated += ledger_q.set_checksum(
+                    conn, shard, d.version, m.checksum_for(topo, shard)
+                )
     log_event(
         conn,
         "repair",

@@ -17,11 +17,11 @@ from ..engine.executor import RunOptions
 from ..engine.fanout import FleetReport, HostResult, fan_out, raise_for_status, raise_unreachable
 from ..engine.ledger import ensure_control_schema, log_event
 from ..errors import BadInput
-from ..model.identifiers import quote_ident
 from ..model.ranges import MAX_SHARDS, format_shards, parse_shards
 from ..model.topology import Host, Topology
 from ..model.topology_file import TopologyFile
-from ..sql.catalog import shard_list
+from ..sql.catalog import inspect
+from ..sql.catalog.control import shard_list
 from ..sql.host_migrations import host_for_topology
 from .provision import init
 
@@ -187,17 +187,9 @@ def shards_hold_data(
             host, autocommit=True, connect_timeout=connect_timeout, purpose="data check"
         ) as conn:
             schemas = [topo.schema_name(n) for n in host.shards]
-            tables = conn.execute(
-                """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY(%s)""",
-                (schemas,),
-            ).fetchall()
+            tables = inspect.tables(conn, schemas, "rp")
             for i in range(0, len(tables), 500):
-                chunk = tables[i : i + 500]
-                probe = " OR ".join(
-                    f"EXISTS (SELECT 1 FROM {quote_ident(s)}.{quote_ident(t)})" for s, t in chunk
-                )
-                if conn.execute(f"SELECT {probe}").fetchone()[0]:
+                if inspect.any_rows(conn, tables[i : i + 500]):
                     result.value = True
                     return
 

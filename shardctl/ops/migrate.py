@@ -49,7 +49,7 @@ from ..engine.ledger import (
 from ..errors import BadInput, FleetIncomplete, OperationFailed, PendingWork
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import ShardRow, control_exists, ledger_versions, open_moves, shard_list
+from ..sql.catalog.control import ShardRow, control_exists, ledger_versions, open_moves, shard_list
 from ..sql.host_migrations import HostLevelMigration, host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
 

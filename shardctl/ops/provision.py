@@ -25,18 +25,12 @@ from ..engine.fanout import (
 from ..engine.ledger import ensure_control_schema, log_event, refresh_cache
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import schema_names, shard_list
+from ..sql.catalog.control import shard_list
+from ..sql.catalog.inspect import schema_names
+from ..sql.catalog.ledger import forget_shard
 from ..sql.host_migrations import host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
 from ..sql.render import render_shard
-
-
-def forget_sql(shard: int) -> str:
-    """Drop a shard's control rows (its schema is gone), ahead of creating it again."""
-    return (
-        f"DELETE FROM shardctl.migrations WHERE shard_id = {int(shard)};\n"
-        f"DELETE FROM shardctl.shards WHERE shard_id = {int(shard)};\n"
-    )
 
 
 def _plans(
@@ -77,7 +71,7 @@ def _plans(
                 yield ShardPlan(
                     n,
                     schema,
-                    forget_sql(n) + render_shard(topo, n),
+                    forget_shard(n) + render_shard(topo, n),
                     steps_for(migrations, topo, n, target=goal),
                 )
             else:

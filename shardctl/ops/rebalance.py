@@ -19,7 +19,7 @@ from ..errors import BadInput, OperationFailed
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Topology
 from ..model.topology_file import TopologyFile
-from ..sql import catalog as q
+from ..sql.catalog import inspect
 from .move import MoveOptions, Phase, Progress, cleanup_move, move_shards
 
 EMPTY_SHARD_BYTES = (
@@ -102,7 +102,7 @@ def shard_sizes(
         with db.connect(
             host, autocommit=True, connect_timeout=connect_timeout, purpose="rebalance"
         ) as conn:
-            for schema, size in q.schema_sizes(conn, list(schema_of)).items():
+            for schema, size in inspect.schema_sizes(conn, list(schema_of)).items():
                 sizes[schema_of[schema]] = int(size)
     return sizes
 

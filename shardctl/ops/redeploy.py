@@ -29,18 +29,14 @@ from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, select_hosts
 from ..engine.ledger import log_event
 from ..errors import BadInput, HostUnreachable, OperationFailed
-from ..model.identifiers import quote_ident
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import (
-    control_exists,
-    ensure_template_ledger,
-    function_sources,
-    present_schemas,
-    record_template,
-)
+from ..sql.catalog.control import control_exists, ensure_template_ledger, record_template
+from ..sql.catalog.inspect import function_sources, present_schemas
+from ..sql.catalog.verify import mint_one_id
 from ..sql.migrations import parse
 from ..sql.render import render_shard
+from ..sql.session import set_settings
 
 DEFAULT_LOCK_TIMEOUT = "1s"
 TOLERANCE_MS = 5000
@@ -196,12 +192,8 @@ def _id_refusals(conn: psycopg.Connection, topo: Topology, shards: list[int]) ->
     refusals = []
     for i in range(0, len(shards), 256):
         chunk = shards[i : i + 256]
-        parts = [
-            f"SELECT {int(n)}, {quote_ident(topo.schema_name(n))}.next_id(), "
-            f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-            for n in chunk
-        ]
-        for shard, minted, at_ms in conn.execute("\nUNION ALL\n".join(parts)).fetchall():
+        schemas = [topo.schema_name(n) for n in chunk]
+        for shard, minted, at_ms in mint_one_id(conn, schemas, chunk):
             try:
                 d = topo.layout.decode(minted)
             except BadInput as exc:
@@ -258,7 +250,7 @@ def _apply_host(
     for n in sorted(stale):
         try:
             with conn.transaction():
-                conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
+                set_settings(conn, {"lock_timeout": lock_timeout})
                 for f in stale[n]:
                     conn.execute(f.sql)
                     record_template(conn, n, f.object, f.checksum)

@@ -13,16 +13,17 @@ from ..engine.ledger import recorded_failures
 from ..errors import FleetIncomplete
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql.catalog import (
+from ..sql.catalog.control import (
     applied_versions,
     control_exists,
     last_event,
     move_records,
-    schema_names,
     shard_list,
 )
+from ..sql.catalog.inspect import schema_names
 from ..sql.fingerprint import fingerprints
 from ..sql.migrations import for_topology
+from ..sql.session import SERVER_VERSION
 from .move.api import next_step
 from .move.run import Move, merge_records
 from .verify import per_shard_functions
@@ -110,7 +111,7 @@ def _host_status(
     per_shard: tuple[str, ...],
 ) -> str | None:
     """Fill ``st``; returns an error line when the host has no control schema."""
-    st.server_version = conn.execute("SHOW server_version").fetchone()[0]
+    st.server_version = conn.execute(SERVER_VERSION).fetchone()[0]
     if not control_exists(conn):
         st.missing = format_shards(host.shards)
         return "no control schema (run shardctl init)"

@@ -16,7 +16,8 @@ from ..ids import checks as id_checks
 from ..model.dsn import mask
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql import catalog, fingerprint
+from ..sql import fingerprint
+from ..sql.catalog import verify as queries
 from ..sql.render import next_id_body, render_next_id
 
 DEFAULT_SAMPLES = 16
@@ -365,7 +366,7 @@ class _HostCheck:
         topo, result = self.topo, self.result
         before = time.time()
         version, server_now, has_control, schemas = self.conn.execute(
-            catalog.VERIFY_HOST_SQL
+            queries.VERIFY_HOST_SQL
         ).fetchone()
         after = time.time()
         result.server_version = version
@@ -381,7 +382,7 @@ class _HostCheck:
         expected = set(self.host.shards)
         recorded: set[int] = set()
         if has_control:
-            recorded = catalog.active_shard_ids(self.conn)
+            recorded = queries.active_shard_ids(self.conn)
         else:
             self.violation(None, "no shardctl control schema (run `shardctl init`)")
         for n in sorted(expected - present):
@@ -415,7 +416,7 @@ class _HostCheck:
         else:
             picks = _spread(shards, body_samples)
             expected = [self.expected_body(n) for n in picks]
-            shapes, known, no_sequence = catalog.next_id_shapes(
+            shapes, known, no_sequence = queries.next_id_shapes(
                 self.conn,
                 [schema(n) for n in shards],
                 shards,
@@ -425,7 +426,7 @@ class _HostCheck:
                 n for shape, members in shapes.items() if shape not in known for n in members
             )
             suspect = set(compare) | set(no_sequence)
-        found = catalog.next_id_bodies(self.conn, [schema(n) for n in compare])
+        found = queries.next_id_bodies(self.conn, [schema(n) for n in compare])
         usable: dict[int, bool] = {}
         for n in compare:
             body = found.get(schema(n))
@@ -442,7 +443,7 @@ class _HostCheck:
         """Mint ``samples`` IDs on every shard (one query per host) and check them."""
         schema = self.topo.schema_name
         self.sequences(shards)
-        rows = catalog.sample_next_ids(self.conn, [schema(n) for n in shards], shards, samples)
+        rows = queries.sample_next_ids(self.conn, [schema(n) for n in shards], shards, samples)
         for shard, ids, at_ms, error in rows:
             if error is not None:
                 self.violation(shard, f"next_id() fails: {_first_line(error)}")
@@ -465,7 +466,7 @@ class _HostCheck:
         A shard without ``next_id_seq`` (a project's own templates may name it otherwise) is left
         to the samples: a next_id() that cannot run fails there.
         """
-        settings = catalog.id_sequence_settings(
+        settings = queries.id_sequence_settings(
             self.conn, [self.topo.schema_name(n) for n in shards]
         )
         for n in shards:

@@ -34,148 +34,16 @@ from __future__ import annotations
 
 import psycopg
 
-from .catalog import GUARD_TRIGGER
+from . import queries
 
-PLACEHOLDER = "{schema}."
-
-
-def _n(expr: str) -> str:
-    """``expr`` with the shard's own qualifier (``s.q``: its quoted name and a dot) made neutral."""
-    return f"replace({expr}, s.q, '{PLACEHOLDER}')"
-
-
-# Each branch: (schema, kind, tbl, name, def). Joins start from the shards' namespaces, so the cost
-# is linear in the shards asked for, whatever else the database holds.
-_OBJECTS = f"""
-WITH s AS MATERIALIZED (
-    SELECT n.oid, n.nspname::text AS schema, quote_ident(n.nspname) || '.' AS q, n.nspowner, n.nspacl,
-           '{{FUNCEXPR :funcid ' || (SELECT p.oid FROM pg_proc p WHERE p.pronamespace = n.oid
-                                       AND p.proname = 'next_id' AND p.proargtypes = ''::oidvector)
-           || ' :funcresulttype 20 :funcretset false :funcvariadic false :funcformat 0 :funccollid 0 '
-              ':inputcollid 0 :args <> :location -1}}' AS next_id_call
-      FROM unnest(%(schemas)s::text[]) AS u(name) JOIN pg_namespace n ON n.nspname = u.name
-), d AS MATERIALIZED (  -- column defaults, their node trees as text
-    SELECT d.adrelid, d.adnum, d.adbin, d.adbin::text AS node
-      FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_attrdef d ON d.adrelid = c.oid
-), dx AS MATERIALIZED (  -- each node tree without a column reference, deparsed once for every shard
-    SELECT k.node, pg_get_expr(x.adbin, 0) AS expr
-      FROM (SELECT DISTINCT ON (node) node, adrelid, adnum FROM d WHERE position('{{VAR ' IN node) = 0) AS k
-      JOIN pg_attrdef x ON x.adrelid = k.adrelid AND x.adnum = k.adnum
-), o(schema, kind, tbl, name, def) AS (
-    SELECT s.schema, 'schema', '', '', concat_ws(' ', 'owner', pg_get_userbyid(s.nspowner), 'acl', s.nspacl::text)
-      FROM s
-    UNION ALL
-    SELECT s.schema,
-           CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view' WHEN 'S' THEN 'sequence'
-                          WHEN 'f' THEN 'foreign table' WHEN 'c' THEN 'type' ELSE 'table' END,
-           '', c.relname::text,
-           concat_ws(' ', c.relkind, c.relpersistence, 'owner', pg_get_userbyid(c.relowner), 'acl', c.relacl::text,
-                     'options', c.reloptions::text, 'rls', c.relrowsecurity, c.relforcerowsecurity,
-                     CASE WHEN c.relkind IN ('v', 'm') THEN {_n("pg_get_viewdef(c.oid)")} END,
-                     CASE WHEN c.relkind = 'S' THEN (
-                         SELECT concat_ws(' ', format_type(q.seqtypid, NULL), 'start', q.seqstart, 'increment',
-                                          q.seqincrement, 'min', q.seqmin, 'max', q.seqmax, 'cache', q.seqcache,
-                                          CASE WHEN q.seqcycle THEN 'cycle' END)
-                           FROM pg_sequence q WHERE q.seqrelid = c.oid) END)
-      FROM s JOIN pg_class c ON c.relnamespace = s.oid
-     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')
-    UNION ALL
-    SELECT s.schema, 'column', c.relname::text, a.attname::text,
-           concat_ws(' ', '#' || row_number() OVER (PARTITION BY a.attrelid ORDER BY a.attnum),
-                     {_n("format_type(a.atttypid, a.atttypmod)")},
-                     CASE WHEN a.attnotnull THEN 'not null' END,
-                     CASE WHEN a.attcollation <> 0 THEN 'collate ' || a.attcollation::regcollation::text END,
-                     CASE WHEN a.attidentity <> '' THEN 'identity ' || a.attidentity::text END,
-                     CASE WHEN a.attgenerated <> '' THEN 'generated' END,
-                     'default ' || CASE WHEN d.node = s.next_id_call THEN '{PLACEHOLDER}next_id()'
-                                        ELSE {_n("coalesce(dx.expr, pg_get_expr(d.adbin, d.adrelid))")} END,
-                     'acl ' || a.attacl::text)
-      FROM s JOIN pg_class c ON c.relnamespace = s.oid AND c.relkind IN ('r', 'p', 'f', 'c', 'v', 'm')
-      JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-      LEFT JOIN d ON d.adrelid = a.attrelid AND d.adnum = a.attnum LEFT JOIN dx ON dx.node = d.node
-    UNION ALL
-    SELECT s.schema, 'constraint', coalesce(c.relname, t.typname)::text, k.conname::text,
-           concat_ws(' ', k.contype, {_n("pg_get_constraintdef(k.oid)")})
-      FROM s JOIN pg_constraint k ON k.connamespace = s.oid AND k.contype <> 'n'
-      LEFT JOIN pg_class c ON c.oid = k.conrelid LEFT JOIN pg_type t ON t.oid = k.contypid
-    UNION ALL
-    SELECT s.schema, 'index', c.relname::text, i.relname::text,
-           CASE WHEN x.indexprs IS NULL AND x.indpred IS NULL THEN concat_ws(' ',  -- read, not deparsed: cheaper
-               am.amname, CASE WHEN x.indisunique THEN 'unique' END,
-               CASE WHEN x.indnullsnotdistinct THEN 'nulls not distinct' END,
-               '(' || (SELECT string_agg(concat_ws(' ', quote_ident(a.attname), oc.opcname,
-                                                   CASE WHEN k.opt <> 0 THEN 'option ' || k.opt END,
-                                                   CASE WHEN k.coll <> 0 THEN k.coll::regcollation::text END,
-                                                   CASE WHEN k.i > x.indnkeyatts THEN 'include' END),
-                                         ', ' ORDER BY k.i)
-                         FROM unnest(x.indkey::int2[], x.indclass::oid[], x.indoption::int2[], x.indcollation::oid[])
-                              WITH ORDINALITY AS k(attnum, opclass, opt, coll, i)
-                         JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
-                         LEFT JOIN pg_opclass oc ON oc.oid = k.opclass) || ')',
-               'with ' || i.reloptions::text,
-               'tablespace ' || (SELECT t.spcname FROM pg_tablespace t WHERE t.oid = i.reltablespace))
-           ELSE {_n("pg_get_indexdef(i.oid)")} END
-           || CASE WHEN x.indisvalid THEN '' ELSE ' INVALID (a failed CREATE INDEX CONCURRENTLY?)' END
-      FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_index x ON x.indrelid = c.oid
-      JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_am am ON am.oid = i.relam
-     WHERE NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conindid = i.oid AND k.conrelid = c.oid)
-    UNION ALL
-    SELECT s.schema, CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE 'function' END, '',
-           p.proname || '(' || {_n("pg_get_function_identity_arguments(p.oid)")} || ')',
-           concat_ws(' ', 'returns', {_n("pg_get_function_result(p.oid)")}, 'language', l.lanname, p.provolatile,
-                     CASE WHEN p.proisstrict THEN 'strict' END, CASE WHEN p.prosecdef THEN 'security definer' END,
-                     CASE WHEN p.proleakproof THEN 'leakproof' END, 'parallel', p.proparallel,
-                     'config', {_n("p.proconfig::text")}, 'owner', pg_get_userbyid(p.proowner), 'acl', p.proacl::text,
-                     CASE WHEN p.proname || '/' || p.pronargs = ANY(%(per_shard)s::text[])
-                          THEN 'body: per shard, compared with the template'
-                          ELSE 'body md5 ' || md5({_n("p.prosrc")}) END)
-      FROM s JOIN pg_proc p ON p.pronamespace = s.oid JOIN pg_language l ON l.oid = p.prolang
-    UNION ALL
-    SELECT s.schema, 'trigger', c.relname::text, g.tgname::text,
-           concat_ws(' ', {_n("pg_get_triggerdef(g.oid)")}, 'enabled', g.tgenabled)
-      FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_trigger g ON g.tgrelid = c.oid
-     WHERE NOT g.tgisinternal AND g.tgname <> '{GUARD_TRIGGER}'
-    UNION ALL
-    SELECT s.schema, 'type', '', t.typname::text,
-           concat_ws(' ', t.typtype, 'owner', pg_get_userbyid(t.typowner), 'acl', t.typacl::text,
-                     CASE t.typtype
-                         WHEN 'e' THEN 'labels ' || (SELECT string_agg(quote_literal(e.enumlabel), ', '
-                                                                       ORDER BY e.enumsortorder)
-                                                       FROM pg_enum e WHERE e.enumtypid = t.oid)
-                         WHEN 'd' THEN concat_ws(' ', {_n("format_type(t.typbasetype, t.typtypmod)")},
-                                                 CASE WHEN t.typnotnull THEN 'not null' END,
-                                                 'default ' || {_n("t.typdefault")})
-                         WHEN 'r' THEN (SELECT {_n("format_type(r.rngsubtype, NULL)")} FROM pg_range r
-                                         WHERE r.rngtypid = t.oid)
-                     END)
-      FROM s JOIN pg_type t ON t.typnamespace = s.oid WHERE t.typtype IN ('e', 'd', 'r')
-    UNION ALL
-    SELECT s.schema, 'policy', c.relname::text, y.polname::text,
-           concat_ws(' ', y.polcmd, CASE WHEN y.polpermissive THEN 'permissive' ELSE 'restrictive' END,
-                     'to', array(SELECT CASE r WHEN 0 THEN 'public' ELSE pg_get_userbyid(r)::text END
-                                   FROM unnest(y.polroles) AS r ORDER BY 1)::text,
-                     'using', {_n("pg_get_expr(y.polqual, y.polrelid)")},
-                     'check', {_n("pg_get_expr(y.polwithcheck, y.polrelid)")})
-      FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_policy y ON y.polrelid = c.oid
-    UNION ALL
-    SELECT s.schema, 'default privileges', '', pg_get_userbyid(d.defaclrole) || ' ' || d.defaclobjtype::text,
-           d.defaclacl::text
-      FROM s JOIN pg_default_acl d ON d.defaclnamespace = s.oid
-)"""
-
-FINGERPRINT_SQL = (
-    _OBJECTS
-    + """
-SELECT schema, md5(string_agg(concat_ws(' ', kind, tbl, name, def), E'\\n'
+# Every object of the schemas asked for, one row each (queries/fingerprint_objects.sql, which
+# leaves the guard triggers of a move out: GUARD_TRIGGER); the fingerprint hashes one schema's rows.
+OBJECTS_SQL = queries.load("fingerprint_objects")
+FINGERPRINT_SQL = f"""SELECT schema, md5(string_agg(concat_ws(' ', kind, tbl, name, def), E'\\n'
                               ORDER BY kind COLLATE "C", tbl COLLATE "C", name COLLATE "C"))
-  FROM o GROUP BY schema"""
-)
-
-OBJECTS_SQL = (
-    _OBJECTS
-    + """
-SELECT schema, kind, tbl, name, def FROM o"""
-)
+  FROM (
+{OBJECTS_SQL}
+) AS o GROUP BY schema"""
 
 Key = tuple[str, str, str]  # (kind, tbl, name)
 NEXT_ID = ("next_id/0",)

@@ -11,7 +11,6 @@ see. The ledger checksum is the file's source: the same file has the same checks
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +45,7 @@ class HostLevelMigration(Migration):
         return text
 
     def host_checksum(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()
+        return self.source_digest
 
 
 def host_context(topo: Topology, host: str) -> dict:

@@ -67,6 +67,12 @@ class Migration:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def source_digest(self) -> str:
+        """The file's one digest: sha256 of its source, as the ledger checksum and the verified-versions
+        cache hold it (host-level migrations record it as their checksum)."""
+        return _source_digest(self.source)
+
     def render(self, topo: Topology, shard: int, context: dict | None = None) -> str:
         """The SQL for one shard. Undefined names fail here (StrictUndefined), before anything runs.
 
@@ -132,7 +138,7 @@ class Migration:
         ctx = context if context is not None else shard_context(topo, shard)
         layout = ctx["layout"]
         parts = (
-            [_source_digest(self.source)]
+            [self.source_digest]
             + [str(ctx[k]) for k in CHECKSUM_KEYS]
             + [str(layout.get(k)) for k in CHECKSUM_LAYOUT_KEYS]
         )

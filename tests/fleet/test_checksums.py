@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import connect, load
 
-from shardctl.sql import catalog as q
+from shardctl.ops.move import transfer
 
 
 def test_rows_hash_by_column_and_fall_back_to_text(make_fleet):
@@ -31,10 +31,10 @@ def test_rows_hash_by_column_and_fall_back_to_text(make_fleet):
                     f"FROM generate_series(1, 300) g"
                 )
     with connect(topo, "pg1", autocommit=True) as one, connect(topo, "pg2") as two:
-        first = q.checksums(one, tables)
+        first = transfer.checksums(one, tables)
         with two.transaction():  # inside a snapshot transaction, as the move's checks run it
             two.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            second = q.checksums(two, tables)
+            second = transfer.checksums(two, tables)
         assert first == second
         assert first[("a", "hashable")][0] == 500 and first[("a", "hashable")][1].startswith("r")
         assert first[("a", "plain")][0] == 300 and first[("a", "plain")][1].startswith(
@@ -44,7 +44,7 @@ def test_rows_hash_by_column_and_fall_back_to_text(make_fleet):
         two.execute("UPDATE b.hashable SET caption = caption || 'x' WHERE id = 7")
         two.execute("UPDATE b.plain SET spot = point(0, 0) WHERE id = 9")
         two.commit()
-        changed = q.checksums(two, tables)
+        changed = transfer.checksums(two, tables)
         assert changed[("b", "hashable")] != first[("b", "hashable")]
         assert changed[("b", "plain")] != first[("b", "plain")]
         assert changed[("a", "hashable")] == first[("a", "hashable")]

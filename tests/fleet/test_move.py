@@ -331,11 +331,11 @@ def test_move_under_load_loses_no_write(make_fleet):
 
 
 def after_enable(monkeypatch, action) -> list[int]:
-    """Run ``action`` right after a subscription's ALTER SUBSCRIPTION … ENABLE (sql/catalog.start_subscription).
+    """Run ``action`` right after a subscription's ALTER SUBSCRIPTION … ENABLE (sql/replication.start_subscription).
     Returns a list that counts the times it ran: a test checks it did run (a renamed statement would skip it)."""
-    from shardctl.sql import catalog
+    from shardctl.sql.catalog import replication
 
-    real = catalog.start_subscription
+    real = replication.start_subscription
     ran: list[int] = []
 
     class Watched:
@@ -352,7 +352,7 @@ def after_enable(monkeypatch, action) -> list[int]:
             return cur
 
     monkeypatch.setattr(
-        catalog, "start_subscription", lambda conn, *a, **k: real(Watched(conn), *a, **k)
+        replication, "start_subscription", lambda conn, *a, **k: real(Watched(conn), *a, **k)
     )
     return ran
 
@@ -369,9 +369,9 @@ def test_writes_while_the_subscription_starts_are_not_skipped(fleet3, monkeypatc
 def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):
     """A run that dies right after ENABLE leaves an apply worker that skips (and confirms) the changes of
     tables it does not know: the re-run must not trust that stream, but stop it and copy again."""
-    from shardctl.sql import catalog
+    from shardctl.sql.catalog import replication
 
-    real = catalog.start_subscription
+    real = replication.start_subscription
 
     def die() -> None:
         raise RuntimeError("killed after ENABLE")
@@ -385,7 +385,7 @@ def test_stopped_between_enable_and_refresh_copies_again(fleet3, monkeypatch):
             move_shards(load(fleet3), moved, "pg2")
         assert ran
         time.sleep(1.0)  # writes go on while the worker runs without its tables
-        monkeypatch.setattr(catalog, "start_subscription", real)
+        monkeypatch.setattr(replication, "start_subscription", real)
         report = move_shards(load(fleet3), moved, "pg2")
         time.sleep(0.5)
     assert report["verified"]

@@ -9,7 +9,7 @@ from conftest import connect, load
 from test_move import fleet3, init_fleet, load_rows, make_fleet  # noqa: F401
 
 from shardctl.ops.move import abort_move, move_shards
-from shardctl.sql.catalog import dsn_without_password, read_redirects
+from shardctl.sql.catalog.control import dsn_without_password, read_redirects
 
 
 def test_dsn_without_password():

@@ -10,9 +10,8 @@ from conftest import connect, load
 from test_move import fleet3, make_fleet  # noqa: F401
 
 from shardctl.errors import OperationFailed
-from shardctl.ops.move import MoveOptions, abort_move, move_shards
+from shardctl.ops.move import MoveOptions, abort_move, move_shards, transfer
 from shardctl.ops.move.run import Pacer
-from shardctl.sql import catalog as q
 
 
 def tamper_target(path, sql: str) -> None:
@@ -107,7 +106,7 @@ def test_a_nice_move_rests_between_its_units_of_work_and_still_compares_every_ro
         real_rest(self)
         rests.append(self.rested - before)
 
-    monkeypatch.setattr(q, "PAUSE_BYTES", 256)
+    monkeypatch.setattr(transfer, "PAUSE_BYTES", 256)
     monkeypatch.setattr(Pacer, "rest", counted)
     before = {s: captions(fleet3, "pg1", s) for s in ("insta4", "insta5")}
     report = move_shards(load(fleet3), [4, 5], "pg2", options=MoveOptions(nice=1))

@@ -21,7 +21,7 @@ import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql import base as postgresql
 
-from ...model.identifiers import quote_ident
+from ...sql.session import BEGIN_SCRIPT, set_local_search_path
 from ..context import current
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
@@ -33,8 +33,7 @@ def settings_sql(schema: str, escape: bool) -> str:
     """The statement that puts a transaction on ``schema`` (``NO_SHARD``: the default path). ``SET LOCAL``
     (a utility statement: about half the server time of ``SELECT set_config(..., true)``), which lasts
     until the end of the transaction, explicit or the implicit one of a multi-statement query."""
-    path = f"{quote_ident(schema)}, public" if schema else '"$user", public'
-    text = f"SET LOCAL search_path = {path}"
+    text = set_local_search_path(schema)
     return text.replace("%", "%%") if escape else text
 
 
@@ -88,7 +87,7 @@ class ShardCursor(postgresql.Cursor):
     def _settings(self, schema: str, alone: bool) -> None:
         conn = self.connection
         psycopg.ClientCursor(conn).execute(
-            ("BEGIN; " if alone else "") + settings_sql(schema, False)
+            (BEGIN_SCRIPT if alone else "") + settings_sql(schema, False)
         )
         conn.shardctl_schema = schema
 

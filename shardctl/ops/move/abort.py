@@ -13,12 +13,13 @@ import psycopg
 
 from ...engine import connections as db
 from ...errors import OperationFailed
-from ...model.identifiers import quote_ident
 from ...model.ranges import format_shards
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
-from ...sql import catalog as q
-from ...sql.catalog import shard_list
+from ...sql import session
+from ...sql.catalog import control, data, inspect, stubs
+from ...sql.catalog.control import shard_list
+from . import transfer
 from .cutover import stub_names
 from .run import MoveRun, set_phase
 from .state import Phase, ShardState
@@ -47,7 +48,7 @@ def _finish(run: MoveRun) -> None:
     with run.connect(run.source) as src, src.transaction():
         set_phase(src, run.move, "source", Phase.ABORTED, {})
     with run.connect(run.target) as tgt, tgt.transaction():
-        if q.moves_table_exists(tgt):
+        if control.moves_table_exists(tgt):
             set_phase(tgt, run.move, "target", Phase.ABORTED, {})
 
 
@@ -67,15 +68,15 @@ def _abort_before_cutover(run: MoveRun) -> None:
     with run.connect(run.target, autocommit=False) as tgt:
         rows = shard_list(tgt)
         mine = [n for n in move.shards if n in rows and rows[n].state == ShardState.MOVING_IN]
-        present = q.present_schemas(tgt, run.schemas)
+        present = inspect.present_schemas(tgt, run.schemas)
         doomed = [
             n for n in move.shards if n in mine or (n not in rows and run.schema(n) in present)
         ]
         tgt.commit()
         run.drop_shards(tgt, doomed, run.schema, ShardState.MOVING_IN, "abort", run.target.name)
     with run.connect(run.source) as src, src.transaction():
-        q.drop_moved_stubs(src, stub_names(run))  # made by a cutover that did not happen
-        q.change_shard_states(src, move.shards, ShardState.MOVING_OUT, ShardState.ACTIVE)
+        stubs.drop_moved_stubs(src, stub_names(run))  # made by a cutover that did not happen
+        control.change_shard_states(src, move.shards, ShardState.MOVING_OUT, ShardState.ACTIVE)
         set_phase(src, move, "source", Phase.ABORTED, {})
     _finish(run)
 
@@ -94,7 +95,7 @@ def _abort_after_cutover(run: MoveRun) -> None:
     if move.phases.get("source") == Phase.CUT_OVER:
         with run.connect(run.source) as src, run.connect(run.target) as tgt:
             src_rows, tgt_rows = shard_list(src), shard_list(tgt)
-            frozen = set(aside.values()) <= q.present_schemas(tgt, list(aside.values()))
+            frozen = set(aside.values()) <= inspect.present_schemas(tgt, list(aside.values()))
         behind = [
             n
             for n in move.shards
@@ -131,20 +132,17 @@ def _freeze_target(run: MoveRun, aside: dict[str, str]) -> None:
     """On the target: lock, guard and rename the move's schemas aside in one transaction."""
     current = {str(n): run.schema(n) for n in run.move.shards}
     with run.connect(run.target, autocommit=False) as conn:
-        conn.execute(
-            "SELECT set_config('lock_timeout', %s, true)",
-            (f"{int(run.options.max_freeze * 1000)}ms",),
-        )
-        tables_rp = q.tables(conn, list(current.values()), "rp")
+        session.set_settings(conn, {"lock_timeout": f"{int(run.options.max_freeze * 1000)}ms"})
+        tables_rp = inspect.tables(conn, list(current.values()), "rp")
         try:
-            q.lock_tables(conn, tables_rp)
+            data.lock_tables(conn, tables_rp)
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
             raise OperationFailed(
                 f"could not freeze {run.target.name} within --max-freeze: {db.first_line(exc)}; "
                 f"nothing changed, try again"
             ) from None
         run.retire(conn, tables_rp, current, aside, f"moved back to {run.source.name}", [])
-        q.write_redirects(
+        control.write_redirects(
             conn,
             run.move.shards,
             list(current.values()),
@@ -159,32 +157,28 @@ def _freeze_target(run: MoveRun, aside: dict[str, str]) -> None:
 def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> None:
     move, opts = run.move, run.options
     with run.connect(run.source, autocommit=False) as src, run.connect(run.target) as tgt:
-        q.drop_moved_stubs(src, stub_names(run))  # the old names are the shards' own again
-        present = q.present_schemas(src, list(renamed.values()))
-        parts = [
-            f"ALTER SCHEMA {quote_ident(renamed[str(n)])} RENAME TO {quote_ident(run.schema(n))};\n"
-            for n in move.shards
-            if renamed[str(n)] in present
-        ]
-        if parts:
-            src.execute("".join(parts))
-        tables_rp = q.tables(src, run.schemas, "rp")
-        tables_r = q.tables(src, run.schemas, "r")
+        stubs.drop_moved_stubs(src, stub_names(run))  # the old names are the shards' own again
+        present = inspect.present_schemas(src, list(renamed.values()))
+        back = {renamed[str(n)]: run.schema(n) for n in move.shards if renamed[str(n)] in present}
+        if back:
+            src.execute(stubs.rename_schemas_sql(back))
+        tables_rp = inspect.tables(src, run.schemas, "rp")
+        tables_r = inspect.tables(src, run.schemas, "r")
         if tables_rp:
-            src.execute("".join(q.unguard_sql(s, t) for s, t in tables_rp))
-        grants = q.grant_sql(move.detail.get("grants") or [], revoke=False)
+            src.execute("".join(stubs.unguard_sql(s, t) for s, t in tables_rp))
+        grants = stubs.grant_sql(move.detail.get("grants") or [], revoke=False)
         if grants:
             src.execute(grants)
         back = {run.schema(n): aside[str(n)] for n in move.shards}
-        q.copy_tables(
+        transfer.copy_tables(
             tgt,
             src,
             [((back[s], t), (s, t)) for s, t in tables_r],
             truncate=True,
             progress=lambda i: run.progress("copy back", i, len(tables_r), run.source.name),
         )
-        src_sums = q.checksums(src, tables_r)
-        tgt_sums = q.checksums(tgt, [(back[s], t) for s, t in tables_r])
+        src_sums = transfer.checksums(src, tables_r)
+        tgt_sums = transfer.checksums(tgt, [(back[s], t) for s, t in tables_r])
         diff = [(s, t) for s, t in tables_r if src_sums[(s, t)] != tgt_sums.get((back[s], t))]
         if diff:
             src.rollback()
@@ -192,7 +186,7 @@ def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> 
                 f"abort: {len(diff)} table(s) differ after copying back, e.g. "
                 f"{diff[0][0]}.{diff[0][1]}; the source was left as it was (rolled back)"
             )
-        seqs = q.sequences(tgt, list(back.values()))
+        seqs = inspect.sequences(tgt, list(back.values()))
         back_of = {v: k for k, v in back.items()}
         values = [
             (
@@ -203,11 +197,11 @@ def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> 
             for (s, name), i in seqs.items()
             if i["last_value"] is not None
         ]
-        q.set_sequences(src, values)
-        q.set_shard_states(
+        inspect.set_sequences(src, values)
+        control.set_shard_states(
             src, move.shards, ShardState.ACTIVE, [run.schema(n) for n in move.shards]
         )
-        q.clear_redirects(src, move.shards)
+        control.clear_redirects(src, move.shards)
         set_phase(src, move, "source", Phase.ABORTING, {"copy_back": True})
         src.commit()
         run.report["rows"] = sum(v[0] for v in src_sums.values())

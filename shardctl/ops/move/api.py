@@ -20,7 +20,7 @@ from ...engine import connections as db
 from ...errors import BadInput, HostUnreachable, OperationFailed, ShardctlError
 from ...model.ranges import format_shards, parse_shards
 from ...model.topology import Topology
-from ...sql import catalog as q
+from ...sql.catalog import replication
 from .abort import abort
 from .catchup import catch_up
 from .cleanup import cleanup
@@ -422,7 +422,7 @@ def _live_sync(topo: Topology, move: Move, connect_timeout: int) -> dict:
         connect_timeout=connect_timeout,
         purpose="move-shard status",
     ) as conn:
-        state = q.sync_state(conn, move.names)
+        state = replication.sync_state(conn, move.names)
     doc = {
         "tables_ready": state["ready"],
         "tables": state["tables"],
@@ -434,7 +434,7 @@ def _live_sync(topo: Topology, move: Move, connect_timeout: int) -> dict:
         connect_timeout=connect_timeout,
         purpose="move-shard status",
     ) as conn:
-        doc["lag_bytes"] = q.slot_lag(conn, move.names)
+        doc["lag_bytes"] = replication.slot_lag(conn, move.names)
     return doc
 
 

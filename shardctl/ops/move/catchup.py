@@ -15,7 +15,7 @@ from ...engine.fanout import HostResult, fan_out
 from ...errors import OperationFailed, ShardctlError
 from ...model.ranges import format_shards
 from ...model.topology import Host
-from ...sql.catalog import shard_list
+from ...sql.catalog.control import shard_list
 from ...sql.migrations import for_topology
 from ..migrate import migrate
 from .run import MoveRun

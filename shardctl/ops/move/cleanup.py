@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import OperationFailed
-from ...sql import catalog as q
+from ...sql.catalog import stubs
 from .cutover import finish_cutover, stub_names
 from .run import MoveRun
 from .state import Phase, ShardState
@@ -23,7 +23,7 @@ def cleanup(run: MoveRun) -> None:
     finish_cutover(run)  # a cutover interrupted after the source committed completes first
     renamed = run.renamed_map()
     with run.connect(run.source, autocommit=False) as src:
-        q.drop_moved_stubs(
+        stubs.drop_moved_stubs(
             src, stub_names(run)
         )  # the stubs under the old names go with the old copies
         src.commit()

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from ...sql import catalog as q
+from ...sql.catalog import data, inspect, replication
+from . import transfer
 from .run import MoveRun
 
 MAX_COPY_WORKERS = 4
@@ -35,9 +36,9 @@ def slot_and_copy(run: MoveRun, name: str, schemas: list[str]) -> int:
     )
     repl = psycopg.connect(autocommit=True, replication="database", **kwargs)
     try:
-        _, snapshot = q.create_slot_with_snapshot(repl, name)
+        _, snapshot = replication.create_slot_with_snapshot(repl, name)
         with run.connect(run.source) as src:
-            items = q.tables(src, schemas, "r")
+            items = inspect.tables(src, schemas, "r")
         workers = copy_workers(run, len(items))
         chunks = [items[i::workers] for i in range(workers)]
         lock, done = threading.Lock(), [0]
@@ -49,7 +50,7 @@ def slot_and_copy(run: MoveRun, name: str, schemas: list[str]) -> int:
 
         def one(chunk: list[tuple[str, str]]) -> int:
             with run.connect(run.source) as s, run.connect(run.target, autocommit=False) as t:
-                return q.copy_in_snapshot(s, t, snapshot, chunk, tick, run.pause())
+                return transfer.copy_in_snapshot(s, t, snapshot, chunk, tick, run.pause())
 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardctl-copy") as pool:
             return sum(pool.map(one, [c for c in chunks if c]))
@@ -60,8 +61,8 @@ def slot_and_copy(run: MoveRun, name: str, schemas: list[str]) -> int:
 def forget_partial_copy(run: MoveRun, name: str, schemas: list[str]) -> None:
     """An interrupted copy: drop its slot (its snapshot is gone) and empty the target's tables."""
     with run.connect(run.source) as src:
-        if q.slot_exists(src, name):
-            q.drop_slots(src, [name], [])
-        items = q.tables(src, schemas, "r")
+        if replication.slot_exists(src, name):
+            transfer.drop_slots(src, [name], [])
+        items = inspect.tables(src, schemas, "r")
     with run.connect(run.target) as tgt:
-        q.truncate_tables(tgt, items)
+        data.truncate_tables(tgt, items)

@@ -37,7 +37,9 @@ from ...errors import OperationFailed
 from ...model.dsn import mask
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
-from ...sql import catalog as q
+from ...sql import session
+from ...sql.catalog import control, data, inspect, replication, stubs
+from . import transfer
 from .run import MoveRun, crash_point, human_bytes, set_phase
 from .state import Phase, ShardState
 from .sync import sync
@@ -66,14 +68,14 @@ def cutover(run: MoveRun) -> None:
     run.report["phases_run"].append("cutover")
     names = run.move.names
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
-        q.ensure_move_objects(
+        control.ensure_move_objects(
             src
         )  # a move prepared by an older shardctl may lack the redirects table
-        q.ensure_move_objects(tgt)
-        tables_r = q.tables(src, run.schemas, "r")
-        tables_rp = q.tables(src, run.schemas, "rp")
+        control.ensure_move_objects(tgt)
+        tables_r = inspect.tables(src, run.schemas, "r")
+        tables_rp = inspect.tables(src, run.schemas, "rp")
         # The stubs for direct clients are made now, under other names; the freeze only renames them.
-        q.create_moved_stubs(
+        stubs.create_moved_stubs(
             src, {stub_name(run, n): (run.schema(n), stub_message(run, n)) for n in run.move.shards}
         )
     verify_before(run, tables_r)
@@ -108,7 +110,7 @@ def _wait_small_lag(
     refuse to freeze while they cannot."""
     deadline = time.monotonic() + max(30.0, run.options.max_freeze * 6)
     while True:
-        lag = q.slot_lag(src, names)
+        lag = replication.slot_lag(src, names)
         if lag is None:
             raise OperationFailed(
                 f"cutover: the move's replication slots are missing on {run.source.name}; "
@@ -139,14 +141,14 @@ def _sums_at_lag_zero(
     no write meanwhile, exactly them."""
     pause = run.pause()
     with src.transaction():
-        src.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        src_sums = q.checksums(src, items, rows_only=rows_only, pause=pause)
-        lsn = src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+        src.execute(session.REPEATABLE_READ)
+        src_sums = transfer.checksums(src, items, rows_only=rows_only, pause=pause)
+        lsn = replication.wal_insert_lsn(src)
     deadline = time.monotonic() + timeout
-    while not q.replayed(src, run.move.names, lsn):
+    while not replication.replayed(src, run.move.names, lsn):
         if time.monotonic() > deadline:
             why = (
-                "; ".join(q.subscription_problems(tgt, run.move.names))
+                "; ".join(replication.subscription_problems(tgt, run.move.names))
                 or "no problem reported by the target"
             )
             raise OperationFailed(
@@ -154,7 +156,7 @@ def _sums_at_lag_zero(
                 f"within {timeout:g}s ({why}); nothing was frozen"
             )
         time.sleep(0.02)
-    return src_sums, q.checksums(tgt, items, rows_only=rows_only, pause=pause)
+    return src_sums, transfer.checksums(tgt, items, rows_only=rows_only, pause=pause)
 
 
 def _sums_in_streams(
@@ -249,8 +251,8 @@ def verify_after(
         run.connect(run.source) as src,
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardctl-checksum") as pool,
     ):
-        on_target = pool.submit(q.checksums, snapshot, tables_r, pause=run.pause())
-        src_sums = q.checksums(src, [(old[s], t) for s, t in tables_r], pause=run.pause())
+        on_target = pool.submit(transfer.checksums, snapshot, tables_r, pause=run.pause())
+        src_sums = transfer.checksums(src, [(old[s], t) for s, t in tables_r], pause=run.pause())
         tgt_sums = on_target.result()
     diff = [(s, t) for s, t in tables_r if src_sums[(old[s], t)] != tgt_sums.get((s, t))]
     rows = sum(v[0] for v in tgt_sums.values())
@@ -355,8 +357,8 @@ class Freeze:
         """The target's rows as of now, for the comparison after the cutover: lag is 0 and the source is
         locked, so this snapshot holds exactly the source's rows."""
         self.snapshot = self.run.connect(self.run.target, autocommit=False)
-        self.snapshot.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        self.snapshot.execute("SELECT 1")  # the snapshot is taken by the transaction's first query
+        self.snapshot.execute(session.REPEATABLE_READ_ONLY)
+        self.snapshot.execute(session.PING)  # the snapshot is taken by the first query
         self._mark("snapshot")
 
     def _budget(self) -> None:
@@ -364,9 +366,8 @@ class Freeze:
         left = int((self.deadline - time.monotonic()) * 1000)
         if left <= 0:
             raise FreezeTimeout(f"the freeze used up --max-freeze {self.options.max_freeze:g}s")
-        self.src.execute(
-            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-            (f"{left}ms", f"{left}ms"),
+        session.set_settings(
+            self.src, {"lock_timeout": f"{left}ms", "statement_timeout": f"{left}ms"}
         )
 
     def _rollback(self) -> None:
@@ -382,18 +383,21 @@ class Freeze:
     def _timeouts(self) -> None:
         limit = f"{max(1, int(self.options.max_freeze * 1000))}ms"
         # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
-        self.src.execute(
-            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
-            "set_config('idle_in_transaction_session_timeout', %s, true)",
-            (limit, limit, f"{int(self.options.max_freeze * 2000) + 10000}ms"),
+        session.set_settings(
+            self.src,
+            {
+                "lock_timeout": limit,
+                "statement_timeout": limit,
+                "idle_in_transaction_session_timeout": f"{int(self.options.max_freeze * 2000) + 10000}ms",
+            },
         )
-        self.tgt.execute("SELECT set_config('statement_timeout', %s, false)", (limit,))
+        session.set_settings(self.tgt, {"statement_timeout": limit}, local=False)
 
     def _lock(self) -> None:
         self.run.progress("freeze", 0, 0, "locking")
         try:
             self._budget()
-            q.lock_tables(self.src, self.tables_rp, LOCKS_PER_STATEMENT)
+            data.lock_tables(self.src, self.tables_rp, LOCKS_PER_STATEMENT)
         except (
             psycopg.errors.LockNotAvailable,
             psycopg.errors.DeadlockDetected,
@@ -414,13 +418,12 @@ class Freeze:
         # after committing what it received (worker.c send_feedback; streamed transactions too: the
         # leader waits for the parallel worker at STREAM COMMIT). That holds only if the worker applies,
         # not skips, what it receives: every table was registered before it streamed (see
-        # catalog.start_subscription; rows written while it was not were the lost rows once seen here).
-        lsn = self.src.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+        # replication.start_subscription; rows written while it was not were the lost rows once seen here).
+        lsn = replication.wal_insert_lsn(self.src)
         # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
-        self.aux.execute("SET synchronous_commit = on")
-        self.aux.execute("SELECT pg_current_xact_id()")
+        session.synchronous_commit_on(self.aux)
         self.run.progress("freeze", 0, 0, "waiting for lag 0")
-        while not q.replayed(self.aux, self.names, lsn):
+        while not replication.replayed(self.aux, self.names, lsn):
             if time.monotonic() > self.deadline:
                 raise FreezeTimeout(
                     f"the subscriptions did not apply the source's WAL up to {lsn} within "
@@ -430,7 +433,7 @@ class Freeze:
         self._mark("caught_up")
 
     def _sequences(self) -> list[tuple[str, str, int]]:
-        seqs = q.sequences(self.src, self.run.schemas)
+        seqs = inspect.sequences(self.src, self.run.schemas)
         values = [
             (
                 schema,
@@ -440,13 +443,13 @@ class Freeze:
             for (schema, name), info in seqs.items()
             if info["last_value"] is not None
         ]
-        q.set_sequences(self.tgt, values)
+        inspect.set_sequences(self.tgt, values)
         return values
 
     def _wait_clock(self) -> None:
-        source_ms = q.now_ms(self.src)
+        source_ms = inspect.now_ms(self.src)
         while (
-            q.now_ms(self.tgt) <= source_ms
+            inspect.now_ms(self.tgt) <= source_ms
         ):  # new IDs on the target sort after every ID minted on the source
             if time.monotonic() > self.deadline:
                 raise FreezeTimeout(
@@ -456,14 +459,14 @@ class Freeze:
 
     def _retire(self, started_at: float, sequences: int) -> dict:
         run = self.run
-        grants = q.write_grants(self.src, run.schemas)
+        grants = stubs.write_grants(self.src, run.schemas)
         current = {str(n): run.schema(n) for n in self.move.shards}
         renamed = {str(n): run.renamed(n) for n in self.move.shards}
         run.retire(
             self.src, self.tables_rp, current, renamed, f"moved to {run.target.name}", grants
         )
         self._mark("retired")
-        q.write_redirects(
+        control.write_redirects(
             self.src,
             self.move.shards,
             [run.schema(n) for n in self.move.shards],
@@ -472,7 +475,9 @@ class Freeze:
             self.move.move_id,
         )
         # Direct clients that still use the old schema name get an error naming the new host.
-        q.place_moved_stubs(self.src, {stub_name(run, n): run.schema(n) for n in self.move.shards})
+        stubs.place_moved_stubs(
+            self.src, {stub_name(run, n): run.schema(n) for n in self.move.shards}
+        )
         self._mark("stubs")
         detail = {
             "grants": grants,
@@ -505,7 +510,7 @@ def stub_message(run: MoveRun, shard: int) -> str:
     """What a direct client reading or writing a moved shard's old schema is told (no password)."""
     return (
         f"shard {shard} moved to {run.target.name} (move {run.move.move_id}): connect to "
-        f"{mask(q.dsn_without_password(run.target.dsn))}"
+        f"{mask(control.dsn_without_password(run.target.dsn))}"
     )
 
 
@@ -513,8 +518,10 @@ def finish_cutover(run: MoveRun) -> None:
     """After the source committed: target active, topology flipped, replication dropped. Idempotent."""
     move = run.move
     with run.connect(run.target) as tgt, tgt.transaction():
-        activated = q.change_shard_states(tgt, move.shards, ShardState.MOVING_IN, ShardState.ACTIVE)
-        q.clear_redirects(tgt, move.shards)
+        activated = control.change_shard_states(
+            tgt, move.shards, ShardState.MOVING_IN, ShardState.ACTIVE
+        )
+        control.clear_redirects(tgt, move.shards)
         set_phase(
             tgt,
             move,

@@ -23,9 +23,9 @@ from psycopg import conninfo as pg_conninfo
 from ...engine import connections as db
 from ...engine import host_ledger
 from ...errors import OperationFailed
-from ...model.identifiers import quote_ident
-from ...sql import catalog as q
-from ...sql.catalog import shard_list
+from ...sql import session
+from ...sql.catalog import inspect, replication
+from ...sql.catalog.control import shard_list
 from ...sql.host_migrations import host_for_topology
 from ...sql.migrations import for_topology, steps_for, transactional_form
 from ...sql.render import render_shard
@@ -49,12 +49,12 @@ def preflight(run: MoveRun) -> dict:
     Raises OperationFailed listing every problem found."""
     problems: list[str] = []
     with run.connect(run.source) as src:
-        facts_s = q.server_facts(src)
+        facts_s = inspect.server_facts(src)
         require_version(run.source, facts_s, "moving")
         problems += _source_problems(run, src, facts_s)
         rows = shard_list(src)
     with run.connect(run.target) as tgt:
-        facts_t = q.server_facts(tgt)
+        facts_t = inspect.server_facts(tgt)
         require_version(run.target, facts_t, "receiving")
         target_problems = _target_problems(run, tgt, facts_t)
         problems += target_problems
@@ -109,7 +109,7 @@ def _source_problems(run: MoveRun, conn, facts: dict) -> list[str]:
             f"host {name}: max_wal_senders={facts['max_wal_senders']} with {facts['senders_used']} in use: "
             f"a move needs 2 free; raise it (a restart)"
         )
-    role = q.role_facts(conn, run.schemas)
+    role = inspect.role_facts(conn, run.schemas)
     if not role["superuser"]:
         if not role["replication"]:
             out.append(
@@ -143,7 +143,7 @@ def _target_problems(run: MoveRun, conn, facts: dict) -> list[str]:
             f"host {name} has log_statement={facts['log_statement']}: it would write the subscription's "
             f"password to the server log; set log_statement to none or mod for the move"
         )
-    role = q.role_facts(conn, [])
+    role = inspect.role_facts(conn, [])
     if not role["superuser"]:
         if facts["version_num"] < 160000:
             out.append(
@@ -164,7 +164,7 @@ def _target_problems(run: MoveRun, conn, facts: dict) -> list[str]:
 
 
 def _reach_problems(run: MoveRun) -> list[str]:
-    """The target's server connects to the source with the move's connection string (q.probe_subscription,
+    """The target's server connects to the source with the move's connection string (replication.probe_subscription,
     rolled back): the one line of what stops it, or nothing.
 
     With a password in the connection string, the statement that fails would be written to the target's
@@ -178,7 +178,7 @@ def _reach_problems(run: MoveRun) -> list[str]:
         try:
             if parts.get("password"):
                 try:
-                    conn.execute("SET LOCAL log_min_error_statement = panic")
+                    session.set_settings(conn, {"log_min_error_statement": "panic"})
                 except psycopg.errors.InsufficientPrivilege:
                     run.note(
                         f"preflight: whether {run.target.name} reaches {run.source.name} is known when sync "
@@ -186,7 +186,7 @@ def _reach_problems(run: MoveRun) -> list[str]:
                         f"GRANT SET ON PARAMETER log_min_error_statement to the role lets the probe run)"
                     )
                     return []
-            q.probe_subscription(
+            replication.probe_subscription(
                 conn, f"shardctl_probe_{secrets.token_hex(4)}", conninfo, PROBE_PUBLICATION
             )
         except psycopg.Error as exc:
@@ -217,7 +217,7 @@ def _trial_host_level(run: MoveRun, conn) -> None:
     for v in host_ledger.host_state(conn, host_level).pending:
         m = host_level[v - 1]
         if m.transactional:
-            conn.execute("SELECT set_config('search_path', 'public', true)")
+            session.set_settings(conn, {"search_path": "public"})
             conn.execute(m.sql(run.topo, run.target.name))
 
 
@@ -238,15 +238,13 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
     what = f"the creation of shard {shard}"
     with run.connect(run.target, autocommit=False) as conn:
         try:
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
-                (TRIAL_STATEMENT_TIMEOUT, TRIAL_LOCK_TIMEOUT),
+            session.set_settings(
+                conn,
+                {"statement_timeout": TRIAL_STATEMENT_TIMEOUT, "lock_timeout": TRIAL_LOCK_TIMEOUT},
             )
             _trial_host_level(run, conn)
             conn.execute(render_shard(run.topo, shard))
-            conn.execute(
-                "SELECT set_config('search_path', %s, true)", (f"{quote_ident(schema)}, public",)
-            )
+            session.set_settings(conn, {"search_path": session.search_path(schema)})
             for step in steps:
                 what = f"migration {names[step.version]} (rendered for shard {shard})"
                 sql_text = step.sql if step.transactional else transactional_form(step.sql)

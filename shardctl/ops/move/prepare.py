@@ -21,8 +21,8 @@ from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
 from ...engine.ledger import ensure_control_schema
 from ...errors import OperationFailed
 from ...model.ranges import format_shards
-from ...sql import catalog as q
-from ...sql.catalog import shard_list
+from ...sql.catalog import control, inspect
+from ...sql.catalog.control import shard_list
 from ...sql.host_migrations import host_for_topology
 from ...sql.migrations import for_topology
 from ...sql.render import render_shard
@@ -48,7 +48,7 @@ def prepare(run: MoveRun) -> None:
                 run.target,
                 move.shards,
                 shard_list(conn),
-                q.present_schemas(conn, run.schemas),
+                inspect.present_schemas(conn, run.schemas),
                 mine=False,
             )
     sizing = (
@@ -77,7 +77,7 @@ def prepare(run: MoveRun) -> None:
 
 def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> None:
     move, shards = run.move, run.move.shards
-    q.ensure_move_objects(conn)
+    control.ensure_move_objects(conn)
     rows = shard_list(conn)
     missing = [n for n in shards if n not in rows]
     if missing:
@@ -94,13 +94,13 @@ def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> Non
             f"shards {format_shards(wrong)} on {run.source.name} are {', '.join(states)}, "
             f"not active: another move holds them (see move-shard --status)"
         )
-    present = q.present_schemas(conn, run.schemas)
+    present = inspect.present_schemas(conn, run.schemas)
     absent = [n for n in shards if run.schema(n) not in present]
     if absent:
         raise OperationFailed(
             f"host {run.source.name} lacks the schemas of shards {format_shards(absent)}"
         )
-    problems = q.unmovable(conn, run.schemas)
+    problems = inspect.unmovable(conn, run.schemas)
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise OperationFailed(
@@ -110,13 +110,15 @@ def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> Non
             + ". Add a primary key (or REPLICA IDENTITY) first"
         )
     run.ledger = {}
-    for row in q.ledger_rows(conn, shards):
+    for row in control.ledger_rows(conn, shards):
         run.ledger.setdefault(row[0], []).append(row)
     run.plans = _plans(run)
     if new:
         with conn.transaction():
             set_phase(conn, move, "source", Phase.PREPARING, {"batches": None, **sizing})
-            updated = q.change_shard_states(conn, shards, ShardState.ACTIVE, ShardState.MOVING_OUT)
+            updated = control.change_shard_states(
+                conn, shards, ShardState.ACTIVE, ShardState.MOVING_OUT
+            )
             if updated != len(shards):
                 raise OperationFailed("the shards changed state while the move started; try again")
 
@@ -125,7 +127,7 @@ def _prepare_target(run: MoveRun, conn: psycopg.Connection) -> list[ShardPlan]:
     """Record the move on the target and drop what an interrupted prepare half-built; returns the plans
     of the shards still to create."""
     move = run.move
-    require_version(run.target, q.server_facts(conn), "receiving")
+    require_version(run.target, inspect.server_facts(conn), "receiving")
     ensure_control_schema(conn, run.topo)
     # The target's host-level history (extensions, shared types) first: the shards' tables may use it.
     applied = host_ledger.apply(conn, run.topo, run.target, host_for_topology(run.topo))
@@ -133,10 +135,10 @@ def _prepare_target(run: MoveRun, conn: psycopg.Connection) -> list[ShardPlan]:
         run.note(
             f"applied host-level migrations {', '.join(f'H{v}' for v in applied)} on {run.target.name}"
         )
-    q.ensure_move_objects(conn)
-    mine = any(r[0] == move.move_id for r in q.move_records(conn))
+    control.ensure_move_objects(conn)
+    mine = any(r[0] == move.move_id for r in control.move_records(conn))
     rows = shard_list(conn)
-    present = q.present_schemas(conn, run.schemas)
+    present = inspect.present_schemas(conn, run.schemas)
     check_target_free(run.target, move.shards, rows, present, mine)
     if not mine:
         with conn.transaction():
@@ -246,7 +248,7 @@ def _create_on_target(run: MoveRun, conn: psycopg.Connection, plans: list[ShardP
 
 def _compare_structure(run: MoveRun) -> None:
     with run.connect(run.source) as s, run.connect(run.target) as t:
-        src, tgt = q.structure(s, run.schemas), q.structure(t, run.schemas)
+        src, tgt = inspect.structure(s, run.schemas), inspect.structure(t, run.schemas)
     diffs = []
     for key in sorted(set(src) | set(tgt)):
         if key not in tgt:

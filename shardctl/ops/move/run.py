@@ -22,10 +22,11 @@ from ...engine.fanout import MIN_SHARDS_PER_STREAM, host_jobs, run_streams
 from ...engine.ledger import log_event
 from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed
 from ...model.dsn import CLIENT_FILE_KEYWORDS
-from ...model.identifiers import MAX_IDENTIFIER_BYTES, quote_ident
+from ...model.identifiers import MAX_IDENTIFIER_BYTES
 from ...model.ranges import format_shards, parse_shards
 from ...model.topology import Host, Topology
-from ...sql import catalog as q
+from ...sql.catalog import control, replication, stubs
+from . import transfer
 from .state import FINISHED, Phase, ShardState, check_transition, combined_phase
 
 # pg_advisory_lock(classid, objid) = ('SM', shard): "this shard is being moved" (session-level).
@@ -160,7 +161,7 @@ def find_moves(
             with db.connect(
                 host, autocommit=True, connect_timeout=connect_timeout, purpose="move-shard"
             ) as conn:
-                merge_records(q.move_records(conn), moves)
+                merge_records(control.move_records(conn), moves)
         except HostUnreachable as exc:
             if host.name in required:
                 raise
@@ -179,7 +180,7 @@ def set_phase(
 ) -> None:
     """Insert or update this host's record of the move (in the caller's transaction, if any)."""
     check_transition(role, move.phases.get(role), phase)
-    q.record_move(
+    control.record_move(
         conn,
         move.move_id,
         format_shards(move.shards),
@@ -402,7 +403,7 @@ class MoveRun:
         self.progress(step, 0, len(shards), host_name)
 
         def drop(c: psycopg.Connection, batch: list[int]) -> None:
-            q.drop_shard_schemas(c, [schema_of(n) for n in batch], batch, state)
+            control.drop_shard_schemas(c, [schema_of(n) for n in batch], batch, state)
             c.commit()
             with lock:
                 done[0] += len(batch)
@@ -431,18 +432,20 @@ class MoveRun:
         out: dict[str, list] = {"subscriptions": [], "publications": [], "slots": []}
         try:
             with self.connect(self.target) as tgt:
-                existing = q.subscriptions(tgt, names)
+                existing = replication.subscriptions(tgt, names)
                 sub_oids += [o for o in existing.values() if o not in sub_oids]
                 for name in existing:
-                    out["subscriptions"].append(f"{name} ({q.drop_subscription(tgt, name)})")
+                    out["subscriptions"].append(
+                        f"{name} ({replication.drop_subscription(tgt, name)})"
+                    )
         except HostUnreachable as exc:
             self.note(
                 f"target {self.target.name} unreachable ({exc.reason}): its subscriptions stay until the "
                 f"command is run again"
             )
         with self.connect(self.source) as src:
-            out["publications"] = q.drop_publications(src, names)
-            out["slots"] = q.drop_slots(src, names, sub_oids)
+            out["publications"] = replication.drop_publications(src, names)
+            out["slots"] = transfer.drop_slots(src, names, sub_oids)
         return out
 
     def retire(
@@ -458,16 +461,15 @@ class MoveRun:
         schema), and mark the shards ``moved_out``: the statements that retire a copy, for one transaction."""
         shard_of = {v: k for k, v in current.items()}
         parts = [
-            q.guard_sql(s, t, f"shard {shard_of[s]} {message} (move {self.move.move_id})")
+            stubs.guard_sql(s, t, f"shard {shard_of[s]} {message} (move {self.move.move_id})")
             for s, t in tables_rp
         ]
-        parts.append(q.grant_sql(grants, revoke=True))
-        parts += [
-            f"ALTER SCHEMA {quote_ident(current[k])} RENAME TO {quote_ident(new[k])};\n"
-            for k in current
-        ]
+        parts.append(stubs.grant_sql(grants, revoke=True))
+        parts.append(stubs.rename_schemas_sql({current[k]: new[k] for k in current}))
         conn.execute("".join(parts))
-        q.set_shard_states(conn, [int(k) for k in new], ShardState.MOVED_OUT, list(new.values()))
+        control.set_shard_states(
+            conn, [int(k) for k in new], ShardState.MOVED_OUT, list(new.values())
+        )
 
 
 def require_version(host: Host, facts: dict, role: str) -> None:

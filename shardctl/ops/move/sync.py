@@ -9,7 +9,8 @@ import psycopg
 
 from ...engine import connections as db
 from ...errors import OperationFailed
-from ...sql import catalog as q
+from ...sql.catalog import inspect, replication
+from . import transfer
 from .copy import forget_partial_copy, slot_and_copy
 from .preflight import subscriptions_for
 from .run import MoveRun, crash_point, human_bytes, set_phase
@@ -56,7 +57,7 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
     own_copy = bool(run.move.detail.get("own_copy"))
     names = run.move.names
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
-        existing = q.subscriptions(tgt, names)
+        existing = replication.subscriptions(tgt, names)
         missing = [k for k, name in enumerate(names) if name not in existing]
         if missing:
             _create_replication(run, src, tgt, planned, missing, own_copy)
@@ -64,8 +65,8 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
             _copy_and_start(run, tgt, planned)
         else:
             for name in existing:  # a run stopped between creating and starting a subscription
-                q.start_subscription(tgt, name)
-        expected = len(q.tables(src, run.schemas, "r"))
+                replication.start_subscription(tgt, name)
+        expected = len(inspect.tables(src, run.schemas, "r"))
         _wait_ready(run, src, tgt, names, expected)
     seconds = round(time.perf_counter() - t0, 3)
     if run.move.phase != Phase.SYNCED:
@@ -79,7 +80,7 @@ def _size_to_target(run: MoveRun) -> None:
     """Before the subscriptions exist: fit their number to the target's free logical replication workers
     (each subscription's apply worker plus a table-sync worker), or refuse with the setting to change."""
     with run.connect(run.target) as tgt:
-        facts = q.server_facts(tgt)
+        facts = inspect.server_facts(tgt)
     subs = subscriptions_for(run, facts)
     if subs < 1:
         raise OperationFailed(
@@ -100,8 +101,8 @@ def _create_replication(
     own_copy: bool,
 ) -> None:
     names = run.move.names
-    facts = q.server_facts(src)
-    slots_needed = sum(1 for k in missing if not q.slot_exists(src, names[k]))
+    facts = inspect.server_facts(src)
+    slots_needed = sum(1 for k in missing if not replication.slot_exists(src, names[k]))
     free = facts["max_replication_slots"] - facts["slots_used"]
     if slots_needed + 2 > free:
         raise OperationFailed(
@@ -111,22 +112,24 @@ def _create_replication(
             f"batches (--schemas-per-subscription)"
         )
     conninfo = run.publisher_conninfo()
-    by_table = not q.role_facts(src, [])["superuser"]  # FOR TABLES IN SCHEMA needs superuser
+    by_table = not inspect.role_facts(src, [])["superuser"]  # FOR TABLES IN SCHEMA needs superuser
     for k in missing:
         name, schemas = names[k], [run.schema(n) for n in planned[k]]
         try:
-            if not q.publication_exists(src, name):
-                q.create_publication(src, name, schemas, by_table)
-            if not own_copy and not q.slot_exists(src, name):
-                q.create_slot(src, name)
+            if not replication.publication_exists(src, name):
+                replication.create_publication(src, name, schemas, by_table)
+            if not own_copy and not replication.slot_exists(src, name):
+                replication.create_slot(src, name)
             # With our own copy the subscription waits, disabled, for its slot and data (_copy_and_start).
-            q.create_subscription(tgt, name, conninfo, copy_data=not own_copy, start=not own_copy)
+            replication.create_subscription(
+                tgt, name, conninfo, copy_data=not own_copy, start=not own_copy
+            )
         except psycopg.Error as exc:
             raise OperationFailed(
                 f"sync: setting up replication {name} from {run.source.name} to "
                 f"{run.target.name}: {db.first_line(exc)}"
             ) from None
-    subs = q.subscriptions(tgt, names)
+    subs = replication.subscriptions(tgt, names)
     with tgt.transaction():
         set_phase(tgt, run.move, "target", Phase.SYNCING, {"sub_oids": list(subs.values())})
     with src.transaction():
@@ -140,10 +143,10 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
     for k, name in enumerate(run.move.names):
         flag = f"copied_{k}"
         schemas = [run.schema(n) for n in planned[k]]
-        if run.move.detail.get(flag) and q.started_without_tables(tgt, name):
+        if run.move.detail.get(flag) and replication.started_without_tables(tgt, name):
             # Stopped between ENABLE and REFRESH: the apply worker may have skipped and confirmed changes,
             # so neither the copy nor its slot can be trusted. Stop the worker and copy again.
-            q.disable_subscription(tgt, name)
+            transfer.disable_subscription(tgt, name)
             run.both(Phase.SYNCING, {flag: False})
             run.note(f"sync: {name} was stopped while starting; its tables are copied again")
         if not run.move.detail.get(flag):
@@ -160,8 +163,8 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
         with run.connect(
             run.target, autocommit=False
         ) as hold:  # see start_subscription: no change skipped
-            q.start_subscription(
-                tgt, name, copy_data=False, hold=hold, tables=q.tables(tgt, schemas, "r")
+            replication.start_subscription(
+                tgt, name, copy_data=False, hold=hold, tables=inspect.tables(tgt, schemas, "r")
             )
 
 
@@ -171,8 +174,8 @@ def _wait_ready(
     deadline = time.monotonic() + run.options.sync_timeout
     progressed, ready = time.monotonic(), -1
     while True:
-        state = q.sync_state(tgt, names)
-        lag = q.slot_lag(src, names)
+        state = replication.sync_state(tgt, names)
+        lag = replication.slot_lag(src, names)
         note = f"lag {human_bytes(lag)}" if lag is not None else ""
         errors = state["apply_errors"] + state["sync_errors"]
         if errors:
@@ -184,7 +187,7 @@ def _wait_ready(
         if state["ready"] != ready:
             progressed, ready = time.monotonic(), state["ready"]
         elif time.monotonic() - progressed > STALL_SECONDS:
-            why = q.subscription_problems(tgt, names)
+            why = replication.subscription_problems(tgt, names)
             if why or errors:
                 raise OperationFailed(
                     f"sync: stuck at {ready} of {expected} tables ready for {STALL_SECONDS}s: "
@@ -193,7 +196,7 @@ def _wait_ready(
                 )
         if time.monotonic() > deadline:
             why = (
-                "; ".join(q.subscription_problems(tgt, names))
+                "; ".join(replication.subscription_problems(tgt, names))
                 or note
                 or "no problem reported by the target"
             )

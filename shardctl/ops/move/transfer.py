@@ -1,0 +1,164 @@
+"""What a move does with rows and replication objects over time: binary copies between hosts (paced
+for ``--nice``), paced checksums, and the waits for slots and apply workers to let go. The statements
+themselves are ``sql/catalog`` (``data``, ``replication``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+
+from ...sql import session
+from ...sql.catalog import data, replication
+
+PAUSE_BYTES = 1 << 20  # bytes a paced copy moves between pauses
+
+
+@contextmanager
+def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator[None]:
+    """For the block, both connections' ``client_encoding`` is ``into``'s database encoding: text in a
+    COPY then crosses as logical replication sends it (its apply worker asks the publisher for the
+    subscriber database's encoding), and between databases of one encoding byte for byte, with no
+    conversion or validation: a SQL_ASCII database's bytes need not be UTF-8. The block should run
+    COPYs only (psycopg reads SQL_ASCII text as bytes); each connection's encoding is restored after
+    it (unless its transaction failed: the rollback restores it)."""
+    encoding = into.info.parameter_status("server_encoding") or "UTF8"
+    saved = [
+        (conn, conn.info.parameter_status("client_encoding") or "UTF8") for conn in (frm, into)
+    ]
+    for conn, _ in saved:
+        session.set_settings(conn, {"client_encoding": encoding}, local=False)
+    try:
+        yield
+    finally:
+        for conn, before in saved:
+            if not conn.closed and conn.info.transaction_status in (
+                psycopg.pq.TransactionStatus.IDLE,
+                psycopg.pq.TransactionStatus.INTRANS,
+            ):
+                session.set_settings(conn, {"client_encoding": before}, local=False)
+
+
+def _copy_table(
+    frm: psycopg.Connection,
+    into: psycopg.Connection,
+    source: tuple[str, str],
+    target: tuple[str, str],
+    on_data: Callable[[int], None] | None = None,
+) -> None:
+    with (
+        frm.cursor().copy(data.copy_out(*source)) as out,
+        into.cursor().copy(data.copy_in(*target)) as dst,
+    ):
+        for chunk in out:
+            dst.write(chunk)
+            if on_data:
+                on_data(len(chunk))
+
+
+def copy_tables(
+    frm: psycopg.Connection,
+    into: psycopg.Connection,
+    pairs: list[tuple[tuple[str, str], tuple[str, str]]],
+    truncate: bool = False,
+    progress=None,
+) -> None:
+    """COPY each (from table, into table) pair in binary; ``truncate`` empties the destinations first."""
+    if truncate and pairs:
+        data.truncate_tables(into, [t for _, t in pairs])
+    with copy_encoding(frm, into):
+        for i, (source, target) in enumerate(pairs, 1):
+            _copy_table(frm, into, source, target)
+            if progress:
+                progress(i)
+
+
+def copy_in_snapshot(
+    src: psycopg.Connection,
+    tgt: psycopg.Connection,
+    snapshot: str,
+    items: list[tuple[str, str]],
+    progress=None,
+    pause: Callable[[], None] | None = None,
+) -> int:
+    """Copy each (schema, table) from ``src`` as of ``snapshot`` into the same (empty) table on ``tgt``,
+    in binary, in one target transaction. Returns bytes copied. ``pause``: called after every
+    PAUSE_BYTES copied (a move's ``--nice``)."""
+    copied = 0
+    next_pause = PAUSE_BYTES if pause else -1
+
+    def count(n: int) -> None:
+        nonlocal copied, next_pause
+        copied += n
+        if copied > next_pause > 0:
+            pause()
+            next_pause = copied + PAUSE_BYTES
+
+    with data.snapshot_transaction(src, snapshot), tgt.transaction(), copy_encoding(src, tgt):
+        for item in items:
+            _copy_table(src, tgt, item, item, count)
+            if progress:
+                progress(1)
+    return copied
+
+
+def checksums(
+    conn: psycopg.Connection,
+    items: list[tuple[str, str]],
+    *,
+    rows_only: bool = False,
+    pause: Callable[[], None] | None = None,
+) -> dict[tuple[str, str], tuple[int, str]]:
+    """(schema, table) → (row count, checksum of the rows): :func:`data.checksum_rows` over chunks of
+    tables. ``pause``: called between queries, which then take PACED_CHUNK tables each (a move's
+    ``--nice``)."""
+    if not rows_only:  # the text fallback hashes rows' text: pin the settings that shape it
+        data.pin_text_settings(conn)
+    out: dict[tuple[str, str], tuple[int, str]] = {}
+    step = data.PACED_CHUNK if pause else data.CHUNK
+    for i in range(0, len(items), step):
+        if pause and i:
+            pause()
+        for schema, table, count, total in data.checksum_rows(conn, items[i : i + step], rows_only):
+            out[(schema, table)] = (count, total)
+    return out
+
+
+def drop_slots(
+    conn: psycopg.Connection, names: list[str], sub_oids: list[int], timeout: float = 30
+) -> list[str]:
+    """Drop the move's slots on the publisher, ending a walsender that still holds one."""
+    dropped: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = replication.move_slots(conn, names, sub_oids)
+        if not left:
+            return dropped
+        for slot in left:
+            try:
+                if replication.end_slot_holder(conn, slot):
+                    continue
+                replication.drop_slot(conn, slot)
+                dropped.append(slot)
+            except (psycopg.errors.ObjectInUse, psycopg.errors.UndefinedObject):
+                pass
+        if time.monotonic() > deadline:
+            left = replication.move_slots(conn, names, sub_oids)
+            if left:
+                raise psycopg.OperationalError(f"replication slots still in use: {', '.join(left)}")
+            return dropped
+        time.sleep(0.1)
+
+
+def disable_subscription(conn: psycopg.Connection, name: str, timeout: float = 30) -> None:
+    """Disable a subscription and wait until its apply worker has exited."""
+    replication.disable_subscription(conn, name)
+    deadline = time.monotonic() + timeout
+    while replication.apply_workers(conn, name):
+        if time.monotonic() > deadline:
+            raise psycopg.OperationalError(
+                f"the apply worker of subscription {name} did not stop within {timeout:g}s"
+            )
+        time.sleep(0.05)

@@ -1,0 +1,167 @@
+"""``verify``'s set-based reads: one row per host, every shard's next_id() shape and body, sampled IDs,
+and the ID sequences' settings."""
+
+from __future__ import annotations
+
+import psycopg
+
+from ...model.identifiers import quote_ident
+from .. import queries
+from .control import NOT_STUB
+
+
+def id_sequence_settings(conn: psycopg.Connection, schemas: list[str]) -> dict[str, dict]:
+    """schema → cache_size and increment_by of its ``next_id_seq`` (what verify checks: CACHE 1, INCREMENT 1)."""
+    return {
+        r[0]: {"cache_size": r[1], "increment_by": r[2]}
+        for r in conn.execute(
+            """SELECT schemaname, cache_size, increment_by FROM pg_sequences
+            WHERE sequencename = 'next_id_seq' AND schemaname = ANY(%s)""",
+            (schemas,),
+        ).fetchall()
+    }
+
+
+# verify: one row per host with its version, clock, whether the control schema exists, and every schema name
+# (but the stubs under moved shards' old names).
+VERIFY_HOST_SQL = f"""SELECT current_setting('server_version'), extract(epoch FROM clock_timestamp())::float8,
+       to_regclass('shardctl.migrations') IS NOT NULL,
+       array(SELECT nspname::text FROM pg_namespace n WHERE {NOT_STUB})"""
+
+
+def active_shard_ids(conn: psycopg.Connection) -> set[int]:
+    return {
+        r[0]
+        for r in conn.execute(
+            "SELECT shard_id FROM shardctl.shards WHERE state = 'active'"
+        ).fetchall()
+    }
+
+
+# A next_id() body with its shard's schema name and shard number (as a whole number) taken out: the
+# same for every shard rendered from one template, whatever its number. Linear in the rows: one fixed
+# pattern (compiled once per query, not once per row) brackets every run of digits, so the shard number
+# as a whole number is a plain replace of '<N>'.
+_SHAPE = (
+    "md5(replace(regexp_replace(replace({body}, {schema}, '{{schema}}'), '([0-9]+)', '<\\1>', 'g'), "
+    "'<' || {shard}::text || '>', '{{shard}}'))"
+)
+
+
+# A schema's next_id(): the whole key of pg_proc's (proname, proargtypes, pronamespace) index, so a
+# nested-loop plan (stale catalog statistics right after init) looks each one up instead of scanning
+# every shard's next_id() per shard.
+_NEXT_ID = "p.proname = 'next_id' AND p.proargtypes = ''::oidvector"
+
+
+def next_id_shapes(
+    conn: psycopg.Connection,
+    schemas: list[str],
+    shards: list[int],
+    expected: tuple[list[str], list[str], list[int]],
+) -> tuple[dict[str | None, list[int]], set[str], list[int]]:
+    """Every shard's next_id() shape (None: no next_id()) → its shards, the shapes of the ``expected``
+    (bodies, schemas, shards) renderings, and the shards without a ``next_id_seq`` sequence: two
+    set-based queries."""
+    shape = _SHAPE.format(body="p.prosrc", schema="u.schema", shard="u.shard")
+    rows = conn.execute(
+        f"""SELECT {shape}, array_agg(u.shard),
+                   array_agg(u.shard) FILTER (WHERE NOT EXISTS (
+                       SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'next_id_seq'
+                          AND c.relkind = 'S'))
+              FROM unnest(%s::text[], %s::int[]) AS u(schema, shard)
+              LEFT JOIN pg_namespace n ON n.nspname = u.schema
+              LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND {_NEXT_ID}
+             GROUP BY 1""",
+        (schemas, shards),
+    ).fetchall()
+    known = conn.execute(
+        f"SELECT DISTINCT {_SHAPE.format(body='e.body', schema='e.schema', shard='e.shard')} "
+        "FROM unnest(%s::text[], %s::text[], %s::int[]) AS e(body, schema, shard)",
+        expected,
+    ).fetchall()
+    no_sequence = [n for r in rows for n in (r[2] or [])]
+    return {r[0]: list(r[1]) for r in rows}, {r[0] for r in known}, no_sequence
+
+
+def next_id_bodies(conn: psycopg.Connection, schemas: list[str]) -> dict[str, str]:
+    """Schema → its next_id() body (``pg_proc.prosrc``), for the schemas given."""
+    if not schemas:
+        return {}
+    return dict(
+        conn.execute(
+            f"""SELECT n.nspname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE {_NEXT_ID} AND n.nspname = ANY(%s)""",
+            (schemas,),
+        ).fetchall()
+    )
+
+
+SAMPLE_BATCH = 256  # shards per UNION ALL query when no temporary function can be made
+
+
+SAMPLE_CALL = (
+    1024  # shards per call of the function: each is a transaction holding a lock per sequence
+)
+
+
+def sample_next_ids(
+    conn: psycopg.Connection, schemas: list[str], shards: list[int], n: int
+) -> list[tuple[int, list[int] | None, int, str | None]]:
+    """(shard, ``n`` IDs from its next_id(), server time in ms after them, error or None) per shard:
+    one query, or (a role that may not make temporary objects, a standby) UNION ALL batches."""
+    if not shards:
+        return []
+    try:
+        conn.execute(queries.load("sample_ids_function"))
+    except psycopg.Error:
+        return _sample_union(conn, schemas, shards, n)
+    out: list[tuple] = []
+    for i in range(
+        0, len(shards), SAMPLE_CALL
+    ):  # max_locks_per_transaction: 64 x max_connections slots
+        out += conn.execute(
+            "SELECT * FROM pg_temp.shardctl_sample_ids(%s::text[], %s::int[], %s)",
+            (schemas[i : i + SAMPLE_CALL], shards[i : i + SAMPLE_CALL], n),
+        ).fetchall()
+    return out
+
+
+def _one_id_sql(schema: str, shard: int) -> str:
+    return (
+        f"SELECT {int(shard)}, {quote_ident(schema)}.next_id(), "
+        f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    )
+
+
+def mint_one_id(
+    conn: psycopg.Connection, schemas: list[str], shards: list[int]
+) -> list[tuple[int, int, int]]:
+    """(shard, one ID from its next_id(), server time in ms after it) per shard: one UNION ALL query."""
+    return conn.execute(
+        "\nUNION ALL\n".join(_one_id_sql(s, n) for s, n in zip(schemas, shards))
+    ).fetchall()
+
+
+def _sample_union(
+    conn: psycopg.Connection, schemas: list[str], shards: list[int], n: int
+) -> list[tuple]:
+    def one(schema: str, shard: int) -> str:
+        fn = f"{quote_ident(schema)}.next_id"
+        return (
+            f"SELECT {int(shard)}, (SELECT array_agg({fn}() ORDER BY g) FROM generate_series(1, {int(n)}) g), "
+            f"(extract(epoch FROM clock_timestamp()) * 1000)::bigint, NULL::text"
+        )
+
+    out: list[tuple] = []
+    for i in range(0, len(shards), SAMPLE_BATCH):
+        part = list(zip(schemas[i : i + SAMPLE_BATCH], shards[i : i + SAMPLE_BATCH]))
+        try:
+            out += conn.execute("\nUNION ALL\n".join(one(s, k) for s, k in part)).fetchall()
+        except psycopg.Error:
+            for schema, shard in part:  # find the shard(s) whose next_id() fails
+                try:
+                    out.append(conn.execute(one(schema, shard)).fetchone())
+                except psycopg.Error as exc:
+                    out.append((shard, None, 0, str(exc)))
+    return out

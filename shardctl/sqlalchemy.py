@@ -44,14 +44,17 @@ A session's transaction over several hosts commits on each host in turn (no two-
 
 from __future__ import annotations
 
+import inspect as inspect_module
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
 import sqlalchemy
 from sqlalchemy import event, inspect
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import async_sessionmaker as _async_sessionmaker
 from sqlalchemy.orm import ORMExecuteState, Session
 from sqlalchemy.orm import sessionmaker as _sessionmaker
 from sqlalchemy.pool import Pool
@@ -60,9 +63,11 @@ from sqlalchemy.sql import elements, operators
 
 from .errors import BadInput
 from .router import MOVED_ERRORS, SAME, Router
+from .router_async import AsyncRouter
 from .router_session import ms, transaction_start
 
 T = TypeVar("T")
+_await_only = getattr(sqlalchemy.util, "await_", None) or sqlalchemy.util.await_only  # 2.1 / 2.0
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 _RECORD = (
     "_shardctl_sqla_records"  # on a Router connection: its SQLAlchemy pool record, per host pool
@@ -79,22 +84,29 @@ class _LendingPool(Pool):
     (:meth:`Router.lend`), the check-in gives it back. Each Router connection keeps one pool record for
     its life, so the dialect's per-connection setup runs once per server connection, not per loan."""
 
-    def __init__(self, router: Router, host: str, timeout: Any):
+    def __init__(self, router: Any, host: str, timeout: Any):
         self._router, self._host, self._timeout = router, host, timeout
         self._loans: dict[int, Any] = {}
         self._local = threading.local()
         super().__init__(self._lent_connection, reset_on_return="rollback")
 
     def _lent_connection(self) -> Any:
-        return self._local.conn
+        return self._local.conn  # the DBAPI connection is the driver's (psycopg's) own
+
+    def _borrow(self) -> tuple[Any, Any]:
+        """A loan of one of the Router's connections: (the loan, its psycopg connection)."""
+        loan = self._router.lend(self._host, timeout=self._timeout)
+        return loan, loan.__enter__()
+
+    def _give_back(self, loan: Any, error: BaseException | None) -> None:
+        loan.__exit__(*_exc_info(error))
 
     def _do_get(self) -> _ConnectionRecord:
-        loan = self._router.lend(self._host, timeout=self._timeout)
-        conn = loan.__enter__()
+        loan, conn = self._borrow()
         try:
             records = conn.__dict__.setdefault(_RECORD, {})
             record = records.get(id(self))
-            if record is None or record.dbapi_connection is not conn:
+            if record is None or record.driver_connection is not conn:
                 self._local.conn = conn
                 try:
                     record = records[id(self)] = _ConnectionRecord(self)
@@ -102,7 +114,7 @@ class _LendingPool(Pool):
                     self._local.conn = None
             conn.shardctl_host = self._router.topology.host(self._host)
         except BaseException as exc:
-            loan.__exit__(type(exc), exc, exc.__traceback__)
+            self._give_back(loan, exc)
             raise
         self._loans[id(record)] = loan
         return record
@@ -111,22 +123,23 @@ class _LendingPool(Pool):
         loan = self._loans.pop(id(record), None)
         if loan is None:
             return
-        conn = record.dbapi_connection
+        conn = record.driver_connection
         if conn is not None and not conn.closed and conn.pgconn.transaction_status != _IDLE:
-            conn.rollback()  # nothing commits behind SQLAlchemy's back
+            _wait(conn.rollback())  # nothing commits behind SQLAlchemy's back
         broken = conn is None or conn.closed
         try:
-            if broken:
-                error = psycopg.OperationalError("the connection was closed by SQLAlchemy")
-                loan.__exit__(type(error), error, None)
-            else:
-                loan.__exit__(None, None, None)
+            self._give_back(
+                loan,
+                psycopg.OperationalError("the connection was closed by SQLAlchemy")
+                if broken
+                else None,
+            )
         except Exception:
             if not broken:
                 raise
 
     def recreate(self) -> _LendingPool:
-        return _LendingPool(self._router, self._host, self._timeout)
+        return type(self)(self._router, self._host, self._timeout)
 
     def dispose(self) -> None:
         """Nothing to close: the connections are the Router's."""
@@ -135,8 +148,41 @@ class _LendingPool(Pool):
         return f"shardctl lending pool for host {self._host}: {len(self._loans)} on loan"
 
 
+class _AsyncLendingPool(_LendingPool):
+    """:class:`_LendingPool` for asyncio engines: the loans are :meth:`AsyncRouter.lend`'s, awaited from
+    SQLAlchemy's greenlet, and each psycopg ``AsyncConnection`` is wrapped by the asyncio dialect once."""
+
+    _is_asyncio = True
+
+    def _lent_connection(self) -> Any:
+        conn = self._local.conn
+
+        async def lent() -> Any:
+            return conn
+
+        return self._dialect.loaded_dbapi.connect(async_creator_fn=lent)
+
+    def _borrow(self) -> tuple[Any, Any]:
+        loan = self._router.lend(self._host, timeout=self._timeout)
+        return loan, _wait(loan.__aenter__())
+
+    def _give_back(self, loan: Any, error: BaseException | None) -> None:
+        _wait(loan.__aexit__(*_exc_info(error)))
+
+
+def _exc_info(error: BaseException | None) -> tuple[Any, Any, Any]:
+    return (None, None, None) if error is None else (type(error), error, error.__traceback__)
+
+
+def _wait(result: Any) -> Any:
+    """``result``, awaited from SQLAlchemy's greenlet when it is awaitable (an asyncio connection's)."""
+    return _await_only(result) if inspect_module.isawaitable(result) else result
+
+
 class Shards:
     """Per Router: an Engine per host, and the execution options that put a statement on a shard."""
+
+    pool_class: type[_LendingPool] = _LendingPool
 
     def __init__(self, router: Router, *, timeout: float | None = SAME, echo: bool = False):
         self.router = router
@@ -154,14 +200,14 @@ class Shards:
             with self._lock:
                 engine = self._engines.get(host)
                 if engine is None:
-                    pool = _LendingPool(self.router, host, self.timeout)
-                    engine = sqlalchemy.create_engine(
-                        "postgresql+psycopg://", pool=pool, echo=self.echo
-                    )
+                    engine = self._create_engine(self.pool_class(self.router, host, self.timeout))
                     event.listen(engine, "before_cursor_execute", _on_shard)
                     event.listen(engine, "handle_error", self._moved)
                     self._engines[host] = engine
         return engine
+
+    def _create_engine(self, pool: _LendingPool) -> Engine:
+        return sqlalchemy.create_engine("postgresql+psycopg://", pool=pool, echo=self.echo)
 
     def host_engine(self, shard: int) -> Engine:
         return self.engine(self.router._locate(shard).name)
@@ -206,7 +252,7 @@ class Shards:
         ):
             return
         conn = getattr(ctx.connection, "connection", None)
-        tried = getattr(getattr(conn, "dbapi_connection", None), "shardctl_host", None)
+        tried = getattr(getattr(conn, "driver_connection", None), "shardctl_host", None)
         ctx.sqlalchemy_exception.shardctl_moved = (
             context.execution_options.get("shardctl_shard"),
             tried,
@@ -237,7 +283,7 @@ def _on_shard(
         raise UnroutableStatement(
             f"no shard for {statement[:80]!r}: run it with execution_options(shard=N)"
         )
-    raw = cursor.connection
+    raw = conn.connection.driver_connection  # psycopg's (Async)Connection, lent by the Router
     shard = opts["shardctl_shard"]
     if raw.pgconn.transaction_status == _IDLE:
         raw.begin = begin
@@ -245,7 +291,10 @@ def _on_shard(
     elif getattr(raw, "shardctl_shard", None) != shard:
         compiled = context.compiled
         if compiled is None or isinstance(compiled.statement, elements.TextClause):
-            psycopg.Cursor(raw).execute(opts["shardctl_switch"])
+            plain = (
+                psycopg.AsyncCursor if isinstance(raw, psycopg.AsyncConnection) else psycopg.Cursor
+            )
+            _wait(plain(raw).execute(opts["shardctl_switch"]))
             raw.shardctl_shard = shard
 
 
@@ -510,11 +559,90 @@ def sessionmaker(
     return maker
 
 
+# ---- asyncio: the same sessions over an AsyncRouter, wrapped by SQLAlchemy's AsyncSession --------------
+class AsyncShards(Shards):
+    """:class:`Shards` over an :class:`~shardctl.AsyncRouter`: each host's Engine is the sync face of an
+    asyncio Engine (``postgresql+psycopg_async``) whose pool lends the AsyncRouter's connections."""
+
+    pool_class = _AsyncLendingPool
+    router: AsyncRouter  # type: ignore[assignment]
+
+    def _create_engine(self, pool: _LendingPool) -> Engine:
+        return create_async_engine(
+            "postgresql+psycopg_async://", pool=pool, echo=self.echo
+        ).sync_engine
+
+    async def follow_move(self, exc: BaseException) -> bool:  # type: ignore[override]
+        """:meth:`Shards.follow_move`, awaited."""
+        shard, tried = getattr(exc, "shardctl_moved", (None, None))
+        orig = getattr(exc, "orig", None)
+        return (
+            shard is not None
+            and orig is not None
+            and await self.router.follow_move(shard, orig, tried)
+        )
+
+
+class AsyncShardSession(AsyncSession):
+    """SQLAlchemy's ``AsyncSession`` over a :class:`ShardSession` (the same routing, run in SQLAlchemy's
+    greenlet): made by :func:`async_sessionmaker`."""
+
+    sync_session_class = ShardSession
+
+    def __init__(self, *args: Any, shards: AsyncShards, **kwargs: Any):
+        super().__init__(*args, shards=shards, **kwargs)
+        self.shards = shards
+        self.router = shards.router
+
+    def shard_of(self, obj: Any) -> int:
+        """:meth:`ShardSession.shard_of`."""
+        return self.sync_session.shard_of(obj)  # type: ignore[attr-defined]
+
+
+class AsyncShardSessionMaker(_async_sessionmaker):
+    """``async_sessionmaker`` of :class:`AsyncShardSession`; :meth:`run` retries once after a move."""
+
+    shards: AsyncShards
+
+    async def run(self, work: Callable[[AsyncShardSession], Awaitable[T]]) -> T:
+        """:meth:`ShardSessionMaker.run` for asyncio: ``await work(session)`` in a new session, then
+        commit; once more in a new session if a shard it touched had moved."""
+        for attempt in (1, 2):
+            async with self() as session:
+                try:
+                    result = await work(session)
+                    await session.commit()
+                    return result
+                except sqlalchemy.exc.DBAPIError as exc:
+                    error = exc
+                    await session.rollback()
+            if attempt == 1 and await self.shards.follow_move(error):
+                continue
+            raise error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def async_sessionmaker(
+    router: AsyncRouter, *, timeout: float | None = SAME, echo: bool = False, **kwargs: Any
+) -> AsyncShardSessionMaker:
+    """:func:`sessionmaker` for asyncio: a factory of ``AsyncSession``s over ``router`` (an
+    :class:`~shardctl.AsyncRouter`, used from its event loop); ``kwargs``: SQLAlchemy's
+    ``async_sessionmaker`` options, e.g. ``expire_on_commit=False``."""
+    shards = AsyncShards(router, timeout=timeout, echo=echo)
+    maker = AsyncShardSessionMaker(class_=AsyncShardSession, shards=shards, **kwargs)
+    maker.shards = shards
+    return maker
+
+
 __all__ = [
+    "AsyncShardSession",
+    "AsyncShardSessionMaker",
+    "AsyncShards",
     "ShardSession",
     "ShardSessionMaker",
     "Shards",
     "UnroutableStatement",
+    "async_sessionmaker",
     "criterion_shards",
     "sessionmaker",
 ]

@@ -1,0 +1,226 @@
+"""shardctl.sqlalchemy's asyncio sessions (issue #25 item 5) over an AsyncRouter, directly and through
+PgBouncer in transaction mode: every row checked in its key's shard, a get by ID from the ID alone, one
+connection per host for a session touching all 64 shards, routing and refusals, a retry after a move.
+
+Each test drives its coroutines with ``asyncio.run`` (no pytest plugin), as test_router_async.py does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+pytest.importorskip("sqlalchemy")
+pytest.importorskip("greenlet")
+import test_move
+import test_router_poolers
+from conftest import load, run_cli
+from sqlalchemy import func, select, text, update
+from test_sqlalchemy import example, rows_in
+
+from shardctl import AsyncRouter
+from shardctl.ops.move import move_shards
+from shardctl.sqlalchemy import UnroutableStatement, async_sessionmaker
+
+MODES = ["direct", "transaction"]
+make_fleet = test_move.make_fleet  # a fixture: drops the moves' replication objects after each test
+pooled_fleet = test_router_poolers.pooled_fleet  # a fixture (with this module's ``mode``)
+
+
+@pytest.fixture(params=MODES)
+def mode(request) -> str:
+    return request.param
+
+
+def routers(topo, **kwargs) -> tuple[AsyncRouter, object]:
+    router = AsyncRouter(topo, **kwargs)
+    return router, async_sessionmaker(router, expire_on_commit=False)
+
+
+def test_async_sessions_place_get_and_route(pooled_fleet, mode):
+    """Users, photos and likes added through async sessions land in the shard of their key (read back
+    directly in the shard schemas); ``await session.get`` finds each from its ID alone; == and IN on the
+    key or the ID route queries; fan-out only with ``all_shards``; unroutable statements raise."""
+    models, _ = example()
+    User, Photo, Like = models.User, models.Photo, models.Like
+    path = pooled_fleet(hosts=2, shards=64)
+    topo = load(path)
+
+    async def main():
+        router, Session = routers(topo)
+        async with Session() as session:
+            users = [User(username=f"user{i}") for i in range(30)]
+            session.add_all(users)
+            await session.commit()
+            photos = [Photo(user_id=u.id, caption=f"by {u.username}") for u in users]
+            session.add_all(photos)
+            await session.commit()
+            likes = [Like(photo_id=p.id, user_id=users[0].id) for p in photos[:10]]
+            session.add_all(likes)
+            await session.commit()
+        async with Session() as session:
+            for obj in users + photos + likes:
+                got = await session.get(type(obj), obj.id)
+                assert got is not None and got.id == obj.id, obj
+            assert await session.get(Photo, users[0].id) is None  # a user's ID names no photo
+            ids = [p.id for p in photos[:6]]
+            got = (await session.scalars(select(Photo).where(Photo.id.in_(ids)))).all()
+            assert sorted(p.id for p in got) == sorted(ids)
+            got = (
+                await session.scalars(
+                    select(Photo).where(Photo.user_id.in_([users[1].id, users[2].id]))
+                )
+            ).all()
+            assert sorted(p.user_id for p in got) == sorted([users[1].id, users[2].id])
+            count = select(func.count()).select_from(Like).where(Like.photo_id == photos[0].id)
+            assert await session.scalar(count) == 1
+            counts = await session.execute(
+                select(func.count()).select_from(User).execution_options(all_shards=True)
+            )
+            assert sum(n for (n,) in counts) == len(users)
+            result = await session.execute(
+                update(Photo).where(Photo.user_id == users[3].id).values(caption="edited")
+            )
+            assert result.rowcount == 1
+            shard = router.shard_of_id(photos[3].id)
+            conn = await session.connection(bind_arguments={"shard": shard})
+            assert (await conn.exec_driver_sql("SELECT current_schema()")).scalar() == (
+                topo.schema_name(shard)
+            )
+            assert (
+                await session.scalar(
+                    text("SELECT caption FROM photos WHERE id = :id").execution_options(
+                        shard=shard
+                    ),
+                    {"id": photos[3].id},
+                )
+                == "edited"
+            )
+            for bad in (select(Photo), select(Photo).where(Photo.caption == "x"), text("SELECT 1")):
+                with pytest.raises(UnroutableStatement, match="no shard"):
+                    await session.execute(bad)
+            await session.rollback()
+            with pytest.raises(UnroutableStatement, match="set its shard key"):
+                session.add(User())
+                await session.flush()
+        await router.close()
+        return users, photos, likes
+
+    users, photos, likes = asyncio.run(main())
+    found = rows_in(topo, "users")
+    assert len(found) == len(users)
+    for u in users:
+        host, schema, row = found[u.id]
+        assert row[1] == u.username
+        assert schema == topo.schema_name(AsyncRouter(topo).shard_for(u.username))
+        assert host == topo.host_of(topo.layout.decode(u.id)["shard"]).name
+    found = rows_in(topo, "photos")
+    assert len(found) == len(photos)
+    for p in photos:
+        _, schema, row = found[p.id]
+        assert schema == topo.schema_name(p.user_id % topo.modulus) and row[1] == p.user_id
+        assert topo.schema_name(topo.layout.decode(p.id)["shard"]) == schema
+    found = rows_in(topo, "likes")
+    assert len(found) == len(likes)
+    for lk in likes:
+        assert found[lk.id][1] == topo.schema_name(topo.layout.decode(lk.photo_id)["shard"])
+
+
+def test_an_async_session_on_all_64_shards_holds_one_connection_per_host(pooled_fleet, mode):
+    """One async session transaction writes to and reads from all 64 shards of 2 hosts: the AsyncRouter
+    lends it one connection per host (stats(), and directly pg_stat_activity), all given back at its end,
+    and later sessions reuse them without reconnecting."""
+    models, _ = example()
+    Photo = models.Photo
+    path = pooled_fleet(hosts=2, shards=64)
+    topo = load(path)
+
+    async def main():
+        router, Session = routers(topo, max_size=8)
+        seen = []
+        async with Session() as session:
+            photos = [Photo(user_id=n, caption=f"shard {n}") for n in range(64)]
+            session.add_all(photos)
+            await session.flush()
+            for p in photos:
+                caption = select(Photo.caption).where(Photo.user_id == p.user_id)
+                assert (await session.scalars(caption)).all() == [p.caption]
+            everything = select(Photo).execution_options(all_shards=True)
+            assert len((await session.scalars(everything)).all()) == 64
+            seen += [(name, s["in_use"], s["size"]) for name, s in router.stats().items()]
+            if mode == "direct":
+                for host in topo.hosts:
+                    with psycopg.connect(**host.connect_kwargs(purpose="admin")) as conn:
+                        n = conn.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND application_name LIKE 'shardctl%router'"
+                        ).fetchone()[0]
+                        seen.append((host.name, n))
+            await session.commit()
+        assert [s for s in seen if len(s) == 3] == [("pg1", 1, 1), ("pg2", 1, 1)], seen
+        assert all(n <= 1 for _, n in (s for s in seen if len(s) == 2)), seen
+        stats = router.stats()
+        assert all(s["in_use"] == 0 for s in stats.values()), stats
+        connects = {name: s["connects"] for name, s in stats.items()}
+        for n in range(16):
+            async with Session() as session:
+                assert (await session.get(Photo, photos[n].id)).caption == f"shard {n}"
+                session.add(Photo(user_id=n, caption="again"))
+                await session.commit()
+        stats = router.stats()
+        assert {name: s["connects"] for name, s in stats.items()} == connects, stats
+        assert all(s["errors_total"] == 0 and s["in_use"] == 0 for s in stats.values()), stats
+        await router.close()
+        return [p.id for p in photos]
+
+    ids = asyncio.run(main())
+    found = rows_in(topo, "photos")
+    assert sorted(topo.shard_of_schema(found[i][1]) for i in ids) == list(range(64))
+    assert len(found) == 64 + 16
+
+
+def test_async_session_run_follows_a_move(make_fleet):
+    """A shard moves pg1 → pg2 behind an AsyncRouter that still places it on pg1: ``Session.run``'s
+    first attempt meets the moved shard, the AsyncRouter follows the move, and the second attempt
+    reads and writes on pg2."""
+    models, _ = example()
+    Photo = models.Photo
+    path = make_fleet(hosts=2, shards=8)  # pg1 0-3, pg2 4-7
+    assert run_cli("init", config=path).exit_code == 0
+
+    async def before():
+        router, Session = routers(load(path))
+        async with Session() as session:
+            photo = Photo(user_id=3, caption="before the move")
+            session.add(photo)
+            await session.commit()
+        return router, Session, photo.id
+
+    async def after(router, Session, photo_id):
+        calls = []
+
+        async def work(session):
+            calls.append(router._locate(3).name)
+            photo = await session.get(Photo, photo_id)
+            session.add(Photo(user_id=3, caption="after the move"))
+            return photo.caption
+
+        assert await Session.run(work) == "before the move"
+        assert calls == ["pg1", "pg2"] and router._locate(3).name == "pg2"
+        await router.close()
+
+    loop = asyncio.new_event_loop()
+    try:
+        router, Session, photo_id = loop.run_until_complete(before())
+        report = move_shards(load(path), [3], "pg2")
+        assert report["phase"] == "cut_over", report
+        loop.run_until_complete(after(router, Session, photo_id))
+    finally:
+        loop.close()
+    found = rows_in(load(path), "photos")
+    assert sorted((v[0], v[1], v[2][2]) for v in found.values()) == [
+        ("pg2", "insta3", "after the move"),
+        ("pg2", "insta3", "before the move"),
+    ]

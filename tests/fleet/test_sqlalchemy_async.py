@@ -8,6 +8,9 @@ Each test drives its coroutines with ``asyncio.run`` (no pytest plugin), as test
 from __future__ import annotations
 
 import asyncio
+import importlib
+import sys
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -22,9 +25,11 @@ from test_sqlalchemy import example, rows_in
 
 from shardctl import AsyncRouter
 from shardctl.ops.move import move_shards
-from shardctl.sqlalchemy import UnroutableStatement, async_sessionmaker
+from shardctl.sqlalchemy import UnroutableStatement
+from shardctl.sqlalchemy.asyncio import async_sessionmaker
 
 MODES = ["direct", "transaction"]
+FASTAPI_APP = Path(__file__).resolve().parents[2] / "examples" / "fastapi_app"
 make_fleet = test_move.make_fleet  # a fixture: drops the moves' replication objects after each test
 pooled_fleet = test_router_poolers.pooled_fleet  # a fixture (with this module's ``mode``)
 
@@ -109,23 +114,88 @@ def test_async_sessions_place_get_and_route(pooled_fleet, mode):
         return users, photos, likes
 
     users, photos, likes = asyncio.run(main())
-    found = rows_in(topo, "users")
-    assert len(found) == len(users)
-    for u in users:
-        host, schema, row = found[u.id]
-        assert row[1] == u.username
-        assert schema == topo.schema_name(AsyncRouter(topo).shard_for(u.username))
-        assert host == topo.host_of(topo.layout.decode(u.id)["shard"]).name
-    found = rows_in(topo, "photos")
-    assert len(found) == len(photos)
-    for p in photos:
-        _, schema, row = found[p.id]
-        assert schema == topo.schema_name(p.user_id % topo.modulus) and row[1] == p.user_id
-        assert topo.schema_name(topo.layout.decode(p.id)["shard"]) == schema
-    found = rows_in(topo, "likes")
-    assert len(found) == len(likes)
-    for lk in likes:
-        assert found[lk.id][1] == topo.schema_name(topo.layout.decode(lk.photo_id)["shard"])
+    assert_in_their_shards(
+        topo,
+        [(u.id, u.username) for u in users],
+        [(p.id, p.user_id) for p in photos],
+        [(lk.id, lk.photo_id) for lk in likes],
+    )
+
+
+def assert_in_their_shards(topo, users, photos, likes) -> None:
+    """Every row (id, its key) read back directly in the shard schemas: each in its key's shard (a user
+    by its username, a photo by its user_id, a like with its photo), and each ID naming that shard."""
+    router = AsyncRouter(topo)
+    for table, rows, shard_of_key in (
+        ("users", users, router.shard_for),
+        ("photos", photos, router.shard_for),
+        ("likes", likes, router.shard_of_id),
+    ):
+        found = rows_in(topo, table)
+        assert len(found) == len(rows), table
+        for ident, key in rows:
+            host, schema, row = found[ident]
+            assert row[1] == key, (table, row)
+            assert schema == topo.schema_name(shard_of_key(key)), (table, row, schema)
+            assert schema == topo.schema_name(router.shard_of_id(ident)), (table, row, schema)
+            assert host == router._locate(router.shard_of_id(ident)).name, (table, row, host)
+
+
+def test_fastapi_example_app(pooled_fleet, mode, monkeypatch):
+    """examples/fastapi_app driven through an ASGI client (httpx's ASGITransport, in the app's lifespan):
+    sign-ups, photos and likes land in their key's shard, each user and photo is got by its ID alone,
+    a user's photos by the key, the user count over every shard."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    if str(FASTAPI_APP) not in sys.path:
+        sys.path.insert(0, str(FASTAPI_APP))
+    app = importlib.import_module("main").app
+    path = pooled_fleet(hosts=2, shards=64)
+    topo = load(path)
+    monkeypatch.setenv("SHARDCTL_TOPOLOGY", str(path))
+
+    async def requests():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+        ):
+
+            async def call(method, url, **kwargs):
+                response = await client.request(method, url, **kwargs)
+                assert response.status_code == 200, (url, response.text)
+                return response.json()
+
+            users = [await call("POST", "/users", json={"username": f"user{i}"}) for i in range(20)]
+            photos = [
+                await call(
+                    "POST", f"/users/{u['id']}/photos", json={"caption": f"{n} by {u['id']}"}
+                )
+                for u in users
+                for n in range(2)
+            ]
+            likes = [
+                await call("POST", f"/photos/{p['id']}/likes", json={"user_id": users[0]["id"]})
+                for p in photos[:10]
+            ]
+            assert [lk["likes"] for lk in likes] == [1] * 10
+            for u in users:
+                assert await call("GET", f"/users/{u['id']}") == u
+            for p in photos:
+                assert await call("GET", f"/photos/{p['id']}") == p
+            assert (await client.get(f"/photos/{users[0]['id']}")).status_code == 404
+            mine = await call("GET", f"/users/{users[3]['id']}/photos")
+            assert mine == sorted(photos[6:8], key=lambda p: p["id"], reverse=True)
+            assert await call("GET", "/stats") == {"users": 20}
+        return users, photos, likes
+
+    users, photos, likes = asyncio.run(requests())
+    assert_in_their_shards(
+        topo,
+        [(u["id"], u["username"]) for u in users],
+        [(p["id"], p["user_id"]) for p in photos],
+        [(lk["id"], p["id"]) for lk, p in zip(likes, photos)],
+    )
 
 
 def test_an_async_session_on_all_64_shards_holds_one_connection_per_host(pooled_fleet, mode):

@@ -40,31 +40,31 @@ How it runs:
   like :meth:`Router.run`. Elsewhere, ``Session.shards.follow_move(exc)`` after the rollback: True, try again.
 
 A session's transaction over several hosts commits on each host in turn (no two-phase commit).
+
+For asyncio, :mod:`shardctl.sqlalchemy.asyncio` offers the same sessions as SQLAlchemy ``AsyncSession``
+objects over an :class:`~shardctl.AsyncRouter` (``async_sessionmaker``).
 """
 
 from __future__ import annotations
 
 import inspect as inspect_module
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
 import sqlalchemy
 from sqlalchemy import event, inspect
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.ext.asyncio import async_sessionmaker as _async_sessionmaker
 from sqlalchemy.orm import ORMExecuteState, Session
 from sqlalchemy.orm import sessionmaker as _sessionmaker
 from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionRecord
 from sqlalchemy.sql import elements, operators
 
-from .errors import BadInput
-from .router import MOVED_ERRORS, SAME, Router
-from .router_async import AsyncRouter
-from .router_session import ms, transaction_start
+from ..errors import BadInput
+from ..router import MOVED_ERRORS, SAME, Router
+from ..router_session import ms, transaction_start
 
 T = TypeVar("T")
 _await_only = getattr(sqlalchemy.util, "await_", None) or sqlalchemy.util.await_only  # 2.1 / 2.0
@@ -146,28 +146,6 @@ class _LendingPool(Pool):
 
     def status(self) -> str:
         return f"shardctl lending pool for host {self._host}: {len(self._loans)} on loan"
-
-
-class _AsyncLendingPool(_LendingPool):
-    """:class:`_LendingPool` for asyncio engines: the loans are :meth:`AsyncRouter.lend`'s, awaited from
-    SQLAlchemy's greenlet, and each psycopg ``AsyncConnection`` is wrapped by the asyncio dialect once."""
-
-    _is_asyncio = True
-
-    def _lent_connection(self) -> Any:
-        conn = self._local.conn
-
-        async def lent() -> Any:
-            return conn
-
-        return self._dialect.loaded_dbapi.connect(async_creator_fn=lent)
-
-    def _borrow(self) -> tuple[Any, Any]:
-        loan = self._router.lend(self._host, timeout=self._timeout)
-        return loan, _wait(loan.__aenter__())
-
-    def _give_back(self, loan: Any, error: BaseException | None) -> None:
-        _wait(loan.__aexit__(*_exc_info(error)))
 
 
 def _exc_info(error: BaseException | None) -> tuple[Any, Any, Any]:
@@ -261,11 +239,16 @@ class Shards:
     def follow_move(self, exc: BaseException) -> bool:
         """After ``exc`` (raised by a session's statement, the session rolled back): True when its shard
         had moved and the Router now routes it to its new host (try again)."""
+        moved = self.moved(exc)
+        return moved is not None and self.router.follow_move(*moved)
+
+    @staticmethod
+    def moved(exc: BaseException) -> tuple[int, BaseException, Any] | None:
+        """The Router's ``follow_move`` arguments for ``exc`` (the shard, the driver's error, the host it
+        ran on), when a statement met a moved shard; else None."""
         shard, tried = getattr(exc, "shardctl_moved", (None, None))
         orig = getattr(exc, "orig", None)
-        return (
-            shard is not None and orig is not None and self.router.follow_move(shard, orig, tried)
-        )
+        return None if shard is None or orig is None else (shard, orig, tried)
 
     def close(self) -> None:
         for engine in self._engines.values():
@@ -365,7 +348,7 @@ def criterion_shards(
         or not isinstance(right, elements.BindParameter)
     ):
         return None
-    value = params[right.key] if right.key in params else right.effective_value
+    value = params.get(right.key, right.effective_value)
     if value is None:
         return None
     return _value_shards(router, value, kinds[left.name])
@@ -559,90 +542,11 @@ def sessionmaker(
     return maker
 
 
-# ---- asyncio: the same sessions over an AsyncRouter, wrapped by SQLAlchemy's AsyncSession --------------
-class AsyncShards(Shards):
-    """:class:`Shards` over an :class:`~shardctl.AsyncRouter`: each host's Engine is the sync face of an
-    asyncio Engine (``postgresql+psycopg_async``) whose pool lends the AsyncRouter's connections."""
-
-    pool_class = _AsyncLendingPool
-    router: AsyncRouter  # type: ignore[assignment]
-
-    def _create_engine(self, pool: _LendingPool) -> Engine:
-        return create_async_engine(
-            "postgresql+psycopg_async://", pool=pool, echo=self.echo
-        ).sync_engine
-
-    async def follow_move(self, exc: BaseException) -> bool:  # type: ignore[override]
-        """:meth:`Shards.follow_move`, awaited."""
-        shard, tried = getattr(exc, "shardctl_moved", (None, None))
-        orig = getattr(exc, "orig", None)
-        return (
-            shard is not None
-            and orig is not None
-            and await self.router.follow_move(shard, orig, tried)
-        )
-
-
-class AsyncShardSession(AsyncSession):
-    """SQLAlchemy's ``AsyncSession`` over a :class:`ShardSession` (the same routing, run in SQLAlchemy's
-    greenlet): made by :func:`async_sessionmaker`."""
-
-    sync_session_class = ShardSession
-
-    def __init__(self, *args: Any, shards: AsyncShards, **kwargs: Any):
-        super().__init__(*args, shards=shards, **kwargs)
-        self.shards = shards
-        self.router = shards.router
-
-    def shard_of(self, obj: Any) -> int:
-        """:meth:`ShardSession.shard_of`."""
-        return self.sync_session.shard_of(obj)  # type: ignore[attr-defined]
-
-
-class AsyncShardSessionMaker(_async_sessionmaker):
-    """``async_sessionmaker`` of :class:`AsyncShardSession`; :meth:`run` retries once after a move."""
-
-    shards: AsyncShards
-
-    async def run(self, work: Callable[[AsyncShardSession], Awaitable[T]]) -> T:
-        """:meth:`ShardSessionMaker.run` for asyncio: ``await work(session)`` in a new session, then
-        commit; once more in a new session if a shard it touched had moved."""
-        for attempt in (1, 2):
-            async with self() as session:
-                try:
-                    result = await work(session)
-                    await session.commit()
-                    return result
-                except sqlalchemy.exc.DBAPIError as exc:
-                    error = exc
-                    await session.rollback()
-            if attempt == 1 and await self.shards.follow_move(error):
-                continue
-            raise error
-        raise AssertionError("unreachable")  # pragma: no cover
-
-
-def async_sessionmaker(
-    router: AsyncRouter, *, timeout: float | None = SAME, echo: bool = False, **kwargs: Any
-) -> AsyncShardSessionMaker:
-    """:func:`sessionmaker` for asyncio: a factory of ``AsyncSession``s over ``router`` (an
-    :class:`~shardctl.AsyncRouter`, used from its event loop); ``kwargs``: SQLAlchemy's
-    ``async_sessionmaker`` options, e.g. ``expire_on_commit=False``."""
-    shards = AsyncShards(router, timeout=timeout, echo=echo)
-    maker = AsyncShardSessionMaker(class_=AsyncShardSession, shards=shards, **kwargs)
-    maker.shards = shards
-    return maker
-
-
 __all__ = [
-    "AsyncShardSession",
-    "AsyncShardSessionMaker",
-    "AsyncShards",
     "ShardSession",
     "ShardSessionMaker",
     "Shards",
     "UnroutableStatement",
-    "async_sessionmaker",
     "criterion_shards",
     "sessionmaker",
 ]

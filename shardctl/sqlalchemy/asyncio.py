@@ -24,6 +24,7 @@ the greenlet. ``Session.run(work)`` retries once after a move, as the sync ``run
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -37,6 +38,11 @@ from ..router_async import AsyncRouter
 from . import Shards, ShardSession, _exc_info, _LendingPool, _wait
 
 T = TypeVar("T")
+if tuple(int(part) for part in re.findall(r"\d+", sqlalchemy.__version__)[:3]) < (2, 0, 16):
+    raise ImportError(
+        f"shardctl.sqlalchemy.asyncio needs SQLAlchemy 2.0.16 or later (this is {sqlalchemy.__version__}): "
+        "pip install 'shardctl[sqlalchemy-asyncio]'"
+    )
 
 
 class _AsyncLendingPool(_LendingPool):

@@ -24,6 +24,7 @@ the greenlet. ``Session.run(work)`` retries once after a move, as the sync ``run
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -64,7 +65,25 @@ class _AsyncLendingPool(_LendingPool):
         return loan, _wait(loan.__aenter__())
 
     def _give_back(self, loan: Any, error: BaseException | None) -> None:
-        _wait(loan.__aexit__(*_exc_info(error)))
+        try:
+            _wait(loan.__aexit__(*_exc_info(error)))
+        except sqlalchemy.exc.MissingGreenlet:
+            # The garbage collector's check-in of a session never closed: nothing to await in, so the
+            # event loop ends the loan (the AsyncRouter's pool gets its slot back, the error recorded).
+            ending = asyncio.get_running_loop().create_task(loan.__aexit__(*_exc_info(error)))
+            _ENDING.add(ending)
+            ending.add_done_callback(_ended)
+
+
+_ENDING: set[asyncio.Task] = (
+    set()
+)  # loans being ended on the loop (a task must be referenced to run)
+
+
+def _ended(task: asyncio.Task) -> None:
+    _ENDING.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: the pool has recorded it
 
 
 class AsyncShards(Shards):

@@ -294,3 +294,41 @@ def test_async_session_run_follows_a_move(make_fleet):
         ("pg2", "insta3", "after the move"),
         ("pg2", "insta3", "before the move"),
     ]
+
+
+def test_a_forgotten_async_session_gives_its_connections_back(make_fleet):
+    """A session dropped without close (its connection left to the garbage collector, outside SQLAlchemy's
+    greenlet): the loan still ends on the event loop, so the AsyncRouter's pool gets its slot back."""
+    import gc
+    import warnings
+
+    models, _ = example()
+    Photo = models.Photo
+    path = make_fleet(hosts=2, shards=8)
+    assert run_cli("init", config=path).exit_code == 0
+
+    async def main():
+        router, Session = routers(load(path), max_size=1)
+
+        async def forget():
+            session = Session()
+            await session.scalars(select(Photo).where(Photo.user_id == 1))
+            assert router.stats()["pg1"]["in_use"] == 1
+
+        with warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore"
+            )  # SQLAlchemy warns about the connection the GC cleans up
+            await forget()
+            gc.collect()
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if router.stats()["pg1"]["in_use"] == 0:
+                break
+        assert router.stats()["pg1"]["in_use"] == 0, router.stats()
+        async with Session() as session:  # the one slot of pg1 is free again
+            session.add(Photo(user_id=1, caption="after"))
+            await session.commit()
+        await router.close()
+
+    asyncio.run(main())

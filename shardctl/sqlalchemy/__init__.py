@@ -348,7 +348,8 @@ def criterion_shards(
         or not isinstance(right, elements.BindParameter)
     ):
         return None
-    value = params.get(right.key, right.effective_value)
+    # effective_value only when the statement's parameters lack the key (it may call a function)
+    value = params[right.key] if right.key in params else right.effective_value  # noqa: SIM401
     if value is None:
         return None
     return _value_shards(router, value, kinds[left.name])

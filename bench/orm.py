@@ -7,8 +7,10 @@ its ID in another: what a web request of the example apps does. Per ORM, two can
 * the baseline: the plain ORM (SQLAlchemy: one Engine, its QueuePool, a plain Session) on one database
   whose tables are one shard's (the same rows, indexes and next_id() on the server: only the client
   side differs), ``search_path`` set once per connection;
-* the integration: the ORM through shardctl (``shardctl.sqlalchemy.sessionmaker(router)``), each request's
-  user_id routing it to one of the fleet's 64 shards, its get routed by the shard inside the ID.
+* the integration: the ORM through shardctl (``shardctl.sqlalchemy.sessionmaker(router)``; for
+  ``sqlalchemy-asyncio``, ``shardctl.sqlalchemy.asyncio.async_sessionmaker(async_router)`` against
+  SQLAlchemy's own ``AsyncSession``), each request's user_id routing it to one of the fleet's 64 shards,
+  its get routed by the shard inside the ID.
 
 ORMs are listed in ``ORMS`` (name → a function returning its two candidates); ``--orm`` picks them. The
 candidates take turns every ``--chunk`` requests (the order rotating), over ``--rounds`` rounds; the
@@ -97,7 +99,66 @@ def sqlalchemy_candidates(topo) -> list[Candidate]:
     ]
 
 
-ORMS: dict[str, Callable[[object], list[Candidate]]] = {"sqlalchemy": sqlalchemy_candidates}
+def sqlalchemy_asyncio_candidates(topo) -> list[Candidate]:
+    """Plain SQLAlchemy asyncio (``AsyncSession``, ``postgresql+psycopg_async``) on one shard's tables, and
+    ``shardctl.sqlalchemy.asyncio`` over an AsyncRouter; both on one event loop, driven a request at a time."""
+    import asyncio
+
+    sys.path.insert(0, str(APPS / "sqlalchemy_app"))
+    import psycopg
+    from models import Photo
+    from sqlalchemy.ext.asyncio import async_sessionmaker as plain_sessionmaker
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from shardctl.router_async import AsyncRouter
+    from shardctl.sqlalchemy.asyncio import async_sessionmaker
+
+    loop = asyncio.new_event_loop()
+
+    def requests(Session) -> Callable[[int], None]:
+        async def request(i: int) -> None:
+            async with Session() as session:
+                photo = Photo(user_id=i, caption=f"photo {i}")
+                session.add(photo)
+                await session.commit()
+                photo_id = photo.id
+            async with Session() as session:
+                assert (await session.get(Photo, photo_id)).caption == f"photo {i}"
+
+        return lambda i: loop.run_until_complete(request(i))
+
+    kwargs = topo.host_of(5).connect_kwargs()
+    engine = create_async_engine(
+        "postgresql+psycopg_async://",
+        pool_size=2,
+        async_creator=lambda: psycopg.AsyncConnection.connect(
+            **kwargs, options=f"-c search_path={BASE_SCHEMA},public"
+        ),
+    )
+    router = AsyncRouter(topo)
+
+    def close() -> None:
+        loop.run_until_complete(engine.dispose())
+        loop.run_until_complete(router.close())
+
+    return [
+        Candidate(
+            "SQLAlchemy asyncio, one database",
+            requests(plain_sessionmaker(engine, expire_on_commit=False)),
+            lambda: None,
+        ),
+        Candidate(
+            "shardctl.sqlalchemy.asyncio",
+            requests(async_sessionmaker(router, expire_on_commit=False)),
+            close,
+        ),
+    ]
+
+
+ORMS: dict[str, Callable[[object], list[Candidate]]] = {
+    "sqlalchemy": sqlalchemy_candidates,
+    "sqlalchemy-asyncio": sqlalchemy_asyncio_candidates,
+}
 
 
 def one_round(
@@ -193,8 +254,9 @@ def table_of(
         )
     notes = [
         (
-            f"{requests} requests (insert + commit, then get by ID in a new session) per candidate and round, "
-            f"turns of {chunk}, {rounds} rounds; {SHARDS} shards on one host; baseline tables: {BASE_SCHEMA}"
+            f"{requests} requests (insert + commit, then get by ID in a new session) per candidate and "
+            f"round, turns of {chunk}, {rounds} rounds; {SHARDS} shards on one host; baseline tables: "
+            f"{BASE_SCHEMA}"
         ),
         c.machine_note(),
     ]

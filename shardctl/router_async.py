@@ -337,6 +337,18 @@ class AsyncRouter(Routing):
         async with self._on_host(host, call) as conn:
             yield conn
 
+    @asynccontextmanager
+    async def lend(
+        self, host: Host | str, *, timeout: float | None = SAME
+    ) -> AsyncIterator[AsyncRouterConnection]:
+        """``Router.lend`` for asyncio: a pooled connection to ``host``'s primary, lent to an ORM session
+        (shardctl.sqlalchemy's async sessions) that sets each transaction's shard (``conn.begin``)."""
+        host = self.topology.host(host) if isinstance(host, str) else host
+        async with _session(
+            self, self._pool(host), Call("public", self._timeout(timeout), "lend")
+        ) as conn:
+            yield conn
+
     async def run(
         self,
         key: int | str | None = None,

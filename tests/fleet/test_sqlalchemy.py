@@ -345,3 +345,84 @@ def test_orm_clients_during_move(pooled_fleet, mode, caplog):
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
     assert "moved from pg1 to pg2" in caplog.text  # the ORM clients met the move and followed it
     assert checked.counts["retries"] > 0, checked  # ... and Session.run ran their work again
+
+
+def test_relationships_load_lazily_from_their_shards(make_fleet):
+    """Relationships over the example's tables: likes appended to a photo are placed with the photo
+    (the shard inside photo_id, set by the relationship at flush); in later sessions a photo's likes
+    (one-to-many), a user's photos (by the key) and a like's photo (many-to-one, by the ID) load lazily,
+    each from the shard its criterion names, and every like is directly in its photo's shard."""
+    from sqlalchemy import BigInteger, FetchedValue, Text
+    from sqlalchemy.orm import DeclarativeBase, mapped_column, relationship
+
+    # (columns without Mapped[] annotations: this module's annotations are strings)
+
+    class Base(DeclarativeBase):
+        pass
+
+    class User(Base):
+        __tablename__ = "users"
+        __shard_key__ = "username"
+        id = mapped_column(BigInteger, primary_key=True, server_default=FetchedValue())
+        username = mapped_column(Text)
+        photos = relationship(
+            "Photo", primaryjoin="foreign(Photo.user_id) == User.id", order_by="Photo.id"
+        )
+
+    class Photo(Base):
+        __tablename__ = "photos"
+        __shard_key__ = "user_id"
+        id = mapped_column(BigInteger, primary_key=True, server_default=FetchedValue())
+        user_id = mapped_column(BigInteger)
+        caption = mapped_column(Text)
+        likes = relationship(
+            "Like",
+            primaryjoin="foreign(Like.photo_id) == Photo.id",
+            back_populates="photo",
+            order_by="Like.id",
+        )
+
+    class Like(Base):
+        __tablename__ = "likes"
+        __shard_key__, __shard_key_is_id__ = "photo_id", True
+        id = mapped_column(BigInteger, primary_key=True, server_default=FetchedValue())
+        photo_id = mapped_column(BigInteger)
+        user_id = mapped_column(BigInteger)
+        photo = relationship(
+            Photo, primaryjoin="foreign(Like.photo_id) == Photo.id", back_populates="likes"
+        )
+
+    path = make_fleet(hosts=2, shards=16)
+    assert run_cli("init", config=path).exit_code == 0
+    topo = load(path)
+    router = Router(topo)
+    Session = sessionmaker(router)
+    with Session() as session:
+        users = [User(username=f"u{i}") for i in range(6)]
+        session.add_all(users)
+        session.flush()
+        for n, user in enumerate(users):
+            photo = Photo(user_id=user.id, caption=f"photo {n}")
+            photo.likes = [Like(user_id=other.id) for other in users[: n + 1]]  # photo_id at flush
+            session.add(photo)
+        session.commit()
+        expected = {u.id: [(p.id, [lk.user_id for lk in p.likes]) for p in u.photos] for u in users}
+        assert all(len(v) == 1 for v in expected.values()), expected
+    with Session() as session:
+        for user_id, photos in expected.items():
+            user = session.get(User, user_id)
+            got = [(p.id, [lk.user_id for lk in p.likes]) for p in user.photos]  # two lazy loads
+            assert got == photos, (user_id, got, photos)
+            for p in user.photos:
+                assert router.shard_of_id(p.id) == router.shard_for(user_id)
+                assert all(router.shard_of_id(lk.id) == router.shard_of_id(p.id) for lk in p.likes)
+    like_ids = [i for v in rows_in(topo, "likes").values() for i in [v[2][0]]]
+    with Session() as session:
+        for like_id in like_ids:  # many-to-one, from a like alone: the photo by the ID in photo_id
+            like = session.get(Like, like_id)
+            assert like.photo.id == like.photo_id and like in like.photo.likes
+    found = rows_in(topo, "likes")
+    assert len(found) == sum(range(1, 7))
+    for _, schema, row in found.values():
+        assert schema == topo.schema_name(router.shard_of_id(row[1]))  # with its photo
+    router.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,19 @@ def test_the_core_does_not_import_sqlalchemy():
     code = (
         "import sys, shardctl, shardctl.router, shardctl.cli; "
         "assert 'sqlalchemy' not in sys.modules, sorted(m for m in sys.modules if 'sqlalchemy' in m)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_sync_sessions_do_not_need_greenlet():
+    """shardctl[sqlalchemy] without greenlet: shardctl.sqlalchemy imports and loads nothing of SQLAlchemy's
+    asyncio layer, which only shardctl.sqlalchemy.asyncio (the sqlalchemy-asyncio extra) uses."""
+    pytest.importorskip("sqlalchemy")
+    code = (
+        "import sys; sys.modules['greenlet'] = None\n"
+        "import shardctl.sqlalchemy\n"
+        "assert 'sqlalchemy.ext.asyncio' not in sys.modules\n"
+        "assert 'shardctl.sqlalchemy.asyncio' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -65,3 +79,12 @@ def test_where_clauses_route_by_key_and_id(tmp_path):
         assert shards(c.caption == "x") is None and shards(None) is None
         assert shards(c.user_id == sa.bindparam("k"), {"k": 20}) == {4}
         assert shards(c.id == an_id) == {9} and shards(c.id.in_([an_id, an_id + 1])) == {9}
+
+
+def test_the_docs_show_the_fastapi_example_in_full():
+    """docs/orms.md's FastAPI block is examples/fastapi_app/main.py, as it is (the test that runs the
+    app runs what the docs show)."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "orms.md").read_text()
+    block = text.split("<!-- example: fastapi-app -->\n```python\n", 1)[1].split("```\n", 1)[0]
+    assert block == (root / "examples" / "fastapi_app" / "main.py").read_text()

@@ -40,10 +40,14 @@ How it runs:
   like :meth:`Router.run`. Elsewhere, ``Session.shards.follow_move(exc)`` after the rollback: True, try again.
 
 A session's transaction over several hosts commits on each host in turn (no two-phase commit).
+
+For asyncio, :mod:`shardctl.sqlalchemy.asyncio` offers the same sessions as SQLAlchemy ``AsyncSession``
+objects over an :class:`~shardctl.AsyncRouter` (``async_sessionmaker``).
 """
 
 from __future__ import annotations
 
+import inspect as inspect_module
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -58,12 +62,13 @@ from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionRecord
 from sqlalchemy.sql import elements, operators
 
-from .errors import BadInput
-from .router import MOVED_ERRORS, SAME, Router
-from .router_session import ms
-from .sql.session import switch_search_path, transaction_start
+from ..errors import BadInput
+from ..router import MOVED_ERRORS, SAME, Router
+from ..router_session import ms
+from ..sql.session import switch_search_path, transaction_start
 
 T = TypeVar("T")
+_await_only = getattr(sqlalchemy.util, "await_", None) or sqlalchemy.util.await_only  # 2.1 / 2.0
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 _RECORD = (
     "_shardctl_sqla_records"  # on a Router connection: its SQLAlchemy pool record, per host pool
@@ -80,22 +85,29 @@ class _LendingPool(Pool):
     (:meth:`Router.lend`), the check-in gives it back. Each Router connection keeps one pool record for
     its life, so the dialect's per-connection setup runs once per server connection, not per loan."""
 
-    def __init__(self, router: Router, host: str, timeout: Any):
+    def __init__(self, router: Any, host: str, timeout: Any):
         self._router, self._host, self._timeout = router, host, timeout
         self._loans: dict[int, Any] = {}
         self._local = threading.local()
         super().__init__(self._lent_connection, reset_on_return="rollback")
 
     def _lent_connection(self) -> Any:
-        return self._local.conn
+        return self._local.conn  # the DBAPI connection is the driver's (psycopg's) own
+
+    def _borrow(self) -> tuple[Any, Any]:
+        """A loan of one of the Router's connections: (the loan, its psycopg connection)."""
+        loan = self._router.lend(self._host, timeout=self._timeout)
+        return loan, loan.__enter__()
+
+    def _give_back(self, loan: Any, error: BaseException | None) -> None:
+        loan.__exit__(*_exc_info(error))
 
     def _do_get(self) -> _ConnectionRecord:
-        loan = self._router.lend(self._host, timeout=self._timeout)
-        conn = loan.__enter__()
+        loan, conn = self._borrow()
         try:
             records = conn.__dict__.setdefault(_RECORD, {})
             record = records.get(id(self))
-            if record is None or record.dbapi_connection is not conn:
+            if record is None or record.driver_connection is not conn:
                 self._local.conn = conn
                 try:
                     record = records[id(self)] = _ConnectionRecord(self)
@@ -103,7 +115,7 @@ class _LendingPool(Pool):
                     self._local.conn = None
             conn.shardctl_host = self._router.topology.host(self._host)
         except BaseException as exc:
-            loan.__exit__(type(exc), exc, exc.__traceback__)
+            self._give_back(loan, exc)
             raise
         self._loans[id(record)] = loan
         return record
@@ -112,22 +124,23 @@ class _LendingPool(Pool):
         loan = self._loans.pop(id(record), None)
         if loan is None:
             return
-        conn = record.dbapi_connection
+        conn = record.driver_connection
         if conn is not None and not conn.closed and conn.pgconn.transaction_status != _IDLE:
-            conn.rollback()  # nothing commits behind SQLAlchemy's back
+            _wait(conn.rollback())  # nothing commits behind SQLAlchemy's back
         broken = conn is None or conn.closed
         try:
-            if broken:
-                error = psycopg.OperationalError("the connection was closed by SQLAlchemy")
-                loan.__exit__(type(error), error, None)
-            else:
-                loan.__exit__(None, None, None)
+            self._give_back(
+                loan,
+                psycopg.OperationalError("the connection was closed by SQLAlchemy")
+                if broken
+                else None,
+            )
         except Exception:
             if not broken:
                 raise
 
     def recreate(self) -> _LendingPool:
-        return _LendingPool(self._router, self._host, self._timeout)
+        return type(self)(self._router, self._host, self._timeout)
 
     def dispose(self) -> None:
         """Nothing to close: the connections are the Router's."""
@@ -136,8 +149,19 @@ class _LendingPool(Pool):
         return f"shardctl lending pool for host {self._host}: {len(self._loans)} on loan"
 
 
+def _exc_info(error: BaseException | None) -> tuple[Any, Any, Any]:
+    return (None, None, None) if error is None else (type(error), error, error.__traceback__)
+
+
+def _wait(result: Any) -> Any:
+    """``result``, awaited from SQLAlchemy's greenlet when it is awaitable (an asyncio connection's)."""
+    return _await_only(result) if inspect_module.isawaitable(result) else result
+
+
 class Shards:
     """Per Router: an Engine per host, and the execution options that put a statement on a shard."""
+
+    pool_class: type[_LendingPool] = _LendingPool
 
     def __init__(self, router: Router, *, timeout: float | None = SAME, echo: bool = False):
         self.router = router
@@ -155,14 +179,14 @@ class Shards:
             with self._lock:
                 engine = self._engines.get(host)
                 if engine is None:
-                    pool = _LendingPool(self.router, host, self.timeout)
-                    engine = sqlalchemy.create_engine(
-                        "postgresql+psycopg://", pool=pool, echo=self.echo
-                    )
+                    engine = self._create_engine(self.pool_class(self.router, host, self.timeout))
                     event.listen(engine, "before_cursor_execute", _on_shard)
                     event.listen(engine, "handle_error", self._moved)
                     self._engines[host] = engine
         return engine
+
+    def _create_engine(self, pool: _LendingPool) -> Engine:
+        return sqlalchemy.create_engine("postgresql+psycopg://", pool=pool, echo=self.echo)
 
     def host_engine(self, shard: int) -> Engine:
         return self.engine(self.router._locate(shard).name)
@@ -205,7 +229,7 @@ class Shards:
         ):
             return
         conn = getattr(ctx.connection, "connection", None)
-        tried = getattr(getattr(conn, "dbapi_connection", None), "shardctl_host", None)
+        tried = getattr(getattr(conn, "driver_connection", None), "shardctl_host", None)
         ctx.sqlalchemy_exception.shardctl_moved = (
             context.execution_options.get("shardctl_shard"),
             tried,
@@ -214,11 +238,16 @@ class Shards:
     def follow_move(self, exc: BaseException) -> bool:
         """After ``exc`` (raised by a session's statement, the session rolled back): True when its shard
         had moved and the Router now routes it to its new host (try again)."""
+        moved = self.moved(exc)
+        return moved is not None and self.router.follow_move(*moved)
+
+    @staticmethod
+    def moved(exc: BaseException) -> tuple[int, BaseException, Any] | None:
+        """The Router's ``follow_move`` arguments for ``exc`` (the shard, the driver's error, the host it
+        ran on), when a statement met a moved shard; else None."""
         shard, tried = getattr(exc, "shardctl_moved", (None, None))
         orig = getattr(exc, "orig", None)
-        return (
-            shard is not None and orig is not None and self.router.follow_move(shard, orig, tried)
-        )
+        return None if shard is None or orig is None else (shard, orig, tried)
 
     def close(self) -> None:
         for engine in self._engines.values():
@@ -236,7 +265,7 @@ def _on_shard(
         raise UnroutableStatement(
             f"no shard for {statement[:80]!r}: run it with execution_options(shard=N)"
         )
-    raw = cursor.connection
+    raw = conn.connection.driver_connection  # psycopg's (Async)Connection, lent by the Router
     shard = opts["shardctl_shard"]
     if raw.pgconn.transaction_status == _IDLE:
         raw.begin = begin
@@ -244,7 +273,10 @@ def _on_shard(
     elif getattr(raw, "shardctl_shard", None) != shard:
         compiled = context.compiled
         if compiled is None or isinstance(compiled.statement, elements.TextClause):
-            psycopg.Cursor(raw).execute(opts["shardctl_switch"])
+            plain = (
+                psycopg.AsyncCursor if isinstance(raw, psycopg.AsyncConnection) else psycopg.Cursor
+            )
+            _wait(plain(raw).execute(opts["shardctl_switch"]))
             raw.shardctl_shard = shard
 
 
@@ -315,7 +347,8 @@ def criterion_shards(
         or not isinstance(right, elements.BindParameter)
     ):
         return None
-    value = params.get(right.key, right.effective_value)
+    # effective_value only when the statement's parameters lack the key (it may call a function)
+    value = params[right.key] if right.key in params else right.effective_value  # noqa: SIM401
     if value is None:
         return None
     return _value_shards(router, value, kinds[left.name])

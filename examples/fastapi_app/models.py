@@ -1,0 +1,1 @@
+../sqlalchemy_app/models.py

@@ -1,4 +1,4 @@
-.PHONY: install test test-unit test-fleet test-slow test-docker bench docs docs-serve lint clean
+.PHONY: install test test-unit test-fleet test-slow test-docker test-oldest bench docs docs-serve lint clean
 
 install:
 	pip install -e '.[dev]'
@@ -28,6 +28,17 @@ test-slow:
 test-docker:
 	@examples/docker/prepare.sh || { examples/docker/stop-dockerd.sh; exit 1; }; \
 	SHARDCTL_DOCKER_REQUIRED=1 python -m pytest -q -m docker -n 0; rc=$$?; examples/docker/stop-dockerd.sh; exit $$rc
+
+# The ORM integrations on the oldest versions pyproject claims (Django 4.2, SQLAlchemy 2.0.0 for the
+# sync sessions, 2.0.16 for the asyncio ones), in a venv of their own (.venv-oldest). pip warns that
+# the pins fall below the dev extra's; that is the point.
+test-oldest:
+	python -m venv .venv-oldest
+	.venv-oldest/bin/pip install -q -e '.[dev]'
+	.venv-oldest/bin/pip install -q 'django==4.2.*' 'sqlalchemy==2.0.0' 2>/dev/null
+	.venv-oldest/bin/python -m pytest -q tests/fleet/test_django.py tests/fleet/test_sqlalchemy.py
+	.venv-oldest/bin/pip install -q 'sqlalchemy[asyncio]==2.0.16' 2>/dev/null
+	.venv-oldest/bin/python -m pytest -q tests/fleet/test_sqlalchemy_async.py
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on broken links and anchors.
 docs:

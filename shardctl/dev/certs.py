@@ -35,7 +35,7 @@ def _openssl(args: list[str], cwd: Path) -> None:
             "(apt-get install openssl)"
         )
     proc = subprocess.run(
-        [exe, *args], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL
+        [exe, *args], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False
     )
     if proc.returncode != 0:
         raise OperationFailed(f"openssl {args[0]} failed: {proc.stderr.strip().splitlines()[-1:]}")

@@ -66,7 +66,11 @@ class Build:
 def _pg_config(bin_dir: str, *args: str) -> str:
     try:
         out = subprocess.run(
-            [str(Path(bin_dir) / "pg_config"), *args], capture_output=True, text=True, timeout=30
+            [str(Path(bin_dir) / "pg_config"), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except OSError:
         return ""
@@ -94,7 +98,11 @@ def _extensions(bin_dir: str) -> frozenset[str]:
 def _postgres_version(bin_dir: str) -> str:
     try:
         out = subprocess.run(
-            [str(Path(bin_dir) / "postgres"), "-V"], capture_output=True, text=True, timeout=30
+            [str(Path(bin_dir) / "postgres"), "-V"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except OSError:
         return ""
@@ -122,7 +130,7 @@ def wheel_builds() -> list[Build]:
         spec = importlib.util.find_spec(module)
         if spec is None or not spec.submodule_search_locations:
             continue
-        build = build_at(Path(list(spec.submodule_search_locations)[0]) / subdir / "bin", dist)
+        build = build_at(Path(next(iter(spec.submodule_search_locations))) / subdir / "bin", dist)
         if build is not None and build.major == major:
             out.append(build)
     return out

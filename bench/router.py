@@ -67,9 +67,8 @@ class Plain:
         import psycopg
 
         self.conn = router._connect(host, False)
-        self.conn.cursor_factory = (
-            psycopg.Cursor
-        )  # plain psycopg: no Router cursor (nor its refusals)
+        # plain psycopg: no Router cursor (nor its refusals)
+        self.conn.cursor_factory = psycopg.Cursor
         self.conn.autocommit = autocommit
         self.insert = plain_insert(self.conn, schema)
         if not autocommit:

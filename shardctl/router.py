@@ -72,9 +72,8 @@ class Router(Routing):
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
         self.timeout = timeout  # default bound of every call, seconds (None: unbounded)
-        self.grace = (
-            grace  # client deadline = timeout + grace (the server's own timeout fires first)
-        )
+        # client deadline = timeout + grace (the server's own timeout fires first)
+        self.grace = grace
         self.max_lag = max_lag  # default staleness bound of standby reads, seconds
         self.lag_check_interval = lag_check_interval
         self._pools: dict[str, HostPool] = {}
@@ -444,9 +443,8 @@ def _failure(
         log.info("host %s: connection lost: %s", pool.breaker.name, first_line(exc))
         return "connection_lost", HostUnreachable(pool.breaker.name, first_line(exc))
     if stale_plan(exc):
-        pool.plan_epoch += (
-            1  # every pooled connection drops its prepared statements before its next use
-        )
+        # every pooled connection drops its prepared statements before its next use
+        pool.plan_epoch += 1
         return "stale_plan", exc
     if isinstance(exc, SessionStateError):
         return "session_state", exc

@@ -185,9 +185,8 @@ class AsyncHostPool(PoolBase):
         pool_timeout: float,
     ):
         super().__init__(name, role, connect, max_size, pool_timeout, threading.Lock())
-        self._waiters: deque[tuple[asyncio.Future, bool]] = (
-            deque()
-        )  # (future, a probe's: it connects itself)
+        # (future, a probe's: it connects itself)
+        self._waiters: deque[tuple[asyncio.Future, bool]] = deque()
 
     def _wake(self, n: int = 1) -> None:
         """Let ``n`` waiters look again (a place for a new connection freed)."""

@@ -31,13 +31,11 @@ class Placement:
         self, topology: Topology, *, move_wait: float = 10.0, allow_inline_password: bool = False
     ):
         self.topology = topology
-        self.move_wait = (
-            move_wait  # how long to wait for the topology file to show a move's cutover
-        )
+        # how long to wait for the topology file to show a move's cutover
+        self.move_wait = move_wait
         self.allow_inline_password = allow_inline_password
-        self.redirects = (
-            Redirects()
-        )  # shards routed by their old host's redirect (stale topology file)
+        # shards routed by their old host's redirect (stale topology file)
+        self.redirects = Redirects()
         self._reload_lock = threading.Lock()
         self._file_stamp: tuple[int, int, int] | None = None  # the file as last parsed by reload()
 

@@ -56,9 +56,8 @@ class Slot:
         if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             return False
         try:
-            poller = (
-                select.poll()
-            )  # not select(): file descriptors above 1023 are common in big apps
+            # not select(): file descriptors above 1023 are common in big apps
+            poller = select.poll()
             poller.register(conn.fileno(), select.POLLIN)
             return not poller.poll(0)
         except (OSError, ValueError, psycopg.Error):
@@ -184,9 +183,8 @@ class PoolBase:
         with self._guard:
             slot = None
             while self._idle:
-                candidate = (
-                    self._idle.pop()
-                )  # most recently used first: warm caches, fewer backends
+                # most recently used first: warm caches, fewer backends
+                candidate = self._idle.pop()
                 if candidate.healthy():
                     slot = candidate
                     break

@@ -70,9 +70,8 @@ class RouterConnection(psycopg.Connection):
     """A pooled connection of the Router's. Autocommit at rest; during a call, its cursors open each
     transaction with the call's settings (:meth:`begin_if_idle`)."""
 
-    begin: tuple[bytes, bytes] | None = (
-        None  # the current call's BEGIN and settings (None: outside calls)
-    )
+    # the current call's BEGIN and settings (None: outside calls)
+    begin: tuple[bytes, bytes] | None = None
     session_dirty = False  # a statement that may leave session state ran
     keeps_sessions = True  # the server session is ours alone (no transaction pooler)
     one_transaction = False  # run(): the whole call is one transaction

@@ -37,9 +37,8 @@ DEFAULT_BATCH = 64
 DEFAULT_RECYCLE = 1024  # shards per connection: a backend caches every schema it touches
 # Migrations under traffic (like GitLab's with_lock_retries): short lock waits, many retries.
 DEFAULT_LOCK_WAIT = "100ms"  # a shard alone (holding no other shard's locks) waits this long
-IN_BATCH_LOCK_WAIT = (
-    "20ms"  # a shard after the first of its batch (holding theirs) waits only this long
-)
+# a shard after the first of its batch (holding theirs) waits only this long
+IN_BATCH_LOCK_WAIT = "20ms"
 DEFAULT_LOCK_RETRIES = 30
 DEFAULT_RETRY_BUDGET = 6.0  # seconds a blocked shard keeps being retried
 DEFAULT_MAX_LOCK_HOLD_MS = 100
@@ -96,9 +95,8 @@ class RunOptions:
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
     continue_on_error: bool = False
     purpose: str = ""
-    lock_retries: int | None = (
-        None  # None: the old whole-batch path (init, add-shard); see module doc
-    )
+    # None: the old whole-batch path (init, add-shard); see module doc
+    lock_retries: int | None = None
     retry_budget: float = DEFAULT_RETRY_BUDGET
     max_lock_hold_ms: int = DEFAULT_MAX_LOCK_HOLD_MS
 

@@ -283,9 +283,8 @@ class FleetReport:
 
 # ---- parallel streams per host ----------------------------------------------------------
 
-MAX_DEFAULT_JOBS = (
-    16  # a default never opens more streams per host than this (--jobs / max_jobs may)
-)
+# a default never opens more streams per host than this (--jobs / max_jobs may)
+MAX_DEFAULT_JOBS = 16
 REMOTE_DEFAULT_JOBS = 4  # a remote server that will not tell its cores
 LOCAL_NAMES = {"", "localhost", "127.0.0.1", "::1"}
 # A stream costs a connection and a backend warming its caches: below this many shards per stream a

@@ -304,9 +304,8 @@ def _csv_loop(layout: Layout, with_topology: bool):
         n0 = 0
         last_s = None
         head = ""
-        known = (
-            len(owners) if owners is not None else 0
-        )  # shards past the table are not in the fleet
+        # shards past the table are not in the fleet
+        known = len(owners) if owners is not None else 0
         while True:
             chunk = list(islice(it, 8192))
             if not chunk:

@@ -83,12 +83,10 @@ class Host:
     standby: str | None = None
     admin_dsn: str | None = None  # shardctl's own DDL, locks and moves (direct, not via a pooler)
     peer_dsn: str | None = None  # how other hosts' subscriptions reach this host
-    max_jobs: int | None = (
-        None  # at most this many connections applying shards at once (see docs/performance.md)
-    )
-    pooler: str = (
-        "transaction"  # what the app ``dsn`` goes through (POOLER_MODES); the Router's behaviour
-    )
+    # at most this many connections applying shards at once (see docs/performance.md)
+    max_jobs: int | None = None
+    # what the app ``dsn`` goes through (POOLER_MODES); the Router's behaviour
+    pooler: str = "transaction"
 
     @property
     def keeps_sessions(self) -> bool:

@@ -30,9 +30,8 @@ _WORDS = frozenset(
 # Every character a YAML 1.2 float, int or timestamp can contain: a plain scalar with any other
 # character cannot be one of them.
 _NUMBER_CHARS = frozenset("0123456789_.+-eEboxXabcdefABCDEFinfINFaN:TtZ \t")
-_MAX_INT_DIGITS = (
-    20  # longer decimal integers go to ruamel (Python's int() refuses over 4300 digits)
-)
+# longer decimal integers go to ruamel (Python's int() refuses over 4300 digits)
+_MAX_INT_DIGITS = 20
 
 
 class LineCol:
@@ -136,9 +135,8 @@ class Builder:
                 return
         elif kind in ("StreamStartEvent", "StreamEndEvent", "DocumentEndEvent"):
             return
-        self.ok = (
-            False  # an alias, an anchor or tag, a directive, a second document, an unsure scalar
-        )
+        # an alias, an anchor or tag, a directive, a second document, an unsure scalar
+        self.ok = False
 
     def _scalar(self, event: Any) -> Any:
         if event.anchor is not None or event.tag is not None:

@@ -103,9 +103,8 @@ def _walk(events: Iterator[Any], builder: Builder | None = None) -> None:
     """Count nodes (aliases expanded) and check sizes, stopping at the first limit crossed;
     ``builder`` is fed each event until it gives up."""
     sizes: dict[str, int] = {}  # anchor → nodes it stands for, once its node is complete
-    open_anchors: set[str] = (
-        set()
-    )  # anchors of collections still being read (an alias to one is a cycle)
+    # anchors of collections still being read (an alias to one is a cycle)
+    open_anchors: set[str] = set()
     stack: list[_Open] = []
     total = 0
     for event in events:

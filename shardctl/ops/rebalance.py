@@ -22,9 +22,8 @@ from ..model.topology_file import TopologyFile
 from ..sql.catalog import inspect
 from .move import MoveOptions, Phase, Progress, cleanup_move, move_shards
 
-EMPTY_SHARD_BYTES = (
-    64 << 10
-)  # an empty shard still costs something (and fills up): counted as 64 KiB
+# an empty shard still costs something (and fills up): counted as 64 KiB
+EMPTY_SHARD_BYTES = 64 << 10
 
 
 @dataclass

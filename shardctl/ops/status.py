@@ -62,9 +62,8 @@ class StatusReport:
     seconds: float
     latest_version: int
     pending_moves: list[str] = field(default_factory=list)  # one line per move that needs a command
-    distinct_schemas: int = (
-        0  # catalog fingerprints among the present shards (1: every shard alike)
-    )
+    # catalog fingerprints among the present shards (1: every shard alike)
+    distinct_schemas: int = 0
 
     @property
     def ok(self) -> bool:

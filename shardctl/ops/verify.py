@@ -22,9 +22,8 @@ from ..sql.render import next_id_body, render_next_id
 
 DEFAULT_SAMPLES = 16
 DEFAULT_TOLERANCE_MS = 5000
-DEFAULT_BODY_SAMPLES = (
-    8  # shards per host whose next_id() is rendered to learn the template's shape
-)
+# shards per host whose next_id() is rendered to learn the template's shape
+DEFAULT_BODY_SAMPLES = 8
 # Shards per host whose IDs are minted and checked (besides every shard whose body or sequence is off):
 # a backend pays ~0.1-0.5 ms the first time it calls a shard's next_id() (compiling it, opening its
 # sequence), so 65,536 shards cost seconds of server CPU; --full checks every shard.
@@ -200,9 +199,8 @@ def per_shard_functions(topo: Topology) -> tuple[str, ...]:
     return tuple(sorted({f.object for f in template_functions(topo, 0)} | set(fingerprint.NEXT_ID)))
 
 
-EXPLAINED_GROUPS = (
-    32  # fingerprints (other than the majority's) explained object by object, biggest first
-)
+# fingerprints (other than the majority's) explained object by object, biggest first
+EXPLAINED_GROUPS = 32
 
 
 def schema_groups(found: dict[int, str]) -> list[SchemaGroup]:

@@ -211,9 +211,8 @@ _NO_TRANSACTION: dict[str, tuple[str, Callable[[dict], bool]]] = {
 class Statement:
     sql: str
     kind: str  # the parse-tree node, e.g. "IndexStmt" ("" when parse() did not build the tree)
-    no_transaction: str | None = (
-        None  # what makes it refuse a transaction block, e.g. "CREATE INDEX CONCURRENTLY"
-    )
+    # what makes it refuse a transaction block, e.g. "CREATE INDEX CONCURRENTLY"
+    no_transaction: str | None = None
     transaction_control: bool = False  # BEGIN, COMMIT, SAVEPOINT…
     node: dict = field(
         default_factory=dict, compare=False, repr=False

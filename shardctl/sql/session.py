@@ -16,9 +16,8 @@ BEGIN = "BEGIN"
 COMMIT = "COMMIT"
 REPEATABLE_READ = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
 REPEATABLE_READ_ONLY = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
-PING = (
-    "SELECT 1"  # a server that answers is up; a REPEATABLE READ transaction takes its snapshot here
-)
+# a server that answers is up; a REPEATABLE READ transaction takes its snapshot here
+PING = "SELECT 1"
 BACKEND_PID = "SELECT pg_backend_pid()"
 SERVER_VERSION = "SHOW server_version"
 

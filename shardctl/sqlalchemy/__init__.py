@@ -70,9 +70,8 @@ from ..sql.session import switch_search_path, transaction_start
 T = TypeVar("T")
 _await_only = getattr(sqlalchemy.util, "await_", None) or sqlalchemy.util.await_only  # 2.1 / 2.0
 _IDLE = psycopg.pq.TransactionStatus.IDLE
-_RECORD = (
-    "_shardctl_sqla_records"  # on a Router connection: its SQLAlchemy pool record, per host pool
-)
+# on a Router connection: its SQLAlchemy pool record, per host pool
+_RECORD = "_shardctl_sqla_records"
 
 
 class UnroutableStatement(BadInput):

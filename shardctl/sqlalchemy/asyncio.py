@@ -75,9 +75,8 @@ class _AsyncLendingPool(_LendingPool):
             ending.add_done_callback(_ended)
 
 
-_ENDING: set[asyncio.Task] = (
-    set()
-)  # loans being ended on the loop (a task must be referenced to run)
+# loans being ended on the loop (a task must be referenced to run)
+_ENDING: set[asyncio.Task] = set()
 
 
 def _ended(task: asyncio.Task) -> None:

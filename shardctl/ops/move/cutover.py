@@ -293,9 +293,8 @@ class Freeze:
         self.src: psycopg.Connection | None = None
         self.tgt: psycopg.Connection | None = None
         self.aux: psycopg.Connection | None = None
-        self.snapshot: psycopg.Connection | None = (
-            None  # target, REPEATABLE READ as of lag 0 in the freeze
-        )
+        # target, REPEATABLE READ as of lag 0 in the freeze
+        self.snapshot: psycopg.Connection | None = None
 
     def attempt(self) -> None:
         run, move = self.run, self.move

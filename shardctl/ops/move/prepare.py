@@ -51,9 +51,8 @@ def prepare(run: MoveRun) -> None:
                 inspect.present_schemas(conn, run.schemas),
                 mine=False,
             )
-    sizing = (
-        preflight(run) if not move.phases else {}
-    )  # a new move: check both hosts before any change
+    # a new move: check both hosts before any change
+    sizing = preflight(run) if not move.phases else {}
     with db.host_lock(
         run.source,
         wait=run.options.wait,

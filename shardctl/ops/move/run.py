@@ -46,13 +46,11 @@ class MoveOptions:
     wait: float = 0.0  # seconds to wait for another run's locks
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
     batch_size: int = 16  # shards per transaction when creating or dropping schemas
-    publisher_dsn: str | None = (
-        None  # how the target reaches the source, if not by the topology DSN
-    )
+    # how the target reaches the source, if not by the topology DSN
+    publisher_dsn: str | None = None
     copy_workers: int = 4  # parallel table copies of the initial copy (0: the subscription copies)
-    verify_before: str = (
-        "counts"  # the check before the freeze: "counts" (row counts) or "full" (checksums)
-    )
+    # the check before the freeze: "counts" (row counts) or "full" (checksums)
+    verify_before: str = "counts"
     nice: float = 0.0  # seconds of rest per second of bulk work (copy, checks): see Pacer
     allow_inline_password: bool = False
 

@@ -31,9 +31,8 @@ class ShardState(StrEnum):
     ACTIVE = "active"
     MOVING_OUT = "moving_out"  # source, from prepare until the cutover (migrate refuses)
     MOVING_IN = "moving_in"  # target, until the cutover
-    MOVED_OUT = (
-        "moved_out"  # renamed, guarded copy kept until cleanup (or a copy put aside by abort)
-    )
+    # renamed, guarded copy kept until cleanup (or a copy put aside by abort)
+    MOVED_OUT = "moved_out"
 
 
 # Role: "source" or "target". Every phase a host's record may go to from each phase (staying put is

@@ -23,9 +23,8 @@ GUARD_FUNCTION = "shardctl.moved_shard_guard"
 GUARD_TRIGGER = "shardctl_moved_shard"
 
 
-STUB_READ_FUNCTION = (
-    "shardctl.moved_shard_read"  # a moved shard's stub views read through it (it raises SCM01)
-)
+# a moved shard's stub views read through it (it raises SCM01)
+STUB_READ_FUNCTION = "shardctl.moved_shard_read"
 
 
 # The stub views' WHERE: an immutable function of a constant, so it raises SCM01 when any read is planned.

@@ -100,9 +100,8 @@ def next_id_bodies(conn: psycopg.Connection, schemas: list[str]) -> dict[str, st
 SAMPLE_BATCH = 256  # shards per UNION ALL query when no temporary function can be made
 
 
-SAMPLE_CALL = (
-    1024  # shards per call of the function: each is a transaction holding a lock per sequence
-)
+# shards per call of the function: each is a transaction holding a lock per sequence
+SAMPLE_CALL = 1024
 
 
 def sample_next_ids(

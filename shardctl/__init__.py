@@ -56,6 +56,7 @@ _RESULTS = {
 _LAZY = {
     "Router": ("router", "Router"),
     "AsyncRouter": ("router_async", "AsyncRouter"),
+    "RouterOptions": ("router_placement", "RouterOptions"),
     **_OPERATIONS,
     **_RESULTS,
 }
@@ -83,6 +84,7 @@ __all__ = [
     "RebalanceResult",
     "RedeployReport",
     "Router",
+    "RouterOptions",
     "RunOptions",
     "ShardctlError",
     "StatusReport",

@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .engine.connections import DEFAULT_CONNECT_TIMEOUT, first_line
+from .engine.connections import first_line
 from .errors import BadInput, HostUnreachable, SessionStateError
 from .model.topology import Host, Topology
-from .router_placement import MOVED_ERRORS, SAME, Placement, Routing
+from .router_placement import MOVED_ERRORS, SAME, RouterOptions, Routing
 from .router_pool import HostPool, Slot, Watchdog, foreign_connect_error, log
 from .router_session import (
     Call,
@@ -57,33 +57,14 @@ class Router(Routing):
     def __init__(
         self,
         topology: Topology,
-        *,
-        max_size: int = 8,
-        connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-        pool_timeout: float = 30.0,
-        move_wait: float = 10.0,
-        allow_inline_password: bool = False,
-        timeout: float | None = 30.0,
-        grace: float = 0.5,
-        max_lag: float = 5.0,
-        lag_check_interval: float = 0.2,
+        options: RouterOptions | None = None,
+        **settings: Any,
     ):
-        self.max_size = max_size
-        self.connect_timeout = connect_timeout
-        self.pool_timeout = pool_timeout
-        self.timeout = timeout  # default bound of every call, seconds (None: unbounded)
-        # client deadline = timeout + grace (the server's own timeout fires first)
-        self.grace = grace
-        self.max_lag = max_lag  # default staleness bound of standby reads, seconds
-        self.lag_check_interval = lag_check_interval
+        """``options``, or its fields as keyword arguments (:class:`RouterOptions`)."""
+        super().__init__(topology, options or RouterOptions(**settings))
         self._pools: dict[str, HostPool] = {}
-        self._lock = threading.Lock()
         self._tried = threading.local()  # the host this thread's last shard_connection() went to
         self._watchdog = Watchdog()
-        # Where each shard is: the topology file, and the redirects followed while the file is stale.
-        self.placement = Placement(
-            topology, move_wait=move_wait, allow_inline_password=allow_inline_password
-        )
 
     # ---- calls (routing: see Routing) --------------------------------------------
     @contextmanager
@@ -291,8 +272,8 @@ class Router(Routing):
                     host.name,
                     "standby" if standby else "primary",
                     functools.partial(self._connect, host, standby),
-                    self.max_size,
-                    self.pool_timeout,
+                    self.options.max_size,
+                    self.options.pool_timeout,
                 )
                 self._pools[key] = pool
         return pool
@@ -335,7 +316,9 @@ def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, 
     """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
     None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
     try:
-        with _session(router, router._pool(host), Call("public", router.timeout, "run")) as conn:
+        with _session(
+            router, router._pool(host), Call("public", router.options.timeout, "run")
+        ) as conn:
             redirect = read_redirects(conn, [shard]).get(shard)
             row = conn.execute(SHARD_STATE_SQL, (shard,)).fetchone()
     except Exception:  # noqa: BLE001 - no answer means no evidence of a move
@@ -351,7 +334,9 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
     Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
     """
     started = time.perf_counter()
-    deadline = None if call.timeout is None else time.monotonic() + call.timeout + router.grace
+    deadline = (
+        None if call.timeout is None else time.monotonic() + call.timeout + router.options.grace
+    )
     try:
         slot = pool.acquire(deadline)
     except HostUnreachable:
@@ -391,7 +376,7 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
         conn.begin = None
         fired = watch is not None and router._watchdog.disarm(watch)
         watch = None
-        error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.grace)
+        error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.options.grace)
         # The connection stays pooled unless it is cut, broken or was interrupted mid-call.
         keep = error in ("sql", "stale_plan", "other", "session_state") and (
             not keeps or (call.tracked and not conn.session_dirty) or quietly(reset, conn)
@@ -422,7 +407,7 @@ def _finish(
 
 def _lag(router: Router, pool: HostPool, conn: psycopg.Connection) -> float:
     now = time.monotonic()
-    if pool.lag is None or now - pool.lag[0] > router.lag_check_interval:
+    if pool.lag is None or now - pool.lag[0] > router.options.lag_check_interval:
         pool.lag = (now, float(psycopg.Cursor(conn).execute(_LAG_SQL).fetchone()[0]))
     return pool.lag[1]
 

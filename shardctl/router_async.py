@@ -26,11 +26,10 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .engine.connections import DEFAULT_CONNECT_TIMEOUT
 from .errors import BadInput, HostUnreachable
 from .model.topology import Host, Topology
 from .router import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback
-from .router_placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Placement, Routing
+from .router_placement import FOLLOW_POLL, MOVED_ERRORS, SAME, RouterOptions, Routing
 from .router_pool import PoolBase, Slot, _cut, foreign_connect_error
 from .router_session import (
     Call,
@@ -285,29 +284,12 @@ class AsyncRouter(Routing):
     def __init__(
         self,
         topology: Topology,
-        *,
-        max_size: int = 8,
-        connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
-        pool_timeout: float = 30.0,
-        move_wait: float = 10.0,
-        allow_inline_password: bool = False,
-        timeout: float | None = 30.0,
-        grace: float = 0.5,
-        max_lag: float = 5.0,
-        lag_check_interval: float = 0.2,
+        options: RouterOptions | None = None,
+        **settings: Any,
     ):
-        self.max_size = max_size
-        self.connect_timeout = connect_timeout
-        self.pool_timeout = pool_timeout
-        self.timeout = timeout
-        self.grace = grace
-        self.max_lag = max_lag
-        self.lag_check_interval = lag_check_interval
+        """``options``, or its fields as keyword arguments (:class:`RouterOptions`)."""
+        super().__init__(topology, options or RouterOptions(**settings))
         self._pools: dict[str, PoolBase] = {}
-        self._lock = threading.Lock()
-        self.placement = Placement(
-            topology, move_wait=move_wait, allow_inline_password=allow_inline_password
-        )
 
     # ---- calls -----------------------------------------------------------------
     @asynccontextmanager
@@ -494,8 +476,8 @@ class AsyncRouter(Routing):
                         host.name,
                         "standby" if standby else "primary",
                         functools.partial(self._connect, host, standby),
-                        self.max_size,
-                        self.pool_timeout,
+                        self.options.max_size,
+                        self.options.pool_timeout,
                     )
                     self._pools[key] = pool
         return pool  # type: ignore[return-value]
@@ -534,7 +516,7 @@ async def _ask_old_host(router: AsyncRouter, host: Host, shard: int) -> tuple[di
     the shard moved out (no answer: (None, False))."""
     try:
         async with _session(
-            router, router._pool(host), Call("public", router.timeout, "run")
+            router, router._pool(host), Call("public", router.options.timeout, "run")
         ) as conn:
             redirect = None
             if (await (await conn.execute(HAS_REDIRECTS_SQL)).fetchone())[0]:
@@ -575,7 +557,9 @@ async def _session(
     """``router._session`` for asyncio: checkout, the caller's work, the reset where the server keeps
     sessions, checkin; a cut (deadline) or broken connection becomes HostUnreachable."""
     started = time.perf_counter()
-    deadline = None if call.timeout is None else time.monotonic() + call.timeout + router.grace
+    deadline = (
+        None if call.timeout is None else time.monotonic() + call.timeout + router.options.grace
+    )
     try:
         slot = await pool.acquire(deadline)
     except HostUnreachable:
@@ -613,7 +597,7 @@ async def _session(
         conn.begin = None
         fired = watch is not None and watch.disarm()
         watch = None
-        error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.grace)  # type: ignore[arg-type]
+        error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.options.grace)  # type: ignore[arg-type]
         keep = error in ("sql", "stale_plan", "other", "session_state") and (
             not keeps
             or (call.tracked and not conn.session_dirty)
@@ -644,7 +628,7 @@ def _finish(
 
 async def _lag(router: AsyncRouter, pool: AsyncHostPool, conn: psycopg.AsyncConnection) -> float:
     now = time.monotonic()
-    if pool.lag is None or now - pool.lag[0] > router.lag_check_interval:
+    if pool.lag is None or now - pool.lag[0] > router.options.lag_check_interval:
         cur = await psycopg.AsyncCursor(conn).execute(_LAG_SQL)
         pool.lag = (now, float((await cur.fetchone())[0]))
     return pool.lag[1]

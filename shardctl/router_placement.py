@@ -7,9 +7,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
-from .engine.connections import APPLICATION_NAME
+from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
 from .errors import BadInput
 from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask
@@ -193,20 +194,39 @@ def _file_stamp(path: str | os.PathLike) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+@dataclass(frozen=True)
+class RouterOptions:
+    """The settings of a :class:`~shardctl.router.Router` or an
+    :class:`~shardctl.router_async.AsyncRouter`: both take these fields as keyword arguments. A new
+    Router option is a field here."""
+
+    max_size: int = 8  # connections per host pool
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT  # seconds
+    pool_timeout: float = 30.0  # how long a call waits for a free pooled connection, seconds
+    move_wait: float = 10.0  # how long to wait for the topology file to show a move's cutover
+    allow_inline_password: bool = False
+    timeout: float | None = 30.0  # default bound of every call, seconds (None: unbounded)
+    # the client's deadline is timeout + grace (the server's own statement_timeout fires first)
+    grace: float = 0.5
+    max_lag: float = 5.0  # default staleness bound of standby reads, seconds
+    lag_check_interval: float = 0.2  # how often a standby's lag is measured, seconds
+
+
 class Routing:
     """What :class:`~shardctl.router.Router` and :class:`~shardctl.router_async.AsyncRouter` share: the
-    routing rule (key, id or shard → shard → host) and the per-call defaults."""
+    options, the routing rule (key, id or shard → shard → host) and the per-call defaults."""
 
-    placement: Placement
-    timeout: float | None
-    max_lag: float | None
-    max_size: int
-    pool_timeout: float
     _pools: dict[str, PoolBase]  # by host name, and "<name> standby" for its standby's pool
-    _lock: threading.Lock
 
-    connect_timeout: int
-    grace: float
+    def __init__(self, topology: Topology, options: RouterOptions) -> None:
+        self.options = options
+        self._lock = threading.Lock()
+        # Where each shard is: the topology file, and the redirects followed while the file is stale.
+        self.placement = Placement(
+            topology,
+            move_wait=options.move_wait,
+            allow_inline_password=options.allow_inline_password,
+        )
 
     @property
     def topology(self) -> Topology:
@@ -217,7 +237,7 @@ class Routing:
         noticed), and no startup options (poolers refuse them; each transaction sets its own
         ``statement_timeout``). Also whether the host is known only from a redirect (no password then)."""
         kwargs = host.connect_kwargs(
-            connect_timeout=max(1, int(self.connect_timeout)),
+            connect_timeout=max(1, int(self.options.connect_timeout)),
             application_name=f"{APPLICATION_NAME} router",
         )
         if standby:
@@ -227,7 +247,9 @@ class Routing:
             keepalives_idle=5,
             keepalives_interval=2,
             keepalives_count=3,
-            tcp_user_timeout=int(1000 * max(10.0, (self.timeout or 0) + self.grace)),
+            tcp_user_timeout=int(
+                1000 * max(10.0, (self.options.timeout or 0) + self.options.grace)
+            ),
         )
         return kwargs, self.placement.redirects.foreign(host.name) and not standby
 
@@ -296,10 +318,10 @@ class Routing:
         return shard
 
     def _timeout(self, timeout: Any) -> float | None:
-        return self.timeout if timeout is SAME else timeout
+        return self.options.timeout if timeout is SAME else timeout
 
     def _lag_bound(self, max_lag: Any) -> float | None:
-        return self.max_lag if max_lag is SAME else max_lag
+        return self.options.max_lag if max_lag is SAME else max_lag
 
     def reload(self) -> Topology:
         """Read the topology file again (when it changed); pools of hosts that left or changed DSN are closed."""
@@ -332,4 +354,4 @@ class Routing:
 
     def _unused(self, name: str, role: str) -> PoolBase:
         """A pool never used (nothing opened): for :meth:`stats`' zeros."""
-        return HostPool(name, role, lambda: None, self.max_size, self.pool_timeout)  # type: ignore[arg-type,return-value]
+        return HostPool(name, role, lambda: None, self.options.max_size, self.options.pool_timeout)  # type: ignore[arg-type,return-value]

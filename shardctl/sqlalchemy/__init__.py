@@ -164,7 +164,7 @@ class Shards:
 
     def __init__(self, router: Router, *, timeout: float | None = SAME, echo: bool = False):
         self.router = router
-        self.timeout = router.timeout if timeout is SAME else timeout
+        self.timeout = router.options.timeout if timeout is SAME else timeout
         self.echo = echo
         self._engines: dict[str, Engine] = {}
         self._options: dict[int, dict[str, Any]] = {}

@@ -14,11 +14,10 @@ import psycopg
 import pytest
 
 sqlalchemy = pytest.importorskip("sqlalchemy")
-from conftest import load, run_cli
 from sqlalchemy import func, select, text, update
 from support.clients import keys_for
+from support.fleet import load
 from support.history import History, now
-from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
 
 from shardctl.ops.move import move_shards
 from shardctl.router import Router
@@ -38,19 +37,6 @@ def example():
 @pytest.fixture(params=MODES)
 def mode(request) -> str:
     return request.param
-
-
-@pytest.fixture
-def pooled_fleet(make_fleet, mode, request):
-    def make(**kwargs):
-        path = make_fleet(**kwargs, pooler="none" if mode == "direct" else None)
-        if mode != "direct":
-            request.getfixturevalue("pgbouncer").front(path, mode)
-        result = run_cli("init", config=path)
-        assert result.exit_code == 0, result
-        return path
-
-    return make
 
 
 def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
@@ -177,8 +163,7 @@ def test_routing_and_refusals(make_fleet):
     text() with a named shard; a statement with no routable criterion raises instead of guessing."""
     models, _ = example()
     Photo, User = models.Photo, models.User
-    path = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, init=True)
     router = Router(load(path))
     Session = sessionmaker(router)
     with Session() as session:

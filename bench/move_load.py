@@ -51,9 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
 from _common import sandbox_base
-from load import Pgbench, RouterWriters, written_stats
 from move import load as load_rows
 from move import measure
+from support.load import Pgbench, RouterWriters, written_stats
 
 from shardctl.dev.sandbox import Sandbox
 from shardctl.model.topology import Topology

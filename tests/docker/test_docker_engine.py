@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import run_cli
+from support.fleet import run_cli
 
 from shardctl.dev.docker import LABEL, LABEL_DIR, DockerSandbox, docker_client
 from shardctl.model.topology import Topology

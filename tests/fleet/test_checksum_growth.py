@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 SHARD_COMMENT = (
     "COMMENT ON SCHEMA {{ schema|ident }} IS 'shard {{ shard_id }} of {{ shard_count }}';\n"
@@ -60,8 +60,7 @@ def test_add_shard_leaves_applied_checksums_valid_and_edits_still_fail(make_flee
 
 def test_ledger_rows_written_before_the_change_still_verify(make_fleet):
     """Rows written with the old checksum (sha256 of the rendered SQL) are accepted while they match."""
-    fleet = make_fleet(hosts=1, shards=4)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=1, shards=4, init=True)
     topo = load(fleet)
     from shardctl.sql.migrations import for_topology
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import connect, load
+from support.fleet import connect, load
 
 from shardctl.ops.move import transfer
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 WORKFLOW = Path(__file__).resolve().parents[2] / "examples" / "ci" / "shardctl-migrate.yml"
 ADD_LOCATION = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"

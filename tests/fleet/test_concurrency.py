@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import psycopg
-from conftest import load, run_cli
-from helpers import start_shardctl as start
+from support.fleet import load, run_cli
+from support.process import start_shardctl as start
 
 ADD_COLUMN = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
 
@@ -63,8 +63,7 @@ def test_second_init_waits_with_wait(make_fleet):
 
 
 def test_migrate_during_add_shard(make_fleet):
-    path = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, init=True)
     (path.parent / "migrations" / "V0003__add_location.sql").write_text(ADD_COLUMN)
     grower = start(
         "add-shard", "--count", "1024", "--host", "pg2", "--batch-size", "4", config=path

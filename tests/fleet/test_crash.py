@@ -10,8 +10,8 @@ import time
 
 import psycopg
 import pytest
-from conftest import load, run_cli
-from helpers import start_shardctl as start_cli
+from support.fleet import load, run_cli
+from support.process import start_shardctl as start_cli
 
 from shardctl.dev.sandbox import Sandbox
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import run_cli
+from support.fleet import run_cli
 
 
 def test_demo_runs_every_step_then_sandbox_down_destroys_it(server_dir):

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import load, run_cli
-from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
+from support.fleet import load, run_cli
 
 from shardctl.ids.routing import shard_for_key
 
@@ -65,10 +64,9 @@ def django_fleet(request, make_fleet):
     """A 2-host, 16-shard fleet (direct, or behind PgBouncer in transaction mode) with the example app's
     Django migrations turned into shardctl files and applied to every shard."""
     mode = request.param
-    path = make_fleet(hosts=2, shards=16, pooler="none" if mode == "direct" else None)
+    path = make_fleet(hosts=2, shards=16, pooler="none" if mode == "direct" else None, init=True)
     if mode != "direct":
         request.getfixturevalue("pgbouncer").front(path, mode)
-    assert run_cli("init", config=path).exit_code == 0
     out = manage(path, "shardctl_makemigrations", "gram").stdout
     assert "V0003__gram_0001_initial.sql" in out, out
     result = run_cli("migrate", config=path)

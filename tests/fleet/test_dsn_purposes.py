@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import run_cli
+from support.fleet import run_cli
 
 from shardctl.model.topology import Topology
 from shardctl.router import Router

@@ -13,7 +13,7 @@ import time
 
 import psycopg
 import pytest
-from conftest import admin_dsn, connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 from shardctl.router import Router
 
@@ -26,16 +26,6 @@ V3 = (
 )
 # Stored bytes of each caption, read without any conversion.
 RAW = "SELECT id, convert_to(caption, current_setting('server_encoding')) FROM {schema}.photos ORDER BY id"
-
-
-@pytest.fixture
-def make_fleet(make_fleet):
-    from test_move import (
-        drop_replication,
-    )  # a failed move must not leave slots on the session servers
-
-    yield make_fleet
-    drop_replication(make_fleet.created)
 
 
 def ok(*args, config):
@@ -128,8 +118,10 @@ def test_every_command_on_the_encoding(make_fleet, encoding):
 
 def test_move_between_encodings_is_refused_up_front(make_fleet, servers):
     path = make_fleet(hosts=2, shards=8, encoding="SQL_ASCII")
-    port, db = make_fleet.created[1]
-    with psycopg.connect(admin_dsn(port), autocommit=True) as conn:  # pg2 becomes a UTF8 database
+    server, db = make_fleet.created[1]
+    with psycopg.connect(
+        server.dsn("postgres"), autocommit=True
+    ) as conn:  # pg2 becomes a UTF8 database
         conn.execute(f"DROP DATABASE {db}")
         conn.execute(
             f"CREATE DATABASE {db} ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"

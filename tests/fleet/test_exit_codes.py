@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 
 def admin(topo, host):
@@ -35,9 +35,7 @@ def ledger(topo) -> dict:
 
 @pytest.fixture
 def ready(make_fleet):
-    path = make_fleet(hosts=2, shards=8)  # pg1: 0-3, pg2: 4-7
-    assert run_cli("init", config=path).exit_code == 0
-    return path
+    return make_fleet(hosts=2, shards=8, init=True)  # pg1: 0-3, pg2: 4-7
 
 
 def test_missing_shard_makes_migrate_and_status_exit_4(ready):

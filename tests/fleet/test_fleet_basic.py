@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 
 def test_init_then_second_init_changes_nothing(fleet):
@@ -26,8 +26,8 @@ def test_init_then_second_init_changes_nothing(fleet):
         )
 
 
-def test_verify_and_status_pass_after_init(fleet):
-    assert run_cli("init", config=fleet).exit_code == 0
+def test_verify_and_status_pass_after_init(ready_fleet):
+    fleet = ready_fleet
     result = run_cli("verify", "--json", config=fleet)
     assert result.exit_code == 0, result
     doc = json.loads(result.stdout)

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from support.fleet import run_cli
 
 ADD_LOCATION = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
 
@@ -15,8 +15,7 @@ ADD_LOCATION = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\
 @pytest.fixture
 def gated(make_fleet):
     """An initialised 2-host, 8-shard fleet at V2, and the base branch's copy of its migrations."""
-    fleet = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=8, init=True)
     base = fleet.parent / "base"
     shutil.copytree(fleet.parent / "migrations", base)
     return fleet, fleet.parent / "migrations", base

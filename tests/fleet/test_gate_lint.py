@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 DO_BLOCK = """DO $$
 BEGIN
@@ -18,8 +18,7 @@ $$;
 
 
 def test_gate_fails_on_a_catalog_lookup_without_schema_and_passes_the_fixed_one(make_fleet):
-    path = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=8, init=True)
     base = path.parent / "base"
     shutil.copytree(path.parent / "migrations", base)
     new = path.parent / "migrations" / "V0003__caption_unique.sql"

@@ -4,7 +4,7 @@ import json
 
 import psycopg
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 from shardctl.router import Router
 
@@ -29,18 +29,18 @@ def _schemas(dsn):
 
 
 def _grown(make_fleet, shards):
-    path = make_fleet(hosts=2, shards=shards)
+    path = make_fleet(hosts=2, shards=shards, init=True)
     path.write_text(
         COMMENTED + path.read_text().replace("hosts:", "# the hosts\nhosts:  # keep me")
     )
-    assert run_cli("init", config=path).exit_code == 0
     return path, make_fleet.new_database(2)
 
 
-@pytest.fixture
-def grown(make_fleet):
-    """2048 shards on 2 hosts (the acceptance size), initialised, plus an empty database for pg3."""
-    return _grown(make_fleet, 2048)
+@pytest.fixture(params=[256, pytest.param(2048, marks=pytest.mark.slow)])
+def grown(make_fleet, request):
+    """N shards on 2 hosts, initialised, plus an empty database for pg3, and N: 2048 (the acceptance
+    size, a scale test: the slow suite) and 256 (the same checks at an eighth of the size)."""
+    return (*_grown(make_fleet, request.param), request.param)
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def small(make_fleet):
 
 
 def test_add_host_then_add_shard_keeps_keys_and_comments(grown):
-    path, pg3 = grown
+    path, pg3, n = grown
     keys = [1, 2, 3, 500, 1341, 2047, 31341, 99999, "alice", "bob@example.com"]
     before_topo = _with_rows(path)
     before = {k: Router(before_topo).shard_for(k) for k in keys}
@@ -59,15 +59,15 @@ def test_add_host_then_add_shard_keeps_keys_and_comments(grown):
     with psycopg.connect(pg3) as conn:
         assert conn.execute("SELECT to_regclass('shardctl.shards') IS NOT NULL").fetchone()[0]
 
-    r = run_cli("add-shard", "--count", "2048", "--host", "pg3", "--json", config=path)
+    r = run_cli("add-shard", "--count", str(n), "--host", "pg3", "--json", config=path)
     assert r.exit_code == 0, r
     doc = json.loads(r.stdout)
-    assert doc["new_shards"] == "2048-4095" and doc["version"] == 2
+    assert doc["new_shards"] == f"{n}-{2 * n - 1}" and doc["version"] == 2
 
     text = path.read_text()
     assert text.startswith(COMMENTED) and "# the hosts" in text and "# keep me" in text
     topo = load(path)
-    assert topo.shard_count == 4096 and topo.modulus == 2048
+    assert topo.shard_count == 2 * n and topo.modulus == n
     assert {k: Router(topo).shard_for(k) for k in keys} == before
     for k in keys:
         assert (
@@ -80,7 +80,7 @@ def test_add_host_then_add_shard_keeps_keys_and_comments(grown):
             "SELECT min(v), max(v), count(*) FROM (SELECT shard_id, max(version) v "
             "FROM shardctl.migrations GROUP BY 1) x"
         ).fetchone()
-    assert versions == (2, 2, 2048)
+    assert versions == (2, 2, n)
     assert run_cli("verify", config=path).exit_code == 0
 
 
@@ -131,8 +131,7 @@ def test_add_shard_refusals_change_nothing(small, args, message):
 
 
 def test_modulus_change_allowed_while_empty(make_fleet):
-    path = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=8, init=True)
     r = run_cli("add-shard", "--count", "8", "--host", "pg2", "--modulus", "16", config=path)
     assert r.exit_code == 0, r
     assert load(path).modulus == 16
@@ -172,8 +171,8 @@ def test_status_reports_a_down_host_and_exits_3(private_sandbox):
     assert "pg2" in r.stderr
 
 
-def test_status_shows_drift(fleet):
-    assert run_cli("init", config=fleet).exit_code == 0
+def test_status_shows_drift(ready_fleet):
+    fleet = ready_fleet
     topo = load(fleet)
     with connect(topo, "pg1", autocommit=True) as conn:
         conn.execute("DELETE FROM shardctl.shards WHERE shard_id = 3")
@@ -182,8 +181,8 @@ def test_status_shows_drift(fleet):
     assert pg1["missing"] == "3" and pg1["drift"] and not doc["ok"]
 
 
-def test_status_sees_a_dropped_schema_and_a_stray_one(fleet):
-    assert run_cli("init", config=fleet).exit_code == 0
+def test_status_sees_a_dropped_schema_and_a_stray_one(ready_fleet):
+    fleet = ready_fleet
     topo = load(fleet)
     with connect(topo, "pg1", autocommit=True) as conn:
         conn.execute("DROP SCHEMA insta5 CASCADE")

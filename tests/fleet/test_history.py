@@ -4,7 +4,7 @@ and passes a history that has none: the acceptance tests that use it can fail.""
 from __future__ import annotations
 
 import psycopg
-from conftest import load, run_cli
+from support.fleet import load
 from support.history import History, now
 
 
@@ -19,8 +19,7 @@ def insert(topo, shard: int, user_id: int, caption: str, *, host: str | None = N
 
 
 def test_checker_passes_a_clean_history_and_finds_every_violation(make_fleet):
-    path = make_fleet(hosts=2, shards=8)  # pg1 0-3, pg2 4-7
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=8, init=True)  # pg1 0-3, pg2 4-7
     topo = load(path)
 
     clean = History(path)

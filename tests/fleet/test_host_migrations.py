@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 SHARED_TYPE = (
     "DO $$ BEGIN\n"
@@ -87,9 +87,8 @@ def test_extension_from_host_level_migration_works_on_every_shard(make_fleet):
 
 
 def test_check_apply_drift_repair_and_gate(make_fleet, tmp_path):
-    path = make_fleet(hosts=2, shards=8)
+    path = make_fleet(hosts=2, shards=8, init=True)
     topo = load(path)
-    assert run_cli("init", config=path).exit_code == 0
     base = tmp_path / "base"
     shutil.copytree(path.parent / "migrations", base)
     # The pull request adds a host-level type and a shard migration using it: the gate passes.
@@ -155,8 +154,7 @@ def test_misnamed_host_file_is_refused_by_name(make_fleet):
 
 
 def test_add_host_and_move_bring_the_target_up_to_date_first(make_fleet):
-    path = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=8, init=True)
     pg3 = make_fleet.new_database(0)
     assert run_cli("add-host", "pg3", "--dsn", pg3, config=path).exit_code == 0
     # The type arrives after pg3 joined, and only pg1 and pg2 are migrated: pg3 lacks it.

@@ -6,8 +6,8 @@ nothing changed on any host (nor in the topology file).
 from __future__ import annotations
 
 import pytest
-from conftest import connect, load, run_cli
-from hostile import assert_refused_cheaply, run_measured
+from support.fleet import connect, load, run_cli
+from support.hostile import assert_refused_cheaply, run_measured
 
 
 def snapshot(path) -> dict:

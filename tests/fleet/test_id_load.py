@@ -9,7 +9,7 @@ import time
 
 import psycopg
 import pytest
-from conftest import load, run_cli
+from support.fleet import load, run_cli
 
 
 def write_concurrently(
@@ -73,8 +73,7 @@ def check_ids(topo, shards: list[int], expected_rows: int) -> None:
 
 @pytest.mark.parametrize("function", ["plpgsql", "sql"])
 def test_8_writers_64_shards_no_duplicates(make_fleet, function):
-    path = make_fleet(hosts=2, shards=64, function=function)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, function=function, init=True)
     topo = load(path)
     write_concurrently(topo, writers=8, shards=list(range(64)), rows=200_000)
     check_ids(topo, list(range(64)), 200_000)
@@ -82,8 +81,7 @@ def test_8_writers_64_shards_no_duplicates(make_fleet, function):
 
 @pytest.mark.slow
 def test_8_writers_64_shards_1m_rows(make_fleet):
-    path = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, init=True)
     topo = load(path)
     write_concurrently(topo, writers=8, shards=list(range(64)), rows=1_000_000)
     check_ids(topo, list(range(64)), 1_000_000)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 HISTORIES = Path(__file__).resolve().parents[1] / "data" / "histories"
 

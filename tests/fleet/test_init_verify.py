@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 from shardctl.dev.sandbox import Sandbox
 from shardctl.sql.render import render_next_id
@@ -52,9 +52,7 @@ def counts(topo, host) -> dict:
 @pytest.fixture
 def ready(make_fleet):
     """A 2-host, 16-shard fleet, initialised and verified clean (pg1: 0-7, pg2: 8-15)."""
-    path = make_fleet(hosts=2, shards=16)
-    first = run_cli("init", config=path)
-    assert first.exit_code == 0, first
+    path = make_fleet(hosts=2, shards=16, init=True)
     clean = run_cli("verify", config=path)
     assert clean.exit_code == 0, clean
     return path
@@ -463,8 +461,10 @@ def four_host_fleet(make_fleet, shards: int) -> Path:
     return first
 
 
-def test_init_2048_shards_over_4_hosts(make_fleet):
-    init_at_scale(four_host_fleet(make_fleet, 2048), 2048)
+@pytest.mark.parametrize("shards", [256, pytest.param(2048, marks=pytest.mark.slow)])
+def test_init_shards_over_4_hosts(make_fleet, shards):
+    """2048 shards is the scale test (the slow suite); 256 runs the same init, re-init and verify checks."""
+    init_at_scale(four_host_fleet(make_fleet, shards), shards)
 
 
 @pytest.mark.slow

@@ -6,21 +6,13 @@ from __future__ import annotations
 
 import re
 
-import pytest
-from conftest import run_cli
-from test_move import drop_replication
+from support.fleet import run_cli
 
 WARNING = (
     "warning: the instagram layout uses all 64 bits: its IDs turn negative on 2060-11-03T19:53:47.776Z "
     "(and overflow on 2095-09-07T15:47:35.552Z)"
 )
 SECONDS = r"in \d+\.\d\ds\."
-
-
-@pytest.fixture
-def make_fleet(make_fleet):
-    yield make_fleet
-    drop_replication(make_fleet.created)
 
 
 def last_line(text: str) -> str:
@@ -64,8 +56,7 @@ def test_a_host_failure_is_printed_once_naming_the_host_once(make_fleet):
 
 
 def test_move_prints_each_freeze_step_and_already_there_says_so(make_fleet):
-    fleet = make_fleet(hosts=2, shards=8)  # pg1 0-3, pg2 4-7
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=8, init=True)  # pg1 0-3, pg2 4-7
     already = run_cli("move-shard", "4-7", "--to", "pg2", config=fleet)
     assert already.exit_code == 0, already
     assert (

@@ -11,52 +11,19 @@ import time
 from pathlib import Path
 
 import psycopg
-from conftest import connect, load, run_cli
-from helpers import run_shardctl, start_shardctl
+import pytest
+from support.fleet import connect, load, run_cli
+from support.migrations import ADD_LOCATION, add_migration, ledger, migrated, shards_with_column
+from support.process import run_shardctl, start_shardctl
 
-ADD_LOCATION = (
-    "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
-    "CREATE INDEX photos_location_idx ON {{ schema|ident }}.photos (location);\n"
-)
 UNIQUE_USERNAME = (
     "ALTER TABLE {{ schema|ident }}.users ADD COLUMN email text;\n"
     "ALTER TABLE {{ schema|ident }}.users ADD CONSTRAINT users_username_key UNIQUE (username);\n"
 )
 
 
-def add_migration(fleet: Path, name: str, sql: str) -> Path:
-    path = fleet.parent / "migrations" / name
-    path.write_text(sql)
-    return path
-
-
 def as_json(result) -> dict:
     return json.loads(result.stdout)
-
-
-def ledger(topo, host: str, version: int) -> set[int]:
-    with connect(topo, host) as conn:
-        return {
-            r[0]
-            for r in conn.execute(
-                "SELECT shard_id FROM shardctl.migrations WHERE version = %s", (version,)
-            )
-        }
-
-
-def shards_with_column(topo, host: str, table: str, column: str) -> set[int]:
-    with connect(topo, host) as conn:
-        rows = conn.execute(
-            """SELECT s.shard_id FROM shardctl.shards s JOIN information_schema.columns c
-                   ON c.table_schema = s.schema_name AND c.table_name = %s AND c.column_name = %s""",
-            (table, column),
-        ).fetchall()
-    return {r[0] for r in rows}
-
-
-def migrated(doc: dict) -> set[int]:
-    """Shards a run migrated; a run refused before any work (its JSON is an error document) migrated none."""
-    return {int(s) for h in doc.get("hosts", []) for s in h["migrated"]}
 
 
 def failed(doc: dict) -> dict[int, dict]:
@@ -72,11 +39,15 @@ def timed(*args, config):
 # ---- acceptance: scale ------------------------------------------------------------------------------
 
 
-def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
-    fleet = make_fleet(hosts=2, shards=4096)
+@pytest.mark.parametrize("shards", [512, pytest.param(4096, marks=pytest.mark.slow)])
+def test_new_migration_then_check_is_fast(make_fleet, shards):
+    """4096 shards is the acceptance size, a scale test (the slow suite); 512 runs the same checks and
+    time bounds at an eighth of it."""
+    fleet = make_fleet(hosts=2, shards=shards)
+    half = shards // 2
     result, seconds = timed("init", config=fleet)
     assert result.exit_code == 0, result
-    print(f"\ninit 4096 shards on 2 hosts: {seconds:.2f}s")
+    print(f"\ninit {shards} shards on 2 hosts: {seconds:.2f}s")
     topo = load(fleet)
 
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
@@ -88,21 +59,21 @@ def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
     assert seconds < 2.0
     result = run_cli("migrate", "--check", config=fleet)
     assert result.exit_code == 1, result
-    assert "pg1: V0003__photo_location.sql on 2048 shards" in result.stderr
-    assert "pg2: V0003__photo_location.sql on 2048 shards" in result.stderr
+    assert f"pg1: V0003__photo_location.sql on {half} shards" in result.stderr
+    assert f"pg2: V0003__photo_location.sql on {half} shards" in result.stderr
 
     result, seconds = timed("migrate", config=fleet)
-    print(f"migrate V3 on 4096 shards: {seconds:.2f}s")
+    print(f"migrate V3 on {shards} shards: {seconds:.2f}s")
     assert result.exit_code == 0, result
     for host in ("pg1", "pg2"):
-        assert len(ledger(topo, host, 3)) == 2048
-        assert len(shards_with_column(topo, host, "photos", "location")) == 2048
+        assert len(ledger(topo, host, 3)) == half
+        assert len(shards_with_column(topo, host, "photos", "location")) == half
         with connect(topo, host) as conn:
             assert (
                 conn.execute(
                     "SELECT count(*) FROM pg_indexes WHERE indexname = 'photos_location_idx'"
                 ).fetchone()[0]
-                == 2048
+                == half
             )
 
     times = []
@@ -112,7 +83,7 @@ def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
         times.append(seconds)
     doc = as_json(result)
     print(
-        f"migrate --check, nothing pending, 4096 shards: {min(times):.3f}s (runs: "
+        f"migrate --check, nothing pending, {shards} shards: {min(times):.3f}s (runs: "
         f"{', '.join(f'{t:.3f}' for t in times)}; library {doc['seconds']:.3f}s)"
     )
     # After a migrate run, each host's ledger is vouched for without rendering anything.
@@ -124,7 +95,7 @@ def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
     )
 
     plan = as_json(run_cli("plan", "--json", config=fleet))
-    assert [h["versions"] for h in plan["hosts"]] == [{"3": 2048}, {"3": 2048}]
+    assert [h["versions"] for h in plan["hosts"]] == [{"3": half}, {"3": half}]
 
 
 # ---- acceptance: failures on some shards ------------------------------------------------------------
@@ -133,8 +104,7 @@ def test_4096_shards_new_migration_then_check_is_fast(make_fleet):
 def test_check_with_nothing_pending_loads_no_template_or_parser(make_fleet):
     """CI runs `migrate --check` on every push: with nothing pending it reads the ledgers and stops,
     without importing jinja2 or pglast (start-up time). A pending migration still gets rendered."""
-    path = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=8, init=True)
     proc = run_shardctl("migrate", "--check", config=path, python_flags=("-X", "importtime"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     modules = {
@@ -152,8 +122,7 @@ def test_check_with_nothing_pending_loads_no_template_or_parser(make_fleet):
 
 
 def test_failure_on_some_shards_is_all_or_nothing_per_shard_and_rerun_completes(make_fleet):
-    fleet = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=64, init=True)
     topo = load(fleet)
     bad = {3: "pg1", 40: "pg2"}
     for shard, host in bad.items():
@@ -240,8 +209,7 @@ def shardctl_process(fleet: Path, *args: str) -> subprocess.Popen:
 
 
 def test_two_migrate_runs_at_once_never_migrate_a_shard_twice(make_fleet):
-    fleet = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=64, init=True)
     topo = load(fleet)
     add_migration(fleet, "V0003__slow.sql", "SELECT pg_sleep(0.1);\n" + ADD_LOCATION)
 
@@ -263,8 +231,7 @@ def test_two_migrate_runs_at_once_never_migrate_a_shard_twice(make_fleet):
 
 
 def test_second_run_waits_for_the_lock_or_fails_clearly(make_fleet):
-    fleet = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=16, init=True)
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     holder = connect(topo, "pg1", autocommit=True, application_name="shardctl migrate lock")
@@ -294,8 +261,7 @@ def test_second_run_waits_for_the_lock_or_fails_clearly(make_fleet):
 
 
 def test_open_application_transaction_makes_that_shard_time_out(make_fleet):
-    fleet = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=64, init=True)
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     app = connect(topo, "pg1")
@@ -325,8 +291,7 @@ def test_open_application_transaction_makes_that_shard_time_out(make_fleet):
 
 
 def test_statement_timeout_names_shard_and_version(make_fleet):
-    fleet = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=8, init=True)
     add_migration(fleet, "V0003__slow.sql", "SELECT pg_sleep(5);\n")
     result = run_cli("migrate", "--shards", "0", "--statement-timeout", "200ms", config=fleet)
     assert result.exit_code == 1, result
@@ -338,8 +303,7 @@ def test_statement_timeout_names_shard_and_version(make_fleet):
 
 
 def test_edited_applied_migration_is_detected_until_repaired(make_fleet):
-    fleet = make_fleet(hosts=2, shards=32)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=32, init=True)
     assert (
         run_cli("migrate", config=fleet).exit_code == 0
     )  # vouches for the ledger: the cache path is on
@@ -393,8 +357,7 @@ def test_edited_applied_migration_is_detected_until_repaired(make_fleet):
 
 
 def test_applied_migration_whose_file_is_gone_is_reported(make_fleet):
-    fleet = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=16, init=True)
     path = add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     assert run_cli("migrate", config=fleet).exit_code == 0
     path.unlink()
@@ -410,8 +373,7 @@ def test_applied_migration_whose_file_is_gone_is_reported(make_fleet):
 
 
 def test_gap_duplicate_or_undefined_name_fails_before_anything_runs(make_fleet):
-    fleet = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=8, init=True)
     topo = load(fleet)
     gap = add_migration(fleet, "V0004__skips_three.sql", ADD_LOCATION)
     result = run_cli("migrate", config=fleet)
@@ -464,8 +426,7 @@ def test_split_statements():
 
 
 def test_dry_run_shows_rendered_sql_and_touches_nothing(make_fleet):
-    fleet = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=8, init=True)
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     result = run_cli("migrate", "--dry-run", config=fleet)
@@ -487,8 +448,7 @@ def test_dry_run_shows_rendered_sql_and_touches_nothing(make_fleet):
 
 
 def test_target_hosts_and_shards_limit_the_run(make_fleet):
-    fleet = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=16, init=True)
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     add_migration(
@@ -536,8 +496,7 @@ def test_target_hosts_and_shards_limit_the_run(make_fleet):
 
 
 def test_no_transaction_migration_and_ledger_columns(make_fleet):
-    fleet = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=8, init=True)
     topo = load(fleet)
     add_migration(
         fleet,
@@ -567,8 +526,7 @@ def test_pending_is_one_query_per_host(make_fleet):
     """The pending part of --check reads the ledger in a single statement per host."""
     from shardctl.ops import migrate as mig
 
-    fleet = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=16, init=True)
     topo = load(fleet)
     statements: list[str] = []
     real = psycopg.Connection.execute

@@ -8,9 +8,9 @@ import time
 
 import psycopg
 import pytest
-from conftest import connect, load, run_cli
-from load import Pgbench, RouterWriters
-from test_migrate import ADD_LOCATION, add_migration, ledger, migrated, shards_with_column
+from support.fleet import connect, load, run_cli
+from support.load import Pgbench, RouterWriters
+from support.migrations import ADD_LOCATION, add_migration, ledger, migrated, shards_with_column
 
 from shardctl.router import Router
 
@@ -32,8 +32,7 @@ def _ids_in_db(topo, written: dict[int, set[int]]) -> dict[int, set[int]]:
 def test_migrate_512_shards_under_1000_ops_per_second(make_fleet):
     """A column plus an index on 512 shards while pgbench writes ≥ 1,000 rows/s over every shard and
     Router writers write too: no app transaction fails, none waits more than 250 ms."""
-    fleet = make_fleet(hosts=2, shards=512)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=512, init=True)
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     with (
@@ -78,8 +77,7 @@ def test_migrate_512_shards_under_1000_ops_per_second(make_fleet):
 def _held_shard_run(make_fleet):
     """One application transaction holds shard 5's table for 3 s while migrate runs under Router
     writes to every other shard. Returns (topo, migrate's JSON, exit code, seconds, writer stats)."""
-    fleet = make_fleet(hosts=2, shards=128)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=128, init=True)
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     others = [n for n in range(128) if n != 5]
@@ -137,8 +135,7 @@ def test_shard_held_3s_other_shards_do_not_stall(make_fleet):
 
 
 def test_retries_exhausted_names_the_blocker(make_fleet):
-    fleet = make_fleet(hosts=2, shards=32)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=32, init=True)
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     app = connect(topo, "pg1", application_name="photo-app")
@@ -169,8 +166,7 @@ def test_retries_exhausted_names_the_blocker(make_fleet):
 def test_migrate_leaves_shards_of_a_move_pending(make_fleet):
     """Shards a move holds stay pending with the command that releases them; the rest are applied;
     exit 0, and 1 only for --check."""
-    fleet = make_fleet(hosts=2, shards=32)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=32, init=True)
     topo = load(fleet)
     with connect(topo, "pg1") as conn:
         conn.execute(
@@ -200,8 +196,7 @@ def test_library_check_tells_pending_from_failed(make_fleet):
     from shardctl import migrate
     from shardctl.errors import OperationFailed, PendingWork
 
-    fleet = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=16, init=True)
     topo = load(fleet)
     assert migrate(topo, check=True).raise_for_status().pending_total == 0
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)

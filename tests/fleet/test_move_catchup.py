@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import connect, load, run_cli
-from test_move import fleet3, make_fleet  # noqa: F401
+from support.fleet import connect, load, run_cli
 
 V3 = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
 V4 = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN filter text;\n"

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import load, run_cli
-from test_move import fleet3, ids_on, make_fleet, replication_leftovers, router_traffic  # noqa: F401
+from support.fleet import load, run_cli
+from support.moves import ids_on, replication_leftovers, router_traffic
 
 POINTS = [
     "after-prepare",

@@ -8,14 +8,8 @@ import time
 
 import psycopg
 import pytest
-from conftest import connect, load, run_cli
-from test_move import (
-    ids_on,
-    init_fleet,
-    load_rows,
-    move_under_traffic,
-    replication_leftovers,
-)
+from support.fleet import connect, load, run_cli
+from support.moves import ids_on, init_fleet, load_rows, move_under_traffic, replication_leftovers
 
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards

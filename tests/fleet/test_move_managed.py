@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import _sandbox_dir, load, run_cli
-from test_move import check_moved, ids_on, load_rows, router_traffic
+from support.fleet import load, run_cli, sandbox_dir
+from support.moves import check_moved, ids_on, load_rows, router_traffic
 
 from shardctl.dev.sandbox import Sandbox
 from shardctl.errors import OperationFailed
@@ -26,7 +26,7 @@ ADMIN_ENV, MOVER_ENV = "SHARDCTL_TEST_ADMIN_PW", "SHARDCTL_TEST_MOVER_PW"
 def managed():
     """Two password-protected servers; the fleet's role ``mover`` owns the database, is no superuser."""
     os.environ[ADMIN_ENV], os.environ[MOVER_ENV] = ADMIN_PASSWORD, MOVER_PASSWORD
-    box = Sandbox(_sandbox_dir("managed"))
+    box = Sandbox(sandbox_dir("managed"))
     box.up(hosts=2, shards=16, password_env=ADMIN_ENV)
     topo = load(box.topology_path)
     for host in topo.hosts:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import connect, load, run_cli
-from test_move import drop_replication, fleet3, ids_on, init_fleet, load_rows, make_fleet  # noqa: F401
+from support.fleet import connect, load, run_cli
+from support.moves import ids_on, load_rows
 
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import move_shards
@@ -103,27 +103,26 @@ def test_subscriptions_sized_to_a_target_with_two_workers(private_sandbox):
 
 
 @pytest.fixture
-def pg16_target(make_fleet):  # noqa: F811 - test_move's make_fleet, which also drops replication leftovers
+def pg16_target(make_fleet):
     """pg1 (a session server, PostgreSQL 18) with shards 0-15 and pg16 (a server of its own, PostgreSQL 16)
     with 16-31, initialised."""
-    from conftest import _sandbox_dir
-    from test_move_versions import need
+    from support.fleet import sandbox_dir
+    from support.versions import need
 
     from shardctl.dev.sandbox import Sandbox
 
-    box = Sandbox(_sandbox_dir("pg16"))
+    box = Sandbox(sandbox_dir("pg16"))
     try:
         box.up(hosts=1, shards=1, pg=need("16"))
         extra = f'  - name: pg16\n    dsn: "{box.state.hosts[0].dsn}"\n    shards: "16-31"\n'
-        path = make_fleet(hosts=1, shards=32, ranges=["0-15"], extra=extra)
-        assert run_cli("init", config=path).exit_code == 0
+        path = make_fleet(hosts=1, shards=32, ranges=["0-15"], extra=extra, init=True)
         yield path
     finally:
         box.destroy()
 
 
 def _everything(topo) -> dict:
-    from test_move import snapshot
+    from support.moves import snapshot
 
     out = {}
     for host in ("pg1", "pg16"):

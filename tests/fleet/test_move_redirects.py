@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from conftest import connect, load
-from test_move import fleet3, init_fleet, load_rows, make_fleet  # noqa: F401
+from support.fleet import connect, load
 
 from shardctl.ops.move import abort_move, move_shards
 from shardctl.sql.catalog.control import dsn_without_password, read_redirects

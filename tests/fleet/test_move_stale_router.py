@@ -8,9 +8,9 @@ import time
 
 import psycopg
 import pytest
-from conftest import connect, load
-from load import RouterWriters
-from test_move import fleet3, ids_on, init_fleet, load_rows, make_fleet  # noqa: F401
+from support.fleet import connect, load
+from support.load import RouterWriters
+from support.moves import ids_on
 
 from shardctl.errors import HostUnreachable
 from shardctl.ops.move import move_shards

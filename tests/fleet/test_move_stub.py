@@ -9,9 +9,9 @@ import subprocess
 
 import psycopg
 import pytest
-from conftest import connect, load, run_cli
-from load import pg_bin
-from test_move import fleet3, ids_on, init_fleet, load_rows, make_fleet  # noqa: F401
+from support.fleet import connect, load, run_cli
+from support.load import pg_bin
+from support.moves import ids_on
 
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards

@@ -6,8 +6,7 @@ authoritative, and the comparison of every row after the cutover catches what co
 from __future__ import annotations
 
 import pytest
-from conftest import connect, load
-from test_move import fleet3, make_fleet  # noqa: F401
+from support.fleet import connect, load
 
 from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards, transfer

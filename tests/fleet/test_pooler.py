@@ -7,7 +7,7 @@ import json
 
 import psycopg
 import pytest
-from conftest import load, run_cli
+from support.fleet import load, run_cli
 from support.pooler import require_pgbouncer
 
 from shardctl.dev.pooler import Pooler

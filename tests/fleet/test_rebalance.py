@@ -7,17 +7,11 @@ import json
 import random
 
 import pytest
-from conftest import connect, load, run_cli
-from test_move import drop_replication, ids_on, load_rows, replication_leftovers
+from support.fleet import connect, load, run_cli
+from support.moves import ids_on, load_rows, replication_leftovers
 
 from shardctl.model.topology import Topology
 from shardctl.ops.rebalance import goals, plan, plan_report
-
-
-@pytest.fixture
-def make_fleet(make_fleet):
-    yield make_fleet
-    drop_replication(make_fleet.created)
 
 
 def topology(count: int, ranges: list[str | None]) -> Topology:
@@ -143,8 +137,7 @@ def test_plan_cli_offline(tmp_path):
 
 
 def test_apply_after_add_host(make_fleet):
-    path = make_fleet(hosts=2, shards=24)  # pg1 0-11, pg2 12-23
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=24, init=True)  # pg1 0-11, pg2 12-23
     topo = load(path)
     load_rows(topo, list(range(24)), 40)
     before = {n: sorted(ids_on(topo, topo.host_of(n).name, [n])) for n in range(24)}
@@ -201,8 +194,7 @@ def test_plan_by_size_moves_big_shards_and_respects_pins_and_min_improvement():
 
 
 def test_rebalance_by_size_applies(make_fleet):
-    path = make_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, init=True)  # pg1 0-7, pg2 8-15
     topo = load(path)
     load_rows(topo, list(range(8)), 20000)
     text = path.read_text()

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 from shardctl.router import Router
 
@@ -31,8 +31,7 @@ def languages(topo, host: str) -> dict[str, int]:
 
 
 def test_switching_id_function_redeploys_online_while_router_writes(make_fleet):
-    fleet = make_fleet(hosts=2, shards=64, function="plpgsql")
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=64, function="plpgsql", init=True)
     set_function(fleet, "plpgsql", "sql")
 
     stale = run_cli("verify", config=fleet)
@@ -164,8 +163,7 @@ def test_own_template_function_is_deployed_and_updated(make_fleet, tmp_path):
 
 
 def test_layout_or_epoch_change_is_refused_and_changes_nothing(make_fleet):
-    fleet = make_fleet(hosts=2, shards=8)
-    assert run_cli("init", config=fleet).exit_code == 0
+    fleet = make_fleet(hosts=2, shards=8, init=True)
     topo = load(fleet)
     with connect(topo, "pg1") as conn:
         before = conn.execute(

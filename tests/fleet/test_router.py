@@ -8,7 +8,7 @@ import time
 
 import psycopg
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load
 
 from shardctl.router import Router
 
@@ -16,16 +16,14 @@ from shardctl.router import Router
 @pytest.fixture
 def topo(make_fleet):
     """2 hosts, 64 shards (pg1: 0-31, pg2: 32-63), initialised."""
-    path = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, init=True)
     return load(path)
 
 
 @pytest.fixture
 def topo_sessions(make_fleet):
     """The same, its hosts direct and saying so (``pooler: none``): the Router keeps and resets sessions."""
-    path = make_fleet(hosts=2, shards=64, pooler="none")
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, pooler="none", init=True)
     return load(path)
 
 
@@ -249,6 +247,5 @@ def test_100k_ids_from_4_concurrent_sessions_are_distinct_plpgsql(topo):
 
 
 def test_100k_ids_from_4_concurrent_sessions_are_distinct_sql(make_fleet):
-    path = make_fleet(hosts=1, shards=16, function="sql")
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=1, shards=16, function="sql", init=True)
     insert_concurrently(load(path), 9)

@@ -16,14 +16,12 @@ from collections import deque
 
 import psycopg
 import pytest
-from conftest import load, run_cli
 from support.clients import async_history_traffic, keys_for
-from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
-from test_router_faults import CONNECT_TIMEOUT, PG1_KEY, PG2_KEY, box, frozen  # noqa: F401 - box: a fixture
-from test_router_poolers import pooled_fleet  # noqa: F401 - a fixture (with this module's ``mode``)
-from test_router_sessions import SESSION_STATEMENTS
-from test_router_standby import KEY as STANDBY_KEY
-from test_router_standby import replicated, wait_replayed  # noqa: F401 - replicated: a fixture
+from support.faults import CONNECT_TIMEOUT, PG1_KEY, PG2_KEY, frozen
+from support.fleet import load, run_cli
+from support.sessions import SESSION_STATEMENTS
+from support.standby import KEY as STANDBY_KEY
+from support.standby import wait_replayed
 
 from shardctl import AsyncRouter
 from shardctl.errors import BadInput, HostUnreachable, SessionStateError
@@ -37,16 +35,14 @@ def run(coro):
 @pytest.fixture
 def topo(make_fleet):
     """Direct hosts that say so (``pooler: none``): sessions are kept, so the Router resets them."""
-    path = make_fleet(hosts=2, shards=16, pooler="none")
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, pooler="none", init=True)
     return load(path)
 
 
 @pytest.fixture
 def topo_default(make_fleet):
     """Hosts with the default ``pooler: transaction``: nothing may outlive a transaction."""
-    path = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, init=True)
     return load(path)
 
 
@@ -296,15 +292,14 @@ def test_async_clients_during_move(pooled_fleet, mode, read):
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
 
 
-def test_a_stale_topology_file_follows_the_old_hosts_redirect(make_fleet):  # noqa: F811
+def test_a_stale_topology_file_follows_the_old_hosts_redirect(make_fleet):
     """An app server whose copy of the topology file is never updated: its AsyncRouter follows the
     redirect the old host recorded at the cutover (no error, nothing lost, no read from a wrong shard)."""
     import shutil
 
     from support.history import History
 
-    path = make_fleet(hosts=2, shards=16, pooler="none")
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, pooler="none", init=True)
     stale = path.with_name("stale.yaml")
     shutil.copy(path, stale)
     moved = [4, 5, 6, 7]
@@ -497,9 +492,8 @@ def docs_example(name: str) -> str:
     return after.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_docs_async_app(make_fleet):  # noqa: F811
-    path = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=path).exit_code == 0
+def test_the_docs_async_app(make_fleet):
+    path = make_fleet(hosts=2, shards=16, init=True)
     app: dict = {}
     exec(compile(docs_example("async-app"), "docs/router.md (async-app)", "exec"), app)
 

@@ -4,30 +4,17 @@ a stopped host, a silent host (a listener that never answers; a SIGSTOPped serve
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
 import statistics
 import threading
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
-from conftest import load, run_cli
+from support.faults import CONNECT_TIMEOUT, PG1_KEY, PG2_KEY, frozen
+from support.fleet import load
 
 from shardctl import Router
 from shardctl.errors import HostUnreachable
-
-CONNECT_TIMEOUT = 2  # libpq's minimum
-PG1_KEY, PG2_KEY = 3, 40  # 64 shards over 2 hosts: pg1 0-31, pg2 32-63
-
-
-@pytest.fixture
-def box(private_sandbox):
-    sandbox = private_sandbox(hosts=2, shards=64)
-    assert run_cli("init", config=sandbox.topology_path).exit_code == 0
-    return sandbox
 
 
 def timed(fn, *args, **kwargs) -> tuple[float, object]:
@@ -55,38 +42,6 @@ def warm(router: Router, key: int, connections: int) -> None:
         t.join()
     stats = router.stats()[router.host_for(key).name]
     assert stats["idle"] == stats["size"] == connections
-
-
-def server_processes(box, name: str) -> list[int]:
-    """The postmaster of sandbox host ``name`` and all its children (backends, workers)."""
-    host = next(h for h in box.state.hosts if h.name == name)
-    root = box.pid(host)
-    pids = [root]
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == root:
-                pids.append(int(entry.name))
-    return pids
-
-
-@contextmanager
-def frozen(box, name: str):
-    """SIGSTOP the whole server (postmaster and backends): it accepts TCP but answers nothing."""
-    pids = server_processes(box, name)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
 
 
 def test_stopped_host_fails_fast_and_quietly_other_hosts_unaffected(box, capfd, caplog):
@@ -182,8 +137,7 @@ def silent_listener() -> tuple[socket.socket, int]:
 
 
 def test_silent_listener_fails_within_connect_timeout(make_fleet):
-    path = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, init=True)
     listener, port = silent_listener()
     try:
         text = path.read_text()

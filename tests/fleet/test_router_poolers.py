@@ -14,10 +14,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import load, run_cli
 from support.clients import PgbenchClient, PsqlClient, history_traffic, keys_for
+from support.fleet import load, run_cli
 from support.history import History
-from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
 
 from shardctl.ops.move import move_shards
 
@@ -27,22 +26,6 @@ MODES = ["direct", "transaction", "session"]
 @pytest.fixture(params=MODES)
 def mode(request) -> str:
     return request.param
-
-
-@pytest.fixture
-def pooled_fleet(make_fleet, mode, request):
-    """``make_fleet(...)`` seen through ``mode``: direct DSNs (``pooler: none``), or PgBouncer's with direct
-    admin DSNs (``pooler: transaction|session``), initialised."""
-
-    def make(**kwargs):
-        path = make_fleet(**kwargs, pooler="none" if mode == "direct" else None)
-        if mode != "direct":
-            request.getfixturevalue("pgbouncer").front(path, mode)
-        result = run_cli("init", config=path)
-        assert result.exit_code == 0, result
-        return path
-
-    return make
 
 
 def test_pooled_topology_goes_through_pgbouncer(pooled_fleet, mode):

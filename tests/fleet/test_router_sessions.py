@@ -7,7 +7,8 @@ import threading
 
 import psycopg
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load
+from support.sessions import SESSION_STATEMENTS
 
 from shardctl import Router
 from shardctl.errors import HostUnreachable, SessionStateError
@@ -17,16 +18,14 @@ from shardctl.router import forget_prepared
 @pytest.fixture
 def topo(make_fleet):
     """Direct hosts that say so (``pooler: none``): sessions are kept, so the Router resets them."""
-    path = make_fleet(hosts=2, shards=16, pooler="none")
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, pooler="none", init=True)
     return load(path)
 
 
 @pytest.fixture
 def topo_default(make_fleet):
     """Hosts with the default ``pooler: transaction``: nothing may outlive a transaction."""
-    path = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, init=True)
     return load(path)
 
 
@@ -46,32 +45,6 @@ def test_execute_is_autocommit_and_sets_search_path_once(topo):
         # Committed at once (autocommit): another session sees the row.
         with connect(topo, "pg1") as check:
             assert check.execute("SELECT count(*) FROM insta3.users").fetchone()[0] == 1
-
-
-SESSION_STATEMENTS = [
-    ("SELECT set_config('work_mem', '7MB', false)", "SHOW work_mem", "4MB"),
-    (
-        "SET statement_timeout = '4321ms'",
-        "SELECT current_setting('statement_timeout') <> '4321ms'",
-        True,
-    ),
-    (
-        "CREATE TEMP TABLE users (id bigint, username text)",
-        "SELECT to_regclass('pg_temp.users') IS NULL",
-        True,
-    ),
-    (
-        "SELECT pg_advisory_lock(4242)",
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
-        0,
-    ),
-    ("LISTEN somewhere", "SELECT count(*) FROM pg_listening_channels()", 0),
-    (
-        "PREPARE mine AS SELECT 1",
-        "SELECT count(*) FROM pg_prepared_statements WHERE name !~ '^_pg3_'",
-        0,
-    ),
-]
 
 
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
@@ -202,8 +175,7 @@ def test_a_run_takes_three_round_trips_and_execute_one_each_transaction_carrying
     work, then COMMIT; every transaction again, since a pooler may give it another server connection.
     execute(): BEGIN, settings, statement and COMMIT in one round trip. libpq's trace counts what the client
     sent."""
-    path = make_fleet(hosts=1, shards=8, pooler=pooler)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=1, shards=8, pooler=pooler, init=True)
     topo = load(path)
     seen: list[psycopg.Connection] = []
 

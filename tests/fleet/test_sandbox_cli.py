@@ -7,7 +7,7 @@ import time
 
 import psycopg
 import pytest
-from conftest import load, run_cli
+from support.fleet import load, run_cli
 
 
 def error_line(result) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from conftest import _sandbox_dir
+from support.fleet import sandbox_dir
 
 from shardctl.dev import pgbuilds
 from shardctl.dev.sandbox import Sandbox
@@ -41,7 +41,7 @@ def test_the_build_for_each_version_ships_what_the_readme_says_and_its_extension
     extensions, ssl = SHIPS[build.source]
     assert {e for e in pgbuilds.APP_EXTENSIONS if e in build.extensions} == extensions, build
     assert build.ssl is ssl, build
-    box = Sandbox(_sandbox_dir(f"ext{major}"))
+    box = Sandbox(sandbox_dir(f"ext{major}"))
     try:
         result = box.up(hosts=1, shards=1, pg=major)
         assert result["version"] == build.version and result["bin_dir"] == str(build.bin_dir)

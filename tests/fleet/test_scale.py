@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import load, run_cli
+from support.fleet import load, run_cli
 
 from shardctl.dev.sandbox import Sandbox
 from shardctl.ops.status import status

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import _sandbox_dir, run_cli
-from helpers import run_shardctl as cli_process
+from support.fleet import run_cli, sandbox_dir
+from support.process import run_shardctl as cli_process
 
 from shardctl.dev.sandbox import Sandbox
 
@@ -22,7 +22,7 @@ ENV = "SHARDCTL_TEST_PASSWORD"
 @pytest.fixture(scope="module")
 def protected():
     os.environ[ENV] = PASSWORD
-    box = Sandbox(_sandbox_dir("protected"))
+    box = Sandbox(sandbox_dir("protected"))
     box.up(hosts=2, shards=16, password_env=ENV)
     yield box
     box.destroy()

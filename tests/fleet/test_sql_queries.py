@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import connect, load, run_cli
-from load import pg_bin
+from support.fleet import connect, load, run_cli
+from support.load import pg_bin
 
 from shardctl.sql import fingerprint
 from shardctl.sql.catalog import inspect

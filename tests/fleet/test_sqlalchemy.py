@@ -4,68 +4,29 @@ per host, and ORM clients during move-shard checked by the history checker."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
 
 sqlalchemy = pytest.importorskip("sqlalchemy")
-from conftest import load, run_cli
 from sqlalchemy import func, select, text, update
 from support.clients import keys_for
+from support.fleet import load, run_cli
 from support.history import History, now
-from test_move import make_fleet  # noqa: F401 - drops the moves' replication objects after each test
+from support.orm import example, rows_in
 
 from shardctl.ops.move import move_shards
 from shardctl.router import Router
 from shardctl.sqlalchemy import UnroutableStatement, criterion_shards, sessionmaker
 
-APP = Path(__file__).resolve().parents[2] / "examples" / "sqlalchemy_app"
 MODES = ["direct", "transaction"]
-
-
-def example():
-    """The example app's modules (models, app), imported from examples/sqlalchemy_app."""
-    if str(APP) not in sys.path:
-        sys.path.insert(0, str(APP))
-    return importlib.import_module("models"), importlib.import_module("app")
 
 
 @pytest.fixture(params=MODES)
 def mode(request) -> str:
     return request.param
-
-
-@pytest.fixture
-def pooled_fleet(make_fleet, mode, request):
-    def make(**kwargs):
-        path = make_fleet(**kwargs, pooler="none" if mode == "direct" else None)
-        if mode != "direct":
-            request.getfixturevalue("pgbouncer").front(path, mode)
-        result = run_cli("init", config=path)
-        assert result.exit_code == 0, result
-        return path
-
-    return make
-
-
-def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
-    """Every row of ``table`` in every shard schema of every host, by id: (host, schema, row)."""
-    out: dict[int, tuple[str, str, tuple]] = {}
-    for host in topo.hosts:
-        with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
-            for shard in host.shards:
-                schema = topo.schema_name(shard)
-                for row in conn.execute(f'SELECT * FROM "{schema}".{table}'):
-                    assert row[0] not in out, (
-                        f"id {row[0]} twice: {out[row[0]][:2]} and {(host.name, schema)}"
-                    )
-                    out[row[0]] = (host.name, schema, row)
-    return out
 
 
 def test_example_app_rows_land_in_their_shards(pooled_fleet, capsys):
@@ -177,8 +138,7 @@ def test_routing_and_refusals(make_fleet):
     text() with a named shard; a statement with no routable criterion raises instead of guessing."""
     models, _ = example()
     Photo, User = models.Photo, models.User
-    path = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, init=True)
     router = Router(load(path))
     Session = sessionmaker(router)
     with Session() as session:

@@ -20,13 +20,11 @@ import pytest
 
 pytest.importorskip("sqlalchemy")
 pytest.importorskip("greenlet")
-import test_move
-import test_router_poolers
-from conftest import load, run_cli
 from sqlalchemy import func, select, text, update
 from support.clients import keys_for
+from support.fleet import load, run_cli
 from support.history import History, now
-from test_sqlalchemy import example, rows_in
+from support.orm import example, rows_in
 
 from shardctl import AsyncRouter
 from shardctl.ops.move import move_shards
@@ -35,8 +33,6 @@ from shardctl.sqlalchemy.asyncio import async_sessionmaker
 
 MODES = ["direct", "transaction"]
 FASTAPI_APP = Path(__file__).resolve().parents[2] / "examples" / "fastapi_app"
-make_fleet = test_move.make_fleet  # a fixture: drops the moves' replication objects after each test
-pooled_fleet = test_router_poolers.pooled_fleet  # a fixture (with this module's ``mode``)
 
 
 @pytest.fixture(params=MODES)

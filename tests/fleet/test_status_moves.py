@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import load, run_cli
-from test_move import fleet3, init_fleet, load_rows, make_fleet  # noqa: F401
+from support.fleet import load, run_cli
 
 from shardctl.ops.move import move_shards
 from shardctl.ops.status import status

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 from shardctl.sql.render import render_next_id
 
@@ -32,17 +32,13 @@ def park_sequences_below_a_wrap(topo, margin: int = 3) -> None:
 
 @pytest.fixture
 def fleet100(make_fleet):
-    path = make_fleet(hosts=2, shards=100)
-    result = run_cli("init", config=path)
-    assert result.exit_code == 0, result
-    return path
+    return make_fleet(hosts=2, shards=100, init=True)
 
 
 @pytest.fixture
 def ready(make_fleet):
     """A 2-host, 16-shard fleet, initialised and verified clean (pg1: 0-7, pg2: 8-15)."""
-    path = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, init=True)
     assert run_cli("verify", config=path).exit_code == 0
     return path
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import connect, load, run_cli
+from support.fleet import connect, load, run_cli
 
 
 def admin(topo, host):
@@ -38,8 +38,7 @@ def catalog_snapshot(topo) -> dict:
 @pytest.fixture
 def ready(make_fleet):
     """A 2-host, 16-shard fleet, initialised (pg1: 0-7, pg2: 8-15)."""
-    path = make_fleet(hosts=2, shards=16)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=16, init=True)
     return path
 
 

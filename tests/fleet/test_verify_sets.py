@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import psycopg
-from conftest import load, run_cli
+from support.fleet import load, run_cli
 
 from shardctl.ops.verify import verify
 from shardctl.sql.render import render_next_id
@@ -18,8 +18,7 @@ def violations(path, *args: str) -> list[dict]:
 
 
 def test_a_body_edited_on_a_shard_outside_the_rendered_sample_is_caught(make_fleet):
-    path = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, init=True)
     topo = load(path)
     # Shard 6 is not among the shards whose body verify renders by default (0, 4, 9, ... on pg1); the
     # edit changes no ID, so only the body comparison can see it.
@@ -38,8 +37,7 @@ def test_a_body_edited_on_a_shard_outside_the_rendered_sample_is_caught(make_fle
 def test_a_body_with_another_shards_number_is_caught_by_its_shape(make_fleet):
     """The shape takes out the shard's own number only (as a whole number): a body that mints another
     shard's IDs (26, or 66, which holds 6's digits) has a shape of its own, found without rendering it."""
-    path = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, init=True)
     topo = load(path)
     with psycopg.connect(topo.host("pg1").dsn, autocommit=True) as conn:
         for shard, other in ((6, 26), (7, 77)):
@@ -58,8 +56,7 @@ def test_a_body_with_another_shards_number_is_caught_by_its_shape(make_fleet):
 
 
 def test_a_failing_next_id_is_named_and_the_other_shards_are_still_checked(make_fleet):
-    path = make_fleet(hosts=2, shards=64)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=2, shards=64, init=True)
     topo = load(path)
     with psycopg.connect(topo.host("pg2").dsn, autocommit=True) as conn:
         conn.execute("DROP SEQUENCE insta40.next_id_seq CASCADE")
@@ -78,8 +75,7 @@ def test_a_failing_next_id_is_named_and_the_other_shards_are_still_checked(make_
 
 
 def test_verify_leaves_no_object_behind(make_fleet):
-    path = make_fleet(hosts=1, shards=16)
-    assert run_cli("init", config=path).exit_code == 0
+    path = make_fleet(hosts=1, shards=16, init=True)
     assert run_cli("verify", config=path).exit_code == 0
     with psycopg.connect(load(path).hosts[0].dsn) as conn:
         left = conn.execute(

@@ -1,6 +1,17 @@
-"""Test support shared by the fleet tests: PgBouncer in front of the session servers
-(:mod:`support.pooler`) and the history consistency checker (:mod:`support.history`).
+"""Test support: every helper and shared fixture the tests use (tests never import ``conftest`` or
+another test file; tests/unit/test_test_layout.py checks).
+
+- :mod:`support.fleet`: the CLI in-process (``run_cli``), topologies, connections, server dirs.
+- :mod:`support.process`: shardctl as a real process.
+- :mod:`support.moves`, :mod:`support.migrations`: fleets with rows (``fleet3``), traffic during a
+  move, migration helpers.
+- :mod:`support.faults`, :mod:`support.standby`, :mod:`support.sessions`, :mod:`support.versions`:
+  servers of a test's own, SIGSTOP, streaming replicas, session-state statements, PostgreSQL versions.
+- :mod:`support.pooler`: PgBouncer in front of the session servers (``pgbouncer``, ``pooled_fleet``);
+  :mod:`support.history` and :mod:`support.clients`: the history consistency checker and its clients.
+- :mod:`support.load`, :mod:`support.hostile`: load generators; hostile-input runs, measured.
 
 Imported as ``support.…``: pytest puts ``tests/`` on ``sys.path`` (rootdir conftest, no
-``__init__.py`` in ``tests/``), the same way tests import ``conftest`` and ``helpers``.
+``__init__.py`` in ``tests/``). The modules with fixtures are registered by ``pytest_plugins`` in
+``tests/conftest.py``.
 """

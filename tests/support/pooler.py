@@ -85,3 +85,17 @@ def pgbouncer(servers):
     fronts = PoolerFronts(Path(tempfile.mkdtemp(prefix="shardctl-test-pooler-")))
     yield fronts
     fronts.close()
+
+
+@pytest.fixture
+def pooled_fleet(make_fleet, mode, request):
+    """``make_fleet(...)`` seen through the test module's ``mode`` fixture: direct DSNs (``pooler:
+    none``), or PgBouncer's with direct admin DSNs (``pooler: transaction|session``), initialised."""
+
+    def make(**kwargs):
+        path = make_fleet(**kwargs, pooler="none" if mode == "direct" else None, init=True)
+        if mode != "direct":
+            request.getfixturevalue("pgbouncer").front(path, mode)
+        return path
+
+    return make

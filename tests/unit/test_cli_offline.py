@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import PYTHON_M, console_script, run_shardctl
+from support.process import PYTHON_M, console_script, run_shardctl
 
 from shardctl.cli import cli
 

@@ -13,7 +13,7 @@ import io
 import json
 
 import pytest
-from hostile import assert_refused_cheaply, run_measured
+from support.hostile import assert_refused_cheaply, run_measured
 
 TOPOLOGY = """\
 version: 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hostile import assert_cheap, assert_refused_cheaply, run_measured
+from support.hostile import assert_cheap, assert_refused_cheaply, run_measured
 
 from shardctl.errors import ConfigError
 from shardctl.model import yaml_guard

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from support.fleet import run_cli
 
 from shardctl.errors import BadInput
 from shardctl.model.topology import Topology

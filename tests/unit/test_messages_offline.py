@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import run_shardctl
+from support.process import run_shardctl
 
 from shardctl.cli.move import _human_move, plain_progress
 from shardctl.engine.fanout import HostResult, raise_for_status

@@ -7,7 +7,7 @@ process imports (on stderr, one line each, the module name after the last ``|``)
 from __future__ import annotations
 
 import pytest
-from helpers import run_shardctl
+from support.process import run_shardctl
 
 from shardctl.cli import COMMAND_MODULES, cli, load_commands
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_cli
+from support.fleet import run_cli
 
 from shardctl.sql import shard_lint as sl
 

@@ -1,6 +1,6 @@
 """Running shardctl as a real process: the one helper every test uses for that.
 
-(In-process runs go through ``conftest.run_cli``, click's CliRunner over the same entry point.)
+(In-process runs go through ``support.fleet.run_cli``, click's CliRunner over the same entry point.)
 A real process checks what CliRunner cannot: the exit status the shell sees, what the process
 imports, and two runs at once. The process runs this checkout's code: the repository is put first
 on PYTHONPATH, so an older installed shardctl cannot be picked up instead.
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYTHON_M = (sys.executable, "-m", "shardctl")
 
 

@@ -1,0 +1,34 @@
+"""The SQLAlchemy example app and a look at every row of a table, shard by shard (the sync and the
+asyncio SQLAlchemy tests share them)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import psycopg
+
+APP = Path(__file__).resolve().parents[2] / "examples" / "sqlalchemy_app"
+
+
+def example():
+    """The example app's modules (models, app), imported from examples/sqlalchemy_app."""
+    if str(APP) not in sys.path:
+        sys.path.insert(0, str(APP))
+    return importlib.import_module("models"), importlib.import_module("app")
+
+
+def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
+    """Every row of ``table`` in every shard schema of every host, by id: (host, schema, row)."""
+    out: dict[int, tuple[str, str, tuple]] = {}
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
+            for shard in host.shards:
+                schema = topo.schema_name(shard)
+                for row in conn.execute(f'SELECT * FROM "{schema}".{table}'):
+                    assert row[0] not in out, (
+                        f"id {row[0]} twice: {out[row[0]][:2]} and {(host.name, schema)}"
+                    )
+                    out[row[0]] = (host.name, schema, row)
+    return out

@@ -40,8 +40,8 @@ def test_two_inits_at_once(make_fleet):
     path = make_fleet(hosts=2, shards=512)
     first = start("init", "--batch-size", "8", config=path)
     second = start("init", "--batch-size", "8", config=path)
-    out1, err1 = first.communicate(timeout=300)
-    out2, err2 = second.communicate(timeout=300)
+    _out1, err1 = first.communicate(timeout=300)
+    _out2, err2 = second.communicate(timeout=300)
     codes = sorted([first.returncode, second.returncode])
     assert codes[0] == 0, (err1, err2)
     if codes[1] != 0:  # the loser: a clear one-line message, exit 1
@@ -80,7 +80,7 @@ def test_migrate_during_add_shard(make_fleet):
                 break
         time.sleep(0.05)
     during = run_cli("migrate", config=path)
-    out, err = grower.communicate(timeout=300)
+    _out, err = grower.communicate(timeout=300)
     assert grower.returncode == 0, err
     # pg2 was busy: migrate said so and left it alone; pg1 was migrated.
     assert during.exit_code == 1, during

@@ -1,6 +1,6 @@
 """Crash consistency: a server killed with SIGKILL, or shardctl itself killed, in the middle of
-init, migrate and add-shard, each running 2 streams per host (--jobs 2). Afterwards every shard is complete at some version or absent, and one
-re-run completes."""
+init, migrate and add-shard, each running 2 streams per host (--jobs 2). Afterwards every shard is
+complete at some version or absent, and one re-run completes."""
 
 from __future__ import annotations
 

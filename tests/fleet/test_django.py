@@ -42,6 +42,7 @@ def manage(path: Path, *args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -54,6 +55,7 @@ def scenario(path: Path, name: str) -> dict:
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -114,7 +116,7 @@ def test_example_app_rows_live_in_their_shards(django_fleet):
             assert pid not in photos
             continue
         assert layout.decode(pid)["shard"] == shard  # the ID was minted on its key's shard
-        [(host, schema, row)] = photos[pid]  # exactly one copy, in that shard, on its host
+        [(host, schema, _row)] = photos[pid]  # exactly one copy, in that shard, on its host
         assert (host, schema) == (topo.host_of(shard).name, topo.schema_name(shard)), (
             pid,
             host,
@@ -126,7 +128,7 @@ def test_example_app_rows_live_in_their_shards(django_fleet):
         ), got
     users = rows(django_fleet, "gram_users")
     for uid, username in done["users"]:
-        [(host, schema, row)] = users[uid]
+        [(host, schema, _row)] = users[uid]
         assert (
             schema
             == topo.schema_name(shard_for_key(username, topo.modulus))
@@ -134,7 +136,7 @@ def test_example_app_rows_live_in_their_shards(django_fleet):
         )
     likes = rows(django_fleet, "gram_likes")
     for like_id, photo_id, _ in done["likes"]:
-        [(host, schema, row)] = likes[like_id]
+        [(host, schema, _row)] = likes[like_id]
         assert schema == topo.schema_name(layout.decode(photo_id)["shard"])  # on its photo's shard
     orm = done["orm"]
     assert orm["caption"] == "updated by id" and orm["gone"] and orm["other_block_rows"] == 0, orm
@@ -157,7 +159,7 @@ def test_transaction_atomic_across_two_shards_of_a_host(django_fleet):
     assert not done["rolled_found"] and "insta" not in done["session"], done
     photos = rows(django_fleet, "gram_photos")
     for pid, key in zip(done["ids"], (done["a"], done["b"], done["b"])):
-        [(host, schema, row)] = photos[pid]
+        [(_host, schema, row)] = photos[pid]
         assert schema == topo.schema_name(shard_for_key(key, topo.modulus)) and row[1] == key, (
             pid,
             schema,

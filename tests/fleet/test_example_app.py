@@ -22,6 +22,7 @@ def run_app_tests(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
 
 

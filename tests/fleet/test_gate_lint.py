@@ -28,11 +28,13 @@ def test_gate_fails_on_a_catalog_lookup_without_schema_and_passes_the_fixed_one(
     assert bad.exit_code == 1, bad
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("error: ")]
     assert errors == [
-        "error: gate: V0003__caption_unique.sql:3 shard-catalog-lookup-no-schema: lookup in "
-        "pg_constraint by conname with no schema filter: on every shard it finds the first shard's "
-        "object (fix: filter by the shard's schema too: AND connamespace = {{ schema|literal }}"
-        "::regnamespace, AND schemaname = {{ schema|literal }}, or look the object up as "
-        "{{ schema|literal }}::regnamespace)"
+        (
+            "error: gate: V0003__caption_unique.sql:3 shard-catalog-lookup-no-schema: lookup in "
+            "pg_constraint by conname with no schema filter: on every shard it finds the first shard's "
+            "object (fix: filter by the shard's schema too: AND connamespace = {{ schema|literal }}"
+            "::regnamespace, AND schemaname = {{ schema|literal }}, or look the object up as "
+            "{{ schema|literal }}::regnamespace)"
+        )
     ], bad
     doc = json.loads(
         run_cli("migrate", "--check", "--base", str(base), "--json", config=path).stdout

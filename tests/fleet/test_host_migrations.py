@@ -180,8 +180,10 @@ def test_add_host_and_move_bring_the_target_up_to_date_first(make_fleet):
 
 CONTRIB = {  # extension → a shard migration using it, and a query on every shard that must answer True
     "pgcrypto": (
-        "ALTER TABLE {{ schema|ident }}.users ADD COLUMN token text NOT NULL "
-        "DEFAULT encode(gen_random_bytes(8), 'hex');\n",
+        (
+            "ALTER TABLE {{ schema|ident }}.users ADD COLUMN token text NOT NULL "
+            "DEFAULT encode(gen_random_bytes(8), 'hex');\n"
+        ),
         "SELECT length(token) = 16 FROM users",
     ),
     "citext": (

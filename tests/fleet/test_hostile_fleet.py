@@ -59,8 +59,10 @@ def ready(make_fleet):
     [
         (
             ["add-shard", "--host", "pg2", "--count", "100000000"],
-            "--count 100000000 goes beyond the custom layout's 12 shard bits (at most 4096 shards; the fleet has 16, "
-            "so at most 4080 more)",
+            (
+                "--count 100000000 goes beyond the custom layout's 12 shard bits "
+                "(at most 4096 shards; the fleet has 16, so at most 4080 more)"
+            ),
         ),
         (
             ["add-shard", "--host", "pg2", "--ids", "16-99999999999999999999"],

@@ -39,8 +39,9 @@ items AS (
     SELECT s.nspname, 'trigger ' || pg_get_triggerdef(t.oid)
       FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_trigger t ON t.tgrelid = c.oid AND NOT t.tgisinternal
     UNION ALL
-    SELECT s.nspname, 'type ' || t.typname || ' ' || coalesce((SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
-                                                            FROM pg_enum e WHERE e.enumtypid = t.oid), '')
+    SELECT s.nspname, 'type ' || t.typname || ' ' || coalesce(
+             (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                FROM pg_enum e WHERE e.enumtypid = t.oid), '')
       FROM s JOIN pg_type t ON t.typnamespace = s.oid WHERE t.typtype = 'e'
     UNION ALL
     SELECT s.nspname, 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') '
@@ -275,7 +276,7 @@ def test_prisma_history(make_fleet, tmp_path):
         """,
         )
 
-    one, two = apply_history(path, "prisma", first, rest, load_data)
+    one, _two = apply_history(path, "prisma", first, rest, load_data)
     assert [f["to"] for f in one["files"] if f["host_level"]] == [
         "H0001__20240112095200_enable_vector_extensions.sql"
     ]

@@ -154,7 +154,8 @@ def test_failure_on_some_shards_is_all_or_nothing_per_shard_and_rerun_completes(
                 constrained = {
                     int(r[0][len("insta") :])
                     for r in conn.execute(
-                        "SELECT connamespace::regnamespace::text FROM pg_constraint WHERE conname = 'users_username_key'"
+                        "SELECT connamespace::regnamespace::text FROM pg_constraint "
+                        "WHERE conname = 'users_username_key'"
                     )
                 }
             assert constrained == done

@@ -1,6 +1,6 @@
 """Managed Postgres: a role that is not superuser, with REPLICATION, pg_create_subscription (PG16+) and
-pg_monitor (to see replication progress), owning the database, moves shards (publications name the tables). No server log ever holds its password,
-even when the subscription cannot reach the publisher."""
+pg_monitor (to see replication progress), owning the database, moves shards (publications name the
+tables). No server log ever holds its password, even when the subscription cannot reach the publisher."""
 
 from __future__ import annotations
 

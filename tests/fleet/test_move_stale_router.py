@@ -3,6 +3,7 @@ recorded at the cutover (issue 12, item 2): no error, a short stall, every ackno
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 
@@ -59,7 +60,7 @@ def test_two_routers_one_with_a_stale_file_write_through_a_move(fleet3):
     # The stall: the longest write of the stale Router that was under way at or after the freeze.
     stall = max(r[3] - r[2] for r in w_stale.written if r[3] >= start)
     gaps = sorted(r[3] for r in w_stale.written if r[1] in MOVED)
-    longest_gap = max(b - a for a, b in zip(gaps, gaps[1:]))
+    longest_gap = max(b - a for a, b in itertools.pairwise(gaps))
     print(
         f"\nstale router: {len(w_stale.written)} writes ({len(after)} to moved shards after the cutover), "
         f"0 errors, longest write from the freeze on {stall * 1000:.0f} ms, longest gap between acknowledged "
@@ -115,9 +116,11 @@ def test_redirect_to_a_host_missing_from_the_stale_file(fleet3):
             "UPDATE shardctl.redirects SET dsn = 'postgresql://app@127.0.0.1:1/nowhere' "
             "WHERE shard_id = 11"
         )
-    with Router(load(stale_path), move_wait=0.5, connect_timeout=2) as router:
-        with pytest.raises(HostUnreachable) as info:
-            router.execute(11, "INSERT INTO photos (user_id) VALUES (11)")
+    with (
+        Router(load(stale_path), move_wait=0.5, connect_timeout=2) as router,
+        pytest.raises(HostUnreachable) as info,
+    ):
+        router.execute(11, "INSERT INTO photos (user_id) VALUES (11)")
     message = str(info.value)
     assert "host pg3 is unreachable" in message
     assert "not in this Router's topology file" in message and "without a password" in message

@@ -25,8 +25,10 @@ USES = {
     "hstore": ("SELECT ('a=>1, b=>2'::hstore) -> 'b' = '2'", True),
     "pg_stat_statements": ("SELECT count(*) > 0 FROM pg_stat_statements", True),
     "pgcrypto": (
-        "SELECT encode(digest('abc', 'sha256'), 'hex') = "
-        "'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'",
+        (
+            "SELECT encode(digest('abc', 'sha256'), 'hex') = "
+            "'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'"
+        ),
         True,
     ),
 }

@@ -70,6 +70,7 @@ def timed_cli(*args: str, config) -> tuple[float, subprocess.CompletedProcess]:
         capture_output=True,
         text=True,
         timeout=3600,
+        check=False,
     )
     return time.perf_counter() - started, out
 

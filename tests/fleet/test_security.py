@@ -127,8 +127,7 @@ def test_silent_host_times_out_with_exit_3(make_fleet, silent, command):
     tail = tail.split("\n", 2)
     path.write_text(
         head
-        + '- name: pg2\n    dsn: "postgresql://postgres@127.0.0.1:%d/app"\n%s'
-        % (silent.port, tail[2])
+        + f'- name: pg2\n    dsn: "postgresql://postgres@127.0.0.1:{silent.port}/app"\n{tail[2]}'
     )
     started = time.monotonic()
     result = run_cli(*command, "--connect-timeout", "2", config=path)

@@ -10,6 +10,7 @@ differs from the template, and real duplicate IDs.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -69,7 +70,7 @@ def test_a_parked_sequence_really_wraps_within_one_millisecond(fleet100):
             ids = conn.execute(
                 "SELECT array_agg(insta0.next_id() ORDER BY g) FROM generate_series(1, 16) g"
             ).fetchone()[0]
-        if any(b < a and b >> shift == a >> shift for a, b in zip(ids, ids[1:])):
+        if any(b < a and b >> shift == a >> shift for a, b in itertools.pairwise(ids)):
             return
     raise AssertionError(f"no wrap within one millisecond in 5 tries: {ids}")
 

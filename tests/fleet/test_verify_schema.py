@@ -193,8 +193,10 @@ def test_verify_with_a_shard_missing_an_enum_label(ready):
     assert [(v["shard"], v["reason"].split(" (schema")[0]) for v in doc["violations"]] == [
         (
             14,
-            "type mood differs: \"e owner postgres acl labels 'happy'\" "
-            "(others: \"e owner postgres acl labels 'happy', 'sad'\")",
+            (
+                "type mood differs: \"e owner postgres acl labels 'happy'\" "
+                "(others: \"e owner postgres acl labels 'happy', 'sad'\")"
+            ),
         )
     ]
 
@@ -209,7 +211,9 @@ def test_verify_names_an_index_built_differently(ready):
     assert [(v["shard"], v["reason"].split(" (schema")[0]) for v in doc["violations"]] == [
         (
             3,
-            "index photos_user_id_idx on photos differs: 'btree (user_id int8_ops, id int8_ops)' "
-            "(others: 'btree (user_id int8_ops, id int8_ops option 3)')",
+            (
+                "index photos_user_id_idx on photos differs: 'btree (user_id int8_ops, id int8_ops)' "
+                "(others: 'btree (user_id int8_ops, id int8_ops option 3)')"
+            ),
         )
     ]

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 from shardctl.model.topology import Topology
 from shardctl.router import Router
@@ -42,7 +43,7 @@ def keys_for(topo: Topology, shards: list[int], per_shard: int = 8) -> list[int]
 class RouterTraffic:
     """Router writers and readers recording into ``history`` until :meth:`stop`."""
 
-    READS = {
+    READS: ClassVar[dict[str, str]] = {
         # What an application writes: the planner may answer from the index alone.
         "indexed": "SELECT current_schema(), array_agg(id), current_setting('port') FROM photos WHERE user_id = %s",
         # A scan of the shard's whole table (a moved shard's stub view raises on it whatever the filter).
@@ -93,8 +94,9 @@ class RouterTraffic:
             try:
                 id_, schema = self.router.run(
                     key,
-                    lambda c: c.execute(
-                        "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id, current_schema()",
+                    lambda c, key=key: c.execute(
+                        "INSERT INTO photos (user_id, caption) VALUES (%s, %s) "
+                        "RETURNING id, current_schema()",
                         (key, caption),
                     ).fetchone(),
                 )
@@ -111,7 +113,7 @@ class RouterTraffic:
             start = now()
             try:
                 schema, ids, server = self.router.run(
-                    key, lambda c: c.execute(self.read_sql, (key,)).fetchone()
+                    key, lambda c, key=key: c.execute(self.read_sql, (key,)).fetchone()
                 )
             except Exception as exc:  # noqa: BLE001
                 self.history.failed(client, "read", key, exc, start, now())
@@ -332,6 +334,7 @@ class PsqlClient(_ProcessClient):
             capture_output=True,
             text=True,
             timeout=60,
+            check=False,
         )
 
     def attempt(self, op: str, key: int, sql: str) -> str | None:
@@ -450,6 +453,7 @@ class PgbenchClient(_ProcessClient):
                 capture_output=True,
                 text=True,
                 timeout=120,
+                check=False,
             )
             found = self.PROCESSED.search(out.stdout)
             acked = int(found.group(1)) if found else 0

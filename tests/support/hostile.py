@@ -16,6 +16,7 @@ import tempfile
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 MAX_SECONDS = 2.0
 MAX_MB = 200
@@ -92,7 +93,7 @@ def run_measured(
         feeder.start()
         proc.wait()
         feeder.join(timeout=10)
-        facts = json.loads(open(report.name).read())
+        facts = json.loads(Path(report.name).read_text())
         out.seek(0)
         err.seek(0)
         return Measured(

@@ -273,7 +273,7 @@ class RouterWriters:
             try:
                 new_id = self.router.run(
                     user_id,
-                    lambda c: c.execute(
+                    lambda c, user_id=user_id: c.execute(
                         "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
                         (user_id, f"writer {w}"),
                     ).fetchone()[0],

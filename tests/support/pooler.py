@@ -4,8 +4,8 @@ The ``pgbouncer`` fixture (session scoped, re-exported by ``tests/conftest.py``)
 :class:`PoolerFronts`: ``pgbouncer.front(path, "transaction")`` adds the fleet's databases to that
 mode's PgBouncer (started on first use, one per pool mode, each serving every session server),
 reloads it, and rewrites the fleet's topology so every host's ``dsn`` goes through PgBouncer, its
-``admin_dsn`` goes direct and its ``pooler`` names the mode (docs/topology.md, "DSNs per purpose"). The fleet's databases have unique
-names, so a database entry's alias is the database's own name.
+``admin_dsn`` goes direct and its ``pooler`` names the mode (docs/topology.md, "DSNs per purpose").
+The fleet's databases have unique names, so a database entry's alias is the database's own name.
 
 Without pgbouncer installed the tests that use it skip, except in CI (``CI=true``): there they fail.
 """

@@ -67,6 +67,7 @@ def run_shardctl(
         env=process_env(env, unset),
         cwd=cwd,
         timeout=timeout,
+        check=False,
     )
 
 

@@ -35,7 +35,7 @@ def libpq_parse(text: str) -> dict[str, str] | str:
         return conninfo.conninfo_to_dict(text)
     except UnicodeDecodeError:  # libpq accepts the bytes; psycopg fails to decode them
         return NOT_UTF8
-    except Exception as exc:  # psycopg.ProgrammingError with libpq's message
+    except Exception as exc:  # noqa: BLE001 - psycopg.ProgrammingError with libpq's message
         message = str(exc).strip()
         password = uri_password(text)
         if password:  # shardctl does not repeat a password libpq quotes back

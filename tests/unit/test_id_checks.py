@@ -77,8 +77,10 @@ def test_custom_layout_with_two_sequence_bits():
 def test_sequence_settings():
     assert sequence_problems({"cache_size": 1, "increment_by": 1}) == []
     assert sequence_problems({"cache_size": 20, "increment_by": 1}) == [
-        "ID sequence has CACHE 20, not 1 (backends would take blocks of values and can mint the same ID "
-        "in one millisecond)"
+        (
+            "ID sequence has CACHE 20, not 1 (backends would take blocks of values and can mint the same ID "
+            "in one millisecond)"
+        )
     ]
     assert sequence_problems({"cache_size": 1, "increment_by": -1}) == [
         "ID sequence has INCREMENT BY -1, not 1"

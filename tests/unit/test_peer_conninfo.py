@@ -24,8 +24,10 @@ from shardctl.ops.move.run import server_side
             {"sslrootcert"},
         ),
         (
-            "host=db1 dbname=app sslmode=verify-ca sslcert=/home/me/c.crt sslkey=/home/me/c.key sslpassword=x "
-            "sslcrl=/home/me/crl sslcrldir=/home/me/crls passfile=/home/me/.pgpass connect_timeout=5",
+            (
+                "host=db1 dbname=app sslmode=verify-ca sslcert=/home/me/c.crt sslkey=/home/me/c.key sslpassword=x "
+                "sslcrl=/home/me/crl sslcrldir=/home/me/crls passfile=/home/me/.pgpass connect_timeout=5"
+            ),
             {"host": "db1", "dbname": "app", "sslmode": "verify-ca", "connect_timeout": "5"},
             {"sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir", "passfile"},
         ),

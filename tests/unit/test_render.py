@@ -327,8 +327,10 @@ def test_migration_discovery_orders_and_allows_readme_files(tmp_path):
         (["V0001__a.sql", "Vx__b.sql"], "Vx__b.sql is not named"),
         (
             ["V0001__a.sql", "V0002__x.SQL"],
-            "V0002__x.SQL is not named V<version>__<description>.sql: the extension "
-            "must be lowercase .sql",
+            (
+                "V0002__x.SQL is not named V<version>__<description>.sql: the extension "
+                "must be lowercase .sql"
+            ),
         ),
         (["V0001__a.sql", "V0002__x.Sql"], "must be lowercase .sql, not .Sql"),
         (

@@ -37,14 +37,18 @@ $$;
         ),
         ("SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname = 'photos';", 1),
         (
-            "CREATE FUNCTION insta3.has_note() RETURNS boolean LANGUAGE sql AS $f$\n"
-            "  SELECT EXISTS (SELECT FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid\n"
-            "                  WHERE c.relname = 'photos')\n$f$;",
+            (
+                "CREATE FUNCTION insta3.has_note() RETURNS boolean LANGUAGE sql AS $f$\n"
+                "  SELECT EXISTS (SELECT FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid\n"
+                "                  WHERE c.relname = 'photos')\n$f$;"
+            ),
             2,
         ),  # attrelid is a join, not a filter on a value
         (
-            "CREATE FUNCTION insta3.f() RETURNS void LANGUAGE plpgsql AS $f$\nBEGIN\n"
-            "  PERFORM 1 FROM pg_tables WHERE tablename = 'likes';\nEND\n$f$;",
+            (
+                "CREATE FUNCTION insta3.f() RETURNS void LANGUAGE plpgsql AS $f$\nBEGIN\n"
+                "  PERFORM 1 FROM pg_tables WHERE tablename = 'likes';\nEND\n$f$;"
+            ),
             3,
         ),
     ],
@@ -231,9 +235,11 @@ def test_lint_cli_names_file_line_rule_and_fix(tmp_path):
     assert bad.exit_code == 1, bad
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("error: ")]
     assert errors == [
-        "error: lint: V0002__caption_unique.sql:4 shard-catalog-lookup-no-schema: lookup in "
-        "pg_constraint by conname with no schema filter: on every shard it finds the first "
-        "shard's object"
+        (
+            "error: lint: V0002__caption_unique.sql:4 shard-catalog-lookup-no-schema: lookup in "
+            "pg_constraint by conname with no schema filter: on every shard it finds the first "
+            "shard's object"
+        )
     ], bad
     assert "V0002__caption_unique.sql:4:34 shard-catalog-lookup-no-schema" in bad.stdout
     assert "filter by the shard's schema too" in " ".join(bad.stdout.split())

@@ -173,14 +173,22 @@ def test_read_only_load_does_not_import_ruamel(tmp_path):
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ruamel'))"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
     # ... and a text the fast path leaves to ruamel does import it (so the check above can fail).
     path.write_text(BASE.replace("count: 16", "count: &n 16"))
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert "ruamel.yaml" in proc.stdout
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -402,18 +401,15 @@ def _drop(databases: list[tuple[FleetServer, str]]) -> None:
 def _drop_replication(dsn: str) -> None:
     import psycopg
 
+    from .ops.move.transfer import drop_slots
     from .sql.catalog import replication
     from .sql.databases import local_slots, local_subscriptions
 
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         for name in local_subscriptions(conn):
             replication.drop_subscription(conn, name)
-        for name in local_slots(conn):
-            for _ in range(50):  # the walsender exits, then the slot can go
-                if not replication.end_slot_holder(conn, name):
-                    break
-                time.sleep(0.05)
-            replication.drop_slot(conn, name)
+        # What a move's abort does: end the walsender holding a slot, then drop it.
+        drop_slots(conn, local_slots(conn), [], timeout=2.5)
 
 
 def _setting(config: pytest.Config, option: str, ini: str) -> str:

@@ -65,6 +65,15 @@ class ShardPlan:
             self.steps, self.render_steps = self.render_steps(), None
         return self
 
+    def done(self) -> ShardOutcome:
+        """The outcome of this plan run to its end: created if it had to be, every step applied."""
+        return ShardOutcome(
+            self.shard,
+            self.schema,
+            created=self.create_sql is not None,
+            applied=[s.version for s in self.steps],
+        )
+
     @property
     def all_transactional(self) -> bool:
         return all(s.transactional for s in self.steps)
@@ -201,15 +210,7 @@ class _LiveMode:
                     )
                 )
                 conn.commit()
-                return [
-                    ShardOutcome(
-                        p.shard,
-                        p.schema,
-                        created=p.create_sql is not None,
-                        applied=[s.version for s in p.steps],
-                    )
-                    for p in batch
-                ], time.perf_counter() - started
+                return [p.done() for p in batch], time.perf_counter() - started
             except psycopg.Error as exc:
                 self._rollback_or_lost(exc)
         applied: list[ShardPlan] = []
@@ -384,15 +385,7 @@ class HostRunner(_LiveMode):
             try:
                 conn.execute(sql_text)
                 conn.commit()
-                return [
-                    ShardOutcome(
-                        p.shard,
-                        p.schema,
-                        created=p.create_sql is not None,
-                        applied=[s.version for s in p.steps],
-                    )
-                    for p in batch
-                ]
+                return [p.done() for p in batch]
             except psycopg.Error as exc:
                 self._rollback_or_lost(exc)
         return [self._one(p) for p in batch]

@@ -18,6 +18,7 @@ from .router_placement import MOVED_ERRORS, SAME, RouterOptions, Routing
 from .router_pool import HostPool, Slot, Watchdog, foreign_connect_error, log
 from .router_session import (
     Call,
+    RouterClientCursor,
     RouterConnection,
     RouterCursor,
     RouterServerCursor,
@@ -111,7 +112,11 @@ class Router(Routing):
         with _session(
             self, self._pool(host), Call("public", self._timeout(timeout), "lend")
         ) as conn:
-            yield conn
+            conn.cursor_factory = RouterClientCursor  # the BEGIN rides with the first statement
+            try:
+                yield conn
+            finally:
+                conn.cursor_factory = RouterCursor
 
     def shard_connection(self, shard: int, **kwargs: Any) -> Any:
         """``connection(shard=...)``."""

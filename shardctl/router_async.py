@@ -38,9 +38,11 @@ from .router_session import (
     deallocate_text,
     forget_prepared_text,
     ms,
+    opened_statement,
     opening,
     outer_block,
     reset_text,
+    skip_opening,
     stale_plan,
     statement_text,
 )
@@ -103,8 +105,7 @@ class AsyncRouterConnection(psycopg.AsyncConnection):
         """One statement in its own transaction, in one round trip (see ``RouterConnection.run_statement``)."""
         cur = psycopg.AsyncClientCursor(self)
         await cur.execute(statement_text(self, query), params, prepare=False)
-        cur.nextset()
-        cur.nextset()  # BEGIN, settings, then the statement's result
+        skip_opening(cur)
         return await cur.fetchall() if cur.description is not None else cur.rowcount
 
 
@@ -131,6 +132,23 @@ class AsyncRouterCursor(psycopg.AsyncCursor):
         await _before(self.connection, statement)
         async with super().copy(statement, params, **kwargs) as copy:
             yield copy
+
+
+class AsyncRouterClientCursor(AsyncRouterCursor, psycopg.AsyncClientCursor):
+    """:class:`~shardctl.router_session.RouterClientCursor` for asyncio (:meth:`AsyncRouter.lend`)."""
+
+    __slots__ = ()
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = self.connection
+        check_statement(conn, query)
+        text = opened_statement(conn, query, params is not None)
+        if text is None:
+            await conn.begin_if_idle()
+            return await psycopg.AsyncClientCursor.execute(self, query, params, **kwargs)
+        await psycopg.AsyncClientCursor.execute(self, text, params, **kwargs)
+        skip_opening(self)
+        return self
 
 
 class AsyncRouterServerCursor(psycopg.AsyncServerCursor):
@@ -328,7 +346,12 @@ class AsyncRouter(Routing):
         async with _session(
             self, self._pool(host), Call("public", self._timeout(timeout), "lend")
         ) as conn:
-            yield conn
+            # the BEGIN rides with the first statement
+            conn.cursor_factory = AsyncRouterClientCursor
+            try:
+                yield conn
+            finally:
+                conn.cursor_factory = AsyncRouterCursor
 
     async def run(
         self,

@@ -274,7 +274,7 @@ class Routing:
 
     def shard_of_id(self, id_value: int) -> int:
         """An object's own ID names its shard."""
-        return self.topology.layout.decode(id_value)["shard"]
+        return self.topology.layout.shard_of(id_value)
 
     def _locate(self, shard: int) -> Host:
         """The host serving ``shard``: a redirect this Router followed, else the topology's owner."""

@@ -100,8 +100,7 @@ class RouterConnection(psycopg.Connection):
         as for PgBouncer; nothing prepared). Returns its rows, or the number of rows it changed."""
         cur = psycopg.ClientCursor(self)
         cur.execute(statement_text(self, query), params, prepare=False)
-        cur.nextset()
-        cur.nextset()  # BEGIN, settings, then the statement's result
+        skip_opening(cur)
         return cur.fetchall() if cur.description is not None else cur.rowcount
 
 
@@ -115,6 +114,28 @@ def opening(conn: Any) -> list[bytes]:
     if conn._pipeline is not None:
         return [begin, settings]
     return [begin + b"; " + settings]
+
+
+def opened_statement(conn: Any, query: Any, has_params: bool) -> bytes | None:
+    """``query`` behind the call's BEGIN and settings, as one simple-protocol text, when it opens the
+    call's transaction (outside a pipeline); else None. With parameters, the opening's ``%`` are escaped
+    for the client-side binding."""
+    if conn._pipeline is not None:
+        return None
+    texts = opening(conn)
+    if not texts:
+        return None
+    (start,) = texts
+    return session_sql.then(
+        start.replace(b"%", b"%%") if has_params else start, _query_bytes(conn, query)
+    )
+
+
+def skip_opening(cursor: Any) -> None:
+    """On a cursor that ran :func:`opened_statement`'s text: past the BEGIN's and the settings' results, to
+    the statement's own."""
+    cursor.nextset()
+    cursor.nextset()
 
 
 def outer_block(conn: Any) -> str:
@@ -197,6 +218,26 @@ class RouterCursor(psycopg.Cursor):
     def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
         before_statement(self.connection, statement)
         return super().copy(statement, params, **kwargs)
+
+
+class RouterClientCursor(RouterCursor, psycopg.ClientCursor):
+    """The cursors of a connection lent to an ORM (:meth:`Router.lend`): parameters bound on the client
+    (psycopg's ClientCursor: the simple protocol, nothing prepared), so that the statement that opens a
+    transaction carries the BEGIN and the call's settings in its own text. The ORM's first statement of a
+    transaction then costs one round trip, where a driver's implicit BEGIN costs one of its own."""
+
+    __slots__ = ()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = self.connection
+        check_statement(conn, query)
+        text = opened_statement(conn, query, params is not None)
+        if text is None:
+            conn.begin_if_idle()
+            return psycopg.ClientCursor.execute(self, query, params, **kwargs)
+        psycopg.ClientCursor.execute(self, text, params, **kwargs)
+        skip_opening(self)
+        return self
 
 
 class RouterServerCursor(psycopg.ServerCursor):

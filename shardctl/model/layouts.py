@@ -158,17 +158,7 @@ class Layout:
 
         Negative values are accepted as the signed bigint form of the 64-bit split.
         """
-        if isinstance(id_value, bool) or not isinstance(id_value, int):
-            raise BadInput(f"an ID must be an integer, got {id_value!r}")
-        if id_value < 0:
-            if self.negative_ids_possible() and id_value >= -(1 << 63):
-                id_value += 1 << 64
-            else:
-                raise BadInput(self.negative_message(id_value))
-        if id_value >= 1 << 64:
-            raise BadInput(f"{id_value} does not fit in 64 bits")
-        if id_value >> self.payload_bits:
-            raise BadInput(f"{id_value} has its reserved high bit(s) set; not a {self.name} ID")
+        id_value = self._unsigned(id_value)
         out: dict = {"id": id_value if id_value < (1 << 63) else id_value - (1 << 64)}
         shift = 0
         values = {}
@@ -182,6 +172,26 @@ class Layout:
             out["unix_ms"] = unix_ms
             out["time"] = iso(utc_from_ms(unix_ms))
         return out
+
+    def shard_of(self, id_value: int) -> int:
+        """The shard inside an ID, checked as :meth:`decode` checks it (the Router's routing by ID: no
+        other field is decoded)."""
+        return (self._unsigned(id_value) >> self.shift("shard")) & ((1 << self.bits("shard")) - 1)
+
+    def _unsigned(self, id_value: int) -> int:
+        """``id_value`` as the unsigned 64-bit number, or BadInput when it is not an ID of this layout."""
+        if isinstance(id_value, bool) or not isinstance(id_value, int):
+            raise BadInput(f"an ID must be an integer, got {id_value!r}")
+        if id_value < 0:
+            if self.negative_ids_possible() and id_value >= -(1 << 63):
+                id_value += 1 << 64
+            else:
+                raise BadInput(self.negative_message(id_value))
+        if id_value >= 1 << 64:
+            raise BadInput(f"{id_value} does not fit in 64 bits")
+        if id_value >> self.payload_bits:
+            raise BadInput(f"{id_value} has its reserved high bit(s) set; not a {self.name} ID")
+        return id_value
 
 
 def utc_from_ms(unix_ms: int) -> datetime | None:

@@ -96,7 +96,12 @@ def transaction_start(schema: str, timeout_ms: int, readonly: bool) -> tuple[byt
 
 def one_statement(begin: bytes, settings: bytes, text: bytes) -> bytes:
     """A statement in its own transaction, as one simple-protocol text: BEGIN, settings, it, COMMIT."""
-    return begin + b"; " + settings + b"; " + text + b"; COMMIT"
+    return then(then(then(begin, settings), text), b"COMMIT")
+
+
+def then(first: bytes, text: bytes) -> bytes:
+    """Two statements as one simple-protocol text."""
+    return first + b"; " + text
 
 
 def switch_search_path(schema: str) -> str:

@@ -27,8 +27,10 @@ How it runs:
   they go back when it commits, rolls back or closes.
 * **The shard per statement.** Each statement names its shard's schema in its text
   (``schema_translate_map={None: "insta5"}``), and the host transaction it opens sets that shard's
-  ``search_path`` with ``SET LOCAL`` semantics (``set_config(..., true)``, in the round trip of the
-  ``BEGIN``). Nothing is prepared and nothing outlives the transaction: safe behind a transaction pooler.
+  ``search_path`` with ``SET LOCAL`` semantics (``set_config(..., true)``). The BEGIN and the settings
+  ride in the text of the transaction's first statement (a lent connection binds parameters on the
+  client: :class:`~shardctl.router_session.RouterClientCursor`), so opening costs no round trip of its
+  own. Nothing is prepared and nothing outlives the transaction: safe behind a transaction pooler.
 * **Routing.** A model names its shard key (``__shard_key__``: a column routed by the topology's key
   rule; ``__shard_key_is_id__ = True`` when its values are IDs, routed by the shard inside them). Its
   primary key is an ID from the shard's ``next_id()``, so ``get``, refreshes, updates and deletes go to

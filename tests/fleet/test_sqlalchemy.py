@@ -386,3 +386,58 @@ def test_relationships_load_lazily_from_their_shards(make_fleet):
     for _, schema, row in found.values():
         assert schema == topo.schema_name(router.shard_of_id(row[1]))  # with its photo
     router.close()
+
+
+def test_a_transaction_opens_in_the_round_trip_of_its_first_statement(make_fleet, tmp_path):
+    """The BEGIN and the shard's settings ride in the text of a session transaction's first statement
+    (client-side binding: one round trip, where a driver's own BEGIN costs one of its own): an insert
+    then a get by ID, each in its own session, is 4 round trips (plain SQLAlchemy on one database: 6).
+    Parameters and literals holding ``%`` survive the joined text; a first statement that fails leaves
+    nothing behind, and the next transaction opens on its own shard. libpq's trace counts what was sent."""
+    models, _ = example()
+    Photo = models.Photo
+    path = make_fleet(hosts=1, shards=8, init=True)
+    router = Router(load(path), max_size=1)
+    Session = sessionmaker(router, expire_on_commit=False)
+    with Session() as session:  # the one pooled connection, and SQLAlchemy's first-connect queries
+        raw = session.connection(bind_arguments={"shard": 3}).connection.driver_connection
+        session.execute(text("SELECT 1").execution_options(shard=3))
+    trace = tmp_path / "trace.txt"
+    with trace.open("w") as out:
+        raw.pgconn.trace(out.fileno())
+        with Session() as session:
+            photo = Photo(user_id=5, caption="100% real")
+            session.add(photo)
+            session.commit()
+        with Session() as session:
+            assert session.get(Photo, photo.id).caption == "100% real"
+        raw.pgconn.untrace()
+    sent = [
+        (line.split("\t") + [""])[3:5]
+        for line in trace.read_text().splitlines()
+        if line.split("\t")[1:2] == ["F"]
+    ]
+    trips = [body for kind, body in sent if kind.strip() == "Query"]
+    assert len(trips) == 4, trips
+    begin = " \"BEGIN; SELECT set_config('search_path', 'insta5, public', true), set_config('statement_timeout'"
+    assert trips[0].startswith(begin) and "INSERT INTO insta5.photos" in trips[0], trips
+    assert "'100% real'" in trips[0] and trips[1].strip() == '"COMMIT"', trips
+    assert trips[2].startswith(begin) and "SELECT insta5.photos.id" in trips[2], trips
+    assert trips[3].strip() == '"ROLLBACK"', trips
+
+    with Session() as session:
+        percent = text("SELECT :v || '%', current_schema()").execution_options(shard=6)
+        assert session.execute(percent, {"v": "a%%b%s"}).one() == ("a%%b%s%", "insta6")
+        with pytest.raises(sqlalchemy.exc.DataError):
+            session.execute(text("SELECT 1 / 0").execution_options(shard=2))
+        session.rollback()
+        assert session.execute(
+            text("SELECT current_schema(), current_setting('statement_timeout')").execution_options(
+                shard=7
+            )
+        ).one() == ("insta7", "30s")
+    with psycopg.connect(**load(path).hosts[0].connect_kwargs()) as check:
+        assert check.execute(
+            "SELECT count(*) FROM insta5.photos WHERE caption = '100% real'"
+        ).fetchone() == (1,)
+    router.close()

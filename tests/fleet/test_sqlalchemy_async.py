@@ -432,3 +432,34 @@ def test_async_orm_clients_during_move(pooled_fleet, mode, caplog):
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
     assert "moved from pg1 to pg2" in caplog.text  # the ORM clients met the move and followed it
     assert checked.counts["retries"] > 0, checked  # ... and Session.run ran their work again
+
+
+def test_an_async_transaction_opens_in_the_round_trip_of_its_first_statement(make_fleet):
+    """As in the sync sessions: the BEGIN and the shard's settings ride in the first statement's text.
+    ``%`` in parameters and literals survives it, a first statement that fails leaves nothing behind, and
+    a transaction over several shards of a host (text() with a shard named) sees each shard's tables."""
+    models, _ = example()
+    Photo = models.Photo
+    path = make_fleet(hosts=1, shards=8, init=True)
+
+    async def scenario():
+        router, Session = routers(load(path), max_size=1)
+        async with Session() as session:
+            photo = Photo(user_id=5, caption="100% async")
+            session.add(photo)
+            await session.commit()
+        async with Session() as session:
+            percent = text("SELECT :v || '%', current_schema()").execution_options(shard=6)
+            assert (await session.execute(percent, {"v": "a%%b%s"})).one() == ("a%%b%s%", "insta6")
+            with pytest.raises(Exception, match="division by zero"):
+                await session.execute(text("SELECT 1 / 0").execution_options(shard=2))
+            await session.rollback()
+            count = text("SELECT count(*) FROM photos")
+            assert (await session.execute(count.execution_options(shard=5))).scalar() == 1
+            assert (await session.execute(count.execution_options(shard=6))).scalar() == 0
+            assert (await session.get(Photo, photo.id)).caption == "100% async"
+        await router.close()
+
+    asyncio.run(scenario())
+    found = rows_in(load(path), "photos")
+    assert [(v[1], v[2][2]) for v in found.values()] == [("insta5", "100% async")]

@@ -88,20 +88,19 @@ class Router(Routing):
         shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
         (in a read-only transaction). The block must end within ``timeout`` seconds.
         """
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number, call = self._call(
+            "block",
+            key,
+            id=id,
+            shard=shard,
+            force_string=force_string,
+            timeout=timeout,
+            readonly=readonly,
+            max_lag=max_lag,
+        )
         host = self._locate(number)
         self._tried.host = host
-        with self._on_host(
-            host,
-            number,
-            Call(
-                self.topology.schema_name(number),
-                self._timeout(timeout),
-                "block",
-                readonly,
-                self._lag_bound(max_lag) if readonly else None,
-            ),
-        ) as conn:
+        with self._on_host(host, number, call) as conn:
             yield conn
 
     @contextmanager
@@ -140,8 +139,9 @@ class Router(Routing):
         """
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
-        call = Call(self.topology.schema_name(number), self._timeout(timeout), "run")
+        number, call = self._call(
+            "run", key, id=id, shard=shard, force_string=force_string, timeout=timeout
+        )
 
         def attempt(host: Host) -> T:
             with self._on_host(host, number, call) as conn:
@@ -169,12 +169,12 @@ class Router(Routing):
         """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
         round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
         changed."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
         return self._statement(
-            number,
             query,
             params,
-            Call(self.topology.schema_name(number), self._timeout(timeout), "statement"),
+            *self._call(
+                "statement", key, id=id, shard=shard, force_string=force_string, timeout=timeout
+            ),
         )
 
     def read(
@@ -191,21 +191,22 @@ class Router(Routing):
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
         (else, or when the standby is down, on the primary, in a read-only transaction)."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
         return self._statement(
-            number,
             query,
             params,
-            Call(
-                self.topology.schema_name(number),
-                self._timeout(timeout),
+            *self._call(
                 "statement",
-                True,
-                self._lag_bound(max_lag),
+                key,
+                id=id,
+                shard=shard,
+                force_string=force_string,
+                timeout=timeout,
+                readonly=True,
+                max_lag=max_lag,
             ),
         )
 
-    def _statement(self, shard: int, query: Any, params: Any, call: Call) -> Any:
+    def _statement(self, query: Any, params: Any, shard: int, call: Call) -> Any:
         if query is None:
             raise BadInput("execute()/read() need the statement to run")
 

@@ -226,16 +226,9 @@ class AsyncHostPool(PoolBase):
 
     async def acquire(self, deadline: float | None = None) -> Slot:
         """A healthy connection: an idle one, else a new one, else wait for one (HostPool.acquire)."""
-        probe = self.breaker.enter()
-        try:
+        with self._checkout() as probe:
             slot = None if probe or self._waiters else self._take_idle()  # waiters first
-            if slot is None:
-                slot = await self._new_or_wait(deadline, probe)
-        except BaseException:
-            if probe:
-                self.breaker.abandon_probe()
-            raise
-        return slot
+            return await self._new_or_wait(deadline, probe) if slot is None else slot
 
     async def _new_or_wait(self, deadline: float | None, probe: bool) -> Slot:
         limit = self._limit(deadline)
@@ -255,9 +248,7 @@ class AsyncHostPool(PoolBase):
         try:
             conn = await self._connect()
         except BaseException as exc:
-            refusal = self._connect_failed(exc)
-            if refusal is not None:
-                raise refusal from None
+            self._connect_failed(exc)
             raise
         return self._opened(conn)
 
@@ -323,16 +314,18 @@ class AsyncRouter(Routing):
         timeout: float | None = SAME,
     ) -> AsyncIterator[AsyncRouterConnection]:
         """``Router.connection`` for asyncio: ``async with router.connection(key) as conn``."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number, call = self._call(
+            "block",
+            key,
+            id=id,
+            shard=shard,
+            force_string=force_string,
+            timeout=timeout,
+            readonly=readonly,
+            max_lag=max_lag,
+        )
         host = self._locate(number)
         _tried.set(host)
-        call = Call(
-            self.topology.schema_name(number),
-            self._timeout(timeout),
-            "block",
-            readonly,
-            self._lag_bound(max_lag) if readonly else None,
-        )
         async with self._on_host(host, call) as conn:
             yield conn
 
@@ -367,8 +360,9 @@ class AsyncRouter(Routing):
         moved meanwhile (``Router.run``: ``work`` may run twice and must only use ``conn``)."""
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
-        call = Call(self.topology.schema_name(number), self._timeout(timeout), "run")
+        number, call = self._call(
+            "run", key, id=id, shard=shard, force_string=force_string, timeout=timeout
+        )
 
         async def attempt(host: Host) -> T:
             async with self._on_host(host, call) as conn:
@@ -388,12 +382,12 @@ class AsyncRouter(Routing):
         timeout: float | None = SAME,
     ) -> Any:
         """One statement in a transaction of its own (one round trip), following a move (``Router.execute``)."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
         return await self._statement(
-            number,
             query,
             params,
-            Call(self.topology.schema_name(number), self._timeout(timeout), "statement"),
+            *self._call(
+                "statement", key, id=id, shard=shard, force_string=force_string, timeout=timeout
+            ),
         )
 
     async def read(
@@ -409,21 +403,22 @@ class AsyncRouter(Routing):
         timeout: float | None = SAME,
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby within ``max_lag`` seconds (``Router.read``)."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
         return await self._statement(
-            number,
             query,
             params,
-            Call(
-                self.topology.schema_name(number),
-                self._timeout(timeout),
+            *self._call(
                 "statement",
-                True,
-                self._lag_bound(max_lag),
+                key,
+                id=id,
+                shard=shard,
+                force_string=force_string,
+                timeout=timeout,
+                readonly=True,
+                max_lag=max_lag,
             ),
         )
 
-    async def _statement(self, shard: int, query: Any, params: Any, call: Call) -> Any:
+    async def _statement(self, query: Any, params: Any, shard: int, call: Call) -> Any:
         if query is None:
             raise BadInput("execute()/read() need the statement to run")
 

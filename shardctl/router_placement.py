@@ -16,6 +16,7 @@ from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask
 from .model.topology import Host, Topology
 from .router_pool import HostPool, PoolBase, log
+from .router_session import Call
 from .sql.catalog.control import MOVED_SQLSTATE
 
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
@@ -316,6 +317,29 @@ class Routing:
                 f"shard={shard!r} is not a shard of this topology (0-{self.topology.shard_count - 1})"
             )
         return shard
+
+    def _call(
+        self,
+        kind: str,
+        key: int | str | None,
+        *,
+        id: int | None,
+        shard: int | None,
+        force_string: bool,
+        timeout: Any,
+        readonly: bool = False,
+        max_lag: Any = None,
+    ) -> tuple[int, Call]:
+        """The shard a call goes to (:meth:`target`) and what the call of ``kind`` asks of it there: its
+        schema, its timeout, and for a read its lag bound (``max_lag``: SAME for the Router's)."""
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        return number, Call(
+            self.topology.schema_name(number),
+            self._timeout(timeout),
+            kind,
+            readonly,
+            self._lag_bound(max_lag) if readonly else None,
+        )
 
     def _timeout(self, timeout: Any) -> float | None:
         return self.options.timeout if timeout is SAME else timeout

@@ -15,7 +15,8 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -224,8 +225,21 @@ class PoolBase:
         limit = time.monotonic() + self.pool_timeout
         return limit if deadline is None else min(limit, deadline)
 
-    def _connect_failed(self, exc: BaseException) -> BaseException | None:
-        """A connection attempt failed: its place freed; HostUnreachable to raise for a server's refusal."""
+    @contextmanager
+    def _checkout(self) -> Iterator[bool]:
+        """The breaker's word on a checkout: whether it is the probe (a failed probe is given back);
+        HostUnreachable at once while the breaker is open."""
+        probe = self.breaker.enter()
+        try:
+            yield probe
+        except BaseException:
+            if probe:
+                self.breaker.abandon_probe()
+            raise
+
+    def _connect_failed(self, exc: BaseException) -> None:
+        """A connection attempt failed: its place freed; a server's refusal raises HostUnreachable (else
+        the caller raises ``exc`` again)."""
         with self._guard:
             self._size -= 1
             self._wake()
@@ -233,8 +247,7 @@ class PoolBase:
             cause = first_line(exc)
             self.count("errors.connect")
             self.breaker.failure(cause)
-            return HostUnreachable(self.breaker.name, cause)
-        return None
+            raise HostUnreachable(self.breaker.name, cause) from None
 
     def _opened(self, conn: object) -> Slot:
         self.count("connects")
@@ -342,16 +355,9 @@ class HostPool(PoolBase):
 
         Raises HostUnreachable at once while the breaker is open, or with the connection error.
         """
-        probe = self.breaker.enter()
-        try:
+        with self._checkout() as probe:
             slot = None if probe else self._take_idle()
-            if slot is None:
-                slot = self._new_or_wait(deadline, probe)
-        except BaseException:
-            if probe:
-                self.breaker.abandon_probe()
-            raise
-        return slot
+            return self._new_or_wait(deadline, probe) if slot is None else slot
 
     def _new_or_wait(self, deadline: float | None, probe: bool) -> Slot:
         limit = self._limit(deadline)
@@ -371,9 +377,7 @@ class HostPool(PoolBase):
         try:
             conn = self._connect()
         except BaseException as exc:
-            refusal = self._connect_failed(exc)
-            if refusal is not None:
-                raise refusal from None
+            self._connect_failed(exc)
             raise
         return self._opened(conn)
 

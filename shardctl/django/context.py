@@ -129,21 +129,26 @@ def on_shard(
 ) -> Iterator[Target]:
     """Run the block's ORM calls on one shard: by ``key``, ``id`` or ``shard``. Nestable: an inner block
     wins, and the outer one's shard is back when it ends (also on an exception)."""
-    token = _current.set(target(key, id=id, shard=shard))
-    try:
-        yield _current.get()  # type: ignore[misc]
-    finally:
-        _current.reset(token)
+    with _bound(_current, target(key, id=id, shard=shard)) as on:
+        yield on
 
 
 @contextmanager
 def no_shard() -> Iterator[None]:
     """A block on no shard (what the middleware gives each request)."""
-    token = _current.set(None)
-    try:
+    with _bound(_current, None):
         yield
+
+
+@contextmanager
+def _bound(var: contextvars.ContextVar[Any], value: Any) -> Iterator[Any]:
+    """``var`` is ``value`` for the block; its value before is back when the block ends (also on an
+    exception)."""
+    token = var.set(value)
+    try:
+        yield value
     finally:
-        _current.reset(token)
+        var.reset(token)
 
 
 _collecting: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -158,8 +163,5 @@ def collecting() -> bool:
 
 @contextmanager
 def collecting_sql() -> Iterator[None]:
-    token = _collecting.set(True)
-    try:
+    with _bound(_collecting, True):
         yield
-    finally:
-        _collecting.reset(token)

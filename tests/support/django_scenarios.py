@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -224,18 +225,45 @@ def _schema() -> str:
 def move() -> dict:
     """ORM writers (6) and readers (2) on the moving shards 4-7 and on two that stay, while they move
     pg1 -> pg2; the history is checked against every shard afterwards (support/history.py)."""
+    from shardctl.model.topology import Topology
+    from shardctl.ops.move import move_shards
+
+    path = Path(os.environ["SHARDCTL_CONFIG"])
+    moved = [4, 5, 6, 7]
+
+    def operation() -> dict:
+        report = move_shards(Topology.load(path), moved, "pg2")
+        return {"phase": report["phase"], "verified": report["verified"]}
+
+    return _traffic_during(operation, moved + [0, 9], keys_per_shard=4)
+
+
+def migrate() -> dict:
+    """ORM writers (6) and readers (2) on every shard while ``shardctl migrate`` (the CLI, as CI runs it)
+    applies the fleet's pending migrations; the history is checked against every shard afterwards."""
+    path = Path(os.environ["SHARDCTL_CONFIG"])
+
+    def operation() -> dict:
+        cli = [sys.executable, "-m", "shardctl", "--config", str(path), "migrate"]
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=300, check=False)
+        return {"exit_code": done.returncode, "output": (done.stdout + done.stderr)[-2000:]}
+
+    return _traffic_during(operation, list(range(16)), keys_per_shard=2)
+
+
+def _traffic_during(operation, shards: list[int], keys_per_shard: int) -> dict:
+    """``operation()`` while 6 ORM writers and 2 readers work on keys of ``shards``: its result, with the
+    history checker's verdict."""
     from django.contrib.postgres.aggregates import ArrayAgg
     from django.db.models import Max, TextField
     from django.db.models.expressions import RawSQL
 
     from shardctl.model.topology import Topology
-    from shardctl.ops.move import move_shards
     from support.clients import keys_for
     from support.history import History, now
 
     path = Path(os.environ["SHARDCTL_CONFIG"])
-    moved = [4, 5, 6, 7]
-    keys = keys_for(Topology.load(path), moved + [0, 9], 4)
+    keys = keys_for(Topology.load(path), shards, keys_per_shard)
     history = History(path, table="gram_photos")
     halt = threading.Event()
     schema_sql = Max(RawSQL("current_schema()", (), output_field=TextField()))
@@ -275,7 +303,7 @@ def move() -> dict:
         t.start()
     time.sleep(0.3)
     try:
-        report = move_shards(Topology.load(path), moved, "pg2")
+        done = operation()
         time.sleep(0.3)
     finally:
         halt.set()
@@ -283,11 +311,10 @@ def move() -> dict:
             t.join()
     checked = history.check()
     return {
+        **done,
         "ok": checked.ok,
         "report": str(checked),
         "counts": checked.counts,
-        "phase": report["phase"],
-        "verified": report["verified"],
         "redirects": router().redirects(),
     }
 

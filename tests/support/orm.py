@@ -32,3 +32,19 @@ def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
                     )
                     out[row[0]] = (host.name, schema, row)
     return out
+
+
+def schemas_with_column(topo, table: str, column: str) -> list[str]:
+    """The shard schemas, over every host, whose ``table`` has ``column`` (a migration reached them)."""
+    found: list[str] = []
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
+            found += [
+                row[0]
+                for row in conn.execute(
+                    "SELECT table_schema FROM information_schema.columns"
+                    " WHERE table_name = %s AND column_name = %s AND table_schema = ANY(%s)",
+                    (table, column, [topo.schema_name(n) for n in host.shards]),
+                )
+            ]
+    return sorted(found)

@@ -19,7 +19,7 @@ from ...engine import host_ledger
 from ...engine.executor import ConnectionLost, RunOptions, ShardPlan
 from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
 from ...engine.ledger import ensure_control_schema
-from ...errors import OperationFailed
+from ...errors import OperationFailed, first_few
 from ...model.ranges import format_shards
 from ...sql.catalog import control, inspect
 from ...sql.catalog.control import shard_list
@@ -101,12 +101,9 @@ def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> Non
         )
     problems = inspect.unmovable(conn, run.schemas)
     if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise OperationFailed(
-            "refusing to move: "
-            + "; ".join(problems[:5])
-            + more
-            + ". Add a primary key (or REPLICA IDENTITY) first"
+            f"refusing to move: {first_few(problems, 5)}. "
+            "Add a primary key (or REPLICA IDENTITY) first"
         )
     run.ledger = {}
     for row in control.ledger_rows(conn, shards):
@@ -262,10 +259,7 @@ def _compare_structure(run: MoveRun) -> None:
                 f"{run.target.name}"
             )
     if diffs:
-        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
         raise OperationFailed(
-            "prepare: the target's tables differ from the source's: "
-            + "; ".join(diffs[:3])
-            + more
-            + ". Abort the move (move-shard --abort) and bring the schemas in line"
+            f"prepare: the target's tables differ from the source's: {first_few(diffs, 3)}. "
+            "Abort the move (move-shard --abort) and bring the schemas in line"
         )

@@ -6,7 +6,6 @@ library's ``raise_for_status`` decides the exit code."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 import click
 
@@ -22,7 +21,7 @@ from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
-from .options import finish, host_options, run_options, split_hosts, status_of
+from .options import finish, host_options, option_group, run_options, split_hosts, status_of
 from .output import stdout, table
 from .params import ASCII_INT, AsciiFloat, AsciiInt
 from .progress import host_progress
@@ -277,36 +276,37 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
     stdout.print(f"{mode} took {report.seconds:.3f}s")
 
 
-def lock_options(func: Callable) -> Callable:
-    func = click.option(
-        "--lock-timeout",
-        default=DEFAULT_LOCK_WAIT,
-        show_default=True,
-        help="How long one shard waits for a table lock before it is put back and retried "
-        "(PostgreSQL interval).",
-    )(func)
-    func = click.option(
-        "--lock-retries",
-        type=AsciiInt(0, 1000),
-        default=DEFAULT_LOCK_RETRIES,
-        show_default=True,
-        help="Retries of a shard whose lock wait timed out (0: fail at once).",
-    )(func)
-    func = click.option(
-        "--retry-budget",
-        type=AsciiFloat(0, 86_400),
-        default=DEFAULT_RETRY_BUDGET,
-        show_default=True,
-        help="Seconds a blocked shard keeps being retried, in all.",
-    )(func)
-    func = click.option(
+# How migrate waits for, retries and holds its shards' table locks.
+lock_options = option_group(
+    click.option(
         "--max-lock-hold",
         type=AsciiInt(1, 600_000),
         default=DEFAULT_MAX_LOCK_HOLD_MS,
         show_default=True,
         help="Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
-    )(func)
-    return func
+    ),
+    click.option(
+        "--retry-budget",
+        type=AsciiFloat(0, 86_400),
+        default=DEFAULT_RETRY_BUDGET,
+        show_default=True,
+        help="Seconds a blocked shard keeps being retried, in all.",
+    ),
+    click.option(
+        "--lock-retries",
+        type=AsciiInt(0, 1000),
+        default=DEFAULT_LOCK_RETRIES,
+        show_default=True,
+        help="Retries of a shard whose lock wait timed out (0: fail at once).",
+    ),
+    click.option(
+        "--lock-timeout",
+        default=DEFAULT_LOCK_WAIT,
+        show_default=True,
+        help="How long one shard waits for a table lock before it is put back and retried "
+        "(PostgreSQL interval).",
+    ),
+)
 
 
 def _repair_confirmed() -> bool:

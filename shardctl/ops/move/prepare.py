@@ -14,7 +14,6 @@ import time
 
 import psycopg
 
-from ...engine import connections as db
 from ...engine import host_ledger
 from ...engine.executor import ConnectionLost, RunOptions, ShardPlan
 from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
@@ -53,19 +52,9 @@ def prepare(run: MoveRun) -> None:
             )
     # a new move: check both hosts before any change
     sizing = preflight(run) if not move.phases else {}
-    with db.host_lock(
-        run.source,
-        wait=run.options.wait,
-        connect_timeout=run.options.connect_timeout,
-        purpose="move-shard",
-    ) as conn:
+    with run.host_lock(run.source) as conn:
         _prepare_source(run, conn, sizing)
-    with db.host_lock(
-        run.target,
-        wait=run.options.wait,
-        connect_timeout=run.options.connect_timeout,
-        purpose="move-shard",
-    ) as conn:
+    with run.host_lock(run.target) as conn:
         _create_on_target(run, conn, _prepare_target(run, conn))
     _compare_structure(run)
     run.both(Phase.PREPARED)

@@ -22,7 +22,7 @@ from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
 from .options import finish, host_options, option_group, run_options, split_hosts, status_of
-from .output import stdout, table
+from .output import flagged, stdout, table
 from .params import ASCII_INT, AsciiFloat, AsciiInt
 from .progress import host_progress
 
@@ -127,11 +127,10 @@ def init_cmd(
     def human() -> None:
         fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts", error)
         for host, shards in report.extra.get("recreated", {}).items():
-            stdout.print(
-                f"[yellow]{host}[/yellow]: shards {shards} were recorded but their schemas had been "
-                f"dropped; built them again",
-                markup=True,
-                highlight=False,
+            flagged(
+                host,
+                f"shards {shards} were recorded but their schemas had been dropped; built them again",
+                "yellow",
             )
         if report.ok and not report.changed:
             stdout.print(
@@ -189,31 +188,25 @@ def _migrate_notes(report: MigrateResult, error: ShardctlError | None) -> None:
         d = report.host(h)
         _host_errors([h], error)
         for dr in d.drift:
-            stdout.print(
-                f"[red]{h.host}[/red]: {dr.file} changed after it was applied (shards "
-                f"{format_shards(dr.shards)}); restore it, or accept it with "
-                f"`shardctl migrate --repair --yes`",
-                markup=True,
-                highlight=False,
+            flagged(
+                h.host,
+                f"{dr.file} changed after it was applied (shards {format_shards(dr.shards)}); "
+                f"restore it, or accept it with `shardctl migrate --repair --yes`",
             )
         for v, s in d.gaps.items():
-            stdout.print(
-                f"[red]{h.host}[/red]: V{v} is missing from the ledger of shards {format_shards(s)}, "
+            flagged(
+                h.host,
+                f"V{v} is missing from the ledger of shards {format_shards(s)}, "
                 f"though later versions are applied there",
-                markup=True,
-                highlight=False,
             )
         for v, s in d.orphans.items():
-            stdout.print(
-                f"[yellow]{h.host}[/yellow]: V{v} is applied on shards {format_shards(s)} but its file "
-                f"is gone",
-                markup=True,
-                highlight=False,
+            flagged(
+                h.host,
+                f"V{v} is applied on shards {format_shards(s)} but its file is gone",
+                "yellow",
             )
         for line in d.held:
-            stdout.print(
-                f"[yellow]{h.host}[/yellow]: pending: {line}", markup=True, highlight=False
-            )
+            flagged(h.host, f"pending: {line}", "yellow")
         if d.repaired:
             stdout.print(f"{h.host}: recorded new checksums for {d.repaired} ledger rows")
         if d.retried:
@@ -451,26 +444,15 @@ def plan_cmd(
         _host_errors(result.hosts, error)
         for h in doc["hosts"]:
             for dr in h["drift"]:
-                stdout.print(
-                    f"[red]{h['host']}[/red]: {dr['file']} changed after it was applied "
-                    f"(shards {dr['shards']})",
-                    markup=True,
-                    highlight=False,
+                flagged(
+                    h["host"], f"{dr['file']} changed after it was applied (shards {dr['shards']})"
                 )
             for v, s in h["gaps"].items():
-                stdout.print(
-                    f"[red]{h['host']}[/red]: V{v} missing from the ledger of shards {s}",
-                    markup=True,
-                    highlight=False,
-                )
+                flagged(h["host"], f"V{v} missing from the ledger of shards {s}")
             for v, s in h["orphans"].items():
-                stdout.print(
-                    f"[yellow]{h['host']}[/yellow]: V{v} is applied on shards {s} but its file is gone",
-                    markup=True,
-                    highlight=False,
-                )
+                flagged(h["host"], f"V{v} is applied on shards {s} but its file is gone", "yellow")
             for line in h["held"]:
-                stdout.print(f"[yellow]{h['host']}[/yellow]: {line}", markup=True, highlight=False)
+                flagged(h["host"], line, "yellow")
         for line in result.templates.lines():
             stdout.print(line, markup=False, highlight=False)
         total = doc["pending_total"]

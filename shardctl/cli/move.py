@@ -24,7 +24,7 @@ from ..ops.rebalance import apply as rebalance_apply
 from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
 from .options import connect_timeout_option, finish, option_group, wait_option
-from .output import info, stderr, stdout, table
+from .output import flagged, info, stderr, stdout, table
 from .params import AsciiFloat, AsciiInt
 
 # A move's tuning (freeze, copy, batches, subscriptions) and its connection: move-shard and rebalance.
@@ -280,7 +280,7 @@ def _human_status(doc: dict) -> None:
         )
     )
     for host, error in doc.get("unreachable", {}).items():
-        stdout.print(f"[red]{host}[/red]: {error}", markup=True, highlight=False)
+        flagged(host, error)
     stdout.print(f"{doc['in_flight']} move(s) in flight.")
     for line in doc.get("needs_finishing") or []:
         stdout.print(f"  needs finishing: {line}", markup=False, highlight=False)

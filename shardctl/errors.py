@@ -8,6 +8,11 @@ failed (``migrate`` finished without them; ``status`` found them).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -98,3 +103,18 @@ class HostUnreachable(ShardctlError):
         self.reason = reason
         self.report = report
         super().__init__(f"host {host} is unreachable: {reason}")
+
+
+def first_few(
+    items: Sequence[T],
+    shown: int,
+    say: Callable[[T], str] = str,
+    sep: str = "; ",
+    more: str = "more",
+) -> str:
+    """The first ``shown`` of ``items``, each as ``say`` puts it, joined by ``sep``, then
+    " (and N more)" for the rest: how a one-line message names the first few of many problems."""
+    text = sep.join(say(item) for item in items[:shown])
+    if len(items) > shown:
+        text += f" (and {len(items) - shown} {more})"
+    return text

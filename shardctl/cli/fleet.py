@@ -6,7 +6,6 @@ library's ``raise_for_status`` decides the exit code."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 import click
 
@@ -22,8 +21,8 @@ from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
-from .options import finish, host_options, run_options, split_hosts, status_of
-from .output import stdout, table
+from .options import finish, host_options, option_group, run_options, split_hosts, status_of
+from .output import flagged, stdout, table
 from .params import ASCII_INT, AsciiFloat, AsciiInt
 from .progress import host_progress
 
@@ -128,11 +127,10 @@ def init_cmd(
     def human() -> None:
         fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts", error)
         for host, shards in report.extra.get("recreated", {}).items():
-            stdout.print(
-                f"[yellow]{host}[/yellow]: shards {shards} were recorded but their schemas had been "
-                f"dropped; built them again",
-                markup=True,
-                highlight=False,
+            flagged(
+                host,
+                f"shards {shards} were recorded but their schemas had been dropped; built them again",
+                "yellow",
             )
         if report.ok and not report.changed:
             stdout.print(
@@ -190,31 +188,25 @@ def _migrate_notes(report: MigrateResult, error: ShardctlError | None) -> None:
         d = report.host(h)
         _host_errors([h], error)
         for dr in d.drift:
-            stdout.print(
-                f"[red]{h.host}[/red]: {dr.file} changed after it was applied (shards "
-                f"{format_shards(dr.shards)}); restore it, or accept it with "
-                f"`shardctl migrate --repair --yes`",
-                markup=True,
-                highlight=False,
+            flagged(
+                h.host,
+                f"{dr.file} changed after it was applied (shards {format_shards(dr.shards)}); "
+                f"restore it, or accept it with `shardctl migrate --repair --yes`",
             )
         for v, s in d.gaps.items():
-            stdout.print(
-                f"[red]{h.host}[/red]: V{v} is missing from the ledger of shards {format_shards(s)}, "
+            flagged(
+                h.host,
+                f"V{v} is missing from the ledger of shards {format_shards(s)}, "
                 f"though later versions are applied there",
-                markup=True,
-                highlight=False,
             )
         for v, s in d.orphans.items():
-            stdout.print(
-                f"[yellow]{h.host}[/yellow]: V{v} is applied on shards {format_shards(s)} but its file "
-                f"is gone",
-                markup=True,
-                highlight=False,
+            flagged(
+                h.host,
+                f"V{v} is applied on shards {format_shards(s)} but its file is gone",
+                "yellow",
             )
         for line in d.held:
-            stdout.print(
-                f"[yellow]{h.host}[/yellow]: pending: {line}", markup=True, highlight=False
-            )
+            flagged(h.host, f"pending: {line}", "yellow")
         if d.repaired:
             stdout.print(f"{h.host}: recorded new checksums for {d.repaired} ledger rows")
         if d.retried:
@@ -277,36 +269,37 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
     stdout.print(f"{mode} took {report.seconds:.3f}s")
 
 
-def lock_options(func: Callable) -> Callable:
-    func = click.option(
-        "--lock-timeout",
-        default=DEFAULT_LOCK_WAIT,
-        show_default=True,
-        help="How long one shard waits for a table lock before it is put back and retried "
-        "(PostgreSQL interval).",
-    )(func)
-    func = click.option(
-        "--lock-retries",
-        type=AsciiInt(0, 1000),
-        default=DEFAULT_LOCK_RETRIES,
-        show_default=True,
-        help="Retries of a shard whose lock wait timed out (0: fail at once).",
-    )(func)
-    func = click.option(
-        "--retry-budget",
-        type=AsciiFloat(0, 86_400),
-        default=DEFAULT_RETRY_BUDGET,
-        show_default=True,
-        help="Seconds a blocked shard keeps being retried, in all.",
-    )(func)
-    func = click.option(
+# How migrate waits for, retries and holds its shards' table locks.
+lock_options = option_group(
+    click.option(
         "--max-lock-hold",
         type=AsciiInt(1, 600_000),
         default=DEFAULT_MAX_LOCK_HOLD_MS,
         show_default=True,
         help="Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
-    )(func)
-    return func
+    ),
+    click.option(
+        "--retry-budget",
+        type=AsciiFloat(0, 86_400),
+        default=DEFAULT_RETRY_BUDGET,
+        show_default=True,
+        help="Seconds a blocked shard keeps being retried, in all.",
+    ),
+    click.option(
+        "--lock-retries",
+        type=AsciiInt(0, 1000),
+        default=DEFAULT_LOCK_RETRIES,
+        show_default=True,
+        help="Retries of a shard whose lock wait timed out (0: fail at once).",
+    ),
+    click.option(
+        "--lock-timeout",
+        default=DEFAULT_LOCK_WAIT,
+        show_default=True,
+        help="How long one shard waits for a table lock before it is put back and retried "
+        "(PostgreSQL interval).",
+    ),
+)
 
 
 def _repair_confirmed() -> bool:
@@ -451,26 +444,15 @@ def plan_cmd(
         _host_errors(result.hosts, error)
         for h in doc["hosts"]:
             for dr in h["drift"]:
-                stdout.print(
-                    f"[red]{h['host']}[/red]: {dr['file']} changed after it was applied "
-                    f"(shards {dr['shards']})",
-                    markup=True,
-                    highlight=False,
+                flagged(
+                    h["host"], f"{dr['file']} changed after it was applied (shards {dr['shards']})"
                 )
             for v, s in h["gaps"].items():
-                stdout.print(
-                    f"[red]{h['host']}[/red]: V{v} missing from the ledger of shards {s}",
-                    markup=True,
-                    highlight=False,
-                )
+                flagged(h["host"], f"V{v} missing from the ledger of shards {s}")
             for v, s in h["orphans"].items():
-                stdout.print(
-                    f"[yellow]{h['host']}[/yellow]: V{v} is applied on shards {s} but its file is gone",
-                    markup=True,
-                    highlight=False,
-                )
+                flagged(h["host"], f"V{v} is applied on shards {s} but its file is gone", "yellow")
             for line in h["held"]:
-                stdout.print(f"[yellow]{h['host']}[/yellow]: {line}", markup=True, highlight=False)
+                flagged(h["host"], line, "yellow")
         for line in result.templates.lines():
             stdout.print(line, markup=False, highlight=False)
         total = doc["pending_total"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..ops.gate import check_against_base
 from . import settings
-from .output import stdout, table
+from .output import flagged, stdout, table
 
 
 def run_gate(base: str, host_names: list[str] | None, connect_timeout: int, as_json: bool) -> None:
@@ -35,7 +35,7 @@ def run_gate(base: str, host_names: list[str] | None, connect_timeout: int, as_j
                 highlight=False,
             )
         for p in result.problems:
-            stdout.print(f"[red]problem[/red]: {p}", markup=True, highlight=False)
+            flagged("problem", p)
         if result.ok:
             stdout.print(
                 f"Gate passed: the fleet is at the base's head V{result.base_head} and the change "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import OperationFailed
+from ..errors import OperationFailed, first_few
 from ..sql.lint import lint, new_migrations
 from . import cli, json_option, settings
 from .output import stdout
@@ -59,9 +59,6 @@ def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
 
     error = None
     if result.findings:
-        first = result.findings[0]
-        more = f" (and {len(result.findings) - 1} more)" if len(result.findings) > 1 else ""
-        error = OperationFailed(
-            f"lint: {first.file}:{first.line} {first.rule}: {first.message}{more}"
-        )
+        said = first_few(result.findings, 1, lambda f: f"{f.file}:{f.line} {f.rule}: {f.message}")
+        error = OperationFailed(f"lint: {said}")
     finish(as_json, result.to_dict(), human, error)

@@ -23,99 +23,96 @@ from ..ops.move import (
 from ..ops.rebalance import apply as rebalance_apply
 from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
-from .options import connect_timeout_option, finish, wait_option
-from .output import info, stderr, stdout, table
+from .options import connect_timeout_option, finish, option_group, wait_option
+from .output import flagged, info, stderr, stdout, table
 from .params import AsciiFloat, AsciiInt
 
-
-def move_options(func: Callable) -> Callable:
-    opts = [
-        click.option(
-            "--max-freeze",
-            type=AsciiFloat(0.1, 3600),
-            default=5.0,
-            show_default=True,
-            help="Seconds writes may be frozen at cutover; past it the attempt is rolled back.",
-        ),
-        click.option(
-            "--attempts",
-            type=AsciiInt(1, 100),
-            default=3,
-            show_default=True,
-            help="Cutover freezes to try before giving up.",
-        ),
-        click.option(
-            "--sequence-margin",
-            type=AsciiInt(0, 1 << 40),
-            default=1024,
-            show_default=True,
-            help="Added to each source sequence's value when it is set on the target.",
-        ),
-        click.option(
-            "--schemas-per-subscription",
-            type=AsciiInt(1, 100_000),
-            default=64,
-            show_default=True,
-            help="Schemas per publication / subscription.",
-        ),
-        click.option(
-            "--max-subscriptions",
-            type=AsciiInt(1, 64),
-            default=4,
-            show_default=True,
-            help="Cap on subscriptions per move (batches grow instead).",
-        ),
-        click.option(
-            "--sync-timeout",
-            type=AsciiFloat(1, 7 * 86_400),
-            default=3600,
-            show_default=True,
-            help="Seconds to wait for the initial copy (it goes on if this run stops).",
-        ),
-        click.option(
-            "--publisher-dsn",
-            metavar="DSN",
-            help="How the target server reaches the source, if not by the topology's DSN "
-            "(the source's password_env still supplies the password).",
-        ),
-        click.option(
-            "--copy-workers",
-            type=AsciiInt(0, 4),
-            default=4,
-            show_default=True,
-            help="Parallel table copies of the initial copy, as of one snapshot per subscription "
-            "(0: the subscriptions' table-sync workers copy).",
-        ),
-        click.option(
-            "--verify-before",
-            type=click.Choice(["counts", "full"]),
-            default="counts",
-            show_default=True,
-            help="The check before the freeze: row counts per table, or checksums of every row "
-            "(every row is compared after the cutover either way).",
-        ),
-        click.option(
-            "--nice",
-            type=AsciiFloat(0, 100),
-            default=0,
-            show_default=True,
-            metavar="RATIO",
-            help="Rest RATIO seconds after each second of the copy and the checks, leaving the "
-            "hosts' CPU to the application (1: the move runs half the time).",
-        ),
-        click.option(
-            "--batch-size",
-            type=AsciiInt(1, 10_000),
-            default=16,
-            show_default=True,
-            help="Shards per transaction when creating or dropping schemas.",
-        ),
-        wait_option,
-        connect_timeout_option,
-    ]
-    for opt in reversed(opts):
-        func = opt(func)
-    return json_option(func)
+# A move's tuning (freeze, copy, batches, subscriptions) and its connection: move-shard and rebalance.
+move_options = option_group(
+    json_option,
+    click.option(
+        "--max-freeze",
+        type=AsciiFloat(0.1, 3600),
+        default=5.0,
+        show_default=True,
+        help="Seconds writes may be frozen at cutover; past it the attempt is rolled back.",
+    ),
+    click.option(
+        "--attempts",
+        type=AsciiInt(1, 100),
+        default=3,
+        show_default=True,
+        help="Cutover freezes to try before giving up.",
+    ),
+    click.option(
+        "--sequence-margin",
+        type=AsciiInt(0, 1 << 40),
+        default=1024,
+        show_default=True,
+        help="Added to each source sequence's value when it is set on the target.",
+    ),
+    click.option(
+        "--schemas-per-subscription",
+        type=AsciiInt(1, 100_000),
+        default=64,
+        show_default=True,
+        help="Schemas per publication / subscription.",
+    ),
+    click.option(
+        "--max-subscriptions",
+        type=AsciiInt(1, 64),
+        default=4,
+        show_default=True,
+        help="Cap on subscriptions per move (batches grow instead).",
+    ),
+    click.option(
+        "--sync-timeout",
+        type=AsciiFloat(1, 7 * 86_400),
+        default=3600,
+        show_default=True,
+        help="Seconds to wait for the initial copy (it goes on if this run stops).",
+    ),
+    click.option(
+        "--publisher-dsn",
+        metavar="DSN",
+        help="How the target server reaches the source, if not by the topology's DSN "
+        "(the source's password_env still supplies the password).",
+    ),
+    click.option(
+        "--copy-workers",
+        type=AsciiInt(0, 4),
+        default=4,
+        show_default=True,
+        help="Parallel table copies of the initial copy, as of one snapshot per subscription "
+        "(0: the subscriptions' table-sync workers copy).",
+    ),
+    click.option(
+        "--verify-before",
+        type=click.Choice(["counts", "full"]),
+        default="counts",
+        show_default=True,
+        help="The check before the freeze: row counts per table, or checksums of every row "
+        "(every row is compared after the cutover either way).",
+    ),
+    click.option(
+        "--nice",
+        type=AsciiFloat(0, 100),
+        default=0,
+        show_default=True,
+        metavar="RATIO",
+        help="Rest RATIO seconds after each second of the copy and the checks, leaving the "
+        "hosts' CPU to the application (1: the move runs half the time).",
+    ),
+    click.option(
+        "--batch-size",
+        type=AsciiInt(1, 10_000),
+        default=16,
+        show_default=True,
+        help="Shards per transaction when creating or dropping schemas.",
+    ),
+    wait_option,
+    connect_timeout_option,
+)
 
 
 def _options(kw: dict) -> MoveOptions:
@@ -283,7 +280,7 @@ def _human_status(doc: dict) -> None:
         )
     )
     for host, error in doc.get("unreachable", {}).items():
-        stdout.print(f"[red]{host}[/red]: {error}", markup=True, highlight=False)
+        flagged(host, error)
     stdout.print(f"{doc['in_flight']} move(s) in flight.")
     for line in doc.get("needs_finishing") or []:
         stdout.print(f"  needs finishing: {line}", markup=False, highlight=False)

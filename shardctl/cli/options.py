@@ -16,6 +16,18 @@ from .output import emit
 from .params import AsciiFloat, AsciiInt
 
 
+def option_group(*decorators: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+    """One decorator for several options, named in the order they would be stacked above a command
+    (the order its help lists them in)."""
+
+    def apply(func: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
 def connect_timeout_option(func: Callable) -> Callable:
     """``--connect-timeout``: every command that connects to a host has it, with one default
     (``engine.connections.DEFAULT_CONNECT_TIMEOUT``, the library's default too)."""
@@ -46,35 +58,34 @@ def hosts_option(func: Callable) -> Callable:
     )(func)
 
 
-def host_options(func: Callable) -> Callable:
-    """``--hosts``, ``--connect-timeout`` and ``--json``: what every fleet-wide command takes."""
-    return json_option(connect_timeout_option(hosts_option(func)))
+# ``--hosts``, ``--connect-timeout`` and ``--json``: what every fleet-wide command takes.
+host_options = option_group(json_option, connect_timeout_option, hosts_option)
 
-
-def run_options(func: Callable) -> Callable:
-    func = click.option(
-        "--batch-size",
-        type=AsciiInt(1, 10_000),
-        default=DEFAULT_BATCH,
-        show_default=True,
-        help="Shards per transaction (at most; see --max-lock-hold).",
-    )(func)
-    func = click.option(
-        "--recycle-after",
-        type=AsciiInt(1, 1_000_000),
-        default=DEFAULT_RECYCLE,
-        show_default=True,
-        help="Shards per connection before it is replaced.",
-    )(func)
-    func = wait_option(func)
-    func = click.option(
+# How a command that applies shards runs them: parallelism, lock wait, connection reuse, batches.
+run_options = option_group(
+    click.option(
         "--jobs",
         type=AsciiInt(1, 256),
         default=None,
         help="Connections applying shards at once per host (default: the host's cores, "
         "bounded by hosts[].max_jobs and free connection slots).",
-    )(func)
-    return func
+    ),
+    wait_option,
+    click.option(
+        "--recycle-after",
+        type=AsciiInt(1, 1_000_000),
+        default=DEFAULT_RECYCLE,
+        show_default=True,
+        help="Shards per connection before it is replaced.",
+    ),
+    click.option(
+        "--batch-size",
+        type=AsciiInt(1, 10_000),
+        default=DEFAULT_BATCH,
+        show_default=True,
+        help="Shards per transaction (at most; see --max-lock-hold).",
+    ),
+)
 
 
 def split_hosts(value: str | None) -> list[str] | None:

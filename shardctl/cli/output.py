@@ -36,6 +36,11 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table
     return t
 
 
+def flagged(label: str, text: str, color: str = "red") -> None:
+    """One line on stdout, ``label: text``, the label (a host, "problem") in ``color``."""
+    stdout.print(f"[{color}]{label}[/{color}]: {text}", markup=True, highlight=False)
+
+
 def warn(message: str) -> None:
     stderr.print(f"[yellow]warning:[/yellow] {mask(message)}", markup=True)
 

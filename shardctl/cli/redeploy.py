@@ -8,7 +8,7 @@ from ..model.ranges import format_shards
 from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
 from .options import host_options, wait_option
-from .output import stdout, table
+from .output import flagged, stdout, table
 
 
 @cli.command("redeploy")
@@ -67,7 +67,7 @@ def redeploy_cmd(
         )
         for h in report.hosts:
             if h.error:
-                stdout.print(f"[red]{h.host}[/red]: {h.error}", markup=True, highlight=False)
+                flagged(h.host, h.error)
             for f in h.value.failed[:20]:
                 stdout.print(
                     f"[red]failed[/red] shard {f['shard']} on {h.host}: {f['error']}",

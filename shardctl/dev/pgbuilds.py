@@ -62,11 +62,11 @@ class Build:
         return (Path(_pg_config(str(self.bin_dir), "--pkglibdir")) / f"{name}.so").exists()
 
 
-@functools.cache
-def _pg_config(bin_dir: str, *args: str) -> str:
+def _tool_output(bin_dir: str, tool: str, *args: str) -> str:
+    """What ``tool`` of ``bin_dir`` prints given ``args``; "" when it cannot run or fails."""
     try:
         out = subprocess.run(
-            [str(Path(bin_dir) / "pg_config"), *args],
+            [str(Path(bin_dir) / tool), *args],
             capture_output=True,
             text=True,
             timeout=30,
@@ -74,7 +74,12 @@ def _pg_config(bin_dir: str, *args: str) -> str:
         )
     except OSError:
         return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
+    return out.stdout if out.returncode == 0 else ""
+
+
+@functools.cache
+def _pg_config(bin_dir: str, *args: str) -> str:
+    return _tool_output(bin_dir, "pg_config", *args).strip()
 
 
 @functools.cache
@@ -96,17 +101,7 @@ def _extensions(bin_dir: str) -> frozenset[str]:
 
 
 def _postgres_version(bin_dir: str) -> str:
-    try:
-        out = subprocess.run(
-            [str(Path(bin_dir) / "postgres"), "-V"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except OSError:
-        return ""
-    return out.stdout if out.returncode == 0 else ""
+    return _tool_output(bin_dir, "postgres", "-V")
 
 
 def build_at(bin_dir: Path, source: str) -> Build | None:

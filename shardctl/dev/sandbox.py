@@ -229,16 +229,22 @@ class Sandbox(SandboxBase):
         if standby and not wrote_topology:
             self._name_standbys(state)
         return {
-            "dir": str(self.dir),
-            "topology": str(self.topology_path),
-            "bin_dir": state.bin_dir,
-            "version": state.version,
-            "tls": state.tls,
+            **self._identity(state),
             "ca_file": ca or None,
             "created": created,
             "wrote_topology": wrote_topology,
             "hosts": _host_rows(state.hosts, running=True),
             "standbys": _host_rows(state.standbys, running=True),
+        }
+
+    def _identity(self, state: SandboxState) -> dict:
+        """The head of ``up``'s and ``status``'s documents: where the sandbox is and what it runs."""
+        return {
+            "dir": str(self.dir),
+            "topology": str(self.topology_path),
+            "bin_dir": state.bin_dir,
+            "version": state.version,
+            "tls": state.tls,
         }
 
     def _initdb(self, host: SandboxHost, servers: LocalServers) -> None:
@@ -375,11 +381,7 @@ class Sandbox(SandboxBase):
         state = self._require_state()
         servers = self.servers(state)
         return {
-            "dir": str(self.dir),
-            "topology": str(self.topology_path),
-            "bin_dir": state.bin_dir,
-            "version": state.version,
-            "tls": state.tls,
+            **self._identity(state),
             "hosts": _host_rows(state.hosts, servers=servers),
             "standbys": _host_rows(state.standbys, servers=servers),
         }

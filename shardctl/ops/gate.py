@@ -23,7 +23,7 @@ from pathlib import Path
 from ..engine import connections as db
 from ..engine.executor import RunOptions
 from ..engine.fanout import raise_unreachable
-from ..errors import BadInput, OperationFailed
+from ..errors import BadInput, OperationFailed, first_few
 from ..model.ranges import format_shards
 from ..model.topology import Topology
 from ..sql.host_migrations import HostLevelMigration, host_for_topology, load_host
@@ -65,8 +65,7 @@ class GateResult:
     def raise_for_status(self) -> GateResult:
         """OperationFailed (exit 1) naming the first problem, when the gate does not pass."""
         if not self.ok:
-            more = f" (and {len(self.problems) - 1} more)" if len(self.problems) > 1 else ""
-            raise OperationFailed(f"gate: {self.problems[0]}{more}", report=self.to_dict())
+            raise OperationFailed(f"gate: {first_few(self.problems, 1)}", report=self.to_dict())
         return self
 
 

@@ -46,7 +46,7 @@ from ..engine.ledger import (
     refresh_cache,
     repair,
 )
-from ..errors import BadInput, FleetIncomplete, OperationFailed, PendingWork
+from ..errors import BadInput, FleetIncomplete, OperationFailed, PendingWork, first_few
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog.control import ShardRow, control_exists, ledger_versions, open_moves, shard_list
@@ -231,13 +231,14 @@ class MigrateResult(FleetReport):
         doc = self.to_dict()
         raise_unreachable(self.hosts, doc)
         if self.failed:
-            first = self.failed[:3]
-            text = "; ".join(
-                f"shard {f['shard']} on {f['host']} at {f.get('file') or file_of(self.files, f['version'])}"
-                f": {f['error']}"
-                for f in first
+            text = first_few(
+                self.failed,
+                3,
+                lambda f: (
+                    f"shard {f['shard']} on {f['host']} at "
+                    f"{f.get('file') or file_of(self.files, f['version'])}: {f['error']}"
+                ),
             )
-            more = f" (and {len(self.failed) - 3} more)" if len(self.failed) > 3 else ""
             note = (
                 f"; {self.not_started} shard(s) not started (stopped after the first failure; re-run to "
                 f"continue)"
@@ -245,7 +246,7 @@ class MigrateResult(FleetReport):
                 else ""
             )
             raise OperationFailed(
-                f"migrate: {len(self.failed)} shard(s) failed: {text}{more}{note}", report=doc
+                f"migrate: {len(self.failed)} shard(s) failed: {text}{note}", report=doc
             )
         super().raise_for_status()
         missing = [

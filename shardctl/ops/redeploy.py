@@ -28,7 +28,7 @@ import psycopg
 from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, select_hosts
 from ..engine.ledger import log_event
-from ..errors import BadInput, HostUnreachable, OperationFailed
+from ..errors import BadInput, HostUnreachable, OperationFailed, first_few
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog.control import control_exists, ensure_template_ledger, record_template
@@ -297,8 +297,9 @@ def redeploy(
     results = fan_out(selected, inspect, lambda h: TemplateState())
     refused = [r for res in results for r in res.value.refused]
     if refused:
-        more = f" (and {len(refused) - 1} more shards)" if len(refused) > 1 else ""
-        raise BadInput(f"redeploy refused, nothing changed: {refused[0]}{more}")
+        raise BadInput(
+            f"redeploy refused, nothing changed: {first_few(refused, 1, more='more shards')}"
+        )
     busy = [h for h, res in zip(selected, results) if res.ok and res.value.stale]
     if dry_run or not busy:
         return RedeployReport(results, dry_run, time.perf_counter() - started)

@@ -9,6 +9,7 @@ folder, a file of the format's kind that its rules do not name, two files with o
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,20 @@ def _numbered(
     return found
 
 
+def _migration_files(
+    paths: list[Path],
+    pattern: re.Pattern,
+    kind: str,
+    skipped: list[str],
+    keep: Callable[[re.Match], bool] = lambda _m: True,
+) -> list[tuple[tuple, Path, re.Match]]:
+    """The migrations among ``paths`` (:func:`_numbered`) whose name ``keep`` takes, each version
+    used once."""
+    items = [i for i in _numbered(paths, pattern, kind, skipped) if keep(i[2])]
+    _no_duplicates(items, kind)
+    return items
+
+
 def _no_duplicates(items: list[tuple[tuple, Path, re.Match]], kind: str) -> None:
     seen: dict[tuple, str] = {}
     for version, path, _m in items:
@@ -78,14 +93,13 @@ def _no_duplicates(items: list[tuple[tuple, Path, re.Match]], kind: str) -> None
 
 
 def _golang_migrate(directory: Path, history: History) -> None:
-    items = _numbered(
+    ups = _migration_files(
         list(directory.iterdir()),
         re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.(?P<dir>up|down)\.sql"),
         "golang-migrate",
         history.skipped,
+        keep=lambda match: match.group("dir") == "up",
     )
-    ups = [i for i in items if i[2].group("dir") == "up"]
-    _no_duplicates(ups, "golang-migrate")
     for _v, path, match in ups:
         stem = path.name[: -len(".up.sql")]
         m = SourceMigration(stem, _read(path))
@@ -95,6 +109,8 @@ def _golang_migrate(directory: Path, history: History) -> None:
         history.migrations.append(m)
 
 
+# goose's and dbmate's file names: <version>_<description>.sql
+SEQUENTIAL = re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.sql")
 ANNOTATION = re.compile(r"--\s*\+goose\s+(.*)", re.IGNORECASE)
 
 
@@ -127,13 +143,7 @@ def _goose_sections(text: str, name: str) -> SourceMigration:
 
 
 def _goose(directory: Path, history: History) -> None:
-    items = _numbered(
-        list(directory.iterdir()),
-        re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.sql"),
-        "goose",
-        history.skipped,
-    )
-    _no_duplicates(items, "goose")
+    items = _migration_files(list(directory.iterdir()), SEQUENTIAL, "goose", history.skipped)
     gos = [s for s in history.skipped if s.split(":")[0].endswith(".go")]
     if gos:
         raise BadInput(
@@ -148,13 +158,7 @@ DBMATE_MARK = re.compile(r"--\s*migrate:(up|down)\b(.*)", re.IGNORECASE)
 
 
 def _dbmate(directory: Path, history: History) -> None:
-    items = _numbered(
-        list(directory.iterdir()),
-        re.compile(r"(?P<v>[0-9]+)_(?P<d>.+)\.sql"),
-        "dbmate",
-        history.skipped,
-    )
-    _no_duplicates(items, "dbmate")
+    items = _migration_files(list(directory.iterdir()), SEQUENTIAL, "dbmate", history.skipped)
     for _v, path, _m in items:
         m = SourceMigration(path.stem, "")
         lines, section = [], None
@@ -192,13 +196,12 @@ def _flyway(directory: Path, history: History) -> None:
             )
         else:
             rest.append(path)
-    items = _numbered(
+    items = _migration_files(
         rest,
         re.compile(r"V(?P<v>[0-9]+(?:[._][0-9]+)*)__(?P<d>.+)\.sql"),
         "Flyway",
         history.skipped,
     )
-    _no_duplicates(items, "Flyway")
     for _v, path, _m in items:
         text = _read(path)
         m = SourceMigration(path.stem, text)

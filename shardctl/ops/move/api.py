@@ -416,24 +416,22 @@ def move_status(
 
 
 def _live_sync(topo: Topology, move: Move, connect_timeout: int) -> dict:
-    with db.connect(
-        topo.host(move.target),
-        autocommit=True,
-        connect_timeout=connect_timeout,
-        purpose="move-shard status",
-    ) as conn:
+    def connect(host: str) -> psycopg.Connection:
+        return db.connect(
+            topo.host(host),
+            autocommit=True,
+            connect_timeout=connect_timeout,
+            purpose="move-shard status",
+        )
+
+    with connect(move.target) as conn:
         state = replication.sync_state(conn, move.names)
     doc = {
         "tables_ready": state["ready"],
         "tables": state["tables"],
         "replication_errors": state["apply_errors"] + state["sync_errors"],
     }
-    with db.connect(
-        topo.host(move.source),
-        autocommit=True,
-        connect_timeout=connect_timeout,
-        purpose="move-shard status",
-    ) as conn:
+    with connect(move.source) as conn:
         doc["lag_bytes"] = replication.slot_lag(conn, move.names)
     return doc
 

@@ -16,6 +16,8 @@ applies its migrations in a transaction that is always rolled back.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
@@ -163,6 +165,18 @@ def _target_problems(run: MoveRun, conn, facts: dict) -> list[str]:
     return out
 
 
+@contextmanager
+def _rolled_back(run: MoveRun) -> Iterator[psycopg.Connection]:
+    """A connection to the target in a transaction that is always rolled back, whatever ran in it:
+    the probe's and the trial's leave nothing behind."""
+    with run.connect(run.target, autocommit=False) as conn:
+        try:
+            yield conn
+        finally:
+            if not conn.closed and not conn.broken:
+                conn.rollback()
+
+
 def _reach_problems(run: MoveRun) -> list[str]:
     """The target's server connects to the source with the move's connection string (replication.probe_subscription,
     rolled back): the one line of what stops it, or nothing.
@@ -174,7 +188,7 @@ def _reach_problems(run: MoveRun) -> list[str]:
     parts = pg_conninfo.conninfo_to_dict(conninfo)
     if "connect_timeout" not in parts:
         conninfo = pg_conninfo.make_conninfo(conninfo, connect_timeout=run.options.connect_timeout)
-    with run.connect(run.target, autocommit=False) as conn:
+    with _rolled_back(run) as conn:
         try:
             if parts.get("password"):
                 try:
@@ -196,9 +210,6 @@ def _reach_problems(run: MoveRun) -> list[str]:
                     f"{db.first_line(exc)}"
                 )
             ]
-        finally:
-            if not conn.closed and not conn.broken:
-                conn.rollback()
     run.report["preflight_reach"] = True
     return []
 
@@ -236,7 +247,7 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
     schema = run.schema(shard)
     skipped: list[str] = []
     what = f"the creation of shard {shard}"
-    with run.connect(run.target, autocommit=False) as conn:
+    with _rolled_back(run) as conn:
         try:
             session.set_settings(
                 conn,
@@ -261,9 +272,6 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
                     f"{db.first_line(exc)}"
                 )
             ]
-        finally:
-            if not conn.closed and not conn.broken:
-                conn.rollback()
     if skipped:
         run.note(
             f"preflight: {', '.join(skipped)} cannot run in a transaction and had no transactional form "

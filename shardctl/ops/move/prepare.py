@@ -14,12 +14,11 @@ import time
 
 import psycopg
 
-from ...engine import connections as db
 from ...engine import host_ledger
 from ...engine.executor import ConnectionLost, RunOptions, ShardPlan
 from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
 from ...engine.ledger import ensure_control_schema
-from ...errors import OperationFailed
+from ...errors import OperationFailed, first_few
 from ...model.ranges import format_shards
 from ...sql.catalog import control, inspect
 from ...sql.catalog.control import shard_list
@@ -53,19 +52,9 @@ def prepare(run: MoveRun) -> None:
             )
     # a new move: check both hosts before any change
     sizing = preflight(run) if not move.phases else {}
-    with db.host_lock(
-        run.source,
-        wait=run.options.wait,
-        connect_timeout=run.options.connect_timeout,
-        purpose="move-shard",
-    ) as conn:
+    with run.host_lock(run.source) as conn:
         _prepare_source(run, conn, sizing)
-    with db.host_lock(
-        run.target,
-        wait=run.options.wait,
-        connect_timeout=run.options.connect_timeout,
-        purpose="move-shard",
-    ) as conn:
+    with run.host_lock(run.target) as conn:
         _create_on_target(run, conn, _prepare_target(run, conn))
     _compare_structure(run)
     run.both(Phase.PREPARED)
@@ -101,12 +90,9 @@ def _prepare_source(run: MoveRun, conn: psycopg.Connection, sizing: dict) -> Non
         )
     problems = inspect.unmovable(conn, run.schemas)
     if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise OperationFailed(
-            "refusing to move: "
-            + "; ".join(problems[:5])
-            + more
-            + ". Add a primary key (or REPLICA IDENTITY) first"
+            f"refusing to move: {first_few(problems, 5)}. "
+            "Add a primary key (or REPLICA IDENTITY) first"
         )
     run.ledger = {}
     for row in control.ledger_rows(conn, shards):
@@ -262,10 +248,7 @@ def _compare_structure(run: MoveRun) -> None:
                 f"{run.target.name}"
             )
     if diffs:
-        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
         raise OperationFailed(
-            "prepare: the target's tables differ from the source's: "
-            + "; ".join(diffs[:3])
-            + more
-            + ". Abort the move (move-shard --abort) and bring the schemas in line"
+            f"prepare: the target's tables differ from the source's: {first_few(diffs, 3)}. "
+            "Abort the move (move-shard --abort) and bring the schemas in line"
         )

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -314,6 +314,15 @@ class MoveRun:
         return db.connect(
             host,
             autocommit=autocommit,
+            connect_timeout=self.options.connect_timeout,
+            purpose="move-shard",
+        )
+
+    def host_lock(self, host: Host) -> AbstractContextManager[psycopg.Connection]:
+        """The host's shardctl lock for this move (waiting up to ``--wait``), on a connection of its own."""
+        return db.host_lock(
+            host,
+            wait=self.options.wait,
             connect_timeout=self.options.connect_timeout,
             purpose="move-shard",
         )

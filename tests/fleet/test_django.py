@@ -195,3 +195,22 @@ def test_orm_writes_and_reads_during_migrate(django_fleet):
     assert done["counts"]["writes"] > 50 and done["counts"]["reads"] > 20, done
     topo = load(django_fleet)
     assert len(schemas_with_column(topo, "gram_photos", "filter")) == 16
+
+
+def test_async_orm_calls_and_asgi_views_stay_on_their_shards(django_fleet):
+    """Django's async ORM API from 32 concurrent tasks (each in its own ``on_shard`` block across awaits)
+    and the example's views through the ASGI handler: every task saw its own shard, and every row is in
+    its key's shard, got by its ID alone."""
+    done = scenario(django_fleet, "async_orm")
+    expected = done["expected"]
+    for t in done["tasks"]:
+        assert t["schema"] == expected[str(t["key"])] and t["count"] == 1, t
+    for a in done["asgi"]:
+        assert a["got"]["user_id"] == a["key"] and a["got"]["caption"].startswith("asgi"), a
+    photos = rows(django_fleet, "gram_photos")
+    for item in done["tasks"] + done["asgi"]:
+        [(_host, schema, row)] = photos[item["id"]]
+        assert schema == expected[str(item["key"])] and row[1] == item["key"], (item, schema)
+    assert sorted(row[2] for [(_h, _s, row)] in (photos[t["id"]] for t in done["tasks"])) == sorted(
+        f"async {n} edited" for n in range(32)
+    )

@@ -101,6 +101,58 @@ def orm_calls(photos: list) -> dict:
     }
 
 
+def async_orm() -> dict:
+    """Django's async ORM API from 32 tasks at once on one event loop (``acreate``, ``aget`` by ID,
+    ``acount`` in an ``on_shard`` block, ``asave``), then the views through Django's ASGI handler
+    (``AsyncClient``, the middleware's async path). asgiref copies each task's context into the thread
+    that runs its queries, so every task sees its own shard and none another's."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+
+    async def task(n: int) -> dict:
+        key = 5000 + n
+        photo = await Photo.objects.acreate(user_id=key, caption=f"async {n}")
+        got = await Photo.objects.aget(pk=photo.id)
+        with on_shard(key=key):
+            await asyncio.sleep(
+                0.01 * (n % 3)
+            )  # the other tasks run meanwhile, each on its own shard
+            schema = await sync_to_async(_schema)()
+            count = await Photo.objects.filter(user_id=key).acount()
+        got.caption = f"async {n} edited"
+        await got.asave()
+        return {"id": photo.id, "key": key, "schema": schema, "count": count}
+
+    async def through_asgi() -> list:
+        client = AsyncClient()
+        out = []
+        for n in range(4):
+            key = 6000 + n
+            made = await client.post(
+                f"/users/{key}/photos",
+                json.dumps({"caption": f"asgi {n}"}),
+                content_type="application/json",
+            )
+            pid = made.json()["id"]
+            out.append({"id": pid, "key": key, "got": (await client.get(f"/photos/{pid}")).json()})
+        return out
+
+    async def main() -> tuple[list, list]:
+        return list(await asyncio.gather(*(task(n) for n in range(32)))), await through_asgi()
+
+    tasks, asgi = asyncio.run(main())
+    return {
+        "tasks": tasks,
+        "asgi": asgi,
+        "expected": {
+            str(t["key"]): router().topology.schema_name(router().shard_for(t["key"]))
+            for t in tasks + asgi
+        },
+    }
+
+
 def session_path(alias: str) -> str:
     """The session's search_path on a Django connection, outside any transaction."""
     with connections[alias].cursor() as cur:

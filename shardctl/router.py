@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,7 +62,6 @@ class Router(Routing):
     ):
         """``options``, or its fields as keyword arguments (:class:`RouterOptions`)."""
         super().__init__(topology, options or RouterOptions(**settings))
-        self._pools: dict[str, HostPool] = {}
         self._tried = threading.local()  # the host this thread's last shard_connection() went to
         self._watchdog = Watchdog()
 
@@ -265,25 +263,7 @@ class Router(Routing):
             ask=lambda: _ask_old_host(self, old, shard),
         )
 
-    # ---- pools -----------------------------------------------------------------
-    def _pool(self, host: Host, *, standby: bool = False) -> HostPool:
-        key = f"{host.name} standby" if standby else host.name
-        pool = self._pools.get(key)
-        if pool is not None:
-            return pool
-        with self._lock:
-            pool = self._pools.get(key)
-            if pool is None:
-                pool = HostPool(
-                    host.name,
-                    "standby" if standby else "primary",
-                    functools.partial(self._connect, host, standby),
-                    self.options.max_size,
-                    self.options.pool_timeout,
-                )
-                self._pools[key] = pool
-        return pool
-
+    # ---- pools (Routing._pool) ---------------------------------------------------
     def _connect(self, host: Host, standby: bool) -> RouterConnection:
         """A new autocommit connection with the Router's bounds: connect timeout, TCP keepalives and user
         timeout (a dead network is noticed). No startup options: poolers refuse them, and each

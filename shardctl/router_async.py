@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import threading
 import time
 from collections import deque
@@ -290,6 +289,8 @@ class AsyncRouter(Routing):
     ``router.stats()``, ``await router.close()`` (or ``async with AsyncRouter(topology) as router``).
     """
 
+    pool_class = AsyncHostPool
+
     def __init__(
         self,
         topology: Topology,
@@ -298,7 +299,6 @@ class AsyncRouter(Routing):
     ):
         """``options``, or its fields as keyword arguments (:class:`RouterOptions`)."""
         super().__init__(topology, options or RouterOptions(**settings))
-        self._pools: dict[str, PoolBase] = {}
 
     # ---- calls -----------------------------------------------------------------
     @asynccontextmanager
@@ -483,23 +483,6 @@ class AsyncRouter(Routing):
             return bool(done.value)
 
     # ---- pools -----------------------------------------------------------------
-    def _pool(self, host: Host, *, standby: bool = False) -> AsyncHostPool:
-        key = f"{host.name} standby" if standby else host.name
-        pool = self._pools.get(key)
-        if pool is None:
-            with self._lock:
-                pool = self._pools.get(key)
-                if pool is None:
-                    pool = AsyncHostPool(
-                        host.name,
-                        "standby" if standby else "primary",
-                        functools.partial(self._connect, host, standby),
-                        self.options.max_size,
-                        self.options.pool_timeout,
-                    )
-                    self._pools[key] = pool
-        return pool  # type: ignore[return-value]
-
     async def _connect(self, host: Host, standby: bool) -> AsyncRouterConnection:
         """``Router._connect`` for asyncio: the same connection settings."""
         kwargs, foreign = self._connect_kwargs(host, standby)

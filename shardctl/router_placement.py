@@ -3,6 +3,7 @@ recorded, followed while this app server's copy of the file is stale."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -217,11 +218,14 @@ class Routing:
     """What :class:`~shardctl.router.Router` and :class:`~shardctl.router_async.AsyncRouter` share: the
     options, the routing rule (key, id or shard → shard → host) and the per-call defaults."""
 
-    _pools: dict[str, PoolBase]  # by host name, and "<name> standby" for its standby's pool
+    pool_class: type[PoolBase] = HostPool  # the AsyncRouter's: AsyncHostPool
 
     def __init__(self, topology: Topology, options: RouterOptions) -> None:
         self.options = options
         self._lock = threading.Lock()
+        self._pools: dict[
+            str, Any
+        ] = {}  # by host name, and "<name> standby" for its standby's pool
         # Where each shard is: the topology file, and the redirects followed while the file is stale.
         self.placement = Placement(
             topology,
@@ -232,6 +236,25 @@ class Routing:
     @property
     def topology(self) -> Topology:
         return self.placement.topology
+
+    def _pool(self, host: Host, *, standby: bool = False) -> Any:
+        """The pool of ``host``'s primary (or standby), made on first use; its connections come from the
+        Router's ``_connect``."""
+        key = f"{host.name} standby" if standby else host.name
+        pool = self._pools.get(key)
+        if pool is not None:
+            return pool
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = self.pool_class(
+                    host.name,
+                    "standby" if standby else "primary",
+                    functools.partial(self._connect, host, standby),  # type: ignore[attr-defined]
+                    self.options.max_size,
+                    self.options.pool_timeout,
+                )
+        return pool
 
     def _connect_kwargs(self, host: Host, standby: bool) -> tuple[dict[str, Any], bool]:
         """What both Routers connect with: connect timeout, TCP keepalives and user timeout (a dead network is

@@ -1,4 +1,4 @@
-"""Router fault test support: servers of the test's own (``box``), and a server frozen with SIGSTOP."""
+"""Router fault test support: servers of the test file's own (``box``), and a server frozen with SIGSTOP."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from .fleet import run_cli
+from shardctl.dev.sandbox import Sandbox
+
+from .fleet import run_cli, sandbox_dir
 
 CONNECT_TIMEOUT = 2  # libpq's minimum
 
@@ -17,11 +19,26 @@ CONNECT_TIMEOUT = 2  # libpq's minimum
 PG1_KEY, PG2_KEY = 3, 40  # 64 shards over 2 hosts: pg1 0-31, pg2 32-63
 
 
+@pytest.fixture(scope="module")
+def fault_box():
+    """Two servers of this test file's own (never the session's), initialised once for the file."""
+    sandbox = Sandbox(sandbox_dir("faults"))
+    try:
+        sandbox.up(hosts=2, shards=64)
+        assert run_cli("init", config=sandbox.topology_path).exit_code == 0
+        yield sandbox
+    finally:
+        sandbox.destroy()
+
+
 @pytest.fixture
-def box(private_sandbox):
-    sandbox = private_sandbox(hosts=2, shards=64)
-    assert run_cli("init", config=sandbox.topology_path).exit_code == 0
-    return sandbox
+def box(fault_box):
+    """The file's servers, both running: a test that stops or freezes a host brings it back before it
+    ends (and ``frozen`` always thaws); if a failed test left one stopped, it is started here."""
+    for host in fault_box.state.hosts:
+        if not fault_box.running(host):
+            fault_box.start_host(host.name)
+    return fault_box
 
 
 def server_processes(box, name: str) -> list[int]:

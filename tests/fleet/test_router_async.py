@@ -182,9 +182,11 @@ def test_waiters_get_connections_in_turn_and_time_out(topo):
 
 
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
-def test_execute_and_run_leave_nothing_for_the_next_call(topo, statement, probe, clean_value):
+def test_execute_and_run_leave_nothing_for_the_next_call(
+    shared_topo, statement, probe, clean_value
+):
     async def main():
-        async with AsyncRouter(topo, max_size=1) as router:
+        async with AsyncRouter(shared_topo, max_size=1) as router:
             pid = await backend(router, 5)
             await router.execute(5, statement)
             assert await backend(router, 6) == pid
@@ -204,10 +206,10 @@ def test_execute_and_run_leave_nothing_for_the_next_call(topo, statement, probe,
 @pytest.mark.parametrize("how", ["execute", "run", "connection", "cursor"])
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
 def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(
-    topo_default, how, statement, probe, clean_value
+    shared_topo_default, how, statement, probe, clean_value
 ):
     async def main():
-        async with AsyncRouter(topo_default, max_size=1) as router:
+        async with AsyncRouter(shared_topo_default, max_size=1) as router:
             pid = await backend(router, 5)
             with pytest.raises(SessionStateError, match="transaction pooler") as caught:
                 if how == "execute":

@@ -65,9 +65,7 @@ def test_second_init_waits_with_wait(make_fleet):
 def test_migrate_during_add_shard(make_fleet):
     path = make_fleet(hosts=2, shards=64, init=True)
     (path.parent / "migrations" / "V0003__add_location.sql").write_text(ADD_COLUMN)
-    grower = start(
-        "add-shard", "--count", "256", "--host", "pg2", "--batch-size", "4", config=path
-    )
+    grower = start("add-shard", "--count", "256", "--host", "pg2", "--batch-size", "4", config=path)
     topo = load(path)
     deadline = time.monotonic() + 60
     while (

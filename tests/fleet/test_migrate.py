@@ -236,6 +236,7 @@ def test_second_run_waits_for_the_lock_or_fails_clearly(make_fleet):
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     holder = connect(topo, "pg1", autocommit=True, application_name="shardctl migrate lock")
+    release = threading.Timer(1.0, lambda: holder.execute("SELECT pg_advisory_unlock(21315, 1)"))
     try:
         holder.execute("SELECT pg_advisory_lock(21315, 1)")
         started = time.perf_counter()
@@ -249,12 +250,13 @@ def test_second_run_waits_for_the_lock_or_fails_clearly(make_fleet):
         # before it changes anything anywhere.
         assert ledger(topo, "pg1", 3) == set() and ledger(topo, "pg2", 3) == set()
 
-        threading.Timer(1.0, lambda: holder.execute("SELECT pg_advisory_unlock(21315, 1)")).start()
+        release.start()
         result = run_cli("migrate", "--wait", "30", "--json", config=fleet)
         assert result.exit_code == 0, result
         assert migrated(json.loads(result.stdout)) == set(range(16))
     finally:
-        time.sleep(1.2)
+        if release.is_alive():  # started: let it unlock before the connection closes
+            release.join()
         holder.close()
 
 

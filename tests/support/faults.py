@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,6 +18,21 @@ CONNECT_TIMEOUT = 2  # libpq's minimum
 
 
 PG1_KEY, PG2_KEY = 3, 40  # 64 shards over 2 hosts: pg1 0-31, pg2 32-63
+
+
+def probed(results: list[tuple[float, object]]) -> bool:
+    """A call after the first waited for the server again: the breaker let a probe through."""
+    return any(seconds >= CONNECT_TIMEOUT - 0.5 for seconds, _ in results[1:])
+
+
+def calling(started: float, results: list[tuple[float, object]]) -> bool:
+    """Whether a fault test keeps calling the faulty host: for CONNECT_TIMEOUT + 1 s (the first call,
+    the breaker's fast failures, a probe), and past that until a probe has run, within the
+    2 * CONNECT_TIMEOUT + 2 s these loops used to run in full."""
+    elapsed = time.monotonic() - started
+    return elapsed < CONNECT_TIMEOUT + 1 or (
+        not probed(results) and elapsed < 2 * CONNECT_TIMEOUT + 2
+    )
 
 
 @pytest.fixture(scope="module")

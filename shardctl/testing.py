@@ -484,7 +484,8 @@ def shardctl_fleet(pytestconfig: pytest.Config) -> Iterator[ShardctlFleet]:
         try:
             yield fleet
         finally:
-            fleet.close()
+            # destroy() removes the servers with every database on them: dropping the templates
+            # and leftover databases one by one first (fleet.close()) would only cost time.
             fleet.box.destroy()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

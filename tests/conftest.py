@@ -25,7 +25,13 @@ from shardctl.model.topology import LayoutWarning
 from shardctl.testing import FleetMaker, ShardctlFleet
 
 # Fixtures shared by several test files live with their helpers in tests/support/.
-pytest_plugins = ["support.pooler", "support.moves", "support.faults", "support.standby"]
+pytest_plugins = [
+    "support.pooler",
+    "support.moves",
+    "support.faults",
+    "support.standby",
+    "support.sessions",
+]
 
 
 def pytest_configure(config):

@@ -37,7 +37,7 @@ def wait_for_locks(topo, timeout=60):
 
 
 def test_two_inits_at_once(make_fleet):
-    path = make_fleet(hosts=2, shards=512)
+    path = make_fleet(hosts=2, shards=256)
     first = start("init", "--batch-size", "8", config=path)
     second = start("init", "--batch-size", "8", config=path)
     _out1, err1 = first.communicate(timeout=300)
@@ -48,26 +48,24 @@ def test_two_inits_at_once(make_fleet):
         loser_err = err1 if first.returncode else err2
         assert codes[1] == 1 and "another shardctl run holds the lock" in loser_err, loser_err
     counts = ledger(load(path))
-    assert counts == {"pg1": (512, 512), "pg2": (512, 512)}
+    assert counts == {"pg1": (256, 256), "pg2": (256, 256)}
     assert run_cli("verify", config=path).exit_code == 0
 
 
 def test_second_init_waits_with_wait(make_fleet):
-    path = make_fleet(hosts=2, shards=512)
+    path = make_fleet(hosts=2, shards=256)
     first = start("init", "--batch-size", "4", config=path)
     wait_for_locks(load(path))
     second = run_cli("init", "--wait", "120", "--json", config=path)
     first.communicate(timeout=300)
     assert first.returncode == 0 and second.exit_code == 0, second
-    assert ledger(load(path)) == {"pg1": (512, 512), "pg2": (512, 512)}
+    assert ledger(load(path)) == {"pg1": (256, 256), "pg2": (256, 256)}
 
 
 def test_migrate_during_add_shard(make_fleet):
     path = make_fleet(hosts=2, shards=64, init=True)
     (path.parent / "migrations" / "V0003__add_location.sql").write_text(ADD_COLUMN)
-    grower = start(
-        "add-shard", "--count", "1024", "--host", "pg2", "--batch-size", "4", config=path
-    )
+    grower = start("add-shard", "--count", "256", "--host", "pg2", "--batch-size", "4", config=path)
     topo = load(path)
     deadline = time.monotonic() + 60
     while (
@@ -96,7 +94,7 @@ def test_migrate_during_add_shard(make_fleet):
                 "FROM shardctl.migrations"
             ).fetchone()
         assert versions[0] == 3 and versions[1] == versions[2]
-    assert topo.shard_count == 1088
+    assert topo.shard_count == 320
     assert run_cli("verify", config=path).exit_code == 0
 
 

@@ -62,18 +62,33 @@ def scenario(path: Path, name: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(params=["direct", "transaction"])
-def django_fleet(request, make_fleet):
-    """A 2-host, 16-shard fleet (direct, or behind PgBouncer in transaction mode) with the example app's
-    Django migrations turned into shardctl files and applied to every shard."""
-    mode = request.param
-    path = make_fleet(hosts=2, shards=16, pooler="none" if mode == "direct" else None, init=True)
-    if mode != "direct":
-        request.getfixturevalue("pgbouncer").front(path, mode)
+@pytest.fixture(scope="module")
+def gram_migrations(make_module_fleet) -> Path:
+    """The fleet's migrations plus the example app's Django migrations turned into a shardctl file by
+    ``shardctl_makemigrations`` (run once for the file, on a fleet of its own)."""
+    path = make_module_fleet(hosts=2, shards=16, pooler="none", init=True)
     out = manage(path, "shardctl_makemigrations", "gram").stdout
     assert "V0003__gram_0001_initial.sql" in out, out
-    result = run_cli("migrate", config=path)
-    assert result.exit_code == 0, result
+    return path.parent / "migrations"
+
+
+@pytest.fixture(params=["direct", "transaction"])
+def django_fleet(request, make_fleet, gram_migrations):
+    """A 2-host, 16-shard fleet (direct, or behind PgBouncer in transaction mode) with the example app's
+    Django migrations (``gram_migrations``) applied to every shard: a clone of the template ``init``
+    built with them."""
+    mode = request.param
+    path = make_fleet(
+        hosts=2,
+        shards=16,
+        pooler="none" if mode == "direct" else None,
+        migrations=gram_migrations,
+        init=True,
+    )
+    if mode != "direct":
+        request.getfixturevalue("pgbouncer").front(path, mode)
+    check = run_cli("migrate", "--check", config=path)  # nothing pending: V0003 is on every shard
+    assert check.exit_code == 0, check
     return path
 
 

@@ -236,6 +236,7 @@ def test_second_run_waits_for_the_lock_or_fails_clearly(make_fleet):
     topo = load(fleet)
     add_migration(fleet, "V0003__photo_location.sql", ADD_LOCATION)
     holder = connect(topo, "pg1", autocommit=True, application_name="shardctl migrate lock")
+    release = threading.Timer(1.0, lambda: holder.execute("SELECT pg_advisory_unlock(21315, 1)"))
     try:
         holder.execute("SELECT pg_advisory_lock(21315, 1)")
         started = time.perf_counter()
@@ -249,12 +250,13 @@ def test_second_run_waits_for_the_lock_or_fails_clearly(make_fleet):
         # before it changes anything anywhere.
         assert ledger(topo, "pg1", 3) == set() and ledger(topo, "pg2", 3) == set()
 
-        threading.Timer(1.0, lambda: holder.execute("SELECT pg_advisory_unlock(21315, 1)")).start()
+        release.start()
         result = run_cli("migrate", "--wait", "30", "--json", config=fleet)
         assert result.exit_code == 0, result
         assert migrated(json.loads(result.stdout)) == set(range(16))
     finally:
-        time.sleep(1.2)
+        if release.is_alive():  # started: let it unlock before the connection closes
+            release.join()
         holder.close()
 
 
@@ -269,7 +271,11 @@ def test_open_application_transaction_makes_that_shard_time_out(make_fleet):
     try:
         app.execute("SELECT count(*) FROM insta5.photos")  # the open transaction holds ACCESS SHARE
         started = time.perf_counter()
-        result = run_cli("migrate", "--lock-timeout", "500ms", "--json", config=fleet)
+        # A 1 s retry budget (the default is 6 s): shard 5 stays locked throughout, so it times out
+        # all the same, only sooner.
+        result = run_cli(
+            "migrate", "--lock-timeout", "500ms", "--retry-budget", "1", "--json", config=fleet
+        )
         elapsed = time.perf_counter() - started
         print(f"\nmigrate with shard 5 locked by an open transaction: {elapsed:.2f}s")
         assert result.exit_code == 1, result

@@ -48,8 +48,8 @@ def test_execute_is_autocommit_and_sets_search_path_once(topo):
 
 
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
-def test_execute_leaves_nothing_for_the_next_call(topo, statement, probe, clean_value):
-    with Router(topo, max_size=1) as router:
+def test_execute_leaves_nothing_for_the_next_call(shared_topo, statement, probe, clean_value):
+    with Router(shared_topo, max_size=1) as router:
         pid = backend(router, 5)
         router.execute(5, statement)
         assert backend(router, 6) == pid
@@ -64,11 +64,11 @@ def test_execute_leaves_nothing_for_the_next_call(topo, statement, probe, clean_
 @pytest.mark.parametrize("how", ["execute", "run", "connection", "cursor", "executemany"])
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
 def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(
-    topo_default, how, statement, probe, clean_value
+    shared_topo_default, how, statement, probe, clean_value
 ):
     """The default host (``pooler: transaction``): a statement that would leave session state on a server
     connection other clients get raises SessionStateError, names the way out, and never reaches the server."""
-    with Router(topo_default, max_size=1) as router:
+    with Router(shared_topo_default, max_size=1) as router:
         pid = backend(router, 5)
         with pytest.raises(SessionStateError, match="transaction pooler") as caught:
             if how == "execute":
@@ -97,7 +97,7 @@ def test_behind_a_transaction_pooler_session_state_is_refused_before_it_is_sent(
 @pytest.mark.parametrize("how", ["conn.execute", "cursor.execute", "executemany"])
 @pytest.mark.parametrize("statement, probe, clean_value", SESSION_STATEMENTS)
 def test_a_transaction_block_leaves_nothing_for_the_next_call(
-    topo, how, statement, probe, clean_value
+    shared_topo, how, statement, probe, clean_value
 ):
     """run() commits without the reset when its statements cannot leave session state; these can."""
 
@@ -109,7 +109,7 @@ def test_a_transaction_block_leaves_nothing_for_the_next_call(
         else:
             conn.cursor().executemany(statement, [()])
 
-    with Router(topo, max_size=1) as router:
+    with Router(shared_topo, max_size=1) as router:
         pid = backend(router, 5)
         router.run(
             5, lambda c: c.execute("INSERT INTO users (username) VALUES ('clean')")

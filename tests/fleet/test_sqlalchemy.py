@@ -253,7 +253,7 @@ class OrmTraffic:
                 op(client, key, start)
             except Exception as exc:  # noqa: BLE001 - every error the application sees is recorded
                 self.history.failed(client, op.__name__, key, exc, start, now())
-            time.sleep(0.002)
+            time.sleep(0.01)  # hundreds of statements a second, not thousands (support.clients)
 
     def _write(self, client: str, key: int, start: float) -> None:
         def work(session):

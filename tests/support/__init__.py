@@ -6,7 +6,8 @@ another test file; tests/unit/test_test_layout.py checks).
 - :mod:`support.moves`, :mod:`support.migrations`: fleets with rows (``fleet3``), traffic during a
   move, migration helpers.
 - :mod:`support.faults`, :mod:`support.standby`, :mod:`support.sessions`, :mod:`support.versions`:
-  servers of a test's own, SIGSTOP, streaming replicas, session-state statements, PostgreSQL versions.
+  servers of a test file's own, SIGSTOP, streaming replicas, session-state statements (and the fleets a
+  file's session-state tests share), PostgreSQL versions.
 - :mod:`support.pooler`: PgBouncer in front of the session servers (``pgbouncer``, ``pooled_fleet``);
   :mod:`support.history` and :mod:`support.clients`: the history consistency checker and its clients.
 - :mod:`support.load`, :mod:`support.hostile`: load generators; hostile-input runs, measured.

@@ -109,6 +109,7 @@ def _wait_small_lag(
     """Before freezing, let the subscriptions catch up to a few MB, so the freeze can finish in time;
     refuse to freeze while they cannot."""
     deadline = time.monotonic() + max(30.0, run.options.max_freeze * 6)
+    poll = transfer.Poll(cap=0.2)
     while True:
         lag = replication.slot_lag(src, names)
         if lag is None:
@@ -125,7 +126,7 @@ def _wait_small_lag(
                 f"--max-freeze; nothing was frozen, try again when the write load is lower"
             )
         run.progress("catch-up", 0, 0, f"lag {human_bytes(lag)}")
-        time.sleep(0.2)
+        poll.pause()
 
 
 def _sums_at_lag_zero(

@@ -173,6 +173,7 @@ def _wait_ready(
 ) -> None:
     deadline = time.monotonic() + run.options.sync_timeout
     progressed, ready = time.monotonic(), -1
+    poll = transfer.Poll(cap=0.5)
     while True:
         state = replication.sync_state(tgt, names)
         lag = replication.slot_lag(src, names)
@@ -204,4 +205,4 @@ def _wait_ready(
                 f"sync: {state['ready']} of {expected} tables ready after "
                 f"{run.options.sync_timeout:g}s ({why}); run the command again to keep waiting"
             )
-        time.sleep(0.5)
+        poll.pause()

@@ -16,6 +16,18 @@ from ...sql.catalog import data, replication
 PAUSE_BYTES = 1 << 20  # bytes a paced copy moves between pauses
 
 
+class Poll:
+    """The pauses of a loop that waits for the server: short at first (a small shard's tables are ready
+    within a few tens of ms), doubling up to ``cap`` (a large one's catch-up is not asked every 20 ms)."""
+
+    def __init__(self, cap: float, first: float = 0.02):
+        self.cap, self.next = cap, min(first, cap)
+
+    def pause(self) -> None:
+        time.sleep(self.next)
+        self.next = min(self.cap, self.next * 2)
+
+
 @contextmanager
 def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator[None]:
     """For the block, both connections' ``client_encoding`` is ``into``'s database encoding: text in a

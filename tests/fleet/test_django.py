@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from support.fleet import load, run_cli
-from support.orm import schemas_with_column
+from support.orm import add_filter_migration, schemas_with_column
 
 from shardctl.ids.routing import shard_for_key
 
@@ -198,11 +198,7 @@ def test_orm_writes_and_reads_during_migrate(django_fleet):
     """6 ORM writers and 2 readers on every shard while ``shardctl migrate`` applies a migration that adds
     a column with a default, backfills it and indexes it: no application-visible error, and the history
     checker finds nothing lost, duplicated, misplaced or read from a wrong shard; every shard migrated."""
-    (django_fleet.parent / "migrations" / "V0004__photo_filter.sql").write_text(
-        "ALTER TABLE {{ schema|ident }}.gram_photos ADD COLUMN filter text NOT NULL DEFAULT 'none';\n"
-        "UPDATE {{ schema|ident }}.gram_photos SET filter = 'legacy' WHERE caption LIKE 'w%';\n"
-        "CREATE INDEX gram_photos_filter_idx ON {{ schema|ident }}.gram_photos (filter);\n"
-    )
+    add_filter_migration(django_fleet, "0004", "gram_photos", "w")
     done = scenario(django_fleet, "migrate")
     print(done)
     assert done["exit_code"] == 0, done["output"]

@@ -24,7 +24,7 @@ from sqlalchemy import func, select, text, update
 from support.clients import keys_for
 from support.fleet import load, run_cli
 from support.history import History, now
-from support.orm import example, rows_in, schemas_with_column
+from support.orm import add_filter_migration, example, migrated_under_traffic, rows_in
 
 from shardctl import AsyncRouter
 from shardctl.ops.move import move_shards
@@ -471,18 +471,9 @@ def test_async_orm_clients_during_migrate(pooled_fleet, mode):
     no application-visible error; the migration reached all 16 shards."""
     models, _ = example()
     path = pooled_fleet(hosts=2, shards=16)
-    (path.parent / "migrations" / "V0003__photo_filter.sql").write_text(
-        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN filter text NOT NULL DEFAULT 'none';\n"
-        "UPDATE {{ schema|ident }}.photos SET filter = 'legacy' WHERE caption LIKE 'aw%';\n"
-        "CREATE INDEX photos_filter_idx ON {{ schema|ident }}.photos (filter);\n"
-    )
+    add_filter_migration(path, "0003", "photos", "aw")
     history = History(path)
     keys = keys_for(load(path), list(range(16)), 2)
     with AsyncOrmTraffic(history, path, models.Photo, keys, writers=4, readers=2):
         result = run_cli("migrate", config=path)
-    assert result.exit_code == 0, result
-    checked = history.check()
-    print(checked)
-    assert checked.ok, checked
-    assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
-    assert len(schemas_with_column(load(path), "photos", "filter")) == 16
+    migrated_under_traffic(path, result, history)

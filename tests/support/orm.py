@@ -9,6 +9,8 @@ from pathlib import Path
 
 import psycopg
 
+from support.fleet import load
+
 APP = Path(__file__).resolve().parents[2] / "examples" / "sqlalchemy_app"
 
 
@@ -32,6 +34,29 @@ def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
                     )
                     out[row[0]] = (host.name, schema, row)
     return out
+
+
+def add_filter_migration(path: Path, version: str, table: str, tagged: str) -> None:
+    """A migration shaped like an application's, added to the fleet of topology ``path``: a column with a
+    default on ``table``, a backfill of the rows whose caption starts with ``tagged``, and an index."""
+    (path.parent / "migrations" / f"V{version}__photo_filter.sql").write_text(
+        f"ALTER TABLE {{{{ schema|ident }}}}.{table} ADD COLUMN filter text NOT NULL DEFAULT 'none';\n"
+        f"UPDATE {{{{ schema|ident }}}}.{table} SET filter = 'legacy' WHERE caption LIKE '{tagged}%';\n"
+        f"CREATE INDEX {table}_filter_idx ON {{{{ schema|ident }}}}.{table} (filter);\n"
+    )
+
+
+def migrated_under_traffic(path: Path, result, history, table: str = "photos") -> None:
+    """After ``migrate`` (CLI ``result``) ran under ORM traffic recorded in ``history``: it succeeded, the
+    history checker finds nothing wrong (no error the application saw, nothing lost, doubled or read from
+    a wrong shard) over enough traffic, and the column reached every shard."""
+    assert result.exit_code == 0, result
+    checked = history.check()
+    print(checked)
+    assert checked.ok, checked
+    assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
+    topo = load(path)
+    assert len(schemas_with_column(topo, table, "filter")) == topo.shard_count
 
 
 def schemas_with_column(topo, table: str, column: str) -> list[str]:

@@ -223,9 +223,8 @@ class Routing:
     def __init__(self, topology: Topology, options: RouterOptions) -> None:
         self.options = options
         self._lock = threading.Lock()
-        self._pools: dict[
-            str, Any
-        ] = {}  # by host name, and "<name> standby" for its standby's pool
+        # by host name, and "<name> standby" for its standby's pool (made by _pool)
+        self._pools: dict[str, Any] = {}
         # Where each shard is: the topology file, and the redirects followed while the file is stale.
         self.placement = Placement(
             topology,

@@ -113,7 +113,7 @@ def opening(conn: Any) -> list[bytes]:
     begin, settings = conn.begin
     if conn._pipeline is not None:
         return [begin, settings]
-    return [begin + b"; " + settings]
+    return [session_sql.then(begin, settings)]
 
 
 def opened_statement(conn: Any, query: Any, has_params: bool) -> bytes | None:

@@ -29,6 +29,8 @@ option                     ini key                       default
                            ``shardctl_migrations``       shardctl's example migrations;
                                                          a directory relative to the ini file
                            ``shardctl_routing_key``      ``user_id``
+``--shardctl-data-dir``    ``shardctl_data_dir``         ``auto``: ``/dev/shm`` when it has
+                                                         room (tmpfs), else the temp dir
 =========================  ============================  ===================================
 """
 
@@ -63,6 +65,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--shardctl-image", default=None, help="PostgreSQL image for the docker engine."
     )
+    group.addoption(
+        "--shardctl-data-dir",
+        default=None,
+        help="Where the embedded servers keep their data: a directory, or auto (default): "
+        "/dev/shm when it has room, else the temporary directory.",
+    )
     parser.addini(
         "shardctl_engine", "shardctl_fleet engine: embedded or docker", default="embedded"
     )
@@ -73,6 +81,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "shardctl_migrations", "migrations directory (relative to the ini file)", default=""
     )
     parser.addini("shardctl_routing_key", "routing.key of the topologies", default="user_id")
+    parser.addini(
+        "shardctl_data_dir", "where the embedded servers keep their data (auto)", default="auto"
+    )
 
 
 @dataclass
@@ -417,6 +428,22 @@ def _setting(config: pytest.Config, option: str, ini: str) -> str:
     return str(value) if value not in (None, "") else str(config.getini(ini) or "")
 
 
+# What the session's servers may fill on tmpfs: the suite's databases, clones and WAL (shardctl's own
+# suite peaks below 1 GiB per pytest worker), with room to spare for the machine.
+RAM_DIR_NEED_GB = 4
+
+
+def data_dir(config: pytest.Config) -> str | None:
+    """The directory the session's servers go under (``shardctl_data_dir``): ``auto`` is
+    ``dev.process.ram_backed_dir`` (tmpfs when it has room), else the temporary directory (None)."""
+    value = _setting(config, "--shardctl-data-dir", "shardctl_data_dir") or "auto"
+    if value != "auto":
+        return value
+    from .dev.process import ram_backed_dir
+
+    return ram_backed_dir(RAM_DIR_NEED_GB)
+
+
 def start_fleet(config: pytest.Config, workdir: Path) -> ShardctlFleet:
     """Start the session's servers as configured (engine, hosts, image)."""
     engine = _setting(config, "--shardctl-engine", "shardctl_engine") or "embedded"
@@ -478,7 +505,7 @@ def shardctl_fleet(pytestconfig: pytest.Config) -> Iterator[ShardctlFleet]:
     """The session's PostgreSQL servers (embedded by default, docker on request)."""
     # Not under pytest's basetemp: pytest prunes old ones, and a concurrent session would
     # delete a running server's data directory.
-    workdir = Path(tempfile.mkdtemp(prefix="shardctl-fleet-"))
+    workdir = Path(tempfile.mkdtemp(prefix="shardctl-fleet-", dir=data_dir(pytestconfig)))
     try:
         fleet = start_fleet(pytestconfig, workdir)
         try:

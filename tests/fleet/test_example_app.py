@@ -42,6 +42,7 @@ def test_the_plugin_is_registered_as_a_pytest11_entry_point():
     assert names.get("shardctl") == "shardctl.testing"
     help_text = run_app_tests("--help").stdout
     assert "--shardctl-engine" in help_text and "shardctl_migrations" in help_text
+    assert "--shardctl-data-dir" in help_text and "shardctl_data_dir" in help_text
 
 
 def test_a_bad_engine_setting_is_a_usage_error():

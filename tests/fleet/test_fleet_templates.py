@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import psycopg
 from support.fleet import connect, load, run_cli
+
+from shardctl.dev.process import ram_backed_dir
+from shardctl.testing import RAM_DIR_NEED_GB
 
 
 def count_users(topo, host: str, shard: int) -> int:
@@ -86,3 +91,14 @@ def test_cleanup_drops_the_databases_and_what_a_failed_move_left_in_them(shardct
                 == []
             )
             assert conn.execute("SELECT subname FROM pg_subscription").fetchall() == []
+
+
+def test_the_session_servers_keep_their_data_on_tmpfs_when_it_has_room(shardctl_fleet):
+    """shardctl_data_dir = auto: the servers' data directories are under /dev/shm when it has room
+    (dev.process.ram_backed_dir), else under the temporary directory."""
+    expected = ram_backed_dir(RAM_DIR_NEED_GB) or tempfile.gettempdir()
+    for server in shardctl_fleet.servers:
+        with psycopg.connect(server.dsn("postgres")) as conn:
+            data = Path(conn.execute("SHOW data_directory").fetchone()[0])
+        assert data.is_relative_to(Path(expected).resolve()), (data, expected)
+        assert data.is_relative_to(shardctl_fleet.workdir.resolve()), data

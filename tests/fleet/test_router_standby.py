@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 
 import psycopg
 import pytest
-from support.fleet import load, run_cli
+from support.fleet import load, run_cli, sandbox_dir
 from support.standby import KEY, wait_replayed
 
 from shardctl import Router
@@ -81,7 +80,7 @@ def test_a_stopped_standby_sends_reads_to_the_primary(replicated):
 
 
 def test_standby_added_to_an_existing_sandbox_is_named_in_its_topology():
-    directory = tempfile.mkdtemp(prefix="shardctl-test-standby-late-")
+    directory = sandbox_dir("standby-late")
     box = Sandbox(directory)
     try:
         assert (

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from support.fleet import load, run_cli
 
+from shardctl.dev.process import ram_backed_dir
 from shardctl.dev.sandbox import Sandbox
 from shardctl.ops.status import status
 from shardctl.ops.verify import verify
@@ -78,33 +79,11 @@ def timed_cli(*args: str, config) -> tuple[float, subprocess.CompletedProcess]:
 NEED_GB = 12  # the fleet's files (~6 GB) plus room for the servers' memory and everyone else's
 
 
-def _available_gb() -> float:
-    """MemAvailable from /proc/meminfo (0 when unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024**2
-    except OSError:
-        pass
-    return 0.0
-
-
 def scale_dir() -> str | None:
     """Where the fleet goes: $SHARDCTL_SCALE_TMP, else /dev/shm (tmpfs) when it and the memory have room,
     else the system temp dir. On ext4 creating the fleet's ~600,000 relation files is dominated by the
     kernel's inode allocator (bench/README.md), several times slower than tmpfs."""
-    if os.environ.get("SHARDCTL_SCALE_TMP"):
-        return os.environ["SHARDCTL_SCALE_TMP"]
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return None
-    room = st.f_bavail * st.f_frsize / 1024**3
-    return (
-        "/dev/shm"
-        if room >= NEED_GB and _available_gb() >= NEED_GB and os.access("/dev/shm", os.W_OK)
-        else None
-    )
+    return os.environ.get("SHARDCTL_SCALE_TMP") or ram_backed_dir(NEED_GB)
 
 
 def say(name: str, text: str, figures: dict[str, object]) -> None:

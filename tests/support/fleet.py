@@ -9,16 +9,23 @@ import psycopg
 from click.testing import CliRunner
 
 from shardctl.cli import cli
+from shardctl.dev.process import ram_backed_dir
 from shardctl.model.topology import Topology
+
+# A test's own servers (private sandboxes, standbys) hold little data: 2 GiB of tmpfs is plenty.
+PRIVATE_NEED_GB = 2
 
 
 def sandbox_dir(label: str) -> Path:
-    """A directory for servers, outside pytest's tmp_path.
+    """A directory for servers, outside pytest's tmp_path: on tmpfs when it has room, like the
+    session's servers (``dev.process.ram_backed_dir``).
 
     pytest deletes old base temp dirs (a concurrent pytest session would delete a running server's
     data directory), and resets ``/tmp/pytest-of-<user>`` to mode 0700 when a session starts, so a
     server running as the unprivileged sandbox user would lose access to it."""
-    return Path(tempfile.mkdtemp(prefix=f"shardctl-test-{label}-"))
+    return Path(
+        tempfile.mkdtemp(prefix=f"shardctl-test-{label}-", dir=ram_backed_dir(PRIVATE_NEED_GB))
+    )
 
 
 def admin_dsn(port: int, db: str = "postgres") -> str:

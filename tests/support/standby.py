@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 
 import psycopg
@@ -11,7 +10,7 @@ import pytest
 
 from shardctl.dev.sandbox import Sandbox
 
-from .fleet import run_cli
+from .fleet import run_cli, sandbox_dir
 
 KEY = 3
 
@@ -19,7 +18,7 @@ KEY = 3
 @pytest.fixture
 def replicated():
     """One host with a standby (written into the topology by the sandbox), initialised."""
-    directory = tempfile.mkdtemp(prefix="shardctl-test-standby-")
+    directory = sandbox_dir("standby")
     box = Sandbox(directory)
     try:
         r = run_cli(

@@ -23,7 +23,7 @@ from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
 from .options import finish, host_options, option_group, run_options, split_hosts, status_of
 from .output import flagged, stdout, table
-from .params import ASCII_INT, AsciiFloat, AsciiInt
+from .params import ASCII_INT, AsciiFloat, AsciiInt, shown_option
 from .progress import host_progress
 
 
@@ -271,26 +271,23 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
 
 # How migrate waits for, retries and holds its shards' table locks.
 lock_options = option_group(
-    click.option(
+    shown_option(
         "--max-lock-hold",
-        type=AsciiInt(1, 600_000),
-        default=DEFAULT_MAX_LOCK_HOLD_MS,
-        show_default=True,
-        help="Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
+        AsciiInt(1, 600_000),
+        DEFAULT_MAX_LOCK_HOLD_MS,
+        "Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
     ),
-    click.option(
+    shown_option(
         "--retry-budget",
-        type=AsciiFloat(0, 86_400),
-        default=DEFAULT_RETRY_BUDGET,
-        show_default=True,
-        help="Seconds a blocked shard keeps being retried, in all.",
+        AsciiFloat(0, 86_400),
+        DEFAULT_RETRY_BUDGET,
+        "Seconds a blocked shard keeps being retried, in all.",
     ),
-    click.option(
+    shown_option(
         "--lock-retries",
-        type=AsciiInt(0, 1000),
-        default=DEFAULT_LOCK_RETRIES,
-        show_default=True,
-        help="Retries of a shard whose lock wait timed out (0: fail at once).",
+        AsciiInt(0, 1000),
+        DEFAULT_LOCK_RETRIES,
+        "Retries of a shard whose lock wait timed out (0: fail at once).",
     ),
     click.option(
         "--lock-timeout",
@@ -464,19 +461,12 @@ def plan_cmd(
 
 @cli.command("verify")
 @host_options
-@click.option(
-    "--samples",
-    type=AsciiInt(2, 100_000),
-    default=16,
-    show_default=True,
-    help="next_id() calls per shard.",
-)
-@click.option(
+@shown_option("--samples", AsciiInt(2, 100_000), 16, "next_id() calls per shard.")
+@shown_option(
     "--tolerance-ms",
-    type=AsciiInt(1, 86_400_000),
-    default=5000,
-    show_default=True,
-    help="Allowed gap between an ID's time and the host clock.",
+    AsciiInt(1, 86_400_000),
+    5000,
+    "Allowed gap between an ID's time and the host clock.",
 )
 @click.option(
     "--full",

@@ -1,4 +1,5 @@
-"""Option types: numbers in ASCII digits only.
+"""Option types: numbers in ASCII digits only; and :func:`shown_option`, an option whose help shows
+its default.
 
 click's INT and FLOAT read any Unicode decimal digit (``--shard ٣`` is 3); these types refuse them
 with one line and exit code 2, like every other bad input.
@@ -6,6 +7,7 @@ with one line and exit code 2, like every other bad input.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -76,3 +78,11 @@ def _name(param: click.Parameter | None) -> str:
 
 
 ASCII_INT = AsciiInt()
+
+
+def shown_option(
+    name: str, type: Any, default: Any, help: str, **attrs: Any
+) -> Callable[[Callable], Callable]:
+    """``click.option(name, type=type, default=default, show_default=True, help=help, **attrs)``: an
+    option whose help shows its default (``type`` None: click's, from the default)."""
+    return click.option(name, type=type, default=default, show_default=True, help=help, **attrs)

@@ -15,7 +15,7 @@ from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from ..errors import BadInput, OperationFailed
 from . import cli, json_option
 from .output import emit, info, stdout, table
-from .params import AsciiInt
+from .params import AsciiInt, shown_option
 
 DEFAULT_DIR = os.environ.get("SHARDCTL_SANDBOX", "shardctl-sandbox")
 
@@ -38,33 +38,28 @@ def sandbox() -> None:
 
 @sandbox.command("up")
 @dir_option()
-@click.option(
-    "--hosts", type=AsciiInt(1, 64), default=2, show_default=True, help="Number of servers."
-)
-@click.option(
+@shown_option("--hosts", AsciiInt(1, 64), 2, "Number of servers.")
+@shown_option(
     "--shards",
-    type=AsciiInt(1, 8192),
-    default=DEFAULT_SHARDS,
-    show_default=True,
-    help="Logical shards in the written topology (split evenly).",
+    AsciiInt(1, 8192),
+    DEFAULT_SHARDS,
+    "Logical shards in the written topology (split evenly).",
 )
-@click.option(
+@shown_option(
     "--function",
-    type=click.Choice(["plpgsql", "sql"]),
-    default="plpgsql",
-    show_default=True,
-    help="next_id() flavour in the written topology.",
+    click.Choice(["plpgsql", "sql"]),
+    "plpgsql",
+    "next_id() flavour in the written topology.",
 )
 @click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
 @click.option(
     "--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir)."
 )
-@click.option(
+@shown_option(
     "--engine",
-    type=click.Choice(["embedded", "docker"]),
-    default="embedded",
-    show_default=True,
-    help="embedded: the wheel's PostgreSQL binaries; docker: containers (pip install 'shardctl[docker]').",
+    click.Choice(["embedded", "docker"]),
+    "embedded",
+    "embedded: the wheel's PostgreSQL binaries; docker: containers (pip install 'shardctl[docker]').",
 )
 @click.option(
     "--image", metavar="IMAGE", help="--engine docker: the PostgreSQL image (default postgres:18)."
@@ -85,12 +80,11 @@ def sandbox() -> None:
     help="Also start PgBouncer (pool_mode MODE) in front of the hosts: each host's dsn goes through it, "
     "its admin_dsn goes direct.",
 )
-@click.option(
+@shown_option(
     "--pool-size",
-    type=AsciiInt(1, 1000),
-    default=10,
-    show_default=True,
-    help="--pooler: PgBouncer's default_pool_size (server connections per host).",
+    AsciiInt(1, 1000),
+    10,
+    "--pooler: PgBouncer's default_pool_size (server connections per host).",
 )
 @click.option(
     "--pg",
@@ -287,12 +281,8 @@ def sandbox_status(directory: str, as_json: bool) -> None:
 
 @cli.command()
 @dir_option("shardctl-demo")
-@click.option(
-    "--hosts", type=AsciiInt(1, 16), default=2, show_default=True, help="Number of servers."
-)
-@click.option(
-    "--shards", type=AsciiInt(2, 8192), default=256, show_default=True, help="Logical shards."
-)
+@shown_option("--hosts", AsciiInt(1, 16), 2, "Number of servers.")
+@shown_option("--shards", AsciiInt(2, 8192), 256, "Logical shards.")
 @json_option
 def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
     """One command tour: sandbox up, init, writes through the router, decode, verify."""

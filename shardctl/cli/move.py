@@ -101,22 +101,8 @@ move_options = option_group(
 
 
 def _options(kw: dict) -> MoveOptions:
-    return MoveOptions(
-        max_freeze=kw["max_freeze"],
-        attempts=kw["attempts"],
-        sequence_margin=kw["sequence_margin"],
-        schemas_per_subscription=kw["schemas_per_subscription"],
-        max_subscriptions=kw["max_subscriptions"],
-        sync_timeout=kw["sync_timeout"],
-        publisher_dsn=kw["publisher_dsn"],
-        batch_size=kw["batch_size"],
-        wait=kw["wait"],
-        copy_workers=kw["copy_workers"],
-        verify_before=kw["verify_before"],
-        nice=kw["nice"],
-        connect_timeout=kw["connect_timeout"],
-        allow_inline_password=settings().allow_inline_password,
-    )
+    """MoveOptions from ``move_options``' parameters, each named as the field it sets."""
+    return MoveOptions(**kw, allow_inline_password=settings().allow_inline_password)
 
 
 @contextmanager

@@ -25,14 +25,7 @@ from typing import Any
 from ..errors import BadInput, OperationFailed
 from ..model.dsn import mask
 from ..sql.session import SERVER_VERSION
-from .base import (
-    DATABASE,
-    DEFAULT_SHARDS,
-    SandboxBase,
-    check_up_args,
-    connect_when_ready,
-    topology_text,
-)
+from . import base
 from .process import free_port
 from .sandbox import Sandbox
 from .servers import SERVER_SETTINGS
@@ -64,11 +57,11 @@ class DockerHost:
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{base.DATABASE}"
 
     @property
     def peer_dsn(self) -> str:
-        return f"postgresql://postgres@{self.name}:{PG_PORT}/{DATABASE}"
+        return f"postgresql://postgres@{self.name}:{PG_PORT}/{base.DATABASE}"
 
 
 @dataclass
@@ -234,7 +227,7 @@ class DockerObjects:
 
         host = DockerHost(name=name, port=free_port(), volume=f"shardctl-{state.sandbox_id}-{name}")
         self.client.volumes.create(name=host.volume, labels=self.labels(state, name))
-        env = {"POSTGRES_DB": DATABASE, "PGDATA": PGDATA}
+        env = {"POSTGRES_DB": base.DATABASE, "PGDATA": PGDATA}
         if state.password_env:
             env["POSTGRES_PASSWORD"] = os.environ[state.password_env]
         else:
@@ -269,10 +262,10 @@ class DockerObjects:
             return self.container(host).status in ("exited", "dead")
 
         try:
-            connect_when_ready(host.dsn, password_env, timeout, gone).close()
+            base.connect_when_ready(host.dsn, password_env, timeout, gone).close()
             # The official image restarts the server once after initialising; ask again a moment later.
             time.sleep(0.5)
-            with connect_when_ready(host.dsn, password_env, timeout, gone) as conn:
+            with base.connect_when_ready(host.dsn, password_env, timeout, gone) as conn:
                 return conn.execute(SERVER_VERSION).fetchone()[0].split()[0]
         except psycopg.OperationalError as exc:
             logs = (
@@ -299,7 +292,7 @@ def _host_row(host: DockerHost, running: bool) -> dict:
     }
 
 
-class DockerSandbox(SandboxBase):
+class DockerSandbox(base.SandboxBase):
     """A sandbox whose hosts are containers; the directory holds its state and ``shardctl.yaml``."""
 
     engine = "docker"
@@ -317,7 +310,7 @@ class DockerSandbox(SandboxBase):
     def up(
         self,
         hosts: int = 2,
-        shards: int = DEFAULT_SHARDS,
+        shards: int = base.DEFAULT_SHARDS,
         *,
         image: str | None = None,
         password_env: str | None = None,
@@ -326,7 +319,7 @@ class DockerSandbox(SandboxBase):
         timeout: float = 120,
     ) -> dict:
         """Start the containers (creating them the first time) and write ``shardctl.yaml``."""
-        check_up_args(hosts, shards, password_env)
+        base.check_up_args(hosts, shards, password_env)
         if (self.dir / "sandbox.json").exists():
             raise BadInput(
                 f"{self.dir} holds an embedded-engine sandbox; use another --dir for --engine docker"
@@ -382,7 +375,7 @@ class DockerSandbox(SandboxBase):
     @staticmethod
     def topology_text(state: DockerState, shards: int, function: str, epoch: str) -> str:  # type: ignore[override]
         """The embedded engine's topology, plus each host's ``peer_dsn`` on the container network."""
-        text = topology_text(state, shards, function, epoch)
+        text = base.topology_text(state, shards, function, epoch)
         for host in state.hosts:
             line = f'    dsn: "{host.dsn}"\n'
             text = text.replace(line, line + f'    peer_dsn: "{host.peer_dsn}"\n', 1)

@@ -12,13 +12,12 @@ other by host name (``peer_dsn``), which is what shard moves' subscriptions use.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,15 +74,14 @@ class DockerState:
 
     @classmethod
     def read(cls, directory: Path) -> DockerState | None:
-        path = directory / STATE_FILE
-        if not path.exists():
+        raw = base.read_state(directory / STATE_FILE)
+        if raw is None:
             return None
-        raw = json.loads(path.read_text())
         raw["hosts"] = [DockerHost(**h) for h in raw.get("hosts", [])]
         return cls(**raw)
 
     def write(self, directory: Path) -> None:
-        (directory / STATE_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        base.write_state(directory / STATE_FILE, self)
 
     def standby_of(self, name: str) -> None:
         """The Docker engine runs no standbys (``sandbox up --standby`` is the embedded engine's)."""

@@ -201,10 +201,10 @@ class DockerObjects:
         try:
             client.images.pull(image)
         except docker.errors.APIError as exc:
+            reason = mask(str(exc)).splitlines()[0][:200]
             raise OperationFailed(
                 f"--engine docker: image {image} is not available locally and cannot be pulled "
-                f"({mask(str(exc)).splitlines()[0][:200]}); build one and pass --image "
-                f"(see examples/docker/prepare.sh)"
+                f"({reason}); build one and pass --image (see examples/docker/prepare.sh)"
             ) from None
 
     def network(self, state: DockerState) -> Any:

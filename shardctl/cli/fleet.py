@@ -23,7 +23,7 @@ from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
 from .options import finish, host_options, option_group, run_options, split_hosts, status_of
 from .output import flagged, stdout, table
-from .params import ASCII_INT, AsciiFloat, AsciiInt, shown_option
+from .params import ASCII_INT, AsciiFloat, AsciiInt, flag_option, shown_option
 from .progress import host_progress
 
 
@@ -315,15 +315,10 @@ def _repair_confirmed() -> bool:
 @lock_options
 @click.option("--shards", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 0-1023).")
 @click.option("--target", type=ASCII_INT, help="Migrate up to this version (default: the latest).")
-@click.option("--dry-run", is_flag=True, help="Render and show what would run; touch nothing.")
-@click.option(
-    "--check",
-    is_flag=True,
-    help="Exit 1 if anything is pending, listing it (for CI); touch nothing.",
-)
-@click.option(
+@flag_option("--dry-run", help="Render and show what would run; touch nothing.")
+@flag_option("--check", help="Exit 1 if anything is pending, listing it (for CI); touch nothing.")
+@flag_option(
     "--continue-on-error",
-    is_flag=True,
     help="Keep starting shards after a failure (default: finish the shards in flight, start no more).",
 )
 @click.option(
@@ -331,10 +326,8 @@ def _repair_confirmed() -> bool:
     default=None,
     help="Cancel any one statement that runs longer (interval).",
 )
-@click.option(
-    "--repair", is_flag=True, help="Accept changed applied migrations: record their new checksums."
-)
-@click.option("--yes", is_flag=True, help="Confirm --repair.")
+@flag_option("--repair", help="Accept changed applied migrations: record their new checksums.")
+@flag_option("--yes", help="Confirm --repair.")
 @click.option(
     "--base",
     metavar="DIR",
@@ -468,9 +461,8 @@ def plan_cmd(
     5000,
     "Allowed gap between an ID's time and the host clock.",
 )
-@click.option(
+@flag_option(
     "--full",
-    is_flag=True,
     help="Render and compare every shard's next_id() body and check every "
     "shard's IDs (default: every body's shape, IDs of 512 shards per host "
     "and of every shard whose body or sequence is off), and list every "

@@ -25,7 +25,7 @@ from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
 from .options import connect_timeout_option, finish, option_group, wait_option
 from .output import flagged, info, stderr, stdout, table
-from .params import AsciiFloat, AsciiInt, shown_option
+from .params import AsciiFloat, AsciiInt, flag_option, shown_option
 
 # A move's tuning (freeze, copy, batches, subscriptions) and its connection: move-shard and rebalance.
 move_options = option_group(
@@ -263,23 +263,10 @@ def _human_status(doc: dict) -> None:
     "phase", metavar="[PHASE]", required=False, type=click.Choice(list(PHASE_NAMES) + ["all"])
 )
 @click.option("--to", "target", metavar="HOST", help="Host that receives the shards.")
-@click.option(
-    "--abort",
-    "do_abort",
-    is_flag=True,
-    help="Roll the move back: the source is authoritative again.",
-)
-@click.option(
-    "--cleanup",
-    "do_cleanup",
-    is_flag=True,
-    help="After the cutover: drop the source's old schemas.",
-)
-@click.option(
-    "--status",
-    "show_status",
-    is_flag=True,
-    help="Show every recorded move, with sync progress and lag.",
+@flag_option("--abort", "do_abort", help="Roll the move back: the source is authoritative again.")
+@flag_option("--cleanup", "do_cleanup", help="After the cutover: drop the source's old schemas.")
+@flag_option(
+    "--status", "show_status", help="Show every recorded move, with sync progress and lag."
 )
 @click.option(
     "--move",
@@ -351,21 +338,9 @@ def move_shard_cmd(
 
 
 @cli.command("rebalance")
-@click.option(
-    "--plan",
-    "show_plan",
-    is_flag=True,
-    help="Show the moves that would even out the hosts (default).",
-)
-@click.option(
-    "--apply", "do_apply", is_flag=True, help="Run the planned moves, one host pair at a time."
-)
-@click.option(
-    "--cleanup",
-    "do_cleanup",
-    is_flag=True,
-    help="With --apply: clean up each move after its cutover.",
-)
+@flag_option("--plan", "show_plan", help="Show the moves that would even out the hosts (default).")
+@flag_option("--apply", "do_apply", help="Run the planned moves, one host pair at a time.")
+@flag_option("--cleanup", "do_cleanup", help="With --apply: clean up each move after its cutover.")
 @shown_option(
     "--by",
     click.Choice(["count", "size"]),

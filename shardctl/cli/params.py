@@ -1,5 +1,5 @@
-"""Option types: numbers in ASCII digits only; and :func:`shown_option`, an option whose help shows
-its default.
+"""Option types: numbers in ASCII digits only; and two shapes of option: :func:`shown_option`, whose
+help shows its default, and :func:`flag_option`, an on/off flag.
 
 click's INT and FLOAT read any Unicode decimal digit (``--shard ٣`` is 3); these types refuse them
 with one line and exit code 2, like every other bad input.
@@ -86,3 +86,8 @@ def shown_option(
     """``click.option(name, type=type, default=default, show_default=True, help=help, **attrs)``: an
     option whose help shows its default (``type`` None: click's, from the default)."""
     return click.option(name, type=type, default=default, show_default=True, help=help, **attrs)
+
+
+def flag_option(*names: str, help: str) -> Callable[[Callable], Callable]:
+    """``click.option(*names, is_flag=True, help=help)``: a flag, off unless given."""
+    return click.option(*names, is_flag=True, help=help)

@@ -15,7 +15,7 @@ from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from ..errors import BadInput, OperationFailed
 from . import cli, json_option
 from .output import emit, info, stdout, table
-from .params import AsciiInt, shown_option
+from .params import AsciiInt, flag_option, shown_option
 
 DEFAULT_DIR = os.environ.get("SHARDCTL_SANDBOX", "shardctl-sandbox")
 
@@ -52,9 +52,7 @@ def sandbox() -> None:
     "next_id() flavour in the written topology.",
 )
 @click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
-@click.option(
-    "--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir)."
-)
+@flag_option("--system", "use_system", help="Use the system's PostgreSQL (pg_config --bindir).")
 @shown_option(
     "--engine",
     click.Choice(["embedded", "docker"]),
@@ -67,9 +65,8 @@ def sandbox() -> None:
 @click.option(
     "--password-env", metavar="VAR", help="Protect the servers with the password in $VAR."
 )
-@click.option(
+@flag_option(
     "--standby",
-    is_flag=True,
     help="Also start a streaming replica of every host (pg_basebackup), "
     "named in the topology as its standby.",
 )
@@ -93,9 +90,8 @@ def sandbox() -> None:
     help="PostgreSQL major version from the wheels (default: the newest shipped; with --tls, the newest "
     "built with OpenSSL).",
 )
-@click.option(
+@flag_option(
     "--tls",
-    is_flag=True,
     help="TLS-only servers: a CA of the sandbox's own, hostssl lines only, and "
     "DSNs with sslmode=verify-full.",
 )
@@ -221,7 +217,7 @@ def _docker_up(
 
 @sandbox.command("down")
 @dir_option()
-@click.option("--destroy", is_flag=True, help="Also delete the sandbox directory and its data.")
+@flag_option("--destroy", help="Also delete the sandbox directory and its data.")
 @json_option
 def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
     """Stop the servers cleanly (data is kept unless --destroy)."""

@@ -25,7 +25,7 @@ from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
 from .options import connect_timeout_option, finish, option_group, wait_option
 from .output import flagged, info, stderr, stdout, table
-from .params import AsciiFloat, AsciiInt, flag_option, shown_option
+from .params import AsciiFloat, AsciiInt, choice_option, flag_option, shown_option
 
 # A move's tuning (freeze, copy, batches, subscriptions) and its connection: move-shard and rebalance.
 move_options = option_group(
@@ -74,10 +74,9 @@ move_options = option_group(
         "Parallel table copies of the initial copy, as of one snapshot per subscription "
         "(0: the subscriptions' table-sync workers copy).",
     ),
-    shown_option(
+    choice_option(
         "--verify-before",
-        click.Choice(["counts", "full"]),
-        "counts",
+        ["counts", "full"],
         "The check before the freeze: row counts per table, or checksums of every row "
         "(every row is compared after the cutover either way).",
     ),
@@ -341,10 +340,9 @@ def move_shard_cmd(
 @flag_option("--plan", "show_plan", help="Show the moves that would even out the hosts (default).")
 @flag_option("--apply", "do_apply", help="Run the planned moves, one host pair at a time.")
 @flag_option("--cleanup", "do_cleanup", help="With --apply: clean up each move after its cutover.")
-@shown_option(
+@choice_option(
     "--by",
-    click.Choice(["count", "size"]),
-    "count",
+    ["count", "size"],
     "Even out shards per host, or bytes per host (pg_total_relation_size; placement.pinned stay).",
 )
 @shown_option(

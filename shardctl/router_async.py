@@ -314,16 +314,7 @@ class AsyncRouter(Routing):
         timeout: float | None = SAME,
     ) -> AsyncIterator[AsyncRouterConnection]:
         """``Router.connection`` for asyncio: ``async with router.connection(key) as conn``."""
-        number, call = self._call(
-            "block",
-            key,
-            id=id,
-            shard=shard,
-            force_string=force_string,
-            timeout=timeout,
-            readonly=readonly,
-            max_lag=max_lag,
-        )
+        number, call = self._call("block", key, id, shard, force_string, timeout, readonly, max_lag)
         host = self._locate(number)
         _tried.set(host)
         async with self._on_host(host, call) as conn:
@@ -360,9 +351,7 @@ class AsyncRouter(Routing):
         moved meanwhile (``Router.run``: ``work`` may run twice and must only use ``conn``)."""
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number, call = self._call(
-            "run", key, id=id, shard=shard, force_string=force_string, timeout=timeout
-        )
+        number, call = self._call("run", key, id, shard, force_string, timeout)
 
         async def attempt(host: Host) -> T:
             async with self._on_host(host, call) as conn:
@@ -383,11 +372,7 @@ class AsyncRouter(Routing):
     ) -> Any:
         """One statement in a transaction of its own (one round trip), following a move (``Router.execute``)."""
         return await self._statement(
-            query,
-            params,
-            *self._call(
-                "statement", key, id=id, shard=shard, force_string=force_string, timeout=timeout
-            ),
+            query, params, *self._call("statement", key, id, shard, force_string, timeout)
         )
 
     async def read(
@@ -403,20 +388,10 @@ class AsyncRouter(Routing):
         timeout: float | None = SAME,
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby within ``max_lag`` seconds (``Router.read``)."""
-        return await self._statement(
-            query,
-            params,
-            *self._call(
-                "statement",
-                key,
-                id=id,
-                shard=shard,
-                force_string=force_string,
-                timeout=timeout,
-                readonly=True,
-                max_lag=max_lag,
-            ),
+        number, call = self._call(
+            "statement", key, id, shard, force_string, timeout, readonly=True, max_lag=max_lag
         )
+        return await self._statement(query, params, number, call)
 
     async def _statement(self, query: Any, params: Any, shard: int, call: Call) -> Any:
         if query is None:

@@ -344,7 +344,6 @@ class Routing:
         self,
         kind: str,
         key: int | str | None,
-        *,
         id: int | None,
         shard: int | None,
         force_string: bool,
@@ -353,7 +352,8 @@ class Routing:
         max_lag: Any = None,
     ) -> tuple[int, Call]:
         """The shard a call goes to (:meth:`target`) and what the call of ``kind`` asks of it there: its
-        schema, its timeout, and for a read its lag bound (``max_lag``: SAME for the Router's)."""
+        schema, its timeout, and for a read its lag bound (``max_lag``: SAME for the Router's). The
+        Routers' calls pass their routing parameters on as they are named, in this order."""
         number = self.target(key, id=id, shard=shard, force_string=force_string)
         return number, Call(
             self.topology.schema_name(number),

@@ -25,6 +25,7 @@ from ..model.dsn import mask
 from ..model.topology import LayoutWarning, Topology
 from ..version import __version__
 from .output import stderr, warn
+from .params import flag_option
 
 # The commands that print the topology's warnings (the layout's sign-bit and overflow dates): the ones
 # that show or set up the layout. Every other command stays quiet about them.
@@ -59,9 +60,7 @@ def settings() -> Settings:
 
 
 def json_option(func: Callable) -> Callable:
-    return click.option(
-        "--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."
-    )(func)
+    return flag_option("--json", "as_json", help="Print one JSON document instead of tables.")(func)
 
 
 # The module (in this package) that defines each top-level command.
@@ -160,10 +159,8 @@ def report_error(exc: ShardctlError, as_json: bool, debug: bool = False) -> None
     metavar="FILE",
     help="Topology file (default: $SHARDCTL_CONFIG, else ./shardctl.yaml).",
 )
-@click.option(
-    "--allow-inline-password", is_flag=True, help="Accept a literal password inside a DSN."
-)
-@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@flag_option("--allow-inline-password", help="Accept a literal password inside a DSN.")
+@flag_option("--debug", help="Show tracebacks on errors.")
 @click.version_option(__version__, prog_name="shardctl")
 @click.pass_context
 def cli(ctx: click.Context, config: str | None, allow_inline_password: bool, debug: bool) -> None:

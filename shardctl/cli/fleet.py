@@ -23,7 +23,7 @@ from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
 from .options import finish, host_options, option_group, run_options, split_hosts, status_of
 from .output import flagged, stdout, table
-from .params import ASCII_INT, AsciiFloat, AsciiInt
+from .params import ASCII_INT, AsciiFloat, AsciiInt, flag_option, shown_option
 from .progress import host_progress
 
 
@@ -271,26 +271,23 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
 
 # How migrate waits for, retries and holds its shards' table locks.
 lock_options = option_group(
-    click.option(
+    shown_option(
         "--max-lock-hold",
-        type=AsciiInt(1, 600_000),
-        default=DEFAULT_MAX_LOCK_HOLD_MS,
-        show_default=True,
-        help="Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
+        AsciiInt(1, 600_000),
+        DEFAULT_MAX_LOCK_HOLD_MS,
+        "Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
     ),
-    click.option(
+    shown_option(
         "--retry-budget",
-        type=AsciiFloat(0, 86_400),
-        default=DEFAULT_RETRY_BUDGET,
-        show_default=True,
-        help="Seconds a blocked shard keeps being retried, in all.",
+        AsciiFloat(0, 86_400),
+        DEFAULT_RETRY_BUDGET,
+        "Seconds a blocked shard keeps being retried, in all.",
     ),
-    click.option(
+    shown_option(
         "--lock-retries",
-        type=AsciiInt(0, 1000),
-        default=DEFAULT_LOCK_RETRIES,
-        show_default=True,
-        help="Retries of a shard whose lock wait timed out (0: fail at once).",
+        AsciiInt(0, 1000),
+        DEFAULT_LOCK_RETRIES,
+        "Retries of a shard whose lock wait timed out (0: fail at once).",
     ),
     click.option(
         "--lock-timeout",
@@ -318,15 +315,10 @@ def _repair_confirmed() -> bool:
 @lock_options
 @click.option("--shards", "shard_spec", metavar="RANGE", help="Only these shards (e.g. 0-1023).")
 @click.option("--target", type=ASCII_INT, help="Migrate up to this version (default: the latest).")
-@click.option("--dry-run", is_flag=True, help="Render and show what would run; touch nothing.")
-@click.option(
-    "--check",
-    is_flag=True,
-    help="Exit 1 if anything is pending, listing it (for CI); touch nothing.",
-)
-@click.option(
+@flag_option("--dry-run", help="Render and show what would run; touch nothing.")
+@flag_option("--check", help="Exit 1 if anything is pending, listing it (for CI); touch nothing.")
+@flag_option(
     "--continue-on-error",
-    is_flag=True,
     help="Keep starting shards after a failure (default: finish the shards in flight, start no more).",
 )
 @click.option(
@@ -334,10 +326,8 @@ def _repair_confirmed() -> bool:
     default=None,
     help="Cancel any one statement that runs longer (interval).",
 )
-@click.option(
-    "--repair", is_flag=True, help="Accept changed applied migrations: record their new checksums."
-)
-@click.option("--yes", is_flag=True, help="Confirm --repair.")
+@flag_option("--repair", help="Accept changed applied migrations: record their new checksums.")
+@flag_option("--yes", help="Confirm --repair.")
 @click.option(
     "--base",
     metavar="DIR",
@@ -464,23 +454,15 @@ def plan_cmd(
 
 @cli.command("verify")
 @host_options
-@click.option(
-    "--samples",
-    type=AsciiInt(2, 100_000),
-    default=16,
-    show_default=True,
-    help="next_id() calls per shard.",
-)
-@click.option(
+@shown_option("--samples", AsciiInt(2, 100_000), 16, "next_id() calls per shard.")
+@shown_option(
     "--tolerance-ms",
-    type=AsciiInt(1, 86_400_000),
-    default=5000,
-    show_default=True,
-    help="Allowed gap between an ID's time and the host clock.",
+    AsciiInt(1, 86_400_000),
+    5000,
+    "Allowed gap between an ID's time and the host clock.",
 )
-@click.option(
+@flag_option(
     "--full",
-    is_flag=True,
     help="Render and compare every shard's next_id() body and check every "
     "shard's IDs (default: every body's shape, IDs of 512 shards per host "
     "and of every shard whose body or sequence is off), and list every "

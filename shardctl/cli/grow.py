@@ -10,7 +10,7 @@ from ..ops.grow import add_host, add_shard
 from . import cli, json_option, settings
 from .options import connect_timeout_option, finish, run_options
 from .output import stdout
-from .params import ASCII_INT
+from .params import ASCII_INT, flag_option
 from .progress import host_progress
 
 
@@ -65,9 +65,7 @@ def add_host_cmd(
 @click.option(
     "--modulus", type=ASCII_INT, help="Change the routing modulus (refused while shards hold data)."
 )
-@click.option(
-    "--place-new", is_flag=True, help="Send new objects to the new shards (placement.new_objects)."
-)
+@flag_option("--place-new", help="Send new objects to the new shards (placement.new_objects).")
 @connect_timeout_option
 @run_options
 @json_option

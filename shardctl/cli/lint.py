@@ -11,7 +11,7 @@ from ..errors import OperationFailed, first_few
 from ..sql.lint import lint, new_migrations
 from . import cli, json_option, settings
 from .output import stdout
-from .params import ASCII_INT
+from .params import ASCII_INT, shown_option
 
 
 @cli.command("lint")
@@ -21,13 +21,7 @@ from .params import ASCII_INT
     help="The base branch's migrations folder: lint only the migrations "
     "the change adds after its head (default: every migration).",
 )
-@click.option(
-    "--shard",
-    type=ASCII_INT,
-    default=0,
-    show_default=True,
-    help="Render the migrations for this shard.",
-)
+@shown_option("--shard", ASCII_INT, 0, "Render the migrations for this shard.")
 @json_option
 def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
     """Flag dangerous DDL in new migrations: squawk, plus shardctl's rules for schema-per-shard (catalog

@@ -8,6 +8,7 @@ import click
 
 from . import cli, json_option, settings
 from .output import stdout
+from .params import flag_option
 
 
 @cli.group("migrations")
@@ -29,7 +30,7 @@ def migrations_group() -> None:
     metavar="DIR",
     help="Folder to write into (default: the topology's migrations folder).",
 )
-@click.option("--dry-run", is_flag=True, help="Convert, check and lint, but write nothing.")
+@flag_option("--dry-run", help="Convert, check and lint, but write nothing.")
 @click.argument("directory", metavar="DIR")
 @json_option
 def import_cmd(fmt: str, target: str | None, dry_run: bool, directory: str, as_json: bool) -> None:

@@ -25,52 +25,41 @@ from ..ops.rebalance import plan_report
 from . import cli, json_option, settings
 from .options import connect_timeout_option, finish, option_group, wait_option
 from .output import flagged, info, stderr, stdout, table
-from .params import AsciiFloat, AsciiInt
+from .params import AsciiFloat, AsciiInt, choice_option, flag_option, shown_option
 
 # A move's tuning (freeze, copy, batches, subscriptions) and its connection: move-shard and rebalance.
 move_options = option_group(
     json_option,
-    click.option(
+    shown_option(
         "--max-freeze",
-        type=AsciiFloat(0.1, 3600),
-        default=5.0,
-        show_default=True,
-        help="Seconds writes may be frozen at cutover; past it the attempt is rolled back.",
+        AsciiFloat(0.1, 3600),
+        5.0,
+        "Seconds writes may be frozen at cutover; past it the attempt is rolled back.",
     ),
-    click.option(
-        "--attempts",
-        type=AsciiInt(1, 100),
-        default=3,
-        show_default=True,
-        help="Cutover freezes to try before giving up.",
-    ),
-    click.option(
+    shown_option("--attempts", AsciiInt(1, 100), 3, "Cutover freezes to try before giving up."),
+    shown_option(
         "--sequence-margin",
-        type=AsciiInt(0, 1 << 40),
-        default=1024,
-        show_default=True,
-        help="Added to each source sequence's value when it is set on the target.",
+        AsciiInt(0, 1 << 40),
+        1024,
+        "Added to each source sequence's value when it is set on the target.",
     ),
-    click.option(
+    shown_option(
         "--schemas-per-subscription",
-        type=AsciiInt(1, 100_000),
-        default=64,
-        show_default=True,
-        help="Schemas per publication / subscription.",
+        AsciiInt(1, 100_000),
+        64,
+        "Schemas per publication / subscription.",
     ),
-    click.option(
+    shown_option(
         "--max-subscriptions",
-        type=AsciiInt(1, 64),
-        default=4,
-        show_default=True,
-        help="Cap on subscriptions per move (batches grow instead).",
+        AsciiInt(1, 64),
+        4,
+        "Cap on subscriptions per move (batches grow instead).",
     ),
-    click.option(
+    shown_option(
         "--sync-timeout",
-        type=AsciiFloat(1, 7 * 86_400),
-        default=3600,
-        show_default=True,
-        help="Seconds to wait for the initial copy (it goes on if this run stops).",
+        AsciiFloat(1, 7 * 86_400),
+        3600,
+        "Seconds to wait for the initial copy (it goes on if this run stops).",
     ),
     click.option(
         "--publisher-dsn",
@@ -78,37 +67,32 @@ move_options = option_group(
         help="How the target server reaches the source, if not by the topology's DSN "
         "(the source's password_env still supplies the password).",
     ),
-    click.option(
+    shown_option(
         "--copy-workers",
-        type=AsciiInt(0, 4),
-        default=4,
-        show_default=True,
-        help="Parallel table copies of the initial copy, as of one snapshot per subscription "
+        AsciiInt(0, 4),
+        4,
+        "Parallel table copies of the initial copy, as of one snapshot per subscription "
         "(0: the subscriptions' table-sync workers copy).",
     ),
-    click.option(
+    choice_option(
         "--verify-before",
-        type=click.Choice(["counts", "full"]),
-        default="counts",
-        show_default=True,
-        help="The check before the freeze: row counts per table, or checksums of every row "
+        ["counts", "full"],
+        "The check before the freeze: row counts per table, or checksums of every row "
         "(every row is compared after the cutover either way).",
     ),
-    click.option(
+    shown_option(
         "--nice",
-        type=AsciiFloat(0, 100),
-        default=0,
-        show_default=True,
-        metavar="RATIO",
-        help="Rest RATIO seconds after each second of the copy and the checks, leaving the "
+        AsciiFloat(0, 100),
+        0,
+        "Rest RATIO seconds after each second of the copy and the checks, leaving the "
         "hosts' CPU to the application (1: the move runs half the time).",
+        metavar="RATIO",
     ),
-    click.option(
+    shown_option(
         "--batch-size",
-        type=AsciiInt(1, 10_000),
-        default=16,
-        show_default=True,
-        help="Shards per transaction when creating or dropping schemas.",
+        AsciiInt(1, 10_000),
+        16,
+        "Shards per transaction when creating or dropping schemas.",
     ),
     wait_option,
     connect_timeout_option,
@@ -116,22 +100,8 @@ move_options = option_group(
 
 
 def _options(kw: dict) -> MoveOptions:
-    return MoveOptions(
-        max_freeze=kw["max_freeze"],
-        attempts=kw["attempts"],
-        sequence_margin=kw["sequence_margin"],
-        schemas_per_subscription=kw["schemas_per_subscription"],
-        max_subscriptions=kw["max_subscriptions"],
-        sync_timeout=kw["sync_timeout"],
-        publisher_dsn=kw["publisher_dsn"],
-        batch_size=kw["batch_size"],
-        wait=kw["wait"],
-        copy_workers=kw["copy_workers"],
-        verify_before=kw["verify_before"],
-        nice=kw["nice"],
-        connect_timeout=kw["connect_timeout"],
-        allow_inline_password=settings().allow_inline_password,
-    )
+    """MoveOptions from ``move_options``' parameters, each named as the field it sets."""
+    return MoveOptions(**kw, allow_inline_password=settings().allow_inline_password)
 
 
 @contextmanager
@@ -292,23 +262,10 @@ def _human_status(doc: dict) -> None:
     "phase", metavar="[PHASE]", required=False, type=click.Choice(list(PHASE_NAMES) + ["all"])
 )
 @click.option("--to", "target", metavar="HOST", help="Host that receives the shards.")
-@click.option(
-    "--abort",
-    "do_abort",
-    is_flag=True,
-    help="Roll the move back: the source is authoritative again.",
-)
-@click.option(
-    "--cleanup",
-    "do_cleanup",
-    is_flag=True,
-    help="After the cutover: drop the source's old schemas.",
-)
-@click.option(
-    "--status",
-    "show_status",
-    is_flag=True,
-    help="Show every recorded move, with sync progress and lag.",
+@flag_option("--abort", "do_abort", help="Roll the move back: the source is authoritative again.")
+@flag_option("--cleanup", "do_cleanup", help="After the cutover: drop the source's old schemas.")
+@flag_option(
+    "--status", "show_status", help="Show every recorded move, with sync progress and lag."
 )
 @click.option(
     "--move",
@@ -380,35 +337,19 @@ def move_shard_cmd(
 
 
 @cli.command("rebalance")
-@click.option(
-    "--plan",
-    "show_plan",
-    is_flag=True,
-    help="Show the moves that would even out the hosts (default).",
-)
-@click.option(
-    "--apply", "do_apply", is_flag=True, help="Run the planned moves, one host pair at a time."
-)
-@click.option(
-    "--cleanup",
-    "do_cleanup",
-    is_flag=True,
-    help="With --apply: clean up each move after its cutover.",
-)
-@click.option(
+@flag_option("--plan", "show_plan", help="Show the moves that would even out the hosts (default).")
+@flag_option("--apply", "do_apply", help="Run the planned moves, one host pair at a time.")
+@flag_option("--cleanup", "do_cleanup", help="With --apply: clean up each move after its cutover.")
+@choice_option(
     "--by",
-    "by",
-    type=click.Choice(["count", "size"]),
-    default="count",
-    show_default=True,
-    help="Even out shards per host, or bytes per host (pg_total_relation_size; placement.pinned stay).",
+    ["count", "size"],
+    "Even out shards per host, or bytes per host (pg_total_relation_size; placement.pinned stay).",
 )
-@click.option(
+@shown_option(
     "--min-improvement",
-    type=AsciiFloat(0, 1),
-    default=0.05,
-    show_default=True,
-    help="With --by size: each move must narrow the host spread by this share of the mean host size.",
+    AsciiFloat(0, 1),
+    0.05,
+    "With --by size: each move must narrow the host spread by this share of the mean host size.",
 )
 @move_options
 def rebalance_cmd(

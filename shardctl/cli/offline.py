@@ -19,7 +19,7 @@ from ..model.layouts import by_name, parse_epoch, utc_from_ms
 from ..model.ranges import parse_shards
 from . import cli, json_option, settings
 from .output import emit, stdout, table
-from .params import ASCII_INT
+from .params import ASCII_INT, flag_option
 
 
 @cli.command()
@@ -93,7 +93,7 @@ def _foreign_layout(layout: str, epoch: str | None):
     help="Decode foreign IDs with this layout instead of the topology's.",
 )
 @click.option("--epoch", help="Epoch for --layout (ISO-8601 or Unix ms).")
-@click.option("--csv", "as_csv", is_flag=True, help="Write CSV (fast, for many IDs).")
+@flag_option("--csv", "as_csv", help="Write CSV (fast, for many IDs).")
 @json_option
 def decode_id(
     ids: tuple[str, ...], layout: str | None, epoch: str | None, as_csv: bool, as_json: bool
@@ -243,12 +243,7 @@ def encode_id(
 
 @cli.command()
 @click.argument("key")
-@click.option(
-    "--string",
-    "force_string",
-    is_flag=True,
-    help="Treat the key as a string even if it is a number.",
-)
+@flag_option("--string", "force_string", help="Treat the key as a string even if it is a number.")
 @json_option
 def locate(key: str, force_string: bool, as_json: bool) -> None:
     """Which shard, schema and host a routing key maps to."""

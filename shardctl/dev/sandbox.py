@@ -8,10 +8,9 @@ fleet (hosts, standbys, the topology file); ``servers.LocalServers`` runs each s
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
@@ -24,7 +23,9 @@ from .base import (
     SandboxBase,
     check_up_args,
     connect_when_ready,
+    read_state,
     topology_text,
+    write_state,
 )
 from .process import free_port, server_user
 from .servers import SERVER_SETTINGS, LocalServers, ServerConfig
@@ -76,10 +77,9 @@ class SandboxState:
 
     @classmethod
     def read(cls, directory: Path) -> SandboxState | None:
-        path = directory / STATE_FILE
-        if not path.exists():
+        raw = read_state(directory / STATE_FILE)
+        if raw is None:
             return None
-        raw = json.loads(path.read_text())
         return cls(
             bin_dir=raw["bin_dir"],
             hosts=[SandboxHost(**h) for h in raw["hosts"]],
@@ -93,7 +93,7 @@ class SandboxState:
         return next((s for s in self.standbys if s.name == f"{name}-standby"), None)
 
     def write(self, directory: Path) -> None:
-        (directory / STATE_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        write_state(directory / STATE_FILE, self)
 
 
 # ---- binaries ---------------------------------------------------------------

@@ -10,18 +10,8 @@ from dataclasses import replace
 import psycopg
 
 from ..engine import connections as db
-from ..engine import host_ledger
+from ..engine import fanout, host_ledger
 from ..engine.executor import RunOptions, ShardPlan
-from ..engine.fanout import (
-    ApplyOutcome,
-    FleetReport,
-    HostResult,
-    ProgressFactory,
-    apply_plans,
-    fan_out,
-    host_jobs,
-    select_hosts,
-)
 from ..engine.ledger import ensure_control_schema, log_event, refresh_cache
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
@@ -86,10 +76,10 @@ def init(
     hosts: list[str] | None = None,
     options: RunOptions | None = None,
     wait: float = 0,
-    progress: ProgressFactory | None = None,
+    progress: fanout.ProgressFactory | None = None,
     target: int | None = None,
     jobs: int | None = None,
-) -> FleetReport:
+) -> fanout.FleetReport:
     """Create the control schema and every missing shard (schema, sequence, next_id(), migrations),
     and bring present shards to the latest migration (or to ``target``). Idempotent.
 
@@ -115,7 +105,7 @@ def init(
     recreated_by_host: dict[str, list[int]] = {}
     host_applied: dict[str, list[int]] = {}
 
-    def work(host: Host, result: HostResult[ApplyOutcome]) -> None:
+    def work(host: Host, result: fanout.HostResult[fanout.ApplyOutcome]) -> None:
         out = result.value
         recreated = recreated_by_host.setdefault(host.name, [])
         with locks.use(host) as conn:
@@ -124,9 +114,9 @@ def init(
             host_applied[host.name] = host_ledger.apply(conn, topo, host, host_level)
             count, plans = _plans(conn, topo, host, migrations, goal, recreated)
             out.unchanged = len(host.shards) - count
-            chosen = host_jobs(host, conn, jobs) if count else None
+            chosen = fanout.host_jobs(host, conn, jobs) if count else None
             out.jobs_rule = chosen.rule if chosen else ""
-            apply_plans(
+            fanout.apply_plans(
                 host,
                 plans,
                 options,
@@ -153,15 +143,15 @@ def init(
                 # query per host instead of re-rendering every applied migration.
                 refresh_cache(conn, topo, migrations)
 
-    selected = select_hosts(topo, hosts)
+    selected = fanout.select_hosts(topo, hosts)
     with db.FleetLocks(
         selected, wait=wait, connect_timeout=options.connect_timeout, purpose=options.purpose
     ) as locks:
         locks.refuse_untranslatable(rendered)
-        reports = fan_out(selected, work, lambda h: ApplyOutcome())
+        reports = fanout.fan_out(selected, work, lambda h: fanout.ApplyOutcome())
     # Shards whose schema had been dropped by hand, which init set out to build again.
     recreated = {h: format_shards(r) for h, r in recreated_by_host.items() if r}
-    return FleetReport(
+    return fanout.FleetReport(
         "init",
         reports,
         time.perf_counter() - started,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import BadInput, ConfigError
 from ..model.topology import Topology
-from .migrations import ALLOWED_FILES, HOST_FILE_NAME, Migration, _compiled, migrations_dir
+from .migrations import HOST_FILE_NAME, Migration, _compiled, migrations_dir, read_files
 from .render import layout_context, render_errors, template_line
 
 EXT_SCHEMA = "public"  # where host-level migrations put extensions: on every shard's search_path
@@ -55,21 +55,7 @@ def host_context(topo: Topology, host: str) -> dict:
 def load_host(directory: Path) -> list[HostLevelMigration]:
     """The host-level migrations of ``directory`` (H1, H2, … without gaps or duplicates). The folder's
     other files are checked by ``migrations.load``; an empty list when there are none."""
-    if not directory.is_dir():
-        raise ConfigError(f"migrations directory not found: {directory}")
-    found: list[HostLevelMigration] = []
-    for path in sorted(directory.iterdir()):
-        match = HOST_FILE_NAME.fullmatch(path.name)
-        if match is None or path.name.lower() in ALLOWED_FILES:
-            continue
-        try:
-            source = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read host-level migration {path.name}: {exc}") from None
-        found.append(
-            HostLevelMigration(int(match.group(1)), match.group(2).replace("_", " "), path, source)
-        )
-    found.sort(key=lambda m: m.version)
+    found = read_files(directory, HOST_FILE_NAME, HostLevelMigration, "host-level migration")
     for expected, m in enumerate(found, start=1):
         if m.version != expected:
             twice = next((o for o in found if o.version == m.version and o is not m), None)

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import BadInput, ConfigError
 from ..model.topology import Topology
@@ -336,34 +336,41 @@ def refusal(name: str) -> str | None:
     return "the description may hold only ASCII letters, digits and underscores"
 
 
+M = TypeVar("M", bound=Migration)
+
+
+def read_files(directory: Path, file_name: re.Pattern[str], kind: type[M], what: str) -> list[M]:
+    """The files of ``directory`` whose names ``file_name`` matches, read as ``kind`` and ordered by
+    version; ``what`` names such a file in the error when one cannot be read."""
+    if not directory.is_dir():
+        raise ConfigError(f"migrations directory not found: {directory}")
+    found: list[M] = []
+    for path in sorted(directory.iterdir()):
+        match = file_name.fullmatch(path.name)
+        if match is None:
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {what} {path.name}: {exc}") from None
+        found.append(kind(int(match.group(1)), match.group(2).replace("_", " "), path, source))
+    return sorted(found, key=lambda m: m.version)
+
+
 def load(directory: Path) -> list[Migration]:
-    """All migrations in ``directory``, ordered by version.
+    """All migrations in ``directory``, ordered by version (host-level ones: host_migrations.load_host).
 
     Every file in the folder is a migration or refused by name (a README is allowed): a ConfigError
     names each refused file and why; likewise a duplicate version or a gap.
     """
-    if not directory.is_dir():
-        raise ConfigError(f"migrations directory not found: {directory}")
-    found: list[Migration] = []
-    refused: list[str] = []
-    for path in sorted(directory.iterdir()):
-        why = refusal(path.name)
-        if why is not None:
-            refused.append(
-                f"migration file {path.name} is not named V<version>__<description>.sql: {why}"
-            )
-            continue
-        if path.name.lower() in ALLOWED_FILES or HOST_FILE_NAME.fullmatch(path.name):
-            continue  # host-level migrations: host_migrations.load_host
-        match = FILE_NAME.fullmatch(path.name)
-        try:
-            source = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read migration {path.name}: {exc}") from None
-        found.append(Migration(int(match.group(1)), match.group(2).replace("_", " "), path, source))
+    found = read_files(directory, FILE_NAME, Migration, "migration")
+    refused = [
+        f"migration file {path.name} is not named V<version>__<description>.sql: {why}"
+        for path in sorted(directory.iterdir())
+        if (why := refusal(path.name)) is not None
+    ]
     if refused:
         raise ConfigError("; ".join(refused) + " (e.g. V0003__add_photo_location.sql)")
-    found.sort(key=lambda m: m.version)
     seen: dict[int, Migration] = {}
     for m in found:
         if m.version in seen:

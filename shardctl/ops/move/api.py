@@ -279,10 +279,7 @@ def abort_move(
     progress: Progress | None = None,
 ) -> MoveReport:
     """Roll a move back (any time before cleanup): the source is authoritative again."""
-    options = options or MoveOptions()
-    return _run_steps(
-        MoveRun(topo, _resolve(topo, shards, move_id, options), options, progress), ["abort"]
-    )
+    return _run_on_recorded(topo, "abort", shards, move_id, options, progress)
 
 
 def cleanup_move(
@@ -294,10 +291,21 @@ def cleanup_move(
     progress: Progress | None = None,
 ) -> MoveReport:
     """Drop the renamed source schemas (and any replication object) of a cut-over move."""
+    return _run_on_recorded(topo, "cleanup", shards, move_id, options, progress)
+
+
+def _run_on_recorded(
+    topo: Topology,
+    step: str,
+    shards: list[int] | None,
+    move_id: str | None,
+    options: MoveOptions | None,
+    progress: Progress | None,
+) -> MoveReport:
+    """Run ``step`` (abort or cleanup) on the recorded move that ``shards`` or ``move_id`` name."""
     options = options or MoveOptions()
-    return _run_steps(
-        MoveRun(topo, _resolve(topo, shards, move_id, options), options, progress), ["cleanup"]
-    )
+    move = _resolve(topo, shards, move_id, options)
+    return _run_steps(MoveRun(topo, move, options, progress), [step])
 
 
 def next_step(topo: Topology, move: Move) -> str | None:

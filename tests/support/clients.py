@@ -313,13 +313,24 @@ class _ProcessClient(threading.Thread):
 
 
 class PsqlClient(_ProcessClient):
-    """psql, one process per statement: inserts into and reads from ``insta<n>.photos`` by name."""
+    """psql, one process per statement: inserts into and reads from ``insta<n>.photos`` by name.
+
+    It rests ``pause`` s between statements, like the Router clients (:func:`history_traffic`): still
+    dozens of statements a second through every phase, without the thousands of psql processes and
+    backends a move test spawned with no rest."""
 
     def __init__(
-        self, history: History, path: Path, bin_dir: str | Path, keys: list[int], name: str = "psql"
+        self,
+        history: History,
+        path: Path,
+        bin_dir: str | Path,
+        keys: list[int],
+        name: str = "psql",
+        pause: float = 0.01,
     ):
         super().__init__(history, path, bin_dir, name)
         self.keys = keys
+        self.pause = pause
         self.modulus = Topology.load(path).modulus
         self.schema = Topology.load(path).schema_name
 
@@ -379,9 +390,9 @@ class PsqlClient(_ProcessClient):
             )
             if out is not None:
                 self.history.acked(self.client, key, int(out.split()[0]), start, now())
-            key = rng.choice(
-                self.keys
-            )  # another key: a read may go to a host no write told of the move yet
+            self._halt.wait(self.pause)
+            # another key: a read may go to a host no write told of the move yet
+            key = rng.choice(self.keys)
             table = f"{self.schema(key % self.modulus)}.photos"
             start = now()
             out = self.attempt(
@@ -396,6 +407,7 @@ class PsqlClient(_ProcessClient):
                 self.history.read(
                     self.client, key, schema, [int(i) for i in ids.split(",") if i], start, now()
                 )
+            self._halt.wait(self.pause)
 
 
 class PgbenchClient(_ProcessClient):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from support.fleet import run_cli, sandbox_dir
+from support.fleet import sandbox_dir
 from support.process import run_shardctl as cli_process
 
 from shardctl.dev.sandbox import Sandbox
@@ -116,22 +118,32 @@ def silent():
     server.close()
 
 
-@pytest.mark.parametrize(
-    "command", [["init"], ["status"], ["verify"], ["migrate", "--check"], ["migrate"]]
-)
-def test_silent_host_times_out_with_exit_3(make_fleet, silent, command):
-    path = make_fleet(hosts=2, shards=8)
-    text = path.read_text()
-    # pg2 points at a server that accepts TCP and never answers.
-    head, tail = text.split("- name: pg2", 1)
-    tail = tail.split("\n", 2)
-    path.write_text(
-        head
-        + f'- name: pg2\n    dsn: "postgresql://postgres@127.0.0.1:{silent.port}/app"\n{tail[2]}'
-    )
-    started = time.monotonic()
-    result = run_cli(*command, "--connect-timeout", "2", config=path)
-    elapsed = time.monotonic() - started
-    assert result.exit_code == 3, result
-    assert "pg2" in result.stderr and "Traceback" not in result.stderr
-    assert elapsed < 15, f"{command} took {elapsed:.1f}s with --connect-timeout 2"
+SILENT_COMMANDS = [["init"], ["status"], ["verify"], ["migrate", "--check"], ["migrate"]]
+
+
+def test_silent_host_times_out_with_exit_3(make_fleet, silent):
+    """Each command, a real process on a fleet of its own whose pg2 accepts TCP and never answers,
+    ends with exit 3 naming pg2. The five run at once: each waits out its own connect timeout."""
+
+    def silenced() -> Path:
+        path = make_fleet(hosts=2, shards=8)
+        head, tail = path.read_text().split("- name: pg2", 1)
+        tail = tail.split("\n", 2)
+        path.write_text(
+            head
+            + f'- name: pg2\n    dsn: "postgresql://postgres@127.0.0.1:{silent.port}/app"\n{tail[2]}'
+        )
+        return path
+
+    def timed(command: list[str], path: Path) -> tuple[float, subprocess.CompletedProcess]:
+        started = time.monotonic()
+        proc = cli_process(*command, "--connect-timeout", "2", config=path)
+        return time.monotonic() - started, proc
+
+    paths = [silenced() for _ in SILENT_COMMANDS]
+    with ThreadPoolExecutor(len(SILENT_COMMANDS)) as pool:
+        runs = list(pool.map(timed, SILENT_COMMANDS, paths))
+    for command, (elapsed, proc) in zip(SILENT_COMMANDS, runs):
+        assert proc.returncode == 3, (command, proc)
+        assert "pg2" in proc.stderr and "Traceback" not in proc.stderr, (command, proc)
+        assert elapsed < 15, f"{command} took {elapsed:.1f}s with --connect-timeout 2"

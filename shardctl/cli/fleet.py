@@ -108,9 +108,8 @@ def init_cmd(
     options = RunOptions(
         batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout
     )
-    from ..ops.provision import (
-        init,
-    )  # each command imports its own operation (start-up of the others)
+    # each command imports its own operation (start-up of the others)
+    from ..ops.provision import init
 
     with host_progress("init", not as_json) as progress:
         report = init(

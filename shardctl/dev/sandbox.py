@@ -257,9 +257,8 @@ class Sandbox(SandboxBase):
 
         They are recorded in order up to the first failure, so the names stay pg1..pgN (a later host
         already made keeps its data directory, which the next run reuses)."""
-        from ..engine.fanout import (
-            for_each_host,
-        )  # here: it imports psycopg, which down/status do without
+        # here: it imports psycopg, which down/status do without
+        from ..engine.fanout import for_each_host
 
         new_hosts = [
             SandboxHost(f"pg{i + 1}", free_port(), str(self.dir / f"pg{i + 1}"), ca_file=ca)

@@ -86,9 +86,8 @@ class AsyncRouterConnection(psycopg.AsyncConnection):
             async with super().transaction(savepoint_name, force_rollback) as tx:
                 yield tx
             return
-        await (
-            self.begin_if_idle()
-        )  # the outermost block of a call: BEGIN with the settings ... COMMIT
+        # the outermost block of a call: BEGIN with the settings ... COMMIT
+        await self.begin_if_idle()
         try:
             async with super().transaction(savepoint_name, force_rollback) as tx:
                 yield tx

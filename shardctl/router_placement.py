@@ -130,9 +130,8 @@ class Redirects:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_shard: dict[
-            int, tuple[Host, str]
-        ] = {}  # shard → (host to use, owner the file named)
+        # shard → (host to use, owner the file named)
+        self._by_shard: dict[int, tuple[Host, str]] = {}
         self._foreign: set[str] = set()  # hosts known only from a redirect: its DSN, no password
 
     def host(self, shard: int) -> Host | None:
@@ -373,9 +372,8 @@ class Routing:
         """Read the topology file again (when it changed); pools of hosts that left or changed DSN are closed."""
         fresh, changed = self.placement.reload()
         if changed:
-            with (
-                self._lock
-            ):  # pool keys: the host's name, and "<name> standby" for its standby's pool
+            # pool keys: the host's name, and "<name> standby" for its standby's pool
+            with self._lock:
                 stale = [key for key in self._pools if key.split(" ")[0] in changed]
                 old_pools = [self._pools.pop(key) for key in stale]
             for pool in old_pools:

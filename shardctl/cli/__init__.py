@@ -96,9 +96,8 @@ class ShardctlGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
-            importlib.import_module(
-                f"{__name__}.{COMMAND_MODULES[cmd_name]}"
-            )  # adds its commands to ``cli``
+            # adds its commands to ``cli``
+            importlib.import_module(f"{__name__}.{COMMAND_MODULES[cmd_name]}")
         _imports_done()
         return super().get_command(ctx, cmd_name)
 

@@ -153,9 +153,8 @@ def plain_progress() -> Callable[[str, int, int, str], None]:
             info(note)
             return
         now = time.monotonic()
-        seen = last.get(
-            f"{step}/{bool(total)}"
-        )  # a step may be counted at one point, uncounted at another
+        # a step may be counted at one point, uncounted at another
+        seen = last.get(f"{step}/{bool(total)}")
         if total:
             finished = done >= total
             if seen and (seen[1] == done or (now - seen[0] < 5 and not finished)):
@@ -163,9 +162,8 @@ def plain_progress() -> Callable[[str, int, int, str], None]:
             last[f"{step}/True"] = (now, done)
             info(f"{step}: {done}/{total}{' ' + note if note else ''}")
             return
-        stage = re.sub(
-            r"[0-9][0-9.,]*\s*[A-Za-z]*", "#", note
-        )  # "lag 3 MB" and "lag 12 kB": one stage
+        # "lag 3 MB" and "lag 12 kB": one stage
+        stage = re.sub(r"[0-9][0-9.,]*\s*[A-Za-z]*", "#", note)
         if seen and (seen[1] == note or (seen[2] == stage and now - seen[0] < 5)):
             return
         last[f"{step}/False"] = (now, note, stage)

@@ -49,9 +49,8 @@ class PoolerState:
     pool_size: int = 3
     max_client_conn: int = 500
     password_env: str | None = None
-    databases: dict[str, list] = field(
-        default_factory=dict
-    )  # alias -> [server port, real database]
+    # alias -> [server port, real database]
+    databases: dict[str, list] = field(default_factory=dict)
 
 
 class Pooler:

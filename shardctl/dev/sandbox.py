@@ -69,9 +69,8 @@ class SandboxState:
     bin_dir: str
     hosts: list[SandboxHost] = field(default_factory=list)
     password_env: str | None = None
-    standbys: list[SandboxHost] = field(
-        default_factory=list
-    )  # streaming replicas, named "<primary>-standby"
+    # streaming replicas, named "<primary>-standby"
+    standbys: list[SandboxHost] = field(default_factory=list)
     version: str = ""  # the servers' PostgreSQL version, e.g. "18.6"
     tls: bool = False  # --tls: TLS-only servers (hostssl lines only), verify-full DSNs
 

@@ -37,9 +37,8 @@ def routed(model: type, hint: Hint, work: Callable[[], T]) -> T:
         and _routing.get() is here
         and (hint is None or router().target(**hint) == here.shard)
     ):
-        return (
-            work()
-        )  # inside a routed call on this very shard (create() -> save()): it follows moves
+        # inside a routed call on this very shard (create() -> save()): it follows moves
+        return work()
     if hint is None:
         if here is None:
             raise ShardNotChosen(

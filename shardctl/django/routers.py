@@ -51,9 +51,8 @@ class DatabaseRouter:
         if host_alias(db):
             return False
         model = hints.get("model")
-        if (
-            model is not None
-        ):  # a migration's historical model: its class in the app registry says more
+        # a migration's historical model: its class in the app registry says more
+        if model is not None:
             app_label, model_name = model._meta.app_label, model._meta.model_name
         model = None
         if model_name is not None:

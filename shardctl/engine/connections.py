@@ -88,9 +88,8 @@ def require_direct(
         try:
             conn.execute(session.BEGIN)
             first = conn.execute(session.BACKEND_PID).fetchone()[0]
-            other.pgconn.send_query(
-                session.BACKEND_PID.encode()
-            )  # waits for a server connection behind a pooler
+            # waits for a server connection behind a pooler
+            other.pgconn.send_query(session.BACKEND_PID.encode())
             conn.execute(session.COMMIT)
             second = _pid_of_sent(other)
             switched = (

@@ -501,9 +501,8 @@ class _Retries:
 
     def add(self, plan: ShardPlan) -> None:
         now = time.monotonic()
-        self.entries.append(
-            _Retry(plan, now, now)
-        )  # first try alone: at once, after the batch commits
+        # first try alone: at once, after the batch commits
+        self.entries.append(_Retry(plan, now, now))
 
     def due(self) -> _Retry | None:
         now = time.monotonic()

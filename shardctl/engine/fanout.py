@@ -262,9 +262,8 @@ class FleetReport:
 
     def problems(self) -> list[str]:
         parts = []
-        if (
-            self.failed
-        ):  # the first failure, named by its migration file when the caller set one (ops/)
+        # the first failure, named by its migration file when the caller set one (ops/)
+        if self.failed:
             f = self.failed[0]
             where = f" at {f['file']}" if f.get("file") else ""
             parts.append(

@@ -71,12 +71,10 @@ class Integrity:
     """Result of comparing a host's ledger with the migration files."""
 
     drift: list[Drift] = field(default_factory=list)
-    orphans: dict[int, list[int]] = field(
-        default_factory=dict
-    )  # applied version with no file → shards
-    clean: dict[int, dict] = field(
-        default_factory=dict
-    )  # version → cache entry, every row on the host verified
+    # applied version with no file → shards
+    orphans: dict[int, list[int]] = field(default_factory=dict)
+    # version → cache entry, every row on the host verified
+    clean: dict[int, dict] = field(default_factory=dict)
     rendered: int = 0  # renders this check needed
     cached: int = 0  # versions known good from the cache
 

@@ -217,9 +217,8 @@ class Decoder:
         out.write(",".join(self.columns()) + "\n")
         loop = _csv_loop(self.layout, self.topology is not None)
         owners = None
-        if (
-            self.topology is not None
-        ):  # shard → "schema,host" (None if not in the fleet): one list index per ID
+        # shard → "schema,host" (None if not in the fleet): one list index per ID
+        if self.topology is not None:
             size = (
                 1 << self.layout.bits("shard")
                 if _full_owner_table(self.layout)

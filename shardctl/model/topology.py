@@ -742,9 +742,8 @@ class _Validator:
                 f"{iso(layout.negative_at)} (and overflow on {iso(layout.overflow_at)})"
             )
             topo.warnings.append(message)
-            if (
-                message not in _WARNED
-            ):  # once per process: a Router reloads its file after every move
+            # once per process: a Router reloads its file after every move
+            if message not in _WARNED:
                 _WARNED.add(message)
                 warnings.warn(message, LayoutWarning, stacklevel=3)
         return topo

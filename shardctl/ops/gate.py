@@ -196,9 +196,8 @@ def check_against_base(
         raise BadInput(
             f"--base {base_dir}: not a directory (check out the base branch's migrations folder)"
         )
-    base = load(
-        Path(base_dir)
-    )  # a base folder that breaks the naming rules fails here too (exit 2)
+    # a base folder that breaks the naming rules fails here too (exit 2)
+    base = load(Path(base_dir))
     head = for_topology(topo)
     result = GateResult(str(base_dir), len(base), len(head))
     result.problems += compare_files(base, head)

@@ -71,15 +71,12 @@ class HostMigration(ApplyOutcome):
     versions: dict[int, int] = field(default_factory=dict)  # version → shards at it
     missing: list[int] = field(default_factory=list)  # shards in scope with no record (run init)
     drift: list[Drift] = field(default_factory=list)
-    gaps: dict[int, list[int]] = field(
-        default_factory=dict
-    )  # version missing below the highest → shards
-    orphans: dict[int, list[int]] = field(
-        default_factory=dict
-    )  # applied version with no file → shards
-    held: list[str] = field(
-        default_factory=list
-    )  # one line per group of shards left pending by a move
+    # version missing below the highest → shards
+    gaps: dict[int, list[int]] = field(default_factory=dict)
+    # applied version with no file → shards
+    orphans: dict[int, list[int]] = field(default_factory=dict)
+    # one line per group of shards left pending by a move
+    held: list[str] = field(default_factory=list)
     held_shards: list[int] = field(default_factory=list)
     repaired: int = 0
     dry_run_sql: dict[str, str] = field(default_factory=dict)
@@ -439,9 +436,8 @@ def _inspect(
         if row is None or row.version >= run.goal:
             continue
         pending.update(range(row.version + 1, run.goal + 1))
-        if (
-            not run.check and n not in held
-        ):  # --check only counts; it renders nothing it does not compare
+        # --check only counts; it renders nothing it does not compare
+        if not run.check and n not in held:
             plans.append(
                 ShardPlan(
                     n,
@@ -566,9 +562,8 @@ def migrate(
         raise BadInput("--check and --dry-run are two different reports; choose one")
     options = replace(options or RunOptions())  # a copy: the caller's options are not changed
     options.purpose = options.purpose or "migrate"
-    if (
-        options.lock_timeout is None
-    ):  # never queue behind application traffic for long ("0" disables it)
+    # never queue behind application traffic for long ("0" disables it)
+    if options.lock_timeout is None:
         options.lock_timeout = DEFAULT_LOCK_WAIT
     if options.lock_retries is None:
         options.lock_retries = DEFAULT_LOCK_RETRIES

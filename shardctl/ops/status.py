@@ -42,9 +42,8 @@ class HostStatus:
     min_version: int | None = None
     max_version: int | None = None
     moving: str = ""
-    failed: list[str] = field(
-        default_factory=list
-    )  # "shards 5,7 at V0003__x.sql": their last migrate failed
+    # "shards 5,7 at V0003__x.sql": their last migrate failed
+    failed: list[str] = field(default_factory=list)
     orphan_versions: list[int] = field(default_factory=list)
     last_event: str | None = None
 

@@ -48,9 +48,8 @@ class HostVerification:
     clock_skew_ms: float | None = None
     server_version: str | None = None
     violations: list[Violation] = field(default_factory=list)
-    fingerprints: dict[int, str] = field(
-        default_factory=dict
-    )  # shard → md5 of its catalog (sql/fingerprint.py)
+    # shard → md5 of its catalog (sql/fingerprint.py)
+    fingerprints: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -234,9 +233,8 @@ def compare_schemas(
         return groups
     majority = groups[0]
     for rank, group in enumerate(groups[1:]):
-        if (
-            rank >= EXPLAINED_GROUPS
-        ):  # each costs a query or two: name the shards, not the difference
+        # each costs a query or two: name the shards, not the difference
+        if rank >= EXPLAINED_GROUPS:
             for n in group.shards:
                 owner[n].value.violations.append(
                     Violation(
@@ -265,11 +263,8 @@ def compare_schemas(
                 full,
                 per_shard,
             )
-        except (
-            psycopg.Error,
-            OSError,
-            ShardctlError,
-        ) as exc:  # a host gone since: say so, keep the rest
+        # a host gone since: say so, keep the rest
+        except (psycopg.Error, OSError, ShardctlError) as exc:
             group.differences = [f"(could not read the objects: {_first_line(str(exc))})"]
         shown = group.differences if full else group.differences[:SHOWN_DIFFERENCES]
         more = len(group.differences) - len(shown)

@@ -81,9 +81,8 @@ class Migration:
         try:
             template = _compiled(self.source, str(self.path))
             text = template.render(context if context is not None else shard_context(topo, shard))
-        except (
-            render_errors()
-        ) as exc:  # also Python errors from expressions, e.g. {{ shard_id + "x" }}
+        # also Python errors from expressions, e.g. {{ shard_id + "x" }}
+        except render_errors() as exc:
             line = template_line(exc, "<template>")
             where = f"{self.name}:{line}" if line else self.name
             raise BadInput(
@@ -214,9 +213,8 @@ class Statement:
     # what makes it refuse a transaction block, e.g. "CREATE INDEX CONCURRENTLY"
     no_transaction: str | None = None
     transaction_control: bool = False  # BEGIN, COMMIT, SAVEPOINT…
-    node: dict = field(
-        default_factory=dict, compare=False, repr=False
-    )  # the parse tree (pglast JSON)
+    # the parse tree (pglast JSON)
+    node: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 class SqlSyntaxError(ValueError):
@@ -262,9 +260,8 @@ def parse(sql_text: str, *, tree: bool = False) -> list[Statement]:
     from pglast import parser as pg_parser
 
     lower = sql_text.lower()
-    if not tree and not any(
-        word in lower for word in _TREE_WORDS
-    ):  # substrings: at worst a needless tree
+    # substrings: at worst a needless tree
+    if not tree and not any(word in lower for word in _TREE_WORDS):
         try:
             slices = pg_parser.split(sql_text, True, True)  # with the parser: a syntax error raises
         except pg_parser.ParseError as exc:

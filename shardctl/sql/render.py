@@ -12,9 +12,8 @@ from ..model.identifiers import quote_ident, quote_literal
 from ..model.layouts import Layout, iso
 from ..model.topology import Topology
 
-if (
-    TYPE_CHECKING
-):  # imported where a template is rendered: a command that renders nothing never pays for it
+# imported where a template is rendered: a command that renders nothing never pays for it
+if TYPE_CHECKING:
     import jinja2
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # the shardctl package

@@ -238,9 +238,8 @@ class _Checker:
                 )
         elif isinstance(node, ast.TypeCast):
             self.regclass_literal(node, at)
-        elif (
-            type(node).__name__ in _NAMED_BY_LIST
-        ):  # CREATE FUNCTION public.f, CREATE TYPE public.mood, …
+        # CREATE FUNCTION public.f, CREATE TYPE public.mood, …
+        elif type(node).__name__ in _NAMED_BY_LIST:
             name = _names(getattr(node, _NAMED_BY_LIST[type(node).__name__], None))
             if len(name) > 1:
                 self.qualifier(name[0], ".".join(name), at)

@@ -459,9 +459,8 @@ class ShardSession(Session):
             )
             for n in sorted(shards)
         ]
-        return results[0].merge(
-            *results[1:]
-        )  # rows shard after shard; an UPDATE's or DELETE's rowcount summed
+        # rows shard after shard; an UPDATE's or DELETE's rowcount summed
+        return results[0].merge(*results[1:])
 
     def _statement_shards(self, orm: ORMExecuteState) -> set[int]:
         tables: dict[Any, dict[str, bool]] = {}

@@ -110,9 +110,8 @@ def _abort_after_cutover(run: MoveRun) -> None:
         if not frozen:  # 1
             _freeze_target(run, aside)
         _copy_back(run, run.renamed_map(), aside)  # 2
-    flip_topology(
-        run.topo.path, move.shards, move.target, move.source, opts.allow_inline_password
-    )  # 3
+    # 3
+    flip_topology(run.topo.path, move.shards, move.target, move.source, opts.allow_inline_password)
     run.topo = Topology.load(run.topo.path, allow_inline_password=opts.allow_inline_password)
     run.report["freeze_seconds"] = round(time.monotonic() - t0, 3)
     run.drop_replication()

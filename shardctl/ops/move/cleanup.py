@@ -23,9 +23,8 @@ def cleanup(run: MoveRun) -> None:
     finish_cutover(run)  # a cutover interrupted after the source committed completes first
     renamed = run.renamed_map()
     with run.connect(run.source, autocommit=False) as src:
-        stubs.drop_moved_stubs(
-            src, stub_names(run)
-        )  # the stubs under the old names go with the old copies
+        # the stubs under the old names go with the old copies
+        stubs.drop_moved_stubs(src, stub_names(run))
         src.commit()
         run.drop_shards(
             src,

@@ -68,9 +68,8 @@ def cutover(run: MoveRun) -> None:
     run.report["phases_run"].append("cutover")
     names = run.move.names
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
-        control.ensure_move_objects(
-            src
-        )  # a move prepared by an older shardctl may lack the redirects table
+        # a move prepared by an older shardctl may lack the redirects table
+        control.ensure_move_objects(src)
         control.ensure_move_objects(tgt)
         tables_r = inspect.tables(src, run.schemas, "r")
         tables_rp = inspect.tables(src, run.schemas, "rp")
@@ -448,9 +447,8 @@ class Freeze:
 
     def _wait_clock(self) -> None:
         source_ms = inspect.now_ms(self.src)
-        while (
-            inspect.now_ms(self.tgt) <= source_ms
-        ):  # new IDs on the target sort after every ID minted on the source
+        # new IDs on the target sort after every ID minted on the source
+        while inspect.now_ms(self.tgt) <= source_ms:
             if time.monotonic() > self.deadline:
                 raise FreezeTimeout(
                     "the target's clock is behind the source's by more than --max-freeze"

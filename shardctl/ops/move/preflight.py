@@ -61,9 +61,8 @@ def preflight(run: MoveRun) -> dict:
         target_problems = _target_problems(run, tgt, facts_t)
         problems += target_problems
     problems += _encoding_problems(run, facts_s, facts_t)
-    if (
-        not target_problems
-    ):  # a missing grant would make the probe and the trial fail for the wrong reason
+    # a missing grant would make the probe and the trial fail for the wrong reason
+    if not target_problems:
         problems += _reach_problems(run)
         problems += _trial_problems(run, rows, facts_t)
     subs = subscriptions_for(run, facts_t)
@@ -121,9 +120,8 @@ def _source_problems(run: MoveRun, conn, facts: dict) -> list[str]:
             out.append(
                 f"host {name}: role {role['name']} lacks CREATE on the database (to create publications)"
             )
-        if not role[
-            "read_all_stats"
-        ]:  # pg_stat_replication hides the subscriptions' progress otherwise
+        # pg_stat_replication hides the subscriptions' progress otherwise
+        if not role["read_all_stats"]:
             out.append(
                 f"host {name}: role {role['name']} cannot see replication progress (GRANT pg_monitor or "
                 f"pg_read_all_stats TO {role['name']})"

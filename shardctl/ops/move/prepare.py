@@ -40,9 +40,8 @@ def prepare(run: MoveRun) -> None:
     run.report["phases_run"].append("prepare")
     t0 = time.perf_counter()
     if move.phases.get("target") is None:
-        with run.connect(
-            run.target
-        ) as conn:  # before the source's shards are marked (and the preflight's trial)
+        # before the source's shards are marked (and the preflight's trial)
+        with run.connect(run.target) as conn:
             check_target_free(
                 run.target,
                 move.shards,

@@ -59,9 +59,8 @@ def _forward() -> tuple[Phase, ...]:
 
 
 FORWARD: tuple[Phase, ...] = _forward()  # preparing … cleaned
-FINISHED: tuple[Phase, ...] = tuple(
-    p for p, nxt in TRANSITIONS.items() if not nxt
-)  # cleaned, aborted
+# cleaned, aborted
+FINISHED: tuple[Phase, ...] = tuple(p for p, nxt in TRANSITIONS.items() if not nxt)
 # The phases a ``move-shard`` run executes (command words, not recorded phases).
 PHASE_NAMES = ("prepare", "sync", "cutover")
 

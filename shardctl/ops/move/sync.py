@@ -160,9 +160,8 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
                 ) from None
             run.report["copied_bytes"] = run.report.get("copied_bytes", 0) + copied
             run.both(Phase.SYNCING, {flag: True})
-        with run.connect(
-            run.target, autocommit=False
-        ) as hold:  # see start_subscription: no change skipped
+        # see start_subscription: no change skipped
+        with run.connect(run.target, autocommit=False) as hold:
             replication.start_subscription(
                 tgt, name, copy_data=False, hold=hold, tables=inspect.tables(tgt, schemas, "r")
             )

@@ -116,9 +116,8 @@ def sample_next_ids(
     except psycopg.Error:
         return _sample_union(conn, schemas, shards, n)
     out: list[tuple] = []
-    for i in range(
-        0, len(shards), SAMPLE_CALL
-    ):  # max_locks_per_transaction: 64 x max_connections slots
+    # max_locks_per_transaction: 64 x max_connections slots
+    for i in range(0, len(shards), SAMPLE_CALL):
         out += conn.execute(
             "SELECT * FROM pg_temp.shardctl_sample_ids(%s::text[], %s::int[], %s)",
             (schemas[i : i + SAMPLE_CALL], shards[i : i + SAMPLE_CALL], n),

@@ -21,10 +21,13 @@ import pytest
 from support.fleet import run_cli, sandbox_dir
 
 from shardctl.dev.sandbox import Sandbox
+from shardctl.dev.servers import INITDB_CACHE_ENV
 from shardctl.model.topology import LayoutWarning
 from shardctl.testing import FleetMaker, ShardctlFleet
 
 # Fixtures shared by several test files live with their helpers in tests/support/.
+_OWN_INITDB_CACHE = pytest.StashKey[Path]()
+
 pytest_plugins = [
     "support.pooler",
     "support.moves",
@@ -36,6 +39,20 @@ pytest_plugins = [
 
 def pytest_configure(config):
     warnings.filterwarnings("ignore", category=LayoutWarning)
+    # The tests start some 60 private sandboxes: each new server is a copy of a cluster initdb made
+    # once per build (dev/servers.LocalServers.initdb). Set here, before xdist starts its workers, so
+    # they and every CLI subprocess share one cache; removed when the session ends.
+    if INITDB_CACHE_ENV not in os.environ:
+        cache = sandbox_dir("initdb-cache")
+        os.environ[INITDB_CACHE_ENV] = str(cache)
+        config.stash[_OWN_INITDB_CACHE] = cache
+
+
+def pytest_unconfigure(config):
+    cache = config.stash.get(_OWN_INITDB_CACHE, None)
+    if cache is not None:
+        shutil.rmtree(cache, ignore_errors=True)
+        del os.environ[INITDB_CACHE_ENV]
 
 
 @pytest.fixture

@@ -8,8 +8,11 @@ else of the caller's environment (``PG*`` variables included) reaches them.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -40,6 +43,8 @@ SERVER_SETTINGS = {
 TLS_DIR = "tls"  # the sandbox's CA (certs.py), the invoking user's alone
 SERVER_HOME_PG = ".postgresql"  # in the servers' HOME: root.crt, the CA their subscriptions trust
 CONF_FILE = "shardctl_sandbox.conf"  # the settings, rewritten at every start
+# A directory of clusters made once per build, copied for each new server (LocalServers.initdb).
+INITDB_CACHE_ENV = "SHARDCTL_INITDB_CACHE"
 
 
 class Server(Protocol):
@@ -163,11 +168,22 @@ class LocalServers:
 
     def initdb(self, host: Server) -> None:
         """A new data directory (nothing to do when it exists), including the sandbox's settings file
-        and its pg_hba.conf lines."""
+        and its pg_hba.conf lines. With ``SHARDCTL_INITDB_CACHE`` set and no password, a copy of a
+        cluster that initdb made once for this build (:meth:`_copy_cached_cluster`)."""
         data = Path(host.data_dir)
         if (data / "PG_VERSION").exists():
             return
         self._own_dir(data)
+        cache = os.environ.get(INITDB_CACHE_ENV)
+        if cache and not self.config.password_env:
+            self._copy_cached_cluster(Path(cache), host)
+        else:
+            self._initdb(host, data)
+        with (data / "postgresql.conf").open("a") as f:
+            f.write(f"\n# added by shardctl sandbox\ninclude_if_exists = '{CONF_FILE}'\n")
+        self.config.write_hba(data / "pg_hba.conf")
+
+    def _initdb(self, host: Server, data: Path) -> None:
         args = [
             "initdb",
             "-D",
@@ -195,9 +211,28 @@ class LocalServers:
         finally:
             if pwfile:
                 pwfile.unlink(missing_ok=True)
-        with (data / "postgresql.conf").open("a") as f:
-            f.write(f"\n# added by shardctl sandbox\ninclude_if_exists = '{CONF_FILE}'\n")
-        self.config.write_hba(data / "pg_hba.conf")
+
+    def _copy_cached_cluster(self, cache: Path, host: Server) -> None:
+        """Copy into the host's (empty) data directory the cluster initdb made once for this build in
+        ``cache``, making it first (under a lock, so concurrent sandboxes and test workers make it once).
+
+        A copy costs about a tenth of initdb's CPU (0.04 s against 0.5 s on tmpfs). Every copy has the
+        same system identifier, which nothing a sandbox runs depends on (logical replication does not
+        read it; standbys are base backups, which share it anyway): for throwaway servers only."""
+        cache.mkdir(mode=0o755, parents=True, exist_ok=True)
+        make_traversable(cache)
+        key = hashlib.sha256(f"{self.config.bin_dir.resolve()}|{self.config.user}".encode())
+        source = cache / key.hexdigest()[:16]
+        with open(cache / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (source / "PG_VERSION").exists():
+                building = cache / f"{source.name}.building"
+                shutil.rmtree(building, ignore_errors=True)
+                self._own_dir(building)
+                self._initdb(host, building)
+                building.rename(source)
+        # cp -a keeps the server user's ownership and the 0700 modes PostgreSQL checks
+        subprocess.run(["cp", "-a", f"{source}/.", host.data_dir], check=True, capture_output=True)
 
     def start(self, host: Server) -> None:
         if self.running(host):

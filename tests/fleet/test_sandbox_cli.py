@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import psycopg
 import pytest
-from support.fleet import load, run_cli
+from support.fleet import load, run_cli, sandbox_dir
+
+from shardctl.dev.servers import INITDB_CACHE_ENV
 
 
 def error_line(result) -> str:
@@ -176,3 +179,32 @@ def test_hosts_are_made_together_and_a_failed_one_leaves_those_before_it_for_the
                 assert conn.execute("SELECT current_database()").fetchone()[0] == "app"
     finally:
         box.destroy()
+
+
+def _system_identifier(host: dict, **connect) -> int:
+    dsn = f"postgresql://postgres@127.0.0.1:{host['port']}/postgres"
+    with psycopg.connect(dsn, connect_timeout=10, **connect) as conn:
+        return conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0]
+
+
+def test_new_servers_are_copies_of_one_cluster_initdb_made_per_build(monkeypatch, private_sandbox):
+    """With SHARDCTL_INITDB_CACHE (the suite sets it), initdb runs once per build and each new server
+    is a copy; a sandbox with a password is made by initdb itself (no password is ever cached)."""
+    cache = sandbox_dir("initdb-cache-test")
+    try:
+        monkeypatch.setenv(INITDB_CACHE_ENV, str(cache))
+        copies = private_sandbox(hosts=3, shards=3).status()["hosts"]
+        clusters = [p.name for p in cache.iterdir() if not p.name.startswith(".")]
+        assert len(clusters) == 1 and (cache / clusters[0] / "PG_VERSION").exists(), clusters
+        # initdb draws a system identifier from the clock and its pid: three initdbs, three of them
+        assert len({_system_identifier(h) for h in copies}) == 1
+
+        monkeypatch.setenv("SHARDCTL_TEST_CACHE_PASSWORD", "not-in-the-cache")
+        protected = private_sandbox(hosts=1, shards=1, password_env="SHARDCTL_TEST_CACHE_PASSWORD")
+        host = protected.status()["hosts"][0]
+        assert _system_identifier(host, password="not-in-the-cache") != _system_identifier(
+            copies[0]
+        )
+        assert [p.name for p in cache.iterdir() if not p.name.startswith(".")] == clusters
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

@@ -115,9 +115,9 @@ def decode_id(
     if as_csv:
         decoder.write_csv(source, sys.stdout, bad)
     elif as_json:
-        _write_json(decoder.iter_decode(source, bad), bad)
+        _write_json(decoder.rows(source, "json", bad), bad)
     else:
-        _write_table(decoder.columns(), decoder.iter_decode(source, bad))
+        _write_table(decoder.columns(), decoder.rows(source, "cells", bad))
     if bad.count <= SHOW_BAD_LINES:
         for n, text, problem in bad:
             click.echo(f"error: line {n}: {text!r}: {problem}", err=True)
@@ -137,14 +137,16 @@ SHOW_BAD_LINES = 5  # more bad lines than this are summed up in one line on stde
 TABLE_ROWS = 1000  # more decoded IDs than this print as plain aligned lines, not a rich table
 
 
-def _write_json(rows, bad) -> None:
-    """One JSON document, written as the IDs are decoded (never held whole)."""
+def _write_json(chunks, bad) -> None:
+    """One JSON document, written as the IDs are decoded (never held whole): ``chunks`` are lists of
+    each ID's JSON object (``Decoder.rows(..., "json", ...)``)."""
     write = sys.stdout.write
     write('{\n  "ids": [')
     sep = "\n    "
-    for row in rows:
-        write(sep + json.dumps(row))
-        sep = ",\n    "
+    for chunk in chunks:
+        if chunk:
+            write(sep + ",\n    ".join(chunk))
+            sep = ",\n    "
     write("]" if sep == "\n    " else "\n  ]")
     errors = [{"line": n, "input": t, "error": e} for n, t, e in bad]
     write(',\n  "errors": ' + json.dumps(errors))
@@ -153,32 +155,25 @@ def _write_json(rows, bad) -> None:
     write(f',\n  "ok": {"false" if bad else "true"}\n}}\n')
 
 
-def _write_table(columns: list[str], rows) -> None:
-    """A rich table for up to TABLE_ROWS IDs; beyond that, plain aligned lines as they come."""
-    first = list(itertools.islice(rows, TABLE_ROWS + 1))
-    if len(first) <= TABLE_ROWS:
-        stdout.print(table(None, columns, [[r.get(c) for c in columns] for r in first]))
+def _write_table(columns: list[str], chunks) -> None:
+    """A rich table for up to TABLE_ROWS IDs; beyond that, plain aligned lines as they come. ``chunks``
+    are lists of each ID's cells (``Decoder.rows(..., "cells", ...)``)."""
+    rows = itertools.chain.from_iterable(chunks)
+    head = list(itertools.islice(rows, TABLE_ROWS + 1))
+    if len(head) <= TABLE_ROWS:
+        stdout.print(table(None, columns, head))
         return
-
-    def cells(r: dict) -> list[str]:
-        return ["" if r.get(c) is None else str(r.get(c)) for c in columns]
-
-    head = [cells(r) for r in first]
     widths = [max(len(c), *(len(row[i]) for row in head)) for i, c in enumerate(columns)]
+    aligned = "  ".join(f"{{:<{w}}}" for w in widths).format
 
-    def line(values: list[str]) -> str:
-        return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip() + "\n"
+    def line(values) -> str:
+        return aligned(*values).rstrip() + "\n"
 
     out = sys.stdout
     out.write(line(columns))
     out.write("".join(line(v) for v in head))
-    batch: list[str] = []
-    for r in rows:
-        batch.append(line(cells(r)))
-        if len(batch) >= 4096:
-            out.write("".join(batch))
-            batch.clear()
-    out.write("".join(batch))
+    while batch := list(itertools.islice(rows, 8192)):
+        out.write("".join(line(v) for v in batch))
 
 
 @cli.command("encode-id")

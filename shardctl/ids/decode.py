@@ -1,4 +1,4 @@
-"""Decoding many IDs at once: per-line errors, owning schema and host, fast CSV output.
+"""Decoding many IDs at once: per-line errors, owning schema and host, fast CSV, JSON and table rows.
 
 Everything streams: lines are read in bounded chunks (a line longer than
 :data:`MAX_LINE_CHARS` is reported by its first characters, never held whole), decoded
@@ -8,6 +8,7 @@ IDs are written as they come, and bad lines are counted, with only the first
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import TextIO
@@ -203,32 +204,40 @@ class Decoder:
                 bad.append((number, raw.strip(), str(exc)))
 
     def decode_lines(self, lines: Iterable[str]) -> tuple[list[dict], BadLines]:
-        """Decode every line into a list (for a few IDs; stream big inputs with :meth:`iter_decode`)."""
+        """Decode every line into a list (for a few IDs; stream big inputs with :meth:`rows`)."""
         bad = BadLines()
         return list(self.iter_decode(lines, bad)), bad
 
     def write_csv(self, lines: Iterable[str], out: TextIO, bad: BadLines | None = None) -> BadLines:
-        """Decode to CSV with a header. Returns the bad lines (counted; the first few kept).
-
-        The hot loop (:func:`_csv_loop`) checks a chunk of lines at once and uses table lookups
-        instead of format specs: about 1 µs per ID in CPython.
-        """
+        """Decode to CSV with a header. Returns the bad lines (counted; the first few kept)."""
         bad = BadLines() if bad is None else bad
         out.write(",".join(self.columns()) + "\n")
-        loop = _csv_loop(self.layout, self.topology is not None)
+        out.writelines("".join(chunk) for chunk in self.rows(lines, "csv", bad))
+        return bad
+
+    def rows(self, lines: Iterable[str], form: str, bad: BadLines) -> Iterator[list]:
+        """Decode line by line, yielding the rows of each chunk of lines as ``form`` says; bad lines go
+        to ``bad``. ``csv``: CSV lines (with their newline, no header); ``json``: each ID's JSON object,
+        as ``json.dumps(self.decode(id))`` writes it; ``cells``: a tuple of strings per ID, one per
+        :meth:`columns` ("" for no value).
+
+        The loop (:func:`_decoding_loop`) checks a chunk of lines at once and uses table lookups
+        instead of format specs: about 1 µs per ID in CPython, against 10 for :meth:`iter_decode`.
+        """
         owners = None
-        # shard → "schema,host" (None if not in the fleet): one list index per ID
         if self.topology is not None:
+            # shard → its row's schema and host (None if not in the fleet): one list index per ID
             size = (
                 1 << self.layout.bits("shard")
                 if _full_owner_table(self.layout)
                 else max(self._hosts, default=-1) + 1
             )
             owners = [None] * size
-            for n, h in self._hosts.items():
-                owners[n] = f"{self.topology.schema_name(n)},{h}"
-        loop(lines, out.write, bad, owners, self._slow_checks, _day_text)
-        return bad
+            for n, host in self._hosts.items():
+                owners[n] = _OWNER_FORMS[form](self.topology.schema_name(n), host)
+        loop = _decoding_loop(self.layout, form, self.topology is not None)
+        outside = f" is not in this topology (0..{self.topology.shard_count - 1})" if owners else ""
+        return loop(lines, bad, owners, outside, self._slow_checks, _day_text)
 
     def _slow_checks(self, value: int) -> tuple[int | None, str | None]:
         """For a negative or oversized value: (value to decode, None) or (None, problem)."""
@@ -272,9 +281,48 @@ def _full_owner_table(layout: Layout) -> bool:
     return layout.bits("shard") <= 20
 
 
-def _csv_loop(layout: Layout, with_topology: bool):
-    """The CSV loop for ``layout``: its shifts, masks and epoch bound as locals of a closure (cached per
-    layout shape).
+def _row_form(layout: Layout, form: str):
+    """``row(sid, first, text, second, third, owner)``: one ID's row in ``form``, from its signed
+    value, its three fields (the first is the milliseconds since the epoch when the layout has time),
+    its time text ("" beyond year 9999) and its owner's part of the row (``_OWNER_FORMS``)."""
+    names = [f.name for f in layout.fields]
+    epoch = layout.epoch_ms
+    if form == "csv":
+        if layout.has_time:
+            return lambda sid, x0, text, x1, x2, owner: f"{sid},{text},{x1},{x2}{owner}\n"
+        return lambda sid, x0, text, x1, x2, owner: f"{sid},{x0},{x1},{x2}{owner}\n"
+    if form == "cells":
+        if layout.has_time:
+            return lambda sid, x0, text, x1, x2, owner: (f"{sid}", text, f"{x1}", f"{x2}", *owner)
+        return lambda sid, x0, text, x1, x2, owner: (f"{sid}", f"{x0}", f"{x1}", f"{x2}", *owner)
+    k0, k1, k2 = (json.dumps(n) for n in names)  # Layout.decode's keys, in its order
+    if not layout.has_time:
+        return lambda sid, x0, text, x1, x2, owner: (
+            f'{{"id": {sid}, {k0}: {x0}, {k1}: {x1}, {k2}: {x2}{owner}}}'
+        )
+
+    def timed(sid: int, x0: int, text: str, x1: int, x2: int, owner: str) -> str:
+        shown = f'"{text}"' if text else "null"
+        return (
+            f'{{"id": {sid}, "ms_since_epoch": {x0}, {k1}: {x1}, {k2}: {x2}, '
+            f'"unix_ms": {x0 + epoch}, "time": {shown}{owner}}}'
+        )
+
+    return timed
+
+
+# An owner's part of a row, and a row's part when there is no topology.
+_OWNER_FORMS = {
+    "csv": lambda schema, host: f",{schema},{host}",
+    "json": lambda schema, host: f', "schema": {json.dumps(schema)}, "host": {json.dumps(host)}',
+    "cells": lambda schema, host: (schema, host),
+}
+_NO_OWNER = {"csv": "", "json": "", "cells": ()}
+
+
+def _decoding_loop(layout: Layout, form: str, with_topology: bool):
+    """The decoding loop for ``layout``: its shifts, masks and epoch bound as locals of a closure (cached
+    per layout shape and form).
 
     Plain Python, not generated source: this loop used to be written per layout as source text and
     ``exec``'d with the constants baked in. Measured against it on the same input (300,000 IDs of the
@@ -283,7 +331,7 @@ def _csv_loop(layout: Layout, with_topology: bool):
     IDs spread over a year 0.68M vs 0.75M and 0.83M vs 0.89M. Within the 10–15 % that generated code has to
     beat to be kept (docs/performance.md, "Decoding IDs").
     """
-    key = (layout.fields, layout.epoch_ms, layout.payload_bits, with_topology)
+    key = (layout.fields, layout.epoch_ms, layout.payload_bits, form, with_topology)
     cached = _LOOPS.get(key)
     if cached is not None:
         return cached
@@ -296,21 +344,23 @@ def _csv_loop(layout: Layout, with_topology: bool):
     # IDs from 2**63 on print as PostgreSQL's bigint shows them (only a 64-bit payload reaches there)
     signed_from = 1 << 63 if payload > 63 else 1 << 64
     HH, MMSS, days, P3Z, BLANK = _HH, _MMSS, _DAYS, _P3Z, _BLANK
+    row, no_owner = _row_form(layout, form), _NO_OWNER[form]
 
-    def loop(lines, write, bad, owners, slow, day_text):
+    def loop(lines, bad, owners, outside, slow, day_text):
         reject = bad.reject
         it = iter(lines)
         n0 = 0
         last_s = None
-        head = ""
+        text = ""
+        owner = no_owner
         # shards past the table are not in the fleet
         known = len(owners) if owners is not None else 0
         while True:
             chunk = list(islice(it, 8192))
             if not chunk:
                 break
-            text = "".join(chunk)
-            clean = text.isascii() and text.replace("\n", "").replace("\r", "").isdigit()
+            joined = "".join(chunk)
+            clean = joined.isascii() and joined.replace("\n", "").replace("\r", "").isdigit()
             raises = 0
             buf = []
             append = buf.append
@@ -335,9 +385,15 @@ def _csv_loop(layout: Layout, with_topology: bool):
                     if problem:
                         bad.append((n, raw.strip(), problem))
                         continue
-                sid = v if v < signed_from else v - 18446744073709551616
+                if owners is not None:
+                    shard = (v >> ss) & ms_
+                    owner = owners[shard] if shard < known else None
+                    if owner is None:
+                        bad.append((n, raw.strip(), f"shard {shard}{outside}"))
+                        continue
+                x0 = (v >> s0) & m0
                 if has_time:
-                    s, ms = divmod((v >> s0) + epoch, 1000)
+                    s, ms = divmod(x0 + epoch, 1000)
                     if s != last_s:
                         last_s = s
                         d, sod = divmod(s, 86400)
@@ -345,20 +401,11 @@ def _csv_loop(layout: Layout, with_topology: bool):
                         h, mmss = divmod(sod, 3600)
                         second = f"{day}T{HH[h]}{MMSS[mmss]}." if day else ""
                         stamp = P3Z if day else BLANK
-                    head = f"{sid},{second}{stamp[ms]}"
-                else:
-                    head = f"{sid},{(v >> s0) & m0}"
-                if owners is None:
-                    append(f"{head},{(v >> s1) & m1},{(v >> s2) & m2}\n")
-                    continue
-                shard = (v >> ss) & ms_
-                owner = owners[shard] if shard < known else None
-                if owner is None:
-                    bad.append((n, raw.strip(), f"shard {shard} is not in this topology"))
-                    continue
-                append(f"{head},{(v >> s1) & m1},{(v >> s2) & m2},{owner}\n")
+                    text = f"{second}{stamp[ms]}"
+                sid = v if v < signed_from else v - 18446744073709551616
+                append(row(sid, x0, text, (v >> s1) & m1, (v >> s2) & m2, owner))
             n0 += len(chunk)
-            write("".join(buf))
+            yield buf
 
     _LOOPS[key] = loop
     return loop

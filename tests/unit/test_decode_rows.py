@@ -93,3 +93,8 @@ def test_every_form_writes_what_decode_says(name, form):
     for (_, _, problem), (_, expected) in zip(bad, bad_expected):
         if "is not in this topology" in expected:
             assert problem == expected
+
+
+def test_an_unknown_form_is_refused():
+    with pytest.raises(ValueError, match="form must be one of csv, json, cells, got 'xml'"):
+        Decoder(pinterest()).rows(["1\n"], "xml", BadLines())

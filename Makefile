@@ -14,9 +14,8 @@ test-fleet:
 
 # The slow scale tests. test_migrate_live.py's hold a rate and stall limits: alone, in one process
 # (beside a decode test on the other core, its load generator fell to 383 ops/s at load ~25). The
-# others on two workers (not the default suite's three: they are CPU-bound); worksteal, not
-# loadfile: the three 10-million-ID decode tests are in one file, and would otherwise all wait for
-# one worker.
+# others on two workers; worksteal, not loadfile: the three 10-million-ID decode tests are in one
+# file, and would otherwise all wait for one worker.
 test-slow:
 	python -m pytest -q -m slow -n 0 tests/fleet/test_migrate_live.py
 	python -m pytest -q -m slow -n 2 --dist worksteal --ignore tests/fleet/test_migrate_live.py

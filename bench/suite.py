@@ -35,8 +35,9 @@ def calibration() -> float:
     return best
 
 
-def run(tree: Path, pytest_args: list[str]) -> tuple[float, float | None, str]:
-    """(wall seconds, CPU seconds or None, pytest's last line) of the suite in ``tree``."""
+def run(tree: Path, pytest_args: list[str]) -> tuple[float, float | None, list[str]]:
+    """(wall seconds, CPU seconds or None, pytest's FAILED/ERROR lines and last line) of the suite in
+    ``tree``."""
     group = CPUACCT / f"shardctl-suite-{uuid.uuid4().hex[:8]}"
     try:
         group.mkdir()
@@ -56,7 +57,8 @@ def run(tree: Path, pytest_args: list[str]) -> tuple[float, float | None, str]:
         cpu = int((group / "cpuacct.usage").read_text()) / 1e9
         group.rmdir()
     lines = (out.stdout or out.stderr).strip().splitlines()
-    return wall, cpu, lines[-1] if lines else f"exit {out.returncode}"
+    failures = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    return wall, cpu, failures + [lines[-1] if lines else f"exit {out.returncode}"]
 
 
 def main() -> None:
@@ -71,13 +73,15 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         for name, tree in trees:
             calib = calibration()
-            wall, cpu, last = run(tree, args.pytest_args)
+            wall, cpu, lines = run(tree, args.pytest_args)
             cpu_text = f"{cpu:7.1f}" if cpu is not None else "      -"
             print(
                 f"{name} round {round_}: calibration {calib:.3f}s  wall {wall:7.1f}s  "
-                f"cpu {cpu_text}s  {last}",
+                f"cpu {cpu_text}s  {lines[-1]}",
                 flush=True,
             )
+            for line in lines[:-1]:  # which tests failed, so a flaky one can be found again
+                print(f"    {line}", flush=True)
 
 
 if __name__ == "__main__":

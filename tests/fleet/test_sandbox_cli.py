@@ -8,7 +8,7 @@ import time
 
 import psycopg
 import pytest
-from support.fleet import load, run_cli, sandbox_dir
+from support.fleet import admin_dsn, load, run_cli, sandbox_dir
 
 from shardctl.dev.servers import INITDB_CACHE_ENV
 
@@ -182,8 +182,7 @@ def test_hosts_are_made_together_and_a_failed_one_leaves_those_before_it_for_the
 
 
 def _system_identifier(host: dict, **connect) -> int:
-    dsn = f"postgresql://postgres@127.0.0.1:{host['port']}/postgres"
-    with psycopg.connect(dsn, connect_timeout=10, **connect) as conn:
+    with psycopg.connect(admin_dsn(host["port"]), connect_timeout=10, **connect) as conn:
         return conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0]
 
 

@@ -6,15 +6,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
 from .engine.connections import first_line
 from .errors import BadInput, HostUnreachable, SessionStateError
 from .model.topology import Host, Topology
-from .router_placement import MOVED_ERRORS, SAME, RouterOptions, Routing
-from .router_pool import HostPool, Slot, Watchdog, foreign_connect_error, log
+from .router_placement import (
+    MOVED_ERRORS,
+    SAME,
+    RouterOptions,
+    Routing,
+)
+from .router_pool import HostPool, PoolBase, Slot, Watchdog, foreign_connect_error, log
 from .router_session import (
     Call,
     RouterClientCursor,
@@ -22,14 +27,17 @@ from .router_session import (
     RouterCursor,
     RouterServerCursor,
     forget_prepared,
-    ms,
     quietly,
     reset,
     stale_plan,
 )
 from .sql.catalog.control import MOVED_SQLSTATE, SHARD_STATE_SQL, read_redirects
 from .sql.catalog.replication import STANDBY_LAG_SQL as _LAG_SQL
-from .sql.session import transaction_start
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .router_placement import BlockTarget, CallTarget, ReadTarget
 
 T = TypeVar("T")
 
@@ -43,6 +51,10 @@ class Router(Routing):
     Every call is bounded by ``timeout`` seconds: ``statement_timeout`` on the server, and a
     client deadline (``timeout`` + ``grace``) that cuts the socket of a host that stopped answering.
     :meth:`stats` reports pools, errors, breakers and latencies. See docs/router.md.
+
+    A call names its shard by ``key``, or by one of the keywords of
+    :class:`~shardctl.router_placement.Target` (``id=``, ``shard=``); its other keywords
+    (``timeout=``, ``max_lag=``, ``readonly=``) are typed beside it (``CallTarget`` and its kin).
 
     Shards move between hosts (``shardctl move-shard``). :meth:`run` and :meth:`execute` follow a
     move: when a statement fails because its shard has just moved away (the old tables are
@@ -70,13 +82,7 @@ class Router(Routing):
     def connection(
         self,
         key: int | str | None = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-        readonly: bool = False,
-        max_lag: float | None = SAME,
-        timeout: float | None = SAME,
+        **where: Unpack[BlockTarget],
     ) -> Iterator[psycopg.Connection]:
         """A pooled connection to the shard's host for a block: by ``key``, by ``id`` or by ``shard``.
 
@@ -86,7 +92,7 @@ class Router(Routing):
         shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
         (in a read-only transaction). The block must end within ``timeout`` seconds.
         """
-        number, call = self._call("block", key, id, shard, force_string, timeout, readonly, max_lag)
+        number, call = self._call("connection", key, where)
         host = self._locate(number)
         self._tried.host = host
         with self._on_host(host, number, call) as conn:
@@ -114,11 +120,7 @@ class Router(Routing):
         self,
         key: int | str | None = None,
         work: Callable[[psycopg.Connection], T] | None = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-        timeout: float | None = SAME,
+        **where: Unpack[CallTarget],
     ) -> T:
         """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the shard
         moved meanwhile, reload the topology and call it once more on the new host.
@@ -128,7 +130,7 @@ class Router(Routing):
         """
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number, call = self._call("run", key, id, shard, force_string, timeout)
+        number, call = self._call("run", key, where)
 
         def attempt(host: Host) -> T:
             with self._on_host(host, number, call) as conn:
@@ -147,36 +149,23 @@ class Router(Routing):
         key: int | str | None = None,
         query: Any = None,
         params: Any = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-        timeout: float | None = SAME,
+        **where: Unpack[CallTarget],
     ) -> Any:
         """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
         round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
         changed."""
-        return self._statement(
-            query, params, *self._call("statement", key, id, shard, force_string, timeout)
-        )
+        return self._statement(query, params, *self._call("execute", key, where))
 
     def read(
         self,
         key: int | str | None = None,
         query: Any = None,
         params: Any = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-        max_lag: float | None = SAME,
-        timeout: float | None = SAME,
+        **where: Unpack[ReadTarget],
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
         (else, or when the standby is down, on the primary, in a read-only transaction)."""
-        number, call = self._call(
-            "statement", key, id, shard, force_string, timeout, readonly=True, max_lag=max_lag
-        )
+        number, call = self._call("read", key, where)
         return self._statement(query, params, number, call)
 
     def _statement(self, query: Any, params: Any, shard: int, call: Call) -> Any:
@@ -295,15 +284,11 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
     Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
     """
     started = time.perf_counter()
-    deadline = (
-        None if call.timeout is None else time.monotonic() + call.timeout + router.options.grace
-    )
+    deadline = call.deadline(router.options.grace)
     try:
         slot = pool.acquire(deadline)
     except HostUnreachable:
-        pool.record(time.perf_counter() - started, "unreachable")
-        if call.max_lag is not None:
-            raise _Fallback("unreachable") from None
+        _unreachable(pool, started, call)
         raise
     conn: RouterConnection = slot.conn  # type: ignore[assignment]
     watch = router._watchdog.arm(conn, deadline) if deadline is not None else None
@@ -315,12 +300,7 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
         if call.max_lag is not None and _lag(router, pool, conn) > call.max_lag:
             _finish(router, pool, slot, watch, started, error=None, keep=True)
             raise _Fallback("lagging")
-        # Prepared statements only where the server session is ours, and only in run(), which calls its work
-        # again when a migration made a plan stale (a block has no retry; execute() binds on the client).
-        conn.prepare_threshold = 5 if keeps and call.kind == "run" else None
-        conn.session_dirty = False
-        conn.begin = transaction_start(call.schema, ms(call.timeout), call.readonly)
-        conn.one_transaction = call.kind == "run"
+        call.ready(conn, keeps)
         try:
             yield conn
         except BaseException:
@@ -338,16 +318,22 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
         fired = watch is not None and router._watchdog.disarm(watch)
         watch = None
         error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.options.grace)
-        # The connection stays pooled unless it is cut, broken or was interrupted mid-call.
-        keep = error in ("sql", "stale_plan", "other", "session_state") and (
-            not keeps or (call.tracked and not conn.session_dirty) or quietly(reset, conn)
-        )
+        keep = call.keeps_after(error, conn, keeps)
+        if keep is None:
+            keep = quietly(reset, conn)
         _finish(router, pool, slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None
         raise
     conn.begin = None
     _finish(router, pool, slot, watch, started, error=None, keep=True)
+
+
+def _unreachable(pool: PoolBase, started: float, call: Call) -> None:
+    """Count a call whose host is unreachable; a standby read falls back to the primary."""
+    pool.record(time.perf_counter() - started, "unreachable")
+    if call.max_lag is not None:
+        raise _Fallback("unreachable") from None
 
 
 def _finish(

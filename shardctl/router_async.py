@@ -21,14 +21,20 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
 from .errors import BadInput, HostUnreachable
 from .model.topology import Host, Topology
-from .router import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback
-from .router_placement import FOLLOW_POLL, MOVED_ERRORS, SAME, RouterOptions, Routing
+from .router import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback, _unreachable
+from .router_placement import (
+    FOLLOW_POLL,
+    MOVED_ERRORS,
+    SAME,
+    RouterOptions,
+    Routing,
+)
 from .router_pool import PoolBase, Slot, _cut, foreign_connect_error
 from .router_session import (
     Call,
@@ -36,7 +42,6 @@ from .router_session import (
     check_statement,
     deallocate_text,
     forget_prepared_text,
-    ms,
     opened_statement,
     opening,
     outer_block,
@@ -52,7 +57,11 @@ from .sql.catalog.control import (
     REDIRECTS_SQL,
     redirects_by_shard,
 )
-from .sql.session import transaction_start
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .router_placement import BlockTarget, CallTarget, ReadTarget
 
 T = TypeVar("T")
 
@@ -304,16 +313,10 @@ class AsyncRouter(Routing):
     async def connection(
         self,
         key: int | str | None = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-        readonly: bool = False,
-        max_lag: float | None = SAME,
-        timeout: float | None = SAME,
+        **where: Unpack[BlockTarget],
     ) -> AsyncIterator[AsyncRouterConnection]:
         """``Router.connection`` for asyncio: ``async with router.connection(key) as conn``."""
-        number, call = self._call("block", key, id, shard, force_string, timeout, readonly, max_lag)
+        number, call = self._call("connection", key, where)
         host = self._locate(number)
         _tried.set(host)
         async with self._on_host(host, call) as conn:
@@ -340,17 +343,13 @@ class AsyncRouter(Routing):
         self,
         key: int | str | None = None,
         work: Callable[[AsyncRouterConnection], Awaitable[T]] | None = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-        timeout: float | None = SAME,
+        **where: Unpack[CallTarget],
     ) -> T:
         """``await work(conn)`` in one transaction on the shard; once more on the new host if the shard
         moved meanwhile (``Router.run``: ``work`` may run twice and must only use ``conn``)."""
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number, call = self._call("run", key, id, shard, force_string, timeout)
+        number, call = self._call("run", key, where)
 
         async def attempt(host: Host) -> T:
             async with self._on_host(host, call) as conn:
@@ -363,33 +362,20 @@ class AsyncRouter(Routing):
         key: int | str | None = None,
         query: Any = None,
         params: Any = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-        timeout: float | None = SAME,
+        **where: Unpack[CallTarget],
     ) -> Any:
         """One statement in a transaction of its own (one round trip), following a move (``Router.execute``)."""
-        return await self._statement(
-            query, params, *self._call("statement", key, id, shard, force_string, timeout)
-        )
+        return await self._statement(query, params, *self._call("execute", key, where))
 
     async def read(
         self,
         key: int | str | None = None,
         query: Any = None,
         params: Any = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-        max_lag: float | None = SAME,
-        timeout: float | None = SAME,
+        **where: Unpack[ReadTarget],
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby within ``max_lag`` seconds (``Router.read``)."""
-        number, call = self._call(
-            "statement", key, id, shard, force_string, timeout, readonly=True, max_lag=max_lag
-        )
+        number, call = self._call("read", key, where)
         return await self._statement(query, params, number, call)
 
     async def _statement(self, query: Any, params: Any, shard: int, call: Call) -> Any:
@@ -532,15 +518,11 @@ async def _session(
     """``router._session`` for asyncio: checkout, the caller's work, the reset where the server keeps
     sessions, checkin; a cut (deadline) or broken connection becomes HostUnreachable."""
     started = time.perf_counter()
-    deadline = (
-        None if call.timeout is None else time.monotonic() + call.timeout + router.options.grace
-    )
+    deadline = call.deadline(router.options.grace)
     try:
         slot = await pool.acquire(deadline)
     except HostUnreachable:
-        pool.record(time.perf_counter() - started, "unreachable")
-        if call.max_lag is not None:
-            raise _Fallback("unreachable") from None
+        _unreachable(pool, started, call)
         raise
     conn: AsyncRouterConnection = slot.conn  # type: ignore[assignment]
     watch = _Deadline(conn, deadline) if deadline is not None else None
@@ -552,10 +534,7 @@ async def _session(
         if call.max_lag is not None and await _lag(router, pool, conn) > call.max_lag:
             _finish(pool, slot, watch, started, error=None, keep=True)
             raise _Fallback("lagging")
-        conn.prepare_threshold = 5 if keeps and call.kind == "run" else None
-        conn.session_dirty = False
-        conn.begin = transaction_start(call.schema, ms(call.timeout), call.readonly)
-        conn.one_transaction = call.kind == "run"
+        call.ready(conn, keeps)
         try:
             yield conn
         except BaseException:
@@ -573,11 +552,9 @@ async def _session(
         fired = watch is not None and watch.disarm()
         watch = None
         error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.options.grace)  # type: ignore[arg-type]
-        keep = error in ("sql", "stale_plan", "other", "session_state") and (
-            not keeps
-            or (call.tracked and not conn.session_dirty)
-            or await _quietly(reset_async, conn)
-        )
+        keep = call.keeps_after(error, conn, keeps)
+        if keep is None:
+            keep = await _quietly(reset_async, conn)
         _finish(pool, slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
 from .errors import BadInput
@@ -19,6 +19,9 @@ from .model.topology import Host, Topology
 from .router_pool import HostPool, PoolBase, log
 from .router_session import Call
 from .sql.catalog.control import MOVED_SQLSTATE
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
 # old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
@@ -213,6 +216,54 @@ class RouterOptions:
     lag_check_interval: float = 0.2  # how often a standby's lag is measured, seconds
 
 
+class Target(TypedDict, total=False):
+    """Where a Router call goes, when not by its ``key`` argument: ``id`` (an ID minted by ``next_id()``:
+    its shard) or ``shard`` (a shard number); ``force_string``: route an int ``key`` as its digits."""
+
+    id: int | None
+    shard: int | None
+    force_string: bool
+
+
+class CallTarget(Target, total=False):
+    """:class:`Target`, and ``timeout``: the call's bound in seconds (default: the Router's; None:
+    unbounded). The keyword arguments of ``run`` and ``execute``."""
+
+    timeout: float | None
+
+
+class ReadTarget(CallTarget, total=False):
+    """:class:`CallTarget`, and ``max_lag``: how many seconds behind the standby may be (default: the
+    Router's); further behind, or down, the primary answers. The keyword arguments of ``read``."""
+
+    max_lag: float | None
+
+
+class BlockTarget(ReadTarget, total=False):
+    """:class:`ReadTarget`, and ``readonly``: the block reads, from the standby within ``max_lag``.
+    The keyword arguments of ``connection``."""
+
+    readonly: bool
+
+
+_TARGET_KEYS = frozenset(Target.__annotations__)
+# The Routers' methods → (the Call's kind, the keyword arguments they take, always read-only)
+_METHODS: dict[str, tuple[str, frozenset[str], bool]] = {
+    "connection": ("block", frozenset(BlockTarget.__annotations__), False),
+    "run": ("run", frozenset(CallTarget.__annotations__), False),
+    "execute": ("statement", frozenset(CallTarget.__annotations__), False),
+    "read": ("statement", frozenset(ReadTarget.__annotations__), True),
+}
+
+
+def _accepted(method: str, where: dict[str, Any], accepted: frozenset[str]) -> dict[str, Any]:
+    """``where``, once every keyword in it is one that ``method`` takes (Python's own TypeError else)."""
+    unknown = sorted(set(where) - accepted)
+    if unknown:
+        raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
+    return where
+
+
 class Routing:
     """What :class:`~shardctl.router.Router` and :class:`~shardctl.router_async.AsyncRouter` share: the
     options, the routing rule (key, id or shard → shard → host) and the per-call defaults."""
@@ -306,16 +357,13 @@ class Routing:
         """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
         return self.placement.redirects.names()
 
-    def target(
-        self,
-        key: int | str | None = None,
-        *,
-        id: int | None = None,
-        shard: int | None = None,
-        force_string: bool = False,
-    ) -> int:
+    def target(self, key: int | str | None = None, **where: Unpack[Target]) -> int:
         """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
-        minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number)."""
+        minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number) (:class:`Target`)."""
+        return self._shard(key, _accepted("target", where, _TARGET_KEYS))
+
+    def _shard(self, key: int | str | None, where: dict[str, Any]) -> int:
+        id, shard = where.get("id"), where.get("shard")
         given = [
             name
             for name, value in (("key", key), ("id", id), ("shard", shard))
@@ -326,7 +374,7 @@ class Routing:
                 f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'})"
             )
         if key is not None:
-            return self.shard_for(key, force_string=force_string)
+            return self.shard_for(key, force_string=where.get("force_string", False))
         if id is not None:
             return self.shard_of_id(id)
         if (
@@ -339,27 +387,19 @@ class Routing:
             )
         return shard
 
-    def _call(
-        self,
-        kind: str,
-        key: int | str | None,
-        id: int | None,
-        shard: int | None,
-        force_string: bool,
-        timeout: Any,
-        readonly: bool = False,
-        max_lag: Any = None,
-    ) -> tuple[int, Call]:
-        """The shard a call goes to (:meth:`target`) and what the call of ``kind`` asks of it there: its
-        schema, its timeout, and for a read its lag bound (``max_lag``: SAME for the Router's). The
-        Routers' calls pass their routing parameters on as they are named, in this order."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+    def _call(self, method: str, key: int | str | None, where: dict[str, Any]) -> tuple[int, Call]:
+        """The shard a call of the Router's ``method`` goes to (:meth:`target`) and what the call asks
+        of it there: its schema, its timeout, and for a read its lag bound (``max_lag``: the Router's
+        unless given). ``where``: the call's keyword arguments (:class:`Target` and its kin)."""
+        kind, accepted, reads = _METHODS[method]
+        number = self._shard(key, _accepted(method, where, accepted))
+        readonly = reads or where.get("readonly", False)
         return number, Call(
             self.topology.schema_name(number),
-            self._timeout(timeout),
+            self._timeout(where.get("timeout", SAME)),
             kind,
             readonly,
-            self._lag_bound(max_lag) if readonly else None,
+            self._lag_bound(where.get("max_lag", SAME)) if readonly else None,
         )
 
     def _timeout(self, timeout: Any) -> float | None:

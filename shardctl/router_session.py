@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -39,6 +40,7 @@ from psycopg import sql
 
 from .errors import SessionStateError
 from .sql import session as session_sql
+from .sql.session import transaction_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,31 @@ class Call:
     @property
     def tracked(self) -> bool:
         return self.kind != "block"
+
+    def deadline(self, grace: float) -> float | None:
+        """The client's deadline (``time.monotonic()``) of a call starting now: ``timeout`` + ``grace``."""
+        return None if self.timeout is None else time.monotonic() + self.timeout + grace
+
+    def ready(self, conn: Any, keeps: bool) -> None:
+        """Ready a checked-out connection for this call: its first statement begins the call's
+        transaction on the shard (``conn.begin``, sent by the Router's cursors)."""
+        # Prepared statements only where the server session is ours, and only in run(), which calls its
+        # work again when a migration made a plan stale (a block has no retry; execute() binds on the client).
+        conn.prepare_threshold = 5 if keeps and self.kind == "run" else None
+        conn.session_dirty = False
+        conn.begin = transaction_start(self.schema, ms(self.timeout), self.readonly)
+        conn.one_transaction = self.kind == "run"
+
+    def keeps_after(self, error: str, conn: Any, keeps: bool) -> bool | None:
+        """Whether the connection of this call, failed with ``error`` (its stats kind), stays pooled:
+        True, False, or None: only if resetting its session succeeds. A cut, broken or interrupted
+        connection never does."""
+        if error not in _POOLABLE_ERRORS:
+            return False
+        return True if not keeps or (self.tracked and not conn.session_dirty) else None
+
+
+_POOLABLE_ERRORS = frozenset({"sql", "stale_plan", "other", "session_state"})
 
 
 def ms(seconds: float | None) -> int:

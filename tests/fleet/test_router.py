@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from support.fleet import connect, load
 
+from shardctl.errors import BadInput
 from shardctl.router import Router
 
 
@@ -46,6 +47,39 @@ def test_shard_and_host_for_ints_and_strings(topo):
         == int(hashlib.md5(b"31341").hexdigest(), 16) % 64
     )
     assert router._pools == {}  # routing alone opens nothing
+
+
+def test_a_call_names_one_target_and_takes_only_its_own_keywords(topo):
+    """key, id= or shard=, exactly one; a keyword a method does not take is Python's TypeError, as for
+    any function, and a refused call opens no connection."""
+    router = Router(topo)
+    with pytest.raises(BadInput, match=r"exactly one of key=, id= or shard= \(got key, shard\)"):
+        router.execute(3, "SELECT 1", shard=3)
+    with pytest.raises(BadInput, match=r"\(got none\)"):
+        router.execute(query="SELECT 1")
+    refused = [
+        ("execute", lambda: router.execute(3, "SELECT 1", shrad=3), "shrad"),
+        ("run", lambda: router.run(3, lambda conn: None, max_lag=1.0), "max_lag"),
+        ("read", lambda: router.read(3, "SELECT 1", readonly=False), "readonly"),
+        ("connection", lambda: router.connection(3, work=print).__enter__(), "work"),
+        ("target", lambda: router.target(3, timeout=1.0), "timeout"),
+    ]
+    for method, call, keyword in refused:
+        with pytest.raises(
+            TypeError, match=rf"^{method}\(\) got an unexpected keyword argument '{keyword}'$"
+        ):
+            call()
+    assert router._pools == {}
+    minted = router.execute(5, "SELECT next_id()")[0][0]
+    assert router.execute(id=minted, query="SELECT current_schema()") == [("insta5",)]
+    assert router.read(40, "SELECT current_schema()", max_lag=1.0, timeout=2.0) == [("insta40",)]
+    assert router.run(shard=7, work=lambda c: c.execute("SELECT current_schema()").fetchone()) == (
+        "insta7",
+    )
+    with router.connection("31341", force_string=True, readonly=True, max_lag=0.5) as conn:
+        expected = router.target("31341", force_string=True)
+        assert conn.execute("SELECT current_schema()").fetchone() == (f"insta{expected}",)
+    router.close()
 
 
 def test_pools_open_lazily_and_close(topo):

@@ -80,6 +80,10 @@ def test_routes_runs_executes_and_reports(topo):
                 await router.execute(3, None)
             with pytest.raises(BadInput):
                 await router.run(3)
+            with pytest.raises(
+                TypeError, match=r"^read\(\) got an unexpected keyword argument 'readonly'$"
+            ):
+                await router.read(3, "SELECT 1", readonly=True)
             stats = router.stats()
             assert stats["pg1"]["calls"] >= 6 and stats["pg1"]["errors_total"] == 0, stats["pg1"]
             assert stats["pg2"]["calls"] == 1 and stats["pg2"]["breaker"]["state"] == "closed"

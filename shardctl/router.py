@@ -19,7 +19,7 @@ from .router_placement import (
     RouterOptions,
     Routing,
 )
-from .router_pool import HostPool, PoolBase, Slot, Watchdog, foreign_connect_error, log
+from .router_pool import HostPool, PoolBase, Slot, Watchdog, log
 from .router_session import (
     Call,
     RouterClientCursor,
@@ -229,20 +229,10 @@ class Router(Routing):
 
     # ---- pools (Routing._pool) ---------------------------------------------------
     def _connect(self, host: Host, standby: bool) -> RouterConnection:
-        """A new autocommit connection with the Router's bounds: connect timeout, TCP keepalives and user
-        timeout (a dead network is noticed). No startup options: poolers refuse them, and each
-        transaction sets its own ``statement_timeout``."""
-        kwargs, foreign = self._connect_kwargs(host, standby)
-        try:
+        """A new autocommit connection with the Router's bounds (:meth:`Routing._connecting`)."""
+        with self._connecting(host, standby) as kwargs:
             conn = RouterConnection.connect(autocommit=True, cursor_factory=RouterCursor, **kwargs)
-        except psycopg.OperationalError as exc:
-            if not foreign:
-                raise
-            raise foreign_connect_error(host, exc) from None
-        conn.server_cursor_factory = RouterServerCursor
-        conn.keeps_sessions = host.keeps_sessions
-        conn.prepare_threshold = None
-        return conn
+        return self._pooled(conn, host, RouterServerCursor)
 
     def close(self) -> None:
         with self._lock:

@@ -35,7 +35,7 @@ from .router_placement import (
     RouterOptions,
     Routing,
 )
-from .router_pool import PoolBase, Slot, _cut, foreign_connect_error
+from .router_pool import PoolBase, Slot, _cut
 from .router_session import (
     Call,
     check_server_cursor,
@@ -445,19 +445,11 @@ class AsyncRouter(Routing):
     # ---- pools -----------------------------------------------------------------
     async def _connect(self, host: Host, standby: bool) -> AsyncRouterConnection:
         """``Router._connect`` for asyncio: the same connection settings."""
-        kwargs, foreign = self._connect_kwargs(host, standby)
-        try:
+        with self._connecting(host, standby) as kwargs:
             conn = await AsyncRouterConnection.connect(
                 autocommit=True, cursor_factory=AsyncRouterCursor, **kwargs
             )
-        except psycopg.OperationalError as exc:
-            if not foreign:
-                raise
-            raise foreign_connect_error(host, exc) from None
-        conn.server_cursor_factory = AsyncRouterServerCursor
-        conn.keeps_sessions = host.keeps_sessions
-        conn.prepare_threshold = None
-        return conn
+        return self._pooled(conn, host, AsyncRouterServerCursor)
 
     async def close(self) -> None:
         with self._lock:

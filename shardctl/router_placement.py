@@ -7,16 +7,19 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
+
+import psycopg
 
 from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
 from .errors import BadInput
 from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask
 from .model.topology import Host, Topology
-from .router_pool import HostPool, PoolBase, log
+from .router_pool import HostPool, PoolBase, foreign_connect_error, log
 from .router_session import Call
 from .sql.catalog.control import MOVED_SQLSTATE
 
@@ -305,10 +308,12 @@ class Routing:
                 )
         return pool
 
-    def _connect_kwargs(self, host: Host, standby: bool) -> tuple[dict[str, Any], bool]:
+    @contextmanager
+    def _connecting(self, host: Host, standby: bool) -> Iterator[dict[str, Any]]:
         """What both Routers connect with: connect timeout, TCP keepalives and user timeout (a dead network is
         noticed), and no startup options (poolers refuse them; each transaction sets its own
-        ``statement_timeout``). Also whether the host is known only from a redirect (no password then)."""
+        ``statement_timeout``). A host known only from a redirect has no password here: its failure to
+        connect says so (``foreign_connect_error``)."""
         kwargs = host.connect_kwargs(
             connect_timeout=max(1, int(self.options.connect_timeout)),
             application_name=f"{APPLICATION_NAME} router",
@@ -324,7 +329,22 @@ class Routing:
                 1000 * max(10.0, (self.options.timeout or 0) + self.options.grace)
             ),
         )
-        return kwargs, self.placement.redirects.foreign(host.name) and not standby
+        foreign = not standby and self.placement.redirects.foreign(host.name)
+        try:
+            yield kwargs
+        except psycopg.OperationalError as exc:
+            if not foreign:
+                raise
+            raise foreign_connect_error(host, exc) from None
+
+    @staticmethod
+    def _pooled(conn: Any, host: Host, server_cursor_factory: type) -> Any:
+        """A new connection, marked as the Router's: its server cursors, and whether its host keeps
+        server sessions (prepared statements stay off until a call allows them)."""
+        conn.server_cursor_factory = server_cursor_factory
+        conn.keeps_sessions = host.keeps_sessions
+        conn.prepare_threshold = None
+        return conn
 
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
         """Integer keys: ``key % modulus``; strings: ``md5(key) mod modulus``."""

@@ -14,9 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadInput, ConfigError
+from ..errors import BadInput
 from ..model.topology import Topology
-from .migrations import HOST_FILE_NAME, Migration, _compiled, migrations_dir, read_files
+from .migrations import (
+    HOST_FILE_NAME,
+    Migration,
+    _compiled,
+    in_sequence,
+    migrations_dir,
+    read_files,
+)
 from .render import layout_context, render_errors, template_line
 
 EXT_SCHEMA = "public"  # where host-level migrations put extensions: on every shard's search_path
@@ -56,19 +63,7 @@ def load_host(directory: Path) -> list[HostLevelMigration]:
     """The host-level migrations of ``directory`` (H1, H2, … without gaps or duplicates). The folder's
     other files are checked by ``migrations.load``; an empty list when there are none."""
     found = read_files(directory, HOST_FILE_NAME, HostLevelMigration, "host-level migration")
-    for expected, m in enumerate(found, start=1):
-        if m.version != expected:
-            twice = next((o for o in found if o.version == m.version and o is not m), None)
-            if twice is not None:
-                raise ConfigError(
-                    f"host-level migration version {m.version} is used twice: {twice.name} "
-                    f"and {m.name}"
-                )
-            raise ConfigError(
-                f"host-level migration versions must run 1, 2, 3… without gaps: expected "
-                f"H{expected}, found {m.name}"
-            )
-    return found
+    return in_sequence(found, "host-level migration", "H")
 
 
 def host_for_topology(topo: Topology) -> list[HostLevelMigration]:

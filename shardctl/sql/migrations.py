@@ -368,17 +368,23 @@ def load(directory: Path) -> list[Migration]:
     ]
     if refused:
         raise ConfigError("; ".join(refused) + " (e.g. V0003__add_photo_location.sql)")
-    seen: dict[int, Migration] = {}
+    return in_sequence(found, "migration", "version ")
+
+
+def in_sequence(found: list[M], what: str, prefix: str) -> list[M]:
+    """``found`` (ordered by version), once its versions run 1, 2, 3… with no version used twice;
+    else a ConfigError naming the files (``prefix``: how the message writes an expected version)."""
+    seen: dict[int, M] = {}
     for m in found:
         if m.version in seen:
             raise ConfigError(
-                f"migration version {m.version} is used twice: {seen[m.version].name} and {m.name}"
+                f"{what} version {m.version} is used twice: {seen[m.version].name} and {m.name}"
             )
         seen[m.version] = m
     for expected, m in enumerate(found, start=1):
         if m.version != expected:
             raise ConfigError(
-                f"migration versions must run 1, 2, 3… without gaps: expected version {expected}, "
+                f"{what} versions must run 1, 2, 3… without gaps: expected {prefix}{expected}, "
                 f"found {m.name}"
             )
     return found

@@ -8,7 +8,6 @@ else of the caller's environment (``PG*`` variables included) reaches them.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import OperationFailed
+from ..model.file_lock import file_lock
 from . import certs, pgbuilds
 from .process import SERVER_USER, live_pid, make_traversable, port_open, run, server_env
 
@@ -223,8 +223,7 @@ class LocalServers:
         make_traversable(cache)
         key = hashlib.sha256(f"{self.config.bin_dir.resolve()}|{self.config.user}".encode())
         source = cache / key.hexdigest()[:16]
-        with open(cache / ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with file_lock(cache / ".lock"):
             if not (source / "PG_VERSION").exists():
                 building = cache / f"{source.name}.building"
                 shutil.rmtree(building, ignore_errors=True)

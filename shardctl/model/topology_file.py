@@ -6,13 +6,10 @@ file is replaced atomically (write a temporary file beside it, then rename).
 
 from __future__ import annotations
 
-import fcntl
 import io
 import os
 import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -20,36 +17,16 @@ from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from ..errors import BadInput, ConfigError, OperationFailed
+from .file_lock import file_lock
 from .ranges import format_shards, parse_shards
 from .topology import Topology
 
-_LOCK_GUARD = threading.Lock()
-_THREAD_LOCKS: dict[str, threading.RLock] = {}
-_DEPTH: dict[str, int] = {}
 
-
-@contextmanager
-def topology_file_lock(path: str | os.PathLike) -> Iterator[None]:
+def topology_file_lock(path: str | os.PathLike) -> AbstractContextManager[None]:
     """Serialise read-modify-write of the topology file between shardctl processes on this machine
-    (an exclusive ``flock`` on ``.NAME.lock`` beside it). Re-entrant within a process."""
+    (an exclusive lock on ``.NAME.lock`` beside it). Re-entrant within a process."""
     path = Path(path).resolve()
-    key = str(path)
-    with _LOCK_GUARD:
-        rlock = _THREAD_LOCKS.setdefault(key, threading.RLock())
-    with rlock:
-        depth = _DEPTH.get(key, 0)
-        fd = None
-        if depth == 0:
-            fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        _DEPTH[key] = depth + 1
-        try:
-            yield
-        finally:
-            _DEPTH[key] = depth
-            if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
+    return file_lock(path.parent / f".{path.name}.lock")
 
 
 def flip_topology(

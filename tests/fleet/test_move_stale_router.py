@@ -9,7 +9,7 @@ import time
 
 import psycopg
 import pytest
-from support.fleet import connect, load
+from support.fleet import connect, load, stale_copy
 from support.load import RouterWriters
 from support.moves import ids_on
 
@@ -19,13 +19,6 @@ from shardctl.router import Router
 
 MOVED = list(range(8, 14))  # pg1 → pg3
 STILL = [0, 1, 2, 20, 21]  # shards that stay where they are (pg1, pg2)
-
-
-def stale_copy(path, name: str = "stale.yaml"):
-    """Another app server's copy of the topology file, taken before the move and never updated."""
-    copy = path.with_name(name)
-    shutil.copy(path, copy)
-    return copy
 
 
 def test_two_routers_one_with_a_stale_file_write_through_a_move(fleet3):

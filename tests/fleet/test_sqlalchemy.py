@@ -13,7 +13,7 @@ import pytest
 sqlalchemy = pytest.importorskip("sqlalchemy")
 from sqlalchemy import func, select, text, update
 from support.clients import keys_for
-from support.fleet import load, run_cli
+from support.fleet import load, run_cli, stale_copy
 from support.history import History, now
 from support.orm import add_filter_migration, example, migrated_under_traffic, rows_in
 
@@ -216,16 +216,23 @@ class OrmTraffic:
     schema that answered) recording into a History until :meth:`stop`."""
 
     def __init__(
-        self, history: History, Session, Photo, keys: list[int], writers: int, readers: int
+        self,
+        history: History,
+        Session,
+        Photo,
+        keys: list[int],
+        writers: int,
+        readers: int,
+        name: str = "orm",
     ):
         self.history, self.Session, self.Photo, self.keys = history, Session, Photo, keys
         self._halt = threading.Event()
         self.threads = [
-            threading.Thread(target=self._loop, args=(f"orm-w{i}", self._write), daemon=True)
+            threading.Thread(target=self._loop, args=(f"{name}-w{i}", self._write), daemon=True)
             for i in range(writers)
         ]
         self.threads += [
-            threading.Thread(target=self._loop, args=(f"orm-r{i}", self._read), daemon=True)
+            threading.Thread(target=self._loop, args=(f"{name}-r{i}", self._read), daemon=True)
             for i in range(readers)
         ]
 
@@ -275,37 +282,51 @@ class OrmTraffic:
         self.history.read(client, key, schema, ids, start, now())
 
 
-def test_orm_clients_during_move(pooled_fleet, mode, caplog):
-    """4 ORM writers and 2 readers while 4 shards move pg1 → pg2: every acknowledged write is in its shard
-    exactly once, no read is answered by another shard or misses an acknowledged row."""
-    models, _ = example()
-    path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
-    moved = [4, 5, 6, 7]
-    topo = load(path)
+def orm_app_server(path, history: History, name: str):
+    """An app server: a Router on its own topology file ``path`` and a sessionmaker over it, whose
+    ``Session.run`` retries after a move are recorded in ``history`` under ``name``."""
     router = Router(load(path), move_wait=15)
     Session = sessionmaker(router)
-    history = History(path)
     follow = Session.shards.follow_move
 
     def followed(exc):  # Session.run's retry: recorded as the history's documented retries
         moved = follow(exc)
         if moved:
-            history.retried("orm", "run", None, exc.orig)
+            history.retried(name, "run", None, exc.orig)
         return moved
 
     Session.shards.follow_move = followed
-    with OrmTraffic(
-        history, Session, models.Photo, keys_for(topo, moved + [0, 9], 4), writers=4, readers=2
+    return router, Session
+
+
+def test_orm_clients_during_move(pooled_fleet, mode, caplog):
+    """ORM writers and readers of two app servers while 4 shards move pg1 → pg2, one reading the live
+    topology file and one a copy that is never updated: every acknowledged write is in its shard
+    exactly once, no read is answered by another shard or misses an acknowledged row, and both app
+    servers' sessions met the move and ran their work again (the stale one through the redirect)."""
+    models, _ = example()
+    path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
+    moved = [4, 5, 6, 7]
+    topo = load(path)
+    history = History(path)
+    live_router, live = orm_app_server(path, history, "live")
+    stale_router, stale = orm_app_server(stale_copy(path), history, "stale")
+    keys = keys_for(topo, moved + [0, 9], 4)
+    with (
+        OrmTraffic(history, live, models.Photo, keys, writers=4, readers=2, name="live"),
+        OrmTraffic(history, stale, models.Photo, keys, writers=2, readers=1, name="stale"),
     ):
         report = move_shards(load(path), moved, "pg2")
-    router.close()
+    live_router.close()
+    stale_router.close()
     assert report["phase"] == "cut_over" and report["verified"] is True, report
     checked = history.check()
     print(checked)
     assert checked.ok, checked
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
-    assert "moved from pg1 to pg2" in caplog.text  # the ORM clients met the move and followed it
-    assert checked.counts["retries"] > 0, checked  # ... and Session.run ran their work again
+    assert "moved from pg1 to pg2" in caplog.text  # the stale app server followed the redirect
+    # ... and both ran their work again (the live one's Router still routed by the file it had read)
+    assert {r.client for r in history.retries} == {"live", "stale"}, checked
 
 
 def test_relationships_load_lazily_from_their_shards(make_fleet):

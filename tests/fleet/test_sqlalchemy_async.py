@@ -22,7 +22,7 @@ pytest.importorskip("sqlalchemy")
 pytest.importorskip("greenlet")
 from sqlalchemy import func, select, text, update
 from support.clients import keys_for
-from support.fleet import load, run_cli
+from support.fleet import load, run_cli, stale_copy
 from support.history import History, now
 from support.orm import add_filter_migration, example, migrated_under_traffic, rows_in
 
@@ -340,9 +340,18 @@ class AsyncOrmTraffic:
     key's photo ids and the schema that answered), tasks on an event loop of their own thread, recording
     into a History until the block ends."""
 
-    def __init__(self, history: History, path, Photo, keys: list[int], writers: int, readers: int):
+    def __init__(
+        self,
+        history: History,
+        path,
+        Photo,
+        keys: list[int],
+        writers: int,
+        readers: int,
+        name: str = "a",
+    ):
         self.history, self.path, self.Photo, self.keys = history, path, Photo, keys
-        self.writers, self.readers = writers, readers
+        self.writers, self.readers, self.name = writers, readers, name
         self._halt = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self.crashed: BaseException | None = None
@@ -369,13 +378,16 @@ class AsyncOrmTraffic:
             async def followed(exc):  # Session.run's retry: recorded as the history's retries
                 moved = await follow(exc)
                 if moved:
-                    self.history.retried("orm", "run", None, exc.orig)
+                    self.history.retried(self.name, "run", None, exc.orig)
                 return moved
 
             Session.shards.follow_move = followed
             await asyncio.gather(
-                *[self._loop(Session, f"aw{i}", self._write) for i in range(self.writers)],
-                *[self._loop(Session, f"ar{i}", self._read) for i in range(self.readers)],
+                *[
+                    self._loop(Session, f"{self.name}w{i}", self._write)
+                    for i in range(self.writers)
+                ],
+                *[self._loop(Session, f"{self.name}r{i}", self._read) for i in range(self.readers)],
             )
             await router.close()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread by __exit__
@@ -415,24 +427,30 @@ class AsyncOrmTraffic:
 
 
 def test_async_orm_clients_during_move(pooled_fleet, mode, caplog):
-    """4 async ORM writers and 2 readers while 4 shards move pg1 → pg2: every acknowledged write is in its
-    shard exactly once, no read is answered by another shard or misses an acknowledged row, and the
-    clients met the move and ran their work again."""
+    """Async ORM writers and readers of two app servers while 4 shards move pg1 → pg2, one reading the
+    live topology file and one a copy that is never updated: every acknowledged write is in its shard
+    exactly once, no read is answered by another shard or misses an acknowledged row, and both app
+    servers' sessions met the move and ran their work again (the stale one through the redirect)."""
     models, _ = example()
     path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
     moved = [4, 5, 6, 7]
     topo = load(path)
     history = History(path)
     keys = keys_for(topo, moved + [0, 9], 4)
-    with AsyncOrmTraffic(history, path, models.Photo, keys, writers=4, readers=2):
+    stale = stale_copy(path)
+    with (
+        AsyncOrmTraffic(history, path, models.Photo, keys, writers=4, readers=2, name="live"),
+        AsyncOrmTraffic(history, stale, models.Photo, keys, writers=2, readers=1, name="stale"),
+    ):
         report = move_shards(load(path), moved, "pg2")
     assert report["phase"] == "cut_over" and report["verified"] is True, report
     checked = history.check()
     print(checked)
     assert checked.ok, checked
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
-    assert "moved from pg1 to pg2" in caplog.text  # the ORM clients met the move and followed it
-    assert checked.counts["retries"] > 0, checked  # ... and Session.run ran their work again
+    assert "moved from pg1 to pg2" in caplog.text  # the stale app server followed the redirect
+    # ... and both ran their work again (the live one's Router still routed by the file it had read)
+    assert {r.client for r in history.retries} == {"live", "stale"}, checked
 
 
 def test_an_async_transaction_opens_in_the_round_trip_of_its_first_statement(make_fleet):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -34,6 +35,14 @@ def admin_dsn(port: int, db: str = "postgres") -> str:
 
 def load(path: Path) -> Topology:
     return Topology.load(path)
+
+
+def stale_copy(path: Path, name: str = "stale.yaml") -> Path:
+    """Another app server's copy of the topology file (beside it: its relative paths hold), taken now
+    and never updated: a Router on it meets a move only through the old host's redirect."""
+    copy = path.with_name(name)
+    shutil.copy(path, copy)
+    return copy
 
 
 def connect(topo: Topology, host: str, **kwargs) -> psycopg.Connection:

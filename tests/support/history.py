@@ -159,20 +159,21 @@ class History:
         with self._lock:
             self.batches.append(Batch(client, tag, acked, ambiguous))
 
-    def settle(self, writes: int = 51, reads: int = 21, within: float = 30.0) -> None:
+    def settle(
+        self, writes: int = 51, reads: int = 21, rounds: int = 3, within: float = 30.0
+    ) -> None:
         """Wait, at most ``within`` seconds, until the clients have made ``writes`` acknowledged writes
-        and ``reads`` reads in all, and every client that has recorded anything has finished one more
-        operation begun from now: traffic that ends here outlasted the event it ran across (a move, a
-        migration), however loaded the machine."""
+        and ``reads`` reads in all, and every client that has recorded anything has finished ``rounds``
+        more operations begun from now: traffic that ends here outlasted the event it ran across (a
+        move, a migration), however loaded the machine."""
         mark = now()
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             with self._lock:
                 records = [*self.writes, *self.reads, *self.failures]
                 enough = len(self.writes) >= writes and len(self.reads) >= reads
-            clients = {r.client for r in records}
-            since = {r.client for r in records if r.start >= mark}
-            if enough and clients <= since:
+            since = Counter(r.client for r in records if r.start >= mark)
+            if enough and all(since[client] >= rounds for client in {r.client for r in records}):
                 return
             time.sleep(0.05)
 

@@ -227,13 +227,12 @@ class OrmTraffic:
     ):
         self.history, self.Session, self.Photo, self.keys = history, Session, Photo, keys
         self._halt = threading.Event()
+        ops = [(f"{name}-w{i}", self._write) for i in range(writers)]
+        ops += [(f"{name}-r{i}", self._read) for i in range(readers)]
+        self.clients = {client for client, _ in ops}
         self.threads = [
-            threading.Thread(target=self._loop, args=(f"{name}-w{i}", self._write), daemon=True)
-            for i in range(writers)
-        ]
-        self.threads += [
-            threading.Thread(target=self._loop, args=(f"{name}-r{i}", self._read), daemon=True)
-            for i in range(readers)
+            threading.Thread(target=self._loop, args=(client, op), daemon=True)
+            for client, op in ops
         ]
 
     def __enter__(self):
@@ -244,7 +243,7 @@ class OrmTraffic:
 
     def __exit__(self, *exc) -> None:
         if exc[0] is None:  # the block ran: let the traffic outlast it
-            self.history.settle()
+            self.history.settle(self.clients)
         self._halt.set()
         for t in self.threads:
             t.join(timeout=60)

@@ -352,6 +352,7 @@ class AsyncOrmTraffic:
     ):
         self.history, self.path, self.Photo, self.keys = history, path, Photo, keys
         self.writers, self.readers, self.name = writers, readers, name
+        self.clients = {client for client, _ in self._ops()}
         self._halt = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self.crashed: BaseException | None = None
@@ -363,7 +364,7 @@ class AsyncOrmTraffic:
 
     def __exit__(self, *exc) -> None:
         if exc[0] is None:  # the block ran: let the traffic outlast it
-            self.history.settle()
+            self.history.settle(self.clients)
         self._halt.set()
         self._thread.join(timeout=60)
         assert not self._thread.is_alive(), "the async ORM clients did not stop within 60 s"
@@ -382,16 +383,15 @@ class AsyncOrmTraffic:
                 return moved
 
             Session.shards.follow_move = followed
-            await asyncio.gather(
-                *[
-                    self._loop(Session, f"{self.name}w{i}", self._write)
-                    for i in range(self.writers)
-                ],
-                *[self._loop(Session, f"{self.name}r{i}", self._read) for i in range(self.readers)],
-            )
+            await asyncio.gather(*[self._loop(Session, client, op) for client, op in self._ops()])
             await router.close()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread by __exit__
             self.crashed = exc
+
+    def _ops(self) -> list[tuple[str, object]]:
+        """(client name, operation) of each writer and reader task."""
+        ops = [(f"{self.name}w{i}", self._write) for i in range(self.writers)]
+        return ops + [(f"{self.name}r{i}", self._read) for i in range(self.readers)]
 
     async def _loop(self, Session, client: str, op) -> None:
         rng = random.Random(client)

@@ -160,12 +160,17 @@ class History:
             self.batches.append(Batch(client, tag, acked, ambiguous))
 
     def settle(
-        self, writes: int = 51, reads: int = 21, rounds: int = 3, within: float = 30.0
+        self,
+        clients: set[str],
+        writes: int = 51,
+        reads: int = 21,
+        rounds: int = 3,
+        within: float = 30.0,
     ) -> None:
         """Wait, at most ``within`` seconds, until the clients have made ``writes`` acknowledged writes
-        and ``reads`` reads in all, and every client that has recorded anything has finished ``rounds``
-        more operations begun from now: traffic that ends here outlasted the event it ran across (a
-        move, a migration), however loaded the machine."""
+        and ``reads`` reads in all, and each of ``clients`` has finished ``rounds`` more operations
+        begun from now: traffic that ends here outlasted the event it ran across (a move, a
+        migration), however loaded the machine."""
         mark = now()
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
@@ -173,7 +178,7 @@ class History:
                 records = [*self.writes, *self.reads, *self.failures]
                 enough = len(self.writes) >= writes and len(self.reads) >= reads
             since = Counter(r.client for r in records if r.start >= mark)
-            if enough and all(since[client] >= rounds for client in {r.client for r in records}):
+            if enough and all(since[client] >= rounds for client in clients):
                 return
             time.sleep(0.05)
 

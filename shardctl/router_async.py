@@ -252,11 +252,8 @@ class AsyncHostPool(PoolBase):
                 slot = self._take_idle()
                 if slot is not None:
                     return slot
-        try:
+        with self._new_connection():
             conn = await self._connect()
-        except BaseException as exc:
-            self._connect_failed(exc)
-            raise
         return self._opened(conn)
 
     async def _wait(self, seconds: float, probe: bool) -> Slot | None:

@@ -237,17 +237,22 @@ class PoolBase:
                 self.breaker.abandon_probe()
             raise
 
-    def _connect_failed(self, exc: BaseException) -> None:
-        """A connection attempt failed: its place freed; a server's refusal raises HostUnreachable (else
-        the caller raises ``exc`` again)."""
-        with self._guard:
-            self._size -= 1
-            self._wake()
-        if isinstance(exc, psycopg.Error):
-            cause = first_line(exc)
-            self.count("errors.connect")
-            self.breaker.failure(cause)
-            raise HostUnreachable(self.breaker.name, cause) from None
+    @contextmanager
+    def _new_connection(self) -> Iterator[None]:
+        """Around the caller's connection attempt (a place it claimed): if it fails, the place is freed
+        and a server's refusal raises HostUnreachable (anything else is raised again)."""
+        try:
+            yield
+        except BaseException as exc:
+            with self._guard:
+                self._size -= 1
+                self._wake()
+            if isinstance(exc, psycopg.Error):
+                cause = first_line(exc)
+                self.count("errors.connect")
+                self.breaker.failure(cause)
+                raise HostUnreachable(self.breaker.name, cause) from None
+            raise
 
     def _opened(self, conn: object) -> Slot:
         self.count("connects")
@@ -374,11 +379,8 @@ class HostPool(PoolBase):
                 slot = self._take_idle()
                 if slot is not None:
                     return slot
-        try:
+        with self._new_connection():
             conn = self._connect()
-        except BaseException as exc:
-            self._connect_failed(exc)
-            raise
         return self._opened(conn)
 
 

@@ -429,7 +429,8 @@ def _setting(config: pytest.Config, option: str, ini: str) -> str:
 
 
 # What the session's servers may fill on tmpfs: the suite's databases, clones and WAL (shardctl's own
-# default suite peaked at 1.5 GiB of /dev/shm on two workers, private sandboxes included), with room
+# default suite peaked at 1.5 GiB of /dev/shm on two workers and 1.8 GiB on three, private sandboxes
+# included), with room
 # to spare for the machine.
 RAM_DIR_NEED_GB = 4
 

@@ -13,12 +13,7 @@ import psycopg
 from .engine.connections import first_line
 from .errors import BadInput, HostUnreachable, SessionStateError
 from .model.topology import Host, Topology
-from .router_placement import (
-    MOVED_ERRORS,
-    SAME,
-    RouterOptions,
-    Routing,
-)
+from .router_placement import MOVED_ERRORS, SAME, RouterOptions, Routing
 from .router_pool import HostPool, PoolBase, Slot, Watchdog, log
 from .router_session import (
     Call,

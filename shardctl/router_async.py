@@ -28,13 +28,7 @@ import psycopg
 from .errors import BadInput, HostUnreachable
 from .model.topology import Host, Topology
 from .router import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback, _unreachable
-from .router_placement import (
-    FOLLOW_POLL,
-    MOVED_ERRORS,
-    SAME,
-    RouterOptions,
-    Routing,
-)
+from .router_placement import FOLLOW_POLL, MOVED_ERRORS, SAME, RouterOptions, Routing
 from .router_pool import PoolBase, Slot, _cut
 from .router_session import (
     Call,

@@ -40,7 +40,6 @@ from psycopg import sql
 
 from .errors import SessionStateError
 from .sql import session as session_sql
-from .sql.session import transaction_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +72,7 @@ class Call:
         # work again when a migration made a plan stale (a block has no retry; execute() binds on the client).
         conn.prepare_threshold = 5 if keeps and self.kind == "run" else None
         conn.session_dirty = False
-        conn.begin = transaction_start(self.schema, ms(self.timeout), self.readonly)
+        conn.begin = session_sql.transaction_start(self.schema, ms(self.timeout), self.readonly)
         conn.one_transaction = self.kind == "run"
 
     def keeps_after(self, error: str, conn: Any, keeps: bool) -> bool | None:

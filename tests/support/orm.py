@@ -59,6 +59,21 @@ def migrated_under_traffic(path: Path, result, history, table: str = "photos") -
     assert len(schemas_with_column(topo, table, "filter")) == topo.shard_count
 
 
+def moved_under_traffic(report: dict, history, log_text: str) -> None:
+    """After a move of pg1's shards to pg2 (``report``) under the ORM traffic of a live app server and a
+    stale one, recorded in ``history`` as clients ``live`` and ``stale``: the move cut over and
+    verified, the history checker finds nothing wrong over enough traffic, the stale app server
+    followed the old host's redirect (``log_text``: the captured log), and both ran their work again
+    (the live one's Router still routed by the file it had read)."""
+    assert report["phase"] == "cut_over" and report["verified"] is True, report
+    checked = history.check()
+    print(checked)
+    assert checked.ok, checked
+    assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
+    assert "moved from pg1 to pg2" in log_text
+    assert {r.client for r in history.retries} == {"live", "stale"}, checked
+
+
 def schemas_with_column(topo, table: str, column: str) -> list[str]:
     """The shard schemas, over every host, whose ``table`` has ``column`` (a migration reached them)."""
     found: list[str] = []

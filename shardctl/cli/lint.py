@@ -43,7 +43,9 @@ def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
                 markup=True,
                 highlight=False,
             )
-        skipped = f"; rules off: {', '.join(result.excluded)}" if result.excluded else ""
+        skipped = (
+            f"; rules off: {', '.join(result.excluded_rules)}" if result.excluded_rules else ""
+        )
         stdout.print(
             f"lint (squawk and shardctl's schema-per-shard rules): {len(result.findings)} finding(s) in "
             f"{', '.join(result.files)} "

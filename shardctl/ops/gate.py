@@ -24,6 +24,7 @@ from ..engine import connections as db
 from ..engine.executor import RunOptions
 from ..engine.fanout import raise_unreachable
 from ..errors import BadInput, OperationFailed, first_few
+from ..model.documents import Result
 from ..model.ranges import format_shards
 from ..model.topology import Topology
 from ..sql.host_migrations import HostLevelMigration, host_for_topology, load_host
@@ -34,7 +35,9 @@ from .migrate import migrate
 
 
 @dataclass
-class GateResult:
+class GateResult(Result):
+    command = "migrate --check --base"
+
     base_dir: str
     base_head: int
     head: int
@@ -49,18 +52,8 @@ class GateResult:
         return not self.problems
 
     def to_dict(self) -> dict:
-        return {
-            "command": "migrate --check --base",
-            "ok": self.ok,
-            "base_dir": self.base_dir,
-            "base_head": self.base_head,
-            "head": self.head,
-            "new": self.new,
-            "problems": self.problems,
-            "fleet": {h: {str(v): n for v, n in c.items()} for h, c in self.fleet.items()},
-            "shards_rendered": self.shards_rendered,
-            "seconds": round(self.seconds, 3),
-        }
+        fleet = {h: {str(v): n for v, n in c.items()} for h, c in self.fleet.items()}
+        return {**super().to_dict(), "fleet": fleet}
 
     def raise_for_status(self) -> GateResult:
         """OperationFailed (exit 1) naming the first problem, when the gate does not pass."""

@@ -17,6 +17,7 @@ from ..engine.executor import RunOptions
 from ..engine.fanout import FleetReport, HostResult, fan_out, raise_for_status, raise_unreachable
 from ..engine.ledger import ensure_control_schema, log_event
 from ..errors import BadInput
+from ..model.documents import result_doc
 from ..model.ranges import MAX_SHARDS, format_shards, parse_shards
 from ..model.topology import Host, Topology
 from ..model.topology_file import TopologyFile
@@ -43,14 +44,7 @@ class AddHostResult:
         return True
 
     def to_dict(self) -> dict:
-        return {
-            "command": self.command,
-            "host": self.host,
-            "dsn": self.dsn,
-            "control_created": self.control_created,
-            "host_level_applied": self.host_level_applied,
-            "topology": self.topology,
-        }
+        return result_doc(self)
 
     def raise_for_status(self) -> AddHostResult:
         return self

@@ -29,6 +29,7 @@ from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, select_hosts
 from ..engine.ledger import log_event
 from ..errors import BadInput, HostUnreachable, OperationFailed, first_few
+from ..model.documents import Result
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog.control import control_exists, ensure_template_ledger, record_template
@@ -119,7 +120,9 @@ class TemplateState:
 
 
 @dataclass
-class RedeployReport:
+class RedeployReport(Result):
+    command = "redeploy"
+
     hosts: list[HostResult[TemplateState]]
     dry_run: bool
     seconds: float = 0.0
@@ -127,15 +130,6 @@ class RedeployReport:
     @property
     def ok(self) -> bool:
         return all(h.ok and not h.value.failed and not h.value.refused for h in self.hosts)
-
-    def to_dict(self) -> dict:
-        return {
-            "command": "redeploy",
-            "ok": self.ok,
-            "dry_run": self.dry_run,
-            "seconds": round(self.seconds, 3),
-            "hosts": [h.to_dict() for h in self.hosts],
-        }
 
     def raise_for_status(self) -> RedeployReport:
         """Exit 3 (HostUnreachable) for a host that did not answer; 1 (OperationFailed) for failed or

@@ -11,6 +11,7 @@ from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_unreachable, select_hosts
 from ..engine.ledger import recorded_failures
 from ..errors import FleetIncomplete
+from ..model.documents import Result, result_doc
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog.control import (
@@ -52,11 +53,16 @@ class HostStatus:
         return bool(self.missing or self.unexpected)
 
     def to_dict(self) -> dict:
-        return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "drift": self.drift}
+        return result_doc(self, drift=self.drift)
 
 
 @dataclass
-class StatusReport:
+class StatusReport(Result):
+    """The result of :func:`status`: each host's shards, versions and moves, the fleet's latest
+    migration version, the moves that need a command, and how many catalogs the shards have."""
+
+    command = "status"
+
     hosts: list[HostResult[HostStatus]]
     seconds: float
     latest_version: int
@@ -67,17 +73,6 @@ class StatusReport:
     @property
     def ok(self) -> bool:
         return all(h.ok and not h.value.drift and not h.value.failed for h in self.hosts)
-
-    def to_dict(self) -> dict:
-        return {
-            "command": "status",
-            "seconds": round(self.seconds, 3),
-            "latest_version": self.latest_version,
-            "ok": self.ok,
-            "hosts": [h.to_dict() for h in self.hosts],
-            "pending_moves": self.pending_moves,
-            "distinct_schemas": self.distinct_schemas,
-        }
 
     def raise_for_status(self) -> StatusReport:
         """Exit 3 when a host could not be reached; 4 (FleetIncomplete) when shards are missing (never

@@ -13,6 +13,7 @@ from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_for_status, select_hosts
 from ..errors import BadInput, ShardctlError
 from ..ids import checks as id_checks
+from ..model.documents import Result, json_value, result_doc
 from ..model.dsn import mask
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
@@ -52,13 +53,8 @@ class HostVerification:
     fingerprints: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {
-            "shards_checked": self.shards_checked,
-            "ids_checked": self.ids_checked,
-            "clock_skew_ms": self.clock_skew_ms,
-            "server_version": self.server_version,
-            "violations": len(self.violations),
-        }
+        # the host is its HostResult's; the violations are listed once, in the report
+        return result_doc(self, omit=("host", "fingerprints"), violations=len(self.violations))
 
 
 @dataclass
@@ -74,19 +70,16 @@ class SchemaGroup:
     differences: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {
-            "fingerprint": self.fingerprint,
-            "shards": format_shards(self.shards),
-            "count": len(self.shards),
-            "majority": self.majority,
-            "sample": self.sample,
-            "reference": self.reference,
-            "differences": self.differences,
-        }
+        return result_doc(self, count=len(self.shards), shards=format_shards(self.shards))
 
 
 @dataclass
-class VerifyReport:
+class VerifyReport(Result):
+    """The result of :func:`verify`: each host's findings, the ``samples`` IDs checked per shard, the
+    ID ``layout``, and the shards grouped by catalog (``schemas``); ``violations`` lists them all."""
+
+    command = "verify"
+
     hosts: list[HostResult[HostVerification]]
     seconds: float
     samples: int
@@ -104,16 +97,9 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         return {
-            "command": "verify",
-            "ok": self.ok,
-            "seconds": round(self.seconds, 3),
-            "samples": self.samples,
-            "full": self.full,
-            "layout": self.layout,
+            **super().to_dict(),
             "distinct_schemas": len(self.schemas),
-            "schemas": [g.to_dict() for g in self.schemas],
-            "hosts": [h.to_dict() for h in self.hosts],
-            "violations": [v.__dict__ for v in self.violations],
+            "violations": json_value(self.violations),
         }
 
     def raise_for_status(self) -> VerifyReport:

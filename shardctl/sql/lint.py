@@ -24,10 +24,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput
+from ..model.documents import Result
 from ..model.topology import Topology
 from . import shard_lint
 from .migrations import Migration, for_topology, load
@@ -47,27 +48,18 @@ class Finding:
 
 
 @dataclass
-class LintResult:
+class LintResult(Result):
+    command = "lint"
+
     shard: int
     files: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    excluded: list[str] = field(default_factory=list)
-    included: list[str] = field(default_factory=list)
+    excluded_rules: list[str] = field(default_factory=list)
+    included_rules: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.findings
-
-    def to_dict(self) -> dict:
-        return {
-            "command": "lint",
-            "ok": self.ok,
-            "shard": self.shard,
-            "files": self.files,
-            "excluded_rules": self.excluded,
-            "included_rules": self.included,
-            "findings": [asdict(f) for f in self.findings],
-        }
 
 
 def squawk_binary() -> str:
@@ -150,7 +142,9 @@ def lint(topo: Topology, migrations: list[Migration], shard: int = 0) -> LintRes
     if not 0 <= shard < topo.shard_count:
         raise BadInput(f"--shard {shard}: shards run from 0 to {topo.shard_count - 1}")
     exclude, include = rules(topo)
-    result = LintResult(shard, [m.name for m in migrations], excluded=exclude, included=include)
+    result = LintResult(
+        shard, [m.name for m in migrations], excluded_rules=exclude, included_rules=include
+    )
     if not migrations:
         return result
     texts = {m.name: m.render(topo, shard) for m in migrations}

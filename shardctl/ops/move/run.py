@@ -21,6 +21,7 @@ from ...engine.executor import ShardPlan
 from ...engine.fanout import MIN_SHARDS_PER_STREAM, host_jobs, run_streams
 from ...engine.ledger import log_event
 from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed
+from ...model.documents import result_doc
 from ...model.dsn import CLIENT_FILE_KEYWORDS
 from ...model.identifiers import MAX_IDENTIFIER_BYTES
 from ...model.ranges import format_shards, parse_shards
@@ -55,6 +56,10 @@ class MoveOptions:
     allow_inline_password: bool = False
 
 
+# What a move's record keeps in its ``detail`` that its document shows
+_REPORTED_DETAIL = ("freeze_seconds", "sync_seconds", "tables", "cutover_at", "sequences", "rows")
+
+
 @dataclass
 class Move:
     """A move as recorded on its hosts (``phases``: role → recorded phase)."""
@@ -85,21 +90,15 @@ class Move:
 
     def to_dict(self) -> dict:
         return {
-            "move_id": self.move_id,
-            "shards": format_shards(self.shards),
-            "shard_count": len(self.shards),
-            "source": self.source,
-            "target": self.target,
-            "phase": str(self.phase),
-            "phases": dict(self.phases),
-            "started_at": self.started_at,
-            "updated_at": self.updated_at,
-            **{
-                k: v
-                for k, v in self.detail.items()
-                if k
-                in ("freeze_seconds", "sync_seconds", "tables", "cutover_at", "sequences", "rows")
-            },
+            **result_doc(
+                self,
+                omit=("detail",),
+                shards=format_shards(self.shards),
+                shard_count=len(self.shards),
+                phase=str(self.phase),
+                phases=dict(self.phases),
+            ),
+            **{k: v for k, v in self.detail.items() if k in _REPORTED_DETAIL},
         }
 
 

@@ -12,8 +12,9 @@ import psycopg
 
 from .engine.connections import first_line
 from .errors import BadInput, HostUnreachable, SessionStateError
+from .model.keywords import Unpack
 from .model.topology import Host, Topology
-from .router_placement import MOVED_ERRORS, SAME, RouterOptions, Routing
+from .router_placement import MOVED_ERRORS, SAME, Key, RouterOptions, Routing
 from .router_pool import HostPool, PoolBase, Slot, Watchdog, log
 from .router_session import (
     Call,
@@ -30,8 +31,6 @@ from .sql.catalog.control import MOVED_SQLSTATE, SHARD_STATE_SQL, read_redirects
 from .sql.catalog.replication import STANDBY_LAG_SQL as _LAG_SQL
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
     from .router_placement import BlockTarget, CallTarget, ReadTarget
 
 T = TypeVar("T")
@@ -76,7 +75,7 @@ class Router(Routing):
     @contextmanager
     def connection(
         self,
-        key: int | str | None = None,
+        key: Key = None,
         **where: Unpack[BlockTarget],
     ) -> Iterator[psycopg.Connection]:
         """A pooled connection to the shard's host for a block: by ``key``, by ``id`` or by ``shard``.
@@ -113,7 +112,7 @@ class Router(Routing):
 
     def run(
         self,
-        key: int | str | None = None,
+        key: Key = None,
         work: Callable[[psycopg.Connection], T] | None = None,
         **where: Unpack[CallTarget],
     ) -> T:
@@ -140,11 +139,7 @@ class Router(Routing):
         return self.run(work=work, shard=shard, timeout=timeout)
 
     def execute(
-        self,
-        key: int | str | None = None,
-        query: Any = None,
-        params: Any = None,
-        **where: Unpack[CallTarget],
+        self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[CallTarget]
     ) -> Any:
         """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
         round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
@@ -152,11 +147,7 @@ class Router(Routing):
         return self._statement(query, params, *self._call("execute", key, where))
 
     def read(
-        self,
-        key: int | str | None = None,
-        query: Any = None,
-        params: Any = None,
-        **where: Unpack[ReadTarget],
+        self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[ReadTarget]
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
         (else, or when the standby is down, on the primary, in a read-only transaction)."""

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 
 from .errors import BadInput, HostUnreachable
+from .model.keywords import Unpack
 from .model.topology import Host, Topology
 from .router import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback, _unreachable
-from .router_placement import FOLLOW_POLL, MOVED_ERRORS, SAME, RouterOptions, Routing
+from .router_placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Key, RouterOptions, Routing
 from .router_pool import PoolBase, Slot, _cut
 from .router_session import (
     Call,
@@ -53,8 +54,6 @@ from .sql.catalog.control import (
 )
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
     from .router_placement import BlockTarget, CallTarget, ReadTarget
 
 T = TypeVar("T")
@@ -231,21 +230,19 @@ class AsyncHostPool(PoolBase):
             slot = None if probe or self._waiters else self._take_idle()  # waiters first
             return await self._new_or_wait(deadline, probe) if slot is None else slot
 
+    def _claim_now(self, probe: bool, limit: float) -> float | None:
+        with self._guard:
+            return self._claim(probe, limit)
+
     async def _new_or_wait(self, deadline: float | None, probe: bool) -> Slot:
         limit = self._limit(deadline)
-        while True:
-            with self._guard:
-                wait = self._claim(probe, limit)
-                if wait is None:
-                    break
-            if wait > 0:
-                slot = await self._wait(wait, probe)
-                if slot is not None:
-                    return slot
-            if not probe:
-                slot = self._take_idle()
-                if slot is not None:
-                    return slot
+        # Until a place for a new connection is claimed: wait for a connection given back (the
+        # waiter is handed it), or take an idle one. (HostPool claims and waits under one lock hold.)
+        while (wait := self._claim_now(probe, limit)) is not None:
+            if wait > 0 and (slot := await self._wait(wait, probe)) is not None:
+                return slot
+            if not probe and (slot := self._take_idle()) is not None:
+                return slot
         with self._new_connection():
             conn = await self._connect()
         return self._opened(conn)
@@ -303,7 +300,7 @@ class AsyncRouter(Routing):
     @asynccontextmanager
     async def connection(
         self,
-        key: int | str | None = None,
+        key: Key = None,
         **where: Unpack[BlockTarget],
     ) -> AsyncIterator[AsyncRouterConnection]:
         """``Router.connection`` for asyncio: ``async with router.connection(key) as conn``."""
@@ -332,7 +329,7 @@ class AsyncRouter(Routing):
 
     async def run(
         self,
-        key: int | str | None = None,
+        key: Key = None,
         work: Callable[[AsyncRouterConnection], Awaitable[T]] | None = None,
         **where: Unpack[CallTarget],
     ) -> T:
@@ -349,21 +346,13 @@ class AsyncRouter(Routing):
         return await self._retrying(number, attempt)
 
     async def execute(
-        self,
-        key: int | str | None = None,
-        query: Any = None,
-        params: Any = None,
-        **where: Unpack[CallTarget],
+        self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[CallTarget]
     ) -> Any:
         """One statement in a transaction of its own (one round trip), following a move (``Router.execute``)."""
         return await self._statement(query, params, *self._call("execute", key, where))
 
     async def read(
-        self,
-        key: int | str | None = None,
-        query: Any = None,
-        params: Any = None,
-        **where: Unpack[ReadTarget],
+        self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[ReadTarget]
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby within ``max_lag`` seconds (``Router.read``)."""
         number, call = self._call("read", key, where)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, TypeAlias, TypedDict
 
 import psycopg
 
@@ -18,17 +18,18 @@ from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
 from .errors import BadInput
 from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask
+from .model.keywords import Unpack, accepted, keyword_names
 from .model.topology import Host, Topology
 from .router_pool import HostPool, PoolBase, foreign_connect_error, log
 from .router_session import Call
 from .sql.catalog.control import MOVED_SQLSTATE
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
 # old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
 MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883"})
+# What a Router call is routed by: an int or a str, which the topology's routing rule maps to a shard
+# (None when the call names its shard with ``id=`` or ``shard=``, :class:`Target`)
+Key: TypeAlias = int | str | None
 SAME: Any = object()  # per-call argument left at the Router's default
 FOLLOW_POLL = 0.05  # seconds between looks at the topology file while a move's cutover is awaited
 
@@ -249,22 +250,14 @@ class BlockTarget(ReadTarget, total=False):
     readonly: bool
 
 
-_TARGET_KEYS = frozenset(Target.__annotations__)
+_TARGET_KEYS = keyword_names(Target)
 # The Routers' methods → (the Call's kind, the keyword arguments they take, always read-only)
 _METHODS: dict[str, tuple[str, frozenset[str], bool]] = {
-    "connection": ("block", frozenset(BlockTarget.__annotations__), False),
-    "run": ("run", frozenset(CallTarget.__annotations__), False),
-    "execute": ("statement", frozenset(CallTarget.__annotations__), False),
-    "read": ("statement", frozenset(ReadTarget.__annotations__), True),
+    "connection": ("block", keyword_names(BlockTarget), False),
+    "run": ("run", keyword_names(CallTarget), False),
+    "execute": ("statement", keyword_names(CallTarget), False),
+    "read": ("statement", keyword_names(ReadTarget), True),
 }
-
-
-def _accepted(method: str, where: dict[str, Any], accepted: frozenset[str]) -> dict[str, Any]:
-    """``where``, once every keyword in it is one that ``method`` takes (Python's own TypeError else)."""
-    unknown = sorted(set(where) - accepted)
-    if unknown:
-        raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
-    return where
 
 
 class Routing:
@@ -377,12 +370,12 @@ class Routing:
         """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
         return self.placement.redirects.names()
 
-    def target(self, key: int | str | None = None, **where: Unpack[Target]) -> int:
+    def target(self, key: Key = None, **where: Unpack[Target]) -> int:
         """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
         minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number) (:class:`Target`)."""
-        return self._shard(key, _accepted("target", where, _TARGET_KEYS))
+        return self._shard(key, accepted("target", where, _TARGET_KEYS))
 
-    def _shard(self, key: int | str | None, where: dict[str, Any]) -> int:
+    def _shard(self, key: Key, where: dict[str, Any]) -> int:
         id, shard = where.get("id"), where.get("shard")
         given = [
             name
@@ -407,12 +400,12 @@ class Routing:
             )
         return shard
 
-    def _call(self, method: str, key: int | str | None, where: dict[str, Any]) -> tuple[int, Call]:
+    def _call(self, method: str, key: Key, where: dict[str, Any]) -> tuple[int, Call]:
         """The shard a call of the Router's ``method`` goes to (:meth:`target`) and what the call asks
         of it there: its schema, its timeout, and for a read its lag bound (``max_lag``: the Router's
         unless given). ``where``: the call's keyword arguments (:class:`Target` and its kin)."""
-        kind, accepted, reads = _METHODS[method]
-        number = self._shard(key, _accepted(method, where, accepted))
+        kind, names, reads = _METHODS[method]
+        number = self._shard(key, accepted(method, where, names))
         readonly = reads or where.get("readonly", False)
         return number, Call(
             self.topology.schema_name(number),

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import router_placement as placement
 from ..errors import BadInput
+from ..model.keywords import Unpack
 from ..model.topology import Host, Topology
 from ..router import Router
+from ..router_placement import Key
 from .hosts import host_database
 
 
@@ -107,13 +110,12 @@ def _complete(entry: dict) -> dict:
     return entry
 
 
-def target(
-    key: int | str | None = None, *, id: int | None = None, shard: int | None = None
-) -> Target:
+def target(key: Key = None, **where: Unpack[placement.Target]) -> Target:
     """The shard of exactly one of ``key`` (the topology's routing rule), ``id`` (an ID minted by
-    ``next_id()``) or ``shard``, with its host as of now."""
+    ``next_id()``) or ``shard`` (the Router's keywords: ``force_string`` too), with its host as of
+    now."""
     r = router()
-    number = r.target(key, id=id, shard=shard)
+    number = r.target(key, **where)
     host = r.placement.locate(number)
     return Target(number, r.topology.schema_name(number), host, alias_of(host))
 
@@ -124,12 +126,11 @@ def current() -> Target | None:
 
 
 @contextmanager
-def on_shard(
-    key: int | str | None = None, *, id: int | None = None, shard: int | None = None
-) -> Iterator[Target]:
-    """Run the block's ORM calls on one shard: by ``key``, ``id`` or ``shard``. Nestable: an inner block
-    wins, and the outer one's shard is back when it ends (also on an exception)."""
-    with _bound(_current, target(key, id=id, shard=shard)) as on:
+def on_shard(key: Key = None, **where: Unpack[placement.Target]) -> Iterator[Target]:
+    """Run the block's ORM calls on one shard: by ``key``, ``id`` or ``shard`` (:func:`target`).
+    Nestable: an inner block wins, and the outer one's shard is back when it ends (also on an
+    exception)."""
+    with _bound(_current, target(key, **where)) as on:
         yield on
 
 

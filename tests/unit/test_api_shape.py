@@ -8,6 +8,8 @@ import inspect
 import typing
 from pathlib import Path
 
+import pytest
+
 import shardctl
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
@@ -45,3 +47,26 @@ def test_the_docs_list_every_operation_and_its_result():
         result = typing.get_type_hints(getattr(shardctl, name))["return"]
         assert f"`{name}(" in section, name
         assert f"`{result.__name__}`" in section, (name, result.__name__)
+
+
+def test_abort_and_cleanup_take_only_the_recorded_moves_keywords():
+    """``abort_move`` and ``cleanup_move`` declare their keywords once (``RecordedMove``): a misspelt one
+    is Python's own TypeError, before any host is reached (this topology's hosts do not exist)."""
+    from shardctl.ops.move import RecordedMove, abort_move, cleanup_move
+
+    topo = shardctl.Topology.from_text(
+        "version: 1\n"
+        "id: {layout: instagram, epoch: '2020-01-01T00:00:00Z'}\n"
+        "shards: {count: 4}\n"
+        "hosts:\n"
+        "  - {name: pg1, dsn: 'postgresql://app@127.0.0.1:1/app', shards: '0-3'}\n"
+    )
+    assert set(RecordedMove.__annotations__) == {"shards", "move_id", "options", "progress"}
+    for func in (abort_move, cleanup_move):
+        hints = typing.get_type_hints(func)
+        assert hints["move"] == typing.Unpack[RecordedMove], (func, hints)
+        name = func.__name__
+        with pytest.raises(
+            TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'shard'$"
+        ):
+            func(topo, shard=[1])

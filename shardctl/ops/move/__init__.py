@@ -8,6 +8,7 @@ functions).
 from .api import (
     MoveReport,
     MoveStatus,
+    RecordedMove,
     abort_move,
     cleanup_move,
     move_shards,
@@ -26,6 +27,7 @@ __all__ = [
     "MoveStatus",
     "Phase",
     "Progress",
+    "RecordedMove",
     "ShardState",
     "abort_move",
     "cleanup_move",

@@ -12,12 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 
 from ...engine import connections as db
 from ...errors import BadInput, HostUnreachable, OperationFailed, ShardctlError
+from ...model.documents import Result
+from ...model.keywords import Unpack, accepted, keyword_names
 from ...model.ranges import format_shards, parse_shards
 from ...model.topology import Topology
 from ...sql.catalog import replication
@@ -270,42 +272,35 @@ def move_shards(
     return _run_steps(MoveRun(topo, move, options, progress), phases)
 
 
-def abort_move(
-    topo: Topology,
-    *,
-    shards: list[int] | None = None,
-    move_id: str | None = None,
-    options: MoveOptions | None = None,
-    progress: Progress | None = None,
-) -> MoveReport:
+class RecordedMove(TypedDict, total=False):
+    """The keyword arguments of :func:`abort_move` and :func:`cleanup_move`: the recorded move, named by
+    ``shards`` (its shards) or ``move_id``; its ``options``; a ``progress`` callback."""
+
+    shards: list[int] | None
+    move_id: str | None
+    options: MoveOptions | None
+    progress: Progress | None
+
+
+_RECORDED_MOVE_KEYS = keyword_names(RecordedMove)
+
+
+def abort_move(topo: Topology, **move: Unpack[RecordedMove]) -> MoveReport:
     """Roll a move back (any time before cleanup): the source is authoritative again."""
-    return _run_on_recorded(topo, "abort", shards, move_id, options, progress)
+    return _run_on_recorded(topo, "abort", move)
 
 
-def cleanup_move(
-    topo: Topology,
-    *,
-    shards: list[int] | None = None,
-    move_id: str | None = None,
-    options: MoveOptions | None = None,
-    progress: Progress | None = None,
-) -> MoveReport:
+def cleanup_move(topo: Topology, **move: Unpack[RecordedMove]) -> MoveReport:
     """Drop the renamed source schemas (and any replication object) of a cut-over move."""
-    return _run_on_recorded(topo, "cleanup", shards, move_id, options, progress)
+    return _run_on_recorded(topo, "cleanup", move)
 
 
-def _run_on_recorded(
-    topo: Topology,
-    step: str,
-    shards: list[int] | None,
-    move_id: str | None,
-    options: MoveOptions | None,
-    progress: Progress | None,
-) -> MoveReport:
-    """Run ``step`` (abort or cleanup) on the recorded move that ``shards`` or ``move_id`` name."""
-    options = options or MoveOptions()
-    move = _resolve(topo, shards, move_id, options)
-    return _run_steps(MoveRun(topo, move, options, progress), [step])
+def _run_on_recorded(topo: Topology, step: str, move: RecordedMove) -> MoveReport:
+    """Run ``step`` (abort or cleanup) on the recorded move that ``move`` names."""
+    accepted(f"{step}_move", dict(move), _RECORDED_MOVE_KEYS)
+    options = move.get("options") or MoveOptions()
+    found = _resolve(topo, move.get("shards"), move.get("move_id"), options)
+    return _run_steps(MoveRun(topo, found, options, move.get("progress")), [step])
 
 
 def next_step(topo: Topology, move: Move) -> str | None:
@@ -354,10 +349,12 @@ def pending_moves(
 
 
 @dataclass
-class MoveStatus:
+class MoveStatus(Result):
     """The result of :func:`move_status`: every recorded move (its record, the command it still needs
     as ``next``, and live sync progress for moves in flight), how many are in flight, the ones that need
     a command to finish, and the hosts that did not answer (``raise_for_status`` raises for those)."""
+
+    command = "move-shard --status"
 
     moves: list[dict[str, Any]]
     in_flight: int
@@ -368,16 +365,6 @@ class MoveStatus:
     @property
     def ok(self) -> bool:
         return not self.unreachable
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "command": "move-shard --status",
-            "moves": self.moves,
-            "in_flight": self.in_flight,
-            "needs_finishing": self.needs_finishing,
-            "unreachable": self.unreachable,
-            "seconds": round(self.seconds, 3),
-        }
 
     def raise_for_status(self) -> MoveStatus:
         if self.unreachable:
@@ -457,6 +444,7 @@ __all__ = [
     "PHASE_NAMES",
     "Move",
     "MoveOptions",
+    "RecordedMove",
     "abort_move",
     "cleanup_move",
     "find_moves",

@@ -12,54 +12,41 @@ from .model.layouts import Layout
 from .model.topology import Host, Topology
 from .version import __version__
 
-# The fleet operations: each takes a Topology (add_host / add_shard: a Topology loaded from its file, or
-# the path) and returns a typed result with ``ok``, ``to_dict()`` and ``raise_for_status()`` (which raises
-# the error the CLI maps to its exit code). docs/architecture.md#library-api lists them.
-_OPERATIONS = {
-    "init": ("ops.provision", "init"),
-    "migrate": ("ops.migrate", "migrate"),
-    "plan": ("ops.plan", "plan"),
-    "verify": ("ops.verify", "verify"),
-    "status": ("ops.status", "status"),
-    "add_host": ("ops.grow", "add_host"),
-    "add_shard": ("ops.grow", "add_shard"),
-    "redeploy": ("ops.redeploy", "redeploy"),
-    "rebalance_plan": ("ops.rebalance", "plan_report"),
-    "rebalance": ("ops.rebalance", "apply"),
-    "move_shards": ("ops.move", "move_shards"),
-    "abort_move": ("ops.move", "abort_move"),
-    "cleanup_move": ("ops.move", "cleanup_move"),
-    "move_status": ("ops.move", "move_status"),
-    "check_against_base": ("ops.gate", "check_against_base"),
-    "import_history": ("ops.import_history", "import_history"),
+# Imported on first use, from the module (in this package) that defines them: they pull in psycopg,
+# which the offline commands never load. Each fleet operation (a function of an ops module) stands
+# beside its result type: it takes a Topology (add_host / add_shard: a Topology loaded from its file,
+# or the path) and returns a typed result with ``ok``, ``to_dict()`` and ``raise_for_status()`` (which
+# raises the error the CLI maps to its exit code). docs/architecture.md#library-api lists them.
+_LAZY_MODULES = {
+    "router": ("Router",),
+    "router_async": ("AsyncRouter",),
+    "router_placement": ("RouterOptions",),
+    "engine.fanout": ("FleetReport",),
+    "engine.executor": ("RunOptions",),
+    "ops.provision": ("init",),
+    "ops.migrate": ("migrate", "MigrateResult"),
+    "ops.plan": ("plan", "PlanResult"),
+    "ops.verify": ("verify", "VerifyReport"),
+    "ops.status": ("status", "StatusReport"),
+    "ops.grow": ("add_host", "add_shard", "AddHostResult", "AddShardResult"),
+    "ops.redeploy": ("redeploy", "RedeployReport"),
+    "ops.rebalance": ("rebalance_plan", "rebalance", "RebalancePlan", "RebalanceResult"),
+    "ops.move": (
+        "move_shards",
+        "abort_move",
+        "cleanup_move",
+        "move_status",
+        "MoveReport",
+        "MoveStatus",
+        "MoveOptions",
+    ),
+    "ops.gate": ("check_against_base", "GateResult"),
+    "ops.import_history": ("import_history", "ImportResult"),
 }
-_RESULTS = {
-    "FleetReport": ("engine.fanout", "FleetReport"),
-    "MigrateResult": ("ops.migrate", "MigrateResult"),
-    "PlanResult": ("ops.plan", "PlanResult"),
-    "VerifyReport": ("ops.verify", "VerifyReport"),
-    "StatusReport": ("ops.status", "StatusReport"),
-    "AddHostResult": ("ops.grow", "AddHostResult"),
-    "AddShardResult": ("ops.grow", "AddShardResult"),
-    "RedeployReport": ("ops.redeploy", "RedeployReport"),
-    "RebalancePlan": ("ops.rebalance", "RebalancePlan"),
-    "RebalanceResult": ("ops.rebalance", "RebalanceResult"),
-    "GateResult": ("ops.gate", "GateResult"),
-    "ImportResult": ("ops.import_history", "ImportResult"),
-    "RunOptions": ("engine.executor", "RunOptions"),
-    "MoveReport": ("ops.move", "MoveReport"),
-    "MoveStatus": ("ops.move", "MoveStatus"),
-    "MoveOptions": ("ops.move", "MoveOptions"),
-}
-
-# Imported on first use: they pull in psycopg, which the offline commands never load.
-_LAZY = {
-    "Router": ("router", "Router"),
-    "AsyncRouter": ("router_async", "AsyncRouter"),
-    "RouterOptions": ("router_placement", "RouterOptions"),
-    **_OPERATIONS,
-    **_RESULTS,
-}
+_LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
+_OPERATIONS = tuple(
+    name for name, module in _LAZY.items() if module[:4] == "ops." and name.islower()
+)
 
 __all__ = [
     "AddHostResult",
@@ -114,6 +101,5 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(f".{module}", __name__), attr)
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(name)

@@ -20,8 +20,7 @@ from ..ops.move import (
     move_status,
     parse_range,
 )
-from ..ops.rebalance import apply as rebalance_apply
-from ..ops.rebalance import plan_report
+from ..ops.rebalance import rebalance, rebalance_plan
 from . import cli, json_option, settings
 from .options import connect_timeout_option, finish, option_group, wait_option
 from .output import flagged, info, stderr, stdout, table
@@ -365,8 +364,9 @@ def rebalance_cmd(
     if do_cleanup and not do_apply:
         raise BadInput("--cleanup goes with --apply")
     topo = settings().topology()
+    goal = {"by": by, "min_improvement": min_improvement}  # what the plan evens out, and how far
     if not do_apply:
-        doc = plan_report(topo, by=by, min_improvement=min_improvement).to_dict()
+        doc = rebalance_plan(topo, **goal).to_dict()
         finish(as_json, doc, lambda: _human_plan(doc), None)
         return
     options = _options(kw)
@@ -383,14 +383,13 @@ def rebalance_cmd(
                 )
 
         try:
-            doc = rebalance_apply(
+            doc = rebalance(
                 topo,
                 options=options,
                 progress=progress,
                 cleanup=do_cleanup,
                 on_move=announce,
-                by=by,
-                min_improvement=min_improvement,
+                **goal,
             ).to_dict()
         except ShardctlError as exc:
             report = getattr(exc, "report", None)

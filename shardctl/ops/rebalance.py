@@ -6,16 +6,17 @@ more shard; hosts above the even share keep the extra ones (first those already 
 more, which then need no move), so the number of shards moved is the least any plan can move.
 Each surplus host gives away its highest numbered shards (its own range stays contiguous), to
 the hosts short of shards in topology order; each (source, target) pair is one ``move-shard``.
-``apply`` runs them one host pair at a time, each through all of move-shard's phases.
+``rebalance`` runs them one host pair at a time, each through all of move-shard's phases.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ..engine import connections as db
 from ..errors import BadInput, OperationFailed
+from ..model.documents import result_doc
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Topology
 from ..model.topology_file import TopologyFile
@@ -33,10 +34,7 @@ class PlannedMove:
     shards: list[int]
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["shards"] = format_shards(self.shards)
-        d["count"] = len(self.shards)
-        return d
+        return result_doc(self, shards=format_shards(self.shards), count=len(self.shards))
 
 
 def goals(topo: Topology) -> dict[str, int]:
@@ -165,7 +163,7 @@ class HostBalance:
 
 @dataclass
 class RebalancePlan:
-    """The result of :func:`plan_report`: the moves, and each host before and after them. A plan
+    """The result of :func:`rebalance_plan`: the moves, and each host before and after them. A plan
     never fails (``raise_for_status`` returns it); bad input raises before it is built."""
 
     moves: list[PlannedMove]
@@ -201,7 +199,7 @@ class RebalancePlan:
 
 @dataclass
 class RebalanceResult:
-    """The result of :func:`apply`: the plan that was run and each move's report (move-shard's, with
+    """The result of :func:`rebalance`: the plan that was run and each move's report (move-shard's, with
     its ``cleanup`` report when asked). A move that stops raises OperationFailed carrying this
     document so far."""
 
@@ -223,7 +221,7 @@ class RebalanceResult:
         return doc
 
 
-def plan_report(
+def rebalance_plan(
     topo: Topology,
     *,
     by: str = "count",
@@ -280,7 +278,7 @@ def _size_report(topo: Topology, sizes: dict[int, int], min_improvement: float) 
     )
 
 
-def apply(
+def rebalance(
     topo: Topology,
     *,
     options: MoveOptions | None = None,
@@ -297,7 +295,7 @@ def apply(
     """
     options = options or MoveOptions()
     started = time.perf_counter()
-    result = RebalanceResult(plan_report(topo, by=by, min_improvement=min_improvement))
+    result = RebalanceResult(rebalance_plan(topo, by=by, min_improvement=min_improvement))
     results = result.results
     for planned in result.plan.moves:
         if on_move:

@@ -11,7 +11,7 @@ from support.fleet import connect, load, run_cli
 from support.moves import ids_on, load_rows, replication_leftovers
 
 from shardctl.model.topology import Topology
-from shardctl.ops.rebalance import goals, plan, plan_report
+from shardctl.ops.rebalance import goals, plan, rebalance_plan
 
 
 def topology(count: int, ranges: list[str | None]) -> Topology:
@@ -50,7 +50,7 @@ def test_plan_after_adding_a_host():
         {"source": "pg2", "target": "pg3", "shards": "27-31", "count": 5},
     ]
     assert goals(topo) == {"pg1": 11, "pg2": 11, "pg3": 10}
-    report = plan_report(topo)
+    report = rebalance_plan(topo)
     assert report.shards_to_move == 10
     assert [h.after for h in report.hosts] == [11, 11, 10]
     doc = report.to_dict()

@@ -6,6 +6,7 @@ library's ``raise_for_status`` decides the exit code."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -16,13 +17,13 @@ from ..engine.executor import (
     DEFAULT_RETRY_BUDGET,
     RunOptions,
 )
-from ..engine.fanout import FleetReport, host_error
+from ..engine.fanout import FleetReport, HostResult, host_error
 from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
 from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
-from .options import finish, host_options, option_group, run_options, split_hosts, status_of
-from .output import flagged, stdout, table
+from .options import finish, host_options, option_group, run_options, status_of
+from .output import flagged, host_table, stdout, table
 from .params import ASCII_INT, AsciiFloat, AsciiInt, flag_option, shown_option
 from .progress import host_progress
 
@@ -67,26 +68,13 @@ def _print_failed(
 
 
 def fleet_table(report: FleetReport, title: str, error: ShardctlError | None = None) -> None:
-    rows = [
-        [
-            h.host,
-            _state(h),
-            len(h.value.created),
-            len(h.value.migrated),
-            h.value.unchanged,
-            len(h.value.failed),
-            len(h.value.not_started),
-            f"{h.seconds:.2f}s",
-        ]
-        for h in report.hosts
-    ]
-    stdout.print(
-        table(
-            title,
-            ["host", "state", "created", "migrated", "unchanged", "failed", "not started", "time"],
-            rows,
-        )
-    )
+    def cells(h: HostResult) -> list:
+        d = h.value
+        sizes = [len(d.created), len(d.migrated), d.unchanged, len(d.failed), len(d.not_started)]
+        return [_state(h), *sizes]
+
+    columns = ["state", "created", "migrated", "unchanged", "failed", "not started"]
+    stdout.print(host_table(title, columns, report.hosts, cells))
     _host_errors(report.hosts, error)
     _print_failed(report, with_version=False, error=error)
 
@@ -95,31 +83,16 @@ def fleet_table(report: FleetReport, title: str, error: ShardctlError | None = N
 @host_options
 @run_options
 def init_cmd(
-    host_names: str | None,
-    connect_timeout: int,
-    as_json: bool,
-    batch_size: int,
-    recycle_after: int,
-    wait: float,
-    jobs: int | None,
+    hosts: list[str] | None, as_json: bool, wait: float, jobs: int | None, **run: Any
 ) -> None:
     """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
     topo = settings().topology()
-    options = RunOptions(
-        batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout
-    )
     # each command imports its own operation (start-up of the others)
     from ..ops.provision import init
 
     with host_progress("init", not as_json) as progress:
-        report = init(
-            topo,
-            hosts=split_hosts(host_names),
-            options=options,
-            wait=wait,
-            progress=progress,
-            jobs=jobs,
-        )
+        options = RunOptions(**run)
+        report = init(topo, hosts=hosts, options=options, wait=wait, progress=progress, jobs=jobs)
 
     error = status_of(report)
 
@@ -219,41 +192,16 @@ def _migrate_notes(report: MigrateResult, error: ShardctlError | None) -> None:
 
 
 def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
-    rows = []
-    for h in report.hosts:
+    def cells(h: HostResult) -> list:
         d = report.host(h)
-        pend = ", ".join(f"V{v}×{n}" for v, n in d.pending.items()) or "-"
-        rows.append(
-            [
-                h.host,
-                _state(h),
-                pend,
-                len(d.migrated),
-                d.unchanged,
-                len(d.failed),
-                len(d.not_started),
-                format_shards(d.missing) or "-",
-                f"{h.seconds:.2f}s",
-            ]
-        )
+        pending = ", ".join(f"V{v}×{n}" for v, n in d.pending.items()) or "-"
+        counts = [len(d.migrated), d.unchanged, len(d.failed), len(d.not_started)]
+        return [_state(h), pending, *counts, format_shards(d.missing) or "-"]
+
     mode = "check" if report.check else ("dry run" if report.dry_run else "migrate")
-    stdout.print(
-        table(
-            f"{mode} to V{report.target}",
-            [
-                "host",
-                "state",
-                "pending",
-                "migrated",
-                "up to date",
-                "failed",
-                "not started",
-                "missing shards",
-                "time",
-            ],
-            rows,
-        )
-    )
+    columns = ["state", "pending", "migrated", "up to date", "failed", "not started"]
+    title = f"{mode} to V{report.target}"
+    stdout.print(host_table(title, [*columns, "missing shards"], report.hosts, cells))
     _migrate_notes(report, error)
     _print_failed(report, with_version=True, error=error)
     if report.dry_run:
@@ -271,7 +219,7 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
 # How migrate waits for, retries and holds its shards' table locks.
 lock_options = option_group(
     shown_option(
-        "--max-lock-hold",
+        ("--max-lock-hold", "max_lock_hold_ms"),
         AsciiInt(1, 600_000),
         DEFAULT_MAX_LOCK_HOLD_MS,
         "Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
@@ -334,26 +282,18 @@ def _repair_confirmed() -> bool:
     "migrations folder (passes when the change only adds migrations after the base's head).",
 )
 def migrate_cmd(
-    host_names: str | None,
-    connect_timeout: int,
+    hosts: list[str] | None,
     as_json: bool,
-    batch_size: int,
-    recycle_after: int,
     wait: float,
-    lock_timeout: str,
-    lock_retries: int,
-    retry_budget: float,
-    max_lock_hold: int,
+    jobs: int | None,
     shard_spec: str | None,
     target: int | None,
     dry_run: bool,
     check: bool,
-    continue_on_error: bool,
-    statement_timeout: str | None,
     repair: bool,
     yes: bool,
     base: str | None,
-    jobs: int | None,
+    **run: Any,
 ) -> None:
     """Apply pending versioned migrations to every shard on every host."""
     if base is not None:
@@ -364,26 +304,16 @@ def migrate_cmd(
             )
         from .gate import run_gate
 
-        return run_gate(base, split_hosts(host_names), connect_timeout, as_json)
+        return run_gate(base, hosts, run["connect_timeout"], as_json)
     if repair and not (check or dry_run or yes) and not _repair_confirmed():
         raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
     topo = settings().topology()
-    options = RunOptions(
-        batch_size=batch_size,
-        recycle_after=recycle_after,
-        connect_timeout=connect_timeout,
-        lock_timeout=lock_timeout,
-        statement_timeout=statement_timeout,
-        continue_on_error=continue_on_error,
-        lock_retries=lock_retries,
-        retry_budget=retry_budget,
-        max_lock_hold_ms=max_lock_hold,
-    )
+    options = RunOptions(**run)
     with host_progress("migrate", not (as_json or check or dry_run)) as progress:
         report = migrate(
             topo,
             target=target,
-            hosts=split_hosts(host_names),
+            hosts=hosts,
             shards=parse_shard_filter(shard_spec, topo),
             dry_run=dry_run,
             check=check,
@@ -400,18 +330,11 @@ def migrate_cmd(
 @cli.command("plan")
 @host_options
 @click.option("--target", type=ASCII_INT, help="Plan up to this version (default: the latest).")
-def plan_cmd(
-    host_names: str | None, connect_timeout: int, as_json: bool, target: int | None
-) -> None:
+def plan_cmd(as_json: bool, **given: Any) -> None:
     """Per host: pending versions and how many shards are at each version."""
     from ..ops.plan import plan
 
-    result = plan(
-        settings().topology(),
-        hosts=split_hosts(host_names),
-        target=target,
-        connect_timeout=connect_timeout,
-    )
+    result = plan(settings().topology(), **given)
     doc = result.to_dict()
 
     def human() -> None:
@@ -467,59 +390,24 @@ def plan_cmd(
     "and of every shard whose body or sequence is off), and list every "
     "object a shard's schema differs in (default: the first 3).",
 )
-def verify_cmd(
-    host_names: str | None,
-    connect_timeout: int,
-    as_json: bool,
-    samples: int,
-    tolerance_ms: int,
-    full: bool,
-) -> None:
+def verify_cmd(as_json: bool, **given: Any) -> None:
     """Check IDs, next_id() definitions, clocks and shard placement on every host."""
     topo = settings().topology()
     from ..ops.verify import verify
 
-    report = verify(
-        topo,
-        hosts=split_hosts(host_names),
-        samples=samples,
-        tolerance_ms=tolerance_ms,
-        connect_timeout=connect_timeout,
-        full=full,
-    )
+    report = verify(topo, **given)
     doc = report.to_dict()
 
+    def cells(h: HostResult) -> list:
+        v = h.value
+        skew = "-" if v.clock_skew_ms is None else f"{v.clock_skew_ms:+.1f} ms"
+        reachable = "yes" if h.reachable else "NO"
+        checked = [v.shards_checked, v.ids_checked]
+        return [reachable, *checked, skew, v.server_version or "-", len(v.violations)]
+
     def human() -> None:
-        stdout.print(
-            table(
-                "verify",
-                [
-                    "host",
-                    "reachable",
-                    "shards",
-                    "IDs checked",
-                    "clock skew",
-                    "server",
-                    "violations",
-                    "time",
-                ],
-                [
-                    [
-                        h.host,
-                        "yes" if h.reachable else "NO",
-                        h.value.shards_checked,
-                        h.value.ids_checked,
-                        f"{h.value.clock_skew_ms:+.1f} ms"
-                        if h.value.clock_skew_ms is not None
-                        else "-",
-                        h.value.server_version or "-",
-                        len(h.value.violations),
-                        f"{h.seconds:.2f}s",
-                    ]
-                    for h in report.hosts
-                ],
-            )
-        )
+        columns = ["reachable", "shards", "IDs checked", "clock skew", "server", "violations"]
+        stdout.print(host_table("verify", columns, report.hosts, cells))
         lim = doc["layout"]
         stdout.print(
             f"Layout {lim['name']}: {lim['ids_per_ms_per_shard']} IDs/ms per shard; IDs overflow on "
@@ -558,12 +446,12 @@ def verify_cmd(
 
 @cli.command("status")
 @host_options
-def status_cmd(host_names: str | None, connect_timeout: int, as_json: bool) -> None:
+def status_cmd(as_json: bool, **given: Any) -> None:
     """Fleet table: reachability, shards expected vs present, versions, drift, moves, last event."""
     topo = settings().topology()
     from ..ops.status import status
 
-    report = status(topo, hosts=split_hosts(host_names), connect_timeout=connect_timeout)
+    report = status(topo, **given)
     doc = report.to_dict()
 
     def human() -> None:

@@ -9,12 +9,12 @@ from . import settings
 from .output import flagged, stdout, table
 
 
-def run_gate(base: str, host_names: list[str] | None, connect_timeout: int, as_json: bool) -> None:
+def run_gate(base: str, hosts: list[str] | None, connect_timeout: int, as_json: bool) -> None:
     """Compare the change with the base branch's migrations folder and the fleet; exit 1 on any problem."""
     from .options import finish, status_of
 
     topo = settings().topology()
-    result = check_against_base(topo, Path(base), hosts=host_names, connect_timeout=connect_timeout)
+    result = check_against_base(topo, Path(base), hosts=hosts, connect_timeout=connect_timeout)
 
     def human() -> None:
         rows = [

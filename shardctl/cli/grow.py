@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ..engine.executor import RunOptions
@@ -75,17 +77,13 @@ def add_shard_cmd(
     ids: str | None,
     modulus: int | None,
     place_new: bool,
-    connect_timeout: int,
-    batch_size: int,
-    recycle_after: int,
     wait: float,
     as_json: bool,
     jobs: int | None,
+    **run: Any,
 ) -> None:
     """Open new logical shards on a host, at the fleet's migration version, and record them."""
-    options = RunOptions(
-        batch_size=batch_size, recycle_after=recycle_after, connect_timeout=connect_timeout
-    )
+    options = RunOptions(**run)  # batch_size, recycle_after, connect_timeout
     with host_progress("add-shard", not as_json) as progress:
         result = add_shard(
             _path(),

@@ -10,10 +10,10 @@ import click
 
 from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
 from ..engine.executor import DEFAULT_BATCH, DEFAULT_RECYCLE
-from ..errors import BadInput, ShardctlError
+from ..errors import ShardctlError
 from . import json_option, report_error, settings
 from .output import emit
-from .params import AsciiFloat, AsciiInt, shown_option
+from .params import AsciiFloat, AsciiInt, Names, shown_option
 
 
 def option_group(*decorators: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
@@ -50,9 +50,9 @@ def wait_option(func: Callable) -> Callable:
 
 
 def hosts_option(func: Callable) -> Callable:
-    """``--hosts NAMES``: limit a command to some hosts (read with :func:`split_hosts`)."""
+    """``--hosts NAMES``: limit a command to some hosts; the command is given their list, or None."""
     return click.option(
-        "--hosts", "host_names", metavar="NAMES", help="Only these hosts (comma-separated)."
+        "--hosts", type=Names(), metavar="NAMES", help="Only these hosts (comma-separated)."
     )(func)
 
 
@@ -60,6 +60,8 @@ def hosts_option(func: Callable) -> Callable:
 host_options = option_group(json_option, connect_timeout_option, hosts_option)
 
 # How a command that applies shards runs them: parallelism, lock wait, connection reuse, batches.
+# The options named as RunOptions fields (--batch-size, --recycle-after, and migrate's lock options;
+# --connect-timeout too) reach the command in its ``**run``, which it passes on as ``RunOptions(**run)``.
 run_options = option_group(
     click.option(
         "--jobs",
@@ -82,15 +84,6 @@ run_options = option_group(
         "Shards per transaction (at most; see --max-lock-hold).",
     ),
 )
-
-
-def split_hosts(value: str | None) -> list[str] | None:
-    if not value:
-        return None
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    if not names:
-        raise BadInput("--hosts: give host names separated by commas")
-    return names
 
 
 def finish(

@@ -36,6 +36,15 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table
     return t
 
 
+def host_table(
+    title: str, columns: list[str], hosts: list[Any], cells: Callable[[Any], list[Any]]
+) -> Table:
+    """One row per host (a HostResult): its name, ``cells(host)`` under ``columns``, then the time it
+    took there."""
+    rows = [[h.host, *cells(h), f"{h.seconds:.2f}s"] for h in hosts]
+    return table(title, ["host", *columns, "time"], rows)
+
+
 def flagged(label: str, text: str, color: str = "red") -> None:
     """One line on stdout, ``label: text``, the label (a host, "problem") in ``color``."""
     stdout.print(f"[{color}]{label}[/{color}]: {text}", markup=True, highlight=False)

@@ -81,12 +81,28 @@ def _name(param: click.Parameter | None) -> str:
 ASCII_INT = AsciiInt()
 
 
+class Names(click.ParamType):
+    """Comma-separated names (``pg1,pg2``), read as a list; an empty value is no list (None)."""
+
+    name = "names"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, list) or not value:
+            return value or None
+        names = [n.strip() for n in str(value).split(",") if n.strip()]
+        if not names:
+            raise BadInput(f"{_name(param)}: give names separated by commas")
+        return names
+
+
 def shown_option(
-    name: str, type: Any, default: Any, help: str, **attrs: Any
+    name: str | tuple[str, str], type: Any, default: Any, help: str, **attrs: Any
 ) -> Callable[[Callable], Callable]:
     """``click.option(name, type=type, default=default, show_default=True, help=help, **attrs)``: an
-    option whose help shows its default (``type`` None: click's, from the default)."""
-    return click.option(name, type=type, default=default, show_default=True, help=help, **attrs)
+    option whose help shows its default (``type`` None: click's, from the default). ``name`` may be
+    the option and the parameter it fills: ``("--max-lock-hold", "max_lock_hold_ms")``."""
+    names = (name,) if isinstance(name, str) else name
+    return click.option(*names, type=type, default=default, show_default=True, help=help, **attrs)
 
 
 def choice_option(name: str, choices: list[str], help: str) -> Callable[[Callable], Callable]:

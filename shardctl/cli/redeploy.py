@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from ..engine.fanout import HostResult
 from ..model.ranges import format_shards
 from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
 from .options import host_options, wait_option
-from .output import flagged, stdout, table
+from .output import flagged, host_table, stdout
 from .params import flag_option
 
 
@@ -22,48 +25,22 @@ from .params import flag_option
     help="Give up on a shard when a lock is not granted in time (PostgreSQL interval).",
 )
 @wait_option
-def redeploy_cmd(
-    host_names: str | None,
-    connect_timeout: int,
-    as_json: bool,
-    dry_run: bool,
-    lock_timeout: str,
-    wait: float,
-) -> None:
+def redeploy_cmd(as_json: bool, **given: Any) -> None:
     """Re-deploy template functions (next_id() after an id.function change, your own) on every shard, online.
 
     Refuses a layout or epoch change, which would break existing IDs."""
-    from .options import finish, split_hosts, status_of
+    from .options import finish, status_of
 
-    topo = settings().topology()
-    report = redeploy(
-        topo,
-        hosts=split_hosts(host_names),
-        dry_run=dry_run,
-        lock_timeout=lock_timeout,
-        wait=wait,
-        connect_timeout=connect_timeout,
-    )
+    report = redeploy(settings().topology(), **given)
+
+    def cells(h: HostResult) -> list:
+        stale = "; ".join(f"{o}: {format_shards(s)}" for o, s in h.value.stale.items()) or "-"
+        return ["yes" if h.reachable else "NO", stale, len(h.value.deployed), len(h.value.failed)]
 
     def human() -> None:
-        rows = [
-            [
-                h.host,
-                "yes" if h.reachable else "NO",
-                "; ".join(f"{o}: {format_shards(s)}" for o, s in h.value.stale.items()) or "-",
-                len(h.value.deployed),
-                len(h.value.failed),
-                f"{h.seconds:.2f}s",
-            ]
-            for h in report.hosts
-        ]
-        stdout.print(
-            table(
-                "redeploy (dry run)" if dry_run else "redeploy",
-                ["host", "reachable", "differs", "re-deployed", "failed", "time"],
-                rows,
-            )
-        )
+        title = "redeploy (dry run)" if report.dry_run else "redeploy"
+        columns = ["reachable", "differs", "re-deployed", "failed"]
+        stdout.print(host_table(title, columns, report.hosts, cells))
         for h in report.hosts:
             if h.error:
                 flagged(h.host, h.error)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -92,44 +93,20 @@ def sandbox() -> None:
 @json_option
 def sandbox_up(
     directory: str,
-    hosts: int,
-    shards: int,
-    function: str,
-    pg_bin: str | None,
-    use_system: bool,
     engine: str,
     image: str | None,
-    password_env: str | None,
-    standby: bool,
     pooler: str | None,
     pool_size: int,
-    pg: str | None,
-    tls: bool,
     as_json: bool,
+    **given: Any,
 ) -> None:
     """Start N local servers (creating them the first time) and write shardctl.yaml for them."""
     if engine == "docker":
-        if standby or pooler or pg or tls:
-            raise BadInput(
-                "--standby, --pooler, --pg and --tls are for the embedded engine, not --engine docker"
-            )
-        result = _docker_up(
-            directory, hosts, shards, function, image, password_env, pg_bin or use_system
-        )
+        result = _docker_up(directory, image, pooler, **given)
     elif image:
         raise BadInput("--image is for --engine docker")
     else:
-        result = Sandbox(directory).up(
-            hosts=hosts,
-            shards=shards,
-            pg_bin=pg_bin,
-            use_system=use_system,
-            password_env=password_env,
-            function=function,
-            standby=standby,
-            pg=pg,
-            tls=tls,
-        )
+        result = Sandbox(directory).up(**given)  # hosts, shards, function, pg_bin, use_system…
         result["pooler"] = _pooler_up(directory, pooler, pool_size)
 
     def human() -> None:
@@ -189,24 +166,30 @@ def _docker_engine_problem() -> str | None:
 
 def _docker_up(
     directory: str,
-    hosts: int,
-    shards: int,
-    function: str,
     image: str | None,
-    password_env: str | None,
-    local_binaries: object,
+    pooler: str | None,
+    *,
+    pg_bin: str | None,
+    use_system: bool,
+    standby: bool,
+    pg: str | None,
+    tls: bool,
+    **given: Any,
 ) -> dict:
-    """``sandbox up --engine docker``: the engine is checked before anything is created."""
-    if local_binaries:
+    """``sandbox up --engine docker``: the options are checked, then the engine, before anything is
+    created (``given``: hosts, shards, function, password_env)."""
+    if standby or pooler or pg or tls:
+        raise BadInput(
+            "--standby, --pooler, --pg and --tls are for the embedded engine, not --engine docker"
+        )
+    if pg_bin or use_system:
         raise BadInput("--pg-bin and --system are for the embedded engine, not --engine docker")
     problem = _docker_engine_problem()
     if problem:
         raise OperationFailed(f"--engine docker: {problem}; use the default embedded engine")
     from ..dev.docker import DockerSandbox
 
-    return DockerSandbox(directory).up(
-        hosts=hosts, shards=shards, image=image, password_env=password_env, function=function
-    )
+    return DockerSandbox(directory).up(image=image, **given)
 
 
 @sandbox.command("down")

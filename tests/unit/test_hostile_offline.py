@@ -235,6 +235,14 @@ def test_non_ascii_digits_are_refused(topo, args, needle):
     assert_refused_cheaply(run_measured("-c", topo, *args), needle)
 
 
+@pytest.mark.parametrize("command", ["status", "migrate"])
+def test_hosts_naming_no_host_is_refused_before_any_connection(topo, command):
+    """``--hosts`` is read when the options are (a list of names): commas alone name no host. The
+    topology's hosts listen nowhere, so a connection attempt would end in exit 3, not this."""
+    line = assert_refused_cheaply(run_measured("-c", topo, command, "--hosts", " , "), "--hosts: ")
+    assert line == "error: --hosts: give names separated by commas", line
+
+
 def test_ascii_numbers_still_work(topo):
     assert (
         run_measured("-c", topo, "encode-id", "--ms", "1", "--shard", "3").stdout.strip()

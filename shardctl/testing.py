@@ -265,19 +265,10 @@ class FleetMaker:
         self.base.mkdir(parents=True, exist_ok=True)
         directory = Path(tempfile.mkdtemp(prefix="fleet-", dir=self.base))
         shutil.copytree(self._migrations(migrations), directory / "migrations")
-        text = (
-            _topology_text(
-                servers,
-                shards,
-                function=function,
-                schema=schema,
-                epoch=epoch,
-                ranges=ranges,
-                pooler=pooler,
-                routing_key=self.routing_key,
-            )
-            + extra
+        text = _topology_text(
+            servers, shards, function, schema, epoch, ranges, pooler, self.routing_key
         )
+        text += extra
         if init:
             templates = self.fleet.template(text, directory / "migrations", servers, encoding)
             dbs = [self._create(s, template=t) for s, t in zip(servers, templates)]
@@ -320,7 +311,6 @@ class FleetMaker:
 def _topology_text(
     servers: list[FleetServer],
     shards: int,
-    *,
     function: str,
     schema: str,
     epoch: str,
@@ -328,7 +318,8 @@ def _topology_text(
     pooler: str | None,
     routing_key: str | None,
 ) -> str:
-    """The topology file, with a placeholder (``{db0}``, ``{db1}``, …) for each host's database."""
+    """The topology file, with a placeholder (``{db0}``, ``{db1}``, …) for each host's database (the
+    arguments: :class:`FleetMaker`'s, in its order)."""
     lines = [
         "version: 1",
         "id:",

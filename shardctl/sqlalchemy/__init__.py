@@ -516,19 +516,16 @@ class ShardSessionMaker(_sessionmaker):
     def run(self, work: Callable[[ShardSession], T]) -> T:
         """``work(session)`` in a new session, then commit. If a shard it touched had moved, the Router has
         followed the move: ``work`` runs once more in a new session (its first run was rolled back)."""
-        for attempt in (1, 2):
-            with self() as session:
-                try:
-                    result = work(session)
-                    session.commit()
-                    return result
-                except sqlalchemy.exc.DBAPIError as exc:
-                    error = exc
-                    session.rollback()
-            if attempt == 1 and self.shards.follow_move(error):
-                continue
-            raise error
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            return self._in_transaction(work)
+        except sqlalchemy.exc.DBAPIError as exc:
+            if not self.shards.follow_move(exc):
+                raise
+        return self._in_transaction(work)
+
+    def _in_transaction(self, work: Callable[[ShardSession], T]) -> T:
+        with self.begin() as session:  # commits, or rolls back what raised
+            return work(session)
 
 
 def sessionmaker(

@@ -127,19 +127,14 @@ class AsyncShardSessionMaker(_async_sessionmaker):
     async def run(self, work: Callable[[AsyncShardSession], Awaitable[T]]) -> T:
         """:meth:`ShardSessionMaker.run` for asyncio: ``await work(session)`` in a new session, then
         commit; once more in a new session if a shard it touched had moved."""
-        for attempt in (1, 2):
-            async with self() as session:
-                try:
-                    result = await work(session)
-                    await session.commit()
-                    return result
-                except sqlalchemy.exc.DBAPIError as exc:
-                    error = exc
-                    await session.rollback()
-            if attempt == 1 and await self.shards.follow_move(error):
-                continue
-            raise error
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            async with self.begin() as session:  # commits, or rolls back what raised
+                return await work(session)
+        except sqlalchemy.exc.DBAPIError as exc:
+            if not await self.shards.follow_move(exc):
+                raise
+        async with self.begin() as session:
+            return await work(session)
 
 
 def async_sessionmaker(

@@ -1,7 +1,10 @@
 """Commands that work on the fleet: init, migrate, plan, verify, status.
 
 Each command parses its options, calls one library function, and renders its typed result; the
-library's ``raise_for_status`` decides the exit code."""
+library's ``raise_for_status`` decides the exit code. A command names the options it reads itself;
+those it only hands on arrive in ``**given`` and reach the function by name (each option's parameter
+is named as the function's: Python's own TypeError otherwise), the run options in ``**run``, passed
+as ``RunOptions(**run)``."""
 
 from __future__ import annotations
 

@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
+
+# Bytecode is written and reused, as on a user's machine, even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): the workers and the ~250 shardctl processes the suite starts would each
+# compile shardctl (and rewrite the test modules) again, 0.2 CPU-s a process, a tenth of the suite.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 import pytest
 from support.fleet import run_cli, sandbox_dir

@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Generic, TypeVar
 
 import psycopg
 
 from ..errors import HostUnreachable, OperationFailed, ShardctlError
 from ..model import dsn as dsnlib
+from ..model.documents import json_value, result_doc
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog.capacity import connection_headroom, server_cores
@@ -47,16 +48,11 @@ class HostResult(Generic[T]):
         return self.reachable and not self.error
 
     def to_dict(self) -> dict:
-        d: dict[str, Any] = {
-            "host": self.host,
-            "reachable": self.reachable,
-            "error": self.error,
-            "seconds": round(self.seconds, 3),
-        }
-        if hasattr(self.value, "to_dict"):
-            d.update(self.value.to_dict())
-        elif is_dataclass(self.value):
-            d.update(asdict(self.value))
+        """The host's own fields, then its value's document (its ``to_dict()``, or a dataclass's
+        fields), merged in."""
+        d = result_doc(self, omit=("value",))
+        if hasattr(self.value, "to_dict") or is_dataclass(self.value):
+            d.update(json_value(self.value))
         return d
 
 

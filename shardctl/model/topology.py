@@ -6,6 +6,7 @@ Everything is validated before any connection is opened; problems raise
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import string
@@ -187,10 +188,15 @@ class Topology:
     def shard_of_schema(self, name: str) -> int | None:
         """The shard a schema name stands for (any shard the layout's bits allow), or None.
 
-        The name → shard map is built once per topology and shared by every caller.
+        A plain format (``insta{n}``: the number once, no format spec) is read back from the name
+        itself. Any other is looked up in a name → shard map, built once per topology.
         """
-        if self._schema_shards is None:  # capped: a custom layout may have 2**40 shard numbers
-            limit = min(self.layout.max_shards, MAX_SHARDS)
+        limit = min(self.layout.max_shards, MAX_SHARDS)  # a custom layout may have 2**40 shards
+        affixes = _plain_affixes(self.schema_format)
+        if affixes is not None:
+            shard = _plain_number(name, *affixes)
+            return shard if shard is not None and shard < limit else None
+        if self._schema_shards is None:
             self._schema_shards = {self.schema_name(n): n for n in range(limit)}
         return self._schema_shards.get(name)
 
@@ -317,6 +323,39 @@ def server_database(dsn: str) -> tuple[str, str, str] | None:
 
 def format_schema(fmt: str, shard: int) -> str:
     return fmt.format(shard, n=shard)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_affixes(fmt: str) -> tuple[str, str] | None:
+    """(prefix, suffix) when ``fmt`` formats shard ``n`` as exactly prefix + str(n) + suffix (one
+    ``{n}`` or ``{}``, with no format spec or conversion); None for any other format."""
+    try:
+        parts = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return None
+    fields = [(f, spec, conv) for _, f, spec, conv in parts if f is not None]
+    if len(fields) != 1 or fields[0] not in (("n", "", None), ("", "", None)):
+        return None
+    prefix, suffix, seen = "", "", False
+    for literal, f, _, _ in parts:
+        if seen:
+            suffix += literal
+        else:
+            prefix += literal
+        seen = seen or f is not None
+    return prefix, suffix
+
+
+def _plain_number(name: str, prefix: str, suffix: str) -> int | None:
+    """The n for which ``name`` is prefix + str(n) + suffix, or None."""
+    if len(name) <= len(prefix) + len(suffix) or not (
+        name.startswith(prefix) and name.endswith(suffix)
+    ):
+        return None
+    digits = name[len(prefix) : len(name) - len(suffix)]
+    if not (digits.isascii() and digits.isdigit()) or (digits[0] == "0" and digits != "0"):
+        return None
+    return int(digits)
 
 
 # What str.format can raise for a format string that passed the checks below

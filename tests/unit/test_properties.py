@@ -425,6 +425,27 @@ def test_unsafe_schema_formats_are_refused(prefix, suffix):
         Topology.from_text(_with_schema(prefix + "{n}" + suffix))
 
 
+# Formats read back from the name itself (one plain {n} or {}), and formats looked up in a map.
+READABLE_FORMATS = ["insta{n}", "shard{}", "s_{n}_x", "_{n}"]
+MAPPED_FORMATS = ["shard{:04d}", "x{n:x}", "x{n!r}", "s_{n:03}", "a{n}b{n}"]
+
+
+@pytest.mark.parametrize("fmt", READABLE_FORMATS + MAPPED_FORMATS)
+def test_a_schema_name_reads_back_as_the_shard_that_has_it(fmt):
+    topo = Topology.from_text(_with_schema(fmt))
+    limit = topo.layout.max_shards
+    every = {
+        topo.schema_name(n): n for n in range(limit)
+    }  # what a name can stand for, by brute force
+    names = set(every) | {"", "insta", "shard", "s__x", "insta٣", "insta-1", "insta+1", "insta 1"}
+    for n in (0, 1, 7, 10, 99, limit - 1, limit, limit + 1, 65_535, 10**30):
+        name = fmt.format(n, n=n)
+        names |= {name, name + "0", name[:-1], name.upper(), "0" + name, name.replace("7", "07")}
+        names |= {name.replace(str(n), "0" + str(n), 1), name.replace(str(n), "٣", 1)}
+    for name in names:
+        assert topo.shard_of_schema(name) == every.get(name), name
+
+
 @SETTINGS
 @given(st.text(alphabet=SAFE_CHARS + BAD_CHARS + "{}:!<>^=0123456789sdxn.,%#", max_size=20))
 @example("{n:>5}")

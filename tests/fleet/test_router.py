@@ -200,8 +200,7 @@ def test_rows_written_through_the_router_carry_their_shard(topo):
 # The instagram layout mints at most 1024 distinct IDs per millisecond per shard (10 sequence
 # bits): above that rate IDs collide by design. One INSERT ... SELECT generate_series
 # from each of 4 sessions reaches ~1900 IDs in one ms here, so the sessions insert row by row
-# (one prepared INSERT per row, sent in a pipeline: executemany), a transaction per chunk, which
-# stays well under the limit; the test
+# (one prepared INSERT per row), a transaction per chunk, which stays well under the limit; the test
 # checks that it did, so a faster machine fails loudly instead of blaming next_id().
 # A transaction spans a whole chunk, so a next_id() on the frozen now() would collide at once.
 
@@ -229,8 +228,8 @@ def insert_concurrently(topo, shard: int) -> float:
                 pids.add(conn.info.backend_pid)
                 barrier.wait()
                 for start in range(0, ROWS // SESSIONS, CHUNK):
-                    # One INSERT per row, pipelined: each row's next_id() is its own statement
-                    cur.executemany(insert, [(k, n) for n in range(start, start + CHUNK)])
+                    for n in range(start, start + CHUNK):
+                        cur.execute(insert, (k, n), prepare=True)
                     conn.commit()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)

@@ -434,9 +434,8 @@ MAPPED_FORMATS = ["shard{:04d}", "x{n:x}", "x{n!r}", "s_{n:03}", "a{n}b{n}"]
 def test_a_schema_name_reads_back_as_the_shard_that_has_it(fmt):
     topo = Topology.from_text(_with_schema(fmt))
     limit = topo.layout.max_shards
-    every = {
-        topo.schema_name(n): n for n in range(limit)
-    }  # what a name can stand for, by brute force
+    # what a name can stand for, by brute force
+    every = {topo.schema_name(n): n for n in range(limit)}
     names = set(every) | {"", "insta", "shard", "s__x", "insta٣", "insta-1", "insta+1", "insta 1"}
     for n in (0, 1, 7, 10, 99, limit - 1, limit, limit + 1, 65_535, 10**30):
         name = fmt.format(n, n=n)

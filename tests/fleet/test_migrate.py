@@ -271,8 +271,9 @@ def test_open_application_transaction_makes_that_shard_time_out(make_fleet):
     try:
         # pg1's last shard: a failure stops the run (no --continue-on-error), so a blocked shard earlier
         # in pg1's order would leave the shards after it unstarted or applied, as the machine's speed
-        # decides (a loaded run had 23 to 31 unstarted when shard 5 was the one locked).
-        app.execute("SELECT count(*) FROM insta31.photos")  # the open transaction holds ACCESS SHARE
+        # decides (a loaded run had 23 to 31 unstarted when shard 5 was the one locked). The open
+        # transaction holds ACCESS SHARE.
+        app.execute("SELECT count(*) FROM insta31.photos")
         started = time.perf_counter()
         # A 1 s retry budget (the default is 6 s): shard 31 stays locked throughout, so it times out
         # all the same, only sooner.

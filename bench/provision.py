@@ -55,7 +55,8 @@ def main() -> int:
     shards = args.shards or (1024 if args.quick else 8192)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
-    from shardctl.engine.executor import DEFAULT_BATCH, RunOptions
+    from shardctl.engine.defaults import DEFAULT_BATCH
+    from shardctl.engine.executor import RunOptions
     from shardctl.ops.provision import init
 
     batch = args.batch_size or DEFAULT_BATCH

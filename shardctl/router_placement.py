@@ -14,7 +14,8 @@ from typing import Any, TypeAlias, TypedDict
 
 import psycopg
 
-from .engine.connections import APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT
+from .engine.connections import APPLICATION_NAME
+from .engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from .errors import BadInput
 from .ids.routing import placement_shard, shard_for_key
 from .model.dsn import mask

@@ -9,26 +9,27 @@ as ``RunOptions(**run)``."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..engine.executor import (
+from ..engine.defaults import (
     DEFAULT_LOCK_RETRIES,
     DEFAULT_LOCK_WAIT,
     DEFAULT_MAX_LOCK_HOLD_MS,
     DEFAULT_RETRY_BUDGET,
-    RunOptions,
 )
-from ..engine.fanout import FleetReport, HostResult, host_error
 from ..errors import BadInput, ShardctlError
 from ..model.ranges import format_shards
-from ..ops.migrate import MigrateResult, migrate, parse_shard_filter
 from . import cli, settings
 from .options import finish, host_options, option_group, run_options, status_of
 from .output import flagged, host_table, stdout, table
 from .params import ASCII_INT, AsciiFloat, AsciiInt, flag_option, shown_option
 from .progress import host_progress
+
+if TYPE_CHECKING:
+    from ..engine.fanout import FleetReport, HostResult
+    from ..ops.migrate import MigrateResult
 
 
 def _state(h) -> str:
@@ -46,6 +47,8 @@ def _unsaid(text: str | None, error: ShardctlError | None) -> bool:
 
 def _host_errors(hosts: list, error: ShardctlError | None) -> None:
     """Each host error the stderr line does not already carry, host named once."""
+    from ..engine.fanout import host_error
+
     for h in hosts:
         if _unsaid(h.error, error):
             stdout.print(host_error(h), markup=False, highlight=False)
@@ -90,7 +93,8 @@ def init_cmd(
 ) -> None:
     """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
     topo = settings().topology()
-    # each command imports its own operation (start-up of the others)
+    # each command imports its own operation once the topology has loaded (start-up of the others)
+    from ..engine.executor import RunOptions
     from ..ops.provision import init
 
     with host_progress("init", not as_json) as progress:
@@ -311,6 +315,9 @@ def migrate_cmd(
     if repair and not (check or dry_run or yes) and not _repair_confirmed():
         raise BadInput("--repair rewrites the ledger's checksums; confirm with --yes")
     topo = settings().topology()
+    from ..engine.executor import RunOptions
+    from ..ops.migrate import migrate, parse_shard_filter
+
     options = RunOptions(**run)
     with host_progress("migrate", not (as_json or check or dry_run)) as progress:
         report = migrate(
@@ -335,9 +342,10 @@ def migrate_cmd(
 @click.option("--target", type=ASCII_INT, help="Plan up to this version (default: the latest).")
 def plan_cmd(as_json: bool, **given: Any) -> None:
     """Per host: pending versions and how many shards are at each version."""
+    topo = settings().topology()
     from ..ops.plan import plan
 
-    result = plan(settings().topology(), **given)
+    result = plan(topo, **given)
     doc = result.to_dict()
 
     def human() -> None:

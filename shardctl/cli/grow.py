@@ -6,9 +6,7 @@ from typing import Any
 
 import click
 
-from ..engine.executor import RunOptions
 from ..model.topology import CONFIG_ENV, DEFAULT_FILE
-from ..ops.grow import add_host, add_shard
 from . import cli, json_option, settings
 from .options import connect_timeout_option, finish, run_options
 from .output import stdout
@@ -39,6 +37,8 @@ def add_host_cmd(
 ) -> None:
     """Add an empty host to the topology and create its control schema."""
     settings().topology()  # the current file must be valid first
+    from ..ops.grow import add_host
+
     result = add_host(
         _path(),
         name,
@@ -83,6 +83,10 @@ def add_shard_cmd(
     **run: Any,
 ) -> None:
     """Open new logical shards on a host, at the fleet's migration version, and record them."""
+    settings().topology()  # the current file must be valid first
+    from ..engine.executor import RunOptions
+    from ..ops.grow import add_shard
+
     options = RunOptions(**run)  # batch_size, recycle_after, connect_timeout
     with host_progress("add-shard", not as_json) as progress:
         result = add_shard(

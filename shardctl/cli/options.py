@@ -8,8 +8,7 @@ from collections.abc import Callable
 
 import click
 
-from ..engine.connections import DEFAULT_CONNECT_TIMEOUT
-from ..engine.executor import DEFAULT_BATCH, DEFAULT_RECYCLE
+from ..engine.defaults import DEFAULT_BATCH, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RECYCLE
 from ..errors import ShardctlError
 from . import json_option, report_error, settings
 from .output import emit
@@ -30,7 +29,7 @@ def option_group(*decorators: Callable[[Callable], Callable]) -> Callable[[Calla
 
 def connect_timeout_option(func: Callable) -> Callable:
     """``--connect-timeout``: every command that connects to a host has it, with one default
-    (``engine.connections.DEFAULT_CONNECT_TIMEOUT``, the library's default too)."""
+    (``engine.defaults.DEFAULT_CONNECT_TIMEOUT``, the library's default too)."""
     return shown_option(
         "--connect-timeout",
         AsciiInt(1, 3600),

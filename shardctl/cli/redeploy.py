@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..engine.fanout import HostResult
+from ..engine.defaults import REDEPLOY_LOCK_TIMEOUT
 from ..model.ranges import format_shards
-from ..ops.redeploy import DEFAULT_LOCK_TIMEOUT, redeploy
 from . import cli, settings
 from .options import host_options, wait_option
 from .output import flagged, host_table, stdout
 from .params import flag_option
+
+if TYPE_CHECKING:
+    from ..engine.fanout import HostResult
 
 
 @cli.command("redeploy")
@@ -20,7 +22,7 @@ from .params import flag_option
 @flag_option("--dry-run", help="Only list the shards whose template functions differ.")
 @click.option(
     "--lock-timeout",
-    default=DEFAULT_LOCK_TIMEOUT,
+    default=REDEPLOY_LOCK_TIMEOUT,
     show_default=True,
     help="Give up on a shard when a lock is not granted in time (PostgreSQL interval).",
 )
@@ -31,7 +33,10 @@ def redeploy_cmd(as_json: bool, **given: Any) -> None:
     Refuses a layout or epoch change, which would break existing IDs."""
     from .options import finish, status_of
 
-    report = redeploy(settings().topology(), **given)
+    topo = settings().topology()
+    from ..ops.redeploy import redeploy
+
+    report = redeploy(topo, **given)
 
     def cells(h: HostResult) -> list:
         stale = "; ".join(f"{o}: {format_shards(s)}" for o, s in h.value.stale.items()) or "-"

@@ -13,8 +13,8 @@ from ..errors import BadInput, HostUnreachable, LockBusy
 from ..model.dsn import mask
 from ..model.topology import Host
 from ..sql import locks, session
+from .defaults import DEFAULT_CONNECT_TIMEOUT
 
-DEFAULT_CONNECT_TIMEOUT = 10
 APPLICATION_NAME = "shardctl"
 # pg_advisory_lock(classid, objid): 'SC' and 1 = "changing shards on this host" (init, migrate, add-shard, moves).
 LOCK_CLASS = 0x5343

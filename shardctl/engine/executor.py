@@ -32,16 +32,15 @@ from ..sql.catalog import ledger as ledger_q
 from ..sql.locks import lock_holders
 from ..sql.migrations import Step
 from . import connections as db
+from .defaults import (
+    DEFAULT_BATCH,
+    DEFAULT_MAX_LOCK_HOLD_MS,
+    DEFAULT_RECYCLE,
+    DEFAULT_RETRY_BUDGET,
+)
 
-DEFAULT_BATCH = 64
-DEFAULT_RECYCLE = 1024  # shards per connection: a backend caches every schema it touches
-# Migrations under traffic (like GitLab's with_lock_retries): short lock waits, many retries.
-DEFAULT_LOCK_WAIT = "100ms"  # a shard alone (holding no other shard's locks) waits this long
 # a shard after the first of its batch (holding theirs) waits only this long
 IN_BATCH_LOCK_WAIT = "20ms"
-DEFAULT_LOCK_RETRIES = 30
-DEFAULT_RETRY_BUDGET = 6.0  # seconds a blocked shard keeps being retried
-DEFAULT_MAX_LOCK_HOLD_MS = 100
 FIRST_BATCH = 8  # shards in a host's first batch under traffic, before the time per shard is known
 
 

@@ -25,7 +25,8 @@ import psycopg
 
 from ..engine import connections as db
 from ..engine import host_ledger
-from ..engine.executor import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT, RunOptions, ShardPlan
+from ..engine.defaults import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT
+from ..engine.executor import RunOptions, ShardPlan
 from ..engine.fanout import (
     ApplyOutcome,
     FleetReport,

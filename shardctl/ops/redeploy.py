@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..engine import connections as db
+from ..engine.defaults import REDEPLOY_LOCK_TIMEOUT
 from ..engine.fanout import HostResult, fan_out, select_hosts
 from ..engine.ledger import log_event
 from ..errors import BadInput, HostUnreachable, OperationFailed, first_few
@@ -39,7 +40,6 @@ from ..sql.migrations import parse
 from ..sql.render import render_shard
 from ..sql.session import set_settings
 
-DEFAULT_LOCK_TIMEOUT = "1s"
 TOLERANCE_MS = 5000
 
 
@@ -271,7 +271,7 @@ def redeploy(
     *,
     hosts: list[str] | None = None,
     dry_run: bool = False,
-    lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
+    lock_timeout: str = REDEPLOY_LOCK_TIMEOUT,
     wait: float = 0,
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
 ) -> RedeployReport:

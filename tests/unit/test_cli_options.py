@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from shardctl.cli import cli
-from shardctl.engine.connections import DEFAULT_CONNECT_TIMEOUT
+from shardctl.engine.defaults import DEFAULT_CONNECT_TIMEOUT
 
 # Commands that never open a connection to a fleet host.
 OFFLINE = {

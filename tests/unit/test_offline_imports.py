@@ -1,10 +1,16 @@
-"""The offline commands never import the database driver, and every command stays reachable.
+"""The offline commands never import the database driver, nor does a fleet command refused for its
+topology, and every command stays reachable.
 
-Each command runs as a real process under ``python -X importtime``, which lists every module the
-process imports (on stderr, one line each, the module name after the last ``|``).
+Each offline command runs as a real process under ``python -X importtime``, which lists every module
+the process imports (on stderr, one line each, the module name after the last ``|``).
 """
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 from support.process import run_shardctl
@@ -72,9 +78,18 @@ def test_offline_command_does_not_import_psycopg(name, topo, tmp_path):
 
 def test_the_check_sees_a_driver_import(tmp_path):
     """The same check run on a command that connects does see psycopg (so the test above can fail)."""
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(TOPOLOGY)
     proc = run_shardctl(
-        "-c", tmp_path / "none.yaml", "status", python_flags=("-X", "importtime"), cwd=tmp_path
+        "-c",
+        path,
+        "status",
+        "--connect-timeout",
+        "1",
+        python_flags=("-X", "importtime"),
+        cwd=tmp_path,
     )
+    assert proc.returncode == 3, proc.stderr[-2000:]  # port 1: refused
     assert "psycopg" in imported(proc.stderr)
 
 
@@ -96,3 +111,56 @@ def test_command_map_matches_the_modules():
     for name, command in commands.items():
         assert command is not None, name
         assert command.callback.__module__ == f"shardctl.cli.{COMMAND_MODULES[name]}", name
+
+
+# ---- what a command imports before it needs a server ------------------------------------------------
+
+_IMPORTS = """
+import json, sys
+from shardctl.cli import cli
+seen = {}
+for args in json.loads(sys.argv[1]):
+    try:
+        cli.main(args=args, prog_name="shardctl")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    seen[" ".join(args[2:])] = [code, "psycopg" in sys.modules]
+print(json.dumps(seen))
+"""
+
+
+def test_no_database_driver_is_imported_before_a_command_needs_a_server(topo, tmp_path):
+    """The offline commands never import psycopg, and a fleet command whose topology does not load
+    is refused before it imports psycopg (about 0.1 s of CPU, and memory, per refusal)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TOPOLOGY.replace('shards: "8-15"', 'shards: "15-8"'))
+    assert bad.read_text() != TOPOLOGY
+    offline = [args for args in OFFLINE.values() if args[0] == "-c"]  # with a topology
+    refused = [
+        ["init"],
+        ["migrate"],
+        ["migrate", "--check"],
+        ["plan"],
+        ["verify"],
+        ["status"],
+        ["redeploy"],
+        ["add-shard", "--host", "pg1", "--count", "1"],
+        ["add-host", "pg9", "--dsn", "postgresql://app@127.0.0.1:1/app9"],
+    ]
+    commands = [[a.format(topo=topo) for a in args] for args in offline]
+    commands += [["--config", str(bad), *a] for a in refused]
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORTS, json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "SHARDCTL_CONFIG"},
+        check=True,
+    )
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert len(seen) == len(commands), seen
+    for args in commands[: len(offline)]:
+        assert seen[" ".join(args[2:])] == [0, False], (args, seen)
+    for args in refused:
+        assert seen[" ".join(args)] == [2, False], (args, seen)
+    assert proc.stderr.count("runs backwards") == len(refused), proc.stderr

@@ -1,0 +1,15 @@
+"""The engine's defaults, which are also the CLI's option defaults.
+
+Kept apart from the modules that use them, which import psycopg: the CLI builds its options from
+these, and a command refused for bad input (a topology that does not load) ends before any
+database driver is imported."""
+
+DEFAULT_CONNECT_TIMEOUT = 10  # seconds to wait for a host to answer
+DEFAULT_BATCH = 64
+DEFAULT_RECYCLE = 1024  # shards per connection: a backend caches every schema it touches
+# Migrations under traffic (like GitLab's with_lock_retries): short lock waits, many retries.
+DEFAULT_LOCK_WAIT = "100ms"  # a shard alone (holding no other shard's locks) waits this long
+DEFAULT_LOCK_RETRIES = 30
+DEFAULT_RETRY_BUDGET = 6.0  # seconds a blocked shard keeps being retried
+DEFAULT_MAX_LOCK_HOLD_MS = 100
+REDEPLOY_LOCK_TIMEOUT = "1s"  # how long redeploy waits for a shard's next_id() lock

@@ -39,14 +39,17 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+import threading
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 ENGINES = ("embedded", "docker")
 
@@ -118,6 +121,9 @@ class ShardctlFleet:
     routing_key: str | None = "user_id"
     templates: dict[str, list[str]] = field(default_factory=dict)
     _maker: FleetMaker | None = None
+    # server.dsn_format → the session's connection to its maintenance database (see on_server)
+    _maintenance: dict[str, Any] = field(default_factory=dict, repr=False)
+    _maintenance_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def maker(self, base: Path | None = None, **defaults: Any) -> FleetMaker:
         """A :class:`FleetMaker` writing its topologies under ``base``; ``defaults``: its keywords."""
@@ -146,14 +152,32 @@ class ShardctlFleet:
         self, server: FleetServer, *, encoding: str | None = None, template: str | None = None
     ) -> str:
         """A new database on ``server``: empty, or a copy of ``template``; returns its name."""
-        import psycopg
-
         from .sql.databases import create_database
 
         db = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
-            create_database(conn, db, template=template, encoding=encoding)
+        self.on_server(
+            server, lambda conn: create_database(conn, db, template=template, encoding=encoding)
+        )
         return db
+
+    def on_server(self, server: FleetServer, action: Callable[[Any], T]) -> T:
+        """``action(conn)`` on the session's one connection to ``server``'s maintenance database, which
+        creates, seals and drops every database there (a connection costs a server a few ms of CPU;
+        one per database was a thousand a run of shardctl's suite). Opened again, once, when a
+        restarted server broke it."""
+        import psycopg
+
+        with self._maintenance_lock:
+            conn = self._maintenance.get(server.dsn_format)
+            if conn is not None and not conn.closed and not conn.broken:
+                try:
+                    return action(conn)
+                except psycopg.OperationalError:
+                    if not conn.broken:
+                        raise
+            conn = psycopg.connect(server.dsn("postgres"), autocommit=True)
+            self._maintenance[server.dsn_format] = conn
+            return action(conn)
 
     def template(
         self, text: str, migrations: Path, servers: list[FleetServer], encoding: str | None
@@ -177,8 +201,6 @@ class ShardctlFleet:
         servers: list[FleetServer],
         encoding: str | None,
     ) -> list[str]:
-        import psycopg
-
         from .ops.provision import init as init_fleet
         from .sql.databases import seal_template
 
@@ -191,11 +213,10 @@ class ShardctlFleet:
             path.write_text(_with_databases(text, dbs))
             init_fleet(load_topology(path)).raise_for_status()
             for server, db in zip(servers, dbs):
-                with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
-                    # No connection may be open to a template while it is copied.
-                    seal_template(conn, db)
+                # No connection may be open to a template while it is copied.
+                self.on_server(server, lambda conn, db=db: seal_template(conn, db))
         except BaseException:
-            _drop(list(zip(servers, dbs)))
+            self.drop(list(zip(servers, dbs)))
             raise
         return dbs
 
@@ -203,8 +224,43 @@ class ShardctlFleet:
         """Drop the templates and any database :meth:`make_topology` left."""
         self.drop_databases()
         for dbs in self.templates.values():
-            _drop(list(zip(self.servers, dbs)))
+            self.drop(list(zip(self.servers, dbs)))
         self.templates.clear()
+        for conn in self._maintenance.values():
+            conn.close()
+        self._maintenance.clear()
+
+    def drop(self, databases: list[tuple[FleetServer, str]]) -> None:
+        """Drop the databases, first removing any subscription or replication slot a failed shard
+        move left in them (a slot would keep the server's WAL, a subscription its peer's slot). One
+        more connection per database only where such objects are left."""
+        import psycopg
+
+        from .sql.databases import drop_database, with_replication_objects
+
+        by_server: dict[str, tuple[FleetServer, list[str]]] = {}
+        for server, db in reversed(databases):
+            by_server.setdefault(server.dsn_format, (server, []))[1].append(db)
+        for server, dbs in by_server.values():
+
+            def drop_all(conn: Any, server: FleetServer = server, dbs: list[str] = dbs) -> None:
+                left = with_replication_objects(conn, dbs)
+                for db in dbs:
+                    if db in left:
+                        try:
+                            _drop_replication(server.dsn(db))
+                        except psycopg.Error:
+                            pass
+                    try:
+                        drop_database(conn, db)
+                    except psycopg.Error:
+                        if conn.broken:  # on_server opens it again and starts over
+                            raise
+
+            try:
+                self.on_server(server, drop_all)
+            except psycopg.Error:
+                pass
 
 
 class FleetMaker:
@@ -290,7 +346,7 @@ class FleetMaker:
 
     def cleanup(self) -> None:
         """Drop every database this maker created."""
-        _drop(self.created)
+        self.fleet.drop(self.created)
         self.created.clear()
 
     def _create(self, server: FleetServer, **options: Any) -> str:
@@ -369,35 +425,6 @@ def load_topology(path: Path) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LayoutWarning)
         return Topology.load(path)
-
-
-def _drop(databases: list[tuple[FleetServer, str]]) -> None:
-    """Drop the databases, first removing any subscription or replication slot a failed shard
-    move left in them (a slot would keep the server's WAL, a subscription its peer's slot).
-    One connection per server; one more per database only where such objects are left."""
-    import psycopg
-
-    from .sql.databases import drop_database, with_replication_objects
-
-    by_server: dict[str, tuple[FleetServer, list[str]]] = {}
-    for server, db in reversed(databases):
-        by_server.setdefault(server.dsn_format, (server, []))[1].append(db)
-    for server, dbs in by_server.values():
-        try:
-            with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
-                left = with_replication_objects(conn, dbs)
-                for db in dbs:
-                    if db in left:
-                        try:
-                            _drop_replication(server.dsn(db))
-                        except psycopg.Error:
-                            pass
-                    try:
-                        drop_database(conn, db)
-                    except psycopg.Error:
-                        pass
-        except psycopg.Error:
-            pass
 
 
 def _drop_replication(dsn: str) -> None:

@@ -12,6 +12,8 @@ import them from there, never from this file or from another test file.
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import shutil
 import sys
@@ -42,6 +44,39 @@ pytest_plugins = [
     "support.standby",
     "support.sessions",
 ]
+
+
+# xdist hands each worker whole files (--dist loadfile), in the order the items come. Its own order
+# (which addopts turns off with --no-loadscope-reorder) puts the files with the most tests first, so
+# the heaviest files with few tests (test_security.py, test_move_versions.py, 15 to 20 s each) started
+# in the last half-minute and ran on while the other workers had finished. Longest first instead, by
+# the seconds each file took in a measured run: SHARDCTL_FILE_SECONDS=write python -m pytest -q
+# rewrites the table. A file not in it counts as DEFAULT_FILE_SECONDS.
+FILE_SECONDS_PATH = Path(__file__).parent / "data" / "file_seconds.json"
+FILE_SECONDS = json.loads(FILE_SECONDS_PATH.read_text())
+DEFAULT_FILE_SECONDS = 2.0
+_measured_seconds: collections.Counter[str] = collections.Counter()
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    # A stable sort: a file's tests keep their order, and stay together.
+    items.sort(key=lambda item: -FILE_SECONDS.get(_file_of(item.nodeid), DEFAULT_FILE_SECONDS))
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("SHARDCTL_FILE_SECONDS") == "write":
+        _measured_seconds[_file_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    worker = hasattr(session.config, "workerinput")
+    if os.environ.get("SHARDCTL_FILE_SECONDS") == "write" and not worker and _measured_seconds:
+        table = {f: round(s, 1) for f, s in sorted(_measured_seconds.items(), key=lambda x: -x[1])}
+        FILE_SECONDS_PATH.write_text(json.dumps(table, indent=0) + "\n")
 
 
 def pytest_configure(config):

@@ -12,4 +12,4 @@ DEFAULT_LOCK_WAIT = "100ms"  # a shard alone (holding no other shard's locks) wa
 DEFAULT_LOCK_RETRIES = 30
 DEFAULT_RETRY_BUDGET = 6.0  # seconds a blocked shard keeps being retried
 DEFAULT_MAX_LOCK_HOLD_MS = 100
-REDEPLOY_LOCK_TIMEOUT = "1s"  # how long redeploy waits for a shard's next_id() lock
+REDEPLOY_LOCK_TIMEOUT = "1s"  # redeploy gives up on a shard whose lock is not granted in this time

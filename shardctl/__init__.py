@@ -8,6 +8,7 @@ from .errors import (
     PendingWork,
     ShardctlError,
 )
+from .lazy import lazy_exports
 from .model.layouts import Layout
 from .model.topology import Host, Topology
 from .version import __version__
@@ -96,10 +97,4 @@ __all__ = [
     "verify",
 ]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(__name__, _LAZY_MODULES)

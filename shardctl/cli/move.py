@@ -6,25 +6,19 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import BadInput, ShardctlError
-from ..ops.move import (
-    PHASE_NAMES,
-    MoveOptions,
-    Phase,
-    abort_move,
-    cleanup_move,
-    move_shards,
-    move_status,
-    parse_range,
-)
-from ..ops.rebalance import rebalance, rebalance_plan
+from ..ops.move.state import PHASE_NAMES, Phase
 from . import cli, json_option, settings
 from .options import connect_timeout_option, finish, option_group, wait_option
 from .output import flagged, info, stderr, stdout, table
 from .params import AsciiFloat, AsciiInt, choice_option, flag_option, shown_option
+
+if TYPE_CHECKING:
+    from ..ops.move import MoveOptions
 
 # A move's tuning (freeze, copy, batches, subscriptions) and its connection: move-shard and rebalance.
 move_options = option_group(
@@ -100,6 +94,8 @@ move_options = option_group(
 
 def _options(kw: dict) -> MoveOptions:
     """MoveOptions from ``move_options``' parameters, each named as the field it sets."""
+    from ..ops.move import MoveOptions
+
     return MoveOptions(**kw, allow_inline_password=settings().allow_inline_password)
 
 
@@ -299,6 +295,9 @@ def move_shard_cmd(
     if len(modes) > 1:
         raise BadInput(f"{' and '.join(modes)} are different actions; give one")
     topo = settings().topology()
+    # the operations once the topology has loaded: a file that does not load never imports psycopg
+    from ..ops.move import abort_move, cleanup_move, move_shards, move_status, parse_range
+
     options = _options(kw)
     if show_status:
         if shard_range or phase or target:
@@ -364,6 +363,8 @@ def rebalance_cmd(
     if do_cleanup and not do_apply:
         raise BadInput("--cleanup goes with --apply")
     topo = settings().topology()
+    from ..ops.rebalance import rebalance, rebalance_plan
+
     goal = {"by": by, "min_improvement": min_improvement}  # what the plan evens out, and how far
     if not do_apply:
         doc = rebalance_plan(topo, **goal).to_dict()

@@ -147,6 +147,9 @@ def test_no_database_driver_is_imported_before_a_command_needs_a_server(topo, tm
         ["redeploy"],
         ["add-shard", "--host", "pg1", "--count", "1"],
         ["add-host", "pg9", "--dsn", "postgresql://app@127.0.0.1:1/app9"],
+        ["move-shard", "0-3", "--to", "pg2"],
+        ["move-shard", "--status"],
+        ["rebalance"],
     ]
     commands = [[a.format(topo=topo) for a in args] for args in offline]
     commands += [["--config", str(bad), *a] for a in refused]

@@ -24,6 +24,7 @@ MAX_CLASS_LINES = 300
 LAYERS = {
     "errors": 0,
     "version": 0,
+    "lazy": 0,
     "model": 1,
     "ids": 2,
     "sql": 3,

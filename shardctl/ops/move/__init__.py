@@ -5,19 +5,26 @@ context) · ``prepare`` · ``sync`` · ``cutover`` · ``abort`` · ``cleanup`` �
 functions).
 """
 
-from .api import (
-    MoveReport,
-    MoveStatus,
-    RecordedMove,
-    abort_move,
-    cleanup_move,
-    move_shards,
-    move_status,
-    parse_range,
-    pending_moves,
-)
-from .run import MOVE_LOCK_CLASS, MoveOptions, Progress
-from .state import PHASE_NAMES, Phase, ShardState
+from ...lazy import lazy_exports
+
+# Imported on first use (as the package ``shardctl`` does): ``state`` (the phases, which the CLI's
+# options list) loads without psycopg, the rest only when a move runs.
+_LAZY_MODULES = {
+    "api": (
+        "MoveReport",
+        "MoveStatus",
+        "RecordedMove",
+        "abort_move",
+        "cleanup_move",
+        "move_shards",
+        "move_status",
+        "parse_range",
+        "pending_moves",
+    ),
+    "run": ("MOVE_LOCK_CLASS", "MoveOptions", "Progress"),
+    "state": ("PHASE_NAMES", "Phase", "ShardState"),
+}
+
 
 __all__ = [
     "MOVE_LOCK_CLASS",
@@ -36,3 +43,5 @@ __all__ = [
     "parse_range",
     "pending_moves",
 ]
+
+__getattr__ = lazy_exports(__name__, _LAZY_MODULES)

@@ -241,6 +241,14 @@ def _parse_uri(uri: str) -> dict[str, str]:
         stop = uri[i] if i < len(uri) else ""
     if stop == "?":
         _parse_uri_params(uri[i + 1 :], options)
+    # Last: libpq takes any bytes and fails on a later malformed token first (psycopg then cannot
+    # decode the bytes); so a value that is not UTF-8 is refused only when the rest parsed.
+    for keyword, value in options.items():
+        if not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"percent-encoded value of {keyword} is not UTF-8") from None
     return options
 
 
@@ -258,13 +266,15 @@ def _parse_uri_params(params: str, options: dict[str, str]) -> None:
         if keyword == "ssl" and value == "true":  # JDBC's spelling
             keyword, value = "sslmode", "require"
         if keyword not in KEYWORDS and keyword != "requiressl":
-            raise ValueError(f'invalid URI query parameter: "{keyword}"')
+            shown = keyword.encode(errors="surrogateescape").decode(errors="replace")  # as psycopg
+            raise ValueError(f'invalid URI query parameter: "{shown}"')
         _store(options, keyword, value)
 
 
 def _uri_decode(text: str) -> str:
     """Percent-decoding as libpq does it: ``+`` stays ``+``, ``%00`` is refused, and blanks may
-    only surround the value (libpq 17+ ends the value at a blank and refuses anything after it)."""
+    only surround the value (libpq 17+ ends the value at a blank and refuses anything after it).
+    Bytes that are not UTF-8 come back as surrogates (``surrogateescape``)."""
     raw = text.encode()
     i, n = 0, len(raw)
     while i < n and raw[i] == 0x20:
@@ -288,10 +298,7 @@ def _uri_decode(text: str) -> str:
         raise ValueError(
             f'unexpected spaces found in "{text}", use percent-encoded spaces (%20) instead'
         )
-    try:
-        return out.decode()
-    except UnicodeDecodeError:
-        raise ValueError(f'percent-encoded value is not UTF-8: "{text}"') from None
+    return out.decode(errors="surrogateescape")  # bytes that are not UTF-8: _parse_uri refuses them
 
 
 def has_inline_password(dsn: str) -> bool:

@@ -200,6 +200,10 @@ KV_PIECES = st.sampled_from(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(URI_PIECES, max_size=14).map("".join))
 @example("postgresql://u:p@h/db")
+@example(
+    "postgresql://%dbpostgresql://%2"
+)  # libpq's token error first, then bytes that are not UTF-8
+@example("postgresql://h?%db=1")
 def test_uri_forms_parse_as_libpq_does(text):
     assert ours(text) == libpq_parse(text)
 

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 ENGINES = ("embedded", "docker")
 
@@ -160,7 +160,7 @@ class ShardctlFleet:
         )
         return db
 
-    def on_server(self, server: FleetServer, action: Callable[[Any], T]) -> T:
+    def on_server(self, server: FleetServer, action: Callable[[Any], _T]) -> _T:
         """``action(conn)`` on the session's one connection to ``server``'s maintenance database, which
         creates, seals and drops every database there (a connection costs a server a few ms of CPU;
         one per database was a thousand a run of shardctl's suite). Opened again, once, when a

@@ -43,6 +43,7 @@ _LAZY_MODULES = {
     ),
     "ops.gate": ("check_against_base", "GateResult"),
     "ops.import_history": ("import_history", "ImportResult"),
+    "ops.adopt": ("adopt_plan", "AdoptPlan"),
 }
 _LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 _OPERATIONS = tuple(
@@ -52,6 +53,7 @@ _OPERATIONS = tuple(
 __all__ = [
     "AddHostResult",
     "AddShardResult",
+    "AdoptPlan",
     "AsyncRouter",
     "BadInput",
     "ConfigError",
@@ -82,6 +84,7 @@ __all__ = [
     "abort_move",
     "add_host",
     "add_shard",
+    "adopt_plan",
     "check_against_base",
     "cleanup_move",
     "import_history",

@@ -81,6 +81,7 @@ COMMAND_MODULES = {
     "rebalance": "move",
     "lint": "lint",
     "migrations": "migrations",
+    "adopt": "adopt",
     "redeploy": "redeploy",
     "sandbox": "sandbox",
     "demo": "sandbox",

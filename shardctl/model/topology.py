@@ -63,7 +63,9 @@ POOLER_MODES = ("transaction", "session", "none")
 # What each DSN of a host is for; each defaults to the one before it.
 DSN_PURPOSES = ("app", "admin", "peer")
 ROUTING_KEYS = {"key", "strings", "modulus"}
-PLACEMENT_KEYS = {"new_objects", "pinned"}  # pinned: read by ops.rebalance (shards that never move)
+# pinned: read by ops.rebalance (shards that never move); global_host: where an adopted database's
+# global (unsharded) tables live (ops/adopt)
+PLACEMENT_KEYS = {"new_objects", "pinned", "global_host"}
 BITS_KEYS = {"time", "shard", "sequence"}
 LINT_KEYS = {"exclude", "include", "pg_version"}
 
@@ -141,6 +143,7 @@ class Topology:
     string_hash: str = "md5"
     modulus: int = 0
     new_objects: list[int] | None = None
+    global_host: str | None = None  # placement.global_host: the host of unsharded (global) tables
     lint: dict[str, Any] = field(default_factory=dict)  # `shardctl lint` settings (sql/lint.py)
     warnings: list[str] = field(default_factory=list)
     _owner: dict[int, Host] = field(default_factory=dict, repr=False)
@@ -749,6 +752,7 @@ class _Validator:
         ).validate(doc, count)
         routing = routing_section(p, doc, count)
         new_objects = placement_section(p, doc, range_limit)
+        global_host = global_host_setting(p, doc, hosts)
         lint = lint_section(p, doc)
         base = self.path.parent if self.path else Path.cwd()
         dirs = {}
@@ -773,6 +777,7 @@ class _Validator:
             string_hash=routing.get("strings", "md5"),
             modulus=routing.get("modulus") or count,
             new_objects=new_objects,
+            global_host=global_host,
             lint=lint,
         )
         if layout.uses_sign_bit:
@@ -948,6 +953,22 @@ def placement_section(p: Problems, doc: Any, range_limit: int) -> list[int] | No
     except ValueError as exc:
         p.error(f"placement.new_objects: {exc}", p.line_of(section, "new_objects"))
         return None
+
+
+def global_host_setting(p: Problems, doc: Any, hosts: list[Host]) -> str | None:
+    """``placement.global_host``: the name of one of the hosts, or None."""
+    section = doc.get("placement") if isinstance(doc, dict) else None
+    if not isinstance(section, dict) or "global_host" not in section:
+        return None
+    name = section["global_host"]
+    names = [h.name for h in hosts]
+    if not isinstance(name, str) or (names and name not in names):
+        p.error(
+            f"placement.global_host must name a host ({', '.join(names)}), got {echo(name)}",
+            p.line_of(section, "global_host"),
+        )
+        return None
+    return name
 
 
 def lint_section(p: Problems, doc: Any) -> dict[str, Any]:

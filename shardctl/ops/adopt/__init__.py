@@ -1,0 +1,7 @@
+"""Adopting one live PostgreSQL database into a fleet: ``plan`` (read-only: shard keys, blockers,
+query classes) and ``baseline`` (the adopted tables' definitions as the fleet's first migration).
+The copy, the old IDs, the verification and the cutover are not built yet (docs/adopting.md)."""
+
+from .plan import AdoptPlan, adopt_plan
+
+__all__ = ["AdoptPlan", "adopt_plan"]

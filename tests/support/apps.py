@@ -1,0 +1,80 @@
+"""The application schemas of tests/data/apps (a Django forum, a Prisma task tracker), loaded into a
+database with generated data; and a snapshot of a schema (definitions and rows) to prove that a
+read-only command changed nothing, or that two schemas define the same tables."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import psycopg
+
+APPS = Path(__file__).resolve().parents[1] / "data" / "apps"
+PSQL = "/usr/bin/psql"
+
+
+def load_app(dsn: str, app: str, users: int = 40) -> None:
+    """Apply ``<app>.sql`` then ``<app>.data.sql`` (with ``users`` users) with psql, as a team would."""
+    subprocess.run(
+        [PSQL, dsn, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"users={users}"]
+        + ["-f", str(APPS / f"{app}.sql"), "-f", str(APPS / f"{app}.data.sql")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+# One line per definition of a schema's tables, with the schema's name written as S: columns (type,
+# not null, default, identity), constraints, indexes, sequences, enum types. Run with search_path =
+# pg_catalog, so every name is qualified the same way whatever the schema.
+DEFINITIONS = r"""
+WITH s AS (SELECT oid, nspname FROM pg_namespace WHERE nspname = %(schema)s),
+items AS (
+    SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+           || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+           || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+           || CASE a.attidentity WHEN 'a' THEN ' identity always' WHEN 'd' THEN ' identity' ELSE '' END AS item
+      FROM s JOIN pg_class c ON c.relnamespace = s.oid
+      JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+      LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+     WHERE c.relkind IN ('r', 'p') AND c.relname <> ALL(%(skip)s)
+    UNION ALL
+    SELECT 'constraint ' || c.relname || '.' || k.conname || ' ' || pg_get_constraintdef(k.oid)
+      FROM s JOIN pg_constraint k ON k.connamespace = s.oid JOIN pg_class c ON c.oid = k.conrelid
+     WHERE c.relname <> ALL(%(skip)s)
+    UNION ALL
+    SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+      FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_index i ON i.indrelid = c.oid
+     WHERE c.relname <> ALL(%(skip)s)
+    UNION ALL
+    SELECT 'type ' || t.typname || ' ' || (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                                              FROM pg_enum e WHERE e.enumtypid = t.oid)
+      FROM s JOIN pg_type t ON t.typnamespace = s.oid WHERE t.typtype = 'e'
+)
+SELECT replace(item, (SELECT quote_ident(nspname) FROM s) || '.', 'S.') FROM items ORDER BY 1
+"""
+
+TABLES = "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind = 'r' ORDER BY 1"
+
+
+def definitions(dsn: str, schema: str = "public", skip: tuple[str, ...] = ()) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET search_path = pg_catalog")
+        rows = conn.execute(DEFINITIONS, {"schema": schema, "skip": list(skip)}).fetchall()
+    return [r[0] for r in rows]
+
+
+def snapshot(dsn: str, schema: str = "public") -> dict[str, object]:
+    """Every definition, every sequence's state and every table's rows (as a digest) of ``schema``."""
+    out: dict[str, object] = {"definitions": definitions(dsn, schema)}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        out["sequences"] = conn.execute(
+            "SELECT sequencename, last_value FROM pg_sequences WHERE schemaname = %s ORDER BY 1",
+            (schema,),
+        ).fetchall()
+        for (table,) in conn.execute(TABLES, (schema,)).fetchall():
+            q = psycopg.sql.SQL(
+                "SELECT count(*), md5(string_agg(t::text, '|' ORDER BY t::text)) FROM {} t"
+            )
+            out[table] = conn.execute(q.format(psycopg.sql.Identifier(schema, table))).fetchone()
+    return out

@@ -29,12 +29,19 @@ def unique_key_and_id(table: str, key: str, id_column: str) -> str:
 
 
 def fk_with_key(
-    table: str, name: str, key: str, fk: list[str], parent: str, ref: list[str], actions: str
+    table: str,
+    name: str,
+    key: str,
+    fk: list[str],
+    parent: str,
+    parent_key: str,
+    ref: list[str],
+    actions: str,
 ) -> str:
     """Replace a foreign key by one that includes the key on both sides (so both rows share a shard),
     keeping its ON DELETE / ON UPDATE ``actions``."""
     cols = ", ".join(q(c) for c in [key, *fk])
-    refs = ", ".join(q(c) for c in [key, *ref])
+    refs = ", ".join(q(c) for c in [parent_key, *ref])
     return (
         f"ALTER TABLE {q(table)} DROP CONSTRAINT {q(name)}, ADD CONSTRAINT {q(name)} "
         f"FOREIGN KEY ({cols}) REFERENCES {q(parent)} ({refs}){actions};"

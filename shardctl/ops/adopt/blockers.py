@@ -77,14 +77,8 @@ def _no_key_column(
     k = path_constraint(table, plan)
     parent = plans[k.ref_table]
     parent_key = parent.key or key
-    root_hop = plan.path[-1].split(" -> ")[1]
-    key_type = next(
-        c.type
-        for c in tables[root_hop.split(".")[0]].columns
-        if c.name == root_hop.split(".", 1)[1]
-    )
-    fix = [
-        fixes.add_key_column(table.name, key, key_type),
+    fix = [  # bigint: keys are the root's IDs, new ones from next_id()
+        fixes.add_key_column(table.name, key, "bigint"),
         fixes.backfill_key(table.name, key, k.columns, parent.name, k.ref_columns, parent_key),
     ]
     nullable = any(not c.not_null for c in table.columns if c.name in k.columns)
@@ -96,7 +90,7 @@ def _no_key_column(
         fix += [
             fixes.unique_key_and_id(parent.name, parent_key, k.ref_columns[0]),
             fixes.fk_with_key(
-                table.name, k.name, key, k.columns, parent.name, k.ref_columns, actions
+                table.name, k.name, key, k.columns, parent.name, parent_key, k.ref_columns, actions
             ),
         ]
     return Blocker(

@@ -43,7 +43,7 @@ _LAZY_MODULES = {
     ),
     "ops.gate": ("check_against_base", "GateResult"),
     "ops.import_history": ("import_history", "ImportResult"),
-    "ops.adopt": ("adopt_plan", "AdoptPlan"),
+    "ops.adopt": ("adopt_plan", "adopt_baseline", "AdoptPlan", "BaselineResult"),
 }
 _LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 _OPERATIONS = tuple(
@@ -56,6 +56,7 @@ __all__ = [
     "AdoptPlan",
     "AsyncRouter",
     "BadInput",
+    "BaselineResult",
     "ConfigError",
     "FleetReport",
     "GateResult",
@@ -84,6 +85,7 @@ __all__ = [
     "abort_move",
     "add_host",
     "add_shard",
+    "adopt_baseline",
     "adopt_plan",
     "check_against_base",
     "cleanup_move",

@@ -10,6 +10,7 @@ import click
 from . import cli, json_option, settings
 from .options import connect_timeout_option
 from .output import stdout, table
+from .params import flag_option
 
 
 @cli.group("adopt")
@@ -92,3 +93,50 @@ def plan_cmd(as_json: bool, **given: Any) -> None:
             )
 
     finish(as_json, result.to_dict(), human, status_of(result))
+
+
+@adopt_group.command("baseline")
+@_from_option
+@click.option(
+    "--plan", "plan_file", required=True, metavar="FILE", help="The plan file adopt plan wrote."
+)
+@click.option(
+    "--to",
+    "target",
+    metavar="DIR",
+    help="Folder to write into (default: the topology's migrations folder).",
+)
+@flag_option("--dry-run", help="Build and check the baseline, but write nothing.")
+@json_option
+@connect_timeout_option
+def baseline_cmd(as_json: bool, dry_run: bool, **given: Any) -> None:
+    """Write the adopted tables' definitions as the fleet's first migration (V0001__baseline.sql),
+    IDs from next_id(); the app's migration history is recorded as applied."""
+    from ..ops.adopt import adopt_baseline
+    from .options import finish
+
+    topo = settings().topology()
+    given["plan_file"] = Path(given["plan_file"])
+    given["target"] = Path(given["target"]) if given["target"] else None
+    result = adopt_baseline(topo, dry_run=dry_run, **given)
+
+    def human() -> None:
+        verb = "wrote" if result.written else "would write"
+        stdout.print(
+            f"{verb} {result.file}: {len(result.tables)} sharded table(s), {len(result.types)} type(s)",
+            highlight=False,
+        )
+        for h in result.history:
+            stdout.print(
+                f"history: {h.tool} ({h.table}) recorded as applied up to {h.last}; the next migration is V0002",
+                highlight=False,
+            )
+        if result.global_tables:
+            stdout.print(
+                f"global tables, not in the shards: {', '.join(result.global_tables)}",
+                highlight=False,
+            )
+        for item in result.not_carried:
+            stdout.print(f"not carried: {item}", highlight=False)
+
+    finish(as_json, result.to_dict(), human, None)

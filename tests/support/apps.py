@@ -78,3 +78,40 @@ def snapshot(dsn: str, schema: str = "public") -> dict[str, object]:
             )
             out[table] = conn.execute(q.format(psycopg.sql.Identifier(schema, table))).fetchone()
     return out
+
+
+# What each app's plan gives no SQL for, done the way its message says: the root's unique values
+# move to a global table (here: the constraint is dropped).
+OWN_FIXES = {
+    "tasks_prisma": ["DROP INDEX users_email_key"],
+    "forum_django": ["ALTER TABLE auth_user DROP CONSTRAINT auth_user_username_key"],
+}
+# (child, parent, child's key, parent's key, child's column, parent's column): the rows a backfill
+# filled, each with its parent's key.
+BACKFILLED = {
+    "tasks_prisma": [
+        ("tasks", "projects", "user_id", "user_id", "project_id", "id"),
+        ("task_labels", "tasks", "user_id", "user_id", "task_id", "id"),
+    ],
+    "forum_django": [("forum_attachment", "forum_post", "user_id", "author_id", "post_id", "id")],
+}
+
+
+def apply_fixes(dsn: str, app: str, doc: dict) -> None:
+    """Every fix the plan gives, in its order, then the app's own (OWN_FIXES)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for b in doc["blockers"]:
+            for statement in b["fix"]:
+                conn.execute(statement)
+        for statement in OWN_FIXES[app]:
+            conn.execute(statement)
+        for child, parent, key, parent_key, column, ref in BACKFILLED[app]:
+            wrong = conn.execute(
+                psycopg.sql.SQL(
+                    "SELECT count(*), count(*) FILTER (WHERE c.{} IS DISTINCT FROM p.{}) "
+                    "FROM {} c JOIN {} p ON p.{} = c.{}"
+                ).format(
+                    *map(psycopg.sql.Identifier, (key, parent_key, child, parent, ref, column))
+                )
+            ).fetchone()
+            assert wrong[0] > 0 and wrong[1] == 0, (child, wrong)

@@ -2,6 +2,7 @@
 query classes) and ``baseline`` (the adopted tables' definitions as the fleet's first migration).
 The copy, the old IDs, the verification and the cutover are not built yet (docs/adopting.md)."""
 
+from .baseline import BaselineResult, adopt_baseline
 from .plan import AdoptPlan, adopt_plan
 
-__all__ = ["AdoptPlan", "adopt_plan"]
+__all__ = ["AdoptPlan", "BaselineResult", "adopt_baseline", "adopt_plan"]

@@ -122,11 +122,9 @@ def adopt_plan(
     if not topo.routing_key:
         raise BadInput("the topology names no routing.key: the plan shards every table by it")
     host = source_host(dsn)
-    conn = db.connect(host, connect_timeout=connect_timeout, purpose="adopt plan")
+    conn = read_source(host, connect_timeout, "adopt plan")
     try:
-        conn.read_only = True
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ  # one snapshot for every read
-        plan = _read(conn, topo, host, schema, root)
+        plan, _ = read_plan_snapshot(conn, topo, host, schema, root)
         conn.rollback()
     finally:
         conn.close()
@@ -136,7 +134,18 @@ def adopt_plan(
     return plan
 
 
-def _read(conn: Any, topo: Topology, host: Host, schema: str, root: str | None) -> AdoptPlan:
+def read_source(host: Host, connect_timeout: int, purpose: str) -> psycopg.Connection:
+    """A read-only connection to the database to adopt, whose transaction sees one snapshot."""
+    conn = db.connect(host, connect_timeout=connect_timeout, purpose=purpose)
+    conn.read_only = True
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    return conn
+
+
+def read_plan_snapshot(
+    conn: Any, topo: Topology, host: Host, schema: str, root: str | None
+) -> tuple[AdoptPlan, dict[str, catalog.Table]]:
+    """The plan of the database on ``conn`` (in its current transaction), and the tables it read."""
     facts = inspect.server_facts(conn)
     catalog.qualified_names(conn)
     tables = {t.name: t for t in catalog.tables(conn, schema)}
@@ -166,7 +175,7 @@ def _read(conn: Any, topo: Topology, host: Host, schema: str, root: str | None) 
     if note:
         notes.append(f"{note}: no query classes")
     num = facts["version_num"]
-    return AdoptPlan(
+    plan = AdoptPlan(
         source=host.masked_dsn,
         schema=schema,
         server_version=f"{num // 10000}.{num % 10000}",
@@ -182,6 +191,7 @@ def _read(conn: Any, topo: Topology, host: Host, schema: str, root: str | None) 
         queries=report(rows, note, plans, tables, schema),
         notes=notes,
     )
+    return plan, tables
 
 
 def write_plan(plan: AdoptPlan, path: Path) -> None:

@@ -247,3 +247,29 @@ def statements(conn: psycopg.Connection) -> tuple[list[tuple[str, int, float]] |
     except psycopg.errors.ObjectNotInPrerequisiteState as exc:
         return None, f"pg_stat_statements cannot be read: {str(exc).splitlines()[0]}"
     return [(q, int(c), float(t)) for q, c, t in rows], ""
+
+
+NOT_CARRIED = """
+SELECT 'trigger ' || t.tgname || ' on ' || c.relname
+  FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND NOT t.tgisinternal AND c.relname = ANY(%(tables)s)
+UNION ALL
+SELECT CASE c.relkind WHEN 'v' THEN 'view ' ELSE 'materialized view ' END || c.relname
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND c.relkind IN ('v', 'm')
+UNION ALL
+SELECT 'policy ' || p.polname || ' on ' || c.relname
+  FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND c.relname = ANY(%(tables)s)
+UNION ALL
+SELECT 'function ' || p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = %(schema)s
+   AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                                              AND d.deptype = 'e')
+ORDER BY 1"""
+
+
+def not_carried(conn: psycopg.Connection, schema: str, tables: list[str]) -> list[str]:
+    """What the baseline does not write: triggers and row-level policies on ``tables``, and the
+    schema's views and functions (those of extensions aside)."""
+    return [r[0] for r in conn.execute(NOT_CARRIED, {"schema": schema, "tables": tables})]

@@ -67,7 +67,7 @@ def plan_cmd(as_json: bool, **given: Any) -> None:
         )
         for h in result.history:
             stdout.print(
-                f"history: {h.tool} ({h.table}): {h.applied} applied, last {h.last}",
+                f"history: {h.tool} ({h.table}): applied up to {h.last}",
                 highlight=False,
             )
         if result.queries.available:

@@ -335,3 +335,70 @@ def test_global_host_bad_input_and_unreachable(make_fleet, sources):
         "adopt", "plan", "--from", sources["tasks_prisma"], "--root", "nope", config=topology
     )
     assert r.exit_code == 2 and "--root nope: no such table in schema public" in r.stderr, r
+
+
+APP = """
+CREATE TABLE users (id bigserial PRIMARY KEY, email text NOT NULL);
+CREATE TABLE posts (id bigserial PRIMARY KEY, user_id bigint NOT NULL REFERENCES users (id));
+"""
+HISTORIES = {
+    "alembic golang-migrate flyway": """
+CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY);
+INSERT INTO alembic_version VALUES ('3f2a9c1e7b44');
+CREATE TABLE schema_migrations (version bigint PRIMARY KEY, dirty boolean NOT NULL);
+INSERT INTO schema_migrations VALUES (20250312, true);
+CREATE TABLE flyway_schema_history (
+    installed_rank int PRIMARY KEY, version varchar(50), description varchar(200) NOT NULL,
+    success boolean NOT NULL);
+INSERT INTO flyway_schema_history VALUES (1, '1', 'init', true), (2, '2', 'posts', true),
+                                         (3, NULL, 'repeatable views', true);
+""",
+    "rails": """
+CREATE TABLE schema_migrations (version varchar PRIMARY KEY);
+CREATE TABLE ar_internal_metadata (key varchar PRIMARY KEY, value varchar);
+INSERT INTO schema_migrations VALUES ('20240101000000'), ('20240615093000');
+""",
+}
+
+
+def test_histories_of_other_tools(make_fleet, topology):
+    """Alembic, golang-migrate (its dirty flag a blocker), Flyway and Rails tables are read for the
+    history and left out of the adopted tables."""
+    found = {}
+    for name, sql in HISTORIES.items():
+        dsn = make_fleet.new_database(0)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(APP + sql)
+        r, doc = plan(topology, dsn)
+        found[name] = (r.exit_code, doc["history"], [b["message"] for b in doc["blockers"]])
+        assert {t["name"] for t in doc["tables"] if t["kind"] != "history"} == {"users", "posts"}
+    assert found["alembic golang-migrate flyway"] == (
+        1,
+        [
+            {"tool": "alembic", "table": "alembic_version", "applied": 1, "last": "3f2a9c1e7b44"},
+            {
+                "tool": "flyway",
+                "table": "flyway_schema_history",
+                "applied": 3,
+                "last": "repeatable views",
+            },
+            {
+                "tool": "golang-migrate",
+                "table": "schema_migrations",
+                "applied": None,
+                "last": "20250312",
+            },
+        ],
+        [
+            (
+                "golang-migrate's schema_migrations records a migration that did not finish (last: "
+                "20250312): finish or repair it with golang-migrate before the baseline records the "
+                "history as applied"
+            )
+        ],
+    )
+    assert found["rails"] == (
+        0,
+        [{"tool": "rails", "table": "schema_migrations", "applied": 2, "last": "20240615093000"}],
+        [],
+    )

@@ -171,7 +171,8 @@ def _text(
         "ID columns take next_id() instead of their sequence; old rows keep their IDs.",
     ]
     lines += [
-        f"The app's history: {h.tool} ({h.table}), {h.applied} migration(s) applied up to {h.last}; "
+        f"The app's history: {h.tool} ({h.table}), "
+        f"{'' if h.applied is None else f'{h.applied} migration(s) '}applied up to {h.last}; "
         f"the next migration follows as V0002."
         for h in plan.history
     ]

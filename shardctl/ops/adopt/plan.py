@@ -48,7 +48,7 @@ class History:
 
     tool: str
     table: str
-    applied: int
+    applied: int | None  # None: the tool records only its current version (golang-migrate)
     last: str | None
 
 

@@ -189,15 +189,16 @@ HISTORY_TABLES = {
                    WHERE success ORDER BY installed_rank DESC LIMIT 1), bool_or(NOT success) FROM {t}""",
     ),
 }
-GOLANG_MIGRATE = "SELECT max(version)::bigint, max(version)::text, bool_or(dirty) FROM {t}"
+GOLANG_MIGRATE = "SELECT NULL::bigint, max(version)::text, bool_or(dirty) FROM {t}"
 RAILS = "SELECT count(*), max(version), false FROM {t}"
 
 
 def history(conn: psycopg.Connection, schema: str, present: set[str]) -> list[tuple]:
     """(table, tool, applied, last, dirty) for each migration table of a known tool in ``present``
-    (the schema's table names): how many migrations the app's tool recorded as applied, the last
-    one, and whether the tool left one half-applied (golang-migrate's dirty flag, a Prisma migration
-    started and not finished, a failed Flyway row)."""
+    (the schema's table names): how many migrations the app's tool recorded as applied (None for
+    golang-migrate, which keeps only its current version), the last one, and whether the tool left
+    one half-applied (golang-migrate's dirty flag, a Prisma migration started and not finished, a
+    failed Flyway row)."""
     out = []
     checks = dict(HISTORY_TABLES)
     if "schema_migrations" in present:
@@ -216,7 +217,7 @@ def history(conn: psycopg.Connection, schema: str, present: set[str]) -> list[tu
             continue
         query = sql.SQL(text.replace("{t}", "{table}")).format(table=sql.Identifier(schema, table))
         applied, last, dirty = conn.execute(query).fetchone()
-        out.append((table, tool, int(applied or 0), last, bool(dirty)))
+        out.append((table, tool, None if applied is None else int(applied), last, bool(dirty)))
     return out
 
 

@@ -402,3 +402,31 @@ def test_histories_of_other_tools(make_fleet, topology):
         [{"tool": "rails", "table": "schema_migrations", "applied": 2, "last": "20240615093000"}],
         [],
     )
+
+
+def test_server_settings_blockers_on_a_real_server(private_sandbox, topology):
+    """A server with wal_level=replica and too few slots and WAL senders: three blockers, each one
+    line with its ALTER SYSTEM fix, read from the server's own settings."""
+    box = private_sandbox(hosts=1, shards=4)
+    dsn = box.status()["hosts"][0]["dsn"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(APP)
+        for setting, value in (("wal_level", "replica"), ("max_replication_slots", "1")):
+            conn.execute(f"ALTER SYSTEM SET {setting} = {value}")
+        conn.execute("ALTER SYSTEM SET max_wal_senders = 1")
+    box.stop_host("pg1")
+    box.start_host("pg1")
+    r, doc = plan(topology, dsn)
+    assert r.exit_code == 1
+    server = [b for b in doc["blockers"] if b["kind"] == "server"]
+    assert [b["message"] for b in server] == [
+        "wal_level=replica: the copy needs wal_level=logical (a restart)",
+        "max_replication_slots=1 with 0 in use: the copy needs 2 free (one per host); raise it (a restart)",
+        "max_wal_senders=1 with 0 in use: the copy needs 2 free (one per host); raise it (a restart)",
+    ]
+    assert [b["fix"] for b in server] == [
+        ["ALTER SYSTEM SET wal_level = logical;"],
+        ["ALTER SYSTEM SET max_replication_slots = 4;"],
+        ["ALTER SYSTEM SET max_wal_senders = 4;"],
+    ]
+    assert found(doc) == {("server", None)}

@@ -28,6 +28,19 @@ def _from_option(func: Any) -> Any:
     )(func)
 
 
+def _refuse_inline_password(dsn: str) -> None:
+    """A literal password in ``--from`` is refused, as in the topology, unless
+    ``--allow-inline-password``: it would stay in the shell's history and the process list."""
+    from ..errors import BadInput
+    from ..model import dsn as dsnlib
+
+    if dsnlib.has_inline_password(dsn) and not settings().allow_inline_password:
+        raise BadInput(
+            "--from contains a literal password; give it in PGPASSWORD or ~/.pgpass (or pass "
+            "--allow-inline-password)"
+        )
+
+
 def _schema_option(func: Any) -> Any:
     return click.option(
         "--schema", default="public", show_default=True, help="The app's schema in that database."
@@ -46,10 +59,11 @@ def _schema_option(func: Any) -> Any:
 def plan_cmd(as_json: bool, **given: Any) -> None:
     """Plan the adoption (read-only): each table's shard key, the blockers and their fixes, and the
     app's statements by class. Exit 1 when there are blockers."""
+    topo = settings().topology()  # a file that does not load is refused before psycopg is imported
+    _refuse_inline_password(given["dsn"])
     from ..ops.adopt import adopt_plan
     from .options import finish, status_of
 
-    topo = settings().topology()
     given["out"] = Path(given["out"]) if given["out"] else None
     result = adopt_plan(topo, **given)
 
@@ -112,10 +126,11 @@ def plan_cmd(as_json: bool, **given: Any) -> None:
 def baseline_cmd(as_json: bool, dry_run: bool, **given: Any) -> None:
     """Write the adopted tables' definitions as the fleet's first migration (V0001__baseline.sql),
     IDs from next_id(); the app's migration history is recorded as applied."""
+    topo = settings().topology()
+    _refuse_inline_password(given["dsn"])
     from ..ops.adopt import adopt_baseline
     from .options import finish
 
-    topo = settings().topology()
     given["plan_file"] = Path(given["plan_file"])
     given["target"] = Path(given["target"]) if given["target"] else None
     result = adopt_baseline(topo, dry_run=dry_run, **given)

@@ -329,6 +329,9 @@ def test_global_host_bad_input_and_unreachable(make_fleet, sources):
     topology = make_fleet(hosts=2, shards=4, extra=ROUTING)
     r = run_cli("adopt", "plan", "--from", "host='unclosed", config=topology)
     assert r.exit_code == 2 and "--from: not a valid libpq connection string" in r.stderr, r
+    r = run_cli("adopt", "plan", "--from", "postgresql://u:s3cret@127.0.0.1:1/x", config=topology)
+    assert r.exit_code == 2 and "--from contains a literal password" in r.stderr, r
+    assert "s3cret" not in r.stderr
     r = run_cli("adopt", "plan", "--from", "postgresql://u@127.0.0.1:1/x", config=topology)
     assert r.exit_code == 3 and "host source is unreachable" in r.stderr, r
     r = run_cli(

@@ -73,14 +73,8 @@ def _target(topo: Topology, target: Path | None) -> Path:
 
 def _compare(doc: dict[str, Any], fresh: AdoptPlan, path: Path) -> None:
     """BadInput naming the first table whose place the plan file and the database disagree on."""
-
-    def rows(tables: list[Any]) -> dict[str, tuple]:
-        return {
-            t["name"]: (t["kind"], t["key"], t["id_column"])
-            for t in (x if isinstance(x, dict) else x.__dict__ for x in tables)
-        }
-
-    planned, now = rows(doc["tables"]), rows(fresh.tables)
+    planned = {t["name"]: (t["kind"], t["key"], t["id_column"]) for t in doc["tables"]}
+    now = {t.name: (t.kind, t.key, t.id_column) for t in fresh.tables}
     for name in sorted(set(planned) | set(now)):
         if planned.get(name) != now.get(name):
             raise BadInput(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from shardctl.ops.adopt.blockers import table_blockers
 from shardctl.ops.adopt.keys import classify as classify_tables
 from shardctl.ops.adopt.queries import classify
 from shardctl.sql.baseline import in_shard
@@ -61,7 +62,8 @@ def _table(name, columns, constraints=()):
 
 
 def _fk(name, cols, ref, ref_cols):
-    return Constraint(name, "f", cols, "", ref, "public", ref_cols)
+    definition = f"FOREIGN KEY ({', '.join(cols)}) REFERENCES public.{ref}({', '.join(ref_cols)})"
+    return Constraint(name, "f", cols, definition, ref, "public", ref_cols)
 
 
 def _pk(name, cols):
@@ -89,6 +91,16 @@ TABLES = {
         ],
     ),
     "countries": _table("countries", ["code", "name"]),
+    # two references to the root: the first is the key, the other crosses shards
+    "messages": _table(
+        "messages",
+        ["id", "sender_id", "recipient_id"],
+        [
+            _pk("messages_pkey", ["id"]),
+            _fk("messages_sender", ["sender_id"], "users", ["id"]),
+            _fk("messages_recipient", ["recipient_id"], "users", ["id"]),
+        ],
+    ),
 }
 PLANS = classify_tables(TABLES, "public", "user_id", "users", "id")
 
@@ -127,6 +139,25 @@ PLANS = classify_tables(TABLES, "public", "user_id", "users", "id")
         ("INSERT INTO users (email) VALUES ($1)", "single-shard"),  # a new root row: its ID's shard
         ("UPDATE posts SET title = $1 WHERE id = $2", "single-shard"),
         ("DELETE FROM likes WHERE post_id = $1", "fan-out"),
+        # Django's shape: quoted, table-qualified columns; LIMIT and ORDER BY change nothing
+        (
+            'SELECT "posts"."id", "posts"."title" FROM "posts" WHERE "posts"."user_id" = $1 LIMIT $2',
+            "single-shard",
+        ),
+        (
+            'SELECT "posts"."id" FROM "posts" WHERE "posts"."id" IN ($1 /*, ... */) ORDER BY 1',
+            "multi-shard",
+        ),
+        # a subquery on the same key keeps the statement on one shard
+        (
+            (
+                "SELECT * FROM posts p WHERE p.user_id = $1 AND EXISTS "
+                "(SELECT 1 FROM likes l WHERE l.user_id = p.user_id)"
+            ),
+            "single-shard",
+        ),
+        ("SELECT * FROM messages WHERE sender_id = $1", "single-shard"),
+        ("SELECT * FROM messages WHERE recipient_id = $1", "fan-out"),
     ],
 )
 def test_query_classes(sql, cls):
@@ -147,5 +178,35 @@ def test_table_kinds():
         "comments": ("fk-path", None),
         "likes": ("column", "user_id"),
         "countries": ("global", None),
+        "messages": ("column", "sender_id"),
     }
     assert PLANS["comments"].path == ["comments.post_id -> posts.id", "posts.user_id -> users.id"]
+
+
+def test_blockers_of_hand_made_tables():
+    blockers = table_blockers(TABLES, PLANS, "user_id")
+    assert {(b.kind, b.table, b.message.split(" (")[0]) for b in blockers} == {
+        (
+            "no-key-column",
+            "comments",
+            (
+                "comments has no key column: its key comes through comments.post_id -> posts.id then "
+                "posts.user_id -> users.id; add user_id, backfill it from posts, and have the app"
+            ),
+        ),
+        ("foreign-key", "likes", "FOREIGN KEY likes_post"),
+        ("foreign-key", "messages", "FOREIGN KEY messages_recipient"),
+    }
+    assert blockers[0].fix == [
+        "ALTER TABLE comments ADD COLUMN user_id bigint;",
+        (
+            "UPDATE comments AS c SET user_id = p.user_id FROM posts AS p WHERE p.id = c.post_id "
+            "AND c.user_id IS NULL;"
+        ),
+        "ALTER TABLE comments ALTER COLUMN user_id SET NOT NULL;",
+        "ALTER TABLE posts ADD UNIQUE (user_id, id);",
+        (
+            "ALTER TABLE comments DROP CONSTRAINT comments_post, ADD CONSTRAINT comments_post "
+            "FOREIGN KEY (user_id, post_id) REFERENCES posts (user_id, id);"
+        ),
+    ]

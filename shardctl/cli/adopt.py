@@ -93,6 +93,10 @@ def plan_cmd(as_json: bool, **given: Any) -> None:
             stdout.print(
                 table("the app's statements", ["class", "statements", "calls", "time"], rows)
             )
+            worst = [s for s in result.queries.statements if s.cls in ("unroutable", "fan-out")]
+            for s in sorted(worst, key=lambda s: -s.ms)[:5]:
+                text = " ".join(s.query.split())[:120]
+                stdout.print(f"{s.cls}: {s.reason}: {text}", highlight=False, markup=False)
         for note in result.notes:
             stdout.print(f"note: {note}", highlight=False)
         for b in result.blockers:

@@ -73,16 +73,20 @@ def test_page_runs_as_written(page):
 # PgBouncer with psql, not through shardctl's code.
 
 
-def psql(port: int, dbname: str, sql: str) -> list[dict]:
-    out = subprocess.run(
-        [PSQL, "--csv", "-X", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", dbname],
+def psql(port: int, dbname: str, sql: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PSQL, "--csv", "-X", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose", "-p", str(port)]
+        + ["-h", "127.0.0.1", "-U", "postgres", "-d", dbname],
         input=sql,
         capture_output=True,
         text=True,
-        check=True,
+        check=check,
         timeout=30,
-    ).stdout
-    return list(csv.DictReader(io.StringIO(out)))
+    )
+
+
+def rows(port: int, dbname: str, sql: str) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(psql(port, dbname, sql).stdout)))
 
 
 def server_ports(sandbox: Path) -> dict[str, int]:
@@ -98,11 +102,11 @@ def shard_bits(id_: int) -> int:
 def check_readme_photo(run: PageRun, block: Block) -> None:
     """README: the row is in user 42's shard, with an ID from that shard's next_id()."""
     sandbox = Path(run.cwd) / "fleet"
-    rows = psql(
+    found = rows(
         server_ports(sandbox)["pg1"], "app", "SELECT id FROM insta42.photos WHERE user_id = 42"
     )
-    assert len(rows) == 1, rows
-    assert shard_bits(int(rows[0]["id"])) == 42
+    assert len(found) == 1, found
+    assert shard_bits(int(found[0]["id"])) == 42
 
 
 def check_add_shard(run: PageRun, block: Block) -> None:
@@ -110,7 +114,7 @@ def check_add_shard(run: PageRun, block: Block) -> None:
     assert run.output().split() == ["64-127", "128"], run.output()
     topo = yaml.safe_load((Path(run.cwd) / "shardctl.yaml").read_text())
     assert topo["shards"]["count"] == 128
-    [schemas] = psql(
+    [schemas] = rows(
         server_ports(Path(run.cwd))["pg2"],
         "app",
         "SELECT count(*) AS n FROM pg_namespace WHERE nspname ~ '^insta[0-9]+$'"
@@ -143,9 +147,9 @@ def pooler_in_front(sandbox: Path, mode: str, pool_size: int) -> int:
         assert (int(dsn["port"]), dsn["dbname"]) == (port, host["name"]), host
         assert int(admin["port"]) == servers[host["name"]], host
         assert host["pooler"] == mode, host
-    routes = {r["name"]: int(r["port"]) for r in psql(port, "pgbouncer", "SHOW DATABASES")}
+    routes = {r["name"]: int(r["port"]) for r in rows(port, "pgbouncer", "SHOW DATABASES")}
     assert {name: routes[name] for name in servers} == servers
-    config = {r["key"]: r["value"] for r in psql(port, "pgbouncer", "SHOW CONFIG")}
+    config = {r["key"]: r["value"] for r in rows(port, "pgbouncer", "SHOW CONFIG")}
     assert (config["pool_mode"], int(config["default_pool_size"])) == (mode, pool_size)
     return port
 
@@ -159,12 +163,28 @@ def check_pooler_existing(run: PageRun, block: Block) -> None:
     port = pooler_in_front(Path(run.cwd) / "sandbox", "transaction", 10)
     assert run.output().strip() == "[(0,)]", run.output()
     stats = {
-        r["database"]: int(r["total_xact_count"]) for r in psql(port, "pgbouncer", "SHOW STATS")
+        r["database"]: int(r["total_xact_count"]) for r in rows(port, "pgbouncer", "SHOW STATS")
     }
     assert stats["pg1"] >= 1, stats
 
 
+def check_stale_router(run: PageRun, block: Block) -> None:
+    """moving-shards.md: the app's copy still names pg1, yet the row is in shard 2 on pg2; a direct
+    client of pg1's old schema is told where the shard went."""
+    fleet = Path(run.cwd)
+    copy = yaml.safe_load((fleet / "app-copy.yaml").read_text())
+    assert [h["shards"] for h in copy["hosts"]] == ["0-7", "8-15"], copy["hosts"]
+    assert run.output().strip() == "{2: 'pg2'}", run.output()
+    ports = server_ports(fleet)
+    moved = rows(ports["pg2"], "app", "SELECT user_id FROM insta2.photos WHERE caption = 'moved'")
+    assert moved == [{"user_id": "2"}]
+    direct = psql(ports["pg1"], "app", "SELECT count(*) FROM insta2.photos", check=False)
+    assert direct.returncode != 0
+    assert "SCM01: shard 2 moved to pg2" in direct.stderr, direct.stderr
+
+
 CHECKS = {
+    "stale-router": check_stale_router,
     "readme-photo": check_readme_photo,
     "add-shard": check_add_shard,
     "stats": check_stats,

@@ -59,13 +59,30 @@ def test_page_runs_as_written(page):
         for block in blocks:
             if block.skip is not None:
                 continue
-            run.run(block)
-            for name in block.checks:
-                CHECKS[name](run, block)
+            try:
+                run_block(run, block)
+            except BlockFailed as exc:
+                if page in PENDING:
+                    raise
+                raise BlockFailed(f"{exc}\n(the page's directory is kept: {directory})") from None
     finally:
         problems = run.close()
+        if page in PENDING:
+            remove(directory)
     assert not problems, problems
     remove(directory)
+
+
+def run_block(run: PageRun, block: Block) -> None:
+    """The block, then its checks; a check that fails names the block's page and line too."""
+    run.run(block)
+    for name in block.checks:
+        try:
+            CHECKS[name](run, block)
+        except AssertionError as exc:
+            raise BlockFailed(
+                f"{block.where}: the block ran, but check {name!r} failed: {exc}"
+            ) from exc
 
 
 # ---- checks: what a page says a block did, asserted from the servers and files themselves ---------

@@ -171,3 +171,13 @@ def test_a_block_over_its_time_is_stopped(tmp_path):
             run.run(block, timeout=1)
     finally:
         run.close()
+
+
+def test_ci_runs_the_docs_after_the_default_suite_which_leaves_them_out():
+    run = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert run.index("make test-docs") > run.index("python -m pytest -q")
+    pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is Python 3.11+
+    assert re.search(r"^addopts = \"-m 'not slow and not docs' ", pyproject, re.MULTILINE)
+    assert re.search(r'^    "docs: ', pyproject, re.MULTILINE), "the docs marker is not registered"
+    make = (ROOT / "Makefile").read_text().split("\ntest-docs:\n", 1)[1].split("\n\n", 1)[0]
+    assert "-m docs" in make and "tests/docs" in make, make

@@ -116,6 +116,44 @@ def shard_bits(id_: int) -> int:
     return (id_ >> 10) & 0x1FFF
 
 
+def shard_rows(port: int, shards: range, table: str) -> list[tuple[int, int]]:
+    """(shard, id) of every row of ``table`` in the given shards' schemas on one server."""
+    union = " UNION ALL ".join(f"SELECT {n} AS shard, id FROM insta{n}.{table}" for n in shards)
+    return [(int(r["shard"]), int(r["id"])) for r in rows(port, "app", union)]
+
+
+def check_demo(run: PageRun, block: Block) -> None:
+    """README, index.md: the demo made 256 shards on two servers and wrote rows whose IDs decode to
+    the shard that holds them."""
+    ports = server_ports(Path(run.cwd) / "shardctl-demo")
+    assert sorted(ports) == ["pg1", "pg2"]
+    found = []
+    for name, shards in (("pg1", range(128)), ("pg2", range(128, 256))):
+        assert shard_schemas(ports[name], "users") == len(shards), name
+        found += shard_rows(ports[name], shards, "users") + shard_rows(
+            ports[name], shards, "photos"
+        )
+    assert len(found) >= 6, found  # a handful of users, with photos
+    assert all(shard_bits(id_) == shard for shard, id_ in found), found
+
+
+def shard_schemas(port: int, table: str) -> int:
+    """How many insta<N> schemas on the server have ``table``."""
+    [row] = rows(
+        port,
+        "app",
+        "SELECT count(*) AS n FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace"
+        f" WHERE s.nspname ~ '^insta[0-9]+$' AND c.relname = '{table}' AND c.relkind = 'r'",
+    )
+    return int(row["n"])
+
+
+def check_fleet(run: PageRun, block: Block) -> None:
+    """README: init made 1024 shards over the two hosts, each with every migration's tables."""
+    ports = server_ports(Path(run.cwd) / "fleet")
+    assert [shard_schemas(ports[name], "likes") for name in ("pg1", "pg2")] == [512, 512]
+
+
 def check_readme_photo(run: PageRun, block: Block) -> None:
     """README: the row is in user 42's shard, with an ID from that shard's next_id()."""
     sandbox = Path(run.cwd) / "fleet"
@@ -201,6 +239,8 @@ def check_stale_router(run: PageRun, block: Block) -> None:
 
 
 CHECKS = {
+    "demo": check_demo,
+    "fleet": check_fleet,
     "stale-router": check_stale_router,
     "readme-photo": check_readme_photo,
     "add-shard": check_add_shard,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import linecache
 import os
 import sys
 import traceback
@@ -32,6 +33,8 @@ def main() -> None:
             os.dup2(file, fd)
             os.close(file)
         try:
+            lines = ["\n"] * job["line"] + job["code"].splitlines(keepends=True)
+            linecache.cache[job["page"]] = (len("".join(lines)), None, lines, job["page"])
             tree = ast.parse(job["code"], job["page"])
             ast.increment_lineno(tree, job["line"])  # tracebacks name the page's own lines
             exec(compile(tree, job["page"], "exec"), namespace)  # noqa: S102
@@ -39,10 +42,21 @@ def main() -> None:
         except BaseException as exc:  # noqa: BLE001 (a block's failure, whatever it is, is the finding)
             frames = exc.__traceback__.tb_next if exc.__traceback__ else None  # not this loop's
             error = "".join(traceback.format_exception(type(exc), exc, frames))
-            answer = {"ok": False, "error": error}
+            lines_in_page = [
+                tb.tb_lineno
+                for tb in _walk(exc.__traceback__)
+                if tb.tb_frame.f_code.co_filename == job["page"]
+            ]
+            answer = {"ok": False, "error": error, "line": (lines_in_page or [None])[-1]}
         sys.stdout.flush()
         sys.stderr.flush()
         answers.write(json.dumps(answer) + "\n")
+
+
+def _walk(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
 
 
 if __name__ == "__main__":

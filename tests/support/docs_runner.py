@@ -140,7 +140,7 @@ class PageRun:
             raise self._failure(block, out, f"the Python session exited ({python.wait()})")
         result = json.loads(answer)
         if not result["ok"]:
-            raise self._failure(block, out, result["error"].rstrip())
+            raise self._failure(block, out, result["error"].rstrip(), line=result.get("line"))
 
     def _python_session(self) -> subprocess.Popen:
         if self._python is None or self._python.poll() is not None:

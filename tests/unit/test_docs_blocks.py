@@ -158,9 +158,11 @@ def test_a_failing_shell_command_names_the_page_and_its_line(tmp_path):
 
 
 def test_a_failing_python_block_names_the_page_and_its_line(tmp_path):
-    with pytest.raises(BlockFailed, match=r"^docs/t\.md:1: the python block") as e:
-        run_page(tmp_path, "```python\nx = 1\nuser_id\n```\n")
-    assert re.search(r'File "docs/t\.md", line 3.*\n.*NameError', str(e.value), re.DOTALL)
+    with pytest.raises(BlockFailed, match=r"^docs/t\.md:3: the python block at line 1") as e:
+        run_page(tmp_path, "```python\nx = 1\nprint(user_id)\n```\n")
+    assert re.search(
+        r'File "docs/t\.md", line 3.*\n +print\(user_id\)\n.*NameError', str(e.value), re.DOTALL
+    )
 
 
 def test_a_block_over_its_time_is_stopped(tmp_path):

@@ -1,4 +1,4 @@
-.PHONY: install test test-unit test-fleet test-slow test-docker test-oldest bench docs docs-serve lint clean
+.PHONY: install test test-unit test-fleet test-slow test-docker test-docs test-oldest bench docs docs-serve lint clean
 
 install:
 	pip install -e '.[dev]'
@@ -19,6 +19,12 @@ test-fleet:
 test-slow:
 	python -m pytest -q -m slow -n 0 tests/fleet/test_migrate_live.py
 	python -m pytest -q -m slow -n 2 --dist worksteal --ignore tests/fleet/test_migrate_live.py
+
+# The docs are tests: every shell and Python block of README.md and docs/*.md runs as written, each
+# page in a directory of its own with its sandboxes stopped after it (tests/docs/; marker docs).
+# Two workers: the pages are independent, and most of a page's time is waiting for its servers.
+test-docs:
+	python -m pytest -q -m docs -n 2 --dist load tests/docs
 
 # Docker tests: installs docker.io + debootstrap if missing, starts dockerd (unless an engine answers),
 # builds local/debian:bookworm and local/shardctl-postgres:18, runs the tests marked docker, then

@@ -145,11 +145,17 @@ def test_ci_runs_the_readmes_install_and_test_commands():
     run = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     setup = README.split("\n## Set up\n", 1)[1].split("\n## ", 1)[0]
     commands = [
-        line.split("#")[0].strip()
+        command.strip()
         for block in code_blocks(setup, "sh")
         for line in block.splitlines()
+        for command in line.split("#")[0].split("&&")
     ]
-    assert commands == ["pip install -e '.[dev]'", "python -m pytest -q"], commands
+    assert commands == [
+        "python3 -m venv .venv",
+        ". .venv/bin/activate",
+        "pip install -e '.[dev]'",
+        "python -m pytest -q",
+    ], commands
     assert all(command in run for command in commands), commands
     assert run.index("mkdocs build --strict") < run.index("python -m pytest -q")
 

@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.ext.asyncio import async_sessionmaker as _async_sessionmaker
 
+from ..errors import ShardMoved
 from ..router import SAME
 from ..router_async import AsyncRouter
 from . import Shards, ShardSession, _exc_info, _LendingPool, _wait
@@ -130,6 +131,8 @@ class AsyncShardSessionMaker(_async_sessionmaker):
         try:
             async with self.begin() as session:  # commits, or rolls back what raised
                 return await work(session)
+        except ShardMoved:
+            pass  # the session followed the move
         except sqlalchemy.exc.DBAPIError as exc:
             if not await self.shards.follow_move(exc):
                 raise

@@ -21,7 +21,6 @@ import pytest
 pytest.importorskip("sqlalchemy")
 pytest.importorskip("greenlet")
 from sqlalchemy import func, select, text, update
-from support.clients import keys_for
 from support.fleet import load, run_cli, stale_copy
 from support.history import History, now
 from support.orm import (
@@ -30,6 +29,7 @@ from support.orm import (
     migrated_under_traffic,
     moved_under_traffic,
     rows_in,
+    user_ids,
 )
 
 from shardctl import AsyncRouter
@@ -131,11 +131,12 @@ def test_async_sessions_place_get_and_route(pooled_fleet, mode):
 
 def assert_in_their_shards(topo, users, photos, likes) -> None:
     """Every row (id, its key) read back directly in the shard schemas: each in its key's shard (a user
-    by its username, a photo by its user_id, a like with its photo), and each ID naming that shard."""
+    by its username, a photo with its owner: the shard inside user_id, a like with its photo), and each
+    ID naming that shard."""
     router = AsyncRouter(topo)
     for table, rows, shard_of_key in (
         ("users", users, router.shard_for),
-        ("photos", photos, router.shard_for),
+        ("photos", photos, router.shard_of_id),
         ("likes", likes, router.shard_of_id),
     ):
         found = rows_in(topo, table)
@@ -159,7 +160,7 @@ def test_fastapi_example_app(pooled_fleet, mode, monkeypatch):
     app = importlib.import_module("main").app
     path = pooled_fleet(hosts=2, shards=64)
     topo = load(path)
-    monkeypatch.setenv("SHARDCTL_TOPOLOGY", str(path))
+    monkeypatch.setenv("SHARDCTL_CONFIG", str(path))
 
     async def requests():
         transport = httpx.ASGITransport(app=app)
@@ -213,12 +214,13 @@ def test_an_async_session_on_all_64_shards_holds_one_connection_per_host(pooled_
     Photo = models.Photo
     path = pooled_fleet(hosts=2, shards=64)
     topo = load(path)
+    uid = user_ids(topo, list(range(64)))
 
     async def main():
         router, Session = routers(topo, max_size=8)
         seen = []
         async with Session() as session:
-            photos = [Photo(user_id=n, caption=f"shard {n}") for n in range(64)]
+            photos = [Photo(user_id=uid[n], caption=f"shard {n}") for n in range(64)]
             session.add_all(photos)
             await session.flush()
             for p in photos:
@@ -244,7 +246,7 @@ def test_an_async_session_on_all_64_shards_holds_one_connection_per_host(pooled_
         for n in range(16):
             async with Session() as session:
                 assert (await session.get(Photo, photos[n].id)).caption == f"shard {n}"
-                session.add(Photo(user_id=n, caption="again"))
+                session.add(Photo(user_id=uid[n], caption="again"))
                 await session.commit()
         stats = router.stats()
         assert {name: s["connects"] for name, s in stats.items()} == connects, stats
@@ -260,17 +262,19 @@ def test_an_async_session_on_all_64_shards_holds_one_connection_per_host(pooled_
 
 def test_async_session_run_follows_a_move(make_fleet):
     """A shard moves pg1 → pg2 behind an AsyncRouter that still places it on pg1: ``Session.run``'s
-    first attempt meets the moved shard, the AsyncRouter follows the move, and the second attempt
-    reads and writes on pg2."""
+    first attempt meets the moved shard after its transaction sent a statement (to shard 0, which
+    stays), so the session raises ShardMoved after the AsyncRouter followed the move, and ``run``'s
+    second attempt reads and writes on pg2."""
     models, _ = example()
     Photo = models.Photo
     path = make_fleet(hosts=2, shards=8)  # pg1 0-3, pg2 4-7
     assert run_cli("init", config=path).exit_code == 0
+    owner = user_ids(load(path), [3])[0]  # the photos' owner, on shard 3
 
     async def before():
         router, Session = routers(load(path))
         async with Session() as session:
-            photo = Photo(user_id=3, caption="before the move")
+            photo = Photo(user_id=owner, caption="before the move")
             session.add(photo)
             await session.commit()
         return router, Session, photo.id
@@ -280,8 +284,9 @@ def test_async_session_run_follows_a_move(make_fleet):
 
         async def work(session):
             calls.append(router._locate(3).name)
+            await session.execute(text("SELECT 1").execution_options(shard=0))
             photo = await session.get(Photo, photo_id)
-            session.add(Photo(user_id=3, caption="after the move"))
+            session.add(Photo(user_id=owner, caption="after the move"))
             return photo.caption
 
         assert await Session.run(work) == "before the move"
@@ -441,8 +446,8 @@ def test_async_orm_clients_during_move(pooled_fleet, mode, caplog):
     path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
     moved = [4, 5, 6, 7]
     topo = load(path)
-    history = History(path)
-    keys = keys_for(topo, moved + [0, 9], 4)
+    history = History(path, key_is_id=True)
+    keys = user_ids(topo, moved + [0, 9], 4)
     stale = stale_copy(path)
     with (
         AsyncOrmTraffic(history, path, models.Photo, keys, writers=4, readers=2, name="live"),
@@ -463,7 +468,7 @@ def test_an_async_transaction_opens_in_the_round_trip_of_its_first_statement(mak
     async def scenario():
         router, Session = routers(load(path), max_size=1)
         async with Session() as session:
-            photo = Photo(user_id=5, caption="100% async")
+            photo = Photo(user_id=user_ids(load(path), [5])[0], caption="100% async")
             session.add(photo)
             await session.commit()
         async with Session() as session:
@@ -490,8 +495,8 @@ def test_async_orm_clients_during_migrate(pooled_fleet, mode):
     models, _ = example()
     path = pooled_fleet(hosts=2, shards=16)
     add_filter_migration(path, "0003", "photos", "aw")
-    history = History(path)
-    keys = keys_for(load(path), list(range(16)), 2)
+    history = History(path, key_is_id=True)
+    keys = user_ids(load(path), list(range(16)), 2)
     with AsyncOrmTraffic(history, path, models.Photo, keys, writers=4, readers=2):
         result = run_cli("migrate", config=path)
     migrated_under_traffic(path, result, history)

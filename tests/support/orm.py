@@ -21,6 +21,12 @@ def example():
     return importlib.import_module("models"), importlib.import_module("app")
 
 
+def user_ids(topo, shards: list[int], per_shard: int = 1) -> list[int]:
+    """``per_shard`` user IDs on each of ``shards`` (the example's photos live on their owner's shard:
+    the shard inside ``user_id``), shard after shard."""
+    return [topo.layout.encode(shard=n, time=1000 + j) for n in shards for j in range(per_shard)]
+
+
 def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
     """Every row of ``table`` in every shard schema of every host, by id: (host, schema, row)."""
     out: dict[int, tuple[str, str, tuple]] = {}

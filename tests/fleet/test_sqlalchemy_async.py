@@ -8,13 +8,12 @@ Each test drives its coroutines with ``asyncio.run`` (no pytest plugin), as test
 from __future__ import annotations
 
 import asyncio
-import importlib
 import random
-import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
@@ -31,6 +30,7 @@ from support.orm import (
     rows_in,
     user_ids,
 )
+from support.web import SUPPORT, WebTraffic, served
 
 from shardctl import AsyncRouter
 from shardctl.ops.move import move_shards
@@ -149,61 +149,80 @@ def assert_in_their_shards(topo, users, photos, likes) -> None:
             assert host == router._locate(router.shard_of_id(ident)).name, (table, row, host)
 
 
-def test_fastapi_example_app(pooled_fleet, mode, monkeypatch):
-    """examples/fastapi_app driven through an ASGI client (httpx's ASGITransport, in the app's lifespan):
-    sign-ups, photos and likes land in their key's shard, each user and photo is got by its ID alone,
-    a user's photos by the key, the user count over every shard."""
+def test_fastapi_example_app(pooled_fleet, mode):
+    """examples/fastapi_app served by uvicorn, as a user runs it (``SHARDCTL_CONFIG``): sign-ups, photos
+    and likes land in their key's shard (a photo on its owner's, a like with its photo), each user and
+    photo is got by its ID alone, a user's photos by the key, the user count over every shard."""
     pytest.importorskip("fastapi")
-    httpx = pytest.importorskip("httpx")
-    if str(FASTAPI_APP) not in sys.path:
-        sys.path.insert(0, str(FASTAPI_APP))
-    app = importlib.import_module("main").app
+    pytest.importorskip("uvicorn")
     path = pooled_fleet(hosts=2, shards=64)
     topo = load(path)
-    monkeypatch.setenv("SHARDCTL_CONFIG", str(path))
+    with served(path) as url, httpx.Client(base_url=url, timeout=60) as client:
 
-    async def requests():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://app") as client,
-        ):
+        def call(method, url, **kwargs):
+            response = client.request(method, url, **kwargs)
+            assert response.status_code == 200, (url, response.text)
+            return response.json()
 
-            async def call(method, url, **kwargs):
-                response = await client.request(method, url, **kwargs)
-                assert response.status_code == 200, (url, response.text)
-                return response.json()
-
-            users = [await call("POST", "/users", json={"username": f"user{i}"}) for i in range(20)]
-            photos = [
-                await call(
-                    "POST", f"/users/{u['id']}/photos", json={"caption": f"{n} by {u['id']}"}
-                )
-                for u in users
-                for n in range(2)
-            ]
-            likes = [
-                await call("POST", f"/photos/{p['id']}/likes", json={"user_id": users[0]["id"]})
-                for p in photos[:10]
-            ]
-            assert [lk["likes"] for lk in likes] == [1] * 10
-            for u in users:
-                assert await call("GET", f"/users/{u['id']}") == u
-            for p in photos:
-                assert await call("GET", f"/photos/{p['id']}") == p
-            assert (await client.get(f"/photos/{users[0]['id']}")).status_code == 404
-            mine = await call("GET", f"/users/{users[3]['id']}/photos")
-            assert mine == sorted(photos[6:8], key=lambda p: p["id"], reverse=True)
-            assert await call("GET", "/stats") == {"users": 20}
-        return users, photos, likes
-
-    users, photos, likes = asyncio.run(requests())
+        users = [call("POST", "/users", json={"username": f"user{i}"}) for i in range(20)]
+        photos = [
+            call("POST", f"/users/{u['id']}/photos", json={"caption": f"{n} by {u['id']}"})
+            for u in users
+            for n in range(2)
+        ]
+        likes = [
+            call("POST", f"/photos/{p['id']}/likes", json={"user_id": users[0]["id"]})
+            for p in photos[:10]
+        ]
+        assert [lk["likes"] for lk in likes] == [1] * 10
+        for u in users:
+            assert call("GET", f"/users/{u['id']}") == u
+        for p in photos:
+            assert call("GET", f"/photos/{p['id']}") == p
+        assert client.get(f"/photos/{users[0]['id']}").status_code == 404
+        mine = call("GET", f"/users/{users[3]['id']}/photos")
+        assert mine == sorted(photos[6:8], key=lambda p: p["id"], reverse=True)
+        assert call("GET", "/stats") == {"users": 20}
     assert_in_their_shards(
         topo,
         [(u["id"], u["username"]) for u in users],
         [(p["id"], p["user_id"]) for p in photos],
         [(lk["id"], p["id"]) for lk, p in zip(likes, photos)],
     )
+
+
+def test_fastapi_apps_during_move(make_fleet):
+    """Two uvicorn processes of the FastAPI example, one on the topology file and one on a stale copy that
+    is never updated, serve writers and readers while 4 shards move pg1 → pg2. The history checker
+    finds no lost, doubled or misplaced photo, no read answered by another shard or missing an
+    acknowledged photo, and no error (no HTTP 500: every request begins its transaction, whose first
+    statement follows the move); afterwards both apps find every photo by its ID."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    path = make_fleet(hosts=2, shards=16, pooler="none", init=True)  # pg1 0-7, pg2 8-15
+    moved = [4, 5, 6, 7]
+    history = History(path, key_is_id=True)
+    keys = user_ids(load(path), moved + [0, 9], 3)
+    probe = ("fastapi_probe:app", SUPPORT)
+    with served(path, *probe) as live, served(stale_copy(path), *probe) as stale:
+        apps = {"live": live, "stale": stale}
+        with WebTraffic(history, apps, keys, writers=2, readers=1):
+            report = move_shards(load(path), moved, "pg2")
+        for url in apps.values():
+            with httpx.Client(base_url=url, timeout=60) as client:
+                for w in history.writes:
+                    got = client.get(f"/photos/{w.id}")
+                    assert got.status_code == 200, (url, w, got.text)
+                    assert got.json()["user_id"] == w.key, (url, w, got.json())
+    assert report["phase"] == "cut_over" and report["verified"] is True, report
+    checked = history.check()
+    print(checked)
+    assert checked.ok, checked
+    assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
+    assert {w.key for w in history.writes} == set(keys), "every key was written"
+    topo = load(path)
+    moved_rows = [r for r in rows_in(topo, "photos").values() if r[1] in {"insta4", "insta7"}]
+    assert moved_rows and {host for host, _, _ in moved_rows} == {"pg2"}, moved_rows
 
 
 def test_an_async_session_on_all_64_shards_holds_one_connection_per_host(pooled_fleet, mode):

@@ -47,7 +47,7 @@ def served(config: Path, app: str = "main:app", app_dir: Path = FASTAPI_APP) -> 
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # imports take long on a loaded machine
         while True:
             assert proc.poll() is None, f"uvicorn exited {proc.returncode}: {log.read_text()}"
             try:

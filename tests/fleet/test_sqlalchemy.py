@@ -15,6 +15,7 @@ from sqlalchemy import func, select, text, update
 from support.fleet import load, run_cli, stale_copy
 from support.history import History, now
 from support.orm import (
+    OrmAppProcess,
     add_filter_migration,
     example,
     migrated_under_traffic,
@@ -324,26 +325,25 @@ def orm_app_server(path, history: History, name: str):
 
 
 def test_orm_clients_during_move(pooled_fleet, mode, caplog):
-    """ORM writers and readers of two app servers while 4 shards move pg1 → pg2, one reading the live
-    topology file and one a copy that is never updated: every acknowledged write is in its shard
-    exactly once, no read is answered by another shard or misses an acknowledged row, and both app
-    servers' sessions met the move and ran their work again (the stale one through the redirect)."""
+    """ORM writers and readers of two app servers while 4 shards move pg1 → pg2, one in this process
+    reading the live topology file and one, the example app in a process of its own, on a copy that is
+    never updated: every acknowledged write is in its shard exactly once, no read is answered by another
+    shard or misses an acknowledged row, no error, and both app servers' sessions met the move and
+    followed it (the stale one through the redirect)."""
     models, _ = example()
     path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
     moved = [4, 5, 6, 7]
     topo = load(path)
     history = History(path, key_is_id=True)
     live_router, live = orm_app_server(path, history, "live")
-    stale_router, stale = orm_app_server(stale_copy(path), history, "stale")
     keys = user_ids(topo, moved + [0, 9], 4)
     with (
         OrmTraffic(history, live, models.Photo, keys, writers=4, readers=2, name="live"),
-        OrmTraffic(history, stale, models.Photo, keys, writers=2, readers=1, name="stale"),
+        OrmAppProcess(history, stale_copy(path), keys, "stale", writers=2, readers=1) as stale,
     ):
         report = move_shards(load(path), moved, "pg2")
     live_router.close()
-    stale_router.close()
-    moved_under_traffic(report, history, caplog.text)
+    moved_under_traffic(report, history, caplog.text + stale.log.read_text())
 
 
 def test_relationships_load_lazily_from_their_shards(make_fleet):

@@ -37,9 +37,14 @@ How it runs:
   the shard inside the ID. A query is routed by ``==`` or ``IN`` on the shard key or the ID in its WHERE
   clause (``OR`` of routable terms: the union), by ``execution_options(shard=N)``, or to every shard
   with ``execution_options(all_shards=True)``; anything else raises :class:`UnroutableStatement`.
-* **Moves.** :meth:`ShardSessionMaker.run` calls its work once more, in a new session, when a statement
-  met a moved shard, after the Router followed the move (the topology file, else the old host's redirect),
-  like :meth:`Router.run`. Elsewhere, ``Session.shards.follow_move(exc)`` after the rollback: True, try again.
+* **Moves.** Every session follows a move: a statement that meets a moved shard has the Router follow
+  it (the topology file, else the old host's redirect) and gives that host's connection back. The first
+  statement of the session's transaction then runs again on the new host, unseen by the caller; a later
+  one raises :class:`~shardctl.errors.ShardMoved` (roll back; the next transaction is routed right).
+  :meth:`ShardSessionMaker.run` calls its work once more, in a new session, after that.
+* **Savepoints** (``begin_nested``) are the host transaction's; after a rollback to one, the next text
+  statement sets its shard's ``search_path`` again (ORM statements name their schema).
+* **Errors** a session meets on a host are given back with its connection: :meth:`Router.stats` counts them.
 
 A session's transaction over several hosts commits on each host in turn (no two-phase commit).
 

@@ -19,7 +19,9 @@ Everything is :mod:`shardctl.sqlalchemy`'s: an ``AsyncSession`` runs a sync :cla
 code. Only the binds differ: each host's Engine is the sync face of an asyncio Engine
 (``postgresql+psycopg_async``) whose pool lends the AsyncRouter's connections (:meth:`AsyncRouter.lend`:
 its pool, breaker, timeouts and stats), one per host per session transaction, each loan awaited from
-the greenlet. ``Session.run(work)`` retries once after a move, as the sync ``run`` does.
+the greenlet. Sessions follow moves (``ShardMoved`` when a transaction cannot), take savepoints and
+report errors as the sync ones do; ``Session.run(work)`` retries once after a move, as the sync
+``run`` does.
 """
 
 from __future__ import annotations

@@ -54,6 +54,12 @@ class Candidate:
         return time.perf_counter() - started
 
 
+def owner(topo, i: int) -> int:
+    """Request ``i``'s user ID: the example places a photo on its owner's shard (the shard inside
+    ``user_id``), so consecutive requests go to the fleet's shards in turn."""
+    return topo.layout.encode(shard=i % SHARDS, time=i)
+
+
 def sqlalchemy_candidates(topo) -> list[Candidate]:
     """Plain SQLAlchemy on one shard's tables, and SQLAlchemy through shardctl.sqlalchemy."""
     sys.path.insert(0, str(APPS / "sqlalchemy_app"))
@@ -68,7 +74,7 @@ def sqlalchemy_candidates(topo) -> list[Candidate]:
     def requests(Session) -> Callable[[int], None]:
         def request(i: int) -> None:
             with Session() as session:
-                photo = Photo(user_id=i, caption=f"photo {i}")
+                photo = Photo(user_id=owner(topo, i), caption=f"photo {i}")
                 session.add(photo)
                 session.commit()
                 photo_id = photo.id
@@ -118,7 +124,7 @@ def sqlalchemy_asyncio_candidates(topo) -> list[Candidate]:
     def requests(Session) -> Callable[[int], None]:
         async def request(i: int) -> None:
             async with Session() as session:
-                photo = Photo(user_id=i, caption=f"photo {i}")
+                photo = Photo(user_id=owner(topo, i), caption=f"photo {i}")
                 session.add(photo)
                 await session.commit()
                 photo_id = photo.id

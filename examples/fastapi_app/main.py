@@ -1,8 +1,9 @@
 """An Instagram-like web app on a sharded fleet: FastAPI over shardctl.sqlalchemy's asyncio sessions.
 
-    SHARDCTL_TOPOLOGY=fleet/shardctl.yaml uvicorn main:app
+    SHARDCTL_CONFIG=fleet/shardctl.yaml uvicorn main:app
 
-The glue is the lifespan and the session dependency; the rest is plain FastAPI and SQLAlchemy.
+The glue is the lifespan, the session dependency and the ShardMoved handler; the rest is plain FastAPI
+and SQLAlchemy.
 """
 
 import os
@@ -11,20 +12,23 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
 from models import Like, Photo, User  # the SQLAlchemy example's models (each names its shard key)
 from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shardctl import AsyncRouter, Topology
+from shardctl.errors import ShardMoved
 from shardctl.sqlalchemy.asyncio import async_sessionmaker
 
 
-# glue: an AsyncRouter over the topology for the app's lifetime, a session factory over it, and an
-# AsyncSession per request
+# glue: an AsyncRouter over the topology ($SHARDCTL_CONFIG, as for the CLI) for the app's lifetime, a
+# session factory over it, and an AsyncSession per request
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    async with AsyncRouter(Topology.load(os.environ["SHARDCTL_TOPOLOGY"])) as router:
+    topology = Topology.load(os.environ.get("SHARDCTL_CONFIG", "shardctl.yaml"))
+    async with AsyncRouter(topology) as router:
         app.state.Session = async_sessionmaker(router, expire_on_commit=False)
         yield
 
@@ -36,6 +40,13 @@ async def session(request: Request) -> AsyncIterator[AsyncSession]:
 
 app = FastAPI(lifespan=lifespan)
 DB = Annotated[AsyncSession, Depends(session)]
+
+
+# A shard moved after the request's transaction had sent it a statement (a transaction's first statement
+# follows a move by itself): 503, and the client's retry is routed to the shard's new host.
+@app.exception_handler(ShardMoved)
+async def shard_moved(request: Request, exc: ShardMoved) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "0"})
 
 
 class NewUser(BaseModel):
@@ -72,7 +83,7 @@ async def get_user(user_id: int, db: DB) -> dict:
 
 @app.post("/users/{user_id}/photos")
 async def post_photo(user_id: int, body: NewPhoto, db: DB) -> dict:
-    photo = Photo(user_id=user_id, caption=body.caption)  # in the shard of user_id
+    photo = Photo(user_id=user_id, caption=body.caption)  # on its owner's shard: inside user_id
     db.add(photo)
     await db.commit()
     return photo_json(photo)

@@ -1,13 +1,13 @@
 """An Instagram-like app on a sharded fleet through shardctl.sqlalchemy.
 
-    python app.py path/to/shardctl.yaml
+    SHARDCTL_CONFIG=fleet/shardctl.yaml python app.py
 
 The glue is the three lines under "glue"; the rest is plain SQLAlchemy.
 """
 
 from __future__ import annotations
 
-import sys
+import os
 
 from models import Like, Photo, User
 from sqlalchemy import func, select
@@ -16,9 +16,11 @@ from shardctl import Router, Topology
 from shardctl.sqlalchemy import sessionmaker
 
 
-def make_sessions(topology_path: str):
-    # glue: a Router over the topology, and a session factory over the Router
-    router = Router(Topology.load(topology_path))
+def make_sessions(topology_path: str | None = None):
+    # glue: a Router over the topology ($SHARDCTL_CONFIG, as for the CLI), and a session factory over it
+    router = Router(
+        Topology.load(topology_path or os.environ.get("SHARDCTL_CONFIG", "shardctl.yaml"))
+    )
     return sessionmaker(router, expire_on_commit=False)
 
 
@@ -31,6 +33,7 @@ def sign_up(Session, username: str) -> User:
 
 
 def post_photo(Session, user_id: int, caption: str) -> Photo:
+    """A photo on its owner's shard (Photo.__shard_key_is_id__: the shard inside user_id)."""
     with Session() as session:
         photo = Photo(user_id=user_id, caption=caption)
         session.add(photo)
@@ -75,7 +78,7 @@ def user_count(Session) -> int:
         return sum(n for (n,) in counts)
 
 
-def main(path: str) -> None:
+def main(path: str | None = None) -> None:
     Session = make_sessions(path)
     alice = sign_up(Session, "alice")
     photo = post_photo(Session, alice.id, "sunset")
@@ -87,7 +90,9 @@ def main(path: str) -> None:
     print(
         f"{len(photos_of(Session, alice.id))} photo(s) of alice, {user_count(Session)} user(s) in all"
     )
+    shard = Session.shards.router.shard_of_id
+    print(f"alice and her photo live on shard {shard(alice.id)} and {shard(photo.id)}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

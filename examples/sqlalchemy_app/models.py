@@ -1,7 +1,9 @@
 """The example's models: plain SQLAlchemy declarative classes over the tables of migrations/.
 
 Two class attributes are all shardctl needs: ``__shard_key__`` (where a new row goes) and, when that
-key's values are IDs, ``__shard_key_is_id__``. Every primary key is an ID from its shard's next_id().
+key's values are IDs, ``__shard_key_is_id__`` (the row goes to the shard inside the ID: a user's photos
+and a photo's likes live on the same shard as their owner). Every primary key is an ID from its shard's
+next_id().
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ class User(Base):
 
 class Photo(Base):
     __tablename__ = "photos"
-    __shard_key__ = "user_id"  # a user's photos live together: the shard of user_id
+    # A photo lives with its owner: user_id is the owner's ID, so the shard inside it is the user's shard.
+    __shard_key__ = "user_id"
+    __shard_key_is_id__ = True
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default=FetchedValue())
     user_id: Mapped[int] = mapped_column(BigInteger)

@@ -37,9 +37,14 @@ How it runs:
   the shard inside the ID. A query is routed by ``==`` or ``IN`` on the shard key or the ID in its WHERE
   clause (``OR`` of routable terms: the union), by ``execution_options(shard=N)``, or to every shard
   with ``execution_options(all_shards=True)``; anything else raises :class:`UnroutableStatement`.
-* **Moves.** :meth:`ShardSessionMaker.run` calls its work once more, in a new session, when a statement
-  met a moved shard, after the Router followed the move (the topology file, else the old host's redirect),
-  like :meth:`Router.run`. Elsewhere, ``Session.shards.follow_move(exc)`` after the rollback: True, try again.
+* **Moves.** Every session follows a move: a statement that meets a moved shard has the Router follow
+  it (the topology file, else the old host's redirect) and gives that host's connection back. The first
+  statement of the session's transaction then runs again on the new host, unseen by the caller; a later
+  one raises :class:`~shardctl.errors.ShardMoved` (roll back; the next transaction is routed right).
+  :meth:`ShardSessionMaker.run` calls its work once more, in a new session, after that.
+* **Savepoints** (``begin_nested``) are the host transaction's; after a rollback to one, the next text
+  statement sets its shard's ``search_path`` again (ORM statements name their schema).
+* **Errors** a session meets on a host are given back with its connection: :meth:`Router.stats` counts them.
 
 A session's transaction over several hosts commits on each host in turn (no two-phase commit).
 
@@ -64,14 +69,22 @@ from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionRecord
 from sqlalchemy.sql import elements, operators
 
-from ..errors import BadInput
+from ..errors import BadInput, ShardMoved
 from ..router import MOVED_ERRORS, SAME, Router
 from ..router_session import ms
+from ..sql.catalog.control import MOVED_SQLSTATE
 from ..sql.session import switch_search_path, transaction_start
 
 T = TypeVar("T")
 _await_only = getattr(sqlalchemy.util, "await_", None) or sqlalchemy.util.await_only  # 2.1 / 2.0
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+# Savepoints belong to the host's transaction, not to a shard; a rollback to one also takes the server's
+# search_path back to what it was at the savepoint
+_SAVEPOINTS = (
+    elements.SavepointClause,
+    elements.ReleaseSavepointClause,
+    elements.RollbackToSavepointClause,
+)
 # on a Router connection: its SQLAlchemy pool record, per host pool
 _RECORD = "_shardctl_sqla_records"
 
@@ -115,6 +128,7 @@ class _LendingPool(Pool):
                 finally:
                     self._local.conn = None
             conn.shardctl_host = self._router.topology.host(self._host)
+            conn.__dict__.pop("shardctl_error", None)
         except BaseException as exc:
             self._give_back(loan, exc)
             raise
@@ -126,6 +140,8 @@ class _LendingPool(Pool):
         if loan is None:
             return
         conn = record.driver_connection
+        # the first error the session met on this loan: the Router counts it in stats() like a call's
+        error = None if conn is None else conn.__dict__.pop("shardctl_error", None)
         if conn is not None and not conn.closed and conn.pgconn.transaction_status != _IDLE:
             _wait(conn.rollback())  # nothing commits behind SQLAlchemy's back
         broken = conn is None or conn.closed
@@ -134,10 +150,10 @@ class _LendingPool(Pool):
                 loan,
                 psycopg.OperationalError("the connection was closed by SQLAlchemy")
                 if broken
-                else None,
+                else error,
             )
         except Exception:
-            if not broken:
+            if not broken and error is None:
                 raise
 
     def recreate(self) -> _LendingPool:
@@ -181,8 +197,9 @@ class Shards:
                 engine = self._engines.get(host)
                 if engine is None:
                     engine = self._create_engine(self.pool_class(self.router, host, self.timeout))
+                    engine._connection_cls = _ShardConnection
                     event.listen(engine, "before_cursor_execute", _on_shard)
-                    event.listen(engine, "handle_error", self._moved)
+                    event.listen(engine, "handle_error", _on_error)
                     self._engines[host] = engine
         return engine
 
@@ -197,10 +214,9 @@ class Shards:
         host = self.router._locate(shard).name
         cached = self._shard_engines.get(shard)
         if cached is None or cached[0] != host:
-            cached = self._shard_engines[shard] = (
-                host,
-                self.engine(host).execution_options(**self.options(shard)),
-            )
+            engine = self.engine(host).execution_options(**self.options(shard))
+            engine._connection_cls = _ShardConnection
+            cached = self._shard_engines[shard] = (host, engine)
         return cached[1]
 
     def options(self, shard: int) -> dict[str, Any]:
@@ -219,28 +235,15 @@ class Shards:
     def all(self) -> range:
         return range(self.router.topology.shard_count)
 
-    def _moved(self, ctx: Any) -> None:
-        """A statement met a moved shard: mark the error with the shard and the host it ran on, for
-        :meth:`follow_move` once the session's transaction is over (its locks held up the move's cutover)."""
-        exc, context = ctx.original_exception, ctx.execution_context
-        if (
-            getattr(exc, "sqlstate", None) not in MOVED_ERRORS
-            or context is None
-            or ctx.sqlalchemy_exception is None
-        ):
-            return
-        conn = getattr(ctx.connection, "connection", None)
-        tried = getattr(getattr(conn, "driver_connection", None), "shardctl_host", None)
-        ctx.sqlalchemy_exception.shardctl_moved = (
-            context.execution_options.get("shardctl_shard"),
-            tried,
-        )
-
     def follow_move(self, exc: BaseException) -> bool:
         """After ``exc`` (raised by a session's statement, the session rolled back): True when its shard
         had moved and the Router now routes it to its new host (try again)."""
         moved = self.moved(exc)
         return moved is not None and self.router.follow_move(*moved)
+
+    def follow(self, exc: BaseException) -> bool:
+        """:meth:`follow_move` from a session's statement (awaited there for an asyncio Router)."""
+        return bool(_wait(self.follow_move(exc)))
 
     @staticmethod
     def moved(exc: BaseException) -> tuple[int, BaseException, Any] | None:
@@ -262,13 +265,24 @@ def _on_shard(
     another shard of the host mid-transaction switches ``search_path`` (for that transaction only)."""
     opts = context.execution_options
     begin = opts.get("shardctl_begin")
-    if begin is None:
-        raise UnroutableStatement(
-            f"no shard for {statement[:80]!r}: run it with execution_options(shard=N)"
-        )
     raw = conn.connection.driver_connection  # psycopg's (Async)Connection, lent by the Router
+    idle = raw.pgconn.transaction_status == _IDLE
+    # statements sent in this host transaction: a move is followed by running the first one again
+    raw.shardctl_sent = 1 if idle else getattr(raw, "shardctl_sent", 0) + 1
+    if begin is None:
+        compiled = context.compiled
+        if compiled is None or not isinstance(compiled.statement, _SAVEPOINTS):
+            raise UnroutableStatement(
+                f"no shard for {statement[:80]!r}: run it with execution_options(shard=N)"
+            )
+        # SAVEPOINT, RELEASE, ROLLBACK TO: the host transaction's (opened, if need be, with the loan's
+        # settings). After them the server's search_path is not known here: the next text statement sets
+        # its shard's again (ORM statements name their schema).
+        if idle or isinstance(compiled.statement, elements.RollbackToSavepointClause):
+            raw.shardctl_shard = None
+        return
     shard = opts["shardctl_shard"]
-    if raw.pgconn.transaction_status == _IDLE:
+    if idle:
         raw.begin = begin
         raw.shardctl_shard = shard
     elif getattr(raw, "shardctl_shard", None) != shard:
@@ -279,6 +293,55 @@ def _on_shard(
             )
             _wait(plain(raw).execute(opts["shardctl_switch"]))
             raw.shardctl_shard = shard
+
+
+def _on_error(ctx: Any) -> None:
+    """A statement failed: the loan keeps its first error (for the Router's stats), and an error of a moved
+    shard is marked with the shard, the host it ran on and whether it opened that host's transaction (for
+    :meth:`ShardSession._followed`)."""
+    exc, context = ctx.original_exception, ctx.execution_context
+    conn = getattr(ctx.connection, "connection", None) if ctx.connection is not None else None
+    raw = getattr(conn, "driver_connection", None)
+    if raw is None:
+        return
+    if isinstance(exc, psycopg.Error):
+        raw.__dict__.setdefault("shardctl_error", exc)
+    if (
+        getattr(exc, "sqlstate", None) not in MOVED_ERRORS
+        or context is None
+        or ctx.sqlalchemy_exception is None
+        or context.execution_options.get("shardctl_shard") is None
+    ):
+        return
+    marked = ctx.sqlalchemy_exception
+    marked.shardctl_moved = (
+        context.execution_options["shardctl_shard"],
+        getattr(raw, "shardctl_host", None),
+    )
+    marked.shardctl_first = getattr(raw, "shardctl_sent", 0) == 1
+
+
+class _ShardConnection(Connection):
+    """The Connections of the hosts' Engines (and a flush's per shard): a statement that meets a moved
+    shard makes its session follow the move, then runs again on the new owner or raises
+    :class:`~shardctl.errors.ShardMoved` (:meth:`ShardSession._followed`); later statements on this
+    Connection go where the first went."""
+
+    shardctl_session: Any = None  # the ShardSession whose transaction holds it
+    shardctl_host_conn: Any = None  # a flush's per-shard Connection: the session's one to the host
+    shardctl_moved_to: Any = None  # where its statements go since the move
+
+    def _execute_context(self, dialect: Any, constructor: Any, *args: Any, **kw: Any) -> Any:
+        target = self.shardctl_moved_to
+        if target is None:
+            try:
+                return super()._execute_context(dialect, constructor, *args, **kw)
+            except sqlalchemy.exc.DBAPIError as exc:
+                session = self.shardctl_session
+                if session is None or getattr(exc, "shardctl_moved", None) is None:
+                    raise
+                target = self.shardctl_moved_to = session._followed(self, exc)
+        return target._execute_context(dialect, constructor, *args, **kw)
 
 
 # ---- routing ----------------------------------------------------------------------------------------
@@ -387,15 +450,63 @@ class ShardSession(Session):
     def _connection_for_object(self, mapper: Any = None, instance: Any = None, **kw: Any) -> Any:
         """The flush's connection for ``instance``: one per shard (the unit of work batches statements
         by connection), each over the session's one connection to the shard's host."""
-        shard = self.shard_of(instance)
+        return self._shard_connection(self.shard_of(instance), mapper)
+
+    def _shard_connection(self, shard: int, mapper: Any = None) -> Connection:
         host = super().connection(bind_arguments={"mapper": mapper, "shard": shard})
         cached = self._shard_conns.get(shard)
         if cached is None or cached[0] is not host:
-            on_shard = Connection(
+            on_shard = _ShardConnection(
                 self.shards.shard_engine(shard), connection=host.connection, _allow_autobegin=False
             )
+            on_shard.shardctl_session, on_shard.shardctl_host_conn = self, host
             cached = self._shard_conns[shard] = (host, on_shard)
         return cached[1]
+
+    # -- moves
+    def _followed(self, conn: _ShardConnection, exc: Any) -> Connection:
+        """After ``conn``'s statement met a moved shard (``exc``): follow the move, and return the
+        connection to run the statement again on the shard's new host, joining this session's
+        transaction, when it was the transaction's first statement; else raise
+        :class:`~shardctl.errors.ShardMoved` (the next transaction goes to the new host), or ``exc`` when
+        the shard did not move. The host connection it failed on is given back first (its transaction
+        there is aborted) unless the error may be the application's own (a missing table, mid-transaction:
+        a savepoint may hold it)."""
+        shard = exc.shardctl_moved[0]
+        fairy = conn._dbapi_connection
+        fresh = exc.shardctl_first and self._holds_only(fairy)
+        certain = getattr(exc.orig, "sqlstate", None) == MOVED_SQLSTATE
+        if fresh or certain:
+            self._release(fairy)
+        if not self.shards.follow(exc):
+            raise exc
+        if not (fresh or certain):
+            self._release(fairy)
+        if not fresh:
+            raise ShardMoved(shard, self.router._locate(shard).name) from exc
+        if conn.shardctl_host_conn is not None:  # a flush's
+            return self._shard_connection(shard)
+        return self._connection_for_bind(self.shards.host_engine(shard))
+
+    def _holds_only(self, fairy: Any) -> bool:
+        """Whether this session's transaction holds no host connection but ``fairy``'s."""
+        root = self.get_transaction()
+        return root is not None and all(
+            entry[0]._dbapi_connection is fairy for entry in root._connections.values()
+        )
+
+    def _release(self, fairy: Any) -> None:
+        """Take the host connection ``fairy`` out of this session's transaction (and its savepoints),
+        rolled back and given back to the Router."""
+        trans, conn = self._transaction, None
+        while trans is not None:
+            for key, entry in list(trans._connections.items()):
+                if entry[0]._dbapi_connection is fairy:
+                    del trans._connections[key]
+                    conn = entry[0]
+            trans = trans._parent
+        if conn is not None:
+            conn.close()
 
     def connection(self, bind_arguments: Any = None, execution_options: Any = None) -> Connection:
         """The session's connection to a shard's host, ``bind_arguments={"shard": N}``: its statements
@@ -508,6 +619,11 @@ def _route(orm: ORMExecuteState) -> Any:
     return orm.session._route(orm)  # type: ignore[attr-defined]
 
 
+@event.listens_for(ShardSession, "after_begin")
+def _joined(session: ShardSession, transaction: Any, connection: Any) -> None:
+    connection.shardctl_session = session  # it follows a move for the session (_ShardConnection)
+
+
 class ShardSessionMaker(_sessionmaker):
     """``sessionmaker`` of :class:`ShardSession`; :meth:`run` retries once after a move."""
 
@@ -518,6 +634,8 @@ class ShardSessionMaker(_sessionmaker):
         followed the move: ``work`` runs once more in a new session (its first run was rolled back)."""
         try:
             return self._in_transaction(work)
+        except ShardMoved:
+            pass  # the session followed the move
         except sqlalchemy.exc.DBAPIError as exc:
             if not self.shards.follow_move(exc):
                 raise

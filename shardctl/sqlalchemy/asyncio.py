@@ -19,7 +19,9 @@ Everything is :mod:`shardctl.sqlalchemy`'s: an ``AsyncSession`` runs a sync :cla
 code. Only the binds differ: each host's Engine is the sync face of an asyncio Engine
 (``postgresql+psycopg_async``) whose pool lends the AsyncRouter's connections (:meth:`AsyncRouter.lend`:
 its pool, breaker, timeouts and stats), one per host per session transaction, each loan awaited from
-the greenlet. ``Session.run(work)`` retries once after a move, as the sync ``run`` does.
+the greenlet. Sessions follow moves (``ShardMoved`` when a transaction cannot), take savepoints and
+report errors as the sync ones do; ``Session.run(work)`` retries once after a move, as the sync
+``run`` does.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.ext.asyncio import async_sessionmaker as _async_sessionmaker
 
+from ..errors import ShardMoved
 from ..router import SAME
 from ..router_async import AsyncRouter
 from . import Shards, ShardSession, _exc_info, _LendingPool, _wait
@@ -130,6 +133,8 @@ class AsyncShardSessionMaker(_async_sessionmaker):
         try:
             async with self.begin() as session:  # commits, or rolls back what raised
                 return await work(session)
+        except ShardMoved:
+            pass  # the session followed the move
         except sqlalchemy.exc.DBAPIError as exc:
             if not await self.shards.follow_move(exc):
                 raise

@@ -12,17 +12,19 @@ import pytest
 
 sqlalchemy = pytest.importorskip("sqlalchemy")
 from sqlalchemy import func, select, text, update
-from support.clients import keys_for
 from support.fleet import load, run_cli, stale_copy
 from support.history import History, now
 from support.orm import (
+    OrmAppProcess,
     add_filter_migration,
     example,
     migrated_under_traffic,
     moved_under_traffic,
     rows_in,
+    user_ids,
 )
 
+from shardctl.errors import ShardMoved
 from shardctl.ops.move import move_shards
 from shardctl.router import Router
 from shardctl.sqlalchemy import UnroutableStatement, criterion_shards, sessionmaker
@@ -54,11 +56,16 @@ def test_example_app_rows_land_in_their_shards(pooled_fleet, capsys):
         host, schema, row = found[u.id]
         assert schema == topo.schema_name(router.shard_for(u.username)) and row[1] == u.username
         assert host == topo.host_of(topo.layout.decode(u.id)["shard"]).name
+    found_users = found
     found = rows_in(topo, "photos")
     assert len(found) == len(photos)
     for p in photos:
         host, schema, row = found[p.id]
-        assert schema == topo.schema_name(p.user_id % topo.modulus) and row[1] == p.user_id
+        assert row[1] == p.user_id
+        # with its owner: the shard inside user_id, which is the user's
+        assert (
+            schema == topo.schema_name(topo.layout.shard_of(p.user_id)) == found_users[p.user_id][1]
+        )
         assert topo.schema_name(topo.layout.decode(p.id)["shard"]) == schema
     found = rows_in(topo, "likes")
     for lk in likes:
@@ -90,8 +97,9 @@ def test_a_session_on_all_64_shards_holds_one_connection_per_host(pooled_fleet, 
     router = Router(topo, max_size=8)
     Session = sessionmaker(router)
     seen = []
+    uid = user_ids(topo, list(range(64)))
     with Session() as session:
-        photos = [models.Photo(user_id=n, caption=f"shard {n}") for n in range(64)]
+        photos = [models.Photo(user_id=uid[n], caption=f"shard {n}") for n in range(64)]
         session.add_all(photos)
         session.flush()  # 64 INSERTs, one shard after another
         for p in photos:
@@ -131,7 +139,7 @@ def test_a_session_on_all_64_shards_holds_one_connection_per_host(pooled_fleet, 
     for n in range(20):
         with Session() as session:
             assert session.get(models.Photo, ids[n]).caption == f"shard {n}"
-            session.add(models.Photo(user_id=n, caption="again"))
+            session.add(models.Photo(user_id=uid[n], caption="again"))
             session.commit()
     stats = router.stats()
     assert {name: stat["connects"] for name, stat in stats.items()} == connects, stats
@@ -147,8 +155,11 @@ def test_routing_and_refusals(make_fleet):
     path = make_fleet(hosts=2, shards=16, init=True)
     router = Router(load(path))
     Session = sessionmaker(router)
+    layout = load(path).layout
+    # user IDs k1, k17 on shard 1, k2 on shard 2, k30 on shard 14
+    K = {k: layout.encode(shard=s, time=k) for k, s in ((1, 1), (2, 2), (17, 1), (30, 14))}
     with Session() as session:
-        photos = [Photo(user_id=k, caption=f"k{k}") for k in (1, 2, 17, 30)]
+        photos = [Photo(user_id=K[k], caption=f"k{k}") for k in (1, 2, 17, 30)]
         session.add_all(photos)
         session.commit()
         ids = [p.id for p in photos]  # expired at commit: each refresh routes by the ID
@@ -159,13 +170,13 @@ def test_routing_and_refusals(make_fleet):
             ids
         )  # shard after shard: ORDER BY holds within each
         got = session.scalars(
-            select(Photo).where((Photo.user_id == 2) | (Photo.user_id == 30))
+            select(Photo).where((Photo.user_id == K[2]) | (Photo.user_id == K[30]))
         ).all()
-        assert sorted(p.user_id for p in got) == [2, 30]
+        assert sorted(p.user_id for p in got) == sorted([K[2], K[30]])
         got = session.scalars(
-            select(Photo).where(Photo.user_id.in_([1, 17]), Photo.caption == "k17")
+            select(Photo).where(Photo.user_id.in_([K[1], K[17]]), Photo.caption == "k17")
         ).all()
-        assert [p.user_id for p in got] == [17]
+        assert [p.user_id for p in got] == [K[17]]
         assert (
             session.execute(
                 update(Photo).where(Photo.id == ids[3]).values(caption="edited")
@@ -175,7 +186,7 @@ def test_routing_and_refusals(make_fleet):
         assert (
             session.execute(
                 update(Photo)
-                .where(Photo.user_id.in_([2, 30]))
+                .where(Photo.user_id.in_([K[2], K[30]]))
                 .values(caption="k2/k30")
                 .execution_options(synchronize_session=False)
             ).rowcount
@@ -196,7 +207,7 @@ def test_routing_and_refusals(make_fleet):
         for bad in (
             select(Photo),
             select(Photo).where(Photo.caption == "x"),
-            select(Photo).where((Photo.user_id == 1) | (Photo.caption == "x")),
+            select(Photo).where((Photo.user_id == K[1]) | (Photo.caption == "x")),
             text("SELECT 1"),
         ):
             with pytest.raises(UnroutableStatement, match="no shard"):
@@ -218,8 +229,10 @@ def test_routing_and_refusals(make_fleet):
 
 
 class OrmTraffic:
-    """ORM writers (``Session.run``: add a Photo, flush, its id) and readers (the key's photo ids and the
-    schema that answered) recording into a History until :meth:`stop`."""
+    """ORM writers and readers recording into a History until :meth:`stop`: half the writers post a photo
+    with the example app's ``post_photo`` (a plain session), the others with ``Session.run`` (add a
+    Photo, flush, its id); readers read the key's photo ids and the schema that answered in a plain
+    session. A ShardMoved is a documented retry (recorded under ``name``, tried again)."""
 
     def __init__(
         self,
@@ -232,6 +245,7 @@ class OrmTraffic:
         name: str = "orm",
     ):
         self.history, self.Session, self.Photo, self.keys = history, Session, Photo, keys
+        self.name, self.app = name, example()[1]
         self._halt = threading.Event()
         ops = [(f"{name}-w{i}", self._write) for i in range(writers)]
         ops += [(f"{name}-r{i}", self._read) for i in range(readers)]
@@ -264,11 +278,18 @@ class OrmTraffic:
             start = now()
             try:
                 op(client, key, start)
+            except ShardMoved as exc:
+                self.history.retried(self.name, op.__name__, key, exc)
             except Exception as exc:  # noqa: BLE001 - every error the application sees is recorded
                 self.history.failed(client, op.__name__, key, exc, start, now())
             time.sleep(0.01)  # hundreds of statements a second, not thousands (support.clients)
 
     def _write(self, client: str, key: int, start: float) -> None:
+        if int(client.rsplit("w", 1)[1]) % 2:
+            photo = self.app.post_photo(self.Session, key, self.history.caption(client))
+            self.history.acked(client, key, photo.id, start, now())
+            return
+
         def work(session):
             photo = self.Photo(user_id=key, caption=self.history.caption(client))
             session.add(photo)
@@ -279,11 +300,10 @@ class OrmTraffic:
 
     def _read(self, client: str, key: int, start: float) -> None:
         Photo = self.Photo
-        schema, ids = self.Session.run(
-            lambda s: s.execute(
+        with self.Session() as session:
+            schema, ids = session.execute(
                 select(func.current_schema(), func.array_agg(Photo.id)).where(Photo.user_id == key)
             ).one()
-        )
         self.history.read(client, key, schema, ids, start, now())
 
 
@@ -291,7 +311,7 @@ def orm_app_server(path, history: History, name: str):
     """An app server: a Router on its own topology file ``path`` and a sessionmaker over it, whose
     ``Session.run`` retries after a move are recorded in ``history`` under ``name``."""
     router = Router(load(path), move_wait=15)
-    Session = sessionmaker(router)
+    Session = sessionmaker(router, expire_on_commit=False)  # as the example app's
     follow = Session.shards.follow_move
 
     def followed(exc):  # Session.run's retry: recorded as the history's documented retries
@@ -305,26 +325,25 @@ def orm_app_server(path, history: History, name: str):
 
 
 def test_orm_clients_during_move(pooled_fleet, mode, caplog):
-    """ORM writers and readers of two app servers while 4 shards move pg1 → pg2, one reading the live
-    topology file and one a copy that is never updated: every acknowledged write is in its shard
-    exactly once, no read is answered by another shard or misses an acknowledged row, and both app
-    servers' sessions met the move and ran their work again (the stale one through the redirect)."""
+    """ORM writers and readers of two app servers while 4 shards move pg1 → pg2, one in this process
+    reading the live topology file and one, the example app in a process of its own, on a copy that is
+    never updated: every acknowledged write is in its shard exactly once, no read is answered by another
+    shard or misses an acknowledged row, no error, and both app servers' sessions met the move and
+    followed it (the stale one through the redirect)."""
     models, _ = example()
     path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
     moved = [4, 5, 6, 7]
     topo = load(path)
-    history = History(path)
+    history = History(path, key_is_id=True)
     live_router, live = orm_app_server(path, history, "live")
-    stale_router, stale = orm_app_server(stale_copy(path), history, "stale")
-    keys = keys_for(topo, moved + [0, 9], 4)
+    keys = user_ids(topo, moved + [0, 9], 4)
     with (
         OrmTraffic(history, live, models.Photo, keys, writers=4, readers=2, name="live"),
-        OrmTraffic(history, stale, models.Photo, keys, writers=2, readers=1, name="stale"),
+        OrmAppProcess(history, stale_copy(path), keys, "stale", writers=2, readers=1) as stale,
     ):
         report = move_shards(load(path), moved, "pg2")
     live_router.close()
-    stale_router.close()
-    moved_under_traffic(report, history, caplog.text)
+    moved_under_traffic(report, history, caplog.text + stale.log.read_text())
 
 
 def test_relationships_load_lazily_from_their_shards(make_fleet):
@@ -426,7 +445,7 @@ def test_a_transaction_opens_in_the_round_trip_of_its_first_statement(make_fleet
     with trace.open("w") as out:
         raw.pgconn.trace(out.fileno())
         with Session() as session:
-            photo = Photo(user_id=5, caption="100% real")
+            photo = Photo(user_id=user_ids(load(path), [5])[0], caption="100% real")
             session.add(photo)
             session.commit()
         with Session() as session:
@@ -471,9 +490,10 @@ def test_orm_clients_during_migrate(pooled_fleet, mode):
     path = pooled_fleet(hosts=2, shards=16)
     add_filter_migration(path, "0003", "photos", "orm-w")
     router = Router(load(path))
-    history = History(path)
-    keys = keys_for(load(path), list(range(16)), 2)
-    with OrmTraffic(history, sessionmaker(router), models.Photo, keys, writers=4, readers=2):
+    history = History(path, key_is_id=True)
+    keys = user_ids(load(path), list(range(16)), 2)
+    Session = sessionmaker(router, expire_on_commit=False)  # as the example app's
+    with OrmTraffic(history, Session, models.Photo, keys, writers=4, readers=2):
         result = run_cli("migrate", config=path)
     router.close()
     migrated_under_traffic(path, result, history)

@@ -109,9 +109,13 @@ def now() -> float:
 class History:
     """Thread-safe record of one run's operations; ``tag`` marks the rows its clients write."""
 
-    def __init__(self, path: Path, table: str = "photos", tag: str | None = None):
+    def __init__(
+        self, path: Path, table: str = "photos", tag: str | None = None, key_is_id: bool = False
+    ):
         self.path = Path(path)
         self.table = table
+        # the rows' key (user_id) is an ID whose own shard places them (an app colocating a user's rows)
+        self.key_is_id = key_is_id
         self.tag = tag or f"{TAG_PREFIX}{time.time_ns() % 10**12:x}"
         self.writes: list[Write] = []
         self.reads: list[Read] = []
@@ -234,7 +238,7 @@ class History:
         where: dict[int, list[tuple[str, str]]] = defaultdict(list)
         for host, schema, id_, user_id, _caption in rows:
             where[id_].append((host, schema))
-            shard = shard_for_key(user_id, topo.modulus)
+            shard = self.shard_of(topo, user_id)
             if schema != topo.schema_name(shard) or topo.host_of(shard).name != host:
                 report.add(
                     "wrong_shard",
@@ -247,9 +251,7 @@ class History:
                 report.add("lost", f"{w.client} key {w.key} id {w.id} (acked at {w.end:.3f})")
             elif len(found) > 1:
                 report.add("duplicated", f"{w.client} key {w.key} id {w.id} in {found}")
-            if w.schema is not None and w.schema != topo.schema_name(
-                shard_for_key(w.key, topo.modulus)
-            ):
+            if w.schema is not None and w.schema != topo.schema_name(self.shard_of(topo, w.key)):
                 report.add(
                     "wrong_shard", f"{w.client} key {w.key} id {w.id}: the insert ran in {w.schema}"
                 )
@@ -263,12 +265,16 @@ class History:
                     f"(+{b.ambiguous} ambiguous)",
                 )
 
+    def shard_of(self, topo: Topology, key: int) -> int:
+        """The shard of a row's key: the shard inside it (``key_is_id``), else the routing rule's."""
+        return topo.layout.shard_of(key) if self.key_is_id else shard_for_key(key, topo.modulus)
+
     def _check_reads(self, topo: Topology, report: Report) -> None:
         acked_by_key: dict[int, list[Write]] = defaultdict(list)
         for w in self.writes:
             acked_by_key[w.key].append(w)
         for r in self.reads:
-            expected = topo.schema_name(shard_for_key(r.key, topo.modulus))
+            expected = topo.schema_name(self.shard_of(topo, r.key))
             if r.schema != expected:
                 report.add(
                     "read_wrong_shard",

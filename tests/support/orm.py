@@ -4,12 +4,17 @@ asyncio SQLAlchemy tests share them)."""
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psycopg
 
 from support.fleet import load
+from support.process import process_env
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "sqlalchemy_app"
 
@@ -19,6 +24,12 @@ def example():
     if str(APP) not in sys.path:
         sys.path.insert(0, str(APP))
     return importlib.import_module("models"), importlib.import_module("app")
+
+
+def user_ids(topo, shards: list[int], per_shard: int = 1) -> list[int]:
+    """``per_shard`` user IDs on each of ``shards`` (the example's photos live on their owner's shard:
+    the shard inside ``user_id``), shard after shard."""
+    return [topo.layout.encode(shard=n, time=1000 + j) for n in shards for j in range(per_shard)]
 
 
 def rows_in(topo, table: str) -> dict[int, tuple[str, str, tuple]]:
@@ -88,3 +99,70 @@ def schemas_with_column(topo, table: str, column: str) -> list[str]:
                 )
             ]
     return sorted(found)
+
+
+class OrmAppProcess:
+    """The SQLAlchemy example as a second app server, in a process of its own
+    (``support/orm_app_process.py``) on the topology file ``path``: its writers and readers (client
+    names ``clients``) are fed into ``history`` as they report, its sessions' follows of a move as
+    retries of ``name``. Started (and reporting) on entry; stopped after its clients outlast the block."""
+
+    def __init__(self, history, path: Path, keys: list[int], name: str, writers: int, readers: int):
+        self.history, self.path, self.name = history, Path(path), name
+        self.argv = [
+            ",".join(map(str, keys)),
+            str(self.path.with_name(f"stop-{name}")),
+            history.tag,
+        ]
+        self.argv += [name, str(writers), str(readers)]
+        self.clients = {f"{name}-w{i}" for i in range(writers)}
+        self.clients |= {f"{name}-r{i}" for i in range(readers)}
+        self.reported = threading.Event()
+
+    def __enter__(self) -> OrmAppProcess:
+        env = process_env({"SHARDCTL_CONFIG": str(self.path)})
+        env["PYTHONPATH"] = f"{APP}:{env['PYTHONPATH']}"
+        self.log = self.path.with_name(f"{self.name}.log")
+        with self.log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("orm_app_process.py")), *self.argv],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+            )
+        self.feeder = threading.Thread(target=self._feed, daemon=True)
+        self.feeder.start()
+        deadline = time.monotonic() + 120  # its imports take long on a loaded machine
+        while not self.reported.wait(0.2):
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, (
+                f"no report from the app process: {self.log.read_text()}"
+            )
+        return self
+
+    def _feed(self) -> None:
+        h = self.history
+        for line in self.proc.stdout:
+            d = json.loads(line)
+            op, client, key = d["op"], d["client"], d["key"]
+            if op == "acked":
+                h.acked(client, key, d["id"], d["start"], d["end"])
+            elif op == "read":
+                h.read(client, key, d["schema"], d["ids"], d["start"], d["end"])
+            elif op == "retried":
+                h.retried(client, "session", key, d["error"])
+            else:
+                h.failed(client, "request", key, d["error"], d["start"], d["end"])
+            self.reported.set()
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:  # the block ran: let the traffic outlast it
+            self.history.settle(self.clients)
+        Path(self.argv[1]).touch()
+        try:
+            self.proc.wait(timeout=60)
+        finally:
+            self.proc.kill()
+        self.feeder.join(timeout=10)
+        assert self.proc.returncode == 0, self.log.read_text()

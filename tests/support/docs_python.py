@@ -14,11 +14,16 @@ import linecache
 import os
 import sys
 import traceback
+import types
 
 
 def main() -> None:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
-    namespace: dict = {"__name__": "__main__"}
+    # The blocks' module is ``__main__``, as a script's is: libraries that resolve a class's names
+    # through ``sys.modules[cls.__module__]`` (SQLAlchemy's ``Mapped[...]`` annotations) find them.
+    main_module = types.ModuleType("__main__")
+    sys.modules["__main__"] = main_module
+    namespace = main_module.__dict__
     for request in sys.stdin:
         job = json.loads(request)
         os.chdir(job["cwd"])

@@ -34,8 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.ext.asyncio import async_sessionmaker as _async_sessionmaker
 
-from ..router import SAME
-from ..router_async import AsyncRouter
+from ..router import SAME, AsyncRouter
 from . import Shards, ShardSession, _exc_info, _LendingPool, _wait
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 * no function longer than 100 lines, no class longer than 300 lines;
 * no import cycle between shardctl's modules;
-* layers depend only downward: errors → model → ids → sql → engine → ops (router.py beside ops)
+* layers depend only downward: errors → model → ids → sql → engine → ops (the router package beside ops)
   → dev → the package's public API (shardctl/__init__.py) → cli → ``python -m shardctl``
   (__main__.py). A module may import from its own layer and the layers before it, never from a
   later one.
@@ -30,12 +30,8 @@ LAYERS = {
     "sql": 3,
     "engine": 4,
     "ops": 5,
-    "router": 5,
-    "router_pool": 5,
-    "router_session": 5,
-    "router_placement": 5,
+    "router": 5,  # the package: _async (the source), _sync (generated), placement, session, pool
     "sqlalchemy": 5,  # an ORM integration beside the Router (imports sqlalchemy: an optional extra)
-    "router_async": 5,
     "dev": 6,
     "testing": 6,
     "django": 6,

@@ -25,13 +25,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from .errors import BadInput, HostUnreachable
-from .model.keywords import Unpack
-from .model.topology import Host, Topology
-from .router import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback, _unreachable
-from .router_placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Key, RouterOptions, Routing
-from .router_pool import PoolBase, Slot, _cut
-from .router_session import (
+from ..errors import BadInput, HostUnreachable
+from ..model.keywords import Unpack
+from ..model.topology import Host, Topology
+from ..sql import session as session_sql
+from ..sql.catalog.control import (
+    HAS_REDIRECTS_SQL,
+    MOVED_SQLSTATE,
+    REDIRECTS_SQL,
+    redirects_by_shard,
+)
+from ._sync import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback, _unreachable
+from .placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Key, RouterOptions, Routing
+from .pool import PoolBase, Slot, _cut
+from .session import (
     Call,
     check_server_cursor,
     check_statement,
@@ -45,16 +52,9 @@ from .router_session import (
     stale_plan,
     statement_text,
 )
-from .sql import session as session_sql
-from .sql.catalog.control import (
-    HAS_REDIRECTS_SQL,
-    MOVED_SQLSTATE,
-    REDIRECTS_SQL,
-    redirects_by_shard,
-)
 
 if TYPE_CHECKING:
-    from .router_placement import BlockTarget, CallTarget, ReadTarget
+    from .placement import BlockTarget, CallTarget, ReadTarget
 
 T = TypeVar("T")
 

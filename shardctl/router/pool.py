@@ -21,10 +21,10 @@ from typing import Any
 
 import psycopg
 
-from .engine.connections import first_line
-from .errors import HostUnreachable
-from .model.dsn import mask
-from .model.topology import Host
+from ..engine.connections import first_line
+from ..errors import HostUnreachable
+from ..model.dsn import mask
+from ..model.topology import Host
 
 log = logging.getLogger("shardctl.router")
 # A library must not print on the application's stderr: without this handler, logging's

@@ -38,8 +38,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .errors import SessionStateError
-from .sql import session as session_sql
+from ..errors import SessionStateError
+from ..sql import session as session_sql
 
 
 @dataclass(frozen=True, slots=True)

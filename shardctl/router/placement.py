@@ -14,16 +14,16 @@ from typing import Any, TypeAlias, TypedDict
 
 import psycopg
 
-from .engine.connections import APPLICATION_NAME
-from .engine.defaults import DEFAULT_CONNECT_TIMEOUT
-from .errors import BadInput
-from .ids.routing import placement_shard, shard_for_key
-from .model.dsn import mask
-from .model.keywords import Unpack, accepted, keyword_names
-from .model.topology import Host, Topology
-from .router_pool import HostPool, PoolBase, foreign_connect_error, log
-from .router_session import Call
-from .sql.catalog.control import MOVED_SQLSTATE
+from ..engine.connections import APPLICATION_NAME
+from ..engine.defaults import DEFAULT_CONNECT_TIMEOUT
+from ..errors import BadInput
+from ..ids.routing import placement_shard, shard_for_key
+from ..model.dsn import mask
+from ..model.keywords import Unpack, accepted, keyword_names
+from ..model.topology import Host, Topology
+from ..sql.catalog.control import MOVED_SQLSTATE
+from .pool import HostPool, PoolBase, foreign_connect_error, log
+from .session import Call
 
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
 # old tables, and the old schema's name no longer resolving (it was renamed at the cutover).

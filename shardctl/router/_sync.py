@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from .engine.connections import first_line
-from .errors import BadInput, HostUnreachable, SessionStateError
-from .model.keywords import Unpack
-from .model.topology import Host, Topology
-from .router_placement import MOVED_ERRORS, SAME, Key, RouterOptions, Routing
-from .router_pool import HostPool, PoolBase, Slot, Watchdog, log
-from .router_session import (
+from ..engine.connections import first_line
+from ..errors import BadInput, HostUnreachable, SessionStateError
+from ..model.keywords import Unpack
+from ..model.topology import Host, Topology
+from ..sql.catalog.control import MOVED_SQLSTATE, SHARD_STATE_SQL, read_redirects
+from ..sql.catalog.replication import STANDBY_LAG_SQL as _LAG_SQL
+from .placement import MOVED_ERRORS, SAME, Key, RouterOptions, Routing
+from .pool import HostPool, PoolBase, Slot, Watchdog, log
+from .session import (
     Call,
     RouterClientCursor,
     RouterConnection,
@@ -27,11 +29,9 @@ from .router_session import (
     reset,
     stale_plan,
 )
-from .sql.catalog.control import MOVED_SQLSTATE, SHARD_STATE_SQL, read_redirects
-from .sql.catalog.replication import STANDBY_LAG_SQL as _LAG_SQL
 
 if TYPE_CHECKING:
-    from .router_placement import BlockTarget, CallTarget, ReadTarget
+    from .placement import BlockTarget, CallTarget, ReadTarget
 
 T = TypeVar("T")
 

@@ -1,13 +1,21 @@
 """The application's Router: route a key, an ID or a shard number to its shard's host and hand out a
 pooled connection there (:class:`Router`), or the same for asyncio (:class:`AsyncRouter`).
 
-Modules: ``_async`` (:class:`AsyncRouter`), ``_sync`` (:class:`Router`), ``placement`` (routing,
+Modules: ``_async`` (the Routers' one source: :class:`AsyncRouter`), ``_sync`` (:class:`Router`,
+generated from it by ``make generate``), ``placement`` (routing,
 topology file and redirects; the options and the calls' keywords), ``session`` (what one call sends),
 ``pool`` (per-host pool bookkeeping, breaker, watchdog). See docs/router.md.
 """
 
 from ._async import AsyncRouter
-from ._sync import Router
+from ._sync import (
+    Router,
+    RouterClientCursor,
+    RouterConnection,
+    RouterCursor,
+    RouterServerCursor,
+    forget_prepared,
+)
 from .placement import (
     MOVED_ERRORS,
     SAME,
@@ -19,7 +27,6 @@ from .placement import (
     RouterOptions,
     Target,
 )
-from .session import forget_prepared
 
 __all__ = [
     "MOVED_ERRORS",
@@ -31,7 +38,11 @@ __all__ = [
     "Placement",
     "ReadTarget",
     "Router",
+    "RouterClientCursor",
+    "RouterConnection",
+    "RouterCursor",
     "RouterOptions",
+    "RouterServerCursor",
     "Target",
     "forget_prepared",
 ]

@@ -1,24 +1,19 @@
-"""The Router for asyncio applications: :class:`AsyncRouter`, on psycopg's ``AsyncConnection``.
+"""The Router's calls, sessions and connections, written once: this module is the asyncio Router
+(:class:`AsyncRouter`, on psycopg's ``AsyncConnection``), and ``_sync.py`` is generated from it
+(``make generate``: tests/support/async_to_sync.py strips ``async``/``await`` and maps the names).
 
-The same guarantees as :class:`~shardctl.router.Router`, by the same mechanisms: the session protocol
-of router_session (each transaction opens with the shard's settings for that transaction only; one
-round trip per ``execute()``; session-state statements refused behind a transaction pooler; the reset
-only where ``hosts[].pooler`` says sessions are kept), the placement (topology file and redirects) of
-router_placement, the pools' bookkeeping and :class:`~shardctl.router_pool.Breaker` of router_pool and
-the Router's error mapping. What differs is only the waiting: connections are opened, awaited and
-handed over by the event loop, and a call's client deadline is a timer of the loop that cuts the
-connection's socket (the awaiting statement gets EOF at once, whatever the server does).
-
-One AsyncRouter belongs to one event loop (its pools hold that loop's connections).
+What both share without I/O is in the package's other modules: the session protocol (``session``:
+what a call sends, and the failure mapping), the placement (``placement``: topology file and
+redirects, routing, options) and the pools' bookkeeping (``pool``: breaker, counters). Only the
+waiting differs: connections are opened, awaited and handed over by the event loop or by the
+calling thread, and a call's client deadline is a timer of the loop or the Router's watchdog thread,
+either cutting the connection's socket. One AsyncRouter belongs to one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,20 +24,17 @@ from ..errors import BadInput, HostUnreachable
 from ..model.keywords import Unpack
 from ..model.topology import Host, Topology
 from ..sql import session as session_sql
-from ..sql.catalog.control import (
-    HAS_REDIRECTS_SQL,
-    MOVED_SQLSTATE,
-    REDIRECTS_SQL,
-    redirects_by_shard,
-)
-from ._sync import _LAG_SQL, SHARD_STATE_SQL, _failure, _Fallback, _unreachable
+from ..sql.catalog import router as catalog
+from ..sql.catalog.control import MOVED_SQLSTATE
 from .placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Key, RouterOptions, Routing
-from .pool import PoolBase, Slot, _cut
+from .pool import AsyncHostPool, AsyncWatchdog, PoolBase
 from .session import (
     Call,
+    Fallback,
     check_server_cursor,
     check_statement,
     deallocate_text,
+    failure,
     forget_prepared_text,
     opened_statement,
     opening,
@@ -51,6 +43,7 @@ from .session import (
     skip_opening,
     stale_plan,
     statement_text,
+    unreachable,
 )
 
 if TYPE_CHECKING:
@@ -60,13 +53,14 @@ T = TypeVar("T")
 
 
 class AsyncRouterConnection(psycopg.AsyncConnection):
-    """:class:`~shardctl.router_session.RouterConnection` for asyncio: autocommit at rest; during a call,
-    its cursors open each transaction with the call's settings."""
+    """A pooled connection of the Router's. Autocommit at rest; during a call, its cursors open each
+    transaction with the call's settings (:meth:`begin_if_idle`)."""
 
+    # the current call's BEGIN and settings (None: outside calls)
     begin: tuple[bytes, bytes] | None = None
-    session_dirty = False
-    keeps_sessions = True
-    one_transaction = False
+    session_dirty = False  # a statement that may leave session state ran
+    keeps_sessions = True  # the server session is ours alone (no transaction pooler)
+    one_transaction = False  # run(): the whole call is one transaction
 
     async def begin_if_idle(self) -> None:
         """Open the call's transaction (BEGIN and the shard's settings) unless one is open."""
@@ -80,29 +74,28 @@ class AsyncRouterConnection(psycopg.AsyncConnection):
     async def transaction(
         self, savepoint_name: str | None = None, force_rollback: bool = False
     ) -> AsyncIterator[psycopg.AsyncTransaction]:
-        """psycopg's transaction block; in a call, inside the call's own transaction (see
-        ``RouterConnection.transaction``)."""
-        block = outer_block(self)
-        if block == "psycopg" or block == "savepoint":
-            await self.begin_if_idle()
-            async with super().transaction(savepoint_name, force_rollback) as tx:
-                yield tx
-            return
-        # the outermost block of a call: BEGIN with the settings ... COMMIT
+        """psycopg's transaction block; in a call, inside the call's own transaction (opened first, so
+        that it carries the shard's settings). In run() it is a savepoint of the run's transaction;
+        as the outermost block of another call it is the transaction: BEGIN with the settings, psycopg's
+        block (a savepoint), then COMMIT (ROLLBACK on error or ``force_rollback``)."""
+        outer = outer_block(self) == "outer"
         await self.begin_if_idle()
         try:
             async with super().transaction(savepoint_name, force_rollback) as tx:
                 yield tx
         except BaseException:
-            await self.rollback()
+            if outer:
+                await self.rollback()
             raise
-        if force_rollback:
+        if outer and force_rollback:
             await self.rollback()
-        else:
+        elif outer:
             await self.commit()
 
     async def run_statement(self, query: Any, params: Any) -> Any:
-        """One statement in its own transaction, in one round trip (see ``RouterConnection.run_statement``)."""
+        """One statement in its own transaction, in one round trip: BEGIN, settings, the statement and
+        COMMIT as one simple-protocol text, its parameters bound on the client (psycopg's ClientCursor,
+        as for PgBouncer; nothing prepared). Returns its rows, or the number of rows it changed."""
         cur = psycopg.AsyncClientCursor(self)
         await cur.execute(statement_text(self, query), params, prepare=False)
         skip_opening(cur)
@@ -110,7 +103,9 @@ class AsyncRouterConnection(psycopg.AsyncConnection):
 
 
 class AsyncRouterCursor(psycopg.AsyncCursor):
-    """:class:`~shardctl.router_session.RouterCursor` for asyncio."""
+    """The Router's cursors: each statement opens the call's transaction when none is open, is refused
+    when it would leave session state behind a transaction pooler, and otherwise marks the connection
+    for the reset when it may leave session state (``session.check_statement``)."""
 
     __slots__ = ()
 
@@ -135,7 +130,11 @@ class AsyncRouterCursor(psycopg.AsyncCursor):
 
 
 class AsyncRouterClientCursor(AsyncRouterCursor, psycopg.AsyncClientCursor):
-    """:class:`~shardctl.router_session.RouterClientCursor` for asyncio (:meth:`AsyncRouter.lend`)."""
+    """The cursors of a connection lent to an ORM (:meth:`AsyncRouter.lend`): parameters bound on the
+    client (psycopg's ClientCursor: the simple protocol, nothing prepared), so that the statement that
+    opens a transaction carries the BEGIN and the call's settings in its own text. The ORM's first
+    statement of a transaction then costs one round trip, where a driver's implicit BEGIN costs one of
+    its own."""
 
     __slots__ = ()
 
@@ -152,7 +151,8 @@ class AsyncRouterClientCursor(AsyncRouterCursor, psycopg.AsyncClientCursor):
 
 
 class AsyncRouterServerCursor(psycopg.AsyncServerCursor):
-    """:class:`~shardctl.router_session.RouterServerCursor` for asyncio."""
+    """A named cursor lives in the transaction; ``WITH HOLD`` outlives it: always reset after one, and
+    refused behind a transaction pooler."""
 
     __slots__ = ()
 
@@ -168,8 +168,11 @@ async def _before(conn: Any, query: Any) -> None:
     await conn.begin_if_idle()
 
 
-async def reset_async(conn: psycopg.AsyncConnection, *, commit: bool = False) -> None:
-    """router_session's ``reset`` for asyncio (the same texts)."""
+async def reset(conn: psycopg.AsyncConnection, *, commit: bool = False) -> None:
+    """Return a connection whose server keeps sessions clean: nothing of one checkout's session reaches
+    the next user (settings, temporary tables, session advisory locks, LISTENs, cursors, the user's own
+    prepared statements; psycopg's stay). One round trip, with the transaction's COMMIT in front when
+    ``commit`` (a failed COMMIT raises, like ``commit()``)."""
     rollback, text = reset_text(conn, commit)
     plain = psycopg.AsyncCursor(conn)
     if rollback:
@@ -177,8 +180,15 @@ async def reset_async(conn: psycopg.AsyncConnection, *, commit: bool = False) ->
     await plain.execute(text)
     if text.startswith(session_sql.COMMIT):
         plain.nextset()
-    for name in (await plain.fetchone())[0]:
+    names = await plain.fetchone()
+    for name in names[0]:
         await plain.execute(deallocate_text(name))
+
+
+async def forget_prepared(conn: psycopg.AsyncConnection, epoch: int) -> None:
+    """Drop the session's prepared statements, on the server and in psycopg's cache
+    (``session.forget_prepared_text``: each epoch its own text)."""
+    await psycopg.AsyncCursor(conn).execute(forget_prepared_text(epoch))
 
 
 async def _quietly(fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
@@ -189,100 +199,33 @@ async def _quietly(fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
         return False
 
 
-class AsyncHostPool(PoolBase):
-    """:class:`~shardctl.router_pool.HostPool` for asyncio: the caller's task connects; waiters wait on
-    futures of the loop, in turn: a connection given back goes straight to the first waiter."""
-
-    def __init__(
-        self,
-        name: str,
-        role: str,
-        connect: Callable[[], Awaitable[psycopg.AsyncConnection]],
-        max_size: int,
-        pool_timeout: float,
-    ):
-        super().__init__(name, role, connect, max_size, pool_timeout, threading.Lock())
-        # (future, a probe's: it connects itself)
-        self._waiters: deque[tuple[asyncio.Future, bool]] = deque()
-
-    def _wake(self, n: int = 1) -> None:
-        """Let ``n`` waiters look again (a place for a new connection freed)."""
-        for waiter, _ in list(self._waiters):
-            if n <= 0:
-                break
-            if not waiter.done():
-                waiter.set_result(None)
-                n -= 1
-
-    def release(self, slot: Slot, *, discard: bool = False) -> None:
-        """``HostPool.release``; a reusable connection goes to the first waiter (not a probe) if any."""
-        if self._reusable(slot, discard):
-            with self._guard:
-                for waiter, probe in self._waiters:
-                    if not probe and not waiter.done():
-                        waiter.set_result(slot)
-                        return
-        super().release(slot, discard=discard)
-
-    async def acquire(self, deadline: float | None = None) -> Slot:
-        """A healthy connection: an idle one, else a new one, else wait for one (HostPool.acquire)."""
-        with self._checkout() as probe:
-            slot = None if probe or self._waiters else self._take_idle()  # waiters first
-            return await self._new_or_wait(deadline, probe) if slot is None else slot
-
-    def _claim_now(self, probe: bool, limit: float) -> float | None:
-        with self._guard:
-            return self._claim(probe, limit)
-
-    async def _new_or_wait(self, deadline: float | None, probe: bool) -> Slot:
-        limit = self._limit(deadline)
-        # Until a place for a new connection is claimed: wait for a connection given back (the
-        # waiter is handed it), or take an idle one. (HostPool claims and waits under one lock hold.)
-        while (wait := self._claim_now(probe, limit)) is not None:
-            if wait > 0 and (slot := await self._wait(wait, probe)) is not None:
-                return slot
-            if not probe and (slot := self._take_idle()) is not None:
-                return slot
-        with self._new_connection():
-            conn = await self._connect()
-        return self._opened(conn)
-
-    async def _wait(self, seconds: float, probe: bool) -> Slot | None:
-        """Wait in turn, at most ``seconds``: a connection handed over, or None (look again)."""
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        with self._guard:
-            self._waiters.append((waiter, probe))
-            self._waiting += 1
-        timer = loop.call_later(seconds, lambda: waiter.done() or waiter.set_result(None))
-        try:
-            await waiter
-        except BaseException:  # cancelled: a connection handed over meanwhile goes to the next one
-            if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
-                self.release(waiter.result())
-            raise
-        finally:
-            timer.cancel()
-            with self._guard:
-                self._waiting -= 1
-                self._waiters.remove((waiter, probe))
-                if not waiter.done():
-                    waiter.cancel()
-        return waiter.result() if waiter.done() and not waiter.cancelled() else None
-
-
-_tried: contextvars.ContextVar[Host | None] = contextvars.ContextVar(
-    "shardctl_async_router_tried", default=None
-)
+async def _rows(conn: AsyncRouterConnection, query: str, params: Any = None) -> list[tuple]:
+    cur = await conn.execute(query, params)
+    return await cur.fetchall()
 
 
 class AsyncRouter(Routing):
-    """:class:`~shardctl.router.Router` for asyncio: the same routing, pools, breakers, timeouts, moves
-    and standby reads; its calls are awaited, its work functions are ``async def work(conn)``.
+    """Routes keys to shards and hands out pooled connections with ``search_path`` set to the shard.
 
-    ``async with router.connection(key) as conn``, ``await router.run(key, work)``,
-    ``await router.execute(key, query, params)``, ``await router.read(key, query, params, max_lag=...)``,
-    ``router.stats()``, ``await router.close()`` (or ``async with AsyncRouter(topology) as router``).
+    Per host, a pool of connections opened on demand by the caller, a circuit breaker (a refused host
+    fails at once with libpq's reason, not after a pool wait) and, when the host has a ``standby:``, a
+    second pool for :meth:`read` and ``connection(readonly=True)``. Every call is bounded by
+    ``timeout`` seconds: ``statement_timeout`` on the server, and a client deadline (``timeout`` +
+    ``grace``) that cuts the socket of a host that stopped answering. :meth:`stats` reports pools,
+    errors, breakers and latencies. See docs/router.md.
+
+    A call names its shard by ``key``, or by one of the keywords of
+    :class:`~shardctl.router.placement.Target` (``id=``, ``shard=``); its other keywords
+    (``timeout=``, ``max_lag=``, ``readonly=``) are typed beside it (``CallTarget`` and its kin).
+
+    Shards move between hosts (``shardctl move-shard``). :meth:`run`, :meth:`execute` and :meth:`read`
+    follow a move: when a statement fails because its shard has just moved away (the old tables are
+    guarded and their schema renamed), they reload the topology file and retry once on the shard's new
+    host. When the file does not change (another app server's copy that nobody updated), they read the
+    redirect the old host recorded at the cutover (``shardctl.redirects``) and route the shard to the
+    host it names, with this Router's own entry for that host (its DSN and ``password_env``), until
+    the file catches up. :meth:`connection` cannot retry a ``with`` block: its callers see that error
+    and can call :meth:`follow_move` (True: try again).
     """
 
     pool_class = AsyncHostPool
@@ -295,18 +238,26 @@ class AsyncRouter(Routing):
     ):
         """``options``, or its fields as keyword arguments (:class:`RouterOptions`)."""
         super().__init__(topology, options or RouterOptions(**settings))
+        self._watchdog = AsyncWatchdog()
 
-    # ---- calls -----------------------------------------------------------------
+    # ---- calls (routing: see Routing) --------------------------------------------
     @asynccontextmanager
     async def connection(
         self,
         key: Key = None,
         **where: Unpack[BlockTarget],
     ) -> AsyncIterator[AsyncRouterConnection]:
-        """``Router.connection`` for asyncio: ``async with router.connection(key) as conn``."""
+        """A pooled connection to the shard's host for a block: by ``key``, by ``id`` or by ``shard``.
+
+        Each transaction in the block runs on the shard (``search_path``) with the call's
+        ``statement_timeout``, both set for that transaction only; the block's open transaction commits
+        at its end (rolls back on error), and a ``commit()`` inside starts the next one on the same
+        shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
+        (in a read-only transaction). The block must end within ``timeout`` seconds.
+        """
         number, call = self._call("connection", key, where)
         host = self._locate(number)
-        _tried.set(host)
+        self._tried.set(host)
         async with self._on_host(host, call) as conn:
             yield conn
 
@@ -314,8 +265,9 @@ class AsyncRouter(Routing):
     async def lend(
         self, host: Host | str, *, timeout: float | None = SAME
     ) -> AsyncIterator[AsyncRouterConnection]:
-        """``Router.lend`` for asyncio: a pooled connection to ``host``'s primary, lent to an ORM session
-        (shardctl.sqlalchemy's async sessions) that sets each transaction's shard (``conn.begin``)."""
+        """A pooled connection to ``host``'s primary, lent to an ORM session (shardctl.sqlalchemy) that
+        sets each transaction's shard (``conn.begin = transaction_start(...)``); reset only if needed,
+        never prepared."""
         host = self.topology.host(host) if isinstance(host, str) else host
         async with _session(
             self, self._pool(host), Call("public", self._timeout(timeout), "lend")
@@ -327,14 +279,22 @@ class AsyncRouter(Routing):
             finally:
                 conn.cursor_factory = AsyncRouterCursor
 
+    def shard_connection(self, shard: int, **kwargs: Any) -> Any:
+        """``connection(shard=...)``."""
+        return self.connection(shard=shard, **kwargs)
+
     async def run(
         self,
         key: Key = None,
         work: Callable[[AsyncRouterConnection], Awaitable[T]] | None = None,
         **where: Unpack[CallTarget],
     ) -> T:
-        """``await work(conn)`` in one transaction on the shard; once more on the new host if the shard
-        moved meanwhile (``Router.run``: ``work`` may run twice and must only use ``conn``)."""
+        """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the
+        shard moved meanwhile, reload the topology and call it once more on the new host.
+
+        ``work`` may run twice (also after a migration changed a table under a prepared statement),
+        but its first run was rolled back entirely: it must only use ``conn``.
+        """
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
         number, call = self._call("run", key, where)
@@ -348,13 +308,16 @@ class AsyncRouter(Routing):
     async def execute(
         self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[CallTarget]
     ) -> Any:
-        """One statement in a transaction of its own (one round trip), following a move (``Router.execute``)."""
+        """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
+        round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
+        changed."""
         return await self._statement(query, params, *self._call("execute", key, where))
 
     async def read(
         self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[ReadTarget]
     ) -> Any:
-        """:meth:`execute` for reads, on the host's standby within ``max_lag`` seconds (``Router.read``)."""
+        """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
+        (else, or when the standby is down, on the primary, in a read-only transaction)."""
         number, call = self._call("read", key, where)
         return await self._statement(query, params, number, call)
 
@@ -369,11 +332,11 @@ class AsyncRouter(Routing):
         return await self._retrying(shard, attempt)
 
     async def _retrying(self, shard: int, attempt: Callable[[Host], Awaitable[T]]) -> T:
-        """``Router._retrying``: again after a stale cached plan or a move."""
+        """``attempt(host)``; again after a stale cached plan (0A000 after a migration) or a move."""
         replanned = moved = False
         while True:
             host = self._locate(shard)
-            _tried.set(host)
+            self._tried.set(host)
             try:
                 return await attempt(host)
             except psycopg.Error as exc:
@@ -387,14 +350,15 @@ class AsyncRouter(Routing):
 
     @asynccontextmanager
     async def _on_host(self, host: Host, call: Call) -> AsyncIterator[AsyncRouterConnection]:
-        """The host's standby for a read with a lag bound (fresh enough and answering), else its primary."""
+        """A session on the host's standby (a read with a lag bound, when the host has a standby that is
+        fresh enough and answers) or else on its primary."""
         if call.readonly and host.standby and call.max_lag is not None:
             standby = self._pool(host, standby=True)
             try:
                 async with _session(self, standby, call) as conn:
                     yield conn
                     return
-            except _Fallback as why:
+            except Fallback as why:
                 standby.count(f"fallbacks.{why.args[0]}")
         primary = Call(call.schema, call.timeout, call.kind, call.readonly)
         async with _session(self, self._pool(host), primary) as conn:
@@ -402,13 +366,14 @@ class AsyncRouter(Routing):
 
     # ---- moves -----------------------------------------------------------------
     async def follow_move(self, shard: int, exc: BaseException, tried: Host | None = None) -> bool:
-        """``Router.follow_move``: True when the shard moved and its new host is known."""
-        if getattr(exc, "sqlstate", None) not in MOVED_ERRORS:
+        """After ``exc`` on ``shard``: True when the shard turned out to have moved and its new host is
+        known (see :meth:`Placement.following`). ``tried`` is the host the failed statement ran on
+        (default: this thread's or task's last call's)."""
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate not in MOVED_ERRORS:
             return False
-        old = tried or _tried.get() or self._locate(shard)
-        steps = self.placement.following(
-            shard, old, getattr(exc, "sqlstate", None) == MOVED_SQLSTATE
-        )
+        old = tried or self._tried.get() or self._locate(shard)
+        steps = self.placement.following(shard, old, sqlstate == MOVED_SQLSTATE)
         answer: object = None
         try:
             while True:
@@ -416,15 +381,31 @@ class AsyncRouter(Routing):
                 if step == "reload":
                     answer = self.reload()
                 elif step == "ask":
-                    answer = await _ask_old_host(self, old, shard)
+                    answer = await self._ask_old_host(old, shard)
                 else:
                     answer = await asyncio.sleep(FOLLOW_POLL)
         except StopIteration as done:
             return bool(done.value)
 
-    # ---- pools -----------------------------------------------------------------
+    async def _ask_old_host(self, host: Host, shard: int) -> tuple[dict | None, bool]:
+        """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
+        None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
+        redirect = None
+        try:
+            async with _session(
+                self, self._pool(host), Call("public", self.options.timeout, "run")
+            ) as conn:
+                if catalog.has_redirects(await _rows(conn, catalog.HAS_REDIRECTS_SQL)):
+                    rows = await _rows(conn, catalog.REDIRECTS_SQL, ([shard],))
+                    redirect = catalog.redirects_by_shard(rows).get(shard)
+                state = await _rows(conn, catalog.SHARD_STATE_SQL, (shard,))
+        except Exception:  # noqa: BLE001 - no answer means no evidence of a move
+            return None, False
+        return redirect, catalog.moved_out(state)
+
+    # ---- pools (Routing._pool) ---------------------------------------------------
     async def _connect(self, host: Host, standby: bool) -> AsyncRouterConnection:
-        """``Router._connect`` for asyncio: the same connection settings."""
+        """A new autocommit connection with the Router's bounds (:meth:`Routing._connecting`)."""
         with self._connecting(host, standby) as kwargs:
             conn = await AsyncRouterConnection.connect(
                 autocommit=True, cursor_factory=AsyncRouterCursor, **kwargs
@@ -432,10 +413,9 @@ class AsyncRouter(Routing):
         return self._pooled(conn, host, AsyncRouterServerCursor)
 
     async def close(self) -> None:
-        with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
+        for pool in self._take_pools():
             pool.close()
+        self._watchdog.stop()
 
     async def __aenter__(self) -> AsyncRouter:
         return self
@@ -444,68 +424,32 @@ class AsyncRouter(Routing):
         await self.close()
 
 
-async def _ask_old_host(router: AsyncRouter, host: Host, shard: int) -> tuple[dict | None, bool]:
-    """``router._ask_old_host`` for asyncio: the old host's redirect for ``shard`` and whether it records
-    the shard moved out (no answer: (None, False))."""
-    try:
-        async with _session(
-            router, router._pool(host), Call("public", router.options.timeout, "run")
-        ) as conn:
-            redirect = None
-            if (await (await conn.execute(HAS_REDIRECTS_SQL)).fetchone())[0]:
-                rows = await (await conn.execute(REDIRECTS_SQL, ([shard],))).fetchall()
-                redirect = redirects_by_shard(rows).get(shard)
-            row = await (await conn.execute(SHARD_STATE_SQL, (shard,))).fetchone()
-    except Exception:  # noqa: BLE001 - no answer means no evidence of a move
-        return None, False
-    return redirect, bool(row) and row[0] == "moved_out"
-
-
-class _Deadline:
-    """A call's client deadline: a timer of the loop that cuts the connection's socket (the statement
-    awaiting it gets EOF at once, even from a frozen server)."""
-
-    __slots__ = ("fired", "handle")
-
-    def __init__(self, conn: psycopg.AsyncConnection, deadline: float):
-        self.fired = False
-        self.handle = asyncio.get_running_loop().call_later(
-            max(0.0, deadline - time.monotonic()), self._fire, conn
-        )
-
-    def _fire(self, conn: psycopg.AsyncConnection) -> None:
-        self.fired = True
-        _cut(conn)  # type: ignore[arg-type]
-
-    def disarm(self) -> bool:
-        """Stop the timer; True if it had fired (the connection is cut)."""
-        self.handle.cancel()
-        return self.fired
-
-
 @asynccontextmanager
 async def _session(
     router: AsyncRouter, pool: AsyncHostPool, call: Call
 ) -> AsyncIterator[AsyncRouterConnection]:
-    """``router._session`` for asyncio: checkout, the caller's work, the reset where the server keeps
-    sessions, checkin; a cut (deadline) or broken connection becomes HostUnreachable."""
+    """One call on ``pool``: checkout, the caller's work (each transaction opened with the call's
+    settings, see ``session``), the reset where the server keeps sessions, checkin.
+
+    Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
+    """
     started = time.perf_counter()
     deadline = call.deadline(router.options.grace)
     try:
         slot = await pool.acquire(deadline)
     except HostUnreachable:
-        _unreachable(pool, started, call)
+        unreachable(pool, started, call)
         raise
     conn: AsyncRouterConnection = slot.conn  # type: ignore[assignment]
-    watch = _Deadline(conn, deadline) if deadline is not None else None
+    watch = router._watchdog.arm(conn, deadline) if deadline is not None else None
     keeps = conn.keeps_sessions
     try:
         if keeps and slot.plan_epoch != pool.plan_epoch:
-            await psycopg.AsyncCursor(conn).execute(forget_prepared_text(pool.plan_epoch))
+            await forget_prepared(conn, pool.plan_epoch)
             slot.plan_epoch = pool.plan_epoch
         if call.max_lag is not None and await _lag(router, pool, conn) > call.max_lag:
-            _finish(pool, slot, watch, started, error=None, keep=True)
-            raise _Fallback("lagging")
+            pool.end_call(slot, watch, started, error=None, keep=True)
+            raise Fallback("lagging")
         call.ready(conn, keeps)
         try:
             yield conn
@@ -514,45 +458,31 @@ async def _session(
             raise
         if keeps and (conn.session_dirty or not call.tracked):
             conn.begin = None
-            await reset_async(conn, commit=True)  # COMMIT and the reset in one round trip
+            await reset(conn, commit=True)  # COMMIT and the reset in one round trip
         elif conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             await conn.commit()
-    except _Fallback:
+    except Fallback:
         raise
     except BaseException as exc:
         conn.begin = None
         fired = watch is not None and watch.disarm()
         watch = None
-        error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.options.grace)  # type: ignore[arg-type]
+        error, mapped = failure(pool, slot, exc, fired, call.timeout, router.options.grace)
         keep = call.keeps_after(error, conn, keeps)
         if keep is None:
-            keep = await _quietly(reset_async, conn)
-        _finish(pool, slot, None, started, error=error, keep=keep)
+            keep = await _quietly(reset, conn)
+        pool.end_call(slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None
         raise
     conn.begin = None
-    _finish(pool, slot, watch, started, error=None, keep=True)
+    pool.end_call(slot, watch, started, error=None, keep=True)
 
 
-def _finish(
-    pool: AsyncHostPool,
-    slot: Slot,
-    watch: _Deadline | None,
-    started: float,
-    *,
-    error: str | None,
-    keep: bool,
-) -> None:
-    if watch is not None and watch.disarm():
-        keep = False  # the deadline fired just as the call ended: the socket is cut
-    pool.release(slot, discard=not keep)
-    pool.record(time.perf_counter() - started, error)
-
-
-async def _lag(router: AsyncRouter, pool: AsyncHostPool, conn: psycopg.AsyncConnection) -> float:
+async def _lag(router: AsyncRouter, pool: PoolBase, conn: psycopg.AsyncConnection) -> float:
+    """The standby's lag, measured at most every ``lag_check_interval`` seconds."""
     now = time.monotonic()
     if pool.lag is None or now - pool.lag[0] > router.options.lag_check_interval:
-        cur = await psycopg.AsyncCursor(conn).execute(_LAG_SQL)
-        pool.lag = (now, float((await cur.fetchone())[0]))
+        cur = await psycopg.AsyncCursor(conn).execute(catalog.STANDBY_LAG_SQL)
+        pool.lag = (now, catalog.standby_lag(await cur.fetchall()))
     return pool.lag[1]

@@ -1,8 +1,9 @@
-"""The library API applications use: route a key to its shard and get a connection there."""
+# Generated from shardctl/router/_async.py by tests/support/async_to_sync.py (make generate): do not edit.
+# Change shardctl/router/_async.py and run `make generate`; tests/unit/test_generated.py checks it.
+"""The thread twin of ``_async.py``, generated from it: see its docstring."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,24 +11,30 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from ..engine.connections import first_line
-from ..errors import BadInput, HostUnreachable, SessionStateError
+from ..errors import BadInput, HostUnreachable
 from ..model.keywords import Unpack
 from ..model.topology import Host, Topology
-from ..sql.catalog.control import MOVED_SQLSTATE, SHARD_STATE_SQL, read_redirects
-from ..sql.catalog.replication import STANDBY_LAG_SQL as _LAG_SQL
-from .placement import MOVED_ERRORS, SAME, Key, RouterOptions, Routing
-from .pool import HostPool, PoolBase, Slot, Watchdog, log
+from ..sql import session as session_sql
+from ..sql.catalog import router as catalog
+from ..sql.catalog.control import MOVED_SQLSTATE
+from .placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Key, RouterOptions, Routing
+from .pool import HostPool, PoolBase, Watchdog
 from .session import (
     Call,
-    RouterClientCursor,
-    RouterConnection,
-    RouterCursor,
-    RouterServerCursor,
-    forget_prepared,
-    quietly,
-    reset,
+    Fallback,
+    check_server_cursor,
+    check_statement,
+    deallocate_text,
+    failure,
+    forget_prepared_text,
+    opened_statement,
+    opening,
+    outer_block,
+    reset_text,
+    skip_opening,
     stale_plan,
+    statement_text,
+    unreachable,
 )
 
 if TYPE_CHECKING:
@@ -36,29 +43,182 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class RouterConnection(psycopg.Connection):
+    """A pooled connection of the Router's. Autocommit at rest; during a call, its cursors open each
+    transaction with the call's settings (:meth:`begin_if_idle`)."""
+
+    # the current call's BEGIN and settings (None: outside calls)
+    begin: tuple[bytes, bytes] | None = None
+    session_dirty = False  # a statement that may leave session state ran
+    keeps_sessions = True  # the server session is ours alone (no transaction pooler)
+    one_transaction = False  # run(): the whole call is one transaction
+
+    def begin_if_idle(self) -> None:
+        """Open the call's transaction (BEGIN and the shard's settings) unless one is open."""
+        texts = opening(self)
+        if texts:
+            plain = psycopg.Cursor(self)
+            for text in texts:
+                plain.execute(text, prepare=False)
+
+    @contextmanager
+    def transaction(
+        self, savepoint_name: str | None = None, force_rollback: bool = False
+    ) -> Iterator[psycopg.Transaction]:
+        """psycopg's transaction block; in a call, inside the call's own transaction (opened first, so
+        that it carries the shard's settings). In run() it is a savepoint of the run's transaction;
+        as the outermost block of another call it is the transaction: BEGIN with the settings, psycopg's
+        block (a savepoint), then COMMIT (ROLLBACK on error or ``force_rollback``)."""
+        outer = outer_block(self) == "outer"
+        self.begin_if_idle()
+        try:
+            with super().transaction(savepoint_name, force_rollback) as tx:
+                yield tx
+        except BaseException:
+            if outer:
+                self.rollback()
+            raise
+        if outer and force_rollback:
+            self.rollback()
+        elif outer:
+            self.commit()
+
+    def run_statement(self, query: Any, params: Any) -> Any:
+        """One statement in its own transaction, in one round trip: BEGIN, settings, the statement and
+        COMMIT as one simple-protocol text, its parameters bound on the client (psycopg's ClientCursor,
+        as for PgBouncer; nothing prepared). Returns its rows, or the number of rows it changed."""
+        cur = psycopg.ClientCursor(self)
+        cur.execute(statement_text(self, query), params, prepare=False)
+        skip_opening(cur)
+        return cur.fetchall() if cur.description is not None else cur.rowcount
+
+
+class RouterCursor(psycopg.Cursor):
+    """The Router's cursors: each statement opens the call's transaction when none is open, is refused
+    when it would leave session state behind a transaction pooler, and otherwise marks the connection
+    for the reset when it may leave session state (``session.check_statement``)."""
+
+    __slots__ = ()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _before(self.connection, query)
+        return super().execute(query, params, **kwargs)
+
+    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        _before(self.connection, query)
+        return super().executemany(query, params_seq, **kwargs)
+
+    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _before(self.connection, query)
+        yield from super().stream(query, params, **kwargs)
+
+    @contextmanager
+    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
+        _before(self.connection, statement)
+        with super().copy(statement, params, **kwargs) as copy:
+            yield copy
+
+
+class RouterClientCursor(RouterCursor, psycopg.ClientCursor):
+    """The cursors of a connection lent to an ORM (:meth:`Router.lend`): parameters bound on the
+    client (psycopg's ClientCursor: the simple protocol, nothing prepared), so that the statement that
+    opens a transaction carries the BEGIN and the call's settings in its own text. The ORM's first
+    statement of a transaction then costs one round trip, where a driver's implicit BEGIN costs one of
+    its own."""
+
+    __slots__ = ()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = self.connection
+        check_statement(conn, query)
+        text = opened_statement(conn, query, params is not None)
+        if text is None:
+            conn.begin_if_idle()
+            return psycopg.ClientCursor.execute(self, query, params, **kwargs)
+        psycopg.ClientCursor.execute(self, text, params, **kwargs)
+        skip_opening(self)
+        return self
+
+
+class RouterServerCursor(psycopg.ServerCursor):
+    """A named cursor lives in the transaction; ``WITH HOLD`` outlives it: always reset after one, and
+    refused behind a transaction pooler."""
+
+    __slots__ = ()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = self.connection
+        check_server_cursor(conn, self.withhold)
+        conn.begin_if_idle()
+        return super().execute(query, params, **kwargs)
+
+
+def _before(conn: Any, query: Any) -> None:
+    check_statement(conn, query)
+    conn.begin_if_idle()
+
+
+def reset(conn: psycopg.Connection, *, commit: bool = False) -> None:
+    """Return a connection whose server keeps sessions clean: nothing of one checkout's session reaches
+    the next user (settings, temporary tables, session advisory locks, LISTENs, cursors, the user's own
+    prepared statements; psycopg's stay). One round trip, with the transaction's COMMIT in front when
+    ``commit`` (a failed COMMIT raises, like ``commit()``)."""
+    rollback, text = reset_text(conn, commit)
+    plain = psycopg.Cursor(conn)
+    if rollback:
+        conn.rollback()
+    plain.execute(text)
+    if text.startswith(session_sql.COMMIT):
+        plain.nextset()
+    names = plain.fetchone()
+    for name in names[0]:
+        plain.execute(deallocate_text(name))
+
+
+def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
+    """Drop the session's prepared statements, on the server and in psycopg's cache
+    (``session.forget_prepared_text``: each epoch its own text)."""
+    psycopg.Cursor(conn).execute(forget_prepared_text(epoch))
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> bool:
+    try:
+        fn(*args)
+        return True
+    except Exception:  # noqa: BLE001 - the connection is broken: the caller discards it
+        return False
+
+
+def _rows(conn: RouterConnection, query: str, params: Any = None) -> list[tuple]:
+    cur = conn.execute(query, params)
+    return cur.fetchall()
+
+
 class Router(Routing):
     """Routes keys to shards and hands out pooled connections with ``search_path`` set to the shard.
 
-    Per host, a pool of connections opened on demand by the caller's thread, a circuit breaker
-    (a refused host fails at once with libpq's reason, not after a pool wait) and, when the host
-    has a ``standby:``, a second pool for :meth:`read` and ``connection(readonly=True)``.
-    Every call is bounded by ``timeout`` seconds: ``statement_timeout`` on the server, and a
-    client deadline (``timeout`` + ``grace``) that cuts the socket of a host that stopped answering.
-    :meth:`stats` reports pools, errors, breakers and latencies. See docs/router.md.
+    Per host, a pool of connections opened on demand by the caller, a circuit breaker (a refused host
+    fails at once with libpq's reason, not after a pool wait) and, when the host has a ``standby:``, a
+    second pool for :meth:`read` and ``connection(readonly=True)``. Every call is bounded by
+    ``timeout`` seconds: ``statement_timeout`` on the server, and a client deadline (``timeout`` +
+    ``grace``) that cuts the socket of a host that stopped answering. :meth:`stats` reports pools,
+    errors, breakers and latencies. See docs/router.md.
 
     A call names its shard by ``key``, or by one of the keywords of
-    :class:`~shardctl.router_placement.Target` (``id=``, ``shard=``); its other keywords
+    :class:`~shardctl.router.placement.Target` (``id=``, ``shard=``); its other keywords
     (``timeout=``, ``max_lag=``, ``readonly=``) are typed beside it (``CallTarget`` and its kin).
 
-    Shards move between hosts (``shardctl move-shard``). :meth:`run` and :meth:`execute` follow a
-    move: when a statement fails because its shard has just moved away (the old tables are
-    guarded and their schema renamed), they reload the topology file and retry once on the
-    shard's new host. When the file does not change (another app server's copy that nobody
-    updated), they read the redirect the old host recorded at the cutover (``shardctl.redirects``)
-    and route the shard to the host it names, with this Router's own entry for that host (its DSN
-    and ``password_env``), until the file catches up. :meth:`connection` cannot retry a ``with``
-    block: its callers see that error and can call :meth:`follow_move` (True: try again).
+    Shards move between hosts (``shardctl move-shard``). :meth:`run`, :meth:`execute` and :meth:`read`
+    follow a move: when a statement fails because its shard has just moved away (the old tables are
+    guarded and their schema renamed), they reload the topology file and retry once on the shard's new
+    host. When the file does not change (another app server's copy that nobody updated), they read the
+    redirect the old host recorded at the cutover (``shardctl.redirects``) and route the shard to the
+    host it names, with this Router's own entry for that host (its DSN and ``password_env``), until
+    the file catches up. :meth:`connection` cannot retry a ``with`` block: its callers see that error
+    and can call :meth:`follow_move` (True: try again).
     """
+
+    pool_class = HostPool
 
     def __init__(
         self,
@@ -68,7 +228,6 @@ class Router(Routing):
     ):
         """``options``, or its fields as keyword arguments (:class:`RouterOptions`)."""
         super().__init__(topology, options or RouterOptions(**settings))
-        self._tried = threading.local()  # the host this thread's last shard_connection() went to
         self._watchdog = Watchdog()
 
     # ---- calls (routing: see Routing) --------------------------------------------
@@ -77,7 +236,7 @@ class Router(Routing):
         self,
         key: Key = None,
         **where: Unpack[BlockTarget],
-    ) -> Iterator[psycopg.Connection]:
+    ) -> Iterator[RouterConnection]:
         """A pooled connection to the shard's host for a block: by ``key``, by ``id`` or by ``shard``.
 
         Each transaction in the block runs on the shard (``search_path``) with the call's
@@ -88,19 +247,21 @@ class Router(Routing):
         """
         number, call = self._call("connection", key, where)
         host = self._locate(number)
-        self._tried.host = host
-        with self._on_host(host, number, call) as conn:
+        self._tried.set(host)
+        with self._on_host(host, call) as conn:
             yield conn
 
     @contextmanager
     def lend(self, host: Host | str, *, timeout: float | None = SAME) -> Iterator[RouterConnection]:
-        """A pooled connection to ``host``'s primary, lent to an ORM session (shardctl.sqlalchemy) that sets each
-        transaction's shard (``conn.begin = transaction_start(...)``); reset only if needed, never prepared."""
+        """A pooled connection to ``host``'s primary, lent to an ORM session (shardctl.sqlalchemy) that
+        sets each transaction's shard (``conn.begin = transaction_start(...)``); reset only if needed,
+        never prepared."""
         host = self.topology.host(host) if isinstance(host, str) else host
         with _session(
             self, self._pool(host), Call("public", self._timeout(timeout), "lend")
         ) as conn:
-            conn.cursor_factory = RouterClientCursor  # the BEGIN rides with the first statement
+            # the BEGIN rides with the first statement
+            conn.cursor_factory = RouterClientCursor
             try:
                 yield conn
             finally:
@@ -113,11 +274,11 @@ class Router(Routing):
     def run(
         self,
         key: Key = None,
-        work: Callable[[psycopg.Connection], T] | None = None,
+        work: Callable[[RouterConnection], T] | None = None,
         **where: Unpack[CallTarget],
     ) -> T:
-        """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the shard
-        moved meanwhile, reload the topology and call it once more on the new host.
+        """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the
+        shard moved meanwhile, reload the topology and call it once more on the new host.
 
         ``work`` may run twice (also after a migration changed a table under a prepared statement),
         but its first run was rolled back entirely: it must only use ``conn``.
@@ -127,16 +288,10 @@ class Router(Routing):
         number, call = self._call("run", key, where)
 
         def attempt(host: Host) -> T:
-            with self._on_host(host, number, call) as conn:
+            with self._on_host(host, call) as conn:
                 return work(conn)
 
         return self._retrying(number, attempt)
-
-    def run_shard(
-        self, shard: int, work: Callable[[psycopg.Connection], T], *, timeout: float | None = SAME
-    ) -> T:
-        """``run(work=..., shard=...)``."""
-        return self.run(work=work, shard=shard, timeout=timeout)
 
     def execute(
         self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[CallTarget]
@@ -159,7 +314,7 @@ class Router(Routing):
             raise BadInput("execute()/read() need the statement to run")
 
         def attempt(host: Host) -> Any:
-            with self._on_host(host, shard, call) as conn:
+            with self._on_host(host, call) as conn:
                 return conn.run_statement(query, params)
 
         return self._retrying(shard, attempt)
@@ -169,7 +324,7 @@ class Router(Routing):
         replanned = moved = False
         while True:
             host = self._locate(shard)
-            self._tried.host = host
+            self._tried.set(host)
             try:
                 return attempt(host)
             except psycopg.Error as exc:
@@ -182,7 +337,7 @@ class Router(Routing):
                 raise
 
     @contextmanager
-    def _on_host(self, host: Host, shard: int, call: Call) -> Iterator[RouterConnection]:
+    def _on_host(self, host: Host, call: Call) -> Iterator[RouterConnection]:
         """A session on the host's standby (a read with a lag bound, when the host has a standby that is
         fresh enough and answers) or else on its primary."""
         if call.readonly and host.standby and call.max_lag is not None:
@@ -191,7 +346,7 @@ class Router(Routing):
                 with _session(self, standby, call) as conn:
                     yield conn
                     return
-            except _Fallback as why:
+            except Fallback as why:
                 standby.count(f"fallbacks.{why.args[0]}")
         primary = Call(call.schema, call.timeout, call.kind, call.readonly)
         with _session(self, self._pool(host), primary) as conn:
@@ -200,18 +355,41 @@ class Router(Routing):
     # ---- moves -----------------------------------------------------------------
     def follow_move(self, shard: int, exc: BaseException, tried: Host | None = None) -> bool:
         """After ``exc`` on ``shard``: True when the shard turned out to have moved and its new host is
-        known (see :meth:`Placement.follow`). ``tried`` is the host the failed statement ran on (default:
-        this thread's last connection's)."""
-        if getattr(exc, "sqlstate", None) not in MOVED_ERRORS:
+        known (see :meth:`Placement.following`). ``tried`` is the host the failed statement ran on
+        (default: this thread's or task's last call's)."""
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate not in MOVED_ERRORS:
             return False
-        old = tried or getattr(self._tried, "host", None) or self._locate(shard)
-        return self.placement.follow(
-            shard,
-            old,
-            getattr(exc, "sqlstate", None) == MOVED_SQLSTATE,
-            reload=self.reload,
-            ask=lambda: _ask_old_host(self, old, shard),
-        )
+        old = tried or self._tried.get() or self._locate(shard)
+        steps = self.placement.following(shard, old, sqlstate == MOVED_SQLSTATE)
+        answer: object = None
+        try:
+            while True:
+                step = steps.send(answer)
+                if step == "reload":
+                    answer = self.reload()
+                elif step == "ask":
+                    answer = self._ask_old_host(old, shard)
+                else:
+                    answer = time.sleep(FOLLOW_POLL)
+        except StopIteration as done:
+            return bool(done.value)
+
+    def _ask_old_host(self, host: Host, shard: int) -> tuple[dict | None, bool]:
+        """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
+        None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
+        redirect = None
+        try:
+            with _session(
+                self, self._pool(host), Call("public", self.options.timeout, "run")
+            ) as conn:
+                if catalog.has_redirects(_rows(conn, catalog.HAS_REDIRECTS_SQL)):
+                    rows = _rows(conn, catalog.REDIRECTS_SQL, ([shard],))
+                    redirect = catalog.redirects_by_shard(rows).get(shard)
+                state = _rows(conn, catalog.SHARD_STATE_SQL, (shard,))
+        except Exception:  # noqa: BLE001 - no answer means no evidence of a move
+            return None, False
+        return redirect, catalog.moved_out(state)
 
     # ---- pools (Routing._pool) ---------------------------------------------------
     def _connect(self, host: Host, standby: bool) -> RouterConnection:
@@ -221,9 +399,7 @@ class Router(Routing):
         return self._pooled(conn, host, RouterServerCursor)
 
     def close(self) -> None:
-        with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
+        for pool in self._take_pools():
             pool.close()
         self._watchdog.stop()
 
@@ -234,28 +410,10 @@ class Router(Routing):
         self.close()
 
 
-class _Fallback(Exception):
-    """The standby cannot serve this read (args[0]: ``lagging`` or ``unreachable``): use the primary."""
-
-
-def _ask_old_host(router: Router, host: Host, shard: int) -> tuple[dict | None, bool]:
-    """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
-    None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
-    try:
-        with _session(
-            router, router._pool(host), Call("public", router.options.timeout, "run")
-        ) as conn:
-            redirect = read_redirects(conn, [shard]).get(shard)
-            row = conn.execute(SHARD_STATE_SQL, (shard,)).fetchone()
-    except Exception:  # noqa: BLE001 - no answer means no evidence of a move
-        return None, False
-    return redirect, bool(row) and row[0] == "moved_out"
-
-
 @contextmanager
 def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConnection]:
     """One call on ``pool``: checkout, the caller's work (each transaction opened with the call's
-    settings, see router_session), the reset where the server keeps sessions, checkin.
+    settings, see ``session``), the reset where the server keeps sessions, checkin.
 
     Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
     """
@@ -264,7 +422,7 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
     try:
         slot = pool.acquire(deadline)
     except HostUnreachable:
-        _unreachable(pool, started, call)
+        unreachable(pool, started, call)
         raise
     conn: RouterConnection = slot.conn  # type: ignore[assignment]
     watch = router._watchdog.arm(conn, deadline) if deadline is not None else None
@@ -274,88 +432,41 @@ def _session(router: Router, pool: HostPool, call: Call) -> Iterator[RouterConne
             forget_prepared(conn, pool.plan_epoch)
             slot.plan_epoch = pool.plan_epoch
         if call.max_lag is not None and _lag(router, pool, conn) > call.max_lag:
-            _finish(router, pool, slot, watch, started, error=None, keep=True)
-            raise _Fallback("lagging")
+            pool.end_call(slot, watch, started, error=None, keep=True)
+            raise Fallback("lagging")
         call.ready(conn, keeps)
         try:
             yield conn
         except BaseException:
-            quietly(conn.rollback)
+            _quietly(conn.rollback)
             raise
         if keeps and (conn.session_dirty or not call.tracked):
             conn.begin = None
             reset(conn, commit=True)  # COMMIT and the reset in one round trip
         elif conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.commit()
-    except _Fallback:
+    except Fallback:
         raise
     except BaseException as exc:
         conn.begin = None
-        fired = watch is not None and router._watchdog.disarm(watch)
+        fired = watch is not None and watch.disarm()
         watch = None
-        error, mapped = _failure(pool, slot, exc, fired, call.timeout, router.options.grace)
+        error, mapped = failure(pool, slot, exc, fired, call.timeout, router.options.grace)
         keep = call.keeps_after(error, conn, keeps)
         if keep is None:
-            keep = quietly(reset, conn)
-        _finish(router, pool, slot, None, started, error=error, keep=keep)
+            keep = _quietly(reset, conn)
+        pool.end_call(slot, None, started, error=error, keep=keep)
         if mapped is not exc:
             raise mapped from None
         raise
     conn.begin = None
-    _finish(router, pool, slot, watch, started, error=None, keep=True)
+    pool.end_call(slot, watch, started, error=None, keep=True)
 
 
-def _unreachable(pool: PoolBase, started: float, call: Call) -> None:
-    """Count a call whose host is unreachable; a standby read falls back to the primary."""
-    pool.record(time.perf_counter() - started, "unreachable")
-    if call.max_lag is not None:
-        raise _Fallback("unreachable") from None
-
-
-def _finish(
-    router: Router,
-    pool: HostPool,
-    slot: Slot,
-    watch: int | None,
-    started: float,
-    *,
-    error: str | None,
-    keep: bool,
-) -> None:
-    if watch is not None and router._watchdog.disarm(watch):
-        keep = False  # the deadline fired just as the call ended: the socket is cut
-    pool.release(slot, discard=not keep)
-    pool.record(time.perf_counter() - started, error)
-
-
-def _lag(router: Router, pool: HostPool, conn: psycopg.Connection) -> float:
+def _lag(router: Router, pool: PoolBase, conn: psycopg.Connection) -> float:
+    """The standby's lag, measured at most every ``lag_check_interval`` seconds."""
     now = time.monotonic()
     if pool.lag is None or now - pool.lag[0] > router.options.lag_check_interval:
-        pool.lag = (now, float(psycopg.Cursor(conn).execute(_LAG_SQL).fetchone()[0]))
+        cur = psycopg.Cursor(conn).execute(catalog.STANDBY_LAG_SQL)
+        pool.lag = (now, catalog.standby_lag(cur.fetchall()))
     return pool.lag[1]
-
-
-def _failure(
-    pool: HostPool, slot: Slot, exc: BaseException, fired: bool, timeout: float | None, grace: float
-) -> tuple[str, BaseException]:
-    """The stats kind of an error, and what the caller sees."""
-    if fired:
-        cause = f"no answer within {timeout + grace:g}s (timeout {timeout:g}s)"
-        pool.breaker.failure(cause, probe_now=True)
-        pool.drop_idle()
-        return "timeout", HostUnreachable(pool.breaker.name, cause)
-    conn = slot.conn
-    if isinstance(exc, psycopg.OperationalError) and (
-        conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK
-    ):
-        log.info("host %s: connection lost: %s", pool.breaker.name, first_line(exc))
-        return "connection_lost", HostUnreachable(pool.breaker.name, first_line(exc))
-    if stale_plan(exc):
-        # every pooled connection drops its prepared statements before its next use
-        pool.plan_epoch += 1
-        return "stale_plan", exc
-    if isinstance(exc, SessionStateError):
-        return "session_state", exc
-    if isinstance(exc, psycopg.Error):
-        return "sql", exc
-    return ("other" if isinstance(exc, Exception) else "interrupted"), exc

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -152,17 +152,17 @@ class Breaker:
 
 
 class PoolBase:
-    """What :class:`HostPool` and the asyncio pool (router_async) share: the idle connections, the size,
-    the breaker, the counters; the waiting for a connection is each one's own (``_wake``)."""
+    """What :class:`HostPool` and :class:`AsyncHostPool` share: the idle connections, the size, the
+    breaker, the counters; the waiting for a connection is each one's own (``_new_guard``, ``_wake``).
+    ``connect()`` opens a connection (the asyncio pool awaits what it returns)."""
 
     def __init__(
         self,
         name: str,
         role: str,
-        connect: Callable[[], object],
+        connect: Callable[[], Any],
         max_size: int,
         pool_timeout: float,
-        guard: Any,
     ):
         self.name, self.role = name, role
         self._connect = connect
@@ -173,11 +173,15 @@ class PoolBase:
         self._idle: deque[Slot] = deque()
         self._size = 0
         self._waiting = 0
-        self._guard = guard  # the lock of the fields above
+        self._guard = self._new_guard()  # the lock of the fields above
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self.counts: Counter[str] = Counter()  # calls, connects, replaced_idle, errors by kind
         self.lag: tuple[float, float] | None = None  # standby: (checked at, seconds behind)
         self.plan_epoch = 0  # bumped when a migration made a prepared statement stale (0A000)
+
+    def _new_guard(self) -> Any:
+        """The lock of the pool's fields, and what its waiters wait on."""
+        raise NotImplementedError
 
     def _wake(self, n: int = 1) -> None:
         """Let ``n`` waiters look again (called holding the guard)."""
@@ -354,16 +358,9 @@ class PoolBase:
 class HostPool(PoolBase):
     """Connections to one server (a host's primary or its standby), opened on demand in the caller's thread."""
 
-    def __init__(
-        self,
-        name: str,
-        role: str,
-        connect: Callable[[], psycopg.Connection],
-        max_size: int,
-        pool_timeout: float,
-    ):
+    def _new_guard(self) -> threading.Condition:
         self._cond = threading.Condition(threading.Lock())
-        super().__init__(name, role, connect, max_size, pool_timeout, self._cond)
+        return self._cond
 
     def _wake(self, n: int = 1) -> None:
         self._cond.notify(n)
@@ -402,17 +399,10 @@ class AsyncHostPool(PoolBase):
     """:class:`HostPool` for asyncio: the caller's task connects; waiters wait on
     futures of the loop, in turn: a connection given back goes straight to the first waiter."""
 
-    def __init__(
-        self,
-        name: str,
-        role: str,
-        connect: Callable[[], Awaitable[psycopg.AsyncConnection]],
-        max_size: int,
-        pool_timeout: float,
-    ):
-        super().__init__(name, role, connect, max_size, pool_timeout, threading.Lock())
-        # (future, a probe's: it connects itself)
+    def _new_guard(self) -> threading.Lock:
+        # waiting: (future, a probe's: it connects itself)
         self._waiters: deque[tuple[asyncio.Future, bool]] = deque()
+        return threading.Lock()
 
     def _wake(self, n: int = 1) -> None:
         """Let ``n`` waiters look again (a place for a new connection freed)."""

@@ -221,6 +221,36 @@ def test_layers_depend_only_downward():
     assert not upward, "imports from a later layer:\n" + "\n".join(upward)
 
 
+# The Router package: _async is the one source of the Routers' calls and sessions, _sync is generated
+# from it (tests/support/async_to_sync.py); what both share is written once in these modules.
+ROUTER_SHARED = {"shardctl.router.placement", "shardctl.router.session", "shardctl.router.pool"}
+ROUTER_TWINS = {"shardctl.router._async", "shardctl.router._sync"}
+# where coroutines may be written: the source, and the asyncio pool's waiting (pool.AsyncHostPool)
+ROUTER_ASYNC_HOMES = {"shardctl.router._async", "shardctl.router.pool"}
+
+
+def test_router_package_shape():
+    """Shared Router modules import neither twin; the twins import nothing of each other (the generated
+    one stands alone); callers outside the package import ``shardctl.router``, not a twin; coroutines
+    are written only in the source and the asyncio pool."""
+    problems = []
+    for mod, edges in imports().items():
+        for target, line in sorted(edges.items()):
+            where_ = f"{MODULES[mod].relative_to(PACKAGE.parent)}:{line}"
+            if target in ROUTER_TWINS and mod in ROUTER_SHARED | ROUTER_TWINS:
+                problems.append(f"{where_} {mod} imports the twin {target}")
+            elif target in ROUTER_TWINS and not mod.startswith("shardctl.router"):
+                problems.append(f"{where_} {mod} imports {target}: import shardctl.router")
+    for mod in MODULES:
+        if mod.startswith("shardctl.router") and mod not in ROUTER_ASYNC_HOMES:
+            problems += [
+                f"{where(mod, node)} {mod}: a coroutine outside the Router's one source"
+                for node in ast.walk(TREES[mod])
+                if isinstance(node, ast.AsyncFunctionDef)
+            ]
+    assert not problems, "\n".join(problems)
+
+
 def test_the_checks_see_what_they_check():
     """The analysis finds the modules, imports and sizes it is meant to (so the tests above can fail)."""
     assert {"shardctl.cli", "shardctl.model.dsn", "shardctl.errors", "shardctl"} <= set(MODULES)

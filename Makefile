@@ -1,4 +1,4 @@
-.PHONY: install test test-unit test-fleet test-slow test-docker test-docs test-oldest bench docs docs-serve lint clean
+.PHONY: install generate test test-unit test-fleet test-slow test-docker test-docs test-oldest bench docs docs-serve lint clean
 
 install:
 	pip install -e '.[dev]'
@@ -63,3 +63,8 @@ lint:
 
 clean:
 	rm -rf .venv build dist site .pytest_cache .hypothesis *.egg-info
+
+# The thread Router (shardctl/router/_sync.py) from its one source, the asyncio Router (_async.py);
+# tests/unit/test_generated.py fails when the checked-in file is not what this writes.
+generate:
+	python tests/support/async_to_sync.py

@@ -116,7 +116,7 @@ def sqlalchemy_asyncio_candidates(topo) -> list[Candidate]:
     from sqlalchemy.ext.asyncio import async_sessionmaker as plain_sessionmaker
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from shardctl.router_async import AsyncRouter
+    from shardctl.router import AsyncRouter
     from shardctl.sqlalchemy.asyncio import async_sessionmaker
 
     loop = asyncio.new_event_loop()

@@ -210,7 +210,7 @@ async def async_rounds(
 ) -> dict:
     """The asyncio candidates, ``rounds`` rounds of ``rows`` inserts each by ``tasks`` tasks, in turns of
     ``chunk`` rows; returns the AsyncRouter's stats of the host."""
-    from shardctl.router_async import AsyncRouter
+    from shardctl.router import AsyncRouter
 
     host, schema = topo.host_of(KEY), topo.schema_name(KEY)
     async with AsyncRouter(topo, max_size=conns) as router:

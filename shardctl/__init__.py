@@ -19,9 +19,7 @@ from .version import __version__
 # or the path) and returns a typed result with ``ok``, ``to_dict()`` and ``raise_for_status()`` (which
 # raises the error the CLI maps to its exit code). docs/architecture.md#library-api lists them.
 _LAZY_MODULES = {
-    "router": ("Router",),
-    "router_async": ("AsyncRouter",),
-    "router_placement": ("RouterOptions",),
+    "router": ("Router", "AsyncRouter", "RouterOptions"),
     "engine.fanout": ("FleetReport",),
     "engine.executor": ("RunOptions",),
     "ops.provision": ("init",),

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import router_placement as placement
 from ..errors import BadInput
 from ..model.keywords import Unpack
 from ..model.topology import Host, Topology
-from ..router import Router
-from ..router_placement import Key
+from ..router import Router, placement
+from ..router.placement import Key
 from .hosts import host_database
 
 

@@ -1,7 +1,7 @@
 """The session and transaction texts every layer sends: BEGIN/COMMIT, savepoints, settings for a
 transaction or a session (``set_config``), the search path, isolation levels, the Router's transaction
 opening and session reset, and the prepared-statement clean-up. The protocols that decide *when* each
-is sent stay with their callers (``router_session.py``, ``engine/executor.py``, ``ops/move``)."""
+is sent stay with their callers (``router/session.py``, ``engine/executor.py``, ``ops/move``)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def synchronous_commit_on(conn: psycopg.Connection) -> None:
     conn.execute("SELECT pg_current_xact_id()")
 
 
-# ---- the Router's transactions (router_session.py) ---------------------------------------------
+# ---- the Router's transactions (router/session.py) ---------------------------------------------
 
 _ROUTER_SETTINGS = sql.SQL(
     "SELECT set_config('search_path', {}, true), set_config('statement_timeout', {}, true)"

@@ -29,7 +29,7 @@ How it runs:
   (``schema_translate_map={None: "insta5"}``), and the host transaction it opens sets that shard's
   ``search_path`` with ``SET LOCAL`` semantics (``set_config(..., true)``). The BEGIN and the settings
   ride in the text of the transaction's first statement (a lent connection binds parameters on the
-  client: :class:`~shardctl.router_session.RouterClientCursor`), so opening costs no round trip of its
+  client: :class:`~shardctl.router.RouterClientCursor`), so opening costs no round trip of its
   own. Nothing is prepared and nothing outlives the transaction: safe behind a transaction pooler.
 * **Routing.** A model names its shard key (``__shard_key__``: a column routed by the topology's key
   rule; ``__shard_key_is_id__ = True`` when its values are IDs, routed by the shard inside them). Its
@@ -71,7 +71,7 @@ from sqlalchemy.sql import elements, operators
 
 from ..errors import BadInput, ShardMoved
 from ..router import MOVED_ERRORS, SAME, Router
-from ..router_session import ms
+from ..router.session import ms
 from ..sql.catalog.control import MOVED_SQLSTATE
 from ..sql.session import switch_search_path, transaction_start
 

@@ -37,8 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.ext.asyncio import async_sessionmaker as _async_sessionmaker
 
 from ..errors import ShardMoved
-from ..router import SAME
-from ..router_async import AsyncRouter
+from ..router import SAME, AsyncRouter
 from . import Shards, ShardSession, _exc_info, _LendingPool, _wait
 
 T = TypeVar("T")

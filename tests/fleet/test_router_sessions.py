@@ -426,3 +426,22 @@ def test_a_failing_commit_raises_at_the_end_of_the_block(topo):
         with router.connection(3) as conn:
             conn.execute("INSERT INTO handles VALUES ('one')")
         assert router.run(3, lambda c: c.execute("SELECT count(*) FROM handles").fetchone()[0]) == 1
+
+
+def test_streams_copies_and_named_cursors_run_on_the_shard(topo_default):
+    """The thread Router's cursors (generated from the asyncio ones): stream, copy and named cursors
+    open the call's transaction on the shard; a WITH HOLD cursor is refused behind the pooler."""
+    with Router(topo_default) as router:
+
+        def work(conn):
+            streamed = list(conn.cursor().stream("SELECT current_schema()"))
+            with conn.cursor().copy("COPY users (username) FROM STDIN") as copy:
+                copy.write_row(("copied",))
+            named = conn.cursor(name="named")
+            named.execute("SELECT current_schema()")
+            return streamed, named.fetchall()
+
+        assert router.run(5, work) == ([("insta5",)], [("insta5",)])
+        assert router.execute(5, "SELECT username FROM users") == [("copied",)]
+        with pytest.raises(SessionStateError, match="WITH HOLD"), router.connection(5) as conn:
+            conn.cursor(name="held", withhold=True).execute("SELECT 1")

@@ -3,7 +3,7 @@
 * :func:`history_traffic`: N Router writers and M Router readers in threads for a ``with`` block.
   Writers ``router.run(key, INSERT … RETURNING id, current_schema())``; readers
   ``router.run(key, SELECT current_schema(), array_agg(id) … WHERE user_id = key)``.
-* :func:`async_history_traffic`: the same with an :class:`~shardctl.router_async.AsyncRouter`: N writer
+* :func:`async_history_traffic`: the same with an :class:`~shardctl.router.AsyncRouter`: N writer
   and M reader tasks on one event loop (in a thread of its own), the same statements.
 * :class:`PsqlClient`: one ``psql`` process per statement against the host the topology gives
   the key's shard (``dsn``: through a pooler when there is one), schema-qualified names. A
@@ -192,7 +192,7 @@ class AsyncRouterTraffic:
             raise self.crashed
 
     async def _main(self) -> None:
-        from shardctl.router_async import AsyncRouter
+        from shardctl.router import AsyncRouter
 
         try:
             async with AsyncRouter(Topology.load(self.path), **self.router_kwargs) as router:

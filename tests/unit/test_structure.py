@@ -2,7 +2,7 @@
 
 * no function longer than 100 lines, no class longer than 300 lines;
 * no import cycle between shardctl's modules;
-* layers depend only downward: errors → model → ids → sql → engine → ops (router.py beside ops)
+* layers depend only downward: errors → model → ids → sql → engine → ops (the router package beside ops)
   → dev → the package's public API (shardctl/__init__.py) → cli → ``python -m shardctl``
   (__main__.py). A module may import from its own layer and the layers before it, never from a
   later one.
@@ -30,12 +30,8 @@ LAYERS = {
     "sql": 3,
     "engine": 4,
     "ops": 5,
-    "router": 5,
-    "router_pool": 5,
-    "router_session": 5,
-    "router_placement": 5,
+    "router": 5,  # the package: _async (the source), _sync (generated), placement, session, pool
     "sqlalchemy": 5,  # an ORM integration beside the Router (imports sqlalchemy: an optional extra)
-    "router_async": 5,
     "dev": 6,
     "testing": 6,
     "django": 6,
@@ -223,6 +219,36 @@ def test_layers_depend_only_downward():
                     f"imports {target} ({LAYER_NAMES[layer(target)]})"
                 )
     assert not upward, "imports from a later layer:\n" + "\n".join(upward)
+
+
+# The Router package: _async is the one source of the Routers' calls and sessions, _sync is generated
+# from it (tests/support/async_to_sync.py); what both share is written once in these modules.
+ROUTER_SHARED = {"shardctl.router.placement", "shardctl.router.session", "shardctl.router.pool"}
+ROUTER_TWINS = {"shardctl.router._async", "shardctl.router._sync"}
+# where coroutines may be written: the source, and the asyncio pool's waiting (pool.AsyncHostPool)
+ROUTER_ASYNC_HOMES = {"shardctl.router._async", "shardctl.router.pool"}
+
+
+def test_router_package_shape():
+    """Shared Router modules import neither twin; the twins import nothing of each other (the generated
+    one stands alone); callers outside the package import ``shardctl.router``, not a twin; coroutines
+    are written only in the source and the asyncio pool."""
+    problems = []
+    for mod, edges in imports().items():
+        for target, line in sorted(edges.items()):
+            where_ = f"{MODULES[mod].relative_to(PACKAGE.parent)}:{line}"
+            if target in ROUTER_TWINS and mod in ROUTER_SHARED | ROUTER_TWINS:
+                problems.append(f"{where_} {mod} imports the twin {target}")
+            elif target in ROUTER_TWINS and not mod.startswith("shardctl.router"):
+                problems.append(f"{where_} {mod} imports {target}: import shardctl.router")
+    for mod in MODULES:
+        if mod.startswith("shardctl.router") and mod not in ROUTER_ASYNC_HOMES:
+            problems += [
+                f"{where(mod, node)} {mod}: a coroutine outside the Router's one source"
+                for node in ast.walk(TREES[mod])
+                if isinstance(node, ast.AsyncFunctionDef)
+            ]
+    assert not problems, "\n".join(problems)
 
 
 def test_the_checks_see_what_they_check():

@@ -3,27 +3,28 @@ recorded, followed while this app server's copy of the file is stale."""
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypedDict
 
 import psycopg
 
-from .engine.connections import APPLICATION_NAME
-from .engine.defaults import DEFAULT_CONNECT_TIMEOUT
-from .errors import BadInput
-from .ids.routing import placement_shard, shard_for_key
-from .model.dsn import mask
-from .model.keywords import Unpack, accepted, keyword_names
-from .model.topology import Host, Topology
-from .router_pool import HostPool, PoolBase, foreign_connect_error, log
-from .router_session import Call
-from .sql.catalog.control import MOVED_SQLSTATE
+from ..engine.connections import APPLICATION_NAME
+from ..engine.defaults import DEFAULT_CONNECT_TIMEOUT
+from ..errors import BadInput
+from ..ids.routing import placement_shard, shard_for_key
+from ..model.dsn import mask
+from ..model.keywords import Unpack, accepted, keyword_names
+from ..model.topology import Host, Topology
+from ..sql.catalog.control import MOVED_SQLSTATE
+from .pool import HostPool, PoolBase, foreign_connect_error, log
+from .session import Call
 
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
 # old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
@@ -77,38 +78,13 @@ class Placement:
             changed |= self.redirects.reconcile(fresh)
         return fresh, changed
 
-    def follow(
-        self,
-        shard: int,
-        old: Host,
-        moved: bool,
-        *,
-        reload: Callable[[], object],
-        ask: Callable[[], tuple[dict | None, bool]],
-    ) -> bool:
-        """True when ``shard`` (whose statement failed on ``old``) turned out to have moved and its new
-        host is known: the reloaded topology names it, or ``old`` recorded a redirect (``ask()``: the
-        redirect and whether ``old`` records the shard moved out), which is then followed until the
-        file catches up. Without either, waits up to ``move_wait`` seconds for the file to say so."""
-        steps = self.following(shard, old, moved)
-        answer: object = None
-        try:
-            while True:
-                step = steps.send(answer)
-                answer = (
-                    reload()
-                    if step == "reload"
-                    else ask()
-                    if step == "ask"
-                    else time.sleep(FOLLOW_POLL)
-                )
-        except StopIteration as done:
-            return bool(done.value)
-
     def following(self, shard: int, old: Host, moved: bool) -> Generator[str, object, bool]:
-        """:meth:`follow` as steps its caller performs (sync or async): yields ``"reload"`` (reload the
-        topology), ``"ask"`` (send back the old host's answer: (redirect, moved_out)) or ``"wait"``
-        (sleep FOLLOW_POLL seconds); returns the verdict."""
+        """Whether ``shard`` (whose statement failed on ``old``) turned out to have moved and its new
+        host is known: the reloaded topology names it, or ``old`` recorded a redirect, which is then
+        followed until the file catches up. Without either, waits up to ``move_wait`` seconds for the
+        file to say so. As steps its caller performs (the Router's ``follow_move``, the one loop):
+        yields ``"reload"`` (reload the topology), ``"ask"`` (send back the old host's answer:
+        (redirect, moved_out)) or ``"wait"`` (sleep FOLLOW_POLL seconds); returns the verdict."""
         deadline = time.monotonic() + self.move_wait
         asked = False
         while True:
@@ -206,7 +182,7 @@ def _file_stamp(path: str | os.PathLike) -> tuple[int, int, int] | None:
 @dataclass(frozen=True)
 class RouterOptions:
     """The settings of a :class:`~shardctl.router.Router` or an
-    :class:`~shardctl.router_async.AsyncRouter`: both take these fields as keyword arguments. A new
+    :class:`~shardctl.router.AsyncRouter`: both take these fields as keyword arguments. A new
     Router option is a field here."""
 
     max_size: int = 8  # connections per host pool
@@ -262,7 +238,7 @@ _METHODS: dict[str, tuple[str, frozenset[str], bool]] = {
 
 
 class Routing:
-    """What :class:`~shardctl.router.Router` and :class:`~shardctl.router_async.AsyncRouter` share: the
+    """What :class:`~shardctl.router.Router` and :class:`~shardctl.router.AsyncRouter` share: the
     options, the routing rule (key, id or shard → shard → host) and the per-call defaults."""
 
     pool_class: type[PoolBase] = HostPool  # the AsyncRouter's: AsyncHostPool
@@ -270,8 +246,13 @@ class Routing:
     def __init__(self, topology: Topology, options: RouterOptions) -> None:
         self.options = options
         self._lock = threading.Lock()
-        # by host name, and "<name> standby" for its standby's pool (made by _pool)
+        # the pools of hosts' primaries, and of their standbys, by host name (made by _pool)
         self._pools: dict[str, Any] = {}
+        self._standby_pools: dict[str, Any] = {}
+        # the host this thread's (task's) last call went to: follow_move's default
+        self._tried: contextvars.ContextVar[Host | None] = contextvars.ContextVar(
+            "shardctl_router_tried", default=None
+        )
         # Where each shard is: the topology file, and the redirects followed while the file is stale.
         self.placement = Placement(
             topology,
@@ -286,14 +267,14 @@ class Routing:
     def _pool(self, host: Host, *, standby: bool = False) -> Any:
         """The pool of ``host``'s primary (or standby), made on first use; its connections come from the
         Router's ``_connect``."""
-        key = f"{host.name} standby" if standby else host.name
-        pool = self._pools.get(key)
+        pools = self._standby_pools if standby else self._pools
+        pool = pools.get(host.name)
         if pool is not None:
             return pool
         with self._lock:
-            pool = self._pools.get(key)
+            pool = pools.get(host.name)
             if pool is None:
-                pool = self._pools[key] = self.pool_class(
+                pool = pools[host.name] = self.pool_class(
                     host.name,
                     "standby" if standby else "primary",
                     functools.partial(self._connect, host, standby),  # type: ignore[attr-defined]
@@ -426,24 +407,34 @@ class Routing:
         """Read the topology file again (when it changed); pools of hosts that left or changed DSN are closed."""
         fresh, changed = self.placement.reload()
         if changed:
-            # pool keys: the host's name, and "<name> standby" for its standby's pool
             with self._lock:
-                stale = [key for key in self._pools if key.split(" ")[0] in changed]
-                old_pools = [self._pools.pop(key) for key in stale]
+                old_pools = [
+                    pools.pop(name)
+                    for pools in (self._pools, self._standby_pools)
+                    for name in changed
+                    if name in pools
+                ]
             for pool in old_pools:
                 pool.close()
         return fresh
+
+    def _take_pools(self) -> list[Any]:
+        """Every pool, forgotten (the Router closes them)."""
+        with self._lock:
+            pools = [*self._pools.values(), *self._standby_pools.values()]
+            self._pools, self._standby_pools = {}, {}
+        return pools
 
     def stats(self) -> dict[str, dict]:
         """Per host: pool usage, calls, errors by kind, breaker state and latency percentiles (ms) of
         its primary, and under ``"standby"`` the same for its standby (with the last lag seen)."""
         with self._lock:
-            pools = dict(self._pools)
+            pools, standbys = dict(self._pools), dict(self._standby_pools)
         out: dict[str, dict] = {}
         for host in self.topology.hosts:
             primary = pools.get(host.name) or self._unused(host.name, "primary")
             doc = primary.stats()
-            standby = pools.get(f"{host.name} standby") or (
+            standby = standbys.get(host.name) or (
                 self._unused(host.name, "standby") if host.standby else None
             )
             doc["standby"] = standby.stats() if standby else None

@@ -1,4 +1,7 @@
-"""The Router's per-host machinery: a small connection pool, a circuit breaker and a call watchdog.
+"""The Router's per-host machinery: a small connection pool, a circuit breaker and a call watchdog, each
+with its bookkeeping written once (:class:`PoolBase`, :class:`Breaker`) and only the waiting twice:
+threads (:class:`HostPool`, :class:`Watchdog`) or the event loop (:class:`AsyncHostPool`,
+:class:`AsyncWatchdog`).
 
 Why not psycopg-pool: its checkout waits for background workers that retry a refused host until
 ``pool_timeout`` (logging a warning per attempt), and it cannot tell the caller *why* no
@@ -8,6 +11,7 @@ libpq's reason; the breaker then fails the next calls without trying, until one 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import select
@@ -21,10 +25,10 @@ from typing import Any
 
 import psycopg
 
-from .engine.connections import first_line
-from .errors import HostUnreachable
-from .model.dsn import mask
-from .model.topology import Host
+from ..engine.connections import first_line
+from ..errors import HostUnreachable
+from ..model.dsn import mask
+from ..model.topology import Host
 
 log = logging.getLogger("shardctl.router")
 # A library must not print on the application's stderr: without this handler, logging's
@@ -148,17 +152,17 @@ class Breaker:
 
 
 class PoolBase:
-    """What :class:`HostPool` and the asyncio pool (router_async) share: the idle connections, the size,
-    the breaker, the counters; the waiting for a connection is each one's own (``_wake``)."""
+    """What :class:`HostPool` and :class:`AsyncHostPool` share: the idle connections, the size, the
+    breaker, the counters; the waiting for a connection is each one's own (``_new_guard``, ``_wake``).
+    ``connect()`` opens a connection (the asyncio pool awaits what it returns)."""
 
     def __init__(
         self,
         name: str,
         role: str,
-        connect: Callable[[], object],
+        connect: Callable[[], Any],
         max_size: int,
         pool_timeout: float,
-        guard: Any,
     ):
         self.name, self.role = name, role
         self._connect = connect
@@ -169,11 +173,15 @@ class PoolBase:
         self._idle: deque[Slot] = deque()
         self._size = 0
         self._waiting = 0
-        self._guard = guard  # the lock of the fields above
+        self._guard = self._new_guard()  # the lock of the fields above
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self.counts: Counter[str] = Counter()  # calls, connects, replaced_idle, errors by kind
         self.lag: tuple[float, float] | None = None  # standby: (checked at, seconds behind)
         self.plan_epoch = 0  # bumped when a migration made a prepared statement stale (0A000)
+
+    def _new_guard(self) -> Any:
+        """The lock of the pool's fields, and what its waiters wait on."""
+        raise NotImplementedError
 
     def _wake(self, n: int = 1) -> None:
         """Let ``n`` waiters look again (called holding the guard)."""
@@ -308,6 +316,16 @@ class PoolBase:
             if error:
                 self.counts[f"errors.{error}"] += 1
 
+    def end_call(
+        self, slot: Slot, watch: Any, started: float, *, error: str | None, keep: bool
+    ) -> None:
+        """A call ends: its deadline disarmed, its connection back (or discarded), its latency and
+        error kind counted."""
+        if watch is not None and watch.disarm():
+            keep = False  # the deadline fired just as the call ended: the socket is cut
+        self.release(slot, discard=not keep)
+        self.record(time.perf_counter() - started, error)
+
     def stats(self) -> dict:
         with self._guard:
             size, idle, waiting = self._size, len(self._idle), self._waiting
@@ -340,16 +358,9 @@ class PoolBase:
 class HostPool(PoolBase):
     """Connections to one server (a host's primary or its standby), opened on demand in the caller's thread."""
 
-    def __init__(
-        self,
-        name: str,
-        role: str,
-        connect: Callable[[], psycopg.Connection],
-        max_size: int,
-        pool_timeout: float,
-    ):
+    def _new_guard(self) -> threading.Condition:
         self._cond = threading.Condition(threading.Lock())
-        super().__init__(name, role, connect, max_size, pool_timeout, self._cond)
+        return self._cond
 
     def _wake(self, n: int = 1) -> None:
         self._cond.notify(n)
@@ -384,6 +395,81 @@ class HostPool(PoolBase):
         return self._opened(conn)
 
 
+class AsyncHostPool(PoolBase):
+    """:class:`HostPool` for asyncio: the caller's task connects; waiters wait on
+    futures of the loop, in turn: a connection given back goes straight to the first waiter."""
+
+    def _new_guard(self) -> threading.Lock:
+        # waiting: (future, a probe's: it connects itself)
+        self._waiters: deque[tuple[asyncio.Future, bool]] = deque()
+        return threading.Lock()
+
+    def _wake(self, n: int = 1) -> None:
+        """Let ``n`` waiters look again (a place for a new connection freed)."""
+        for waiter, _ in list(self._waiters):
+            if n <= 0:
+                break
+            if not waiter.done():
+                waiter.set_result(None)
+                n -= 1
+
+    def release(self, slot: Slot, *, discard: bool = False) -> None:
+        """``HostPool.release``; a reusable connection goes to the first waiter (not a probe) if any."""
+        if self._reusable(slot, discard):
+            with self._guard:
+                for waiter, probe in self._waiters:
+                    if not probe and not waiter.done():
+                        waiter.set_result(slot)
+                        return
+        super().release(slot, discard=discard)
+
+    async def acquire(self, deadline: float | None = None) -> Slot:
+        """A healthy connection: an idle one, else a new one, else wait for one (HostPool.acquire)."""
+        with self._checkout() as probe:
+            slot = None if probe or self._waiters else self._take_idle()  # waiters first
+            return await self._new_or_wait(deadline, probe) if slot is None else slot
+
+    def _claim_now(self, probe: bool, limit: float) -> float | None:
+        with self._guard:
+            return self._claim(probe, limit)
+
+    async def _new_or_wait(self, deadline: float | None, probe: bool) -> Slot:
+        limit = self._limit(deadline)
+        # Until a place for a new connection is claimed: wait for a connection given back (the
+        # waiter is handed it), or take an idle one. (HostPool claims and waits under one lock hold.)
+        while (wait := self._claim_now(probe, limit)) is not None:
+            if wait > 0 and (slot := await self._wait(wait, probe)) is not None:
+                return slot
+            if not probe and (slot := self._take_idle()) is not None:
+                return slot
+        with self._new_connection():
+            conn = await self._connect()
+        return self._opened(conn)
+
+    async def _wait(self, seconds: float, probe: bool) -> Slot | None:
+        """Wait in turn, at most ``seconds``: a connection handed over, or None (look again)."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        with self._guard:
+            self._waiters.append((waiter, probe))
+            self._waiting += 1
+        timer = loop.call_later(seconds, lambda: waiter.done() or waiter.set_result(None))
+        try:
+            await waiter
+        except BaseException:  # cancelled: a connection handed over meanwhile goes to the next one
+            if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
+                self.release(waiter.result())
+            raise
+        finally:
+            timer.cancel()
+            with self._guard:
+                self._waiting -= 1
+                self._waiters.remove((waiter, probe))
+                if not waiter.done():
+                    waiter.cancel()
+        return waiter.result() if waiter.done() and not waiter.cancelled() else None
+
+
 def _percentiles(sorted_seconds: list[float]) -> dict:
     if not sorted_seconds:
         return {"samples": 0, "p50": None, "p90": None, "p99": None, "max": None}
@@ -414,7 +500,8 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def arm(self, conn: psycopg.Connection, deadline: float) -> int:
+    def arm(self, conn: psycopg.Connection, deadline: float) -> Armed:
+        """Watch ``conn`` until ``deadline`` (``time.monotonic()``)."""
         key = id(conn)
         with self._lock:
             self._armed[key] = (deadline, conn)
@@ -424,7 +511,7 @@ class Watchdog:
                     target=self._run, name="shardctl-router-watchdog", daemon=True
                 )
                 self._thread.start()
-        return key
+        return Armed(self, key)
 
     def disarm(self, key: int) -> bool:
         """Stop watching; True if the deadline had already fired (the connection is cut)."""
@@ -434,9 +521,6 @@ class Watchdog:
                 self._fired.discard(key)
                 return True
         return False
-
-    def fired(self, key: int) -> bool:
-        return key in self._fired
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick):
@@ -454,6 +538,51 @@ class Watchdog:
             self._stop.set()
         if thread is not None:
             thread.join(timeout=1)
+
+
+class Armed:
+    """One call watched by a :class:`Watchdog`."""
+
+    __slots__ = ("_key", "_watchdog")
+
+    def __init__(self, watchdog: Watchdog, key: int):
+        self._watchdog, self._key = watchdog, key
+
+    def disarm(self) -> bool:
+        """Stop watching; True if the deadline had already fired (the connection is cut)."""
+        return self._watchdog.disarm(self._key)
+
+
+class AsyncWatchdog:
+    """:class:`Watchdog` for asyncio: each call's deadline is a timer of the running loop."""
+
+    def arm(self, conn: psycopg.AsyncConnection, deadline: float) -> LoopDeadline:
+        return LoopDeadline(conn, deadline)
+
+    def stop(self) -> None:
+        """Nothing runs between calls (each timer ends with its call)."""
+
+
+class LoopDeadline:
+    """A call's client deadline: a timer of the loop that cuts the connection's socket (the statement
+    awaiting it gets EOF at once, even from a frozen server)."""
+
+    __slots__ = ("fired", "handle")
+
+    def __init__(self, conn: psycopg.AsyncConnection, deadline: float):
+        self.fired = False
+        self.handle = asyncio.get_running_loop().call_later(
+            max(0.0, deadline - time.monotonic()), self._fire, conn
+        )
+
+    def _fire(self, conn: psycopg.AsyncConnection) -> None:
+        self.fired = True
+        _cut(conn)  # type: ignore[arg-type]
+
+    def disarm(self) -> bool:
+        """Stop the timer; True if it had fired (the connection is cut)."""
+        self.handle.cancel()
+        return self.fired
 
 
 def _cut(conn: psycopg.Connection) -> None:

@@ -20,9 +20,9 @@ host keeps sessions. Behind a transaction pooler, statements that would leave se
 session ``SET``, ``LISTEN``, session advisory locks, temporary tables that outlive the transaction,
 ``WITH HOLD`` cursors, ``PREPARE``) raise :class:`SessionStateError` before they are sent.
 
-The asyncio Router (router_async) speaks the same protocol through the functions here that take a
-connection's values (``check_statement``, ``opening``, ``outer_block``, ``statement_text``,
-``reset_text``): only the sending is its own.
+Everything here is pure: it reads a connection's values (``check_statement``, ``opening``,
+``outer_block``, ``statement_text``, ``reset_text``) and says what to send, or maps a failure
+(:func:`failure`). The sending is the Router's (``_async.py``, and ``_sync.py`` generated from it).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from .errors import SessionStateError
-from .sql import session as session_sql
+from ..engine.connections import first_line
+from ..errors import HostUnreachable, SessionStateError
+from ..sql import session as session_sql
+from .pool import log
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,44 +90,6 @@ _POOLABLE_ERRORS = frozenset({"sql", "stale_plan", "other", "session_state"})
 def ms(seconds: float | None) -> int:
     """statement_timeout in ms (0: none)."""
     return 0 if seconds is None else max(1, int(seconds * 1000))
-
-
-class RouterConnection(psycopg.Connection):
-    """A pooled connection of the Router's. Autocommit at rest; during a call, its cursors open each
-    transaction with the call's settings (:meth:`begin_if_idle`)."""
-
-    # the current call's BEGIN and settings (None: outside calls)
-    begin: tuple[bytes, bytes] | None = None
-    session_dirty = False  # a statement that may leave session state ran
-    keeps_sessions = True  # the server session is ours alone (no transaction pooler)
-    one_transaction = False  # run(): the whole call is one transaction
-
-    def begin_if_idle(self) -> None:
-        """Open the call's transaction (BEGIN and the shard's settings) unless one is open."""
-        texts = opening(self)
-        if texts:
-            plain = psycopg.Cursor(self)
-            for text in texts:
-                plain.execute(text, prepare=False)
-
-    def transaction(self, savepoint_name: str | None = None, force_rollback: bool = False) -> Any:
-        """psycopg's transaction block; in a call, inside the call's own transaction (opened first, so
-        that it carries the shard's settings) and ending it as an outer block would."""
-        block = outer_block(self)
-        if block == "savepoint":  # run(): a savepoint of the run's transaction
-            self.begin_if_idle()
-        elif block == "outer":
-            return _outer_transaction(self, savepoint_name, force_rollback)
-        return super().transaction(savepoint_name, force_rollback)
-
-    def run_statement(self, query: Any, params: Any) -> Any:
-        """One statement in its own transaction, in one round trip: BEGIN, settings, the statement and
-        COMMIT as one simple-protocol text, its parameters bound on the client (psycopg's ClientCursor,
-        as for PgBouncer; nothing prepared). Returns its rows, or the number of rows it changed."""
-        cur = psycopg.ClientCursor(self)
-        cur.execute(statement_text(self, query), params, prepare=False)
-        skip_opening(cur)
-        return cur.fetchall() if cur.description is not None else cur.rowcount
 
 
 def opening(conn: Any) -> list[bytes]:
@@ -186,102 +148,6 @@ def _query_bytes(conn: Any, query: Any) -> bytes:
     if isinstance(query, sql.Composable):
         query = query.as_bytes(conn)
     return query.encode(conn.info.encoding) if isinstance(query, str) else bytes(query)
-
-
-class _outer_transaction:
-    """``conn.transaction()`` as the outermost block of a call: BEGIN with the settings, then psycopg's
-    block (a savepoint), then COMMIT (or ROLLBACK)."""
-
-    def __init__(self, conn: RouterConnection, savepoint_name: str | None, force_rollback: bool):
-        self.conn, self.force_rollback = conn, force_rollback
-        self.inner = psycopg.Connection.transaction(conn, savepoint_name, force_rollback)
-
-    def __enter__(self) -> Any:
-        self.conn.begin_if_idle()
-        try:
-            return self.inner.__enter__()
-        except BaseException:
-            self.conn.rollback()
-            raise
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        try:
-            swallowed = self.inner.__exit__(kind, value, tb)
-        except BaseException:
-            self.conn.rollback()
-            raise
-        if (kind is not None and not swallowed) or self.force_rollback:
-            self.conn.rollback()
-        else:
-            self.conn.commit()
-        return bool(swallowed)
-
-
-class RouterCursor(psycopg.Cursor):
-    """The Router's cursors: each statement opens the call's transaction when none is open, is refused
-    when it would leave session state behind a transaction pooler, and otherwise marks the connection
-    for the reset when it may leave session state (:func:`leaves_no_state`)."""
-
-    __slots__ = ()
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        before_statement(self.connection, query)
-        return super().execute(query, params, **kwargs)
-
-    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
-        before_statement(self.connection, query)
-        return super().executemany(query, params_seq, **kwargs)
-
-    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        before_statement(self.connection, query)
-        return super().stream(query, params, **kwargs)
-
-    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
-        before_statement(self.connection, statement)
-        return super().copy(statement, params, **kwargs)
-
-
-class RouterClientCursor(RouterCursor, psycopg.ClientCursor):
-    """The cursors of a connection lent to an ORM (:meth:`Router.lend`): parameters bound on the client
-    (psycopg's ClientCursor: the simple protocol, nothing prepared), so that the statement that opens a
-    transaction carries the BEGIN and the call's settings in its own text. The ORM's first statement of a
-    transaction then costs one round trip, where a driver's implicit BEGIN costs one of its own."""
-
-    __slots__ = ()
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        conn = self.connection
-        check_statement(conn, query)
-        text = opened_statement(conn, query, params is not None)
-        if text is None:
-            conn.begin_if_idle()
-            return psycopg.ClientCursor.execute(self, query, params, **kwargs)
-        psycopg.ClientCursor.execute(self, text, params, **kwargs)
-        skip_opening(self)
-        return self
-
-
-class RouterServerCursor(psycopg.ServerCursor):
-    """A named cursor lives in the transaction; ``WITH HOLD`` outlives it: always reset after one, and
-    refused behind a transaction pooler."""
-
-    __slots__ = ()
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        conn = self.connection
-        check_server_cursor(conn, self.withhold)
-        conn.begin_if_idle()
-        return super().execute(query, params, **kwargs)
-
-
-def before_statement(conn: RouterConnection, query: Any) -> None:
-    check_statement(conn, query)
-    conn.begin_if_idle()
 
 
 def check_statement(conn: Any, query: Any) -> None:
@@ -394,30 +260,6 @@ def session_statement(text: str) -> str | None:
     return None
 
 
-def quietly(fn: Callable[..., Any], *args: Any) -> bool:
-    try:
-        fn(*args)
-        return True
-    except Exception:  # noqa: BLE001 - the connection is broken: the caller discards it
-        return False
-
-
-def reset(conn: psycopg.Connection, *, commit: bool = False) -> None:
-    """Return a connection whose server keeps sessions clean: nothing of one checkout's session reaches
-    the next user (settings, temporary tables, session advisory locks, LISTENs, cursors, the user's own
-    prepared statements; psycopg's stay). One round trip, with the transaction's COMMIT in front when
-    ``commit`` (a failed COMMIT raises, like ``commit()``)."""
-    rollback, text = reset_text(conn, commit)
-    plain = psycopg.Cursor(conn)
-    if rollback:
-        conn.rollback()
-    plain.execute(text)
-    if text.startswith(session_sql.COMMIT):
-        plain.nextset()
-    for name in plain.fetchone()[0]:
-        plain.execute(deallocate_text(name))
-
-
 def reset_text(conn: Any, commit: bool) -> tuple[bool, str]:
     """The reset for ``conn`` (sync or async): (roll back first, the reset's text: the COMMIT in front
     when ``commit`` and a transaction is open). Its first result set (after the COMMIT's) names the
@@ -435,18 +277,14 @@ def deallocate_text(name: str) -> str:
     return session_sql.deallocate(name)
 
 
-def forget_prepared(conn: psycopg.Connection, epoch: int) -> None:
-    """Drop the session's prepared statements, on the server and in psycopg's cache.
+def forget_prepared_text(epoch: int) -> str:
+    """What drops the session's prepared statements, on the server and in psycopg's cache.
 
     psycopg clears its cache when a statement's tag is DEALLOCATE ALL, but only the first time it
     sees that query text on a connection (psycopg 3.3: a text it has counted before skips the
     check), so each epoch sends its own text; a repeated text left psycopg executing
     statements the server had dropped ("prepared statement _pg3_1 does not exist").
     """
-    psycopg.Cursor(conn).execute(forget_prepared_text(epoch))
-
-
-def forget_prepared_text(epoch: int) -> str:
     return session_sql.deallocate_all(epoch)
 
 
@@ -454,3 +292,41 @@ def stale_plan(exc: BaseException) -> bool:
     return getattr(
         exc, "sqlstate", None
     ) == "0A000" and "cached plan must not change result type" in str(exc)
+
+
+class Fallback(Exception):
+    """The standby cannot serve this read (args[0]: ``lagging`` or ``unreachable``): use the primary."""
+
+
+def unreachable(pool: Any, started: float, call: Call) -> None:
+    """Count a call whose host is unreachable; a standby read falls back to the primary."""
+    pool.record(time.perf_counter() - started, "unreachable")
+    if call.max_lag is not None:
+        raise Fallback("unreachable") from None
+
+
+def failure(
+    pool: Any, slot: Any, exc: BaseException, fired: bool, timeout: float | None, grace: float
+) -> tuple[str, BaseException]:
+    """What a failed call was (its stats kind), and what its caller sees: a cut (the deadline fired)
+    or a broken connection becomes HostUnreachable (the breaker opens on a cut); other errors pass."""
+    if fired:
+        cause = f"no answer within {timeout + grace:g}s (timeout {timeout:g}s)"  # type: ignore[operator]
+        pool.breaker.failure(cause, probe_now=True)
+        pool.drop_idle()
+        return "timeout", HostUnreachable(pool.breaker.name, cause)
+    conn = slot.conn
+    if isinstance(exc, psycopg.OperationalError) and (
+        conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK
+    ):
+        log.info("host %s: connection lost: %s", pool.breaker.name, first_line(exc))
+        return "connection_lost", HostUnreachable(pool.breaker.name, first_line(exc))
+    if stale_plan(exc):
+        # every pooled connection drops its prepared statements before its next use
+        pool.plan_epoch += 1
+        return "stale_plan", exc
+    if isinstance(exc, SessionStateError):
+        return "session_state", exc
+    if isinstance(exc, psycopg.Error):
+        return "sql", exc
+    return ("other" if isinstance(exc, Exception) else "interrupted"), exc

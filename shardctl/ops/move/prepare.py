@@ -27,7 +27,7 @@ from ...sql.migrations import for_topology
 from ...sql.render import render_shard
 from ..provision import steps_for
 from .preflight import preflight
-from .run import MoveRun, check_target_free, crash_point, require_version, set_phase
+from .run import MoveRun, check_target_free, checkpoint, require_version, set_phase
 from .state import Phase, ShardState
 
 
@@ -57,7 +57,7 @@ def prepare(run: MoveRun) -> None:
         _create_on_target(run, conn, _prepare_target(run, conn))
     _compare_structure(run)
     run.both(Phase.PREPARED)
-    crash_point("after-prepare")
+    checkpoint("after-prepare")
     run.report["prepare_seconds"] = round(time.perf_counter() - t0, 3)
     run.event("move-shard prepare", {"source": move.source, "target": move.target})
 

@@ -13,7 +13,7 @@ from ...sql.catalog import inspect, replication
 from . import transfer
 from .copy import forget_partial_copy, slot_and_copy
 from .preflight import subscriptions_for
-from .run import MoveRun, crash_point, human_bytes, set_phase
+from .run import MoveRun, checkpoint, human_bytes, set_phase
 from .state import Phase
 
 STALL_SECONDS = 120  # no table became ready for this long while the server reports errors: give up
@@ -73,7 +73,7 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
         run.both(Phase.SYNCED, {"tables": expected, "sync_seconds": seconds})
     run.report["sync_seconds"] = seconds
     run.report["tables"] = expected
-    crash_point("after-sync")
+    checkpoint("after-sync")
 
 
 def _size_to_target(run: MoveRun) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import LimitExceeded
 from .ranges import MAX_SHARDS  # noqa: F401 - shards.count and every shard number stay below it
 from .yaml_doc import NOT_BUILT, Builder
 
@@ -26,14 +27,6 @@ MAX_NODES = 12_288  # YAML nodes, each alias counted as the nodes it stands for
 MAX_SCALAR_CHARS = 4096  # one key or value (a DSN, a range, a path)
 MAX_DEPTH = 32  # nesting of mappings and lists
 MAX_HOSTS = 1024  # entries under hosts:
-
-
-class LimitExceeded(ValueError):
-    """The text crosses one of the limits; ``line`` is 1-based where known."""
-
-    def __init__(self, message: str, line: int | None = None):
-        super().__init__(message)
-        self.line = line
 
 
 def read_limited(path: Any) -> str:

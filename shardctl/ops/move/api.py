@@ -170,18 +170,10 @@ def _run_steps(run: MoveRun, steps: list[str]) -> MoveReport:
             try:
                 _guarded(run, name)
             except ShardctlError as exc:
-                if (
-                    name in PHASE_NAMES
-                    and run.move.phases
-                    and run.move.phase not in FINISHED
-                    and exc.args
-                ):
-                    exc.args = (
-                        (
-                            f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: "
-                            f"run the command again to resume, or roll it back with move-shard --abort]"
-                        ),
-                        *exc.args[1:],
+                if name in PHASE_NAMES and run.move.phases and run.move.phase not in FINISHED:
+                    exc.next_step = (
+                        f"move {run.move.move_id} is in phase {run.move.phase}: run the command "
+                        f"again to resume, or roll it back with move-shard --abort"
                     )
                 raise
         if any(name in ("cutover", "cleanup") for name in steps):

@@ -33,7 +33,7 @@ import psycopg
 
 from ...engine import connections as db
 from ...engine.fanout import host_jobs, run_streams
-from ...errors import OperationFailed
+from ...errors import FreezeTimeout, OperationFailed
 from ...model.dsn import mask
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
@@ -47,10 +47,6 @@ from .sync import sync
 LOCKS_PER_STATEMENT = 500
 MAX_CHECK_STREAMS = 4  # parallel checksum streams per host before the freeze
 CATCH_UP_BYTES = 4 << 20  # before freezing, the subscriptions' lag must be below this
-
-
-class FreezeTimeout(Exception):
-    """One freeze attempt could not finish within --max-freeze; it was rolled back."""
 
 
 def cutover(run: MoveRun) -> None:

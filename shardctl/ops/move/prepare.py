@@ -15,10 +15,10 @@ import time
 import psycopg
 
 from ...engine import host_ledger
-from ...engine.executor import ConnectionLost, RunOptions, ShardPlan
+from ...engine.executor import RunOptions, ShardPlan
 from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
 from ...engine.ledger import ensure_control_schema
-from ...errors import OperationFailed, first_few
+from ...errors import ConnectionLost, OperationFailed, first_few
 from ...model.ranges import format_shards
 from ...sql.catalog import control, inspect
 from ...sql.catalog.control import shard_list

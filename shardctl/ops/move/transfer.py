@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import psycopg
 
+from ...errors import WaitTimeout
 from ...sql import session
 from ...sql.catalog import data, replication
 
@@ -159,7 +160,9 @@ def drop_slots(
         if time.monotonic() > deadline:
             left = replication.move_slots(conn, names, sub_oids)
             if left:
-                raise psycopg.OperationalError(f"replication slots still in use: {', '.join(left)}")
+                raise WaitTimeout(
+                    f"replication slots still in use after {timeout:g}s: {', '.join(left)}"
+                )
             return dropped
         time.sleep(0.1)
 
@@ -170,7 +173,7 @@ def disable_subscription(conn: psycopg.Connection, name: str, timeout: float = 3
     deadline = time.monotonic() + timeout
     while replication.apply_workers(conn, name):
         if time.monotonic() > deadline:
-            raise psycopg.OperationalError(
+            raise WaitTimeout(
                 f"the apply worker of subscription {name} did not stop within {timeout:g}s"
             )
         time.sleep(0.05)

@@ -375,28 +375,30 @@ def _topology_text(
     routing_key: str | None,
 ) -> str:
     """The topology file, with a placeholder (``{db0}``, ``{db1}``, …) for each host's database (the
-    arguments: :class:`FleetMaker`'s, in its order)."""
-    lines = [
-        "version: 1",
-        "id:",
-        "  layout: instagram",
-        f'  epoch: "{epoch}"',
-        f"  function: {function}",
-    ]
-    lines += ["shards:", f"  count: {shards}", f'  schema: "{schema}"', "migrations: migrations/"]
+    arguments: :class:`FleetMaker`'s, in its order); written by PyYAML, so every value is quoted as
+    YAML needs it."""
+    import yaml
+
+    doc: dict[str, Any] = {
+        "version": 1,
+        "id": {"layout": "instagram", "epoch": epoch, "function": function},
+        "shards": {"count": shards, "schema": schema},
+        "migrations": "migrations/",
+    }
     if routing_key:
-        lines += ["routing:", f"  key: {routing_key}"]
-    lines.append("hosts:")
+        doc["routing"] = {"key": routing_key}
+    doc["hosts"] = []
     for i, server in enumerate(servers):
         lo, hi = i * shards // len(servers), (i + 1) * shards // len(servers) - 1
         db = _placeholder(i)
-        lines += [f"  - name: {server.name}", f'    dsn: "{server.dsn(db)}"']
+        host: dict[str, Any] = {"name": server.name, "dsn": server.dsn(db)}
         if server.peer_format:
-            lines.append(f'    peer_dsn: "{server.peer_format.format(db=db)}"')
-        lines.append(f'    shards: "{ranges[i] if ranges else f"{lo}-{hi}"}"')
+            host["peer_dsn"] = server.peer_format.format(db=db)
+        host["shards"] = ranges[i] if ranges else f"{lo}-{hi}"
         if pooler:
-            lines.append(f"    pooler: {pooler}")
-    return "\n".join(lines) + "\n"
+            host["pooler"] = pooler
+        doc["hosts"].append(host)
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _placeholder(index: int) -> str:

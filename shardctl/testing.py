@@ -375,14 +375,25 @@ def _topology_text(
     routing_key: str | None,
 ) -> str:
     """The topology file, with a placeholder (``{db0}``, ``{db1}``, …) for each host's database (the
-    arguments: :class:`FleetMaker`'s, in its order); written by PyYAML, so every value is quoted as
-    YAML needs it."""
+    arguments: :class:`FleetMaker`'s, in its order); written by PyYAML, so every value is escaped as
+    YAML needs it. The free-form values are double-quoted and list items indented under ``hosts:``,
+    as a person writes the file (and as tests that edit it expect)."""
     import yaml
 
+    class Dumper(yaml.SafeDumper):
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+            return super().increase_indent(flow, False)
+
+    class Quoted(str):
+        pass
+
+    Dumper.add_representer(
+        Quoted, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", str(v), style='"')
+    )
     doc: dict[str, Any] = {
         "version": 1,
-        "id": {"layout": "instagram", "epoch": epoch, "function": function},
-        "shards": {"count": shards, "schema": schema},
+        "id": {"layout": "instagram", "epoch": Quoted(epoch), "function": function},
+        "shards": {"count": shards, "schema": Quoted(schema)},
         "migrations": "migrations/",
     }
     if routing_key:
@@ -391,14 +402,14 @@ def _topology_text(
     for i, server in enumerate(servers):
         lo, hi = i * shards // len(servers), (i + 1) * shards // len(servers) - 1
         db = _placeholder(i)
-        host: dict[str, Any] = {"name": server.name, "dsn": server.dsn(db)}
+        host: dict[str, Any] = {"name": server.name, "dsn": Quoted(server.dsn(db))}
         if server.peer_format:
-            host["peer_dsn"] = server.peer_format.format(db=db)
-        host["shards"] = ranges[i] if ranges else f"{lo}-{hi}"
+            host["peer_dsn"] = Quoted(server.peer_format.format(db=db))
+        host["shards"] = Quoted(ranges[i] if ranges else f"{lo}-{hi}")
         if pooler:
             host["pooler"] = pooler
         doc["hosts"].append(host)
-    return yaml.safe_dump(doc, sort_keys=False)
+    return yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=1 << 30, allow_unicode=True)
 
 
 def _placeholder(index: int) -> str:

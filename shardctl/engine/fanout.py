@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Generic, TypeVar
 
 import psycopg
+from psycopg import conninfo as pg_conninfo
 
 from ..errors import HostUnreachable, OperationFailed, ShardctlError
-from ..model import dsn as dsnlib
 from ..model.documents import json_value, result_doc
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
@@ -298,8 +298,8 @@ class Jobs:
 def _is_local(host: Host) -> bool:
     """Whether shardctl reaches the host on this machine (a Unix socket or a loopback address)."""
     try:
-        params = dsnlib.parse(host.dsn_for("admin"))
-    except ValueError:  # a DSN problem surfaces when connecting, not here
+        params = pg_conninfo.conninfo_to_dict(host.dsn_for("admin"))  # libpq's own parser
+    except psycopg.ProgrammingError:  # a DSN problem surfaces when connecting, not here
         return False
     where = str(params.get("hostaddr") or params.get("host") or os.environ.get("PGHOST") or "")
     return all(part.startswith("/") or part in LOCAL_NAMES for part in where.split(","))

@@ -41,16 +41,9 @@ def read_limited(path: Any) -> str:
     return data.decode("utf-8")
 
 
-def check_text(text: str) -> None:
-    """Raise :class:`LimitExceeded` if ``text`` crosses a limit; otherwise return quickly.
-
-    Syntax errors are left to the real loader, which reports them with its own words.
-    """
-    checked_document(text, build=False)
-
-
 def checked_document(text: str, build: bool = True) -> Any:
-    """:func:`check_text`, and the document of ``text`` built from the same libyaml events when
+    """LimitExceeded if ``text`` crosses a limit (syntax errors are left to the loader, which reports
+    them with its own words); else the document of ``text`` built from the same libyaml events when
     :class:`.yaml_doc.Builder` is sure it is the one ruamel's round-trip loader would return;
     otherwise (or with ``build`` False) :data:`.yaml_doc.NOT_BUILT`: load the text with ruamel."""
     if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:

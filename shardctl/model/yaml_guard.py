@@ -7,7 +7,7 @@ event), counting every node as if each alias were expanded, and refused at the f
 it crosses. Only text within the limits is loaded, so loading stays under a second.
 
 The same walk feeds :class:`.yaml_doc.Builder`, which builds the document of a plain topology
-from those events (:func:`checked_document`); anything else is loaded by ruamel, as before.
+from those events (:func:`checked_document`); anything else is loaded by ruamel.
 
 The limits (documented in docs/topology.md, Input limits) are far above any real topology: a fleet of a
 thousand hosts with standbys and passwords is about 11,000 nodes and 150 KB.

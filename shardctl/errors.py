@@ -21,9 +21,15 @@ EXIT_INCOMPLETE = 4
 
 
 class ShardctlError(Exception):
-    """Base of every error shardctl raises on purpose."""
+    """Base of every error shardctl raises on purpose. ``next_step``: what to do about it, set by a
+    caller that knows (a move names how to resume), shown after the raiser's own message."""
 
     exit_code = EXIT_FAILED
+    next_step: str | None = None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} [{self.next_step}]" if self.next_step else text
 
 
 class BadInput(ShardctlError):
@@ -66,6 +72,34 @@ class ConfigErrors(ConfigError):
         return [str(e) for e in self.errors]
 
 
+class MissingExtra(BadInput):
+    """A feature needs a package that ``pip install shardctl`` leaves out (the PostgreSQL servers,
+    the SQL parser and linter): the message names the extra that brings it."""
+
+    def __init__(self, what: str, extra: str):
+        self.extra = extra
+        super().__init__(
+            f"{what} needs shardctl's {extra!r} extra: pip install 'shardctl[{extra}]'"
+        )
+
+
+class LimitExceeded(BadInput):
+    """The topology text crosses a size limit (bytes, nodes, depth, one value's length) or is not
+    YAML; ``line`` is 1-based where known (the loader turns it into a ConfigError with the path)."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
+class SqlSyntaxError(BadInput):
+    """SQL that PostgreSQL's parser refuses; ``line`` is 1-based in the text parsed."""
+
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.message, self.line = message, line
+
+
 class SessionStateError(BadInput):
     """A Router statement would leave session state on a server connection a transaction pooler shares."""
 
@@ -99,6 +133,15 @@ class ShardMoved(OperationFailed):
         super().__init__(f"shard {shard} moved to host {host!r} during this transaction; retry it")
 
 
+class WaitTimeout(OperationFailed):
+    """A wait for the servers to reach a state (a slot released, a worker stopped, a subscription
+    caught up) ran out of time."""
+
+
+class FreezeTimeout(WaitTimeout):
+    """One freeze attempt of a move could not finish within --max-freeze; it was rolled back."""
+
+
 class PendingWork(ShardctlError):
     """``--check`` found work pending."""
 
@@ -113,6 +156,12 @@ class HostUnreachable(ShardctlError):
         self.reason = reason
         self.report = report
         super().__init__(f"host {host} is unreachable: {reason}")
+
+
+class ConnectionLost(ShardctlError):
+    """A host went away in the middle of a run; the shards it had not committed are untouched."""
+
+    exit_code = EXIT_UNREACHABLE
 
 
 def first_few(

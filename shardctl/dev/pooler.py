@@ -105,11 +105,6 @@ class Pooler:
         state.databases[alias] = [port, dbname]
         self._save(state)
 
-    def remove_database(self, alias: str) -> None:
-        state = self._require_state()
-        state.databases.pop(alias, None)
-        self._save(state)
-
     def dsn(self, alias: str) -> str:
         return f"postgresql://{USER}@127.0.0.1:{self._require_state().port}/{alias}"
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from ..errors import ConnectionLost
 from ..model.topology import Host
 from ..sql import session
 from ..sql.catalog import ledger as ledger_q
@@ -107,10 +108,6 @@ class RunOptions:
     lock_retries: int | None = None
     retry_budget: float = DEFAULT_RETRY_BUDGET
     max_lock_hold_ms: int = DEFAULT_MAX_LOCK_HOLD_MS
-
-
-class ConnectionLost(Exception):
-    """The host went away mid-run; shards not yet committed are untouched."""
 
 
 def plan_ledger_sql(plan: ShardPlan, step: Step, elapsed_sql: str = ledger_q.ELAPSED) -> str:

@@ -14,13 +14,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, is_dataclass
-from typing import Any, Generic, TypeVar
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Generic, TypeVar
 
 import psycopg
+from psycopg import conninfo as pg_conninfo
 
 from ..errors import HostUnreachable, OperationFailed, ShardctlError
-from ..model import dsn as dsnlib
 from ..model.documents import json_value, result_doc
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
@@ -207,13 +207,32 @@ class ApplyOutcome:
 
 
 @dataclass
+class HostLevelFigures:
+    """The host-level migrations of an init: how many there are, and the versions applied per host."""
+
+    latest: int = 0
+    applied: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class InitFigures:
+    """What init (and add-shard, which runs it) reports beside the hosts: the version every shard
+    reached, the shards whose schema had been dropped and were built again (host → range), and the
+    host-level migrations."""
+
+    latest_version: int = 0
+    recreated: dict[str, str] = field(default_factory=dict)
+    host_level: HostLevelFigures = field(default_factory=HostLevelFigures)
+
+
+@dataclass
 class FleetReport:
     """The result of init / add-shard (and the base of migrate's): one HostResult[ApplyOutcome] per host."""
 
     command: str
     hosts: list[HostResult[ApplyOutcome]]
     seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: InitFigures | None = None  # init's and add-shard's own figures
 
     def outcome(self, host: HostResult[ApplyOutcome]) -> ApplyOutcome:
         return host.value if host.value is not None else ApplyOutcome()
@@ -253,7 +272,7 @@ class FleetReport:
             "changed": self.changed,
             "seconds": round(self.seconds, 3),
             "hosts": [h.to_dict() for h in self.hosts],
-            **self.extra,
+            **(asdict(self.extra) if self.extra is not None else {}),
         }
 
     def problems(self) -> list[str]:
@@ -298,8 +317,8 @@ class Jobs:
 def _is_local(host: Host) -> bool:
     """Whether shardctl reaches the host on this machine (a Unix socket or a loopback address)."""
     try:
-        params = dsnlib.parse(host.dsn_for("admin"))
-    except ValueError:  # a DSN problem surfaces when connecting, not here
+        params = pg_conninfo.conninfo_to_dict(host.dsn_for("admin"))  # libpq's own parser
+    except psycopg.ProgrammingError:  # a DSN problem surfaces when connecting, not here
         return False
     where = str(params.get("hostaddr") or params.get("host") or os.environ.get("PGHOST") or "")
     return all(part.startswith("/") or part in LOCAL_NAMES for part in where.split(","))

@@ -1,8 +1,11 @@
 """DSN handling: parse, detect inline passwords, mask secrets in any text.
 
 The parser follows libpq's own (``PQconninfoParse``: the URI and key=value forms, the same
-keywords and the same error messages), so that the offline commands can validate and mask a
-topology's DSNs without importing psycopg. ``psycopg.connect`` still parses the DSN itself.
+keywords and the same error messages) and is used only where psycopg is not loaded: validating a
+topology, which the offline commands and a refused fleet command do without psycopg, whose import
+costs 0.26 s of CPU and 20 MB more than this module's (0.36 s and 34 MB against 0.10 s and 14 MB,
+medians of 9 runs of ``python -c``). Code that has psycopg loaded parses with
+``psycopg.conninfo`` (libpq itself), and ``psycopg.connect`` parses the DSN again.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ topology is (mappings, lists, strings, small decimal integers), the same events 
 the document the round-trip loader (ruamel, YAML 1.2) would return, with the line of every node, key
 and item, without importing ruamel (about 13 ms) or running it (about 9 ms for a small topology).
 
-The builder gives up -- and the caller loads the text with ruamel, as before -- at anything it is not
+The builder gives up -- and the caller loads the text with ruamel -- at anything it is not
 sure to read exactly like ruamel: anchors, aliases, tags, directives, several documents, a key that
 is a list or a mapping, a duplicate key (ruamel reports it in its own words), block or multi-line
 scalars, escapes, text that is not printable ASCII, and every plain (unquoted) scalar that ruamel's

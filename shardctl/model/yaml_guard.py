@@ -7,7 +7,7 @@ event), counting every node as if each alias were expanded, and refused at the f
 it crosses. Only text within the limits is loaded, so loading stays under a second.
 
 The same walk feeds :class:`.yaml_doc.Builder`, which builds the document of a plain topology
-from those events (:func:`checked_document`); anything else is loaded by ruamel, as before.
+from those events (:func:`checked_document`); anything else is loaded by ruamel.
 
 The limits (documented in docs/topology.md, Input limits) are far above any real topology: a fleet of a
 thousand hosts with standbys and passwords is about 11,000 nodes and 150 KB.
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import LimitExceeded
 from .ranges import MAX_SHARDS  # noqa: F401 - shards.count and every shard number stay below it
 from .yaml_doc import NOT_BUILT, Builder
 
@@ -26,14 +27,6 @@ MAX_NODES = 12_288  # YAML nodes, each alias counted as the nodes it stands for
 MAX_SCALAR_CHARS = 4096  # one key or value (a DSN, a range, a path)
 MAX_DEPTH = 32  # nesting of mappings and lists
 MAX_HOSTS = 1024  # entries under hosts:
-
-
-class LimitExceeded(ValueError):
-    """The text crosses one of the limits; ``line`` is 1-based where known."""
-
-    def __init__(self, message: str, line: int | None = None):
-        super().__init__(message)
-        self.line = line
 
 
 def read_limited(path: Any) -> str:
@@ -48,16 +41,9 @@ def read_limited(path: Any) -> str:
     return data.decode("utf-8")
 
 
-def check_text(text: str) -> None:
-    """Raise :class:`LimitExceeded` if ``text`` crosses a limit; otherwise return quickly.
-
-    Syntax errors are left to the real loader, which reports them with its own words.
-    """
-    checked_document(text, build=False)
-
-
 def checked_document(text: str, build: bool = True) -> Any:
-    """:func:`check_text`, and the document of ``text`` built from the same libyaml events when
+    """LimitExceeded if ``text`` crosses a limit (syntax errors are left to the loader, which reports
+    them with its own words); else the document of ``text`` built from the same libyaml events when
     :class:`.yaml_doc.Builder` is sure it is the one ruamel's round-trip loader would return;
     otherwise (or with ``build`` False) :data:`.yaml_doc.NOT_BUILT`: load the text with ruamel."""
     if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:

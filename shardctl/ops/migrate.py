@@ -374,9 +374,9 @@ def explain_error(error: str, options: RunOptions) -> str:
     return error
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Run:
-    """One migrate run's settings, shared by the host threads."""
+    """One migrate run's settings, shared by the host threads (named at the call: ten of them)."""
 
     topo: Topology
     migrations: list[Migration]
@@ -570,16 +570,16 @@ def migrate(
         options.lock_retries = DEFAULT_LOCK_RETRIES
     migrations = for_topology(topo)  # a gap, a duplicate or a badly named file fails here
     run = _Run(
-        topo,
-        migrations,
-        _target(migrations, target),
-        shards,
-        options,
-        check,
-        dry_run,
-        repair,
-        progress,
-        jobs,
+        topo=topo,
+        migrations=migrations,
+        goal=_target(migrations, target),
+        shards=shards,
+        options=options,
+        check=check,
+        dry_run=dry_run,
+        repair=repair,
+        progress=progress,
+        jobs=jobs,
         host_migrations=host_for_topology(topo),
         host_goal=host_target,
     )

@@ -155,12 +155,11 @@ def init(
         "init",
         reports,
         time.perf_counter() - started,
-        extra={
-            "latest_version": len(migrations),
-            "recreated": recreated,
-            "host_level": {
-                "latest": len(host_level),
-                "applied": {h: v for h, v in host_applied.items() if v},
-            },
-        },
+        extra=fanout.InitFigures(
+            latest_version=len(migrations),
+            recreated=recreated,
+            host_level=fanout.HostLevelFigures(
+                latest=len(host_level), applied={h: v for h, v in host_applied.items() if v}
+            ),
+        ),
     )

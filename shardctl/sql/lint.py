@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BadInput
+from ..errors import BadInput, MissingExtra
 from ..model.documents import Result
 from ..model.topology import Topology
 from . import shard_lint
@@ -69,7 +69,7 @@ def squawk_binary() -> str:
         return str(beside)
     found = shutil.which("squawk")
     if found is None:
-        raise BadInput("squawk is not installed: pip install squawk-cli")
+        raise MissingExtra("shardctl lint (squawk)", "lint")
     return found
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ..errors import BadInput, ConfigError
+from ..errors import BadInput, ConfigError, SqlSyntaxError
 from ..model.topology import Topology
 from .render import builtin_dir, render_errors, shard_context, string_environment, template_line
 
@@ -215,12 +215,6 @@ class Statement:
     transaction_control: bool = False  # BEGIN, COMMIT, SAVEPOINT…
     # the parse tree (pglast JSON)
     node: dict = field(default_factory=dict, compare=False, repr=False)
-
-
-class SqlSyntaxError(ValueError):
-    def __init__(self, message: str, line: int):
-        super().__init__(message)
-        self.message, self.line = message, line
 
 
 # Words without which no statement needs its parse tree looked at (no-transaction statements and

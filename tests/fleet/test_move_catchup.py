@@ -4,12 +4,10 @@ and the move's cutover (or its re-run after a crash) migrates them on their new 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
+from support import crash_at
 from support.fleet import connect, load, run_cli
 
 V3 = "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN location text;\n"
@@ -107,29 +105,7 @@ def test_rerun_after_a_crash_after_the_flip_brings_the_shards(fleet3):
     path = fleet3
     assert run_cli("move-shard", "0-3", "--to", "pg2", "prepare", config=path).exit_code == 0
     _migrate_while_in_flight(path)
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-        SHARDCTL_MOVE_CRASH_AT="after-flip",
-    )
-    killed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shardctl",
-            "--config",
-            str(path),
-            "move-shard",
-            "0-3",
-            "--to",
-            "pg2",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    killed = crash_at.run("after-flip", "--config", str(path), "move-shard", "0-3", "--to", "pg2")
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
     topo = load(path)
     assert all(topo.host_of(n).name == "pg2" for n in range(4))

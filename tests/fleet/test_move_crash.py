@@ -4,14 +4,11 @@ needs finishing, one re-run finishes it, and every acknowledged row is on the ne
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from support import crash_at
 from support.fleet import load, run_cli
 from support.moves import ids_on, replication_leftovers, router_traffic
 
@@ -30,30 +27,8 @@ def test_sigkill_then_one_rerun_finishes(fleet3, point):
     topo = load(fleet3)
     moving = [0, 1, 2, 3]
     before = ids_on(topo, "pg1", moving)
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-        SHARDCTL_MOVE_CRASH_AT=point,
-    )
     with router_traffic(fleet3, moving, move_wait=30) as traffic:
-        killed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "shardctl",
-                "--config",
-                str(fleet3),
-                "move-shard",
-                "0-3",
-                "--to",
-                "pg2",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        killed = crash_at.run(point, "--config", str(fleet3), "move-shard", "0-3", "--to", "pg2")
         assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
         status = json.loads(run_cli("move-shard", "--status", "--json", config=fleet3).stdout)
         [move] = status["moves"]

@@ -50,9 +50,9 @@ def test_the_docs_list_every_operation_and_its_result():
 
 
 def test_abort_and_cleanup_take_only_the_recorded_moves_keywords():
-    """``abort_move`` and ``cleanup_move`` declare their keywords once (``RecordedMove``): a misspelt one
+    """``abort_move`` and ``cleanup_move`` take the recorded move's keywords, keyword-only: a misspelt one
     is Python's own TypeError, before any host is reached (this topology's hosts do not exist)."""
-    from shardctl.ops.move import RecordedMove, abort_move, cleanup_move
+    from shardctl.ops.move import abort_move, cleanup_move
 
     topo = shardctl.Topology.from_text(
         "version: 1\n"
@@ -61,10 +61,10 @@ def test_abort_and_cleanup_take_only_the_recorded_moves_keywords():
         "hosts:\n"
         "  - {name: pg1, dsn: 'postgresql://app@127.0.0.1:1/app', shards: '0-3'}\n"
     )
-    assert set(RecordedMove.__annotations__) == {"shards", "move_id", "options", "progress"}
     for func in (abort_move, cleanup_move):
-        hints = typing.get_type_hints(func)
-        assert hints["move"] == typing.Unpack[RecordedMove], (func, hints)
+        params = list(inspect.signature(func).parameters.values())[1:]
+        assert [p.name for p in params] == ["shards", "move_id", "options", "progress"]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params), func
         name = func.__name__
         with pytest.raises(
             TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'shard'$"

@@ -12,7 +12,6 @@ from ...lazy import lazy_exports
 _API = (
     "MoveReport",
     "MoveStatus",
-    "RecordedMove",
     "abort_move",
     "cleanup_move",
     "move_shards",

@@ -12,14 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 import psycopg
 
 from ...engine import connections as db
 from ...errors import BadInput, HostUnreachable, OperationFailed, ShardctlError
 from ...model.documents import Result
-from ...model.keywords import Unpack, accepted, keyword_names
 from ...model.ranges import format_shards, parse_shards
 from ...model.topology import Topology
 from ...sql.catalog import replication
@@ -170,18 +169,10 @@ def _run_steps(run: MoveRun, steps: list[str]) -> MoveReport:
             try:
                 _guarded(run, name)
             except ShardctlError as exc:
-                if (
-                    name in PHASE_NAMES
-                    and run.move.phases
-                    and run.move.phase not in FINISHED
-                    and exc.args
-                ):
-                    exc.args = (
-                        (
-                            f"{exc.args[0]} [move {run.move.move_id} is in phase {run.move.phase}: "
-                            f"run the command again to resume, or roll it back with move-shard --abort]"
-                        ),
-                        *exc.args[1:],
+                if name in PHASE_NAMES and run.move.phases and run.move.phase not in FINISHED:
+                    exc.next_step = (
+                        f"move {run.move.move_id} is in phase {run.move.phase}: run the command "
+                        f"again to resume, or roll it back with move-shard --abort"
                     )
                 raise
         if any(name in ("cutover", "cleanup") for name in steps):
@@ -272,35 +263,44 @@ def move_shards(
     return _run_steps(MoveRun(topo, move, options, progress), phases)
 
 
-class RecordedMove(TypedDict, total=False):
-    """The keyword arguments of :func:`abort_move` and :func:`cleanup_move`: the recorded move, named by
-    ``shards`` (its shards) or ``move_id``; its ``options``; a ``progress`` callback."""
-
-    shards: list[int] | None
-    move_id: str | None
-    options: MoveOptions | None
-    progress: Progress | None
-
-
-_RECORDED_MOVE_KEYS = keyword_names(RecordedMove)
-
-
-def abort_move(topo: Topology, **move: Unpack[RecordedMove]) -> MoveReport:
-    """Roll a move back (any time before cleanup): the source is authoritative again."""
-    return _run_on_recorded(topo, "abort", move)
+def abort_move(
+    topo: Topology,
+    *,
+    shards: list[int] | None = None,
+    move_id: str | None = None,
+    options: MoveOptions | None = None,
+    progress: Progress | None = None,
+) -> MoveReport:
+    """Roll a move back (any time before cleanup): the source is authoritative again. The move is
+    named by ``shards`` (its shards) or ``move_id``."""
+    return _run_on_recorded(topo, "abort", shards, move_id, options, progress)
 
 
-def cleanup_move(topo: Topology, **move: Unpack[RecordedMove]) -> MoveReport:
-    """Drop the renamed source schemas (and any replication object) of a cut-over move."""
-    return _run_on_recorded(topo, "cleanup", move)
+def cleanup_move(
+    topo: Topology,
+    *,
+    shards: list[int] | None = None,
+    move_id: str | None = None,
+    options: MoveOptions | None = None,
+    progress: Progress | None = None,
+) -> MoveReport:
+    """Drop the renamed source schemas (and any replication object) of a cut-over move, named by
+    ``shards`` or ``move_id``."""
+    return _run_on_recorded(topo, "cleanup", shards, move_id, options, progress)
 
 
-def _run_on_recorded(topo: Topology, step: str, move: RecordedMove) -> MoveReport:
-    """Run ``step`` (abort or cleanup) on the recorded move that ``move`` names."""
-    accepted(f"{step}_move", dict(move), _RECORDED_MOVE_KEYS)
-    options = move.get("options") or MoveOptions()
-    found = _resolve(topo, move.get("shards"), move.get("move_id"), options)
-    return _run_steps(MoveRun(topo, found, options, move.get("progress")), [step])
+def _run_on_recorded(
+    topo: Topology,
+    step: str,
+    shards: list[int] | None,
+    move_id: str | None,
+    options: MoveOptions | None,
+    progress: Progress | None,
+) -> MoveReport:
+    """Run ``step`` (abort or cleanup) on the recorded move that ``shards`` or ``move_id`` names."""
+    options = options or MoveOptions()
+    found = _resolve(topo, shards, move_id, options)
+    return _run_steps(MoveRun(topo, found, options, progress), [step])
 
 
 def next_step(topo: Topology, move: Move) -> str | None:
@@ -444,7 +444,6 @@ __all__ = [
     "PHASE_NAMES",
     "Move",
     "MoveOptions",
-    "RecordedMove",
     "abort_move",
     "cleanup_move",
     "find_moves",

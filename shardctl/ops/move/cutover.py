@@ -33,24 +33,20 @@ import psycopg
 
 from ...engine import connections as db
 from ...engine.fanout import host_jobs, run_streams
-from ...errors import OperationFailed
+from ...errors import FreezeTimeout, OperationFailed, WaitTimeout
 from ...model.dsn import mask
 from ...model.topology import Topology
 from ...model.topology_file import flip_topology
 from ...sql import session
 from ...sql.catalog import control, data, inspect, replication, stubs
 from . import transfer
-from .run import MoveRun, crash_point, human_bytes, set_phase
+from .run import MoveRun, checkpoint, human_bytes, set_phase
 from .state import Phase, ShardState
 from .sync import sync
 
 LOCKS_PER_STATEMENT = 500
 MAX_CHECK_STREAMS = 4  # parallel checksum streams per host before the freeze
 CATCH_UP_BYTES = 4 << 20  # before freezing, the subscriptions' lag must be below this
-
-
-class FreezeTimeout(Exception):
-    """One freeze attempt could not finish within --max-freeze; it was rolled back."""
 
 
 def cutover(run: MoveRun) -> None:
@@ -107,25 +103,29 @@ def _wait_small_lag(
 ) -> None:
     """Before freezing, let the subscriptions catch up to a few MB, so the freeze can finish in time;
     refuse to freeze while they cannot."""
-    deadline = time.monotonic() + max(30.0, run.options.max_freeze * 6)
-    poll = transfer.Poll(cap=0.2)
-    while True:
+    lag: int | None = None
+
+    def caught_up() -> bool:
+        nonlocal lag
         lag = replication.slot_lag(src, names)
         if lag is None:
             raise OperationFailed(
                 f"cutover: the move's replication slots are missing on {run.source.name}; "
                 f"abort the move and start again"
             )
-        if lag <= limit:
-            return
-        if time.monotonic() > deadline:
-            raise OperationFailed(
-                f"cutover: the subscriptions stay {human_bytes(lag)} behind {run.source.name} "
-                f"(more than {human_bytes(limit)}): a freeze now could not finish within "
-                f"--max-freeze; nothing was frozen, try again when the write load is lower"
-            )
-        run.progress("catch-up", 0, 0, f"lag {human_bytes(lag)}")
-        poll.pause()
+        if lag > limit:
+            run.progress("catch-up", 0, 0, f"lag {human_bytes(lag)}")
+        return lag <= limit
+
+    transfer.wait_for(
+        caught_up,
+        time.monotonic() + max(30.0, run.options.max_freeze * 6),
+        lambda: WaitTimeout(
+            f"cutover: the subscriptions stay {human_bytes(lag or 0)} behind {run.source.name} "
+            f"(more than {human_bytes(limit)}): a freeze now could not finish within "
+            f"--max-freeze; nothing was frozen, try again when the write load is lower"
+        ),
+    )
 
 
 def _sums_at_lag_zero(
@@ -144,18 +144,22 @@ def _sums_at_lag_zero(
         src.execute(session.REPEATABLE_READ)
         src_sums = transfer.checksums(src, items, rows_only=rows_only, pause=pause)
         lsn = replication.wal_insert_lsn(src)
-    deadline = time.monotonic() + timeout
-    while not replication.replayed(src, run.move.names, lsn):
-        if time.monotonic() > deadline:
-            why = (
-                "; ".join(replication.subscription_problems(tgt, run.move.names))
-                or "no problem reported by the target"
-            )
-            raise OperationFailed(
-                f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
-                f"within {timeout:g}s ({why}); nothing was frozen"
-            )
-        time.sleep(0.02)
+
+    def timed_out() -> WaitTimeout:
+        why = (
+            "; ".join(replication.subscription_problems(tgt, run.move.names))
+            or "no problem reported by the target"
+        )
+        return WaitTimeout(
+            f"cutover: the subscriptions did not apply {run.source.name}'s WAL up to {lsn} "
+            f"within {timeout:g}s ({why}); nothing was frozen"
+        )
+
+    transfer.wait_for(
+        lambda: replication.replayed(src, run.move.names, lsn),
+        time.monotonic() + timeout,
+        timed_out,
+    )
     return src_sums, transfer.checksums(tgt, items, rows_only=rows_only, pause=pause)
 
 
@@ -226,7 +230,7 @@ def verify_before(run: MoveRun, tables_r: list[tuple[str, str]]) -> None:
             pending = differ
             if not pending:
                 break
-            time.sleep(0.2)
+            time.sleep(transfer.POLL)  # a round's writes reach the target
     run.report["verify_before"] = run.options.verify_before
     run.report["verify_before_seconds"] = round(time.perf_counter() - t0, 3)
     run.report["verify_before_busy_tables"] = busy
@@ -308,7 +312,7 @@ class Freeze:
             self.t0 = time.monotonic()
             self.deadline = self.t0 + self.options.max_freeze
             self._lock()
-            crash_point("in-freeze")
+            checkpoint("in-freeze")
             self._wait_lag_zero()
             self._take_snapshot()
             values = self._sequences()
@@ -321,7 +325,7 @@ class Freeze:
                     f"commit"
                 )
             src.commit()
-            crash_point("after-source-commit")
+            checkpoint("after-source-commit")
             run.freeze_t0 = self.t0
             run.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
             run.report.update(
@@ -422,13 +426,15 @@ class Freeze:
         # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
         session.synchronous_commit_on(self.aux)
         self.run.progress("freeze", 0, 0, "waiting for lag 0")
-        while not replication.replayed(self.aux, self.names, lsn):
-            if time.monotonic() > self.deadline:
-                raise FreezeTimeout(
-                    f"the subscriptions did not apply the source's WAL up to {lsn} within "
-                    f"--max-freeze {self.options.max_freeze:g}s"
-                )
-            time.sleep(0.01)
+        transfer.wait_for(
+            lambda: replication.replayed(self.aux, self.names, lsn),
+            self.deadline,
+            lambda: FreezeTimeout(
+                f"the subscriptions did not apply the source's WAL up to {lsn} within "
+                f"--max-freeze {self.options.max_freeze:g}s"
+            ),
+            cap=transfer.FREEZE_POLL,
+        )
         self._mark("caught_up")
 
     def _sequences(self) -> list[tuple[str, str, int]]:
@@ -448,12 +454,14 @@ class Freeze:
     def _wait_clock(self) -> None:
         source_ms = inspect.now_ms(self.src)
         # new IDs on the target sort after every ID minted on the source
-        while inspect.now_ms(self.tgt) <= source_ms:
-            if time.monotonic() > self.deadline:
-                raise FreezeTimeout(
-                    "the target's clock is behind the source's by more than --max-freeze"
-                )
-            time.sleep(0.001)
+        transfer.wait_for(
+            lambda: inspect.now_ms(self.tgt) > source_ms,
+            self.deadline,
+            lambda: FreezeTimeout(
+                "the target's clock is behind the source's by more than --max-freeze"
+            ),
+            cap=transfer.FREEZE_POLL,
+        )
 
     def _retire(self, started_at: float, sequences: int) -> dict:
         run = self.run
@@ -527,11 +535,11 @@ def finish_cutover(run: MoveRun) -> None:
             Phase.CUT_OVER,
             {k: v for k, v in move.detail.items() if k != "grants"},
         )
-    crash_point("after-activate")
+    checkpoint("after-activate")
     flipped = flip_topology(
         run.topo.path, move.shards, move.source, move.target, run.options.allow_inline_password
     )
-    crash_point("after-flip")
+    checkpoint("after-flip")
     run.topo = Topology.load(run.topo.path, allow_inline_password=run.options.allow_inline_password)
     done: dict = {"switched": True}  # the switch is complete: nothing left to finish but cleanup
     if run.freeze_t0 is not None:

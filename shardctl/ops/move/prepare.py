@@ -15,10 +15,10 @@ import time
 import psycopg
 
 from ...engine import host_ledger
-from ...engine.executor import ConnectionLost, RunOptions, ShardPlan
+from ...engine.executor import RunOptions, ShardPlan
 from ...engine.fanout import ApplyOutcome, apply_plans, host_jobs
 from ...engine.ledger import ensure_control_schema
-from ...errors import OperationFailed, first_few
+from ...errors import ConnectionLost, OperationFailed, first_few
 from ...model.ranges import format_shards
 from ...sql.catalog import control, inspect
 from ...sql.catalog.control import shard_list
@@ -27,7 +27,7 @@ from ...sql.migrations import for_topology
 from ...sql.render import render_shard
 from ..provision import steps_for
 from .preflight import preflight
-from .run import MoveRun, check_target_free, crash_point, require_version, set_phase
+from .run import MoveRun, check_target_free, checkpoint, require_version, set_phase
 from .state import Phase, ShardState
 
 
@@ -57,7 +57,7 @@ def prepare(run: MoveRun) -> None:
         _create_on_target(run, conn, _prepare_target(run, conn))
     _compare_structure(run)
     run.both(Phase.PREPARED)
-    crash_point("after-prepare")
+    checkpoint("after-prepare")
     run.report["prepare_seconds"] = round(time.perf_counter() - t0, 3)
     run.event("move-shard prepare", {"source": move.source, "target": move.target})
 

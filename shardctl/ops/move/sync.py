@@ -8,12 +8,12 @@ import time
 import psycopg
 
 from ...engine import connections as db
-from ...errors import OperationFailed
+from ...errors import OperationFailed, WaitTimeout
 from ...sql.catalog import inspect, replication
 from . import transfer
 from .copy import forget_partial_copy, slot_and_copy
 from .preflight import subscriptions_for
-from .run import MoveRun, crash_point, human_bytes, set_phase
+from .run import MoveRun, checkpoint, human_bytes, set_phase
 from .state import Phase
 
 STALL_SECONDS = 120  # no table became ready for this long while the server reports errors: give up
@@ -73,7 +73,7 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
         run.both(Phase.SYNCED, {"tables": expected, "sync_seconds": seconds})
     run.report["sync_seconds"] = seconds
     run.report["tables"] = expected
-    crash_point("after-sync")
+    checkpoint("after-sync")
 
 
 def _size_to_target(run: MoveRun) -> None:
@@ -170,10 +170,12 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
 def _wait_ready(
     run: MoveRun, src: psycopg.Connection, tgt: psycopg.Connection, names: list[str], expected: int
 ) -> None:
-    deadline = time.monotonic() + run.options.sync_timeout
     progressed, ready = time.monotonic(), -1
-    poll = transfer.Poll(cap=0.5)
-    while True:
+    state: dict = {}
+    note = ""
+
+    def all_ready() -> bool:
+        nonlocal progressed, ready, state, note
         state = replication.sync_state(tgt, names)
         lag = replication.slot_lag(src, names)
         note = f"lag {human_bytes(lag)}" if lag is not None else ""
@@ -183,7 +185,7 @@ def _wait_ready(
         run.progress("sync", state["ready"], expected, note)
         if state["ready"] >= expected and state["tables"] >= expected:
             run.report["lag_bytes"] = lag
-            return
+            return True
         if state["ready"] != ready:
             progressed, ready = time.monotonic(), state["ready"]
         elif time.monotonic() - progressed > STALL_SECONDS:
@@ -194,14 +196,17 @@ def _wait_ready(
                     f"{'; '.join(why) or f'{errors} replication errors'} on {run.target.name}; "
                     f"fix the cause and run the command again, or abort the move"
                 )
-        if time.monotonic() > deadline:
-            why = (
-                "; ".join(replication.subscription_problems(tgt, names))
-                or note
-                or "no problem reported by the target"
-            )
-            raise OperationFailed(
-                f"sync: {state['ready']} of {expected} tables ready after "
-                f"{run.options.sync_timeout:g}s ({why}); run the command again to keep waiting"
-            )
-        poll.pause()
+        return False
+
+    def timed_out() -> WaitTimeout:
+        why = (
+            "; ".join(replication.subscription_problems(tgt, names))
+            or note
+            or "no problem reported by the target"
+        )
+        return WaitTimeout(
+            f"sync: {state['ready']} of {expected} tables ready after "
+            f"{run.options.sync_timeout:g}s ({why}); run the command again to keep waiting"
+        )
+
+    transfer.wait_for(all_ready, time.monotonic() + run.options.sync_timeout, timed_out)

@@ -7,25 +7,44 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import psycopg
 
+from ...errors import WaitTimeout
 from ...sql import session
 from ...sql.catalog import data, replication
 
 PAUSE_BYTES = 1 << 20  # bytes a paced copy moves between pauses
 
 
-class Poll:
-    """The pauses of a loop that waits for the server: short at first (a small shard's tables are ready
-    within a few tens of ms), doubling up to ``cap`` (a large one's catch-up is not asked every 20 ms)."""
+T = TypeVar("T")
 
-    def __init__(self, cap: float, first: float = 0.02):
-        self.cap, self.next = cap, min(first, cap)
+# The longest pause between two looks at the servers: inside the freeze, where writes wait on every
+# millisecond, and outside it, where a large shard's sync is not asked every few milliseconds.
+FREEZE_POLL = 0.01
+POLL = 0.2
 
-    def pause(self) -> None:
-        time.sleep(self.next)
-        self.next = min(self.cap, self.next * 2)
+
+def wait_for(
+    ready: Callable[[], T | None],
+    deadline: float,
+    timed_out: Callable[[], Exception],
+    cap: float = POLL,
+) -> T:
+    """The move's one wait for the servers: ``ready()`` until it returns a true value (returned),
+    pausing 1 ms at first (a small shard is ready within a few) and doubling up to ``cap``; past
+    ``deadline`` (``time.monotonic()``) it raises what ``timed_out()`` builds. ``ready`` may raise
+    itself when waiting longer is pointless."""
+    pause = 0.001
+    while True:
+        result = ready()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise timed_out()
+        time.sleep(pause)
+        pause = min(cap, pause * 2)
 
 
 @contextmanager
@@ -143,11 +162,9 @@ def drop_slots(
 ) -> list[str]:
     """Drop the move's slots on the publisher, ending a walsender that still holds one."""
     dropped: list[str] = []
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def all_dropped() -> bool:
         left = replication.move_slots(conn, names, sub_oids)
-        if not left:
-            return dropped
         for slot in left:
             try:
                 if replication.end_slot_holder(conn, slot):
@@ -156,21 +173,23 @@ def drop_slots(
                 dropped.append(slot)
             except (psycopg.errors.ObjectInUse, psycopg.errors.UndefinedObject):
                 pass
-        if time.monotonic() > deadline:
-            left = replication.move_slots(conn, names, sub_oids)
-            if left:
-                raise psycopg.OperationalError(f"replication slots still in use: {', '.join(left)}")
-            return dropped
-        time.sleep(0.1)
+        return not left or not replication.move_slots(conn, names, sub_oids)
+
+    def timed_out() -> WaitTimeout:
+        left = ", ".join(replication.move_slots(conn, names, sub_oids))
+        return WaitTimeout(f"replication slots still in use after {timeout:g}s: {left}")
+
+    wait_for(all_dropped, time.monotonic() + timeout, timed_out)
+    return dropped
 
 
 def disable_subscription(conn: psycopg.Connection, name: str, timeout: float = 30) -> None:
     """Disable a subscription and wait until its apply worker has exited."""
     replication.disable_subscription(conn, name)
-    deadline = time.monotonic() + timeout
-    while replication.apply_workers(conn, name):
-        if time.monotonic() > deadline:
-            raise psycopg.OperationalError(
-                f"the apply worker of subscription {name} did not stop within {timeout:g}s"
-            )
-        time.sleep(0.05)
+    wait_for(
+        lambda: not replication.apply_workers(conn, name),
+        time.monotonic() + timeout,
+        lambda: WaitTimeout(
+            f"the apply worker of subscription {name} did not stop within {timeout:g}s"
+        ),
+    )

@@ -218,78 +218,7 @@ def verdict_exit(rows_by_table: list[list[Row]]) -> int:
     return 0
 
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def machine() -> dict:
-    """What a figure depends on besides the code: the CPU, its count, memory, and how busy it was."""
-    import platform
-
-    info = {}
-    for name in ("/proc/cpuinfo", "/proc/meminfo"):
-        with contextlib.suppress(OSError):
-            for line in Path(name).read_text().splitlines():
-                key, _, value = line.partition(":")
-                info.setdefault(key.strip(), value.strip())
-    cpu = info.get("model name", "")
-    mem_kb = info.get("MemTotal", "").split()
-    mem_gb = round(int(mem_kb[0]) / 1024 / 1024, 1) if mem_kb else None
-    return {
-        "cpu": cpu or platform.processor(),
-        "cores": os.cpu_count(),
-        "memory_gb": mem_gb,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "system": platform.platform(),
-    }
-
-
-def commit() -> str:
-    """The checked-out commit ("+dirty" when the tree has changes), or "unknown"."""
-    root = RESULTS.parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-def record(doc: dict, name: str | None = None) -> Path:
-    """Write one run's results to ``bench/results/`` (one file per run): the benchmark, its
-    arguments, the commit, the machine and ``doc``. The docs keep one current table; the runs
-    behind it are these files."""
-    name = name or Path(sys.argv[0]).stem
-    at = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    rev = commit()
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{at}-{name}-{rev.replace('+', '-')}.json"
-    run = {
-        "benchmark": name,
-        "argv": sys.argv[1:],
-        "at": at,
-        "commit": rev,
-        "machine": machine(),
-        "results": doc,
-    }
-    path.write_text(json.dumps(run, indent=2, default=str) + "\n")
-    print(f"recorded in {path.relative_to(RESULTS.parent.parent)}")
-    return path
-
-
 def write_json(path: str | None, doc: dict) -> None:
-    """The run's results: recorded in bench/results/, and written to ``path`` too when given."""
-    record(doc)
     if path:
         Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 

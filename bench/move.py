@@ -24,7 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
-from _common import record
 
 from shardctl.dev.sandbox import Sandbox
 from shardctl.model.topology import Topology
@@ -165,7 +164,6 @@ def main() -> None:
                 )
             },
         }
-        record(doc)
         if args.json:
             print(json.dumps(doc, indent=2))
         else:

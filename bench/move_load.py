@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
-from _common import record, sandbox_base
+from _common import sandbox_base
 from move import load as load_rows
 from move import measure
 from support.load import Pgbench, RouterWriters, written_stats
@@ -583,7 +583,6 @@ def main() -> None:
             )
             if ratio > TARGETS["scale_ratio"]:
                 missed.append(f"freeze ratio {ratio:.2f} > 1.2")
-    record(summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print("targets missed: " + "; ".join(missed) if missed else "all targets met")

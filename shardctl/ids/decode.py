@@ -326,12 +326,9 @@ def _decoding_loop(layout: Layout, form: str, with_topology: bool):
     """The decoding loop for ``layout``: its shifts, masks and epoch bound as locals of a closure (cached
     per layout shape and form).
 
-    Plain Python, not generated source: this loop used to be written per layout as source text and
-    ``exec``'d with the constants baked in. Measured against it on the same input (300,000 IDs of the
-    instagram layout over 8,192 shards, 11 interleaved rounds, median CPU time, 2 shared cores), this loop
-    took 1.07–1.13x its time: minted IDs 1.08M vs 1.23M IDs/s with the topology, 1.26M vs 1.35M without;
-    IDs spread over a year 0.68M vs 0.75M and 0.83M vs 0.89M. Within the 10–15 % that generated code has to
-    beat to be kept (docs/performance.md, "Decoding IDs").
+    Plain Python, not source generated per layout and ``exec``'d with the constants baked in: that
+    would be 7–13 % faster (300,000 IDs, 11 interleaved rounds; bench/results/decode-2026-11-25-0b042ab.json),
+    less than the 10–15 % generated code has to gain to be kept (docs/performance.md, "Decoding IDs").
     """
     key = (layout.fields, layout.epoch_ms, layout.payload_bits, form, with_topology)
     cached = _LOOPS.get(key)

@@ -1,4 +1,4 @@
-"""move-shard under write load: the freeze, and what writers see, while 128 shards move (issue 12).
+"""move-shard under write load: the freeze, and what writers see, while 128 shards move.
 
     python bench/move_load.py [--mb 700] [--scale 1] [--compare-scale] [--rounds 1] [--rate 1200]
                               [--routers 4] [--threads 2] [--pause 0.002] [--pgbench RATE]

@@ -20,7 +20,13 @@ RESULTS = ROOT / "bench" / "results"
 NAME = re.compile(
     r"^(?P<bench>[a-z_]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<commit>[0-9a-f]{7,12})(-\d+)?$"
 )
-PAGES = ["docs/performance.md", "docs/testing.md", "bench/README.md", "README.md"]
+PAGES = [
+    "docs/performance.md",
+    "docs/testing.md",
+    "docs/migrations.md",
+    "bench/README.md",
+    "README.md",
+]
 RUN_REF = re.compile(r"`([a-z_]+-\d{4}-\d{2}-\d{2}-[0-9a-f]{7,12}(?:-\d+)?)`")
 # A word of 7 to 12 hex digits with at least one digit and one letter: a commit hash.
 HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b")

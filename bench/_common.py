@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import results
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 
@@ -223,6 +225,13 @@ def write_json(path: str | None, doc: dict) -> None:
         Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
 
+def save_run(args: argparse.Namespace, doc: dict) -> None:
+    """The run's figures: to ``--json FILE`` when asked, and to bench/results/ (``results.record``)."""
+    write_json(args.json_path, doc)
+    if not args.no_record:
+        results.record(Path(sys.argv[0]).stem, doc)
+
+
 # ---- command line ------------------------------------------------------------------------------
 
 
@@ -247,6 +256,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
         help="Where the sandbox's temp dir goes (default: /dev/shm when it is a tmpfs with room, "
         "else the system temp dir).",
     )
+    results.add_option(p)
     return p
 
 

@@ -19,7 +19,7 @@ _MM_SS = [f"{m:02d}:{s:02d}" for m in range(60) for s in range(60)]
 def write_csv(decoder, lines, out) -> list[tuple[int, str, str]]:
     """Proposed ``shardctl.ids.decode.Decoder.write_csv``: same output and same errors, faster.
 
-    Compared with shardctl's generated per-layout loop (5a3d091), three differences:
+    Compared with shardctl's per-layout loop (``shardctl.ids.decode._decoding_loop``), three differences:
 
     * lines go in chunks of 8192 and each chunk is converted with ``list(map(int, chunk))`` and range-checked
       with ``min``/``max``: those loops run in C, where today every line pays a Python-level

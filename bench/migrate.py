@@ -391,7 +391,7 @@ def main() -> int:
 
     for n in notes + [c.machine_note()]:
         print(f"  {n}")
-    c.write_json(args.json_path, doc)
+    c.save_run(args, doc)
     return c.verdict_exit(tables)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+import results
 
 from shardctl.dev.sandbox import Sandbox
 from shardctl.model.topology import Topology
@@ -119,6 +120,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4000, help="photos per moving shard")
     ap.add_argument("--subscriptions", type=int, default=4, help="--max-subscriptions for the move")
     ap.add_argument("--json", action="store_true")
+    results.add_option(ap)
     args = ap.parse_args()
 
     box = Sandbox(Path(tempfile.mkdtemp(prefix="shardctl-bench-move-")))
@@ -164,6 +166,8 @@ def main() -> None:
                 )
             },
         }
+        if not args.no_record:
+            results.record("move", doc)
         if args.json:
             print(json.dumps(doc, indent=2))
         else:

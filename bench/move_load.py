@@ -1,4 +1,4 @@
-"""move-shard under write load: the freeze, and what writers see, while 128 shards move (issue 12).
+"""move-shard under write load: the freeze, and what writers see, while 128 shards move.
 
     python bench/move_load.py [--mb 700] [--scale 1] [--compare-scale] [--rounds 1] [--rate 1200]
                               [--routers 4] [--threads 2] [--pause 0.002] [--pgbench RATE]
@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
+import results
 from _common import sandbox_base
 from move import load as load_rows
 from move import measure
@@ -522,6 +523,7 @@ def main() -> None:
     ap.add_argument("--cooldown", type=float, default=2.0)
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--json", metavar="FILE")
+    results.add_option(ap)
     args = ap.parse_args()
 
     sets = 2 if args.compare_scale else 1
@@ -583,8 +585,11 @@ def main() -> None:
             )
             if ratio > TARGETS["scale_ratio"]:
                 missed.append(f"freeze ratio {ratio:.2f} > 1.2")
+    summary["missed"] = missed
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if not args.no_record:
+        results.record("move_load", summary)
     print("targets missed: " + "; ".join(missed) if missed else "all targets met")
     sys.exit(1 if missed else 0)
 

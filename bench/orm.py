@@ -231,7 +231,7 @@ def main() -> int:
                 for cand in candidates:
                     cand.close()
             tables.append(table_of(orm, series, candidates[0].name, requests, rounds, args.chunk))
-    c.write_json(args.json_path, {"requests": requests, "rounds": rounds})
+    c.save_run(args, {"requests": requests, "rounds": rounds})
     return c.verdict_exit(tables)
 
 

@@ -270,8 +270,8 @@ def main() -> int:
         NAMES[0],
         notes,
     )
-    c.write_json(
-        args.json_path,
+    c.save_run(
+        args,
         {
             "requests": requests,
             "rounds": rounds,

@@ -406,8 +406,8 @@ def main() -> int:
             ],
         )
         tables.append(atable)
-    c.write_json(
-        args.json_path,
+    c.save_run(
+        args,
         {
             "rows": rows,
             "rounds": rounds,

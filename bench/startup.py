@@ -191,8 +191,8 @@ def main() -> int:
             ),
         ],
     )
-    c.write_json(
-        args.json_path,
+    c.save_run(
+        args,
         {
             "rounds": rounds,
             "series": {k: v.seconds for k, v in series.items()},

@@ -21,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
+import results
+
 ROOT = Path(__file__).resolve().parents[1]
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
@@ -68,7 +70,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("pytest_args", nargs="*", help="After --: arguments for pytest.")
+    results.add_option(parser)
     args = parser.parse_args()
+    runs: list[dict] = []
     trees = ([("base", args.base.resolve())] if args.base else []) + [("this", ROOT)]
     for round_ in range(1, args.rounds + 1):
         for name, tree in trees:
@@ -82,6 +86,26 @@ def main() -> None:
             )
             for line in lines[:-1]:  # which tests failed, so a flaky one can be found again
                 print(f"    {line}", flush=True)
+            runs.append(
+                {
+                    "tree": name,
+                    "round": round_,
+                    "calibration_seconds": round(calib, 3),
+                    "wall_seconds": round(wall, 1),
+                    "cpu_seconds": round(cpu, 1) if cpu is not None else None,
+                    "result": lines[-1],
+                    "failures": lines[:-1],
+                }
+            )
+    if not args.no_record:
+        results.record(
+            "suite",
+            {
+                "base": str(args.base) if args.base else None,
+                "pytest_args": args.pytest_args,
+                "runs": runs,
+            },
+        )
 
 
 if __name__ == "__main__":

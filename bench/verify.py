@@ -169,8 +169,8 @@ def main() -> int:
         )
     for n in notes + [c.machine_note()]:
         print(f"  {n}")
-    c.write_json(
-        args.json_path,
+    c.save_run(
+        args,
         {
             "shards": shards,
             "hosts": args.hosts,

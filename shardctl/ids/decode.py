@@ -326,10 +326,9 @@ def _decoding_loop(layout: Layout, form: str, with_topology: bool):
     """The decoding loop for ``layout``: its shifts, masks and epoch bound as locals of a closure (cached
     per layout shape and form).
 
-    Plain Python rather than source generated per layout and ``exec``'d: generated code with the
-    constants baked in is only 7–13 % faster (300,000 IDs, 8,192 shards, medians of 11 interleaved
-    rounds), less than it would have to gain to be worth its opacity (docs/performance.md, "Decoding
-    IDs").
+    Plain Python, not source generated per layout and ``exec``'d with the constants baked in: that
+    would be 7–13 % faster (300,000 IDs, 11 interleaved rounds; bench/results/decode-2026-11-25-0b042ab.json),
+    less than the 10–15 % generated code has to gain to be kept (docs/performance.md, "Decoding IDs").
     """
     key = (layout.fields, layout.epoch_ms, layout.payload_bits, form, with_topology)
     cached = _LOOPS.get(key)

@@ -89,6 +89,16 @@ class LockBusy(OperationFailed):
     """Another shardctl run holds the per-host lock."""
 
 
+class ShardMoved(OperationFailed):
+    """A shard moved to another host after this transaction had sent a statement to the old one, so the
+    transaction cannot follow it. Retry the request: the next transaction is routed to the new owner."""
+
+    def __init__(self, shard: int, host: str):
+        self.shard = shard
+        self.host = host
+        super().__init__(f"shard {shard} moved to host {host!r} during this transaction; retry it")
+
+
 class PendingWork(ShardctlError):
     """``--check`` found work pending."""
 

@@ -26,20 +26,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ShardMoved
 from .context import Target, configure, current, no_shard, on_shard, router, target
 from .settings import databases, host_database
 
 __all__ = [
     "DatabaseRouter",
     "ShardMiddleware",
+    "ShardMoved",
     "ShardedModel",
     "Target",
+    "atomic",
     "configure",
     "current",
     "databases",
     "host_database",
     "no_shard",
     "on_shard",
+    "retry_on_move",
     "router",
     "target",
 ]
@@ -54,8 +58,18 @@ def __getattr__(name: str) -> Any:
         from .middleware import ShardMiddleware
 
         return ShardMiddleware
-    if name in ("ShardedModel", "ShardIdField", "ShardNotChosen"):
+    if name in (
+        "ShardedModel",
+        "ShardIdField",
+        "ShardNotChosen",
+        "UnroutableQuery",
+        "UncoveredWrite",
+    ):
         from . import models
 
         return getattr(models, name)
+    if name in ("atomic", "retry_on_move"):
+        from . import transactions
+
+        return getattr(transactions, name)
     raise AttributeError(name)

@@ -10,6 +10,7 @@ import contextvars
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, models
 from django.db.models import Q
 
@@ -168,7 +169,10 @@ def _lookup_shards(model: Any, name: str, value: Any) -> Shards:
             continue
         if hasattr(v, "resolve_expression"):
             return name
-        v = _value(field, v)
+        try:
+            v = _value(field, v)
+        except (ValidationError, ValueError, TypeError):
+            return None  # not a value of the field: Django says so when it builds the query
         shards.add(r.shard_of_id(v) if by_id else r.shard_for(v))
     return frozenset(shards)
 
@@ -179,7 +183,11 @@ def _q_shards(model: Any, q: Q) -> Shards:
     if q.negated:
         return None
     parts = [
-        _q_shards(model, child) if isinstance(child, Q) else _lookup_shards(model, *child)
+        _q_shards(model, child)
+        if isinstance(child, Q)
+        else _lookup_shards(model, *child)
+        if isinstance(child, tuple)
+        else None  # a boolean expression: no lookup on the key or the pk by name
         for child in q.children
     ]
     sets = [p for p in parts if isinstance(p, frozenset)]

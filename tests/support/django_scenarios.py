@@ -394,6 +394,10 @@ def semantics() -> dict:
         return {"either": either, "every": every, "refused": refused, "updated": updated}
 
     attempt("fan_out", fan_out)
+    from shardctl.errors import ShardMoved
+
+    answer = ShardMiddleware(lambda request: None).process_exception(None, ShardMoved(c, "pg1"))
+    out["moved_answer"] = [answer.status_code, answer["Retry-After"], answer.content.decode()]
     return out
 
 
@@ -423,7 +427,9 @@ def move() -> dict:
         report = move_shards(Topology.load(path), MOVED, "pg2")
         return {"phase": report["phase"], "verified": report["verified"]}
 
-    done, history = _traffic_during(operation, MOVED + [0, 9], keys_per_shard=4, name="live")
+    done, history = _traffic_during(
+        operation, MOVED + [0, 9], keys_per_shard=4, name="live", writers=4, readers=2
+    )
     return {**done, "records": _records(history)}
 
 
@@ -442,7 +448,9 @@ def stale() -> dict:
             time.sleep(0.05)
         return {}
 
-    _, history = _traffic_during(operation, MOVED + [0, 9], keys_per_shard=4, name="stale")
+    _, history = _traffic_during(
+        operation, MOVED + [0, 9], keys_per_shard=4, name="stale", writers=2, readers=1
+    )
     ids = json.loads(stop.read_text()) + [w.id for w in history.writes]
     return {
         "records": _records(history),
@@ -502,8 +510,10 @@ def _records(history) -> dict:
     }
 
 
-def _traffic_during(operation, shards: list[int], keys_per_shard: int, name: str) -> tuple:
-    """``operation()`` while 6 writers and 2 readers work on photos of users of ``shards``: (its result,
+def _traffic_during(
+    operation, shards: list[int], keys_per_shard: int, name: str, writers: int = 6, readers: int = 2
+) -> tuple:
+    """``operation()`` while ``writers`` and ``readers`` work on photos of users of ``shards``: (its result,
     the history). A writer posts a photo through the example's view (``POST /users/<id>/photos``, a
     transaction on the owner's shard that retries a move); any answer but 200 is an error the
     application saw. A reader asks the ORM for a user's photos and the schema that answered. The
@@ -566,10 +576,10 @@ def _traffic_during(operation, shards: list[int], keys_per_shard: int, name: str
         connections.close_all()
 
     threads = [
-        threading.Thread(target=write, args=(f"{name}-w{i}",), name=f"w{i}") for i in range(6)
+        threading.Thread(target=write, args=(f"{name}-w{i}",), name=f"w{i}") for i in range(writers)
     ]
     threads += [
-        threading.Thread(target=read, args=(f"{name}-r{i}",), name=f"r{i}") for i in range(2)
+        threading.Thread(target=read, args=(f"{name}-r{i}",), name=f"r{i}") for i in range(readers)
     ]
     for t in threads:
         t.start()

@@ -10,7 +10,7 @@ import contextvars
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import DatabaseError, connections, models
 from django.db.models import Q
 
@@ -287,11 +287,12 @@ class ShardedQuerySet(models.QuerySet):
             return
         q = self.query
         low, high = q.low_mark, q.high_mark
-        ordered = q.order_by or (q.default_ordering and self.model._meta.ordering)
-        if q.is_sliced and ordered and len(self._targets() or ()) > 1:
+        many = len(self._targets() or ()) > 1
+        order = self._merge_order() if many else []
+        if q.is_sliced and order is None:
             raise UnroutableQuery(
-                f"{self.model.__name__}: an ordered slice of rows from several shards: "
-                "slice each shard's query (.on_shard(...)) and merge them"
+                f"{self.model.__name__}: a slice of rows from several shards in an order not of "
+                "the model's own fields: slice each shard's query (.on_shard(...)) and merge them"
             )
 
         def each(clone: ShardedQuerySet) -> list:
@@ -304,8 +305,31 @@ class ShardedQuerySet(models.QuerySet):
         got = self._run(super()._fetch_all, each)
         if isinstance(got, Parts):
             rows = [row for part in got for row in part]
+            for attname, descending in reversed(order or ()):  # stable: the last key first
+                rows.sort(key=_sort_key(attname), reverse=descending)
             self._result_cache = rows[low:high] if q.is_sliced else rows
             self._prefetch_done = True
+
+    def _merge_order(self) -> list[tuple[str, bool]] | None:
+        """The query's order as (attribute, descending) pairs to merge several shards' rows by ([]:
+        unordered); None when it is not an order of model instances by their own fields."""
+        q = self.query
+        terms = q.order_by or (self.model._meta.ordering if q.default_ordering else ())
+        if not terms:
+            return []
+        if self._iterable_class is not models.query.ModelIterable:
+            return None
+        order = []
+        for term in terms:
+            name = term.lstrip("-") if isinstance(term, str) else "?"
+            try:
+                field = self.model._meta.pk if name == "pk" else self.model._meta.get_field(name)
+            except FieldDoesNotExist:
+                return None
+            if not getattr(field, "concrete", False):
+                return None
+            order.append((field.attname, term.startswith("-")))
+        return order
 
     def count(self) -> int:
         if self._result_cache is not None or (
@@ -321,15 +345,14 @@ class ShardedQuerySet(models.QuerySet):
         return any(got) if isinstance(got, Parts) else got
 
     def aggregate(self, *args: Any, **kwargs: Any) -> dict:
-        parent = super().aggregate
-
-        def each(clone: ShardedQuerySet) -> dict:
+        shards = self._targets()
+        if shards is not None and len(shards) != 1:
             raise UnroutableQuery(
-                f"{self.model.__name__}: aggregate() over several shards: aggregate each shard's "
-                "query (.on_shard(...)) and combine them"
+                f"{self.model.__name__}: aggregate() over {len(shards)} shards: aggregate each "
+                "shard's query (.on_shard(...)) and combine them"
             )
-
-        return self._run(lambda: parent(*args, **kwargs), each)
+        parent = super().aggregate
+        return self._run(lambda: parent(*args, **kwargs), lambda clone: {})
 
     def update(self, **kwargs: Any) -> int:
         parent = super().update
@@ -393,6 +416,16 @@ class ShardedQuerySet(models.QuerySet):
                 write=True,
             )
         return out
+
+
+def _sort_key(attname: str) -> Callable[[Any], tuple]:
+    """A row's sort key on ``attname``: NULLs last ascending and first descending, as PostgreSQL."""
+
+    def key(row: Any) -> tuple:
+        value = getattr(row, attname)
+        return (value is None, value)
+
+    return key
 
 
 def current_shard(model: type, hint: Hint) -> int:

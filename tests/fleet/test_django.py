@@ -315,6 +315,7 @@ def test_transactions_savepoints_and_lookups_write_and_read_the_named_shards(dir
     fan = done["fan_out"]
     assert (fan["either"], fan["every"], fan["updated"]) == (2, 3, 3), fan
     assert all(r and "\n" not in r for r in fan["refused"]), fan
+    assert fan["newest"] == expected[:-3:-1] and fan["first"] == expected[0], fan  # merged
     updated = sorted(pid for pid, found in photos.items() if found[0][2][2] == "in, updated")
     assert updated == expected, (updated, expected)
     # a view's ShardMoved, not retried by the view: 503, and the client's next try is routed right

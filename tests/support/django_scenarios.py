@@ -381,8 +381,10 @@ def semantics() -> dict:
             either = Photo.objects.filter(Q(user_id=keys[0]) | Q(user_id=keys[2])).count()
         every = Photo.objects.all_shards().filter(caption="in").count()
         refused = []
+        newest = [p.id for p in Photo.objects.filter(pk__in=listed).order_by("-id")[:2]]
+        first = Photo.objects.filter(pk__in=listed).first().id  # ordered by pk, sliced
         for call in (
-            lambda: list(Photo.objects.filter(pk__in=listed).order_by("-id")[:2]),
+            lambda: list(Photo.objects.filter(pk__in=listed).values_list("id").order_by("-id")[:2]),
             lambda: Photo.objects.filter(pk__in=listed).aggregate(Max("id")),
         ):
             try:
@@ -391,7 +393,14 @@ def semantics() -> dict:
             except UnroutableQuery as exc:
                 refused.append(str(exc))
         updated = Photo.objects.filter(pk__in=listed).update(caption="in, updated")
-        return {"either": either, "every": every, "refused": refused, "updated": updated}
+        return {
+            "either": either,
+            "every": every,
+            "newest": newest,
+            "first": first,
+            "refused": refused,
+            "updated": updated,
+        }
 
     attempt("fan_out", fan_out)
     from shardctl.errors import ShardMoved

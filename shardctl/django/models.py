@@ -20,9 +20,8 @@ from .context import Target, current, on_shard, router
 
 T = TypeVar("T")
 Hint = dict[str, Any] | None  # {"key": v} | {"id": v} | {"shard": n} | None (the current block's)
-Shards = (
-    frozenset[int] | str | None
-)  # the shards a filter names | the lookup that names none | None
+# the shards a filter names | the lookup on the key or the pk that names none | None (neither)
+Shards = frozenset[int] | str | None
 
 
 # A statement that met its shard moved out (the old host's stub) or its schema gone: the transaction

@@ -9,8 +9,9 @@ its ID in another: what a web request of the example apps does. Per ORM, two can
   side differs), ``search_path`` set once per connection;
 * the integration: the ORM through shardctl (``shardctl.sqlalchemy.sessionmaker(router)``; for
   ``sqlalchemy-asyncio``, ``shardctl.sqlalchemy.asyncio.async_sessionmaker(async_router)`` against
-  SQLAlchemy's own ``AsyncSession``), each request's user_id routing it to one of the fleet's 64 shards,
-  its get routed by the shard inside the ID.
+  SQLAlchemy's own ``AsyncSession``; for ``django``, the example app's models through ``shardctl.django``
+  against plain Django), each request's user_id routing it to one of the fleet's 64 shards, its get
+  routed by the shard inside the ID.
 
 ORMs are listed in ``ORMS`` (name → a function returning its two candidates); ``--orm`` picks them. The
 candidates take turns every ``--chunk`` requests (the order rotating), over ``--rounds`` rounds; the
@@ -161,9 +162,76 @@ def sqlalchemy_asyncio_candidates(topo) -> list[Candidate]:
     ]
 
 
+def django_candidates(topo) -> list[Candidate]:
+    """Plain Django (its own postgresql backend, persistent connections, ``search_path`` set per
+    connection) on one shard's tables, and the example app (examples/django_app) through
+    shardctl.django: each request's photo on its owner's shard, owners spread over the 64 shards, its
+    get routed by the shard inside the ID."""
+    sys.path.insert(0, str(APPS / "django_app"))
+    import django
+    import psycopg
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connections, models
+
+    import shardctl.django as sd
+
+    parts = psycopg.conninfo.conninfo_to_dict(topo.host_of(5).dsn_for("admin"))
+    plain = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parts["dbname"],
+        "USER": parts.get("user", ""),
+        "HOST": parts.get("host", ""),
+        "PORT": parts.get("port", ""),
+        "CONN_MAX_AGE": 60,
+        "OPTIONS": {"options": f"-c search_path={BASE_SCHEMA},public"},
+    }
+    settings.configure(
+        DATABASES=sd.databases(topo.path, default=plain),
+        USE_TZ=True,
+        DATABASE_ROUTERS=["shardctl.django.DatabaseRouter"],
+        INSTALLED_APPS=["django.contrib.contenttypes", "shardctl.django", "gram"],
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+    )
+    django.setup()
+    from gram.models import Photo
+
+    call_command("shardctl_makemigrations", "gram", verbosity=0)
+    cli = [sys.executable, "-m", "shardctl", "--config", str(topo.path), "migrate"]
+    migrated = subprocess.run(cli, capture_output=True, text=True, check=False)
+    if migrated.returncode != 0:
+        raise SystemExit(f"shardctl migrate failed: {migrated.stdout}{migrated.stderr}")
+
+    class OneDatabasePhoto(models.Model):  # the example's table in one shard's schema, as is
+        id = models.BigAutoField(primary_key=True)  # DEFAULT next_id(), RETURNING id
+        user_id = models.BigIntegerField()
+        caption = models.TextField(blank=True)
+        created_at = models.DateTimeField(auto_now_add=True)
+
+        class Meta:
+            app_label = "gram"
+            db_table = "gram_photos"
+            managed = False
+
+    owners = [topo.layout.encode(shard=n % SHARDS) + n for n in range(256)]
+
+    def requests(model: type) -> Callable[[int], None]:
+        def request(i: int) -> None:
+            photo = model.objects.create(user_id=owners[i % 256], caption=f"photo {i}")
+            assert model.objects.get(pk=photo.pk).caption == f"photo {i}"
+
+        return request
+
+    return [
+        Candidate("Django, one database", requests(OneDatabasePhoto), lambda: None),
+        Candidate("shardctl.django", requests(Photo), connections.close_all),
+    ]
+
+
 ORMS: dict[str, Callable[[object], list[Candidate]]] = {
     "sqlalchemy": sqlalchemy_candidates,
     "sqlalchemy-asyncio": sqlalchemy_asyncio_candidates,
+    "django": django_candidates,
 }
 
 

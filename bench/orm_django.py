@@ -39,10 +39,18 @@ import _common as c
 
 TARGET = 1.20
 SHARDS = 64
-KEYS = [
-    5 + SHARDS * j for j in range(256)
-]  # all on shard 5, as bench/router.py: the same table as the baselines
-SPREAD = list(range(1, 257))  # over all 64 shards
+KEYS: list[
+    int
+] = []  # 256 owners' IDs on shard 5, as bench/router.py: the same table as the baselines
+SPREAD: list[int] = []  # 256 owners' IDs over all 64 shards (a photo lives on its owner's shard)
+
+
+def owner_ids(layout, shards: list[int]) -> list[int]:
+    """An owner's ID (as next_id() would mint it) on each of ``shards`` in turn: Photo's shard key is
+    its owner's ID (``shard_key_is_id``)."""
+    return [layout.encode(shard=n) + j for j, n in enumerate(shards)]
+
+
 NAMES = (
     "plain Django",
     "shardctl.django",
@@ -136,7 +144,11 @@ def setup_django(topology: Path, plain_dsn: str) -> tuple[type, type, type]:
 
 
 def candidates(Photo: type, PlainPhoto: type, IdPhoto: type) -> dict:
-    from shardctl.django import on_shard
+    from shardctl.django import on_shard, router
+
+    layout = router().topology.layout
+    KEYS[:] = owner_ids(layout, [5] * 256)
+    SPREAD[:] = owner_ids(layout, [n % SHARDS for n in range(256)])
 
     def plain(i: int) -> None:
         key = KEYS[i % len(KEYS)]
@@ -150,7 +162,7 @@ def candidates(Photo: type, PlainPhoto: type, IdPhoto: type) -> dict:
 
     def blocks(i: int) -> None:
         key = KEYS[i % len(KEYS)]
-        with on_shard(key=key):
+        with on_shard(id=key):
             p = Photo.objects.create(user_id=key, caption=f"c{i}")
             Photo.objects.get(pk=p.pk)
 
@@ -259,7 +271,7 @@ def main() -> int:
     notes = [
         (
             f"{requests} requests (insert + get by ID) per candidate and round (turns of {args.chunk}), "
-            f"{rounds} rounds, {len(KEYS)} keys on shard 5 (spread: keys 1-{len(SPREAD)} over "
+            f"{rounds} rounds, {len(KEYS)} owners on shard 5 (spread: {len(SPREAD)} owners over "
             f"{SHARDS} shards), Django {django.__version__}"
         ),
         c.machine_note(),

@@ -1,21 +1,32 @@
 """Sharded models: :class:`ShardedModel` declares its shard key; its queries, saves, deletes and
 refreshes run on the shard named by the key or by the object's own ID (which holds its shard), or else
-on the current :func:`on_shard` block's, and follow a move once."""
+on the current :func:`on_shard` block's, and follow a move. A query whose filters name several shards
+(``__in`` on the key or the ID, ``all_shards()``) runs on each of them; a filter on the key or the ID
+that names no shards (a range, a subquery) is refused rather than run on one shard."""
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import DatabaseError, connections, models
+from django.db.models import Q
 
-from ..errors import BadInput
+from ..errors import BadInput, ShardMoved
+from ..sql.catalog.control import MOVED_SQLSTATE
 from .context import Target, current, on_shard, router
 
 T = TypeVar("T")
 Hint = dict[str, Any] | None  # {"key": v} | {"id": v} | {"shard": n} | None (the current block's)
+# the shards a filter names | the lookup on the key or the pk that names none | None (neither)
+Shards = frozenset[int] | str | None
 
+
+# A statement that met its shard moved out (the old host's stub) or its schema gone: the transaction
+# is over on the server whatever happens next.
+GONE = frozenset({MOVED_SQLSTATE, "3F000"})
 
 _routing: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
     "shardctl_django_routing", default=None
@@ -26,11 +37,22 @@ class ShardNotChosen(BadInput):
     """A sharded model's query names no shard (no shard key, no pk, no on_shard block)."""
 
 
-def routed(model: type, hint: Hint, work: Callable[[], T]) -> T:
-    """``work()`` on the shard of ``hint`` (else the current block's). When it fails because the shard
-    has just moved away (outside a transaction block, which cannot be replayed), the Router's
-    placement finds the new host (topology file reloaded, or the old host's redirect) and ``work()``
-    runs once more there."""
+class UnroutableQuery(BadInput):
+    """A filter on the shard key or the ID that names no set of shards (a range, a subquery, an OR with
+    other terms), or work that cannot be split over several shards: refused, never run on one shard."""
+
+
+class UncoveredWrite(BadInput):
+    """A write to a shard whose host is outside the ``transaction.atomic()`` block open on another
+    database (``default``, or another host): refused, never committed outside the transaction."""
+
+
+def routed(model: type, hint: Hint, work: Callable[[], T], *, write: bool = False) -> T:
+    """``work()`` on the shard of ``hint`` (else the current block's). A write is refused when a
+    transaction is open on another database of this thread but not on the shard's. When ``work()``
+    fails because the shard has just moved away, the Router's placement finds the new host (topology
+    file reloaded, or the old host's redirect): outside a transaction ``work()`` runs once more there;
+    inside one, which cannot be replayed, :class:`~shardctl.errors.ShardMoved` says so."""
     here = current()
     if (
         here is not None
@@ -48,135 +70,361 @@ def routed(model: type, hint: Hint, work: Callable[[], T]) -> T:
         hint = {"shard": here.shard}
     for attempt in (1, 2):
         with on_shard(**hint) as where:
+            if write:
+                _check_covered(model, where)
             token = _routing.set(where)
             try:
                 return work()
             except DatabaseError as exc:
-                if (
-                    attempt == 2
-                    or connections[where.alias].in_atomic_block
-                    or not router().follow_move(where.shard, exc.__cause__ or exc, where.host)
-                ):
+                if attempt == 2:
                     raise
+                conn = connections[where.alias]
+                if conn.in_atomic_block and _sqlstate(exc) in GONE:
+                    _abandon(conn)
+                if not _moved(where, exc):
+                    raise
+                if conn.in_atomic_block:
+                    new = router().placement.locate(where.shard).name
+                    raise ShardMoved(where.shard, new) from exc
             finally:
                 _routing.reset(token)
     raise AssertionError("unreachable")
 
 
-def hint_from(model: Any, lookups: dict[str, Any]) -> Hint:
-    """The shard a filter names: an equality on the pk (an ID) or on the shard key."""
-    pk = model._meta.pk
-    key_names = _key_names(model)
-    for name, value in lookups.items():
-        field = name.removesuffix("__exact")
-        if value is None or isinstance(
-            value, (list, tuple, set, models.expressions.BaseExpression)
-        ):
-            continue
-        if field in ("pk", pk.name, pk.attname) and isinstance(value, int):
-            return {"id": value}
-        if field in key_names:
-            value = getattr(value, "pk", value)
-            return {"id": value} if model.shard_key_is_id else {"key": value}
-    return None
+def _sqlstate(exc: DatabaseError) -> str | None:
+    return getattr(exc.__cause__, "sqlstate", None)
 
 
-def _key_names(model: Any) -> tuple[str, ...]:
-    names = model.__dict__.get("_shard_key_names")
+def _abandon(conn: Any) -> None:
+    """End the server's side of an atomic block whose shard has moved away (the block cannot go on):
+    a transaction pooler gets its server connection back before the move is followed, which may need
+    one of its own (the old host's redirect); Django refuses the block's further queries and rolls
+    back when it ends, as after any error in it."""
+    conn.needs_rollback = True
+    try:
+        conn.connection.rollback()
+    except Exception:  # noqa: BLE001, S110 - a broken connection: Django discards it at the block's end
+        pass
+
+
+def _moved(where: Target, exc: DatabaseError) -> bool:
+    """True when ``exc`` says ``where``'s shard moved away and its new host is known (the placement
+    then routes there: this request's next statement, or the next request's)."""
+    return router().follow_move(where.shard, exc.__cause__ or exc, where.host)
+
+
+def _check_covered(model: type, where: Target) -> None:
+    """Refuse a write that a transaction open on another database would not cover."""
+    if connections[where.alias].in_atomic_block:
+        return
+    for other in connections.all(initialized_only=True):
+        if other.in_atomic_block:
+            raise UncoveredWrite(
+                f"{model.__name__}: a write to shard {where.shard} (database {where.alias!r}) inside "
+                f"transaction.atomic() on {other.alias!r}, which does not cover it: use "
+                "shardctl.django.atomic(key=|id=|shard=), or transaction.atomic(using=...) with "
+                "the shard's alias (on_shard(...).alias)"
+            )
+
+
+def _value(field: Any, value: Any) -> Any:
+    """``value`` as the field holds it (``"123"`` -> 123 for an integer field), so that it routes as
+    the stored value does."""
+    value = getattr(value, "pk", value) if isinstance(value, models.Model) else value
+    return value if type(value) is int else field.to_python(value)
+
+
+def _names(model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the names of the pk, the names of the shard key), cached on the model."""
+    names = model.__dict__.get("_shard_names")
     if names is None:
+        pk = model._meta.pk
         field = model._meta.get_field(model.shard_key) if model.shard_key else None
-        names = (field.name, field.attname) if field else ()
-        model._shard_key_names = names
+        names = (("pk", pk.name, pk.attname), (field.name, field.attname) if field else ())
+        model._shard_names = names
     return names
 
 
-class ShardedQuerySet(models.QuerySet):
-    """A QuerySet that remembers the shard its filters name and runs there (else on the current block's)."""
+def _lookup_shards(model: Any, name: str, value: Any) -> Shards:
+    """The shards one lookup names: a set (``=`` or ``__in`` on the pk or the shard key), its name
+    when it is on one of them but names no set, None when it is on neither."""
+    field_name, _, lookup = name.partition("__")
+    pk_names, key_names = _names(model)
+    if field_name in pk_names:
+        field, by_id = model._meta.pk, True
+    elif field_name in key_names:
+        field, by_id = model._meta.get_field(model.shard_key), model.shard_key_is_id
+    else:
+        return None
+    if lookup not in ("", "exact", "in"):
+        return name
+    values: Iterable[Any] = [value] if lookup != "in" else value
+    if lookup == "in" and not isinstance(value, (list, tuple, set, frozenset)):
+        return name  # a subquery or an expression
+    r = router()
+    shards = set()
+    for v in values:
+        if v is None:  # = None matches no row; IN drops None
+            continue
+        if hasattr(v, "resolve_expression"):
+            return name
+        try:
+            v = _value(field, v)
+        except (ValidationError, ValueError, TypeError):
+            return None  # not a value of the field: Django says so when it builds the query
+        shards.add(r.shard_of_id(v) if by_id else r.shard_for(v))
+    return frozenset(shards)
 
-    _shard_hint: Hint = None
+
+def _q_shards(model: Any, q: Q) -> Shards:
+    """The shards a Q names: AND intersects what its terms name, OR joins them (every term must name
+    shards); a negation only narrows the rows of whatever shards the rest names."""
+    if q.negated:
+        return None
+    parts = [
+        _q_shards(model, child)
+        if isinstance(child, Q)
+        else _lookup_shards(model, *child)
+        if isinstance(child, tuple)
+        else None  # a boolean expression: no lookup on the key or the pk by name
+        for child in q.children
+    ]
+    sets = [p for p in parts if isinstance(p, frozenset)]
+    unrouted = [p for p in parts if isinstance(p, str)]
+    if q.connector == Q.AND:
+        if sets:
+            return frozenset.intersection(*sets)
+        return unrouted[0] if unrouted else None
+    if len(sets) == len(parts):
+        return frozenset().union(*sets)
+    if not sets and not unrouted:
+        return None
+    return unrouted[0] if unrouted else f"an OR of {model.shard_key} or pk with other terms"
+
+
+def hint_from(model: Any, lookups: dict[str, Any]) -> Hint:
+    """The one shard that field values (``create(**kwargs)``) or filters name, else None."""
+    shards = _q_shards(model, Q(**lookups)) if lookups else None
+    if isinstance(shards, frozenset) and len(shards) == 1:
+        return {"shard": next(iter(shards))}
+    return None
+
+
+class Parts(list):
+    """The results of a query's clones, one per shard, in shard order."""
+
+
+class ShardedQuerySet(models.QuerySet):
+    """A QuerySet that runs on the shards its filters name (else on the current block's), one after
+    the other when they name several."""
+
+    _shards: frozenset[int] | None = None  # what the filters name (intersected)
+    _unrouted: str | None = None  # a filter on the key or the pk that names no shards
+    _chosen: tuple[int, ...] | None = None  # on_shard(...) / all_shards(): wins over the filters
 
     def _clone(self) -> ShardedQuerySet:
         clone = super()._clone()
-        clone._shard_hint = self._shard_hint
+        clone._shards, clone._unrouted, clone._chosen = self._shards, self._unrouted, self._chosen
         return clone
 
     def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> ShardedQuerySet:
         clone = super()._filter_or_exclude(negate, args, kwargs)
-        if not negate and clone._shard_hint is None:
-            clone._shard_hint = hint_from(self.model, kwargs)
+        if not negate:
+            named = _q_shards(self.model, Q(*args, **kwargs))
+            if isinstance(named, frozenset):
+                clone._shards = named if clone._shards is None else clone._shards & named
+            elif named is not None and clone._unrouted is None:
+                clone._unrouted = named
         return clone
 
     def on_shard(
         self, key: Any = None, *, id: int | None = None, shard: int | None = None
     ) -> ShardedQuerySet:
-        """This query on the shard of ``key``, ``id`` or ``shard``."""
+        """This query on the shard of ``key``, ``id`` or ``shard``, whatever its filters say."""
         clone = self._chain()
-        clone._shard_hint = {
-            name: v for name, v in (("key", key), ("id", id), ("shard", shard)) if v is not None
-        }
+        clone._chosen = (router().target(key, id=id, shard=shard),)
         return clone
 
-    def _run(self, work: Callable[[], T]) -> T:
-        return routed(self.model, self._shard_hint, work)
+    def all_shards(self) -> ShardedQuerySet:
+        """This query on every shard of the topology, one after the other."""
+        clone = self._chain()
+        clone._chosen = tuple(range(router().topology.shard_count))
+        return clone
+
+    def _targets(self) -> tuple[int, ...] | None:
+        """The shards this query runs on (None: the current block's)."""
+        if self._chosen is not None:
+            return self._chosen
+        if self._shards is not None:
+            return tuple(sorted(self._shards))
+        if self._unrouted is not None:
+            raise UnroutableQuery(
+                f"{self.model.__name__}: cannot route {self._unrouted}: filter {self.model.shard_key} "
+                "or pk by = or __in, or name the shards with .on_shard(...) or .all_shards()"
+            )
+        return None
+
+    def _run(
+        self, work: Callable[[], T], each: Callable[[ShardedQuerySet], T], *, write=False
+    ) -> Any:
+        """``work()`` on this query's one shard (or the block's); else ``each(clone)`` for a clone of
+        it on each of its shards: the list of their results."""
+        shards = self._targets()
+        if shards is None:
+            return routed(self.model, None, work, write=write)
+        if len(shards) == 1:
+            return routed(self.model, {"shard": shards[0]}, work, write=write)
+        out = Parts()
+        for n in shards:
+            clone = self._chain()
+            clone._chosen = (n,)
+            out.append(each(clone))
+        return out
 
     def _fetch_all(self) -> None:
-        if self._result_cache is None:
-            self._run(super()._fetch_all)
+        if self._result_cache is not None:
+            return
+        q = self.query
+        low, high = q.low_mark, q.high_mark
+        many = len(self._targets() or ()) > 1
+        order = self._merge_order() if many else []
+        if q.is_sliced and order is None:
+            raise UnroutableQuery(
+                f"{self.model.__name__}: a slice of rows from several shards in an order not of "
+                "the model's own fields: slice each shard's query (.on_shard(...)) and merge them"
+            )
+
+        def each(clone: ShardedQuerySet) -> list:
+            if q.is_sliced:  # the first `high` rows of each shard, then the slice of them all
+                clone.query.clear_limits()
+                clone.query.set_limits(0, high)
+            clone._fetch_all()
+            return clone._result_cache  # type: ignore[return-value]
+
+        got = self._run(super()._fetch_all, each)
+        if isinstance(got, Parts):
+            rows = [row for part in got for row in part]
+            for attname, descending in reversed(order or ()):  # stable: the last key first
+                rows.sort(key=_sort_key(attname), reverse=descending)
+            self._result_cache = rows[low:high] if q.is_sliced else rows
+            self._prefetch_done = True
+
+    def _merge_order(self) -> list[tuple[str, bool]] | None:
+        """The query's order as (attribute, descending) pairs to merge several shards' rows by ([]:
+        unordered); None when it is not an order of model instances by their own fields."""
+        q = self.query
+        terms = q.order_by or (self.model._meta.ordering if q.default_ordering else ())
+        if not terms:
+            return []
+        if self._iterable_class is not models.query.ModelIterable:
+            return None
+        order = []
+        for term in terms:
+            name = term.lstrip("-") if isinstance(term, str) else "?"
+            try:
+                field = self.model._meta.pk if name == "pk" else self.model._meta.get_field(name)
+            except FieldDoesNotExist:
+                return None
+            if not getattr(field, "concrete", False):
+                return None
+            order.append((field.attname, term.startswith("-")))
+        return order
 
     def count(self) -> int:
-        return (
-            self._result_cache_len() if self._result_cache is not None else self._run(super().count)
-        )
-
-    def _result_cache_len(self) -> int:
-        return len(self._result_cache)  # type: ignore[arg-type]
+        if self._result_cache is not None or (
+            self.query.is_sliced and len(self._targets() or ()) > 1
+        ):
+            self._fetch_all()
+            return len(self._result_cache)  # type: ignore[arg-type]
+        got = self._run(super().count, lambda clone: clone.count())
+        return sum(got) if isinstance(got, Parts) else got
 
     def exists(self) -> bool:
-        return self._run(super().exists)
+        got = self._run(super().exists, lambda clone: clone.exists())
+        return any(got) if isinstance(got, Parts) else got
 
     def aggregate(self, *args: Any, **kwargs: Any) -> dict:
+        shards = self._targets()
+        if shards is not None and len(shards) != 1:
+            raise UnroutableQuery(
+                f"{self.model.__name__}: aggregate() over {len(shards)} shards: aggregate each "
+                "shard's query (.on_shard(...)) and combine them"
+            )
         parent = super().aggregate
-        return self._run(lambda: parent(*args, **kwargs))
+        return self._run(lambda: parent(*args, **kwargs), lambda clone: {})
 
     def update(self, **kwargs: Any) -> int:
         parent = super().update
-        return self._run(lambda: parent(**kwargs))
+        got = self._run(lambda: parent(**kwargs), lambda clone: clone.update(**kwargs), write=True)
+        return sum(got) if isinstance(got, Parts) else got
 
     def delete(self) -> tuple[int, dict]:
-        return self._run(super().delete)
+        got = self._run(super().delete, lambda clone: clone.delete(), write=True)
+        if not isinstance(got, Parts):
+            return got
+        per_model: dict[str, int] = {}
+        for _, counts in got:
+            for label, n in counts.items():
+                per_model[label] = per_model.get(label, 0) + n
+        return sum(n for n, _ in got), per_model
 
     def iterator(self, chunk_size: int | None = None) -> Any:
         parent = super().iterator
-        return iter(self._run(lambda: list(parent(chunk_size=chunk_size))))
+        got = self._run(
+            lambda: list(parent(chunk_size=chunk_size)),
+            lambda clone: list(clone.iterator(chunk_size=chunk_size)),
+        )
+        return iter([row for part in got for row in part] if isinstance(got, Parts) else got)
+
+    def _one(self, kwargs: dict[str, Any]) -> Hint:
+        """The shard of a write: the one chosen or named by the filters, else the one the field
+        values name (else the current block's)."""
+        shards = self._chosen if self._chosen is not None else self._shards
+        if shards is not None and len(shards) == 1:
+            return {"shard": next(iter(shards))}
+        return hint_from(self.model, kwargs)
 
     def create(self, **kwargs: Any) -> Any:
         parent = super().create
-        return routed(
-            self.model, self._shard_hint or hint_from(self.model, kwargs), lambda: parent(**kwargs)
-        )
+        return routed(self.model, self._one(kwargs), lambda: parent(**kwargs), write=True)
 
     def get_or_create(self, defaults: Any = None, **kwargs: Any) -> Any:
         parent = super().get_or_create
-        return routed(
-            self.model,
-            self._shard_hint or hint_from(self.model, kwargs),
-            lambda: parent(defaults=defaults, **kwargs),
-        )
+        work = lambda: parent(defaults=defaults, **kwargs)
+        return routed(self.model, self._one(kwargs), work, write=True)
+
+    def update_or_create(self, defaults: Any = None, **kwargs: Any) -> Any:
+        parent = super().update_or_create
+        work = lambda: parent(defaults=defaults, **kwargs)
+        return routed(self.model, self._one(kwargs), work, write=True)
 
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list:
         """Objects grouped by their shard, one ``bulk_create`` per shard."""
         parent = super().bulk_create
         groups: dict[int, list] = {}
         for obj in objs:
-            hint = obj.shard_hint() or self._shard_hint
+            hint = obj.shard_hint() or self._one({})
             shard = current_shard(type(obj), hint)
             groups.setdefault(shard, []).append(obj)
         out: list = []
         for shard, group in groups.items():
             out += routed(
-                self.model, {"shard": shard}, lambda group=group: parent(group, *args, **kwargs)
+                self.model,
+                {"shard": shard},
+                lambda group=group: parent(group, *args, **kwargs),
+                write=True,
             )
         return out
+
+
+def _sort_key(attname: str) -> Callable[[Any], tuple]:
+    """A row's sort key on ``attname``: NULLs last ascending and first descending, as PostgreSQL."""
+
+    def key(row: Any) -> tuple:
+        value = getattr(row, attname)
+        return (value is None, value)
+
+    return key
 
 
 def current_shard(model: type, hint: Hint) -> int:
@@ -205,8 +453,9 @@ class ShardIdField(models.BigAutoField):
 
 class ShardedModel(models.Model):
     """A model stored in every shard's schema. ``shard_key``: the field that routes it (by the
-    topology's rule, or, with ``shard_key_is_id``, as an ID minted on the shard, e.g. a like's
-    ``photo_id``); its pk, an ID, names its shard too."""
+    topology's rule, or, with ``shard_key_is_id``, as an ID minted on the shard, e.g. a photo's
+    ``user_id`` or a like's ``photo_id``: the row then lives with that user or photo); its pk, an ID,
+    names its shard too."""
 
     shard_key: str | None = None
     shard_key_is_id = False
@@ -218,20 +467,22 @@ class ShardedModel(models.Model):
 
     def shard_hint(self) -> Hint:
         if self.pk is not None:
-            return {"id": self.pk}
+            return {"id": _value(self._meta.pk, self.pk)}
         if self.shard_key:
-            value = getattr(self, self._meta.get_field(self.shard_key).attname)
+            field = self._meta.get_field(self.shard_key)
+            value = getattr(self, field.attname)
             if value is not None:
+                value = _value(field, value)
                 return {"id": value} if self.shard_key_is_id else {"key": value}
         return None
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         parent = super().save
-        routed(type(self), self.shard_hint(), lambda: parent(*args, **kwargs))
+        routed(type(self), self.shard_hint(), lambda: parent(*args, **kwargs), write=True)
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         parent = super().delete
-        return routed(type(self), self.shard_hint(), lambda: parent(*args, **kwargs))
+        return routed(type(self), self.shard_hint(), lambda: parent(*args, **kwargs), write=True)
 
     def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
         parent = super().refresh_from_db

@@ -1,6 +1,7 @@
 """Users, photos and likes, each in its shard's schema. A user lives on the shard of its username; a
-photo on its owner's (keyed by user_id); a like on its photo's (the photo's ID names the shard). Every
-ID comes from the shard's next_id(), so a get by ID needs nothing else."""
+photo on its owner's shard (``shard_key_is_id``: ``user_id`` is the owner's ID, which names that
+shard); a like on its photo's (the photo's ID names it). So a user's photos and their likes share the
+user's shard. Every ID comes from the shard's next_id(), so a get by ID needs nothing else."""
 
 from django.db import models
 
@@ -18,6 +19,7 @@ class User(ShardedModel):
 
 class Photo(ShardedModel):
     shard_key = "user_id"
+    shard_key_is_id = True  # a user's ID: the photo lives on its owner's shard
     id = ShardIdField(primary_key=True)
     user_id = models.BigIntegerField()
     caption = models.TextField(blank=True)
@@ -30,7 +32,7 @@ class Photo(ShardedModel):
 
 class Like(ShardedModel):
     shard_key = "photo_id"
-    shard_key_is_id = True
+    shard_key_is_id = True  # a photo's ID: the like lives with its photo (so on the owner's shard)
     id = ShardIdField(primary_key=True)
     photo_id = models.BigIntegerField()
     user_id = models.BigIntegerField()

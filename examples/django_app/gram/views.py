@@ -1,9 +1,11 @@
-"""JSON views: no shard in sight; the models route by key or ID."""
+"""JSON views: the models route by key or ID; a transaction names its shard."""
 
 import json
 
 from django.http import Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+
+import shardctl.django
 
 from .models import Like, Photo, User
 
@@ -15,10 +17,14 @@ def create_user(request):
 
 
 @csrf_exempt
+@shardctl.django.retry_on_move  # again, once, if the owner's shard moved during the transaction
 def photos(request, user_id):
     if request.method == "POST":
-        photo = Photo.objects.create(user_id=user_id, caption=json.loads(request.body)["caption"])
-        return JsonResponse({"id": photo.id})
+        caption = json.loads(request.body)["caption"]
+        with shardctl.django.atomic(id=user_id):  # one transaction on the owner's shard
+            photo = Photo.objects.create(user_id=user_id, caption=caption)
+            count = Photo.objects.filter(user_id=user_id).count()
+        return JsonResponse({"id": photo.id, "photos": count})
     rows = Photo.objects.filter(user_id=user_id).order_by("-id").values_list("id", "caption")
     return JsonResponse({"photos": [list(row) for row in rows]})
 

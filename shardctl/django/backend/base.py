@@ -6,9 +6,10 @@ in the same text as its first statement (psycopg's client-side binding, the simp
 round trip). In autocommit (outside ``transaction.atomic``) a statement becomes ``<settings>;
 <statement>``: one simple-protocol query, which PostgreSQL runs as one implicit transaction, so the
 setting ends with it (an error leaves nothing open either); in a transaction the settings go in front of
-its first statement, and again when the block switches shards on the same host. A
-transaction pooler may thus give every transaction another server connection: each runs on its own
-shard and none sees another's ``search_path``. Nothing is prepared, the time zone is not set on the
+its first statement, and again when the block switches shards on the same host or a savepoint is
+rolled back (which undoes the settings sent since). A transaction pooler may thus give every
+transaction another server connection: each runs on its own shard and none sees another's
+``search_path``. Nothing is prepared, the time zone is not set on the
 session (psycopg converts timestamps on the client), and server-side cursors are off.
 """
 
@@ -26,6 +27,7 @@ from ..context import current
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
 NO_SHARD = ""  # the search_path outside shards
+UNKNOWN = None  # the transaction's search_path is not known here: the next statement sets it
 
 
 @functools.lru_cache(maxsize=8192)
@@ -127,6 +129,13 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         conn.shardctl_alias = self.alias
         conn.shardctl_schema = NO_SHARD
         return conn
+
+    def _savepoint_rollback(self, sid: str) -> None:
+        """``ROLLBACK TO SAVEPOINT`` also undoes the ``SET LOCAL search_path`` sent since the
+        savepoint: the server may be back on another shard than the last one set here, so the next
+        statement sends its shard again."""
+        super()._savepoint_rollback(sid)
+        self.connection.shardctl_schema = UNKNOWN
 
     def ensure_timezone(self) -> bool:
         return (

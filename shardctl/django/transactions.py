@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 from asgiref.sync import iscoroutinefunction
 from django.db import transaction
 
-from .. import router_placement as placement
+from ..router import placement
 from ..errors import ShardMoved
 from ..model.keywords import Unpack
-from ..router_placement import Key
+from ..router.placement import Key
 from .context import Target, on_shard
 
 F = TypeVar("F", bound=Callable[..., Any])

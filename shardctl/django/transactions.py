@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 from asgiref.sync import iscoroutinefunction
 from django.db import transaction
 
-from ..router import placement
 from ..errors import ShardMoved
 from ..model.keywords import Unpack
+from ..router import placement
 from ..router.placement import Key
 from .context import Target, on_shard
 

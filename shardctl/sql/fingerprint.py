@@ -32,6 +32,8 @@ digest differs, so the difference can be named object by object (``differences``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import psycopg
 
 from . import queries
@@ -83,10 +85,17 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def differences(reference: dict[Key, str], shard: dict[Key, str], *, limit: int = 160) -> list[str]:
+def differences(
+    reference: dict[Key, str],
+    shard: dict[Key, str],
+    *,
+    limit: int = 160,
+    why: Callable[[Key, str], str] | None = None,
+) -> list[str]:
     """What ``shard`` has that ``reference`` lacks, lacks, or has otherwise, one line per object (a
     missing or extra table once, not its columns, indexes and constraints too). ``limit`` shortens
-    definitions (0: whole)."""
+    definitions (0: whole); ``why(key, case)`` (case: "missing", "extra" or "differs"), when given,
+    is added to each line in parentheses (which migration makes the object)."""
     lost = {k[2] for k in reference.keys() - shard.keys() if k[0] == "table"}
     gained = {k[2] for k in shard.keys() - reference.keys() if k[0] == "table"}
     out = []
@@ -96,14 +105,17 @@ def differences(reference: dict[Key, str], shard: dict[Key, str], *, limit: int 
         if key[0] != "table" and key[1] in (lost | gained):
             continue
         if key not in shard:
-            out.append(f"missing {_label(key)}")
+            case, line = "missing", f"missing {_label(key)}"
         elif key not in reference:
-            out.append(f"extra {_label(key)}")
+            case, line = "extra", f"extra {_label(key)}"
         elif shard[key] != reference[key]:
             mine, theirs = (
                 (shard[key], reference[key])
                 if not limit
                 else (_short(shard[key], limit), _short(reference[key], limit))
             )
-            out.append(f"{_label(key)} differs: {mine!r} (others: {theirs!r})")
+            case, line = "differs", f"{_label(key)} differs: {mine!r} (reference: {theirs!r})"
+        else:
+            continue
+        out.append(line + (f" ({why(key, case)})" if why is not None else ""))
     return out

@@ -163,3 +163,12 @@ def _sample_union(
                 except psycopg.Error as exc:
                     out.append((shard, None, 0, str(exc)))
     return out
+
+
+def database_facts(conn: psycopg.Connection) -> tuple[str, int]:
+    """The connection's database encoding and the server's version number (verify builds its reference
+    database in that encoding, and may share it only between servers of one major version)."""
+    return conn.execute(
+        """SELECT pg_encoding_to_char(encoding), current_setting('server_version_num')::int
+             FROM pg_database WHERE datname = current_database()"""
+    ).fetchone()

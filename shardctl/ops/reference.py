@@ -1,0 +1,216 @@
+"""The reference schema ``verify`` compares every shard with: what the migration files define, built
+where nothing can shadow it.
+
+On each host, a scratch database (``shardctl_ref_<random>``, copied from ``template0``, in the host
+database's encoding, dropped again in a ``finally``) receives the host-level migrations, then one
+reference shard (the template's schema, sequence and ``next_id()``) and the shard migrations one
+version at a time; after each version its catalog is fingerprinted and read object by object
+(``sql/fingerprint.py``, which writes the schema's own name as ``{schema}.``). Nothing but the
+reference lives in that database, so a catalog lookup without a schema filter finds nothing of a
+shard's or of ``public``'s, and the reference is what the files say, not what the fleet did. The
+same server builds it, so the server's version and extensions are the shards'.
+
+``Reference.prints[v]`` is the reference's fingerprint at version ``v`` (0: the template alone), so a
+shard whose ledger is at ``v`` is compared with the schema it should have at ``v``, and
+``Reference.made_by`` names the migration that gave an object its reference definition.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+import psycopg
+
+from ..engine import connections as db
+from ..errors import ShardctlError
+from ..model.dsn import mask
+from ..model.topology import Host, Topology
+from ..sql import fingerprint, session
+from ..sql.catalog.verify import database_facts
+from ..sql.databases import create_database, drop_database
+from ..sql.host_migrations import EXT_SCHEMA, HostLevelMigration
+from ..sql.migrations import Migration
+from ..sql.render import render_shard
+
+PREFIX = "shardctl_ref_"
+
+
+@dataclass
+class Reference:
+    """The reference schema of one host, version by version."""
+
+    host: str
+    shard: int  # the shard the migrations were rendered for
+    server_version: int = 0  # server_version_num of the server that built it
+    prints: dict[int, str] = field(default_factory=dict)  # version → fingerprint
+    objects: dict[int, dict[fingerprint.Key, str]] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)  # version → migration file
+    # why the reference stops short of the last version (or was not built at all); None: complete
+    error: str | None = None
+    notes: list[str] = field(
+        default_factory=list
+    )  # host-level files that failed in the scratch database
+    borrowed_from: str | None = (
+        None  # the host whose reference this one is (it could not build its own)
+    )
+
+    @property
+    def built(self) -> bool:
+        return bool(self.prints)
+
+    def made_by(self, key: fingerprint.Key, version: int, case: str = "missing") -> str:
+        """Which migration gave ``key`` the state it has in the reference at ``version``: the one that
+        should have made it (``case`` "missing"), that dropped it or none (an "extra" object), or that
+        defines it as the reference has it ("differs")."""
+        want = self.objects[version].get(key)
+        v = version
+        while v > 0 and self.objects[v - 1].get(key) == want:
+            v -= 1
+        if want is None:
+            return f"{self.names[v]} dropped it" if v else "no migration makes it"
+        what = self.names[v] if v else "the shard template"
+        return f"{what} defines it so" if case == "differs" else f"{what} should have made it"
+
+
+def scratch_name() -> str:
+    return PREFIX + secrets.token_hex(6)
+
+
+def build(
+    topo: Topology,
+    host: Host,
+    migrations: list[Migration],
+    host_level: list[HostLevelMigration],
+    per_shard: tuple[str, ...],
+    *,
+    shard: int = 0,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+) -> Reference:
+    """Build the reference on ``host`` (see the module doc). A database error becomes
+    ``Reference.error`` (with the versions built before it kept); an unreachable host raises."""
+    ref = Reference(host.name, shard, names={m.version: m.name for m in migrations})
+    name = scratch_name()
+    with db.connect(
+        host, autocommit=True, connect_timeout=connect_timeout, purpose="verify reference"
+    ) as admin:
+        encoding, ref.server_version = database_facts(admin)
+        try:
+            create_database(admin, name, encoding=encoding)
+        except psycopg.errors.InsufficientPrivilege:
+            ref.error = (
+                f"role {admin.info.user!r} may not CREATE DATABASE on {host.name}, so verify could not "
+                f"build the reference schema there (grant CREATEDB, or run verify as a role that has it)"
+            )
+            return ref
+        except psycopg.Error as exc:
+            ref.error = f"could not create the reference database on {host.name}: {_line(exc)}"
+            return ref
+        try:
+            with db.connect(
+                host,
+                autocommit=True,
+                connect_timeout=connect_timeout,
+                purpose="verify reference",
+                database=name,
+            ) as conn:
+                _fill(conn, topo, host, ref, migrations, host_level, per_shard)
+        finally:
+            try:
+                drop_database(admin, name)
+            except psycopg.Error as exc:  # the reference is built; say what was left behind
+                ref.notes.append(f"could not drop the scratch database {name}: {_line(exc)}")
+    return ref
+
+
+def _fill(
+    conn: psycopg.Connection,
+    topo: Topology,
+    host: Host,
+    ref: Reference,
+    migrations: list[Migration],
+    host_level: list[HostLevelMigration],
+    per_shard: tuple[str, ...],
+) -> None:
+    """Host-level files, the template, then each shard migration, reading the catalog after each."""
+    schema = topo.schema_name(ref.shard)
+    for m in host_level:
+        # A host-level file may act on the cluster (a role that exists already): the shard migrations
+        # then find what it made, so the reference goes on and says which file failed.
+        try:
+            _run(conn, m.sql(topo, host.name), EXT_SCHEMA, m.transactional)
+        except psycopg.Error as exc:
+            ref.notes.append(f"host-level {m.name} failed in the reference database: {_line(exc)}")
+    try:
+        _run(conn, render_shard(topo, ref.shard), EXT_SCHEMA, True)
+    except psycopg.Error as exc:
+        ref.error = f"the shard template fails in an empty database on {host.name}: {_line(exc)}"
+        return
+    _read(conn, ref, 0, schema, per_shard)
+    path = session.search_path(schema)
+    for m in migrations:
+        try:
+            text = m.sql(topo, ref.shard)
+            _run(conn, text, path, m.transactional)
+        except (psycopg.Error, ShardctlError) as exc:
+            ref.error = (
+                f"{m.name} fails in an empty database on {host.name} ({_line(exc)}), though the "
+                f"shards ran it: it depends on something outside the shard"
+            )
+            return
+        _read(conn, ref, m.version, schema, per_shard)
+
+
+def _run(conn: psycopg.Connection, text: str, path: str, transactional: bool) -> None:
+    if transactional:
+        with conn.transaction():
+            conn.execute(session.settings_text({"search_path": path}))
+            conn.execute(text)
+        return
+    conn.execute(session.settings_text({"search_path": path}, local=False))
+    try:
+        conn.execute(text)
+    finally:
+        conn.execute(session.RESET_PATH)
+
+
+def _read(
+    conn: psycopg.Connection, ref: Reference, version: int, schema: str, per_shard: tuple[str, ...]
+) -> None:
+    ref.prints[version] = fingerprint.fingerprints(conn, [schema], per_shard).get(schema, "")
+    ref.objects[version] = fingerprint.objects(conn, [schema], per_shard)[schema]
+
+
+def _line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in mask(str(exc)).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def share(refs: dict[str, Reference]) -> None:
+    """A host that could not build its own reference (no CREATEDB there) borrows one built on a server
+    of the same major version: the catalog text of one major version is the same everywhere."""
+    for name, ref in refs.items():
+        if ref.built:
+            continue
+        donor = next(
+            (
+                r
+                for r in refs.values()
+                if r.built
+                and r.borrowed_from is None
+                and r.server_version // 10000 == ref.server_version // 10000
+            ),
+            None,
+        )
+        if donor is not None:
+            refs[name] = Reference(
+                name,
+                donor.shard,
+                donor.server_version,
+                donor.prints,
+                donor.objects,
+                donor.names,
+                donor.error,
+                [ref.error or ""] + donor.notes,
+                donor.host,
+            )

@@ -616,7 +616,7 @@ def migrate(
             locks.refuse_untranslatable(rendered)
             reports = fan_out(selected, apply, lambda h: HostMigration())
             # what was migrated is what the migrations define, or migrate fails naming the shards
-            check_applied(topo, reports, connect_timeout=options.connect_timeout)
+            check_applied(topo, reports, locks, connect_timeout=options.connect_timeout)
     return MigrateResult(
         "migrate",
         reports,

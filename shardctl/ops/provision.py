@@ -151,7 +151,7 @@ def init(
         locks.refuse_untranslatable(rendered)
         reports = fanout.fan_out(selected, work, lambda h: fanout.ApplyOutcome())
         # what was built is what the migrations define, or init fails naming the shards
-        check_applied(topo, reports, connect_timeout=options.connect_timeout)
+        check_applied(topo, reports, locks, connect_timeout=options.connect_timeout)
     # Shards whose schema had been dropped by hand, which init set out to build again.
     recreated = {h: format_shards(r) for h, r in recreated_by_host.items() if r}
     return fanout.FleetReport(

@@ -86,40 +86,54 @@ def build(
     *,
     shard: int = 0,
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+    admin: psycopg.Connection | None = None,
 ) -> Reference:
     """Build the reference on ``host`` (see the module doc). A database error becomes
-    ``Reference.error`` (with the versions built before it kept); an unreachable host raises."""
+    ``Reference.error`` (with the versions built before it kept); an unreachable host raises.
+    ``admin``: an open autocommit connection to the host's database to create and drop the scratch
+    database over (init's and migrate's lock connection), else one of its own."""
+    if admin is None:
+        with db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="verify reference"
+        ) as conn:
+            return build(
+                topo,
+                host,
+                migrations,
+                host_level,
+                per_shard,
+                shard=shard,
+                connect_timeout=connect_timeout,
+                admin=conn,
+            )
     ref = Reference(host.name, shard, names={m.version: m.name for m in migrations})
     name = scratch_name()
-    with db.connect(
-        host, autocommit=True, connect_timeout=connect_timeout, purpose="verify reference"
-    ) as admin:
-        encoding, ref.server_version = database_facts(admin)
+    encoding, ref.server_version = database_facts(admin)
+    try:
+        create_database(admin, name, encoding=encoding)
+    except psycopg.errors.InsufficientPrivilege:
+        ref.error = (
+            f"role {admin.info.user!r} may not CREATE DATABASE on {host.name}, so verify could not "
+            f"build the reference schema there (grant CREATEDB, or run verify as a role that has it)"
+        )
+        return ref
+    except psycopg.Error as exc:
+        ref.error = f"could not create the reference database on {host.name}: {_line(exc)}"
+        return ref
+    try:
+        with db.connect(
+            host,
+            autocommit=True,
+            connect_timeout=connect_timeout,
+            purpose="verify reference",
+            database=name,
+        ) as conn:
+            _fill(conn, topo, host, ref, migrations, host_level, per_shard)
+    finally:
         try:
-            create_database(admin, name, encoding=encoding)
-        except psycopg.errors.InsufficientPrivilege:
-            ref.error = (
-                f"role {admin.info.user!r} may not CREATE DATABASE on {host.name}, so verify could not "
-                f"build the reference schema there (grant CREATEDB, or run verify as a role that has it)"
-            )
-            return ref
-        except psycopg.Error as exc:
-            ref.error = f"could not create the reference database on {host.name}: {_line(exc)}"
-            return ref
-        try:
-            with db.connect(
-                host,
-                autocommit=True,
-                connect_timeout=connect_timeout,
-                purpose="verify reference",
-                database=name,
-            ) as conn:
-                _fill(conn, topo, host, ref, migrations, host_level, per_shard)
-        finally:
-            try:
-                drop_database(admin, name)
-            except psycopg.Error as exc:  # the reference is built; say what was left behind
-                ref.notes.append(f"could not drop the scratch database {name}: {_line(exc)}")
+            drop_database(admin, name)
+        except psycopg.Error as exc:  # the reference is built; say what was left behind
+            ref.notes.append(f"could not drop the scratch database {name}: {_line(exc)}")
     return ref
 
 
@@ -177,8 +191,8 @@ def _run(conn: psycopg.Connection, text: str, path: str, transactional: bool) ->
 def _read(
     conn: psycopg.Connection, ref: Reference, version: int, schema: str, per_shard: tuple[str, ...]
 ) -> None:
-    ref.prints[version] = fingerprint.fingerprints(conn, [schema], per_shard).get(schema, "")
-    ref.objects[version] = fingerprint.objects(conn, [schema], per_shard)[schema]
+    found, prints = fingerprint.objects_and_prints(conn, [schema], per_shard)
+    ref.objects[version], ref.prints[version] = found[schema], prints.get(schema, "")
 
 
 def _line(exc: BaseException) -> str:

@@ -230,38 +230,53 @@ def verify(
 def check_applied(
     topo: Topology,
     reports: list[HostResult],
+    locks: db.FleetLocks,
     *,
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
-    """``init``'s and ``migrate``'s last step: on every host where shards were created or migrated,
-    each shard's schema is compared with the reference at its ledger version (as ``verify`` does). A
-    host whose shards differ gets an error naming them, so the command fails (exit 1) instead of
-    reporting success: a migration that skipped its work on some shards (a catalog lookup that found
-    another schema's object) is caught before anyone relies on it. What cannot be proven there (no
-    CREATEDB) is left to ``verify``."""
+    """``init``'s and ``migrate``'s last step, over their lock connections: on every host where shards
+    were created or migrated, each shard's schema is compared with the reference at its ledger
+    version (as ``verify`` does). A host whose shards differ gets an error naming them, so the command
+    fails (exit 1) instead of reporting success: a migration that skipped its work on some shards (a
+    catalog lookup that found another schema's object) is caught before anyone relies on it. What
+    cannot be proven there (no CREATEDB) is left to ``verify``."""
     changed = [
         r for r in reports if r.ok and r.value is not None and (r.value.created or r.value.migrated)
     ]
     if not changed:
         return
-    found = schema_problems(topo, [r.host for r in changed], connect_timeout=connect_timeout)
+    found = schema_problems(
+        topo, [r.host for r in changed], locks=locks, connect_timeout=connect_timeout
+    )
     for r in changed:
         if r.host in found:
             r.error = found[r.host]
 
 
 def schema_problems(
-    topo: Topology, hosts: list[str], *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
+    topo: Topology,
+    hosts: list[str],
+    *,
+    locks: db.FleetLocks | None = None,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
 ) -> dict[str, str]:
-    """Host → one line naming its shards whose schema is not the reference's at their version."""
+    """Host → one line naming its shards whose schema is not the reference's at their version
+    (``locks``: the run's lock connections, used instead of new ones)."""
     migrations, host_level = for_topology(topo), host_for_topology(topo)
     per_shard = per_shard_functions(topo)
     refs: dict[str, reference.Reference] = {}
     ref_shard = min((n for h in topo.hosts for n in h.shards), default=0)
 
     def work(host: Host, result: HostResult[HostVerification]) -> None:
-        builder = _Background(
-            lambda: reference.build(
+        opened = (
+            locks.use(host)
+            if locks is not None
+            else db.connect(
+                host, autocommit=True, connect_timeout=connect_timeout, purpose="schema check"
+            )
+        )
+        with opened as conn:
+            refs[host.name] = reference.build(
                 topo,
                 host,
                 migrations,
@@ -269,11 +284,8 @@ def schema_problems(
                 per_shard,
                 shard=ref_shard,
                 connect_timeout=connect_timeout,
+                admin=conn,
             )
-        )
-        with db.connect(
-            host, autocommit=True, connect_timeout=connect_timeout, purpose="schema check"
-        ) as conn:
             rows = shard_list(conn)
             mine = [n for n in host.shards if n in rows and rows[n].state == "active"]
             prints = fingerprint.fingerprints(conn, [topo.schema_name(n) for n in mine], per_shard)
@@ -281,7 +293,6 @@ def schema_problems(
         result.value.fingerprints = {
             n: prints[topo.schema_name(n)] for n in mine if topo.schema_name(n) in prints
         }
-        refs[host.name] = builder.result()
 
     reports = fan_out([topo.host(h) for h in hosts], work, lambda h: HostVerification(h.name))
     reference.share(refs)

@@ -32,6 +32,7 @@ digest differs, so the difference can be named object by object (``differences``
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 import psycopg
@@ -72,6 +73,28 @@ def objects(
     for schema, kind, tbl, name, definition in rows:
         out[schema][(kind, tbl, name)] = definition or ""
     return out
+
+
+def objects_and_prints(
+    conn: psycopg.Connection, schemas: list[str], per_shard: tuple[str, ...] = NEXT_ID
+) -> tuple[dict[str, dict[Key, str]], dict[str, str]]:
+    """:func:`objects` and :func:`fingerprints` of a few ``schemas`` from one query: the digest is
+    computed here as ``FINGERPRINT_SQL`` computes it on the server (each row's non-null fields joined
+    by a space, rows in byte order of kind, table and name, joined by newlines, md5), so the two can
+    be compared (verify's reference reads every version of its one schema this way)."""
+    out: dict[str, dict[Key, str]] = {s: {} for s in schemas}
+    lines: dict[str, list[tuple[bytes, bytes, bytes, str]]] = {s: [] for s in schemas}
+    rows = conn.execute(OBJECTS_SQL, {"schemas": schemas, "per_shard": list(per_shard)}).fetchall()
+    for schema, kind, tbl, name, definition in rows:
+        out[schema][(kind, tbl, name)] = definition or ""
+        text = " ".join(x for x in (kind, tbl, name, definition) if x is not None)
+        lines[schema].append((kind.encode(), tbl.encode(), name.encode(), text))
+    prints = {
+        s: hashlib.md5("\n".join(t for *_, t in sorted(found)).encode()).hexdigest()
+        for s, found in lines.items()
+        if found
+    }
+    return out, prints
 
 
 def _label(key: Key) -> str:

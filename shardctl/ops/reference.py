@@ -18,11 +18,13 @@ shard whose ledger is at ``v`` is compared with the schema it should have at ``v
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
 
 from ..engine import connections as db
+from ..engine.fanout import for_each_host
 from ..errors import ShardctlError
 from ..model.dsn import mask
 from ..model.topology import Host, Topology
@@ -200,31 +202,39 @@ def _line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def share(refs: dict[str, Reference]) -> None:
-    """A host that could not build its own reference (no CREATEDB there) borrows one built on a server
-    of the same major version: the catalog text of one major version is the same everywhere."""
-    for name, ref in refs.items():
-        if ref.built:
-            continue
-        donor = next(
-            (
-                r
-                for r in refs.values()
-                if r.built
-                and r.borrowed_from is None
-                and r.server_version // 10000 == ref.server_version // 10000
-            ),
-            None,
-        )
-        if donor is not None:
-            refs[name] = Reference(
-                name,
-                donor.shard,
-                donor.server_version,
-                donor.prints,
-                donor.objects,
-                donor.names,
-                donor.error,
-                [ref.error or ""] + donor.notes,
-                donor.host,
-            )
+def for_hosts(
+    hosts: list[Host],
+    majors: dict[str, int],
+    build_on: Callable[[Host], Reference],
+    first: Reference | None = None,
+) -> dict[str, Reference]:
+    """One reference per server major version, shared by every host of that version: the catalog
+    text of one major version is the same on every server, so building it once is enough. ``majors``:
+    host → its server's major version (a host missing from it gets no reference); ``first``: one
+    already built (on any host). Where a build cannot make the scratch database (no CREATEDB there),
+    the next host of that version is tried; a version where none can keeps the failed reference, whose
+    ``error`` says what could not be proven."""
+    by_major: dict[int, Reference] = {}
+    if first is not None:
+        by_major[first.server_version // 10000] = first
+    wanted = {m for m in majors.values() if m not in by_major or not by_major[m].built}
+
+    def one(major: int) -> tuple[int, Reference | None]:
+        ref = by_major.get(major)
+        tried = {ref.host} if ref is not None else set()
+        for host in hosts:
+            if majors.get(host.name) == major and host.name not in tried:
+                try:
+                    ref = build_on(host)
+                except (ShardctlError, psycopg.Error) as exc:  # gone since: the next one
+                    ref = Reference(host.name, 0, error=f"{host.name}: {_line(exc)}")
+                if ref.built:
+                    break
+        return major, ref
+
+    by_major.update({m: r for m, r in for_each_host(sorted(wanted), one) if r is not None})
+    return {
+        h.name: by_major[majors[h.name]]
+        for h in hosts
+        if h.name in majors and majors[h.name] in by_major
+    }

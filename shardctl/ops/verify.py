@@ -168,7 +168,6 @@ def verify(
     host_level = host_for_topology(topo)
     expected_bodies: dict[int, str] = {}
     lock = threading.Lock()
-    refs: dict[str, reference.Reference] = {}
 
     def expected_body(n: int) -> str:
         with lock:
@@ -176,35 +175,39 @@ def verify(
                 expected_bodies[n] = next_id_body(render_next_id(topo, n))
             return expected_bodies[n]
 
+    def build_on(host: Host) -> reference.Reference:
+        return reference.build(
+            topo,
+            host,
+            migrations,
+            host_level,
+            per_shard,
+            shard=reference_shard,
+            connect_timeout=connect_timeout,
+        )
+
     def work(host: Host, result: HostResult[HostVerification]) -> None:
-        builder = None
-        if schemas:
-            builder = _Background(
-                lambda: reference.build(
-                    topo,
-                    host,
-                    migrations,
-                    host_level,
-                    per_shard,
-                    shard=reference_shard,
-                    connect_timeout=connect_timeout,
-                )
-            )
         with db.connect(
             host, autocommit=True, connect_timeout=connect_timeout, purpose="verify"
         ) as conn:
             check = _HostCheck(conn, topo, host, result.value, expected_body, tolerance_ms)
             check.run(samples, full, body_samples, id_shards, per_shard if schemas else None)
-        if builder is not None:
-            refs[host.name] = builder.result()
 
     per_shard = per_shard_functions(topo) if schemas else fingerprint.NEXT_ID
     reference_shard = min((n for h in topo.hosts for n in h.shards), default=0)
-    reports = fan_out(select_hosts(topo, hosts), work, lambda h: HostVerification(h.name))
+    selected = select_hosts(topo, hosts)
+    # the first host's reference is built while every host's shards are read
+    early = _Background(lambda: build_on(selected[0])) if schemas and selected else None
+    reports = fan_out(selected, work, lambda h: HostVerification(h.name))
     groups: list[SchemaGroup] = []
     pending: list[str] = []
-    if schemas:
-        reference.share(refs)
+    if early is not None:
+        try:
+            first: reference.Reference | None = early.result()
+        except (ShardctlError, psycopg.Error):  # that host's report says why
+            first = None
+        majors = {r.host: _major(r.value.server_version) for r in reports if r.value.server_version}
+        refs = reference.for_hosts(selected, majors, build_on, first)
         groups, pending = compare_with_reference(
             topo,
             reports,
@@ -264,19 +267,18 @@ def schema_problems(
     (``locks``: the run's lock connections, used instead of new ones)."""
     migrations, host_level = for_topology(topo), host_for_topology(topo)
     per_shard = per_shard_functions(topo)
-    refs: dict[str, reference.Reference] = {}
     ref_shard = min((n for h in topo.hosts for n in h.shards), default=0)
 
-    def work(host: Host, result: HostResult[HostVerification]) -> None:
-        opened = (
-            locks.use(host)
-            if locks is not None
-            else db.connect(
-                host, autocommit=True, connect_timeout=connect_timeout, purpose="schema check"
-            )
+    def opened(host: Host):
+        if locks is not None:
+            return locks.use(host)
+        return db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="schema check"
         )
-        with opened as conn:
-            refs[host.name] = reference.build(
+
+    def build_on(host: Host) -> reference.Reference:
+        with opened(host) as conn:
+            return reference.build(
                 topo,
                 host,
                 migrations,
@@ -286,6 +288,12 @@ def schema_problems(
                 connect_timeout=connect_timeout,
                 admin=conn,
             )
+
+    majors: dict[str, int] = {}
+
+    def work(host: Host, result: HostResult[HostVerification]) -> None:
+        with opened(host) as conn:
+            majors[host.name] = conn.info.server_version // 10000
             rows = shard_list(conn)
             mine = [n for n in host.shards if n in rows and rows[n].state == "active"]
             prints = fingerprint.fingerprints(conn, [topo.schema_name(n) for n in mine], per_shard)
@@ -294,8 +302,9 @@ def schema_problems(
             n: prints[topo.schema_name(n)] for n in mine if topo.schema_name(n) in prints
         }
 
-    reports = fan_out([topo.host(h) for h in hosts], work, lambda h: HostVerification(h.name))
-    reference.share(refs)
+    chosen = [topo.host(h) for h in hosts]
+    reports = fan_out(chosen, work, lambda h: HostVerification(h.name))
+    refs = reference.for_hosts(chosen, majors, build_on)
     compare_with_reference(
         topo, reports, refs, len(migrations), connect_timeout=connect_timeout, per_shard=per_shard
     )
@@ -311,6 +320,11 @@ def schema_problems(
                 f"(`shardctl verify --full` lists every difference)"
             )
     return out
+
+
+def _major(server_version: str) -> int:
+    """The major version of a ``server_version`` setting ("18.6", "9.6.24", "17.2 (Debian …)")."""
+    return int(server_version.split(".")[0].split()[0])
 
 
 class _Background:

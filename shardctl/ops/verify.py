@@ -98,6 +98,8 @@ class VerifyReport(Result):
     schemas: list[SchemaGroup] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     latest_version: int = 0
+    # what building the reference met without failing (a host-level file that acts on the cluster)
+    reference_notes: list[str] = field(default_factory=list)
 
     @property
     def violations(self) -> list[Violation]:
@@ -201,6 +203,7 @@ def verify(
     reports = fan_out(selected, work, lambda h: HostVerification(h.name))
     groups: list[SchemaGroup] = []
     pending: list[str] = []
+    notes: list[str] = []
     if early is not None:
         try:
             first: reference.Reference | None = early.result()
@@ -208,6 +211,7 @@ def verify(
             first = None
         majors = {r.host: _major(r.value.server_version) for r in reports if r.value.server_version}
         refs = reference.for_hosts(selected, majors, build_on, first)
+        notes = [n for ref in {id(r): r for r in refs.values()}.values() for n in ref.notes]
         groups, pending = compare_with_reference(
             topo,
             reports,
@@ -227,6 +231,7 @@ def verify(
         groups,
         pending,
         len(migrations),
+        notes,
     )
 
 

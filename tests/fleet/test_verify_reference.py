@@ -129,3 +129,26 @@ def test_verify_without_create_database_says_what_it_could_not_prove(make_fleet)
     finally:
         with connect(topo, "pg1", autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def test_a_host_level_file_that_acts_on_the_cluster_does_not_stop_the_reference(make_fleet):
+    """A role is the cluster's: the reference database finds it made already. The reference goes on
+    (the shard migrations find the role), says which file failed there, and verify passes."""
+    path = make_fleet(hosts=1, shards=4)
+    role = "readers_" + path.parent.name[-8:].lower().replace("-", "_")
+    (path.parent / "migrations" / "H0001__roles.sql").write_text(f"CREATE ROLE {role};\n")
+    (path.parent / "migrations" / "V0003__grant.sql").write_text(
+        f"GRANT SELECT ON {{{{ schema|ident }}}}.photos TO {role};\n"
+    )
+    topo = load(path)
+    try:
+        assert run_cli("init", config=path).exit_code == 0
+        result = run_cli("verify", "--json", config=path)
+        assert result.exit_code == 0, result
+        (note,) = json.loads(result.stdout)["reference_notes"]
+        assert note.startswith(
+            f'host-level H0001__roles.sql failed in the reference database: role "{role}" already'
+        ), note
+    finally:
+        with connect(topo, "pg1", autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")

@@ -29,7 +29,7 @@ from ..errors import ShardctlError
 from ..model.dsn import mask
 from ..model.topology import Host, Topology
 from ..sql import fingerprint, session
-from ..sql.catalog.verify import database_facts
+from ..sql.catalog.verify import database_facts, default_privilege_statements
 from ..sql.databases import create_database, drop_database
 from ..sql.host_migrations import EXT_SCHEMA, HostLevelMigration
 from ..sql.migrations import Migration
@@ -111,6 +111,7 @@ def build(
     ref = Reference(host.name, shard, names={m.version: m.name for m in migrations})
     name = scratch_name()
     encoding, ref.server_version = database_facts(admin)
+    defaults = default_privilege_statements(admin)
     try:
         create_database(admin, name, encoding=encoding)
     except psycopg.errors.InsufficientPrivilege:
@@ -130,7 +131,7 @@ def build(
             purpose="verify reference",
             database=name,
         ) as conn:
-            _fill(conn, topo, host, ref, migrations, host_level, per_shard)
+            _fill(conn, topo, host, ref, migrations, host_level, per_shard, defaults)
     finally:
         try:
             drop_database(admin, name)
@@ -147,9 +148,18 @@ def _fill(
     migrations: list[Migration],
     host_level: list[HostLevelMigration],
     per_shard: tuple[str, ...],
+    defaults: list[str] = (),  # type: ignore[assignment]
 ) -> None:
-    """Host-level files, the template, then each shard migration, reading the catalog after each."""
+    """The host database's default privileges (new shard objects take them), host-level files, the
+    template, then each shard migration, reading the catalog after each."""
     schema = topo.schema_name(ref.shard)
+    for text in defaults:
+        try:
+            conn.execute(text)
+        except psycopg.Error as exc:
+            ref.notes.append(
+                f"default privileges not copied to the reference database: {_line(exc)}"
+            )
     for m in host_level:
         # A host-level file may act on the cluster (a role that exists already): the shard migrations
         # then find what it made, so the reference goes on and says which file failed.

@@ -152,3 +152,32 @@ def test_a_host_level_file_that_acts_on_the_cluster_does_not_stop_the_reference(
     finally:
         with connect(topo, "pg1", autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def test_database_wide_default_privileges_are_the_environment_not_a_difference(make_fleet):
+    """``ALTER DEFAULT PRIVILEGES`` without IN SCHEMA (a read-only role an adopted app already has)
+    gives every new shard table its grant; the reference database gets the same defaults."""
+    path = make_fleet(hosts=1, shards=4)
+    topo = load(path)
+    role = "ro_" + path.parent.name[-8:].lower().replace("-", "_")
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute(
+            f"CREATE ROLE {role}; ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO {role}; "
+            f"ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC"
+        )
+    try:
+        assert run_cli("init", config=path).exit_code == 0
+        with connect(topo, "pg1", autocommit=True) as conn:
+            acl = conn.execute(
+                "SELECT relacl::text FROM pg_class WHERE oid = 'insta2.photos'::regclass"
+            )
+            assert role in acl.fetchone()[0]
+        result = run_cli("verify", "--json", config=path)
+        assert result.exit_code == 0, result
+        assert json.loads(result.stdout)["reference_notes"] == []
+    finally:
+        with connect(topo, "pg1", autocommit=True) as conn:
+            conn.execute(
+                f"ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO PUBLIC; "
+                f"DROP OWNED BY {role}; DROP ROLE {role}"
+            )

@@ -1,18 +1,20 @@
-"""The reference schema ``verify`` compares every shard with: what the migration files define, built
-where nothing can shadow it.
+"""The reference schema ``verify`` (and ``init``'s and ``migrate``'s check after their work) compares
+every shard with: what the migration files define, built where nothing can shadow it.
 
-On each host, a scratch database (``shardctl_ref_<random>``, copied from ``template0``, in the host
-database's encoding, dropped again in a ``finally``) receives the host-level migrations, then one
-reference shard (the template's schema, sequence and ``next_id()``) and the shard migrations one
-version at a time; after each version its catalog is fingerprinted and read object by object
-(``sql/fingerprint.py``, which writes the schema's own name as ``{schema}.``). Nothing but the
-reference lives in that database, so a catalog lookup without a schema filter finds nothing of a
-shard's or of ``public``'s, and the reference is what the files say, not what the fleet did. The
-same server builds it, so the server's version and extensions are the shards'.
+A scratch database (``shardctl_ref_<random>``, copied from ``template0`` in the host database's
+encoding, dropped again in a ``finally``: an empty database of the same server, as Atlas's "dev
+database" is) receives the host database's database-wide default privileges, the host-level
+migrations, then one reference shard (the template's schema, sequence and ``next_id()``) and the
+shard migrations one version at a time; after each version its catalog is read object by object and
+fingerprinted (``sql/fingerprint.py``, which writes the schema's own name as ``{schema}.``). Nothing
+but the reference lives there, so a catalog lookup without a schema filter finds nothing of a
+shard's or of ``public``'s: the reference is what the files say, not what the fleet did. One is
+built per server major version (``for_hosts``), on a server of that version, so the catalog's text
+and the extensions available are the shards'.
 
-``Reference.prints[v]`` is the reference's fingerprint at version ``v`` (0: the template alone), so a
-shard whose ledger is at ``v`` is compared with the schema it should have at ``v``, and
-``Reference.made_by`` names the migration that gave an object its reference definition.
+``Reference.prints[v]`` is the fingerprint at version ``v`` (0: the template alone), so a shard whose
+ledger is at ``v`` is compared with the schema it should have at ``v``; ``Reference.made_by`` names
+the migration that gave an object its reference definition.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ PREFIX = "shardctl_ref_"
 
 @dataclass
 class Reference:
-    """The reference schema of one host, version by version."""
+    """The reference schema, version by version, as built on ``host``."""
 
     host: str
     shard: int  # the shard the migrations were rendered for
@@ -50,12 +52,8 @@ class Reference:
     names: dict[int, str] = field(default_factory=dict)  # version → migration file
     # why the reference stops short of the last version (or was not built at all); None: complete
     error: str | None = None
-    notes: list[str] = field(
-        default_factory=list
-    )  # host-level files that failed in the scratch database
-    borrowed_from: str | None = (
-        None  # the host whose reference this one is (it could not build its own)
-    )
+    # what the build met without failing: a host-level file that acts on the cluster, say
+    notes: list[str] = field(default_factory=list)
 
     @property
     def built(self) -> bool:

@@ -1,4 +1,5 @@
-"""``verify``: prove every shard's IDs are right, its function is the template's, and placement matches."""
+"""``verify``: prove every shard's IDs are right, its function is the template's, placement matches, and its
+schema is what the migration files define (a reference built where nothing can shadow it: ops/reference.py)."""
 
 from __future__ import annotations
 

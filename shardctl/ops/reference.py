@@ -20,6 +20,7 @@ the migration that gave an object its reference definition.
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,13 +32,15 @@ from ..errors import ShardctlError
 from ..model.dsn import mask
 from ..model.topology import Host, Topology
 from ..sql import fingerprint, session
-from ..sql.catalog.verify import database_facts, default_privilege_statements
+from ..sql.catalog.verify import database_facts, default_privilege_statements, idle_databases
 from ..sql.databases import create_database, drop_database
 from ..sql.host_migrations import EXT_SCHEMA, HostLevelMigration
 from ..sql.migrations import Migration
 from ..sql.render import render_shard
 
 PREFIX = "shardctl_ref_"
+# A scratch database older than this with nobody connected was left by a run that was killed.
+STALE_SECONDS = 3600
 
 
 @dataclass
@@ -73,8 +76,23 @@ class Reference:
         return f"{what} defines it so" if case == "differs" else f"{what} should have made it"
 
 
-def scratch_name() -> str:
-    return PREFIX + secrets.token_hex(6)
+def scratch_name(now: float | None = None) -> str:
+    """``shardctl_ref_<unix time>_<random>``: the time lets a later run tell a leftover from a build
+    in progress."""
+    return f"{PREFIX}{int(time.time() if now is None else now)}_{secrets.token_hex(4)}"
+
+
+def sweep(admin: psycopg.Connection, ref: Reference) -> None:
+    """Drop the scratch databases a killed run left behind (older than STALE_SECONDS, nobody
+    connected), saying so in ``ref.notes``."""
+    for name in idle_databases(admin, PREFIX):
+        stamp = name[len(PREFIX) :].split("_", 1)[0]
+        if stamp.isdigit() and time.time() - int(stamp) > STALE_SECONDS:
+            try:
+                drop_database(admin, name)
+            except psycopg.Error:  # another run got there first, or no right to: leave it
+                continue
+            ref.notes.append(f"dropped {name}, a scratch database a killed run left behind")
 
 
 def build(
@@ -110,6 +128,7 @@ def build(
     name = scratch_name()
     encoding, ref.server_version = database_facts(admin)
     defaults = default_privilege_statements(admin)
+    sweep(admin, ref)
     try:
         create_database(admin, name, encoding=encoding)
     except psycopg.errors.InsufficientPrivilege:

@@ -181,3 +181,21 @@ def test_database_wide_default_privileges_are_the_environment_not_a_difference(m
                 f"ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO PUBLIC; "
                 f"DROP OWNED BY {role}; DROP ROLE {role}"
             )
+
+
+def test_a_scratch_database_a_killed_run_left_is_dropped(make_fleet):
+    path = make_fleet(hosts=1, shards=4, init=True)
+    topo = load(path)
+    left = "shardctl_ref_1000_" + path.parent.name[-8:].lower().replace("-", "_")
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {left}")
+    try:
+        result = run_cli("verify", "--json", config=path)
+        assert result.exit_code == 0, result
+        # (another test's verify on the same servers may sweep it first: then its report says so)
+        notes = json.loads(result.stdout)["reference_notes"]
+        assert set(notes) <= {f"dropped {left}, a scratch database a killed run left behind"}, notes
+        assert left not in scratch_databases(topo)
+    finally:
+        with connect(topo, "pg1", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {left}")

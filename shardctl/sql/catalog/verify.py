@@ -213,3 +213,16 @@ def default_privilege_statements(conn: psycopg.Connection) -> list[str]:
             for privilege, grantee, option in zip(privileges, grantees, grantable)
         ]
     return out
+
+
+def idle_databases(conn: psycopg.Connection, prefix: str) -> list[str]:
+    """The databases whose name starts with ``prefix`` and that no session is connected to."""
+    return [
+        name
+        for (name,) in conn.execute(
+            """SELECT d.datname FROM pg_database d
+                WHERE starts_with(d.datname, %s)
+                  AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.datid = d.oid)""",
+            (prefix,),
+        )
+    ]

@@ -38,7 +38,8 @@ def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
             return
         for f in result.findings:
             stdout.print(
-                f"[red]{f.file}:{f.line}:{f.column}[/red] {f.rule}: {f.message}"
+                ("[red]silently wrong:[/red] " if f.silently_wrong else "")
+                + f"[red]{f.file}:{f.line}:{f.column}[/red] {f.rule}: {f.message}"
                 + (f" ({f.help})" if f.help else ""),
                 markup=True,
                 highlight=False,
@@ -55,6 +56,13 @@ def lint_cmd(base: str | None, shard: int, as_json: bool) -> None:
 
     error = None
     if result.findings:
-        said = first_few(result.findings, 1, lambda f: f"{f.file}:{f.line} {f.rule}: {f.message}")
+        said = first_few(
+            result.findings,
+            1,
+            lambda f: (
+                ("silently wrong: " if f.silently_wrong else "")
+                + f"{f.file}:{f.line} {f.rule}: {f.message}"
+            ),
+        )
         error = OperationFailed(f"lint: {said}")
     finish(as_json, result.to_dict(), human, error)

@@ -51,7 +51,10 @@ def import_cmd(fmt: str, target: str | None, dry_run: bool, directory: str, as_j
             for note in f.notes:
                 stdout.print(f"    {note}", highlight=False)
         for f in result.findings:
-            stdout.print(f"{f.file}:{f.line}:{f.column} {f.rule}: {f.message}", highlight=False)
+            mark = "silently wrong: " if f.silently_wrong else ""
+            stdout.print(
+                f"{mark}{f.file}:{f.line}:{f.column} {f.rule}: {f.message}", highlight=False
+            )
         verb = "would write" if dry_run else "wrote"
         stdout.print(
             f"{verb} {len(result.files)} file(s) into {result.target_dir} from {result.format} "

@@ -31,13 +31,16 @@ def connect(
     autocommit: bool = False,
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
     purpose: str = "",
+    database: str | None = None,
 ) -> psycopg.Connection:
-    """Open a connection to ``host``; an unreachable host raises HostUnreachable with a masked reason."""
+    """Open a connection to ``host`` (``database``: another database of its server, e.g. verify's
+    scratch one); an unreachable host raises HostUnreachable with a masked reason."""
     # shardctl's own work (DDL, locks, moves) goes over the admin DSN, never through an app pooler.
     kwargs = host.connect_kwargs(
         purpose="admin",
         connect_timeout=max(1, int(connect_timeout)),
         application_name=f"{APPLICATION_NAME} {purpose}".strip(),
+        **({"dbname": database} if database else {}),
     )
     try:
         return psycopg.connect(autocommit=autocommit, **kwargs)

@@ -112,15 +112,76 @@ def _literal(text: str) -> str:
     return text
 
 
-def _join(statements: list[Statement]) -> str:
-    return "".join(s.sql.rstrip().rstrip(";") + ";\n\n" for s in statements).rstrip("\n") + "\n"
+def _join(statements: list[tuple[str, Statement]]) -> str:
+    """Statements with the comments that stood before each (``(comments, statement)``)."""
+    out = "".join(lead + s.sql.rstrip().rstrip(";") + ";\n\n" for lead, s in statements).rstrip(
+        "\n"
+    )
+    return out + "\n"
+
+
+def _comments(text: str) -> str:
+    """The comment text of what stands between two statements (a licence header, a note), as lines
+    ending in a newline; '' when it holds only whitespace and the previous statement's semicolon."""
+    text = text.lstrip().removeprefix(";").strip("\n").rstrip()
+    return text.strip("\n") + "\n" if text.strip() else ""
+
+
+def _leads(source: str, statements: list[Statement]) -> tuple[list[str], str]:
+    """Each statement's leading comments in ``source`` (the text between it and the statement before),
+    and the comments after the last one: a split file keeps them."""
+    leads, pos = [], 0
+    for s in statements:
+        start = source.find(s.sql, pos)
+        if start < 0:  # cannot place it: keep the statement, lose nothing else
+            leads.append("")
+            continue
+        leads.append(_comments(source[pos:start]))
+        pos = start + len(s.sql)
+    return leads, _comments(source[pos:])
+
+
+# Each tool's own ledger table: shardctl keeps its own (shardctl.migrations), so a statement on the old
+# tool's is left out, and one it cannot take out (inside a DO block or a function) is refused.
+LEDGER_TABLES = {
+    "golang-migrate": "schema_migrations",
+    "dbmate": "schema_migrations",
+    "goose": "goose_db_version",
+    "flyway": "flyway_schema_history",
+    "prisma": "_prisma_migrations",
+}
+
+
+def _on_ledger(fmt: str, m: SourceMigration, s: Statement) -> bool:
+    """Whether ``s`` acts on ``fmt``'s own ledger table (BadInput when it names it where the import
+    cannot take it out)."""
+    table = LEDGER_TABLES.get(fmt)
+    if table is None or table not in s.sql.lower():
+        return False
+    if any(node.get("relname", "").lower() == table for node in _range_vars(s.node)):
+        return True
+    raise BadInput(
+        f"{m.name}: names {fmt}'s own ledger table {table} where the import cannot take it out "
+        f"({s.sql.split()[0].upper()} …): shardctl keeps its own ledger; remove that part and import again"
+    )
+
+
+def _range_vars(node: object) -> list[dict]:
+    """Every relation a parse tree (pglast JSON) names: the dicts with a ``relname``."""
+    if isinstance(node, dict):
+        found = [node] if isinstance(node.get("relname"), str) else []
+        return found + [r for v in node.values() for r in _range_vars(v)]
+    if isinstance(node, list):
+        return [r for v in node for r in _range_vars(v)]
+    return []
 
 
 def convert(
     fmt: str, m: SourceMigration
 ) -> tuple[list[tuple[str, bool, str, list[str]]], list[str]]:
     """One source migration as pieces (description suffix, transactional, SQL, notes) of shard files,
-    and the CREATE EXTENSION statements it held (for the host-level file)."""
+    and the CREATE EXTENSION statements it held (for the host-level file). Comments stay with the
+    statement they stood before (a file's header with its first piece)."""
     statements = _statements(m)
     notes = list(m.notes)
     control = [s for s in statements if s.transaction_control]
@@ -130,36 +191,58 @@ def convert(
             f"runs each shard's migration in a transaction with its ledger row"
         )
     extensions = [s for s in statements if s.kind == "CreateExtensionStmt"]
+    ledger = [s for s in statements if _on_ledger(fmt, m, s)]
+    if ledger:
+        notes.append(
+            f"{len(ledger)} statement(s) on {fmt}'s own ledger table {LEDGER_TABLES[fmt]} taken out: "
+            f"shardctl keeps its own ledger (shardctl.migrations)"
+        )
     if any(s.kind == "VariableSetStmt" and s.node.get("name") == "search_path" for s in statements):
         notes.append(SEARCH_PATH_NOTE)
     if extensions:
         notes.append(f"{len(extensions)} CREATE EXTENSION moved to a host-level migration")
-    kept = [s for s in statements if not s.transaction_control and s.kind != "CreateExtensionStmt"]
-    if not m.transactional and not any(s.no_transaction for s in kept):
+    dropped = {id(s) for s in control + extensions + ledger}
+    if not m.transactional and not any(
+        s.no_transaction for s in statements if id(s) not in dropped
+    ):
         notes.append(
             f"{fmt} ran it outside a transaction; nothing in it needs that, so shardctl runs it in one"
         )
-    if not control and not extensions and not any(s.no_transaction for s in kept):
-        return [("", True, m.up, notes)], [s.sql for s in extensions]
-    groups: list[tuple[bool, list[Statement]]] = []
-    for s in kept:
+    if not dropped and not any(s.no_transaction for s in statements):
+        return [("", True, m.up, notes)], []
+    leads, tail = _leads(m.up, statements)
+    groups: list[tuple[bool, list[tuple[str, Statement]]]] = []
+    carried = ""  # the comments of a statement taken out go with the next one kept
+    for lead, s in zip(leads, statements):
+        if id(s) in dropped:
+            carried += lead
+            continue
+        item = (carried + lead, s)
+        carried = ""
         if s.no_transaction:
-            groups.append((False, [s]))
+            groups.append((False, [item]))
         elif groups and groups[-1][0]:
-            groups[-1][1].append(s)
+            groups[-1][1].append(item)
         else:
-            groups.append((True, [s]))
+            groups.append((True, [item]))
     if len(groups) > 1:
         notes.append(
             f"split into {len(groups)} files: a statement that cannot run in a transaction runs alone"
         )
     pieces = [
-        ("" if i == 0 else f"_part{i + 1}", transactional, _join(group), notes if i == 0 else [])
+        [
+            "" if i == 0 else f"_part{i + 1}",
+            transactional,
+            _join(group),
+            notes if i == 0 else [],
+        ]
         for i, (transactional, group) in enumerate(groups)
     ]
-    return pieces or [("", True, "-- (nothing left to run: " + "; ".join(notes) + ")\n", notes)], [
-        s.sql for s in extensions
-    ]
+    if pieces and (carried + tail).strip():
+        pieces[-1][2] += "\n" + carried + tail
+    return [tuple(p) for p in pieces] or [  # type: ignore[misc]
+        ("", True, (carried + tail) + "-- (nothing left to run: " + "; ".join(notes) + ")\n", notes)
+    ], [s.sql for s in extensions]
 
 
 def _file_text(fmt: str, source: str, transactional: bool, sql_text: str, notes: list[str]) -> str:
@@ -243,16 +326,28 @@ def summary(result: ImportResult) -> list[str]:
     for f in result.findings:
         by_rule[f.rule].append(f)
     lines = []
-    for rule, found in sorted(by_rule.items(), key=lambda item: -len(item[1])):
+    # what leaves shards silently wrong first, then by how often
+    for rule, found in sorted(
+        by_rule.items(), key=lambda item: (not item[1][0].silently_wrong, -len(item[1]))
+    ):
         files = sorted({f.file for f in found})
         shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-        lines.append(f"{rule}: {len(found)} finding(s) in {shown} ({found[0].message})")
+        mark = "silently wrong: " if found[0].silently_wrong else ""
+        lines.append(f"{mark}{rule}: {len(found)} finding(s) in {shown} ({found[0].message})")
     lines += [f"skipped {s}" for s in result.skipped]
+    ledger = [f.name for f in result.files if any("own ledger table" in n for n in f.notes)]
+    if ledger:
+        lines.append(
+            f"statements on the old tool's own ledger table taken out of {', '.join(ledger)}: "
+            f"shardctl keeps its own ledger; check nothing else relies on that table"
+        )
     paths = [f.name for f in result.files if SEARCH_PATH_NOTE in f.notes]
     if paths:
-        lines.append(
-            f"SET search_path in {', '.join(paths)}: remove it (shard migrations run with search_path = "
-            f"<shard>, public)"
+        silent = sum(1 for line in lines if line.startswith("silently wrong: "))
+        lines.insert(
+            silent,
+            f"silently wrong: SET search_path in {', '.join(paths)}: remove it (shard migrations run "
+            f"with search_path = <shard>, public)",
         )
     hosts = [f.name for f in result.files if f.host_level]
     if hosts:

@@ -53,6 +53,7 @@ from ..model.topology import Host, Topology
 from ..sql.catalog.control import ShardRow, control_exists, ledger_versions, open_moves, shard_list
 from ..sql.host_migrations import HostLevelMigration, host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
+from .verify import check_applied
 
 __all__ = [
     "HostMigration",
@@ -614,6 +615,8 @@ def migrate(
         ) as locks:
             locks.refuse_untranslatable(rendered)
             reports = fan_out(selected, apply, lambda h: HostMigration())
+            # what was migrated is what the migrations define, or migrate fails naming the shards
+            check_applied(topo, reports, locks, connect_timeout=options.connect_timeout)
     return MigrateResult(
         "migrate",
         reports,

@@ -21,6 +21,7 @@ from ..sql.catalog.ledger import forget_shard
 from ..sql.host_migrations import host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
 from ..sql.render import render_shard
+from .verify import check_applied
 
 
 def _plans(
@@ -149,6 +150,8 @@ def init(
     ) as locks:
         locks.refuse_untranslatable(rendered)
         reports = fanout.fan_out(selected, work, lambda h: fanout.ApplyOutcome())
+        # what was built is what the migrations define, or init fails naming the shards
+        check_applied(topo, reports, locks, connect_timeout=options.connect_timeout)
     # Shards whose schema had been dropped by hand, which init set out to build again.
     recreated = {h: format_shards(r) for h, r in recreated_by_host.items() if r}
     return fanout.FleetReport(

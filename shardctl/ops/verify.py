@@ -1,4 +1,5 @@
-"""``verify``: prove every shard's IDs are right, its function is the template's, and placement matches."""
+"""``verify``: prove every shard's IDs are right, its function is the template's, placement matches, and its
+schema is what the migration files define (a reference built where nothing can shadow it: ops/reference.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql import fingerprint
 from ..sql.catalog import verify as queries
+from ..sql.catalog.control import shard_list
+from ..sql.host_migrations import host_for_topology
+from ..sql.migrations import for_topology
 from ..sql.render import next_id_body, render_next_id
+from . import reference
 
 DEFAULT_SAMPLES = 16
 DEFAULT_TOLERANCE_MS = 5000
@@ -51,22 +56,26 @@ class HostVerification:
     violations: list[Violation] = field(default_factory=list)
     # shard → md5 of its catalog (sql/fingerprint.py)
     fingerprints: dict[int, str] = field(default_factory=dict)
+    versions: dict[int, int] = field(default_factory=dict)  # shard → highest version in its ledger
 
     def to_dict(self) -> dict:
         # the host is its HostResult's; the violations are listed once, in the report
-        return result_doc(self, omit=("host", "fingerprints"), violations=len(self.violations))
+        return result_doc(
+            self, omit=("host", "fingerprints", "versions"), violations=len(self.violations)
+        )
 
 
 @dataclass
 class SchemaGroup:
-    """Shards whose catalogs have one fingerprint; ``differences`` name what differs from the majority's
-    (empty for the majority itself), as read on ``sample`` against ``reference``."""
+    """Shards whose ledger is at ``version`` and whose catalogs have one fingerprint; ``reference``:
+    whether it is the fingerprint of the reference schema at that version (``ops/reference.py``). A
+    group that is not is explained once, on ``sample``: ``differences`` from the reference."""
 
     fingerprint: str
     shards: list[int]
-    majority: bool = False
+    version: int = 0
+    reference: bool = False
     sample: int | None = None
-    reference: int | None = None
     differences: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -76,7 +85,9 @@ class SchemaGroup:
 @dataclass
 class VerifyReport(Result):
     """The result of :func:`verify`: each host's findings, the ``samples`` IDs checked per shard, the
-    ID ``layout``, and the shards grouped by catalog (``schemas``); ``violations`` lists them all."""
+    ID ``layout``, the shards grouped by catalog and ledger version (``schemas``, those that match the
+    reference first), and the versions still to run (``pending``, one line per host and version);
+    ``violations`` lists every shard or host that is wrong."""
 
     command = "verify"
 
@@ -85,7 +96,11 @@ class VerifyReport(Result):
     samples: int
     layout: dict
     full: bool = False
-    schemas: list[SchemaGroup] = field(default_factory=list)  # majority first
+    schemas: list[SchemaGroup] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    latest_version: int = 0
+    # what building the reference met without failing (a host-level file that acts on the cluster)
+    reference_notes: list[str] = field(default_factory=list)
 
     @property
     def violations(self) -> list[Violation]:
@@ -93,28 +108,29 @@ class VerifyReport(Result):
 
     @property
     def ok(self) -> bool:
-        return not self.violations and all(h.reachable and not h.error for h in self.hosts)
+        return (
+            not self.violations
+            and not self.pending
+            and all(h.reachable and not h.error for h in self.hosts)
+        )
 
     def to_dict(self) -> dict:
         return {
             **super().to_dict(),
-            "distinct_schemas": len(self.schemas),
+            "distinct_schemas": len({g.fingerprint for g in self.schemas}),
             "violations": json_value(self.violations),
         }
 
     def raise_for_status(self) -> VerifyReport:
-        """Exit 3 for an unreachable host, 1 for a violation or a host that could not be checked."""
+        """Exit 3 for an unreachable host, 1 for a violation, a pending version or a host that could not
+        be checked."""
         first = self.violations[0] if self.violations else None
-        problems = (
-            [
-                (
-                    f"{len(self.violations)} violation(s); first: {first.host} shard {first.shard}: "
-                    f"{first.reason}"
-                )
-            ]
-            if first
-            else []
-        )
+        problems = list(self.pending)
+        if first:
+            where = f"shard {first.shard}" if first.shard is not None else "host"
+            problems.append(
+                f"{len(self.violations)} violation(s); first: {first.host} {where}: {first.reason}"
+            )
         raise_for_status("verify", self.hosts, problems, report=self.to_dict())
         return self
 
@@ -131,9 +147,11 @@ def verify(
     id_shards: int = DEFAULT_ID_SHARDS,
     schemas: bool = True,
 ) -> VerifyReport:
-    """Check every shard on every host: placement, records, next_id() bodies, and sampled IDs (strictly
-    increasing, minted for the right shard, near the host clock). Touches nothing but the ID sequences
-    (and a temporary function of verify's own session).
+    """Check every shard on every host: placement, records, next_id() bodies, sampled IDs (strictly
+    increasing, minted for the right shard, near the host clock), and its schema against the
+    reference the migration files define. Touches nothing but the ID sequences, a temporary function
+    of verify's own session, and the scratch database each host builds its reference in (dropped
+    again).
 
     A few set-based queries per host (docs/performance.md, Fleet-wide reads). Bodies: every
     shard's body, with its shard number and schema name taken out, must match the template
@@ -141,13 +159,16 @@ def verify(
     in full. IDs: minted and checked on ``id_shards`` shards per host spread over its range, and
     on every shard whose body differs or whose sequence is missing.
     ``full`` renders and compares every body and checks every shard's IDs (slower: ~0.3 ms of client
-    CPU and up to ~0.5 ms of server CPU per shard).
+    CPU and up to ~0.5 ms of server CPU per shard), and lists every object a shard differs in.
 
-    ``schemas``: compare every shard's catalog fingerprint across the hosts (``compare_schemas``); False
-    leaves it out (bench/verify.py measures what it costs)."""
+    ``schemas``: compare every shard's catalog fingerprint with the reference at the shard's ledger
+    version (``compare_with_reference``); False leaves it out (bench/verify.py measures what it
+    costs)."""
     if samples < 2:
         raise BadInput("--samples must be at least 2 (strict increase needs two IDs)")
     started = time.perf_counter()
+    migrations = for_topology(topo)  # a bad file is bad input (exit 2) before any connection
+    host_level = host_for_topology(topo)
     expected_bodies: dict[int, str] = {}
     lock = threading.Lock()
 
@@ -157,6 +178,17 @@ def verify(
                 expected_bodies[n] = next_id_body(render_next_id(topo, n))
             return expected_bodies[n]
 
+    def build_on(host: Host) -> reference.Reference:
+        return reference.build(
+            topo,
+            host,
+            migrations,
+            host_level,
+            per_shard,
+            shard=reference_shard,
+            connect_timeout=connect_timeout,
+        )
+
     def work(host: Host, result: HostResult[HostVerification]) -> None:
         with db.connect(
             host, autocommit=True, connect_timeout=connect_timeout, purpose="verify"
@@ -165,12 +197,165 @@ def verify(
             check.run(samples, full, body_samples, id_shards, per_shard if schemas else None)
 
     per_shard = per_shard_functions(topo) if schemas else fingerprint.NEXT_ID
-    reports = fan_out(select_hosts(topo, hosts), work, lambda h: HostVerification(h.name))
-    groups = compare_schemas(
-        topo, reports, connect_timeout=connect_timeout, full=full, per_shard=per_shard
-    )
+    reference_shard = min((n for h in topo.hosts for n in h.shards), default=0)
+    selected = select_hosts(topo, hosts)
+    # the first host's reference is built while every host's shards are read
+    early = _Background(lambda: build_on(selected[0])) if schemas and selected else None
+    reports = fan_out(selected, work, lambda h: HostVerification(h.name))
+    groups: list[SchemaGroup] = []
+    pending: list[str] = []
+    notes: list[str] = []
+    if early is not None:
+        try:
+            first: reference.Reference | None = early.result()
+        except (ShardctlError, psycopg.Error):  # that host's report says why
+            first = None
+        majors = {r.host: _major(r.value.server_version) for r in reports if r.value.server_version}
+        refs = reference.for_hosts(selected, majors, build_on, first)
+        notes = [n for ref in {id(r): r for r in refs.values()}.values() for n in ref.notes]
+        groups, pending = compare_with_reference(
+            topo,
+            reports,
+            refs,
+            len(migrations),
+            connect_timeout=connect_timeout,
+            full=full,
+            per_shard=per_shard,
+        )
     layout = {"name": topo.layout.name, **topo.layout.limits()}
-    return VerifyReport(reports, time.perf_counter() - started, samples, layout, full, groups)
+    return VerifyReport(
+        reports,
+        time.perf_counter() - started,
+        samples,
+        layout,
+        full,
+        groups,
+        pending,
+        len(migrations),
+        notes,
+    )
+
+
+def check_applied(
+    topo: Topology,
+    reports: list[HostResult],
+    locks: db.FleetLocks,
+    *,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+) -> None:
+    """``init``'s and ``migrate``'s last step, over their lock connections: on every host where shards
+    were created or migrated, each shard's schema is compared with the reference at its ledger
+    version (as ``verify`` does). A host whose shards differ gets an error naming them, so the command
+    fails (exit 1) instead of reporting success: a migration that skipped its work on some shards (a
+    catalog lookup that found another schema's object) is caught before anyone relies on it. What
+    cannot be proven there (no CREATEDB) is left to ``verify``."""
+    changed = [
+        r for r in reports if r.ok and r.value is not None and (r.value.created or r.value.migrated)
+    ]
+    if not changed:
+        return
+    found = schema_problems(
+        topo, [r.host for r in changed], locks=locks, connect_timeout=connect_timeout
+    )
+    for r in changed:
+        if r.host in found:
+            r.error = found[r.host]
+
+
+def schema_problems(
+    topo: Topology,
+    hosts: list[str],
+    *,
+    locks: db.FleetLocks | None = None,
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+) -> dict[str, str]:
+    """Host → one line naming its shards whose schema is not the reference's at their version
+    (``locks``: the run's lock connections, used instead of new ones)."""
+    migrations, host_level = for_topology(topo), host_for_topology(topo)
+    per_shard = per_shard_functions(topo)
+    ref_shard = min((n for h in topo.hosts for n in h.shards), default=0)
+
+    def opened(host: Host):
+        if locks is not None:
+            return locks.use(host)
+        return db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="schema check"
+        )
+
+    def build_on(host: Host) -> reference.Reference:
+        with opened(host) as conn:
+            return reference.build(
+                topo,
+                host,
+                migrations,
+                host_level,
+                per_shard,
+                shard=ref_shard,
+                connect_timeout=connect_timeout,
+                admin=conn,
+            )
+
+    majors: dict[str, int] = {}
+
+    def work(host: Host, result: HostResult[HostVerification]) -> None:
+        with opened(host) as conn:
+            majors[host.name] = conn.info.server_version // 10000
+            rows = shard_list(conn)
+            mine = [n for n in host.shards if n in rows and rows[n].state == "active"]
+            prints = fingerprint.fingerprints(conn, [topo.schema_name(n) for n in mine], per_shard)
+        result.value.versions = {n: rows[n].version for n in mine}
+        result.value.fingerprints = {
+            n: prints[topo.schema_name(n)] for n in mine if topo.schema_name(n) in prints
+        }
+
+    chosen = [topo.host(h) for h in hosts]
+    reports = fan_out(chosen, work, lambda h: HostVerification(h.name))
+    refs = reference.for_hosts(chosen, majors, build_on)
+    compare_with_reference(
+        topo, reports, refs, len(migrations), connect_timeout=connect_timeout, per_shard=per_shard
+    )
+    out = {}
+    for r in reports:
+        wrong = [v for v in r.value.violations if v.shard is not None]
+        if r.error:
+            out[r.host] = f"the schema check after it could not run: {r.error}"
+        elif wrong:
+            out[r.host] = (
+                f"{len(wrong)} shard(s) ({format_shards(v.shard for v in wrong)}) do not have the "
+                f"schema the migrations define; first: shard {wrong[0].shard}: {wrong[0].reason} "
+                f"(`shardctl verify --full` lists every difference)"
+            )
+    return out
+
+
+def _major(server_version: str) -> int:
+    """The major version of a ``server_version`` setting ("18.6", "9.6.24", "17.2 (Debian …)")."""
+    return int(server_version.split(".")[0].split()[0])
+
+
+class _Background:
+    """``work()`` in a thread of its own (the reference is built while the host's shards are read);
+    ``result()`` waits for it and returns its value or raises its exception."""
+
+    def __init__(self, work: Callable[[], reference.Reference]):
+        self._value: reference.Reference | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="verify-reference", daemon=True)
+        self._thread.start()
+
+    def result(self) -> reference.Reference:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
 
 
 SHOWN_DIFFERENCES = 3  # per shard in a violation (``--full``: all of them)
@@ -184,115 +369,134 @@ def per_shard_functions(topo: Topology) -> tuple[str, ...]:
     return tuple(sorted({f.object for f in template_functions(topo, 0)} | set(fingerprint.NEXT_ID)))
 
 
-# fingerprints (other than the majority's) explained object by object, biggest first
+# groups of shards that differ from the reference, explained object by object, biggest first
 EXPLAINED_GROUPS = 32
 
 
-def schema_groups(found: dict[int, str]) -> list[SchemaGroup]:
-    """Shards by fingerprint, the majority first (a tie goes to the group with the lowest shard)."""
-    by_fp: dict[str, list[int]] = {}
-    for shard, fp in sorted(found.items()):
-        by_fp.setdefault(fp, []).append(shard)
-    groups = sorted(
-        (SchemaGroup(fp, shards) for fp, shards in by_fp.items()),
-        key=lambda g: (-len(g.shards), g.shards[0]),
-    )
-    if groups:
-        groups[0].majority = True
-    return groups
+def _version(v: int) -> str:
+    return f"V{v:04d}"
 
 
-def compare_schemas(
+def compare_with_reference(
     topo: Topology,
     reports: list[HostResult[HostVerification]],
+    refs: dict[str, reference.Reference],
+    latest: int,
     *,
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
     full: bool = False,
     per_shard: tuple[str, ...] = fingerprint.NEXT_ID,
-) -> list[SchemaGroup]:
-    """Compare the shards' fingerprints across the hosts checked. Each group that is not the majority's
-    is explained once: one of its shards' objects against a majority shard's (on the same host when
-    there is one), and every shard in the group gets a violation naming the difference."""
-    owner = {n: r for r in reports for n in r.value.fingerprints}
-    groups = schema_groups({n: fp for r in reports for n, fp in r.value.fingerprints.items()})
-    if len(groups) < 2:
-        return groups
-    majority = groups[0]
-    for rank, group in enumerate(groups[1:]):
-        # each costs a query or two: name the shards, not the difference
-        if rank >= EXPLAINED_GROUPS:
-            for n in group.shards:
-                owner[n].value.violations.append(
+) -> tuple[list[SchemaGroup], list[str]]:
+    """Compare each shard's fingerprint with its host's reference at the shard's ledger version. Returns
+    the groups (matching the reference first) and the pending lines (one per host and version: a host
+    whose shards are behind is named once, not shard by shard). Every shard that differs gets a
+    violation naming what differs and the migration that should have made it; a host whose reference
+    could not be built gets one naming what was not proven."""
+    owner: dict[int, HostResult[HostVerification]] = {}
+    keyed: dict[tuple[str, int, bool], list[int]] = {}
+    pending: list[str] = []
+    for r in reports:
+        ref = refs.get(r.host)
+        found = r.value.fingerprints
+        behind: dict[int, list[int]] = {}
+        unproven: list[int] = []
+        for n, fp in sorted(found.items()):
+            owner[n] = r
+            v = r.value.versions.get(n, 0)
+            if v > latest:
+                r.value.violations.append(
                     Violation(
-                        owner[n].host,
+                        r.host,
                         n,
                         topo.schema_name(n),
-                        f"schema differs from the majority's ({len(majority.shards)} shards, e.g. shard "
-                        f"{majority.shards[0]}); {len(groups) - 1} other schemas, only the first {EXPLAINED_GROUPS} "
-                        f"explained: compare it with `verify --hosts`",
+                        f"its ledger is at {_version(v)}, beyond the last migration file "
+                        f"({_version(latest)}): run the matching shardctl release or restore the files",
                     )
                 )
-            continue
-        sample = group.shards[0]
+                continue
+            if v < latest:
+                behind.setdefault(v, []).append(n)
+            if ref is None or v not in ref.prints:
+                unproven.append(n)
+                continue
+            keyed.setdefault((fp, v, fp == ref.prints[v]), []).append(n)
+        for v, shards in sorted(behind.items()):
+            span = _version(v + 1) + (f"–{_version(latest)}" if latest > v + 1 else "")
+            where = (
+                r.host
+                if len(shards) == len(found)
+                else f"{r.host} ({len(shards)} of its {len(found)} shards: {format_shards(shards)})"
+            )
+            pending.append(f"{span} pending on {where}: run migrate")
+        if unproven:
+            why = (ref.error if ref is not None else None) or "no reference was built"
+            r.value.violations.append(
+                Violation(
+                    r.host,
+                    None,
+                    None,
+                    f"schemas of {len(unproven)} shard(s) ({format_shards(unproven)}) not proven to be "
+                    f"what the migrations define: {why}",
+                )
+            )
+    groups = sorted(
+        (SchemaGroup(fp, shards, v, match) for (fp, v, match), shards in keyed.items()),
+        key=lambda g: (not g.reference, -g.version if g.reference else -len(g.shards), g.shards[0]),
+    )
+    wrong = [g for g in groups if not g.reference]
+    for rank, group in enumerate(wrong):
+        _explain_group(topo, group, owner, refs, rank, len(wrong), connect_timeout, full, per_shard)
+    return groups, pending
+
+
+def _explain_group(
+    topo: Topology,
+    group: SchemaGroup,
+    owner: dict[int, HostResult[HostVerification]],
+    refs: dict[str, reference.Reference],
+    rank: int,
+    count: int,
+    connect_timeout: int,
+    full: bool,
+    per_shard: tuple[str, ...],
+) -> None:
+    """Name what ``group`` lacks, has extra or has otherwise than the reference (read on one of its
+    shards; each costs a query), and give each of its shards a violation saying so."""
+    at = f"the reference built from the migrations at {_version(group.version)}"
+    if rank >= EXPLAINED_GROUPS:
+        detail = (
+            f"schema differs from {at}; {count} groups of shards differ, only the first "
+            f"{EXPLAINED_GROUPS} explained: compare it with `verify --hosts`"
+        )
+    else:
+        group.sample = sample = group.shards[0]
         host = owner[sample]
-        near = [n for n in majority.shards if owner[n] is host]
-        reference = near[0] if near else majority.shards[0]
-        group.sample, group.reference = sample, reference
+        ref = refs[host.host]
         try:
-            group.differences = _explain(
-                topo,
-                host.host,
-                sample,
-                owner[reference].host,
-                reference,
-                connect_timeout,
-                full,
-                per_shard,
+            with db.connect(
+                topo.host(host.host),
+                autocommit=True,
+                connect_timeout=connect_timeout,
+                purpose="verify",
+            ) as conn:
+                mine = fingerprint.objects(conn, [topo.schema_name(sample)], per_shard)
+            group.differences = fingerprint.differences(
+                ref.objects[group.version],
+                mine[topo.schema_name(sample)],
+                limit=0 if full else 160,
+                why=lambda key, case: ref.made_by(key, group.version, case),
             )
         # a host gone since: say so, keep the rest
         except (psycopg.Error, OSError, ShardctlError) as exc:
             group.differences = [f"(could not read the objects: {_first_line(str(exc))})"]
         shown = group.differences if full else group.differences[:SHOWN_DIFFERENCES]
         more = len(group.differences) - len(shown)
-        detail = "; ".join(shown) + (
-            f"; and {more} more (verify --full lists them)" if more else ""
-        )
-        for n in group.shards:
-            owner[n].value.violations.append(
-                Violation(
-                    owner[n].host,
-                    n,
-                    topo.schema_name(n),
-                    (detail or "same objects, different fingerprint")
-                    + f" (schema differs from the majority's: {len(majority.shards)} shards, e.g. shard {reference})",
-                )
-            )
-    return groups
-
-
-def _explain(
-    topo: Topology,
-    host: str,
-    shard: int,
-    ref_host: str,
-    reference: int,
-    connect_timeout: int,
-    full: bool,
-    per_shard: tuple[str, ...],
-) -> list[str]:
-    mine, theirs = topo.schema_name(shard), topo.schema_name(reference)
-    with db.connect(
-        topo.host(host), autocommit=True, connect_timeout=connect_timeout, purpose="verify"
-    ) as conn:
-        found = fingerprint.objects(
-            conn, [mine] + ([theirs] if ref_host == host else []), per_shard
-        )
-    if ref_host != host:
-        with db.connect(
-            topo.host(ref_host), autocommit=True, connect_timeout=connect_timeout, purpose="verify"
-        ) as conn:
-            found.update(fingerprint.objects(conn, [theirs], per_shard))
-    return fingerprint.differences(found[theirs], found[mine], limit=0 if full else 160)
+        detail = (
+            "; ".join(shown) + (f"; and {more} more (verify --full lists them)" if more else "")
+        ) or "same objects, different fingerprint"
+        detail += f"; the schema differs from {at}"
+    for n in group.shards:
+        owner[n].value.violations.append(Violation(owner[n].host, n, topo.schema_name(n), detail))
 
 
 class _HostCheck:
@@ -361,7 +565,9 @@ class _HostCheck:
         expected = set(self.host.shards)
         recorded: set[int] = set()
         if has_control:
-            recorded = queries.active_shard_ids(self.conn)
+            rows = {n: r for n, r in shard_list(self.conn).items() if r.state == "active"}
+            recorded = set(rows)
+            result.versions = {n: r.version for n, r in rows.items()}
         else:
             self.violation(None, "no shardctl control schema (run `shardctl init`)")
         for n in sorted(expected - present):

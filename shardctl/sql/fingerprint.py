@@ -32,6 +32,9 @@ digest differs, so the difference can be named object by object (``differences``
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+
 import psycopg
 
 from . import queries
@@ -72,6 +75,28 @@ def objects(
     return out
 
 
+def objects_and_prints(
+    conn: psycopg.Connection, schemas: list[str], per_shard: tuple[str, ...] = NEXT_ID
+) -> tuple[dict[str, dict[Key, str]], dict[str, str]]:
+    """:func:`objects` and :func:`fingerprints` of a few ``schemas`` from one query: the digest is
+    computed here as ``FINGERPRINT_SQL`` computes it on the server (each row's non-null fields joined
+    by a space, rows in byte order of kind, table and name, joined by newlines, md5), so the two can
+    be compared (verify's reference reads every version of its one schema this way)."""
+    out: dict[str, dict[Key, str]] = {s: {} for s in schemas}
+    lines: dict[str, list[tuple[bytes, bytes, bytes, str]]] = {s: [] for s in schemas}
+    rows = conn.execute(OBJECTS_SQL, {"schemas": schemas, "per_shard": list(per_shard)}).fetchall()
+    for schema, kind, tbl, name, definition in rows:
+        out[schema][(kind, tbl, name)] = definition or ""
+        text = " ".join(x for x in (kind, tbl, name, definition) if x is not None)
+        lines[schema].append((kind.encode(), tbl.encode(), name.encode(), text))
+    prints = {
+        s: hashlib.md5("\n".join(t for *_, t in sorted(found)).encode()).hexdigest()
+        for s, found in lines.items()
+        if found
+    }
+    return out, prints
+
+
 def _label(key: Key) -> str:
     kind, tbl, name = key
     if kind == "schema":
@@ -83,10 +108,17 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def differences(reference: dict[Key, str], shard: dict[Key, str], *, limit: int = 160) -> list[str]:
+def differences(
+    reference: dict[Key, str],
+    shard: dict[Key, str],
+    *,
+    limit: int = 160,
+    why: Callable[[Key, str], str] | None = None,
+) -> list[str]:
     """What ``shard`` has that ``reference`` lacks, lacks, or has otherwise, one line per object (a
     missing or extra table once, not its columns, indexes and constraints too). ``limit`` shortens
-    definitions (0: whole)."""
+    definitions (0: whole); ``why(key, case)`` (case: "missing", "extra" or "differs"), when given,
+    is added to each line in parentheses (which migration makes the object)."""
     lost = {k[2] for k in reference.keys() - shard.keys() if k[0] == "table"}
     gained = {k[2] for k in shard.keys() - reference.keys() if k[0] == "table"}
     out = []
@@ -96,14 +128,17 @@ def differences(reference: dict[Key, str], shard: dict[Key, str], *, limit: int 
         if key[0] != "table" and key[1] in (lost | gained):
             continue
         if key not in shard:
-            out.append(f"missing {_label(key)}")
+            case, line = "missing", f"missing {_label(key)}"
         elif key not in reference:
-            out.append(f"extra {_label(key)}")
+            case, line = "extra", f"extra {_label(key)}"
         elif shard[key] != reference[key]:
             mine, theirs = (
                 (shard[key], reference[key])
                 if not limit
                 else (_short(shard[key], limit), _short(reference[key], limit))
             )
-            out.append(f"{_label(key)} differs: {mine!r} (others: {theirs!r})")
+            case, line = "differs", f"{_label(key)} differs: {mine!r} (reference: {theirs!r})"
+        else:
+            continue
+        out.append(line + (f" ({why(key, case)})" if why is not None else ""))
     return out

@@ -45,6 +45,8 @@ class Finding:
     level: str
     message: str
     help: str | None = None
+    # the migration succeeds on every shard yet leaves shards wrong (shard_lint.SILENTLY_WRONG): listed first
+    silently_wrong: bool = False
 
 
 @dataclass
@@ -100,7 +102,19 @@ def shard_findings(
         hits = shard_lint.check(
             text, topo.schema_name(shard), transactional=m.transactional, rules=rules_on
         )
-        out += [Finding(m.name, h.line, h.column, h.rule, "error", h.message, h.help) for h in hits]
+        out += [
+            Finding(
+                m.name,
+                h.line,
+                h.column,
+                h.rule,
+                "error",
+                h.message,
+                h.help,
+                h.rule in shard_lint.SILENTLY_WRONG,
+            )
+            for h in hits
+        ]
     return out
 
 
@@ -190,5 +204,5 @@ def lint(topo: Topology, migrations: list[Migration], shard: int = 0) -> LintRes
                 item.get("help"),
             )
         )
-    result.findings.sort(key=lambda f: (f.file, f.line, f.column, f.rule))
+    result.findings.sort(key=lambda f: (not f.silently_wrong, f.file, f.line, f.column, f.rule))
     return result

@@ -36,6 +36,9 @@ SEARCH_PATH = "shard-search-path"
 CONCURRENTLY = "shard-concurrently-in-transaction"
 SEQUENCE = "shard-sequence-bypasses-next-id"
 RULES = (CATALOG, FIXED_SCHEMA, DATABASE_WIDE, SEARCH_PATH, CONCURRENTLY, SEQUENCE)
+# What makes shards silently wrong: the migration succeeds on every shard, but some (or all) of them end
+# up with another schema's object or none. These findings lead lint's output and the import's list.
+SILENTLY_WRONG = (CATALOG, FIXED_SCHEMA, SEARCH_PATH)
 
 HINTS = {
     CATALOG: "filter by the shard's schema too: AND connamespace = {{ schema|literal }}::regnamespace, "
@@ -134,6 +137,13 @@ _NAMED_BY_LIST = {
     "CreateDomainStmt": "domainname",
     "DefineStmt": "defnames",
     "ObjectWithArgs": "objname",
+}
+
+
+_DROP_ON_TABLE = {
+    pglast.enums.ObjectType.OBJECT_TRIGGER,
+    pglast.enums.ObjectType.OBJECT_POLICY,
+    pglast.enums.ObjectType.OBJECT_RULE,
 }
 
 
@@ -244,9 +254,12 @@ class _Checker:
             if len(name) > 1:
                 self.qualifier(name[0], ".".join(name), at)
         elif isinstance(node, ast.DropStmt):
+            # DROP TRIGGER t ON tbl (and POLICY, RULE) lists [tbl…, t]: the table's own qualifier
+            # comes before two more names, not one
+            on_table = node.removeType in _DROP_ON_TABLE
             for obj in node.objects or ():
                 name = _names(obj) if isinstance(obj, (list, tuple)) else []
-                if len(name) > 1:
+                if len(name) > (2 if on_table else 1):
                     self.qualifier(name[0], ".".join(name), at)
         self.concurrently(node, at)
         if isinstance(node, ast.CreateSeqStmt) and not node.for_identity:

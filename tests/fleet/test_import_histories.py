@@ -1,13 +1,15 @@
-"""Acceptance: two application histories of our own (tests/data/histories), one in golang-migrate's
-format and one in Prisma's, each imported, linted, applied by ``init`` (the first part) and ``migrate``
-(the rest, after the fleet holds data) on 64 shards over 2 hosts, ending with identical schemas on
-every shard and the data migrations done on every shard. Their extension arrives by a host-level
-migration (the importer moves CREATE EXTENSION there); shard tables use it."""
+"""Acceptance: three application histories of our own (tests/data/histories), in golang-migrate's,
+Prisma's and Flyway's formats, each imported, linted, applied by ``init`` (and ``migrate``, after the
+fleet holds data), ending with every shard equal to a reference built by plain ``psql -f`` of the
+imported files (rendered for a shard) in a fresh database, compared by this file's own catalog query,
+and the data migrations done on every shard. Their extension arrives by a host-level migration (the
+importer moves CREATE EXTENSION there); shard tables use it."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import psycopg
@@ -61,17 +63,63 @@ DIGEST = (
 )
 
 
+def digest_of(conn, schemas: list[str]) -> dict[str, tuple[int, str]]:
+    conn.execute("SET search_path = pg_catalog")
+    return {r[0]: (r[1], r[2]) for r in conn.execute(DIGEST, {"schemas": schemas}).fetchall()}
+
+
 def digests(topo) -> dict[str, tuple[int, str]]:
     """Per shard schema on its host: (objects, digest)."""
     out = {}
     for host in topo.hosts:
         with connect(topo, host.name, autocommit=True) as conn:
-            conn.execute("SET search_path = pg_catalog")
-            schemas = [topo.schema_name(n) for n in host.shards]
-            out.update(
-                {r[0]: (r[1], r[2]) for r in conn.execute(DIGEST, {"schemas": schemas}).fetchall()}
-            )
+            out.update(digest_of(conn, [topo.schema_name(n) for n in host.shards]))
     return out
+
+
+def psql_reference(make_fleet, topo, tmp_path: Path, shard: int = 0) -> tuple[int, str]:
+    """The schema the files define, built with plain ``psql -f`` in a fresh database: the host-level
+    files, the shard template and every shard migration rendered for ``shard`` (Jinja only), run with
+    the search path shardctl documents (public; then the shard's schema, public). Returns this file's
+    own digest of it (objects, md5), its schema name written as S like every shard's."""
+    from shardctl.sql.host_migrations import host_for_topology
+    from shardctl.sql.migrations import for_topology
+    from shardctl.sql.render import render_shard
+
+    schema = topo.schema_name(shard)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    parts = ["\\set ON_ERROR_STOP on", "SET search_path = public;"]
+    for i, m in enumerate(host_for_topology(topo)):
+        (tmp_path / f"h{i}.sql").write_text(m.render(topo, topo.hosts[0].name))
+        parts.append(f"\\i {tmp_path / f'h{i}.sql'}")
+    (tmp_path / "shard.sql").write_text(render_shard(topo, shard))
+    parts += [f"\\i {tmp_path / 'shard.sql'}", f'SET search_path = "{schema}", public;']
+    for m in for_topology(topo):
+        (tmp_path / m.name).write_text(m.render(topo, shard))
+        parts.append(f"\\i {tmp_path / m.name}")
+    (tmp_path / "all.sql").write_text("\n".join(parts) + "\n")
+    dsn = make_fleet.new_database(0)
+    run = subprocess.run(
+        ["psql", dsn, "-X", "-q", "-f", str(tmp_path / "all.sql")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    import psycopg as pg
+
+    with pg.connect(dsn, autocommit=True) as conn:
+        return digest_of(conn, [schema])[schema]
+
+
+def assert_equal_to_psql_reference(make_fleet, topo, tmp_path: Path) -> None:
+    """Every shard's digest is the psql-built reference's (not the majority's, not verify's code)."""
+    reference = psql_reference(make_fleet, topo, tmp_path / "psql-reference")
+    found = digests(topo)
+    wrong = sorted(s for s, d in found.items() if d != reference)
+    assert len(found) == topo.shard_count and not wrong, (
+        f"{len(wrong)} shard(s) differ from the psql reference ({reference[0]} objects): {wrong[:8]}"
+    )
 
 
 def differences(topo, schemas: list[str]) -> list[str]:
@@ -214,6 +262,7 @@ def test_golang_migrate_history(make_fleet, tmp_path):
     assert len(list(migrations.glob("V*.sql"))) == 43
     topo = load(path)
     assert_identical(topo, 100)
+    assert_equal_to_psql_reference(make_fleet, topo, tmp_path)
     # The data migrations ran on every shard, and the triggers work on every shard.
     rows = per_shard(
         topo,
@@ -283,6 +332,7 @@ def test_prisma_history(make_fleet, tmp_path):
     assert len(list((path.parent / "migrations").glob("V*.sql"))) == 42
     topo = load(path)
     assert_identical(topo, 150)
+    assert_equal_to_psql_reference(make_fleet, topo, tmp_path)
     rows = per_shard(
         topo,
         'SELECT o."totalCents", order_total(o."id"), u."email", p."stock", p."embedding"::text, '
@@ -296,3 +346,79 @@ def test_prisma_history(make_fleet, tmp_path):
             'INSERT INTO insta40."Review" ("id", "productId", "userId", "rating") '
             "VALUES ('r', 'p40', 'u40', 9)"
         )
+
+
+def test_flyway_history(make_fleet, tmp_path):
+    """A Flyway history with what real ones hold: a licence header, an extension, "public".
+    qualifiers, DO blocks that look a type and a constraint up with no schema filter, CREATE INDEX
+    CONCURRENTLY, and an UPDATE of Flyway's own flyway_schema_history. The import takes the ledger
+    statement out and lists the two silently-wrong findings first; fixed as their hints say, the
+    history runs on 8 shards over 2 hosts, each equal to the psql-built reference."""
+    source = HISTORIES / "flyway" / "bookclub"
+    path = make_fleet(hosts=2, shards=8)
+    for f in (path.parent / "migrations").iterdir():
+        f.unlink()
+    topo = load(path)
+    with connect(topo, "pg1") as conn:
+        if not conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_available_extensions WHERE name = 'citext')"
+        ).fetchone()[0]:
+            pytest.skip("the sandbox's PostgreSQL has no citext extension")
+    doc = import_ok("flyway", source, path)
+    assert [line.split(":")[1].strip() for line in doc["must_change"][:2]] == [
+        "shard-fixed-schema",
+        "shard-catalog-lookup-no-schema",
+    ], doc["must_change"]
+    assert all(line.startswith("silently wrong: ") for line in doc["must_change"][:2])
+    assert not any(line.startswith("silently wrong: ") for line in doc["must_change"][2:])
+    migrations = path.parent / "migrations"
+    ten = (migrations / "V0010__V10_isbn_and_history_cleanup.sql").read_text()
+    assert "flyway_schema_history taken out" in ten and "UPDATE" not in ten, ten
+    assert (
+        "Copyright 2023 The Bookclub Authors"
+        in (migrations / "V0001__V1_extensions.sql").read_text()
+    )
+    lint = run_cli("lint", config=path)
+    assert lint.exit_code == 1 and "error: lint: silently wrong: " in lint.stderr, lint
+
+    # What the list says to change, changed as its hints say.
+    fixes = {
+        "V0002__V2_create_members.sql": [('"public".', "{{ schema|ident }}.")],
+        "V0005__V5_reading_status.sql": [
+            (
+                "WHERE typname = 'reading_status'",
+                "WHERE typname = 'reading_status' AND typnamespace = {{ schema|literal }}::regnamespace",
+            )
+        ],
+        "V0006__V6_club_name_unique.sql": [
+            (
+                "WHERE conname = 'clubs_owner_name_key'",
+                "WHERE conname = 'clubs_owner_name_key' AND connamespace = {{ schema|literal }}::regnamespace",
+            )
+        ],
+    }
+    for name, pairs in fixes.items():
+        text = (migrations / name).read_text()
+        for old, new in pairs:
+            assert old in text, (name, old)
+            text = text.replace(old, new)
+        (migrations / name).write_text(text)
+    findings = json.loads(run_cli("lint", "--json", config=path).stdout)["findings"]
+    assert not any(f["silently_wrong"] for f in findings), findings
+
+    r = run_cli("init", config=path)
+    assert r.exit_code == 0, r
+    r = run_cli("verify", "--full", config=path)
+    assert r.exit_code == 0, r
+    assert_equal_to_psql_reference(make_fleet, topo, tmp_path)
+    run_sql_everywhere(
+        topo,
+        "INSERT INTO members (email, display_name) VALUES ('Ann@Example.org', 'Ann');"
+        "INSERT INTO books (title, author, pages, isbn) VALUES ('Dune', 'Herbert', 412, '0441013597');",
+    )
+    rows = per_shard(
+        topo,
+        "SELECT (SELECT count(*) FROM members WHERE email = 'ANN@EXAMPLE.ORG'), "
+        "to_regclass('public.members') IS NULL, (SELECT count(*) FROM club_stats)",
+    )
+    assert set(rows.values()) == {(1, True, 0)}, rows

@@ -28,7 +28,7 @@ def test_missing_extra_and_changed_objects_are_named():
     shard[("column", "photos", "note")] = "#3 text"
     shard[("column", "photos", "caption")] = "#2 text not null"
     assert differences(REFERENCE, shard) == [
-        "column caption on photos differs: '#2 text not null' (others: '#2 text')",
+        "column caption on photos differs: '#2 text not null' (reference: '#2 text')",
         "extra column note on photos",
         "missing index photos_user_id_idx on photos",
     ]
@@ -53,13 +53,33 @@ def test_long_definitions_are_shortened_unless_limit_is_zero():
     assert "x" * 300 in whole
 
 
-def test_schema_groups_put_the_majority_first_and_break_ties_by_the_lowest_shard():
-    from shardctl.ops.verify import schema_groups
+def test_each_difference_names_the_migration_that_makes_the_object():
+    """Reference.made_by: the version whose step made, changed or dropped an object (the majority of
+    shards is never asked)."""
+    from shardctl.ops.reference import Reference
 
-    groups = schema_groups({0: "b", 1: "a", 2: "a", 3: "c", 4: "b"})
-    assert [(g.fingerprint, g.shards, g.majority) for g in groups] == [
-        ("b", [0, 4], True),
-        ("a", [1, 2], False),
-        ("c", [3], False),
+    index = ("index", "photos", "photos_user_id_idx")
+    caption = ("column", "photos", "caption")
+    v1 = {k: v for k, v in REFERENCE.items() if k not in (index, caption)}
+    v2 = dict(REFERENCE)
+    v3 = {k: v for k, v in v2.items() if k[2] != "likes" and k[1] != "likes"}
+    v3[caption] = "#2 text not null"
+    ref = Reference(
+        "pg1",
+        0,
+        objects={0: {}, 1: v1, 2: v2, 3: v3},
+        names={1: "V0001__a.sql", 2: "V0002__b.sql", 3: "V0003__c.sql"},
+    )
+    shard = dict(v1)
+    shard[("table", "", "likes")] = "r p owner app"
+    assert differences(v3, shard, why=lambda k, case: ref.made_by(k, 3, case)) == [
+        "extra table likes (V0003__c.sql dropped it)",
+        "missing column caption on photos (V0003__c.sql should have made it)",
+        "missing index photos_user_id_idx on photos (V0002__b.sql should have made it)",
     ]
-    assert schema_groups({}) == []
+    shard[caption] = "#2 text"
+    assert differences(v3, shard, why=lambda k, case: ref.made_by(k, 3, case))[1] == (
+        "column caption on photos differs: '#2 text' (reference: '#2 text not null') (V0003__c.sql "
+        "defines it so)"
+    )
+    assert ref.made_by(("type", "", "mood"), 3, "extra") == "no migration makes it"

@@ -208,7 +208,11 @@ def test_set_search_path_is_named_in_what_must_change(tmp_path, topo_file):
         {"V1__init.sql": "SET search_path = public;\nCREATE TABLE a (id bigint PRIMARY KEY);\n"},
     )
     result = import_history(Topology.load(topo_file), "flyway", src, dry_run=True)
-    assert "SET search_path in V0001__V1_init.sql: remove it" in "\n".join(result.must_change)
+    assert [line.split(":")[1].strip() for line in result.must_change[:2]] == [
+        "shard-search-path",
+        "SET search_path in V0001__V1_init.sql",
+    ], result.must_change
+    assert all(line.startswith("silently wrong: ") for line in result.must_change[:2])
     assert written(topo_file) == {}
 
 
@@ -256,3 +260,84 @@ def test_cli_exit_codes_one_line_errors_and_nothing_written(tmp_path, topo_file)
     r = run_cli("migrations", "import", "--from", "dbmate", str(src), config=topo_file)
     assert r.exit_code == 2 and "already holds" in r.stderr, r
     assert list(written(topo_file)) == ["V0001__20240101_users.sql"]
+
+
+LICENCE = """-- Copyright 2024 Example Corp.
+-- SPDX-License-Identifier: Apache-2.0
+/* the users table */
+"""
+
+
+def test_a_split_file_keeps_its_comments_and_licence_header(tmp_path, topo_file):
+    src = tree(
+        tmp_path / "gm",
+        {
+            "1_users.up.sql": LICENCE + "BEGIN;\n-- who signs in\n"
+            "CREATE TABLE users (id bigint PRIMARY KEY, email text);\n"
+            "-- the pgcrypto for tokens\nCREATE EXTENSION IF NOT EXISTS pgcrypto;\n"
+            "-- lookups by email\nCREATE INDEX CONCURRENTLY users_email ON users (email);\n"
+            "COMMIT;\n-- end of file\n",
+        },
+    )
+    import_history(Topology.load(topo_file), "golang-migrate", src)
+    files = written(topo_file)
+    first, second = files["V0001__1_users.sql"], files["V0002__1_users_part2.sql"]
+    assert LICENCE in first and "-- who signs in\nCREATE TABLE users" in first, first
+    assert "-- the pgcrypto for tokens" in second + first
+    assert "-- lookups by email\nCREATE INDEX CONCURRENTLY" in second, second
+    assert "-- end of file" in second and "BEGIN;" not in first + second
+    assert load(topo_file.parent / "migrations")[1].sql(Topology.load(topo_file), 0)
+
+
+@pytest.mark.parametrize(
+    "fmt,files,table",
+    [
+        (
+            "golang-migrate",
+            {
+                "1_a.up.sql": "CREATE TABLE a (id bigint PRIMARY KEY);\n"
+                "ALTER TABLE schema_migrations ADD COLUMN note text;\n"
+            },
+            "schema_migrations",
+        ),
+        (
+            "flyway",
+            {
+                "V1__a.sql": "CREATE TABLE a (id bigint PRIMARY KEY);\n"
+                "UPDATE flyway_schema_history SET description = 'x' WHERE version = '1';\n"
+            },
+            "flyway_schema_history",
+        ),
+        (
+            "prisma",
+            {
+                "20240101000000_a/migration.sql": "CREATE TABLE a (id bigint PRIMARY KEY);\n"
+                "DELETE FROM \"_prisma_migrations\" WHERE migration_name = 'x';\n"
+            },
+            "_prisma_migrations",
+        ),
+    ],
+)
+def test_statements_on_the_tools_own_ledger_table_are_taken_out(
+    tmp_path, topo_file, fmt, files, table
+):
+    src = tree(tmp_path / "src", files)
+    result = import_history(Topology.load(topo_file), fmt, src)
+    (text,) = [t for name, t in written(topo_file).items() if name.startswith("V")]
+    assert table not in text.split("-- import:")[-1].split("\n", 1)[1], text
+    assert f"own ledger table {table} taken out" in text
+    assert any("own ledger table taken out of V0001" in line for line in result.must_change)
+
+
+def test_the_ledger_table_inside_a_do_block_is_refused_by_name(tmp_path, topo_file):
+    src = tree(
+        tmp_path / "gm",
+        {
+            "1_a.up.sql": "DO $$ BEGIN ALTER TABLE schema_migrations ADD COLUMN x int; END $$;\n",
+        },
+    )
+    with pytest.raises(
+        BadInput, match="1_a: names golang-migrate's own ledger table schema_migrations"
+    ):
+        import_history(Topology.load(topo_file), "golang-migrate", src)
+    assert written(topo_file) == {}

@@ -105,6 +105,8 @@ def test_fixed_schema_qualifier(sql, line):
         "SELECT * FROM information_schema.tables WHERE table_schema = 'insta3' LIMIT 0;",
         "CREATE TEMP TABLE x (i int); SELECT * FROM pg_temp.x;",
         "SELECT 'public.x is just text';",
+        "DROP TRIGGER photos_touch ON photos; DROP POLICY own_rows ON photos; DROP RULE r ON photos;",
+        "DROP TRIGGER IF EXISTS photos_touch ON insta3.photos;",
         "CREATE FUNCTION insta3.f() RETURNS int LANGUAGE sql AS 'SELECT 1'; CREATE TYPE insta3.mood AS ENUM ('a');",
     ],
 )
@@ -236,7 +238,7 @@ def test_lint_cli_names_file_line_rule_and_fix(tmp_path):
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("error: ")]
     assert errors == [
         (
-            "error: lint: V0002__caption_unique.sql:4 shard-catalog-lookup-no-schema: lookup in "
+            "error: lint: silently wrong: V0002__caption_unique.sql:4 shard-catalog-lookup-no-schema: lookup in "
             "pg_constraint by conname with no schema filter: on every shard it finds the first "
             "shard's object"
         )
@@ -274,3 +276,28 @@ def test_lint_section_still_refuses_unknown_keys_with_their_line(tmp_path):
     bad = run_cli("lint", config=path)
     assert bad.exit_code == 2, bad
     assert "shardctl.yaml:8: unknown key 'rulez' in lint" in bad.stderr, bad
+
+
+def test_drop_trigger_policy_rule_on_a_fixed_schema_is_still_flagged():
+    found = hits(
+        "DROP TRIGGER t ON public.photos; DROP POLICY p ON public.photos; DROP RULE r ON public.x;"
+    )
+    assert [r for r, _ in found] == [sl.FIXED_SCHEMA] * 3
+
+
+def test_silently_wrong_findings_lead_and_are_marked(tmp_path):
+    """A catalog lookup without a schema filter comes before squawk's online-DDL advice, whatever the
+    file order, and is marked as leaving shards silently wrong."""
+    path = fleet(tmp_path)
+    (tmp_path / "migrations" / "V0002__big.sql").write_text(
+        "ALTER TABLE {{ schema|ident }}.photos ADD COLUMN n int;\n"
+    )
+    (tmp_path / "migrations" / "V0003__caption_unique.sql").write_text(
+        DO_BLOCK.replace("insta3", "{{ schema|ident }}")
+    )
+    doc = json.loads(run_cli("lint", "--json", config=path).stdout)
+    first, *rest = doc["findings"]
+    assert (first["rule"], first["silently_wrong"]) == ("shard-catalog-lookup-no-schema", True)
+    assert rest and not any(f["silently_wrong"] for f in rest), rest
+    human = run_cli("lint", config=path).stdout
+    assert human.lstrip().startswith("silently wrong: V0003__caption_unique.sql:4:"), human

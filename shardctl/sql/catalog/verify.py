@@ -163,3 +163,66 @@ def _sample_union(
                 except psycopg.Error as exc:
                     out.append((shard, None, 0, str(exc)))
     return out
+
+
+def database_facts(conn: psycopg.Connection) -> tuple[str, int]:
+    """The connection's database encoding and the server's version number (verify builds its reference
+    database in that encoding, and may share it only between servers of one major version)."""
+    return conn.execute(
+        """SELECT pg_encoding_to_char(encoding), current_setting('server_version_num')::int
+             FROM pg_database WHERE datname = current_database()"""
+    ).fetchone()
+
+
+# pg_default_acl.defaclobjtype → the word ALTER DEFAULT PRIVILEGES uses
+_DEFAULT_ACL_OBJECTS = {
+    "r": "TABLES",
+    "S": "SEQUENCES",
+    "f": "FUNCTIONS",
+    "T": "TYPES",
+    "n": "SCHEMAS",
+}
+
+
+def default_privilege_statements(conn: psycopg.Connection) -> list[str]:
+    """``ALTER DEFAULT PRIVILEGES`` statements that make a fresh database's database-wide default
+    privileges (those set without ``IN SCHEMA``) the same as the connection's database: for each role
+    and kind of object, everything revoked, then each item of the stored ACL granted again in its order.
+    verify's reference database needs them: a shard's new tables take them, as the reference's must."""
+    rows = conn.execute(
+        """SELECT pg_get_userbyid(d.defaclrole), d.defaclobjtype::text,
+                  array_agg(a.privilege_type ORDER BY a.ord),
+                  array_agg(CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END
+                            ORDER BY a.ord),
+                  array_agg(a.is_grantable ORDER BY a.ord)
+             FROM pg_default_acl d
+             CROSS JOIN LATERAL (SELECT x.*, row_number() OVER () AS ord FROM aclexplode(d.defaclacl) x) a
+            WHERE d.defaclnamespace = 0
+            GROUP BY 1, 2 ORDER BY 1, 2"""
+    ).fetchall()
+    out = []
+    for role, kind, privileges, grantees, grantable in rows:
+        what = _DEFAULT_ACL_OBJECTS.get(kind)
+        if what is None:
+            continue
+        head = f"ALTER DEFAULT PRIVILEGES FOR ROLE {quote_ident(role)}"
+        out.append(f"{head} REVOKE ALL ON {what} FROM PUBLIC, {quote_ident(role)}")
+        out += [
+            f"{head} GRANT {privilege} ON {what} TO {grantee}"
+            + (" WITH GRANT OPTION" if option else "")
+            for privilege, grantee, option in zip(privileges, grantees, grantable)
+        ]
+    return out
+
+
+def idle_databases(conn: psycopg.Connection, prefix: str) -> list[str]:
+    """The databases whose name starts with ``prefix`` and that no session is connected to."""
+    return [
+        name
+        for (name,) in conn.execute(
+            """SELECT d.datname FROM pg_database d
+                WHERE starts_with(d.datname, %s)
+                  AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.datid = d.oid)""",
+            (prefix,),
+        )
+    ]

@@ -483,6 +483,8 @@ def status_cmd(as_json: bool, **given: Any) -> None:
             if h["unexpected"]:
                 drift.append(f"unexpected {h['unexpected']}")
             drift += [f"failed: {line}" for line in h["failed"]]
+            if h["lagging"]:
+                drift.append(f"behind: {h['lagging']}")
             rows.append(
                 [
                     h["host"],

@@ -53,6 +53,7 @@ from ..model.topology import Host, Topology
 from ..sql.catalog.control import ShardRow, control_exists, ledger_versions, open_moves, shard_list
 from ..sql.host_migrations import HostLevelMigration, host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
+from .health import FleetHealth, HostHealth, assess, from_results, read_host
 
 __all__ = [
     "HostMigration",
@@ -85,6 +86,7 @@ class HostMigration(ApplyOutcome):
     host_level: host_ledger.HostLevelState = field(default_factory=host_ledger.HostLevelState)
     host_applied: list[int] = field(default_factory=list)  # host-level versions this run applied
     host_repaired: int = 0
+    health: HostHealth | None = field(default=None, repr=False)  # the host as ops.health read it
 
     def ledger_problems(self, files: dict[int, str] | None = None) -> list[str]:
         """Shards not created, applied files that changed, and versions missing from a shard's ledger:
@@ -144,6 +146,8 @@ class MigrateResult(FleetReport):
     check: bool = False
     dry_run: bool = False
     files: dict[int, str] = field(default_factory=dict)  # version → migration file name
+    # with ``check``: the fleet's health (ops.health), what status, plan and verify report too
+    health: FleetHealth | None = None
 
     def host(self, h: HostResult) -> HostMigration:
         return h.value if h.value is not None else HostMigration()
@@ -190,6 +194,7 @@ class MigrateResult(FleetReport):
             "hosts_with_missing_shards": sum(1 for h in self.hosts if self.host(h).missing),
             "held": self.held,
             "details": {h.host: self.host(h).detail() for h in self.hosts},
+            **({"health": self.health.to_dict()} if self.health is not None else {}),
         }
 
     def plan_dict(self) -> dict:
@@ -222,12 +227,16 @@ class MigrateResult(FleetReport):
         }
 
     def raise_for_status(self) -> MigrateResult:
-        """Exit 3 for an unreachable host; 1 (OperationFailed) for failed shards or host errors, or a
-        dry run that the real run would refuse; 1 (PendingWork) when ``check`` finds work pending; 4
-        (FleetIncomplete) when a run finished but shards in scope were never created. Every line names the
-        migration file."""
+        """Exit 3 for an unreachable host (or one that cannot authenticate); with ``check``, 4
+        (FleetIncomplete) for the fleet's health findings (shards missing, failed or lagging behind
+        the others: ``ops.health``, as status, plan and verify say); 1 (OperationFailed) for failed
+        shards or host errors, or a dry run that the real run would refuse; 1 (PendingWork) when
+        ``check`` finds work pending; 4 (FleetIncomplete) when a run finished but shards in scope were
+        never created. Every line names the migration file."""
         doc = self.to_dict()
         raise_unreachable(self.hosts, doc)
+        if self.health is not None:
+            self.health.raise_for("migrate", doc)
         if self.failed:
             text = first_few(
                 self.failed,
@@ -403,8 +412,11 @@ def _inspect(
     """Read the host's versions and ledger, refuse drift and gaps, and plan the pending shards."""
     topo, scope = run.topo, _scope(host, run.shards)
     _inspect_host_level(run, host, conn, out)
-    present = shard_list(conn)
-    out.missing = [n for n in scope if n not in present]
+    health = out.health = read_host(conn, host)
+    # a shard whose schema is gone is missing (ops.health), not pending
+    present = {n: r for n, r in health.rows.items() if n in health.present}
+    missing = set(health.missing)
+    out.missing = [n for n in scope if n in missing]
     out.versions = version_counts(present, scope)
     integrity = check_integrity(conn, topo, run.migrations, scope) if present else Integrity()
     out.integrity = {"rendered": integrity.rendered, "cached_versions": integrity.cached}
@@ -614,6 +626,7 @@ def migrate(
         ) as locks:
             locks.refuse_untranslatable(rendered)
             reports = fan_out(selected, apply, lambda h: HostMigration())
+    files = {m.version: m.name for m in migrations}
     return MigrateResult(
         "migrate",
         reports,
@@ -622,5 +635,6 @@ def migrate(
         latest_version=len(migrations),
         check=check,
         dry_run=dry_run,
-        files={m.version: m.name for m in migrations},
+        files=files,
+        health=assess(topo, from_results(reports), files, shards) if check else None,
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..engine import connections as db
-from ..engine.fanout import HostResult, fan_out, raise_for_status, select_hosts
+from ..engine.fanout import HostResult, fan_out, raise_for_status
 from ..errors import BadInput, ShardctlError
 from ..ids import checks as id_checks
 from ..model.documents import Result, json_value, result_doc
@@ -20,6 +20,7 @@ from ..model.topology import Host, Topology
 from ..sql import fingerprint
 from ..sql.catalog import verify as queries
 from ..sql.render import next_id_body, render_next_id
+from .health import FleetHealth, fleet_health
 
 DEFAULT_SAMPLES = 16
 DEFAULT_TOLERANCE_MS = 5000
@@ -86,6 +87,7 @@ class VerifyReport(Result):
     layout: dict
     full: bool = False
     schemas: list[SchemaGroup] = field(default_factory=list)  # majority first
+    health: FleetHealth | None = None  # ops.health: what status, plan and migrate --check say too
 
     @property
     def violations(self) -> list[Violation]:
@@ -93,7 +95,8 @@ class VerifyReport(Result):
 
     @property
     def ok(self) -> bool:
-        return not self.violations and all(h.reachable and not h.error for h in self.hosts)
+        healthy = self.health is None or self.health.ok
+        return healthy and not self.violations and all(h.ok for h in self.hosts)
 
     def to_dict(self) -> dict:
         return {
@@ -103,7 +106,11 @@ class VerifyReport(Result):
         }
 
     def raise_for_status(self) -> VerifyReport:
-        """Exit 3 for an unreachable host, 1 for a violation or a host that could not be checked."""
+        """The fleet's health first (``ops.health``: exit 3 for a host that cannot be reached or cannot
+        authenticate, 4 for shards missing, failed or lagging), then 1 for a violation or a host that
+        could not be checked."""
+        if self.health is not None:
+            self.health.raise_for("verify", self.to_dict())
         first = self.violations[0] if self.violations else None
         problems = (
             [
@@ -148,6 +155,9 @@ def verify(
     if samples < 2:
         raise BadInput("--samples must be at least 2 (strict increase needs two IDs)")
     started = time.perf_counter()
+    # One truth (ops.health): hosts that cannot be read, and shards behind the fleet's version, are
+    # reported as such; only the hosts whose shards are level are checked further.
+    health = fleet_health(topo, hosts=hosts, connect_timeout=connect_timeout)
     expected_bodies: dict[int, str] = {}
     lock = threading.Lock()
 
@@ -165,12 +175,20 @@ def verify(
             check.run(samples, full, body_samples, id_shards, per_shard if schemas else None)
 
     per_shard = per_shard_functions(topo) if schemas else fingerprint.NEXT_ID
-    reports = fan_out(select_hosts(topo, hosts), work, lambda h: HostVerification(h.name))
+    level = [topo.host(name) for name in health.level_hosts()]
+    reports = fan_out(level, work, lambda h: HostVerification(h.name))
+    reports += [
+        HostResult(h.host, reachable=False, error=h.error, value=HostVerification(h.host))
+        for h in health.hosts
+        if not h.reachable
+    ]
     groups = compare_schemas(
         topo, reports, connect_timeout=connect_timeout, full=full, per_shard=per_shard
     )
     layout = {"name": topo.layout.name, **topo.layout.limits()}
-    return VerifyReport(reports, time.perf_counter() - started, samples, layout, full, groups)
+    return VerifyReport(
+        reports, time.perf_counter() - started, samples, layout, full, groups, health
+    )
 
 
 SHOWN_DIFFERENCES = 3  # per shard in a violation (``--full``: all of them)

@@ -224,6 +224,15 @@ def shard_list(conn: psycopg.Connection) -> dict[int, ShardRow]:
     return {r[0]: ShardRow(r[0], r[1], r[2], r[3], r[4]) for r in rows}
 
 
+def schemaless_shards(conn: psycopg.Connection) -> set[int]:
+    """Shards the host records whose schema is gone (dropped, or only a moved shard's stub is left)."""
+    rows = conn.execute(
+        "SELECT s.shard_id FROM shardctl.shards s WHERE NOT EXISTS "
+        f"(SELECT FROM pg_namespace n WHERE n.nspname = s.schema_name AND {NOT_STUB})"
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
 def applied_versions(conn: psycopg.Connection) -> set[int]:
     """Every version the host's ledger records for any shard."""
     return {

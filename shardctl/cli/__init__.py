@@ -24,7 +24,7 @@ from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigErrors, ShardctlError
 from ..model.dsn import mask
 from ..model.topology import LayoutWarning, Topology
 from ..version import __version__
-from .output import stderr, warn
+from .output import headed, stderr, warn
 from .params import flag_option
 
 # The commands that print the topology's warnings (the layout's sign-bit and overflow dates): the ones
@@ -116,7 +116,7 @@ class ShardctlGroup(click.Group):
             exc.show()
             sys.exit(EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
         except ShardctlError as exc:
-            report_error(exc, "--json" in argv, debug="--debug" in argv)
+            report_error(exc, "--json" in argv, debug="--debug" in argv, command=_named(argv))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted")
@@ -126,7 +126,29 @@ class ShardctlGroup(click.Group):
         return result
 
 
-def report_error(exc: ShardctlError, as_json: bool, debug: bool = False) -> None:
+# options of the ``shardctl`` group itself that take a value (skipped to find the command's name)
+_GROUP_VALUE_OPTIONS = ("--config", "-c")
+# commands whose name is two words (a group and its subcommand)
+_GROUPS = ("sandbox", "migrations")
+
+
+def _named(argv: list[str]) -> str:
+    """The command ``argv`` runs, as typed after ``shardctl`` (``init``, ``sandbox up``)."""
+    words, i = [], 0
+    while i < len(argv) and len(words) < 2:
+        arg = argv[i]
+        i += 2 if arg in _GROUP_VALUE_OPTIONS and not words else 1
+        if arg.startswith("-"):
+            continue
+        words.append(arg)
+        if words[0] not in _GROUPS:
+            break
+    return " ".join(words)
+
+
+def report_error(
+    exc: ShardctlError, as_json: bool, debug: bool = False, command: str | None = None
+) -> None:
     lines = exc.all_messages() if isinstance(exc, ConfigErrors) else [str(exc)]
     for line in lines:
         stderr.print(f"error: {mask(line)}", markup=False, highlight=False)
@@ -144,7 +166,7 @@ def report_error(exc: ShardctlError, as_json: bool, debug: bool = False) -> None
         report = getattr(exc, "report", None)
         if report is not None:
             doc["report"] = report
-        sys.stdout.write(mask(json.dumps(doc, indent=2, default=str)) + "\n")
+        sys.stdout.write(mask(json.dumps(headed(doc, command), indent=2, default=str)) + "\n")
 
 
 @click.group(

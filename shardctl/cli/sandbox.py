@@ -228,6 +228,7 @@ def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
 def sandbox_status(directory: str, as_json: bool) -> None:
     """Which sandbox servers are running."""
     result = open_sandbox(directory).status()
+    result["ok"] = all(h["running"] for h in result["hosts"] + result["standbys"])
     emit(
         as_json,
         result,
@@ -248,7 +249,7 @@ def sandbox_status(directory: str, as_json: bool) -> None:
             )
         ),
     )
-    if not all(h["running"] for h in result["hosts"] + result["standbys"]):
+    if not result["ok"]:
         sys.exit(3)
 
 

@@ -51,8 +51,10 @@ class HostHealth:
     failed: dict[int, int] = field(default_factory=dict)  # shard → the version it failed at
 
 
-def read_host(conn: psycopg.Connection, host: Host) -> HostHealth:
-    """Read ``host``'s shards, the ones missing and the ones a migrate left failed (four queries)."""
+def read_host(conn: psycopg.Connection, topo: Topology, host: Host) -> HostHealth:
+    """Read ``host``'s shards, the ones missing and the ones a migrate left failed (four queries). A
+    shard is present when it is recorded and its schema, named as the topology names it, exists (a
+    moved shard's renamed old copy is not it)."""
     health = HostHealth(host.name)
     owned = set(host.shards)
     if not control_exists(conn):
@@ -60,7 +62,11 @@ def read_host(conn: psycopg.Connection, host: Host) -> HostHealth:
         health.missing = sorted(owned)
         return health
     health.rows = shard_list(conn)
-    health.present = set(health.rows) - schemaless_shards(conn)
+    gone = schemaless_shards(conn)
+    name = topo.schema_name
+    health.present = {
+        n for n, row in health.rows.items() if n not in gone and row.schema == name(n)
+    }
     health.missing = sorted(owned - health.present)
     health.failed = {
         shard: version
@@ -191,7 +197,7 @@ def fleet_health(
         with db.connect(
             host, autocommit=True, connect_timeout=connect_timeout, purpose="health"
         ) as conn:
-            result.value = read_host(conn, host)
+            result.value = read_host(conn, topo, host)
 
     results = fan_out(select_hosts(topo, hosts), work)
     return assess(topo, from_results(results))

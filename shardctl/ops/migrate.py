@@ -412,7 +412,7 @@ def _inspect(
     """Read the host's versions and ledger, refuse drift and gaps, and plan the pending shards."""
     topo, scope = run.topo, _scope(host, run.shards)
     _inspect_host_level(run, host, conn, out)
-    health = out.health = read_host(conn, host)
+    health = out.health = read_host(conn, topo, host)
     # a shard whose schema is gone is missing (ops.health), not pending
     present = {n: r for n, r in health.rows.items() if n in health.present}
     missing = set(health.missing)

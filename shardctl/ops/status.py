@@ -96,7 +96,7 @@ def _host_status(
 ) -> str | None:
     """Fill ``st``; returns an error line when the host has no control schema."""
     st.server_version = conn.execute(SERVER_VERSION).fetchone()[0]
-    health = st.health = read_host(conn, host)
+    health = st.health = read_host(conn, topo, host)
     st.missing = format_shards(health.missing)
     if not health.control:
         return "no control schema (run shardctl init)"

@@ -37,9 +37,14 @@ def sandbox() -> None:
     """Local PostgreSQL servers from embedded binaries, with a topology for them."""
 
 
+HOSTS_HELP = (
+    "Number of servers (default 2); an existing sandbox restarts the hosts its shardctl.yaml names."
+)
+
+
 @sandbox.command("up")
 @dir_option()
-@shown_option("--hosts", AsciiInt(1, 64), 2, "Number of servers.")
+@click.option("--hosts", type=AsciiInt(1, 64), default=None, help=HOSTS_HELP)
 @shown_option(
     "--shards",
     AsciiInt(1, 8192),
@@ -255,10 +260,10 @@ def sandbox_status(directory: str, as_json: bool) -> None:
 
 @cli.command()
 @dir_option("shardctl-demo")
-@shown_option("--hosts", AsciiInt(1, 16), 2, "Number of servers.")
+@click.option("--hosts", type=AsciiInt(1, 16), default=None, help=HOSTS_HELP)
 @shown_option("--shards", AsciiInt(2, 8192), 256, "Logical shards.")
 @json_option
-def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
+def demo(directory: str, hosts: int | None, shards: int, as_json: bool) -> None:
     """One command tour: sandbox up, init, writes through the router, decode, verify."""
     result = run_demo(directory, hosts=hosts, shards=shards, say=info if as_json else stdout.print)
 

@@ -16,6 +16,7 @@ from ..errors import BadInput
 from ..sql.render import builtin_dir
 
 DATABASE = "app"
+DEFAULT_HOSTS = 2
 DEFAULT_SHARDS = 256
 MAX_HOSTS = 64
 MAX_SHARDS = 8192  # the instagram layout's 13 bits
@@ -126,6 +127,24 @@ class SandboxBase:
     @property
     def state(self) -> Any:
         return self.state_class.read(self.dir)
+
+    def host_count(self, requested: int | None, state: Any = None) -> int:
+        """How many servers ``up`` runs: on a sandbox whose topology is written, exactly the hosts it
+        wrote it for (another ``requested`` count is refused: the topology would not name a new
+        server, and a smaller count would leave hosts it names down); else ``requested`` (default
+        DEFAULT_HOSTS), at least the hosts an interrupted first ``up`` made."""
+        state = self.state if state is None else state
+        made = len(state.hosts) if state is not None else 0
+        if made and self.topology_path.exists():
+            if requested is not None and requested != made:
+                raise BadInput(
+                    f"--hosts {requested}: the sandbox in {self.dir} has {made} "
+                    f"host{'s' if made > 1 else ''}, named in its shardctl.yaml; run `sandbox up` "
+                    f"without --hosts to restart them (shardctl add-host adds a server), or use "
+                    f"another --dir"
+                )
+            return made
+        return max(requested or DEFAULT_HOSTS, made)
 
     def _require_state(self) -> Any:
         state = self.state

@@ -155,6 +155,7 @@ class ApplyOutcome:
     failed: list[dict] = field(default_factory=list)
     not_started: list[int] = field(default_factory=list)
     control_created: bool = False
+    host_applied: list[int] = field(default_factory=list)  # host-level versions this run applied
     retried: int = 0  # shards applied after waiting out another transaction's lock
     jobs: int = 1  # streams (connections) that applied shards on the host
     jobs_rule: str = ""  # why that many (see docs/performance.md)
@@ -187,6 +188,7 @@ class ApplyOutcome:
             self.created
             or self.migrated
             or self.control_created
+            or self.host_applied
             or any(f["applied"] for f in self.failed)
         )
 
@@ -200,6 +202,7 @@ class ApplyOutcome:
             "failed": self.failed,
             "not_started": format_shards(self.not_started),
             "control_created": self.control_created,
+            "host_applied": self.host_applied,
             "retried": self.retried,
             "jobs": self.jobs,
             "jobs_rule": self.jobs_rule,

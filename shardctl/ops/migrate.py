@@ -84,9 +84,13 @@ class HostMigration(ApplyOutcome):
     dry_run_sql: dict[str, str] = field(default_factory=dict)
     integrity: dict[str, int] = field(default_factory=dict)
     host_level: host_ledger.HostLevelState = field(default_factory=host_ledger.HostLevelState)
-    host_applied: list[int] = field(default_factory=list)  # host-level versions this run applied
     host_repaired: int = 0
     health: HostHealth | None = field(default=None, repr=False)  # the host as ops.health read it
+
+    @property
+    def changed(self) -> bool:
+        """Anything written: shards, host-level migrations, or checksums ``--repair`` recorded."""
+        return super().changed or bool(self.repaired or self.host_repaired)
 
     def ledger_problems(self, files: dict[int, str] | None = None) -> list[str]:
         """Shards not created, applied files that changed, and versions missing from a shard's ledger:
@@ -146,6 +150,7 @@ class MigrateResult(FleetReport):
     check: bool = False
     dry_run: bool = False
     files: dict[int, str] = field(default_factory=dict)  # version → migration file name
+    host_files: dict[int, str] = field(default_factory=dict)  # version → host-level file name
     # with ``check``: the fleet's health (ops.health), what status, plan and verify report too
     health: FleetHealth | None = None
 
@@ -193,6 +198,14 @@ class MigrateResult(FleetReport):
             "pending_total": self.pending_total if read_only else 0,
             "hosts_with_missing_shards": sum(1 for h in self.hosts if self.host(h).missing),
             "held": self.held,
+            "host_level": {
+                "latest": len(self.host_files),
+                "applied": {
+                    h.host: self.host(h).host_applied
+                    for h in self.hosts
+                    if self.host(h).host_applied
+                },
+            },
             "details": {h.host: self.host(h).detail() for h in self.hosts},
             **({"health": self.health.to_dict()} if self.health is not None else {}),
         }
@@ -506,7 +519,7 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
         f["error"] = explain_error(f["error"], run.options)
         f["file"] = file_of(files, f["version"])
         failed_at.setdefault(f["version"], []).append(f["shard"])
-    if out.migrated or out.failed or out.repaired or out.host_repaired:
+    if out.migrated or out.failed or out.repaired or out.host_repaired or out.host_applied:
         log_event(
             conn,
             "migrate",
@@ -521,6 +534,7 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
                 },
                 "not_started": len(out.not_started),
                 "repaired": out.repaired,
+                "host_applied": out.host_applied,
                 "retried": out.retried,
                 "held": format_shards(out.held_shards),
             },
@@ -636,5 +650,6 @@ def migrate(
         check=check,
         dry_run=dry_run,
         files=files,
+        host_files={m.version: m.name for m in run.host_migrations},
         health=assess(topo, from_results(reports), files, shards) if check else None,
     )

@@ -111,7 +111,9 @@ def init(
         with locks.use(host) as conn:
             out.control_created = ensure_control_schema(conn, topo)
             # The host-level history first: shard migrations may use its extensions and types.
-            host_applied[host.name] = host_ledger.apply(conn, topo, host, host_level)
+            out.host_applied = host_applied[host.name] = host_ledger.apply(
+                conn, topo, host, host_level
+            )
             count, plans = _plans(conn, topo, host, migrations, goal, recreated)
             out.unchanged = len(host.shards) - count
             chosen = fanout.host_jobs(host, conn, jobs) if count else None

@@ -20,7 +20,13 @@ from typing import Any
 
 import click
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigErrors, ShardctlError
+from ..errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    ConfigErrors,
+    ShardctlError,
+)
 from ..model.dsn import mask
 from ..model.topology import LayoutWarning, Topology
 from ..version import __version__
@@ -109,7 +115,10 @@ class ShardctlGroup(click.Group):
             result = super().main(*args, **kwargs)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
-        except click.Abort:
+        except click.Abort as exc:
+            if isinstance(exc.__context__, KeyboardInterrupt):  # click's word for Ctrl-C
+                stderr.print("interrupted")
+                sys.exit(EXIT_INTERRUPTED)
             stderr.print("aborted")
             sys.exit(EXIT_FAILED)
         except click.ClickException as exc:
@@ -120,7 +129,7 @@ class ShardctlGroup(click.Group):
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted")
-            sys.exit(130)
+            sys.exit(EXIT_INTERRUPTED)
         if isinstance(result, int):
             sys.exit(result)
         return result
@@ -188,8 +197,9 @@ def cli(ctx: click.Context, config: str | None, allow_inline_password: bool, deb
     """Provision and operate Instagram-style sharded PostgreSQL fleets.
 
     Exit codes: 0 ok; 1 the operation failed (or --check found work pending);
-    2 bad input (config, arguments, IDs); 3 a host could not be reached;
-    4 the fleet is incomplete (shards missing or failed).
+    2 bad input (config, arguments, IDs); 3 a host could not be reached or logged into;
+    4 the fleet is incomplete (shards missing, failed, or behind the others); 130 interrupted
+    (Ctrl-C stops at a shard boundary).
     """
     # The CLI prints a topology's warnings itself, once (Settings.topology).
     warnings.simplefilter("ignore", LayoutWarning)

@@ -29,6 +29,7 @@ from ..engine.defaults import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT
 from ..engine.executor import RunOptions, ShardPlan
 from ..engine.fanout import (
     ApplyOutcome,
+    CtrlC,
     FleetReport,
     HostResult,
     ProgressFactory,
@@ -37,6 +38,7 @@ from ..engine.fanout import (
     host_jobs,
     raise_unreachable,
     select_hosts,
+    stop_on_ctrl_c,
 )
 from ..engine.ledger import (
     Drift,
@@ -246,6 +248,7 @@ class MigrateResult(FleetReport):
         shards or host errors, or a dry run that the real run would refuse; 1 (PendingWork) when
         ``check`` finds work pending; 4 (FleetIncomplete) when a run finished but shards in scope were
         never created. Every line names the migration file."""
+        self.raise_for_interrupt()
         doc = self.to_dict()
         raise_unreachable(self.hosts, doc)
         if self.health is not None:
@@ -628,6 +631,7 @@ def migrate(
         with locks.use(host) as conn:
             _apply(run, host, conn, result.value)
 
+    ctrl_c = CtrlC()  # a read-only run is not stopped at a shard boundary: it changes nothing
     if run.read_only:
         reports = fan_out(selected, inspect_only, lambda h: HostMigration())
         if check and any(h.value.pending for h in reports if h.value is not None):
@@ -635,9 +639,15 @@ def migrate(
             # does not even load the SQL parser: start-up, bench/startup.py).
             _render_one(run, selected)
     else:
-        with db.FleetLocks(
-            selected, wait=wait, connect_timeout=options.connect_timeout, purpose=options.purpose
-        ) as locks:
+        with (
+            stop_on_ctrl_c(run.stop) as ctrl_c,
+            db.FleetLocks(
+                selected,
+                wait=wait,
+                connect_timeout=options.connect_timeout,
+                purpose=options.purpose,
+            ) as locks,
+        ):
             locks.refuse_untranslatable(rendered)
             reports = fan_out(selected, apply, lambda h: HostMigration())
     files = {m.version: m.name for m in migrations}
@@ -645,6 +655,7 @@ def migrate(
         "migrate",
         reports,
         time.perf_counter() - started,
+        interrupted=ctrl_c.pressed,
         target=run.goal,
         latest_version=len(migrations),
         check=check,

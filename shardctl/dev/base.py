@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from ..errors import BadInput
+from ..model.layouts import SIGNLESS_INSTAGRAM_BITS
 from ..sql.render import builtin_dir
 
 DATABASE = "app"
 DEFAULT_HOSTS = 2
 DEFAULT_SHARDS = 256
 MAX_HOSTS = 64
-MAX_SHARDS = 8192  # the instagram layout's 13 bits
+MAX_SHARDS = 8192  # the 13 shard bits of the layout the sandbox writes
 
 
 class HostState(Protocol):
@@ -54,7 +55,7 @@ def check_up_args(hosts: int, shards: int, password_env: str | None) -> None:
         raise BadInput(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     if shards < 1 or shards > MAX_SHARDS:
         raise BadInput(
-            f"--shards must be between 1 and {MAX_SHARDS} (the instagram layout's 13 bits), got {shards}"
+            f"--shards must be between 1 and {MAX_SHARDS} (the sandbox layout's 13 shard bits), got {shards}"
         )
     if shards < hosts:
         raise BadInput(f"--shards ({shards}) must be at least --hosts ({hosts})")
@@ -87,7 +88,10 @@ def topology_text(state: FleetState, shards: int, function: str, epoch: str) -> 
         "# Written by `shardctl sandbox up`: a local fleet for trying shardctl.",
         "version: 1",
         "id:",
-        "  layout: instagram",
+        "  # Instagram's split (41 ms | 13 shard) with 9 sequence bits: 63 bits, so IDs never turn",
+        "  # negative; 8192 shards, 512 IDs per ms per shard (`shardctl info` shows the limits).",
+        "  layout: custom",
+        f"  bits: {{{', '.join(f'{k}: {v}' for k, v in SIGNLESS_INSTAGRAM_BITS.items())}}}",
         f'  epoch: "{epoch}"',
         f"  function: {function}",
         "shards:",

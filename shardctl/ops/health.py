@@ -64,8 +64,11 @@ def read_host(conn: psycopg.Connection, topo: Topology, host: Host) -> HostHealt
     health.rows = shard_list(conn)
     gone = schemaless_shards(conn)
     name = topo.schema_name
+    # an active shard's row names its schema as the topology does; a moved one's, its renamed copy
     health.present = {
-        n for n, row in health.rows.items() if n not in gone and row.schema == name(n)
+        n
+        for n, row in health.rows.items()
+        if n not in gone and (row.state == "active" or row.schema == name(n))
     }
     health.missing = sorted(owned - health.present)
     health.failed = {

@@ -57,11 +57,11 @@ def read_host(conn: psycopg.Connection, topo: Topology, host: Host) -> HostHealt
     moved shard's renamed old copy is not it)."""
     health = HostHealth(host.name)
     owned = set(host.shards)
-    if not control_exists(conn):
+    health.rows = shard_list(conn)  # {} without a control schema
+    if not health.rows and not control_exists(conn):
         health.control = False
         health.missing = sorted(owned)
         return health
-    health.rows = shard_list(conn)
     gone = schemaless_shards(conn)
     name = topo.schema_name
     # an active shard's row names its schema as the topology does; a moved one's, its renamed copy

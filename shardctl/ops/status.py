@@ -112,7 +112,10 @@ def _host_status(
     rows = health.rows
     st.last_event = last_event(conn)
     # A shard is present when it is recorded *and* its schema really exists (ops.health).
-    real = {topo.shard_of_schema(name) for name in schema_names(conn)} - {None}
+    # Shard schemas no row records (strays); the recorded ones' names need no parsing.
+    known = {row.schema for row in rows.values()}
+    named = (topo.shard_of_schema(name) for name in schema_names(conn) if name not in known)
+    real = set(named) - {None}
     owned = set(host.shards)
     present = health.present
     stray = real - set(rows)

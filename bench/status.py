@@ -44,11 +44,13 @@ TARGET_S = 0.2
 
 
 def library(path: Path, calls: int, env: dict) -> float:
+    # cwd: not this checkout, whose shardctl package ``python -c`` would import ahead of PYTHONPATH
     out = subprocess.run(
         [sys.executable, "-c", RUNNER, str(path), str(calls)],
         capture_output=True,
         text=True,
         env=env,
+        cwd=path.parent,
         check=False,
     )
     if out.returncode != 0:
@@ -66,6 +68,7 @@ def process(path: Path, env: dict) -> float:
             capture_output=True,
             text=True,
             env=env,
+            cwd=path.parent,  # as above: PYTHONPATH decides which checkout runs
             check=False,
         )
     )

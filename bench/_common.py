@@ -466,3 +466,51 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 def machine_note() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0, 0, 0)
     return f"{os.cpu_count()} CPU(s), load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
+
+
+# ---- results on file, and the code of another checkout ----------------------------------------
+
+
+def commit_of(directory: Path | str = REPO) -> str:
+    """The checkout's commit (short), with ``+dirty`` when it has uncommitted changes."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", "-C", str(directory), *args], capture_output=True, text=True, check=False
+        )
+        return out.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def against_env(directory: str | None) -> dict[str, str]:
+    """The environment that runs shardctl from the checkout in ``directory`` (first on PYTHONPATH)."""
+    env = dict(os.environ)
+    if directory:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [directory, env.get("PYTHONPATH")]))
+    return env
+
+
+def save_results(name: str, title: str, rows: list[Row], notes: list[str]) -> Path:
+    """Write one run's table to ``bench/results/<name>-<UTC time>-<commit>.txt``, with the commit and
+    the machine; returns the file's path."""
+    commit = commit_of()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    path = BENCH_DIR / "results" / f"{name}-{stamp}-{commit}.txt"
+    path.parent.mkdir(exist_ok=True)
+    lines = [
+        f"# bench/{name}.py at {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"# machine: {machine_note()}; python {sys.version.split()[0]}",
+        f"# argv: {' '.join(sys.argv[1:])}",
+        title,
+    ]
+    verdicts = {True: "PASS", False: "FAIL", None: "info"}
+    for r in rows:
+        lines.append(
+            f"  {r.candidate:<46} {r.value:>10} {r.spread:>22} {r.ratio_text:>22} "
+            f"{r.target:<12} {verdicts[r.ok]:<5} {r.note}"
+        )
+    lines += [f"  {n}" for n in notes]
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -102,12 +102,13 @@ def per_shard_transactions(topo, *, create: bool, above: int = 0) -> float:
 
 
 def shardctl_cli(
-    args: list[str], config: Path, timeout: float = 3600
+    args: list[str], config: Path, timeout: float = 3600, base_env: dict | None = None
 ) -> tuple[float, subprocess.CompletedProcess]:
-    """Run the ``shardctl`` command as a user would (a new Python process); returns (seconds, result)."""
+    """Run the ``shardctl`` command as a user would (a new Python process); returns (seconds, result).
+    ``base_env``: the environment to start from (another checkout's: ``_common.against_env``)."""
     exe = Path(sys.executable).with_name("shardctl")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "shardctl.cli"]
-    env = dict(os.environ, SHARDCTL_CONFIG=str(config), COLUMNS="120", NO_COLOR="1")
+    env = dict(base_env or os.environ, SHARDCTL_CONFIG=str(config), COLUMNS="120", NO_COLOR="1")
     started = time.perf_counter()
     out = subprocess.run(
         cmd + args, capture_output=True, text=True, timeout=timeout, env=env, check=False

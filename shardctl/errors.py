@@ -3,7 +3,7 @@
 Exit codes: 0 ok; 1 the operation failed or ``--check`` found work
 pending; 2 bad input (config, arguments, IDs); 3 a host could not be reached;
 4 the fleet is incomplete: shards missing (never created, or their schema gone) or
-failed (``migrate`` finished without them; ``status`` found them).
+failed (``migrate`` finished without them; ``status`` found them); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_INCOMPLETE = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 
 class ShardctlError(Exception):
@@ -117,6 +118,12 @@ class FleetIncomplete(OperationFailed):
     command itself ran (``migrate`` applied what it could; ``status`` read every host)."""
 
     exit_code = EXIT_INCOMPLETE
+
+
+class Interrupted(OperationFailed):
+    """Ctrl-C stopped a fleet command at a shard boundary; ``report`` says which shards were done."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 class LockBusy(OperationFailed):

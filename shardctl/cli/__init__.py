@@ -20,11 +20,17 @@ from typing import Any
 
 import click
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConfigErrors, ShardctlError
+from ..errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    ConfigErrors,
+    ShardctlError,
+)
 from ..model.dsn import mask
 from ..model.topology import LayoutWarning, Topology
 from ..version import __version__
-from .output import stderr, warn
+from .output import headed, stderr, warn
 from .params import flag_option
 
 # The commands that print the topology's warnings (the layout's sign-bit and overflow dates): the ones
@@ -60,13 +66,17 @@ def settings() -> Settings:
 
 
 def _json_given(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
-    """Remember ``--json`` where an error's report finds it (ShardctlGroup.invoke)."""
+    """Remember ``--json`` and the command's name (``init``, ``sandbox up``) where an error's report
+    finds them (ShardctlGroup.invoke)."""
+    root = ctx.find_root()
+    root.meta[COMMAND_NAME] = ctx.command_path.split(" ", 1)[-1]
     if value:
-        ctx.find_root().meta[JSON_GIVEN] = True
+        root.meta[JSON_GIVEN] = True
     return value
 
 
 JSON_GIVEN = "shardctl.json"
+COMMAND_NAME = "shardctl.command"
 
 
 def json_option(func: Callable) -> Callable:
@@ -124,7 +134,12 @@ class ShardctlGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ShardctlError as exc:
-            report_error(exc, ctx.meta.get(JSON_GIVEN, False), debug=ctx.params.get("debug", False))
+            report_error(
+                exc,
+                ctx.meta.get(JSON_GIVEN, False),
+                debug=ctx.params.get("debug", False),
+                command=ctx.meta.get(COMMAND_NAME),
+            )
             raise click.exceptions.Exit(exc.exit_code) from exc
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
@@ -133,7 +148,10 @@ class ShardctlGroup(click.Group):
             result = super().main(*args, **kwargs)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
-        except click.Abort:
+        except click.Abort as exc:
+            if isinstance(exc.__context__, KeyboardInterrupt):  # click's word for Ctrl-C
+                stderr.print("interrupted")
+                sys.exit(EXIT_INTERRUPTED)
             stderr.print("aborted")
             sys.exit(EXIT_FAILED)
         except click.ClickException as exc:
@@ -144,13 +162,16 @@ class ShardctlGroup(click.Group):
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted")
-            sys.exit(130)
+            sys.exit(EXIT_INTERRUPTED)
         if isinstance(result, int):
             sys.exit(result)
         return result
 
 
-def report_error(exc: ShardctlError, as_json: bool, debug: bool = False) -> None:
+
+def report_error(
+    exc: ShardctlError, as_json: bool, debug: bool = False, command: str | None = None
+) -> None:
     lines = exc.all_messages() if isinstance(exc, ConfigErrors) else [str(exc)]
     for line in lines:
         stderr.print(f"error: {mask(line)}", markup=False, highlight=False)
@@ -168,7 +189,7 @@ def report_error(exc: ShardctlError, as_json: bool, debug: bool = False) -> None
         report = getattr(exc, "report", None)
         if report is not None:
             doc["report"] = report
-        sys.stdout.write(mask(json.dumps(doc, indent=2, default=str)) + "\n")
+        sys.stdout.write(mask(json.dumps(headed(doc, command), indent=2, default=str)) + "\n")
 
 
 @click.group(
@@ -190,8 +211,9 @@ def cli(ctx: click.Context, config: str | None, allow_inline_password: bool, deb
     """Provision and operate Instagram-style sharded PostgreSQL fleets.
 
     Exit codes: 0 ok; 1 the operation failed (or --check found work pending);
-    2 bad input (config, arguments, IDs); 3 a host could not be reached;
-    4 the fleet is incomplete (shards missing or failed).
+    2 bad input (config, arguments, IDs); 3 a host could not be reached or logged into;
+    4 the fleet is incomplete (shards missing, failed, or behind the others); 130 interrupted
+    (Ctrl-C stops at a shard boundary).
     """
     # The CLI prints a topology's warnings itself, once (Settings.topology).
     warnings.simplefilter("ignore", LayoutWarning)

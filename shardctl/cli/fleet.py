@@ -158,6 +158,11 @@ def init_summary(report: FleetReport) -> str:
         parts.append(
             f"migrated {_count(moved, 'existing shard')} to V{latest} (applied {_versions(applied)})"
         )
+    hosts = [h.host for h in report.hosts if report.outcome(h).host_applied]
+    if hosts:
+        versions = {v for h in report.hosts for v in report.outcome(h).host_applied}
+        listed = ", ".join(f"H{v}" for v in sorted(versions))
+        parts.append(f"applied host-level {listed} on {', '.join(hosts)}")
     if not parts:
         return f"Created the control schema; every shard was already at V{latest}"
     text = "; ".join(parts)
@@ -189,6 +194,9 @@ def _migrate_notes(report: MigrateResult, error: ShardctlError | None) -> None:
             )
         for line in d.held:
             flagged(h.host, f"pending: {line}", "yellow")
+        if d.host_applied:
+            names = ", ".join(report.host_files.get(v, f"H{v}") for v in d.host_applied)
+            stdout.print(f"{h.host}: applied host-level {names}", markup=False, highlight=False)
         if d.repaired:
             stdout.print(f"{h.host}: recorded new checksums for {d.repaired} ledger rows")
         if d.retried:
@@ -206,10 +214,19 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
         d = report.host(h)
         pending = ", ".join(f"V{v}×{n}" for v, n in d.pending.items()) or "-"
         counts = [len(d.migrated), d.unchanged, len(d.failed), len(d.not_started)]
-        return [_state(h), pending, *counts, format_shards(d.missing) or "-"]
+        host_level = []
+        if report.host_files:
+            done = [f"H{v}" for v in d.host_applied]
+            due = [f"H{v} pending" for v in d.host_level.pending]
+            host_level = [", ".join(done + due) or "-"]
+        return [_state(h), pending, *host_level, *counts, format_shards(d.missing) or "-"]
 
     mode = "check" if report.check else ("dry run" if report.dry_run else "migrate")
     columns = ["state", "pending", "migrated", "up to date", "failed", "not started"]
+    if (
+        report.host_files
+    ):  # host-level migrations: applied here (H versions), or pending with --check
+        columns.insert(2, "host-level")
     title = f"{mode} to V{report.target}"
     stdout.print(host_table(title, [*columns, "missing shards"], report.hosts, cells))
     _migrate_notes(report, error)
@@ -486,6 +503,8 @@ def status_cmd(as_json: bool, **given: Any) -> None:
             if h["unexpected"]:
                 drift.append(f"unexpected {h['unexpected']}")
             drift += [f"failed: {line}" for line in h["failed"]]
+            if h["lagging"]:
+                drift.append(f"behind: {h['lagging']}")
             rows.append(
                 [
                     h["host"],

@@ -137,22 +137,33 @@ SHOW_BAD_LINES = 5  # more bad lines than this are summed up in one line on stde
 TABLE_ROWS = 1000  # more decoded IDs than this print as plain aligned lines, not a rich table
 
 
+# Bytes of decoded IDs held in memory while ``decode-id --json`` streams; beyond, a temporary file.
+SPOOL_BYTES = 8 << 20
+
+
 def _write_json(chunks, bad) -> None:
-    """One JSON document, written as the IDs are decoded (never held whole): ``chunks`` are lists of
-    each ID's JSON object (``Decoder.rows(..., "json", ...)``)."""
-    write = sys.stdout.write
-    write('{\n  "ids": [')
-    sep = "\n    "
-    for chunk in chunks:
-        if chunk:
-            write(sep + ",\n    ".join(chunk))
-            sep = ",\n    "
-    write("]" if sep == "\n    " else "\n  ]")
+    """One JSON document, ``command`` and ``ok`` first like every ``--json`` document: the IDs are
+    decoded into a spool (memory, then a temporary file: never held whole) until ``ok`` is known,
+    then written. ``chunks`` are lists of each ID's JSON object (``Decoder.rows(..., "json", ...)``)."""
+    import shutil  # only here: the other offline commands start without them
+    import tempfile
+
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES, mode="w+", encoding="utf-8") as ids:
+        sep = "\n    "
+        for chunk in chunks:
+            if chunk:
+                ids.write(sep + ",\n    ".join(chunk))
+                sep = ",\n    "
+        ids.write("]" if sep == "\n    " else "\n  ]")
+        write = sys.stdout.write
+        write(f'{{\n  "command": "decode-id",\n  "ok": {"false" if bad else "true"},\n  "ids": [')
+        ids.seek(0)
+        shutil.copyfileobj(ids, sys.stdout)
     errors = [{"line": n, "input": t, "error": e} for n, t, e in bad]
     write(',\n  "errors": ' + json.dumps(errors))
     if bad.count > len(errors):
         write(f',\n  "errors_total": {bad.count}')
-    write(f',\n  "ok": {"false" if bad else "true"}\n}}\n')
+    write("\n}\n")
 
 
 def _write_table(columns: list[str], chunks) -> None:

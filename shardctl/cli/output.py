@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import click
 from rich.console import Console
 from rich.table import Table
 
@@ -19,10 +20,30 @@ stdout = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty()
 stderr = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 
-def emit(as_json: bool, data: Any, human: Callable[[], None]) -> None:
-    """Print ``data`` as JSON, or call ``human`` to print it for people."""
+def command_name() -> str:
+    """The running command as typed after ``shardctl``: ``status``, ``sandbox up``."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.command_path.partition(" ")[2] if ctx is not None else ""
+
+
+def headed(data: dict[str, Any], command: str | None = None) -> dict[str, Any]:
+    """``data`` as every ``--json`` document is: ``command`` then ``ok`` first, then the rest in
+    order. ``command``: the document's own, else ``command``, else the running command's name;
+    ``ok``: the document's own, else True (a failure sets it: ``finish``, ``report_error``)."""
+    name = data.get("command") or command or command_name()
+    rest = {k: v for k, v in data.items() if k not in ("command", "ok")}
+    return {"command": name, "ok": data.get("ok", True), **rest}
+
+
+def write_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(mask(json.dumps(headed(data), indent=2, default=str)) + "\n")
+
+
+def emit(as_json: bool, data: dict[str, Any], human: Callable[[], None]) -> None:
+    """Print ``data`` as one JSON document (``command`` and ``ok`` first), or call ``human`` to print it
+    for people."""
     if as_json:
-        sys.stdout.write(mask(json.dumps(data, indent=2, default=str)) + "\n")
+        write_json(data)
     else:
         human()
 

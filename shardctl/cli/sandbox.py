@@ -37,9 +37,14 @@ def sandbox() -> None:
     """Local PostgreSQL servers from embedded binaries, with a topology for them."""
 
 
+HOSTS_HELP = (
+    "Number of servers (default 2); an existing sandbox restarts the hosts its shardctl.yaml names."
+)
+
+
 @sandbox.command("up")
 @dir_option()
-@shown_option("--hosts", AsciiInt(1, 64), 2, "Number of servers.")
+@click.option("--hosts", type=AsciiInt(1, 64), default=None, help=HOSTS_HELP)
 @shown_option(
     "--shards",
     AsciiInt(1, 8192),
@@ -228,6 +233,7 @@ def sandbox_down(directory: str, destroy: bool, as_json: bool) -> None:
 def sandbox_status(directory: str, as_json: bool) -> None:
     """Which sandbox servers are running."""
     result = open_sandbox(directory).status()
+    result["ok"] = all(h["running"] for h in result["hosts"] + result["standbys"])
     emit(
         as_json,
         result,
@@ -248,16 +254,16 @@ def sandbox_status(directory: str, as_json: bool) -> None:
             )
         ),
     )
-    if not all(h["running"] for h in result["hosts"] + result["standbys"]):
+    if not result["ok"]:
         sys.exit(3)
 
 
 @cli.command()
 @dir_option("shardctl-demo")
-@shown_option("--hosts", AsciiInt(1, 16), 2, "Number of servers.")
+@click.option("--hosts", type=AsciiInt(1, 16), default=None, help=HOSTS_HELP)
 @shown_option("--shards", AsciiInt(2, 8192), 256, "Logical shards.")
 @json_option
-def demo(directory: str, hosts: int, shards: int, as_json: bool) -> None:
+def demo(directory: str, hosts: int | None, shards: int, as_json: bool) -> None:
     """One command tour: sandbox up, init, writes through the router, decode, verify."""
     result = run_demo(directory, hosts=hosts, shards=shards, say=info if as_json else stdout.print)
 

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from ..errors import BadInput
+from ..model.layouts import SIGNLESS_INSTAGRAM_BITS
 from ..sql.render import builtin_dir
 
 DATABASE = "app"
+DEFAULT_HOSTS = 2
 DEFAULT_SHARDS = 256
 MAX_HOSTS = 64
-MAX_SHARDS = 8192  # the instagram layout's 13 bits
+MAX_SHARDS = 8192  # the 13 shard bits of the layout the sandbox writes
 
 
 class HostState(Protocol):
@@ -53,7 +55,7 @@ def check_up_args(hosts: int, shards: int, password_env: str | None) -> None:
         raise BadInput(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     if shards < 1 or shards > MAX_SHARDS:
         raise BadInput(
-            f"--shards must be between 1 and {MAX_SHARDS} (the instagram layout's 13 bits), got {shards}"
+            f"--shards must be between 1 and {MAX_SHARDS} (the sandbox layout's 13 shard bits), got {shards}"
         )
     if shards < hosts:
         raise BadInput(f"--shards ({shards}) must be at least --hosts ({hosts})")
@@ -86,7 +88,10 @@ def topology_text(state: FleetState, shards: int, function: str, epoch: str) -> 
         "# Written by `shardctl sandbox up`: a local fleet for trying shardctl.",
         "version: 1",
         "id:",
-        "  layout: instagram",
+        "  # Instagram's split (41 ms | 13 shard) with 9 sequence bits: 63 bits, so IDs never turn",
+        "  # negative; 8192 shards, 512 IDs per ms per shard (`shardctl info` shows the limits).",
+        "  layout: custom",
+        f"  bits: {{{', '.join(f'{k}: {v}' for k, v in SIGNLESS_INSTAGRAM_BITS.items())}}}",
         f'  epoch: "{epoch}"',
         f"  function: {function}",
         "shards:",
@@ -126,6 +131,24 @@ class SandboxBase:
     @property
     def state(self) -> Any:
         return self.state_class.read(self.dir)
+
+    def host_count(self, requested: int | None, state: Any = None) -> int:
+        """How many servers ``up`` runs: on a sandbox whose topology is written, exactly the hosts it
+        wrote it for (another ``requested`` count is refused: the topology would not name a new
+        server, and a smaller count would leave hosts it names down); else ``requested`` (default
+        DEFAULT_HOSTS), at least the hosts an interrupted first ``up`` made."""
+        state = self.state if state is None else state
+        made = len(state.hosts) if state is not None else 0
+        if made and self.topology_path.exists():
+            if requested is not None and requested != made:
+                raise BadInput(
+                    f"--hosts {requested}: the sandbox in {self.dir} has {made} "
+                    f"host{'s' if made > 1 else ''}, named in its shardctl.yaml; run `sandbox up` "
+                    f"without --hosts to restart them (shardctl add-host adds a server), or use "
+                    f"another --dir"
+                )
+            return made
+        return max(requested or DEFAULT_HOSTS, made)
 
     def _require_state(self) -> Any:
         state = self.state

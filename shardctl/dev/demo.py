@@ -18,11 +18,17 @@ DEMO_USERS = [1, 2, 42, 1341, 31341, 77777]
 
 
 def run_demo(
-    directory: str, *, hosts: int = 2, shards: int = 256, say: Callable[[str], None] = print
+    directory: str,
+    *,
+    hosts: int | None = None,
+    shards: int = 256,
+    say: Callable[[str], None] = print,
 ) -> dict:
-    """Run the tour and return what happened; ``say`` narrates each step."""
+    """Run the tour and return what happened; ``say`` narrates each step. ``hosts``: servers (default
+    2; a sandbox already in ``directory`` restarts its own)."""
     started = time.perf_counter()
     sandbox = Sandbox(directory)
+    hosts = sandbox.host_count(hosts)
     say(f"1. Starting {hosts} PostgreSQL servers in {sandbox.dir} …")
     up = sandbox.up(hosts=hosts, shards=shards)
     for h in up["hosts"]:

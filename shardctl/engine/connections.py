@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from collections.abc import Iterator
@@ -34,7 +35,13 @@ def connect(
     database: str | None = None,
 ) -> psycopg.Connection:
     """Open a connection to ``host`` (``database``: another database of its server, e.g. verify's
-    scratch one); an unreachable host raises HostUnreachable with a masked reason."""
+    scratch one); a host that cannot be reached, or cannot authenticate (its ``password_env`` unset,
+    its password refused), raises HostUnreachable with a masked one-line reason that names the fix."""
+    env = host.password_env
+    if env and os.environ.get(env) is None:
+        raise HostUnreachable(
+            host.name, f"cannot authenticate: password_env {env} is not set (set {env})"
+        )
     # shardctl's own work (DDL, locks, moves) goes over the admin DSN, never through an app pooler.
     kwargs = host.connect_kwargs(
         purpose="admin",
@@ -45,7 +52,30 @@ def connect(
     try:
         return psycopg.connect(autocommit=autocommit, **kwargs)
     except psycopg.OperationalError as exc:
-        raise HostUnreachable(host.name, first_line(exc)) from None
+        raise HostUnreachable(host.name, _connect_failure(host, exc)) from None
+
+
+# libpq's and the server's words for a login the server refused (no SQLSTATE reaches the client)
+_AUTH_FAILURES = (
+    "password authentication failed",
+    "no password supplied",
+    "authentication failed for user",
+    "scram authentication",
+)
+
+
+def _connect_failure(host: Host, exc: psycopg.OperationalError) -> str:
+    """Why connecting failed, in one line; a refused login says so and names the fix."""
+    reason = first_line(exc)
+    if not any(words in reason.lower() for words in _AUTH_FAILURES):
+        return reason
+    detail = " ".join(reason.rsplit("failed: ", 1)[-1].removeprefix("FATAL:").split())
+    fix = (
+        f"set {host.password_env} to the role's password"
+        if host.password_env
+        else f"give host {host.name} a password_env naming the variable that holds its password"
+    )
+    return f"cannot authenticate: {detail} ({fix})"
 
 
 def first_line(exc: BaseException) -> str:

@@ -40,6 +40,11 @@ from .defaults import (
     DEFAULT_RETRY_BUDGET,
 )
 
+# Ctrl-C asked the fleet run in progress to stop (``fanout.stop_on_ctrl_c`` sets and clears it): every
+# runner stops at its next batch boundary, ``--continue-on-error`` or not; what it did not start is
+# reported not started.
+INTERRUPTED = threading.Event()
+
 # a shard after the first of its batch (holding theirs) waits only this long
 IN_BATCH_LOCK_WAIT = "20ms"
 FIRST_BATCH = 8  # shards in a host's first batch under traffic, before the time per shard is known
@@ -59,8 +64,13 @@ class ShardPlan:
     # as move-shard does when it recreates a shard on another host at the source's version.
     copy_ledger: dict[int, tuple] | None = None
     state: str | None = None  # the new shard row's state (None: the table's default, 'active')
+    # Deferred rendering of ``create_sql`` (as ``render_steps``): a plan never started costs nothing
+    # to report (Ctrl-C leaves thousands of them).
+    render_create: Callable[[], str] | None = None
 
     def materialize(self) -> ShardPlan:
+        if self.render_create is not None:
+            self.create_sql, self.render_create = self.render_create(), None
         if self.render_steps is not None:
             self.steps, self.render_steps = self.render_steps(), None
         return self
@@ -146,7 +156,7 @@ class _LiveMode:
     _live_size: int
 
     def _stopped(self) -> bool:
-        return self.stop.is_set() and not self.options.continue_on_error
+        return INTERRUPTED.is_set() or (self.stop.is_set() and not self.options.continue_on_error)
 
     def _run_live(self, plans: list[ShardPlan], keep_open: bool = False) -> list[ShardOutcome]:
         outcomes: list[ShardOutcome] = []
@@ -355,7 +365,7 @@ class HostRunner(_LiveMode):
         i = 0
         try:
             while i < len(plans):
-                if self.stop.is_set() and not self.options.continue_on_error:
+                if self._stopped():
                     break
                 batch = [p.materialize() for p in plans[i : i + size]]
                 outcomes += self._batch(batch)

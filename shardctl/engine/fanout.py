@@ -10,23 +10,25 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Generic, TypeVar
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
 
-from ..errors import HostUnreachable, OperationFailed, ShardctlError
+from ..errors import HostUnreachable, Interrupted, OperationFailed, ShardctlError
 from ..model.documents import json_value, result_doc
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
 from ..sql.catalog.capacity import connection_headroom, server_cores
 from . import connections as db
-from .executor import ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
+from .executor import INTERRUPTED, ConnectionLost, HostRunner, RunOptions, ShardOutcome, ShardPlan
 
 T = TypeVar("T")
 H = TypeVar("H")
@@ -95,6 +97,46 @@ def fan_out(
     return for_each_host(hosts, one)
 
 
+@dataclass
+class CtrlC:
+    """Whether Ctrl-C stopped the run (``stop_on_ctrl_c``)."""
+
+    pressed: bool = False
+
+
+@contextmanager
+def stop_on_ctrl_c(stop: threading.Event | None = None) -> Iterator[CtrlC]:
+    """For the block (a fleet run that changes shards): Ctrl-C (SIGINT) stops the run at the next
+    batch boundary instead of raising in the middle of it. Every runner finishes the transaction in
+    hand (so each shard is complete or absent), starts no other, and the operation returns its report,
+    which names the shards not started; ``pressed`` tells the caller (its result raises
+    ``Interrupted``, exit 130). A second Ctrl-C raises KeyboardInterrupt at once (a transaction in
+    flight then rolls back). Outside the main thread, signals cannot be handled: nothing changes."""
+    ctrl_c = CtrlC()
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    restore = previous if previous is not None else signal.default_int_handler
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if ctrl_c.pressed:
+            signal.signal(signal.SIGINT, restore)
+            raise KeyboardInterrupt
+        ctrl_c.pressed = True
+        INTERRUPTED.set()
+        if stop is not None:
+            stop.set()
+
+    INTERRUPTED.clear()
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield ctrl_c
+    finally:
+        signal.signal(signal.SIGINT, restore)
+        INTERRUPTED.clear()
+
+
 def host_error(result: HostResult) -> str:
     """``result``'s error, naming its host once (an error that already starts with the host keeps it)."""
     error = result.error or "unreachable"
@@ -155,6 +197,7 @@ class ApplyOutcome:
     failed: list[dict] = field(default_factory=list)
     not_started: list[int] = field(default_factory=list)
     control_created: bool = False
+    host_applied: list[int] = field(default_factory=list)  # host-level versions this run applied
     retried: int = 0  # shards applied after waiting out another transaction's lock
     jobs: int = 1  # streams (connections) that applied shards on the host
     jobs_rule: str = ""  # why that many (see docs/performance.md)
@@ -187,6 +230,7 @@ class ApplyOutcome:
             self.created
             or self.migrated
             or self.control_created
+            or self.host_applied
             or any(f["applied"] for f in self.failed)
         )
 
@@ -200,6 +244,7 @@ class ApplyOutcome:
             "failed": self.failed,
             "not_started": format_shards(self.not_started),
             "control_created": self.control_created,
+            "host_applied": self.host_applied,
             "retried": self.retried,
             "jobs": self.jobs,
             "jobs_rule": self.jobs_rule,
@@ -233,6 +278,7 @@ class FleetReport:
     hosts: list[HostResult[ApplyOutcome]]
     seconds: float = 0.0
     extra: InitFigures | None = None  # init's and add-shard's own figures
+    interrupted: bool = False  # Ctrl-C stopped the run at a batch boundary (stop_on_ctrl_c)
 
     def outcome(self, host: HostResult[ApplyOutcome]) -> ApplyOutcome:
         return host.value if host.value is not None else ApplyOutcome()
@@ -263,13 +309,20 @@ class FleetReport:
 
     @property
     def ok(self) -> bool:
-        return not self.unreachable and not self.failed and not self.errors and not self.not_started
+        return (
+            not self.interrupted
+            and not self.unreachable
+            and not self.failed
+            and not self.errors
+            and not self.not_started
+        )
 
     def to_dict(self) -> dict:
         return {
             "command": self.command,
             "ok": self.ok,
             "changed": self.changed,
+            "interrupted": self.interrupted,
             "seconds": round(self.seconds, 3),
             "hosts": [h.to_dict() for h in self.hosts],
             **(asdict(self.extra) if self.extra is not None else {}),
@@ -289,8 +342,21 @@ class FleetReport:
             parts.append(f"{self.not_started} shard(s) not started")
         return parts
 
+    def raise_for_interrupt(self) -> None:
+        """Interrupted (exit 130) when Ctrl-C stopped the run: what was done and what was not."""
+        if not self.interrupted:
+            return
+        done = self.total("created") + self.total("migrated")
+        raise Interrupted(
+            f"{self.command}: interrupted (Ctrl-C): stopped at a shard boundary; {done} shard(s) "
+            f"done, {self.not_started} not started; every shard is complete or absent: run "
+            f"shardctl {self.command} again to finish",
+            report=self.to_dict(),
+        )
+
     def raise_for_status(self) -> FleetReport:
-        """Raise the error matching the worst outcome (exit 3 > 1)."""
+        """Raise the error matching the worst outcome (Ctrl-C 130 > exit 3 > 1)."""
+        self.raise_for_interrupt()
         raise_for_status(self.command, self.hosts, self.problems(), report=self.to_dict())
         return self
 
@@ -376,7 +442,7 @@ class _Source:
 
     def next(self) -> list[ShardPlan]:
         with self._lock:
-            if self._stop.is_set() and not self._keep_going:
+            if INTERRUPTED.is_set() or (self._stop.is_set() and not self._keep_going):
                 return []
             return list(itertools.islice(self._plans, self._chunk))
 

@@ -22,7 +22,7 @@ import psycopg
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Topology
 from ..sql.catalog import ledger as ledger_q
-from ..sql.catalog.control import control_exists
+from ..sql.catalog.control import control_exists, ensure_catalog_watch
 from ..sql.migrations import Migration
 from ..sql.render import layout_context, render_control, shard_context
 
@@ -30,12 +30,14 @@ CACHE_KEY = "migrate.verified"
 
 
 def ensure_control_schema(conn: psycopg.Connection, topo: Topology | None = None) -> bool:
-    """Create the control schema if missing (call under the host lock). True if it was created."""
-    if control_exists(conn):
-        return False
-    with conn.transaction():
-        conn.execute(render_control(topo))
-    return True
+    """Create the control schema if missing (call under the host lock), and the watch of the
+    database's DDL when the role may (status's fingerprint cache). True if the schema was created."""
+    created = not control_exists(conn)
+    if created:
+        with conn.transaction():
+            conn.execute(render_control(topo))
+    ensure_catalog_watch(conn)
+    return created
 
 
 def log_event(

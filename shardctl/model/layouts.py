@@ -288,6 +288,12 @@ def custom(epoch_ms: int, time: int, shard: int, sequence: int) -> Layout:
     )
 
 
+# The split ``sandbox up`` and ``demo`` write (a custom layout): Instagram's 41 time and 13 shard bits,
+# one sequence bit given up so the sign bit stays 0. 8192 shards, 512 IDs per ms per shard, and IDs
+# that stay positive until they overflow (2095 from a 2026 epoch): a fleet made for trying shardctl
+# warns about nothing.
+SIGNLESS_INSTAGRAM_BITS = {"time": 41, "shard": 13, "sequence": 9}
+
 LAYOUT_NAMES = ("instagram", "pinterest", "snowflake", "custom")
 # Layouts whose IDs shardctl can mint with next_id(); the others are decode-only.
 MINTABLE = ("instagram", "custom")

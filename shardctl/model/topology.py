@@ -10,6 +10,7 @@ import functools
 import os
 import re
 import string
+import sys
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -71,6 +72,16 @@ LINT_KEYS = {"exclude", "include", "pg_version"}
 
 
 _WARNED: set[str] = set()  # LayoutWarning messages already given in this process
+
+
+def _outside_shardctl() -> int:
+    """The ``stacklevel`` that makes a warning point at the first caller outside the shardctl package
+    (the application's ``Topology.load`` or ``Router(...)`` line), however deep inside it was given."""
+    package = os.path.dirname(os.path.dirname(__file__)) + os.sep  # as the frames name their files
+    frame, level = sys._getframe(1), 1  # the frame that calls warnings.warn is level 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class LayoutWarning(UserWarning):
@@ -789,7 +800,7 @@ class _Validator:
             # once per process: a Router reloads its file after every move
             if message not in _WARNED:
                 _WARNED.add(message)
-                warnings.warn(message, LayoutWarning, stacklevel=3)
+                warnings.warn(message, LayoutWarning, stacklevel=_outside_shardctl())
         return topo
 
 

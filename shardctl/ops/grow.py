@@ -250,6 +250,7 @@ def add_shard(
         hosts=report.hosts,
         seconds=report.seconds,
         extra=report.extra,
+        interrupted=report.interrupted,
         new_shards=format_shards(wanted),
         host=host_name,
         version=version,

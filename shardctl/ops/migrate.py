@@ -29,6 +29,7 @@ from ..engine.defaults import DEFAULT_LOCK_RETRIES, DEFAULT_LOCK_WAIT
 from ..engine.executor import RunOptions, ShardPlan
 from ..engine.fanout import (
     ApplyOutcome,
+    CtrlC,
     FleetReport,
     HostResult,
     ProgressFactory,
@@ -37,6 +38,7 @@ from ..engine.fanout import (
     host_jobs,
     raise_unreachable,
     select_hosts,
+    stop_on_ctrl_c,
 )
 from ..engine.ledger import (
     Drift,
@@ -53,7 +55,7 @@ from ..model.topology import Host, Topology
 from ..sql.catalog.control import ShardRow, control_exists, ledger_versions, open_moves, shard_list
 from ..sql.host_migrations import HostLevelMigration, host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
-from .verify import check_applied
+from .health import FleetHealth, HostHealth, assess, from_results, read_host
 
 __all__ = [
     "HostMigration",
@@ -84,8 +86,13 @@ class HostMigration(ApplyOutcome):
     dry_run_sql: dict[str, str] = field(default_factory=dict)
     integrity: dict[str, int] = field(default_factory=dict)
     host_level: host_ledger.HostLevelState = field(default_factory=host_ledger.HostLevelState)
-    host_applied: list[int] = field(default_factory=list)  # host-level versions this run applied
     host_repaired: int = 0
+    health: HostHealth | None = field(default=None, repr=False)  # the host as ops.health read it
+
+    @property
+    def changed(self) -> bool:
+        """Anything written: shards, host-level migrations, or checksums ``--repair`` recorded."""
+        return super().changed or bool(self.repaired or self.host_repaired)
 
     def ledger_problems(self, files: dict[int, str] | None = None) -> list[str]:
         """Shards not created, applied files that changed, and versions missing from a shard's ledger:
@@ -145,6 +152,9 @@ class MigrateResult(FleetReport):
     check: bool = False
     dry_run: bool = False
     files: dict[int, str] = field(default_factory=dict)  # version → migration file name
+    host_files: dict[int, str] = field(default_factory=dict)  # version → host-level file name
+    # with ``check``: the fleet's health (ops.health), what status, plan and verify report too
+    health: FleetHealth | None = None
 
     def host(self, h: HostResult) -> HostMigration:
         return h.value if h.value is not None else HostMigration()
@@ -190,7 +200,16 @@ class MigrateResult(FleetReport):
             "pending_total": self.pending_total if read_only else 0,
             "hosts_with_missing_shards": sum(1 for h in self.hosts if self.host(h).missing),
             "held": self.held,
+            "host_level": {
+                "latest": len(self.host_files),
+                "applied": {
+                    h.host: self.host(h).host_applied
+                    for h in self.hosts
+                    if self.host(h).host_applied
+                },
+            },
             "details": {h.host: self.host(h).detail() for h in self.hosts},
+            **({"health": self.health.to_dict()} if self.health is not None else {}),
         }
 
     def plan_dict(self) -> dict:
@@ -223,12 +242,17 @@ class MigrateResult(FleetReport):
         }
 
     def raise_for_status(self) -> MigrateResult:
-        """Exit 3 for an unreachable host; 1 (OperationFailed) for failed shards or host errors, or a
-        dry run that the real run would refuse; 1 (PendingWork) when ``check`` finds work pending; 4
-        (FleetIncomplete) when a run finished but shards in scope were never created. Every line names the
-        migration file."""
+        """Exit 3 for an unreachable host (or one that cannot authenticate); with ``check``, 4
+        (FleetIncomplete) for the fleet's health findings (shards missing, failed or lagging behind
+        the others: ``ops.health``, as status, plan and verify say); 1 (OperationFailed) for failed
+        shards or host errors, or a dry run that the real run would refuse; 1 (PendingWork) when
+        ``check`` finds work pending; 4 (FleetIncomplete) when a run finished but shards in scope were
+        never created. Every line names the migration file."""
+        self.raise_for_interrupt()
         doc = self.to_dict()
         raise_unreachable(self.hosts, doc)
+        if self.health is not None:
+            self.health.raise_for("migrate", doc)
         if self.failed:
             text = first_few(
                 self.failed,
@@ -404,8 +428,11 @@ def _inspect(
     """Read the host's versions and ledger, refuse drift and gaps, and plan the pending shards."""
     topo, scope = run.topo, _scope(host, run.shards)
     _inspect_host_level(run, host, conn, out)
-    present = shard_list(conn)
-    out.missing = [n for n in scope if n not in present]
+    health = out.health = read_host(conn, topo, host)
+    # a shard whose schema is gone is missing (ops.health), not pending
+    present = {n: r for n, r in health.rows.items() if n in health.present}
+    missing = set(health.missing)
+    out.missing = [n for n in scope if n in missing]
     out.versions = version_counts(present, scope)
     integrity = check_integrity(conn, topo, run.migrations, scope) if present else Integrity()
     out.integrity = {"rendered": integrity.rendered, "cached_versions": integrity.cached}
@@ -495,7 +522,7 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
         f["error"] = explain_error(f["error"], run.options)
         f["file"] = file_of(files, f["version"])
         failed_at.setdefault(f["version"], []).append(f["shard"])
-    if out.migrated or out.failed or out.repaired or out.host_repaired:
+    if out.migrated or out.failed or out.repaired or out.host_repaired or out.host_applied:
         log_event(
             conn,
             "migrate",
@@ -510,6 +537,7 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
                 },
                 "not_started": len(out.not_started),
                 "repaired": out.repaired,
+                "host_applied": out.host_applied,
                 "retried": out.retried,
                 "held": format_shards(out.held_shards),
             },
@@ -603,6 +631,7 @@ def migrate(
         with locks.use(host) as conn:
             _apply(run, host, conn, result.value)
 
+    ctrl_c = CtrlC()  # a read-only run is not stopped at a shard boundary: it changes nothing
     if run.read_only:
         reports = fan_out(selected, inspect_only, lambda h: HostMigration())
         if check and any(h.value.pending for h in reports if h.value is not None):
@@ -610,20 +639,32 @@ def migrate(
             # does not even load the SQL parser: start-up, bench/startup.py).
             _render_one(run, selected)
     else:
-        with db.FleetLocks(
-            selected, wait=wait, connect_timeout=options.connect_timeout, purpose=options.purpose
-        ) as locks:
+        from .verify import check_applied  # the reference's code: only a run that changes shards
+
+        with (
+            stop_on_ctrl_c(run.stop) as ctrl_c,
+            db.FleetLocks(
+                selected,
+                wait=wait,
+                connect_timeout=options.connect_timeout,
+                purpose=options.purpose,
+            ) as locks,
+        ):
             locks.refuse_untranslatable(rendered)
             reports = fan_out(selected, apply, lambda h: HostMigration())
             # what was migrated is what the migrations define, or migrate fails naming the shards
             check_applied(topo, reports, locks, connect_timeout=options.connect_timeout)
+    files = {m.version: m.name for m in migrations}
     return MigrateResult(
         "migrate",
         reports,
         time.perf_counter() - started,
+        interrupted=ctrl_c.pressed,
         target=run.goal,
         latest_version=len(migrations),
         check=check,
         dry_run=dry_run,
-        files={m.version: m.name for m in migrations},
+        files=files,
+        host_files={m.version: m.name for m in run.host_migrations},
+        health=assess(topo, from_results(reports), files, shards) if check else None,
     )

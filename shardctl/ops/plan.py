@@ -7,7 +7,7 @@ from typing import Any
 
 from ..engine import connections as db
 from ..engine.executor import RunOptions
-from ..engine.fanout import raise_for_status
+from ..engine.fanout import raise_for_status, raise_unreachable
 from ..errors import BadInput
 from ..model.ranges import format_shards
 from ..model.topology import Topology
@@ -60,7 +60,8 @@ def template_plan(
 class PlanResult:
     """The result of :func:`plan`: the pending migrations (``migrate``'s check report) and the stale
     template functions. Pending work is what a plan shows, not an error: :meth:`raise_for_status`
-    raises only for unreachable hosts (exit 3) and host errors (exit 1)."""
+    raises for unreachable hosts (exit 3), the fleet's health findings (exit 4: shards missing, failed
+    or lagging behind the others, as ``status`` says) and host errors (exit 1)."""
 
     migrations: MigrateResult
     templates: TemplatePlan
@@ -71,20 +72,28 @@ class PlanResult:
 
     @property
     def ok(self) -> bool:
-        """Every host answered without error (pending work does not count)."""
-        return all(h.reachable and not h.error for h in self.migrations.hosts)
+        """Every host answered without error and the fleet is healthy (pending work does not count)."""
+        health = self.migrations.health
+        healthy = health is None or health.ok
+        return healthy and all(h.reachable and not h.error for h in self.migrations.hosts)
 
     @property
     def pending_total(self) -> int:
         return self.migrations.pending_total
 
     def to_dict(self) -> dict[str, Any]:
-        doc = self.migrations.plan_dict()
+        doc = {"command": "plan", "ok": self.ok, **self.migrations.plan_dict()}
         doc["templates"] = self.templates.to_dict()
+        if self.migrations.health is not None:
+            doc["health"] = self.migrations.health.to_dict()
         return doc
 
     def raise_for_status(self) -> PlanResult:
-        raise_for_status("plan", self.migrations.hosts, report=self.to_dict())
+        doc = self.to_dict()
+        raise_unreachable(self.migrations.hosts, doc)
+        if self.migrations.health is not None:
+            self.migrations.health.raise_for("plan", doc)
+        raise_for_status("plan", self.migrations.hosts, report=doc)
         return self
 
 

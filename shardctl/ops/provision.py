@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -51,22 +52,20 @@ def _plans(
         elif row.version < goal:
             work.append((n, row.version))
 
+    def rebuild(n: int) -> str:
+        return forget_shard(n) + render_shard(topo, n)
+
     def generate() -> Iterator[ShardPlan]:
+        # Rendered when a batch takes them (ShardPlan.materialize), not when a stream's chunk is
+        # handed out: the shards Ctrl-C leaves unstarted are reported without rendering them.
         for n, at in work:
-            schema = topo.schema_name(n)
-            if at == -1:
-                yield ShardPlan(
-                    n, schema, render_shard(topo, n), steps_for(migrations, topo, n, target=goal)
-                )
-            elif at == -2:
-                yield ShardPlan(
-                    n,
-                    schema,
-                    forget_shard(n) + render_shard(topo, n),
-                    steps_for(migrations, topo, n, target=goal),
-                )
-            else:
-                yield ShardPlan(n, schema, None, steps_for(migrations, topo, n, at, goal))
+            steps = functools.partial(steps_for, migrations, topo, n, max(at, 0), goal)
+            create = (
+                functools.partial(render_shard, topo, n)
+                if at == -1
+                else (functools.partial(rebuild, n) if at == -2 else None)
+            )
+            yield ShardPlan(n, topo.schema_name(n), None, render_steps=steps, render_create=create)
 
     return len(work), generate()
 
@@ -112,7 +111,9 @@ def init(
         with locks.use(host) as conn:
             out.control_created = ensure_control_schema(conn, topo)
             # The host-level history first: shard migrations may use its extensions and types.
-            host_applied[host.name] = host_ledger.apply(conn, topo, host, host_level)
+            out.host_applied = host_applied[host.name] = host_ledger.apply(
+                conn, topo, host, host_level
+            )
             count, plans = _plans(conn, topo, host, migrations, goal, recreated)
             out.unchanged = len(host.shards) - count
             chosen = fanout.host_jobs(host, conn, jobs) if count else None
@@ -145,9 +146,12 @@ def init(
                 refresh_cache(conn, topo, migrations)
 
     selected = fanout.select_hosts(topo, hosts)
-    with db.FleetLocks(
-        selected, wait=wait, connect_timeout=options.connect_timeout, purpose=options.purpose
-    ) as locks:
+    with (
+        fanout.stop_on_ctrl_c(stop) as ctrl_c,
+        db.FleetLocks(
+            selected, wait=wait, connect_timeout=options.connect_timeout, purpose=options.purpose
+        ) as locks,
+    ):
         locks.refuse_untranslatable(rendered)
         reports = fanout.fan_out(selected, work, lambda h: fanout.ApplyOutcome())
         # what was built is what the migrations define, or init fails naming the shards
@@ -158,6 +162,7 @@ def init(
         "init",
         reports,
         time.perf_counter() - started,
+        interrupted=ctrl_c.pressed,
         extra=fanout.InitFigures(
             latest_version=len(migrations),
             recreated=recreated,

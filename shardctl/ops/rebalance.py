@@ -185,7 +185,7 @@ class RebalancePlan:
         return self
 
     def to_dict(self) -> dict:
-        doc: dict = {"command": "rebalance"}
+        doc: dict = {"command": "rebalance", "ok": self.ok}
         if self.by == "size":
             doc.update(
                 by="size", min_improvement=self.min_improvement, pinned=format_shards(self.pinned)

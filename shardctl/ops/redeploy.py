@@ -27,9 +27,10 @@ import psycopg
 
 from ..engine import connections as db
 from ..engine.defaults import REDEPLOY_LOCK_TIMEOUT
-from ..engine.fanout import HostResult, fan_out, select_hosts
+from ..engine.executor import INTERRUPTED
+from ..engine.fanout import HostResult, fan_out, select_hosts, stop_on_ctrl_c
 from ..engine.ledger import log_event
-from ..errors import BadInput, HostUnreachable, OperationFailed, first_few
+from ..errors import BadInput, HostUnreachable, Interrupted, OperationFailed, first_few
 from ..model.documents import Result
 from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
@@ -108,6 +109,7 @@ class TemplateState:
     refused: list[str] = field(default_factory=list)
     deployed: list[int] = field(default_factory=list)
     failed: list[dict] = field(default_factory=list)
+    not_started: list[int] = field(default_factory=list)  # left by Ctrl-C
 
     def to_dict(self) -> dict:
         return {
@@ -116,6 +118,7 @@ class TemplateState:
             "deployed": format_shards(self.deployed),
             "deployed_count": len(self.deployed),
             "failed": self.failed,
+            "not_started": format_shards(self.not_started),
         }
 
 
@@ -126,14 +129,25 @@ class RedeployReport(Result):
     hosts: list[HostResult[TemplateState]]
     dry_run: bool
     seconds: float = 0.0
+    interrupted: bool = False  # Ctrl-C stopped it between two shards
 
     @property
     def ok(self) -> bool:
-        return all(h.ok and not h.value.failed and not h.value.refused for h in self.hosts)
+        return not self.interrupted and all(
+            h.ok and not h.value.failed and not h.value.refused for h in self.hosts
+        )
 
     def raise_for_status(self) -> RedeployReport:
-        """Exit 3 (HostUnreachable) for a host that did not answer; 1 (OperationFailed) for failed or
-        refused shards, naming the first reason."""
+        """Exit 130 (Interrupted) after Ctrl-C; 3 (HostUnreachable) for a host that did not answer; 1
+        (OperationFailed) for failed or refused shards, naming the first reason."""
+        if self.interrupted:
+            done = sum(len(h.value.deployed) for h in self.hosts)
+            left = sum(len(h.value.not_started) for h in self.hosts)
+            raise Interrupted(
+                f"redeploy: interrupted (Ctrl-C): stopped at a shard boundary; {done} shard(s) "
+                f"done, {left} not started; run shardctl redeploy again to finish",
+                report=self.to_dict(),
+            )
         down = [h for h in self.hosts if not h.reachable]
         if down:
             raise HostUnreachable(
@@ -242,6 +256,9 @@ def _apply_host(
     """One transaction per shard: its functions and their ledger rows."""
     ensure_template_ledger(conn)
     for n in sorted(stale):
+        if INTERRUPTED.is_set():  # Ctrl-C: between two shards (stop_on_ctrl_c)
+            result.not_started = sorted(m for m in stale if m >= n)
+            break
         try:
             with conn.transaction():
                 set_settings(conn, {"lock_timeout": lock_timeout})
@@ -297,9 +314,12 @@ def redeploy(
     busy = [h for h, res in zip(selected, results) if res.ok and res.value.stale]
     if dry_run or not busy:
         return RedeployReport(results, dry_run, time.perf_counter() - started)
-    with db.FleetLocks(
-        busy, wait=wait, connect_timeout=connect_timeout, purpose="redeploy"
-    ) as locks:
+    with (
+        stop_on_ctrl_c() as ctrl_c,
+        db.FleetLocks(
+            busy, wait=wait, connect_timeout=connect_timeout, purpose="redeploy"
+        ) as locks,
+    ):
 
         def apply(host: Host, result: HostResult[TemplateState]) -> None:
             with locks.use(host) as conn:
@@ -313,4 +333,4 @@ def redeploy(
 
         applied = {r.host: r for r in fan_out(busy, apply, lambda h: TemplateState())}
     final = [applied.get(r.host, r) for r in results]
-    return RedeployReport(final, dry_run, time.perf_counter() - started)
+    return RedeployReport(final, dry_run, time.perf_counter() - started, ctrl_c.pressed)

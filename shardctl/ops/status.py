@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -9,22 +11,22 @@ import psycopg
 
 from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_unreachable, select_hosts
-from ..engine.ledger import recorded_failures
-from ..errors import FleetIncomplete
 from ..model.documents import Result, result_doc
-from ..model.ranges import format_shards
+from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Host, Topology
+from ..sql import fingerprint, session
+from ..sql.catalog import ledger as ledger_q
 from ..sql.catalog.control import (
+    REPEATABLE_READ,
     applied_versions,
-    control_exists,
+    catalog_token,
     last_event,
     move_records,
-    shard_list,
 )
 from ..sql.catalog.inspect import schema_names
-from ..sql.fingerprint import fingerprints
 from ..sql.migrations import for_topology
 from ..sql.session import SERVER_VERSION
+from .health import FleetHealth, HostHealth, assess, failed_lines, from_results, read_host
 from .move.api import next_step
 from .move.run import Move, merge_records
 from .verify import per_shard_functions
@@ -45,15 +47,18 @@ class HostStatus:
     moving: str = ""
     # "shards 5,7 at V0003__x.sql": their last migrate failed
     failed: list[str] = field(default_factory=list)
+    # "V0004__x.sql pending on shards 4-7": behind the version other shards of the fleet are at
+    lagging: str = ""
     orphan_versions: list[int] = field(default_factory=list)
     last_event: str | None = None
+    health: HostHealth | None = field(default=None, repr=False)
 
     @property
     def drift(self) -> bool:
-        return bool(self.missing or self.unexpected)
+        return bool(self.missing or self.unexpected or self.lagging)
 
     def to_dict(self) -> dict:
-        return result_doc(self, drift=self.drift)
+        return result_doc(self, omit=("health",), drift=self.drift)
 
 
 @dataclass
@@ -69,27 +74,22 @@ class StatusReport(Result):
     pending_moves: list[str] = field(default_factory=list)  # one line per move that needs a command
     # catalog fingerprints among the present shards (1: every shard alike)
     distinct_schemas: int = 0
+    health: FleetHealth | None = None  # what status, plan, verify and migrate --check all report
 
     @property
     def ok(self) -> bool:
-        return all(h.ok and not h.value.drift and not h.value.failed for h in self.hosts)
+        healthy = self.health is None or self.health.ok
+        return healthy and all(h.ok and not h.value.drift for h in self.hosts)
 
     def raise_for_status(self) -> StatusReport:
-        """Exit 3 when a host could not be reached; 4 (FleetIncomplete) when shards are missing (never
-        created, or their schema is gone) or failed their last migration; else 0. Shards present on the
+        """The fleet's health (``ops.health``): exit 3 when a host could not be reached or cannot
+        authenticate; 4 (FleetIncomplete) when shards are missing (never created, or their schema is
+        gone), failed their last migration, or lag behind the others; else 0. Shards present on the
         wrong host and moves in flight are shown, not errors."""
         doc = self.to_dict()
         raise_unreachable(self.hosts, doc)
-        parts = []
-        for h in self.hosts:
-            if h.value.missing:
-                parts.append(f"{h.host}: shards {h.value.missing} missing (run shardctl init)")
-            parts += [
-                f"{h.host}: {line} failed (fix it, then re-run shardctl migrate)"
-                for line in h.value.failed
-            ]
-        if parts:
-            raise FleetIncomplete("status: " + "; ".join(parts), report=doc)
+        if self.health is not None:
+            self.health.raise_for("status", doc)
         return self
 
 
@@ -105,47 +105,75 @@ def _host_status(
 ) -> str | None:
     """Fill ``st``; returns an error line when the host has no control schema."""
     st.server_version = conn.execute(SERVER_VERSION).fetchone()[0]
-    if not control_exists(conn):
-        st.missing = format_shards(host.shards)
+    health = st.health = read_host(conn, topo, host)
+    st.missing = format_shards(health.missing)
+    if not health.control:
         return "no control schema (run shardctl init)"
-    rows = shard_list(conn)
+    rows = health.rows
     st.last_event = last_event(conn)
-    # A shard is present when it is recorded *and* its schema really exists.
-    real = {topo.shard_of_schema(name) for name in schema_names(conn)} - {None}
+    # A shard is present when it is recorded *and* its schema really exists (ops.health).
+    # Shard schemas no row records (strays); the recorded ones' names need no parsing.
+    known = {row.schema for row in rows.values()}
+    named = (topo.shard_of_schema(name) for name in schema_names(conn) if name not in known)
+    real = set(named) - {None}
     owned = set(host.shards)
-    present = set(rows) & real
+    present = health.present
     stray = real - set(rows)
     versions = [r.version for n, r in rows.items() if n in owned]
     st.present = len(present & owned)
-    st.missing = format_shards(owned - present)
     st.unexpected = format_shards((present | stray) - owned)
     st.moving = _moving(rows)
     records.extend(move_records(conn))
-    prints.update(
-        fingerprints(
-            conn, [topo.schema_name(n) for n in sorted(present & owned)], per_shard
-        ).values()
-    )
+    by_print = shard_prints(conn, topo, present, per_shard)
+    mine = present & owned
+    prints.update(fp for fp, shards in by_print.items() if mine.intersection(shards))
     if versions:
         st.min_version, st.max_version = min(versions), max(versions)
-    st.failed = _failed(conn, topo, {n: r.version for n, r in rows.items() if n in owned & present})
     if rows:
         st.orphan_versions = sorted(applied_versions(conn) - known_versions)
     return None
 
 
-def _failed(conn: psycopg.Connection, topo: Topology, versions: dict[int, int]) -> list[str]:
-    """``shards 5,7 at V0003__x.sql`` per version: shards a migrate run recorded failing that are still
-    below the version they failed at."""
-    files = {m.version: m.name for m in for_topology(topo)}
-    by_version: dict[int, list[int]] = {}
-    for shard, version in recorded_failures(conn).items():
-        if shard in versions and versions[shard] < version:
-            by_version.setdefault(version, []).append(shard)
-    return [
-        f"shards {format_shards(s)} at {files.get(v, f'V{v}')}"
-        for v, s in sorted(by_version.items())
-    ]
+# shardctl.meta's key for the shards' catalog fingerprints, kept while no DDL commits on the host
+PRINTS_KEY = "status_fingerprints"
+_PRINTS_TEXT = hashlib.md5(fingerprint.FINGERPRINT_SQL.encode()).hexdigest()
+
+
+def shard_prints(
+    conn: psycopg.Connection, topo: Topology, shards: set[int], per_shard: tuple[str, ...]
+) -> dict[str, list[int]]:
+    """Catalog fingerprint → the ``shards`` that have it (sql/fingerprint.py).
+
+    Computing them reads every shard's catalog (about a second at 8,192 shards), so a host whose DDL
+    is watched (``catalog_token``: the DDL transactions committed so far) keeps them in its control
+    schema, read back while no DDL has committed since: the token and the fingerprints come from one
+    snapshot, so a change committed while they are computed is never taken for seen. A host with no
+    watch (made by a role that may not create event triggers) computes them every time."""
+    conn.execute(REPEATABLE_READ)
+    try:
+        token = catalog_token(conn)
+        key = {"token": token, "query": _PRINTS_TEXT, "per_shard": list(per_shard)}
+        cached = ledger_q.read_meta(conn, PRINTS_KEY) if token is not None else None
+        if isinstance(cached, dict) and cached.get("key") == key:
+            found = {fp: parse_shards(spec) for fp, spec in cached["prints"].items()}
+            if set().union(*found.values()) >= shards:
+                return found
+        schema = topo.schema_name
+        computed = fingerprint.fingerprints(conn, [schema(n) for n in sorted(shards)], per_shard)
+    finally:
+        conn.execute(session.COMMIT)
+    found = {}
+    for n in sorted(shards):
+        if schema(n) in computed:
+            found.setdefault(computed[schema(n)], []).append(n)
+    if token is not None:
+        value = {"key": key, "prints": {fp: format_shards(s) for fp, s in found.items()}}
+        try:
+            with conn.transaction():
+                ledger_q.write_meta(conn, PRINTS_KEY, json.dumps(value))
+        except psycopg.Error:  # a read-only role or standby: no cache, same answer
+            pass
+    return found
 
 
 def _moving(rows: dict) -> str:
@@ -181,7 +209,8 @@ def status(
 ) -> StatusReport:
     """Per host: reachability, server version, shards expected vs present, versions, moves, last event."""
     started = time.perf_counter()
-    known_versions = {m.version for m in for_topology(topo)}
+    files = {m.version: m.name for m in for_topology(topo)}
+    known_versions = set(files)
     records: dict[str, list[tuple]] = {}  # host → its records of moves
     prints: dict[str, set[str]] = {}  # host → its shards' catalog fingerprints
     per_shard = per_shard_functions(topo)
@@ -206,6 +235,16 @@ def status(
     )
     pending = pending_move_lines(topo, [r for name in sorted(records) for r in records[name]])
     distinct = len(set().union(*prints.values())) if prints else 0
+    health = assess(topo, from_results(results), files)
+    for r in results:
+        if r.value.health is not None:
+            r.value.failed = failed_lines(r.value.health, files)
+        behind = health.lagging.get(r.host)
+        if behind:
+            first = min(behind.values())
+            r.value.lagging = (
+                f"{files.get(first, f'V{first}')} pending on shards {format_shards(sorted(behind))}"
+            )
     return StatusReport(
-        results, time.perf_counter() - started, len(known_versions), pending, distinct
+        results, time.perf_counter() - started, len(known_versions), pending, distinct, health
     )

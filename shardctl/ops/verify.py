@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..engine import connections as db
-from ..engine.fanout import HostResult, fan_out, raise_for_status, select_hosts
+from ..engine.fanout import HostResult, fan_out, raise_for_status
 from ..errors import BadInput, ShardctlError
 from ..ids import checks as id_checks
 from ..model.documents import Result, json_value, result_doc
@@ -25,6 +25,7 @@ from ..sql.host_migrations import host_for_topology
 from ..sql.migrations import for_topology
 from ..sql.render import next_id_body, render_next_id
 from . import reference
+from .health import FleetHealth, fleet_health
 
 DEFAULT_SAMPLES = 16
 DEFAULT_TOLERANCE_MS = 5000
@@ -101,6 +102,7 @@ class VerifyReport(Result):
     latest_version: int = 0
     # what building the reference met without failing (a host-level file that acts on the cluster)
     reference_notes: list[str] = field(default_factory=list)
+    health: FleetHealth | None = None  # ops.health: what status, plan and migrate --check say too
 
     @property
     def violations(self) -> list[Violation]:
@@ -108,8 +110,10 @@ class VerifyReport(Result):
 
     @property
     def ok(self) -> bool:
+        healthy = self.health is None or self.health.ok
         return (
-            not self.violations
+            healthy
+            and not self.violations
             and not self.pending
             and all(h.reachable and not h.error for h in self.hosts)
         )
@@ -122,8 +126,11 @@ class VerifyReport(Result):
         }
 
     def raise_for_status(self) -> VerifyReport:
-        """Exit 3 for an unreachable host, 1 for a violation, a pending version or a host that could not
-        be checked."""
+        """The fleet's health first (``ops.health``: exit 3 for a host that cannot be reached or cannot
+        authenticate, 4 for shards missing, failed or lagging), then 1 for a violation, a pending
+        version or a host that could not be checked."""
+        if self.health is not None:
+            self.health.raise_for("verify", self.to_dict())
         first = self.violations[0] if self.violations else None
         problems = list(self.pending)
         if first:
@@ -169,6 +176,9 @@ def verify(
     started = time.perf_counter()
     migrations = for_topology(topo)  # a bad file is bad input (exit 2) before any connection
     host_level = host_for_topology(topo)
+    # One truth (ops.health): hosts that cannot be read, and shards behind the fleet's version, are
+    # reported as such; only the hosts whose shards are level are checked further.
+    health = fleet_health(topo, hosts=hosts, connect_timeout=connect_timeout)
     expected_bodies: dict[int, str] = {}
     lock = threading.Lock()
 
@@ -198,7 +208,7 @@ def verify(
 
     per_shard = per_shard_functions(topo) if schemas else fingerprint.NEXT_ID
     reference_shard = min((n for h in topo.hosts for n in h.shards), default=0)
-    selected = select_hosts(topo, hosts)
+    selected = [topo.host(name) for name in health.level_hosts()]
     # the first host's reference is built while every host's shards are read
     early = _Background(lambda: build_on(selected[0])) if schemas and selected else None
     reports = fan_out(selected, work, lambda h: HostVerification(h.name))
@@ -222,6 +232,11 @@ def verify(
             full=full,
             per_shard=per_shard,
         )
+    reports += [
+        HostResult(h.host, reachable=False, error=h.error, value=HostVerification(h.host))
+        for h in health.hosts
+        if not h.reachable
+    ]
     layout = {"name": topo.layout.name, **topo.layout.limits()}
     return VerifyReport(
         reports,
@@ -233,6 +248,7 @@ def verify(
         pending,
         len(migrations),
         notes,
+        health,
     )
 
 

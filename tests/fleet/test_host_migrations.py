@@ -278,3 +278,25 @@ def test_an_extension_using_history_on_every_version(private_sandbox, pg):
                     "SELECT to_regclass('users_username_idx') IS NOT NULL"
                 ).fetchone() == (True,)
             conn.rollback()
+
+
+def test_host_level_migrations_count_in_what_migrate_and_init_say(make_fleet):
+    """A run that applies only host-level migrations changed the fleet: ``changed`` is true and the
+    output names them (it said "migrated 0", ``"changed": false``, and init "Nothing to do")."""
+    path = make_fleet(hosts=2, shards=8, init=True)
+    write(path, "H0001__shared_types.sql", SHARED_TYPE)
+    human = run_cli("migrate", config=path)
+    assert human.exit_code == 0, human
+    for host in ("pg1", "pg2"):
+        assert f"{host}: applied host-level H0001__shared_types.sql" in human.stdout, human
+    write(path, "H0002__notes.sql", "CREATE TABLE IF NOT EXISTS public.notes (id int);\n")
+    doc = json.loads(run_cli("migrate", "--json", config=path).stdout)
+    assert doc["changed"] is True and doc["host_level"]["applied"] == {"pg1": [2], "pg2": [2]}
+    again = json.loads(run_cli("migrate", "--json", config=path).stdout)
+    assert again["changed"] is False and again["host_level"]["applied"] == {}
+
+    write(path, "H0003__more.sql", "CREATE TABLE IF NOT EXISTS public.more (id int);\n")
+    init = run_cli("init", config=path)
+    assert init.exit_code == 0 and "Nothing to do" not in init.stdout, init
+    assert "Applied host-level H3 on pg1, pg2" in init.stdout, init
+    assert json.loads(run_cli("init", "--json", config=path).stdout)["changed"] is False

@@ -114,10 +114,17 @@ def test_verify_catches_an_edited_epoch(ready):
 
 
 def test_verify_catches_a_dropped_shard_schema(ready):
+    """A shard missing is the fleet's health (ops.health): exit 4 and the fix, as status says it; the
+    violation still names the shard."""
     topo = load(ready)
     with admin(topo, "pg2") as conn:
         conn.execute("DROP SCHEMA insta12 CASCADE")
-    doc = verify_fails(ready, 12, "shard schema is missing")
+    human = run_cli("verify", config=ready)
+    assert human.exit_code == 4, human
+    assert one_error_line(human) == "error: verify: pg2: shards 12 missing (run shardctl init)"
+    assert re.search(r"violation\s+pg2 shard 12 \(insta12\): shard schema is missing", human.stdout)
+    doc = json.loads(run_cli("verify", "--json", config=ready).stdout)
+    assert doc["ok"] is False and doc["exit_code"] == 4
     assert [(v["host"], v["shard"]) for v in doc["violations"]] == [("pg2", 12)]
 
 
@@ -126,7 +133,7 @@ def test_init_rebuilds_a_shard_whose_schema_was_dropped(ready):
     topo = load(ready)
     with admin(topo, "pg2") as conn:
         conn.execute("DROP SCHEMA insta12 CASCADE")
-    assert run_cli("verify", config=ready).exit_code == 1
+    assert run_cli("verify", config=ready).exit_code == 4  # shards missing (ops.health)
     rebuilt = run_cli("init", config=ready)
     assert rebuilt.exit_code == 0, rebuilt
     assert "Nothing to do" not in rebuilt.stdout
@@ -342,7 +349,7 @@ def test_a_hand_made_schema_fails_only_its_shard_and_is_left_alone(make_fleet):
         )
     # verify names the half-made shard too.
     checked = run_cli("verify", "--json", config=path)
-    assert checked.exit_code == 1
+    assert checked.exit_code == 4  # a shard never created: missing, as status says (ops.health)
     assert {v["shard"] for v in json.loads(checked.stdout)["violations"]} == {5}
 
     with admin(topo, "pg1") as conn:  # the operator moves the data away

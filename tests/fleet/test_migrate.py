@@ -488,9 +488,11 @@ def test_target_hosts_and_shards_limit_the_run(make_fleet):
     assert by_host["pg1"]["pending"] == {"3": 5, "4": 8}
     assert by_host["pg2"]["versions"] == {"2": 7, "3": 1}
     human = run_cli("plan", config=fleet)
+    # versions mixed across the fleet: plan shows them, and exits 4 as status does (ops.health)
     assert (
-        human.exit_code == 0 and "V2: 5, V3: 3" in human.stdout and "V4 on 8 shards" in human.stdout
+        human.exit_code == 4 and "V2: 5, V3: 3" in human.stdout and "V4 on 8 shards" in human.stdout
     )
+    assert "pg1: V0003__photo_location.sql pending on shards 3-7" in human.stderr
     from shardctl.ops.migrate import host_versions
 
     assert host_versions(topo.host("pg2")) == {2: 7, 3: 1}

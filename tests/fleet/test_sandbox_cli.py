@@ -81,6 +81,35 @@ def test_sandbox_up_status_down_up_keeps_data_then_destroy(server_dir):
         run_cli("sandbox", "down", "--dir", box, "--destroy")
 
 
+def test_up_again_restarts_exactly_the_hosts_its_topology_names(server_dir):
+    """A 1-host sandbox restarted with plain ``sandbox up`` (whose --hosts means 2 for a new one) gets
+    its one server back, not a second one its shardctl.yaml does not name; asking for another count
+    is refused and starts nothing."""
+    box = server_dir / "one"
+    try:
+        up = run_cli("sandbox", "up", "--dir", box, "--hosts", "1", "--shards", "4", "--json")
+        assert up.exit_code == 0, up
+        for command in ("info", "init", "verify"):  # its topology has nothing to warn about
+            said = run_cli(command, config=box / "shardctl.yaml")
+            assert said.exit_code == 0 and "warning" not in said.stderr, (command, said)
+        assert run_cli("sandbox", "down", "--dir", box).exit_code == 0
+        again = run_cli("sandbox", "up", "--dir", box, "--json")
+        assert again.exit_code == 0, again
+        doc = json.loads(again.stdout)
+        assert doc["created"] == [] and [h["name"] for h in doc["hosts"]] == ["pg1"], doc
+        assert not (box / "pg2").exists()
+        status = json.loads(run_cli("sandbox", "status", "--dir", box, "--json").stdout)
+        assert [(h["name"], h["running"]) for h in status["hosts"]] == [("pg1", True)]
+
+        two = run_cli("sandbox", "up", "--dir", box, "--hosts", "2")
+        assert two.exit_code == 2, two
+        assert "--hosts 2: the sandbox in" in error_line(two) and "has 1 host" in error_line(two)
+        assert not (box / "pg2").exists()
+        assert [h.name for h in load(box / "shardctl.yaml").hosts] == ["pg1"]
+    finally:
+        run_cli("sandbox", "down", "--dir", box, "--destroy")
+
+
 def test_engine_docker_fails_clearly(tmp_path):
     result = run_cli("sandbox", "up", "--dir", tmp_path / "docker", "--engine", "docker")
     assert result.exit_code == 1, result

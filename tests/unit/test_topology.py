@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import warnings
 from pathlib import Path
 
@@ -138,6 +139,37 @@ def test_good_topology_loads():
         "shard_count": 1000,
     }
     assert summary["limits"]["negative_at"] == "2045-11-03T19:53:47.776Z"
+
+
+def test_a_layout_warning_points_at_the_callers_line(tmp_path):
+    """In library use the 64-bit warning names the application's line, not one inside shardctl."""
+    import shardctl.model.topology as topology_module
+
+    topology_module._WARNED.clear()
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(GOOD)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LayoutWarning)
+        line = sys._getframe().f_lineno + 1
+        Topology.load(path)
+    assert [(w.category, w.filename, w.lineno) for w in caught] == [(LayoutWarning, __file__, line)]
+
+
+def test_the_sandbox_topology_warns_about_nothing(tmp_path):
+    """What ``sandbox up`` and ``demo`` write: a 63-bit split that keeps 8192 shards, so init,
+    verify and info have nothing to warn about."""
+    from shardctl.dev.sandbox import SandboxHost, SandboxState, topology_text
+
+    state = SandboxState("/nowhere", hosts=[SandboxHost("pg1", 5432, "/nowhere/pg1")])
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(topology_text(state, 8192, "plpgsql", "2026-01-01T00:00:00Z"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LayoutWarning)
+        topo = Topology.load(path)
+    assert topo.warnings == [] and topo.layout.limits()["negative_at"] is None
+    assert topo.layout.max_shards == 8192 and topo.layout.ids_per_ms_per_shard == 512
+    result = run(["--config", str(path), "info"])
+    assert result.exit_code == 0 and "warning" not in result.stderr, result.stderr
 
 
 def test_custom_63_bit_layout_has_no_warning():

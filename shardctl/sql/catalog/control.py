@@ -224,6 +224,15 @@ def shard_list(conn: psycopg.Connection) -> dict[int, ShardRow]:
     return {r[0]: ShardRow(r[0], r[1], r[2], r[3], r[4]) for r in rows}
 
 
+def schemaless_shards(conn: psycopg.Connection) -> set[int]:
+    """Shards the host records whose schema is gone (dropped, or only a moved shard's stub is left)."""
+    rows = conn.execute(
+        "SELECT s.shard_id FROM shardctl.shards s WHERE NOT EXISTS "
+        f"(SELECT FROM pg_namespace n WHERE n.nspname = s.schema_name AND {NOT_STUB})"
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
 def applied_versions(conn: psycopg.Connection) -> set[int]:
     """Every version the host's ledger records for any shard."""
     return {
@@ -285,3 +294,69 @@ def record_template(conn: psycopg.Connection, shard: int, obj: str, checksum: st
                         deployed_at = clock_timestamp(), deployed_by = current_user""",
         (shard, obj, checksum),
     )
+
+
+# ---- the catalog watch: which DDL transactions committed, for caches of catalog-derived facts -------
+
+# An event trigger notes every transaction that ran DDL in the database (its xid, once per
+# transaction); a cache of something read from the catalog (status's schema fingerprints) is valid
+# while the set of noted transactions is the same. Made only by a superuser (event triggers need
+# one); without it there is no watch, and nothing is cached.
+CATALOG_WATCH = "shardctl_catalog_watch"
+_WATCH_SQL = f"""
+CREATE TABLE IF NOT EXISTS shardctl.catalog_changes (
+    xid xid8 PRIMARY KEY DEFAULT pg_current_xact_id(),
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE OR REPLACE FUNCTION shardctl.note_catalog_change() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    -- once per transaction; a failure here must never fail the DDL that fired it
+    IF current_setting('shardctl.catalog_noted', true) = 'on' THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('shardctl.catalog_noted', 'on', true);
+    BEGIN
+        INSERT INTO shardctl.catalog_changes DEFAULT VALUES ON CONFLICT DO NOTHING;
+    EXCEPTION WHEN OTHERS THEN
+        NULL;
+    END;
+END $$;
+REVOKE ALL ON FUNCTION shardctl.note_catalog_change() FROM PUBLIC;
+CREATE EVENT TRIGGER {CATALOG_WATCH} ON ddl_command_end
+    EXECUTE FUNCTION shardctl.note_catalog_change();
+"""
+REPEATABLE_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+def catalog_watch_on(conn: psycopg.Connection) -> bool:
+    """Whether the database's DDL is being noted (the event trigger exists and fires)."""
+    row = conn.execute(
+        "SELECT evtenabled FROM pg_event_trigger WHERE evtname = %s", (CATALOG_WATCH,)
+    ).fetchone()
+    return row is not None and row[0] in ("O", "A")
+
+
+def ensure_catalog_watch(conn: psycopg.Connection) -> bool:
+    """Start noting DDL transactions when the role may (a superuser); whether the watch is on."""
+    if catalog_watch_on(conn):
+        return True
+    if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
+        return False
+    try:
+        with conn.transaction():
+            conn.execute(_WATCH_SQL)
+    except psycopg.Error:  # a server too old for xid8, or a managed one that refuses event triggers
+        return False
+    return True
+
+
+def catalog_token(conn: psycopg.Connection) -> str | None:
+    """What changes whenever a DDL transaction commits (in the caller's snapshot), or None when DDL
+    is not being noted."""
+    if not catalog_watch_on(conn):
+        return None
+    count, top = conn.execute(
+        "SELECT count(*), coalesce(max(xid::text::numeric), 0) FROM shardctl.catalog_changes"
+    ).fetchone()
+    return f"{count}:{top}"

@@ -1,0 +1,71 @@
+"""status keeps the shards' catalog fingerprints in the control schema while no DDL commits on the host
+(issue #40: status had become 8x slower computing them on every run), and never shows a stale count."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.fleet import connect, load, run_cli
+
+
+def distinct(path) -> int:
+    result = run_cli("status", "--json", config=path)
+    assert result.exit_code == 0, result
+    return json.loads(result.stdout)["distinct_schemas"]
+
+
+def cached(topo, host: str) -> dict | None:
+    with connect(topo, host, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT value FROM shardctl.meta WHERE key = 'status_fingerprints'"
+        ).fetchone()
+    return row[0] if row else None
+
+
+@pytest.fixture
+def fleet(make_fleet):
+    return make_fleet(hosts=2, shards=8, init=True)  # pg1: 0-3, pg2: 4-7
+
+
+def test_status_keeps_fingerprints_until_ddl_commits(fleet):
+    topo = load(fleet)
+    assert distinct(fleet) == 1
+    first = cached(topo, "pg2")
+    assert first is not None and list(first["prints"].values()) == ["4-7"], first
+    assert distinct(fleet) == 1 and cached(topo, "pg2") == first  # read back, not recomputed
+
+    with connect(topo, "pg2", autocommit=True) as conn:
+        conn.execute("ALTER TABLE insta5.photos ADD COLUMN hand_made int")
+    assert distinct(fleet) == 2
+    assert sorted(cached(topo, "pg2")["prints"].values()) == ["4,6-7", "5"]
+
+    # DDL still uncommitted while status computes: not seen, and not taken for seen once it commits.
+    with connect(topo, "pg2") as conn:
+        conn.execute("ALTER TABLE insta6.photos ADD COLUMN also_hand_made int")
+        assert distinct(fleet) == 2
+        conn.commit()
+    assert distinct(fleet) == 3
+
+    # A rolled back change and DDL elsewhere in the database only cost a recomputation.
+    with connect(topo, "pg2", autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.not_a_shard (x int)")
+    assert distinct(fleet) == 3
+
+
+def test_without_the_watch_status_computes_every_time(fleet):
+    """A host whose DDL is not watched (its control schema made by a role that may not create event
+    triggers) keeps nothing, and still answers right."""
+    topo = load(fleet)
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute("DROP EVENT TRIGGER shardctl_catalog_watch")
+    assert distinct(fleet) == 1
+    assert cached(topo, "pg1") is None and cached(topo, "pg2") is not None
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute("ALTER TABLE insta1.photos ADD COLUMN hand_made int")
+    assert distinct(fleet) == 2
+    assert run_cli("init", config=fleet).exit_code == 0  # init puts the watch back
+    with connect(topo, "pg1", autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT evtenabled FROM pg_event_trigger WHERE evtname = 'shardctl_catalog_watch'"
+        ).fetchone() == ("O",)

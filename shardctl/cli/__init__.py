@@ -168,7 +168,6 @@ class ShardctlGroup(click.Group):
         return result
 
 
-
 def report_error(
     exc: ShardctlError, as_json: bool, debug: bool = False, command: str | None = None
 ) -> None:

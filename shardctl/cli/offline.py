@@ -138,7 +138,7 @@ TABLE_ROWS = 1000  # more decoded IDs than this print as plain aligned lines, no
 
 
 # Bytes of decoded IDs held in memory while ``decode-id --json`` streams; beyond, a temporary file.
-SPOOL_BYTES = 8 << 20
+SPOOL_BYTES = 1 << 20
 
 
 def _write_json(chunks, bad) -> None:

@@ -322,9 +322,9 @@ class FleetReport:
             "command": self.command,
             "ok": self.ok,
             "changed": self.changed,
-            "interrupted": self.interrupted,
             "seconds": round(self.seconds, 3),
             "hosts": [h.to_dict() for h in self.hosts],
+            "interrupted": self.interrupted,
             **(asdict(self.extra) if self.extra is not None else {}),
         }
 

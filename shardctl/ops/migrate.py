@@ -565,6 +565,24 @@ def _render_one(run: _Run, hosts: list[Host]) -> list[tuple[str, str]]:
     return out
 
 
+def _run_options(
+    options: RunOptions | None, *, repair: bool, check: bool, dry_run: bool
+) -> RunOptions:
+    """A copy of the caller's options with migrate's defaults; refuses modes that do not combine."""
+    if repair and (check or dry_run):
+        raise BadInput("--repair cannot be combined with --check or --dry-run")
+    if check and dry_run:
+        raise BadInput("--check and --dry-run are two different reports; choose one")
+    options = replace(options or RunOptions())  # a copy: the caller's options are not changed
+    options.purpose = options.purpose or "migrate"
+    # never queue behind application traffic for long ("0" disables it)
+    if options.lock_timeout is None:
+        options.lock_timeout = DEFAULT_LOCK_WAIT
+    if options.lock_retries is None:
+        options.lock_retries = DEFAULT_LOCK_RETRIES
+    return options
+
+
 def migrate(
     topo: Topology,
     *,
@@ -586,17 +604,7 @@ def migrate(
     Shards a move holds are left pending (``HostMigration.held`` says which command releases
     them). Call ``raise_for_status()`` on the result for the CLI's exit-code policy.
     """
-    if repair and (check or dry_run):
-        raise BadInput("--repair cannot be combined with --check or --dry-run")
-    if check and dry_run:
-        raise BadInput("--check and --dry-run are two different reports; choose one")
-    options = replace(options or RunOptions())  # a copy: the caller's options are not changed
-    options.purpose = options.purpose or "migrate"
-    # never queue behind application traffic for long ("0" disables it)
-    if options.lock_timeout is None:
-        options.lock_timeout = DEFAULT_LOCK_WAIT
-    if options.lock_retries is None:
-        options.lock_retries = DEFAULT_LOCK_RETRIES
+    options = _run_options(options, repair=repair, check=check, dry_run=dry_run)
     migrations = for_topology(topo)  # a gap, a duplicate or a badly named file fails here
     run = _Run(
         topo=topo,

@@ -70,6 +70,23 @@ def _plans(
     return len(work), generate()
 
 
+def _rendered_once(
+    topo: Topology, migrations: list, host_level: list, goal: int
+) -> list[tuple[str, str]]:
+    """(file, SQL) of the host-level files and of one shard's migrations up to ``goal``: templates that
+    do not render fail here, before any connection, and the SQL is checked against each host's
+    encoding (``FleetLocks.refuse_untranslatable``)."""
+    names, rendered = {m.version: m.name for m in migrations}, []
+    for shard in topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []:
+        rendered = [
+            (names[s.version], s.sql)
+            for s in steps_for(migrations, topo, shard)
+            if s.version <= goal
+        ]
+    host_files = [(m.name, m.sql(topo, topo.hosts[0].name)) for m in host_level if topo.hosts]
+    return host_files + rendered
+
+
 def init(
     topo: Topology,
     *,
@@ -89,17 +106,7 @@ def init(
     migrations = for_topology(topo)  # bad files fail here, before any connection
     host_level = host_for_topology(topo)
     goal = len(migrations) if target is None else min(target, len(migrations))
-    names, rendered = {m.version: m.name for m in migrations}, []
-    for shard in topo.hosts[0].shards[:1] if topo.hosts and topo.hosts[0].shards else []:
-        # and templates that do not render, too; the SQL is checked against each host's encoding below
-        rendered = [
-            (names[s.version], s.sql)
-            for s in steps_for(migrations, topo, shard)
-            if s.version <= goal
-        ]
-    rendered = [
-        (m.name, m.sql(topo, topo.hosts[0].name)) for m in host_level if topo.hosts
-    ] + rendered
+    rendered = _rendered_once(topo, migrations, host_level, goal)
     stop = threading.Event()
     started = time.perf_counter()
     recreated_by_host: dict[str, list[int]] = {}

@@ -3,6 +3,7 @@ schema is what the migration files define (a reference built where nothing can s
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -179,14 +180,10 @@ def verify(
     # One truth (ops.health): hosts that cannot be read, and shards behind the fleet's version, are
     # reported as such; only the hosts whose shards are level are checked further.
     health = fleet_health(topo, hosts=hosts, connect_timeout=connect_timeout)
-    expected_bodies: dict[int, str] = {}
-    lock = threading.Lock()
 
+    @functools.cache  # two threads may render one body at once: the same text, kept once
     def expected_body(n: int) -> str:
-        with lock:
-            if n not in expected_bodies:
-                expected_bodies[n] = next_id_body(render_next_id(topo, n))
-            return expected_bodies[n]
+        return next_id_body(render_next_id(topo, n))
 
     def build_on(host: Host) -> reference.Reference:
         return reference.build(
@@ -212,26 +209,21 @@ def verify(
     # the first host's reference is built while every host's shards are read
     early = _Background(lambda: build_on(selected[0])) if schemas and selected else None
     reports = fan_out(selected, work, lambda h: HostVerification(h.name))
-    groups: list[SchemaGroup] = []
-    pending: list[str] = []
-    notes: list[str] = []
-    if early is not None:
-        try:
-            first: reference.Reference | None = early.result()
-        except (ShardctlError, psycopg.Error):  # that host's report says why
-            first = None
-        majors = {r.host: _major(r.value.server_version) for r in reports if r.value.server_version}
-        refs = reference.for_hosts(selected, majors, build_on, first)
-        notes = [n for ref in {id(r): r for r in refs.values()}.values() for n in ref.notes]
-        groups, pending = compare_with_reference(
+    groups, pending, notes = (
+        _against_reference(
             topo,
             reports,
-            refs,
+            selected,
+            early,
+            build_on,
             len(migrations),
             connect_timeout=connect_timeout,
             full=full,
             per_shard=per_shard,
         )
+        if early is not None
+        else ([], [], [])
+    )
     reports += [
         HostResult(h.host, reachable=False, error=h.error, value=HostVerification(h.host))
         for h in health.hosts
@@ -250,6 +242,40 @@ def verify(
         notes,
         health,
     )
+
+
+def _against_reference(
+    topo: Topology,
+    reports: list[HostResult],
+    selected: list[Host],
+    early: _Background,
+    build_on: Callable[[Host], reference.Reference],
+    latest: int,
+    *,
+    connect_timeout: int,
+    full: bool,
+    per_shard: tuple[str, ...],
+) -> tuple[list[SchemaGroup], list[str], list[str]]:
+    """Every shard read by ``reports`` compared with the reference of its server's major version (the
+    first host's built meanwhile, ``early``): the schema groups, the pending lines, and what building
+    the references met."""
+    try:
+        first: reference.Reference | None = early.result()
+    except (ShardctlError, psycopg.Error):  # that host's report says why
+        first = None
+    majors = {r.host: _major(r.value.server_version) for r in reports if r.value.server_version}
+    refs = reference.for_hosts(selected, majors, build_on, first)
+    notes = [n for ref in {id(r): r for r in refs.values()}.values() for n in ref.notes]
+    groups, pending = compare_with_reference(
+        topo,
+        reports,
+        refs,
+        latest,
+        connect_timeout=connect_timeout,
+        full=full,
+        per_shard=per_shard,
+    )
+    return groups, pending, notes
 
 
 def check_applied(

@@ -105,6 +105,9 @@ class Series:
 # ---- results table ------------------------------------------------------------------------
 
 
+VERDICTS = {True: "PASS", False: "FAIL", None: "info"}
+
+
 @dataclass
 class Row:
     candidate: str
@@ -115,6 +118,28 @@ class Row:
     ok: bool | None = None  # None: informational
     note: str = ""
     ratio_range: tuple[float, float] | None = None  # min and max of the per-round ratios
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[self.ok]
+
+    def figures(self, series: Series | None = None) -> dict:
+        """The row as a run file keeps it: what the table prints, with the series' seconds as numbers."""
+        doc: dict = {
+            "candidate": self.candidate,
+            "median": self.value,
+            "spread": self.spread,
+            "ratio": None if self.ratio is None else round(self.ratio, 3),
+            "ratio_range": [round(v, 3) for v in self.ratio_range] if self.ratio_range else None,
+            "target": self.target,
+            "verdict": self.verdict,
+            "note": self.note,
+        }
+        if series is not None and series.seconds:
+            doc["median_s"] = round(series.median_s, 4)
+            doc["min_s"] = round(min(series.seconds), 4)
+            doc["max_s"] = round(max(series.seconds), 4)
+        return doc
 
     @property
     def ratio_text(self) -> str:
@@ -168,7 +193,7 @@ def print_table(
         from rich.table import Table
     except ImportError:  # pragma: no cover
         Console = None
-    verdicts = {True: "PASS", False: "FAIL", None: "info"}
+    verdicts = VERDICTS
     if Console is not None:
         table = Table(title=title, title_justify="left")
         for col, kw in (
@@ -468,7 +493,7 @@ def machine_note() -> str:
     return f"{os.cpu_count()} CPU(s), load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
 
 
-# ---- results on file, and the code of another checkout ----------------------------------------
+# ---- the code of another checkout ----------------------------------------
 
 
 def commit_of(directory: Path | str = REPO) -> str:
@@ -490,27 +515,3 @@ def against_env(directory: str | None) -> dict[str, str]:
     if directory:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [directory, env.get("PYTHONPATH")]))
     return env
-
-
-def save_results(name: str, title: str, rows: list[Row], notes: list[str]) -> Path:
-    """Write one run's table to ``bench/results/<name>-<UTC time>-<commit>.txt``, with the commit and
-    the machine; returns the file's path."""
-    commit = commit_of()
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    path = BENCH_DIR / "results" / f"{name}-{stamp}-{commit}.txt"
-    path.parent.mkdir(exist_ok=True)
-    lines = [
-        f"# bench/{name}.py at {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"# machine: {machine_note()}; python {sys.version.split()[0]}",
-        f"# argv: {' '.join(sys.argv[1:])}",
-        title,
-    ]
-    verdicts = {True: "PASS", False: "FAIL", None: "info"}
-    for r in rows:
-        lines.append(
-            f"  {r.candidate:<46} {r.value:>10} {r.spread:>22} {r.ratio_text:>22} "
-            f"{r.target:<12} {verdicts[r.ok]:<5} {r.note}"
-        )
-    lines += [f"  {n}" for n in notes]
-    path.write_text("\n".join(lines) + "\n")
-    return path

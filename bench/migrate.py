@@ -116,8 +116,7 @@ def main() -> int:
     p.add_argument(
         "--against",
         metavar="DIR",
-        help="Also run `migrate --check` (the process) from the checkout in DIR, side by side; "
-        "the check's table goes to bench/results/ too.",
+        help="Also run `migrate --check` (the process) from the checkout in DIR, side by side.",
     )
     p.add_argument(
         "--per-shard",
@@ -311,9 +310,11 @@ def main() -> int:
                 f"median of {check_rounds} rounds"
             )
             c.print_table(title, rows, "floor")
-            if against:
-                c.log(f"results: {c.save_results('migrate', title, rows, [c.machine_note()])}")
             tables.append(rows)
+            doc["check_rounds"] = check_rounds
+            if against:
+                doc["against"] = c.commit_of(against)
+            doc["check"] = [row.figures(series[n]) for n, row in zip(names, rows)]
             doc["check_seconds"] = {n: series[n].seconds for n in names}
 
         # ---- 2. apply V0003 ---------------------------------------------------------------------------
@@ -416,11 +417,16 @@ def main() -> int:
                 ],
             )
             tables.append(rows)
+            doc["rounds"] = rounds
+            doc["streams"] = streams
+            doc["apply"] = [row.figures(series[n]) for n, row in zip(names, rows)]
             doc["apply_seconds"] = {n: series[n].seconds for n in names}
         c.drop_databases(ports, tpl)
 
-    for n in notes + [c.machine_note()]:
+    notes.append(c.machine_note())
+    for n in notes:
         print(f"  {n}")
+    doc["notes"] = notes
     c.save_run(args, doc)
     return c.verdict_exit(tables)
 

@@ -281,6 +281,12 @@ def main() -> int:
             raise SystemExit(f"shardctl init failed: {init.stdout}{init.stderr}")
         topo = c.load_topology(box.topology_path)
         tables = []
+        figures: dict = {
+            "requests": requests,
+            "rounds": rounds,
+            "chunk": args.chunk,
+            "shards": SHARDS,
+        }
         for orm in orms:
             candidates = ORMS[orm](topo)
             try:
@@ -298,9 +304,34 @@ def main() -> int:
             finally:
                 for cand in candidates:
                     cand.close()
-            tables.append(table_of(orm, series, candidates[0].name, requests, rounds, args.chunk))
-    c.save_run(args, {"requests": requests, "rounds": rounds})
+            table = table_of(orm, series, candidates[0].name, requests, rounds, args.chunk)
+            tables.append(table)
+            figures[orm] = figures_of(series, table, requests)
+    c.save_run(args, figures)
     return c.verdict_exit(tables)
+
+
+def figures_of(series: dict[str, c.Series], table: list[c.Row], requests: int) -> dict:
+    """One ORM's figures as the table prints them: both candidates' medians in µs per request, the
+    integration's ratio to its baseline (median of the per-round ratios) with their range, the target
+    and the verdict; and every round's µs per request."""
+    (base_name, base), (name, s) = list(series.items())[:2]
+    row = table[1]
+
+    def us(seconds: float) -> int:
+        return round(seconds / requests * 1e6)
+
+    return {
+        "baseline": base_name,
+        "baseline_us": us(base.median_s),
+        "candidate": name,
+        "us": us(s.median_s),
+        "ratio": round(row.ratio, 3),
+        "range": [round(v, 3) for v in row.ratio_range] if row.ratio_range else None,
+        "target": TARGET,
+        "verdict": row.verdict,
+        "us_per_round": {k: [us(t) for t in v.seconds] for k, v in series.items()},
+    }
 
 
 def table_of(

@@ -10,7 +10,7 @@ server's caches and, for this checkout, the control schema's fingerprint cache),
 ``shardctl status`` command as a new process. Target: the library call <= 0.2 s at 8192 shards over 4
 hosts (issue #40: 1.4 s before, 0.18 s before the schema fingerprint was added to status).
 
-The figures go to ``bench/results/status-<time>-<commit>.txt`` too.
+The run is recorded in ``bench/results/status-<date>-<commit>.json`` (``--no-record`` skips it).
 """
 
 from __future__ import annotations
@@ -143,18 +143,31 @@ def main() -> int:
         s = series[name]
         twin = series.get(f"{name}_base") if not name.endswith("_base") else None
         ratio = s.ratio_to(twin, faster_is_higher=False) if twin else None
+        rng = c.ratio_range(s.ratios_to(twin, faster_is_higher=False)) if twin else None
         target = f"<= {TARGET_S} s" if name == "lib" else ""
         ok = (s.median_s <= TARGET_S) if name == "lib" else None
         note = f"{base_label}'s time x {ratio:.2f}" if ratio is not None else ""
-        rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), ratio, target, ok, note))
+        rows.append(c.Row(s.name, c.fmt_s(s.median_s), c.spread_s(s), ratio, target, ok, note, rng))
     title = (
         f"status: {shards} shards over {args.hosts} hosts, median of {rounds} rounds "
         f"(ratio: this checkout's time / {base_label or 'itself'}'s)"
     )
     notes.append(c.machine_note())
     c.print_table(title, rows, base_label or "itself", notes)
-    saved = c.save_results("status", title, rows, notes)
-    c.log(f"results: {saved}")
+    c.save_run(
+        args,
+        {
+            "shards": shards,
+            "hosts": args.hosts,
+            "rounds": rounds,
+            "calls": args.calls,
+            "analyze": not args.no_analyze,
+            "against": base_label.lstrip("@") or None,
+            "candidates": [row.figures(series[n]) for n, row in zip(names, rows)],
+            "seconds": {n: series[n].seconds for n in names},
+            "notes": notes,
+        },
+    )
     return c.verdict_exit([rows])
 
 

@@ -1,7 +1,7 @@
 """Benchmark runs live in bench/results/, one JSON file per run; the docs keep current figures only.
 
-* every file there is a run: its name is ``<bench>-<YYYY-MM-DD>-<commit>[-N].json`` and agrees with
-  its ``bench``, ``date`` and ``commit``, and it names the machine and the figures;
+* every file there is a run, and nothing else is: its name is ``<bench>-<YYYY-MM-DD>-<commit>[-N].json``
+  and agrees with its ``bench``, ``date`` and ``commit``, and it names the machine and the figures;
 * every bench script records its run through the one helper (bench/results.py);
 * the pages that give figures name their runs by file, and no commit hash outside those names (a
   page that says "at 1a2b3c4" is a run log, which belongs in bench/results/).
@@ -33,6 +33,13 @@ HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b")
 RUN_FILES = sorted(RESULTS.glob("*.json"))
 
 
+def test_every_file_in_results_is_a_run_file():
+    others = sorted(p.name for p in RESULTS.iterdir() if p.suffix != ".json")
+    assert not others, (
+        f"not run files (bench/results.py writes <bench>-<date>-<commit>.json): {others}"
+    )
+
+
 def test_there_are_runs():
     assert len(RUN_FILES) >= 10
 
@@ -48,7 +55,7 @@ def test_a_run_file_names_its_bench_date_commit_and_machine(path):
     assert isinstance(doc["figures"], dict) and doc["figures"]
     assert doc["machine"]["nproc"] >= 1
     assert {"model", "memory_gb", "load_average"} <= set(doc["machine"])
-    assert doc.get("source") in (None, "transcribed from docs")
+    assert doc.get("source") in (None, "transcribed from docs", "transcribed from a text log")
 
 
 def test_every_bench_script_records_its_run_through_the_one_helper():

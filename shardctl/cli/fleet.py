@@ -447,19 +447,16 @@ def verify_cmd(as_json: bool, **given: Any) -> None:
         )
         if report.schemas:
             counted = sum(len(g.shards) for g in report.schemas)
+            right = sum(len(g.shards) for g in report.schemas if g.reference)
             stdout.print(
-                f"Schemas: {len(report.schemas)} distinct over {counted} shards"
-                + (
-                    ""
-                    if len(report.schemas) == 1
-                    else " ("
-                    + "; ".join(
-                        f"{format_shards(g.shards)}: {len(g.shards)}" for g in report.schemas
-                    )
-                    + ")"
-                ),
+                f"Schemas: {right} of {counted} shards are what the migration files define "
+                "(a reference built from them in a scratch database)",
                 highlight=False,
             )
+        for line in report.pending:
+            stdout.print(f"[yellow]pending[/yellow] {line}", markup=True, highlight=False)
+        for note in report.reference_notes:
+            stdout.print(f"note: {note}", markup=False, highlight=False)
         _host_errors(report.hosts, error)
         for v in [
             v for v in report.violations if _unsaid(f"{v.host} shard {v.shard}: {v.reason}", error)

@@ -99,6 +99,8 @@ class VerifyReport(Result):
     layout: dict
     full: bool = False
     schemas: list[SchemaGroup] = field(default_factory=list)
+    # versions the files define that shards have not applied yet: work for `migrate`, shown but not a
+    # violation (shards behind the rest of the fleet are the health check's finding, exit 4)
     pending: list[str] = field(default_factory=list)
     latest_version: int = 0
     # what building the reference met without failing (a host-level file that acts on the cluster)
@@ -115,7 +117,6 @@ class VerifyReport(Result):
         return (
             healthy
             and not self.violations
-            and not self.pending
             and all(h.reachable and not h.error for h in self.hosts)
         )
 
@@ -128,12 +129,13 @@ class VerifyReport(Result):
 
     def raise_for_status(self) -> VerifyReport:
         """The fleet's health first (``ops.health``: exit 3 for a host that cannot be reached or cannot
-        authenticate, 4 for shards missing, failed or lagging), then 1 for a violation, a pending
-        version or a host that could not be checked."""
+        authenticate, 4 for shards missing, failed or lagging), then 1 for a violation or a host that
+        could not be checked. A version pending on every shard is work for ``migrate``, not a fault
+        (``migrate --check`` is the gate that fails on it)."""
         if self.health is not None:
             self.health.raise_for("verify", self.to_dict())
         first = self.violations[0] if self.violations else None
-        problems = list(self.pending)
+        problems = []
         if first:
             where = f"shard {first.shard}" if first.shard is not None else "host"
             problems.append(

@@ -81,17 +81,23 @@ def test_lagging_host_after_migrate_with_a_host_down_is_named_once(make_fleet):
         )
     )
     assert run_cli("migrate", config=down).exit_code == 3
+    # One truth (ops.health): the lagging host is one line, exit 4, as status and plan say it; the
+    # level host's shards are still compared with the reference.
+    lagging = (
+        "verify: pg2: V0003__photos_location.sql pending on shards 8-15 while other shards are at "
+        "V3 (run shardctl migrate)"
+    )
     result = run_cli("verify", "--json", config=path)
-    assert result.exit_code == 1, result
+    assert result.exit_code == 4, result
+    assert f"error: {lagging}" in result.stderr, result
     doc = json.loads(result.stdout)
-    assert doc["pending"] == ["V0003 pending on pg2: run migrate"], doc["pending"]
     assert doc["violations"] == [], doc["violations"]  # behind, not divergent
     assert {(g["shards"], g["version"], g["reference"]) for g in doc["schemas"]} == {
-        ("0-7", 3, True),
-        ("8-15", 2, True),
+        ("0-7", 3, True)
     }
     human = run_cli("verify", config=path)
-    assert "error: verify: V0003 pending on pg2: run migrate" in human.stderr, human
+    assert human.exit_code == 4 and f"error: {lagging}" in human.stderr, human
+    assert human.stderr.count("pending") == 1, human  # named once, not per shard
     assert run_cli("migrate", config=path).exit_code == 0
     assert run_cli("verify", config=path).exit_code == 0
 
@@ -100,8 +106,13 @@ def test_a_shard_behind_on_its_host_is_named_with_its_host(make_fleet):
     path = make_fleet(hosts=2, shards=8, init=True)
     (path.parent / "migrations" / "V0003__photos_location.sql").write_text(ADD_COLUMN)
     assert run_cli("migrate", "--shards", "0-2,4-7", config=path).exit_code == 0
-    doc = json.loads(run_cli("verify", "--json", config=path).stdout)
-    assert doc["pending"] == ["V0003 pending on pg1 (1 of its 4 shards: 3): run migrate"], doc
+    result = run_cli("verify", "--json", config=path)
+    assert result.exit_code == 4, result
+    assert (
+        "error: verify: pg1: V0003__photos_location.sql pending on shards 3 while other shards "
+        "are at V3 (run shardctl migrate)"
+    ) in result.stderr, result
+    assert json.loads(result.stdout)["violations"] == []
 
 
 def test_verify_without_create_database_says_what_it_could_not_prove(make_fleet):

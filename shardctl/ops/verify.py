@@ -115,9 +115,7 @@ class VerifyReport(Result):
     def ok(self) -> bool:
         healthy = self.health is None or self.health.ok
         return (
-            healthy
-            and not self.violations
-            and all(h.reachable and not h.error for h in self.hosts)
+            healthy and not self.violations and all(h.reachable and not h.error for h in self.hosts)
         )
 
     def to_dict(self) -> dict:

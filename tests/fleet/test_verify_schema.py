@@ -49,7 +49,8 @@ def test_identical_shards_pass_and_count_one_schema(ready):
     assert doc["ok"] is True and doc["distinct_schemas"] == 1
     assert doc["schemas"][0]["count"] == 16 and doc["schemas"][0]["shards"] == "0-15"
     human = run_cli("verify", config=ready)
-    assert human.exit_code == 0 and "Schemas: 16 of 16 shards are what the migration files define" in human.stdout, human
+    assert human.exit_code == 0, human
+    assert "Schemas: 16 of 16 shards are what the migration files define" in human.stdout, human
     status = run_cli("status", "--json", config=ready)
     assert status.exit_code == 0 and json.loads(status.stdout)["distinct_schemas"] == 1, status
     assert "1 distinct shard schema)" in run_cli("status", config=ready).stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import click
+import psycopg
 from support.fleet import run_cli
 
 from shardctl.cli import load_commands
@@ -28,7 +29,14 @@ def document(*args, config=None, code: int = 0) -> dict:
 
 
 def test_every_json_document_starts_with_command_and_ok(make_fleet, server_dir, tmp_path):
-    path = make_fleet(hosts=2, shards=8, init=True)
+    path = make_fleet(hosts=2, shards=8, init=True, extra="routing:\n  key: user_id\n")
+    app = make_fleet.new_database(1)  # a small app database for `adopt`
+    with psycopg.connect(app, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE users (id bigint PRIMARY KEY, name text);"
+            "CREATE TABLE photos (id bigint, PRIMARY KEY (user_id, id),"
+            " user_id bigint NOT NULL REFERENCES users (id), caption text)"
+        )
     source = tmp_path / "history"
     source.mkdir()
     (source / "1_create_notes.up.sql").write_text("CREATE TABLE notes (id bigint PRIMARY KEY);\n")
@@ -70,6 +78,22 @@ def test_every_json_document_starts_with_command_and_ok(make_fleet, server_dir, 
         ("move-shard", ("move-shard", "8", "--to", "pg1"), 0),
         ("move-shard", ("move-shard", "--status"), 0),
         ("migrate", ("migrate", "--hosts", "nope"), 2),
+        ("adopt plan", ("adopt", "plan", "--from", app, "--out", tmp_path / "plan.yaml"), 0),
+        (
+            "adopt baseline",
+            (
+                "adopt",
+                "baseline",
+                "--from",
+                app,
+                "--plan",
+                tmp_path / "plan.yaml",
+                "--to",
+                tmp_path / "baseline",
+                "--dry-run",
+            ),
+            0,
+        ),
     ]
     seen = set()
     for name, args, code in runs:

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
-from ..model.keywords import Unpack
 from ..model.topology import Host, Topology
-from ..router import Router, placement
+from ..router import Router
 from ..router.placement import Key
 from .hosts import host_database
 
@@ -109,12 +108,18 @@ def _complete(entry: dict) -> dict:
     return entry
 
 
-def target(key: Key = None, **where: Unpack[placement.Target]) -> Target:
+def target(
+    key: Key = None,
+    *,
+    id: int | None = None,
+    shard: int | None = None,
+    force_string: bool = False,
+) -> Target:
     """The shard of exactly one of ``key`` (the topology's routing rule), ``id`` (an ID minted by
     ``next_id()``) or ``shard`` (the Router's keywords: ``force_string`` too), with its host as of
     now."""
     r = router()
-    number = r.target(key, **where)
+    number = r.target(key, id=id, shard=shard, force_string=force_string)
     host = r.placement.locate(number)
     return Target(number, r.topology.schema_name(number), host, alias_of(host))
 
@@ -125,11 +130,17 @@ def current() -> Target | None:
 
 
 @contextmanager
-def on_shard(key: Key = None, **where: Unpack[placement.Target]) -> Iterator[Target]:
+def on_shard(
+    key: Key = None,
+    *,
+    id: int | None = None,
+    shard: int | None = None,
+    force_string: bool = False,
+) -> Iterator[Target]:
     """Run the block's ORM calls on one shard: by ``key``, ``id`` or ``shard`` (:func:`target`).
     Nestable: an inner block wins, and the outer one's shard is back when it ends (also on an
     exception)."""
-    with _bound(_current, target(key, **where)) as on:
+    with _bound(_current, target(key, id=id, shard=shard, force_string=force_string)) as on:
         yield on
 
 

@@ -14,8 +14,6 @@ from asgiref.sync import iscoroutinefunction
 from django.db import transaction
 
 from ..errors import ShardMoved
-from ..model.keywords import Unpack
-from ..router import placement
 from ..router.placement import Key
 from .context import Target, on_shard
 
@@ -27,15 +25,17 @@ log = logging.getLogger("shardctl.django")
 def atomic(
     key: Key = None,
     *,
+    id: int | None = None,
+    shard: int | None = None,
+    force_string: bool = False,
     savepoint: bool = True,
     durable: bool = False,
-    **where: Unpack[placement.Target],
 ) -> Iterator[Target]:
     """``on_shard(key=|id=|shard=)`` and ``transaction.atomic`` on that shard's host connection: the
     block's writes to the shard (and to other shards of that host) commit or roll back together.
     A write to a shard of another host inside it is refused (``UncoveredWrite``)."""
     with (
-        on_shard(key, **where) as here,
+        on_shard(key, id=id, shard=shard, force_string=force_string) as here,
         transaction.atomic(using=here.alias, savepoint=savepoint, durable=durable),
     ):
         yield here

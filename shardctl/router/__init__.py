@@ -3,7 +3,7 @@ pooled connection there (:class:`Router`), or the same for asyncio (:class:`Asyn
 
 Modules: ``_async`` (the Routers' one source: :class:`AsyncRouter`), ``_sync`` (:class:`Router`,
 generated from it by ``make generate``), ``placement`` (routing,
-topology file and redirects; the options and the calls' keywords), ``session`` (what one call sends),
+topology file and redirects; a call's shard and bounds; the options), ``session`` (what one call sends),
 ``pool`` (per-host pool bookkeeping, breaker, watchdog). See docs/router.md.
 """
 
@@ -19,30 +19,22 @@ from ._sync import (
 from .placement import (
     MOVED_ERRORS,
     SAME,
-    BlockTarget,
-    CallTarget,
     Key,
     Placement,
-    ReadTarget,
     RouterOptions,
-    Target,
 )
 
 __all__ = [
     "MOVED_ERRORS",
     "SAME",
     "AsyncRouter",
-    "BlockTarget",
-    "CallTarget",
     "Key",
     "Placement",
-    "ReadTarget",
     "Router",
     "RouterClientCursor",
     "RouterConnection",
     "RouterCursor",
     "RouterOptions",
     "RouterServerCursor",
-    "Target",
     "forget_prepared",
 ]

@@ -7,12 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
 from ..errors import BadInput, HostUnreachable
-from ..model.keywords import Unpack
 from ..model.topology import Host, Topology
 from ..sql import session as session_sql
 from ..sql.catalog import router as catalog
@@ -36,9 +35,6 @@ from .session import (
     statement_text,
     unreachable,
 )
-
-if TYPE_CHECKING:
-    from .placement import BlockTarget, CallTarget, ReadTarget
 
 T = TypeVar("T")
 
@@ -204,9 +200,9 @@ class Router(Routing):
     ``grace``) that cuts the socket of a host that stopped answering. :meth:`stats` reports pools,
     errors, breakers and latencies. See docs/router.md.
 
-    A call names its shard by ``key``, or by one of the keywords of
-    :class:`~shardctl.router.placement.Target` (``id=``, ``shard=``); its other keywords
-    (``timeout=``, ``max_lag=``, ``readonly=``) are typed beside it (``CallTarget`` and its kin).
+    A call names its shard by exactly one of ``key``, ``id=`` or ``shard=`` (:meth:`target`); its
+    other keywords (``timeout=``, ``max_lag=``, ``readonly=``) are keyword-only arguments of the
+    methods that take them, so a misspelt one is Python's own ``TypeError``.
 
     Shards move between hosts (``shardctl move-shard``). :meth:`run`, :meth:`execute` and :meth:`read`
     follow a move: when a statement fails because its shard has just moved away (the old tables are
@@ -235,7 +231,13 @@ class Router(Routing):
     def connection(
         self,
         key: Key = None,
-        **where: Unpack[BlockTarget],
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        timeout: float | None = SAME,
+        readonly: bool = False,
+        max_lag: float | None = SAME,
     ) -> Iterator[RouterConnection]:
         """A pooled connection to the shard's host for a block: by ``key``, by ``id`` or by ``shard``.
 
@@ -245,7 +247,8 @@ class Router(Routing):
         shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
         (in a read-only transaction). The block must end within ``timeout`` seconds.
         """
-        number, call = self._call("connection", key, where)
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        call = self._call("block", number, timeout, readonly=readonly, max_lag=max_lag)
         host = self._locate(number)
         self._tried.set(host)
         with self._on_host(host, call) as conn:
@@ -275,7 +278,11 @@ class Router(Routing):
         self,
         key: Key = None,
         work: Callable[[RouterConnection], T] | None = None,
-        **where: Unpack[CallTarget],
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        timeout: float | None = SAME,
     ) -> T:
         """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the
         shard moved meanwhile, reload the topology and call it once more on the new host.
@@ -285,7 +292,8 @@ class Router(Routing):
         """
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number, call = self._call("run", key, where)
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        call = self._call("run", number, timeout)
 
         def attempt(host: Host) -> T:
             with self._on_host(host, call) as conn:
@@ -294,19 +302,38 @@ class Router(Routing):
         return self._retrying(number, attempt)
 
     def execute(
-        self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[CallTarget]
+        self,
+        key: Key = None,
+        query: Any = None,
+        params: Any = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        timeout: float | None = SAME,
     ) -> Any:
         """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
         round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
         changed."""
-        return self._statement(query, params, *self._call("execute", key, where))
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        return self._statement(query, params, number, self._call("statement", number, timeout))
 
     def read(
-        self, key: Key = None, query: Any = None, params: Any = None, **where: Unpack[ReadTarget]
+        self,
+        key: Key = None,
+        query: Any = None,
+        params: Any = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        timeout: float | None = SAME,
+        max_lag: float | None = SAME,
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
         (else, or when the standby is down, on the primary, in a read-only transaction)."""
-        number, call = self._call("read", key, where)
+        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        call = self._call("statement", number, timeout, readonly=True, max_lag=max_lag)
         return self._statement(query, params, number, call)
 
     def _statement(self, query: Any, params: Any, shard: int, call: Call) -> Any:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypedDict
+from typing import Any, TypeAlias
 
 import psycopg
 
@@ -20,7 +20,6 @@ from ..engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput
 from ..ids.routing import placement_shard, shard_for_key
 from ..model.dsn import mask
-from ..model.keywords import Unpack, accepted, keyword_names
 from ..model.topology import Host, Topology
 from ..sql.catalog.control import MOVED_SQLSTATE
 from .pool import HostPool, PoolBase, foreign_connect_error, log
@@ -30,7 +29,7 @@ from .session import Call
 # old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
 MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883"})
 # What a Router call is routed by: an int or a str, which the topology's routing rule maps to a shard
-# (None when the call names its shard with ``id=`` or ``shard=``, :class:`Target`)
+# (None when the call names its shard with ``id=`` or ``shard=``)
 Key: TypeAlias = int | str | None
 SAME: Any = object()  # per-call argument left at the Router's default
 FOLLOW_POLL = 0.05  # seconds between looks at the topology file while a move's cutover is awaited
@@ -197,46 +196,6 @@ class RouterOptions:
     lag_check_interval: float = 0.2  # how often a standby's lag is measured, seconds
 
 
-class Target(TypedDict, total=False):
-    """Where a Router call goes, when not by its ``key`` argument: ``id`` (an ID minted by ``next_id()``:
-    its shard) or ``shard`` (a shard number); ``force_string``: route an int ``key`` as its digits."""
-
-    id: int | None
-    shard: int | None
-    force_string: bool
-
-
-class CallTarget(Target, total=False):
-    """:class:`Target`, and ``timeout``: the call's bound in seconds (default: the Router's; None:
-    unbounded). The keyword arguments of ``run`` and ``execute``."""
-
-    timeout: float | None
-
-
-class ReadTarget(CallTarget, total=False):
-    """:class:`CallTarget`, and ``max_lag``: how many seconds behind the standby may be (default: the
-    Router's); further behind, or down, the primary answers. The keyword arguments of ``read``."""
-
-    max_lag: float | None
-
-
-class BlockTarget(ReadTarget, total=False):
-    """:class:`ReadTarget`, and ``readonly``: the block reads, from the standby within ``max_lag``.
-    The keyword arguments of ``connection``."""
-
-    readonly: bool
-
-
-_TARGET_KEYS = keyword_names(Target)
-# The Routers' methods → (the Call's kind, the keyword arguments they take, always read-only)
-_METHODS: dict[str, tuple[str, frozenset[str], bool]] = {
-    "connection": ("block", keyword_names(BlockTarget), False),
-    "run": ("run", keyword_names(CallTarget), False),
-    "execute": ("statement", keyword_names(CallTarget), False),
-    "read": ("statement", keyword_names(ReadTarget), True),
-}
-
-
 class Routing:
     """What :class:`~shardctl.router.Router` and :class:`~shardctl.router.AsyncRouter` share: the
     options, the routing rule (key, id or shard → shard → host) and the per-call defaults."""
@@ -352,13 +311,17 @@ class Routing:
         """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
         return self.placement.redirects.names()
 
-    def target(self, key: Key = None, **where: Unpack[Target]) -> int:
+    def target(
+        self,
+        key: Key = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+    ) -> int:
         """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
-        minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number) (:class:`Target`)."""
-        return self._shard(key, accepted("target", where, _TARGET_KEYS))
-
-    def _shard(self, key: Key, where: dict[str, Any]) -> int:
-        id, shard = where.get("id"), where.get("shard")
+        minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number); ``force_string``:
+        route an int ``key`` as its digits."""
         given = [
             name
             for name, value in (("key", key), ("id", id), ("shard", shard))
@@ -369,7 +332,7 @@ class Routing:
                 f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'})"
             )
         if key is not None:
-            return self.shard_for(key, force_string=where.get("force_string", False))
+            return self.shard_for(key, force_string=force_string)
         if id is not None:
             return self.shard_of_id(id)
         if (
@@ -382,19 +345,24 @@ class Routing:
             )
         return shard
 
-    def _call(self, method: str, key: Key, where: dict[str, Any]) -> tuple[int, Call]:
-        """The shard a call of the Router's ``method`` goes to (:meth:`target`) and what the call asks
-        of it there: its schema, its timeout, and for a read its lag bound (``max_lag``: the Router's
-        unless given). ``where``: the call's keyword arguments (:class:`Target` and its kin)."""
-        kind, names, reads = _METHODS[method]
-        number = self._shard(key, accepted(method, where, names))
-        readonly = reads or where.get("readonly", False)
-        return number, Call(
-            self.topology.schema_name(number),
-            self._timeout(where.get("timeout", SAME)),
+    def _call(
+        self,
+        kind: str,
+        shard: int,
+        timeout: float | None = SAME,
+        *,
+        readonly: bool = False,
+        max_lag: float | None = SAME,
+    ) -> Call:
+        """What a call of ``kind`` (``Call.kind``) asks of ``shard`` (:meth:`target`): its schema, its
+        ``timeout`` and, when it reads only, its lag bound ``max_lag`` (the Router's unless given).
+        The Routers' methods take these as keyword-only arguments and pass them here."""
+        return Call(
+            self.topology.schema_name(shard),
+            self._timeout(timeout),
             kind,
             readonly,
-            self._lag_bound(where.get("max_lag", SAME)) if readonly else None,
+            self._lag_bound(max_lag) if readonly else None,
         )
 
     def _timeout(self, timeout: Any) -> float | None:

@@ -204,12 +204,6 @@ def _text_leaves_no_state(text: str) -> bool:
     return bool(_STARTS_CLEAN.match(text)) and not _SESSION_WORDS.search(text)
 
 
-def leaves_no_state(query: Any) -> bool:
-    """True when a statement cannot leave session state: the reset can be skipped."""
-    text = _text(query)
-    return text is not None and _text_leaves_no_state(text)
-
-
 # Statements that certainly leave session state (refused behind a transaction pooler). Each pattern is
 # matched after leading comments and white space; the first group names what it is.
 _LEAD = r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*"

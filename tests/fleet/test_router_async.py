@@ -81,7 +81,8 @@ def test_routes_runs_executes_and_reports(topo):
             with pytest.raises(BadInput):
                 await router.run(3)
             with pytest.raises(
-                TypeError, match=r"^read\(\) got an unexpected keyword argument 'readonly'$"
+                TypeError,
+                match=r"^AsyncRouter\.read\(\) got an unexpected keyword argument 'readonly'$",
             ):
                 await router.read(3, "SELECT 1", readonly=True)
             stats = router.stats()

@@ -5,6 +5,7 @@ in ``__all__`` resolves; the docs' library API section lists every operation."""
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 from pathlib import Path
 
@@ -70,3 +71,56 @@ def test_abort_and_cleanup_take_only_the_recorded_moves_keywords():
             TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'shard'$"
         ):
             func(topo, shard=[1])
+
+
+# Each Router call's keywords besides its positional ones, all keyword-only (no **kwargs).
+ROUTING = ["id", "shard", "force_string"]
+ROUTER_CALLS = {
+    "target": (["key"], ROUTING),
+    "connection": (["key"], [*ROUTING, "timeout", "readonly", "max_lag"]),
+    "run": (["key", "work"], [*ROUTING, "timeout"]),
+    "execute": (["key", "query", "params"], [*ROUTING, "timeout"]),
+    "read": (["key", "query", "params"], [*ROUTING, "timeout", "max_lag"]),
+}
+
+
+def test_the_routers_calls_take_plain_keyword_only_arguments():
+    """Both Routers' calls, and the Django integration's, name their keywords in their signatures: a
+    misspelt one is Python's own TypeError, raised before anything is routed or connected (this
+    topology's hosts do not exist)."""
+    from shardctl.django import context
+    from shardctl.router import AsyncRouter, Router
+
+    topo = shardctl.Topology.from_text(
+        "version: 1\n"
+        "id: {layout: instagram, epoch: '2020-01-01T00:00:00Z'}\n"
+        "shards: {count: 4}\n"
+        "hosts:\n"
+        "  - {name: pg1, dsn: 'postgresql://app@127.0.0.1:1/app', shards: '0-3'}\n"
+    )
+    for cls in (Router, AsyncRouter):
+        router = cls(topo)
+        for name, (positional, keywords) in ROUTER_CALLS.items():
+            params = list(inspect.signature(getattr(cls, name)).parameters.values())[1:]
+            assert [p.name for p in params] == positional + keywords, (cls, name)
+            kinds = [p.kind for p in params]
+            assert kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * len(positional) + [
+                inspect.Parameter.KEYWORD_ONLY
+            ] * len(keywords), (cls, name)
+            qualname = getattr(cls, name).__qualname__
+            assert qualname == f"{cls.__name__}.{name}" or name == "target", qualname
+            for misspelt in ("shrad", "max_lga"):
+                with pytest.raises(
+                    TypeError,
+                    match=rf"^{re.escape(qualname)}\(\) got an unexpected keyword argument '{misspelt}'$",
+                ):
+                    getattr(router, name)(1, **{misspelt: 1})
+        assert router._pools == {}
+    for func in (context.target, context.on_shard):
+        params = list(inspect.signature(func).parameters.values())
+        assert [p.name for p in params] == ["key", *ROUTING], func
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:]), func
+        with pytest.raises(
+            TypeError, match=rf"^{func.__name__}\(\) got an unexpected keyword argument 'shrad'$"
+        ):
+            func(shrad=1)

@@ -109,9 +109,13 @@ def server_ports(sandbox: Path) -> dict[str, int]:
     return {h["name"]: int(h["port"]) for h in state["hosts"]}
 
 
-def shard_bits(id_: int) -> int:
-    """The shard inside an Instagram-layout ID: 41 bits of time | 13 of shard | 10 of sequence."""
-    return (id_ >> 10) & 0x1FFF
+def shard_bits(id_: int, sandbox: Path) -> int:
+    """The shard inside an ID, by the bit widths the sandbox's topology file names (read here with
+    PyYAML, not with shardctl's layout code): time | shard | sequence, Instagram's 13 and 10 when the
+    file names the plain ``instagram`` layout."""
+    ids = yaml.safe_load((sandbox / "shardctl.yaml").read_text())["id"]
+    bits = ids.get("bits") or {"shard": 13, "sequence": 10}
+    return (id_ >> bits["sequence"]) & ((1 << bits["shard"]) - 1)
 
 
 def check_printed(run: PageRun, block: Block) -> None:
@@ -137,7 +141,8 @@ def shard_rows(port: int, shards: range, table: str) -> list[tuple[int, int]]:
 def check_demo(run: PageRun, block: Block) -> None:
     """README, index.md: the demo made 256 shards on two servers and wrote rows whose IDs decode to
     the shard that holds them."""
-    ports = server_ports(Path(run.cwd) / "shardctl-demo")
+    demo = Path(run.cwd) / "shardctl-demo"
+    ports = server_ports(demo)
     assert sorted(ports) == ["pg1", "pg2"]
     found = []
     for name, shards in (("pg1", range(128)), ("pg2", range(128, 256))):
@@ -146,7 +151,7 @@ def check_demo(run: PageRun, block: Block) -> None:
             ports[name], shards, "photos"
         )
     assert len(found) >= 6, found  # a handful of users, with photos
-    assert all(shard_bits(id_) == shard for shard, id_ in found), found
+    assert all(shard_bits(id_, demo) == shard for shard, id_ in found), found
 
 
 def shard_schemas(port: int, table: str) -> int:
@@ -173,7 +178,7 @@ def check_readme_photo(run: PageRun, block: Block) -> None:
         server_ports(sandbox)["pg1"], "app", "SELECT id FROM insta42.photos WHERE user_id = 42"
     )
     assert len(found) == 1, found
-    assert shard_bits(int(found[0]["id"])) == 42
+    assert shard_bits(int(found[0]["id"]), sandbox) == 42
 
 
 def check_add_shard(run: PageRun, block: Block) -> None:

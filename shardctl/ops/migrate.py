@@ -52,6 +52,7 @@ from ..engine.ledger import (
 from ..errors import BadInput, FleetIncomplete, OperationFailed, PendingWork, first_few
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Host, Topology
+from ..sql import session
 from ..sql.catalog.control import ShardRow, control_exists, ledger_versions, open_moves, shard_list
 from ..sql.host_migrations import HostLevelMigration, host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
@@ -392,8 +393,9 @@ def held_by_moves(
 def explain_error(error: str, options: RunOptions) -> str:
     """Say in plain words what a statement timeout means for a shard's migration."""
     if "statement timeout" in error.lower() and "not applied" not in error:
+        limit = session.duration(options.statement_timeout)
         return (
-            f"statement timeout: a statement ran longer than --statement-timeout {options.statement_timeout} "
+            f"statement timeout: a statement ran longer than --statement-timeout {limit} "
             f"({error}); the migration was not applied here"
         )
     return error
@@ -575,7 +577,7 @@ def _run_options(
         raise BadInput("--check and --dry-run are two different reports; choose one")
     options = replace(options or RunOptions())  # a copy: the caller's options are not changed
     options.purpose = options.purpose or "migrate"
-    # never queue behind application traffic for long ("0" disables it)
+    # never queue behind application traffic for long (0 disables it)
     if options.lock_timeout is None:
         options.lock_timeout = DEFAULT_LOCK_WAIT
     if options.lock_retries is None:

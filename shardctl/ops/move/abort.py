@@ -131,7 +131,7 @@ def _freeze_target(run: MoveRun, aside: dict[str, str]) -> None:
     """On the target: lock, guard and rename the move's schemas aside in one transaction."""
     current = {str(n): run.schema(n) for n in run.move.shards}
     with run.connect(run.target, autocommit=False) as conn:
-        session.set_settings(conn, {"lock_timeout": f"{int(run.options.max_freeze * 1000)}ms"})
+        session.set_settings(conn, {"lock_timeout": session.duration(run.options.max_freeze)})
         tables_rp = inspect.tables(conn, list(current.values()), "rp")
         try:
             data.lock_tables(conn, tables_rp)

@@ -366,12 +366,11 @@ class Freeze:
 
     def _budget(self) -> None:
         """Bound the next statements by what is left of --max-freeze."""
-        left = int((self.deadline - time.monotonic()) * 1000)
-        if left <= 0:
+        left = self.deadline - time.monotonic()
+        if left < 0.001:
             raise FreezeTimeout(f"the freeze used up --max-freeze {self.options.max_freeze:g}s")
-        session.set_settings(
-            self.src, {"lock_timeout": f"{left}ms", "statement_timeout": f"{left}ms"}
-        )
+        limit = session.duration(left)
+        session.set_settings(self.src, {"lock_timeout": limit, "statement_timeout": limit})
 
     def _rollback(self) -> None:
         if self.src is not None and not self.src.closed and not self.src.broken:
@@ -384,14 +383,16 @@ class Freeze:
         self.marks[name] = round(time.monotonic() - self.t0, 3)
 
     def _timeouts(self) -> None:
-        limit = f"{max(1, int(self.options.max_freeze * 1000))}ms"
+        limit = session.duration(self.options.max_freeze)
         # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
         session.set_settings(
             self.src,
             {
                 "lock_timeout": limit,
                 "statement_timeout": limit,
-                "idle_in_transaction_session_timeout": f"{int(self.options.max_freeze * 2000) + 10000}ms",
+                "idle_in_transaction_session_timeout": session.duration(
+                    self.options.max_freeze * 2 + 10
+                ),
             },
         )
         session.set_settings(self.tgt, {"statement_timeout": limit}, local=False)

@@ -96,9 +96,7 @@ def fleet_table(report: FleetReport, title: str, error: ShardctlError | None = N
 @cli.command("init")
 @host_options
 @run_options
-def init_cmd(
-    hosts: list[str] | None, as_json: bool, wait: float, jobs: int | None, **run: Any
-) -> None:
+def init_cmd(hosts: list[str] | None, as_json: bool, **run: Any) -> None:
     """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
     topo = settings().topology()
     # each command imports its own operation once the topology has loaded (start-up of the others)
@@ -107,7 +105,7 @@ def init_cmd(
 
     with host_progress("init", not as_json) as progress:
         options = RunOptions(**run)
-        report = init(topo, hosts=hosts, options=options, wait=wait, progress=progress, jobs=jobs)
+        report = init(topo, hosts=hosts, options=options, progress=progress)
 
     error = status_of(report)
 
@@ -321,8 +319,6 @@ def _repair_confirmed() -> bool:
 def migrate_cmd(
     hosts: list[str] | None,
     as_json: bool,
-    wait: float,
-    jobs: int | None,
     shard_spec: str | None,
     target: int | None,
     dry_run: bool,
@@ -359,9 +355,7 @@ def migrate_cmd(
             check=check,
             repair=repair,
             options=options,
-            wait=wait,
             progress=progress,
-            jobs=jobs,
         )
     error = status_of(report)
     finish(as_json, report.to_dict(), lambda: migrate_human(report, error), error)

@@ -119,6 +119,8 @@ class RunOptions:
     lock_retries: int | None = None
     retry_budget: float = DEFAULT_RETRY_BUDGET
     max_lock_hold: float = DEFAULT_MAX_LOCK_HOLD
+    jobs: int | None = None  # streams (connections) per host; None: ``fanout.host_jobs`` decides
+    wait: float = 0.0  # seconds to wait for another run's locks on the hosts
 
 
 def plan_ledger_sql(plan: ShardPlan, step: Step, elapsed_sql: str = ledger_q.ELAPSED) -> str:

@@ -414,7 +414,6 @@ class _Run:
     dry_run: bool
     repair: bool
     progress: ProgressFactory | None
-    jobs: int | None = None  # streams per host (None: fanout.host_jobs decides)
     host_migrations: list[HostLevelMigration] = field(default_factory=list)
     host_goal: int | None = None  # host-level versions to reach (None: all)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -513,7 +512,7 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
             conn, run.topo, host, run.host_migrations, goal=run.host_goal
         )
         out.host_level.pending = []
-    chosen = host_jobs(host, conn, run.jobs) if plans else None
+    chosen = host_jobs(host, conn, run.options.jobs) if plans else None
     out.jobs_rule = chosen.rule if chosen else ""
     apply_plans(
         host, plans, run.options, run.stop, out, run.progress, jobs=chosen.count if chosen else 1
@@ -595,9 +594,7 @@ def migrate(
     check: bool = False,
     repair: bool = False,
     options: RunOptions | None = None,
-    wait: float = 0,
     progress: ProgressFactory | None = None,
-    jobs: int | None = None,
     host_target: int | None = None,
 ) -> MigrateResult:
     """Apply (or with ``check``/``dry_run`` only report) pending migrations.
@@ -618,7 +615,6 @@ def migrate(
         dry_run=dry_run,
         repair=repair,
         progress=progress,
-        jobs=jobs,
         host_migrations=host_for_topology(topo),
         host_goal=host_target,
     )
@@ -655,7 +651,7 @@ def migrate(
             stop_on_ctrl_c(run.stop) as ctrl_c,
             db.FleetLocks(
                 selected,
-                wait=wait,
+                wait=options.wait,
                 connect_timeout=options.connect_timeout,
                 purpose=options.purpose,
             ) as locks,

@@ -208,7 +208,7 @@ def _reach_problems(run: MoveRun) -> list[str]:
                     f"{db.first_line(exc)}"
                 )
             ]
-    run.report["preflight_reach"] = True
+    run.report.preflight_reach = True
     return []
 
 
@@ -278,5 +278,5 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
             f"preflight: {', '.join(skipped)} cannot run in a transaction and had no transactional form "
             f"to try on {run.target.name}"
         )
-    run.report["preflight_trial"] = {"shard": shard, "migrations": len(steps), "skipped": skipped}
+    run.report.preflight_trial = {"shard": shard, "migrations": len(steps), "skipped": skipped}
     return []

@@ -77,9 +77,10 @@ def catch_up(run: MoveRun) -> None:
         hosts=[run.target.name],
         shards=sorted(behind),
         options=RunOptions(
-            connect_timeout=run.options.connect_timeout, purpose="move-shard catch-up"
+            connect_timeout=run.options.connect_timeout,
+            purpose="move-shard catch-up",
+            wait=max(run.options.wait, CATCH_UP_WAIT),
         ),
-        wait=max(run.options.wait, CATCH_UP_WAIT),
         progress=run.progress_factory("catch-up"),
     )
     host = result.host(result.hosts[0])

@@ -129,6 +129,7 @@ def main() -> int:
     shards = args.shards or (1024 if args.quick else 8192)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
+    from shardctl.engine.executor import RunOptions
     from shardctl.ops.migrate import migrate
     from shardctl.ops.provision import init
     from shardctl.sql.render import builtin_dir
@@ -361,7 +362,9 @@ def main() -> int:
                         elif name == "floor-par":
                             seconds = f.run_floor(box, dbs, par_files)
                         elif name == "lib":
-                            seconds, rep = c.timed(functools.partial(migrate, topo, jobs=args.jobs))
+                            seconds, rep = c.timed(
+                                functools.partial(migrate, topo, options=RunOptions(jobs=args.jobs))
+                            )
                             if not rep.ok:
                                 raise SystemExit(
                                     f"shardctl migrate failed: {json.dumps(rep.to_dict())[:2000]}"

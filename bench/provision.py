@@ -112,7 +112,7 @@ def main() -> int:
                     elif name == "init":
                         seconds, report = c.timed(
                             functools.partial(
-                                init, topo, options=RunOptions(batch_size=batch), jobs=args.jobs
+                                init, topo, options=RunOptions(batch_size=batch, jobs=args.jobs)
                             )
                         )
                         if not report.ok:

@@ -16,7 +16,7 @@ import click
 from ..engine.defaults import (
     DEFAULT_LOCK_RETRIES,
     DEFAULT_LOCK_WAIT,
-    DEFAULT_MAX_LOCK_HOLD_MS,
+    DEFAULT_MAX_LOCK_HOLD,
     DEFAULT_RETRY_BUDGET,
 )
 from ..errors import BadInput, ShardctlError
@@ -24,7 +24,15 @@ from ..model.ranges import format_shards
 from . import cli, settings
 from .options import finish, host_options, option_group, run_options, status_of
 from .output import flagged, host_table, stdout, table
-from .params import ASCII_INT, AsciiFloat, AsciiInt, flag_option, shown_option
+from .params import (
+    ASCII_INT,
+    AsciiFloat,
+    AsciiInt,
+    Duration,
+    flag_option,
+    show_duration,
+    shown_option,
+)
 from .progress import host_progress
 
 if TYPE_CHECKING:
@@ -88,9 +96,7 @@ def fleet_table(report: FleetReport, title: str, error: ShardctlError | None = N
 @cli.command("init")
 @host_options
 @run_options
-def init_cmd(
-    hosts: list[str] | None, as_json: bool, wait: float, jobs: int | None, **run: Any
-) -> None:
+def init_cmd(hosts: list[str] | None, as_json: bool, **run: Any) -> None:
     """Create the control schema and every shard (schema, sequence, next_id(), migrations) on every host."""
     topo = settings().topology()
     # each command imports its own operation once the topology has loaded (start-up of the others)
@@ -99,7 +105,7 @@ def init_cmd(
 
     with host_progress("init", not as_json) as progress:
         options = RunOptions(**run)
-        report = init(topo, hosts=hosts, options=options, wait=wait, progress=progress, jobs=jobs)
+        report = init(topo, hosts=hosts, options=options, progress=progress)
 
     error = status_of(report)
 
@@ -246,10 +252,11 @@ def migrate_human(report: MigrateResult, error: ShardctlError | None) -> None:
 # How migrate waits for, retries and holds its shards' table locks.
 lock_options = option_group(
     shown_option(
-        ("--max-lock-hold", "max_lock_hold_ms"),
-        AsciiInt(1, 600_000),
-        DEFAULT_MAX_LOCK_HOLD_MS,
-        "Milliseconds a batch may hold its shards' locks; batches are sized to stay under it.",
+        "--max-lock-hold",
+        Duration("ms", 0.001, 600),
+        show_duration(DEFAULT_MAX_LOCK_HOLD),
+        "How long a batch may hold its shards' locks (milliseconds, or with a unit: 1s); "
+        "batches are sized to stay under it.",
     ),
     shown_option(
         "--retry-budget",
@@ -263,11 +270,11 @@ lock_options = option_group(
         DEFAULT_LOCK_RETRIES,
         "Retries of a shard whose lock wait timed out (0: fail at once).",
     ),
-    click.option(
+    shown_option(
         "--lock-timeout",
-        default=DEFAULT_LOCK_WAIT,
-        show_default=True,
-        help="How long one shard waits for a table lock before it is put back and retried "
+        Duration(),
+        show_duration(DEFAULT_LOCK_WAIT),
+        "How long one shard waits for a table lock before it is put back and retried "
         "(PostgreSQL interval).",
     ),
 )
@@ -297,6 +304,7 @@ def _repair_confirmed() -> bool:
 )
 @click.option(
     "--statement-timeout",
+    type=Duration(),
     default=None,
     help="Cancel any one statement that runs longer (interval).",
 )
@@ -311,8 +319,6 @@ def _repair_confirmed() -> bool:
 def migrate_cmd(
     hosts: list[str] | None,
     as_json: bool,
-    wait: float,
-    jobs: int | None,
     shard_spec: str | None,
     target: int | None,
     dry_run: bool,
@@ -349,9 +355,7 @@ def migrate_cmd(
             check=check,
             repair=repair,
             options=options,
-            wait=wait,
             progress=progress,
-            jobs=jobs,
         )
     error = status_of(report)
     finish(as_json, report.to_dict(), lambda: migrate_human(report, error), error)

@@ -77,9 +77,7 @@ def add_shard_cmd(
     ids: str | None,
     modulus: int | None,
     place_new: bool,
-    wait: float,
     as_json: bool,
-    jobs: int | None,
     **run: Any,
 ) -> None:
     """Open new logical shards on a host, at the fleet's migration version, and record them."""
@@ -87,7 +85,7 @@ def add_shard_cmd(
     from ..engine.executor import RunOptions
     from ..ops.grow import add_shard
 
-    options = RunOptions(**run)  # batch_size, recycle_after, connect_timeout
+    options = RunOptions(**run)  # jobs, wait, batch_size, recycle_after, connect_timeout
     with host_progress("add-shard", not as_json) as progress:
         result = add_shard(
             _path(),
@@ -98,9 +96,7 @@ def add_shard_cmd(
             place_new=place_new,
             allow_inline_password=settings().allow_inline_password,
             options=options,
-            wait=wait,
             progress=progress,
-            jobs=jobs,
         )
     finish(
         as_json,

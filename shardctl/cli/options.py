@@ -59,8 +59,8 @@ def hosts_option(func: Callable) -> Callable:
 host_options = option_group(json_option, connect_timeout_option, hosts_option)
 
 # How a command that applies shards runs them: parallelism, lock wait, connection reuse, batches.
-# The options named as RunOptions fields (--batch-size, --recycle-after, and migrate's lock options;
-# --connect-timeout too) reach the command in its ``**run``, which it passes on as ``RunOptions(**run)``.
+# The options named as RunOptions fields (--jobs, --wait, --batch-size, --recycle-after, and migrate's
+# lock options; --connect-timeout too) reach the command in its ``**run``, which it passes on as ``RunOptions(**run)``.
 run_options = option_group(
     click.option(
         "--jobs",

@@ -80,6 +80,35 @@ def _name(param: click.Parameter | None) -> str:
 
 ASCII_INT = AsciiInt()
 
+# PostgreSQL's units for a time setting, in seconds (a bare number is in the option's ``unit``).
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class Duration(AsciiInt):
+    """A time as PostgreSQL reads a time setting (``100ms``, ``2s``, ``1min``; a bare number is in
+    ``unit``), read as seconds (float): the CLI's edge, where every timeout becomes seconds."""
+
+    name = "duration"
+
+    def __init__(self, unit: str = "ms", lo: float | None = 0, hi: float | None = 86_400):
+        super().__init__(lo, hi)
+        self.unit = unit
+
+    def parse(self, text: str) -> float:
+        stripped = text.strip()
+        number = stripped.rstrip("abcdefghijklmnopqrstuvwxyz").rstrip()
+        unit = stripped[len(number) :].strip() or self.unit
+        if unit not in _UNITS:
+            raise ValueError(f"{echo(text)}: unknown unit {unit!r} (use {', '.join(_UNITS)})")
+        return parse_decimal(number) * _UNITS[unit]
+
+
+def show_duration(seconds: float) -> str:
+    """``seconds`` the way a user writes it on the command line: ``100ms``, ``6s``."""
+    if seconds and seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    return f"{seconds:g}s"
+
 
 class Names(click.ParamType):
     """Comma-separated names (``pg1,pg2``), read as a list; an empty value is no list (None)."""
@@ -100,7 +129,7 @@ def shown_option(
 ) -> Callable[[Callable], Callable]:
     """``click.option(name, type=type, default=default, show_default=True, help=help, **attrs)``: an
     option whose help shows its default (``type`` None: click's, from the default). ``name`` may be
-    the option and the parameter it fills: ``("--max-lock-hold", "max_lock_hold_ms")``."""
+    the option and the parameter it fills: ``("--shards", "shard_spec")``."""
     names = (name,) if isinstance(name, str) else name
     return click.option(*names, type=type, default=default, show_default=True, help=help, **attrs)
 

@@ -11,7 +11,7 @@ from ..model.ranges import format_shards
 from . import cli, settings
 from .options import host_options, wait_option
 from .output import flagged, host_table, stdout
-from .params import flag_option
+from .params import Duration, flag_option, show_duration
 
 if TYPE_CHECKING:
     from ..engine.fanout import HostResult
@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 @flag_option("--dry-run", help="Only list the shards whose template functions differ.")
 @click.option(
     "--lock-timeout",
+    type=Duration(),
     default=REDEPLOY_LOCK_TIMEOUT,
-    show_default=True,
+    show_default=show_duration(REDEPLOY_LOCK_TIMEOUT),
     help="Give up on a shard when a lock is not granted in time (PostgreSQL interval).",
 )
 @wait_option

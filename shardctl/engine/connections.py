@@ -89,10 +89,13 @@ def first_line(exc: BaseException) -> str:
 
 
 def set_timeouts(
-    conn: psycopg.Connection, lock_timeout: str | None = None, statement_timeout: str | None = None
+    conn: psycopg.Connection,
+    lock_timeout: float | None = None,
+    statement_timeout: float | None = None,
 ) -> None:
+    """Set the session's lock and statement timeouts (seconds; None leaves the setting as it is)."""
     settings = {"lock_timeout": lock_timeout, "statement_timeout": statement_timeout}
-    settings = {name: value for name, value in settings.items() if value is not None}
+    settings = {name: session.duration(v) for name, v in settings.items() if v is not None}
     if settings:
         session.set_settings(conn, settings, local=False)
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

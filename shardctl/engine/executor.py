@@ -13,7 +13,7 @@ rolled back to its savepoint and the batch goes on without it, so no shard waits
 while holding other shards' locks; blocked shards are retried alone (holding nothing
 else) with backoff and jitter, and only then reported, naming the blocking backend.
 Batch sizes adapt to the measured time per shard, so a batch holds its locks for at
-most about ``max_lock_hold_ms``.
+most about ``max_lock_hold``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..sql.migrations import Step
 from . import connections as db
 from .defaults import (
     DEFAULT_BATCH,
-    DEFAULT_MAX_LOCK_HOLD_MS,
+    DEFAULT_MAX_LOCK_HOLD,
     DEFAULT_RECYCLE,
     DEFAULT_RETRY_BUDGET,
 )
@@ -46,7 +46,7 @@ from .defaults import (
 INTERRUPTED = threading.Event()
 
 # a shard after the first of its batch (holding theirs) waits only this long
-IN_BATCH_LOCK_WAIT = "20ms"
+IN_BATCH_LOCK_WAIT = 0.02  # seconds
 FIRST_BATCH = 8  # shards in a host's first batch under traffic, before the time per shard is known
 
 
@@ -109,15 +109,18 @@ class ShardOutcome:
 class RunOptions:
     batch_size: int = DEFAULT_BATCH
     recycle_after: int = DEFAULT_RECYCLE
-    lock_timeout: str | None = None
-    statement_timeout: str | None = None
+    # Times are in seconds; None: no limit of shardctl's own (migrate's lock wait: DEFAULT_LOCK_WAIT)
+    lock_timeout: float | None = None
+    statement_timeout: float | None = None
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
     continue_on_error: bool = False
     purpose: str = ""
     # None: the old whole-batch path (init, add-shard); see module doc
     lock_retries: int | None = None
     retry_budget: float = DEFAULT_RETRY_BUDGET
-    max_lock_hold_ms: int = DEFAULT_MAX_LOCK_HOLD_MS
+    max_lock_hold: float = DEFAULT_MAX_LOCK_HOLD
+    jobs: int | None = None  # streams (connections) per host; None: ``fanout.host_jobs`` decides
+    wait: float = 0.0  # seconds to wait for another run's locks on the hosts
 
 
 def plan_ledger_sql(plan: ShardPlan, step: Step, elapsed_sql: str = ledger_q.ELAPSED) -> str:
@@ -146,7 +149,7 @@ def transactional_sql(plan: ShardPlan, steps: list[Step]) -> str:
 
 class _LiveMode:
     """HostRunner's mode for migrations under traffic (``RunOptions.lock_retries`` set): batches sized
-    to ``max_lock_hold_ms``, short lock waits, blocked shards retried alone (see the module doc)."""
+    to ``max_lock_hold``, short lock waits, blocked shards retried alone (see the module doc)."""
 
     options: RunOptions
     stop: threading.Event
@@ -190,11 +193,11 @@ class _LiveMode:
         ]
 
     def _next_size(self, size: int, hold: float, shards: int) -> int:
-        """The next batch's size: as many shards as fit in ~70% of ``max_lock_hold_ms`` at the measured
+        """The next batch's size: as many shards as fit in ~70% of ``max_lock_hold`` at the measured
         time per shard, growing at most twofold a batch, never above ``batch_size``."""
         if hold <= 0 or shards <= 0:
             return min(size * 2, self.options.batch_size)
-        fit = int(self.options.max_lock_hold_ms / 1000 * 0.7 / (hold / shards))
+        fit = int(self.options.max_lock_hold * 0.7 / (hold / shards))
         return max(1, min(self.options.batch_size, size * 2, fit))
 
     def _live_batch(
@@ -310,7 +313,7 @@ class _LiveMode:
         who = "; ".join(holders) if holders else "the blocking transaction had ended"
         return (
             f"lock timeout: waited for a lock on {entry.plan.schema}'s tables once in its batch and "
-            f"{entry.attempts} times alone ({self.options.lock_timeout} each) over "
+            f"{entry.attempts} times alone ({session.duration(self.options.lock_timeout)} each) over "
             f"{time.monotonic() - entry.first:.1f}s ({db.first_line(exc)}); "
             f"blocked by {who}; the migration was not applied here. Re-run when that transaction is "
             f"gone, or raise --lock-retries / --retry-budget"
@@ -481,9 +484,9 @@ class HostRunner(_LiveMode):
         raise ConnectionLost(db.first_line(exc))
 
 
-def _lock_wait_sql(wait: str | None) -> str:
+def _lock_wait_sql(wait: float | None) -> str:
     """Set the transaction's lock wait for the statements that follow (to the end of the transaction)."""
-    return session.settings_text({"lock_timeout": wait or "0"}) + ";\n"
+    return session.settings_text({"lock_timeout": session.duration(wait)}) + ";\n"
 
 
 @dataclass

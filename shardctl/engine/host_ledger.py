@@ -92,10 +92,10 @@ def repair(
 
 
 def _run_one(
-    conn: psycopg.Connection, m: HostLevelMigration, sql_text: str, lock_timeout: str | None
+    conn: psycopg.Connection, m: HostLevelMigration, sql_text: str, lock_timeout: float | None
 ) -> None:
     settings = {"search_path": EXT_SCHEMA} | (
-        {"lock_timeout": lock_timeout} if lock_timeout else {}
+        {"lock_timeout": session.duration(lock_timeout)} if lock_timeout else {}
     )
     setup = session.settings_text(settings, local=m.transactional)
     record = ledger_q.HOST_LEDGER_RECORD
@@ -133,11 +133,11 @@ def apply(
     migrations: list[HostLevelMigration],
     *,
     goal: int | None = None,
-    lock_timeout: str | None = "5s",
+    lock_timeout: float | None = 5.0,
 ) -> list[int]:
     """Bring ``host`` up to date with the host-level history (the caller holds the host lock on the
-    autocommit ``conn``). Returns the versions applied; OperationFailed names the file and the error,
-    or refuses a ledger whose applied files changed (until ``migrate --repair``)."""
+    autocommit ``conn``; ``lock_timeout`` in seconds). Returns the versions applied; OperationFailed
+    names the file and the error, or refuses a ledger whose applied files changed (until ``migrate --repair``)."""
     if not migrations and not read_ledger(conn):
         return []
     ensure_ledger(conn)

@@ -202,9 +202,7 @@ def add_shard(
     place_new: bool = False,
     allow_inline_password: bool = False,
     options: RunOptions | None = None,
-    wait: float = 0,
     progress=None,
-    jobs: int | None = None,
 ) -> AddShardResult:
     """Open new logical shards on ``host_name``: provision them like ``init`` at the fleet's current
     migration version, then record them in the topology file (``topology``: a loaded Topology or its
@@ -240,10 +238,8 @@ def add_shard(
         new_topo,
         hosts=[host_name],
         options=options,
-        wait=wait,
         progress=progress,
         target=version,
-        jobs=jobs,
     )
     result = AddShardResult(
         command="add-shard",

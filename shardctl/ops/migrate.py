@@ -52,6 +52,7 @@ from ..engine.ledger import (
 from ..errors import BadInput, FleetIncomplete, OperationFailed, PendingWork, first_few
 from ..model.ranges import format_shards, parse_shards
 from ..model.topology import Host, Topology
+from ..sql import session
 from ..sql.catalog.control import ShardRow, control_exists, ledger_versions, open_moves, shard_list
 from ..sql.host_migrations import HostLevelMigration, host_for_topology
 from ..sql.migrations import Migration, for_topology, steps_for
@@ -392,8 +393,9 @@ def held_by_moves(
 def explain_error(error: str, options: RunOptions) -> str:
     """Say in plain words what a statement timeout means for a shard's migration."""
     if "statement timeout" in error.lower() and "not applied" not in error:
+        limit = session.duration(options.statement_timeout)
         return (
-            f"statement timeout: a statement ran longer than --statement-timeout {options.statement_timeout} "
+            f"statement timeout: a statement ran longer than --statement-timeout {limit} "
             f"({error}); the migration was not applied here"
         )
     return error
@@ -412,7 +414,6 @@ class _Run:
     dry_run: bool
     repair: bool
     progress: ProgressFactory | None
-    jobs: int | None = None  # streams per host (None: fanout.host_jobs decides)
     host_migrations: list[HostLevelMigration] = field(default_factory=list)
     host_goal: int | None = None  # host-level versions to reach (None: all)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -511,7 +512,7 @@ def _apply(run: _Run, host: Host, conn: psycopg.Connection, out: HostMigration) 
             conn, run.topo, host, run.host_migrations, goal=run.host_goal
         )
         out.host_level.pending = []
-    chosen = host_jobs(host, conn, run.jobs) if plans else None
+    chosen = host_jobs(host, conn, run.options.jobs) if plans else None
     out.jobs_rule = chosen.rule if chosen else ""
     apply_plans(
         host, plans, run.options, run.stop, out, run.progress, jobs=chosen.count if chosen else 1
@@ -575,7 +576,7 @@ def _run_options(
         raise BadInput("--check and --dry-run are two different reports; choose one")
     options = replace(options or RunOptions())  # a copy: the caller's options are not changed
     options.purpose = options.purpose or "migrate"
-    # never queue behind application traffic for long ("0" disables it)
+    # never queue behind application traffic for long (0 disables it)
     if options.lock_timeout is None:
         options.lock_timeout = DEFAULT_LOCK_WAIT
     if options.lock_retries is None:
@@ -593,9 +594,7 @@ def migrate(
     check: bool = False,
     repair: bool = False,
     options: RunOptions | None = None,
-    wait: float = 0,
     progress: ProgressFactory | None = None,
-    jobs: int | None = None,
     host_target: int | None = None,
 ) -> MigrateResult:
     """Apply (or with ``check``/``dry_run`` only report) pending migrations.
@@ -616,7 +615,6 @@ def migrate(
         dry_run=dry_run,
         repair=repair,
         progress=progress,
-        jobs=jobs,
         host_migrations=host_for_topology(topo),
         host_goal=host_target,
     )
@@ -653,7 +651,7 @@ def migrate(
             stop_on_ctrl_c(run.stop) as ctrl_c,
             db.FleetLocks(
                 selected,
-                wait=wait,
+                wait=options.wait,
                 connect_timeout=options.connect_timeout,
                 purpose=options.purpose,
             ) as locks,

@@ -92,15 +92,14 @@ def init(
     *,
     hosts: list[str] | None = None,
     options: RunOptions | None = None,
-    wait: float = 0,
     progress: fanout.ProgressFactory | None = None,
     target: int | None = None,
-    jobs: int | None = None,
 ) -> fanout.FleetReport:
     """Create the control schema and every missing shard (schema, sequence, next_id(), migrations),
     and bring present shards to the latest migration (or to ``target``). Idempotent.
 
-    ``jobs``: streams (connections) per host; default from the host's cores (``host_jobs``)."""
+    ``options.jobs``: streams (connections) per host; default from the host's cores (``host_jobs``);
+    ``options.wait``: seconds to wait for another run's locks on the hosts."""
     options = replace(options or RunOptions())  # a copy: the caller's options are not changed
     options.purpose = options.purpose or "init"
     migrations = for_topology(topo)  # bad files fail here, before any connection
@@ -123,7 +122,7 @@ def init(
             )
             count, plans = _plans(conn, topo, host, migrations, goal, recreated)
             out.unchanged = len(host.shards) - count
-            chosen = fanout.host_jobs(host, conn, jobs) if count else None
+            chosen = fanout.host_jobs(host, conn, options.jobs) if count else None
             out.jobs_rule = chosen.rule if chosen else ""
             fanout.apply_plans(
                 host,
@@ -156,7 +155,10 @@ def init(
     with (
         fanout.stop_on_ctrl_c(stop) as ctrl_c,
         db.FleetLocks(
-            selected, wait=wait, connect_timeout=options.connect_timeout, purpose=options.purpose
+            selected,
+            wait=options.wait,
+            connect_timeout=options.connect_timeout,
+            purpose=options.purpose,
         ) as locks,
     ):
         locks.refuse_untranslatable(rendered)

@@ -304,10 +304,10 @@ def rebalance(
         report = move_shards(
             current, planned.shards, planned.target, options=options, progress=progress
         )
-        if report.get("phase") not in (Phase.CUT_OVER, "nothing to do"):
+        if report.phase not in (Phase.CUT_OVER, "nothing to do"):
             raise OperationFailed(
                 f"rebalance: the move of shards {format_shards(planned.shards)} from "
-                f"{planned.source} to {planned.target} stopped in phase {report.get('phase')}",
+                f"{planned.source} to {planned.target} stopped in phase {report.phase}",
                 report={**result.to_dict(applied=False), "results": [*results, report.to_dict()]},
             )
         doc = report.to_dict()

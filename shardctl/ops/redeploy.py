@@ -39,7 +39,7 @@ from ..sql.catalog.inspect import function_sources, present_schemas
 from ..sql.catalog.verify import mint_one_id
 from ..sql.migrations import parse
 from ..sql.render import render_shard
-from ..sql.session import set_settings
+from ..sql.session import duration, set_settings
 
 TOLERANCE_MS = 5000
 
@@ -250,7 +250,7 @@ def _plan_host(
 def _apply_host(
     conn: psycopg.Connection,
     stale: dict[int, list[TemplateFunction]],
-    lock_timeout: str,
+    lock_timeout: float,
     result: TemplateState,
 ) -> None:
     """One transaction per shard: its functions and their ledger rows."""
@@ -261,7 +261,7 @@ def _apply_host(
             break
         try:
             with conn.transaction():
-                set_settings(conn, {"lock_timeout": lock_timeout})
+                set_settings(conn, {"lock_timeout": duration(lock_timeout)})
                 for f in stale[n]:
                     conn.execute(f.sql)
                     record_template(conn, n, f.object, f.checksum)
@@ -288,11 +288,12 @@ def redeploy(
     *,
     hosts: list[str] | None = None,
     dry_run: bool = False,
-    lock_timeout: str = REDEPLOY_LOCK_TIMEOUT,
+    lock_timeout: float = REDEPLOY_LOCK_TIMEOUT,
     wait: float = 0,
     connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
 ) -> RedeployReport:
-    """Re-deploy stale template functions on every shard (``dry_run``: only report them).
+    """Re-deploy stale template functions on every shard (``dry_run``: only report them);
+    ``lock_timeout`` and ``wait`` in seconds.
 
     Raises BadInput, before any change on any host, when a layout or epoch change would break IDs."""
     started = time.perf_counter()

@@ -33,6 +33,15 @@ def search_path(schema: str) -> str:
     return f"{quote_ident(schema)}, public"
 
 
+def duration(seconds: float | None) -> str:
+    """A timeout setting's value (``lock_timeout``, ``statement_timeout``…) for ``seconds``: whole
+    milliseconds, at least 1 for any positive time; ``"0"`` (no limit) for None or 0. Every layer
+    takes its timeouts in seconds; this is the one place they become what PostgreSQL reads."""
+    if not seconds or seconds <= 0:
+        return "0"
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
 def settings_text(settings: dict[str, str], local: bool = True) -> str:
     """``SELECT set_config(…)`` of each setting, values inlined as literals (for a script of several
     statements): for the transaction (``local``) or the session."""

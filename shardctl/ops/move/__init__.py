@@ -1,8 +1,8 @@
 """Moving logical shards between hosts online (prepare, sync, cutover, cleanup, abort).
 
 ``state`` (phases and shard states, the transition table) · ``run`` (records, locks, the run's
-context) · ``prepare`` · ``sync`` · ``cutover`` · ``abort`` · ``cleanup`` · ``api`` (the public
-functions).
+context) · ``prepare`` · ``sync`` · ``cutover`` · ``abort`` · ``cleanup`` · ``report`` (the typed
+report the phases fill in) · ``api`` (the public functions).
 """
 
 from ...lazy import lazy_exports

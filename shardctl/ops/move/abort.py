@@ -35,7 +35,7 @@ def abort(run: MoveRun) -> None:
             f"move {run.move.move_id} was cleaned up: the source's copies are gone, so it "
             f"cannot be rolled back (move the shards back instead)"
         )
-    run.report["phases_run"].append("abort")
+    run.report.phases_run.append("abort")
     if run.move.phases.get("source") == Phase.CUT_OVER or run.move.detail.get("copy_back"):
         _abort_after_cutover(run)
     else:
@@ -64,7 +64,7 @@ def _abort_before_cutover(run: MoveRun) -> None:
         if move.phases.get(role):
             with run.connect(host) as conn, conn.transaction():
                 set_phase(conn, move, role, Phase.ABORTING, {})
-    run.report["dropped"] = run.drop_replication()
+    run.report.dropped = run.drop_replication()
     with run.connect(run.target, autocommit=False) as tgt:
         rows = shard_list(tgt)
         mine = [n for n in move.shards if n in rows and rows[n].state == ShardState.MOVING_IN]
@@ -113,7 +113,7 @@ def _abort_after_cutover(run: MoveRun) -> None:
     # 3
     flip_topology(run.topo.path, move.shards, move.target, move.source, opts.allow_inline_password)
     run.topo = Topology.load(run.topo.path, allow_inline_password=opts.allow_inline_password)
-    run.report["freeze_seconds"] = round(time.monotonic() - t0, 3)
+    run.report.freeze_seconds = round(time.monotonic() - t0, 3)
     run.drop_replication()
     with run.connect(run.target, autocommit=False) as tgt:  # 4
         run.drop_shards(
@@ -131,7 +131,7 @@ def _freeze_target(run: MoveRun, aside: dict[str, str]) -> None:
     """On the target: lock, guard and rename the move's schemas aside in one transaction."""
     current = {str(n): run.schema(n) for n in run.move.shards}
     with run.connect(run.target, autocommit=False) as conn:
-        session.set_settings(conn, {"lock_timeout": f"{int(run.options.max_freeze * 1000)}ms"})
+        session.set_settings(conn, {"lock_timeout": session.duration(run.options.max_freeze)})
         tables_rp = inspect.tables(conn, list(current.values()), "rp")
         try:
             data.lock_tables(conn, tables_rp)
@@ -203,4 +203,4 @@ def _copy_back(run: MoveRun, renamed: dict[str, str], aside: dict[str, str]) -> 
         control.clear_redirects(src, move.shards)
         set_phase(src, move, "source", Phase.ABORTING, {"copy_back": True})
         src.commit()
-        run.report["rows"] = sum(v[0] for v in src_sums.values())
+        run.report.rows = sum(v[0] for v in src_sums.values())

@@ -10,8 +10,8 @@ locks, and runs the phases.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -27,6 +27,7 @@ from .catchup import catch_up
 from .cleanup import cleanup
 from .cutover import cutover
 from .prepare import prepare
+from .report import MoveReport
 from .run import (
     MOVE_LOCK_CLASS,
     Move,
@@ -101,8 +102,8 @@ def _check_request(topo: Topology, shards: list[int], phases: list[str]) -> None
 
 def _find_or_start(
     topo: Topology, shards: list[int], target: str, phases: list[str], options: MoveOptions
-) -> Move | dict:
-    """The recorded move of exactly these shards to ``target``, or a new one; a dict when there is
+) -> Move | MoveReport:
+    """The recorded move of exactly these shards to ``target``, or a new one; a report when there is
     nothing to do."""
     target_host = topo.host(target)
     moves, _ = find_moves(topo, connect_timeout=options.connect_timeout)
@@ -123,19 +124,14 @@ def _find_or_start(
         )
     owners = sorted({topo.host_of(n).name for n in shards})
     if owners == [target]:
-        return {
-            "command": "move-shard",
-            "shards": format_shards(shards),
-            "source": target,
-            "target": target,
-            "phases_run": [],
-            "phase": "nothing to do",
-            "nothing_to_do": True,
-            "messages": [
-                f"shards {format_shards(shards)} are already on {target}: nothing was done"
-            ],
-            "seconds": 0.0,
-        }
+        return MoveReport(
+            shards=format_shards(shards),
+            source=target,
+            target=target,
+            phase="nothing to do",
+            nothing_to_do=True,
+            messages=[f"shards {format_shards(shards)} are already on {target}: nothing was done"],
+        )
     if len(owners) > 1:
         raise BadInput(
             f"shards {format_shards(shards)} live on {', '.join(owners)}: move the shards of one "
@@ -177,16 +173,11 @@ def _run_steps(run: MoveRun, steps: list[str]) -> MoveReport:
                 raise
         if any(name in ("cutover", "cleanup") for name in steps):
             _guarded(run, "catch-up")  # the moved shards to the fleet's version (migrate held them)
-    run.report.update(
-        {
-            "command": "move-shard",
-            "phase": str(run.move.phase),
-            "seconds": round(time.perf_counter() - run.started, 3),
-        }
-    )
+    run.report.phase = str(run.move.phase)
+    run.report.seconds = round(time.perf_counter() - run.started, 3)
     if run.pacers:
-        run.report.update({"nice": run.options.nice, "rested_seconds": run.rested()})
-    return MoveReport(run.report)
+        run.report.nice, run.report.rested_seconds = run.options.nice, run.rested()
+    return run.report
 
 
 def _guarded(run: MoveRun, name: str) -> None:
@@ -195,52 +186,6 @@ def _guarded(run: MoveRun, name: str) -> None:
         STEPS[name](run)
     except psycopg.Error as exc:
         raise OperationFailed(f"{name}: {db.first_line(exc)}") from exc
-
-
-@dataclass
-class MoveReport(Mapping):
-    """The result of :func:`move_shards`, :func:`abort_move` and :func:`cleanup_move`: the move, the
-    phases run and the phase it is in now (typed attributes), and each phase's own figures
-    (``freeze_seconds``, ``sync_seconds``, ``rows``, …) read as ``report["freeze_seconds"]``. A phase that
-    fails raises instead, naming the move's phase and how to resume or roll back; so does
-    :meth:`raise_for_status` for a move that stopped short of the phases asked for (never, today)."""
-
-    doc: dict[str, Any] = field(default_factory=dict)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.doc[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.doc)
-
-    def __len__(self) -> int:
-        return len(self.doc)
-
-    @property
-    def move_id(self) -> str | None:
-        return self.doc.get("move_id")
-
-    @property
-    def phase(self) -> str:
-        return self.doc["phase"]
-
-    @property
-    def phases_run(self) -> list[str]:
-        return list(self.doc.get("phases_run") or [])
-
-    @property
-    def seconds(self) -> float:
-        return self.doc.get("seconds", 0.0)
-
-    @property
-    def ok(self) -> bool:
-        return True
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.doc)
-
-    def raise_for_status(self) -> MoveReport:
-        return self
 
 
 def move_shards(
@@ -258,8 +203,8 @@ def move_shards(
     phases = list(phases or PHASE_NAMES)
     _check_request(topo, shards, phases)
     move = _find_or_start(topo, shards, target, phases, options)
-    if isinstance(move, dict):
-        return MoveReport(move)
+    if isinstance(move, MoveReport):
+        return move
     return _run_steps(MoveRun(topo, move, options, progress), phases)
 
 

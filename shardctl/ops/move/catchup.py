@@ -66,7 +66,7 @@ def catch_up(run: MoveRun) -> None:
     fleet, moved, unread = fleet_versions(run)
     goal = min(fleet, on_disk)
     behind = {n: v for n, v in moved.items() if v < goal}
-    run.report["fleet_version"] = goal
+    run.report.fleet_version = goal
     if unread:
         run.note(f"the fleet's version (V{goal}) was read without {', '.join(unread)}")
     if not behind:
@@ -77,9 +77,10 @@ def catch_up(run: MoveRun) -> None:
         hosts=[run.target.name],
         shards=sorted(behind),
         options=RunOptions(
-            connect_timeout=run.options.connect_timeout, purpose="move-shard catch-up"
+            connect_timeout=run.options.connect_timeout,
+            purpose="move-shard catch-up",
+            wait=max(run.options.wait, CATCH_UP_WAIT),
         ),
-        wait=max(run.options.wait, CATCH_UP_WAIT),
         progress=run.progress_factory("catch-up"),
     )
     host = result.host(result.hosts[0])
@@ -92,7 +93,7 @@ def catch_up(run: MoveRun) -> None:
             f"brought shards {format_shards(shards)} from V{version} to V{goal} on {run.target.name} "
             f"(the fleet's version)"
         )
-    run.report["caught_up"] = {
+    run.report.caught_up = {
         "host": run.target.name,
         "to": goal,
         "shards": format_shards(brought),

@@ -19,7 +19,7 @@ def cleanup(run: MoveRun) -> None:
             f"move {run.move.move_id} is in phase {phase}: cleanup drops the source's old "
             f"schemas after the cutover; finish the move first, or abort it"
         )
-    run.report["phases_run"].append("cleanup")
+    run.report.phases_run.append("cleanup")
     finish_cutover(run)  # a cutover interrupted after the source committed completes first
     renamed = run.renamed_map()
     with run.connect(run.source, autocommit=False) as src:

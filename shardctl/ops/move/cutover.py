@@ -54,14 +54,14 @@ def cutover(run: MoveRun) -> None:
     phase = run.move.phase
     if phase == Phase.CUT_OVER:
         run.note("cutover: the source was already frozen and renamed; finishing the flip")
-        run.report["phases_run"].append("cutover")
+        run.report.phases_run.append("cutover")
         finish_cutover(run)
         return
     if phase in (Phase.SYNCING, Phase.PREPARED):
         sync(run, wait_only=True)
     elif phase != Phase.SYNCED:
         raise OperationFailed(f"move {run.move.move_id} cannot cut over from phase {phase}")
-    run.report["phases_run"].append("cutover")
+    run.report.phases_run.append("cutover")
     names = run.move.names
     with run.connect(run.source) as src, run.connect(run.target) as tgt:
         # a move prepared by an older shardctl may lack the redirects table
@@ -231,9 +231,9 @@ def verify_before(run: MoveRun, tables_r: list[tuple[str, str]]) -> None:
             if not pending:
                 break
             time.sleep(transfer.POLL)  # a round's writes reach the target
-    run.report["verify_before"] = run.options.verify_before
-    run.report["verify_before_seconds"] = round(time.perf_counter() - t0, 3)
-    run.report["verify_before_busy_tables"] = busy
+    run.report.verify_before = run.options.verify_before
+    run.report.verify_before_seconds = round(time.perf_counter() - t0, 3)
+    run.report.verify_before_busy_tables = busy
     if busy:
         run.note(
             f"{busy} table(s) were being written during the check before the freeze; the check "
@@ -260,13 +260,9 @@ def verify_after(
         tgt_sums = on_target.result()
     diff = [(s, t) for s, t in tables_r if src_sums[(old[s], t)] != tgt_sums.get((s, t))]
     rows = sum(v[0] for v in tgt_sums.values())
-    run.report.update(
-        {
-            "rows": rows,
-            "verify_after_seconds": round(time.perf_counter() - t0, 3),
-            "verified": not diff,
-        }
-    )
+    run.report.rows = rows
+    run.report.verify_after_seconds = round(time.perf_counter() - t0, 3)
+    run.report.verified = not diff
     with run.connect(run.source) as conn, conn.transaction():
         set_phase(conn, run.move, "source", Phase.CUT_OVER, {"rows": rows, "verified": not diff})
     if diff:
@@ -327,14 +323,16 @@ class Freeze:
             src.commit()
             checkpoint("after-source-commit")
             run.freeze_t0 = self.t0
-            run.report.update({k: v for k, v in detail.items() if k.startswith("freeze_")})
-            run.report.update(
-                {
-                    "freeze_started_at": started_at,
-                    "sequences": len(values),
-                    "freeze_commit_seconds": round(time.monotonic() - self.t0, 3),
-                }
-            )
+            report = run.report
+            report.freeze_lock_seconds = detail["freeze_lock_seconds"]
+            report.freeze_caught_up_seconds = detail["freeze_caught_up_seconds"]
+            report.freeze_snapshot_seconds = detail["freeze_snapshot_seconds"]
+            report.freeze_retired_seconds = detail["freeze_retired_seconds"]
+            report.freeze_stubs_seconds = detail["freeze_stubs_seconds"]
+            report.freeze_started = detail["freeze_started"]
+            report.freeze_started_at = started_at
+            report.sequences = len(values)
+            report.freeze_commit_seconds = round(time.monotonic() - self.t0, 3)
         except psycopg.errors.QueryCanceled as exc:
             move.phases, move.detail = phases_before, detail_before
             self._rollback()
@@ -366,12 +364,11 @@ class Freeze:
 
     def _budget(self) -> None:
         """Bound the next statements by what is left of --max-freeze."""
-        left = int((self.deadline - time.monotonic()) * 1000)
-        if left <= 0:
+        left = self.deadline - time.monotonic()
+        if left < 0.001:
             raise FreezeTimeout(f"the freeze used up --max-freeze {self.options.max_freeze:g}s")
-        session.set_settings(
-            self.src, {"lock_timeout": f"{left}ms", "statement_timeout": f"{left}ms"}
-        )
+        limit = session.duration(left)
+        session.set_settings(self.src, {"lock_timeout": limit, "statement_timeout": limit})
 
     def _rollback(self) -> None:
         if self.src is not None and not self.src.closed and not self.src.broken:
@@ -384,14 +381,16 @@ class Freeze:
         self.marks[name] = round(time.monotonic() - self.t0, 3)
 
     def _timeouts(self) -> None:
-        limit = f"{max(1, int(self.options.max_freeze * 1000))}ms"
+        limit = session.duration(self.options.max_freeze)
         # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
         session.set_settings(
             self.src,
             {
                 "lock_timeout": limit,
                 "statement_timeout": limit,
-                "idle_in_transaction_session_timeout": f"{int(self.options.max_freeze * 2000) + 10000}ms",
+                "idle_in_transaction_session_timeout": session.duration(
+                    self.options.max_freeze * 2 + 10
+                ),
             },
         )
         session.set_settings(self.tgt, {"statement_timeout": limit}, local=False)
@@ -543,16 +542,16 @@ def finish_cutover(run: MoveRun) -> None:
     run.topo = Topology.load(run.topo.path, allow_inline_password=run.options.allow_inline_password)
     done: dict = {"switched": True}  # the switch is complete: nothing left to finish but cleanup
     if run.freeze_t0 is not None:
-        done["freeze_seconds"] = run.report["freeze_seconds"] = round(
+        done["freeze_seconds"] = run.report.freeze_seconds = round(
             time.monotonic() - run.freeze_t0, 3
         )
-        run.report["freeze_ended_at"] = time.time()
-    run.report["topology_flipped"] = flipped
+        run.report.freeze_ended_at = time.time()
+    run.report.topology_flipped = flipped
     run.progress("switch", 0, 0, "dropping the replication")
     run.drop_replication()
     run.both(Phase.CUT_OVER, done)
     if flipped or activated or run.freeze_t0 is not None:
         run.event(
             "move-shard cutover",
-            {"freeze_seconds": run.report.get("freeze_seconds"), "rows": run.report.get("rows")},
+            {"freeze_seconds": run.report.freeze_seconds, "rows": run.report.rows},
         )

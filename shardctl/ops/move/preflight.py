@@ -33,8 +33,8 @@ from ...sql.migrations import for_topology, steps_for, transactional_form
 from ...sql.render import render_shard
 from .run import MoveRun, require_version
 
-TRIAL_STATEMENT_TIMEOUT = "60s"
-TRIAL_LOCK_TIMEOUT = "5s"
+TRIAL_STATEMENT_TIMEOUT = 60.0  # seconds
+TRIAL_LOCK_TIMEOUT = 5.0
 
 PROBE_PUBLICATION = "shardctl_preflight_probe"  # never created: the probe fetches nothing
 SYNC_WORKERS_PER_SUBSCRIPTION = 1  # at least one table-sync worker beside each apply worker
@@ -208,7 +208,7 @@ def _reach_problems(run: MoveRun) -> list[str]:
                     f"{db.first_line(exc)}"
                 )
             ]
-    run.report["preflight_reach"] = True
+    run.report.preflight_reach = True
     return []
 
 
@@ -249,7 +249,10 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
         try:
             session.set_settings(
                 conn,
-                {"statement_timeout": TRIAL_STATEMENT_TIMEOUT, "lock_timeout": TRIAL_LOCK_TIMEOUT},
+                {
+                    "statement_timeout": session.duration(TRIAL_STATEMENT_TIMEOUT),
+                    "lock_timeout": session.duration(TRIAL_LOCK_TIMEOUT),
+                },
             )
             _trial_host_level(run, conn)
             conn.execute(render_shard(run.topo, shard))
@@ -275,5 +278,5 @@ def _trial_problems(run: MoveRun, rows: dict, facts: dict) -> list[str]:
             f"preflight: {', '.join(skipped)} cannot run in a transaction and had no transactional form "
             f"to try on {run.target.name}"
         )
-    run.report["preflight_trial"] = {"shard": shard, "migrations": len(steps), "skipped": skipped}
+    run.report.preflight_trial = {"shard": shard, "migrations": len(steps), "skipped": skipped}
     return []

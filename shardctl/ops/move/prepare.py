@@ -37,7 +37,7 @@ def prepare(run: MoveRun) -> None:
     if move.phase not in (Phase.NEW, Phase.PREPARING, Phase.PREPARED):
         run.note(f"prepare: already done (phase {move.phase})")
         return
-    run.report["phases_run"].append("prepare")
+    run.report.phases_run.append("prepare")
     t0 = time.perf_counter()
     if move.phases.get("target") is None:
         # before the source's shards are marked (and the preflight's trial)
@@ -58,7 +58,7 @@ def prepare(run: MoveRun) -> None:
     _compare_structure(run)
     run.both(Phase.PREPARED)
     checkpoint("after-prepare")
-    run.report["prepare_seconds"] = round(time.perf_counter() - t0, 3)
+    run.report.prepare_seconds = round(time.perf_counter() - t0, 3)
     run.event("move-shard prepare", {"source": move.source, "target": move.target})
 
 
@@ -217,7 +217,7 @@ def _create_on_target(run: MoveRun, conn: psycopg.Connection, plans: list[ShardP
         )
     except ConnectionLost as exc:
         raise OperationFailed(f"prepare on {run.target.name}: connection lost ({exc})") from None
-    run.report["prepare_streams"] = outcome.jobs
+    run.report.prepare_streams = outcome.jobs
     if outcome.failed:
         first = outcome.failed[0]
         raise OperationFailed(

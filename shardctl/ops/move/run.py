@@ -26,6 +26,7 @@ from ...model.ranges import format_shards, parse_shards
 from ...model.topology import Host, Topology
 from ...sql.catalog import control, replication, stubs
 from . import transfer
+from .report import MoveReport
 from .state import FINISHED, Phase, ShardState, check_transition, combined_phase
 
 # pg_advisory_lock(classid, objid) = ('SM', shard): "this shard is being moved" (session-level).
@@ -267,15 +268,13 @@ class MoveRun:
         self.progress: Progress = progress or (lambda step, done, total, note: None)
         self.source = topo.host(move.source)
         self.target = topo.host(move.target)
-        self.report: dict[str, Any] = {
-            "move_id": move.move_id,
-            "shards": format_shards(move.shards),
-            "shard_count": len(move.shards),
-            "source": move.source,
-            "target": move.target,
-            "phases_run": [],
-            "messages": [],
-        }
+        self.report = MoveReport(
+            move_id=move.move_id,
+            shards=format_shards(move.shards),
+            shard_count=len(move.shards),
+            source=move.source,
+            target=move.target,
+        )
         self.started = time.perf_counter()
         self.ledger: dict[int, list[tuple]] = {}  # source's ledger rows per shard (prepare)
         self.plans: list[ShardPlan] = []  # what prepare creates on the target
@@ -311,7 +310,7 @@ class MoveRun:
         return factory
 
     def note(self, message: str) -> None:
-        self.report["messages"].append(message)
+        self.report.messages.append(message)
         self.progress("note", 0, 0, message)
 
     def connect(self, host: Host, autocommit: bool = True) -> psycopg.Connection:
@@ -409,7 +408,7 @@ class MoveRun:
                 ),
             )
             conn.commit()  # host_jobs read the server's facts in a transaction of its own
-        self.report[f"{step}_drop_streams"] = streams
+        setattr(self.report, f"{step}_drop_streams", streams)  # prepare, abort or cleanup
         lock, done, stop = threading.Lock(), [0], threading.Event()
         self.progress(step, 0, len(shards), host_name)
 

@@ -46,7 +46,7 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
         run.note(f"sync: nothing to do (phase {phase})")
         return
     if not wait_only:
-        run.report["phases_run"].append("sync")
+        run.report.phases_run.append("sync")
     t0 = time.perf_counter()
     if phase == Phase.PREPARED:
         _size_to_target(run)
@@ -71,8 +71,8 @@ def sync(run: MoveRun, wait_only: bool = False) -> None:
     seconds = round(time.perf_counter() - t0, 3)
     if run.move.phase != Phase.SYNCED:
         run.both(Phase.SYNCED, {"tables": expected, "sync_seconds": seconds})
-    run.report["sync_seconds"] = seconds
-    run.report["tables"] = expected
+    run.report.sync_seconds = seconds
+    run.report.tables = expected
     checkpoint("after-sync")
 
 
@@ -158,7 +158,7 @@ def _copy_and_start(run: MoveRun, tgt: psycopg.Connection, planned: list[list[in
                     f"sync: copying {name} from {run.source.name} to {run.target.name}: "
                     f"{db.first_line(exc)}"
                 ) from None
-            run.report["copied_bytes"] = run.report.get("copied_bytes", 0) + copied
+            run.report.copied_bytes = (run.report.copied_bytes or 0) + copied
             run.both(Phase.SYNCING, {flag: True})
         # see start_subscription: no change skipped
         with run.connect(run.target, autocommit=False) as hold:
@@ -184,7 +184,7 @@ def _wait_ready(
             note += f", {errors} replication errors (see the target's log)"
         run.progress("sync", state["ready"], expected, note)
         if state["ready"] >= expected and state["tables"] >= expected:
-            run.report["lag_bytes"] = lag
+            run.report.lag_bytes = lag
             return True
         if state["ready"] != ready:
             progressed, ready = time.monotonic(), state["ready"]

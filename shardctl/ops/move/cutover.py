@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
@@ -275,24 +276,113 @@ def verify_after(
         )
 
 
-class Freeze:
+class BoundedFreeze:
+    """What every freeze shares (a move's cutover, an adoption's): one source transaction whose every
+    statement is bounded by what is left of ``max_freeze``: the timeouts, the table locks, the wait
+    until subscriptions have applied the source's WAL, the time marks. Subclasses open ``src`` (not
+    autocommit: the freeze's transaction) and ``aux`` (autocommit, the same server) and drive it."""
+
+    def __init__(self, max_freeze: float, progress: Callable[[str, int, int, str], None]):
+        self.max_freeze = max_freeze
+        self.progress = progress
+        self.t0 = 0.0
+        self.deadline = 0.0
+        self.marks: dict[str, float] = {}
+        self.src: psycopg.Connection | None = None
+        self.aux: psycopg.Connection | None = None
+
+    def start_clock(self) -> None:
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + self.max_freeze
+
+    def _budget(self) -> None:
+        """Bound the next statements by what is left of --max-freeze."""
+        left = self.deadline - time.monotonic()
+        if left < 0.001:
+            raise FreezeTimeout(f"the freeze used up --max-freeze {self.max_freeze:g}s")
+        limit = session.duration(left)
+        session.set_settings(self.src, {"lock_timeout": limit, "statement_timeout": limit})
+
+    def _rollback(self) -> None:
+        if self.src is not None and not self.src.closed and not self.src.broken:
+            try:
+                self.src.rollback()
+            except psycopg.Error:
+                pass
+
+    def _mark(self, name: str) -> None:
+        self.marks[name] = round(time.monotonic() - self.t0, 3)
+
+    def _timeouts(self) -> None:
+        limit = session.duration(self.max_freeze)
+        # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
+        session.set_settings(
+            self.src,
+            {
+                "lock_timeout": limit,
+                "statement_timeout": limit,
+                "idle_in_transaction_session_timeout": session.duration(self.max_freeze * 2 + 10),
+            },
+        )
+
+    def _lock(self, tables: list[tuple[str, str]]) -> None:
+        self.progress("freeze", 0, 0, "locking")
+        try:
+            self._budget()
+            data.lock_tables(self.src, tables, LOCKS_PER_STATEMENT)
+        except (
+            psycopg.errors.LockNotAvailable,
+            psycopg.errors.DeadlockDetected,
+            psycopg.errors.QueryCanceled,
+        ) as exc:
+            raise FreezeTimeout(
+                f"could not lock the tables within --max-freeze ({db.first_line(exc)})"
+            ) from None
+        self._mark("lock")
+        if time.monotonic() > self.deadline:
+            raise FreezeTimeout("taking the locks used up --max-freeze")
+
+    def _wait_applied(self, names: list[str]) -> None:
+        """Wait (within the budget) until the subscriptions of the slots ``names`` on the source have
+        applied its WAL up to now."""
+        # Why replay_lsn >= lsn means the target holds every row the locked source holds: each writer
+        # committed before the LOCK was granted, so its commit record ends before ``lsn``; a walsender
+        # sends transactions in commit order and a keepalive's position only after everything before
+        # it; the apply worker handles its messages in order and reports a position only between them,
+        # after committing what it received (worker.c send_feedback; streamed transactions too: the
+        # leader waits for the parallel worker at STREAM COMMIT). That holds only if the worker applies,
+        # not skips, what it receives: every table was registered before it streamed (see
+        # replication.start_subscription; rows written while it was not were the lost rows once seen here).
+        lsn = replication.wal_insert_lsn(self.src)
+        # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
+        session.synchronous_commit_on(self.aux)
+        self.progress("freeze", 0, 0, "waiting for lag 0")
+        transfer.wait_for(
+            lambda: replication.replayed(self.aux, names, lsn),
+            self.deadline,
+            lambda: FreezeTimeout(
+                f"the subscriptions did not apply the source's WAL up to {lsn} within "
+                f"--max-freeze {self.max_freeze:g}s"
+            ),
+            cap=transfer.FREEZE_POLL,
+        )
+        self._mark("caught_up")
+
+
+class Freeze(BoundedFreeze):
     """One freeze attempt: one source transaction that ends with the schemas renamed and guarded."""
 
     def __init__(
         self, run: MoveRun, tables_r: list[tuple[str, str]], tables_rp: list[tuple[str, str]]
     ):
+        super().__init__(run.options.max_freeze, run.progress)
         self.run = run
         self.move = run.move
         self.options = run.options
         self.tables_r = tables_r
         self.tables_rp = tables_rp
         self.names = run.move.names
-        self.t0 = 0.0
-        self.deadline = 0.0
-        self.marks: dict[str, float] = {}
-        self.src: psycopg.Connection | None = None
         self.tgt: psycopg.Connection | None = None
-        self.aux: psycopg.Connection | None = None
         # target, REPEATABLE READ as of lag 0 in the freeze
         self.snapshot: psycopg.Connection | None = None
 
@@ -304,12 +394,14 @@ class Freeze:
         self.aux = run.connect(run.source)
         try:
             self._timeouts()
+            session.set_settings(
+                self.tgt, {"statement_timeout": session.duration(self.max_freeze)}, local=False
+            )
             started_at = time.time()
-            self.t0 = time.monotonic()
-            self.deadline = self.t0 + self.options.max_freeze
-            self._lock()
+            self.start_clock()
+            self._lock(self.tables_rp)
             checkpoint("in-freeze")
-            self._wait_lag_zero()
+            self._wait_applied(self.names)
             self._take_snapshot()
             values = self._sequences()
             self._wait_clock()
@@ -361,80 +453,6 @@ class Freeze:
         self.snapshot.execute(session.REPEATABLE_READ_ONLY)
         self.snapshot.execute(session.PING)  # the snapshot is taken by the first query
         self._mark("snapshot")
-
-    def _budget(self) -> None:
-        """Bound the next statements by what is left of --max-freeze."""
-        left = self.deadline - time.monotonic()
-        if left < 0.001:
-            raise FreezeTimeout(f"the freeze used up --max-freeze {self.options.max_freeze:g}s")
-        limit = session.duration(left)
-        session.set_settings(self.src, {"lock_timeout": limit, "statement_timeout": limit})
-
-    def _rollback(self) -> None:
-        if self.src is not None and not self.src.closed and not self.src.broken:
-            try:
-                self.src.rollback()
-            except psycopg.Error:
-                pass
-
-    def _mark(self, name: str) -> None:
-        self.marks[name] = round(time.monotonic() - self.t0, 3)
-
-    def _timeouts(self) -> None:
-        limit = session.duration(self.options.max_freeze)
-        # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
-        session.set_settings(
-            self.src,
-            {
-                "lock_timeout": limit,
-                "statement_timeout": limit,
-                "idle_in_transaction_session_timeout": session.duration(
-                    self.options.max_freeze * 2 + 10
-                ),
-            },
-        )
-        session.set_settings(self.tgt, {"statement_timeout": limit}, local=False)
-
-    def _lock(self) -> None:
-        self.run.progress("freeze", 0, 0, "locking")
-        try:
-            self._budget()
-            data.lock_tables(self.src, self.tables_rp, LOCKS_PER_STATEMENT)
-        except (
-            psycopg.errors.LockNotAvailable,
-            psycopg.errors.DeadlockDetected,
-            psycopg.errors.QueryCanceled,
-        ) as exc:
-            raise FreezeTimeout(
-                f"could not lock the tables within --max-freeze ({db.first_line(exc)})"
-            ) from None
-        self._mark("lock")
-        if time.monotonic() > self.deadline:
-            raise FreezeTimeout("taking the locks used up --max-freeze")
-
-    def _wait_lag_zero(self) -> None:
-        # Why replay_lsn >= lsn means the target holds every row the locked source holds: each writer
-        # committed before the LOCK was granted, so its commit record ends before ``lsn``; a walsender
-        # sends transactions in commit order and a keepalive's position only after everything before
-        # it; the apply worker handles its messages in order and reports a position only between them,
-        # after committing what it received (worker.c send_feedback; streamed transactions too: the
-        # leader waits for the parallel worker at STREAM COMMIT). That holds only if the worker applies,
-        # not skips, what it receives: every table was registered before it streamed (see
-        # replication.start_subscription; rows written while it was not were the lost rows once seen here).
-        lsn = replication.wal_insert_lsn(self.src)
-        # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
-        session.synchronous_commit_on(self.aux)
-        self.run.progress("freeze", 0, 0, "waiting for lag 0")
-        transfer.wait_for(
-            lambda: replication.replayed(self.aux, self.names, lsn),
-            self.deadline,
-            lambda: FreezeTimeout(
-                f"the subscriptions did not apply the source's WAL up to {lsn} within "
-                f"--max-freeze {self.options.max_freeze:g}s"
-            ),
-            cap=transfer.FREEZE_POLL,
-        )
-        self._mark("caught_up")
 
     def _sequences(self) -> list[tuple[str, str, int]]:
         seqs = inspect.sequences(self.src, self.run.schemas)

@@ -1,0 +1,140 @@
+"""Where an adoption's cutover acts: the old database (the topology's ``adoption.source``), the fleet
+hosts that receive its rows, the tables on each side and the names of the replication objects
+(forward: ``shardctl_adopt_<host>``, made by ``adopt copy``; back: ``shardctl_adopt_back_<host>``,
+made by the cutover for ``--abort``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ...engine import connections as db
+from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
+from ...errors import BadInput
+from ...model.adoption import Adoption
+from ...model.topology import Host, Topology
+from ...sql.catalog import adopt_cutover as catalog
+from ..move.run import Progress
+
+FORWARD = "shardctl_adopt_{host}"
+BACK = "shardctl_adopt_back_{host}"
+
+
+@dataclass
+class Site:
+    """The topology's adoption, with what each step needs to reach and name."""
+
+    topo: Topology
+    adoption: Adoption
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+    progress: Progress = field(default=lambda step, done, total, note: None)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls, topo: Topology, connect_timeout: int, progress: Progress | None, need_source: bool
+    ) -> Site:
+        adoption = topo.adoption
+        if adoption is None:
+            raise BadInput(
+                "the topology has no adoption section: run `shardctl adopt copy` first (it writes it)"
+            )
+        if need_source and adoption.source is None:
+            raise BadInput(
+                "adoption.source is gone from the topology (cleaned up): nothing to cut over or abort"
+            )
+        return cls(topo, adoption, connect_timeout, progress or (lambda s, d, t, n: None))
+
+    # ---- hosts -------------------------------------------------------------------------------
+    @property
+    def source(self) -> Host:
+        return self.adoption.source
+
+    @property
+    def schema(self) -> str:
+        return self.adoption.schema
+
+    @property
+    def global_host(self) -> Host:
+        return self.topo.host(self.topo.global_host or self.topo.hosts[0].name)
+
+    def fleet_hosts(self) -> list[Host]:
+        """Every fleet host that receives rows: those owning shards, and the global tables' host."""
+        glob = self.global_host.name
+        return [h for h in self.topo.hosts if h.shards or (h.name == glob and self.globals)]
+
+    def connect(self, host: Host, autocommit: bool = True) -> psycopg.Connection:
+        return db.connect(
+            host,
+            autocommit=autocommit,
+            connect_timeout=self.connect_timeout,
+            purpose="adopt cutover",
+        )
+
+    # ---- tables ------------------------------------------------------------------------------
+    @property
+    def tables(self) -> list[str]:
+        return sorted(self.adoption.tables)
+
+    @property
+    def globals(self) -> list[str]:
+        return list(self.adoption.globals)
+
+    def source_tables(self) -> list[tuple[str, str]]:
+        """Every adopted table on the old database: the sharded ones, then the global ones."""
+        return [(self.schema, t) for t in self.tables + self.globals]
+
+    def parents(self, host: Host) -> list[tuple[str, str]]:
+        """What ``host`` holds under the old database's names: a partitioned parent per sharded table
+        (when the host owns shards), and the global tables on the global host."""
+        out = [(self.schema, t) for t in self.tables] if host.shards else []
+        if host.name == self.global_host.name:
+            out += [(self.schema, t) for t in self.globals]
+        return out
+
+    def shard_tables(self, host: Host) -> list[tuple[str, str]]:
+        """The shard tables of ``host`` that are partitions of the parents, and its global tables."""
+        out = [(self.topo.schema_name(n), t) for n in host.shards for t in self.tables]
+        if host.name == self.global_host.name:
+            out += [(self.schema, t) for t in self.globals]
+        return out
+
+    # ---- names -------------------------------------------------------------------------------
+    @staticmethod
+    def forward(host: Host) -> str:
+        return FORWARD.format(host=host.name)
+
+    @staticmethod
+    def back(host: Host) -> str:
+        return BACK.format(host=host.name)
+
+    def forward_names(self) -> list[str]:
+        return [self.forward(h) for h in self.fleet_hosts()]
+
+    def back_names(self) -> list[str]:
+        return [self.back(h) for h in self.fleet_hosts()]
+
+    # ---- the run's record --------------------------------------------------------------------
+    def run_state(self, src: psycopg.Connection) -> tuple[str, dict]:
+        state = catalog.read_run(src)
+        if state is None:
+            raise BadInput(
+                f"no adoption run is recorded on the old database ({self.source.name}): run "
+                f"`shardctl adopt copy` first"
+            )
+        return state
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def each_host(site: Site, hosts: list[Host], work: Callable[[Host, psycopg.Connection], Any]) -> dict:
+    """``work(host, conn)`` on each host in turn (an autocommit connection); host name → its answer."""
+    out = {}
+    for host in hosts:
+        with site.connect(host) as conn:
+            out[host.name] = work(host, conn)
+    return out

@@ -1,0 +1,153 @@
+"""What ``adopt cutover`` (and its ``--abort`` and ``--cleanup``) sends: the run's record on the old
+database (``shardctl_adopt.run``), the way back (a publication of each fleet host's partitioned
+parents ``WITH (publish_via_partition_root = true)``, subscribed on the old database with
+``origin = none``), replica identities, and the parents' partitions detached and dropped.
+
+The guard triggers and redirects are the move's (``stubs.guard_sql``, ``control.write_redirects``)."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from .control import dumps
+
+RUN_TABLE = "shardctl_adopt.run"
+
+
+def run_exists(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT to_regclass('shardctl_adopt.run') IS NOT NULL").fetchone()[0]
+
+
+def read_run(conn: psycopg.Connection, lock: bool = False) -> tuple[str, dict] | None:
+    """(phase, detail) of the adoption run recorded on the old database, None without one;
+    ``lock``: FOR UPDATE (the caller's transaction then owns the record)."""
+    if not run_exists(conn):
+        return None
+    row = conn.execute(
+        "SELECT phase, detail FROM shardctl_adopt.run" + (" FOR UPDATE" if lock else "")
+    ).fetchone()
+    return None if row is None else (row[0], dict(row[1] or {}))
+
+
+def set_run(conn: psycopg.Connection, phase: str, detail: dict) -> None:
+    """Record the run's ``phase``, merging ``detail``'s keys into its detail (one level deep)."""
+    conn.execute(
+        """UPDATE shardctl_adopt.run SET phase = %s, detail = coalesce(detail, '{}') || %s::jsonb,
+                  updated_at = clock_timestamp()""",
+        (phase, dumps(detail)),
+    )
+
+
+def relation_exists(conn: psycopg.Connection, schema: str, table: str) -> bool:
+    return conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(schema, table).as_string(conn),)
+    ).fetchone()[0]
+
+
+def partitions(conn: psycopg.Connection, schema: str, table: str) -> list[tuple[str, str]]:
+    """(schema, table) of each partition attached to ``schema.table`` (none when it is not a parent)."""
+    return [
+        (r[0], r[1])
+        for r in conn.execute(
+            """SELECT n.nspname, c.relname FROM pg_inherits i
+                 JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE i.inhparent = to_regclass(%s) ORDER BY 1, 2""",
+            (sql.Identifier(schema, table).as_string(conn),),
+        ).fetchall()
+    ]
+
+
+def is_partitioned(conn: psycopg.Connection, schema: str, table: str) -> bool:
+    row = conn.execute(
+        "SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)",
+        (sql.Identifier(schema, table).as_string(conn),),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def replica_identities(conn: psycopg.Connection, items: list[tuple[str, str]]) -> dict[str, str]:
+    """``schema.table`` → relreplident (d n f i) of each of ``items`` that exists."""
+    names = [sql.Identifier(s, t).as_string(conn) for s, t in items]
+    return dict(
+        conn.execute(
+            """SELECT n.nspname || '.' || c.relname, c.relreplident::text FROM pg_class c
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE c.oid = ANY(SELECT to_regclass(x) FROM unnest(%s::text[]) x)""",
+            (names,),
+        ).fetchall()
+    )
+
+
+def set_replica_identity_sql(schema: str, table: str, full: bool) -> sql.Composed:
+    """REPLICA IDENTITY FULL, or back to DEFAULT (the primary key)."""
+    return sql.SQL("ALTER TABLE {} REPLICA IDENTITY {};\n").format(
+        sql.Identifier(schema, table), sql.SQL("FULL" if full else "DEFAULT")
+    )
+
+
+def create_root_publication(
+    conn: psycopg.Connection, name: str, items: list[tuple[str, str]]
+) -> bool:
+    """A publication of ``items`` whose partitions' changes go out as their parent's (the old
+    database has one table where the fleet has a parent and its partitions). False if it exists."""
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone():
+        return False
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)").format(
+            sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s, t) for s, t in items)
+        )
+    )
+    return True
+
+
+def create_back_subscription(
+    conn: psycopg.Connection, name: str, conninfo: str
+) -> None:
+    """The subscription that carries the fleet's writes back to the old database: created disabled and
+    without connecting (the statement holds the password; see replication.create_subscription), on the
+    slot made before the freeze, ``origin = none``: the rows the forward subscription applied on the
+    fleet (they have a replication origin) never come back, only the fleet's own writes."""
+    conn.execute(
+        sql.SQL(
+            "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (connect = false, "
+            "enabled = false, create_slot = false, slot_name = {}, origin = none)"
+        ).format(
+            sql.Identifier(name), sql.Literal(conninfo), sql.Identifier(name), sql.Literal(name)
+        )
+    )
+
+
+def detach_and_drop_sql(
+    parent: tuple[str, str], children: list[tuple[str, str]]
+) -> sql.Composed:
+    """Detach every partition from ``parent`` (they stay, as the shards' own tables), then drop it."""
+    parts = [
+        sql.SQL("ALTER TABLE {} DETACH PARTITION {};\n").format(
+            sql.Identifier(*parent), sql.Identifier(*c)
+        )
+        for c in children
+    ]
+    parts.append(sql.SQL("DROP TABLE IF EXISTS {};\n").format(sql.Identifier(*parent)))
+    return sql.Composed(parts)
+
+
+def drop_guards_sql(items: list[tuple[str, str]]) -> str:
+    """The guard trigger dropped from each of ``items`` (the move's ``stubs.unguard_sql``)."""
+    from .stubs import unguard_sql
+
+    return "".join(unguard_sql(s, t) for s, t in items)
+
+
+def drop_control_schema(conn: psycopg.Connection) -> None:
+    """The ``shardctl`` schema the cutover made on the old database (its guard function, its
+    redirects), once nothing uses it."""
+    conn.execute("DROP SCHEMA IF EXISTS shardctl CASCADE")
+
+
+def has_shard_rows(conn: psycopg.Connection) -> bool:
+    """Whether this database is a fleet host (its control schema lists shards): then the control
+    schema is not the cutover's to drop."""
+    return conn.execute(
+        "SELECT to_regclass('shardctl.shards') IS NOT NULL AND EXISTS (SELECT FROM shardctl.shards)"
+    ).fetchone()[0]

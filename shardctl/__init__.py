@@ -41,7 +41,16 @@ _LAZY_MODULES = {
     ),
     "ops.gate": ("check_against_base", "GateResult"),
     "ops.import_history": ("import_history", "ImportResult"),
-    "ops.adopt": ("adopt_plan", "adopt_baseline", "AdoptPlan", "BaselineResult"),
+    "ops.adopt": (
+        "adopt_plan",
+        "adopt_baseline",
+        "adopt_cutover",
+        "adopt_abort",
+        "adopt_cleanup",
+        "AdoptPlan",
+        "BaselineResult",
+        "CutoverResult",
+    ),
 }
 _LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 _OPERATIONS = tuple(
@@ -56,6 +65,7 @@ __all__ = [
     "BadInput",
     "BaselineResult",
     "ConfigError",
+    "CutoverResult",
     "FleetReport",
     "GateResult",
     "Host",
@@ -83,7 +93,10 @@ __all__ = [
     "abort_move",
     "add_host",
     "add_shard",
+    "adopt_abort",
     "adopt_baseline",
+    "adopt_cleanup",
+    "adopt_cutover",
     "adopt_plan",
     "check_against_base",
     "cleanup_move",

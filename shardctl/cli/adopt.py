@@ -1,4 +1,5 @@
-"""``shardctl adopt``: bring one live PostgreSQL database into the fleet (``plan``, ``baseline``)."""
+"""``shardctl adopt``: bring one live PostgreSQL database into the fleet (``plan``, ``baseline``,
+``cutover`` with ``--abort`` and ``--cleanup``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import click
 from . import cli, json_option, settings
 from .options import connect_timeout_option
 from .output import stdout, table
-from .params import flag_option
+from .params import AsciiFloat, AsciiInt, flag_option, shown_option
 
 
 @cli.group("adopt")
@@ -157,5 +158,53 @@ def baseline_cmd(as_json: bool, dry_run: bool, **given: Any) -> None:
             )
         for item in result.not_carried:
             stdout.print(f"not carried: {item}", highlight=False)
+
+    finish(as_json, result.to_dict(), human, None)
+
+
+@adopt_group.command("cutover")
+@shown_option(
+    "--max-freeze",
+    AsciiFloat(0.01, 3600),
+    0.5,
+    "Seconds writes to the adopted tables may be frozen; past it the attempt is rolled back.",
+)
+@shown_option("--attempts", AsciiInt(1, 100), 3, "Freezes to try before giving up.")
+@flag_option("--abort", help="Make the old database authoritative again (until --cleanup).")
+@flag_option("--cleanup", help="Drop the way back and the parents: the adoption is final.")
+@json_option
+@connect_timeout_option
+def cutover_cmd(as_json: bool, abort: bool, cleanup: bool, **given: Any) -> None:
+    """Switch the adopted tables to the fleet in a freeze bounded by --max-freeze (the old database
+    refuses writes from then on); --abort switches back with the writes made since; --cleanup makes it final."""
+    topo = settings().topology()
+    from ..errors import BadInput
+
+    if abort and cleanup:
+        raise BadInput("--abort and --cleanup exclude each other")
+    from ..ops.adopt import adopt_abort, adopt_cleanup, adopt_cutover
+    from .move import move_progress
+    from .options import finish
+
+    with move_progress(not as_json) as progress:
+        if cleanup:
+            result = adopt_cleanup(
+                topo, connect_timeout=given["connect_timeout"], progress=progress
+            )
+        else:
+            run = adopt_abort if abort else adopt_cutover
+            result = run(topo, progress=progress, **given)
+
+    def human() -> None:
+        what = {"cutover": "cut over", "abort": "aborted", "cleanup": "cleaned up"}[result.action]
+        line = f"adopt {what}: phase {result.phase}, authoritative: {result.authoritative or '-'}"
+        if result.freeze_seconds is not None:
+            line += f"; writes frozen {result.freeze_seconds:.3f}s ({result.attempts} attempt(s))"
+        stdout.print(line, highlight=False)
+        for kind, names in result.dropped.items():
+            if names:
+                stdout.print(f"dropped {kind}: {', '.join(names)}", highlight=False)
+        for note in result.notes:
+            stdout.print(f"note: {note}", highlight=False)
 
     finish(as_json, result.to_dict(), human, None)

@@ -131,7 +131,9 @@ class Site:
         self.notes.append(message)
 
 
-def each_host(site: Site, hosts: list[Host], work: Callable[[Host, psycopg.Connection], Any]) -> dict:
+def each_host(
+    site: Site, hosts: list[Host], work: Callable[[Host, psycopg.Connection], Any]
+) -> dict:
     """``work(host, conn)`` on each host in turn (an autocommit connection); host name → its answer."""
     out = {}
     for host in hosts:

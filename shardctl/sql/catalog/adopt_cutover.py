@@ -94,16 +94,14 @@ def create_root_publication(
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone():
         return False
     conn.execute(
-        sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)").format(
-            sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s, t) for s, t in items)
-        )
+        sql.SQL(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)"
+        ).format(sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(s, t) for s, t in items))
     )
     return True
 
 
-def create_back_subscription(
-    conn: psycopg.Connection, name: str, conninfo: str
-) -> None:
+def create_back_subscription(conn: psycopg.Connection, name: str, conninfo: str) -> None:
     """The subscription that carries the fleet's writes back to the old database: created disabled and
     without connecting (the statement holds the password; see replication.create_subscription), on the
     slot made before the freeze, ``origin = none``: the rows the forward subscription applied on the
@@ -118,9 +116,7 @@ def create_back_subscription(
     )
 
 
-def detach_and_drop_sql(
-    parent: tuple[str, str], children: list[tuple[str, str]]
-) -> sql.Composed:
+def detach_and_drop_sql(parent: tuple[str, str], children: list[tuple[str, str]]) -> sql.Composed:
     """Detach every partition from ``parent`` (they stay, as the shards' own tables), then drop it."""
     parts = [
         sql.SQL("ALTER TABLE {} DETACH PARTITION {};\n").format(
@@ -137,17 +133,3 @@ def drop_guards_sql(items: list[tuple[str, str]]) -> str:
     from .stubs import unguard_sql
 
     return "".join(unguard_sql(s, t) for s, t in items)
-
-
-def drop_control_schema(conn: psycopg.Connection) -> None:
-    """The ``shardctl`` schema the cutover made on the old database (its guard function, its
-    redirects), once nothing uses it."""
-    conn.execute("DROP SCHEMA IF EXISTS shardctl CASCADE")
-
-
-def has_shard_rows(conn: psycopg.Connection) -> bool:
-    """Whether this database is a fleet host (its control schema lists shards): then the control
-    schema is not the cutover's to drop."""
-    return conn.execute(
-        "SELECT to_regclass('shardctl.shards') IS NOT NULL AND EXISTS (SELECT FROM shardctl.shards)"
-    ).fetchone()[0]

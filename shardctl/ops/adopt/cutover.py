@@ -1,0 +1,342 @@
+"""``adopt cutover``: the old database stops taking writes to the adopted tables and the fleet becomes
+authoritative, in a freeze bounded by ``--max-freeze`` whatever the data size.
+
+Before the freeze (writes go on): ``adopt verify`` must have recorded success; the way back is made
+(on each fleet host a publication of its parents ``WITH (publish_via_partition_root = true)`` and its
+slot, the parents' replica identity FULL), the control objects the guard and the redirects need
+(schema ``shardctl`` on the old database), and the forward subscriptions' lag must be small.
+
+The freeze, the move's (``ops/move/cutover.BoundedFreeze``): one transaction on the old database,
+``LOCK … IN EXCLUSIVE MODE`` on the adopted tables, wait until every forward subscription applied its
+WAL up to there, the global tables' sequences set on the global host, a guard trigger on each adopted
+table (SQLSTATE ``SCM01``, one line naming the new home, for direct clients), a redirect per shard
+(Routers whose topology copy still says ``authoritative: source`` follow it to the fleet), the run
+recorded ``cut_over``; commit. A failed or late attempt rolls back: the source stays authoritative.
+
+Then: ``adoption.authoritative: fleet`` in the topology file, the forward replication dropped, and the
+way back started: a subscription per fleet host on the old database (``origin = none``: only the
+fleet's own writes come back, none the forward copy applied), so ``--abort`` has every write made
+after the cutover. The guards do not stop it (its apply worker runs as ``replica``). Each step is
+idempotent: a run killed anywhere is finished by running the command again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from ...engine import connections as db
+from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
+from ...errors import BadInput, FreezeTimeout, OperationFailed, WaitTimeout
+from ...model.documents import Result
+from ...model.dsn import mask
+from ...model.topology import Host, Topology
+from ...model.topology_file import flip_adoption
+from ...sql.catalog import adopt_cutover as catalog
+from ...sql.catalog import control, inspect, replication, stubs
+from ..move import transfer
+from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze
+from ..move.run import Progress, checkpoint, human_bytes, server_side
+from .site import Site
+
+CUT_OVER = "cut_over"
+READY = ("copying", "synced")  # phases a cutover may start from (verify decides whether to)
+SEQUENCE_MARGIN = 1000  # global tables' sequences on the global host start past the source's
+
+
+@dataclass
+class CutoverResult(Result):
+    """What ``adopt cutover`` (``action``: cutover, abort or cleanup) did."""
+
+    command = "adopt cutover"
+
+    action: str
+    phase: str
+    authoritative: str | None
+    attempts: int = 0
+    freeze_seconds: float | None = None  # the old database's tables locked, to its commit
+    freeze_lock_seconds: float | None = None
+    freeze_caught_up_seconds: float | None = None
+    topology_flipped: bool = False
+    dropped: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return True  # a cutover that cannot finish raises
+
+    def raise_for_status(self) -> CutoverResult:
+        return self
+
+
+def adopt_cutover(
+    topo: Topology,
+    *,
+    max_freeze: float = 0.5,
+    attempts: int = 3,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    progress: Progress | None = None,
+) -> CutoverResult:
+    """Make the fleet authoritative for the adopted tables (see the module's text)."""
+    if max_freeze <= 0 or attempts < 1:
+        raise BadInput("--max-freeze must be above 0 and --attempts at least 1")
+    t0 = time.perf_counter()
+    site = Site.of(topo, connect_timeout, progress, need_source=True)
+    result = CutoverResult("cutover", "", site.adoption.authoritative)
+    with site.connect(site.source) as src:
+        phase, detail = site.run_state(src)
+    if phase == CUT_OVER:
+        site.note("the old database was already frozen: finishing the switch")
+    elif phase in READY:
+        _require_verified(detail)
+        prepare(site)
+        _freeze(site, max_freeze, attempts, result)
+    else:
+        raise BadInput(
+            f"the adoption is in phase {phase}: a cutover needs a running copy ({', '.join(READY)}); "
+            f"see `shardctl adopt status`"
+        )
+    result.topology_flipped, result.dropped = finish(site)
+    result.phase, result.authoritative, result.notes = CUT_OVER, "fleet", site.notes
+    result.seconds = round(time.perf_counter() - t0, 3)
+    return result
+
+
+def _require_verified(detail: dict) -> None:
+    """The precondition ``adopt verify`` provides: its last run recorded success in the run's detail
+    (``detail.verify.ok``). Without it, nothing is frozen."""
+    verify = detail.get("verify") or {}
+    if verify.get("ok") is not True:
+        why = "never ran" if not verify else "found differences"
+        raise BadInput(
+            f"adopt verify {why}: the cutover needs a verified copy (run `shardctl adopt verify` "
+            f"until it passes); nothing was frozen"
+        )
+
+
+def prepare(site: Site) -> None:
+    """Before the freeze, idempotent: the control objects on the old database, and the way back on
+    each fleet host (parents' replica identity FULL, the publication, its slot)."""
+    with site.connect(site.source) as src:
+        control.ensure_move_objects(src)  # the guard function and the redirects table
+    for host in site.fleet_hosts():
+        with site.connect(host) as conn:
+            parents = site.parents(host)
+            ident = catalog.replica_identities(conn, parents)
+            alter = [
+                catalog.set_replica_identity_sql(s, t, full=True)
+                for s, t in parents
+                if ident.get(f"{s}.{t}") not in ("f", None) and catalog.is_partitioned(conn, s, t)
+            ]
+            # A parent has no key of its own: changes published as the parent's must carry every
+            # column, so the old database can find the row by its own identity.
+            for stmt in alter:
+                conn.execute(stmt)
+            name = site.back(host)
+            catalog.create_root_publication(conn, name, parents)
+            if not replication.slot_exists(conn, name):
+                replication.create_slot(conn, name)
+    checkpoint("adopt-prepared")
+
+
+def _wait_small_lag(site: Site, src: psycopg.Connection, deadline: float) -> None:
+    """Before freezing, the forward subscriptions must be a few MB behind at most."""
+    names = site.forward_names()
+    lag: int | None = None
+
+    def caught_up() -> bool:
+        nonlocal lag
+        lag = replication.slot_lag(src, names)
+        if lag is None:
+            raise OperationFailed(
+                f"cutover: the copy's replication slots ({', '.join(names)}) are missing on the old "
+                f"database: run `shardctl adopt copy` again"
+            )
+        site.progress("catch-up", 0, 0, f"lag {human_bytes(lag)}")
+        return lag <= CATCH_UP_BYTES
+
+    transfer.wait_for(
+        caught_up,
+        deadline,
+        lambda: WaitTimeout(
+            f"cutover: the copy stays {human_bytes(lag or 0)} behind the old database: a freeze now "
+            f"could not finish within --max-freeze; nothing was frozen, try when the load is lower"
+        ),
+    )
+
+
+def _freeze(site: Site, max_freeze: float, attempts: int, result: CutoverResult) -> None:
+    last: Exception | None = None
+    for attempt in range(1, attempts + 1):
+        result.attempts = attempt
+        with site.connect(site.source) as src:
+            _wait_small_lag(site, src, time.monotonic() + max(30.0, max_freeze * 6))
+        freeze = AdoptFreeze(site, max_freeze)
+        try:
+            freeze.attempt()
+        except FreezeTimeout as exc:
+            last = exc
+            site.note(f"cutover attempt {attempt}: {exc}; writes resumed on the old database")
+            time.sleep(min(5.0, attempt * 0.5))
+            continue
+        result.freeze_seconds = freeze.marks.get("commit")
+        result.freeze_lock_seconds = freeze.marks.get("lock")
+        result.freeze_caught_up_seconds = freeze.marks.get("caught_up")
+        return
+    raise OperationFailed(
+        f"cutover: gave up after {attempts} attempts ({last}); the old database stays "
+        f"authoritative; run the cutover again or raise --max-freeze"
+    )
+
+
+def guard_message(site: Site, table: str) -> str:
+    """What a direct client writing an adopted table on the old database is told: one line."""
+    hosts = ", ".join(h.name for h in site.fleet_hosts())
+    return (
+        f"table {site.schema}.{table} was adopted into the shardctl fleet ({hosts}; topology "
+        f"{site.topo.path}): write through shardctl's Router"
+    )
+
+
+class AdoptFreeze(BoundedFreeze):
+    """One freeze attempt on the old database (see the module's text)."""
+
+    def __init__(self, site: Site, max_freeze: float):
+        super().__init__(max_freeze, site.progress)
+        self.site = site
+
+    def attempt(self) -> None:
+        site = self.site
+        self.src = src = site.connect(site.source, autocommit=False)
+        self.aux = site.connect(site.source)
+        glob = site.connect(site.global_host) if site.globals else None
+        try:
+            self._timeouts()
+            self.start_clock()
+            self._lock(site.source_tables())
+            checkpoint("adopt-in-freeze")
+            self._wait_applied(site.forward_names())
+            if glob is not None:
+                self._sequences(glob)
+            self._budget()
+            self._retire()
+            if time.monotonic() > self.deadline:
+                raise FreezeTimeout(
+                    f"the freeze ran past --max-freeze {self.max_freeze:g}s before its commit"
+                )
+            src.commit()
+            self._mark("commit")
+            checkpoint("adopt-after-freeze")
+        except psycopg.errors.QueryCanceled as exc:
+            self._rollback()
+            raise FreezeTimeout(
+                f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})"
+            ) from None
+        except BaseException:
+            self._rollback()
+            raise
+        finally:
+            for c in (self.src, self.aux, glob):
+                if c is not None:
+                    c.close()
+
+    def _sequences(self, glob: psycopg.Connection) -> None:
+        """The global tables keep their sequences: on the global host, past the source's values."""
+        schema = self.site.schema
+        there = inspect.sequences(glob, [schema])
+        values = [
+            (s, n, min(int(v["last_value"]) + SEQUENCE_MARGIN, int(v["max_value"])))
+            for (s, n), v in inspect.sequences(self.src, [schema]).items()
+            if v["last_value"] is not None and (s, n) in there
+        ]
+        inspect.set_sequences(glob, values)
+        self._mark("sequences")
+
+    def _retire(self) -> None:
+        site, src = self.site, self.src
+        src.execute(
+            "".join(stubs.guard_sql(s, t, guard_message(site, t)) for s, t in site.source_tables())
+        )
+        for host in site.topo.hosts:
+            if host.shards:
+                control.write_redirects(
+                    src,
+                    host.shards,
+                    [site.topo.schema_name(n) for n in host.shards],
+                    host.name,
+                    host.dsn,
+                    "adoption",
+                )
+        catalog.set_run(
+            src,
+            CUT_OVER,
+            {
+                "cutover": {
+                    "at": time.time(),
+                    "freeze_caught_up_seconds": self.marks.get("caught_up"),
+                }
+            },
+        )
+        self._mark("retired")
+
+
+def finish(site: Site) -> tuple[bool, dict]:
+    """After the freeze committed: the topology flipped, the forward replication dropped, the way back
+    started. Idempotent. Returns (whether this call flipped the file, what was dropped)."""
+    flipped = flip_adoption(site.topo.path, "fleet")
+    checkpoint("adopt-after-flip")
+    dropped = drop_forward(site)
+    checkpoint("adopt-after-forward-dropped")
+    start_back(site)
+    with site.connect(site.source) as src, src.transaction():
+        catalog.set_run(src, CUT_OVER, {"switched": True})
+    return flipped, dropped
+
+
+def drop_forward(site: Site) -> dict:
+    """The copy's subscriptions (fleet hosts), publications and slots (old database). Idempotent."""
+    names = site.forward_names()
+    out: dict[str, list] = {"subscriptions": [], "publications": [], "slots": []}
+    oids: list[int] = []
+    for host in site.fleet_hosts():
+        with site.connect(host) as conn:
+            name = site.forward(host)
+            oids += list(replication.subscriptions(conn, [name]).values())
+            if replication.drop_subscription(conn, name) != "absent":
+                out["subscriptions"].append(f"{host.name}:{name}")
+    with site.connect(site.source) as src:
+        out["publications"] = replication.drop_publications(src, names)
+        out["slots"] = transfer.drop_slots(src, names, oids)
+    return out
+
+
+def back_conninfo(site: Site, host: Host) -> str:
+    """How the old database's server reaches a fleet host (its peer DSN, else its DSN, server-side)."""
+    from psycopg import conninfo as pg_conninfo
+
+    kwargs = host.connect_kwargs(purpose="peer")
+    dsn = str(kwargs.pop("conninfo"))
+    if not host.peer_dsn:
+        dsn = server_side(dsn)
+    password = kwargs.get("password")
+    return pg_conninfo.make_conninfo(dsn, password=password) if password else dsn
+
+
+def start_back(site: Site) -> None:
+    """On the old database, a subscription per fleet host on the slot made before the freeze: every
+    write made on the fleet after the cutover reaches the old tables (for ``--abort``)."""
+    with site.connect(site.source) as src, site.connect(site.source, autocommit=False) as hold:
+        for host in site.fleet_hosts():
+            name = site.back(host)
+            if name not in replication.subscriptions(src, [name]):
+                try:
+                    catalog.create_back_subscription(src, name, back_conninfo(site, host))
+                except psycopg.Error as exc:
+                    raise OperationFailed(
+                        f"cutover: the way back from {host.name} could not be made on the old "
+                        f"database ({db.first_line(exc)}; {mask(host.dsn)})"
+                    ) from None
+            replication.start_subscription(src, name, False, hold, site.parents(host))

@@ -1,0 +1,349 @@
+"""``adopt cutover``, ``--abort`` and ``--cleanup`` on a small old database and a 2-host fleet.
+
+The forward copy is made here the way ADOPT.md fixes it (``adopt copy`` builds the same objects): per
+fleet host a publication ``shardctl_adopt_<host>`` with row filters on ``key % N``, its slot, the
+partitioned parents in ``public`` whose partitions are the host's shard tables, the subscription; the
+run's record in ``shardctl_adopt.run`` with a passed verification. Judged against the old database's
+rows and the acknowledged writes (tests/support/history.py), never by the cutover's own report."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from support import crash_at
+from support.fleet import load, run_cli, stale_copy
+from support.history import History
+
+from shardctl.router import Router
+
+SHARDS = 4
+TABLES = {"users": "id", "photos": "user_id", "likes": "user_id"}  # table -> key
+ID_FLOOR = 1 << 40
+SOURCE_DDL = """
+CREATE TABLE users (id bigserial PRIMARY KEY, username text NOT NULL,
+                    created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE photos (id bigserial PRIMARY KEY, user_id bigint NOT NULL, caption text,
+                     created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE likes (id bigserial PRIMARY KEY, photo_id bigint NOT NULL, user_id bigint NOT NULL,
+                    created_at timestamptz NOT NULL DEFAULT now(), UNIQUE (photo_id, user_id));
+CREATE TABLE plans (id serial PRIMARY KEY, name text NOT NULL);
+ALTER TABLE photos REPLICA IDENTITY FULL;
+ALTER TABLE likes REPLICA IDENTITY FULL;
+CREATE SCHEMA shardctl_adopt;
+CREATE TABLE shardctl_adopt.run (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one), phase text NOT NULL, plan_hash text NOT NULL,
+    topology text, started_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(), detail jsonb NOT NULL DEFAULT '{}');
+"""
+
+
+def adoption_text(dsn: str) -> str:
+    tables = ", ".join(f"{t}: {{id: id, key: {k}}}" for t, k in TABLES.items())
+    return (
+        f'adoption:\n  source: {{dsn: "{dsn}"}}\n  schema: public\n  authoritative: source\n'
+        f"  id_floor: {ID_FLOOR}\n  tables: {{{tables}}}\n  globals: [plans]\n"
+    )
+
+
+def sql(conn: psycopg.Connection, text: str, *args) -> list[tuple]:
+    cur = conn.execute(text, args)
+    return cur.fetchall() if cur.description else []
+
+
+def load_source(src: psycopg.Connection, users: int) -> None:
+    """``users`` users, 4 photos and 2 likes each, 3 plans (the old app's rows)."""
+    sql(src, "INSERT INTO users (username) SELECT 'u' || g FROM generate_series(1, %s) g", users)
+    sql(
+        src,
+        "INSERT INTO photos (user_id, caption) SELECT u.id, 'old' FROM users u, generate_series(1, 4)",
+    )
+    sql(
+        src,
+        "INSERT INTO likes (photo_id, user_id) SELECT p.id, p.user_id FROM photos p WHERE p.id %% 2 = 0",
+    )
+    sql(src, "INSERT INTO plans (name) VALUES ('free'), ('pro'), ('team')")
+
+
+def forward(path: Path, src_dsn: str) -> None:
+    """What ``adopt copy`` leaves: publications, slots, parents, subscriptions (rows stream after)."""
+    topo = load(path)
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        for host in topo.hosts:
+            mine = ", ".join(str(n) for n in host.shards)
+            items = [f"public.{t} WHERE (({k} %% {SHARDS}) IN ({mine}))" for t, k in TABLES.items()]
+            if host.name == topo.hosts[0].name:
+                items.append("public.plans")
+            name = f"shardctl_adopt_{host.name}"
+            sql(src, f"CREATE PUBLICATION {name} FOR TABLE {', '.join(items)}")
+            sql(src, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", name)
+    for i, host in enumerate(topo.hosts):
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            for t, k in TABLES.items():
+                first = topo.schema_name(host.shards[0])
+                sql(
+                    conn,
+                    f"CREATE TABLE public.{t} (LIKE {first}.{t}) PARTITION BY LIST (({k} %% {SHARDS}))",
+                )
+                for n in host.shards:
+                    sql(
+                        conn,
+                        f"ALTER TABLE public.{t} ATTACH PARTITION {topo.schema_name(n)}.{t} FOR VALUES IN ({n})",
+                    )
+            if i == 0:
+                sql(conn, "CREATE TABLE public.plans (id serial PRIMARY KEY, name text NOT NULL)")
+            name = f"shardctl_adopt_{host.name}"
+            sql(
+                conn,
+                f"CREATE SUBSCRIPTION {name} CONNECTION '{src_dsn}' PUBLICATION {name} "
+                f"WITH (create_slot = false, slot_name = '{name}', copy_data = false)",
+            )
+
+
+def wait_applied(src_dsn: str, timeout: float = 30) -> None:
+    """Until every forward slot has confirmed the old database's WAL up to now."""
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        lsn = sql(src, "SELECT pg_current_wal_lsn()")[0][0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            behind = sql(
+                src,
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'shardctl\\_adopt\\_%%' "
+                "AND (confirmed_flush_lsn IS NULL OR confirmed_flush_lsn < %s)",
+                lsn,
+            )[0][0]
+            if not behind:
+                return
+            time.sleep(0.05)
+    raise AssertionError("the forward subscriptions did not catch up")
+
+
+def adopting(make_fleet, users: int = 200, verified: bool = True) -> tuple[Path, str]:
+    """A 2-host fleet of 4 shards whose topology adopts a loaded old database, copy streaming."""
+    src_dsn = make_fleet.new_database(0)
+    path = make_fleet(hosts=2, shards=SHARDS, init=True, extra=adoption_text(src_dsn))
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        sql(src, SOURCE_DDL)
+        detail = {"replica_identity": {"photos": "d", "likes": "d"}}
+        if verified:
+            detail["verify"] = {"ok": True}
+        sql(
+            src,
+            "INSERT INTO shardctl_adopt.run (phase, plan_hash, detail) VALUES ('synced', 'x', %s)",
+            json.dumps(detail),
+        )
+    forward(path, src_dsn)
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        load_source(src, users)
+    wait_applied(src_dsn)
+    return path, src_dsn
+
+
+def fleet_rows(path: Path, table: str) -> dict[int, tuple[str, str]]:
+    """id -> (host, schema) of every row of ``table`` in a shard schema of the fleet."""
+    topo = load(path)
+    out: dict[int, tuple[str, str]] = {}
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            for n in host.shards:
+                s = topo.schema_name(n)
+                for (i,) in sql(conn, f"SELECT id FROM {s}.{table}"):
+                    assert i not in out, f"{table} row {i} twice"
+                    out[i] = (host.name, s)
+    return out
+
+
+def leftovers(path: Path, src_dsn: str) -> dict[str, list]:
+    """Replication objects and parents of the adoption left on any database."""
+    topo = load(path)
+    out: dict[str, list] = {}
+    conns = [("source", src_dsn, {})] + [(h.name, None, h.connect_kwargs()) for h in topo.hosts]
+    for name, dsn, kwargs in conns:
+        with (
+            psycopg.connect(dsn, autocommit=True)
+            if dsn
+            else psycopg.connect(**kwargs, autocommit=True)
+        ) as c:
+            found = sql(
+                c,
+                "SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'shardctl\\_adopt%%'",
+            )
+            found += sql(
+                c,
+                "SELECT 'publication ' || pubname FROM pg_publication WHERE pubname LIKE 'shardctl\\_adopt%%'",
+            )
+            found += sql(
+                c,
+                "SELECT 'subscription ' || subname FROM pg_subscription WHERE subname LIKE 'shardctl\\_adopt%%'",
+            )
+            found += sql(
+                c,
+                "SELECT 'parent ' || relname FROM pg_class WHERE relkind = 'p' AND relnamespace = 'public'::regnamespace",
+            )
+            if found:
+                out[name] = [r[0] for r in found]
+    return out
+
+
+def cli_json(path: Path, *args: str) -> dict:
+    r = run_cli("adopt", "cutover", *args, "--json", config=path)
+    assert r.exit_code == 0, r
+    return json.loads(r.stdout)
+
+
+def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
+    """Writers through two Routers (one on a topology copy never updated) write across the cutover
+    and follow to the fleet; the freeze fits --max-freeze; every acknowledged write is once in its
+    key's shard; a direct client of the old table gets one line naming the new home; --abort brings
+    the writes made on the fleet back to the old database."""
+    path, src_dsn = adopting(make_fleet)
+    stale_path = stale_copy(path)
+    history = History(path)
+    stop = threading.Event()
+    routers = {
+        "fresh": Router(load(path), move_wait=15),
+        "stale": Router(load(stale_path), move_wait=15),
+    }
+    assert routers["stale"]._locate(0).name == "source"  # both write to the old database first
+
+    def writer(client: str, router: Router) -> None:
+        k = 0
+        while not stop.is_set():
+            k += 1
+            key = 1 + (k * 7 + len(client)) % 200
+            t0 = time.time()
+            try:
+                rows = router.execute(
+                    key,
+                    "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
+                    (key, history.caption(client)),
+                )
+            except psycopg.Error as exc:
+                history.failed(client, "insert", key, exc, t0, time.time())
+                return
+            history.acked(client, key, rows[0][0], t0, time.time())
+            time.sleep(0.003)
+
+    threads = [
+        threading.Thread(target=writer, args=(c, r), daemon=True) for c, r in routers.items()
+    ]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        before = time.time()
+        result = cli_json(path, "--max-freeze", "0.5")
+        time.sleep(1.0)  # both Routers keep writing after the cutover
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    for r in routers.values():
+        r.close()
+    print(f"\nadopt cutover: freeze {result['freeze_seconds']:.3f}s, {len(history.writes)} writes")
+    assert result["phase"] == "cut_over" and result["authoritative"] == "fleet"
+    assert 0 < result["freeze_seconds"] <= 0.5
+    assert load(path).adoption.authoritative == "fleet"
+    assert load(stale_path).adoption.authoritative == "source"  # its file never changed
+    late = [w for w in history.writes if w.start > before + result["seconds"]]
+    assert {w.client for w in late} == {"fresh", "stale"}, (
+        "a Router did not write after the cutover"
+    )
+    report = history.check()
+    assert report.ok, report
+    # every old row is on the fleet once, in its key's shard
+    topo = load(path)
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        old = dict(sql(src, "SELECT id, user_id FROM photos"))
+        with pytest.raises(psycopg.Error) as err:
+            sql(src, "INSERT INTO photos (user_id, caption) VALUES (1, 'direct')")
+    assert err.value.sqlstate == "SCM01"
+    message = str(err.value).splitlines()[0]
+    assert "adopted into the shardctl fleet" in message and "pg1" in message, message
+    on_fleet = fleet_rows(path, "photos")
+    for i, user in old.items():
+        assert on_fleet.get(i) == (
+            topo.host_of(user % SHARDS).name,
+            topo.schema_name(user % SHARDS),
+        )
+
+    # --abort: the writes made on the fleet after the cutover reach the old database
+    after = {w.id for w in history.writes if w.id not in old}
+    assert after, "no write reached the fleet after the cutover"
+    aborted = cli_json(path, "--abort")
+    assert aborted["phase"] == "aborted" and load(path).adoption.authoritative == "source"
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        back = {i for (i,) in sql(src, "SELECT id FROM photos")}
+        assert after <= back and len(back) == len(set(on_fleet))
+        sql(src, "INSERT INTO photos (user_id, caption) VALUES (1, 'writable again')")
+    with Router(load(path)) as router:
+        assert router.execute(3, "SELECT count(*) FROM photos WHERE user_id = 3")[0][0] >= 4
+    with psycopg.connect(**topo.host("pg2").connect_kwargs(), autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as err:
+            sql(conn, "INSERT INTO insta3.photos (user_id) VALUES (3)")
+    assert err.value.sqlstate == "SCM01"
+    assert not any(
+        "slot" in x or "subscription" in x for v in leftovers(path, src_dsn).values() for x in v
+    )
+
+
+def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
+    path, src_dsn = adopting(make_fleet, users=40, verified=False)
+    r = run_cli("adopt", "cutover", config=path)
+    assert r.exit_code == 2 and "adopt verify never ran" in r.stderr, r
+    assert load(path).adoption.authoritative == "source"
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        sql(src, 'UPDATE shardctl_adopt.run SET detail = detail || \'{"verify": {"ok": true}}\'')
+        ids = dict(sql(src, "SELECT id, user_id FROM likes"))
+    cli_json(path)
+    r = run_cli("adopt", "cutover", "--cleanup", "--json", config=path)
+    assert r.exit_code == 0, r
+    topo = load(path)
+    assert topo.adoption.source is None and topo.adoption.id_floor == ID_FLOOR
+    assert leftovers(path, src_dsn) == {}
+    assert {
+        i: (topo.host_of(u % SHARDS).name, topo.schema_name(u % SHARDS)) for i, u in ids.items()
+    } == fleet_rows(path, "likes")
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("cleaned",)]
+        assert dict(
+            sql(
+                src,
+                "SELECT relname, relreplident::text FROM pg_class WHERE relname IN ('photos', 'likes')",
+            )
+        ) == {"photos": "d", "likes": "d"}
+    assert cli_json(path, "--cleanup")["notes"]  # again: nothing left to do
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["adopt-in-freeze", "adopt-after-freeze", "adopt-after-flip", "adopt-after-forward-dropped"],
+)
+def test_sigkill_at_each_boundary_then_rerun_finishes(make_fleet, point):
+    path, src_dsn = adopting(make_fleet, users=40)
+    r = crash_at.run(point, "--config", str(path), "adopt", "cutover", "--json")
+    assert r.returncode == -9, r.stderr[-2000:]
+    cli_json(path)
+    assert load(path).adoption.authoritative == "fleet"
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        old = dict(sql(src, "SELECT id, user_id FROM photos"))
+        assert sql(src, "SELECT phase, detail->>'switched' FROM shardctl_adopt.run") == [
+            ("cut_over", "true")
+        ]
+    assert set(fleet_rows(path, "photos")) == set(old)
+    assert all(
+        k.startswith(
+            (
+                "slot shardctl_adopt_back",
+                "publication shardctl_adopt_back",
+                "subscription shardctl_adopt_back",
+            )
+        )
+        or k.startswith("parent")
+        for v in leftovers(path, src_dsn).values()
+        for k in v
+    )

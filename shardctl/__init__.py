@@ -41,7 +41,14 @@ _LAZY_MODULES = {
     ),
     "ops.gate": ("check_against_base", "GateResult"),
     "ops.import_history": ("import_history", "ImportResult"),
-    "ops.adopt": ("adopt_plan", "adopt_baseline", "AdoptPlan", "BaselineResult"),
+    "ops.adopt": (
+        "adopt_plan",
+        "adopt_baseline",
+        "adopt_verify",
+        "AdoptPlan",
+        "AdoptVerifyResult",
+        "BaselineResult",
+    ),
 }
 _LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 _OPERATIONS = tuple(
@@ -52,6 +59,7 @@ __all__ = [
     "AddHostResult",
     "AddShardResult",
     "AdoptPlan",
+    "AdoptVerifyResult",
     "AsyncRouter",
     "BadInput",
     "BaselineResult",
@@ -85,6 +93,7 @@ __all__ = [
     "add_shard",
     "adopt_baseline",
     "adopt_plan",
+    "adopt_verify",
     "check_against_base",
     "cleanup_move",
     "import_history",

@@ -1,8 +1,17 @@
 """Adopting one live PostgreSQL database into a fleet: ``plan`` (read-only: shard keys, blockers,
 query classes) and ``baseline`` (the adopted tables' definitions as the fleet's first migration).
-The copy, the old IDs, the verification and the cutover are not built yet (docs/adopting.md)."""
+``verify``: each shard's rows against the source's, and dark reads. The copy, the old IDs and the
+cutover are not built yet (docs/adopting.md)."""
 
 from .baseline import BaselineResult, adopt_baseline
 from .plan import AdoptPlan, adopt_plan
+from .verify import AdoptVerifyResult, adopt_verify
 
-__all__ = ["AdoptPlan", "BaselineResult", "adopt_baseline", "adopt_plan"]
+__all__ = [
+    "AdoptPlan",
+    "AdoptVerifyResult",
+    "BaselineResult",
+    "adopt_baseline",
+    "adopt_plan",
+    "adopt_verify",
+]

@@ -141,12 +141,8 @@ def _sums_at_lag_zero(
     the source's WAL up to past that snapshot. The target then holds at least the source's rows: with
     no write meanwhile, exactly them."""
     pause = run.pause()
-    with src.transaction():
-        src.execute(session.REPEATABLE_READ)
-        src_sums = transfer.checksums(src, items, rows_only=rows_only, pause=pause)
-        lsn = replication.wal_insert_lsn(src)
 
-    def timed_out() -> WaitTimeout:
+    def timed_out(lsn: str) -> WaitTimeout:
         why = (
             "; ".join(replication.subscription_problems(tgt, run.move.names))
             or "no problem reported by the target"
@@ -156,12 +152,14 @@ def _sums_at_lag_zero(
             f"within {timeout:g}s ({why}); nothing was frozen"
         )
 
-    transfer.wait_for(
-        lambda: replication.replayed(src, run.move.names, lsn),
-        time.monotonic() + timeout,
+    return transfer.at_lag_zero(
+        src,
+        run.move.names,
+        lambda conn: transfer.checksums(conn, items, rows_only=rows_only, pause=pause),
+        lambda: transfer.checksums(tgt, items, rows_only=rows_only, pause=pause),
+        timeout,
         timed_out,
     )
-    return src_sums, transfer.checksums(tgt, items, rows_only=rows_only, pause=pause)
 
 
 def _sums_in_streams(

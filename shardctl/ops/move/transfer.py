@@ -47,6 +47,35 @@ def wait_for(
         pause = min(cap, pause * 2)
 
 
+S = TypeVar("S")
+
+
+def at_lag_zero(
+    src: psycopg.Connection,
+    names: list[str],
+    read_source: Callable[[psycopg.Connection], S],
+    read_target: Callable[[], T],
+    timeout: float,
+    timed_out: Callable[[str], Exception],
+) -> tuple[S, T]:
+    """``read_source(src)`` in one REPEATABLE READ snapshot of the source, then ``read_target()`` once
+    the subscriptions of the slots ``names`` have applied the source's WAL up to past that snapshot
+    (at once when ``names`` is empty: nothing replicates). The target then holds at least what the
+    source read saw: with no write meanwhile, exactly it. ``timed_out(lsn)`` builds the error raised
+    after ``timeout`` seconds."""
+    with src.transaction():
+        src.execute(session.REPEATABLE_READ)
+        on_source = read_source(src)
+        lsn = replication.wal_insert_lsn(src)
+    if names:
+        wait_for(
+            lambda: replication.replayed(src, names, lsn),
+            time.monotonic() + timeout,
+            lambda: timed_out(lsn),
+        )
+    return on_source, read_target()
+
+
 @contextmanager
 def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator[None]:
     """For the block, both connections' ``client_encoding`` is ``into``'s database encoding: text in a

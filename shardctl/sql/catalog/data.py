@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
@@ -73,12 +74,72 @@ def pin_text_settings(conn: psycopg.Connection) -> None:
     conn.execute(STABLE_TEXT)
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Some rows of one table to checksum (a plain ``(schema, table)`` item means all of them).
+
+    ``column``/``lo``/``hi``: only the rows with ``lo <= column < hi`` (a None bound is open).
+    With ``key`` and ``modulus``: ``shard`` None groups the rows by ``key % modulus`` (one result row
+    per shard; NULL for rows without a key), a ``shard`` counts the rows whose ``key % modulus`` is
+    another shard (``wrong``). ``columns``: the columns hashed, in order, each ``(name, as_text)``
+    (text for types whose hash depends on the database, such as an enum's OID); empty: the whole row.
+    ``tag`` comes back with the scope's result rows."""
+
+    schema: str
+    table: str
+    tag: str = ""
+    columns: tuple[tuple[str, bool], ...] = ()
+    column: str | None = None
+    lo: int | None = None
+    hi: int | None = None
+    key: str | None = None
+    modulus: int = 0
+    shard: int | None = None
+
+    def row(self) -> str:
+        if not self.columns:
+            return "x"
+        cols = ", ".join(
+            f"x.{quote_ident(c)}{'::text' if text else ''}" for c, text in self.columns
+        )
+        return f"ROW({cols})"
+
+    def where(self, shard: int | None = None) -> str:
+        """The scope's condition on ``x`` (and ``key % modulus = shard`` when ``shard`` is given)."""
+        terms = []
+        if self.column is not None and self.lo is not None:
+            terms.append(f"x.{quote_ident(self.column)} >= {int(self.lo)}")
+        if self.column is not None and self.hi is not None:
+            terms.append(f"x.{quote_ident(self.column)} < {int(self.hi)}")
+        if shard is not None:
+            terms.append(f"{self._shard_of()} = {int(shard)}")
+        return f" WHERE {' AND '.join(terms)}" if terms else ""
+
+    def _shard_of(self) -> str:
+        return f"(x.{quote_ident(self.key or '')} % {int(self.modulus)})"
+
+    def select(self, total: str) -> str:
+        """tag, shard (or NULL), count, ``total``, wrong-shard rows: one row (or one per shard)."""
+        source = f"{quote_ident(self.schema)}.{quote_ident(self.table)} AS x{self.where()}"
+        head = f"SELECT {quote_literal(self.tag)}::text"
+        if self.key is not None and self.shard is None:
+            return f"{head}, {self._shard_of()}::bigint, count(*), {total}, 0::bigint FROM {source} GROUP BY 2"
+        if self.key is not None:
+            wrong = f"count(*) FILTER (WHERE {self._shard_of()} IS DISTINCT FROM {int(self.shard)})"
+            return f"{head}, {int(self.shard)}::bigint, count(*), {total}, {wrong} FROM {source}"
+        return f"{head}, NULL::bigint, count(*), {total}, 0::bigint FROM {source}"
+
+
+Item = tuple[str, str] | Scope
+
+
 def checksum_rows(
-    conn: psycopg.Connection, chunk: list[tuple[str, str]], rows_only: bool = False
-) -> list[tuple[str, str, int, str]]:
+    conn: psycopg.Connection, chunk: list[Item], rows_only: bool = False
+) -> list[tuple]:
     """(schema, table, row count, checksum) of each table of ``chunk``: one query. Order-independent: a
     sum of 64-bit hashes of each row, so no sort is needed. ``rows_only``: the row count alone (about 4x
-    cheaper; the checksum is then the constant ``'n'``).
+    cheaper; the checksum is then the constant ``'n'``). A chunk of :class:`Scope` items gives, for
+    each, its rows (tag, shard, row count, checksum, wrong-shard rows) instead (see ``Scope``).
 
     Rows are hashed with ``hash_record_extended`` (each column's own hash function, as hash partitioning
     uses: stable across PostgreSQL versions, and about 4x faster than hashing the row's text). A chunk
@@ -92,27 +153,49 @@ def checksum_rows(
     rows = []  # some table of the chunk cannot be hashed by column: find which, one by one
     for item in chunk:
         rows += (
-            _hashed_rows(conn, [item])
-            or conn.execute(_checksum_query([item], "hashtextextended(x::text, 0)", "t")).fetchall()
+            _hashed_rows(conn, [item]) or conn.execute(_checksum_query([item], "t", "t")).fetchall()
         )
     return rows
 
 
-def _hashed_rows(conn: psycopg.Connection, chunk: list[tuple[str, str]]) -> list[tuple] | None:
+def _hashed_rows(conn: psycopg.Connection, chunk: list[Item]) -> list[tuple] | None:
     try:
         with conn.transaction():  # a savepoint inside the caller's snapshot transaction
-            return conn.execute(
-                _checksum_query(chunk, "hash_record_extended(x, 0)", "r")
-            ).fetchall()
+            return conn.execute(_checksum_query(chunk, "r", "r")).fetchall()
     except psycopg.errors.UndefinedFunction:  # a column type without an extended hash function
         return None
 
 
-def _checksum_query(chunk: list[tuple[str, str]], row_hash: str | None, method: str) -> str:
+# How a row (``{}``: ``x`` or a ROW(...) of some columns) is hashed, by the method's letter.
+ROW_HASH = {"r": "hash_record_extended({}, 0)", "t": "hashtextextended({}::text, 0)"}
+
+
+def _checksum_query(chunk: list[Item], row_hash: str | None, method: str) -> str:
     # sum(bigint) is exact (a numeric result, summed in 128-bit integers): faster than summing numerics.
-    total = f"'{method}' || coalesce(sum({row_hash}), 0)::text" if row_hash else f"'{method}'"
+    def total(item: Item) -> str:
+        if row_hash is None:
+            return f"'{method}'"
+        row = item.row() if isinstance(item, Scope) else "x"
+        return f"'{method}' || coalesce(sum({ROW_HASH[row_hash].format(row)}), 0)::text"
+
     return "\nUNION ALL\n".join(
-        f"SELECT {quote_literal(s)}, {quote_literal(t)}, count(*), {total} "
-        f"FROM {quote_ident(s)}.{quote_ident(t)} AS x"
-        for s, t in chunk
+        item.select(total(item))
+        if isinstance(item, Scope)
+        else f"SELECT {quote_literal(item[0])}, {quote_literal(item[1])}, count(*), {total(item)} "
+        f"FROM {quote_ident(item[0])}.{quote_ident(item[1])} AS x"
+        for item in chunk
     )
+
+
+def row_hashes(
+    conn: psycopg.Connection, scope: Scope, method: str, shard: int | None, limit: int
+) -> list[tuple]:
+    """(``scope.column``, the row's hash, ``scope.key``) of up to ``limit`` rows of ``scope`` (those of
+    ``shard`` when given), hashed as the checksum of ``method`` hashed them: to name the rows that
+    differ within a chunk whose checksums differ."""
+    hashed = ROW_HASH.get(method, ROW_HASH["r"]).format(scope.row())
+    col, key = quote_ident(scope.column or ""), quote_ident(scope.key or "")
+    return conn.execute(
+        f"SELECT x.{col}, {hashed}, x.{key} FROM {quote_ident(scope.schema)}."
+        f"{quote_ident(scope.table)} AS x{scope.where(shard)} ORDER BY 1 LIMIT {int(limit)}"
+    ).fetchall()

@@ -1,0 +1,477 @@
+"""``shardctl adopt verify``: before the switch, outside any freeze, each shard's rows compared with the
+rows of its keys in the old database (the source), and the app's own reads run on both.
+
+Each sharded table is split into chunks by ranges of its ID column (its key where it has none),
+recorded on the source in ``shardctl_adopt.verify_chunks`` before the first is checked. A chunk is
+checked as the move's ``--verify-before full`` checks a table (``data.checksum_rows``, by
+``transfer.at_lag_zero``): on the source, one snapshot, the chunk's row count and checksum per
+``key % modulus``; on every host, once the subscriptions ``shardctl_adopt_<host>`` have applied the
+source's WAL up to past that snapshot, the same per shard, with the rows whose key belongs to another
+shard. A shard that differs is checked again: while the app writes it may differ because its rows were
+written meanwhile (the source's figures changed: "busy", left to the cutover's own check); one that
+differs in two more rounds while the source stays unchanged, or at all when nothing replicates (no
+such slot on the source), is a problem named precisely: table, shard, range, the counts on both sides
+and the first rows that differ. Each chunk's result is recorded as it is known, so a run killed midway
+and run again checks only the chunks not recorded. Dark reads: :mod:`.dark_reads`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from ...engine import connections as db
+from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
+from ...errors import BadInput, OperationFailed, WaitTimeout, first_few
+from ...model.documents import Result
+from ...model.topology import Topology
+from ...sql.catalog import adopt_verify as state
+from ...sql.catalog import data, replication
+from ..move import transfer
+from ..move.run import checkpoint
+from .dark_reads import DarkRead, run_dark_reads
+from .plan import read_plan, source_host
+
+CHUNK_ROWS = 100_000  # source rows per chunk (by the table's estimate)
+ROUNDS = 3  # a differing shard is checked up to this many times in all
+DRILL_ROWS = 50_000  # rows per side read to name the rows of a shard that differs
+NAMED_ROWS = 5  # rows named per problem
+LAG_TIMEOUT = 30.0
+
+
+@dataclass
+class Problem:
+    """A difference that stayed while the source did not change: what and where, precisely."""
+
+    table: str
+    shard: int | None
+    host: str | None
+    column: str | None
+    lo: int | None
+    hi: int | None
+    source_rows: int
+    shard_rows: int
+    rows: list[str] = field(default_factory=list)  # the first rows that differ, each said
+    message: str = ""
+
+
+@dataclass
+class AdoptVerifyResult(Result):
+    command = "adopt verify"
+
+    source: str  # the DSN, masked
+    run: int  # the run's id in shardctl_adopt.verify_runs
+    resumed: bool  # an interrupted run continued
+    replicating: bool  # the copy's subscriptions exist: differences are re-checked at lag 0
+    tables: list[str] = field(default_factory=list)
+    chunks: int = 0
+    checked: int = 0  # chunks checked by this invocation
+    recorded: int = 0  # chunks an earlier, interrupted invocation had recorded
+    busy: int = 0  # chunks being written throughout (the cutover's own check compares them)
+    source_rows: int = 0
+    fleet_rows: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    dark_reads: list[DarkRead] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not any(d.status == "differs" for d in self.dark_reads)
+
+    def raise_for_status(self) -> AdoptVerifyResult:
+        """OperationFailed (exit 1) naming the first problems, when there are any."""
+        if self.problems:
+            raise OperationFailed(
+                f"adopt verify: {len(self.problems)} difference(s) between the source and the "
+                f"fleet: {first_few(self.problems, 2, lambda p: p.message)}",
+                report=self.to_dict(),
+            )
+        differs = [d for d in self.dark_reads if d.status == "differs"]
+        if differs:
+            raise OperationFailed(
+                f"adopt verify: {len(differs)} dark read(s) differ: "
+                f"{first_few(differs, 1, lambda d: d.detail)}",
+                report=self.to_dict(),
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Table:
+    """A sharded table as the check reads it: its key, the column its chunks split, its columns."""
+
+    name: str
+    key: str
+    column: str
+    columns: tuple[tuple[str, bool], ...]
+    nullable_key: bool
+
+
+@dataclass(frozen=True)
+class Chunk:
+    number: int
+    table: str
+    column: str | None
+    lo: int | None
+    hi: int | None
+
+
+def say_range(column: str | None, lo: int | None, hi: int | None) -> str:
+    if lo is None and hi is None:
+        return "all rows"
+    if lo is None:
+        return f"{column} < {hi}"
+    if hi is None:
+        return f"{column} >= {lo}"
+    return f"{column} [{lo}, {hi})"
+
+
+def split(low: int | None, high: int | None, rows: int, per_chunk: int) -> list[tuple]:
+    """(lo, hi) ranges covering every value: open at both ends, so rows written later fall in one."""
+    if low is None or high is None:
+        return [(None, None)]
+    count = max(1, min(math.ceil(rows / max(1, per_chunk)), high - low + 1))
+    step = math.ceil((high - low + 1) / count)
+    edges = [low + step * i for i in range(1, count)]
+    return list(zip([None, *edges], [*edges, None]))
+
+
+def adopt_verify(
+    topo: Topology,
+    dsn: str,
+    plan_file: Path,
+    *,
+    dark_reads: int = 10,
+    chunk_rows: int = CHUNK_ROWS,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    progress: Callable[[str, int], Callable[[int], None]] | None = None,
+) -> AdoptVerifyResult:
+    """Compare every shard's rows with the source's rows of its keys (chunked, resumable, at lag 0
+    while the copy replicates), then run ``dark_reads`` sampled reads of each of the app's
+    single-shard statements on both (0: none). ``progress``: a bar factory ``(label, total) -> tick``."""
+    started = time.perf_counter()
+    if chunk_rows < 1 or dark_reads < 0:
+        raise BadInput("--chunk-rows must be at least 1 and --dark-reads at least 0")
+    doc = read_plan(Path(plan_file))
+    host = source_host(dsn)
+    check = Check(topo, doc, host, connect_timeout)
+    try:
+        result = check.run(chunk_rows, progress)
+        if dark_reads:
+            result.dark_reads = run_dark_reads(
+                topo, doc, check.src, dark_reads, connect_timeout, progress
+            )
+    finally:
+        check.close()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+class Check:
+    """One verify run: the source's connection (state and reads), one connection per fleet host."""
+
+    def __init__(self, topo: Topology, doc: dict[str, Any], host: Any, connect_timeout: int):
+        self.topo, self.doc, self.schema = topo, doc, doc["schema"]
+        self.modulus = topo.modulus
+        self.masked = host.masked_dsn
+        self.conns: dict[str, psycopg.Connection] = {}
+        self.src = db.connect(
+            host, autocommit=True, connect_timeout=connect_timeout, purpose="adopt verify"
+        )
+        try:
+            for h in topo.hosts:
+                if h.shards:
+                    self.conns[h.name] = db.connect(
+                        h, autocommit=True, connect_timeout=connect_timeout, purpose="adopt verify"
+                    )
+            for conn in [self.src, *self.conns.values()]:
+                data.pin_text_settings(conn)
+            if not state.ensure_state(self.src):
+                raise OperationFailed(
+                    f"adopt verify: another adopt verify is running on {host.masked_dsn}; "
+                    f"wait for it to finish"
+                )
+        except BaseException:
+            self.close()
+            raise
+        self.slots = [
+            f"shardctl_adopt_{h}"
+            for h in self.conns
+            if replication.slot_exists(self.src, f"shardctl_adopt_{h}")
+        ]
+
+    def close(self) -> None:
+        for conn in [getattr(self, "src", None), *self.conns.values()]:
+            if conn is not None:
+                conn.close()
+
+    def tables(self) -> list[Table]:
+        out = []
+        for t in self.doc["tables"]:
+            if t["kind"] not in ("root", "column", "fk-path"):
+                continue
+            cols = state.columns(self.src, self.schema, t["name"])
+            if not t.get("key"):
+                raise BadInput(f"--plan: table {t['name']} has no key column; plan again")
+            nullable = any(n == t["key"] and not notnull for n, _, notnull in cols)
+            out.append(
+                Table(
+                    t["name"],
+                    t["key"],
+                    t.get("id_column") or t["key"],
+                    tuple((n, text) for n, text, _ in cols),
+                    nullable,
+                )
+            )
+        return out
+
+    def fingerprint(self, tables: list[Table], chunk_rows: int) -> str:
+        owners = {h.name: h.shards for h in self.topo.hosts}
+        what = [self.schema, self.modulus, owners, chunk_rows, [t.__dict__ for t in tables]]
+        return hashlib.sha256(json.dumps(what, default=list).encode()).hexdigest()[:16]
+
+    def plan_chunks(self, tables: list[Table], chunk_rows: int) -> list[tuple]:
+        out = []
+        for t in tables:
+            low, high, rows = state.bounds(self.src, self.schema, t.name, t.column)
+            out += [(t.name, t.column, lo, hi) for lo, hi in split(low, high, rows, chunk_rows)]
+        return out
+
+    def run(
+        self, chunk_rows: int, progress: Callable[[str, int], Callable[[int], None]] | None
+    ) -> AdoptVerifyResult:
+        tables = self.tables()
+        run_id, resumed = state.open_run(self.src, self.fingerprint(tables, chunk_rows))
+        if not resumed:
+            state.add_chunks(self.src, run_id, self.plan_chunks(tables, chunk_rows))
+        recorded = state.chunks(self.src, run_id)
+        result = AdoptVerifyResult(
+            self.masked, run_id, resumed, bool(self.slots), [t.name for t in tables]
+        )
+        result.chunks = len(recorded)
+        by_name = {t.name: t for t in tables}
+        for t in tables:
+            if t.nullable_key and (n := state.null_keys(self.src, self.schema, t.name, t.key)):
+                result.problems.append(
+                    Problem(
+                        t.name,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        n,
+                        0,
+                        message=(
+                            f"{t.name}: {n} row(s) on the source have no {t.key}: no shard holds them"
+                        ),
+                    )
+                )
+        tick = progress("chunks", len(recorded)) if progress else None
+        for row in recorded:
+            chunk = Chunk(*row[:5])
+            if row[5] != "pending":
+                result.recorded += 1
+                status, counts, problems = row[5], (row[7] or 0, row[8] or 0), row[9]
+            else:
+                status, rounds, counts, problems = self.check_chunk(by_name[chunk.table], chunk)
+                state.record_chunk(self.src, run_id, chunk.number, status, rounds, counts, problems)
+                result.checked += 1
+                checkpoint("adopt-verify-chunk")
+            result.busy += status == "busy"
+            result.source_rows += counts[0]
+            result.fleet_rows += counts[1]
+            result.problems += [Problem(**p) for p in problems]
+            if tick:
+                tick(1)
+        summary = {"chunks": result.chunks, "problems": len(result.problems), "busy": result.busy}
+        state.finish_run(self.src, run_id, summary)
+        return result
+
+    # ---- one chunk ---------------------------------------------------------------------
+    def scopes(self, t: Table, chunk: Chunk) -> tuple[data.Scope, dict[str, list[data.Scope]]]:
+        common = {
+            "columns": t.columns,
+            "column": chunk.column,
+            "lo": chunk.lo,
+            "hi": chunk.hi,
+            "key": t.key,
+        }
+        source = data.Scope(self.schema, t.name, modulus=self.modulus, **common)
+        fleet = {
+            h.name: [
+                data.Scope(
+                    self.topo.schema_name(s),
+                    t.name,
+                    str(s),
+                    modulus=self.modulus,
+                    shard=s,
+                    **common,
+                )
+                for s in h.shards
+            ]
+            for h in self.topo.hosts
+            if h.shards
+        }
+        return source, fleet
+
+    def sums(self, source: data.Scope, fleet: dict[str, list[data.Scope]]) -> tuple[dict, dict]:
+        """({shard or None: (count, checksum)} on the source, {shard: (count, checksum, wrong)} on
+        the fleet), the fleet's read once it has applied the source's WAL past the source's read."""
+
+        def read_source(conn: psycopg.Connection) -> dict:
+            return {r[1]: (r[2], r[3]) for r in data.checksum_rows(conn, [source])}
+
+        def read_fleet() -> dict:
+            out = {}
+            for name, scopes in fleet.items():
+                for i in range(0, len(scopes), data.CHUNK):
+                    for r in data.checksum_rows(self.conns[name], scopes[i : i + data.CHUNK]):
+                        out[r[1]] = (r[2], r[3], r[4])
+            return out
+
+        def timed_out(lsn: str) -> WaitTimeout:
+            return WaitTimeout(
+                f"adopt verify: the copy's subscriptions did not apply the source's WAL up to {lsn} "
+                f"within {LAG_TIMEOUT:g}s; run adopt status, then verify again"
+            )
+
+        return transfer.at_lag_zero(
+            self.src, self.slots, read_source, read_fleet, LAG_TIMEOUT, timed_out
+        )
+
+    def check_chunk(self, t: Table, chunk: Chunk) -> tuple[str, int, tuple[int, int], list[dict]]:
+        """(status, rounds, (source rows, fleet rows), problems) of one chunk."""
+        source, fleet = self.scopes(t, chunk)
+        previous: dict = {}
+        unchanged: Counter = Counter()
+        for round_no in range(1, ROUNDS + 1):
+            src, got = self.sums(source, fleet)
+            counts = (
+                sum(v[0] for k, v in src.items() if k is not None),
+                sum(v[0] for v in got.values()),
+            )
+            shards = sorted(set(got) | {k for k in src if k is not None})
+            differ = [s for s in shards if _differs(src.get(s), got.get(s))]
+            if not differ:
+                return "ok", round_no, counts, []
+            if not self.slots:
+                break  # nothing replicates: the difference is final
+            for s in differ:
+                unchanged[s] = unchanged[s] + 1 if previous.get(s, ()) == src.get(s) else 0
+            if all(unchanged[s] >= ROUNDS - 1 for s in differ):
+                break
+            previous = {s: src.get(s) for s in differ}
+            time.sleep(transfer.POLL)
+        else:
+            if not [s for s in differ if unchanged[s] >= ROUNDS - 1]:
+                return "busy", ROUNDS, counts, []
+        final = [s for s in differ if not self.slots or unchanged[s] >= ROUNDS - 1]
+        problems = [
+            self.describe(t, chunk, source, fleet, s, src.get(s), got.get(s)).__dict__
+            for s in final
+        ]
+        return "differs", round_no, counts, problems
+
+    def describe(
+        self,
+        t: Table,
+        chunk: Chunk,
+        source: data.Scope,
+        fleet: dict[str, list[data.Scope]],
+        shard: int,
+        src: tuple | None,
+        got: tuple | None,
+    ) -> Problem:
+        """The problem of one shard of a chunk, with the first rows that differ named."""
+        where = say_range(chunk.column, chunk.lo, chunk.hi)
+        if got is None:  # a key % modulus that is no shard of the topology (a negative key)
+            return Problem(
+                t.name,
+                shard,
+                None,
+                chunk.column,
+                chunk.lo,
+                chunk.hi,
+                src[0],
+                0,
+                message=(
+                    f"{t.name}, {where}: {src[0]} row(s) on the source whose {t.key} % {self.modulus} is "
+                    f"{shard}: no shard holds them"
+                ),
+            )
+        host = self.topo.host_of(shard).name
+        scope = next(sc for sc in fleet[host] if sc.shard == shard)
+        src_rows, src_sum = src or (0, "r0")
+        method = (src_sum or got[1])[:1]
+        on_source = data.row_hashes(self.src, source, method, shard, DRILL_ROWS + 1)
+        on_shard = data.row_hashes(self.conns[host], scope, method, None, DRILL_ROWS + 1)
+        rows = _rows_that_differ(t, self.modulus, shard, on_source, on_shard)
+        what = f"{src_rows} row(s) on the source, {got[0]} on the shard"
+        if src_rows == got[0]:
+            what += ", checksums differ"
+        named = "; ".join(rows[:NAMED_ROWS]) or "(too many rows to name them)"
+        message = f"{t.name} shard {shard} ({host}), {where}: {what}: {named}"
+        return Problem(
+            t.name,
+            shard,
+            host,
+            chunk.column,
+            chunk.lo,
+            chunk.hi,
+            src_rows,
+            got[0],
+            rows[:NAMED_ROWS],
+            message,
+        )
+
+
+def _differs(src: tuple | None, got: tuple | None) -> bool:
+    count, total = src or (0, None)
+    if got is None:
+        return True
+    if got[2]:
+        return True  # rows whose key belongs to another shard
+    if count != got[0]:
+        return True
+    return bool(count) and total != got[1]
+
+
+def _rows_that_differ(
+    t: Table, modulus: int, shard: int, on_source: list[tuple], on_shard: list[tuple]
+) -> list[str]:
+    """Each row (by ``t.column``) that is on one side only, differs, or sits on the wrong shard."""
+    if len(on_source) > DRILL_ROWS or len(on_shard) > DRILL_ROWS:
+        return []
+    out = []
+    for value, _, key in on_shard:
+        if key is not None and key % modulus != shard:
+            out.append(
+                f"{t.column} {value}: {t.key} {key} belongs on shard {key % modulus}, not {shard}"
+            )
+    src: dict = {}
+    got: dict = {}
+    for rows, into in ((on_source, src), (on_shard, got)):
+        for value, hashed, _ in rows:
+            into.setdefault(value, Counter())[hashed] += 1
+    for value in sorted(set(src) | set(got)):
+        a, b = src.get(value, Counter()), got.get(value, Counter())
+        if a == b:
+            continue
+        if not b:
+            out.append(f"{t.column} {value}: only on the source (missing on the shard)")
+        elif not a:
+            if not any(s.startswith(f"{t.column} {value}:") for s in out):
+                out.append(f"{t.column} {value}: only on the shard")
+        else:
+            out.append(f"{t.column} {value}: differs")
+    return out

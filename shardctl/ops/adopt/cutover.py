@@ -1,7 +1,7 @@
 """``adopt cutover``: the old database stops taking writes to the adopted tables and the fleet becomes
 authoritative, in a freeze bounded by ``--max-freeze`` whatever the data size.
 
-Before the freeze (writes go on): ``adopt verify`` must have recorded success; the way back is made
+Before the freeze (writes go on): the last ``adopt verify`` must have passed; the way back is made
 (on each fleet host a publication of its parents ``WITH (publish_via_partition_root = true)`` and its
 slot, the parents' replica identity FULL), the control objects the guard and the redirects need
 (schema ``shardctl`` on the old database), and the forward subscriptions' lag must be small.
@@ -87,11 +87,12 @@ def adopt_cutover(
     site = Site.of(topo, connect_timeout, progress, need_source=True)
     result = CutoverResult("cutover", "", site.adoption.authoritative)
     with site.connect(site.source) as src:
-        phase, detail = site.run_state(src)
+        phase, _detail = site.run_state(src)
+        if phase in READY:
+            _require_verified(src)
     if phase == CUT_OVER:
         site.note("the old database was already frozen: finishing the switch")
     elif phase in READY:
-        _require_verified(detail)
         prepare(site)
         _freeze(site, max_freeze, attempts, result)
     else:
@@ -105,16 +106,22 @@ def adopt_cutover(
     return result
 
 
-def _require_verified(detail: dict) -> None:
-    """The precondition ``adopt verify`` provides: its last run recorded success in the run's detail
-    (``detail.verify.ok``). Without it, nothing is frozen."""
-    verify = detail.get("verify") or {}
-    if verify.get("ok") is not True:
-        why = "never ran" if not verify else "found differences"
-        raise BadInput(
-            f"adopt verify {why}: the cutover needs a verified copy (run `shardctl adopt verify` "
-            f"until it passes); nothing was frozen"
-        )
+def _require_verified(src: psycopg.Connection) -> None:
+    """The precondition ``adopt verify`` provides: its last run on the old database finished and
+    found no problem. Without it, nothing is frozen."""
+    last = catalog.last_verify(src)
+    if last is None:
+        why = "never ran"
+    elif not last[0]:
+        why = "did not finish its last run"
+    elif last[1].get("problems"):
+        why = f"found {last[1]['problems']} problem(s) in its last run"
+    else:
+        return
+    raise BadInput(
+        f"adopt verify {why}: the cutover needs a verified copy (run `shardctl adopt verify` until "
+        f"it passes); nothing was frozen"
+    )
 
 
 def prepare(site: Site) -> None:

@@ -39,6 +39,20 @@ def set_run(conn: psycopg.Connection, phase: str, detail: dict) -> None:
     )
 
 
+def last_verify(conn: psycopg.Connection) -> tuple[bool, dict] | None:
+    """(finished, summary) of the last ``adopt verify`` run recorded on the old database; None when
+    none ran (its tables are ``adopt verify``'s: ``sql/catalog/adopt_verify.py``)."""
+    if not conn.execute("SELECT to_regclass('shardctl_adopt.verify_runs') IS NOT NULL").fetchone()[
+        0
+    ]:
+        return None
+    row = conn.execute(
+        "SELECT finished_at IS NOT NULL, summary FROM shardctl_adopt.verify_runs "
+        "ORDER BY run_id DESC LIMIT 1"
+    ).fetchone()
+    return None if row is None else (bool(row[0]), dict(row[1] or {}))
+
+
 def relation_exists(conn: psycopg.Connection, schema: str, table: str) -> bool:
     return conn.execute(
         "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(schema, table).as_string(conn),)

@@ -144,8 +144,15 @@ def prepare(site: Site) -> None:
                 conn.execute(stmt)
             name = site.back(host)
             catalog.create_root_publication(conn, name, parents)
-            if not replication.slot_exists(conn, name):
+            owner = catalog.slot_database(conn, name)
+            if owner is None:
                 replication.create_slot(conn, name)
+            elif owner != conn.info.dbname:
+                raise OperationFailed(
+                    f"cutover: {host.name}'s server already has a replication slot {name}, of its "
+                    f"database {owner} (another adoption into that server); finish or clean that one "
+                    f"up first; nothing was frozen"
+                )
     checkpoint("adopt-prepared")
 
 

@@ -100,6 +100,15 @@ def set_replica_identity_sql(schema: str, table: str, full: bool) -> sql.Compose
     )
 
 
+def slot_database(conn: psycopg.Connection, name: str) -> str | None:
+    """The database the replication slot ``name`` of this server belongs to (None: no such slot).
+    Slot names are the server's, not the database's: another database's adoption may hold it."""
+    row = conn.execute(
+        "SELECT database FROM pg_replication_slots WHERE slot_name = %s", (name,)
+    ).fetchone()
+    return None if row is None else row[0]
+
+
 def create_root_publication(
     conn: psycopg.Connection, name: str, items: list[tuple[str, str]]
 ) -> bool:

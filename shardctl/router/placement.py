@@ -184,6 +184,10 @@ class Redirects:
         ``password_env``) when there is one, else the recorded DSN, without a password."""
         name = redirect["host"]
         host = next((h for h in topology.hosts if h.name == name), None)
+        adoption = topology.adoption
+        if host is None and adoption is not None and adoption.source is not None:
+            # an aborted adoption's fleet host sends its Routers back to the old database
+            host = adoption.source if adoption.source.name == name else None
         with self._lock:
             if host is None:
                 host = Host(name=name, dsn=redirect["dsn"], shards=[])

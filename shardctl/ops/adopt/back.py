@@ -1,12 +1,16 @@
 """``adopt cutover --abort`` (the old database authoritative again, with every write made on the fleet
 since the cutover) and ``adopt cutover --cleanup`` (the replication and the parents gone for good).
 
-Abort, until cleanup: on each fleet host in turn, a freeze bounded by ``--max-freeze`` (the move's
-``BoundedFreeze``): its adopted tables locked, wait until the way back (the old database's subscription)
-has applied the host's WAL up to there, a guard trigger on each shard table (one line naming the old
-database); commit. Then, in one transaction on the old database, its guards and redirects dropped and the
-run recorded ``aborted``; then ``adoption.authoritative: source`` in the topology file (Routers that
-meet a guard on the fleet wait for it and follow), and the way back dropped.
+Abort, until cleanup: one freeze bounded by ``--max-freeze`` (the move's ``BoundedFreeze``): on each
+fleet host a transaction locks its adopted tables, waits until the way back (the old database's
+subscription) has applied the host's WAL up to there, and adds a guard trigger on each shard table
+(one line naming the old database) and a redirect per shard to the old database (for Routers whose
+topology copy still says ``fleet``). Then one transaction on the old database drops its guards and
+redirects and records the run ``aborted``, and commits; then the fleet hosts commit: a writer blocked on
+the fleet meets the guard and finds the old database open. Then ``adoption.authoritative: source`` in
+the topology file, and the way back dropped. A run killed between the two commits left the fleet
+unguarded while the old database took writes: run ``--abort`` again at once (it guards the fleet and
+carries back what was written there).
 
 Cleanup, after a cutover: the way back dropped, each parent's partitions detached (they stay, as the
 shards' tables) and the parent dropped, the replica identities ``adopt copy`` changed on the old
@@ -58,17 +62,17 @@ def adopt_abort(
         result.dropped = drop_back(site)
         site.note("no cutover ran: the old database is authoritative; nothing was frozen")
     elif phase in (CUT_OVER, ABORTED):
-        if phase == CUT_OVER:
-            if not detail.get("switched"):
-                finish(site)  # the way back must carry the writes Routers made after the freeze
-            for host in site.fleet_hosts():
-                _guard_fleet_host(site, host, max_freeze, attempts)
-            checkpoint("adopt-abort-fleet-guarded")
-            _reopen_source(site)
-            checkpoint("adopt-abort-source-open")
+        if phase == CUT_OVER and not detail.get("switched"):
+            finish(site)  # the way back must carry the writes Routers made after the freeze
+        if not (detail.get("abort") or {}).get("finished"):
+            # From aborted too: a run killed between the old database's commit and the fleet's
+            # left the fleet unguarded; this brings back what was written there meanwhile.
+            _abort_freeze(site, max_freeze, attempts, reopen=phase == CUT_OVER)
         result.topology_flipped = flip_adoption(topo.path, "source")
         checkpoint("adopt-abort-flipped")
         result.dropped = drop_back(site)
+        with site.connect(site.source) as src, src.transaction():
+            catalog.set_run(src, ABORTED, {"abort": {"at": time.time(), "finished": True}})
         result.phase, result.authoritative = ABORTED, "source"
     else:
         raise BadInput(f"the adoption is in phase {phase}: there is no cutover to abort")
@@ -76,83 +80,113 @@ def adopt_abort(
     return result
 
 
-def fleet_message(site: Site, host: Host) -> str:
+def fleet_message(site: Site) -> str:
     return (
         f"the adoption was aborted: the adopted tables live on the old database again (topology "
         f"{site.topo.path}, adoption.source): write through shardctl's Router"
     )
 
 
-class FleetFreeze(BoundedFreeze):
-    """One fleet host's tables locked until the old database has applied its WAL, then guarded."""
+class AbortFreeze(BoundedFreeze):
+    """One freeze over every fleet host, then the old database reopened (see the module's text)."""
 
-    def __init__(self, site: Site, host: Host, max_freeze: float):
+    def __init__(self, site: Site, max_freeze: float, reopen: bool):
         super().__init__(max_freeze, site.progress)
-        self.site, self.host = site, host
+        self.site, self.reopen = site, reopen
+        self.fleet: list[psycopg.Connection] = []
 
     def attempt(self) -> None:
-        site, host = self.site, self.host
-        self.src = conn = site.connect(host, autocommit=False)
-        self.aux = site.connect(host)
+        site = self.site
+        opened: list[psycopg.Connection] = []
         try:
-            self._timeouts()
             self.start_clock()
-            self._lock(site.parents(host))  # a parent's lock covers its partitions
-            self._wait_applied([site.back(host)])
-            self._budget()
-            guarded = site.shard_tables(host) + site.parents(host)
-            message = fleet_message(site, host)
-            conn.execute(
-                "".join(
-                    stubs.unguard_sql(s, t) + stubs.guard_sql(s, t, message) for s, t in guarded
-                )
-            )
-            conn.commit()
+            for host in site.fleet_hosts():
+                self.src = site.connect(host, autocommit=False)
+                self.aux = site.connect(host)
+                opened += [self.src, self.aux]
+                self.fleet.append(self.src)
+                self._freeze_host(host)
+            checkpoint("adopt-abort-fleet-locked")
+            if self.reopen:
+                self.src = site.connect(site.source, autocommit=False)
+                opened.append(self.src)
+                self._timeouts()
+                self._budget()
+                _reopen_source(site, self.src)
+                self._late()
+                self.src.commit()  # the old database takes writes; the fleet is locked still
+                checkpoint("adopt-abort-source-open")
+            for conn in self.fleet:
+                conn.commit()
             self._mark("commit")
         except psycopg.errors.QueryCanceled as exc:
-            self._rollback()
             raise FreezeTimeout(
-                f"a statement of the freeze on {host.name} ran past --max-freeze ({db.first_line(exc)})"
+                f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})"
             ) from None
-        except BaseException:
-            self._rollback()
-            raise
         finally:
-            conn.close()
-            self.aux.close()
+            for conn in opened:
+                if not conn.closed and not conn.broken and not conn.autocommit:
+                    try:
+                        conn.rollback()  # nothing is left to roll back after the commits
+                    except psycopg.Error:
+                        pass
+                conn.close()
+
+    def _freeze_host(self, host: Host) -> None:
+        """Lock ``host``'s adopted tables, wait until the old database applied its WAL, then guard
+        them and redirect its shards to the old database (uncommitted)."""
+        site = self.site
+        self._timeouts()
+        self._lock(site.parents(host))  # a parent's lock covers its partitions
+        self._wait_applied([site.back(host)])
+        self._budget()
+        guarded = site.shard_tables(host) + site.parents(host)
+        message = fleet_message(site)
+        self.src.execute(
+            "".join(stubs.unguard_sql(s, t) + stubs.guard_sql(s, t, message) for s, t in guarded)
+        )
+        # Routers whose topology copy still says fleet follow back (the cutover clears these).
+        source, shards = site.source, host.shards
+        control.write_redirects(
+            self.src, shards, [site.schema] * len(shards), source.name, source.dsn, "adoption"
+        )
+        self._late()
+
+    def _late(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise FreezeTimeout(f"the freeze ran past --max-freeze {self.max_freeze:g}s")
 
 
-def _guard_fleet_host(site: Site, host: Host, max_freeze: float, attempts: int) -> None:
+def _abort_freeze(site: Site, max_freeze: float, attempts: int, reopen: bool) -> None:
     with site.connect(site.source) as src:
-        name = site.back(host)
-        if name not in replication.subscriptions(src, [name]):
-            raise OperationFailed(
-                f"abort: the way back from {host.name} (subscription {name} on the old database) is "
-                f"missing: the writes made there since the cutover cannot be carried back; nothing "
-                f"was changed on {host.name}"
-            )
+        names = site.back_names()
+        missing = [n for n in names if n not in replication.subscriptions(src, names)]
+    if missing:
+        raise OperationFailed(
+            f"abort: the way back ({', '.join(missing)} on the old database) is missing: the "
+            f"writes made on the fleet since the cutover cannot be carried back; nothing was changed"
+        )
     last: Exception | None = None
     for attempt in range(1, attempts + 1):
         try:
-            FleetFreeze(site, host, max_freeze).attempt()
+            AbortFreeze(site, max_freeze, reopen).attempt()
             return
         except FreezeTimeout as exc:
             last = exc
-            site.note(f"abort on {host.name}, attempt {attempt}: {exc}; writes resumed there")
+            site.note(f"abort, attempt {attempt}: {exc}; writes resumed on the fleet")
             time.sleep(min(5.0, attempt * 0.5))
     raise OperationFailed(
-        f"abort: gave up on {host.name} after {attempts} attempts ({last}); the fleet stays "
-        f"authoritative; run --abort again or raise --max-freeze"
+        f"abort: gave up after {attempts} attempts ({last}); the fleet stays authoritative; run "
+        f"--abort again or raise --max-freeze"
     )
 
 
-def _reopen_source(site: Site) -> None:
-    """One transaction on the old database: its guards and redirects gone, the run ``aborted``."""
-    with site.connect(site.source, autocommit=False) as src:
-        src.execute(catalog.drop_guards_sql(site.source_tables()))
-        control.clear_redirects(src, list(range(site.topo.shard_count)))
-        catalog.set_run(src, ABORTED, {"abort": {"at": time.time()}, "switched": False})
-        src.commit()
+def _reopen_source(site: Site, src: psycopg.Connection) -> None:
+    """In the abort's freeze, on the old database: its guards and redirects gone, the run
+    ``aborted`` (committed by the caller)."""
+    src.execute(catalog.drop_guards_sql(site.source_tables()))
+    control.clear_redirects(src, list(range(site.topo.shard_count)))
+    catalog.set_run(src, ABORTED, {"abort": {"at": time.time()}, "switched": False})
 
 
 def drop_back(site: Site) -> dict:

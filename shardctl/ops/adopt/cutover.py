@@ -131,6 +131,9 @@ def prepare(site: Site) -> None:
         control.ensure_move_objects(src)  # the guard function and the redirects table
     for host in site.fleet_hosts():
         with site.connect(host) as conn:
+            control.clear_redirects(
+                conn, host.shards
+            )  # an earlier abort's, back to the old database
             parents = site.parents(host)
             ident = catalog.replica_identities(conn, parents)
             alter = [

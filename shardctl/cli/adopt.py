@@ -200,7 +200,12 @@ def copy_cmd(as_json: bool, **given: Any) -> None:
 
     given["plan_file"] = Path(given["plan_file"])
     with move_progress(not as_json) as progress:
-        result = adopt_copy(topo, progress=progress, **given)
+        result = adopt_copy(
+            topo,
+            progress=progress,
+            allow_inline_password=settings().allow_inline_password,
+            **given,
+        )
 
     def human() -> None:
         _print_hosts(f"adopt copy: {result.source}: phase {result.phase}", result.hosts)

@@ -54,8 +54,9 @@ class Writer(threading.Thread):
     votes deleted, and votes given to another user (their key changes: most go to another shard,
     half of them on the other host)."""
 
-    def __init__(self, dsn: str):
+    def __init__(self, dsn: str, app: str = APP):
         super().__init__(daemon=True)
+        self.app = app
         self.dsn, self.stop, self.done, self.errors = dsn, threading.Event(), 0, []
         self.key_moves = 0
 
@@ -71,8 +72,11 @@ class Writer(threading.Thread):
             self.errors.append(repr(exc))
 
     def step(self, conn: psycopg.Connection, rnd: random.Random) -> None:
-        users = [r[0] for r in conn.execute("SELECT id FROM auth_user").fetchall()]
         big = "".join(f"{rnd.getrandbits(128):032x}" for _ in range(400))  # 12.8 kB: TOAST
+        getattr(self, self.app)(conn, rnd, big if rnd.random() < 0.5 else "short")
+
+    def forum_django(self, conn: psycopg.Connection, rnd: random.Random, body: str) -> None:
+        users = [r[0] for r in conn.execute("SELECT id FROM auth_user").fetchall()]
         uid = conn.execute(
             "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name, "
             "email, is_staff, is_active, date_joined) VALUES ('p', false, %s, '', '', '', false, "
@@ -85,20 +89,48 @@ class Writer(threading.Thread):
             (uid,),
         ).fetchone()[0]
         conn.execute(
-            "INSERT INTO forum_post (body, created, author_id, thread_id) "
-            "VALUES (%s, now(), %s, %s)",
-            (big if rnd.random() < 0.5 else "short", uid, thread),
+            "INSERT INTO forum_post (body, created, author_id, thread_id) VALUES (%s, now(), %s, %s)",
+            (body, uid, thread),
         )
         conn.execute(
             "UPDATE forum_post SET body = %s WHERE id = (SELECT id FROM forum_post "
             "ORDER BY random() LIMIT 1)",
-            (big,),
+            (body,),
         )
         conn.execute(
             "DELETE FROM forum_vote WHERE id = (SELECT id FROM forum_vote ORDER BY random() LIMIT 1)"
         )
         moved = conn.execute(
             "UPDATE forum_vote SET user_id = %s WHERE id = (SELECT id FROM forum_vote "
+            "ORDER BY random() LIMIT 1)",
+            (rnd.choice(users),),
+        )
+        self.key_moves += moved.rowcount
+
+    def tasks_prisma(self, conn: psycopg.Connection, rnd: random.Random, body: str) -> None:
+        users = [r[0] for r in conn.execute("SELECT id FROM users").fetchall()]
+        uid = conn.execute(
+            "INSERT INTO users (email, name, plan_id) VALUES (%s, 'w', 1) RETURNING id",
+            (f"w{rnd.getrandbits(48)}@x",),
+        ).fetchone()[0]
+        project = conn.execute(
+            "INSERT INTO projects (user_id, name) VALUES (%s, 'w') RETURNING id", (uid,)
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO tasks (project_id, user_id, title, body, status) "
+            "VALUES (%s, %s, 't', %s, 'DOING')",
+            (project, uid, body),
+        )
+        conn.execute(  # an enum value and a TOAST-sized one change: the routed table's path
+            "UPDATE tasks SET status = 'DONE', body = %s WHERE id = (SELECT id FROM tasks "
+            "ORDER BY random() LIMIT 1)",
+            (body,),
+        )
+        conn.execute(
+            'DELETE FROM "AuditLog" WHERE id = (SELECT id FROM "AuditLog" ORDER BY random() LIMIT 1)'
+        )
+        moved = conn.execute(
+            'UPDATE "AuditLog" SET "userId" = %s WHERE id = (SELECT id FROM "AuditLog" '
             "ORDER BY random() LIMIT 1)",
             (rnd.choice(users),),
         )
@@ -143,7 +175,10 @@ def wait_caught_up(dsn: str, timeout: float = 60) -> None:
             time.sleep(0.1)
 
 
-def assert_same_as_source(path, dsn: str, doc: dict) -> int:
+BIG = {"forum_django": ("forum_post", "body"), "tasks_prisma": ("tasks", "body")}
+
+
+def assert_same_as_source(path, dsn: str, doc: dict, app: str = APP) -> int:
     """Every shard holds exactly the source's rows of its keys, TOAST-sized ones included, and the
     global host the global tables; returns the rows compared."""
     topo = load(path)
@@ -168,9 +203,10 @@ def assert_same_as_source(path, dsn: str, doc: dict) -> int:
                     psycopg.sql.Literal(shard),
                 )
                 assert conn.execute(q).fetchone()[0] == 0, (table, shard, "wrong-shard rows")
+            table, column = BIG[app]
             toast += conn.execute(
-                psycopg.sql.SQL("SELECT count(*) FROM {} WHERE length(body) > 8000").format(
-                    psycopg.sql.Identifier(schema, "forum_post")
+                psycopg.sql.SQL("SELECT count(*) FROM {} WHERE length({}) > 8000").format(
+                    psycopg.sql.Identifier(schema, table), psycopg.sql.Identifier(column)
                 )
             ).fetchone()[0]
     assert toast > 0
@@ -187,8 +223,8 @@ def assert_same_as_source(path, dsn: str, doc: dict) -> int:
     return compared
 
 
-def copy_under_writes(path, plan_file, dsn, *extra: str) -> tuple[dict, Writer]:
-    writer = Writer(dsn)
+def copy_under_writes(path, plan_file, dsn, *extra: str, app: str = APP) -> tuple[dict, Writer]:
+    writer = Writer(dsn, app)
     writer.start()
     try:
         time.sleep(0.3)
@@ -204,18 +240,33 @@ def copy_under_writes(path, plan_file, dsn, *extra: str) -> tuple[dict, Writer]:
     return json.loads(r.stdout), writer
 
 
-def test_copy_under_writes_then_every_shard_equals_the_source(make_fleet, tmp_path):
+@pytest.mark.parametrize(
+    "app, identity_full, nice",
+    [("forum_django", "forum_post", "0.2"), ("tasks_prisma", "projects", "0")],
+)
+def test_copy_under_writes_then_every_shard_equals_the_source(
+    make_fleet, tmp_path, app, identity_full, nice
+):
     dsn = make_fleet.new_database(0)
-    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, app)
     doc = plan_doc(path, dsn)
-    result, writer = copy_under_writes(path, plan_file, dsn, "--nice", "0.2")
+    result, writer = copy_under_writes(path, plan_file, dsn, "--nice", nice, app=app)
     assert result["phase"] == "synced", result
     assert writer.done > 5 and writer.key_moves > 0, (writer.done, writer.key_moves)
     # tables whose identity (their primary key) lacks the key: FULL, recorded
-    assert "forum_post" in result["replica_identity_full"], result
-    assert "auth_user" not in result["replica_identity_full"], result
+    root = doc["root"]
+    assert result["routed"] == (["tasks"] if app == "tasks_prisma" else []), result  # its enum
+    assert identity_full in result["replica_identity_full"], result
+    assert root not in result["replica_identity_full"], result
     wait_caught_up(dsn)
-    assert assert_same_as_source(path, dsn, doc) > 100
+    assert assert_same_as_source(path, dsn, doc, app) > 100
+    adoption = load(path).adoption  # the topology now routes every shard to the old database
+    assert adoption.on_source and adoption.source.dsn == dsn and identity_full in adoption.tables
+    with psycopg.connect(dsn) as conn:  # every old ID is below the floor
+        top = conn.execute(
+            psycopg.sql.SQL("SELECT max(id) FROM {}").format(psycopg.sql.Identifier(identity_full))
+        ).fetchone()[0]
+    assert top < adoption.id_floor == result["id_floor"]
 
     status = json.loads(run_cli("adopt", "status", "--from", dsn, "--json", config=path).stdout)
     assert status["phase"] == "synced" and len(status["hosts"]) == 2, status
@@ -281,10 +332,10 @@ def old_server(request):
 
 
 def test_copy_from_an_older_major(make_fleet, tmp_path, old_server):
-    dsn = old_server
-    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
+    dsn, app = old_server, "tasks_prisma"
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, app)
     doc = plan_doc(path, dsn)
-    result, writer = copy_under_writes(path, plan_file, dsn)
+    result, writer = copy_under_writes(path, plan_file, dsn, app=app)
     assert result["phase"] == "synced" and writer.key_moves > 0, result
     wait_caught_up(dsn)
-    assert assert_same_as_source(path, dsn, doc) > 100
+    assert assert_same_as_source(path, dsn, doc, app) > 100

@@ -53,6 +53,7 @@ _LAZY_MODULES = {
         "BaselineResult",
         "CutoverResult",
     ),
+    "ops.adopt.copy": ("adopt_copy", "adopt_status", "AdoptCopyResult", "AdoptStatus"),
 }
 _LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 _OPERATIONS = tuple(
@@ -62,7 +63,9 @@ _OPERATIONS = tuple(
 __all__ = [
     "AddHostResult",
     "AddShardResult",
+    "AdoptCopyResult",
     "AdoptPlan",
+    "AdoptStatus",
     "AdoptVerifyResult",
     "AsyncRouter",
     "BadInput",
@@ -99,8 +102,10 @@ __all__ = [
     "adopt_abort",
     "adopt_baseline",
     "adopt_cleanup",
+    "adopt_copy",
     "adopt_cutover",
     "adopt_plan",
+    "adopt_status",
     "adopt_verify",
     "check_against_base",
     "cleanup_move",

@@ -1,5 +1,5 @@
 """``shardctl adopt``: bring one live PostgreSQL database into the fleet (``plan``, ``baseline``,
-``cutover`` with ``--abort`` and ``--cleanup``)."""
+``copy``, ``status``, ``verify``, ``cutover`` with ``--abort`` and ``--cleanup``)."""
 
 from __future__ import annotations
 
@@ -162,50 +162,110 @@ def baseline_cmd(as_json: bool, dry_run: bool, **given: Any) -> None:
     finish(as_json, result.to_dict(), human, None)
 
 
-@adopt_group.command("cutover")
-@shown_option(
-    "--max-freeze",
-    AsciiFloat(0.01, 3600),
-    0.5,
-    "Seconds writes to the adopted tables may be frozen; past it the attempt is rolled back.",
+@adopt_group.command("copy")
+@_from_option
+@click.option(
+    "--plan", "plan_file", required=True, metavar="FILE", help="The plan file adopt plan wrote."
 )
-@shown_option("--attempts", AsciiInt(1, 100), 3, "Freezes to try before giving up.")
-@flag_option("--abort", help="Make the old database authoritative again (until --cleanup).")
-@flag_option("--cleanup", help="Drop the way back and the parents: the adoption is final.")
+@shown_option(
+    "--copy-workers",
+    AsciiInt(1, 4),
+    4,
+    "Parallel table copies per fleet host, as of one snapshot.",
+)
+@shown_option(
+    "--nice",
+    AsciiFloat(0, 100),
+    0,
+    "Rest RATIO seconds after each second of the copy, leaving the source's CPU to the "
+    "application (1: the copy runs half the time).",
+    metavar="RATIO",
+)
+@click.option(
+    "--publisher-dsn",
+    metavar="DSN",
+    help="How the fleet's servers reach the old database, if not by --from.",
+)
 @json_option
 @connect_timeout_option
-def cutover_cmd(as_json: bool, abort: bool, cleanup: bool, **given: Any) -> None:
-    """Switch the adopted tables to the fleet in a freeze bounded by --max-freeze (the old database
-    refuses writes from then on); --abort switches back with the writes made since; --cleanup makes it final."""
+def copy_cmd(as_json: bool, **given: Any) -> None:
+    """Copy the database into the fleet online (logical replication: one publication, slot and
+    subscription per fleet host) and leave every later change streaming to the shards. Re-run to
+    resume; `adopt status` shows the progress and lag."""
     topo = settings().topology()
-    from ..errors import BadInput
-
-    if abort and cleanup:
-        raise BadInput("--abort and --cleanup exclude each other")
-    from ..ops.adopt import adopt_abort, adopt_cleanup, adopt_cutover
+    _refuse_inline_password(given["dsn"])
+    from ..ops.adopt.copy import adopt_copy
     from .move import move_progress
     from .options import finish
 
+    given["plan_file"] = Path(given["plan_file"])
     with move_progress(not as_json) as progress:
-        if cleanup:
-            result = adopt_cleanup(
-                topo, connect_timeout=given["connect_timeout"], progress=progress
-            )
-        else:
-            run = adopt_abort if abort else adopt_cutover
-            result = run(topo, progress=progress, **given)
+        result = adopt_copy(
+            topo,
+            progress=progress,
+            allow_inline_password=settings().allow_inline_password,
+            **given,
+        )
 
     def human() -> None:
-        what = {"cutover": "cut over", "abort": "aborted", "cleanup": "cleaned up"}[result.action]
-        line = f"adopt {what}: phase {result.phase}, authoritative: {result.authoritative or '-'}"
-        if result.freeze_seconds is not None:
-            line += f"; writes frozen {result.freeze_seconds:.3f}s ({result.attempts} attempt(s))"
-        stdout.print(line, highlight=False)
-        for kind, names in result.dropped.items():
-            if names:
-                stdout.print(f"dropped {kind}: {', '.join(names)}", highlight=False)
+        _print_hosts(f"adopt copy: {result.source}: phase {result.phase}", result.hosts)
+        for table_name in result.replica_identity_full:
+            stdout.print(f"replica identity FULL: {table_name}", highlight=False)
         for note in result.notes:
             stdout.print(f"note: {note}", highlight=False)
+        stdout.print(
+            f"copied {result.copied_bytes} bytes this run in {result.seconds:.1f}s; "
+            f"id floor {result.id_floor}",
+            highlight=False,
+        )
+
+    finish(as_json, result.to_dict(), human, None)
+
+
+def _print_hosts(title: str, hosts: list) -> None:
+    from ..ops.move.run import human_bytes
+
+    rows = [
+        [
+            h.host,
+            h.shards,
+            h.state,
+            h.rows,
+            human_bytes(h.bytes),
+            human_bytes(h.lag_bytes),
+            "-" if h.lag_seconds is None else f"{h.lag_seconds:.1f}s",
+            human_bytes(h.retained_bytes),
+        ]
+        for h in hosts
+    ]
+    columns = ["host", "shards", "state", "rows", "bytes", "lag", "lag (s)", "WAL held"]
+    stdout.print(table(title, columns, rows))
+
+
+@adopt_group.command("status")
+@_from_option
+@json_option
+@connect_timeout_option
+def status_cmd(as_json: bool, **given: Any) -> None:
+    """The adoption's phase, each fleet host's copy and lag, and the WAL the old database holds
+    for it (read-only)."""
+    topo = settings().topology()
+    _refuse_inline_password(given["dsn"])
+    from ..ops.adopt.copy import adopt_status
+    from ..ops.move.run import human_bytes
+    from .options import finish
+
+    result = adopt_status(topo, **given)
+
+    def human() -> None:
+        _print_hosts(f"adopt status: {result.source}: phase {result.phase}", result.hosts)
+        for table_name in result.replica_identity_full:
+            stdout.print(f"replica identity FULL: {table_name}", highlight=False)
+        stdout.print(
+            f"the source holds {human_bytes(result.held_bytes)} of WAL for the copy "
+            f"({len(result.hosts)} slot(s))",
+            highlight=False,
+        )
 
     finish(as_json, result.to_dict(), human, None)
 
@@ -271,3 +331,51 @@ def verify_cmd(as_json: bool, **given: Any) -> None:
             stdout.print("Every shard holds exactly its keys' rows.", highlight=False)
 
     finish(as_json, result.to_dict(), human, status_of(result))
+
+
+@adopt_group.command("cutover")
+@shown_option(
+    "--max-freeze",
+    AsciiFloat(0.01, 3600),
+    0.5,
+    "Seconds writes to the adopted tables may be frozen; past it the attempt is rolled back.",
+)
+@shown_option("--attempts", AsciiInt(1, 100), 3, "Freezes to try before giving up.")
+@flag_option("--abort", help="Make the old database authoritative again (until --cleanup).")
+@flag_option("--cleanup", help="Drop the way back and the parents: the adoption is final.")
+@json_option
+@connect_timeout_option
+def cutover_cmd(as_json: bool, abort: bool, cleanup: bool, **given: Any) -> None:
+    """Switch the adopted tables to the fleet in a freeze bounded by --max-freeze (the old database
+    refuses writes from then on); --abort switches back with the writes made since; --cleanup makes it final."""
+    topo = settings().topology()
+    from ..errors import BadInput
+
+    if abort and cleanup:
+        raise BadInput("--abort and --cleanup exclude each other")
+    from ..ops.adopt import adopt_abort, adopt_cleanup, adopt_cutover
+    from .move import move_progress
+    from .options import finish
+
+    with move_progress(not as_json) as progress:
+        if cleanup:
+            result = adopt_cleanup(
+                topo, connect_timeout=given["connect_timeout"], progress=progress
+            )
+        else:
+            run = adopt_abort if abort else adopt_cutover
+            result = run(topo, progress=progress, **given)
+
+    def human() -> None:
+        what = {"cutover": "cut over", "abort": "aborted", "cleanup": "cleaned up"}[result.action]
+        line = f"adopt {what}: phase {result.phase}, authoritative: {result.authoritative or '-'}"
+        if result.freeze_seconds is not None:
+            line += f"; writes frozen {result.freeze_seconds:.3f}s ({result.attempts} attempt(s))"
+        stdout.print(line, highlight=False)
+        for kind, names in result.dropped.items():
+            if names:
+                stdout.print(f"dropped {kind}: {', '.join(names)}", highlight=False)
+        for note in result.notes:
+            stdout.print(f"note: {note}", highlight=False)
+
+    finish(as_json, result.to_dict(), human, None)

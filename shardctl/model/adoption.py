@@ -182,7 +182,9 @@ def _source(p: Any, section: Any, hosts_validator: Any, host_type: type) -> Any:
     settings = hosts_validator.settings("adoption.source", node)
     settings.pop("max_jobs", None)
     dsns = hosts_validator.purpose_dsns("adoption.source", node)
-    return host_type(name=SOURCE_HOST, dsn=dsn, shards=[], admin_dsn=dsns.get("admin_dsn"), **settings)
+    return host_type(
+        name=SOURCE_HOST, dsn=dsn, shards=[], admin_dsn=dsns.get("admin_dsn"), **settings
+    )
 
 
 def _name_problem(value: Any) -> str | None:

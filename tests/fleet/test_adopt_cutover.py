@@ -141,7 +141,7 @@ def adopting(make_fleet, users: int = 200, verified: bool = True) -> tuple[Path,
     path = make_fleet(hosts=2, shards=SHARDS, init=True, extra=adoption_text(src_dsn))
     with psycopg.connect(src_dsn, autocommit=True) as src:
         sql(src, SOURCE_DDL)
-        detail = {"replica_identity": {"photos": "d", "likes": "d"}}
+        detail = {"replica_identity": {"photos": ["d", None], "likes": ["d", None]}}
         if verified:
             passed_verify(src)
         sql(

@@ -31,6 +31,7 @@ from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, FreezeTimeout, OperationFailed
 from ...model.topology import Host, Topology
 from ...model.topology_file import drop_adoption_source, flip_adoption
+from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
 from ...sql.catalog import control, replication, stubs
 from ..move import transfer
@@ -62,6 +63,11 @@ def adopt_abort(
         result.dropped = drop_back(site)
         site.note("no cutover ran: the old database is authoritative; nothing was frozen")
     elif phase in (CUT_OVER, ABORTED):
+        if site.routed_tables and phase == CUT_OVER:
+            raise OperationFailed(
+                f"abort: the writes made on the fleet to {', '.join(site.routed_tables)} (routed by "
+                f"trigger by adopt copy) have no way back to the old database; nothing was changed"
+            )
         if phase == CUT_OVER and not detail.get("switched"):
             finish(site)  # the way back must carry the writes Routers made after the freeze
         if not (detail.get("abort") or {}).get("finished"):
@@ -246,28 +252,28 @@ def adopt_cleanup(
 
 
 def _drop_parents(site: Site) -> list[str]:
-    """Each fleet host's partitioned parents: partitions detached (they stay), parent dropped."""
+    """Each fleet host's partitioned parents (partitions detached: they stay) and tables routed by
+    trigger, with their routing functions (schema ``shardctl_adopt``); the global tables stay."""
     out = []
     for host in site.fleet_hosts():
         with site.connect(host, autocommit=False) as conn:
             for schema, table in site.parents(host):
-                if not catalog.is_partitioned(conn, schema, table):
-                    continue  # a global table, or already dropped
+                if table in site.globals or not catalog.relation_exists(conn, schema, table):
+                    continue
                 children = catalog.partitions(conn, schema, table)
                 conn.execute(catalog.detach_and_drop_sql((schema, table), children))
                 out.append(f"{host.name}:{schema}.{table}")
+            catalog.drop_state_schema(conn)
             conn.commit()
     return out
 
 
 def _restore_identities(site: Site, src: psycopg.Connection, detail: dict) -> list[str]:
-    """Put back the replica identities ``adopt copy`` set to FULL (recorded in the run's detail as
-    ``replica_identity``: table → its kind before, ``d`` the primary key)."""
-    recorded = detail.get("replica_identity") or {}
+    """Put back the replica identities ``adopt copy`` set to FULL (its run's detail
+    ``replica_identity``: table → [kind, index] before)."""
     out = []
-    for table, before in recorded.items():
-        kind = before.get("kind") if isinstance(before, dict) else before
-        if kind == "d" and catalog.relation_exists(src, site.schema, table):
-            src.execute(catalog.set_replica_identity_sql(site.schema, table, full=False))
+    for table, (kind, index) in (detail.get("replica_identity") or {}).items():
+        if catalog.relation_exists(src, site.schema, table):
+            copy_catalog.restore_replica_identity(src, site.schema, table, kind, index)
             out.append(table)
     return out

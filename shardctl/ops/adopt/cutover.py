@@ -42,7 +42,7 @@ from ..move.run import Progress, checkpoint, human_bytes, server_side
 from .site import Site
 
 CUT_OVER = "cut_over"
-READY = ("copying", "synced")  # phases a cutover may start from (verify decides whether to)
+READY = ("synced",)  # the phase a cutover starts from: the copy caught up and streams
 SEQUENCE_MARGIN = 1000  # global tables' sequences on the global host start past the source's
 
 
@@ -93,6 +93,11 @@ def adopt_cutover(
     if phase == CUT_OVER:
         site.note("the old database was already frozen: finishing the switch")
     elif phase in READY:
+        if site.routed_tables:
+            site.note(
+                f"no way back for {', '.join(site.routed_tables)} (routed by trigger): --abort "
+                f"will refuse; --cleanup makes the adoption final"
+            )
         prepare(site)
         _freeze(site, max_freeze, attempts, result)
     else:
@@ -134,7 +139,7 @@ def prepare(site: Site) -> None:
             control.clear_redirects(
                 conn, host.shards
             )  # an earlier abort's, back to the old database
-            parents = site.parents(host)
+            parents = site.back_tables(host)
             ident = catalog.replica_identities(conn, parents)
             alter = [
                 catalog.set_replica_identity_sql(s, t, full=True)
@@ -356,4 +361,4 @@ def start_back(site: Site) -> None:
                         f"cutover: the way back from {host.name} could not be made on the old "
                         f"database ({db.first_line(exc)}; {mask(host.dsn)})"
                     ) from None
-            replication.start_subscription(src, name, False, hold, site.parents(host))
+            replication.start_subscription(src, name, False, hold, site.back_tables(host))

@@ -18,9 +18,7 @@ from ...model.adoption import Adoption
 from ...model.topology import Host, Topology
 from ...sql.catalog import adopt_cutover as catalog
 from ..move.run import Progress
-
-FORWARD = "shardctl_adopt_{host}"
-BACK = "shardctl_adopt_back_{host}"
+from .state import slot_name
 
 
 @dataclass
@@ -32,6 +30,7 @@ class Site:
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
     progress: Progress = field(default=lambda step, done, total, note: None)
     notes: list[str] = field(default_factory=list)
+    routed_tables: list[str] = field(default_factory=list)  # see routed()
 
     @classmethod
     def of(
@@ -87,6 +86,11 @@ class Site:
         """Every adopted table on the old database: the sharded ones, then the global ones."""
         return [(self.schema, t) for t in self.tables + self.globals]
 
+    def routed(self, detail: dict) -> list[str]:
+        """The sharded tables ``adopt copy`` routes by trigger (no partitioned parent: their shard
+        tables' types differ), as its run recorded them."""
+        return [t for t in detail.get("routed") or [] if t in self.adoption.tables]
+
     def parents(self, host: Host) -> list[tuple[str, str]]:
         """What ``host`` holds under the old database's names: a partitioned parent per sharded table
         (when the host owns shards), and the global tables on the global host."""
@@ -94,6 +98,11 @@ class Site:
         if host.name == self.global_host.name:
             out += [(self.schema, t) for t in self.globals]
         return out
+
+    def back_tables(self, host: Host) -> list[tuple[str, str]]:
+        """What the way back publishes from ``host``: its parents and global tables, not the tables
+        routed by trigger (their rows are in the shard tables only, under no name the old database has)."""
+        return [p for p in self.parents(host) if p[1] not in self.routed_tables]
 
     def shard_tables(self, host: Host) -> list[tuple[str, str]]:
         """The shard tables of ``host`` that are partitions of the parents, and its global tables."""
@@ -105,11 +114,13 @@ class Site:
     # ---- names -------------------------------------------------------------------------------
     @staticmethod
     def forward(host: Host) -> str:
-        return FORWARD.format(host=host.name)
+        """``adopt copy``'s publication, slot and subscription for ``host``."""
+        return slot_name(host.name)
 
     @staticmethod
     def back(host: Host) -> str:
-        return BACK.format(host=host.name)
+        """The way back's publication, slot and subscription for ``host``."""
+        return slot_name(f"back_{host.name}")
 
     def forward_names(self) -> list[str]:
         return [self.forward(h) for h in self.fleet_hosts()]
@@ -125,6 +136,7 @@ class Site:
                 f"no adoption run is recorded on the old database ({self.source.name}): run "
                 f"`shardctl adopt copy` first"
             )
+        self.routed_tables = self.routed(state[1])
         return state
 
     def note(self, message: str) -> None:

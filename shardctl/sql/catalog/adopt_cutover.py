@@ -11,6 +11,7 @@ import psycopg
 from psycopg import sql
 
 from .control import dumps
+from .stubs import unguard_sql
 
 RUN_TABLE = "shardctl_adopt.run"
 
@@ -153,6 +154,9 @@ def detach_and_drop_sql(parent: tuple[str, str], children: list[tuple[str, str]]
 
 def drop_guards_sql(items: list[tuple[str, str]]) -> str:
     """The guard trigger dropped from each of ``items`` (the move's ``stubs.unguard_sql``)."""
-    from .stubs import unguard_sql
-
     return "".join(unguard_sql(s, t) for s, t in items)
+
+
+def drop_state_schema(conn: psycopg.Connection) -> None:
+    """``shardctl_adopt`` on a fleet host: the routing functions of ``adopt copy``'s routed tables."""
+    conn.execute("DROP SCHEMA IF EXISTS shardctl_adopt CASCADE")

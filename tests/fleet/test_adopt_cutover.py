@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from support import crash_at
+from support.apps import apply_fixes, load_app
 from support.fleet import load, run_cli, stale_copy
 from support.history import History
 
@@ -468,3 +469,54 @@ def test_sigkill_in_abort_or_cleanup_then_rerun_finishes(make_fleet, point):
         assert phase == "cleaned" and load(path).adoption.source is None
         assert leftovers(path, src_dsn) == {}
         assert new in fleet_rows(path, "photos")
+
+
+def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(make_fleet, tmp_path):
+    """The whole path on the Django forum's schema with ``adopt copy`` and ``adopt verify``: after the
+    cutover, an edit and a delete made on the fleet (a post, whose replica identity on the old
+    database is FULL, and a vote) reach the old database through --abort."""
+    dsn = make_fleet.new_database(0)
+    path = make_fleet(hosts=2, shards=SHARDS, extra="routing:\n  key: user_id\n")
+    for f in (path.parent / "migrations").iterdir():
+        f.unlink()
+    load_app(dsn, "forum_django", users=20)
+    r = run_cli("adopt", "plan", "--from", dsn, "--json", config=path)
+    apply_fixes(dsn, "forum_django", json.loads(r.stdout))
+    plan_file = tmp_path / "plan.yaml"
+    steps = [
+        ("adopt", "plan", "--from", dsn, "--out", plan_file),
+        ("adopt", "baseline", "--from", dsn, "--plan", plan_file),
+        ("init",),
+        ("adopt", "copy", "--from", dsn, "--plan", plan_file),
+        ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
+        ("adopt", "cutover"),
+    ]
+    for step in steps:
+        r = run_cli(*step, config=path)
+        assert r.exit_code == 0, (step, r)
+    topo = load(path)
+    with psycopg.connect(dsn, autocommit=True) as src:
+        post, author = sql(src, "SELECT id, author_id FROM forum_post ORDER BY id LIMIT 1")[0]
+        vote, voter = sql(src, "SELECT id, user_id FROM forum_vote ORDER BY id LIMIT 1")[0]
+        count = sql(src, "SELECT count(*) FROM forum_post")[0][0]
+    on_fleet = 0
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            for n in host.shards:
+                s = topo.schema_name(n)
+                on_fleet += sql(conn, f"SELECT count(*) FROM {s}.forum_post")[0][0]
+                if n == author % SHARDS:
+                    sql(
+                        conn,
+                        f"UPDATE {s}.forum_post SET body = 'edited on the fleet' WHERE id = %s",
+                        post,
+                    )
+                if n == voter % SHARDS:
+                    sql(conn, f"DELETE FROM {s}.forum_vote WHERE id = %s", vote)
+    assert on_fleet == count
+    assert cli_json(path, "--abort")["phase"] == "aborted"
+    with psycopg.connect(dsn, autocommit=True) as src:
+        assert sql(src, "SELECT body FROM forum_post WHERE id = %s", post) == [
+            ("edited on the fleet",)
+        ]
+        assert sql(src, "SELECT count(*) FROM forum_vote WHERE id = %s", vote) == [(0,)]

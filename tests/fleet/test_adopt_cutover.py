@@ -457,7 +457,7 @@ def test_freeze_does_not_grow_with_the_data_large(make_fleet):
     "point",
     [
         "adopt-abort-source-open",
-        "adopt-cleanup-recorded",
+        pytest.param("adopt-cleanup-recorded", marks=pytest.mark.slow),
         pytest.param("adopt-abort-fleet-locked", marks=pytest.mark.slow),
         pytest.param("adopt-abort-flipped", marks=pytest.mark.slow),
         pytest.param("adopt-cleanup-back-dropped", marks=pytest.mark.slow),

@@ -281,6 +281,12 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             id=moved_project,
             table="projects",
         ) == [(new_user,)]  # the key it has now, found on the shard of its new key
+        # decode-id: a pre-adoption ID, and with --table the shard its key is on (from the id map)
+        tid, _, user = wanted[0]
+        r = run_cli("decode-id", str(tid), "--table", "tasks", "--json", config=path)
+        doc = json.loads(r.stdout)["ids"][0]
+        assert r.exit_code == 0 and doc["pre_adoption"] and doc["shard"] == user % 4, r
+        assert doc["host"] == topo.host_of(user % 4).name
         # the root table: its old ID is its key, no lookup
         user = wanted[0][2]
         rows, calls = counter.delta(

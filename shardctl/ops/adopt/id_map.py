@@ -248,3 +248,24 @@ def _drop_source_side(topology: Topology, source: Host, connect_timeout: int) ->
             if ident.index is not None and ident.index.split(".")[-1] == index:
                 catalog.set_identity(src, schema, t.name, None)
             catalog.drop_index(src, schema, index)
+
+
+def lookup_key(
+    topology: Topology,
+    table: AdoptedTable,
+    value: int,
+    *,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+) -> Any:
+    """The key the id map holds for pre-adoption ID ``value`` of ``table`` (None: no such row)."""
+    from ...sql.catalog import router as queries
+
+    place = id_map_place(topology)
+    host = topology.host(place.host)
+    with db.connect(
+        host, connect_timeout=connect_timeout, purpose="decode-id", database=place.dbname
+    ) as conn:
+        rows = conn.execute(
+            queries.id_map_key_query(table.name, table.id, table.key), (value,)
+        ).fetchall()
+    return queries.id_map_key(rows)

@@ -15,6 +15,7 @@ lookup at most once: never a fan-out over the shards.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -30,7 +31,31 @@ from shardctl.model.adoption import Adoption, tables_from_plan
 from shardctl.model.topology_file import flip_adoption, write_adoption
 from shardctl.ops.adopt.id_map import ID_MAP_NAME, drop_id_map, ensure_id_map, wait_id_map
 from shardctl.ops.adopt.plan import source_host
-from shardctl.router import Router
+from shardctl.router import AsyncRouter, Router
+from shardctl.sqlalchemy import sessionmaker
+
+
+def orm_models():
+    """SQLAlchemy models of two of the app's tables (the columns these tests read)."""
+    from sqlalchemy import BigInteger, Column, Text
+    from sqlalchemy.orm import declarative_base
+
+    Base = declarative_base()
+
+    class User(Base):
+        __tablename__ = "users"
+        id = Column(BigInteger, primary_key=True)
+        email = Column(Text)
+
+    class Task(Base):
+        __tablename__ = "tasks"
+        __shard_key__ = "user_id"
+        id = Column(BigInteger, primary_key=True)
+        title = Column(Text)
+        user_id = Column(BigInteger)
+
+    return User, Task
+
 
 ROUTING = "routing:\n  key: user_id\nplacement:\n  global_host: pg2\n"
 MAPPED = ("AuditLog", "projects", "tasks")  # sharded, with an ID column, not the root (users)
@@ -241,6 +266,10 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         assert router.execute(query="SELECT count(*) FROM plans", global_=True) == [(plans,)]
         with pytest.raises(BadInput, match=r"pre-adoption ID .* pass table="):
             router.execute(None, get_task, (task_id,), id=task_id)
+        User, Task = orm_models()
+        Session = sessionmaker(router)
+        with Session() as session:
+            assert session.get(Task, task_id).title == task_title  # on the old database
 
         # The cutover flips the file; the Router follows it (as after a move: the file is re-read).
         assert flip_adoption(path, "fleet")
@@ -281,6 +310,30 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             id=moved_project,
             table="projects",
         ) == [(new_user,)]  # the key it has now, found on the shard of its new key
+        # shardctl.sqlalchemy: session.get by an old ID, the same two round trips
+        tid, title, user = wanted[-1]
+        with Session() as session:
+            got, calls = counter.delta(
+                "tasks.title, ", lambda: session.get(Task, tid), 'FROM public."tasks"'
+            )
+            assert (got.title, got.user_id) == (title, user)
+            assert calls == {
+                dbname(topo.host_of(user % 4)): 1,
+                "lookups": {made.id_map.dbname: 1},
+            }, calls
+            email = (
+                psycopg.connect(src)
+                .execute("SELECT email FROM users WHERE id = %s", (user,))
+                .fetchone()[0]
+            )
+            assert session.get(User, user).email == email  # the root: no lookup
+
+        # the AsyncRouter: the same lookup, awaited
+        async def async_get():
+            async with AsyncRouter(topo) as arouter:
+                return await arouter.execute(None, get_task, (tid,), id=tid, table="tasks")
+
+        assert asyncio.run(async_get()) == [(title,)]
         # decode-id: a pre-adoption ID, and with --table the shard its key is on (from the id map)
         tid, _, user = wanted[0]
         r = run_cli("decode-id", str(tid), "--table", "tasks", "--json", config=path)

@@ -21,6 +21,13 @@ TABLE_KEYS = {"id", "key"}
 ID_MAP_KEYS = {"host", "dbname"}
 AUTHORITIES = ("source", "fleet")
 SOURCE_HOST = "source"  # the name the old database goes by where a host name is shown
+DEFAULT_ID_MAP_DB = "shardctl_adopt_ids"  # the id map database, unless the section names one
+
+
+def default_id_map(global_host: str | None, first_host: str) -> IdMap:
+    """Where the id map goes when the section names no ``id_map``: the global host (else the first
+    host), database ``shardctl_adopt_ids``."""
+    return IdMap(global_host or first_host, DEFAULT_ID_MAP_DB)
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,9 @@ def _source(p: Any, section: Any, hosts_validator: Any, host_type: type) -> Any:
     settings = hosts_validator.settings("adoption.source", node)
     settings.pop("max_jobs", None)
     dsns = hosts_validator.purpose_dsns("adoption.source", node)
-    return host_type(name=SOURCE_HOST, dsn=dsn, shards=[], admin_dsn=dsns.get("admin_dsn"), **settings)
+    return host_type(
+        name=SOURCE_HOST, dsn=dsn, shards=[], admin_dsn=dsns.get("admin_dsn"), **settings
+    )
 
 
 def _name_problem(value: Any) -> str | None:

@@ -19,7 +19,7 @@ import psycopg.conninfo
 
 from ..engine.connections import APPLICATION_NAME
 from ..engine.defaults import DEFAULT_CONNECT_TIMEOUT
-from ..errors import BadInput
+from ..errors import BadInput, ConfigError
 from ..ids.old_ids import adopted_table, root_shard
 from ..ids.routing import placement_shard, shard_for_key
 from ..model.adoption import AdoptedTable
@@ -408,7 +408,10 @@ class Routing:
         answer."""
         adoption = self.placement.topology.adoption
         if adoption is not None and adoption.on_source:
-            self.reload()
+            try:
+                self.reload()
+            except ConfigError as exc:  # a file edited badly: route by the last good one
+                log.warning("topology file not reloaded: %s", exc)
         return self.placement.locate(shard)
 
     def redirects(self) -> dict[int, str]:

@@ -87,3 +87,10 @@ def test_the_async_router_routes_the_same(path):
     router = AsyncRouter(Topology.load(path))
     assert where(router, 3) == ("source", "app")
     assert router.target(id=7, table="users") == 7
+
+
+def test_a_file_edited_badly_keeps_the_last_good_routing(path, caplog):
+    router = Router(Topology.load(path))
+    path.write_text(TOPOLOGY.replace("authoritative: source", "authoritative: sideways"))
+    assert where(router, 1) == ("source", "app")
+    assert "topology file not reloaded" in caplog.text

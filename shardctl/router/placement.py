@@ -403,11 +403,11 @@ class Routing:
 
     def _locate(self, shard: int) -> Host:
         """The host serving ``shard``: a redirect this Router followed, else the topology's owner.
-        While an adopted old database is authoritative, the file is looked at first (one ``stat``):
-        the cutover's flip is seen by the next call, reads included, which the old tables still
-        answer."""
+        While an adoption names its old database (from the copy to the cleanup), the file is looked at
+        first (one ``stat``): the cutover's flip, and its abort's flip back, are seen by the next
+        call, reads included, which the tables left behind still answer."""
         adoption = self.placement.topology.adoption
-        if adoption is not None and adoption.on_source:
+        if adoption is not None and adoption.source is not None:
             try:
                 self.reload()
             except ConfigError as exc:  # a file edited badly: route by the last good one

@@ -54,6 +54,9 @@ def test_every_shard_is_the_old_database_until_the_flip(path):
     assert flip_adoption(path, "fleet")  # seen by the next call: no reload() here
     assert [where(router, n) for n in (0, 5)] == [("pg1", "insta0"), ("pg2", "insta5")]
     assert where(router, GLOBAL) == ("pg2", "public")
+    assert flip_adoption(path, "source")  # the abort: seen by the next call too
+    assert where(router, 5) == ("source", "app")
+    flip_adoption(path, "fleet")
     assert router.target(global_=True) == GLOBAL
     assert router._pools == {}  # routing alone connects nowhere
 

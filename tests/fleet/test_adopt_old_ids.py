@@ -26,6 +26,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+from sqlalchemy import select
 from support.apps import apply_fixes, load_app
 from support.fleet import load, run_cli
 
@@ -51,6 +52,11 @@ def orm_models():
         id = Column(BigInteger, primary_key=True)
         email = Column(Text)
 
+    class Plan(Base):  # a global table
+        __tablename__ = "plans"
+        id = Column(BigInteger, primary_key=True)
+        name = Column(Text)
+
     class Task(Base):
         __tablename__ = "tasks"
         __shard_key__ = "user_id"
@@ -58,7 +64,7 @@ def orm_models():
         title = Column(Text)
         user_id = Column(BigInteger)
 
-    return User, Task
+    return User, Task, Plan
 
 
 def django_get(path, task_id: int) -> dict:
@@ -105,8 +111,22 @@ def adopted_fleet(make_fleet, tmp_path):
 
 
 def filled(topo, src: str, plan: dict) -> None:
-    """Every shard filled with its keys' rows as the old database has them now (checked)."""
+    """Every shard filled with its keys' rows as the old database has them now (checked), and the
+    global table ``plans`` on the global host, in ``public``."""
     fill_shards(topo, src, plan)
+    with (
+        psycopg.connect(**topo.host(topo.global_host).connect_kwargs("admin")) as g,
+        psycopg.connect(src) as s,
+    ):
+        g.execute(
+            "CREATE TABLE public.plans (id integer PRIMARY KEY, name text, price_cents integer)"
+        )
+        with (
+            s.cursor().copy("COPY plans TO STDOUT") as out,
+            g.cursor().copy("COPY public.plans FROM STDIN") as into,
+        ):
+            for data in out:
+                into.write(data)
     for name, t in tables_from_plan(plan)[0].items():
         on_shards = set()
         for n in range(topo.shard_count):
@@ -288,10 +308,15 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         assert router.execute(query="SELECT count(*) FROM plans", global_=True) == [(plans,)]
         with pytest.raises(BadInput, match=r"pre-adoption ID .* pass table="):
             router.execute(None, get_task, (task_id,), id=task_id)
-        User, Task = orm_models()
+        User, Task, Plan = orm_models()
         Session = sessionmaker(router)
+        plan_names = sorted(n for (n,) in psycopg.connect(src).execute("SELECT name FROM plans"))
         with Session() as session:
             assert session.get(Task, task_id).title == task_title  # on the old database
+            # a global table's model: its statements go where the global tables are
+            assert sorted(p.name for p in session.scalars(select(Plan))) == plan_names
+            first = psycopg.connect(src).execute("SELECT id, name FROM plans LIMIT 1").fetchone()
+            assert session.get(Plan, first[0]).name == first[1]
 
         # The cutover flips the file (and the old tables refuse: here renamed away); the Router, not
         # restarted, sees the flip at its next call (it looks at the file while the old database is
@@ -366,11 +391,13 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
 
         assert asyncio.run(async_get()) == [(title,)]
         # shardctl.django: Model.objects.get(pk=old ID) and a save, in a process of its own
-        _, calls = counter.delta(
+        got, calls = counter.delta(
             '"tasks"."id" =',
             lambda: django_get(path, tid),
             'FROM public."tasks"',
         )
+        assert (got["title"], got["user_id"]) == (title, user)
+        assert got["plans"] == plan_names  # the global table, on the global host
         assert calls["lookups"] == {made.id_map.dbname: 2}  # the get's and the save's
         assert {db: n for db, n in calls.items() if db != "lookups"} == {
             dbname(topo.host_of(user % 4)): 2
@@ -392,7 +419,18 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         assert rows == [(user,)] and calls == {dbname(topo.host_of(user % 4)): 1}
         assert set(calls) <= fleet_dbs
         # globals: on placement.global_host's public schema once the fleet is authoritative
-        assert router.execute(query="SELECT 1", global_=True) == [(1,)]
+        # (pg_stat_statements counts statements of one shape together, whatever their text: a
+        # statement no other part of this test sends on the global host)
+        got, calls = counter.delta(
+            "count(*) FROM plans",
+            lambda: router.execute(query="SELECT count(*) FROM plans", global_=True),
+        )
+        assert got == [(len(plan_names),)] and calls == {dbname(topo.host(topo.global_host)): 1}
+        with Session() as session:
+            _, calls = counter.delta(
+                "FROM public.plans", lambda: session.scalars(select(Plan)).all()
+            )
+            assert calls == {dbname(topo.host(topo.global_host)): 1}, calls
     drop_id_map(topo, source)
     with psycopg.connect(src) as conn:
         assert not conn.execute(

@@ -431,7 +431,17 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
                 "FROM public.plans", lambda: session.scalars(select(Plan)).all()
             )
             assert calls == {dbname(topo.host(topo.global_host)): 1}, calls
-    drop_id_map(topo, source)
+    # --cleanup: the old database's side goes, the id map and its rows stay (old IDs live forever)
+    drop_id_map(topo, source, keep_data=True)
+    assert pairs(ids_dsn, "projects", "id", "user_id") == pairs(src, "projects", "id", "user_id")
+    with psycopg.connect(ids_dsn) as conn:
+        assert not conn.execute("SELECT 1 FROM pg_subscription").fetchall()
+    drop_id_map(topo, source)  # --abort's: the database too
+    assert topo.global_host == made.id_map.host == "pg2"  # the second server's
+    with psycopg.connect(make_fleet.new_database(1)) as conn:
+        assert not conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (made.id_map.dbname,)
+        ).fetchall()
     with psycopg.connect(src) as conn:
         assert not conn.execute(
             "SELECT 1 FROM pg_publication WHERE pubname LIKE %s", (f"{ID_MAP_NAME}%",)

@@ -384,12 +384,17 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             )
             assert session.get(User, user).email == email  # the root: no lookup
 
-        # the AsyncRouter: the same lookup, awaited
+        # the AsyncRouter and an AsyncSession over it: the same lookup, awaited
         async def async_get():
-            async with AsyncRouter(topo) as arouter:
-                return await arouter.execute(None, get_task, (tid,), id=tid, table="tasks")
+            from shardctl.sqlalchemy.asyncio import async_sessionmaker
 
-        assert asyncio.run(async_get()) == [(title,)]
+            async with AsyncRouter(topo) as arouter:
+                rows = await arouter.execute(None, get_task, (tid,), id=tid, table="tasks")
+                async with async_sessionmaker(arouter)() as session:
+                    task = await session.get(Task, tid)
+                    return rows, (task.title, task.user_id)
+
+        assert asyncio.run(async_get()) == ([(title,)], (title, user))
         # shardctl.django: Model.objects.get(pk=old ID) and a save, in a process of its own
         got, calls = counter.delta(
             '"tasks"."id" =',

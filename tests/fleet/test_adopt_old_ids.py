@@ -339,7 +339,7 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             rows, calls = counter.delta(
                 "FROM tasks WHERE id",
                 lambda tid=tid: router.execute(None, get_task, (tid,), id=tid, table="tasks"),
-                lookup='FROM public."tasks"',
+                lookup='FROM "public"."tasks"',
             )
             assert rows == [(title,)], tid
             # two round trips: one lookup in the id map, the statement on one shard's database
@@ -349,7 +349,7 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             }, calls
         # one lookup per get: the id map's calls grew by exactly one for the last get
         _, lookups = counter.delta(
-            'FROM public."projects" WHERE',
+            'FROM "public"."projects" WHERE',
             lambda: router.execute(
                 None,
                 "SELECT user_id FROM projects WHERE id = %s",
@@ -370,7 +370,7 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         tid, title, user = wanted[-1]
         with Session() as session:
             got, calls = counter.delta(
-                "tasks.title, ", lambda: session.get(Task, tid), 'FROM public."tasks"'
+                "tasks.title, ", lambda: session.get(Task, tid), 'FROM "public"."tasks"'
             )
             assert (got.title, got.user_id) == (title, user)
             assert calls == {
@@ -399,7 +399,7 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         got, calls = counter.delta(
             '"tasks"."id" =',
             lambda: django_get(path, tid),
-            'FROM public."tasks"',
+            'FROM "public"."tasks"',
         )
         assert (got["title"], got["user_id"]) == (title, user)
         assert got["plans"] == plan_names  # the global table, on the global host

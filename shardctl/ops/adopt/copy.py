@@ -289,7 +289,12 @@ def _check_plan(job: Copy, path: Path) -> None:
         )
     conn = read_source(job.source, job.options["connect_timeout"], "adopt copy")
     try:
-        fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+        try:
+            fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+        except BadInput as exc:
+            raise BadInput(
+                f"--plan {path} is not a plan of this database ({exc}): run adopt plan again"
+            ) from None
         conn.rollback()
     finally:
         conn.close()
@@ -464,7 +469,7 @@ def _routed(job: Copy, conn: psycopg.Connection, target: Target) -> dict[str, li
         job.routed = {}
         for table, _ in job.sharded:
             cols = catalog.shard_typed_columns(conn, (first, table))
-            if any(own for _, _, own, _ in cols):
+            if any(c[2] for c in cols):
                 job.routed[table] = cols
     return job.routed or {}
 
@@ -511,6 +516,7 @@ def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tupl
     routed table's per-shard-typed columns read as text)."""
     keys = dict(job.sharded)
     routed = {t: {c[0]: c[3] for c in cols if c[2]} for t, cols in (job.routed or {}).items()}
+    # rows of routed tables are read as text there, and routed into the shards by the copy itself
     pairs = []
     for table in _tables(job, target):
         cols = catalog.columns(tgt, job.schema, table)
@@ -521,12 +527,28 @@ def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tupl
             if table in keys
             else None
         )
-        pairs.append(
-            (
-                catalog.copy_out_rows(job.schema, table, out, where),
-                catalog.copy_in_columns(job.schema, table, cols),
-            )
+        pair = (
+            catalog.copy_out_rows(job.schema, table, out, where),
+            catalog.copy_in_columns(job.schema, table, cols),
         )
+        if as_text:  # the trigger off while the copy routes the rows itself, set-based
+            into = [
+                catalog.route_rows(
+                    job.schema,
+                    table,
+                    job.topo.schema_name(n),
+                    n,
+                    keys[table],
+                    job.topo.modulus,
+                    job.routed[table],
+                )
+                for n in target.shards
+            ]
+            pair += (
+                [catalog.route_trigger(job.schema, table, enable=False)],
+                [*into, catalog.route_trigger(job.schema, table, enable=True)],
+            )
+        pairs.append(pair)
     return pairs
 
 

@@ -261,7 +261,8 @@ def test_copy_under_writes_then_every_shard_equals_the_source(
         ).fetchone()[0]
     assert top < adoption.id_floor == result["id_floor"]
 
-    status = json.loads(run_cli("adopt", "status", "--from", dsn, "--json", config=path).stdout)
+    # the topology's adoption.source names the old database: no --from needed
+    status = json.loads(run_cli("adopt", "status", "--json", config=path).stdout)
     assert status["phase"] == "synced" and len(status["hosts"]) == 2, status
     for host in status["hosts"]:
         assert host["state"] == "streaming" and host["rows"] > 0, host

@@ -21,10 +21,25 @@ from support.fleet import admin_dsn, load, run_cli, sandbox_dir
 from support.versions import need
 
 from shardctl.dev.sandbox import Sandbox
+from shardctl.errors import ShardctlError
+from shardctl.ops.adopt.id_map import drop_id_map
 
 ROUTING = "routing:\n  key: user_id\n"
 SHARDS = 4
 APP = "forum_django"
+
+
+@pytest.fixture(autouse=True)
+def drop_id_maps(make_fleet):
+    """After each test: the id map databases its copies made (the fleet maker does not know them)."""
+    yield
+    for path in make_fleet.base.glob("fleet-*/shardctl.yaml"):
+        topo = load(path)
+        if topo.adoption is not None:
+            try:
+                drop_id_map(topo, topo.adoption.source, connect_timeout=3)
+            except (psycopg.Error, ShardctlError):
+                drop_id_map(topo, None, connect_timeout=3)
 
 
 def adopted_fleet(make_fleet, tmp_path, dsn: str, app: str = APP, users: int = 40):
@@ -260,6 +275,9 @@ def test_copy_under_writes_then_every_shard_equals_the_source(
             psycopg.sql.SQL("SELECT max(id) FROM {}").format(psycopg.sql.Identifier(identity_full))
         ).fetchone()[0]
     assert top < adoption.id_floor == result["id_floor"]
+    assert adoption.id_map.dbname.endswith("_adopt_ids"), (
+        adoption.id_map
+    )  # its own, beside the fleet's
 
     # the topology's adoption.source names the old database: no --from needed
     status = json.loads(run_cli("adopt", "status", "--json", config=path).stdout)
@@ -273,8 +291,8 @@ def test_copy_under_writes_then_every_shard_equals_the_source(
 
 
 def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_path):
-    """SIGKILL in the middle of a host's COPY, then after a host's copy is recorded, then after its
-    subscription is made (not started): each re-run starts over what was cut short, keeps the rest,
+    """SIGKILL in the middle of a host's COPY, then after a host's copy is recorded and its
+    subscription made (not started): each re-run starts over what was cut short, keeps the rest,
     and the shards end equal to the source, under writes the whole time."""
     dsn = make_fleet.new_database(0)
     path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
@@ -283,7 +301,7 @@ def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_
     writer = Writer(dsn)
     writer.start()
     try:
-        for point in ("adopt-mid-copy", "adopt-after-copy", "adopt-after-subscription"):
+        for point in ("adopt-mid-copy", "adopt-after-subscription"):
             killed = crash_at.run(point, *args, timeout=120)
             assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr)
             status = json.loads(
@@ -307,7 +325,11 @@ def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_
             "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() "
             "ORDER BY 1"
         ).fetchall()
-    assert [s[0] for s in slots] == ["shardctl_adopt_pg1", "shardctl_adopt_pg2"], slots
+    assert [s[0] for s in slots] == [
+        "shardctl_adopt_ids",
+        "shardctl_adopt_pg1",
+        "shardctl_adopt_pg2",
+    ], slots
 
 
 @pytest.fixture(params=["16", pytest.param("17", marks=pytest.mark.slow)])

@@ -404,8 +404,9 @@ def test_copy_at_size(make_fleet, tmp_path, app):
     dsn = make_fleet.new_database(0)
     path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, app, users=2000)
     doc = plan_doc(path, dsn)
-    result, writer = copy_under_writes(path, plan_file, dsn, app=app)
+    result, writer = copy_under_writes(path, plan_file, dsn, "--nice", "0.5", app=app)
     assert result["phase"] == "synced" and writer.key_moves > 0, result
+    assert result["rested_seconds"] > 0, result  # --nice paced the copy
     print(f"{app}: copied {result['copied_bytes']} bytes in {result['seconds']} s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 10_000

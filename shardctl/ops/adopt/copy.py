@@ -116,6 +116,8 @@ class AdoptStatus(Result):
     hosts: list[HostCopy] = field(default_factory=list)
     replica_identity_full: list[str] = field(default_factory=list)
     held_bytes: int = 0  # WAL the source keeps for the copy: the largest a slot retains
+    id_map_lag_bytes: int | None = None  # the id map's subscription, behind the source
+    routed: list[str] = field(default_factory=list)  # see AdoptCopyResult.routed
     id_floor: int | None = None
 
     @property
@@ -767,5 +769,7 @@ def adopt_status(
         ids = catalog.slot_figures(src, [ID_MAP_NAME]).get(ID_MAP_NAME, {})
         held = [h.retained_bytes or 0 for h in result.hosts] + [ids.get("retained_bytes") or 0]
         result.held_bytes = max(held)
+        result.id_map_lag_bytes = ids.get("lag_bytes")
+        result.routed = list(run.detail.get("routed") or [])
         result.id_floor = run.detail.get("id_floor")
     return result

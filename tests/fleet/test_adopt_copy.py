@@ -370,8 +370,8 @@ def source_state(dsn: str) -> tuple:
 
 
 def test_bad_input_one_line_exit_2_nothing_changed(make_fleet, tmp_path):
-    """No plan file, a plan of another database, a fleet not inited: one line, exit 2, and neither the
-    source, the fleet nor the topology file changed."""
+    """No plan file, a plan of another database, a fleet not inited, a fleet past the baseline: one
+    line, exit 2, and neither the source nor the topology file changed."""
     path = make_fleet(hosts=2, shards=SHARDS, extra=ROUTING)
     for f in (path.parent / "migrations").iterdir():
         f.unlink()
@@ -392,6 +392,18 @@ def test_bad_input_one_line_exit_2_nothing_changed(make_fleet, tmp_path):
         r = run_cli("adopt", "copy", "--from", source, "--plan", plan, config=path)
         assert r.exit_code == 2 and words in r.stderr, (words, r)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert source_state(dsn) == before and path.read_text() == text
+    # a fleet migrated past the baseline: its shards have a column the old database has not
+    assert (
+        run_cli("adopt", "baseline", "--from", dsn, "--plan", plan_file, config=path).exit_code == 0
+    )
+    (path.parent / "migrations" / "V0002__more.sql").write_text(
+        "ALTER TABLE {{ schema|ident }}.forum_post ADD COLUMN score int;\n"
+    )
+    assert run_cli("init", config=path).exit_code == 0
+    text = path.read_text()
+    r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, config=path)
+    assert r.exit_code == 2 and "forum_post has column score" in r.stderr, r
     assert source_state(dsn) == before and path.read_text() == text
     r = run_cli("adopt", "status", "--from", dsn, "--json", config=path)
     assert r.exit_code == 0 and json.loads(r.stdout)["phase"] == "none", r

@@ -165,6 +165,7 @@ class Copy:
         self.pacers: list[Pacer] = []
         self.run: Run | None = None
         self.routed: dict[str, list[tuple]] | None = None  # see _routed
+        self.source_columns: dict[str, set[str]] = {}  # table → its columns on the source
         self.result = AdoptCopyResult(source=source.masked_dsn, phase=str(Phase.NEW))
         self.global_host = topo.global_host or topo.hosts[0].name
 
@@ -293,7 +294,9 @@ def _check_plan(job: Copy, path: Path) -> None:
     conn = read_source(job.source, job.options["connect_timeout"], "adopt copy")
     try:
         try:
-            fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+            fresh, tables = read_plan_snapshot(
+                conn, job.topo, job.source, job.schema, job.doc["root"]
+            )
         except BadInput as exc:
             raise BadInput(
                 f"--plan {path} is not a plan of this database ({exc}): run adopt plan again"
@@ -302,6 +305,7 @@ def _check_plan(job: Copy, path: Path) -> None:
     finally:
         conn.close()
     _compare(job.doc, fresh, path)
+    job.source_columns = {name: {c.name for c in t.columns} for name, t in tables.items()}
     if fresh.blockers:
         raise OperationFailed(
             f"adopt copy: the plan has {len(fresh.blockers)} blocker(s): "
@@ -329,6 +333,14 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                         f"host {target.host.name}: shard schema {schema} has no table "
                         f"{', '.join(lacking[:3])}: the fleet is not at the baseline (run shardctl "
                         f"init with the baseline adopt baseline wrote)"
+                    )
+            for table in tables if schemas else []:
+                extra = set(catalog.columns(conn, schemas[0], table)) - job.source_columns[table]
+                if extra:
+                    raise BadInput(
+                        f"host {target.host.name}: {schemas[0]}.{table} has column "
+                        f"{min(extra)}, which the old database has not: the fleet is past "
+                        f"the baseline; adopt before migrating further"
                     )
 
 

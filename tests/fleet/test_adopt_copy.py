@@ -416,9 +416,25 @@ def test_copy_at_size(make_fleet, tmp_path, app):
     dsn = make_fleet.new_database(0)
     path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, app, users=2000)
     doc = plan_doc(path, dsn)
-    result, writer = copy_under_writes(path, plan_file, dsn, "--nice", "0.5", app=app)
+    seen, stop = [], threading.Event()
+
+    def watch() -> None:  # adopt status while the copy runs: the COPYs' rows as they go
+        from shardctl import Topology, adopt_status
+
+        while not stop.is_set():
+            seen.extend(h for h in adopt_status(Topology.load(path), dsn).hosts if h.rows)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result, writer = copy_under_writes(path, plan_file, dsn, "--nice", "0.5", app=app)
+    finally:
+        stop.set()
+        watcher.join()
     assert result["phase"] == "synced" and writer.key_moves > 0, result
     assert result["rested_seconds"] > 0, result  # --nice paced the copy
+    assert any(h.state == "copying" and h.bytes > 0 for h in seen), seen[:3]
     print(f"{app}: copied {result['copied_bytes']} bytes in {result['seconds']} s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 10_000

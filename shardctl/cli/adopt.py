@@ -171,7 +171,7 @@ def baseline_cmd(as_json: bool, dry_run: bool, **given: Any) -> None:
     "--copy-workers",
     AsciiInt(1, 4),
     4,
-    "Parallel table copies per fleet host, as of one snapshot.",
+    "COPY streams from the old database in all, spread over the fleet hosts (copied at once).",
 )
 @shown_option(
     "--nice",

@@ -210,7 +210,9 @@ def copy_cmd(as_json: bool, **given: Any) -> None:
     def human() -> None:
         _print_hosts(f"adopt copy: {result.source}: phase {result.phase}", result.hosts)
         for table_name in result.replica_identity_full:
-            stdout.print(f"replica identity FULL: {table_name}", highlight=False)
+            stdout.print(
+                f"replica identity changed (its old one recorded): {table_name}", highlight=False
+            )
         for note in result.notes:
             stdout.print(f"note: {note}", highlight=False)
         stdout.print(
@@ -266,7 +268,9 @@ def status_cmd(as_json: bool, **given: Any) -> None:
     def human() -> None:
         _print_hosts(f"adopt status: {result.source}: phase {result.phase}", result.hosts)
         for table_name in result.replica_identity_full:
-            stdout.print(f"replica identity FULL: {table_name}", highlight=False)
+            stdout.print(
+                f"replica identity changed (its old one recorded): {table_name}", highlight=False
+            )
         for table_name in result.routed:
             stdout.print(
                 f"routed by trigger (an enum): {table_name}: its rows are held twice on each "

@@ -285,6 +285,8 @@ def test_copy_under_writes_then_every_shard_equals_the_source(
     for host in status["hosts"]:
         assert host["state"] == "streaming" and host["rows"] > 0, host
         assert host["retained_bytes"] is not None and host["lag_bytes"] is not None, host
+    human = run_cli("adopt", "status", config=path)
+    assert human.exit_code == 0 and "of WAL for the copy" in human.stdout, human
     # a re-run keeps everything (nothing copied again) and still loses nothing
     again = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
     assert again.exit_code == 0 and json.loads(again.stdout)["copied_bytes"] == 0, again

@@ -366,6 +366,12 @@ def test_copy_from_an_older_major(make_fleet, tmp_path, old_server):
     doc = plan_doc(path, dsn)
     result, writer = copy_under_writes(path, plan_file, dsn, app=app)
     assert result["phase"] == "synced" and writer.key_moves > 0, result
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a TRUNCATE of the routed (enum) table
+        conn.execute("TRUNCATE tasks CASCADE")
+        rnd = random.Random(3)
+        for n in range(4):  # new tasks after it, TOAST-sized ones too
+            big = "".join(f"{rnd.getrandbits(128):032x}" for _ in range(400))
+            writer.tasks_prisma(conn, rnd, big if n % 2 else "s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 100
 

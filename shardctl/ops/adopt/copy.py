@@ -531,9 +531,11 @@ def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
         routed = _routed(job, tgt, target)
         truncate_tables(
             tgt,
-            [(job.schema, t) for t in _tables(job, target)]
+            [(job.schema, t) for t in _tables(job, target) if t not in routed]
             + [(job.topo.schema_name(n), t) for t in routed for n in target.shards],
         )
+        # apart: a routed table's TRUNCATE trigger truncates its shards' tables in turn
+        truncate_tables(tgt, [(job.schema, t) for t in routed if target.shards])
         pairs = _copy_pairs(job, tgt, target)
     with job.lock:
         state.update(copied=False, rows=0, bytes=0, tables=0)

@@ -213,6 +213,12 @@ def copy_cmd(as_json: bool, **given: Any) -> None:
             stdout.print(
                 f"replica identity changed (its old one recorded): {table_name}", highlight=False
             )
+        for table_name in result.routed:
+            stdout.print(
+                f"routed by trigger (an enum): {table_name}: its rows are held twice on each "
+                f"host until the cutover",
+                highlight=False,
+            )
         for note in result.notes:
             stdout.print(f"note: {note}", highlight=False)
         stdout.print(

@@ -318,9 +318,9 @@ def global_table_ddl(table: Any, schema: str) -> str:
 
 SHARD_TYPED = """
 SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typnamespace = c.relnamespace,
-       t.typcategory = 'A'
+       t.typcategory = 'A', coalesce(e.typname, t.typname)::text
   FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-  JOIN pg_type t ON t.oid = a.atttypid
+  JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type e ON e.oid = nullif(t.typelem, 0)
  WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
  ORDER BY a.attnum"""
 
@@ -333,7 +333,14 @@ ROUTE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $route$
 DECLARE
     shards constant jsonb := {shards};
+    s text;
 BEGIN
+    IF TG_OP = 'TRUNCATE' THEN  -- DELETE: a TRUNCATE here would meet the tables the same
+        FOR s IN SELECT value FROM jsonb_each_text(shards) LOOP  -- TRUNCATE holds (referencing ones)
+            EXECUTE format('DELETE FROM %I.%I', s, TG_TABLE_NAME);
+        END LOOP;
+        RETURN NULL;
+    END IF;
     IF TG_OP <> 'INSERT' THEN
         EXECUTE format('DELETE FROM %I.%I WHERE ({pk}) = ({old_pk})',
                        shards ->> (OLD.{key} % {modulus})::text, TG_TABLE_NAME) USING OLD;
@@ -349,8 +356,9 @@ $route$"""
 
 def shard_typed_columns(
     conn: psycopg.Connection, shard_table: tuple[str, str]
-) -> list[tuple[str, str, bool, bool]]:
-    """(column, type, typed by the shard's own schema, an array) of a shard table, in order."""
+) -> list[tuple[str, str, bool, bool, str]]:
+    """(column, type, typed by the shard's own schema, an array, the (element) type's name) of a
+    shard table, in order."""
     return conn.execute(SHARD_TYPED, (sql.Identifier(*shard_table).as_string(conn),)).fetchall()
 
 
@@ -363,7 +371,7 @@ def create_routed_table(
     conn: psycopg.Connection,
     schema: str,
     table: str,
-    cols: list[tuple[str, str, bool, bool]],
+    cols: list[tuple[str, str, bool, bool, str]],
     pk: list[str],
     key: str,
     modulus: int,
@@ -377,7 +385,7 @@ def create_routed_table(
             sql.Identifier(name),
             sql.SQL(("text[]" if array else "text") if own else typ),
         )
-        for name, typ, own, array in cols
+        for name, typ, own, array, _ in cols
     ]
     defs.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, pk))))
     target = sql.Identifier(schema, table)
@@ -401,8 +409,59 @@ def create_routed_table(
         ).format(trigger, target, function)
     )
     conn.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(target, trigger))
+    truncate = sql.Identifier("shardctl_adopt_truncate")
+    conn.execute(
+        sql.SQL(
+            "CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()"
+        ).format(truncate, target, function)
+    )
+    conn.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(target, truncate))
 
 
 def text_cast(column: str, array: bool) -> sql.Composed:
     """``column::text`` (``::text[]``): a per-shard-typed column as the routed table holds it."""
     return sql.SQL("{}::{}").format(sql.Identifier(column), sql.SQL("text[]" if array else "text"))
+
+
+def route_trigger(schema: str, table: str, enable: bool) -> sql.Composed:
+    """Disable (for the initial copy, which routes the rows itself: :func:`route_rows`) or enable
+    again the routing trigger of a routed table."""
+    return sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(
+        sql.Identifier(schema, table),
+        sql.SQL("ENABLE ALWAYS" if enable else "DISABLE"),
+        sql.Identifier("shardctl_adopt_route"),
+    )
+
+
+def route_rows(
+    schema: str,
+    table: str,
+    shard_schema: str,
+    shard: int,
+    key: str,
+    modulus: int,
+    cols: list[tuple[str, str, bool, bool, str]],
+) -> sql.Composed:
+    """``INSERT INTO shard.table SELECT … FROM schema.table WHERE key % modulus = shard``: the rows
+    of one shard from the routed table, its per-shard-typed columns cast back to the shard's types."""
+    items = []
+    for name, _, own, array, typname in cols:
+        if own:
+            items.append(
+                sql.SQL("{}::{}{}").format(
+                    sql.Identifier(name),
+                    sql.Identifier(shard_schema, typname),
+                    sql.SQL("[]" if array else ""),
+                )
+            )
+        else:
+            items.append(sql.Identifier(name))
+    return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE ({} % {}) = {}").format(
+        sql.Identifier(shard_schema, table),
+        sql.SQL(", ").join(sql.Identifier(c[0]) for c in cols),
+        sql.SQL(", ").join(items),
+        sql.Identifier(schema, table),
+        sql.Identifier(key),
+        sql.Literal(modulus),
+        sql.Literal(shard),
+    )

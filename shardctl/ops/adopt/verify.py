@@ -455,23 +455,27 @@ def _rows_that_differ(
     out = []
     for value, _, key in on_shard:
         if key is not None and key % modulus != shard:
-            out.append(
-                f"{t.column} {value}: {t.key} {key} belongs on shard {key % modulus}, not {shard}"
-            )
+            whose = "" if t.column == t.key else f" {t.key} {key}"
+            out.append(f"{t.column} {value}:{whose} belongs on shard {key % modulus}, not {shard}")
     src: dict = {}
     got: dict = {}
     for rows, into in ((on_source, src), (on_shard, got)):
         for value, hashed, _ in rows:
             into.setdefault(value, Counter())[hashed] += 1
     for value in sorted(set(src) | set(got)):
-        a, b = src.get(value, Counter()), got.get(value, Counter())
-        if a == b:
-            continue
-        if not b:
-            out.append(f"{t.column} {value}: only on the source (missing on the shard)")
-        elif not a:
-            if not any(s.startswith(f"{t.column} {value}:") for s in out):
-                out.append(f"{t.column} {value}: only on the shard")
-        else:
+        missing = src.get(value, Counter()) - got.get(value, Counter())
+        extra = got.get(value, Counter()) - src.get(value, Counter())
+        if missing and extra:
             out.append(f"{t.column} {value}: differs")
+        elif missing:
+            out.append(
+                f"{t.column} {value}: {_rows(missing)}only on the source (missing on the shard)"
+            )
+        elif extra and not any(s.startswith(f"{t.column} {value}:") for s in out):
+            out.append(f"{t.column} {value}: {_rows(extra)}only on the shard")
     return out
+
+
+def _rows(counter: Counter) -> str:
+    n = sum(counter.values())
+    return "" if n == 1 else f"{n} rows "

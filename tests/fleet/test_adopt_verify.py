@@ -16,6 +16,7 @@ import json
 import psycopg
 import pytest
 from psycopg import sql
+from support import crash_at
 from support.apps import apply_fixes, load_app
 from support.fleet import connect, load, run_cli
 
@@ -174,3 +175,89 @@ def test_equal_shards_pass_and_each_planted_difference_is_named(fleet, adopted):
     assert projects["source_rows"] == projects["shard_rows"] + 1
     assert "6 difference(s) between the source and the fleet" in r.stderr, r
     assert got["problems"][0]["message"] in r.stderr, r
+
+
+def recorded(dsn: str) -> list[tuple]:
+    return on_source(
+        dsn,
+        "SELECT c.chunk, c.status, c.checked_at FROM shardctl_adopt.verify_chunks c "
+        "WHERE c.run_id = (SELECT max(run_id) FROM shardctl_adopt.verify_runs) ORDER BY c.chunk",
+    )
+
+
+def test_a_run_killed_mid_way_is_finished_without_redoing_recorded_chunks(fleet, adopted):
+    path, _ = fleet
+    dsn, plan_file, _, _ = adopted
+    args = ["--config", str(path), "adopt", "verify", "--from", dsn, "--plan", str(plan_file)]
+    args += ["--dark-reads", "0", "--chunk-rows", "30", "--json"]
+    killed = crash_at.run("adopt-verify-chunk", *args)
+    assert killed.returncode == -9, killed
+    before = recorded(dsn)
+    done = [c for c in before if c[1] != "pending"]
+    assert len(done) == 1 and done[0][1] == "ok" and len(before) > 8, before
+
+    r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "30")
+    assert r.exit_code == 0, r
+    assert got["resumed"] and got["recorded"] == 1 and got["checked"] == len(before) - 1, got
+    after = recorded(dsn)
+    assert [c[1] for c in after] == ["ok"] * len(before)
+    assert after[done[0][0]][2] == done[0][2]  # the recorded chunk was not checked again
+
+    r, again = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "30")
+    assert r.exit_code == 0 and not again["resumed"] and again["run"] > got["run"], again
+    assert again["checked"] == again["chunks"] == len(before)
+
+
+# The app's reads, as an ORM sends them: (statement, parameters from the data).
+APP_READS = [
+    (
+        (
+            'SELECT "public"."users"."id", "public"."users"."email", "public"."users"."name" '
+            'FROM "public"."users" WHERE "public"."users"."id" = %s LIMIT %s OFFSET %s'
+        ),
+        "SELECT id, 1, 0 FROM users",
+    ),
+    (
+        "SELECT id, title, status FROM tasks WHERE project_id = %s ORDER BY id",
+        "SELECT id FROM projects",
+    ),
+    ("SELECT count(*) FROM task_labels WHERE user_id = %s", "SELECT id FROM users"),
+    ("SELECT title FROM tasks WHERE status = %s", "SELECT 'DONE'"),  # fan-out: not tried
+]
+
+
+def test_dark_reads_run_the_apps_reads_on_both_and_catch_a_planted_difference(fleet, adopted):
+    path, topo = fleet
+    dsn, plan_file, _, _ = adopted
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT count(*) FROM pg_stat_statements")
+        except psycopg.Error as exc:
+            pytest.skip(f"this build has no preloaded pg_stat_statements: {exc}")
+        conn.execute(
+            "SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database "
+            "WHERE datname = current_database()), 0)"
+        )
+        for text, values in APP_READS:
+            for params in conn.execute(values).fetchall()[:3]:
+                conn.execute(text, params)
+    r, got = verify(path, dsn, plan_file, "--dark-reads", "100")
+    assert r.exit_code == 0, r
+
+    def table_of(d):
+        return d["query"].replace('"public".', "").replace('"', "").split(" FROM ")[1].split()[0]
+
+    reads = {table_of(d): d for d in got["dark_reads"]}
+    assert sorted(reads) == ["task_labels", "tasks", "users"], got["dark_reads"]  # no fan-out
+    assert all(d["status"] == "ok" for d in got["dark_reads"]), got["dark_reads"]
+    users = on_source(dsn, "SELECT count(*) FROM users")[0][0]
+    assert reads["users"]["reads"] == users and reads["tasks"]["reads"] == 100, reads
+
+    on_shard(topo, 2, "UPDATE users SET email = 'planted@example.com' WHERE id = 6")
+    r, got = verify(path, dsn, plan_file, "--dark-reads", "100")
+    assert r.exit_code == 1, r
+    differs = [d for d in got["dark_reads"] if d["status"] == "differs"]
+    assert len(differs) == 1 and '"users"' in differs[0]["query"], got["dark_reads"]
+    assert "id 6" in differs[0]["detail"] and "u6@example.com" in differs[0]["detail"], differs
+    assert all(d["status"] == "ok" for d in got["dark_reads"] if d not in differs)

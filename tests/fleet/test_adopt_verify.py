@@ -12,6 +12,8 @@ of the app's own statements catch a row changed on the fleet."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import psycopg
 import pytest
@@ -261,3 +263,97 @@ def test_dark_reads_run_the_apps_reads_on_both_and_catch_a_planted_difference(fl
     assert len(differs) == 1 and '"users"' in differs[0]["query"], got["dark_reads"]
     assert "id 6" in differs[0]["detail"] and "u6@example.com" in differs[0]["detail"], differs
     assert all(d["status"] == "ok" for d in got["dark_reads"] if d not in differs)
+
+
+def replicate_users(topo, dsn: str) -> list:
+    """The copy's replication for ``users`` alone, as ADOPT.md lays it out (helper copy's stand-in):
+    per host a publication ``shardctl_adopt_<host>`` filtered to its shards' keys, and there a
+    subscription into a parent ``public.users`` partitioned by ``id % 4`` over its shard tables."""
+    undo = []
+    with psycopg.connect(dsn, autocommit=True) as src:
+        for host in topo.hosts:
+            name = f"shardctl_adopt_{host.name}"
+            keys = ", ".join(str(s) for s in host.shards)
+            src.execute(f"CREATE PUBLICATION {name} FOR TABLE users WHERE (id % 4 IN ({keys}))")
+            src.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+            with connect(topo, host.name, autocommit=True) as dst:
+                first = topo.schema_name(host.shards[0])
+                dst.execute(
+                    f"CREATE TABLE public.users (LIKE {first}.users) PARTITION BY LIST ((id % 4))"
+                )
+                for s in host.shards:
+                    dst.execute(
+                        f"ALTER TABLE public.users ATTACH PARTITION {topo.schema_name(s)}.users FOR VALUES IN ({s})"
+                    )
+                dst.execute(
+                    sql.SQL(
+                        "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} "
+                        "WITH (copy_data = false, create_slot = false, slot_name = {})"
+                    ).format(
+                        sql.Identifier(name),
+                        sql.Literal(dsn),
+                        sql.Identifier(name),
+                        sql.Literal(name),
+                    )
+                )
+            undo.append((host.name, name))
+    return undo
+
+
+def unreplicate(topo, dsn: str, undo: list) -> None:
+    for host, name in undo:
+        with connect(topo, host, autocommit=True) as dst:
+            dst.execute(f"ALTER SUBSCRIPTION {name} DISABLE")
+            dst.execute(f"ALTER SUBSCRIPTION {name} SET (slot_name = NONE)")
+            dst.execute(f"DROP SUBSCRIPTION {name}")
+        with psycopg.connect(dsn, autocommit=True) as src:
+            transfer_wait = 0
+            while (
+                src.execute(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (name,)
+                ).fetchone()
+                == (True,)
+                and transfer_wait < 100
+            ):
+                time.sleep(0.05)
+                transfer_wait += 1
+            src.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+            src.execute(f"DROP PUBLICATION {name}")
+
+
+def test_while_the_app_writes_differences_are_rechecked_at_lag_zero(fleet, adopted):
+    """With the copy's subscriptions replicating and the app writing the users of shard 0 the whole
+    time, the check waits for lag 0: no false difference; a row planted on shard 1 (whose rows the
+    source does not change) is still named."""
+    path, topo = fleet
+    dsn, plan_file, _, _ = adopted
+    undo = replicate_users(topo, dsn)
+    stop = threading.Event()
+    writes = []
+
+    def app() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                n = len(writes)
+                conn.execute(
+                    "UPDATE users SET name = %s WHERE id = %s", (f"w{n}", 4 * (n % 10) + 4)
+                )
+                writes.append(n)
+                time.sleep(0.005)
+
+    writer = threading.Thread(target=app)
+    writer.start()
+    try:
+        r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
+        assert r.exit_code == 0 and got["replicating"], r
+        on_shard(topo, 1, "UPDATE users SET name = 'planted' WHERE id = 5")
+        r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
+        assert r.exit_code == 1, r
+        assert [(p["table"], p["shard"], p["rows"]) for p in got["problems"]] == [
+            ("users", 1, ["id 5: differs"])
+        ], got["problems"]
+    finally:
+        stop.set()
+        writer.join()
+        unreplicate(topo, dsn, undo)
+    assert len(writes) > 20, len(writes)  # the app wrote throughout

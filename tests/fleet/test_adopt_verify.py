@@ -209,6 +209,25 @@ def test_a_run_killed_mid_way_is_finished_without_redoing_recorded_chunks(fleet,
     assert r.exit_code == 0 and not again["resumed"] and again["run"] > got["run"], again
     assert again["checked"] == again["chunks"] == len(before)
 
+    r = run_cli(
+        "adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0", config=path
+    )
+    assert r.exit_code == 0 and "Every shard holds exactly its keys' rows." in r.stdout, r
+    r = run_cli(
+        "adopt", "verify", "--from", dsn, "--plan", plan_file.parent / "none.yaml", config=path
+    )
+    assert r.exit_code == 2 and "cannot read it" in r.stderr, r
+    r = run_cli(
+        "adopt",
+        "verify",
+        "--from",
+        "postgresql://u@127.0.0.1:1/x",
+        "--plan",
+        plan_file,
+        config=path,
+    )
+    assert r.exit_code == 3 and "host source is unreachable" in r.stderr, r
+
 
 # The app's reads, as an ORM sends them: (statement, parameters from the data).
 APP_READS = [

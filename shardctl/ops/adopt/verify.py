@@ -23,6 +23,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -331,12 +332,24 @@ class Check:
         def read_source(conn: psycopg.Connection) -> dict:
             return {r[1]: (r[2], r[3]) for r in data.checksum_rows(conn, [source])}
 
-        def read_fleet() -> dict:
-            out = {}
-            for name, scopes in fleet.items():
+        def read_host(name: str) -> dict:
+            out, scopes = {}, fleet[name]
+            try:
                 for i in range(0, len(scopes), data.CHUNK):
                     for r in data.checksum_rows(self.conns[name], scopes[i : i + data.CHUNK]):
                         out[r[1]] = (r[2], r[3], r[4])
+            except psycopg.errors.UndefinedTable as exc:
+                raise OperationFailed(
+                    f"adopt verify: {name}: {str(exc).splitlines()[0]}: the fleet's shards lack "
+                    f"an adopted table; init (or migrate) the fleet with the baseline first"
+                ) from None
+            return out
+
+        def read_fleet() -> dict:
+            out: dict = {}
+            with ThreadPoolExecutor(len(fleet), thread_name_prefix="shardctl-verify") as pool:
+                for part in pool.map(read_host, list(fleet)):  # the hosts hash in parallel
+                    out.update(part)
             return out
 
         def timed_out(lsn: str) -> WaitTimeout:

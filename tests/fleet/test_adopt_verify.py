@@ -204,6 +204,10 @@ def test_a_run_killed_mid_way_is_finished_without_redoing_recorded_chunks(fleet,
     after = recorded(dsn)
     assert [c[1] for c in after] == ["ok"] * len(before)
     assert after[done[0][0]][2] == done[0][2]  # the recorded chunk was not checked again
+    summary = on_source(
+        dsn, "SELECT summary FROM shardctl_adopt.verify_runs WHERE run_id = %s", (got["run"],)
+    )[0][0]
+    assert summary["ok"] and summary["chunks"] == len(before) and summary["problems"] == []
 
     r, again = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "30")
     assert r.exit_code == 0 and not again["resumed"] and again["run"] > got["run"], again

@@ -40,6 +40,7 @@ from ...sql.catalog import data, replication
 from ..move import transfer
 from ..move.run import checkpoint
 from .dark_reads import DarkRead, run_dark_reads
+from .keys import SHARDED
 from .plan import read_plan, source_host
 
 CHUNK_ROWS = 100_000  # source rows per chunk (by the table's estimate)
@@ -163,6 +164,7 @@ def adopt_verify(
     if chunk_rows < 1 or dark_reads < 0:
         raise BadInput("--chunk-rows must be at least 1 and --dark-reads at least 0")
     doc = read_plan(Path(plan_file))
+    _check_plan(doc, Path(plan_file))
     host = source_host(dsn)
     check = Check(topo, doc, host, connect_timeout)
     try:
@@ -171,10 +173,23 @@ def adopt_verify(
             result.dark_reads = run_dark_reads(
                 topo, doc, check.src, dark_reads, connect_timeout, progress
             )
+        result.seconds = time.perf_counter() - started
+        check.finish(result)
     finally:
         check.close()
-    result.seconds = time.perf_counter() - started
     return result
+
+
+def _check_plan(doc: dict[str, Any], path: Path) -> None:
+    """BadInput for a plan the check cannot follow: blockers left, a sharded table without its key."""
+    if doc["blockers"]:
+        raise BadInput(
+            f"--plan {path} lists {len(doc['blockers'])} blocker(s): fix them, plan again, and "
+            f"copy before verifying"
+        )
+    for t in doc["tables"]:
+        if t["kind"] in SHARDED and not t.get("key"):
+            raise BadInput(f"--plan {path}: table {t['name']} has no key column; plan again")
 
 
 class Check:
@@ -196,11 +211,6 @@ class Check:
                     )
             for conn in [self.src, *self.conns.values()]:
                 data.pin_text_settings(conn)
-            if not state.ensure_state(self.src):
-                raise OperationFailed(
-                    f"adopt verify: another adopt verify is running on {host.masked_dsn}; "
-                    f"wait for it to finish"
-                )
         except BaseException:
             self.close()
             raise
@@ -218,11 +228,15 @@ class Check:
     def tables(self) -> list[Table]:
         out = []
         for t in self.doc["tables"]:
-            if t["kind"] not in ("root", "column", "fk-path"):
+            if t["kind"] not in SHARDED:
                 continue
-            cols = state.columns(self.src, self.schema, t["name"])
-            if not t.get("key"):
-                raise BadInput(f"--plan: table {t['name']} has no key column; plan again")
+            try:
+                cols = state.columns(self.src, self.schema, t["name"])
+            except psycopg.errors.UndefinedTable:
+                raise BadInput(
+                    f"--plan names table {self.schema}.{t['name']}, which the source does not "
+                    f"have; plan again"
+                ) from None
             nullable = any(n == t["key"] and not notnull for n, _, notnull in cols)
             out.append(
                 Table(
@@ -251,6 +265,11 @@ class Check:
         self, chunk_rows: int, progress: Callable[[str, int], Callable[[int], None]] | None
     ) -> AdoptVerifyResult:
         tables = self.tables()
+        if not state.ensure_state(self.src):
+            raise OperationFailed(
+                f"adopt verify: another adopt verify is running on {self.masked}; wait for it "
+                f"to finish"
+            )
         run_id, resumed = state.open_run(self.src, self.fingerprint(tables, chunk_rows))
         if not resumed:
             state.add_chunks(self.src, run_id, self.plan_chunks(tables, chunk_rows))
@@ -294,9 +313,21 @@ class Check:
             result.problems += [Problem(**p) for p in problems]
             if tick:
                 tick(1)
-        summary = {"chunks": result.chunks, "problems": len(result.problems), "busy": result.busy}
-        state.finish_run(self.src, run_id, summary)
         return result
+
+    def finish(self, result: AdoptVerifyResult) -> None:
+        """The run is complete: its summary (what ``adopt status`` shows) recorded on the source."""
+        summary = {
+            "ok": result.ok,
+            "chunks": result.chunks,
+            "busy": result.busy,
+            "source_rows": result.source_rows,
+            "fleet_rows": result.fleet_rows,
+            "problems": [p.message for p in result.problems[:5]],
+            "dark_reads": dict(Counter(d.status for d in result.dark_reads)),
+            "seconds": round(result.seconds, 3),
+        }
+        state.finish_run(self.src, result.run, summary)
 
     # ---- one chunk ---------------------------------------------------------------------
     def scopes(self, t: Table, chunk: Chunk) -> tuple[data.Scope, dict[str, list[data.Scope]]]:

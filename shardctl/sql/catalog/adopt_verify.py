@@ -215,3 +215,15 @@ def read_only_on(conn: psycopg.Connection, schema: str) -> None:
     """The dark read's transaction on the source: read-only, the app's schema first on the path."""
     conn.execute("SET TRANSACTION READ ONLY")
     conn.execute(f"SET LOCAL search_path TO {quote_ident(schema)}")
+
+
+def last_run(conn: psycopg.Connection) -> tuple | None:
+    """(run id, started, finished or None, summary or None) of the latest verify run on the source,
+    or None when none ran (or the state schema does not exist): for ``adopt status``."""
+    exists = conn.execute("SELECT to_regclass('shardctl_adopt.verify_runs') IS NOT NULL").fetchone()
+    if not exists[0]:
+        return None
+    return conn.execute(
+        "SELECT run_id, started_at, finished_at, summary FROM shardctl_adopt.verify_runs "
+        "ORDER BY run_id DESC LIMIT 1"
+    ).fetchone()

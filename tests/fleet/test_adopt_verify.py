@@ -55,8 +55,32 @@ def sharded(doc) -> dict[str, str]:
     return {t["name"]: t["key"] for t in doc["tables"] if t["kind"] in ("root", "column")}
 
 
+# The app's global tables as they stand on the source (tests/data/apps/tasks_prisma.sql).
+GLOBALS = [
+    "CREATE TABLE public.countries (code char(2) PRIMARY KEY, name text NOT NULL)",
+    "CREATE TABLE public.plans (id integer PRIMARY KEY, name text NOT NULL, price_cents integer NOT NULL)",
+]
+
+
+def copy_rows(src, dst, select, into) -> None:
+    with src.cursor().copy(select) as cin, dst.cursor().copy(into) as cout:
+        for block in cin:
+            cout.write(block)
+
+
 def load_shards(topo, dsn: str, doc) -> None:
-    """Every sharded table's rows into their key's shard: the test's own loader (adopt_copy's stand-in)."""
+    """Every sharded table's rows into their key's shard, the global tables' into ``public`` on the
+    global host: the test's own loader (adopt_copy's stand-in)."""
+    with psycopg.connect(dsn) as src, connect(topo, doc["global_host"], autocommit=True) as dst:
+        for statement in GLOBALS:
+            dst.execute(statement)
+        for table in ("countries", "plans"):
+            copy_rows(
+                src,
+                dst,
+                sql.SQL("COPY public.{} TO STDOUT").format(sql.Identifier(table)),
+                sql.SQL("COPY public.{} FROM STDIN").format(sql.Identifier(table)),
+            )
     with psycopg.connect(dsn) as src:
         for shard in range(SHARDS):
             host = topo.host_of(shard).name
@@ -132,7 +156,7 @@ def test_equal_shards_pass_and_each_planted_difference_is_named(fleet, adopted):
         on_source(dsn, sql.SQL("SELECT count(*) FROM public.{}").format(sql.Identifier(t)))[0][0]
         for t in sharded(doc)
     )
-    assert got["source_rows"] == got["fleet_rows"] == total, got
+    assert got["source_rows"] == got["fleet_rows"] == total + 6, got  # + 3 plans, 3 countries
     assert got["problems"] == [] and not got["replicating"] and got["chunks"] > len(sharded(doc))
 
     # the plants, each in a table and shard of its own
@@ -156,9 +180,12 @@ def test_equal_shards_pass_and_each_planted_difference_is_named(fleet, adopted):
         (task,),
     )
 
+    with connect(topo, doc["global_host"], autocommit=True) as conn:  # a global table's row
+        conn.execute("UPDATE public.plans SET price_cents = 901 WHERE id = 2")
+
     r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
     assert r.exit_code == 1 and not got["ok"], r
-    named = sorted((p["table"], p["shard"], p["rows"][0]) for p in got["problems"])
+    named = sorted(((p["table"], p["shard"], p["rows"][0]) for p in got["problems"]), key=str)
     assert named == sorted(
         [
             ("users", 1, f"id {user}: differs"),
@@ -167,7 +194,9 @@ def test_equal_shards_pass_and_each_planted_difference_is_named(fleet, adopted):
             ("task_labels", 0, f"user_id {label[2]}: only on the source (missing on the shard)"),
             ("task_labels", 1, f"user_id {label[2]}: belongs on shard 0, not 1"),
             ("tasks", task_shard, f"id {task}: differs"),
-        ]
+            ("plans", None, "id 2: differs"),
+        ],
+        key=str,
     ), named
     assert all(len(p["rows"]) == 1 for p in got["problems"]), got["problems"]
     users = next(p for p in got["problems"] if p["table"] == "users")
@@ -175,7 +204,11 @@ def test_equal_shards_pass_and_each_planted_difference_is_named(fleet, adopted):
     assert users["source_rows"] == users["shard_rows"]
     projects = next(p for p in got["problems"] if p["table"] == "projects")
     assert projects["source_rows"] == projects["shard_rows"] + 1
-    assert "6 difference(s) between the source and the fleet" in r.stderr, r
+    plans = next(p for p in got["problems"] if p["table"] == "plans")
+    assert plans["message"].startswith(
+        "plans (global, on pg1), all rows: 3 row(s) on the source, 3 on the host, checksums differ"
+    ), plans
+    assert "7 difference(s) between the source and the fleet" in r.stderr, r
     assert got["problems"][0]["message"] in r.stderr, r
 
 

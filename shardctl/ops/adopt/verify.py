@@ -109,10 +109,11 @@ class AdoptVerifyResult(Result):
 
 @dataclass(frozen=True)
 class Table:
-    """A sharded table as the check reads it: its key, the column its chunks split, its columns."""
+    """A table as the check reads it: its key (None: a global table, whole on the global host), the
+    column its chunks split (a global table's first column, which names its rows), its columns."""
 
     name: str
-    key: str
+    key: str | None
     column: str
     columns: tuple[tuple[str, bool], ...]
     nullable_key: bool
@@ -204,8 +205,9 @@ class Check:
             host, autocommit=True, connect_timeout=connect_timeout, purpose="adopt verify"
         )
         try:
+            self.global_host = doc.get("global_host") or topo.global_host or topo.hosts[0].name
             for h in topo.hosts:
-                if h.shards:
+                if h.shards or h.name == self.global_host:
                     self.conns[h.name] = db.connect(
                         h, autocommit=True, connect_timeout=connect_timeout, purpose="adopt verify"
                     )
@@ -228,7 +230,7 @@ class Check:
     def tables(self) -> list[Table]:
         out = []
         for t in self.doc["tables"]:
-            if t["kind"] not in SHARDED:
+            if t["kind"] not in (*SHARDED, "global"):
                 continue
             try:
                 cols = state.columns(self.src, self.schema, t["name"])
@@ -241,8 +243,8 @@ class Check:
             out.append(
                 Table(
                     t["name"],
-                    t["key"],
-                    t.get("id_column") or t["key"],
+                    t["key"] if t["kind"] != "global" else None,
+                    t.get("id_column") or t["key"] or cols[0][0],
                     tuple((n, text) for n, text, _ in cols),
                     nullable,
                 )
@@ -257,6 +259,9 @@ class Check:
     def plan_chunks(self, tables: list[Table], chunk_rows: int) -> list[tuple]:
         out = []
         for t in tables:
+            if t.key is None:  # a global table: one chunk
+                out.append((t.name, t.column, None, None))
+                continue
             low, high, rows = state.bounds(self.src, self.schema, t.name, t.column)
             out += [(t.name, t.column, lo, hi) for lo, hi in split(low, high, rows, chunk_rows)]
         return out
@@ -280,7 +285,11 @@ class Check:
         result.chunks = len(recorded)
         by_name = {t.name: t for t in tables}
         for t in tables:
-            if t.nullable_key and (n := state.null_keys(self.src, self.schema, t.name, t.key)):
+            if (
+                t.key
+                and t.nullable_key
+                and (n := state.null_keys(self.src, self.schema, t.name, t.key))
+            ):
                 result.problems.append(
                     Problem(
                         t.name,
@@ -331,6 +340,9 @@ class Check:
 
     # ---- one chunk ---------------------------------------------------------------------
     def scopes(self, t: Table, chunk: Chunk) -> tuple[data.Scope, dict[str, list[data.Scope]]]:
+        if t.key is None:
+            whole = data.Scope(self.schema, t.name, columns=t.columns, column=t.column)
+            return whole, {self.global_host: [whole]}
         common = {
             "columns": t.columns,
             "column": chunk.column,
@@ -371,8 +383,9 @@ class Check:
                         out[r[1]] = (r[2], r[3], r[4])
             except psycopg.errors.UndefinedTable as exc:
                 raise OperationFailed(
-                    f"adopt verify: {name}: {str(exc).splitlines()[0]}: the fleet's shards lack "
-                    f"an adopted table; init (or migrate) the fleet with the baseline first"
+                    f"adopt verify: {name}: {str(exc).splitlines()[0]}: the fleet lacks an adopted "
+                    f"table (the shards' come from init with the baseline, the global tables' from "
+                    f"adopt copy)"
                 ) from None
             return out
 
@@ -401,10 +414,10 @@ class Check:
         for round_no in range(1, ROUNDS + 1):
             src, got = self.sums(source, fleet)
             counts = (
-                sum(v[0] for k, v in src.items() if k is not None),
+                sum(v[0] for k, v in src.items() if k is not None or t.key is None),
                 sum(v[0] for v in got.values()),
             )
-            shards = sorted(set(got) | {k for k in src if k is not None})
+            shards = sorted(set(got) | {k for k in src if k is not None or t.key is None}, key=str)
             differ = [s for s in shards if _differs(src.get(s), got.get(s))]
             if not differ:
                 return "ok", round_no, counts, []
@@ -453,18 +466,19 @@ class Check:
                     f"{shard}: no shard holds them"
                 ),
             )
-        host = self.topo.host_of(shard).name
+        host = self.global_host if t.key is None else self.topo.host_of(shard).name
         scope = next(sc for sc in fleet[host] if sc.shard == shard)
         src_rows, src_sum = src or (0, "r0")
         method = (src_sum or got[1])[:1]
         on_source = data.row_hashes(self.src, source, method, shard, DRILL_ROWS + 1)
         on_shard = data.row_hashes(self.conns[host], scope, method, None, DRILL_ROWS + 1)
         rows = _rows_that_differ(t, self.modulus, shard, on_source, on_shard)
-        what = f"{src_rows} row(s) on the source, {got[0]} on the shard"
+        what = f"{src_rows} row(s) on the source, {got[0]} on {'the host' if t.key is None else 'the shard'}"
         if src_rows == got[0]:
             what += ", checksums differ"
         named = "; ".join(rows[:NAMED_ROWS]) or "(too many rows to name them)"
-        message = f"{t.name} shard {shard} ({host}), {where}: {what}: {named}"
+        place = f"(global, on {host})" if t.key is None else f"shard {shard} ({host})"
+        message = f"{t.name} {place}, {where}: {what}: {named}"
         return Problem(
             t.name,
             shard,
@@ -498,7 +512,7 @@ def _rows_that_differ(
         return []
     out = []
     for value, _, key in on_shard:
-        if key is not None and key % modulus != shard:
+        if t.key is not None and key is not None and key % modulus != shard:
             whose = "" if t.column == t.key else f" {t.key} {key}"
             out.append(f"{t.column} {value}:{whose} belongs on shard {key % modulus}, not {shard}")
     src: dict = {}

@@ -36,7 +36,7 @@ from ...errors import BadInput, OperationFailed, WaitTimeout, first_few
 from ...model.documents import Result
 from ...model.topology import Topology
 from ...sql.catalog import adopt_verify as state
-from ...sql.catalog import data, replication
+from ...sql.catalog import data
 from ..move import transfer
 from ..move.run import checkpoint
 from .dark_reads import DarkRead, run_dark_reads
@@ -216,11 +216,7 @@ class Check:
         except BaseException:
             self.close()
             raise
-        self.slots = [
-            f"shardctl_adopt_{h}"
-            for h in self.conns
-            if replication.slot_exists(self.src, f"shardctl_adopt_{h}")
-        ]
+        self.slots = state.copy_slots(self.src)
 
     def close(self) -> None:
         for conn in [getattr(self, "src", None), *self.conns.values()]:
@@ -398,8 +394,9 @@ class Check:
 
         def timed_out(lsn: str) -> WaitTimeout:
             return WaitTimeout(
-                f"adopt verify: the copy's subscriptions did not apply the source's WAL up to {lsn} "
-                f"within {LAG_TIMEOUT:g}s; run adopt status, then verify again"
+                f"adopt verify: the copy's subscriptions (slots {', '.join(self.slots)}) did not "
+                f"apply the source's WAL up to {lsn} within {LAG_TIMEOUT:g}s; run adopt status, "
+                f"then verify again"
             )
 
         return transfer.at_lag_zero(

@@ -227,3 +227,13 @@ def last_run(conn: psycopg.Connection) -> tuple | None:
         "SELECT run_id, started_at, finished_at, summary FROM shardctl_adopt.verify_runs "
         "ORDER BY run_id DESC LIMIT 1"
     ).fetchone()
+
+
+def copy_slots(conn: psycopg.Connection) -> list[str]:
+    """The adoption's logical slots in this database (``shardctl_adopt_<host>``, one per fleet host,
+    and the id map's): while any exists, the copy replicates and the shards follow the source."""
+    rows = conn.execute(
+        "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical' "
+        "AND database = current_database() AND slot_name LIKE 'shardctl\\_adopt\\_%' ORDER BY 1"
+    ).fetchall()
+    return [r[0] for r in rows]

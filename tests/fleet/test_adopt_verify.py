@@ -413,3 +413,33 @@ def test_while_the_app_writes_differences_are_rechecked_at_lag_zero(fleet, adopt
         writer.join()
         unreplicate(topo, dsn, undo)
     assert len(writes) > 20, len(writes)  # the app wrote throughout
+
+
+@pytest.mark.slow
+def test_verify_at_size(make_fleet, tmp_path):
+    """The task tracker with 5,000 users (some 100 MB, most of it TOAST) on 2 hosts of 4 shards:
+    the check's time, and every row compared (the figure goes in the note)."""
+    path = make_fleet(hosts=2, shards=SHARDS, extra=ROUTING)
+    for f in (path.parent / "migrations").iterdir():
+        f.unlink()
+    dsn = make_fleet.new_database(0)
+    load_app(dsn, "tasks_prisma", users=5_000)
+    r = run_cli("adopt", "plan", "--from", dsn, "--json", config=path)
+    apply_fixes(dsn, "tasks_prisma", json.loads(r.stdout))
+    plan_file = tmp_path / "plan.yaml"
+    r = run_cli("adopt", "plan", "--from", dsn, "--out", plan_file, "--json", config=path)
+    doc = json.loads(r.stdout)
+    assert (
+        run_cli("adopt", "baseline", "--from", dsn, "--plan", plan_file, config=path).exit_code == 0
+    )
+    assert run_cli("init", config=path).exit_code == 0
+    topo = load(path)
+    load_shards(topo, dsn, doc)
+    r, got = verify(path, dsn, plan_file, "--dark-reads", "0")
+    assert r.exit_code == 0, r
+    size = on_source(dsn, "SELECT pg_database_size(current_database())")[0][0]
+    print(
+        f"adopt verify: {size / 2**20:.0f} MB, {got['source_rows']} rows, {got['chunks']} chunks, "
+        f"{got['seconds']:.2f} s"
+    )
+    assert got["source_rows"] == got["fleet_rows"] > 5_000 * 10

@@ -377,11 +377,11 @@ class Check:
                 for i in range(0, len(scopes), data.CHUNK):
                     for r in data.checksum_rows(self.conns[name], scopes[i : i + data.CHUNK]):
                         out[r[1]] = (r[2], r[3], r[4])
-            except psycopg.errors.UndefinedTable as exc:
+            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
                 raise OperationFailed(
-                    f"adopt verify: {name}: {str(exc).splitlines()[0]}: the fleet lacks an adopted "
-                    f"table (the shards' come from init with the baseline, the global tables' from "
-                    f"adopt copy)"
+                    f"adopt verify: {name}: {str(exc).splitlines()[0]}: the fleet's tables are not "
+                    f"the source's (the shards' come from init with the baseline, the global "
+                    f"tables' from adopt copy)"
                 ) from None
             return out
 

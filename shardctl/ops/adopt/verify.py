@@ -271,9 +271,11 @@ class Check:
                 f"adopt verify: another adopt verify is running on {self.masked}; wait for it "
                 f"to finish"
             )
-        run_id, resumed = state.open_run(self.src, self.fingerprint(tables, chunk_rows))
-        if not resumed:
-            state.add_chunks(self.src, run_id, self.plan_chunks(tables, chunk_rows))
+        fingerprint = self.fingerprint(tables, chunk_rows)
+        run_id = state.unfinished_run(self.src, fingerprint)
+        resumed = run_id is not None
+        if run_id is None:
+            run_id = state.new_run(self.src, fingerprint, self.plan_chunks(tables, chunk_rows))
         recorded = state.chunks(self.src, run_id)
         result = AdoptVerifyResult(
             self.masked, run_id, resumed, bool(self.slots), [t.name for t in tables]

@@ -55,31 +55,33 @@ def ensure_state(conn: psycopg.Connection) -> bool:
     return True
 
 
-def open_run(conn: psycopg.Connection, fingerprint: str) -> tuple[int, bool]:
-    """(run id, resumed): the last unfinished run of the same check, or a new run."""
+def unfinished_run(conn: psycopg.Connection, fingerprint: str) -> int | None:
+    """The last unfinished run, when it is of the same check (``fingerprint``): a re-run resumes it."""
     row = conn.execute(
         "SELECT run_id, fingerprint FROM shardctl_adopt.verify_runs WHERE finished_at IS NULL "
         "ORDER BY run_id DESC LIMIT 1"
     ).fetchone()
-    if row is not None and row[1] == fingerprint:
-        return row[0], True
-    new = conn.execute(
-        "INSERT INTO shardctl_adopt.verify_runs (fingerprint) VALUES (%s) RETURNING run_id",
-        (fingerprint,),
-    ).fetchone()
-    return new[0], False
+    return row[0] if row is not None and row[1] == fingerprint else None
 
 
-def add_chunks(
-    conn: psycopg.Connection, run_id: int, chunks: list[tuple[str, str, int | None, int | None]]
-) -> None:
-    """Record a new run's chunks, (table, column, lo, hi) each, all pending, in one transaction."""
+def new_run(
+    conn: psycopg.Connection,
+    fingerprint: str,
+    chunks: list[tuple[str, str, int | None, int | None]],
+) -> int:
+    """A new run with its chunks, (table, column, lo, hi) each, all pending: one transaction, so a
+    run is recorded with all its chunks or not at all."""
     with conn.transaction(), conn.cursor() as cur:
+        run_id = cur.execute(
+            "INSERT INTO shardctl_adopt.verify_runs (fingerprint) VALUES (%s) RETURNING run_id",
+            (fingerprint,),
+        ).fetchone()[0]
         cur.executemany(
             "INSERT INTO shardctl_adopt.verify_chunks (run_id, chunk, table_name, column_name, lo, hi) "
             "VALUES (%s, %s, %s, %s, %s, %s)",
             [(run_id, n, *chunk) for n, chunk in enumerate(chunks)],
         )
+    return run_id
 
 
 def chunks(conn: psycopg.Connection, run_id: int) -> list[tuple]:

@@ -265,6 +265,18 @@ def test_a_run_killed_mid_way_is_finished_without_redoing_recorded_chunks(fleet,
     )
     assert r.exit_code == 3 and "host source is unreachable" in r.stderr, r
 
+    blocked = plan_file.parent / "blocked.yaml"  # a plan with a blocker left: refused, exit 2
+    text = plan_file.read_text().replace(
+        "blockers: []", "blockers:\n- {kind: x, table: t, message: m, fix: []}"
+    )
+    blocked.write_text(text)
+    r = run_cli("adopt", "verify", "--from", dsn, "--plan", blocked, config=path)
+    assert r.exit_code == 2 and "lists 1 blocker(s)" in r.stderr, r
+    with psycopg.connect(dsn, autocommit=True) as other:  # one verify at a time per source
+        other.execute("SELECT pg_advisory_lock(hashtext('shardctl_adopt.verify'))")
+        r = run_cli("adopt", "verify", "--from", dsn, "--plan", plan_file, config=path)
+        assert r.exit_code == 1 and "another adopt verify is running" in r.stderr, r
+
 
 # The app's reads, as an ORM sends them: (statement, parameters from the data).
 APP_READS = [

@@ -176,10 +176,10 @@ class _Reads:
     def confirmed(self, key: Any, query: str, params: dict, expected: list[tuple]) -> str:
         """The difference that stays at lag 0 while the source's rows do not change, or ''. With
         nothing replicating, the first difference is the answer."""
-        difference = "?"
+        if self.settle is None:
+            return _difference(expected, self.on_fleet(key, query, params))
+        difference = ""
         for _ in range(ROUNDS - 1):
-            if self.settle is None:
-                return _difference(expected, self.on_fleet(key, query, params))
             now, got = self.settle(
                 lambda conn: self.on_source(conn, query, params),
                 lambda: self.on_fleet(key, query, params),

@@ -339,8 +339,9 @@ def replicate_users(topo, dsn: str) -> list:
     subscription into a parent ``public.users`` partitioned by ``id % 4`` over its shard tables."""
     undo = []
     with psycopg.connect(dsn, autocommit=True) as src:
+        database = src.info.dbname  # slot names are the server's: one of this test's own
         for host in topo.hosts:
-            name = f"shardctl_adopt_{host.name}"
+            name = f"shardctl_adopt_{host.name}_{database}"
             keys = ", ".join(str(s) for s in host.shards)
             src.execute(f"CREATE PUBLICATION {name} FOR TABLE users WHERE (id % 4 IN ({keys}))")
             src.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))

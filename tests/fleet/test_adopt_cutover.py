@@ -361,6 +361,11 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
                 "SELECT relname, relreplident::text FROM pg_class WHERE relname IN ('photos', 'likes')",
             )
         ) == {"photos": "d", "likes": "d"}
+    with psycopg.connect(**topo.host("pg2").connect_kwargs(), autocommit=True) as conn:
+        shard_tables = sql(
+            conn, "SELECT DISTINCT relreplident::text FROM pg_class WHERE relname = 'likes'"
+        )
+    assert shard_tables == [("d",)]  # FULL for the way back, DEFAULT again
     assert cli_json(path, "--cleanup")["notes"]  # again: nothing left to do
 
 
@@ -534,6 +539,17 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
             ("edited on the fleet",)
         ]
         assert sql(src, "SELECT count(*) FROM forum_vote WHERE id = %s", vote) == [(0,)]
+        # the old database as before: the identities adopt copy changed are back
+        identities = dict(
+            sql(
+                src,
+                "SELECT relname, relreplident::text FROM pg_class "
+                "WHERE relname IN ('forum_post', 'forum_vote')",
+            )
+        )
+    assert identities == {"forum_post": "d", "forum_vote": "d"}
+    # no replication object of the adoption is left (the copy's, the way back's, the id map's)
+    assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)
 
 
 def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):

@@ -442,7 +442,7 @@ def check_freeze(small: tuple[dict, float], big: tuple[dict, float]) -> None:
     )
     for report, wait in (small, big):
         assert 0 < report["freeze_seconds"] <= 0.5
-        assert wait <= 0.5 + 0.15  # scheduling slack on a loaded machine; no attempt holds longer
+        assert wait <= 0.5 + 0.25  # scheduling slack on a loaded machine (as the move's test)
 
 
 def test_freeze_does_not_grow_with_the_data(make_fleet):
@@ -583,7 +583,7 @@ def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_
         thread.join(10)
     assert r.exit_code == 1 and "gave up after 2 attempts" in r.stderr, r
     assert not errors, errors[:1]
-    assert max(waits) <= 0.3 + 0.15, max(waits)
+    assert max(waits) <= 0.3 + 0.25, max(waits)
     assert load(path).adoption.authoritative == "source"
     with psycopg.connect(src_dsn, autocommit=True) as src:
         sql(src, "INSERT INTO photos (user_id, caption) VALUES (4, 'after')")

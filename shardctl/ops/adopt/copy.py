@@ -271,8 +271,8 @@ def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None
     for target in targets:
         _prepare_host(job, target)
         _publication(job, src, target)
+    _ensure_id_map(job)  # its own initial copy runs on the servers meanwhile
     _copy_hosts(job, targets)
-    _ensure_id_map(job)
     _wait_caught_up(job, src, targets)
     if job.run.phase == Phase.COPYING:
         job.save(src, Phase.SYNCED)

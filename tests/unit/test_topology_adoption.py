@@ -182,6 +182,11 @@ def test_adoption_problems_exit_2_with_their_line(tmp_path, old, new, needle, ma
     assert len(err.strip().splitlines()) == 1, err  # one line
 
 
+def test_no_fleet_host_may_be_named_source(tmp_path):
+    text = (GOOD + ADOPTION).replace("name: pg2", "name: source").replace("host: pg2", "host: pg1")
+    check_bad(tmp_path, text, "a host is named source, the name the adopted old database goes by")
+
+
 def test_source_authoritative_needs_a_source(tmp_path):
     text = GOOD + "\n".join(l for l in ADOPTION.splitlines() if "source: {" not in l) + "\n"
     check_bad(tmp_path, text, "adoption.authoritative is source but adoption names no source")
@@ -290,3 +295,21 @@ def test_locate_goes_to_the_source_while_it_is_authoritative(tmp_path):
     after = (GOOD + ADOPTION).replace("authoritative: source", "authoritative: fleet")
     r = decode(tmp_path, after, "locate", "42", "--json")
     assert (json.loads(r.stdout)["host"], json.loads(r.stdout)["schema"]) == ("pg1", "insta2")
+
+
+def test_write_adoption_from_the_section_keys_with_the_default_id_map(tmp_path):
+    """What adopt copy writes: the section's keys as they are written; the id map's default place."""
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(GOOD)
+    topo = write_adoption(
+        path,
+        source={"dsn": "postgresql://app@127.0.0.1:1/old"},
+        schema="public",
+        authoritative="source",
+        id_floor=1837461283764,
+        tables={"users": {"id": "id", "key": "id"}, "likes": {"id": None, "key": "user_id"}},
+        globals=["plans"],
+    )
+    a = topo.adoption
+    assert a.id_map == IdMap("pg1", "shardctl_adopt_ids")  # no global_host: the first host
+    assert a.tables["likes"] == AdoptedTable("likes", None, "user_id") and a.on_source

@@ -26,7 +26,7 @@ from psycopg import conninfo as pg_conninfo
 from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, OperationFailed
-from ...model.adoption import AdoptedTable, IdMap, tables_from_plan
+from ...model.adoption import AdoptedTable, IdMap, default_id_map, tables_from_plan
 from ...model.topology import Host, Topology
 from ...sql import databases
 from ...sql.catalog import adopt_ids as catalog
@@ -34,7 +34,6 @@ from ...sql.catalog import replication
 from ..move.run import server_side
 
 ID_MAP_NAME = "shardctl_adopt_ids"  # the publication and slot on the source, the subscription here
-DEFAULT_DBNAME = "shardctl_adopt_ids"  # the id map database, unless the topology names one
 
 
 @dataclass
@@ -66,7 +65,7 @@ def id_map_place(topo: Topology) -> IdMap:
     """The topology's ``adoption.id_map``, else the global host (or the first) and the default name."""
     if topo.adoption is not None and topo.adoption.id_map is not None:
         return topo.adoption.id_map
-    return IdMap(topo.global_host or topo.hosts[0].name, DEFAULT_DBNAME)
+    return default_id_map(topo.global_host, topo.hosts[0].name)
 
 
 def publisher_conninfo(source: Host) -> str:
@@ -110,7 +109,7 @@ def ensure_id_map(
         try:
             for t in mapped_tables(tables):
                 catalog.create_id_table(
-                    ids, t.name, t.id, types[t.name][0], t.key, types[t.name][1]
+                    ids, schema, t.name, t.id, types[t.name][0], t.key, types[t.name][1]
                 )
             if not replication.slot_exists(src, ID_MAP_NAME):
                 replication.create_slot(src, ID_MAP_NAME)
@@ -265,7 +264,8 @@ def lookup_key(
     with db.connect(
         host, connect_timeout=connect_timeout, purpose="decode-id", database=place.dbname
     ) as conn:
+        schema = topology.adoption.schema if topology.adoption else "public"
         rows = conn.execute(
-            queries.id_map_key_query(table.name, table.id, table.key), (value,)
+            queries.id_map_key_query(schema, table.name, table.id, table.key), (value,)
         ).fetchall()
     return queries.id_map_key(rows)

@@ -289,7 +289,12 @@ def _check_plan(job: Copy, path: Path) -> None:
         )
     conn = read_source(job.source, job.options["connect_timeout"], "adopt copy")
     try:
-        fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+        try:
+            fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+        except BadInput as exc:
+            raise BadInput(
+                f"--plan {path} is not a plan of this database ({exc}): run adopt plan again"
+            ) from None
         conn.rollback()
     finally:
         conn.close()
@@ -402,6 +407,15 @@ def _replica_identity(job: Copy, src: psycopg.Connection) -> None:
 def _publication(job: Copy, src: psycopg.Connection, target: Target) -> None:
     if replication.publication_exists(src, target.name):
         return
+    try:
+        _create_publication(job, src, target)
+    except psycopg.Error as exc:
+        raise OperationFailed(
+            f"adopt copy: publication {target.name} on the source: {db.first_line(exc)}"
+        ) from None
+
+
+def _create_publication(job: Copy, src: psycopg.Connection, target: Target) -> None:
     catalog.create_filtered_publication(
         src,
         target.name,
@@ -430,30 +444,40 @@ def _prepare_host(job: Copy, target: Target) -> None:
     """The partitioned parents with every shard table of the host attached (a routed table instead
     where the shard's own types make a parent impossible), and the global tables; what exists is
     kept (one transaction: all or nothing)."""
+    try:
+        with job.connect(target.host, autocommit=False) as conn:
+            _parents(job, conn, target)
+    except psycopg.Error as exc:
+        raise OperationFailed(
+            f"adopt copy: preparing {target.host.name}'s tables: {db.first_line(exc)}"
+        ) from None
+
+
+def _parents(job: Copy, conn: psycopg.Connection, target: Target) -> None:
+    """See :func:`_prepare_host` (in ``conn``'s transaction, committed at the end)."""
     from .globals import create_global_tables
 
-    with job.connect(target.host, autocommit=False) as conn:
-        attached = catalog.partitions(conn, job.schema)
-        routed = _routed(job, conn, target)
-        for table, key in job.sharded if target.shards else []:
-            first = (job.topo.schema_name(target.shards[0]), table)
-            if table in routed:
-                if not catalog.table_exists(conn, job.schema, table):
-                    schemas = {n: job.topo.schema_name(n) for n in target.shards}
-                    pk = catalog.primary_key(conn, first)
-                    catalog.create_routed_table(
-                        conn, job.schema, table, routed[table], pk, key, job.topo.modulus, schemas
-                    )
-                continue
-            if table not in attached:
-                catalog.create_parent(conn, job.schema, table, first, key, job.topo.modulus)
-            for shard in target.shards:
-                schema = job.topo.schema_name(shard)
-                if schema not in attached.get(table, set()):
-                    catalog.attach_shard(conn, (job.schema, table), (schema, table), shard)
-        if target.globals:
-            create_global_tables(job, conn, target.globals)
-        conn.commit()
+    attached = catalog.partitions(conn, job.schema)
+    routed = _routed(job, conn, target)
+    for table, key in job.sharded if target.shards else []:
+        first = (job.topo.schema_name(target.shards[0]), table)
+        if table in routed:
+            if not catalog.table_exists(conn, job.schema, table):
+                schemas = {n: job.topo.schema_name(n) for n in target.shards}
+                pk = catalog.primary_key(conn, first)
+                catalog.create_routed_table(
+                    conn, job.schema, table, routed[table], pk, key, job.topo.modulus, schemas
+                )
+            continue
+        if table not in attached:
+            catalog.create_parent(conn, job.schema, table, first, key, job.topo.modulus)
+        for shard in target.shards:
+            schema = job.topo.schema_name(shard)
+            if schema not in attached.get(table, set()):
+                catalog.attach_shard(conn, (job.schema, table), (schema, table), shard)
+    if target.globals:
+        create_global_tables(job, conn, target.globals)
+    conn.commit()
 
 
 def _routed(job: Copy, conn: psycopg.Connection, target: Target) -> dict[str, list[tuple]]:
@@ -464,7 +488,7 @@ def _routed(job: Copy, conn: psycopg.Connection, target: Target) -> dict[str, li
         job.routed = {}
         for table, _ in job.sharded:
             cols = catalog.shard_typed_columns(conn, (first, table))
-            if any(own for _, _, own, _ in cols):
+            if any(c[2] for c in cols):
                 job.routed[table] = cols
     return job.routed or {}
 
@@ -511,6 +535,7 @@ def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tupl
     routed table's per-shard-typed columns read as text)."""
     keys = dict(job.sharded)
     routed = {t: {c[0]: c[3] for c in cols if c[2]} for t, cols in (job.routed or {}).items()}
+    # rows of routed tables are read as text there, and routed into the shards by the copy itself
     pairs = []
     for table in _tables(job, target):
         cols = catalog.columns(tgt, job.schema, table)
@@ -521,12 +546,28 @@ def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tupl
             if table in keys
             else None
         )
-        pairs.append(
-            (
-                catalog.copy_out_rows(job.schema, table, out, where),
-                catalog.copy_in_columns(job.schema, table, cols),
-            )
+        pair = (
+            catalog.copy_out_rows(job.schema, table, out, where),
+            catalog.copy_in_columns(job.schema, table, cols),
         )
+        if as_text:  # the trigger off while the copy routes the rows itself, set-based
+            into = [
+                catalog.route_rows(
+                    job.schema,
+                    table,
+                    job.topo.schema_name(n),
+                    n,
+                    keys[table],
+                    job.topo.modulus,
+                    job.routed[table],
+                )
+                for n in target.shards
+            ]
+            pair += (
+                [catalog.route_trigger(job.schema, table, enable=False)],
+                [*into, catalog.route_trigger(job.schema, table, enable=True)],
+            )
+        pairs.append(pair)
     return pairs
 
 
@@ -685,11 +726,17 @@ def host_figures(run: Run, src: psycopg.Connection, targets: list[Target]) -> li
 
 
 def adopt_status(
-    topo: Topology, dsn: str, *, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+    topo: Topology, dsn: str | None = None, *, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
 ) -> AdoptStatus:
-    """The adoption as recorded on the database at ``dsn``: phase, per-host copy and lag, and the
-    WAL the source holds for it (read-only)."""
-    source = source_host(dsn)
+    """The adoption as recorded on the database at ``dsn`` (default: the topology's
+    ``adoption.source``): phase, per-host copy and lag, and the WAL the source holds for it
+    (read-only)."""
+    if dsn is None:
+        if topo.adoption is None or topo.adoption.source is None:
+            raise BadInput("the topology has no adoption.source: give --from DSN")
+        source = topo.adoption.source
+    else:
+        source = source_host(dsn)
     result = AdoptStatus(source=source.masked_dsn, phase="none")
     with db.connect(
         source, autocommit=True, connect_timeout=connect_timeout, purpose="adopt status"

@@ -318,9 +318,9 @@ def global_table_ddl(table: Any, schema: str) -> str:
 
 SHARD_TYPED = """
 SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typnamespace = c.relnamespace,
-       t.typcategory = 'A'
+       t.typcategory = 'A', coalesce(e.typname, t.typname)::text
   FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-  JOIN pg_type t ON t.oid = a.atttypid
+  JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type e ON e.oid = nullif(t.typelem, 0)
  WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
  ORDER BY a.attnum"""
 
@@ -349,8 +349,9 @@ $route$"""
 
 def shard_typed_columns(
     conn: psycopg.Connection, shard_table: tuple[str, str]
-) -> list[tuple[str, str, bool, bool]]:
-    """(column, type, typed by the shard's own schema, an array) of a shard table, in order."""
+) -> list[tuple[str, str, bool, bool, str]]:
+    """(column, type, typed by the shard's own schema, an array, the (element) type's name) of a
+    shard table, in order."""
     return conn.execute(SHARD_TYPED, (sql.Identifier(*shard_table).as_string(conn),)).fetchall()
 
 
@@ -363,7 +364,7 @@ def create_routed_table(
     conn: psycopg.Connection,
     schema: str,
     table: str,
-    cols: list[tuple[str, str, bool, bool]],
+    cols: list[tuple[str, str, bool, bool, str]],
     pk: list[str],
     key: str,
     modulus: int,
@@ -377,7 +378,7 @@ def create_routed_table(
             sql.Identifier(name),
             sql.SQL(("text[]" if array else "text") if own else typ),
         )
-        for name, typ, own, array in cols
+        for name, typ, own, array, _ in cols
     ]
     defs.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, pk))))
     target = sql.Identifier(schema, table)
@@ -406,3 +407,47 @@ def create_routed_table(
 def text_cast(column: str, array: bool) -> sql.Composed:
     """``column::text`` (``::text[]``): a per-shard-typed column as the routed table holds it."""
     return sql.SQL("{}::{}").format(sql.Identifier(column), sql.SQL("text[]" if array else "text"))
+
+
+def route_trigger(schema: str, table: str, enable: bool) -> sql.Composed:
+    """Disable (for the initial copy, which routes the rows itself: :func:`route_rows`) or enable
+    again the routing trigger of a routed table."""
+    return sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(
+        sql.Identifier(schema, table),
+        sql.SQL("ENABLE ALWAYS" if enable else "DISABLE"),
+        sql.Identifier("shardctl_adopt_route"),
+    )
+
+
+def route_rows(
+    schema: str,
+    table: str,
+    shard_schema: str,
+    shard: int,
+    key: str,
+    modulus: int,
+    cols: list[tuple[str, str, bool, bool, str]],
+) -> sql.Composed:
+    """``INSERT INTO shard.table SELECT … FROM schema.table WHERE key % modulus = shard``: the rows
+    of one shard from the routed table, its per-shard-typed columns cast back to the shard's types."""
+    items = []
+    for name, _, own, array, typname in cols:
+        if own:
+            items.append(
+                sql.SQL("{}::{}{}").format(
+                    sql.Identifier(name),
+                    sql.Identifier(shard_schema, typname),
+                    sql.SQL("[]" if array else ""),
+                )
+            )
+        else:
+            items.append(sql.Identifier(name))
+    return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE ({} % {}) = {}").format(
+        sql.Identifier(shard_schema, table),
+        sql.SQL(", ").join(sql.Identifier(c[0]) for c in cols),
+        sql.SQL(", ").join(items),
+        sql.Identifier(schema, table),
+        sql.Identifier(key),
+        sql.Literal(modulus),
+        sql.Literal(shard),
+    )

@@ -127,7 +127,7 @@ class _LendingPool(Pool):
                     record = records[id(self)] = _ConnectionRecord(self)
                 finally:
                     self._local.conn = None
-            conn.shardctl_host = self._router.topology.host(self._host)
+            conn.shardctl_host = self._router.placement.host_named(self._host)
             conn.__dict__.pop("shardctl_error", None)
         except BaseException as exc:
             self._give_back(loan, exc)

@@ -94,6 +94,20 @@ def test_every_json_document_starts_with_command_and_ok(make_fleet, server_dir, 
             ),
             0,
         ),
+        (  # the fleet holds the example app's rows, not this app's: a difference, exit 1
+            "adopt verify",
+            (
+                "adopt",
+                "verify",
+                "--from",
+                app,
+                "--plan",
+                tmp_path / "plan.yaml",
+                "--dark-reads",
+                "0",
+            ),
+            1,
+        ),
     ]
     seen = set()
     for name, args, code in runs:

@@ -158,6 +158,15 @@ PLANS = classify_tables(TABLES, "public", "user_id", "users", "id")
         ),
         ("SELECT * FROM messages WHERE sender_id = $1", "single-shard"),
         ("SELECT * FROM messages WHERE recipient_id = $1", "fan-out"),
+        # Prisma qualifies every column with the schema and the table
+        (
+            'SELECT "public"."posts"."id" FROM "public"."posts" WHERE "public"."posts"."user_id" = $1',
+            "single-shard",
+        ),
+        (
+            'SELECT "public"."posts"."id" FROM "public"."posts" WHERE "other"."posts"."user_id" = $1',
+            "fan-out",
+        ),
     ],
 )
 def test_query_classes(sql, cls):

@@ -97,6 +97,8 @@ class _Reader:
         if ref is None:
             return None
         fields = [_name(f) for f in ref.get("fields", [])]
+        if len(fields) == 3 and fields[0] == self.schema:
+            fields = fields[1:]  # schema.table.column, as Prisma writes every column
         if len(fields) == 2 and fields[0] in self.refs:
             return fields[0], fields[1]
         if len(fields) == 1:

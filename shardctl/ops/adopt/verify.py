@@ -23,6 +23,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,11 @@ from ...errors import BadInput, OperationFailed, WaitTimeout, first_few
 from ...model.documents import Result
 from ...model.topology import Topology
 from ...sql.catalog import adopt_verify as state
-from ...sql.catalog import data, replication
+from ...sql.catalog import data
 from ..move import transfer
 from ..move.run import checkpoint
 from .dark_reads import DarkRead, run_dark_reads
+from .keys import SHARDED
 from .plan import read_plan, source_host
 
 CHUNK_ROWS = 100_000  # source rows per chunk (by the table's estimate)
@@ -107,10 +109,11 @@ class AdoptVerifyResult(Result):
 
 @dataclass(frozen=True)
 class Table:
-    """A sharded table as the check reads it: its key, the column its chunks split, its columns."""
+    """A table as the check reads it: its key (None: a global table, whole on the global host), the
+    column its chunks split (a global table's first column, which names its rows), its columns."""
 
     name: str
-    key: str
+    key: str | None
     column: str
     columns: tuple[tuple[str, bool], ...]
     nullable_key: bool
@@ -162,6 +165,7 @@ def adopt_verify(
     if chunk_rows < 1 or dark_reads < 0:
         raise BadInput("--chunk-rows must be at least 1 and --dark-reads at least 0")
     doc = read_plan(Path(plan_file))
+    _check_plan(doc, Path(plan_file))
     host = source_host(dsn)
     check = Check(topo, doc, host, connect_timeout)
     try:
@@ -170,10 +174,23 @@ def adopt_verify(
             result.dark_reads = run_dark_reads(
                 topo, doc, check.src, dark_reads, connect_timeout, progress
             )
+        result.seconds = time.perf_counter() - started
+        check.finish(result)
     finally:
         check.close()
-    result.seconds = time.perf_counter() - started
     return result
+
+
+def _check_plan(doc: dict[str, Any], path: Path) -> None:
+    """BadInput for a plan the check cannot follow: blockers left, a sharded table without its key."""
+    if doc["blockers"]:
+        raise BadInput(
+            f"--plan {path} lists {len(doc['blockers'])} blocker(s): fix them, plan again, and "
+            f"copy before verifying"
+        )
+    for t in doc["tables"]:
+        if t["kind"] in SHARDED and not t.get("key"):
+            raise BadInput(f"--plan {path}: table {t['name']} has no key column; plan again")
 
 
 class Check:
@@ -188,26 +205,18 @@ class Check:
             host, autocommit=True, connect_timeout=connect_timeout, purpose="adopt verify"
         )
         try:
+            self.global_host = doc.get("global_host") or topo.global_host or topo.hosts[0].name
             for h in topo.hosts:
-                if h.shards:
+                if h.shards or h.name == self.global_host:
                     self.conns[h.name] = db.connect(
                         h, autocommit=True, connect_timeout=connect_timeout, purpose="adopt verify"
                     )
             for conn in [self.src, *self.conns.values()]:
                 data.pin_text_settings(conn)
-            if not state.ensure_state(self.src):
-                raise OperationFailed(
-                    f"adopt verify: another adopt verify is running on {host.masked_dsn}; "
-                    f"wait for it to finish"
-                )
         except BaseException:
             self.close()
             raise
-        self.slots = [
-            f"shardctl_adopt_{h}"
-            for h in self.conns
-            if replication.slot_exists(self.src, f"shardctl_adopt_{h}")
-        ]
+        self.slots = state.copy_slots(self.src)
 
     def close(self) -> None:
         for conn in [getattr(self, "src", None), *self.conns.values()]:
@@ -217,17 +226,21 @@ class Check:
     def tables(self) -> list[Table]:
         out = []
         for t in self.doc["tables"]:
-            if t["kind"] not in ("root", "column", "fk-path"):
+            if t["kind"] not in (*SHARDED, "global"):
                 continue
-            cols = state.columns(self.src, self.schema, t["name"])
-            if not t.get("key"):
-                raise BadInput(f"--plan: table {t['name']} has no key column; plan again")
+            try:
+                cols = state.columns(self.src, self.schema, t["name"])
+            except psycopg.errors.UndefinedTable:
+                raise BadInput(
+                    f"--plan names table {self.schema}.{t['name']}, which the source does not "
+                    f"have; plan again"
+                ) from None
             nullable = any(n == t["key"] and not notnull for n, _, notnull in cols)
             out.append(
                 Table(
                     t["name"],
-                    t["key"],
-                    t.get("id_column") or t["key"],
+                    t["key"] if t["kind"] != "global" else None,
+                    t.get("id_column") or t["key"] or cols[0][0],
                     tuple((n, text) for n, text, _ in cols),
                     nullable,
                 )
@@ -242,6 +255,9 @@ class Check:
     def plan_chunks(self, tables: list[Table], chunk_rows: int) -> list[tuple]:
         out = []
         for t in tables:
+            if t.key is None:  # a global table: one chunk
+                out.append((t.name, t.column, None, None))
+                continue
             low, high, rows = state.bounds(self.src, self.schema, t.name, t.column)
             out += [(t.name, t.column, lo, hi) for lo, hi in split(low, high, rows, chunk_rows)]
         return out
@@ -250,9 +266,16 @@ class Check:
         self, chunk_rows: int, progress: Callable[[str, int], Callable[[int], None]] | None
     ) -> AdoptVerifyResult:
         tables = self.tables()
-        run_id, resumed = state.open_run(self.src, self.fingerprint(tables, chunk_rows))
-        if not resumed:
-            state.add_chunks(self.src, run_id, self.plan_chunks(tables, chunk_rows))
+        if not state.ensure_state(self.src):
+            raise OperationFailed(
+                f"adopt verify: another adopt verify is running on {self.masked}; wait for it "
+                f"to finish"
+            )
+        fingerprint = self.fingerprint(tables, chunk_rows)
+        run_id = state.unfinished_run(self.src, fingerprint)
+        resumed = run_id is not None
+        if run_id is None:
+            run_id = state.new_run(self.src, fingerprint, self.plan_chunks(tables, chunk_rows))
         recorded = state.chunks(self.src, run_id)
         result = AdoptVerifyResult(
             self.masked, run_id, resumed, bool(self.slots), [t.name for t in tables]
@@ -260,7 +283,11 @@ class Check:
         result.chunks = len(recorded)
         by_name = {t.name: t for t in tables}
         for t in tables:
-            if t.nullable_key and (n := state.null_keys(self.src, self.schema, t.name, t.key)):
+            if (
+                t.key
+                and t.nullable_key
+                and (n := state.null_keys(self.src, self.schema, t.name, t.key))
+            ):
                 result.problems.append(
                     Problem(
                         t.name,
@@ -293,12 +320,27 @@ class Check:
             result.problems += [Problem(**p) for p in problems]
             if tick:
                 tick(1)
-        summary = {"chunks": result.chunks, "problems": len(result.problems), "busy": result.busy}
-        state.finish_run(self.src, run_id, summary)
         return result
+
+    def finish(self, result: AdoptVerifyResult) -> None:
+        """The run is complete: its summary (what ``adopt status`` shows) recorded on the source."""
+        summary = {
+            "ok": result.ok,
+            "chunks": result.chunks,
+            "busy": result.busy,
+            "source_rows": result.source_rows,
+            "fleet_rows": result.fleet_rows,
+            "problems": [p.message for p in result.problems[:5]],
+            "dark_reads": dict(Counter(d.status for d in result.dark_reads)),
+            "seconds": round(result.seconds, 3),
+        }
+        state.finish_run(self.src, result.run, summary)
 
     # ---- one chunk ---------------------------------------------------------------------
     def scopes(self, t: Table, chunk: Chunk) -> tuple[data.Scope, dict[str, list[data.Scope]]]:
+        if t.key is None:
+            whole = data.Scope(self.schema, t.name, columns=t.columns, column=t.column)
+            return whole, {self.global_host: [whole]}
         common = {
             "columns": t.columns,
             "column": chunk.column,
@@ -331,18 +373,32 @@ class Check:
         def read_source(conn: psycopg.Connection) -> dict:
             return {r[1]: (r[2], r[3]) for r in data.checksum_rows(conn, [source])}
 
-        def read_fleet() -> dict:
-            out = {}
-            for name, scopes in fleet.items():
+        def read_host(name: str) -> dict:
+            out, scopes = {}, fleet[name]
+            try:
                 for i in range(0, len(scopes), data.CHUNK):
                     for r in data.checksum_rows(self.conns[name], scopes[i : i + data.CHUNK]):
                         out[r[1]] = (r[2], r[3], r[4])
+            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+                raise OperationFailed(
+                    f"adopt verify: {name}: {str(exc).splitlines()[0]}: the fleet's tables are not "
+                    f"the source's (the shards' come from init with the baseline, the global "
+                    f"tables' from adopt copy)"
+                ) from None
+            return out
+
+        def read_fleet() -> dict:
+            out: dict = {}
+            with ThreadPoolExecutor(len(fleet), thread_name_prefix="shardctl-verify") as pool:
+                for part in pool.map(read_host, list(fleet)):  # the hosts hash in parallel
+                    out.update(part)
             return out
 
         def timed_out(lsn: str) -> WaitTimeout:
             return WaitTimeout(
-                f"adopt verify: the copy's subscriptions did not apply the source's WAL up to {lsn} "
-                f"within {LAG_TIMEOUT:g}s; run adopt status, then verify again"
+                f"adopt verify: the copy's subscriptions (slots {', '.join(self.slots)}) did not "
+                f"apply the source's WAL up to {lsn} within {LAG_TIMEOUT:g}s; run adopt status, "
+                f"then verify again"
             )
 
         return transfer.at_lag_zero(
@@ -357,10 +413,10 @@ class Check:
         for round_no in range(1, ROUNDS + 1):
             src, got = self.sums(source, fleet)
             counts = (
-                sum(v[0] for k, v in src.items() if k is not None),
+                sum(v[0] for k, v in src.items() if k is not None or t.key is None),
                 sum(v[0] for v in got.values()),
             )
-            shards = sorted(set(got) | {k for k in src if k is not None})
+            shards = sorted(set(got) | {k for k in src if k is not None or t.key is None}, key=str)
             differ = [s for s in shards if _differs(src.get(s), got.get(s))]
             if not differ:
                 return "ok", round_no, counts, []
@@ -409,18 +465,19 @@ class Check:
                     f"{shard}: no shard holds them"
                 ),
             )
-        host = self.topo.host_of(shard).name
+        host = self.global_host if t.key is None else self.topo.host_of(shard).name
         scope = next(sc for sc in fleet[host] if sc.shard == shard)
         src_rows, src_sum = src or (0, "r0")
         method = (src_sum or got[1])[:1]
         on_source = data.row_hashes(self.src, source, method, shard, DRILL_ROWS + 1)
         on_shard = data.row_hashes(self.conns[host], scope, method, None, DRILL_ROWS + 1)
         rows = _rows_that_differ(t, self.modulus, shard, on_source, on_shard)
-        what = f"{src_rows} row(s) on the source, {got[0]} on the shard"
+        what = f"{src_rows} row(s) on the source, {got[0]} on {'the host' if t.key is None else 'the shard'}"
         if src_rows == got[0]:
             what += ", checksums differ"
         named = "; ".join(rows[:NAMED_ROWS]) or "(too many rows to name them)"
-        message = f"{t.name} shard {shard} ({host}), {where}: {what}: {named}"
+        place = f"(global, on {host})" if t.key is None else f"shard {shard} ({host})"
+        message = f"{t.name} {place}, {where}: {what}: {named}"
         return Problem(
             t.name,
             shard,
@@ -454,24 +511,28 @@ def _rows_that_differ(
         return []
     out = []
     for value, _, key in on_shard:
-        if key is not None and key % modulus != shard:
-            out.append(
-                f"{t.column} {value}: {t.key} {key} belongs on shard {key % modulus}, not {shard}"
-            )
+        if t.key is not None and key is not None and key % modulus != shard:
+            whose = "" if t.column == t.key else f" {t.key} {key}"
+            out.append(f"{t.column} {value}:{whose} belongs on shard {key % modulus}, not {shard}")
     src: dict = {}
     got: dict = {}
     for rows, into in ((on_source, src), (on_shard, got)):
         for value, hashed, _ in rows:
             into.setdefault(value, Counter())[hashed] += 1
     for value in sorted(set(src) | set(got)):
-        a, b = src.get(value, Counter()), got.get(value, Counter())
-        if a == b:
-            continue
-        if not b:
-            out.append(f"{t.column} {value}: only on the source (missing on the shard)")
-        elif not a:
-            if not any(s.startswith(f"{t.column} {value}:") for s in out):
-                out.append(f"{t.column} {value}: only on the shard")
-        else:
+        missing = src.get(value, Counter()) - got.get(value, Counter())
+        extra = got.get(value, Counter()) - src.get(value, Counter())
+        if missing and extra:
             out.append(f"{t.column} {value}: differs")
+        elif missing:
+            out.append(
+                f"{t.column} {value}: {_rows(missing)}only on the source (missing on the shard)"
+            )
+        elif extra and not any(s.startswith(f"{t.column} {value}:") for s in out):
+            out.append(f"{t.column} {value}: {_rows(extra)}only on the shard")
     return out
+
+
+def _rows(counter: Counter) -> str:
+    n = sum(counter.values())
+    return "" if n == 1 else f"{n} rows "

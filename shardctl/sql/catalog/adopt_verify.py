@@ -55,31 +55,33 @@ def ensure_state(conn: psycopg.Connection) -> bool:
     return True
 
 
-def open_run(conn: psycopg.Connection, fingerprint: str) -> tuple[int, bool]:
-    """(run id, resumed): the last unfinished run of the same check, or a new run."""
+def unfinished_run(conn: psycopg.Connection, fingerprint: str) -> int | None:
+    """The last unfinished run, when it is of the same check (``fingerprint``): a re-run resumes it."""
     row = conn.execute(
         "SELECT run_id, fingerprint FROM shardctl_adopt.verify_runs WHERE finished_at IS NULL "
         "ORDER BY run_id DESC LIMIT 1"
     ).fetchone()
-    if row is not None and row[1] == fingerprint:
-        return row[0], True
-    new = conn.execute(
-        "INSERT INTO shardctl_adopt.verify_runs (fingerprint) VALUES (%s) RETURNING run_id",
-        (fingerprint,),
-    ).fetchone()
-    return new[0], False
+    return row[0] if row is not None and row[1] == fingerprint else None
 
 
-def add_chunks(
-    conn: psycopg.Connection, run_id: int, chunks: list[tuple[str, str, int | None, int | None]]
-) -> None:
-    """Record a new run's chunks, (table, column, lo, hi) each, all pending, in one transaction."""
+def new_run(
+    conn: psycopg.Connection,
+    fingerprint: str,
+    chunks: list[tuple[str, str, int | None, int | None]],
+) -> int:
+    """A new run with its chunks, (table, column, lo, hi) each, all pending: one transaction, so a
+    run is recorded with all its chunks or not at all."""
     with conn.transaction(), conn.cursor() as cur:
+        run_id = cur.execute(
+            "INSERT INTO shardctl_adopt.verify_runs (fingerprint) VALUES (%s) RETURNING run_id",
+            (fingerprint,),
+        ).fetchone()[0]
         cur.executemany(
             "INSERT INTO shardctl_adopt.verify_chunks (run_id, chunk, table_name, column_name, lo, hi) "
             "VALUES (%s, %s, %s, %s, %s, %s)",
             [(run_id, n, *chunk) for n, chunk in enumerate(chunks)],
         )
+    return run_id
 
 
 def chunks(conn: psycopg.Connection, run_id: int) -> list[tuple]:
@@ -215,3 +217,25 @@ def read_only_on(conn: psycopg.Connection, schema: str) -> None:
     """The dark read's transaction on the source: read-only, the app's schema first on the path."""
     conn.execute("SET TRANSACTION READ ONLY")
     conn.execute(f"SET LOCAL search_path TO {quote_ident(schema)}")
+
+
+def last_run(conn: psycopg.Connection) -> tuple | None:
+    """(run id, started, finished or None, summary or None) of the latest verify run on the source,
+    or None when none ran (or the state schema does not exist): for ``adopt status``."""
+    exists = conn.execute("SELECT to_regclass('shardctl_adopt.verify_runs') IS NOT NULL").fetchone()
+    if not exists[0]:
+        return None
+    return conn.execute(
+        "SELECT run_id, started_at, finished_at, summary FROM shardctl_adopt.verify_runs "
+        "ORDER BY run_id DESC LIMIT 1"
+    ).fetchone()
+
+
+def copy_slots(conn: psycopg.Connection) -> list[str]:
+    """The adoption's logical slots in this database (``shardctl_adopt_<host>``, one per fleet host,
+    and the id map's): while any exists, the copy replicates and the shards follow the source."""
+    rows = conn.execute(
+        "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical' "
+        "AND database = current_database() AND slot_name LIKE 'shardctl\\_adopt\\_%' ORDER BY 1"
+    ).fetchall()
+    return [r[0] for r in rows]

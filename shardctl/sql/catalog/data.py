@@ -194,8 +194,8 @@ def row_hashes(
     ``shard`` when given), hashed as the checksum of ``method`` hashed them: to name the rows that
     differ within a chunk whose checksums differ."""
     hashed = ROW_HASH.get(method, ROW_HASH["r"]).format(scope.row())
-    col, key = quote_ident(scope.column or ""), quote_ident(scope.key or "")
+    key = f"x.{quote_ident(scope.key)}" if scope.key else "NULL"
     return conn.execute(
-        f"SELECT x.{col}, {hashed}, x.{key} FROM {quote_ident(scope.schema)}."
+        f"SELECT x.{quote_ident(scope.column or '')}, {hashed}, {key} FROM {quote_ident(scope.schema)}."
         f"{quote_ident(scope.table)} AS x{scope.where(shard)} ORDER BY 1 LIMIT {int(limit)}"
     ).fetchall()

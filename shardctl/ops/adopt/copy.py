@@ -53,6 +53,7 @@ from ..move import transfer
 from ..move.copy import MAX_COPY_WORKERS, in_new_slot
 from ..move.run import Pacer, Progress, checkpoint, server_side
 from .baseline import _compare
+from .id_map import id_map_place
 from .plan import read_plan, read_plan_snapshot, read_source, source_host
 from .state import Phase, Run, load_run, plan_hash, slot_name, start_run
 
@@ -683,7 +684,8 @@ def _write_adoption(job: Copy) -> None:
         id_floor=job.run.detail["id_floor"],
         tables=tables,
         globals=globals_,
-        id_map=current.id_map if current is not None else None,
+        # where ensure_id_map put the old ID -> key lookups: the Router reads old IDs there
+        id_map=current.id_map if current is not None and current.id_map else id_map_place(job.topo),
     )
     if current is not None and current.document() == wanted.document():
         return

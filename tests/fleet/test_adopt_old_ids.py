@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -55,6 +59,24 @@ def orm_models():
         user_id = Column(BigInteger)
 
     return User, Task
+
+
+def django_get(path, task_id: int) -> dict:
+    """``Task.objects.get(pk=task_id)`` and its save, by shardctl.django (tests/support/django_adopt.py)."""
+    pytest.importorskip("django")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["SHARDCTL_CONFIG"] = str(path)
+    script = Path(__file__).resolve().parents[1] / "support" / "django_adopt.py"
+    result = subprocess.run(
+        [sys.executable, str(script), str(task_id)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 ROUTING = "routing:\n  key: user_id\nplacement:\n  global_host: pg2\n"
@@ -334,6 +356,16 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
                 return await arouter.execute(None, get_task, (tid,), id=tid, table="tasks")
 
         assert asyncio.run(async_get()) == [(title,)]
+        # shardctl.django: Model.objects.get(pk=old ID) and a save, in a process of its own
+        _, calls = counter.delta(
+            '"tasks"."id" =',
+            lambda: django_get(path, tid),
+            'FROM public."tasks"',
+        )
+        assert calls["lookups"] == {made.id_map.dbname: 2}  # the get's and the save's
+        assert {db: n for db, n in calls.items() if db != "lookups"} == {
+            dbname(topo.host_of(user % 4)): 2
+        }, calls
         # decode-id: a pre-adoption ID, and with --table the shard its key is on (from the id map)
         tid, _, user = wanted[0]
         r = run_cli("decode-id", str(tid), "--table", "tasks", "--json", config=path)

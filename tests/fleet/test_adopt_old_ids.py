@@ -293,14 +293,22 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         with Session() as session:
             assert session.get(Task, task_id).title == task_title  # on the old database
 
-        # The cutover flips the file; the Router follows it (as after a move: the file is re-read).
-        assert flip_adoption(path, "fleet")
-        router.reload()
+        # The cutover flips the file and makes the old tables refuse (here: renamed away, 42P01);
+        # the Router, not restarted, meets the refusal, reads the file again and retries on the fleet.
         wanted = (
             psycopg.connect(src)
             .execute("SELECT id, title, user_id FROM tasks ORDER BY id")
             .fetchall()
         )
+        assert flip_adoption(path, "fleet")
+        with psycopg.connect(src, autocommit=True) as conn:
+            conn.execute("ALTER TABLE tasks RENAME TO tasks_cut_over")
+            try:
+                tid, title, _ = wanted[1]
+                got = router.execute(None, get_task, (tid,), id=tid, table="tasks")
+            finally:
+                conn.execute("ALTER TABLE tasks_cut_over RENAME TO tasks")
+        assert got == [(title,)] and not router.topology.adoption.on_source
         for tid, title, user in wanted[:: max(1, len(wanted) // 6)]:
             rows, calls = counter.delta(
                 "FROM tasks WHERE id",

@@ -267,9 +267,16 @@ def status_cmd(as_json: bool, **given: Any) -> None:
         _print_hosts(f"adopt status: {result.source}: phase {result.phase}", result.hosts)
         for table_name in result.replica_identity_full:
             stdout.print(f"replica identity FULL: {table_name}", highlight=False)
+        for table_name in result.routed:
+            stdout.print(
+                f"routed by trigger (an enum): {table_name}: its rows are held twice on each "
+                f"host until the cutover",
+                highlight=False,
+            )
         stdout.print(
             f"the source holds {human_bytes(result.held_bytes)} of WAL for the copy "
-            f"({len(result.hosts)} slot(s))",
+            f"({len(result.hosts)} slot(s) and the id map's; the id map is "
+            f"{human_bytes(result.id_map_lag_bytes)} behind)",
             highlight=False,
         )
 

@@ -21,10 +21,25 @@ from support.fleet import admin_dsn, load, run_cli, sandbox_dir
 from support.versions import need
 
 from shardctl.dev.sandbox import Sandbox
+from shardctl.errors import ShardctlError
+from shardctl.ops.adopt.id_map import drop_id_map
 
 ROUTING = "routing:\n  key: user_id\n"
 SHARDS = 4
 APP = "forum_django"
+
+
+@pytest.fixture(autouse=True)
+def drop_id_maps(make_fleet):
+    """After each test: the id map databases its copies made (the fleet maker does not know them)."""
+    yield
+    for path in make_fleet.base.glob("fleet-*/shardctl.yaml"):
+        topo = load(path)
+        if topo.adoption is not None:
+            try:
+                drop_id_map(topo, topo.adoption.source, connect_timeout=3)
+            except (psycopg.Error, ShardctlError):
+                drop_id_map(topo, None, connect_timeout=3)
 
 
 def adopted_fleet(make_fleet, tmp_path, dsn: str, app: str = APP, users: int = 40):
@@ -260,6 +275,9 @@ def test_copy_under_writes_then_every_shard_equals_the_source(
             psycopg.sql.SQL("SELECT max(id) FROM {}").format(psycopg.sql.Identifier(identity_full))
         ).fetchone()[0]
     assert top < adoption.id_floor == result["id_floor"]
+    assert adoption.id_map.dbname.endswith("_adopt_ids"), (
+        adoption.id_map
+    )  # its own, beside the fleet's
 
     # the topology's adoption.source names the old database: no --from needed
     status = json.loads(run_cli("adopt", "status", "--json", config=path).stdout)
@@ -273,8 +291,8 @@ def test_copy_under_writes_then_every_shard_equals_the_source(
 
 
 def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_path):
-    """SIGKILL in the middle of a host's COPY, then after a host's copy is recorded, then after its
-    subscription is made (not started): each re-run starts over what was cut short, keeps the rest,
+    """SIGKILL in the middle of a host's COPY, then after a host's copy is recorded and its
+    subscription made (not started): each re-run starts over what was cut short, keeps the rest,
     and the shards end equal to the source, under writes the whole time."""
     dsn = make_fleet.new_database(0)
     path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
@@ -283,7 +301,7 @@ def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_
     writer = Writer(dsn)
     writer.start()
     try:
-        for point in ("adopt-mid-copy", "adopt-after-copy", "adopt-after-subscription"):
+        for point in ("adopt-mid-copy", "adopt-after-subscription"):
             killed = crash_at.run(point, *args, timeout=120)
             assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr)
             status = json.loads(
@@ -307,7 +325,11 @@ def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_
             "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() "
             "ORDER BY 1"
         ).fetchall()
-    assert [s[0] for s in slots] == ["shardctl_adopt_pg1", "shardctl_adopt_pg2"], slots
+    assert [s[0] for s in slots] == [
+        "shardctl_adopt_ids",
+        "shardctl_adopt_pg1",
+        "shardctl_adopt_pg2",
+    ], slots
 
 
 @pytest.fixture(params=["16", pytest.param("17", marks=pytest.mark.slow)])
@@ -348,8 +370,8 @@ def source_state(dsn: str) -> tuple:
 
 
 def test_bad_input_one_line_exit_2_nothing_changed(make_fleet, tmp_path):
-    """No plan file, a plan of another database, a fleet not inited: one line, exit 2, and neither the
-    source, the fleet nor the topology file changed."""
+    """No plan file, a plan of another database, a fleet not inited, a fleet past the baseline: one
+    line, exit 2, and neither the source nor the topology file changed."""
     path = make_fleet(hosts=2, shards=SHARDS, extra=ROUTING)
     for f in (path.parent / "migrations").iterdir():
         f.unlink()
@@ -371,6 +393,18 @@ def test_bad_input_one_line_exit_2_nothing_changed(make_fleet, tmp_path):
         assert r.exit_code == 2 and words in r.stderr, (words, r)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert source_state(dsn) == before and path.read_text() == text
+    # a fleet migrated past the baseline: its shards have a column the old database has not
+    assert (
+        run_cli("adopt", "baseline", "--from", dsn, "--plan", plan_file, config=path).exit_code == 0
+    )
+    (path.parent / "migrations" / "V0002__more.sql").write_text(
+        "ALTER TABLE {{ schema|ident }}.forum_post ADD COLUMN score int;\n"
+    )
+    assert run_cli("init", config=path).exit_code == 0
+    text = path.read_text()
+    r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, config=path)
+    assert r.exit_code == 2 and "forum_post has column score" in r.stderr, r
+    assert source_state(dsn) == before and path.read_text() == text
     r = run_cli("adopt", "status", "--from", dsn, "--json", config=path)
     assert r.exit_code == 0 and json.loads(r.stdout)["phase"] == "none", r
 
@@ -382,8 +416,25 @@ def test_copy_at_size(make_fleet, tmp_path, app):
     dsn = make_fleet.new_database(0)
     path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, app, users=2000)
     doc = plan_doc(path, dsn)
-    result, writer = copy_under_writes(path, plan_file, dsn, app=app)
+    seen, stop = [], threading.Event()
+
+    def watch() -> None:  # adopt status while the copy runs: the COPYs' rows as they go
+        from shardctl import Topology, adopt_status
+
+        while not stop.is_set():
+            seen.extend(h for h in adopt_status(Topology.load(path), dsn).hosts if h.rows)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result, writer = copy_under_writes(path, plan_file, dsn, "--nice", "0.5", app=app)
+    finally:
+        stop.set()
+        watcher.join()
     assert result["phase"] == "synced" and writer.key_moves > 0, result
+    assert result["rested_seconds"] > 0, result  # --nice paced the copy
+    assert any(h.state == "copying" and h.bytes > 0 for h in seen), seen[:3]
     print(f"{app}: copied {result['copied_bytes']} bytes in {result['seconds']} s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 10_000

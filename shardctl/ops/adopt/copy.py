@@ -40,10 +40,10 @@ from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, LockBusy, OperationFailed, WaitTimeout, first_few
 from ...ids.old_ids import id_floor
-from ...model.adoption import SOURCE_HOST, Adoption, tables_from_plan
+from ...model.adoption import SOURCE_HOST, Adoption, IdMap, tables_from_plan
 from ...model.documents import Result
 from ...model.ranges import format_shards
-from ...model.topology import Host, Topology
+from ...model.topology import Host, Topology, server_database
 from ...model.topology_file import write_adoption
 from ...sql.catalog import adopt_copy as catalog
 from ...sql.catalog import inspect, replication
@@ -53,7 +53,7 @@ from ..move import transfer
 from ..move.copy import MAX_COPY_WORKERS, in_new_slot
 from ..move.run import Pacer, Progress, checkpoint, server_side
 from .baseline import _compare
-from .id_map import id_map_place
+from .id_map import ID_MAP_NAME, ensure_id_map, id_map_place, wait_id_map
 from .plan import read_plan, read_plan_snapshot, read_source, source_host
 from .state import Phase, Run, load_run, plan_hash, slot_name, start_run
 
@@ -116,6 +116,8 @@ class AdoptStatus(Result):
     hosts: list[HostCopy] = field(default_factory=list)
     replica_identity_full: list[str] = field(default_factory=list)
     held_bytes: int = 0  # WAL the source keeps for the copy: the largest a slot retains
+    id_map_lag_bytes: int | None = None  # the id map's subscription, behind the source
+    routed: list[str] = field(default_factory=list)  # see AdoptCopyResult.routed
     id_floor: int | None = None
 
     @property
@@ -163,6 +165,7 @@ class Copy:
         self.pacers: list[Pacer] = []
         self.run: Run | None = None
         self.routed: dict[str, list[tuple]] | None = None  # see _routed
+        self.source_columns: dict[str, set[str]] = {}  # table → its columns on the source
         self.result = AdoptCopyResult(source=source.masked_dsn, phase=str(Phase.NEW))
         self.global_host = topo.global_host or topo.hosts[0].name
 
@@ -291,7 +294,9 @@ def _check_plan(job: Copy, path: Path) -> None:
     conn = read_source(job.source, job.options["connect_timeout"], "adopt copy")
     try:
         try:
-            fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+            fresh, tables = read_plan_snapshot(
+                conn, job.topo, job.source, job.schema, job.doc["root"]
+            )
         except BadInput as exc:
             raise BadInput(
                 f"--plan {path} is not a plan of this database ({exc}): run adopt plan again"
@@ -300,6 +305,7 @@ def _check_plan(job: Copy, path: Path) -> None:
     finally:
         conn.close()
     _compare(job.doc, fresh, path)
+    job.source_columns = {name: {c.name for c in t.columns} for name, t in tables.items()}
     if fresh.blockers:
         raise OperationFailed(
             f"adopt copy: the plan has {len(fresh.blockers)} blocker(s): "
@@ -328,6 +334,14 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                         f"{', '.join(lacking[:3])}: the fleet is not at the baseline (run shardctl "
                         f"init with the baseline adopt baseline wrote)"
                     )
+            for table in tables if schemas else []:
+                extra = set(catalog.columns(conn, schemas[0], table)) - job.source_columns[table]
+                if extra:
+                    raise BadInput(
+                        f"host {target.host.name}: {schemas[0]}.{table} has column "
+                        f"{min(extra)}, which the old database has not: the fleet is past "
+                        f"the baseline; adopt before migrating further"
+                    )
 
 
 def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
@@ -342,12 +356,14 @@ def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> 
             f"the source has wal_level={facts['wal_level']}: adopt copy needs wal_level=logical "
             f"(ALTER SYSTEM SET wal_level = logical, then a restart)"
         )
-    needed = sum(1 for t in targets if not replication.slot_exists(src, t.name))
+    names = [t.name for t in targets] + [ID_MAP_NAME]
+    needed = sum(1 for name in names if not replication.slot_exists(src, name))
     free = facts["max_replication_slots"] - facts["slots_used"]
     if needed > free:
         raise BadInput(
             f"the source has {free} free replication slots (max_replication_slots="
-            f"{facts['max_replication_slots']}); adopt copy needs {needed}, one per fleet host"
+            f"{facts['max_replication_slots']}); adopt copy needs {needed}: one per fleet host and "
+            f"one for the id map"
         )
 
 
@@ -645,6 +661,9 @@ def _wait_caught_up(job: Copy, src: psycopg.Connection, targets: list[Target]) -
         return replication.replayed(src, names, lsn)
 
     timeout = job.options["sync_timeout"]
+    wait_id_map(
+        job.topo, job.source, timeout=timeout, connect_timeout=job.options["connect_timeout"]
+    )
     transfer.wait_for(
         ready,
         time.monotonic() + timeout,
@@ -659,15 +678,13 @@ def _wait_caught_up(job: Copy, src: psycopg.Connection, targets: list[Target]) -
 
 
 def _ensure_id_map(job: Copy) -> None:
-    """The old ID -> key lookup database (``ops/adopt/id_map.py``, helper ``oldids``).
-
-    CALL SITE: ``ensure_id_map`` is not in this tree yet; once it is, call it here (it is idempotent)."""
-    try:
-        from .id_map import ensure_id_map  # type: ignore[attr-defined]
-    except ImportError:
-        job.result.notes.append("the old-ID map is not built yet (ops/adopt/id_map.py)")
-        return
-    ensure_id_map(job.topo, job.source, job.doc)
+    """The old ID -> key lookup database (:mod:`.id_map`; idempotent)."""
+    made = ensure_id_map(
+        job.topo, job.source, job.doc, connect_timeout=job.options["connect_timeout"]
+    )
+    job.result.notes += made.notes
+    for index in made.identity_indexes:
+        job.result.notes.append(f"replica identity: index {index} (the id map's column list)")
 
 
 def _write_adoption(job: Copy) -> None:
@@ -684,8 +701,7 @@ def _write_adoption(job: Copy) -> None:
         id_floor=job.run.detail["id_floor"],
         tables=tables,
         globals=globals_,
-        # where ensure_id_map put the old ID -> key lookups: the Router reads old IDs there
-        id_map=current.id_map if current is not None and current.id_map else id_map_place(job.topo),
+        id_map=current.id_map if current is not None and current.id_map else _id_map(job.topo),
     )
     if current is not None and current.document() == wanted.document():
         return
@@ -693,6 +709,14 @@ def _write_adoption(job: Copy) -> None:
         job.topo.path, wanted, allow_inline_password=job.options["allow_inline_password"]
     )
     job.result.notes.append(f"wrote the adoption: section of {job.topo.path}")
+
+
+def _id_map(topo: Topology) -> IdMap:
+    """Where the id map goes unless the topology says: beside the fleet's database on the global
+    host, named after it (two fleets on one server never share one)."""
+    place = id_map_place(topo)
+    found = server_database(topo.host(place.host).dsn_for("admin"))
+    return IdMap(place.host, f"{found[2]}_adopt_ids"[:63]) if found else place
 
 
 # ---- status -------------------------------------------------------------------------------------
@@ -754,6 +778,10 @@ def adopt_status(
         result.updated_at = str(run.updated_at)
         result.hosts = host_figures(run, src, targets)
         result.replica_identity_full = sorted(run.detail.get("replica_identity") or {})
-        result.held_bytes = max([h.retained_bytes or 0 for h in result.hosts] or [0])
+        ids = catalog.slot_figures(src, [ID_MAP_NAME]).get(ID_MAP_NAME, {})
+        held = [h.retained_bytes or 0 for h in result.hosts] + [ids.get("retained_bytes") or 0]
+        result.held_bytes = max(held)
+        result.id_map_lag_bytes = ids.get("lag_bytes")
+        result.routed = list(run.detail.get("routed") or [])
         result.id_floor = run.detail.get("id_floor")
     return result

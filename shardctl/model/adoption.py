@@ -21,6 +21,13 @@ TABLE_KEYS = {"id", "key"}
 ID_MAP_KEYS = {"host", "dbname"}
 AUTHORITIES = ("source", "fleet")
 SOURCE_HOST = "source"  # the name the old database goes by where a host name is shown
+DEFAULT_ID_MAP_DB = "shardctl_adopt_ids"  # the id map database, unless the section names one
+
+
+def default_id_map(global_host: str | None, first_host: str) -> IdMap:
+    """Where the id map goes when the section names no ``id_map``: the global host (else the first
+    host), database ``shardctl_adopt_ids``."""
+    return IdMap(global_host or first_host, DEFAULT_ID_MAP_DB)
 
 
 @dataclass(frozen=True)

@@ -293,8 +293,9 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         with Session() as session:
             assert session.get(Task, task_id).title == task_title  # on the old database
 
-        # The cutover flips the file and makes the old tables refuse (here: renamed away, 42P01);
-        # the Router, not restarted, meets the refusal, reads the file again and retries on the fleet.
+        # The cutover flips the file (and the old tables refuse: here renamed away); the Router, not
+        # restarted, sees the flip at its next call (it looks at the file while the old database is
+        # authoritative) and goes to the fleet.
         wanted = (
             psycopg.connect(src)
             .execute("SELECT id, title, user_id FROM tasks ORDER BY id")

@@ -51,10 +51,12 @@ def test_every_shard_is_the_old_database_until_the_flip(path):
     assert where(router, GLOBAL) == ("source", "app")
     new = router.topology.layout.encode(unix_ms=parse_epoch("2026-11-27T00:00:00Z"), shard=6)
     assert router.target(id=new) == 6 and where(router, 6) == ("source", "app")
-    assert flip_adoption(path, "fleet")
-    router.reload()
+    assert flip_adoption(path, "fleet")  # seen by the next call: no reload() here
     assert [where(router, n) for n in (0, 5)] == [("pg1", "insta0"), ("pg2", "insta5")]
     assert where(router, GLOBAL) == ("pg2", "public")
+    assert flip_adoption(path, "source")  # the abort: seen by the next call too
+    assert where(router, 5) == ("source", "app")
+    flip_adoption(path, "fleet")
     assert router.target(global_=True) == GLOBAL
     assert router._pools == {}  # routing alone connects nowhere
 
@@ -88,3 +90,10 @@ def test_the_async_router_routes_the_same(path):
     router = AsyncRouter(Topology.load(path))
     assert where(router, 3) == ("source", "app")
     assert router.target(id=7, table="users") == 7
+
+
+def test_a_file_edited_badly_keeps_the_last_good_routing(path, caplog):
+    router = Router(Topology.load(path))
+    path.write_text(TOPOLOGY.replace("authoritative: source", "authoritative: sideways"))
+    assert where(router, 1) == ("source", "app")
+    assert "topology file not reloaded" in caplog.text

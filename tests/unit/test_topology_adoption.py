@@ -290,3 +290,21 @@ def test_locate_goes_to_the_source_while_it_is_authoritative(tmp_path):
     after = (GOOD + ADOPTION).replace("authoritative: source", "authoritative: fleet")
     r = decode(tmp_path, after, "locate", "42", "--json")
     assert (json.loads(r.stdout)["host"], json.loads(r.stdout)["schema"]) == ("pg1", "insta2")
+
+
+def test_write_adoption_from_the_section_keys_with_the_default_id_map(tmp_path):
+    """What adopt copy writes: the section's keys as they are written; the id map's default place."""
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(GOOD)
+    topo = write_adoption(
+        path,
+        source={"dsn": "postgresql://app@127.0.0.1:1/old"},
+        schema="public",
+        authoritative="source",
+        id_floor=1837461283764,
+        tables={"users": {"id": "id", "key": "id"}, "likes": {"id": None, "key": "user_id"}},
+        globals=["plans"],
+    )
+    a = topo.adoption
+    assert a.id_map == IdMap("pg1", "shardctl_adopt_ids")  # no global_host: the first host
+    assert a.tables["likes"] == AdoptedTable("likes", None, "user_id") and a.on_source

@@ -26,7 +26,7 @@ from psycopg import conninfo as pg_conninfo
 from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, OperationFailed
-from ...model.adoption import AdoptedTable, IdMap, tables_from_plan
+from ...model.adoption import AdoptedTable, IdMap, default_id_map, tables_from_plan
 from ...model.topology import Host, Topology
 from ...sql import databases
 from ...sql.catalog import adopt_ids as catalog
@@ -34,7 +34,6 @@ from ...sql.catalog import replication
 from ..move.run import server_side
 
 ID_MAP_NAME = "shardctl_adopt_ids"  # the publication and slot on the source, the subscription here
-DEFAULT_DBNAME = "shardctl_adopt_ids"  # the id map database, unless the topology names one
 
 
 @dataclass
@@ -66,7 +65,7 @@ def id_map_place(topo: Topology) -> IdMap:
     """The topology's ``adoption.id_map``, else the global host (or the first) and the default name."""
     if topo.adoption is not None and topo.adoption.id_map is not None:
         return topo.adoption.id_map
-    return IdMap(topo.global_host or topo.hosts[0].name, DEFAULT_DBNAME)
+    return default_id_map(topo.global_host, topo.hosts[0].name)
 
 
 def publisher_conninfo(source: Host) -> str:

@@ -224,14 +224,14 @@ def test_a_run_killed_mid_way_is_finished_without_redoing_recorded_chunks(fleet,
     path, _ = fleet
     dsn, plan_file, _, _ = adopted
     args = ["--config", str(path), "adopt", "verify", "--from", dsn, "--plan", str(plan_file)]
-    args += ["--dark-reads", "0", "--chunk-rows", "30", "--json"]
+    args += ["--dark-reads", "0", "--chunk-rows", "60", "--json"]
     killed = crash_at.run("adopt-verify-chunk", *args)
     assert killed.returncode == -9, killed
     before = recorded(dsn)
     done = [c for c in before if c[1] != "pending"]
     assert len(done) == 1 and done[0][1] == "ok" and len(before) > 8, before
 
-    r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "30")
+    r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
     assert r.exit_code == 0, r
     assert got["resumed"] and got["recorded"] == 1 and got["checked"] == len(before) - 1, got
     after = recorded(dsn)
@@ -242,7 +242,7 @@ def test_a_run_killed_mid_way_is_finished_without_redoing_recorded_chunks(fleet,
     )[0][0]
     assert summary["ok"] and summary["chunks"] == len(before) and summary["problems"] == []
 
-    r, again = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "30")
+    r, again = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
     assert r.exit_code == 0 and not again["resumed"] and again["run"] > got["run"], again
     assert again["checked"] == again["chunks"] == len(before)
 
@@ -264,6 +264,18 @@ def test_a_run_killed_mid_way_is_finished_without_redoing_recorded_chunks(fleet,
         config=path,
     )
     assert r.exit_code == 3 and "host source is unreachable" in r.stderr, r
+
+    blocked = plan_file.parent / "blocked.yaml"  # a plan with a blocker left: refused, exit 2
+    text = plan_file.read_text().replace(
+        "blockers: []", "blockers:\n- {kind: x, table: t, message: m, fix: []}"
+    )
+    blocked.write_text(text)
+    r = run_cli("adopt", "verify", "--from", dsn, "--plan", blocked, config=path)
+    assert r.exit_code == 2 and "lists 1 blocker(s)" in r.stderr, r
+    with psycopg.connect(dsn, autocommit=True) as other:  # one verify at a time per source
+        other.execute("SELECT pg_advisory_lock(hashtext('shardctl_adopt.verify'))")
+        r = run_cli("adopt", "verify", "--from", dsn, "--plan", plan_file, config=path)
+        assert r.exit_code == 1 and "another adopt verify is running" in r.stderr, r
 
 
 # The app's reads, as an ORM sends them: (statement, parameters from the data).
@@ -300,7 +312,7 @@ def test_dark_reads_run_the_apps_reads_on_both_and_catch_a_planted_difference(fl
         for text, values in APP_READS:
             for params in conn.execute(values).fetchall()[:3]:
                 conn.execute(text, params)
-    r, got = verify(path, dsn, plan_file, "--dark-reads", "100")
+    r, got = verify(path, dsn, plan_file, "--dark-reads", "40")
     assert r.exit_code == 0, r
 
     def table_of(d):
@@ -310,10 +322,10 @@ def test_dark_reads_run_the_apps_reads_on_both_and_catch_a_planted_difference(fl
     assert sorted(reads) == ["task_labels", "tasks", "users"], got["dark_reads"]  # no fan-out
     assert all(d["status"] == "ok" for d in got["dark_reads"]), got["dark_reads"]
     users = on_source(dsn, "SELECT count(*) FROM users")[0][0]
-    assert reads["users"]["reads"] == users and reads["tasks"]["reads"] == 100, reads
+    assert reads["users"]["reads"] == users and reads["tasks"]["reads"] == 40, reads
 
     on_shard(topo, 2, "UPDATE users SET email = 'planted@example.com' WHERE id = 6")
-    r, got = verify(path, dsn, plan_file, "--dark-reads", "100")
+    r, got = verify(path, dsn, plan_file, "--dark-reads", "40")
     assert r.exit_code == 1, r
     differs = [d for d in got["dark_reads"] if d["status"] == "differs"]
     assert len(differs) == 1 and '"users"' in differs[0]["query"], got["dark_reads"]
@@ -327,8 +339,9 @@ def replicate_users(topo, dsn: str) -> list:
     subscription into a parent ``public.users`` partitioned by ``id % 4`` over its shard tables."""
     undo = []
     with psycopg.connect(dsn, autocommit=True) as src:
+        database = src.info.dbname  # slot names are the server's: one of this test's own
         for host in topo.hosts:
-            name = f"shardctl_adopt_{host.name}"
+            name = f"shardctl_adopt_{host.name}_{database}"
             keys = ", ".join(str(s) for s in host.shards)
             src.execute(f"CREATE PUBLICATION {name} FOR TABLE users WHERE (id % 4 IN ({keys}))")
             src.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
@@ -359,30 +372,25 @@ def replicate_users(topo, dsn: str) -> list:
 def unreplicate(topo, dsn: str, undo: list) -> None:
     for host, name in undo:
         with connect(topo, host, autocommit=True) as dst:
-            dst.execute(f"ALTER SUBSCRIPTION {name} DISABLE")
-            dst.execute(f"ALTER SUBSCRIPTION {name} SET (slot_name = NONE)")
-            dst.execute(f"DROP SUBSCRIPTION {name}")
+            dst.execute(f"DROP SUBSCRIPTION {name}")  # drops its slot on the source too
         with psycopg.connect(dsn, autocommit=True) as src:
-            transfer_wait = 0
-            while (
-                src.execute(
-                    "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (name,)
-                ).fetchone()
-                == (True,)
-                and transfer_wait < 100
-            ):
-                time.sleep(0.05)
-                transfer_wait += 1
-            src.execute("SELECT pg_drop_replication_slot(%s)", (name,))
             src.execute(f"DROP PUBLICATION {name}")
 
 
 def test_while_the_app_writes_differences_are_rechecked_at_lag_zero(fleet, adopted):
     """With the copy's subscriptions replicating and the app writing the users of shard 0 the whole
     time, the check waits for lag 0: no false difference; a row planted on shard 1 (whose rows the
-    source does not change) is still named."""
+    source does not change) is still named, by the checksums and by the dark read of users."""
     path, topo = fleet
     dsn, plan_file, _, _ = adopted
+    read = "SELECT id, email, name FROM users WHERE id = %s"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            for n in (1, 2):
+                conn.execute(read, (n,))  # the app's read, in pg_stat_statements
+        except psycopg.Error as exc:
+            pytest.skip(f"this build has no preloaded pg_stat_statements: {exc}")
     undo = replicate_users(topo, dsn)
     stop = threading.Event()
     writes = []
@@ -400,19 +408,29 @@ def test_while_the_app_writes_differences_are_rechecked_at_lag_zero(fleet, adopt
     writer = threading.Thread(target=app)
     writer.start()
     try:
-        r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
+        r, got = verify(path, dsn, plan_file, "--dark-reads", "40")
         assert r.exit_code == 0 and got["replicating"], r
+        users = [d for d in got["dark_reads"] if d["query"] == read.replace("%s", "$1")]
+        assert len(users) == 1 and users[0]["status"] == "ok" and users[0]["reads"] == 40, users
         on_shard(topo, 1, "UPDATE users SET name = 'planted' WHERE id = 5")
-        r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
+        r, got = verify(path, dsn, plan_file, "--dark-reads", "40")
         assert r.exit_code == 1, r
         assert [(p["table"], p["shard"], p["rows"]) for p in got["problems"]] == [
             ("users", 1, ["id 5: differs"])
         ], got["problems"]
+        differs = [d for d in got["dark_reads"] if d["status"] != "ok"]  # the reads of users only
+        assert users[0]["query"] in [d["query"] for d in differs], differs
+        assert all(d["status"] == "differs" and d["detail"].startswith("id 5 (") for d in differs)
+        assert all(
+            "FROM users" in d["query"].replace('"public".', "").replace('"', "") for d in differs
+        )
     finally:
         stop.set()
         writer.join()
         unreplicate(topo, dsn, undo)
     assert len(writes) > 20, len(writes)  # the app wrote throughout
+    slots = "SELECT slot_name FROM pg_replication_slots WHERE database = current_database()"
+    assert on_source(dsn, slots) == []
 
 
 @pytest.mark.slow

@@ -49,8 +49,11 @@ def run_dark_reads(
     per_statement: int,
     connect_timeout: int,
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
+    settle: Settle | None = None,
 ) -> list[DarkRead]:
-    """Each of the app's single-shard reads, ``per_statement`` times with sampled values."""
+    """Each of the app's single-shard reads, ``per_statement`` times with sampled values. ``settle``
+    (while the copy replicates): reads the source, then the fleet once it has applied the source's
+    WAL past that read (``transfer.at_lag_zero``); a read that differs is read again that way."""
     rows, note = catalog.statements(src)
     if rows is None:
         return [DarkRead("", "skipped", detail=f"no dark reads: {note}")]
@@ -79,7 +82,8 @@ def run_dark_reads(
     out = []
     with Router(fleet, connect_timeout=connect_timeout) as router:
         for text in chosen:
-            out.append(_one(text, plans, tables, schema, src, router, per_statement))
+            reads = _Reads(src, router, schema, settle)
+            out.append(_one(text, plans, tables, reads, per_statement))
             if tick:
                 tick(1)
     return out
@@ -149,17 +153,49 @@ def _param(node: Any) -> int | None:
     return None
 
 
+Settle = Callable[[Callable[[psycopg.Connection], Any], Callable[[], Any]], tuple[Any, Any]]
+ROUNDS = 3  # a read that differs is read up to this many times in all
+
+
+@dataclass
+class _Reads:
+    """Where a statement is read: the source's connection, the fleet's Router, and the lag-0 wait."""
+
+    src: psycopg.Connection
+    router: Any
+    schema: str
+    settle: Settle | None
+
+    def on_source(self, conn: psycopg.Connection, query: str, params: dict) -> list[tuple]:
+        state.read_only_on(conn, self.schema)
+        return conn.execute(query, params).fetchall()
+
+    def on_fleet(self, key: Any, query: str, params: dict) -> list[tuple]:
+        return list(self.router.execute(key, query, params))  # the primary: no standby lag
+
+    def confirmed(self, key: Any, query: str, params: dict, expected: list[tuple]) -> str:
+        """The difference that stays at lag 0 while the source's rows do not change, or ''. With
+        nothing replicating, the first difference is the answer."""
+        if self.settle is None:
+            return _difference(expected, self.on_fleet(key, query, params))
+        difference = ""
+        for _ in range(ROUNDS - 1):
+            now, got = self.settle(
+                lambda conn: self.on_source(conn, query, params),
+                lambda: self.on_fleet(key, query, params),
+            )
+            difference = _difference(now, got)
+            if not difference or now != expected:
+                return ""  # equal at lag 0, or the source's rows are being written
+        return difference
+
+
 def _one(
-    text: str,
-    plans: dict[str, TablePlan],
-    tables: dict,
-    schema: str,
-    src: psycopg.Connection,
-    router: Any,
-    count: int,
+    text: str, plans: dict[str, TablePlan], tables: dict, reads: _Reads, count: int
 ) -> DarkRead:
     """One statement's dark reads: ok, differs (the first difference), or skipped (why)."""
     shown = " ".join(text.split())[:200]
+    src, schema = reads.src, reads.schema
     fixed, table, names, why = _parameters(text, plans, tables, schema)
     if why:
         return DarkRead(shown, "skipped", detail=why)
@@ -173,29 +209,31 @@ def _one(
         return DarkRead(shown, "skipped", detail=f"{table} has no rows to sample")
     select = json.loads(pg_parser.parse_sql_json(text))["stmts"][0]["stmt"]["SelectStmt"]
     paged = "limitCount" in select and "sortClause" not in select
-    reads = 0
+    done = 0
     for row in sampled:
         params = {f"p{n}": v for n, v in fixed.items()}
         params.update({f"p{n}": row[i] for i, n in enumerate(numbers)})
         try:
             with src.transaction():
-                state.read_only_on(src, schema)
-                expected = src.execute(query, params).fetchall()
+                expected = reads.on_source(src, query, params)
         except psycopg.Error as exc:
-            return DarkRead(shown, "skipped", reads, f"the source refused it: {_first_line(exc)}")
+            return DarkRead(shown, "skipped", done, f"the source refused it: {_first_line(exc)}")
         try:
-            got = router.read(row[-1], query, params)
+            got = reads.on_fleet(row[-1], query, params)
+            done += 1
+            if paged and len(expected) >= LIMIT:
+                continue  # a full page without ORDER BY: either side may return other rows
+            if _difference(expected, got):
+                difference = reads.confirmed(row[-1], query, params, expected)
+                if difference:
+                    return DarkRead(
+                        shown, "differs", done, f"{key} {row[-1]} ({params}): {difference}"
+                    )
         except (psycopg.Error, OperationFailed) as exc:  # the fleet's error is the finding
             return DarkRead(
-                shown, "differs", reads, f"{key} {row[-1]}: the fleet raised {_first_line(exc)}"
+                shown, "differs", done, f"{key} {row[-1]}: the fleet raised {_first_line(exc)}"
             )
-        reads += 1
-        if paged and len(expected) >= LIMIT:
-            continue  # a full page without ORDER BY: either side may return other rows
-        difference = _difference(expected, list(got))
-        if difference:
-            return DarkRead(shown, "differs", reads, f"{key} {row[-1]} ({params}): {difference}")
-    return DarkRead(shown, "ok", reads)
+    return DarkRead(shown, "ok", done)
 
 
 def _numbers(text: str) -> list[int]:

@@ -172,7 +172,7 @@ def adopt_verify(
         result = check.run(chunk_rows, progress)
         if dark_reads:
             result.dark_reads = run_dark_reads(
-                topo, doc, check.src, dark_reads, connect_timeout, progress
+                topo, doc, check.src, dark_reads, connect_timeout, progress, check.settle()
             )
         result.seconds = time.perf_counter() - started
         check.finish(result)
@@ -283,26 +283,9 @@ class Check:
         result.chunks = len(recorded)
         by_name = {t.name: t for t in tables}
         for t in tables:
-            if (
-                t.key
-                and t.nullable_key
-                and (n := state.null_keys(self.src, self.schema, t.name, t.key))
-            ):
-                result.problems.append(
-                    Problem(
-                        t.name,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        n,
-                        0,
-                        message=(
-                            f"{t.name}: {n} row(s) on the source have no {t.key}: no shard holds them"
-                        ),
-                    )
-                )
+            if t.key and t.nullable_key:
+                n = state.null_keys(self.src, self.schema, t.name, t.key)
+                result.problems += [_no_key(t, n)] if n else []
         tick = progress("chunks", len(recorded)) if progress else None
         for row in recorded:
             chunk = Chunk(*row[:5])
@@ -335,6 +318,21 @@ class Check:
             "seconds": round(result.seconds, 3),
         }
         state.finish_run(self.src, result.run, summary)
+
+    def settle(self) -> Any:
+        """``(read_source, read_fleet) -> (source's, fleet's)`` at lag 0; None when nothing replicates."""
+        if not self.slots:
+            return None
+        return lambda read_source, read_fleet: transfer.at_lag_zero(
+            self.src, self.slots, read_source, read_fleet, LAG_TIMEOUT, self.timed_out
+        )
+
+    def timed_out(self, lsn: str) -> WaitTimeout:
+        return WaitTimeout(
+            f"adopt verify: the copy's subscriptions (slots {', '.join(self.slots)}) did not "
+            f"apply the source's WAL up to {lsn} within {LAG_TIMEOUT:g}s; run adopt status, "
+            f"then verify again"
+        )
 
     # ---- one chunk ---------------------------------------------------------------------
     def scopes(self, t: Table, chunk: Chunk) -> tuple[data.Scope, dict[str, list[data.Scope]]]:
@@ -394,15 +392,8 @@ class Check:
                     out.update(part)
             return out
 
-        def timed_out(lsn: str) -> WaitTimeout:
-            return WaitTimeout(
-                f"adopt verify: the copy's subscriptions (slots {', '.join(self.slots)}) did not "
-                f"apply the source's WAL up to {lsn} within {LAG_TIMEOUT:g}s; run adopt status, "
-                f"then verify again"
-            )
-
         return transfer.at_lag_zero(
-            self.src, self.slots, read_source, read_fleet, LAG_TIMEOUT, timed_out
+            self.src, self.slots, read_source, read_fleet, LAG_TIMEOUT, self.timed_out
         )
 
     def check_chunk(self, t: Table, chunk: Chunk) -> tuple[str, int, tuple[int, int], list[dict]]:
@@ -490,6 +481,11 @@ class Check:
             rows[:NAMED_ROWS],
             message,
         )
+
+
+def _no_key(t: Table, rows: int) -> Problem:
+    message = f"{t.name}: {rows} row(s) on the source have no {t.key}: no shard holds them"
+    return Problem(t.name, None, None, None, None, None, rows, 0, message=message)
 
 
 def _differs(src: tuple | None, got: tuple | None) -> bool:

@@ -152,7 +152,7 @@ class AbortFreeze(BoundedFreeze):
             "".join(stubs.unguard_sql(s, t) + stubs.guard_sql(s, t, message) for s, t in guarded)
         )
         # Routers whose topology copy still says fleet follow back (the cutover clears these).
-        source, shards = site.source, host.shards
+        source, shards = site.source, site.redirected(host)
         control.write_redirects(
             self.src, shards, [site.schema] * len(shards), source.name, source.dsn, "adoption"
         )
@@ -191,7 +191,7 @@ def _reopen_source(site: Site, src: psycopg.Connection) -> None:
     """In the abort's freeze, on the old database: its guards and redirects gone, the run
     ``aborted`` (committed by the caller)."""
     src.execute(catalog.drop_guards_sql(site.source_tables()))
-    control.clear_redirects(src, list(range(site.topo.shard_count)))
+    control.clear_redirects(src, [n for h in site.fleet_hosts() for n in site.redirected(h)])
     catalog.set_run(src, ABORTED, {"abort": {"at": time.time()}, "switched": False})
 
 

@@ -136,9 +136,8 @@ def prepare(site: Site) -> None:
         control.ensure_move_objects(src)  # the guard function and the redirects table
     for host in site.fleet_hosts():
         with site.connect(host) as conn:
-            control.clear_redirects(
-                conn, host.shards
-            )  # an earlier abort's, back to the old database
+            # an earlier abort's redirects, back to the old database
+            control.clear_redirects(conn, site.redirected(host))
             parents = site.back_tables(host)
             ident = catalog.replica_identities(conn, parents)
             alter = [
@@ -282,16 +281,10 @@ class AdoptFreeze(BoundedFreeze):
         src.execute(
             "".join(stubs.guard_sql(s, t, guard_message(site, t)) for s, t in site.source_tables())
         )
-        for host in site.topo.hosts:
-            if host.shards:
-                control.write_redirects(
-                    src,
-                    host.shards,
-                    [site.topo.schema_name(n) for n in host.shards],
-                    host.name,
-                    host.dsn,
-                    "adoption",
-                )
+        for host in site.fleet_hosts():
+            shards = site.redirected(host)
+            schemas = [site.topo.schema_name(n) if n >= 0 else site.schema for n in shards]
+            control.write_redirects(src, shards, schemas, host.name, host.dsn, "adoption")
         catalog.set_run(
             src,
             CUT_OVER,

@@ -16,6 +16,7 @@ from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput
 from ...model.adoption import Adoption
 from ...model.topology import Host, Topology
+from ...router.placement import GLOBAL
 from ...sql.catalog import adopt_cutover as catalog
 from ..move.run import Progress
 from .state import slot_name
@@ -103,6 +104,12 @@ class Site:
         """What the way back publishes from ``host``: its parents and global tables, not the tables
         routed by trigger (their rows are in the shard tables only, under no name the old database has)."""
         return [p for p in self.parents(host) if p[1] not in self.routed_tables]
+
+    def redirected(self, host: Host) -> list[int]:
+        """The shards whose redirects name ``host`` (or are recorded on it): its own, and the Routers'
+        number for the global tables (:data:`GLOBAL`) on the global host."""
+        glob = [GLOBAL] if self.globals and host.name == self.global_host.name else []
+        return list(host.shards) + glob
 
     def shard_tables(self, host: Host) -> list[tuple[str, str]]:
         """The shard tables of ``host`` that are partitions of the parents, and its global tables."""

@@ -534,3 +534,39 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
             ("edited on the fleet",)
         ]
         assert sql(src, "SELECT count(*) FROM forum_vote WHERE id = %s", vote) == [(0,)]
+
+
+def test_sqlalchemy_session_follows_the_cutover_into_the_shard_schema(make_fleet):
+    """A ``shardctl.sqlalchemy`` session on a topology copy that still says ``authoritative: source``:
+    its first statement after the cutover meets the old database's guard, follows the redirect to
+    the fleet host and runs again there in the shard's schema, not in the old database's ``public``
+    (where the copy's parent stays until the cleanup)."""
+    from sqlalchemy import BigInteger, Column, Text
+    from sqlalchemy.orm import declarative_base
+
+    from shardctl.sqlalchemy import sessionmaker
+
+    class Photo(declarative_base()):
+        __tablename__ = "photos"
+        __shard_key__, __shard_key_is_id__ = "user_id", True
+        id = Column(BigInteger, primary_key=True)
+        user_id = Column(BigInteger)
+        caption = Column(Text)
+
+    path, _ = adopting(make_fleet, users=20)
+    router = Router(load(stale_copy(path)))
+    try:
+        session_factory = sessionmaker(router)
+        with session_factory() as session:  # on the old database
+            assert session.get(Photo, 1) is not None
+        assert cli_json(path)["phase"] == "cut_over"
+        with session_factory() as session:
+            photo = Photo(user_id=3, caption="after the cutover")
+            session.add(photo)
+            session.commit()
+            new_id = photo.id
+    finally:
+        router.close()
+    topo = load(path)
+    assert new_id >= ID_FLOOR
+    assert fleet_rows(path, "photos")[new_id] == (topo.host_of(3).name, topo.schema_name(3))

@@ -9,6 +9,9 @@ rows and the acknowledged writes (tests/support/history.py), never by the cutove
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -570,3 +573,35 @@ def test_sqlalchemy_session_follows_the_cutover_into_the_shard_schema(make_fleet
     topo = load(path)
     assert new_id >= ID_FLOOR
     assert fleet_rows(path, "photos")[new_id] == (topo.host_of(3).name, topo.schema_name(3))
+
+
+def django_photo(path: Path, user_id: int) -> int:
+    """The ID of a photo of ``user_id`` created by shardctl.django (tests/support/django_photo.py)."""
+    pytest.importorskip("django")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["SHARDCTL_CONFIG"] = str(path)
+    script = Path(__file__).resolve().parents[1] / "support" / "django_photo.py"
+    result = subprocess.run(
+        [sys.executable, str(script), str(user_id)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])["id"]
+
+
+def test_django_creates_rows_keyed_by_an_old_user_id(make_fleet):
+    """``Photo.objects.create(user_id=<an old user's ID>)`` with ``shard_key_is_id``: on the old
+    database before the cutover, on that user's shard (``id % N``) after it."""
+    path, src_dsn = adopting(make_fleet, users=20)
+    before = django_photo(path, 3)
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        assert sql(src, "SELECT user_id FROM photos WHERE id = %s", before) == [(3,)]
+    assert cli_json(path)["phase"] == "cut_over"
+    after = django_photo(path, 3)
+    topo = load(path)
+    assert after >= ID_FLOOR
+    assert fleet_rows(path, "photos")[after] == (topo.host_of(3).name, topo.schema_name(3))

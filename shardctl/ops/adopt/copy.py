@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,8 @@ class Copy:
         self.run: Run | None = None
         self.routed: dict[str, list[tuple]] | None = None  # see _routed
         self.source_columns: dict[str, set[str]] = {}  # table → its columns on the source
+        self.lock = threading.Lock()  # the run's record and result, written by the hosts' threads
+        self.workers = options.get("copy_workers", MAX_COPY_WORKERS)  # per host (_copy_hosts)
         self.result = AdoptCopyResult(source=source.masked_dsn, phase=str(Phase.NEW))
         self.global_host = topo.global_host or topo.hosts[0].name
 
@@ -205,9 +208,11 @@ class Copy:
         return out
 
     def save(self, src: psycopg.Connection, phase: Phase | None = None) -> None:
+        """Record the run (hosts copy in parallel threads: one save at a time)."""
         assert self.run is not None
-        self.run.save(src, phase)
-        self.result.phase = str(self.run.phase)
+        with self.lock:
+            self.run.save(src, phase)
+            self.result.phase = str(self.run.phase)
 
 
 def adopt_copy(
@@ -266,9 +271,7 @@ def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None
     for target in targets:
         _prepare_host(job, target)
         _publication(job, src, target)
-    for target in targets:
-        _copy_host(job, src, target)
-        _subscribe(job, target)
+    _copy_hosts(job, targets)
     _ensure_id_map(job)
     _wait_caught_up(job, src, targets)
     if job.run.phase == Phase.COPYING:
@@ -528,23 +531,47 @@ def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
         routed = _routed(job, tgt, target)
         truncate_tables(
             tgt,
-            [(job.schema, t) for t in _tables(job, target)]
+            [(job.schema, t) for t in _tables(job, target) if t not in routed]
             + [(job.topo.schema_name(n), t) for t in routed for n in target.shards],
         )
+        # apart: a routed table's TRUNCATE trigger truncates its shards' tables in turn
+        truncate_tables(tgt, [(job.schema, t) for t in routed if target.shards])
         pairs = _copy_pairs(job, tgt, target)
-    state.update(copied=False, rows=0, bytes=0, tables=0)
-    job.run.detail["routed"] = job.result.routed = sorted(job.routed or {})
+    with job.lock:
+        state.update(copied=False, rows=0, bytes=0, tables=0)
+        job.run.detail["routed"] = job.result.routed = sorted(job.routed or {})
     job.save(src)
     done = _run_copy(job, target, pairs)
-    state.update(
-        copied=True,
-        rows=sum(r for r, _ in done),
-        bytes=sum(b for _, b in done),
-        tables=len(done),
-    )
-    job.result.copied_bytes += state["bytes"]
+    with job.lock:
+        state.update(
+            copied=True,
+            rows=sum(r for r, _ in done),
+            bytes=sum(b for _, b in done),
+            tables=len(done),
+        )
+        job.result.copied_bytes += state["bytes"]
     job.save(src)
     checkpoint("adopt-after-copy")
+
+
+def _copy_hosts(job: Copy, targets: list[Target]) -> None:
+    """Copy and subscribe every host, the hosts in parallel: ``--copy-workers`` COPY streams from the
+    source in all, spread over the hosts still to copy (the source's load stays the same; the hosts
+    write at once)."""
+    todo = [t for t in targets if not job.run.host(t.host.name).get("copied")]
+    job.workers = max(1, job.options["copy_workers"] // max(1, len(todo)))
+
+    def one(target: Target) -> None:
+        with job.connect(job.source) as src:
+            _copy_host(job, src, target)
+        _subscribe(job, target)
+
+    if len(targets) == 1:
+        one(targets[0])
+        return
+    with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="shardctl-host") as pool:
+        for future in [pool.submit(one, t) for t in targets]:
+            future.result()
 
 
 def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tuple]:
@@ -614,7 +641,7 @@ def _run_copy(job: Copy, target: Target, pairs: list[tuple]) -> list[tuple[int, 
             return transfer.copy_statements_in_snapshot(s, t, snapshot, chunk, tick, job.pause())
 
     job.progress(f"copy {target.host.name}", 0, len(pairs), "tables")
-    workers = min(job.options["copy_workers"], len(pairs))
+    workers = min(job.workers, len(pairs))
     try:
         return [x for part in in_new_slot(kwargs, target.name, pairs, workers, one) for x in part]
     except psycopg.Error as exc:
@@ -637,7 +664,8 @@ def _subscribe(job: Copy, target: Target) -> None:
             # stopped between ENABLE and REFRESH: the worker may have skipped changes; copy again
             transfer.disable_subscription(tgt, target.name)
             with job.connect(job.source) as src:
-                job.run.host(target.host.name)["copied"] = False
+                with job.lock:
+                    job.run.host(target.host.name)["copied"] = False
                 job.save(src)
                 _copy_host(job, src, target)
             return _subscribe(job, target)

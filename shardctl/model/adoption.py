@@ -130,6 +130,11 @@ def adoption_section(
     if section is None:
         return None
     before = len(p.errors)
+    if SOURCE_HOST in host_names:
+        p.error(
+            f"a host is named {SOURCE_HOST}, the name the adopted old database goes by: rename it",
+            p.line_of(doc, "hosts"),
+        )
     source = _source(p, section, hosts_validator, host_type)
     schema = section.get("schema", "public")
     if _name_problem(schema):

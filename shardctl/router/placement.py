@@ -258,13 +258,18 @@ def id_map_host(topology: Topology) -> Host:
     )
 
 
-def _host_entries(topology: Topology) -> dict[str, tuple]:
-    """Each host's connection settings by name, the adopted old database's included: a pool whose
-    entry changed or left is closed at a reload."""
+def _host_list(topology: Topology) -> list[Host]:
+    """The fleet's hosts and, while an adoption names it, the adopted old database."""
     hosts = list(topology.hosts)
     if topology.adoption is not None and topology.adoption.source is not None:
         hosts.append(topology.adoption.source)
-    return {h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in hosts}
+    return hosts
+
+
+def _host_entries(topology: Topology) -> dict[str, tuple]:
+    """Each host's connection settings by name, the adopted old database's included: a pool whose
+    entry changed or left is closed at a reload."""
+    return {h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in _host_list(topology)}
 
 
 def _file_stamp(path: str | os.PathLike) -> tuple[int, int, int] | None:
@@ -559,7 +564,7 @@ class Routing:
         with self._lock:
             pools, standbys = dict(self._pools), dict(self._standby_pools)
         out: dict[str, dict] = {}
-        for host in self.topology.hosts:
+        for host in _host_list(self.topology):
             primary = pools.get(host.name) or self._unused(host.name, "primary")
             doc = primary.stats()
             standby = standbys.get(host.name) or (

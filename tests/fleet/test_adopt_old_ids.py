@@ -26,6 +26,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+from sqlalchemy import select
 from support.apps import apply_fixes, load_app
 from support.fleet import load, run_cli
 
@@ -51,6 +52,11 @@ def orm_models():
         id = Column(BigInteger, primary_key=True)
         email = Column(Text)
 
+    class Plan(Base):  # a global table
+        __tablename__ = "plans"
+        id = Column(BigInteger, primary_key=True)
+        name = Column(Text)
+
     class Task(Base):
         __tablename__ = "tasks"
         __shard_key__ = "user_id"
@@ -58,7 +64,7 @@ def orm_models():
         title = Column(Text)
         user_id = Column(BigInteger)
 
-    return User, Task
+    return User, Task, Plan
 
 
 def django_get(path, task_id: int) -> dict:
@@ -105,8 +111,22 @@ def adopted_fleet(make_fleet, tmp_path):
 
 
 def filled(topo, src: str, plan: dict) -> None:
-    """Every shard filled with its keys' rows as the old database has them now (checked)."""
+    """Every shard filled with its keys' rows as the old database has them now (checked), and the
+    global table ``plans`` on the global host, in ``public``."""
     fill_shards(topo, src, plan)
+    with (
+        psycopg.connect(**topo.host(topo.global_host).connect_kwargs("admin")) as g,
+        psycopg.connect(src) as s,
+    ):
+        g.execute(
+            "CREATE TABLE public.plans (id integer PRIMARY KEY, name text, price_cents integer)"
+        )
+        with (
+            s.cursor().copy("COPY plans TO STDOUT") as out,
+            g.cursor().copy("COPY public.plans FROM STDIN") as into,
+        ):
+            for data in out:
+                into.write(data)
     for name, t in tables_from_plan(plan)[0].items():
         on_shards = set()
         for n in range(topo.shard_count):
@@ -288,10 +308,15 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         assert router.execute(query="SELECT count(*) FROM plans", global_=True) == [(plans,)]
         with pytest.raises(BadInput, match=r"pre-adoption ID .* pass table="):
             router.execute(None, get_task, (task_id,), id=task_id)
-        User, Task = orm_models()
+        User, Task, Plan = orm_models()
         Session = sessionmaker(router)
+        plan_names = sorted(n for (n,) in psycopg.connect(src).execute("SELECT name FROM plans"))
         with Session() as session:
             assert session.get(Task, task_id).title == task_title  # on the old database
+            # a global table's model: its statements go where the global tables are
+            assert sorted(p.name for p in session.scalars(select(Plan))) == plan_names
+            first = psycopg.connect(src).execute("SELECT id, name FROM plans LIMIT 1").fetchone()
+            assert session.get(Plan, first[0]).name == first[1]
 
         # The cutover flips the file (and the old tables refuse: here renamed away); the Router, not
         # restarted, sees the flip at its next call (it looks at the file while the old database is
@@ -314,7 +339,7 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             rows, calls = counter.delta(
                 "FROM tasks WHERE id",
                 lambda tid=tid: router.execute(None, get_task, (tid,), id=tid, table="tasks"),
-                lookup='FROM public."tasks"',
+                lookup='FROM "public"."tasks"',
             )
             assert rows == [(title,)], tid
             # two round trips: one lookup in the id map, the statement on one shard's database
@@ -324,7 +349,7 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             }, calls
         # one lookup per get: the id map's calls grew by exactly one for the last get
         _, lookups = counter.delta(
-            'FROM public."projects" WHERE',
+            'FROM "public"."projects" WHERE',
             lambda: router.execute(
                 None,
                 "SELECT user_id FROM projects WHERE id = %s",
@@ -345,7 +370,7 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         tid, title, user = wanted[-1]
         with Session() as session:
             got, calls = counter.delta(
-                "tasks.title, ", lambda: session.get(Task, tid), 'FROM public."tasks"'
+                "tasks.title, ", lambda: session.get(Task, tid), 'FROM "public"."tasks"'
             )
             assert (got.title, got.user_id) == (title, user)
             assert calls == {
@@ -359,18 +384,25 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             )
             assert session.get(User, user).email == email  # the root: no lookup
 
-        # the AsyncRouter: the same lookup, awaited
+        # the AsyncRouter and an AsyncSession over it: the same lookup, awaited
         async def async_get():
-            async with AsyncRouter(topo) as arouter:
-                return await arouter.execute(None, get_task, (tid,), id=tid, table="tasks")
+            from shardctl.sqlalchemy.asyncio import async_sessionmaker
 
-        assert asyncio.run(async_get()) == [(title,)]
+            async with AsyncRouter(topo) as arouter:
+                rows = await arouter.execute(None, get_task, (tid,), id=tid, table="tasks")
+                async with async_sessionmaker(arouter)() as session:
+                    task = await session.get(Task, tid)
+                    return rows, (task.title, task.user_id)
+
+        assert asyncio.run(async_get()) == ([(title,)], (title, user))
         # shardctl.django: Model.objects.get(pk=old ID) and a save, in a process of its own
-        _, calls = counter.delta(
+        got, calls = counter.delta(
             '"tasks"."id" =',
             lambda: django_get(path, tid),
-            'FROM public."tasks"',
+            'FROM "public"."tasks"',
         )
+        assert (got["title"], got["user_id"]) == (title, user)
+        assert got["plans"] == plan_names  # the global table, on the global host
         assert calls["lookups"] == {made.id_map.dbname: 2}  # the get's and the save's
         assert {db: n for db, n in calls.items() if db != "lookups"} == {
             dbname(topo.host_of(user % 4)): 2
@@ -392,8 +424,29 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         assert rows == [(user,)] and calls == {dbname(topo.host_of(user % 4)): 1}
         assert set(calls) <= fleet_dbs
         # globals: on placement.global_host's public schema once the fleet is authoritative
-        assert router.execute(query="SELECT 1", global_=True) == [(1,)]
-    drop_id_map(topo, source)
+        # (pg_stat_statements counts statements of one shape together, whatever their text: a
+        # statement no other part of this test sends on the global host)
+        got, calls = counter.delta(
+            "count(*) FROM plans",
+            lambda: router.execute(query="SELECT count(*) FROM plans", global_=True),
+        )
+        assert got == [(len(plan_names),)] and calls == {dbname(topo.host(topo.global_host)): 1}
+        with Session() as session:
+            _, calls = counter.delta(
+                "FROM public.plans", lambda: session.scalars(select(Plan)).all()
+            )
+            assert calls == {dbname(topo.host(topo.global_host)): 1}, calls
+    # --cleanup: the old database's side goes, the id map and its rows stay (old IDs live forever)
+    drop_id_map(topo, source, keep_data=True)
+    assert pairs(ids_dsn, "projects", "id", "user_id") == pairs(src, "projects", "id", "user_id")
+    with psycopg.connect(ids_dsn) as conn:
+        assert not conn.execute("SELECT 1 FROM pg_subscription").fetchall()
+    drop_id_map(topo, source)  # --abort's: the database too
+    assert topo.global_host == made.id_map.host == "pg2"  # the second server's
+    with psycopg.connect(make_fleet.new_database(1)) as conn:
+        assert not conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (made.id_map.dbname,)
+        ).fetchall()
     with psycopg.connect(src) as conn:
         assert not conn.execute(
             "SELECT 1 FROM pg_publication WHERE pubname LIKE %s", (f"{ID_MAP_NAME}%",)

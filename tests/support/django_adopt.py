@@ -36,8 +36,19 @@ class Task(ShardedModel):
         managed = False
 
 
+class Plan(models.Model):  # a global table of the adopted database: not sharded
+    id = models.IntegerField(primary_key=True)
+    name = models.TextField()
+
+    class Meta:
+        app_label = "gram"
+        db_table = "plans"
+        managed = False
+
+
 if __name__ == "__main__":
     task = Task.objects.get(pk=int(sys.argv[1]))
     task.title = task.title  # a save by the old ID goes to the same shard
     task.save(update_fields=["title"])
-    print(json.dumps({"id": task.id, "title": task.title, "user_id": task.user_id}))
+    plans = sorted(Plan.objects.values_list("name", flat=True))
+    print(json.dumps({"id": task.id, "title": task.title, "user_id": task.user_id, "plans": plans}))

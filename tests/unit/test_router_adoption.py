@@ -47,6 +47,7 @@ def where(router, shard: int) -> tuple[str, str]:
 
 def test_every_shard_is_the_old_database_until_the_flip(path):
     router = Router(Topology.load(path))
+    assert list(router.stats()) == ["pg1", "pg2", "source"]
     assert [where(router, n) for n in (0, 5)] == [("source", "app")] * 2
     assert where(router, GLOBAL) == ("source", "app")
     new = router.topology.layout.encode(unix_ms=parse_epoch("2026-11-27T00:00:00Z"), shard=6)

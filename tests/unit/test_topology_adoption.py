@@ -182,6 +182,11 @@ def test_adoption_problems_exit_2_with_their_line(tmp_path, old, new, needle, ma
     assert len(err.strip().splitlines()) == 1, err  # one line
 
 
+def test_no_fleet_host_may_be_named_source(tmp_path):
+    text = (GOOD + ADOPTION).replace("name: pg2", "name: source").replace("host: pg2", "host: pg1")
+    check_bad(tmp_path, text, "a host is named source, the name the adopted old database goes by")
+
+
 def test_source_authoritative_needs_a_source(tmp_path):
     text = GOOD + "\n".join(l for l in ADOPTION.splitlines() if "source: {" not in l) + "\n"
     check_bad(tmp_path, text, "adoption.authoritative is source but adoption names no source")

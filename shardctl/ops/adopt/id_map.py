@@ -109,7 +109,7 @@ def ensure_id_map(
         try:
             for t in mapped_tables(tables):
                 catalog.create_id_table(
-                    ids, t.name, t.id, types[t.name][0], t.key, types[t.name][1]
+                    ids, schema, t.name, t.id, types[t.name][0], t.key, types[t.name][1]
                 )
             if not replication.slot_exists(src, ID_MAP_NAME):
                 replication.create_slot(src, ID_MAP_NAME)
@@ -264,7 +264,8 @@ def lookup_key(
     with db.connect(
         host, connect_timeout=connect_timeout, purpose="decode-id", database=place.dbname
     ) as conn:
+        schema = topology.adoption.schema if topology.adoption else "public"
         rows = conn.execute(
-            queries.id_map_key_query(table.name, table.id, table.key), (value,)
+            queries.id_map_key_query(schema, table.name, table.id, table.key), (value,)
         ).fetchall()
     return queries.id_map_key(rows)

@@ -115,12 +115,20 @@ def ids_publication(
 
 
 def create_id_table(
-    conn: psycopg.Connection, table: str, id_col: str, id_type: str, key_col: str, key_type: str
+    conn: psycopg.Connection,
+    schema: str,
+    table: str,
+    id_col: str,
+    id_type: str,
+    key_col: str,
+    key_type: str,
 ) -> None:
-    """``public.<table>(<id> PRIMARY KEY, <key>)`` in the id map database, with the source's types."""
+    """``<schema>.<table>(<id> PRIMARY KEY, <key>)`` in the id map database, with the source's types,
+    in the source's schema name (a subscription applies ``app.t`` to ``app.t``)."""
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
     conn.execute(
-        sql.SQL("CREATE TABLE IF NOT EXISTS public.{} ({} {} PRIMARY KEY, {} {})").format(
-            sql.Identifier(table),
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({} {} PRIMARY KEY, {} {})").format(
+            sql.Identifier(schema, table),
             sql.Identifier(id_col),
             sql.SQL(id_type),
             sql.Identifier(key_col),

@@ -371,7 +371,7 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
     "point",
     [
         "adopt-after-freeze",
-        "adopt-after-flip",
+        pytest.param("adopt-after-flip", marks=pytest.mark.slow),
         pytest.param("adopt-in-freeze", marks=pytest.mark.slow),
         pytest.param("adopt-after-forward-dropped", marks=pytest.mark.slow),
     ],
@@ -605,3 +605,42 @@ def test_django_creates_rows_keyed_by_an_old_user_id(make_fleet):
     topo = load(path)
     assert after >= ID_FLOOR
     assert fleet_rows(path, "photos")[after] == (topo.host_of(3).name, topo.schema_name(3))
+
+
+def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):
+    """With pg1's subscription disabled (its apply worker gone), lag 0 never comes: each
+    attempt gives up within --max-freeze, a writer of the old database never waits longer, and after
+    the last one the old database takes writes, unguarded and without redirects, still authoritative."""
+    path, src_dsn = adopting(make_fleet, users=40)
+    topo = load(path)
+    with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as conn:
+        sql(conn, "ALTER SUBSCRIPTION shardctl_adopt_pg1 DISABLE")
+    stop, waits, errors = threading.Event(), [], []
+
+    def writer() -> None:
+        with psycopg.connect(src_dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    sql(conn, "INSERT INTO photos (user_id, caption) VALUES (4, 'w')")
+                except psycopg.Error as exc:
+                    errors.append(exc)
+                    return
+                waits.append(time.monotonic() - t0)
+                time.sleep(0.005)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "2", config=path)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert r.exit_code == 1 and "gave up after 2 attempts" in r.stderr, r
+    assert not errors, errors[:1]
+    assert max(waits) <= 0.3 + 0.15, max(waits)
+    assert load(path).adoption.authoritative == "source"
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        sql(src, "INSERT INTO photos (user_id, caption) VALUES (4, 'after')")
+        assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("synced",)]
+        assert sql(src, "SELECT count(*) FROM shardctl.redirects") == [(0,)]

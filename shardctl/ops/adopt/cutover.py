@@ -34,6 +34,7 @@ from ...model.documents import Result
 from ...model.dsn import mask
 from ...model.topology import Host, Topology
 from ...model.topology_file import flip_adoption
+from ...sql import session
 from ...sql.catalog import adopt_cutover as catalog
 from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
@@ -44,6 +45,7 @@ from .site import Site
 CUT_OVER = "cut_over"
 READY = ("synced",)  # the phase a cutover starts from: the copy caught up and streams
 SEQUENCE_MARGIN = 1000  # global tables' sequences on the global host start past the source's
+PREPARE_LOCK_TIMEOUT = "5s"  # the way back's DDL on a fleet host gives up past it (run again)
 
 
 @dataclass
@@ -136,6 +138,8 @@ def prepare(site: Site) -> None:
         control.ensure_move_objects(src)  # the guard function and the redirects table
     for host in site.fleet_hosts():
         with site.connect(host) as conn:
+            # DDL on tables the app may use: wait for their locks a bounded time, never queue behind
+            session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT}, local=False)
             # an earlier abort's redirects, back to the old database
             control.clear_redirects(conn, site.redirected(host))
             parents = site.back_tables(host)

@@ -457,3 +457,39 @@ def test_copy_at_size(make_fleet, tmp_path, app):
     print(f"{app}: copied {result['copied_bytes']} bytes in {result['seconds']} s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 10_000
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_copy_stops_it_and_a_rerun_finishes(make_fleet, tmp_path):
+    """A real SIGINT to a real ``shardctl adopt copy`` while it copies (paced, so it would copy for
+    some 20 s more): it stops within seconds with exit 130, and a re-run copies again and loses
+    nothing."""
+    import subprocess
+    import sys
+
+    from shardctl import Topology, adopt_status
+
+    dsn = make_fleet.new_database(0)
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, users=2000)
+    doc = plan_doc(path, dsn)
+    args = ["--config", str(path), "adopt", "copy", "--from", dsn, "--plan", str(plan_file)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardctl", *args, "--nice", "100"],
+        env=crash_at.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(h.state == "copying" for h in adopt_status(Topology.load(path), dsn).hosts):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert time.monotonic() - started < 4, time.monotonic() - started
+    r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
+    assert r.exit_code == 0 and json.loads(r.stdout)["phase"] == "synced", r
+    wait_caught_up(dsn)
+    assert assert_same_as_source(path, dsn, doc) > 10_000

@@ -29,7 +29,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +170,8 @@ class Copy:
         self.routed: dict[str, list[tuple]] | None = None  # see _routed
         self.source_columns: dict[str, set[str]] = {}  # table → its columns on the source
         self.lock = threading.Lock()  # the run's record and result, written by the hosts' threads
+        self.active: set[psycopg.Connection] = set()  # the COPYs' connections (cancel)
+        self.stop = threading.Event()  # set by cancel
         self.workers = options.get("copy_workers", MAX_COPY_WORKERS)  # per host (_copy_hosts)
         self.result = AdoptCopyResult(source=source.masked_dsn, phase=str(Phase.NEW))
         self.global_host = topo.global_host or topo.hosts[0].name
@@ -181,12 +185,20 @@ class Copy:
             purpose=purpose,
         )
 
-    def pause(self):
-        if self.options["nice"] <= 0:
-            return None
-        pacer = Pacer(self.options["nice"])
-        self.pacers.append(pacer)
-        return pacer.rest
+    def pause(self) -> Callable[[], None]:
+        """A COPY worker's pause between units (a MB): rests for ``--nice``, and stops the worker
+        once the run is cancelled (Ctrl-C)."""
+        pacer = Pacer(self.options["nice"], self.stop) if self.options["nice"] > 0 else None
+        if pacer is not None:
+            self.pacers.append(pacer)
+
+        def pause() -> None:
+            if pacer is not None:
+                pacer.rest()
+            if self.stop.is_set():
+                raise OperationFailed("adopt copy: interrupted")
+
+        return pause
 
     def publisher_conninfo(self) -> str:
         """How the fleet hosts' subscriptions reach the source: ``--publisher-dsn``, else ``--from``
@@ -206,6 +218,26 @@ class Copy:
             if host.shards or is_global:
                 out.append(Target(host, list(host.shards), list(self.globals) if is_global else []))
         return out
+
+    @contextmanager
+    def tracked(self, *conns: psycopg.Connection) -> Iterator[None]:
+        """The connections of a COPY under way, for :meth:`cancel`."""
+        with self.lock:
+            self.active.update(conns)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.active.difference_update(conns)
+
+    def cancel(self) -> None:
+        """Stop every COPY under way (Ctrl-C): each worker stops at its next MB, or at once when
+        its server-side statement is cancelled."""
+        self.stop.set()
+        with self.lock:
+            conns = list(self.active)
+        for conn in conns:
+            conn.cancel_safe(timeout=2)
 
     def save(self, src: psycopg.Connection, phase: Phase | None = None) -> None:
         """Record the run (hosts copy in parallel threads: one save at a time)."""
@@ -271,8 +303,8 @@ def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None
     for target in targets:
         _prepare_host(job, target)
         _publication(job, src, target)
+    _ensure_id_map(job)  # its own initial copy runs on the servers meanwhile
     _copy_hosts(job, targets)
-    _ensure_id_map(job)
     _wait_caught_up(job, src, targets)
     if job.run.phase == Phase.COPYING:
         job.save(src, Phase.SYNCED)
@@ -566,12 +598,17 @@ def _copy_hosts(job: Copy, targets: list[Target]) -> None:
             _copy_host(job, src, target)
         _subscribe(job, target)
 
-    if len(targets) == 1:
-        one(targets[0])
-        return
-    with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="shardctl-host") as pool:
+    # Even one host in a thread of its own: this thread stays free to hear Ctrl-C, and to cancel
+    # the COPYs then (their hosts are copied again by the next run), rather than wait for them.
+    pool = ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="shardctl-host")
+    try:
         for future in [pool.submit(one, t) for t in targets]:
             future.result()
+    except KeyboardInterrupt:
+        job.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tuple]:
@@ -638,7 +675,10 @@ def _run_copy(job: Copy, target: Target, pairs: list[tuple]) -> list[tuple[int, 
         ):
             catalog.without_triggers(t)
             t.commit()
-            return transfer.copy_statements_in_snapshot(s, t, snapshot, chunk, tick, job.pause())
+            with job.tracked(s, t):
+                return transfer.copy_statements_in_snapshot(
+                    s, t, snapshot, chunk, tick, job.pause()
+                )
 
     job.progress(f"copy {target.host.name}", 0, len(pairs), "tables")
     workers = min(job.workers, len(pairs))

@@ -364,6 +364,11 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
                 "SELECT relname, relreplident::text FROM pg_class WHERE relname IN ('photos', 'likes')",
             )
         ) == {"photos": "d", "likes": "d"}
+    with psycopg.connect(**topo.host("pg2").connect_kwargs(), autocommit=True) as conn:
+        shard_tables = sql(
+            conn, "SELECT DISTINCT relreplident::text FROM pg_class WHERE relname = 'likes'"
+        )
+    assert shard_tables == [("d",)]  # FULL for the way back, DEFAULT again
     assert cli_json(path, "--cleanup")["notes"]  # again: nothing left to do
 
 
@@ -440,7 +445,7 @@ def check_freeze(small: tuple[dict, float], big: tuple[dict, float]) -> None:
     )
     for report, wait in (small, big):
         assert 0 < report["freeze_seconds"] <= 0.5
-        assert wait <= 0.5 + 0.15  # scheduling slack on a loaded machine; no attempt holds longer
+        assert wait <= 0.5 + 0.25  # scheduling slack on a loaded machine (as the move's test)
 
 
 def test_freeze_does_not_grow_with_the_data(make_fleet):
@@ -537,6 +542,17 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
             ("edited on the fleet",)
         ]
         assert sql(src, "SELECT count(*) FROM forum_vote WHERE id = %s", vote) == [(0,)]
+        # the old database as before: the identities adopt copy changed are back
+        identities = dict(
+            sql(
+                src,
+                "SELECT relname, relreplident::text FROM pg_class "
+                "WHERE relname IN ('forum_post', 'forum_vote')",
+            )
+        )
+    assert identities == {"forum_post": "d", "forum_vote": "d"}
+    # no replication object of the adoption is left (the copy's, the way back's, the id map's)
+    assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)
 
 
 def test_sqlalchemy_session_follows_the_cutover_into_the_shard_schema(make_fleet):
@@ -638,7 +654,7 @@ def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_
         thread.join(10)
     assert r.exit_code == 1 and "gave up after 2 attempts" in r.stderr, r
     assert not errors, errors[:1]
-    assert max(waits) <= 0.3 + 0.15, max(waits)
+    assert max(waits) <= 0.3 + 0.25, max(waits)
     assert load(path).adoption.authoritative == "source"
     with psycopg.connect(src_dsn, autocommit=True) as src:
         sql(src, "INSERT INTO photos (user_id, caption) VALUES (4, 'after')")

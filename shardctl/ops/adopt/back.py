@@ -8,16 +8,18 @@ subscription) has applied the host's WAL up to there, and adds a guard trigger o
 topology copy still says ``fleet``). Then one transaction on the old database drops its guards and
 redirects and records the run ``aborted``, and commits; then the fleet hosts commit: a writer blocked on
 the fleet meets the guard and finds the old database open. Then ``adoption.authoritative: source`` in
-the topology file, and the way back dropped. A run killed between the two commits left the fleet
+the topology file, the way back and the id map dropped, the replica identities ``adopt copy``
+changed restored (a new attempt starts with ``adopt copy``). A run killed between the two commits left the fleet
 unguarded while the old database took writes: run ``--abort`` again at once (it guards the fleet and
 carries back what was written there).
 
 Cleanup, after a cutover: the way back dropped, each parent's partitions detached (they stay, as the
-shards' tables) and the parent dropped, the replica identities ``adopt copy`` changed on the old
-database restored, the run recorded ``cleaned``, and ``adoption.source`` dropped from the topology
-(``id_floor``, ``tables`` and ``id_map`` stay: old IDs live forever). The old tables themselves stay on
-the old database, guarded: reads still work, a write is refused with the line naming the fleet, and
-stale Routers still find the redirects. Dropping them is the team's decision, when nothing reads them.
+shards' tables) and the parent dropped, the id map's replication dropped (its rows stay), the replica
+identities ``adopt copy`` changed on the old database restored, the run recorded ``cleaned``, and
+``adoption.source`` dropped from the topology (``id_floor``, ``tables`` and ``id_map`` stay: old IDs
+live forever). The old tables themselves stay on the old database, guarded: reads still work, a write
+is refused with the line naming the fleet, and stale Routers still find the redirects. Dropping them
+is the team's decision, when nothing reads them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from ...sql.catalog import control, replication, stubs
 from ..move import transfer
 from ..move.cutover import BoundedFreeze
 from ..move.run import Progress, checkpoint
-from .cutover import CUT_OVER, READY, CutoverResult, finish
+from .cutover import CUT_OVER, READY, CutoverResult, finish, restore_fleet_identities
+from .id_map import drop_id_map
 from .site import Site
 
 ABORTED = "aborted"
@@ -77,8 +80,18 @@ def adopt_abort(
         result.topology_flipped = flip_adoption(topo.path, "source")
         checkpoint("adopt-abort-flipped")
         result.dropped = drop_back(site)
+        # The old database as before the adoption: its identities, no id map (adopt copy makes both
+        # again for a new attempt).
+        drop_id_map(topo, site.source, keep_data=False, connect_timeout=connect_timeout)
+        with site.connect(site.source) as src:
+            restored = _restore_identities(site, src, detail)
+        restored += restore_fleet_identities(site, detail)
         with site.connect(site.source) as src, src.transaction():
-            catalog.set_run(src, ABORTED, {"abort": {"at": time.time(), "finished": True}})
+            catalog.set_run(
+                src,
+                ABORTED,
+                {"abort": {"at": time.time(), "finished": True}, "restored": restored},
+            )
         result.phase, result.authoritative = ABORTED, "source"
     else:
         raise BadInput(f"the adoption is in phase {phase}: there is no cutover to abort")
@@ -241,10 +254,13 @@ def adopt_cleanup(
     result.dropped = drop_back(site)
     checkpoint("adopt-cleanup-back-dropped")
     result.dropped["parents"] = _drop_parents(site)
+    # Old IDs live forever: the id map keeps its rows, only its replication goes.
+    drop_id_map(topo, site.source, keep_data=True, connect_timeout=site.connect_timeout)
+    restored = restore_fleet_identities(site, detail)
     with site.connect(site.source) as src:
-        restored = _restore_identities(site, src, detail)
+        restored += _restore_identities(site, src, detail)
         with src.transaction():
-            catalog.set_run(src, CLEANED, {"cleanup": {"at": time.time(), "identities": restored}})
+            catalog.set_run(src, CLEANED, {"cleanup": {"at": time.time(), "restored": restored}})
     checkpoint("adopt-cleanup-recorded")
     drop_adoption_source(topo.path)
     result.notes, result.seconds = site.notes, round(time.perf_counter() - t0, 3)

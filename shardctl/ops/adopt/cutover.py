@@ -45,6 +45,7 @@ from .site import Site
 CUT_OVER = "cut_over"
 READY = ("synced",)  # the phase a cutover starts from: the copy caught up and streams
 SEQUENCE_MARGIN = 1000  # global tables' sequences on the global host start past the source's
+FLEET_IDENTITY = "fleet_identity"  # run detail: host → its shard tables made REPLICA IDENTITY FULL
 PREPARE_LOCK_TIMEOUT = "5s"  # the way back's DDL on a fleet host gives up past it (run again)
 
 
@@ -100,7 +101,7 @@ def adopt_cutover(
                 f"no way back for {', '.join(site.routed_tables)} (routed by trigger): --abort "
                 f"will refuse; --cleanup makes the adoption final"
             )
-        prepare(site)
+        prepare(site, _detail)
         _freeze(site, max_freeze, attempts, result)
     else:
         raise BadInput(
@@ -131,30 +132,21 @@ def _require_verified(src: psycopg.Connection) -> None:
     )
 
 
-def prepare(site: Site) -> None:
+def prepare(site: Site, detail: dict) -> None:
     """Before the freeze, idempotent: the control objects on the old database, and the way back on
-    each fleet host (parents' replica identity FULL, the publication, its slot)."""
+    each fleet host (replica identity FULL on its parents and shard tables, the publication, its slot)."""
     with site.connect(site.source) as src:
         control.ensure_move_objects(src)  # the guard function and the redirects table
+    recorded: dict[str, list[str]] = dict(detail.get(FLEET_IDENTITY) or {})
     for host in site.fleet_hosts():
         with site.connect(host) as conn:
             # DDL on tables the app may use: wait for their locks a bounded time, never queue behind
             session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT}, local=False)
             # an earlier abort's redirects, back to the old database
             control.clear_redirects(conn, site.redirected(host))
-            parents = site.back_tables(host)
-            ident = catalog.replica_identities(conn, parents)
-            alter = [
-                catalog.set_replica_identity_sql(s, t, full=True)
-                for s, t in parents
-                if ident.get(f"{s}.{t}") not in ("f", None) and catalog.is_partitioned(conn, s, t)
-            ]
-            # A parent has no key of its own: changes published as the parent's must carry every
-            # column, so the old database can find the row by its own identity.
-            for stmt in alter:
-                conn.execute(stmt)
+            _identities_full(site, host, conn, recorded)
             name = site.back(host)
-            catalog.create_root_publication(conn, name, parents)
+            catalog.create_root_publication(conn, name, site.back_tables(host))
             owner = catalog.slot_database(conn, name)
             if owner is None:
                 replication.create_slot(conn, name)
@@ -165,6 +157,47 @@ def prepare(site: Site) -> None:
                     f"up first; nothing was frozen"
                 )
     checkpoint("adopt-prepared")
+
+
+def _identities_full(
+    site: Site, host: Host, conn: psycopg.Connection, recorded: dict[str, list[str]]
+) -> None:
+    """REPLICA IDENTITY FULL on ``host``'s parents and their partitions (the shard tables), each one
+    recorded on the old database before it is changed (``--abort`` and ``--cleanup`` put DEFAULT back).
+
+    Why: a change of a partition is published as its parent's, with the old row as the partition's
+    identity logs it. The old database finds the row by its own identity, which may hold more than
+    the ID (``adopt copy``'s ``FULL``, the id map's index on (ID, key)): only a full old row serves
+    every identity there, and only a parent with identity FULL declares every column a key column."""
+    parents = site.back_tables(host)
+    leaves = [(s, t) for s, t in site.shard_tables(host) if (site.schema, t) in parents]
+    ident = catalog.replica_identities(conn, parents + leaves)
+    todo = [(s, t) for s, t in parents + leaves if ident.get(f"{s}.{t}") not in ("f", None)]
+    if not todo:
+        return
+    mine = set(recorded.get(host.name) or [])
+    recorded[host.name] = sorted(mine | {f"{s}.{t}" for s, t in todo if s != site.schema})
+    with site.connect(site.source) as src:
+        catalog.merge_detail(src, {FLEET_IDENTITY: recorded})
+    for s, t in todo:
+        conn.execute(catalog.set_replica_identity_sql(s, t, full=True))
+
+
+def restore_fleet_identities(site: Site, detail: dict) -> list[str]:
+    """Put DEFAULT back on the shard tables :func:`prepare` made FULL (the parents go or stay FULL)."""
+    out = []
+    for host in site.fleet_hosts():
+        names = (detail.get(FLEET_IDENTITY) or {}).get(host.name) or []
+        if not names:
+            continue
+        with site.connect(host) as conn:
+            session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT}, local=False)
+            for name in names:
+                schema, table = name.split(".", 1)
+                if catalog.relation_exists(conn, schema, table):
+                    conn.execute(catalog.set_replica_identity_sql(schema, table, full=False))
+                    out.append(f"{host.name}:{name}")
+    return out
 
 
 def _wait_small_lag(site: Site, src: psycopg.Connection, deadline: float) -> None:

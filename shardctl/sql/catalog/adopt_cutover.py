@@ -40,6 +40,15 @@ def set_run(conn: psycopg.Connection, phase: str, detail: dict) -> None:
     )
 
 
+def merge_detail(conn: psycopg.Connection, detail: dict) -> None:
+    """Merge ``detail``'s keys into the run's detail (one level deep), its phase unchanged."""
+    conn.execute(
+        "UPDATE shardctl_adopt.run SET detail = coalesce(detail, '{}') || %s::jsonb, "
+        "updated_at = clock_timestamp()",
+        (dumps(detail),),
+    )
+
+
 def last_verify(conn: psycopg.Connection) -> tuple[bool, dict] | None:
     """(finished, summary) of the last ``adopt verify`` run recorded on the old database; None when
     none ran (its tables are ``adopt verify``'s: ``sql/catalog/adopt_verify.py``)."""

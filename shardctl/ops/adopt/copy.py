@@ -400,6 +400,12 @@ def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> 
             f"{facts['max_replication_slots']}); adopt copy needs {needed}: one per fleet host and "
             f"one for the id map"
         )
+    senders = facts["max_wal_senders"] - facts["senders_used"]
+    if needed > senders:
+        raise BadInput(
+            f"the source has {senders} free WAL senders (max_wal_senders={facts['max_wal_senders']}); "
+            f"adopt copy needs {needed}: one per fleet host and one for the id map"
+        )
 
 
 def _begin(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:

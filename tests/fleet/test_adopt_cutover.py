@@ -279,7 +279,9 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
             result = cli_json(path, "--max-freeze", "0.5")
             switched = time.time()
         print(
-            f"\nadopt cutover: freeze {result['freeze_seconds']:.3f}s, {len(history.writes)} writes"
+            f"\nadopt cutover: freeze {result['freeze_seconds']:.3f}s (locked at "
+            f"{result['freeze_lock_seconds']}, lag 0 at {result['freeze_caught_up_seconds']}), "
+            f"{len(history.writes)} writes"
         )
         assert result["phase"] == "cut_over" and result["authoritative"] == "fleet"
         assert 0 < result["freeze_seconds"] <= 0.5

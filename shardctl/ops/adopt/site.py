@@ -5,9 +5,7 @@ made by the cutover for ``--abort``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 
@@ -148,14 +146,3 @@ class Site:
 
     def note(self, message: str) -> None:
         self.notes.append(message)
-
-
-def each_host(
-    site: Site, hosts: list[Host], work: Callable[[Host, psycopg.Connection], Any]
-) -> dict:
-    """``work(host, conn)`` on each host in turn (an autocommit connection); host name → its answer."""
-    out = {}
-    for host in hosts:
-        with site.connect(host) as conn:
-            out[host.name] = work(host, conn)
-    return out

@@ -82,14 +82,6 @@ def partitions(conn: psycopg.Connection, schema: str, table: str) -> list[tuple[
     ]
 
 
-def is_partitioned(conn: psycopg.Connection, schema: str, table: str) -> bool:
-    row = conn.execute(
-        "SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)",
-        (sql.Identifier(schema, table).as_string(conn),),
-    ).fetchone()
-    return bool(row and row[0])
-
-
 def replica_identities(conn: psycopg.Connection, items: list[tuple[str, str]]) -> dict[str, str]:
     """``schema.table`` → relreplident (d n f i) of each of ``items`` that exists."""
     names = [sql.Identifier(s, t).as_string(conn) for s, t in items]

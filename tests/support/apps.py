@@ -13,8 +13,13 @@ APPS = Path(__file__).resolve().parents[1] / "data" / "apps"
 PSQL = "/usr/bin/psql"
 
 
-def load_app(dsn: str, app: str, users: int = 40) -> None:
-    """Apply ``<app>.sql`` then ``<app>.data.sql`` (with ``users`` users) with psql, as a team would."""
+def load_app(dsn: str, app: str, users: int = 40, *, mb: float | None = None) -> int:
+    """Apply ``<app>.sql`` then ``<app>.data.sql`` (with ``users`` users) with psql, as a team would.
+
+    ``mb``: as many users as make the app's tables (indexes and TOAST included) that many MB, from a
+    sample loaded first and dropped (:func:`users_for_mb`). Returns the number of users loaded."""
+    if mb is not None:
+        users = users_for_mb(dsn, app, mb)
     subprocess.run(
         [PSQL, dsn, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"users={users}"]
         + ["-f", str(APPS / f"{app}.sql"), "-f", str(APPS / f"{app}.data.sql")],
@@ -22,6 +27,29 @@ def load_app(dsn: str, app: str, users: int = 40) -> None:
         capture_output=True,
         text=True,
     )
+    return users
+
+
+def table_bytes(dsn: str, schema: str = "public", tables: list[str] | None = None) -> int:
+    """The size of ``schema``'s tables (all, or ``tables``), indexes and TOAST included."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c "
+            "WHERE c.relnamespace = %s::regnamespace AND c.relkind = 'r' "
+            "AND (%s::text[] IS NULL OR c.relname = ANY(%s::text[]))",
+            (schema, tables, tables),
+        ).fetchone()[0]
+
+
+def users_for_mb(dsn: str, app: str, mb: float, sample: int = 1000) -> int:
+    """How many users make ``mb`` MB of ``app``: ``sample`` users loaded into ``dsn``'s (empty)
+    ``public``, measured, then ``public`` dropped and created again. Every row of the data files
+    hangs off a user, so the size grows in proportion."""
+    load_app(dsn, app, sample)
+    per_user = table_bytes(dsn) / sample
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    return max(10, round(mb * 2**20 / per_user))
 
 
 # One line per definition of a schema's tables, with the schema's name written as S: columns (type,
@@ -115,3 +143,25 @@ def apply_fixes(dsn: str, app: str, doc: dict) -> None:
                 )
             ).fetchone()
             assert wrong[0] > 0 and wrong[1] == 0, (child, wrong)
+
+
+# A key changed by an update, in each app's own way (after apply_fixes): a project handed to another
+# user (the fixed foreign keys carry the new key down to its tasks and their labels, ON UPDATE
+# CASCADE), a post credited to another author with its attachments (Django's foreign keys do not
+# cascade: one statement updates both, checked at its end).
+KEY_CHANGES = {
+    "tasks_prisma": "UPDATE projects SET user_id = 1 + user_id %% %(users)s WHERE id %% %(every)s = 0",
+    "forum_django": "WITH p AS (UPDATE forum_post SET author_id = 1 + author_id %% %(users)s "
+    "WHERE id %% %(every)s = 0 RETURNING id, author_id) "
+    "UPDATE forum_attachment a SET user_id = p.author_id FROM p WHERE a.post_id = p.id",
+}
+ROOTS = {"tasks_prisma": "users", "forum_django": "auth_user"}
+
+
+def change_keys(dsn: str, app: str, every: int = 50) -> None:
+    """Change the shard key of every ``every``-th row of the app's key-changing table (KEY_CHANGES)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        users = conn.execute(
+            psycopg.sql.SQL("SELECT max(id) FROM {}").format(psycopg.sql.Identifier(ROOTS[app]))
+        ).fetchone()[0]
+        conn.execute(KEY_CHANGES[app], {"users": users, "every": every})

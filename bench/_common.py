@@ -402,10 +402,14 @@ def topology_for(
     name: str = "topo",
     migrations: str = "migrations/",
     schema: str = "insta{n}",
+    hosts: list[int] | None = None,
+    extra: str = "",
 ) -> Path:
-    """A topology file over ``databases`` (one per sandbox server), written in the sandbox dir."""
+    """A topology file over ``databases`` (one per sandbox server, or per server of ``hosts``, their
+    indexes), written in the sandbox dir; ``extra``: more top-level sections, as YAML text."""
     state = box.state
-    n = len(state.hosts)
+    servers = [state.hosts[i] for i in hosts] if hosts is not None else state.hosts
+    n = len(servers)
     lines = [
         "version: 1",
         "id:",
@@ -416,9 +420,10 @@ def topology_for(
         f"  count: {shards}",
         f'  schema: "{schema}"',
         f"migrations: {migrations}",
+        *extra.splitlines(),
         "hosts:",
     ]
-    for i, (host, db) in enumerate(zip(state.hosts, databases)):
+    for i, (host, db) in enumerate(zip(servers, databases)):
         lo, hi = i * shards // n, (i + 1) * shards // n - 1
         lines += [
             f"  - name: {host.name}",

@@ -4,10 +4,16 @@ read-only command changed nothing, or that two schemas define the same tables.""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+
+from .load import pg_bin
 
 APPS = Path(__file__).resolve().parents[1] / "data" / "apps"
 PSQL = "/usr/bin/psql"
@@ -165,3 +171,59 @@ def change_keys(dsn: str, app: str, every: int = 50) -> None:
             psycopg.sql.SQL("SELECT max(id) FROM {}").format(psycopg.sql.Identifier(ROOTS[app]))
         ).fetchone()[0]
         conn.execute(KEY_CHANGES[app], {"users": users, "every": every})
+
+
+# What the app keeps doing while it is adopted, one pgbench transaction: a new row, and a key
+# changed by an update (one row of KEY_CHANGES' table, handed to a random user). :users and :rows are
+# the root's and that table's largest IDs.
+WRITES = {
+    "tasks_prisma": """\\set u random(1, :users)
+\\set r random(1, :rows)
+INSERT INTO "AuditLog" ("userId", action) VALUES (:u, 'pgbench');
+UPDATE projects SET user_id = :u WHERE id = :r;
+""",
+    "forum_django": """\\set u random(1, :users)
+\\set r random(1, :rows)
+INSERT INTO forum_threadview (user_id, thread_id, viewed) VALUES (:u, :r, now());
+WITH p AS (UPDATE forum_post SET author_id = :u WHERE id = :r RETURNING id, author_id)
+  UPDATE forum_attachment a SET user_id = p.author_id FROM p WHERE a.post_id = p.id;
+""",
+}
+KEY_TABLES = {"tasks_prisma": "projects", "forum_django": "forum_post"}
+
+
+@contextlib.contextmanager
+def app_writes(dsn: str, app: str, rate: float, clients: int = 2) -> Iterator[dict]:
+    """``pgbench`` writing the app's WRITES into ``dsn`` at ``rate`` transactions/s until the block
+    ends (nothing with ``rate`` 0); yields a dict that gets ``transactions`` (from pgbench's
+    per-transaction log) and ``errors`` (its error lines) then."""
+    out: dict = {"transactions": 0, "errors": []}
+    if rate <= 0:
+        yield out
+        return
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        users, rows = (
+            conn.execute(
+                psycopg.sql.SQL("SELECT max(id) FROM {}").format(psycopg.sql.Identifier(t))
+            ).fetchone()[0]
+            for t in (ROOTS[app], KEY_TABLES[app])
+        )
+    with tempfile.TemporaryDirectory(prefix="shardctl-app-writes-") as tmp:
+        script = Path(tmp) / f"{app}.sql"
+        script.write_text(WRITES[app])
+        proc = subprocess.Popen(
+            [str(pg_bin("pgbench")), "-n", "-f", str(script), "-c", str(clients), "-j", "1"]
+            + ["-R", str(rate), "-T", "86400", "-D", f"users={users}", "-D", f"rows={rows}"]
+            + ["-l", "--log-prefix", str(Path(tmp) / "log"), "-d", dsn],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            yield out
+        finally:
+            proc.send_signal(signal.SIGINT)  # pgbench stops, its logs written so far kept
+            text, _ = proc.communicate(timeout=60)
+        logs = [line for f in Path(tmp).glob("log.*") for line in f.read_text().splitlines()]
+        out["transactions"] = sum(1 for line in logs if line.split()[2:3] != ["failed"])
+        out["errors"] = [line for line in text.splitlines() if "error" in line.lower()][:5]

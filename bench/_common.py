@@ -329,16 +329,17 @@ def sandbox(
     keep: bool = False,
     prefix: str = "shardctl-bench-",
     base: str | None = None,
+    pg: str | None = None,
 ) -> Iterator[object]:
-    """A fresh sandbox in a temp dir (under ``base``); stopped and deleted afterwards (kept stopped with
-    ``keep``)."""
+    """A fresh sandbox in a temp dir (under ``base``), PostgreSQL ``pg`` (a major version; default the
+    newest); stopped and deleted afterwards (kept stopped with ``keep``)."""
     from shardctl.dev.sandbox import Sandbox
 
     directory = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     box = Sandbox(directory)
     started = time.perf_counter()
     try:
-        box.up(hosts=hosts, shards=shards, function=function)
+        box.up(hosts=hosts, shards=shards, function=function, pg=pg)
         log(
             f"sandbox: {hosts} PostgreSQL server(s) in {directory} ({time.perf_counter() - started:.1f}s)"
         )

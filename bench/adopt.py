@@ -1,0 +1,473 @@
+#!/usr/bin/env python
+"""``adopt copy`` (the initial copy of an old database into the fleet) against the
+``pg_dump --data-only | psql`` floor: the same tables into one target, side by side.
+
+    python bench/adopt.py [--mb 300] [--app tasks_prisma] [--shards 64] [--writes 20] [--rounds 3]
+
+Set up once (not timed), in a sandbox of two servers of the same major version: on pg1 the old
+database, an app of tests/data/apps (``--app``) loaded at ``--mb`` MB (tests/support/apps.py), its
+plan's fixes run and keys changed by update; ``adopt plan`` and ``adopt baseline``; on pg2 the fleet
+(one host owning every shard and the global tables), initialised from the baseline, kept as a
+template database, and the floor's database holding the old database's schema (``pg_dump
+--schema-only``), another template. Each round, each candidate gets a fresh copy of the old database
+(``CREATE DATABASE … TEMPLATE``) and a fresh target, while ``--writes`` pgbench transactions/s (a new
+row, a key changed by update) go on on the old database, then:
+
+* ``pg_dump | psql``   ``pg_dump --data-only -t <every adopted table>`` of the old database piped into
+                       ``psql`` on the floor's database (binaries of the sandbox's own build);
+* ``adopt copy``       ``adopt_copy`` into the fleet, timed to the moment every table is copied (the
+                       subscription exists: it is created after the initial copy), with ``to lag 0``
+                       (the call returns once the subscriptions have caught up) next to it.
+
+The copy is paired with the floor of its round: the ratio is its time over the floor's, the median
+over rounds. Target: ``adopt copy`` <= 1.2x the floor. Also measured, by a sampler independent of the
+copy's code: the WAL the old database's replication slots hold (the largest seen, sampled every
+0.1 s). Every run is checked: the floor's tables hold at least the rows the old database had, and
+after the copy and a final lag 0 each adopted table's rows (count and a hash of every row) over all
+shards equal the old database's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import _common as c
+import psycopg
+from psycopg import sql
+from support.apps import app_writes, apply_fixes, change_keys, load_app, table_bytes
+
+TARGET = 1.2
+SLOTS = "SELECT slot_name FROM pg_replication_slots WHERE database = current_database()"
+HELD = (
+    "SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)), 0)::bigint, "
+    "coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)), 0)::bigint "
+    "FROM pg_replication_slots WHERE database = current_database()"
+)
+ROWS = "SELECT count(*), coalesce(sum(hashtextextended(t::text, 0)), 0) FROM {} t"
+
+
+class Sampler(threading.Thread):
+    """Every ``every`` s: does the fleet host's subscription exist yet (the initial copy is over), and
+    how much WAL the old database's slots hold (the most seen)."""
+
+    def __init__(self, source: str, target_port: int, subscription: str, every: float = 0.1):
+        super().__init__(daemon=True)
+        self.source, self.target_port, self.subscription, self.every = (
+            source,
+            target_port,
+            subscription,
+            every,
+        )
+        self.started = 0.0
+        self.subscribed: float | None = None  # seconds from the start
+        self.held_max = 0
+        self.samples = 0
+        self.error: str | None = None
+        self.halt = threading.Event()
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        super().start()
+
+    def run(self) -> None:
+        try:
+            with (
+                psycopg.connect(self.source, autocommit=True) as src,
+                c.connect(self.target_port) as dst,
+            ):
+                while not self.halt.wait(self.every):
+                    held, _ = src.execute(HELD).fetchone()
+                    self.held_max = max(self.held_max, held)
+                    self.samples += 1
+                    if (
+                        self.subscribed is None
+                        and dst.execute(
+                            "SELECT 1 FROM pg_subscription WHERE subname = %s", (self.subscription,)
+                        ).fetchone()
+                    ):
+                        self.subscribed = time.perf_counter() - self.started
+        except psycopg.Error as exc:
+            self.error = str(exc)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(10)
+
+
+class Bench:
+    """The sandbox's two servers, the old database and the two targets' templates."""
+
+    def __init__(self, box, args):
+        self.box, self.args = box, args
+        self.src, self.dst = box.state.hosts[0], box.state.hosts[1]
+        self.bin = Path(box.state.bin_dir)
+        self.dir = Path(box.dir)
+        self.old, self.fleet, self.floor = "old", "fleet_tpl", "floor_tpl"
+        self.plan_file = self.dir / "adopt-plan.yaml"
+        self.adopted: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.bytes = 0
+        self.users = 0
+        self.n = 0
+        self.version = box.state.version
+
+    def dsn(self, host, db: str) -> str:
+        return c.admin_dsn(host.port, db)
+
+    def topology(self, db: str) -> Path:
+        """The fleet: pg2 alone, every shard and the global tables, the baseline its migration."""
+        self.n += 1
+        return c.topology_for(
+            self.box,
+            [db],
+            self.args.shards,
+            name=f"topo_{self.n}",
+            migrations="adopt_migrations/",
+            hosts=[1],
+            extra="routing:\n  key: user_id",
+        )
+
+    def setup(self) -> list[str]:
+        """The old database at size, planned, fixed, its baseline; the two templates. Notes."""
+        from shardctl import adopt_baseline, adopt_plan
+        from shardctl.ops.provision import init
+
+        args, old = self.args, self.dsn(self.src, self.old)
+        for host, db in ((self.src, self.old), (self.dst, self.fleet), (self.dst, self.floor)):
+            with c.connect(host.port) as conn:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
+        (self.dir / "adopt_migrations").mkdir()
+        topo_path = self.topology(self.fleet)
+        topo = c.load_topology(topo_path)
+        seconds, self.users = c.timed(lambda: load_app(old, args.app, mb=args.mb))
+        c.log(f"{args.app}: {self.users} users loaded in {seconds:.0f}s")
+        apply_fixes(old, args.app, adopt_plan(topo, old).to_dict())
+        change_keys(old, args.app)
+        with psycopg.connect(old, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+        plan = adopt_plan(topo, old, out=self.plan_file).raise_for_status()
+        adopt_baseline(topo, old, self.plan_file)
+        init(topo).raise_for_status()
+        self.adopted = [t.name for t in plan.tables if t.sharded or t.kind == "global"]
+        self.bytes = table_bytes(old, tables=self.adopted)
+        self.counts = {t: n for t, (n, _) in rows_of(old, self.adopted).items()}
+        self.pipe(
+            self.pg("pg_dump", self.src, self.old, "--schema-only"),
+            self.pg("psql", self.dst, self.floor),
+        )
+        sharded = sum(t.sharded for t in plan.tables)
+        note = (
+            f"{args.app} at {self.bytes / 2**20:.0f} MB ({self.users} users): {len(self.adopted)} "
+            f"tables adopted ({sharded} sharded, {len(self.adopted) - sharded} global), "
+            f"{sum(self.counts.values())} rows; {args.shards} shards on one host; PostgreSQL "
+            f"{self.version}"
+        )
+        return [note]
+
+    def pg(self, tool: str, host, db: str, *more: str) -> list[str]:
+        """A client binary of the sandbox's build (the servers' major version) on ``db``."""
+        conn = ["-h", "127.0.0.1", "-p", str(host.port), "-U", "postgres", "-d", db]
+        if tool == "psql":
+            return [str(self.bin / tool), *conn, "-X", "-q", "-v", "ON_ERROR_STOP=1", *more]
+        return [str(self.bin / tool), *conn, *more]
+
+    @staticmethod
+    def pipe(first: list[str], second: list[str]) -> None:
+        """``first | second``, both exit 0."""
+        dump = subprocess.Popen(first, stdout=subprocess.PIPE)
+        restore = subprocess.run(
+            second, stdin=dump.stdout, capture_output=True, text=True, check=False
+        )
+        dump.stdout.close()
+        if dump.wait() != 0 or restore.returncode != 0:
+            raise SystemExit(f"{Path(first[0]).name} | psql failed: {restore.stderr[-800:]}")
+
+    @contextlib.contextmanager
+    def clones(self, target: str, tag: str):
+        """A fresh copy of the old database on pg1 and of ``target`` on pg2, dropped afterwards (with
+        any subscription and slot an adopt copy left)."""
+        names = (f"old_{tag}", f"{target.removesuffix('_tpl')}_{tag}")
+        for host, tpl, db in ((self.src, self.old, names[0]), (self.dst, target, names[1])):
+            with c.connect(host.port) as conn:
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                        sql.Identifier(db), sql.Identifier(tpl)
+                    )
+                )
+        c.checkpoint([self.src.port, self.dst.port])
+        try:
+            yield names
+        finally:
+            drop_replication(self.dst.port)
+            drop_replication(self.src.port, names[0])
+            c.drop_databases([self.src.port, self.dst.port], list(names))
+
+    def writes(self, db: str):
+        return app_writes(self.dsn(self.src, db), self.args.app, self.args.writes)
+
+    def run_floor(self, tag: str) -> float:
+        with self.clones(self.floor, tag) as (old, target), self.writes(old) as w:
+            tables = [f"--table=public.{quoted(t)}" for t in self.adopted]
+            seconds, _ = c.timed(
+                lambda: self.pipe(
+                    self.pg("pg_dump", self.src, old, "--data-only", *tables),
+                    self.pg("psql", self.dst, target),
+                )
+            )
+            got = rows_of(self.dsn(self.dst, target), self.adopted)
+        short = {t: (n, self.counts[t]) for t, (n, _) in got.items() if n < self.counts[t]}
+        if short or w["errors"]:
+            raise SystemExit(f"pg_dump | psql: tables short of rows {short}; {w['errors']}")
+        return seconds
+
+    def run_copy(self, tag: str) -> dict:
+        """``adopt_copy`` timed; then the writes stopped, lag 0 again, and every table compared."""
+        with self.clones(self.fleet, tag) as (old, target):
+            source = self.dsn(self.src, old)
+            topo_path = self.topology(target)
+            sampler = Sampler(source, self.dst.port, f"shardctl_adopt_{self.dst.name}")
+            with self.writes(old) as w:
+                sampler.start()
+                returned, report = c.timed(lambda: adopt_copy_call(topo_path, source))
+                sampler.stop()
+            if sampler.error or sampler.subscribed is None:
+                raise SystemExit(f"no subscription seen during the copy: {sampler.error}")
+            if w["errors"]:
+                raise SystemExit(f"the app's writes failed during the copy: {w['errors']}")
+            caught_up(source)
+            check_copy(source, self.dsn(self.dst, target), self.adopted, self.args.shards)
+            return {
+                "copied": sampler.subscribed,
+                "lag0": returned,
+                "held_max": sampler.held_max,
+                "writes": w["transactions"],
+                "report": report,
+            }
+
+
+def adopt_copy_call(topo_path: Path, source: str) -> dict:
+    """STUB until helper ``copy``'s ``adopt_copy`` is merged (branch ``copy``): the copy's call."""
+    try:
+        from shardctl import adopt_copy  # type: ignore[attr-defined]
+    except ImportError:
+        raise SystemExit(
+            "adopt_copy is not in this tree yet (branch copy): run with --skip copy"
+        ) from None
+    return adopt_copy(c.load_topology(topo_path), source).to_dict()  # STUB: signature unconfirmed
+
+
+def quoted(name: str) -> str:
+    """``name`` as a pg_dump pattern matches it exactly (case kept)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def rows_of(dsn: str, tables: list[str], schemas: list[str] | None = None) -> dict[str, tuple]:
+    """Per table: (rows, sum of a hash of every row) over ``schemas`` (default ``public``)."""
+    out: dict[str, tuple] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for t in tables:
+            n = h = 0
+            for schema in schemas or ["public"]:
+                got = conn.execute(sql.SQL(ROWS).format(sql.Identifier(schema, t))).fetchone()
+                n, h = n + got[0], h + int(got[1])
+            out[t] = (n, h)
+    return out
+
+
+def caught_up(source: str, timeout: float = 300) -> None:
+    """Until every slot of the old database has confirmed the WAL written before this call."""
+    with psycopg.connect(source, autocommit=True) as conn:
+        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        deadline = time.monotonic() + timeout
+        while conn.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database() "
+            "AND (confirmed_flush_lsn IS NULL OR confirmed_flush_lsn < %s)",
+            (lsn,),
+        ).fetchone()[0]:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the slots did not reach {lsn} in {timeout:g}s")
+            time.sleep(0.2)
+
+
+def check_copy(source: str, target: str, tables: list[str], shards: int) -> None:
+    """Each adopted table's rows on the old database equal those of all shards (sharded tables) or
+    of ``public`` (global tables) on the fleet: count and the sum of a hash of every row."""
+    want = rows_of(source, tables)
+    with psycopg.connect(target, autocommit=True) as conn:
+        sharded = {
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT c.relname FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = 'insta0' AND c.relkind = 'r'"
+            )
+        }
+    schemas = [f"insta{n}" for n in range(shards)]
+    got = rows_of(target, [t for t in tables if t in sharded], schemas)
+    got |= rows_of(target, [t for t in tables if t not in sharded])
+    wrong = {t: (got.get(t), want[t]) for t in tables if got.get(t) != want[t]}
+    if wrong:
+        raise SystemExit(f"adopt copy: tables whose rows differ from the old database's: {wrong}")
+
+
+def drop_replication(port: int, db: str | None = None) -> None:
+    """Subscriptions in every database of the server at ``port``; with ``db``, that database's
+    slots (their senders ended first)."""
+    with c.connect(port) as conn:
+        subs = conn.execute(
+            "SELECT d.datname, s.subname FROM pg_subscription s JOIN pg_database d "
+            "ON d.oid = s.subdbid"
+        ).fetchall()
+        for datname, sub in subs:
+            with c.connect(port, datname) as one:
+                name = sql.Identifier(sub)
+                one.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(name))
+                one.execute(sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(name))
+                one.execute(sql.SQL("DROP SUBSCRIPTION {}").format(name))
+        if db is None:
+            return
+        for _ in range(50):
+            slots = conn.execute(
+                "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (db,)
+            ).fetchall()
+            if not slots:
+                return
+            for slot, pid in slots:
+                if pid:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                else:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            time.sleep(0.1)
+
+
+def loadavg() -> str:
+    """The first three fields of /proc/loadavg (the machine is shared)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def parser():
+    p = c.base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--mb", type=float, help="MB of the old database's tables (300, --quick 60).")
+    p.add_argument("--app", choices=["tasks_prisma", "forum_django"], default="tasks_prisma")
+    p.add_argument("--shards", type=int, default=64, help="Logical shards (all on one host).")
+    p.add_argument(
+        "--writes",
+        type=float,
+        default=20,
+        help="The app's transactions/s during each run (0: none).",
+    )
+    p.add_argument("--pg", help="PostgreSQL major version of both servers (default the newest).")
+    p.add_argument("--skip", default="", help="Candidates to leave out (comma-separated): copy.")
+    return p
+
+
+def rows_for(series: dict[str, c.Series]) -> list[c.Row]:
+    """One row per series; every one but the floor paired with the floor of its round."""
+    rows = []
+    base = series.get("floor")
+    for name, s in series.items():
+        ratios = s.ratios_to(base, faster_is_higher=False) if base and s is not base else []
+        target = name == "copy"
+        rows.append(
+            c.Row(
+                s.name,
+                c.fmt_s(s.median_s),
+                c.spread_s(s),
+                c.median(ratios) if ratios else None,
+                f"<= {TARGET}x the floor" if target else "(info)",
+                (c.median(ratios) <= TARGET) if target and ratios else None,
+                c.fmt_rate(s.median_rate, "MB/s"),
+                c.ratio_range(ratios) if ratios else None,
+            )
+        )
+    return rows
+
+
+def main() -> int:
+    args = parser().parse_args()
+    rounds = c.check_rounds(args.rounds or 3)
+    args.mb = args.mb or (60 if args.quick else 300)
+    names = [n for n in ("floor", "copy") if n not in args.skip.split(",")]
+    labels = {
+        "floor": "pg_dump --data-only | psql",
+        "copy": "adopt copy (every table copied)",
+        "lag0": "adopt copy, to lag 0",
+    }
+    series = {n: c.Series(labels[n]) for n in [*names, "lag0"] if n != "lag0" or "copy" in names}
+    held: list[int] = []
+    writes: list[int] = []
+    load = {"start": loadavg()}
+    need_gb = 4 + 5 * args.mb / 1000
+    with c.sandbox(
+        2,
+        args.shards,
+        keep=args.keep,
+        prefix="shardctl-bench-adopt-",
+        base=c.sandbox_base(args.tmp, need_gb=need_gb),
+        pg=args.pg,
+    ) as box:
+        bench = Bench(box, args)
+        notes = bench.setup()
+        mb = bench.bytes / 2**20
+        for s in series.values():
+            s.work, s.unit = mb, "MB/s"
+        for r in range(rounds):
+            for name in c.rotated(names, r):
+                if name == "floor":
+                    series[name].add(bench.run_floor(f"r{r}"))
+                    c.log(f"round {r + 1}/{rounds}: floor {series[name].seconds[-1]:.2f}s")
+                    continue
+                got = bench.run_copy(f"r{r}")
+                series["copy"].add(got["copied"])
+                series["lag0"].add(got["lag0"])
+                held.append(got["held_max"])
+                writes.append(got["writes"])
+                c.log(
+                    f"round {r + 1}/{rounds}: copy {got['copied']:.2f}s, to lag 0 "
+                    f"{got['lag0']:.2f}s, slots held {got['held_max'] / 2**20:.1f} MB at most"
+                )
+    load["end"] = loadavg()
+    rows = rows_for(series)
+    if held:
+        notes.append(
+            f"WAL the old database's slots held during the copy: at most {max(held) / 2**20:.1f} MB "
+            f"(sampled every 0.1 s), the app writing {args.writes:g} transactions/s "
+            f"({sum(writes)} in the copy runs)"
+        )
+    notes.append(
+        f"load average (/proc/loadavg): {load['start']} at the start, {load['end']} at the end"
+    )
+    title = f"adopt copy vs pg_dump | psql: {mb:.0f} MB, median of {rounds} rounds"
+    c.print_table(title, rows, "floor", notes)
+    c.save_run(
+        args,
+        {
+            "app": args.app,
+            "megabytes": round(mb, 1),
+            "users": bench.users,
+            "shards": args.shards,
+            "tables": len(bench.adopted),
+            "rows": sum(bench.counts.values()),
+            "pg": bench.version,
+            "writes_per_s": args.writes,
+            "rounds": rounds,
+            "results": [r.figures(s) for r, s in zip(rows, series.values())],
+            "seconds": {n: s.seconds for n, s in series.items()},
+            "slot_wal_held_max_bytes": held,
+            "loadavg": load,
+            "notes": notes,
+        },
+    )
+    return c.verdict_exit([rows])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,16 +42,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import _common as c
 import psycopg
 from psycopg import sql
-from support.apps import app_writes, apply_fixes, change_keys, load_app, table_bytes
+from support.apps import ROWS, app_writes, caught_up, fleet_rows, prepare, source_rows, table_bytes
+
+from shardctl.testing import _drop_replication  # what the test suite drops after a failed move
 
 TARGET = 1.2
-SLOTS = "SELECT slot_name FROM pg_replication_slots WHERE database = current_database()"
+# The WAL the old database's slots hold: from the oldest restart_lsn of its slots to the present.
 HELD = (
-    "SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)), 0)::bigint, "
-    "coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)), 0)::bigint "
+    "SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), min(restart_lsn)), 0)::bigint "
     "FROM pg_replication_slots WHERE database = current_database()"
 )
-ROWS = "SELECT count(*), coalesce(sum(hashtextextended(t::text, 0)), 0) FROM {} t"
 
 
 class Sampler(threading.Thread):
@@ -84,7 +84,7 @@ class Sampler(threading.Thread):
                 c.connect(self.target_port) as dst,
             ):
                 while not self.halt.wait(self.every):
-                    held, _ = src.execute(HELD).fetchone()
+                    (held,) = src.execute(HELD).fetchone()
                     self.held_max = max(self.held_max, held)
                     self.samples += 1
                     if (
@@ -113,6 +113,7 @@ class Bench:
         self.old, self.fleet, self.floor = "old", "fleet_tpl", "floor_tpl"
         self.plan_file = self.dir / "adopt-plan.yaml"
         self.adopted: list[str] = []
+        self.plan: dict = {}
         self.counts: dict[str, int] = {}
         self.bytes = 0
         self.users = 0
@@ -137,7 +138,6 @@ class Bench:
 
     def setup(self) -> list[str]:
         """The old database at size, planned, fixed, its baseline; the two templates. Notes."""
-        from shardctl import adopt_baseline, adopt_plan
         from shardctl.ops.provision import init
 
         args, old = self.args, self.dsn(self.src, self.old)
@@ -145,25 +145,22 @@ class Bench:
             with c.connect(host.port) as conn:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
         (self.dir / "adopt_migrations").mkdir()
-        topo_path = self.topology(self.fleet)
-        topo = c.load_topology(topo_path)
-        seconds, self.users = c.timed(lambda: load_app(old, args.app, mb=args.mb))
-        c.log(f"{args.app}: {self.users} users loaded in {seconds:.0f}s")
-        apply_fixes(old, args.app, adopt_plan(topo, old).to_dict())
-        change_keys(old, args.app)
-        with psycopg.connect(old, autocommit=True) as conn:
-            conn.execute("VACUUM ANALYZE")
-        plan = adopt_plan(topo, old, out=self.plan_file).raise_for_status()
-        adopt_baseline(topo, old, self.plan_file)
+        topo = c.load_topology(self.topology(self.fleet))
+        seconds, self.plan = c.timed(
+            lambda: prepare(topo, old, args.app, self.plan_file, mb=args.mb)
+        )
+        self.users = self.plan["users"]
+        c.log(f"{args.app}: {self.users} users loaded and planned in {seconds:.0f}s")
         init(topo).raise_for_status()
-        self.adopted = [t.name for t in plan.tables if t.sharded or t.kind == "global"]
+        tables = self.plan["tables"]
+        self.adopted = [t["name"] for t in tables if t["kind"] in ("root", "column", "global")]
         self.bytes = table_bytes(old, tables=self.adopted)
         self.counts = {t: n for t, (n, _) in rows_of(old, self.adopted).items()}
         self.pipe(
             self.pg("pg_dump", self.src, self.old, "--schema-only"),
             self.pg("psql", self.dst, self.floor),
         )
-        sharded = sum(t.sharded for t in plan.tables)
+        sharded = sum(t["kind"] != "global" for t in tables if t["name"] in self.adopted)
         note = (
             f"{args.app} at {self.bytes / 2**20:.0f} MB ({self.users} users): {len(self.adopted)} "
             f"tables adopted ({sharded} sharded, {len(self.adopted) - sharded} global), "
@@ -206,8 +203,9 @@ class Bench:
         try:
             yield names
         finally:
-            drop_replication(self.dst.port)
-            drop_replication(self.src.port, names[0])
+            with contextlib.suppress(psycopg.Error):
+                _drop_replication(self.dsn(self.dst, names[1]))
+                _drop_replication(self.dsn(self.src, names[0]))
             c.drop_databases([self.src.port, self.dst.port], list(names))
 
     def writes(self, db: str):
@@ -243,7 +241,16 @@ class Bench:
             if w["errors"]:
                 raise SystemExit(f"the app's writes failed during the copy: {w['errors']}")
             caught_up(source)
-            check_copy(source, self.dsn(self.dst, target), self.adopted, self.args.shards)
+            want, got = (
+                source_rows(source, self.plan),
+                fleet_rows(c.load_topology(topo_path), self.plan),
+            )
+            wrong = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+            wrong |= {k: (v, None) for k, v in got.items() if k not in want}
+            if wrong:
+                raise SystemExit(
+                    f"adopt copy: (table, shard): (fleet, old database) differ: {wrong}"
+                )
             return {
                 "copied": sampler.subscribed,
                 "lag0": returned,
@@ -269,83 +276,15 @@ def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def rows_of(dsn: str, tables: list[str], schemas: list[str] | None = None) -> dict[str, tuple]:
-    """Per table: (rows, sum of a hash of every row) over ``schemas`` (default ``public``)."""
-    out: dict[str, tuple] = {}
+def rows_of(dsn: str, tables: list[str]) -> dict[str, tuple]:
+    """Per table of ``public``: (rows, sum of a hash of every row)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for t in tables:
-            n = h = 0
-            for schema in schemas or ["public"]:
-                got = conn.execute(sql.SQL(ROWS).format(sql.Identifier(schema, t))).fetchone()
-                n, h = n + got[0], h + int(got[1])
-            out[t] = (n, h)
-    return out
-
-
-def caught_up(source: str, timeout: float = 300) -> None:
-    """Until every slot of the old database has confirmed the WAL written before this call."""
-    with psycopg.connect(source, autocommit=True) as conn:
-        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-        deadline = time.monotonic() + timeout
-        while conn.execute(
-            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database() "
-            "AND (confirmed_flush_lsn IS NULL OR confirmed_flush_lsn < %s)",
-            (lsn,),
-        ).fetchone()[0]:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the slots did not reach {lsn} in {timeout:g}s")
-            time.sleep(0.2)
-
-
-def check_copy(source: str, target: str, tables: list[str], shards: int) -> None:
-    """Each adopted table's rows on the old database equal those of all shards (sharded tables) or
-    of ``public`` (global tables) on the fleet: count and the sum of a hash of every row."""
-    want = rows_of(source, tables)
-    with psycopg.connect(target, autocommit=True) as conn:
-        sharded = {
-            r[0]
-            for r in conn.execute(
-                "SELECT DISTINCT c.relname FROM pg_class c JOIN pg_namespace n "
-                "ON n.oid = c.relnamespace WHERE n.nspname = 'insta0' AND c.relkind = 'r'"
-            )
+        return {
+            t: conn.execute(
+                sql.SQL(ROWS).format(sql.SQL(""), sql.Identifier("public", t), sql.SQL(""))
+            ).fetchone()
+            for t in tables
         }
-    schemas = [f"insta{n}" for n in range(shards)]
-    got = rows_of(target, [t for t in tables if t in sharded], schemas)
-    got |= rows_of(target, [t for t in tables if t not in sharded])
-    wrong = {t: (got.get(t), want[t]) for t in tables if got.get(t) != want[t]}
-    if wrong:
-        raise SystemExit(f"adopt copy: tables whose rows differ from the old database's: {wrong}")
-
-
-def drop_replication(port: int, db: str | None = None) -> None:
-    """Subscriptions in every database of the server at ``port``; with ``db``, that database's
-    slots (their senders ended first)."""
-    with c.connect(port) as conn:
-        subs = conn.execute(
-            "SELECT d.datname, s.subname FROM pg_subscription s JOIN pg_database d "
-            "ON d.oid = s.subdbid"
-        ).fetchall()
-        for datname, sub in subs:
-            with c.connect(port, datname) as one:
-                name = sql.Identifier(sub)
-                one.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(name))
-                one.execute(sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(name))
-                one.execute(sql.SQL("DROP SUBSCRIPTION {}").format(name))
-        if db is None:
-            return
-        for _ in range(50):
-            slots = conn.execute(
-                "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (db,)
-            ).fetchall()
-            if not slots:
-                return
-            for slot, pid in slots:
-                if pid:
-                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                else:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            time.sleep(0.1)
 
 
 def loadavg() -> str:

@@ -8,6 +8,7 @@ import contextlib
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -227,3 +228,90 @@ def app_writes(dsn: str, app: str, rate: float, clients: int = 2) -> Iterator[di
         logs = [line for f in Path(tmp).glob("log.*") for line in f.read_text().splitlines()]
         out["transactions"] = sum(1 for line in logs if line.split()[2:3] != ["failed"])
         out["errors"] = [line for line in text.splitlines() if "error" in line.lower()][:5]
+
+
+def prepare(topo, dsn: str, app: str, plan_file: Path, **size) -> dict:
+    """The app loaded (``users=`` or ``mb=``), its plan's fixes run and keys changed by update, then
+    planned again into ``plan_file`` (no blocker left) and the baseline written into the topology's
+    migrations folder: an old database ready for ``adopt copy``. Returns the plan (a dict) and
+    ``users``."""
+    from shardctl import adopt_baseline, adopt_plan
+
+    users = load_app(dsn, app, **size)
+    apply_fixes(dsn, app, adopt_plan(topo, dsn).to_dict())
+    change_keys(dsn, app)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+    plan = adopt_plan(topo, dsn, out=plan_file).raise_for_status()
+    adopt_baseline(topo, dsn, plan_file)
+    return plan.to_dict() | {"users": users}
+
+
+def caught_up(dsn: str, timeout: float = 300) -> None:
+    """Wait until every replication slot of the database at ``dsn`` has confirmed the WAL written
+    before this call (the subscriptions hold every change made until then)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        deadline = time.monotonic() + timeout
+        while conn.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database() "
+            "AND (confirmed_flush_lsn IS NULL OR confirmed_flush_lsn < %s)",
+            (lsn,),
+        ).fetchone()[0]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the slots did not reach {lsn} in {timeout:g}s")
+            time.sleep(0.2)
+
+
+# Rows and the sum of a hash of each row's text: two tables hold the same rows when both agree.
+ROWS = "SELECT {}count(*), coalesce(sum(hashtextextended(t::text, 0)), 0)::numeric FROM {} t {}"
+
+
+def source_rows(dsn: str, plan: dict) -> dict[tuple[str, int | None], tuple[int, int]]:
+    """On the old database, computed by PostgreSQL from the key alone: for each sharded table of the
+    plan and each shard (``key % shard_count``), and each global table (shard None), the rows and
+    their hash sum."""
+    n, out = plan["shard_count"], {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for t in plan["tables"]:
+            table = psycopg.sql.Identifier("public", t["name"])
+            if t["kind"] == "global":
+                got = conn.execute(
+                    psycopg.sql.SQL(ROWS).format(psycopg.sql.SQL(""), table, psycopg.sql.SQL(""))
+                ).fetchone()
+                out[(t["name"], None)] = (got[0], int(got[1]))
+            elif t["kind"] in ("root", "column"):
+                shard = psycopg.sql.SQL("({} % {})::int, ").format(
+                    psycopg.sql.Identifier(t["key"]), n
+                )
+                group = psycopg.sql.SQL("GROUP BY 1")
+                for s, count, h in conn.execute(psycopg.sql.SQL(ROWS).format(shard, table, group)):
+                    out[(t["name"], s)] = (count, int(h))
+    return out
+
+
+def fleet_rows(topo, plan: dict) -> dict[tuple[str, int | None], tuple[int, int]]:
+    """The same on the fleet: each shard's tables on its host, the global tables in ``public`` of
+    the global host (shards with no rows of a table left out, as GROUP BY leaves them out)."""
+    from shardctl.engine import connections as db
+
+    out = {}
+    sharded = [t["name"] for t in plan["tables"] if t["kind"] in ("root", "column")]
+    empty = psycopg.sql.SQL("")
+    for host in topo.hosts:
+        with db.connect(host, autocommit=True) as conn:
+            for s in host.shards:
+                for name in sharded:
+                    table = psycopg.sql.Identifier(topo.schema_name(s), name)
+                    got = conn.execute(psycopg.sql.SQL(ROWS).format(empty, table, empty)).fetchone()
+                    if got[0]:
+                        out[(name, s)] = (got[0], int(got[1]))
+            if host.name == (topo.global_host or topo.hosts[0].name):
+                for t in plan["tables"]:
+                    if t["kind"] == "global":
+                        table = psycopg.sql.Identifier("public", t["name"])
+                        got = conn.execute(
+                            psycopg.sql.SQL(ROWS).format(empty, table, empty)
+                        ).fetchone()
+                        out[(t["name"], None)] = (got[0], int(got[1]))
+    return out

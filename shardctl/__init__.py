@@ -42,6 +42,7 @@ _LAZY_MODULES = {
     "ops.gate": ("check_against_base", "GateResult"),
     "ops.import_history": ("import_history", "ImportResult"),
     "ops.adopt": ("adopt_plan", "adopt_baseline", "AdoptPlan", "BaselineResult"),
+    "ops.adopt.copy": ("adopt_copy", "adopt_status", "AdoptCopyResult", "AdoptStatus"),
 }
 _LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 _OPERATIONS = tuple(
@@ -51,7 +52,9 @@ _OPERATIONS = tuple(
 __all__ = [
     "AddHostResult",
     "AddShardResult",
+    "AdoptCopyResult",
     "AdoptPlan",
+    "AdoptStatus",
     "AsyncRouter",
     "BadInput",
     "BaselineResult",
@@ -84,7 +87,9 @@ __all__ = [
     "add_host",
     "add_shard",
     "adopt_baseline",
+    "adopt_copy",
     "adopt_plan",
+    "adopt_status",
     "check_against_base",
     "cleanup_move",
     "import_history",

@@ -1,4 +1,5 @@
-"""``shardctl adopt``: bring one live PostgreSQL database into the fleet (``plan``, ``baseline``)."""
+"""``shardctl adopt``: bring one live PostgreSQL database into the fleet (``plan``, ``baseline``,
+``copy``, ``status``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import click
 from . import cli, json_option, settings
 from .options import connect_timeout_option
 from .output import stdout, table
-from .params import flag_option
+from .params import AsciiFloat, AsciiInt, flag_option, shown_option
 
 
 @cli.group("adopt")
@@ -157,5 +158,108 @@ def baseline_cmd(as_json: bool, dry_run: bool, **given: Any) -> None:
             )
         for item in result.not_carried:
             stdout.print(f"not carried: {item}", highlight=False)
+
+    finish(as_json, result.to_dict(), human, None)
+
+
+@adopt_group.command("copy")
+@_from_option
+@click.option(
+    "--plan", "plan_file", required=True, metavar="FILE", help="The plan file adopt plan wrote."
+)
+@shown_option(
+    "--copy-workers",
+    AsciiInt(1, 4),
+    4,
+    "Parallel table copies per fleet host, as of one snapshot.",
+)
+@shown_option(
+    "--nice",
+    AsciiFloat(0, 100),
+    0,
+    "Rest RATIO seconds after each second of the copy, leaving the source's CPU to the "
+    "application (1: the copy runs half the time).",
+    metavar="RATIO",
+)
+@click.option(
+    "--publisher-dsn",
+    metavar="DSN",
+    help="How the fleet's servers reach the old database, if not by --from.",
+)
+@json_option
+@connect_timeout_option
+def copy_cmd(as_json: bool, **given: Any) -> None:
+    """Copy the database into the fleet online (logical replication: one publication, slot and
+    subscription per fleet host) and leave every later change streaming to the shards. Re-run to
+    resume; `adopt status` shows the progress and lag."""
+    topo = settings().topology()
+    _refuse_inline_password(given["dsn"])
+    from ..ops.adopt.copy import adopt_copy
+    from .move import move_progress
+    from .options import finish
+
+    given["plan_file"] = Path(given["plan_file"])
+    with move_progress(not as_json) as progress:
+        result = adopt_copy(topo, progress=progress, **given)
+
+    def human() -> None:
+        _print_hosts(f"adopt copy: {result.source}: phase {result.phase}", result.hosts)
+        for table_name in result.replica_identity_full:
+            stdout.print(f"replica identity FULL: {table_name}", highlight=False)
+        for note in result.notes:
+            stdout.print(f"note: {note}", highlight=False)
+        stdout.print(
+            f"copied {result.copied_bytes} bytes this run in {result.seconds:.1f}s; "
+            f"id floor {result.id_floor}",
+            highlight=False,
+        )
+
+    finish(as_json, result.to_dict(), human, None)
+
+
+def _print_hosts(title: str, hosts: list) -> None:
+    from ..ops.move.run import human_bytes
+
+    rows = [
+        [
+            h.host,
+            h.shards,
+            h.state,
+            h.rows,
+            human_bytes(h.bytes),
+            human_bytes(h.lag_bytes),
+            "-" if h.lag_seconds is None else f"{h.lag_seconds:.1f}s",
+            human_bytes(h.retained_bytes),
+        ]
+        for h in hosts
+    ]
+    columns = ["host", "shards", "state", "rows", "bytes", "lag", "lag (s)", "WAL held"]
+    stdout.print(table(title, columns, rows))
+
+
+@adopt_group.command("status")
+@_from_option
+@json_option
+@connect_timeout_option
+def status_cmd(as_json: bool, **given: Any) -> None:
+    """The adoption's phase, each fleet host's copy and lag, and the WAL the old database holds
+    for it (read-only)."""
+    topo = settings().topology()
+    _refuse_inline_password(given["dsn"])
+    from ..ops.adopt.copy import adopt_status
+    from ..ops.move.run import human_bytes
+    from .options import finish
+
+    result = adopt_status(topo, **given)
+
+    def human() -> None:
+        _print_hosts(f"adopt status: {result.source}: phase {result.phase}", result.hosts)
+        for table_name in result.replica_identity_full:
+            stdout.print(f"replica identity FULL: {table_name}", highlight=False)
+        stdout.print(
+            f"the source holds {human_bytes(result.held_bytes)} of WAL for the copy "
+            f"({len(result.hosts)} slot(s))",
+            highlight=False,
+        )
 
     finish(as_json, result.to_dict(), human, None)

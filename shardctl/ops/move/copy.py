@@ -11,7 +11,9 @@ after the snapshot is in the slot.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import psycopg
 
@@ -20,6 +22,8 @@ from . import transfer
 from .run import MoveRun
 
 MAX_COPY_WORKERS = 4
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def copy_workers(run: MoveRun, tables: int) -> int:
@@ -34,26 +38,36 @@ def slot_and_copy(run: MoveRun, name: str, schemas: list[str]) -> int:
         connect_timeout=run.options.connect_timeout,
         application_name="shardctl move-shard copy",
     )
-    repl = psycopg.connect(autocommit=True, replication="database", **kwargs)
+    with run.connect(run.source) as src:
+        items = inspect.tables(src, schemas, "r")
+    lock, done = threading.Lock(), [0]
+
+    def tick(n: int) -> None:
+        with lock:
+            done[0] += n
+            run.progress("copy", done[0], len(items), name)
+
+    def one(snapshot: str, chunk: list[tuple[str, str]]) -> int:
+        with run.connect(run.source) as s, run.connect(run.target, autocommit=False) as t:
+            return transfer.copy_in_snapshot(s, t, snapshot, chunk, tick, run.pause())
+
+    return sum(in_new_slot(kwargs, name, items, copy_workers(run, len(items)), one))
+
+
+def in_new_slot(
+    repl_kwargs: dict, name: str, items: list[T], workers: int, copy: Callable[[str, list[T]], R]
+) -> list[R]:
+    """Create logical slot ``name`` with an exported snapshot (a replication connection made with
+    ``repl_kwargs``, held open while the snapshot is in use), then ``copy(snapshot, chunk)`` for
+    ``workers`` chunks of ``items`` in parallel threads. Returns each chunk's result."""
+    repl = psycopg.connect(autocommit=True, replication="database", **repl_kwargs)
     try:
         _, snapshot = replication.create_slot_with_snapshot(repl, name)
-        with run.connect(run.source) as src:
-            items = inspect.tables(src, schemas, "r")
-        workers = copy_workers(run, len(items))
-        chunks = [items[i::workers] for i in range(workers)]
-        lock, done = threading.Lock(), [0]
-
-        def tick(n: int) -> None:
-            with lock:
-                done[0] += n
-                run.progress("copy", done[0], len(items), name)
-
-        def one(chunk: list[tuple[str, str]]) -> int:
-            with run.connect(run.source) as s, run.connect(run.target, autocommit=False) as t:
-                return transfer.copy_in_snapshot(s, t, snapshot, chunk, tick, run.pause())
-
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardctl-copy") as pool:
-            return sum(pool.map(one, [c for c in chunks if c]))
+        chunks = [c for c in (items[i::workers] for i in range(max(1, workers))) if c]
+        with ThreadPoolExecutor(
+            max_workers=max(1, len(chunks)), thread_name_prefix="shardctl-copy"
+        ) as pool:
+            return list(pool.map(lambda chunk: copy(snapshot, chunk), chunks))
     finally:
         repl.close()
 

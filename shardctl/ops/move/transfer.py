@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 import psycopg
+from psycopg import sql
 
 from ...errors import WaitTimeout
 from ...sql import session
@@ -75,18 +76,21 @@ def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator
 def _copy_table(
     frm: psycopg.Connection,
     into: psycopg.Connection,
-    source: tuple[str, str],
-    target: tuple[str, str],
+    source: tuple[str, str] | sql.Composable,
+    target: tuple[str, str] | sql.Composable,
     on_data: Callable[[int], None] | None = None,
-) -> None:
-    with (
-        frm.cursor().copy(data.copy_out(*source)) as out,
-        into.cursor().copy(data.copy_in(*target)) as dst,
-    ):
+) -> int:
+    """COPY one table (a (schema, table) pair each side, or the two COPY statements); returns the
+    rows the source sent."""
+    out_sql = data.copy_out(*source) if isinstance(source, tuple) else source
+    in_sql = data.copy_in(*target) if isinstance(target, tuple) else target
+    cur = frm.cursor()
+    with cur.copy(out_sql) as out, into.cursor().copy(in_sql) as dst:
         for chunk in out:
             dst.write(chunk)
             if on_data:
                 on_data(len(chunk))
+    return max(0, cur.rowcount)
 
 
 def copy_tables(
@@ -117,8 +121,26 @@ def copy_in_snapshot(
     """Copy each (schema, table) from ``src`` as of ``snapshot`` into the same (empty) table on ``tgt``,
     in binary, in one target transaction. Returns bytes copied. ``pause``: called after every
     PAUSE_BYTES copied (a move's ``--nice``)."""
+    copied = copy_statements_in_snapshot(
+        src, tgt, snapshot, [(item, item) for item in items], progress, pause
+    )
+    return sum(size for _, size in copied)
+
+
+def copy_statements_in_snapshot(
+    src: psycopg.Connection,
+    tgt: psycopg.Connection,
+    snapshot: str,
+    pairs: list[tuple[tuple[str, str] | sql.Composable, tuple[str, str] | sql.Composable]],
+    progress=None,
+    pause: Callable[[], None] | None = None,
+) -> list[tuple[int, int]]:
+    """Run each (COPY out of ``src``, COPY into ``tgt``) pair (or (schema, table) pairs) as of
+    ``snapshot``, in binary, in one target transaction. Returns (rows, bytes) per pair. ``pause``:
+    called after every PAUSE_BYTES copied (``--nice``)."""
     copied = 0
     next_pause = PAUSE_BYTES if pause else -1
+    out: list[tuple[int, int]] = []
 
     def count(n: int) -> None:
         nonlocal copied, next_pause
@@ -128,11 +150,13 @@ def copy_in_snapshot(
             next_pause = copied + PAUSE_BYTES
 
     with data.snapshot_transaction(src, snapshot), tgt.transaction(), copy_encoding(src, tgt):
-        for item in items:
-            _copy_table(src, tgt, item, item, count)
+        for source, target in pairs:
+            before = copied
+            rows = _copy_table(src, tgt, source, target, count)
+            out.append((rows, copied - before))
             if progress:
                 progress(1)
-    return copied
+    return out
 
 
 def checksums(

@@ -1,0 +1,671 @@
+"""``shardctl adopt copy --from DSN --plan FILE``: the online copy of the database being adopted (the
+*source*) into the fleet, with PostgreSQL's own logical replication; and ``adopt status``.
+
+Per fleet host H (a host that owns shards, and the global host):
+
+* on the source, each sharded table whose replica identity lacks its key gets ``REPLICA IDENTITY
+  FULL`` (a row filter on the key needs the key in the identity for UPDATE and DELETE; without it the
+  app's own UPDATEs would fail on the source once the table is published). The old identity is
+  recorded first, so abort and cleanup can put it back;
+* on H, in the source's schema name (``public``), a parent per sharded table, partitioned by
+  ``key % modulus``, whose partitions are H's shard tables (``ATTACH PARTITION insta7.posts FOR
+  VALUES IN (7)``); the global tables, plainly, on the global host;
+* on the source, publication ``shardctl_adopt_<H>``: each sharded table with the row filter of H's
+  shards, the global tables whole for the global host; a logical slot of the same name created with
+  an exported snapshot; the rows as of that snapshot copied in binary into H's parents (they route
+  each row to its shard), in parallel and paced (``--nice``), in one transaction per worker;
+* on H, subscription ``shardctl_adopt_<H>`` on that slot (``copy_data = false``): every change after
+  the snapshot follows, an UPDATE that changes a row's key included (the publisher sends a DELETE to
+  the old shard's host and an INSERT to the new one's).
+
+The source holds one slot per fleet host, and the WAL the slowest of them has not confirmed
+(``adopt status`` says how much). The run's state is on the source (:mod:`.state`); a re-run keeps
+whatever exists and makes only what is missing; a host whose copy was cut short (SIGKILL, an error)
+is copied again from scratch: its subscription and slot dropped, its partitions truncated.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+
+from ...engine import connections as db
+from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
+from ...errors import BadInput, LockBusy, OperationFailed, WaitTimeout, first_few
+from ...model.documents import Result
+from ...model.ranges import format_shards
+from ...model.topology import Host, Topology
+from ...sql.catalog import adopt_copy as catalog
+from ...sql.catalog import inspect, replication
+from ...sql.catalog.data import truncate_tables
+from ..health import read_host
+from ..move import transfer
+from ..move.copy import MAX_COPY_WORKERS, in_new_slot
+from ..move.run import Pacer, Progress, checkpoint, server_side
+from .baseline import _compare
+from .plan import read_plan, read_plan_snapshot, read_source, source_host
+from .state import Phase, Run, load_run, plan_hash, slot_name, start_run
+
+MIN_SOURCE_VERSION = 150000  # publication row filters
+IDENTITY_ATTEMPTS = 5  # ALTER TABLE … REPLICA IDENTITY FULL tries, 2 s of lock wait each
+
+
+@dataclass
+class HostCopy:
+    """One fleet host's part of the copy: its copy (rows, bytes) and its replication's lag, and the
+    WAL its slot keeps on the source."""
+
+    host: str
+    shards: str
+    state: str  # waiting | copying | copied | streaming
+    tables: int = 0
+    rows: int = 0
+    bytes: int = 0
+    lag_bytes: int | None = None
+    lag_seconds: float | None = None
+    retained_bytes: int | None = None  # WAL the slot keeps on the source
+    wal_status: str | None = None
+
+
+@dataclass
+class AdoptCopyResult(Result):
+    command = "adopt copy"
+
+    source: str
+    phase: str
+    hosts: list[HostCopy] = field(default_factory=list)
+    replica_identity_full: list[str] = field(default_factory=list)  # set FULL for the copy
+    global_tables: list[str] = field(default_factory=list)
+    global_host: str | None = None
+    id_floor: int | None = None
+    notes: list[str] = field(default_factory=list)
+    copied_bytes: int = 0
+    rested_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return True  # a copy that cannot go on raises instead
+
+    def raise_for_status(self) -> AdoptCopyResult:
+        return self
+
+
+@dataclass
+class AdoptStatus(Result):
+    command = "adopt status"
+
+    source: str
+    phase: str  # "none" when no run is recorded
+    started_at: str | None = None
+    updated_at: str | None = None
+    hosts: list[HostCopy] = field(default_factory=list)
+    replica_identity_full: list[str] = field(default_factory=list)
+    held_bytes: int = 0  # WAL the source keeps for the copy: the largest a slot retains
+    id_floor: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def raise_for_status(self) -> AdoptStatus:
+        return self
+
+
+@dataclass
+class Target:
+    """A fleet host the copy writes to: its shards (owned), its sharded tables, its global tables."""
+
+    host: Host
+    shards: list[int]
+    globals: list[str]
+
+    @property
+    def name(self) -> str:
+        return slot_name(self.host.name)
+
+
+class Copy:
+    """One invocation of ``adopt copy``: inputs, connections' settings, progress and the record."""
+
+    def __init__(
+        self,
+        topo: Topology,
+        source: Host,
+        doc: dict[str, Any],
+        options: dict[str, Any],
+        progress: Progress | None,
+    ):
+        self.topo = topo
+        self.source = source
+        self.doc = doc
+        self.schema: str = doc["schema"]
+        self.sharded = [
+            (t["name"], t["key"]) for t in doc["tables"] if t["kind"] in ("root", "column")
+        ]
+        self.globals = [t["name"] for t in doc["tables"] if t["kind"] == "global"]
+        self.options = options
+        self.progress: Progress = progress or (lambda step, done, total, note: None)
+        self.pacers: list[Pacer] = []
+        self.run: Run | None = None
+        self.result = AdoptCopyResult(source=source.masked_dsn, phase=str(Phase.NEW))
+        self.global_host = topo.global_host or topo.hosts[0].name
+
+    # ---- connections ------------------------------------------------------------------------
+    def connect(self, host: Host, autocommit: bool = True, purpose: str = "adopt copy"):
+        return db.connect(
+            host,
+            autocommit=autocommit,
+            connect_timeout=self.options["connect_timeout"],
+            purpose=purpose,
+        )
+
+    def pause(self):
+        if self.options["nice"] <= 0:
+            return None
+        pacer = Pacer(self.options["nice"])
+        self.pacers.append(pacer)
+        return pacer.rest
+
+    def publisher_conninfo(self) -> str:
+        """How the fleet hosts' subscriptions reach the source: ``--publisher-dsn``, else ``--from``
+        without the client's own files (and with ``PGPASSWORD``, when it supplied the password)."""
+        if self.options.get("publisher_dsn"):
+            return self.options["publisher_dsn"]
+        dsn = server_side(self.source.dsn)
+        password = os.environ.get("PGPASSWORD")
+        if password and "password" not in pg_conninfo.conninfo_to_dict(dsn):
+            return pg_conninfo.make_conninfo(dsn, password=password)
+        return dsn
+
+    def targets(self) -> list[Target]:
+        out = []
+        for host in self.topo.hosts:
+            is_global = host.name == self.global_host and self.globals
+            if host.shards or is_global:
+                out.append(Target(host, list(host.shards), list(self.globals) if is_global else []))
+        return out
+
+    def save(self, src: psycopg.Connection, phase: Phase | None = None) -> None:
+        assert self.run is not None
+        self.run.save(src, phase)
+        self.result.phase = str(self.run.phase)
+
+
+def adopt_copy(
+    topo: Topology,
+    dsn: str,
+    plan_file: Path,
+    *,
+    nice: float = 0.0,
+    copy_workers: int = MAX_COPY_WORKERS,
+    sync_timeout: float = 3600.0,
+    publisher_dsn: str | None = None,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    progress: Progress | None = None,
+) -> AdoptCopyResult:
+    """Copy the database at ``dsn`` into ``topo``'s fleet as the plan file describes, online, and
+    leave logical replication streaming every later change to the shards; returns once every host's
+    subscription has caught up with the source (phase ``synced``). Re-running resumes."""
+    started = time.perf_counter()
+    doc = read_plan(Path(plan_file))
+    options = {
+        "nice": nice,
+        "copy_workers": max(1, min(MAX_COPY_WORKERS, copy_workers)),
+        "sync_timeout": sync_timeout,
+        "publisher_dsn": publisher_dsn,
+        "connect_timeout": connect_timeout,
+    }
+    job = Copy(topo, source_host(dsn), doc, options, progress)
+    _check_plan(job, Path(plan_file))
+    targets = job.targets()
+    _check_fleet(job, targets)
+    with job.connect(job.source, purpose="adopt copy lock") as lock:
+        if not catalog.try_run_lock(lock):
+            raise LockBusy("another shardctl adopt copy is running on this database")
+        with job.connect(job.source) as src:
+            _check_source(job, src, targets)
+            _begin(job, src, targets)
+            if job.run.phase in (Phase.CUT_OVER, Phase.CLEANED, Phase.ABORTED):
+                job.result.notes.append(f"adopt copy: nothing to do (phase {job.run.phase})")
+            else:
+                _copy_all(job, src, targets)
+            job.result.hosts = host_figures(job.run, src, targets)
+    job.result.rested_seconds = round(sum(p.rested for p in job.pacers), 3)
+    job.result.seconds = round(time.perf_counter() - started, 3)
+    return job.result
+
+
+def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
+    if job.run.phase == Phase.NEW:
+        job.save(src, Phase.COPYING)
+    _replica_identity(job, src)
+    checkpoint("adopt-after-identity")
+    for target in targets:
+        _prepare_host(job, target)
+        _publication(job, src, target)
+    for target in targets:
+        _copy_host(job, src, target)
+        _subscribe(job, target)
+    _ensure_id_map(job)
+    _write_adoption(job)
+    _wait_caught_up(job, src, targets)
+    if job.run.phase == Phase.COPYING:
+        job.save(src, Phase.SYNCED)
+    checkpoint("adopt-after-sync")
+
+
+# ---- checks (nothing changed before they pass) --------------------------------------------------
+
+
+def _check_plan(job: Copy, path: Path) -> None:
+    """The plan must describe the database at ``--from`` now, without blockers, for this fleet."""
+    if job.doc.get("shard_count") not in (None, job.topo.shard_count):
+        raise BadInput(
+            f"--plan {path} was made for {job.doc['shard_count']} shards; the topology has "
+            f"{job.topo.shard_count}: run adopt plan again"
+        )
+    conn = read_source(job.source, job.options["connect_timeout"], "adopt copy")
+    try:
+        fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+        conn.rollback()
+    finally:
+        conn.close()
+    _compare(job.doc, fresh, path)
+    if fresh.blockers:
+        raise OperationFailed(
+            f"adopt copy: the plan has {len(fresh.blockers)} blocker(s): "
+            f"{first_few(fresh.blockers, 1, lambda b: b.message)}; fix them and plan again"
+        )
+
+
+def _check_fleet(job: Copy, targets: list[Target]) -> None:
+    """Every shard created (``init``) with the baseline's tables; BadInput naming the first gap."""
+    tables = [t for t, _ in job.sharded]
+    for target in targets:
+        with job.connect(target.host) as conn:
+            health = read_host(conn, job.topo, target.host)
+            if health.missing:
+                raise BadInput(
+                    f"host {target.host.name}: shards {format_shards(health.missing)} are not "
+                    f"created: run shardctl init (with the baseline) first"
+                )
+            schemas = [job.topo.schema_name(n) for n in target.shards]
+            have = set(inspect.tables(conn, schemas, "r"))
+            for schema in schemas:
+                lacking = [t for t in tables if (schema, t) not in have]
+                if lacking:
+                    raise BadInput(
+                        f"host {target.host.name}: shard schema {schema} has no table "
+                        f"{', '.join(lacking[:3])}: the fleet is not at the baseline (run shardctl "
+                        f"init with the baseline adopt baseline wrote)"
+                    )
+
+
+def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
+    facts = inspect.server_facts(src)
+    if facts["version_num"] < MIN_SOURCE_VERSION:
+        raise BadInput(
+            f"the source runs PostgreSQL {facts['version_num']}: adopt copy needs 15 or later "
+            f"(publication row filters)"
+        )
+    if facts["wal_level"] != "logical":
+        raise BadInput(
+            f"the source has wal_level={facts['wal_level']}: adopt copy needs wal_level=logical "
+            f"(ALTER SYSTEM SET wal_level = logical, then a restart)"
+        )
+    needed = sum(1 for t in targets if not replication.slot_exists(src, t.name))
+    free = facts["max_replication_slots"] - facts["slots_used"]
+    if needed > free:
+        raise BadInput(
+            f"the source has {free} free replication slots (max_replication_slots="
+            f"{facts['max_replication_slots']}); adopt copy needs {needed}, one per fleet host"
+        )
+
+
+def _begin(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
+    digest = plan_hash(job.doc)
+    run = load_run(src)
+    if run is not None and run.plan_hash != digest and run.phase != Phase.CLEANED:
+        raise BadInput(
+            f"the source records an adoption of another plan (phase {run.phase}): abort and clean "
+            f"it up first, or give its plan file"
+        )
+    if run is None or run.phase == Phase.CLEANED:
+        run = start_run(src, digest, str(job.topo.path) if job.topo.path else None)
+    job.run = run
+    job.result.phase = str(run.phase)
+    job.result.global_host = job.global_host if job.globals else None
+    job.result.global_tables = list(job.globals)
+    if "id_floor" not in run.detail:
+        run.detail["id_floor"] = id_floor(job.topo, inspect.now_ms(src))
+        run.detail["globals"] = list(job.globals)
+        for target in targets:
+            run.host(target.host.name)
+        job.save(src)
+    job.result.id_floor = run.detail["id_floor"]
+
+
+def id_floor(topo: Topology, now_ms: int) -> int | None:
+    """The first ``next_id()`` ID possible from ``now_ms`` on: every ID below it is a pre-adoption ID
+    (None for a layout without time)."""
+    if not topo.layout.has_time:
+        return None
+    return topo.layout.encode(unix_ms=now_ms, shard=0, sequence=0)
+
+
+# ---- the source: replica identity and publications ----------------------------------------------
+
+
+def _replica_identity(job: Copy, src: psycopg.Connection) -> None:
+    """``REPLICA IDENTITY FULL`` on each sharded table whose identity lacks its key, the old one
+    recorded first (detail ``replica_identity``: table → [kind, index])."""
+    keys = dict(job.sharded)
+    found = catalog.replica_identities(src, job.schema, list(keys))
+    recorded = job.run.detail.setdefault("replica_identity", {})
+    for table, key in job.sharded:
+        kind, index, cols = found[table]
+        if kind == "f" or key in cols:
+            continue
+        if table not in recorded:
+            recorded[table] = [kind, index]
+            job.save(src)
+        for attempt in range(IDENTITY_ATTEMPTS):
+            try:
+                catalog.set_replica_identity_full(src, job.schema, table)
+                break
+            except psycopg.errors.LockNotAvailable:
+                if attempt == IDENTITY_ATTEMPTS - 1:
+                    raise OperationFailed(
+                        f"adopt copy: could not lock {table} on the source for REPLICA IDENTITY "
+                        f"FULL in {IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); "
+                        f"run the command again"
+                    ) from None
+        job.progress("note", 0, 0, f"{table}: replica identity FULL (its key {key} is not in it)")
+    job.result.replica_identity_full = sorted(recorded)
+
+
+def _publication(job: Copy, src: psycopg.Connection, target: Target) -> None:
+    if replication.publication_exists(src, target.name):
+        return
+    catalog.create_filtered_publication(
+        src,
+        target.name,
+        job.schema,
+        job.sharded if target.shards else [],
+        job.topo.modulus,
+        _ranges(target.shards),
+        target.globals,
+    )
+
+
+def _ranges(shards: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for n in sorted(shards):
+        if out and out[-1][1] == n - 1:
+            out[-1] = (out[-1][0], n)
+        else:
+            out.append((n, n))
+    return out
+
+
+# ---- the fleet host: parents, the copy, the subscription -----------------------------------------
+
+
+def _prepare_host(job: Copy, target: Target) -> None:
+    """The partitioned parents with every shard table of the host attached, and the global tables;
+    what exists is kept (one transaction: all or nothing)."""
+    from .globals import create_global_tables
+
+    with job.connect(target.host, autocommit=False) as conn:
+        attached = catalog.partitions(conn, job.schema)
+        for table, key in job.sharded if target.shards else []:
+            first = (job.topo.schema_name(target.shards[0]), table)
+            if table not in attached:
+                catalog.create_parent(conn, job.schema, table, first, key, job.topo.modulus)
+            for shard in target.shards:
+                schema = job.topo.schema_name(shard)
+                if schema not in attached.get(table, set()):
+                    catalog.attach_shard(conn, (job.schema, table), (schema, table), shard)
+        if target.globals:
+            create_global_tables(job, conn, target.globals)
+        conn.commit()
+
+
+def _tables(job: Copy, target: Target) -> list[str]:
+    return [t for t, _ in job.sharded if target.shards] + target.globals
+
+
+def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
+    """The host's rows as of its slot's snapshot, unless recorded as copied; a copy cut short before
+    is thrown away first (its subscription, slot and rows)."""
+    state = job.run.host(target.host.name)
+    if state.get("copied"):
+        return
+    with job.connect(target.host) as tgt:
+        if replication.subscriptions(tgt, [target.name]):
+            replication.drop_subscription(tgt, target.name)
+        if replication.slot_exists(src, target.name):
+            transfer.drop_slots(src, [target.name], [])
+        truncate_tables(tgt, [(job.schema, t) for t in _tables(job, target)])
+        pairs = _copy_pairs(job, tgt, target)
+    state.update(copied=False, rows=0, bytes=0, tables=0)
+    job.save(src)
+    done = _run_copy(job, target, pairs)
+    state.update(
+        copied=True,
+        rows=sum(r for r, _ in done),
+        bytes=sum(b for _, b in done),
+        tables=len(done),
+    )
+    job.result.copied_bytes += state["bytes"]
+    job.save(src)
+    checkpoint("adopt-after-copy")
+
+
+def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tuple]:
+    """(COPY out of the source, COPY into the host) per table, columns named as on the host."""
+    keys = dict(job.sharded)
+    pairs = []
+    for table in _tables(job, target):
+        cols = catalog.columns(tgt, job.schema, table)
+        where = (
+            catalog.shard_filter(keys[table], job.topo.modulus, _ranges(target.shards))
+            if table in keys
+            else None
+        )
+        pairs.append(
+            (
+                catalog.copy_out_rows(job.schema, table, cols, where),
+                catalog.copy_in_columns(job.schema, table, cols),
+            )
+        )
+    return pairs
+
+
+def _run_copy(job: Copy, target: Target, pairs: list[tuple]) -> list[tuple[int, int]]:
+    """Create the host's slot with a snapshot and run the COPYs as of it, in parallel workers."""
+    kwargs = job.source.connect_kwargs(
+        purpose="admin",
+        connect_timeout=job.options["connect_timeout"],
+        application_name=f"shardctl adopt copy {target.host.name}",
+    )
+    lock, done = threading.Lock(), [0]
+
+    def tick(n: int) -> None:
+        with lock:
+            done[0] += n
+            job.progress(f"copy {target.host.name}", done[0], len(pairs), "tables")
+        checkpoint("adopt-mid-copy")
+
+    def one(snapshot: str, chunk: list[tuple]) -> list[tuple[int, int]]:
+        purpose = f"adopt copy {target.host.name}"
+        with (
+            job.connect(job.source, purpose=purpose) as s,
+            job.connect(target.host, autocommit=False, purpose=purpose) as t,
+        ):
+            catalog.without_triggers(t)
+            t.commit()
+            return transfer.copy_statements_in_snapshot(s, t, snapshot, chunk, tick, job.pause())
+
+    job.progress(f"copy {target.host.name}", 0, len(pairs), "tables")
+    workers = min(job.options["copy_workers"], len(pairs))
+    try:
+        return [x for part in in_new_slot(kwargs, target.name, pairs, workers, one) for x in part]
+    except psycopg.Error as exc:
+        raise OperationFailed(
+            f"adopt copy: copying to {target.host.name}: {db.first_line(exc)}; run the command "
+            f"again (that host's copy starts over)"
+        ) from None
+
+
+def _subscribe(job: Copy, target: Target) -> None:
+    """The host's subscription on its slot, started without a copy of its own (the tables locked
+    from before ENABLE until REFRESH: ``replication.start_subscription``)."""
+    tables = [(job.schema, t) for t in _tables(job, target)]
+    with job.connect(target.host) as tgt:
+        if not replication.subscriptions(tgt, [target.name]):
+            replication.create_subscription(
+                tgt, target.name, job.publisher_conninfo(), copy_data=False, start=False
+            )
+        elif replication.started_without_tables(tgt, target.name):
+            # stopped between ENABLE and REFRESH: the worker may have skipped changes; copy again
+            transfer.disable_subscription(tgt, target.name)
+            with job.connect(job.source) as src:
+                job.run.host(target.host.name)["copied"] = False
+                job.save(src)
+                _copy_host(job, src, target)
+            return _subscribe(job, target)
+        checkpoint("adopt-after-subscription")
+        with job.connect(target.host, autocommit=False) as hold:
+            replication.start_subscription(
+                tgt, target.name, copy_data=False, hold=hold, tables=tables
+            )
+    job.progress("note", 0, 0, f"{target.host.name}: replication started ({target.name})")
+    return None
+
+
+def _wait_caught_up(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
+    """Until every host's subscription has applied the source's WAL as of now."""
+    names = [t.name for t in targets]
+    lsn = replication.wal_insert_lsn(src)
+
+    def ready() -> bool:
+        lag = replication.slot_lag(src, names)
+        job.progress("catch up", 0, 0, f"lag {lag or 0} bytes")
+        return replication.replayed(src, names, lsn)
+
+    timeout = job.options["sync_timeout"]
+    transfer.wait_for(
+        ready,
+        time.monotonic() + timeout,
+        lambda: WaitTimeout(
+            f"adopt copy: the fleet's subscriptions did not catch up within {timeout:g}s; run "
+            f"the command again to keep waiting (adopt status shows the lag)"
+        ),
+    )
+
+
+# ---- what other helpers own ---------------------------------------------------------------------
+
+
+def _ensure_id_map(job: Copy) -> None:
+    """The old ID -> key lookup database (``ops/adopt/id_map.py``, helper ``oldids``).
+
+    CALL SITE: ``ensure_id_map`` is not in this tree yet; once it is, call it here (it is idempotent)."""
+    try:
+        from .id_map import ensure_id_map  # type: ignore[attr-defined]
+    except ImportError:
+        job.result.notes.append("the old-ID map is not built yet (ops/adopt/id_map.py)")
+        return
+    ensure_id_map(job.topo, job.source, job.doc)
+
+
+def _write_adoption(job: Copy) -> None:
+    """The topology's ``adoption:`` section (model by helper ``oldids``).
+
+    CALL SITE: the section's model and its writer are not in this tree yet; once they are, write
+    ``source``, ``schema``, ``authoritative: source``, ``id_floor``, ``tables``, ``globals`` here."""
+    try:
+        from ...model.topology_file import write_adoption  # type: ignore[attr-defined]
+    except ImportError:
+        job.result.notes.append("the topology's adoption: section is not written yet")
+        return
+    write_adoption(
+        job.topo.path,
+        source={"dsn": job.source.dsn},
+        schema=job.schema,
+        authoritative="source",
+        id_floor=job.run.detail.get("id_floor"),
+        tables={
+            t["name"]: {"id": t.get("id_column"), "key": t["key"]}
+            for t in job.doc["tables"]
+            if t["kind"] in ("root", "column")
+        },
+        globals=list(job.globals),
+    )
+
+
+# ---- status -------------------------------------------------------------------------------------
+
+
+def host_figures(run: Run, src: psycopg.Connection, targets: list[Target]) -> list[HostCopy]:
+    """Each host's recorded copy, the COPYs running now, and its slot's lag and retained WAL."""
+    slots = catalog.slot_figures(src, [t.name for t in targets])
+    live = catalog.copy_progress(src, "shardctl adopt copy ")
+    out = []
+    for target in targets:
+        state = run.host(target.host.name)
+        slot = slots.get(target.name, {})
+        figures = HostCopy(
+            host=target.host.name,
+            shards=format_shards(target.shards) if target.shards else "-",
+            state="waiting",
+            tables=state.get("tables", 0),
+            rows=state.get("rows", 0),
+            bytes=state.get("bytes", 0),
+            lag_bytes=slot.get("lag_bytes"),
+            lag_seconds=slot.get("lag_seconds"),
+            retained_bytes=slot.get("retained_bytes"),
+            wal_status=slot.get("wal_status"),
+        )
+        now = live.get(f"shardctl adopt copy {target.host.name}")
+        if state.get("copied"):
+            figures.state = "streaming" if slot.get("active") else "copied"
+        elif now:
+            figures.state, figures.rows, figures.bytes = "copying", now[0], now[1]
+        out.append(figures)
+    return out
+
+
+def adopt_status(
+    topo: Topology, dsn: str, *, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+) -> AdoptStatus:
+    """The adoption as recorded on the database at ``dsn``: phase, per-host copy and lag, and the
+    WAL the source holds for it (read-only)."""
+    source = source_host(dsn)
+    result = AdoptStatus(source=source.masked_dsn, phase="none")
+    with db.connect(
+        source, autocommit=True, connect_timeout=connect_timeout, purpose="adopt status"
+    ) as src:
+        run = load_run(src)
+        if run is None:
+            return result
+        targets = [
+            Target(h, list(h.shards), []) for h in topo.hosts if h.name in run.detail["hosts"]
+        ]
+        result.phase = str(run.phase)
+        result.started_at = str(run.started_at)
+        result.updated_at = str(run.updated_at)
+        result.hosts = host_figures(run, src, targets)
+        result.replica_identity_full = sorted(run.detail.get("replica_identity") or {})
+        result.held_bytes = max([h.retained_bytes or 0 for h in result.hosts] or [0])
+        result.id_floor = run.detail.get("id_floor")
+    return result

@@ -1,0 +1,306 @@
+"""The statements of ``adopt copy`` and ``adopt status``: the run's record on the database being
+adopted (schema ``shardctl_adopt``), replica identities, the per-host publications with row filters on
+``key % modulus``, the partitioned parents on each fleet host whose partitions are the shard tables,
+the filtered COPYs, and what the source holds for the copy (slots, their WAL, the lag).
+
+The publications, slots and subscriptions themselves are made and dropped by ``replication`` (the
+move's); only what is shaped for adoption is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+STATE_SCHEMA = "shardctl_adopt"
+# pg_try_advisory_lock(classid, objid) = ('AD', 0): "an adopt copy runs on this database".
+ADOPT_LOCK_CLASS = 0x4144
+
+RUN_DDL = f"""
+CREATE SCHEMA IF NOT EXISTS {STATE_SCHEMA};
+CREATE TABLE IF NOT EXISTS {STATE_SCHEMA}.run (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    phase text NOT NULL,
+    plan_hash text NOT NULL,
+    topology text,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    detail jsonb NOT NULL DEFAULT '{{}}'
+)"""
+
+
+@dataclass
+class RunRow:
+    phase: str
+    plan_hash: str
+    topology: str | None
+    started_at: object
+    updated_at: object
+    detail: dict
+
+
+def ensure_run_table(conn: psycopg.Connection) -> None:
+    conn.execute(RUN_DDL)
+
+
+def read_run(conn: psycopg.Connection) -> RunRow | None:
+    """The run's one row, or None (no run recorded, or no state schema at all)."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{STATE_SCHEMA}.run",))
+    if not exists.fetchone()[0]:
+        return None
+    row = conn.execute(
+        f"SELECT phase, plan_hash, topology, started_at, updated_at, detail FROM {STATE_SCHEMA}.run"
+    ).fetchone()
+    return RunRow(*row) if row else None
+
+
+def write_run(
+    conn: psycopg.Connection, phase: str, plan_hash: str, topology: str | None, detail: dict
+) -> None:
+    """Insert or replace the run's row (``updated_at`` now)."""
+    conn.execute(
+        f"""INSERT INTO {STATE_SCHEMA}.run (phase, plan_hash, topology, detail)
+            VALUES (%s, %s, %s, %s)
+            ON CONFLICT (one) DO UPDATE SET phase = excluded.phase, plan_hash = excluded.plan_hash,
+                topology = excluded.topology, detail = excluded.detail, updated_at = now()""",
+        (phase, plan_hash, topology, Jsonb(detail)),
+    )
+
+
+def try_run_lock(conn: psycopg.Connection) -> bool:
+    """The session advisory lock that keeps two ``adopt copy`` runs apart (gone with the session)."""
+    return conn.execute("SELECT pg_try_advisory_lock(%s, 0)", (ADOPT_LOCK_CLASS,)).fetchone()[0]
+
+
+# ---- replica identity ---------------------------------------------------------------------------
+
+IDENTITY = """
+SELECT c.relname, c.relreplident::text,
+       (SELECT x.relname FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid
+         WHERE i.indrelid = c.oid AND i.indisreplident),
+       ARRAY(SELECT a.attname::text FROM pg_index i
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+              WHERE i.indrelid = c.oid
+                AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)))
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %s AND c.relname = ANY(%s)"""
+
+
+def replica_identities(
+    conn: psycopg.Connection, schema: str, tables: list[str]
+) -> dict[str, tuple[str, str | None, list[str]]]:
+    """table → (relreplident, the identity index if USING INDEX, the identity's columns)."""
+    return {
+        name: (kind, index, list(cols))
+        for name, kind, index, cols in conn.execute(IDENTITY, (schema, tables)).fetchall()
+    }
+
+
+def set_replica_identity_full(conn: psycopg.Connection, schema: str, table: str) -> None:
+    """``REPLICA IDENTITY FULL``, waiting at most 2 s for the table's lock (the caller retries): an
+    ALTER queued behind a long transaction would make every write of the app queue behind it."""
+    with conn.transaction():
+        conn.execute("SET LOCAL lock_timeout = '2s'")
+        conn.execute(
+            sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(sql.Identifier(schema, table))
+        )
+
+
+def restore_replica_identity(
+    conn: psycopg.Connection, schema: str, table: str, kind: str, index: str | None
+) -> None:
+    """Put back a replica identity :func:`set_replica_identity_full` replaced (abort, cleanup)."""
+    what = {"d": sql.SQL("DEFAULT"), "n": sql.SQL("NOTHING"), "f": sql.SQL("FULL")}.get(kind)
+    if what is None:
+        what = sql.SQL("USING INDEX {}").format(sql.Identifier(index or ""))
+    conn.execute(
+        sql.SQL("ALTER TABLE {} REPLICA IDENTITY {}").format(sql.Identifier(schema, table), what)
+    )
+
+
+# ---- row filters and publications ---------------------------------------------------------------
+
+
+def shard_filter(key: str, modulus: int, ranges: list[tuple[int, int]]) -> sql.Composed:
+    """``(key % modulus) BETWEEN a AND b OR …``: the rows whose shard is in ``ranges`` (inclusive)."""
+    expr = sql.SQL("({} % {})").format(sql.Identifier(key), sql.Literal(modulus))
+    parts = [
+        sql.SQL("{} BETWEEN {} AND {}").format(expr, sql.Literal(lo), sql.Literal(hi))
+        for lo, hi in ranges
+    ]
+    return sql.SQL("({})").format(sql.SQL(" OR ").join(parts))
+
+
+def create_filtered_publication(
+    conn: psycopg.Connection,
+    name: str,
+    schema: str,
+    sharded: list[tuple[str, str]],
+    modulus: int,
+    ranges: list[tuple[int, int]],
+    plain: list[str],
+) -> None:
+    """``CREATE PUBLICATION name FOR TABLE t WHERE (<key> % N …), …``: each sharded (table, key)
+    filtered to the host's shards, the ``plain`` (global) tables whole."""
+    items = [
+        sql.SQL("{} WHERE {}").format(
+            sql.Identifier(schema, table), shard_filter(key, modulus, ranges)
+        )
+        for table, key in sharded
+    ]
+    items += [sql.Identifier(schema, table) for table in plain]
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(name), sql.SQL(", ").join(items)
+        )
+    )
+
+
+# ---- the fleet host's side ----------------------------------------------------------------------
+
+
+def create_parent(
+    conn: psycopg.Connection, schema: str, table: str, like: tuple[str, str], key: str, modulus: int
+) -> None:
+    """``schema.table`` partitioned by ``key % modulus``, with the columns of the shard table ``like``."""
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (LIKE {}) PARTITION BY LIST (({} % {}))").format(
+            sql.Identifier(schema, table),
+            sql.Identifier(*like),
+            sql.Identifier(key),
+            sql.Literal(modulus),
+        )
+    )
+
+
+def attach_shard(
+    conn: psycopg.Connection, parent: tuple[str, str], shard_table: tuple[str, str], shard: int
+) -> None:
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})").format(
+            sql.Identifier(*parent), sql.Identifier(*shard_table), sql.Literal(shard)
+        )
+    )
+
+
+def partitions(conn: psycopg.Connection, schema: str) -> dict[str, set[str]]:
+    """Partitioned table of ``schema`` → the schemas of its attached partitions."""
+    out: dict[str, set[str]] = {}
+    for parent, child_schema in conn.execute(
+        """SELECT p.relname, cn.nspname FROM pg_class p
+             JOIN pg_namespace pn ON pn.oid = p.relnamespace
+             LEFT JOIN pg_inherits i ON i.inhparent = p.oid
+             LEFT JOIN pg_class c ON c.oid = i.inhrelid
+             LEFT JOIN pg_namespace cn ON cn.oid = c.relnamespace
+            WHERE pn.nspname = %s AND p.relkind = 'p'""",
+        (schema,),
+    ).fetchall():
+        out.setdefault(parent, set())
+        if child_schema:
+            out[parent].add(child_schema)
+    return out
+
+
+def without_triggers(conn: psycopg.Connection) -> None:
+    """``session_replication_role = replica`` for the session: foreign keys are not checked while
+    tables are copied in parallel, as the subscription's apply worker does not check them either (the
+    rows come from a snapshot in which they held)."""
+    conn.execute("SET session_replication_role = replica")
+
+
+def copy_out_rows(
+    schema: str, table: str, columns: list[str], where: sql.Composable | None
+) -> sql.Composed:
+    """The binary COPY that reads ``columns`` of the rows ``where`` selects (all without it)."""
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(schema, table)
+    )
+    if where is not None:
+        query = sql.SQL("{} WHERE {}").format(query, where)
+    return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query)
+
+
+def copy_in_columns(schema: str, table: str, columns: list[str]) -> sql.Composed:
+    return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)").format(
+        sql.Identifier(schema, table), sql.SQL(", ").join(map(sql.Identifier, columns))
+    )
+
+
+def columns(conn: psycopg.Connection, schema: str, table: str) -> list[str]:
+    """The table's columns in order, generated ones left out (COPY cannot write them)."""
+    return [
+        r[0]
+        for r in conn.execute(
+            """SELECT a.attname FROM pg_attribute a
+                WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+                  AND a.attgenerated = '' ORDER BY a.attnum""",
+            (sql.Identifier(schema, table).as_string(conn),),
+        ).fetchall()
+    ]
+
+
+def create_sequence(conn: psycopg.Connection, qualified: str) -> None:
+    """A sequence a global table's column default names (its value is the cutover's to set)."""
+    conn.execute(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(sql.SQL(qualified)))
+
+
+def execute_ddl(conn: psycopg.Connection, text: str) -> None:
+    """Run DDL the ``sql`` layer rendered (a global table's ``CREATE TABLE``)."""
+    conn.execute(text)
+
+
+def table_exists(conn: psycopg.Connection, schema: str, table: str) -> bool:
+    return conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(schema, table).as_string(conn),)
+    ).fetchone()[0]
+
+
+# ---- what the source holds ----------------------------------------------------------------------
+
+SLOTS = """
+SELECT s.slot_name, s.active,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_bytes,
+       greatest(0, pg_wal_lsn_diff(pg_current_wal_lsn(),
+                coalesce(s.confirmed_flush_lsn, s.restart_lsn)))::bigint AS lag_bytes,
+       extract(epoch FROM r.replay_lag)::float8 AS lag_seconds,
+       s.wal_status
+  FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+ WHERE s.slot_name = ANY(%s)"""
+
+
+def slot_figures(conn: psycopg.Connection, names: list[str]) -> dict[str, dict]:
+    """slot → active, retained WAL bytes (from restart_lsn), lag bytes (unconfirmed), lag seconds
+    (the walsender's replay_lag; None when idle or not connected), wal_status."""
+    cur = conn.execute(SLOTS, (names,))
+    keys = [d.name for d in cur.description]
+    return {row[0]: dict(zip(keys[1:], row[1:])) for row in cur.fetchall()}
+
+
+def copy_progress(conn: psycopg.Connection, application_prefix: str) -> dict[str, tuple[int, int]]:
+    """application_name → (rows, bytes) of the COPYs running on this server whose client names
+    itself ``application_prefix…`` (pg_stat_progress_copy)."""
+    return {
+        name: (int(rows or 0), int(size or 0))
+        for name, rows, size in conn.execute(
+            """SELECT a.application_name, sum(p.tuples_processed), sum(p.bytes_processed)
+                 FROM pg_stat_progress_copy p JOIN pg_stat_activity a ON a.pid = p.pid
+                WHERE a.application_name LIKE %s GROUP BY 1""",
+            (application_prefix.replace("_", "\\_") + "%",),
+        ).fetchall()
+    }
+
+
+def global_table_ddl(table: Any, schema: str) -> str:
+    """``CREATE TABLE`` for a global table as the source defines it (``sql.baseline``'s rendering,
+    its ID default kept: sequences first, made by :func:`create_sequence`), indexes included, in
+    ``schema``."""
+    from ..baseline import create_table, indexes
+    from ..render import string_environment
+
+    text = create_table(table, schema, None) + indexes(table, schema)
+    return string_environment().from_string(text).render(schema=schema)

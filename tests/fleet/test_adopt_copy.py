@@ -1,0 +1,290 @@
+"""``shardctl adopt copy``: a real old database (an app schema of tests/data/apps with generated data,
+its plan's fixes applied) copied online into a 2-host fleet inited with its baseline, while a writer
+inserts, updates (TOAST-sized values, and keys: rows that must move to a shard on the other host) and
+deletes on it. Once the copy has caught up, EVERY shard's rows are compared with the source rows
+whose ``key % N`` is that shard, read by this test's own SELECTs on the source, and no row is on a
+wrong shard. SIGKILL at phase boundaries, then a re-run, loses nothing."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+
+import psycopg
+import pytest
+from support import crash_at
+from support.apps import apply_fixes, load_app
+from support.fleet import admin_dsn, load, run_cli, sandbox_dir
+from support.versions import need
+
+from shardctl.dev.sandbox import Sandbox
+
+ROUTING = "routing:\n  key: user_id\n"
+SHARDS = 4
+APP = "forum_django"
+
+
+def adopted_fleet(make_fleet, tmp_path, dsn: str, app: str = APP, users: int = 40):
+    """A 2-host fleet of SHARDS shards inited with the baseline of ``app`` loaded at ``dsn``; returns
+    (topology path, plan file, plan document)."""
+    path = make_fleet(hosts=2, shards=SHARDS, extra=ROUTING)
+    for f in (path.parent / "migrations").iterdir():
+        f.unlink()
+    load_app(dsn, app, users=users)
+    r = run_cli("adopt", "plan", "--from", dsn, "--json", config=path)
+    apply_fixes(dsn, app, json.loads(r.stdout))
+    plan_file = tmp_path / "plan.yaml"
+    r = run_cli("adopt", "plan", "--from", dsn, "--out", plan_file, "--json", config=path)
+    assert r.exit_code == 0, r
+    r = run_cli("adopt", "baseline", "--from", dsn, "--plan", plan_file, config=path)
+    assert r.exit_code == 0, r
+    assert run_cli("init", config=path).exit_code == 0
+    return path, plan_file, json.loads(r.stdout) if r.stdout.startswith("{") else None
+
+
+def plan_doc(path, dsn):
+    return json.loads(run_cli("adopt", "plan", "--from", dsn, "--json", config=path).stdout)
+
+
+class Writer(threading.Thread):
+    """The app, writing on the old database: new users and posts (some TOAST-sized), post edits,
+    votes deleted, and votes given to another user (their key changes: most go to another shard,
+    half of them on the other host)."""
+
+    def __init__(self, dsn: str):
+        super().__init__(daemon=True)
+        self.dsn, self.stop, self.done, self.errors = dsn, threading.Event(), 0, []
+        self.key_moves = 0
+
+    def run(self) -> None:
+        rnd = random.Random(7)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    self.step(conn, rnd)
+                    self.done += 1
+                    time.sleep(0.002)
+        except psycopg.Error as exc:  # reported by the test
+            self.errors.append(repr(exc))
+
+    def step(self, conn: psycopg.Connection, rnd: random.Random) -> None:
+        users = [r[0] for r in conn.execute("SELECT id FROM auth_user").fetchall()]
+        big = "".join(f"{rnd.getrandbits(128):032x}" for _ in range(400))  # 12.8 kB: TOAST
+        uid = conn.execute(
+            "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name, "
+            "email, is_staff, is_active, date_joined) VALUES ('p', false, %s, '', '', '', false, "
+            "true, now()) RETURNING id",
+            (f"w{rnd.getrandbits(48)}",),
+        ).fetchone()[0]
+        thread = conn.execute(
+            "INSERT INTO forum_thread (title, created, pinned, author_id, board_id) "
+            "VALUES ('w', now(), false, %s, 1) RETURNING id",
+            (uid,),
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO forum_post (body, created, author_id, thread_id) "
+            "VALUES (%s, now(), %s, %s)",
+            (big if rnd.random() < 0.5 else "short", uid, thread),
+        )
+        conn.execute(
+            "UPDATE forum_post SET body = %s WHERE id = (SELECT id FROM forum_post "
+            "ORDER BY random() LIMIT 1)",
+            (big,),
+        )
+        conn.execute(
+            "DELETE FROM forum_vote WHERE id = (SELECT id FROM forum_vote ORDER BY random() LIMIT 1)"
+        )
+        moved = conn.execute(
+            "UPDATE forum_vote SET user_id = %s WHERE id = (SELECT id FROM forum_vote "
+            "ORDER BY random() LIMIT 1)",
+            (rnd.choice(users),),
+        )
+        self.key_moves += moved.rowcount
+
+
+def source_rows(dsn: str, table: str, key: str | None, shard: int | None) -> list:
+    """The source's rows of ``table`` (those of ``shard`` when given), sorted: this test's own read."""
+    q = psycopg.sql.SQL("SELECT * FROM public.{}").format(psycopg.sql.Identifier(table))
+    if key is not None:
+        q = psycopg.sql.SQL("{} WHERE {} % {} = {}").format(
+            q, psycopg.sql.Identifier(key), psycopg.sql.Literal(SHARDS), psycopg.sql.Literal(shard)
+        )
+    with psycopg.connect(dsn) as conn:
+        return sorted(conn.execute(q).fetchall(), key=repr)
+
+
+def shard_rows(topo, shard: int, table: str) -> list:
+    host = topo.host_of(shard)
+    with psycopg.connect(**host.connect_kwargs()) as conn:
+        q = psycopg.sql.SQL("SELECT * FROM {}").format(
+            psycopg.sql.Identifier(topo.schema_name(shard), table)
+        )
+        return sorted(conn.execute(q).fetchall(), key=repr)
+
+
+def wait_caught_up(dsn: str, timeout: float = 60) -> None:
+    """Until every adopt slot on the source has confirmed the source's WAL as of now (this test's own
+    look at pg_replication_slots)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        deadline = time.monotonic() + timeout
+        while True:
+            behind = conn.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'shardctl_adopt_%%' "
+                "AND (confirmed_flush_lsn IS NULL OR confirmed_flush_lsn < %s)",
+                (lsn,),
+            ).fetchone()[0]
+            if not behind:
+                return
+            assert time.monotonic() < deadline, f"{behind} slot(s) behind {lsn}"
+            time.sleep(0.1)
+
+
+def assert_same_as_source(path, dsn: str, doc: dict) -> int:
+    """Every shard holds exactly the source's rows of its keys, TOAST-sized ones included, and the
+    global host the global tables; returns the rows compared."""
+    topo = load(path)
+    compared = 0
+    sharded = {t["name"]: t["key"] for t in doc["tables"] if t["kind"] in ("root", "column")}
+    for table, key in sharded.items():
+        for shard in range(SHARDS):
+            want = source_rows(dsn, table, key, shard)
+            got = shard_rows(topo, shard, table)
+            assert got == want, (table, shard, len(got), len(want))
+            compared += len(got)
+    toast = 0
+    for shard in range(SHARDS):
+        host = topo.host_of(shard)
+        with psycopg.connect(**host.connect_kwargs()) as conn:
+            schema = topo.schema_name(shard)
+            for table, key in sharded.items():
+                q = psycopg.sql.SQL("SELECT count(*) FROM {} WHERE {} % {} <> {}").format(
+                    psycopg.sql.Identifier(schema, table),
+                    psycopg.sql.Identifier(key),
+                    psycopg.sql.Literal(SHARDS),
+                    psycopg.sql.Literal(shard),
+                )
+                assert conn.execute(q).fetchone()[0] == 0, (table, shard, "wrong-shard rows")
+            toast += conn.execute(
+                psycopg.sql.SQL("SELECT count(*) FROM {} WHERE length(body) > 8000").format(
+                    psycopg.sql.Identifier(schema, "forum_post")
+                )
+            ).fetchone()[0]
+    assert toast > 0
+    global_host = topo.host(topo.global_host or topo.hosts[0].name)
+    for table in [t["name"] for t in doc["tables"] if t["kind"] == "global"]:
+        with psycopg.connect(**global_host.connect_kwargs()) as conn:
+            got = sorted(
+                conn.execute(
+                    psycopg.sql.SQL("SELECT * FROM public.{}").format(psycopg.sql.Identifier(table))
+                ).fetchall(),
+                key=repr,
+            )
+        assert got == source_rows(dsn, table, None, None), table
+    return compared
+
+
+def copy_under_writes(path, plan_file, dsn, *extra: str) -> tuple[dict, Writer]:
+    writer = Writer(dsn)
+    writer.start()
+    try:
+        time.sleep(0.3)
+        r = run_cli(
+            "adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", *extra, config=path
+        )
+        assert r.exit_code == 0, r
+        time.sleep(0.5)  # writes after the copy caught up: replication carries them
+    finally:
+        writer.stop.set()
+        writer.join()
+    assert not writer.errors, writer.errors
+    return json.loads(r.stdout), writer
+
+
+def test_copy_under_writes_then_every_shard_equals_the_source(make_fleet, tmp_path):
+    dsn = make_fleet.new_database(0)
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
+    doc = plan_doc(path, dsn)
+    result, writer = copy_under_writes(path, plan_file, dsn, "--nice", "0.2")
+    assert result["phase"] == "synced", result
+    assert writer.done > 5 and writer.key_moves > 0, (writer.done, writer.key_moves)
+    # tables whose identity (their primary key) lacks the key: FULL, recorded
+    assert "forum_post" in result["replica_identity_full"], result
+    assert "auth_user" not in result["replica_identity_full"], result
+    wait_caught_up(dsn)
+    assert assert_same_as_source(path, dsn, doc) > 100
+
+    status = json.loads(run_cli("adopt", "status", "--from", dsn, "--json", config=path).stdout)
+    assert status["phase"] == "synced" and len(status["hosts"]) == 2, status
+    for host in status["hosts"]:
+        assert host["state"] == "streaming" and host["rows"] > 0, host
+        assert host["retained_bytes"] is not None and host["lag_bytes"] is not None, host
+    # a re-run keeps everything (nothing copied again) and still loses nothing
+    again = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
+    assert again.exit_code == 0 and json.loads(again.stdout)["copied_bytes"] == 0, again
+
+
+def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_path):
+    """SIGKILL in the middle of a host's COPY, then after a host's copy is recorded, then after its
+    subscription is made (not started): each re-run starts over what was cut short, keeps the rest,
+    and the shards end equal to the source, under writes the whole time."""
+    dsn = make_fleet.new_database(0)
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
+    doc = plan_doc(path, dsn)
+    args = ("--config", str(path), "adopt", "copy", "--from", dsn, "--plan", str(plan_file))
+    writer = Writer(dsn)
+    writer.start()
+    try:
+        for point in ("adopt-mid-copy", "adopt-after-copy", "adopt-after-subscription"):
+            killed = crash_at.run(point, *args, timeout=120)
+            assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr)
+            status = json.loads(
+                run_cli("adopt", "status", "--from", dsn, "--json", config=path).stdout
+            )
+            assert status["phase"] == "copying", (point, status)
+        states = [h["state"] for h in status["hosts"]]
+        assert "copied" in states or "streaming" in states, status
+        r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
+        assert r.exit_code == 0, r
+        time.sleep(0.3)
+    finally:
+        writer.stop.set()
+        writer.join()
+    assert not writer.errors, writer.errors
+    assert json.loads(r.stdout)["phase"] == "synced"
+    wait_caught_up(dsn)
+    assert assert_same_as_source(path, dsn, doc) > 100
+    with psycopg.connect(dsn) as conn:  # one slot per fleet host, no other left behind
+        slots = conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() "
+            "ORDER BY 1"
+        ).fetchall()
+    assert [s[0] for s in slots] == ["shardctl_adopt_pg1", "shardctl_adopt_pg2"], slots
+
+
+@pytest.fixture(params=["16"])
+def old_server(request):
+    """A PostgreSQL ``request.param`` server of its own for the old database (the fleet's are 18)."""
+    major = need(request.param)
+    box = Sandbox(sandbox_dir(f"adopt{major}"))
+    try:
+        box.up(hosts=1, shards=1, pg=major)
+        port = box.state.hosts[0].port
+        with psycopg.connect(admin_dsn(port), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE olddb")
+        yield admin_dsn(port, "olddb")
+    finally:
+        box.destroy()
+
+
+def test_copy_from_an_older_major(make_fleet, tmp_path, old_server):
+    dsn = old_server
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
+    doc = plan_doc(path, dsn)
+    result, writer = copy_under_writes(path, plan_file, dsn)
+    assert result["phase"] == "synced" and writer.key_moves > 0, result
+    wait_caught_up(dsn)
+    assert assert_same_as_source(path, dsn, doc) > 100

@@ -5,7 +5,6 @@ read-only command changed nothing, or that two schemas define the same tables.""
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import tempfile
 import time
@@ -225,8 +224,12 @@ def app_writes(dsn: str, app: str, rate: float, clients: int = 2) -> Iterator[di
         try:
             yield out
         finally:
-            proc.send_signal(signal.SIGINT)  # pgbench stops, its logs written so far kept
-            text, _ = proc.communicate(timeout=60)
+            proc.terminate()  # pgbench takes SIGINT as a cancel of its running query, not an end
+            try:
+                text, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                text, _ = proc.communicate()
         out["transactions"] = count("SELECT count(*) FROM {}", INSERTED[app]) - before
         out["errors"] = [line for line in text.splitlines() if "error" in line.lower()][:5]
 

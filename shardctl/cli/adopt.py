@@ -200,7 +200,12 @@ def copy_cmd(as_json: bool, **given: Any) -> None:
 
     given["plan_file"] = Path(given["plan_file"])
     with move_progress(not as_json) as progress:
-        result = adopt_copy(topo, progress=progress, **given)
+        result = adopt_copy(
+            topo,
+            progress=progress,
+            allow_inline_password=settings().allow_inline_password,
+            **given,
+        )
 
     def human() -> None:
         _print_hosts(f"adopt copy: {result.source}: phase {result.phase}", result.hosts)
@@ -238,14 +243,20 @@ def _print_hosts(title: str, hosts: list) -> None:
 
 
 @adopt_group.command("status")
-@_from_option
+@click.option(
+    "--from",
+    "dsn",
+    metavar="DSN",
+    help="The database being adopted (default: the topology's adoption.source).",
+)
 @json_option
 @connect_timeout_option
 def status_cmd(as_json: bool, **given: Any) -> None:
     """The adoption's phase, each fleet host's copy and lag, and the WAL the old database holds
     for it (read-only)."""
     topo = settings().topology()
-    _refuse_inline_password(given["dsn"])
+    if given["dsn"]:
+        _refuse_inline_password(given["dsn"])
     from ..ops.adopt.copy import adopt_status
     from ..ops.move.run import human_bytes
     from .options import finish

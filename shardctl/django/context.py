@@ -114,14 +114,18 @@ def target(
     id: int | None = None,
     shard: int | None = None,
     force_string: bool = False,
+    table: str | None = None,
+    global_: bool = False,
 ) -> Target:
     """The shard of exactly one of ``key`` (the topology's routing rule), ``id`` (an ID minted by
-    ``next_id()``) or ``shard`` (the Router's keywords: ``force_string`` too), with its host as of
-    now."""
+    ``next_id()``, or a pre-adoption ID with its ``table``), ``shard`` or ``global_`` (the global
+    tables; the Router's keywords: ``force_string`` too), with its host as of now."""
     r = router()
-    number = r.target(key, id=id, shard=shard, force_string=force_string)
+    number = r.resolve(
+        key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+    )
     host = r.placement.locate(number)
-    return Target(number, r.topology.schema_name(number), host, alias_of(host))
+    return Target(number, r.placement.schema_on(host, number), host, alias_of(host))
 
 
 def current() -> Target | None:
@@ -136,11 +140,16 @@ def on_shard(
     id: int | None = None,
     shard: int | None = None,
     force_string: bool = False,
+    table: str | None = None,
+    global_: bool = False,
 ) -> Iterator[Target]:
-    """Run the block's ORM calls on one shard: by ``key``, ``id`` or ``shard`` (:func:`target`).
-    Nestable: an inner block wins, and the outer one's shard is back when it ends (also on an
-    exception)."""
-    with _bound(_current, target(key, id=id, shard=shard, force_string=force_string)) as on:
+    """Run the block's ORM calls on one shard: by ``key``, ``id`` (with ``table`` for a pre-adoption
+    ID), ``shard`` or ``global_`` (:func:`target`). Nestable: an inner block wins, and the outer
+    one's shard is back when it ends (also on an exception)."""
+    chosen = target(
+        key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+    )
+    with _bound(_current, chosen) as on:
         yield on
 
 

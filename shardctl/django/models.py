@@ -172,7 +172,10 @@ def _lookup_shards(model: Any, name: str, value: Any) -> Shards:
             v = _value(field, v)
         except (ValidationError, ValueError, TypeError):
             return None  # not a value of the field: Django says so when it builds the query
-        shards.add(r.shard_of_id(v) if by_id else r.shard_for(v))
+        if by_id and field is model._meta.pk:  # a pre-adoption ID: its table's key (id map)
+            shards.add(r.resolve(id=v, table=model._meta.db_table))
+        else:
+            shards.add(r.shard_of_id(v) if by_id else r.shard_for(v))
     return frozenset(shards)
 
 

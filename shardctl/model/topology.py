@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import ConfigError, ConfigErrors
 from . import dsn as dsnlib
 from . import yaml_doc, yaml_guard
+from .adoption import Adoption, adoption_section
 from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
 from .numbers import echo
@@ -44,6 +45,7 @@ TOP_KEYS = {
     "routing",
     "placement",
     "lint",
+    "adoption",
 }
 ID_KEYS = {"layout", "epoch", "function", "bits"}
 SHARDS_KEYS = {"count", "schema"}
@@ -156,6 +158,7 @@ class Topology:
     new_objects: list[int] | None = None
     global_host: str | None = None  # placement.global_host: the host of unsharded (global) tables
     lint: dict[str, Any] = field(default_factory=dict)  # `shardctl lint` settings (sql/lint.py)
+    adoption: Adoption | None = None  # an existing database being adopted (model/adoption.py)
     warnings: list[str] = field(default_factory=list)
     _owner: dict[int, Host] = field(default_factory=dict, repr=False)
     _schema_shards: dict[str, int] | None = field(default=None, repr=False)
@@ -758,13 +761,15 @@ class _Validator:
         # With no usable count, shard ranges are still checked, against what the layout could
         # hold (capped, so a range like "0-99999999999" is not expanded number by number).
         range_limit = count or min(layout.max_shards, yaml_guard.MAX_SHARDS)
-        hosts = HostsValidator(
+        host_checks = HostsValidator(
             p, allow_inline_password=self.allow_inline_password, range_limit=range_limit
-        ).validate(doc, count)
+        )
+        hosts = host_checks.validate(doc, count)
         routing = routing_section(p, doc, count)
         new_objects = placement_section(p, doc, range_limit)
         global_host = global_host_setting(p, doc, hosts)
         lint = lint_section(p, doc)
+        adoption = adoption_section(p, doc, host_checks, [h.name for h in hosts], Host)
         base = self.path.parent if self.path else Path.cwd()
         dirs = {}
         for key in ("templates", "migrations"):
@@ -790,6 +795,7 @@ class _Validator:
             new_objects=new_objects,
             global_host=global_host,
             lint=lint,
+            adoption=adoption,
         )
         if layout.uses_sign_bit:
             message = (

@@ -13,10 +13,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from ..errors import BadInput, ConfigError, OperationFailed
+from .adoption import AUTHORITIES, Adoption
 from .file_lock import file_lock
 from .ranges import format_shards, parse_shards
 from .topology import Topology
@@ -50,6 +51,50 @@ def flip_topology(
             )
         edit.set_host_shards(frm, sorted(src - moving))
         edit.set_host_shards(to, sorted(dst | moving))
+        edit.save()
+        return True
+
+
+def write_adoption(
+    path: str | os.PathLike, adoption: Adoption, allow_inline_password: bool = False
+) -> Topology:
+    """Write (or replace) the topology file's ``adoption:`` section; returns the new topology."""
+    with topology_file_lock(path):
+        edit = TopologyFile(path, allow_inline_password=allow_inline_password)
+        edit.set_adoption(adoption)
+        return edit.save()
+
+
+def flip_adoption(path: str | os.PathLike, to: str, allow_inline_password: bool = False) -> bool:
+    """Make ``to`` (``source`` or ``fleet``) authoritative for the adopted tables: what the cutover
+    (``fleet``) and its abort (``source``) write; Routers follow the file. False if it already says so."""
+    if to not in AUTHORITIES:
+        raise BadInput(f"adoption.authoritative must be source or fleet, got {to!r}")
+    with topology_file_lock(path):
+        edit = TopologyFile(path, allow_inline_password=allow_inline_password)
+        section = edit.doc.get("adoption")
+        if not isinstance(section, dict):
+            raise BadInput(f"{path}: the topology has no adoption section")
+        if section.get("authoritative", "source") == to:
+            return False
+        if to == "source" and "source" not in section:
+            raise BadInput(f"{path}: adoption.source was dropped (--cleanup): no way back to it")
+        section["authoritative"] = to
+        edit.save()
+        return True
+
+
+def drop_adoption_source(path: str | os.PathLike, allow_inline_password: bool = False) -> bool:
+    """Forget the old database (``adopt cutover --cleanup``): drop ``adoption.source`` and keep
+    ``id_floor``, ``tables`` and ``id_map`` (old IDs live forever). False if it is already gone."""
+    with topology_file_lock(path):
+        edit = TopologyFile(path, allow_inline_password=allow_inline_password)
+        section = edit.doc.get("adoption")
+        if not isinstance(section, dict) or "source" not in section:
+            return False
+        if section.get("authoritative", "source") != "fleet":
+            raise BadInput(f"{path}: adoption.authoritative is not fleet: cut over before cleanup")
+        del section["source"]
         edit.save()
         return True
 
@@ -117,6 +162,32 @@ class TopologyFile:
             placement = CommentedMap()
             self.doc["placement"] = placement
         placement["new_objects"] = DoubleQuotedScalarString(format_shards(shards))
+
+    def set_adoption(self, adoption: Adoption) -> None:
+        """Replace the ``adoption:`` section by ``adoption``'s document (DSNs quoted, one table a line)."""
+        doc = adoption.document()
+        node = CommentedMap()
+        for key, value in doc.items():
+            if key == "source":
+                src = CommentedMap()
+                for k, v in value.items():
+                    src[k] = DoubleQuotedScalarString(v) if k.endswith("dsn") else v
+                src.fa.set_flow_style()
+                node[key] = src
+            elif key == "tables":
+                tables = CommentedMap()
+                for name, cols in value.items():
+                    row = CommentedMap(cols)
+                    row.fa.set_flow_style()
+                    tables[name] = row
+                node[key] = tables
+            elif key in ("globals", "id_map"):
+                flow = CommentedSeq(value) if key == "globals" else CommentedMap(value)
+                flow.fa.set_flow_style()
+                node[key] = flow
+            else:
+                node[key] = value
+        self.doc["adoption"] = node
 
     # ---- output ----------------------------------------------------------------
     def text(self) -> str:

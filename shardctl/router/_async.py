@@ -25,7 +25,16 @@ from ..model.topology import Host, Topology
 from ..sql import session as session_sql
 from ..sql.catalog import router as catalog
 from ..sql.catalog.control import MOVED_SQLSTATE
-from .placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Key, RouterOptions, Routing
+from .placement import (
+    FOLLOW_POLL,
+    GLOBAL_SCHEMA,
+    MOVED_ERRORS,
+    SAME,
+    IdLookup,
+    Key,
+    RouterOptions,
+    Routing,
+)
 from .pool import AsyncHostPool, AsyncWatchdog, PoolBase
 from .session import (
     Call,
@@ -245,6 +254,8 @@ class AsyncRouter(Routing):
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
         timeout: float | None = SAME,
         readonly: bool = False,
         max_lag: float | None = SAME,
@@ -257,7 +268,9 @@ class AsyncRouter(Routing):
         shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
         (in a read-only transaction). The block must end within ``timeout`` seconds.
         """
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number = await self.resolve(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
         call = self._call("block", number, timeout, readonly=readonly, max_lag=max_lag)
         host = self._locate(number)
         self._tried.set(host)
@@ -271,7 +284,7 @@ class AsyncRouter(Routing):
         """A pooled connection to ``host``'s primary, lent to an ORM session (shardctl.sqlalchemy) that
         sets each transaction's shard (``conn.begin = transaction_start(...)``); reset only if needed,
         never prepared."""
-        host = self.topology.host(host) if isinstance(host, str) else host
+        host = self.placement.host_named(host) if isinstance(host, str) else host
         async with _session(
             self, self._pool(host), Call("public", self._timeout(timeout), "lend")
         ) as conn:
@@ -281,6 +294,35 @@ class AsyncRouter(Routing):
                 yield conn
             finally:
                 conn.cursor_factory = AsyncRouterCursor
+
+    async def resolve(
+        self,
+        key: Key = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
+    ) -> int:
+        """The shard a call goes to (:meth:`Routing.target`), with the one id-map lookup a
+        pre-adoption ID of a non-root ``table`` needs once the fleet is authoritative: an old ID is
+        found in at most two round trips (this one and the call's), never by a fan-out."""
+        found = self.route(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
+        if isinstance(found, IdLookup):
+            return await self._look_up(found)
+        return found
+
+    async def _look_up(self, lookup: IdLookup) -> int:
+        """The shard of a pre-adoption ID's key, read from the id map database (one round trip)."""
+        host = self.placement.id_map_host()
+        call = Call(GLOBAL_SCHEMA, self._timeout(SAME), "statement", True)
+        query = catalog.id_map_key_query(lookup.table.name, lookup.table.id, lookup.table.key)
+        async with _session(self, self._pool(host), call) as conn:
+            rows = await conn.run_statement(query, (lookup.id,))
+        return self.shard_of_key(catalog.id_map_key(rows), lookup)
 
     def shard_connection(self, shard: int, **kwargs: Any) -> Any:
         """``connection(shard=...)``."""
@@ -294,6 +336,8 @@ class AsyncRouter(Routing):
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
         timeout: float | None = SAME,
     ) -> T:
         """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the
@@ -304,11 +348,13 @@ class AsyncRouter(Routing):
         """
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number = await self.resolve(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
         call = self._call("run", number, timeout)
 
         async def attempt(host: Host) -> T:
-            async with self._on_host(host, call) as conn:
+            async with self._on_host(host, self._on(host, number, call)) as conn:
                 return await work(conn)
 
         return await self._retrying(number, attempt)
@@ -322,12 +368,16 @@ class AsyncRouter(Routing):
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
         timeout: float | None = SAME,
     ) -> Any:
         """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
         round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
         changed."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number = await self.resolve(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
         return await self._statement(
             query, params, number, self._call("statement", number, timeout)
         )
@@ -341,12 +391,16 @@ class AsyncRouter(Routing):
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
         timeout: float | None = SAME,
         max_lag: float | None = SAME,
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
         (else, or when the standby is down, on the primary, in a read-only transaction)."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number = await self.resolve(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
         call = self._call("statement", number, timeout, readonly=True, max_lag=max_lag)
         return await self._statement(query, params, number, call)
 
@@ -355,7 +409,7 @@ class AsyncRouter(Routing):
             raise BadInput("execute()/read() need the statement to run")
 
         async def attempt(host: Host) -> Any:
-            async with self._on_host(host, call) as conn:
+            async with self._on_host(host, self._on(host, shard, call)) as conn:
                 return await conn.run_statement(query, params)
 
         return await self._retrying(shard, attempt)
@@ -427,6 +481,8 @@ class AsyncRouter(Routing):
                 if catalog.has_redirects(await _rows(conn, catalog.HAS_REDIRECTS_SQL)):
                     rows = await _rows(conn, catalog.REDIRECTS_SQL, ([shard],))
                     redirect = catalog.redirects_by_shard(rows).get(shard)
+                if redirect is not None:  # an adopted old database has no shardctl.shards
+                    return redirect, True
                 state = await _rows(conn, catalog.SHARD_STATE_SQL, (shard,))
         except Exception:  # noqa: BLE001 - no answer means no evidence of a move
             return None, False

@@ -16,7 +16,16 @@ from ..model.topology import Host, Topology
 from ..sql import session as session_sql
 from ..sql.catalog import router as catalog
 from ..sql.catalog.control import MOVED_SQLSTATE
-from .placement import FOLLOW_POLL, MOVED_ERRORS, SAME, Key, RouterOptions, Routing
+from .placement import (
+    FOLLOW_POLL,
+    GLOBAL_SCHEMA,
+    MOVED_ERRORS,
+    SAME,
+    IdLookup,
+    Key,
+    RouterOptions,
+    Routing,
+)
 from .pool import HostPool, PoolBase, Watchdog
 from .session import (
     Call,
@@ -235,6 +244,8 @@ class Router(Routing):
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
         timeout: float | None = SAME,
         readonly: bool = False,
         max_lag: float | None = SAME,
@@ -247,7 +258,9 @@ class Router(Routing):
         shard. ``readonly``: the host's standby when it is within ``max_lag`` seconds, else the primary
         (in a read-only transaction). The block must end within ``timeout`` seconds.
         """
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number = self.resolve(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
         call = self._call("block", number, timeout, readonly=readonly, max_lag=max_lag)
         host = self._locate(number)
         self._tried.set(host)
@@ -259,7 +272,7 @@ class Router(Routing):
         """A pooled connection to ``host``'s primary, lent to an ORM session (shardctl.sqlalchemy) that
         sets each transaction's shard (``conn.begin = transaction_start(...)``); reset only if needed,
         never prepared."""
-        host = self.topology.host(host) if isinstance(host, str) else host
+        host = self.placement.host_named(host) if isinstance(host, str) else host
         with _session(
             self, self._pool(host), Call("public", self._timeout(timeout), "lend")
         ) as conn:
@@ -269,6 +282,35 @@ class Router(Routing):
                 yield conn
             finally:
                 conn.cursor_factory = RouterCursor
+
+    def resolve(
+        self,
+        key: Key = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
+    ) -> int:
+        """The shard a call goes to (:meth:`Routing.target`), with the one id-map lookup a
+        pre-adoption ID of a non-root ``table`` needs once the fleet is authoritative: an old ID is
+        found in at most two round trips (this one and the call's), never by a fan-out."""
+        found = self.route(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
+        if isinstance(found, IdLookup):
+            return self._look_up(found)
+        return found
+
+    def _look_up(self, lookup: IdLookup) -> int:
+        """The shard of a pre-adoption ID's key, read from the id map database (one round trip)."""
+        host = self.placement.id_map_host()
+        call = Call(GLOBAL_SCHEMA, self._timeout(SAME), "statement", True)
+        query = catalog.id_map_key_query(lookup.table.name, lookup.table.id, lookup.table.key)
+        with _session(self, self._pool(host), call) as conn:
+            rows = conn.run_statement(query, (lookup.id,))
+        return self.shard_of_key(catalog.id_map_key(rows), lookup)
 
     def shard_connection(self, shard: int, **kwargs: Any) -> Any:
         """``connection(shard=...)``."""
@@ -282,6 +324,8 @@ class Router(Routing):
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
         timeout: float | None = SAME,
     ) -> T:
         """Call ``work(conn)`` in one transaction on the shard of ``key``, ``id`` or ``shard``; if the
@@ -292,11 +336,13 @@ class Router(Routing):
         """
         if work is None:
             raise BadInput("run() needs the work to call: run(key, work) or run(work=..., id=...)")
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number = self.resolve(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
         call = self._call("run", number, timeout)
 
         def attempt(host: Host) -> T:
-            with self._on_host(host, call) as conn:
+            with self._on_host(host, self._on(host, number, call)) as conn:
                 return work(conn)
 
         return self._retrying(number, attempt)
@@ -310,12 +356,16 @@ class Router(Routing):
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
         timeout: float | None = SAME,
     ) -> Any:
         """One statement on the shard of ``key``, ``id`` or ``shard``, in a transaction of its own (one
         round trip), following a move like :meth:`run`: the rows it returns, or the number of rows it
         changed."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number = self.resolve(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
         return self._statement(query, params, number, self._call("statement", number, timeout))
 
     def read(
@@ -327,12 +377,16 @@ class Router(Routing):
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
         timeout: float | None = SAME,
         max_lag: float | None = SAME,
     ) -> Any:
         """:meth:`execute` for reads, on the host's standby when it is at most ``max_lag`` seconds behind
         (else, or when the standby is down, on the primary, in a read-only transaction)."""
-        number = self.target(key, id=id, shard=shard, force_string=force_string)
+        number = self.resolve(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
         call = self._call("statement", number, timeout, readonly=True, max_lag=max_lag)
         return self._statement(query, params, number, call)
 
@@ -341,7 +395,7 @@ class Router(Routing):
             raise BadInput("execute()/read() need the statement to run")
 
         def attempt(host: Host) -> Any:
-            with self._on_host(host, call) as conn:
+            with self._on_host(host, self._on(host, shard, call)) as conn:
                 return conn.run_statement(query, params)
 
         return self._retrying(shard, attempt)
@@ -413,6 +467,8 @@ class Router(Routing):
                 if catalog.has_redirects(_rows(conn, catalog.HAS_REDIRECTS_SQL)):
                     rows = _rows(conn, catalog.REDIRECTS_SQL, ([shard],))
                     redirect = catalog.redirects_by_shard(rows).get(shard)
+                if redirect is not None:  # an adopted old database has no shardctl.shards
+                    return redirect, True
                 state = _rows(conn, catalog.SHARD_STATE_SQL, (shard,))
         except Exception:  # noqa: BLE001 - no answer means no evidence of a move
             return None, False

@@ -4,6 +4,7 @@ recorded, followed while this app server's copy of the file is stale."""
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import os
 import threading
@@ -14,11 +15,14 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import psycopg
+import psycopg.conninfo
 
 from ..engine.connections import APPLICATION_NAME
 from ..engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput
+from ..ids.old_ids import adopted_table, root_shard
 from ..ids.routing import placement_shard, shard_for_key
+from ..model.adoption import AdoptedTable
 from ..model.dsn import mask
 from ..model.topology import Host, Topology
 from ..sql.catalog.control import MOVED_SQLSTATE
@@ -33,6 +37,39 @@ MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883"})
 Key: TypeAlias = int | str | None
 SAME: Any = object()  # per-call argument left at the Router's default
 FOLLOW_POLL = 0.05  # seconds between looks at the topology file while a move's cutover is awaited
+# The shard number of the global (unsharded) tables of an adopted database: ``global_=True``.
+# On the old database while it is authoritative, on ``placement.global_host`` after the cutover.
+GLOBAL = -1
+GLOBAL_SCHEMA = "public"  # where the global tables live on the global host
+
+
+def file_owner(topology: Topology, shard: int) -> Host:
+    """The host the topology file gives ``shard`` (or the global tables, :data:`GLOBAL`): the old
+    database while an adoption keeps it authoritative, else the shard's owner (the global host)."""
+    adoption = topology.adoption
+    if adoption is not None and adoption.on_source:
+        if shard != GLOBAL:
+            topology.host_of(shard)  # BadInput for a shard not in the topology
+        return adoption.source
+    if shard == GLOBAL:
+        return topology.host(topology.global_host) if topology.global_host else topology.hosts[0]
+    return topology.host_of(shard)
+
+
+def is_source(topology: Topology, host: Host) -> bool:
+    """Whether ``host`` is the adopted old database (a fleet host may not be named like it)."""
+    adoption = topology.adoption
+    return (
+        adoption is not None and adoption.source is not None and host.name == adoption.source.name
+    )
+
+
+@dataclass(frozen=True)
+class IdLookup:
+    """A pre-adoption ID of a non-root table, after the cutover: its key is in the id map."""
+
+    table: AdoptedTable
+    id: int
 
 
 class Placement:
@@ -51,8 +88,26 @@ class Placement:
         self._file_stamp: tuple[int, int, int] | None = None  # the file as last parsed by reload()
 
     def locate(self, shard: int) -> Host:
-        """The host serving ``shard``: a redirect followed, else the topology's owner."""
-        return self.redirects.host(shard) or self.topology.host_of(shard)
+        """The host serving ``shard``: a redirect followed, else the topology file's owner (the old
+        database while an adoption keeps it authoritative; :func:`file_owner`)."""
+        return self.redirects.host(shard) or file_owner(self.topology, shard)
+
+    def host_named(self, name: str) -> Host:
+        """The host called ``name``: a fleet host, or the adopted old database (``source``)."""
+        adoption = self.topology.adoption
+        if adoption is not None and adoption.source is not None and name == adoption.source.name:
+            return adoption.source
+        return self.topology.host(name)
+
+    def schema_on(self, host: Host, shard: int) -> str:
+        """The schema ``shard`` has on ``host``: the app's schema on the adopted old database, the
+        global tables' schema for :data:`GLOBAL`, else the shard's schema."""
+        adoption = self.topology.adoption
+        if adoption is not None and is_source(self.topology, host):
+            return adoption.schema
+        if shard == GLOBAL:
+            return GLOBAL_SCHEMA
+        return self.topology.schema_name(shard)
 
     def reload(self) -> tuple[Topology, set[str]]:
         """Read the file again when it changed: (the topology, names of hosts that left or changed)."""
@@ -68,10 +123,7 @@ class Placement:
                 self.topology.path, allow_inline_password=self.allow_inline_password
             )
             self._file_stamp = stamp
-            after = {h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in fresh.hosts}
-            before = {
-                h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in self.topology.hosts
-            }
+            after, before = _host_entries(fresh), _host_entries(self.topology)
             self.topology = fresh
             changed = {name for name in before if after.get(name) != before[name]}
             changed |= self.redirects.reconcile(fresh)
@@ -138,7 +190,7 @@ class Redirects:
                 self._foreign.add(name)
             if self._by_shard.get(shard, (None,))[0] == host:
                 return  # another thread followed it already
-            self._by_shard[shard] = (host, topology.host_of(shard).name)
+            self._by_shard[shard] = (host, file_owner(topology, shard).name)
         log.warning(
             "shard %s moved from %s to %s (redirect recorded by %s; this Router's topology file still "
             "names %s)%s",
@@ -146,7 +198,7 @@ class Redirects:
             old.name,
             name,
             old.name,
-            topology.host_of(shard).name,
+            file_owner(topology, shard).name,
             f": {name} is not in this Router's topology, connecting with the recorded DSN "
             f"{mask(redirect['dsn'])} without a password"
             if name in self._foreign
@@ -162,11 +214,20 @@ class Redirects:
             self._by_shard = {
                 n: (by_name.get(host.name, host), was)
                 for n, (host, was) in self._by_shard.items()
-                if fresh.host_of(n).name == was
+                if file_owner(fresh, n).name == was
             }
             known = {name for name in self._foreign if name in by_name}
             self._foreign -= known
         return known
+
+
+def _host_entries(topology: Topology) -> dict[str, tuple]:
+    """Each host's connection settings by name, the adopted old database's included: a pool whose
+    entry changed or left is closed at a reload."""
+    hosts = list(topology.hosts)
+    if topology.adoption is not None and topology.adoption.source is not None:
+        hosts.append(topology.adoption.source)
+    return {h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in hosts}
 
 
 def _file_stamp(path: str | os.PathLike) -> tuple[int, int, int] | None:
@@ -300,7 +361,11 @@ class Routing:
         return self.shard_for(key, force_string=force_string)
 
     def shard_of_id(self, id_value: int) -> int:
-        """An object's own ID names its shard."""
+        """An object's own ID names its shard; a pre-adoption ID (a root row's ID, or a key column
+        holding one) is its own key: ``id % modulus``."""
+        adoption = self.topology.adoption
+        if adoption is not None and type(id_value) is int and adoption.is_old_id(id_value):
+            return shard_for_key(id_value, self.topology.modulus)
         return self.topology.layout.shard_of(id_value)
 
     def _locate(self, shard: int) -> Host:
@@ -318,23 +383,57 @@ class Routing:
         id: int | None = None,
         shard: int | None = None,
         force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
     ) -> int:
         """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
-        minted by ``next_id()``: the shard inside it) or ``shard`` (a shard number); ``force_string``:
-        route an int ``key`` as its digits."""
+        minted by ``next_id()``: the shard inside it; a pre-adoption ID with its ``table``: see
+        :meth:`route`), ``shard`` (a shard number) or ``global_`` (:data:`GLOBAL`, the global tables);
+        ``force_string``: route an int ``key`` as its digits. A pre-adoption ID whose key is in the id
+        map needs a lookup: the Router's calls and ``resolve()`` make it; here it is BadInput."""
+        found = self.route(
+            key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
+        )
+        if isinstance(found, IdLookup):
+            raise BadInput(
+                f"{id} is a pre-adoption ID of {found.table.name}: its shard is looked up in the id "
+                f"map (use the Router's calls or resolve(id=..., table=...))"
+            )
+        return found
+
+    def route(
+        self,
+        key: Key = None,
+        *,
+        id: int | None = None,
+        shard: int | None = None,
+        force_string: bool = False,
+        table: str | None = None,
+        global_: bool = False,
+    ) -> int | IdLookup:
+        """:meth:`target` without I/O: the shard, or the :class:`IdLookup` a pre-adoption ID of a
+        non-root table needs once the fleet is authoritative (its key is in the id map)."""
         given = [
             name
-            for name, value in (("key", key), ("id", id), ("shard", shard))
+            for name, value in (
+                ("key", key),
+                ("id", id),
+                ("shard", shard),
+                ("global_", global_ or None),
+            )
             if value is not None
         ]
         if len(given) != 1:
             raise BadInput(
-                f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'})"
+                f"route by exactly one of key=, id= or shard= (got {', '.join(given) or 'none'}); "
+                f"global_=True for the global tables"
             )
         if key is not None:
             return self.shard_for(key, force_string=force_string)
+        if global_:
+            return GLOBAL
         if id is not None:
-            return self.shard_of_id(id)
+            return self._route_id(id, table)
         if (
             isinstance(shard, bool)
             or not isinstance(shard, int)
@@ -344,6 +443,42 @@ class Routing:
                 f"shard={shard!r} is not a shard of this topology (0-{self.topology.shard_count - 1})"
             )
         return shard
+
+    def _route_id(self, value: int, table: str | None) -> int | IdLookup:
+        """The shard of an object by its ID: inside a ``next_id()`` ID; for a pre-adoption ID (below
+        ``adoption.id_floor``) its key: the ID itself for the root table, else the id map's."""
+        adoption = self.topology.adoption
+        if adoption is None or type(value) is not int or not adoption.is_old_id(value):
+            return self.topology.layout.shard_of(value)
+        found = adopted_table(adoption, table, value)
+        shard = root_shard(found, value, self.topology.modulus)
+        if shard is not None:
+            return shard
+        if adoption.on_source:  # every shard is the old database: any one finds the row
+            return shard_for_key(value, self.topology.modulus)
+        if adoption.id_map is None:
+            raise BadInput(
+                f"{value} is a pre-adoption ID of {found.name}, and the topology's adoption names no "
+                f"id_map to find its key in"
+            )
+        return IdLookup(found, value)
+
+    def id_map_host(self) -> Host:
+        """The id map database (``adoption.id_map``) as a host: its fleet host's DSN, ``dbname`` its own."""
+        id_map = self.topology.adoption.id_map  # type: ignore[union-attr]
+        host = self.topology.host(id_map.host)
+        return Host(
+            name=f"{host.name}/{id_map.dbname}",
+            dsn=psycopg.conninfo.make_conninfo(host.dsn, dbname=id_map.dbname),
+            shards=[],
+            password_env=host.password_env,
+            pooler=host.pooler,
+        )
+
+    def shard_of_key(self, key: int | None, lookup: IdLookup) -> int:
+        """The shard of the key the id map gave for ``lookup`` (None: no such row anywhere, so any
+        shard answers "not found"; the ID's own remainder is used)."""
+        return shard_for_key(lookup.id if key is None else key, self.topology.modulus)
 
     def _call(
         self,
@@ -358,12 +493,18 @@ class Routing:
         ``timeout`` and, when it reads only, its lag bound ``max_lag`` (the Router's unless given).
         The Routers' methods take these as keyword-only arguments and pass them here."""
         return Call(
-            self.topology.schema_name(shard),
+            self.placement.schema_on(self._locate(shard), shard),
             self._timeout(timeout),
             kind,
             readonly,
             self._lag_bound(max_lag) if readonly else None,
         )
+
+    def _on(self, host: Host, shard: int, call: Call) -> Call:
+        """``call`` with the schema ``shard`` has on ``host`` (:meth:`Placement.schema_on`): a retry
+        after the cutover of an adoption goes from the old database's schema to the shard's."""
+        schema = self.placement.schema_on(host, shard)
+        return call if schema == call.schema else dataclasses.replace(call, schema=schema)
 
     def _timeout(self, timeout: Any) -> float | None:
         return self.options.timeout if timeout is SAME else timeout

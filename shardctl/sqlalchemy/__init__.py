@@ -185,7 +185,7 @@ class Shards:
         self.timeout = router.options.timeout if timeout is SAME else timeout
         self.echo = echo
         self._engines: dict[str, Engine] = {}
-        self._options: dict[int, dict[str, Any]] = {}
+        self._options: dict[tuple[int, str], dict[str, Any]] = {}
         self._shard_engines: dict[int, tuple[str, Engine]] = {}
         self._lock = threading.Lock()
 
@@ -220,11 +220,12 @@ class Shards:
         return cached[1]
 
     def options(self, shard: int) -> dict[str, Any]:
-        """Execution options running a statement on ``shard``."""
-        opts = self._options.get(shard)
+        """Execution options running a statement on ``shard`` (in its schema on its host as of now:
+        the app's schema on an adopted old database while it is authoritative)."""
+        schema = self.router.placement.schema_on(self.router._locate(shard), shard)
+        opts = self._options.get((shard, schema))
         if opts is None:
-            schema = self.router.topology.schema_name(shard)
-            opts = self._options[shard] = {
+            opts = self._options[(shard, schema)] = {
                 "schema_translate_map": {None: schema},
                 "shardctl_shard": shard,
                 "shardctl_begin": transaction_start(schema, ms(self.timeout), False),
@@ -359,7 +360,8 @@ class _Routes:
         self.key_attr = (
             mapper.get_property_by_column(self.table.c[self.key_col]).key if self.key_col else None
         )
-        self.columns = {self.id_col: True} if self.id_col else {}
+        # the ID column routes by ID, as an ID of this table (a pre-adoption ID's key is its table's)
+        self.columns: dict[str, bool | str] = {self.id_col: self.table.name} if self.id_col else {}
         if self.key_col:
             self.columns[self.key_col] = self.key_is_id
 
@@ -374,8 +376,12 @@ def _routes(mapper: Any) -> _Routes:
     return routes
 
 
-def _value_shards(router: Router, value: Any, is_id: bool) -> set[int]:
+def _value_shards(router: Router, value: Any, is_id: bool | str) -> set[int]:
+    """The shards of key or ID values; ``is_id`` a table name: IDs of that table, whose pre-adoption
+    IDs are routed by their key (``Router.resolve``: one id-map lookup at most)."""
     values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
+    if isinstance(is_id, str):
+        return {_wait(router.resolve(id=int(v), table=is_id)) for v in values}
     if is_id:
         return {router.shard_of_id(int(v)) for v in values}
     return {router.shard_for(v) for v in values}
@@ -434,10 +440,10 @@ class ShardSession(Session):
         state = inspect(obj)
         routes = _routes(state.mapper)
         if state.key is not None and routes.id_col and len(state.key[1]) == 1:
-            return self.router.shard_of_id(int(state.key[1][0]))
+            return self._shard_of_ident(int(state.key[1][0]), routes)
         ident = state.dict.get(routes.id_attr) if routes.id_attr else None
         if ident is not None:
-            return self.router.shard_of_id(int(ident))
+            return self._shard_of_ident(int(ident), routes)
         key = state.dict.get(routes.key_attr) if routes.key_attr else None
         if key is not None:
             return next(iter(_value_shards(self.router, key, routes.key_is_id)))
@@ -445,6 +451,10 @@ class ShardSession(Session):
             f"no shard for a new {type(obj).__name__}: set its shard key "
             f"({routes.key_col or 'declare __shard_key__ on the model'}) or its ID"
         )
+
+    def _shard_of_ident(self, ident: int, routes: _Routes) -> int:
+        """The shard of a row of ``routes.table`` by its ID (a pre-adoption ID: by its key)."""
+        return _wait(self.router.resolve(id=ident, table=routes.table.name))
 
     # -- flush: each object's statements on its shard, over its host's connection
     def _connection_for_object(self, mapper: Any = None, instance: Any = None, **kw: Any) -> Any:
@@ -544,7 +554,9 @@ class ShardSession(Session):
         if isinstance(value, dict):
             value = next(iter(value.values())) if len(value) == 1 else None
         if isinstance(value, int) and not kwargs.get("bind_arguments"):
-            kwargs["bind_arguments"] = {"shard": self.router.shard_of_id(value)}
+            table = _routes(inspect(entity)).table.name
+            shard = _wait(self.router.resolve(id=value, table=table))
+            kwargs["bind_arguments"] = {"shard": shard}
         return super().get(entity, ident, **kwargs)
 
     # -- statements

@@ -39,9 +39,12 @@ from psycopg import conninfo as pg_conninfo
 from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, LockBusy, OperationFailed, WaitTimeout, first_few
+from ...ids.old_ids import id_floor
+from ...model.adoption import SOURCE_HOST, Adoption, tables_from_plan
 from ...model.documents import Result
 from ...model.ranges import format_shards
 from ...model.topology import Host, Topology
+from ...model.topology_file import write_adoption
 from ...sql.catalog import adopt_copy as catalog
 from ...sql.catalog import inspect, replication
 from ...sql.catalog.data import truncate_tables
@@ -82,6 +85,9 @@ class AdoptCopyResult(Result):
     phase: str
     hosts: list[HostCopy] = field(default_factory=list)
     replica_identity_full: list[str] = field(default_factory=list)  # set FULL for the copy
+    # tables with a shard's own types (enums): held in a table of the source's schema name on each
+    # host too, whose trigger writes every change into the row's shard (see sql.catalog.adopt_copy)
+    routed: list[str] = field(default_factory=list)
     global_tables: list[str] = field(default_factory=list)
     global_host: str | None = None
     id_floor: int | None = None
@@ -155,6 +161,7 @@ class Copy:
         self.progress: Progress = progress or (lambda step, done, total, note: None)
         self.pacers: list[Pacer] = []
         self.run: Run | None = None
+        self.routed: dict[str, list[tuple]] | None = None  # see _routed
         self.result = AdoptCopyResult(source=source.masked_dsn, phase=str(Phase.NEW))
         self.global_host = topo.global_host or topo.hosts[0].name
 
@@ -209,6 +216,7 @@ def adopt_copy(
     sync_timeout: float = 3600.0,
     publisher_dsn: str | None = None,
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    allow_inline_password: bool = False,
     progress: Progress | None = None,
 ) -> AdoptCopyResult:
     """Copy the database at ``dsn`` into ``topo``'s fleet as the plan file describes, online, and
@@ -222,6 +230,7 @@ def adopt_copy(
         "sync_timeout": sync_timeout,
         "publisher_dsn": publisher_dsn,
         "connect_timeout": connect_timeout,
+        "allow_inline_password": allow_inline_password,
     }
     job = Copy(topo, source_host(dsn), doc, options, progress)
     _check_plan(job, Path(plan_file))
@@ -238,6 +247,7 @@ def adopt_copy(
             else:
                 _copy_all(job, src, targets)
             job.result.hosts = host_figures(job.run, src, targets)
+            job.result.routed = list(job.run.detail.get("routed") or [])
     job.result.rested_seconds = round(sum(p.rested for p in job.pacers), 3)
     job.result.seconds = round(time.perf_counter() - started, 3)
     return job.result
@@ -246,6 +256,7 @@ def adopt_copy(
 def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
     if job.run.phase == Phase.NEW:
         job.save(src, Phase.COPYING)
+    _write_adoption(job)
     _replica_identity(job, src)
     checkpoint("adopt-after-identity")
     for target in targets:
@@ -255,7 +266,6 @@ def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None
         _copy_host(job, src, target)
         _subscribe(job, target)
     _ensure_id_map(job)
-    _write_adoption(job)
     _wait_caught_up(job, src, targets)
     if job.run.phase == Phase.COPYING:
         job.save(src, Phase.SYNCED)
@@ -267,6 +277,11 @@ def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None
 
 def _check_plan(job: Copy, path: Path) -> None:
     """The plan must describe the database at ``--from`` now, without blockers, for this fleet."""
+    if not job.topo.layout.has_time:
+        raise BadInput(
+            f"the topology's ID layout {job.topo.layout.name} has no time field: new IDs could not "
+            f"sort after the old ones (adopt needs an ID floor)"
+        )
     if job.doc.get("shard_count") not in (None, job.topo.shard_count):
         raise BadInput(
             f"--plan {path} was made for {job.doc['shard_count']} shards; the topology has "
@@ -274,7 +289,12 @@ def _check_plan(job: Copy, path: Path) -> None:
         )
     conn = read_source(job.source, job.options["connect_timeout"], "adopt copy")
     try:
-        fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+        try:
+            fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+        except BadInput as exc:
+            raise BadInput(
+                f"--plan {path} is not a plan of this database ({exc}): run adopt plan again"
+            ) from None
         conn.rollback()
     finally:
         conn.close()
@@ -345,20 +365,12 @@ def _begin(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
     job.result.global_host = job.global_host if job.globals else None
     job.result.global_tables = list(job.globals)
     if "id_floor" not in run.detail:
-        run.detail["id_floor"] = id_floor(job.topo, inspect.now_ms(src))
+        run.detail["id_floor"] = id_floor(job.topo.layout, inspect.now_ms(src))
         run.detail["globals"] = list(job.globals)
         for target in targets:
             run.host(target.host.name)
         job.save(src)
     job.result.id_floor = run.detail["id_floor"]
-
-
-def id_floor(topo: Topology, now_ms: int) -> int | None:
-    """The first ``next_id()`` ID possible from ``now_ms`` on: every ID below it is a pre-adoption ID
-    (None for a layout without time)."""
-    if not topo.layout.has_time:
-        return None
-    return topo.layout.encode(unix_ms=now_ms, shard=0, sequence=0)
 
 
 # ---- the source: replica identity and publications ----------------------------------------------
@@ -395,6 +407,15 @@ def _replica_identity(job: Copy, src: psycopg.Connection) -> None:
 def _publication(job: Copy, src: psycopg.Connection, target: Target) -> None:
     if replication.publication_exists(src, target.name):
         return
+    try:
+        _create_publication(job, src, target)
+    except psycopg.Error as exc:
+        raise OperationFailed(
+            f"adopt copy: publication {target.name} on the source: {db.first_line(exc)}"
+        ) from None
+
+
+def _create_publication(job: Copy, src: psycopg.Connection, target: Target) -> None:
     catalog.create_filtered_publication(
         src,
         target.name,
@@ -420,23 +441,56 @@ def _ranges(shards: list[int]) -> list[tuple[int, int]]:
 
 
 def _prepare_host(job: Copy, target: Target) -> None:
-    """The partitioned parents with every shard table of the host attached, and the global tables;
-    what exists is kept (one transaction: all or nothing)."""
+    """The partitioned parents with every shard table of the host attached (a routed table instead
+    where the shard's own types make a parent impossible), and the global tables; what exists is
+    kept (one transaction: all or nothing)."""
+    try:
+        with job.connect(target.host, autocommit=False) as conn:
+            _parents(job, conn, target)
+    except psycopg.Error as exc:
+        raise OperationFailed(
+            f"adopt copy: preparing {target.host.name}'s tables: {db.first_line(exc)}"
+        ) from None
+
+
+def _parents(job: Copy, conn: psycopg.Connection, target: Target) -> None:
+    """See :func:`_prepare_host` (in ``conn``'s transaction, committed at the end)."""
     from .globals import create_global_tables
 
-    with job.connect(target.host, autocommit=False) as conn:
-        attached = catalog.partitions(conn, job.schema)
-        for table, key in job.sharded if target.shards else []:
-            first = (job.topo.schema_name(target.shards[0]), table)
-            if table not in attached:
-                catalog.create_parent(conn, job.schema, table, first, key, job.topo.modulus)
-            for shard in target.shards:
-                schema = job.topo.schema_name(shard)
-                if schema not in attached.get(table, set()):
-                    catalog.attach_shard(conn, (job.schema, table), (schema, table), shard)
-        if target.globals:
-            create_global_tables(job, conn, target.globals)
-        conn.commit()
+    attached = catalog.partitions(conn, job.schema)
+    routed = _routed(job, conn, target)
+    for table, key in job.sharded if target.shards else []:
+        first = (job.topo.schema_name(target.shards[0]), table)
+        if table in routed:
+            if not catalog.table_exists(conn, job.schema, table):
+                schemas = {n: job.topo.schema_name(n) for n in target.shards}
+                pk = catalog.primary_key(conn, first)
+                catalog.create_routed_table(
+                    conn, job.schema, table, routed[table], pk, key, job.topo.modulus, schemas
+                )
+            continue
+        if table not in attached:
+            catalog.create_parent(conn, job.schema, table, first, key, job.topo.modulus)
+        for shard in target.shards:
+            schema = job.topo.schema_name(shard)
+            if schema not in attached.get(table, set()):
+                catalog.attach_shard(conn, (job.schema, table), (schema, table), shard)
+    if target.globals:
+        create_global_tables(job, conn, target.globals)
+    conn.commit()
+
+
+def _routed(job: Copy, conn: psycopg.Connection, target: Target) -> dict[str, list[tuple]]:
+    """The sharded tables with a column of the shard's own types (enums), with their columns: the
+    same on every host (the baseline's), read from this host's first shard."""
+    if job.routed is None and target.shards:
+        first = job.topo.schema_name(target.shards[0])
+        job.routed = {}
+        for table, _ in job.sharded:
+            cols = catalog.shard_typed_columns(conn, (first, table))
+            if any(c[2] for c in cols):
+                job.routed[table] = cols
+    return job.routed or {}
 
 
 def _tables(job: Copy, target: Target) -> list[str]:
@@ -454,9 +508,15 @@ def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
             replication.drop_subscription(tgt, target.name)
         if replication.slot_exists(src, target.name):
             transfer.drop_slots(src, [target.name], [])
-        truncate_tables(tgt, [(job.schema, t) for t in _tables(job, target)])
+        routed = _routed(job, tgt, target)
+        truncate_tables(
+            tgt,
+            [(job.schema, t) for t in _tables(job, target)]
+            + [(job.topo.schema_name(n), t) for t in routed for n in target.shards],
+        )
         pairs = _copy_pairs(job, tgt, target)
     state.update(copied=False, rows=0, bytes=0, tables=0)
+    job.run.detail["routed"] = job.result.routed = sorted(job.routed or {})
     job.save(src)
     done = _run_copy(job, target, pairs)
     state.update(
@@ -471,22 +531,43 @@ def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
 
 
 def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tuple]:
-    """(COPY out of the source, COPY into the host) per table, columns named as on the host."""
+    """(COPY out of the source, COPY into the host) per table, columns named as on the host (a
+    routed table's per-shard-typed columns read as text)."""
     keys = dict(job.sharded)
+    routed = {t: {c[0]: c[3] for c in cols if c[2]} for t, cols in (job.routed or {}).items()}
+    # rows of routed tables are read as text there, and routed into the shards by the copy itself
     pairs = []
     for table in _tables(job, target):
         cols = catalog.columns(tgt, job.schema, table)
+        as_text = routed.get(table, {})
+        out = [catalog.text_cast(c, as_text[c]) if c in as_text else c for c in cols]
         where = (
             catalog.shard_filter(keys[table], job.topo.modulus, _ranges(target.shards))
             if table in keys
             else None
         )
-        pairs.append(
-            (
-                catalog.copy_out_rows(job.schema, table, cols, where),
-                catalog.copy_in_columns(job.schema, table, cols),
-            )
+        pair = (
+            catalog.copy_out_rows(job.schema, table, out, where),
+            catalog.copy_in_columns(job.schema, table, cols),
         )
+        if as_text:  # the trigger off while the copy routes the rows itself, set-based
+            into = [
+                catalog.route_rows(
+                    job.schema,
+                    table,
+                    job.topo.schema_name(n),
+                    n,
+                    keys[table],
+                    job.topo.modulus,
+                    job.routed[table],
+                )
+                for n in target.shards
+            ]
+            pair += (
+                [catalog.route_trigger(job.schema, table, enable=False)],
+                [*into, catalog.route_trigger(job.schema, table, enable=True)],
+            )
+        pairs.append(pair)
     return pairs
 
 
@@ -589,28 +670,27 @@ def _ensure_id_map(job: Copy) -> None:
 
 
 def _write_adoption(job: Copy) -> None:
-    """The topology's ``adoption:`` section (model by helper ``oldids``).
-
-    CALL SITE: the section's model and its writer are not in this tree yet; once they are, write
-    ``source``, ``schema``, ``authoritative: source``, ``id_floor``, ``tables``, ``globals`` here."""
-    try:
-        from ...model.topology_file import write_adoption  # type: ignore[attr-defined]
-    except ImportError:
-        job.result.notes.append("the topology's adoption: section is not written yet")
+    """The topology's ``adoption:`` section, ``authoritative: source`` (``model.adoption``), unless
+    the file already says as much, or the cutover has made the fleet authoritative."""
+    current = job.topo.adoption
+    if job.topo.path is None or (current is not None and not current.on_source):
         return
-    write_adoption(
-        job.topo.path,
-        source={"dsn": job.source.dsn},
+    tables, globals_ = tables_from_plan(job.doc)
+    wanted = Adoption(
+        source=Host(name=SOURCE_HOST, dsn=job.source.dsn, shards=[], pooler="none"),
         schema=job.schema,
         authoritative="source",
-        id_floor=job.run.detail.get("id_floor"),
-        tables={
-            t["name"]: {"id": t.get("id_column"), "key": t["key"]}
-            for t in job.doc["tables"]
-            if t["kind"] in ("root", "column")
-        },
-        globals=list(job.globals),
+        id_floor=job.run.detail["id_floor"],
+        tables=tables,
+        globals=globals_,
+        id_map=current.id_map if current is not None else None,
     )
+    if current is not None and current.document() == wanted.document():
+        return
+    job.topo = write_adoption(
+        job.topo.path, wanted, allow_inline_password=job.options["allow_inline_password"]
+    )
+    job.result.notes.append(f"wrote the adoption: section of {job.topo.path}")
 
 
 # ---- status -------------------------------------------------------------------------------------
@@ -646,11 +726,17 @@ def host_figures(run: Run, src: psycopg.Connection, targets: list[Target]) -> li
 
 
 def adopt_status(
-    topo: Topology, dsn: str, *, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+    topo: Topology, dsn: str | None = None, *, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
 ) -> AdoptStatus:
-    """The adoption as recorded on the database at ``dsn``: phase, per-host copy and lag, and the
-    WAL the source holds for it (read-only)."""
-    source = source_host(dsn)
+    """The adoption as recorded on the database at ``dsn`` (default: the topology's
+    ``adoption.source``): phase, per-host copy and lag, and the WAL the source holds for it
+    (read-only)."""
+    if dsn is None:
+        if topo.adoption is None or topo.adoption.source is None:
+            raise BadInput("the topology has no adoption.source: give --from DSN")
+        source = topo.adoption.source
+    else:
+        source = source_host(dsn)
     result = AdoptStatus(source=source.masked_dsn, phase="none")
     with db.connect(
         source, autocommit=True, connect_timeout=connect_timeout, purpose="adopt status"

@@ -131,13 +131,14 @@ def copy_statements_in_snapshot(
     src: psycopg.Connection,
     tgt: psycopg.Connection,
     snapshot: str,
-    pairs: list[tuple[tuple[str, str] | sql.Composable, tuple[str, str] | sql.Composable]],
+    pairs: list[tuple],
     progress=None,
     pause: Callable[[], None] | None = None,
 ) -> list[tuple[int, int]]:
     """Run each (COPY out of ``src``, COPY into ``tgt``) pair (or (schema, table) pairs) as of
-    ``snapshot``, in binary, in one target transaction. Returns (rows, bytes) per pair. ``pause``:
-    called after every PAUSE_BYTES copied (``--nice``)."""
+    ``snapshot``, in binary, in one target transaction; a pair may carry two more items, the
+    statements to run on ``tgt`` before and after its COPY. Returns (rows, bytes) per pair.
+    ``pause``: called after every PAUSE_BYTES copied (``--nice``)."""
     copied = 0
     next_pause = PAUSE_BYTES if pause else -1
     out: list[tuple[int, int]] = []
@@ -150,10 +151,15 @@ def copy_statements_in_snapshot(
             next_pause = copied + PAUSE_BYTES
 
     with data.snapshot_transaction(src, snapshot), tgt.transaction(), copy_encoding(src, tgt):
-        for source, target in pairs:
+        for source, target, *around in pairs:
+            start, then = around or ([], [])
+            for statement in start:
+                tgt.execute(statement)
             before = copied
             rows = _copy_table(src, tgt, source, target, count)
             out.append((rows, copied - before))
+            for statement in then:
+                tgt.execute(statement)
             if progress:
                 progress(1)
     return out

@@ -214,11 +214,13 @@ def without_triggers(conn: psycopg.Connection) -> None:
 
 
 def copy_out_rows(
-    schema: str, table: str, columns: list[str], where: sql.Composable | None
+    schema: str, table: str, columns: list[str | sql.Composable], where: sql.Composable | None
 ) -> sql.Composed:
-    """The binary COPY that reads ``columns`` of the rows ``where`` selects (all without it)."""
+    """The binary COPY that reads ``columns`` (names, or expressions) of the rows ``where`` selects
+    (all without it)."""
+    items = [sql.Identifier(c) if isinstance(c, str) else c for c in columns]
     query = sql.SQL("SELECT {} FROM {}").format(
-        sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(schema, table)
+        sql.SQL(", ").join(items), sql.Identifier(schema, table)
     )
     if where is not None:
         query = sql.SQL("{} WHERE {}").format(query, where)
@@ -304,3 +306,148 @@ def global_table_ddl(table: Any, schema: str) -> str:
 
     text = create_table(table, schema, None) + indexes(table, schema)
     return string_environment().from_string(text).render(schema=schema)
+
+
+# ---- tables whose columns use a shard's own types (enums): routed by a trigger ------------------
+#
+# A partition's column types must be its parent's, but each shard has its own copy of the app's enum
+# types (the baseline creates them per shard), so such a table cannot be attached under one parent.
+# Its rows go instead into a plain table of the same name in the source's schema, the per-shard
+# types as text, whose trigger (ENABLE ALWAYS: it fires in the subscription's apply worker too)
+# writes each change into the table of the row's shard.
+
+SHARD_TYPED = """
+SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typnamespace = c.relnamespace,
+       t.typcategory = 'A', coalesce(e.typname, t.typname)::text
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+  JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type e ON e.oid = nullif(t.typelem, 0)
+ WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ ORDER BY a.attnum"""
+
+PRIMARY_KEY = """
+SELECT ARRAY(SELECT a.attname::text FROM unnest(k.conkey) WITH ORDINALITY u(n, i)
+               JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.n ORDER BY u.i)
+  FROM pg_constraint k WHERE k.conrelid = %s::regclass AND k.contype = 'p'"""
+
+ROUTE_FUNCTION = """
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $route$
+DECLARE
+    shards constant jsonb := {shards};
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        EXECUTE format('DELETE FROM %I.%I WHERE ({pk}) = ({old_pk})',
+                       shards ->> (OLD.{key} % {modulus})::text, TG_TABLE_NAME) USING OLD;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        EXECUTE format('INSERT INTO %1$I.%2$I SELECT * FROM json_populate_record(NULL::%1$I.%2$I, $1)',
+                       shards ->> (NEW.{key} % {modulus})::text, TG_TABLE_NAME) USING to_json(NEW);
+    END IF;
+    RETURN NULL;
+END
+$route$"""
+
+
+def shard_typed_columns(
+    conn: psycopg.Connection, shard_table: tuple[str, str]
+) -> list[tuple[str, str, bool, bool, str]]:
+    """(column, type, typed by the shard's own schema, an array, the (element) type's name) of a
+    shard table, in order."""
+    return conn.execute(SHARD_TYPED, (sql.Identifier(*shard_table).as_string(conn),)).fetchall()
+
+
+def primary_key(conn: psycopg.Connection, table: tuple[str, str]) -> list[str]:
+    row = conn.execute(PRIMARY_KEY, (sql.Identifier(*table).as_string(conn),)).fetchone()
+    return list(row[0]) if row else []
+
+
+def create_routed_table(
+    conn: psycopg.Connection,
+    schema: str,
+    table: str,
+    cols: list[tuple[str, str, bool, bool, str]],
+    pk: list[str],
+    key: str,
+    modulus: int,
+    shard_schemas: dict[int, str],
+) -> None:
+    """``schema.table`` (the per-shard types as text) and its routing trigger (see above)."""
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(STATE_SCHEMA)))
+    defs = [
+        sql.SQL("{} {}").format(
+            sql.Identifier(name),
+            sql.SQL(("text[]" if array else "text") if own else typ),
+        )
+        for name, typ, own, array, _ in cols
+    ]
+    defs.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, pk))))
+    target = sql.Identifier(schema, table)
+    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(target, sql.SQL(", ").join(defs)))
+    function = sql.Identifier(STATE_SCHEMA, f"route_{table}"[:63])
+    pk_list = ", ".join(sql.Identifier(c).as_string(conn) for c in pk)
+    old_pk = ", ".join(f"$1.{sql.Identifier(c).as_string(conn)}" for c in pk)
+    body = sql.SQL(ROUTE_FUNCTION).format(
+        function=function,
+        shards=sql.Literal(Jsonb({str(k): v for k, v in shard_schemas.items()})),
+        pk=sql.SQL(pk_list.replace("'", "''")),
+        old_pk=sql.SQL(old_pk.replace("'", "''")),
+        key=sql.Identifier(key),
+        modulus=sql.Literal(modulus),
+    )
+    conn.execute(body)
+    trigger = sql.Identifier("shardctl_adopt_route")
+    conn.execute(
+        sql.SQL(
+            "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW EXECUTE FUNCTION {}()"
+        ).format(trigger, target, function)
+    )
+    conn.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(target, trigger))
+
+
+def text_cast(column: str, array: bool) -> sql.Composed:
+    """``column::text`` (``::text[]``): a per-shard-typed column as the routed table holds it."""
+    return sql.SQL("{}::{}").format(sql.Identifier(column), sql.SQL("text[]" if array else "text"))
+
+
+def route_trigger(schema: str, table: str, enable: bool) -> sql.Composed:
+    """Disable (for the initial copy, which routes the rows itself: :func:`route_rows`) or enable
+    again the routing trigger of a routed table."""
+    return sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(
+        sql.Identifier(schema, table),
+        sql.SQL("ENABLE ALWAYS" if enable else "DISABLE"),
+        sql.Identifier("shardctl_adopt_route"),
+    )
+
+
+def route_rows(
+    schema: str,
+    table: str,
+    shard_schema: str,
+    shard: int,
+    key: str,
+    modulus: int,
+    cols: list[tuple[str, str, bool, bool, str]],
+) -> sql.Composed:
+    """``INSERT INTO shard.table SELECT … FROM schema.table WHERE key % modulus = shard``: the rows
+    of one shard from the routed table, its per-shard-typed columns cast back to the shard's types."""
+    items = []
+    for name, _, own, array, typname in cols:
+        if own:
+            items.append(
+                sql.SQL("{}::{}{}").format(
+                    sql.Identifier(name),
+                    sql.Identifier(shard_schema, typname),
+                    sql.SQL("[]" if array else ""),
+                )
+            )
+        else:
+            items.append(sql.Identifier(name))
+    return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE ({} % {}) = {}").format(
+        sql.Identifier(shard_schema, table),
+        sql.SQL(", ").join(sql.Identifier(c[0]) for c in cols),
+        sql.SQL(", ").join(items),
+        sql.Identifier(schema, table),
+        sql.Identifier(key),
+        sql.Literal(modulus),
+        sql.Literal(shard),
+    )

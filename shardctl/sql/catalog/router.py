@@ -4,6 +4,8 @@ so neither holds a query or reads a row's shape itself."""
 
 from __future__ import annotations
 
+from psycopg import sql
+
 from .control import HAS_REDIRECTS_SQL, REDIRECTS_SQL, SHARD_STATE_SQL, redirects_by_shard
 from .replication import STANDBY_LAG_SQL
 
@@ -13,6 +15,8 @@ __all__ = [
     "SHARD_STATE_SQL",
     "STANDBY_LAG_SQL",
     "has_redirects",
+    "id_map_key",
+    "id_map_key_query",
     "moved_out",
     "redirects_by_shard",
     "standby_lag",
@@ -32,3 +36,16 @@ def has_redirects(rows: list[tuple]) -> bool:
 def moved_out(rows: list[tuple]) -> bool:
     """SHARD_STATE_SQL's answer: whether the host records the shard as moved away from it."""
     return bool(rows) and rows[0][0] == "moved_out"
+
+
+def id_map_key_query(table: str, id_column: str, key_column: str) -> sql.Composed:
+    """The key of a pre-adoption ID of ``table``, in the id map database (``ops/adopt/id_map.py``
+    keeps ``public.<table>(<id>, <key>)`` filled by logical replication from the old database)."""
+    return sql.SQL("SELECT {key} FROM public.{table} WHERE {id} = %s").format(
+        key=sql.Identifier(key_column), table=sql.Identifier(table), id=sql.Identifier(id_column)
+    )
+
+
+def id_map_key(rows: list[tuple]) -> int | None:
+    """id_map_key_query's answer: the key, or None when the id map has no such ID."""
+    return rows[0][0] if rows else None

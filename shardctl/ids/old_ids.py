@@ -1,0 +1,50 @@
+"""Pre-adoption IDs: the ID floor that separates them from ``next_id()`` IDs, and where they live.
+
+An adopted database's rows keep their IDs (``bigserial``, identity). New rows get ``next_id()`` IDs,
+which must sort after every old one so that ``ORDER BY id`` still means time: the floor is the first
+ID ``next_id()`` can mint at the copy's start, ``(start_ms - epoch) << (shard_bits + sequence_bits)``.
+Every ID below it is a pre-adoption ID; its shard comes from its row's key, not from its bits.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import BadInput
+from ..model.adoption import AdoptedTable, Adoption
+from ..model.layouts import Layout
+from .routing import shard_for_key
+
+
+def id_floor(layout: Layout, at_ms: int | None = None) -> int:
+    """The first ID ``next_id()`` can mint at Unix millisecond ``at_ms`` (now when None): shard 0,
+    sequence 0. Every ID minted at or after ``at_ms`` is at least this."""
+    if not layout.has_time:
+        raise BadInput(f"layout {layout.name} has no time field: it has no ID floor")
+    ms = int(time.time() * 1000) if at_ms is None else at_ms
+    return layout.encode(unix_ms=ms)
+
+
+def adopted_table(adoption: Adoption, table: str | None, value: int) -> AdoptedTable:
+    """The adopted table a get of pre-adoption ID ``value`` names; BadInput naming ``table=`` when it
+    names none, or one that is not adopted (an old ID does not say which table it is from)."""
+    if table is None:
+        raise BadInput(
+            f"{value} is a pre-adoption ID (below the ID floor {adoption.id_floor}): pass table= "
+            f"(one of {', '.join(sorted(adoption.tables))}) to find its row"
+        )
+    found = adoption.table(table)
+    if found is None:
+        raise BadInput(
+            f"table={table!r} is not an adopted sharded table "
+            f"(one of {', '.join(sorted(adoption.tables))})"
+        )
+    if found.id is None:
+        raise BadInput(f"table {table} has no single ID column: it cannot be read by ID")
+    return found
+
+
+def root_shard(table: AdoptedTable, value: int, modulus: int) -> int | None:
+    """The shard of a root table's old ID (its ID is its key): ``value % modulus``; None for any
+    other table, whose key is looked up in the id map."""
+    return shard_for_key(value, modulus) if table.root else None

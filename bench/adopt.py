@@ -2,19 +2,20 @@
 """``adopt copy`` (the initial copy of an old database into the fleet) against the
 ``pg_dump --data-only | psql`` floor: the same tables into one target, side by side.
 
-    python bench/adopt.py [--mb 300] [--app forum_django] [--shards 64] [--writes 20] [--rounds 3]
+    python bench/adopt.py [--mb 300] [--app forum_django,tasks_prisma] [--shards 64] [--writes 20]
 
-Set up once (not timed), in a sandbox of two servers of the same major version: on pg1 the old
-database, an app of tests/data/apps (``--app``) loaded at ``--mb`` MB (tests/support/apps.py), its
-plan's fixes run and keys changed by update; ``adopt plan`` and ``adopt baseline``; on pg2 the fleet
-(one host owning every shard and the global tables), initialised from the baseline, kept as a
-template database, and the floor's database holding the old database's schema (``pg_dump
---schema-only``), another template. Each round, each candidate gets a fresh copy of the old database
-(``CREATE DATABASE … TEMPLATE``) and a fresh target, while ``--writes`` pgbench transactions/s (a new
-row, a key changed by update) go on on the old database, then:
+For each app of tests/data/apps (``--app``, in turn), set up once (not timed), in a sandbox of two
+servers of the same major version: on pg1 the old database, loaded at ``--mb`` MB
+(tests/support/apps.py), its plan's fixes run and keys changed by update; ``adopt plan`` and
+``adopt baseline``; on pg2 the fleet (one host owning every shard and the global tables),
+initialised from the baseline and kept as a template database, and the floor's database holding the
+old database's schema (``pg_dump --schema-only``), another template. Each round, each candidate gets
+a fresh copy of the old database (``CREATE DATABASE … TEMPLATE``) and a fresh target, while
+``--writes`` pgbench transactions/s (a new row, a key changed by update) go on on the old database:
 
-* ``pg_dump | psql``   ``pg_dump --data-only -t <every adopted table>`` of the old database piped into
-                       ``psql`` on the floor's database (binaries of the sandbox's own build);
+* ``pg_dump | psql``   ``pg_dump --data-only --disable-triggers -t <every adopted table>`` of the old
+                       database piped into ``psql`` on the floor's database (binaries of the
+                       sandbox's own build); without trigger checks, as the copy copies;
 * ``adopt copy``       ``adopt_copy`` into the fleet, timed to the moment every table is copied (the
                        subscription exists: it is created after the initial copy), with ``to lag 0``
                        (the call returns once the subscriptions have caught up) next to it.
@@ -22,9 +23,9 @@ row, a key changed by update) go on on the old database, then:
 The copy is paired with the floor of its round: the ratio is its time over the floor's, the median
 over rounds. Target: ``adopt copy`` <= 1.2x the floor. Also measured, by a sampler independent of the
 copy's code: the WAL the old database's replication slots hold (the largest seen, sampled every
-0.1 s). Every run is checked: the floor's tables hold at least the rows the old database had, and
-after the copy and a final lag 0 each adopted table's rows (count and a hash of every row) over all
-shards equal the old database's.
+0.1 s). Every run is checked: the floor's tables hold at least the rows the old database had; after
+the copy, the writes stopped and lag 0 again, every (table, shard) holds exactly the old database's
+rows of its keys (count and a hash of every row), the global tables all of theirs.
 """
 
 from __future__ import annotations
@@ -103,14 +104,15 @@ class Sampler(threading.Thread):
 
 
 class Bench:
-    """The sandbox's two servers, the old database and the two targets' templates."""
+    """One app on the sandbox's two servers: its old database and the two targets' templates."""
 
-    def __init__(self, box, args):
-        self.box, self.args = box, args
+    def __init__(self, box, args, app: str):
+        self.box, self.args, self.app = box, args, app
         self.src, self.dst = box.state.hosts[0], box.state.hosts[1]
         self.bin = Path(box.state.bin_dir)
-        self.dir = Path(box.dir)
-        self.old, self.fleet, self.floor = "old", "fleet_tpl", "floor_tpl"
+        self.dir = Path(box.dir) / app
+        self.tag = app.split("_")[0]
+        self.old, self.fleet, self.floor = (f"{self.tag}_{n}" for n in ("old", "fleet", "floor"))
         self.plan_file = self.dir / "adopt-plan.yaml"
         self.adopted: list[str] = []
         self.plan: dict = {}
@@ -130,8 +132,8 @@ class Bench:
             self.box,
             [db],
             self.args.shards,
-            name=f"topo_{self.n}",
-            migrations="adopt_migrations/",
+            name=f"{self.app}/topo_{self.n}",
+            migrations="migrations/",
             hosts=[1],
             extra="routing:\n  key: user_id",
         )
@@ -144,13 +146,13 @@ class Bench:
         for host, db in ((self.src, self.old), (self.dst, self.fleet), (self.dst, self.floor)):
             with c.connect(host.port) as conn:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
-        (self.dir / "adopt_migrations").mkdir()
+        (self.dir / "migrations").mkdir(parents=True)
         topo = c.load_topology(self.topology(self.fleet))
         seconds, self.plan = c.timed(
-            lambda: prepare(topo, old, args.app, self.plan_file, mb=args.mb)
+            lambda: prepare(topo, old, self.app, self.plan_file, mb=args.mb)
         )
         self.users = self.plan["users"]
-        c.log(f"{args.app}: {self.users} users loaded and planned in {seconds:.0f}s")
+        c.log(f"{self.app}: {self.users} users loaded and planned in {seconds:.0f}s")
         init(topo).raise_for_status()
         tables = self.plan["tables"]
         self.adopted = [t["name"] for t in tables if t["kind"] in ("root", "column", "global")]
@@ -162,7 +164,7 @@ class Bench:
         )
         sharded = sum(t["kind"] != "global" for t in tables if t["name"] in self.adopted)
         note = (
-            f"{args.app} at {self.bytes / 2**20:.0f} MB ({self.users} users): {len(self.adopted)} "
+            f"{self.app} at {self.bytes / 2**20:.0f} MB ({self.users} users): {len(self.adopted)} "
             f"tables adopted ({sharded} sharded, {len(self.adopted) - sharded} global), "
             f"{sum(self.counts.values())} rows; {args.shards} shards on one host; PostgreSQL "
             f"{self.version}"
@@ -191,7 +193,7 @@ class Bench:
     def clones(self, target: str, tag: str):
         """A fresh copy of the old database on pg1 and of ``target`` on pg2, dropped afterwards (with
         any subscription and slot an adopt copy left)."""
-        names = (f"old_{tag}", f"{target.removesuffix('_tpl')}_{tag}")
+        names = (f"{self.old}_{tag}", f"{target}_{tag}")
         for host, tpl, db in ((self.src, self.old, names[0]), (self.dst, target, names[1])):
             with c.connect(host.port) as conn:
                 conn.execute(
@@ -209,7 +211,7 @@ class Bench:
             c.drop_databases([self.src.port, self.dst.port], list(names))
 
     def writes(self, db: str):
-        return app_writes(self.dsn(self.src, db), self.args.app, self.args.writes)
+        return app_writes(self.dsn(self.src, db), self.app, self.args.writes)
 
     def run_floor(self, tag: str) -> float:
         with self.clones(self.floor, tag) as (old, target), self.writes(old) as w:
@@ -296,9 +298,8 @@ def parser():
     p.add_argument("--mb", type=float, help="MB of the old database's tables (300, --quick 60).")
     p.add_argument(
         "--app",
-        choices=["tasks_prisma", "forum_django"],
-        default="forum_django",
-        help="The app (tasks_prisma's enum column does not copy yet: DatatypeMismatch on ATTACH).",
+        default="forum_django,tasks_prisma",
+        help="The apps of tests/data/apps, in turn (comma-separated).",
     )
     p.add_argument("--shards", type=int, default=64, help="Logical shards (all on one host).")
     p.add_argument(
@@ -334,77 +335,90 @@ def rows_for(series: dict[str, c.Series]) -> list[c.Row]:
     return rows
 
 
+LABELS = {
+    "floor": "pg_dump --data-only | psql",
+    "copy": "adopt copy (every table copied)",
+    "lag0": "adopt copy, to lag 0",
+}
+
+
+def measure(bench: Bench, names: list[str], rounds: int) -> dict:
+    """One app: set up, then the candidates interleaved over ``rounds``; its series and notes."""
+    notes = bench.setup()
+    mb = bench.bytes / 2**20
+    keys = [*names, "lag0"] if "copy" in names else names
+    series = {n: c.Series(f"{bench.app}: {LABELS[n]}", work=mb, unit="MB/s") for n in keys}
+    held, writes = [], []
+    for r in range(rounds):
+        for name in c.rotated(names, r):
+            if name == "floor":
+                series[name].add(bench.run_floor(f"r{r}"))
+                c.log(f"{bench.app} round {r + 1}/{rounds}: floor {series[name].seconds[-1]:.2f}s")
+                continue
+            got = bench.run_copy(f"r{r}")
+            series["copy"].add(got["copied"])
+            series["lag0"].add(got["lag0"])
+            held.append(got["held_max"])
+            writes.append(got["writes"])
+            c.log(
+                f"{bench.app} round {r + 1}/{rounds}: copy {got['copied']:.2f}s, to lag 0 "
+                f"{got['lag0']:.2f}s, slots held {got['held_max'] / 2**20:.1f} MB at most"
+            )
+    if held:
+        notes.append(
+            f"{bench.app}: WAL the old database's slots held during the copy: at most "
+            f"{max(held) / 2**20:.1f} MB (sampled every 0.1 s), the app writing "
+            f"{bench.args.writes:g} transactions/s ({sum(writes)} in the copy runs)"
+        )
+    rows = rows_for(series)
+    figures = {
+        "megabytes": round(mb, 1),
+        "users": bench.users,
+        "tables": len(bench.adopted),
+        "rows": sum(bench.counts.values()),
+        "results": [r.figures(s) for r, s in zip(rows, series.values())],
+        "seconds": {n: s.seconds for n, s in series.items()},
+        "slot_wal_held_max_bytes": held,
+        "writes_in_copy_runs": writes,
+    }
+    return {"rows": rows, "notes": notes, "figures": figures}
+
+
 def main() -> int:
     args = parser().parse_args()
     rounds = c.check_rounds(args.rounds or 3)
     args.mb = args.mb or (60 if args.quick else 300)
+    apps = args.app.split(",")
     names = [n for n in ("floor", "copy") if n not in args.skip.split(",")]
-    labels = {
-        "floor": "pg_dump --data-only | psql",
-        "copy": "adopt copy (every table copied)",
-        "lag0": "adopt copy, to lag 0",
-    }
-    series = {n: c.Series(labels[n]) for n in [*names, "lag0"] if n != "lag0" or "copy" in names}
-    held: list[int] = []
-    writes: list[int] = []
     load = {"start": loadavg()}
-    need_gb = 4 + 5 * args.mb / 1000
+    per_app = {}
     with c.sandbox(
         2,
         args.shards,
         keep=args.keep,
         prefix="shardctl-bench-adopt-",
-        base=c.sandbox_base(args.tmp, need_gb=need_gb),
+        base=c.sandbox_base(args.tmp, need_gb=4 + 5 * args.mb / 1000),
         pg=args.pg,
     ) as box:
-        bench = Bench(box, args)
-        notes = bench.setup()
-        mb = bench.bytes / 2**20
-        for s in series.values():
-            s.work, s.unit = mb, "MB/s"
-        for r in range(rounds):
-            for name in c.rotated(names, r):
-                if name == "floor":
-                    series[name].add(bench.run_floor(f"r{r}"))
-                    c.log(f"round {r + 1}/{rounds}: floor {series[name].seconds[-1]:.2f}s")
-                    continue
-                got = bench.run_copy(f"r{r}")
-                series["copy"].add(got["copied"])
-                series["lag0"].add(got["lag0"])
-                held.append(got["held_max"])
-                writes.append(got["writes"])
-                c.log(
-                    f"round {r + 1}/{rounds}: copy {got['copied']:.2f}s, to lag 0 "
-                    f"{got['lag0']:.2f}s, slots held {got['held_max'] / 2**20:.1f} MB at most"
-                )
+        version = box.state.version
+        for app in apps:
+            per_app[app] = measure(Bench(box, args, app), names, rounds)
     load["end"] = loadavg()
-    rows = rows_for(series)
-    if held:
-        notes.append(
-            f"WAL the old database's slots held during the copy: at most {max(held) / 2**20:.1f} MB "
-            f"(sampled every 0.1 s), the app writing {args.writes:g} transactions/s "
-            f"({sum(writes)} in the copy runs)"
-        )
+    rows = [r for got in per_app.values() for r in got["rows"]]
+    notes = [n for got in per_app.values() for n in got["notes"]]
     notes.append(
         f"load average (/proc/loadavg): {load['start']} at the start, {load['end']} at the end"
     )
-    title = f"adopt copy vs pg_dump | psql: {mb:.0f} MB, median of {rounds} rounds"
+    title = f"adopt copy vs pg_dump | psql: {args.mb:g} MB per app, median of {rounds} rounds"
     c.print_table(title, rows, "floor", notes)
     c.save_run(
         args,
         {
-            "app": args.app,
-            "megabytes": round(mb, 1),
-            "users": bench.users,
+            "apps": {app: got["figures"] for app, got in per_app.items()},
             "shards": args.shards,
-            "tables": len(bench.adopted),
-            "rows": sum(bench.counts.values()),
-            "pg": bench.version,
+            "pg": version,
             "writes_per_s": args.writes,
             "rounds": rounds,
-            "results": [r.figures(s) for r, s in zip(rows, series.values())],
-            "seconds": {n: s.seconds for n, s in series.items()},
-            "slot_wal_held_max_bytes": held,
             "loadavg": load,
             "notes": notes,
         },

@@ -7,7 +7,6 @@ every row) are exactly the shard's table's rows on its host; global tables whole
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 from support.apps import app_writes, caught_up, fleet_rows, prepare, source_rows
 from support.fleet import load
@@ -20,21 +19,7 @@ SHARDS = 16
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "app",
-    [
-        "forum_django",
-        pytest.param(
-            "tasks_prisma",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=psycopg.errors.DatatypeMismatch,
-                reason="adopt copy: an enum column (each shard's own type) cannot be a partition "
-                "of the host's parent: ATTACH PARTITION fails with DatatypeMismatch",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("app", ["forum_django", "tasks_prisma"])
 def test_copy_at_size_puts_every_row_in_its_keys_shard(make_fleet, tmp_path, app):
     path = make_fleet(hosts=2, shards=SHARDS, extra=ROUTING)
     for f in (path.parent / "migrations").iterdir():

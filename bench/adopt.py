@@ -45,6 +45,7 @@ import psycopg
 from psycopg import sql
 from support.apps import ROWS, app_writes, caught_up, fleet_rows, prepare, source_rows, table_bytes
 
+from shardctl.ops.adopt.state import slot_name  # publication = slot = subscription
 from shardctl.testing import _drop_replication  # what the test suite drops after a failed move
 
 TARGET = 1.2
@@ -233,7 +234,7 @@ class Bench:
         with self.clones(self.fleet, tag) as (old, target):
             source = self.dsn(self.src, old)
             topo_path = self.topology(target)
-            sampler = Sampler(source, self.dst.port, f"shardctl_adopt_{self.dst.name}")
+            sampler = Sampler(source, self.dst.port, slot_name(self.dst.name))
             with self.writes(old) as w:
                 sampler.start()
                 returned, report = c.timed(

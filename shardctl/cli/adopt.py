@@ -171,7 +171,7 @@ def baseline_cmd(as_json: bool, dry_run: bool, **given: Any) -> None:
     "--copy-workers",
     AsciiInt(1, 4),
     4,
-    "Parallel table copies per fleet host, as of one snapshot.",
+    "COPY streams from the old database in all, spread over the fleet hosts (copied at once).",
 )
 @shown_option(
     "--nice",
@@ -210,7 +210,15 @@ def copy_cmd(as_json: bool, **given: Any) -> None:
     def human() -> None:
         _print_hosts(f"adopt copy: {result.source}: phase {result.phase}", result.hosts)
         for table_name in result.replica_identity_full:
-            stdout.print(f"replica identity FULL: {table_name}", highlight=False)
+            stdout.print(
+                f"replica identity changed (its old one recorded): {table_name}", highlight=False
+            )
+        for table_name in result.routed:
+            stdout.print(
+                f"routed by trigger (an enum): {table_name}: its rows are held twice on each "
+                f"host until the cutover",
+                highlight=False,
+            )
         for note in result.notes:
             stdout.print(f"note: {note}", highlight=False)
         stdout.print(
@@ -266,10 +274,19 @@ def status_cmd(as_json: bool, **given: Any) -> None:
     def human() -> None:
         _print_hosts(f"adopt status: {result.source}: phase {result.phase}", result.hosts)
         for table_name in result.replica_identity_full:
-            stdout.print(f"replica identity FULL: {table_name}", highlight=False)
+            stdout.print(
+                f"replica identity changed (its old one recorded): {table_name}", highlight=False
+            )
+        for table_name in result.routed:
+            stdout.print(
+                f"routed by trigger (an enum): {table_name}: its rows are held twice on each "
+                f"host until the cutover",
+                highlight=False,
+            )
         stdout.print(
             f"the source holds {human_bytes(result.held_bytes)} of WAL for the copy "
-            f"({len(result.hosts)} slot(s))",
+            f"({len(result.hosts)} slot(s) and the id map's; the id map is "
+            f"{human_bytes(result.id_map_lag_bytes)} behind)",
             highlight=False,
         )
 

@@ -93,16 +93,33 @@ def _foreign_layout(layout: str, epoch: str | None):
     help="Decode foreign IDs with this layout instead of the topology's.",
 )
 @click.option("--epoch", help="Epoch for --layout (ISO-8601 or Unix ms).")
+@click.option(
+    "--table",
+    help="The table of pre-adoption IDs (below an adoption's ID floor): shows which shard holds "
+    "each (a non-root table's is looked up in the id map).",
+)
 @flag_option("--csv", "as_csv", help="Write CSV (fast, for many IDs).")
 @json_option
 def decode_id(
-    ids: tuple[str, ...], layout: str | None, epoch: str | None, as_csv: bool, as_json: bool
+    ids: tuple[str, ...],
+    layout: str | None,
+    epoch: str | None,
+    table: str | None,
+    as_csv: bool,
+    as_json: bool,
 ) -> None:
     """Decode IDs (arguments, or stdin one per line) into time, shard, sequence, schema and host."""
     if epoch and not layout:
         raise BadInput("--epoch goes with --layout (the topology's IDs use the topology's epoch)")
     topo = None if layout else settings().topology()
-    decoder = decoding.Decoder(topo.layout if topo else _foreign_layout(layout, epoch), topo)
+    if table is not None and (topo is None or topo.adoption is None):
+        raise BadInput("--table is for pre-adoption IDs: the topology has no adoption section")
+    decoder = decoding.Decoder(
+        topo.layout if topo else _foreign_layout(layout, epoch),
+        topo,
+        table=table,
+        lookup=_id_map_lookup(topo) if table else None,
+    )
     if not ids and sys.stdin.isatty():
         raise BadInput("give IDs as arguments or on stdin, one per line")
     # Streams in every mode: bounded line reads, rows written as decoded, bad lines counted.
@@ -131,6 +148,17 @@ def decode_id(
         )
     if bad:
         sys.exit(2)
+
+
+def _id_map_lookup(topo):
+    """The id map's key of a pre-adoption ID (connects, only when an ID needs it)."""
+
+    def lookup(found, value: int):
+        from ..ops.adopt.id_map import lookup_key
+
+        return lookup_key(topo, found, value)
+
+    return lookup
 
 
 SHOW_BAD_LINES = 5  # more bad lines than this are summed up in one line on stderr
@@ -258,12 +286,16 @@ def locate(key: str, force_string: bool, as_json: bool) -> None:
     host = topo.host_of(shard)
     kind = "string" if force_string or not is_integer_key(key) else "integer"
     rule = f"md5(key) mod {topo.modulus}" if kind == "string" else f"key % {topo.modulus}"
+    schema = topo.schema_name(shard)
+    if topo.adoption is not None and topo.adoption.on_source:
+        # every shard is on the old database while it is authoritative, in the app's schema
+        host, schema = topo.adoption.source, topo.adoption.schema
     doc = {
         "key": key,
         "kind": kind,
         "rule": rule,
         "shard": shard,
-        "schema": topo.schema_name(shard),
+        "schema": schema,
         "host": host.name,
     }
     emit(as_json, doc, lambda: stdout.print(table(None, list(doc), [list(doc.values())])))

@@ -124,7 +124,7 @@ def target(
     number = r.resolve(
         key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
     )
-    host = r.placement.locate(number)
+    host = r._locate(number)
     return Target(number, r.placement.schema_on(host, number), host, alias_of(host))
 
 

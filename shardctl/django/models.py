@@ -57,7 +57,7 @@ def routed(model: type, hint: Hint, work: Callable[[], T], *, write: bool = Fals
     if (
         here is not None
         and _routing.get() is here
-        and (hint is None or router().target(**hint) == here.shard)
+        and (hint is None or router().resolve(**hint) == here.shard)
     ):
         # inside a routed call on this very shard (create() -> save()): it follows moves
         return work()
@@ -436,7 +436,7 @@ def current_shard(model: type, hint: Hint) -> int:
         if here is None:
             raise ShardNotChosen(f"{model.__name__}: no shard chosen for a new object")
         return here.shard
-    return router().target(**hint)
+    return router().resolve(**hint)
 
 
 ShardedManager = models.Manager.from_queryset(ShardedQuerySet)
@@ -469,8 +469,8 @@ class ShardedModel(models.Model):
         abstract = True
 
     def shard_hint(self) -> Hint:
-        if self.pk is not None:
-            return {"id": _value(self._meta.pk, self.pk)}
+        if self.pk is not None:  # its table: a pre-adoption ID routes by its table's key
+            return {"id": _value(self._meta.pk, self.pk), "table": self._meta.db_table}
         if self.shard_key:
             field = self._meta.get_field(self.shard_key)
             value = getattr(self, field.attname)

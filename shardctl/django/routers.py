@@ -8,7 +8,8 @@ from typing import Any
 from django.apps import apps
 from django.db import connections
 
-from .context import collecting, current
+from ..router.placement import GLOBAL
+from .context import alias_of, collecting, current, router
 from .models import ShardedModel, ShardNotChosen
 
 
@@ -20,10 +21,20 @@ def host_alias(db: str) -> bool:
     return bool(connections.settings.get(db, {}).get("SHARDCTL_HOST"))
 
 
+def global_alias(model: Any) -> str | None:
+    """An adopted database's global table (``adoption.globals``): the alias of where they are now
+    (the old database, then ``placement.global_host``); None for any other unsharded model."""
+    topo = router().topology
+    meta = getattr(model, "_meta", None)
+    if topo.adoption is None or meta is None or meta.db_table not in topo.adoption.globals:
+        return None
+    return alias_of(router()._locate(GLOBAL))
+
+
 class DatabaseRouter:
     def _alias(self, model: Any) -> str | None:
         if not sharded(model):
-            return None
+            return global_alias(model)
         here = current()
         if here is None:
             raise ShardNotChosen(

@@ -9,14 +9,15 @@ IDs are written as they come, and bad lines are counted, with only the first
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..errors import BadInput
 from ..model.layouts import Layout, iso, utc_from_ms
 from ..model.numbers import ECHO_CHARS, is_ascii_digits
 from ..model.topology import Topology
+from . import old_ids
 
 _MAX_U64 = (1 << 64) - 1
 MAX_LINE_CHARS = 4096  # no ID is longer than 21 characters; a longer line is reported, not kept
@@ -152,10 +153,23 @@ class BadLines:
 class Decoder:
     """Decodes IDs of one layout; with a topology, adds schema and host and rejects unknown shards."""
 
-    def __init__(self, layout: Layout, topology: Topology | None = None):
+    def __init__(
+        self,
+        layout: Layout,
+        topology: Topology | None = None,
+        *,
+        table: str | None = None,
+        lookup: Callable[[Any, int], int | None] | None = None,
+    ):
+        """``table``/``lookup``: where a pre-adoption ID's row is (``old_ids.describe``), when the
+        topology has an ``adoption:`` section."""
         self.layout = layout
         self.topology = topology
         self._hosts = {n: h.name for h in topology.hosts for n in h.shards} if topology else {}
+        self.adoption = topology.adoption if topology is not None else None
+        self.table, self.lookup = table, lookup
+        if self.adoption is not None and table is not None:
+            old_ids.describe(topology, 0, table)  # BadInput now for a table not adopted
 
     def columns(self) -> list[str]:
         cols = ["id"]
@@ -164,10 +178,21 @@ class Decoder:
         cols += [f.name for f in self.layout.fields if f.name != "time"]
         if self.topology:
             cols += ["schema", "host"]
+        if self.adoption is not None:
+            cols.append("note")
         return cols
 
     def decode(self, value: int) -> dict:
-        """Decode one ID; BadInput when it is not an ID of this fleet."""
+        """Decode one ID; BadInput when it is not an ID of this fleet. A pre-adoption ID (below the
+        adoption's ID floor) is said to be one: its bits name no shard (``old_ids.describe``)."""
+        if self.adoption is not None and type(value) is int and self.adoption.is_old_id(value):
+            return old_ids.describe(self.topology, value, self.table, self.lookup)
+        out = self._decode(value)
+        if self.adoption is not None:
+            out["note"] = ""
+        return out
+
+    def _decode(self, value: int) -> dict:
         out = self.layout.decode(value)
         if self.topology is not None:
             shard = out["shard"]
@@ -226,6 +251,8 @@ class Decoder:
         """
         if form not in _NO_OWNER:
             raise ValueError(f"form must be one of {', '.join(_NO_OWNER)}, got {form!r}")
+        if self.adoption is not None:  # old and new IDs side by side: one by one
+            return self._rows_one_by_one(lines, form, bad)
         owners = None
         if self.topology is not None:
             # shard → its row's schema and host (None if not in the fleet): one list index per ID
@@ -241,6 +268,17 @@ class Decoder:
         outside = f" is not in this topology (0..{self.topology.shard_count - 1})" if owners else ""
         return loop(lines, bad, owners, outside, self._slow_checks, _day_text)
 
+    def _rows_one_by_one(self, lines: Iterable[str], form: str, bad: BadLines) -> Iterator[list]:
+        """:meth:`rows` through :meth:`decode`, for a topology with an adoption (pre-adoption IDs)."""
+        keys = self.columns()  # each a key of a decoded ID's document
+        decoded = self.iter_decode(lines, bad)
+        while chunk := list(islice(decoded, 8192)):
+            if form == "json":
+                yield [json.dumps(doc) for doc in chunk]
+            else:
+                cells = [tuple(_cell(doc.get(k)) for k in keys) for doc in chunk]
+                yield cells if form == "cells" else [",".join(c) + "\n" for c in cells]
+
     def _slow_checks(self, value: int) -> tuple[int | None, str | None]:
         """For a negative or oversized value: (value to decode, None) or (None, problem)."""
         layout = self.layout
@@ -255,6 +293,10 @@ class Decoder:
         if value >> layout.payload_bits:
             return None, f"{value} has its reserved high bit(s) set"
         return value, None
+
+
+def _cell(value: object) -> str:
+    return "" if value is None else str(value)
 
 
 _LOOPS: dict[tuple, object] = {}

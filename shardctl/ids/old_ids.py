@@ -9,6 +9,8 @@ Every ID below it is a pre-adoption ID; its shard comes from its row's key, not 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import BadInput
 from ..model.adoption import AdoptedTable, Adoption
@@ -48,3 +50,50 @@ def root_shard(table: AdoptedTable, value: int, modulus: int) -> int | None:
     """The shard of a root table's old ID (its ID is its key): ``value % modulus``; None for any
     other table, whose key is looked up in the id map."""
     return shard_for_key(value, modulus) if table.root else None
+
+
+def describe(
+    topology: Any,
+    value: int,
+    table: str | None = None,
+    lookup: Callable[[AdoptedTable, int], int | None] | None = None,
+) -> dict[str, Any]:
+    """What ``decode-id`` says of pre-adoption ID ``value``: that it is one (its bits name no shard),
+    the floor, and with ``table`` where its row lives: the root's shard is ``id % modulus``; another
+    table's is its key's, which ``lookup(table, id)`` reads from the id map (None: not found)."""
+    adoption = topology.adoption
+    out: dict[str, Any] = {
+        "id": value,
+        "pre_adoption": True,
+        "id_floor": adoption.id_floor,
+        "table": table,
+        "shard": None,
+        "schema": None,
+        "host": None,
+    }
+    note = f"pre-adoption ID (below the ID floor {adoption.id_floor})"
+    found = adoption.table(table) if table else None
+    if table is not None and found is None:
+        raise BadInput(
+            f"--table {table} is not an adopted sharded table "
+            f"(one of {', '.join(sorted(adoption.tables))})"
+        )
+    if adoption.on_source:
+        out["host"], out["schema"] = adoption.source.name, adoption.schema
+    if found is None:
+        out["note"] = note + ("" if adoption.on_source else ": give --table to find its shard")
+        return out
+    if found.root:
+        out["shard"] = shard_for_key(value, topology.modulus)
+    elif not adoption.on_source and lookup is not None:
+        key = lookup(found, value)
+        if key is None:
+            out["note"] = f"{note}: no row of {table} has it (the id map does not know it)"
+            return out
+        out["shard"] = shard_for_key(key, topology.modulus)
+    if out["shard"] is not None and not adoption.on_source:
+        out["schema"] = topology.schema_name(out["shard"])
+        out["host"] = topology.host_of(out["shard"]).name
+    where = "on the old database (authoritative)" if adoption.on_source else ""
+    out["note"] = f"{note} of {table}" + (f", {where}" if where else "")
+    return out

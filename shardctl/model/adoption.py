@@ -21,6 +21,13 @@ TABLE_KEYS = {"id", "key"}
 ID_MAP_KEYS = {"host", "dbname"}
 AUTHORITIES = ("source", "fleet")
 SOURCE_HOST = "source"  # the name the old database goes by where a host name is shown
+DEFAULT_ID_MAP_DB = "shardctl_adopt_ids"  # the id map database, unless the section names one
+
+
+def default_id_map(global_host: str | None, first_host: str) -> IdMap:
+    """Where the id map goes when the section names no ``id_map``: the global host (else the first
+    host), database ``shardctl_adopt_ids``."""
+    return IdMap(global_host or first_host, DEFAULT_ID_MAP_DB)
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,11 @@ def adoption_section(
     if section is None:
         return None
     before = len(p.errors)
+    if SOURCE_HOST in host_names:
+        p.error(
+            f"a host is named {SOURCE_HOST}, the name the adopted old database goes by: rename it",
+            p.line_of(doc, "hosts"),
+        )
     source = _source(p, section, hosts_validator, host_type)
     schema = section.get("schema", "public")
     if _name_problem(schema):

@@ -11,13 +11,14 @@ import os
 import tempfile
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from ..errors import BadInput, ConfigError, OperationFailed
-from .adoption import AUTHORITIES, Adoption
+from .adoption import AUTHORITIES, Adoption, default_id_map
 from .file_lock import file_lock
 from .ranges import format_shards, parse_shards
 from .topology import Topology
@@ -56,12 +57,26 @@ def flip_topology(
 
 
 def write_adoption(
-    path: str | os.PathLike, adoption: Adoption, allow_inline_password: bool = False
+    path: str | os.PathLike,
+    adoption: Adoption | None = None,
+    allow_inline_password: bool = False,
+    **section: Any,
 ) -> Topology:
-    """Write (or replace) the topology file's ``adoption:`` section; returns the new topology."""
+    """Write (or replace) the topology file's ``adoption:`` section; returns the new topology.
+
+    ``adoption``, or the section's keys as they are written (``source={"dsn": ...}``, ``schema``,
+    ``authoritative``, ``id_floor``, ``tables={name: {"id": ..., "key": ...}}``, ``globals``,
+    ``id_map``). Without ``id_map`` the id map's default place is written (the global host, else the
+    first host; database ``shardctl_adopt_ids``), where ``ensure_id_map`` puts it."""
     with topology_file_lock(path):
         edit = TopologyFile(path, allow_inline_password=allow_inline_password)
-        edit.set_adoption(adoption)
+        doc = adoption.document() if adoption is not None else dict(section)
+        if doc.get("id_map") is None:
+            placement = edit.doc.get("placement") or {}
+            first = (edit.doc.get("hosts") or [{}])[0].get("name")
+            place = default_id_map(placement.get("global_host"), first)
+            doc["id_map"] = {"host": place.host, "dbname": place.dbname}
+        edit.set_adoption(doc)
         return edit.save()
 
 
@@ -163,9 +178,10 @@ class TopologyFile:
             self.doc["placement"] = placement
         placement["new_objects"] = DoubleQuotedScalarString(format_shards(shards))
 
-    def set_adoption(self, adoption: Adoption) -> None:
-        """Replace the ``adoption:`` section by ``adoption``'s document (DSNs quoted, one table a line)."""
-        doc = adoption.document()
+    def set_adoption(self, adoption: Adoption | dict[str, Any]) -> None:
+        """Replace the ``adoption:`` section by ``adoption``'s document (or that document itself):
+        DSNs quoted, one table a line. Validated when saved."""
+        doc = adoption.document() if isinstance(adoption, Adoption) else adoption
         node = CommentedMap()
         for key, value in doc.items():
             if key == "source":
@@ -177,7 +193,7 @@ class TopologyFile:
             elif key == "tables":
                 tables = CommentedMap()
                 for name, cols in value.items():
-                    row = CommentedMap(cols)
+                    row = CommentedMap({k: v for k, v in cols.items() if v is not None})
                     row.fa.set_flow_style()
                     tables[name] = row
                 node[key] = tables

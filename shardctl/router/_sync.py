@@ -305,9 +305,11 @@ class Router(Routing):
 
     def _look_up(self, lookup: IdLookup) -> int:
         """The shard of a pre-adoption ID's key, read from the id map database (one round trip)."""
-        host = self.placement.id_map_host()
+        host = self.id_map_host()
         call = Call(GLOBAL_SCHEMA, self._timeout(SAME), "statement", True)
-        query = catalog.id_map_key_query(lookup.table.name, lookup.table.id, lookup.table.key)
+        query = catalog.id_map_key_query(
+            self.topology.adoption.schema, lookup.table.name, lookup.table.id, lookup.table.key
+        )
         with _session(self, self._pool(host), call) as conn:
             rows = conn.run_statement(query, (lookup.id,))
         return self.shard_of_key(catalog.id_map_key(rows), lookup)

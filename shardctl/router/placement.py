@@ -19,7 +19,7 @@ import psycopg.conninfo
 
 from ..engine.connections import APPLICATION_NAME
 from ..engine.defaults import DEFAULT_CONNECT_TIMEOUT
-from ..errors import BadInput
+from ..errors import BadInput, ConfigError
 from ..ids.old_ids import adopted_table, root_shard
 from ..ids.routing import placement_shard, shard_for_key
 from ..model.adoption import AdoptedTable
@@ -221,13 +221,51 @@ class Redirects:
         return known
 
 
-def _host_entries(topology: Topology) -> dict[str, tuple]:
-    """Each host's connection settings by name, the adopted old database's included: a pool whose
-    entry changed or left is closed at a reload."""
+def route_old_id(topology: Topology, value: int, table: str | None) -> int | IdLookup:
+    """The shard of an object by its ID: inside a ``next_id()`` ID; for a pre-adoption ID (below
+    ``adoption.id_floor``) its key: the ID itself for the root table, else the id map's."""
+    adoption = topology.adoption
+    if adoption is None or type(value) is not int or not adoption.is_old_id(value):
+        return topology.layout.shard_of(value)
+    found = adopted_table(adoption, table, value)
+    shard = root_shard(found, value, topology.modulus)
+    if shard is not None:
+        return shard
+    if adoption.on_source:  # every shard is the old database: any one finds the row
+        return shard_for_key(value, topology.modulus)
+    if adoption.id_map is None:
+        raise BadInput(
+            f"{value} is a pre-adoption ID of {found.name}, and the topology's adoption names no "
+            f"id_map to find its key in"
+        )
+    return IdLookup(found, value)
+
+
+def id_map_host(topology: Topology) -> Host:
+    """The id map database (``adoption.id_map``) as a host: its fleet host's DSN, ``dbname`` its own."""
+    id_map = topology.adoption.id_map  # type: ignore[union-attr]
+    host = topology.host(id_map.host)
+    return Host(
+        name=f"{host.name}/{id_map.dbname}",
+        dsn=psycopg.conninfo.make_conninfo(host.dsn, dbname=id_map.dbname),
+        shards=[],
+        password_env=host.password_env,
+        pooler=host.pooler,
+    )
+
+
+def _host_list(topology: Topology) -> list[Host]:
+    """The fleet's hosts and, while an adoption names it, the adopted old database."""
     hosts = list(topology.hosts)
     if topology.adoption is not None and topology.adoption.source is not None:
         hosts.append(topology.adoption.source)
-    return {h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in hosts}
+    return hosts
+
+
+def _host_entries(topology: Topology) -> dict[str, tuple]:
+    """Each host's connection settings by name, the adopted old database's included: a pool whose
+    entry changed or left is closed at a reload."""
+    return {h.name: (h.dsn, h.password_env, h.standby, h.pooler) for h in _host_list(topology)}
 
 
 def _file_stamp(path: str | os.PathLike) -> tuple[int, int, int] | None:
@@ -369,7 +407,16 @@ class Routing:
         return self.topology.layout.shard_of(id_value)
 
     def _locate(self, shard: int) -> Host:
-        """The host serving ``shard``: a redirect this Router followed, else the topology's owner."""
+        """The host serving ``shard``: a redirect this Router followed, else the topology's owner.
+        While an adoption names its old database (from the copy to the cleanup), the file is looked at
+        first (one ``stat``): the cutover's flip, and its abort's flip back, are seen by the next
+        call, reads included, which the tables left behind still answer."""
+        adoption = self.placement.topology.adoption
+        if adoption is not None and adoption.source is not None:
+            try:
+                self.reload()
+            except ConfigError as exc:  # a file edited badly: route by the last good one
+                log.warning("topology file not reloaded: %s", exc)
         return self.placement.locate(shard)
 
     def redirects(self) -> dict[int, str]:
@@ -433,7 +480,7 @@ class Routing:
         if global_:
             return GLOBAL
         if id is not None:
-            return self._route_id(id, table)
+            return route_old_id(self.topology, id, table)
         if (
             isinstance(shard, bool)
             or not isinstance(shard, int)
@@ -444,36 +491,9 @@ class Routing:
             )
         return shard
 
-    def _route_id(self, value: int, table: str | None) -> int | IdLookup:
-        """The shard of an object by its ID: inside a ``next_id()`` ID; for a pre-adoption ID (below
-        ``adoption.id_floor``) its key: the ID itself for the root table, else the id map's."""
-        adoption = self.topology.adoption
-        if adoption is None or type(value) is not int or not adoption.is_old_id(value):
-            return self.topology.layout.shard_of(value)
-        found = adopted_table(adoption, table, value)
-        shard = root_shard(found, value, self.topology.modulus)
-        if shard is not None:
-            return shard
-        if adoption.on_source:  # every shard is the old database: any one finds the row
-            return shard_for_key(value, self.topology.modulus)
-        if adoption.id_map is None:
-            raise BadInput(
-                f"{value} is a pre-adoption ID of {found.name}, and the topology's adoption names no "
-                f"id_map to find its key in"
-            )
-        return IdLookup(found, value)
-
     def id_map_host(self) -> Host:
-        """The id map database (``adoption.id_map``) as a host: its fleet host's DSN, ``dbname`` its own."""
-        id_map = self.topology.adoption.id_map  # type: ignore[union-attr]
-        host = self.topology.host(id_map.host)
-        return Host(
-            name=f"{host.name}/{id_map.dbname}",
-            dsn=psycopg.conninfo.make_conninfo(host.dsn, dbname=id_map.dbname),
-            shards=[],
-            password_env=host.password_env,
-            pooler=host.pooler,
-        )
+        """The id map database of the topology's adoption, as a host (:func:`id_map_host`)."""
+        return id_map_host(self.topology)
 
     def shard_of_key(self, key: int | None, lookup: IdLookup) -> int:
         """The shard of the key the id map gave for ``lookup`` (None: no such row anywhere, so any
@@ -540,7 +560,7 @@ class Routing:
         with self._lock:
             pools, standbys = dict(self._pools), dict(self._standby_pools)
         out: dict[str, dict] = {}
-        for host in self.topology.hosts:
+        for host in _host_list(self.topology):
             primary = pools.get(host.name) or self._unused(host.name, "primary")
             doc = primary.stats()
             standby = standbys.get(host.name) or (

@@ -7,9 +7,13 @@ import psycopg
 from psycopg import sql
 
 
+def database_exists(conn: psycopg.Connection, name: str) -> bool:
+    return bool(conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone())
+
+
 def ensure_database(conn: psycopg.Connection, name: str) -> None:
     """Create database ``name`` unless it exists (``conn``: autocommit)."""
-    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+    if not database_exists(conn, name):
         create_database(conn, name)
 
 

@@ -71,6 +71,7 @@ from sqlalchemy.sql import elements, operators
 
 from ..errors import BadInput, ShardMoved
 from ..router import MOVED_ERRORS, SAME, Router
+from ..router.placement import GLOBAL
 from ..router.session import ms
 from ..sql.catalog.control import MOVED_SQLSTATE
 from ..sql.session import switch_search_path, transaction_start
@@ -127,7 +128,7 @@ class _LendingPool(Pool):
                     record = records[id(self)] = _ConnectionRecord(self)
                 finally:
                     self._local.conn = None
-            conn.shardctl_host = self._router.topology.host(self._host)
+            conn.shardctl_host = self._router.placement.host_named(self._host)
             conn.__dict__.pop("shardctl_error", None)
         except BaseException as exc:
             self._give_back(loan, exc)
@@ -439,6 +440,8 @@ class ShardSession(Session):
         """The shard of a mapped object: the shard inside its ID, else of its shard key."""
         state = inspect(obj)
         routes = _routes(state.mapper)
+        if self._is_global(routes.table.name):
+            return GLOBAL
         if state.key is not None and routes.id_col and len(state.key[1]) == 1:
             return self._shard_of_ident(int(state.key[1][0]), routes)
         ident = state.dict.get(routes.id_attr) if routes.id_attr else None
@@ -453,8 +456,15 @@ class ShardSession(Session):
         )
 
     def _shard_of_ident(self, ident: int, routes: _Routes) -> int:
-        """The shard of a row of ``routes.table`` by its ID (a pre-adoption ID: by its key)."""
+        """The shard of a row of ``routes.table`` by its ID (a pre-adoption ID: by its key; a row
+        of an adopted database's global table: :data:`GLOBAL`, the global tables' place)."""
+        if self._is_global(routes.table.name):
+            return GLOBAL
         return _wait(self.router.resolve(id=ident, table=routes.table.name))
+
+    def _is_global(self, table: str) -> bool:
+        adoption = self.router.topology.adoption
+        return adoption is not None and table in adoption.globals
 
     # -- flush: each object's statements on its shard, over its host's connection
     def _connection_for_object(self, mapper: Any = None, instance: Any = None, **kw: Any) -> Any:
@@ -554,8 +564,7 @@ class ShardSession(Session):
         if isinstance(value, dict):
             value = next(iter(value.values())) if len(value) == 1 else None
         if isinstance(value, int) and not kwargs.get("bind_arguments"):
-            table = _routes(inspect(entity)).table.name
-            shard = _wait(self.router.resolve(id=value, table=table))
+            shard = self._shard_of_ident(value, _routes(inspect(entity)))
             kwargs["bind_arguments"] = {"shard": shard}
         return super().get(entity, ident, **kwargs)
 
@@ -568,6 +577,8 @@ class ShardSession(Session):
         shards = {shard} if shard is not None else None
         if shards is None and opts.get("all_shards"):
             shards = set(self.shards.all())
+        if shards is None and (opts.get("global_") or self._on_globals(orm)):
+            shards = {GLOBAL}
         if shards is None:
             shards = self._statement_shards(orm) or {0}  # IN (): no row anywhere, any shard says so
         if len(shards) == 1:
@@ -584,6 +595,11 @@ class ShardSession(Session):
         ]
         # rows shard after shard; an UPDATE's or DELETE's rowcount summed
         return results[0].merge(*results[1:])
+
+    def _on_globals(self, orm: ORMExecuteState) -> bool:
+        """Whether the statement's tables are all an adopted database's global tables."""
+        mappers = list(orm.all_mappers)
+        return bool(mappers) and all(self._is_global(_routes(m).table.name) for m in mappers)
 
     def _statement_shards(self, orm: ORMExecuteState) -> set[int]:
         tables: dict[Any, dict[str, bool]] = {}

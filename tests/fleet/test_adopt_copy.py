@@ -21,10 +21,25 @@ from support.fleet import admin_dsn, load, run_cli, sandbox_dir
 from support.versions import need
 
 from shardctl.dev.sandbox import Sandbox
+from shardctl.errors import ShardctlError
+from shardctl.ops.adopt.id_map import drop_id_map
 
 ROUTING = "routing:\n  key: user_id\n"
 SHARDS = 4
 APP = "forum_django"
+
+
+@pytest.fixture(autouse=True)
+def drop_id_maps(make_fleet):
+    """After each test: the id map databases its copies made (the fleet maker does not know them)."""
+    yield
+    for path in make_fleet.base.glob("fleet-*/shardctl.yaml"):
+        topo = load(path)
+        if topo.adoption is not None:
+            try:
+                drop_id_map(topo, topo.adoption.source, connect_timeout=3)
+            except (psycopg.Error, ShardctlError):
+                drop_id_map(topo, None, connect_timeout=3)
 
 
 def adopted_fleet(make_fleet, tmp_path, dsn: str, app: str = APP, users: int = 40):
@@ -260,6 +275,9 @@ def test_copy_under_writes_then_every_shard_equals_the_source(
             psycopg.sql.SQL("SELECT max(id) FROM {}").format(psycopg.sql.Identifier(identity_full))
         ).fetchone()[0]
     assert top < adoption.id_floor == result["id_floor"]
+    assert adoption.id_map.dbname.endswith("_adopt_ids"), (
+        adoption.id_map
+    )  # its own, beside the fleet's
 
     # the topology's adoption.source names the old database: no --from needed
     status = json.loads(run_cli("adopt", "status", "--json", config=path).stdout)
@@ -267,15 +285,27 @@ def test_copy_under_writes_then_every_shard_equals_the_source(
     for host in status["hosts"]:
         assert host["state"] == "streaming" and host["rows"] > 0, host
         assert host["retained_bytes"] is not None and host["lag_bytes"] is not None, host
+    human = run_cli("adopt", "status", config=path)
+    assert human.exit_code == 0 and "of WAL for the copy" in human.stdout, human
     # a re-run keeps everything (nothing copied again) and still loses nothing
     again = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
     assert again.exit_code == 0 and json.loads(again.stdout)["copied_bytes"] == 0, again
 
 
-def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_path):
-    """SIGKILL in the middle of a host's COPY, then after a host's copy is recorded, then after its
-    subscription is made (not started): each re-run starts over what was cut short, keeps the rest,
-    and the shards end equal to the source, under writes the whole time."""
+@pytest.mark.parametrize(
+    "points",
+    [
+        ("adopt-mid-copy", "adopt-after-subscription"),
+        pytest.param(
+            ("adopt-after-identity", "adopt-after-copy", "adopt-after-sync"),
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_path, points):
+    """SIGKILL at each of ``points`` in turn (in the middle of a host's COPY; after a host's copy
+    is recorded and its subscription made, not started; …): each re-run starts over what was cut
+    short, keeps the rest, and the shards end equal to the source, under writes the whole time."""
     dsn = make_fleet.new_database(0)
     path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
     doc = plan_doc(path, dsn)
@@ -283,15 +313,16 @@ def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_
     writer = Writer(dsn)
     writer.start()
     try:
-        for point in ("adopt-mid-copy", "adopt-after-copy", "adopt-after-subscription"):
+        for point in points:
             killed = crash_at.run(point, *args, timeout=120)
             assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr)
             status = json.loads(
                 run_cli("adopt", "status", "--from", dsn, "--json", config=path).stdout
             )
-            assert status["phase"] == "copying", (point, status)
-        states = [h["state"] for h in status["hosts"]]
-        assert "copied" in states or "streaming" in states, status
+            assert status["phase"] == ("synced" if point == "adopt-after-sync" else "copying")
+        if points[-1] == "adopt-after-subscription":
+            states = [h["state"] for h in status["hosts"]]
+            assert "copied" in states or "streaming" in states, status
         r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
         assert r.exit_code == 0, r
         time.sleep(0.3)
@@ -307,7 +338,11 @@ def test_sigkill_at_phase_boundaries_then_a_rerun_loses_nothing(make_fleet, tmp_
             "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() "
             "ORDER BY 1"
         ).fetchall()
-    assert [s[0] for s in slots] == ["shardctl_adopt_pg1", "shardctl_adopt_pg2"], slots
+    assert [s[0] for s in slots] == [
+        "shardctl_adopt_ids",
+        "shardctl_adopt_pg1",
+        "shardctl_adopt_pg2",
+    ], slots
 
 
 @pytest.fixture(params=["16", pytest.param("17", marks=pytest.mark.slow)])
@@ -331,6 +366,12 @@ def test_copy_from_an_older_major(make_fleet, tmp_path, old_server):
     doc = plan_doc(path, dsn)
     result, writer = copy_under_writes(path, plan_file, dsn, app=app)
     assert result["phase"] == "synced" and writer.key_moves > 0, result
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a TRUNCATE of the routed (enum) table
+        conn.execute("TRUNCATE tasks CASCADE")
+        rnd = random.Random(3)
+        for n in range(4):  # new tasks after it, TOAST-sized ones too
+            big = "".join(f"{rnd.getrandbits(128):032x}" for _ in range(400))
+            writer.tasks_prisma(conn, rnd, big if n % 2 else "s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 100
 
@@ -348,8 +389,8 @@ def source_state(dsn: str) -> tuple:
 
 
 def test_bad_input_one_line_exit_2_nothing_changed(make_fleet, tmp_path):
-    """No plan file, a plan of another database, a fleet not inited: one line, exit 2, and neither the
-    source, the fleet nor the topology file changed."""
+    """No plan file, a plan of another database, a fleet not inited, a fleet past the baseline: one
+    line, exit 2, and neither the source nor the topology file changed."""
     path = make_fleet(hosts=2, shards=SHARDS, extra=ROUTING)
     for f in (path.parent / "migrations").iterdir():
         f.unlink()
@@ -371,6 +412,18 @@ def test_bad_input_one_line_exit_2_nothing_changed(make_fleet, tmp_path):
         assert r.exit_code == 2 and words in r.stderr, (words, r)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert source_state(dsn) == before and path.read_text() == text
+    # a fleet migrated past the baseline: its shards have a column the old database has not
+    assert (
+        run_cli("adopt", "baseline", "--from", dsn, "--plan", plan_file, config=path).exit_code == 0
+    )
+    (path.parent / "migrations" / "V0002__more.sql").write_text(
+        "ALTER TABLE {{ schema|ident }}.forum_post ADD COLUMN score int;\n"
+    )
+    assert run_cli("init", config=path).exit_code == 0
+    text = path.read_text()
+    r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, config=path)
+    assert r.exit_code == 2 and "forum_post has column score" in r.stderr, r
+    assert source_state(dsn) == before and path.read_text() == text
     r = run_cli("adopt", "status", "--from", dsn, "--json", config=path)
     assert r.exit_code == 0 and json.loads(r.stdout)["phase"] == "none", r
 
@@ -382,8 +435,61 @@ def test_copy_at_size(make_fleet, tmp_path, app):
     dsn = make_fleet.new_database(0)
     path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, app, users=2000)
     doc = plan_doc(path, dsn)
-    result, writer = copy_under_writes(path, plan_file, dsn, app=app)
+    seen, stop = [], threading.Event()
+
+    def watch() -> None:  # adopt status while the copy runs: the COPYs' rows as they go
+        from shardctl import Topology, adopt_status
+
+        while not stop.is_set():
+            seen.extend(h for h in adopt_status(Topology.load(path), dsn).hosts if h.rows)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result, writer = copy_under_writes(path, plan_file, dsn, "--nice", "0.5", app=app)
+    finally:
+        stop.set()
+        watcher.join()
     assert result["phase"] == "synced" and writer.key_moves > 0, result
+    assert result["rested_seconds"] > 0, result  # --nice paced the copy
+    assert any(h.state == "copying" and h.bytes > 0 for h in seen), seen[:3]
     print(f"{app}: copied {result['copied_bytes']} bytes in {result['seconds']} s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 10_000
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_copy_stops_it_and_a_rerun_finishes(make_fleet, tmp_path):
+    """A real SIGINT to a real ``shardctl adopt copy`` while it copies (paced, so it would copy for
+    some 20 s more): it stops within seconds with exit 130, and a re-run copies again and loses
+    nothing."""
+    import subprocess
+    import sys
+
+    from shardctl import Topology, adopt_status
+
+    dsn = make_fleet.new_database(0)
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, users=2000)
+    doc = plan_doc(path, dsn)
+    args = ["--config", str(path), "adopt", "copy", "--from", dsn, "--plan", str(plan_file)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardctl", *args, "--nice", "100"],
+        env=crash_at.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(h.state == "copying" for h in adopt_status(Topology.load(path), dsn).hosts):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert time.monotonic() - started < 4, time.monotonic() - started
+    r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
+    assert r.exit_code == 0 and json.loads(r.stdout)["phase"] == "synced", r
+    wait_caught_up(dsn)
+    assert assert_same_as_source(path, dsn, doc) > 10_000

@@ -3,6 +3,8 @@ the file edits the copy and the cutover make (written, flipped, source dropped) 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -180,6 +182,11 @@ def test_adoption_problems_exit_2_with_their_line(tmp_path, old, new, needle, ma
     assert len(err.strip().splitlines()) == 1, err  # one line
 
 
+def test_no_fleet_host_may_be_named_source(tmp_path):
+    text = (GOOD + ADOPTION).replace("name: pg2", "name: source").replace("host: pg2", "host: pg1")
+    check_bad(tmp_path, text, "a host is named source, the name the adopted old database goes by")
+
+
 def test_source_authoritative_needs_a_source(tmp_path):
     text = GOOD + "\n".join(l for l in ADOPTION.splitlines() if "source: {" not in l) + "\n"
     check_bad(tmp_path, text, "adoption.authoritative is source but adoption names no source")
@@ -242,3 +249,67 @@ def test_write_adoption_validates_before_writing(tmp_path):
     with pytest.raises(ConfigErrors):
         write_adoption(path, bad)
     assert path.read_text() == GOOD
+
+
+def decode(tmp_path, text: str, *args: str):
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["--config", str(path), *args])
+    return result
+
+
+def test_decode_id_says_an_old_id_is_a_pre_adoption_id(tmp_path):
+    text = GOOD + ADOPTION
+    topo = Topology.from_text(text)
+    new = topo.layout.encode(unix_ms=parse_epoch("2026-11-27T12:00:00Z"), shard=5, sequence=3)
+    assert new >= topo.adoption.id_floor
+    r = decode(tmp_path, text, "decode-id", "42", str(new), "--json")
+    assert r.exit_code == 0, r.output
+    old, fresh = json.loads(r.stdout)["ids"]
+    assert old["pre_adoption"] is True and old["id_floor"] == 1837461283764
+    assert "pre-adoption ID (below the ID floor 1837461283764)" in old["note"]
+    assert (old["host"], old["schema"], old["shard"]) == ("source", "public", None)
+    assert (fresh["shard"], fresh["host"], fresh["note"]) == (5, "pg2", "")  # decoded by its bits
+    # the root table: its old ID is its key
+    r = decode(tmp_path, text, "decode-id", "42", "--table", "users", "--json")
+    doc = json.loads(r.stdout)["ids"][0]
+    assert (doc["shard"], doc["host"], doc["table"]) == (42 % 8, "source", "users")
+    after = text.replace("authoritative: source", "authoritative: fleet")
+    r = decode(tmp_path, after, "decode-id", "42", "--table", "users", "--json")
+    doc = json.loads(r.stdout)["ids"][0]
+    assert (doc["shard"], doc["schema"], doc["host"]) == (2, "insta2", "pg1")
+    r = decode(tmp_path, after, "decode-id", "42", "--table", "users")  # the table, with a note
+    assert r.exit_code == 0 and "pre-adoption ID" in r.stdout and "insta2" in r.stdout
+    r = decode(tmp_path, after, "decode-id", "42", "--table", "users", "--csv")
+    assert r.stdout.splitlines()[0].endswith(",schema,host,note")
+    assert r.stdout.splitlines()[1].startswith("42,")
+    r = decode(tmp_path, after, "decode-id", "42", "--table", "nope")
+    assert r.exit_code == 2 and "--table nope is not an adopted sharded table" in r.stderr
+    r = decode(tmp_path, GOOD, "decode-id", "42", "--table", "users")
+    assert r.exit_code == 2 and "no adoption section" in r.stderr
+
+
+def test_locate_goes_to_the_source_while_it_is_authoritative(tmp_path):
+    r = decode(tmp_path, GOOD + ADOPTION, "locate", "42", "--json")
+    assert (json.loads(r.stdout)["host"], json.loads(r.stdout)["schema"]) == ("source", "public")
+    after = (GOOD + ADOPTION).replace("authoritative: source", "authoritative: fleet")
+    r = decode(tmp_path, after, "locate", "42", "--json")
+    assert (json.loads(r.stdout)["host"], json.loads(r.stdout)["schema"]) == ("pg1", "insta2")
+
+
+def test_write_adoption_from_the_section_keys_with_the_default_id_map(tmp_path):
+    """What adopt copy writes: the section's keys as they are written; the id map's default place."""
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(GOOD)
+    topo = write_adoption(
+        path,
+        source={"dsn": "postgresql://app@127.0.0.1:1/old"},
+        schema="public",
+        authoritative="source",
+        id_floor=1837461283764,
+        tables={"users": {"id": "id", "key": "id"}, "likes": {"id": None, "key": "user_id"}},
+        globals=["plans"],
+    )
+    a = topo.adoption
+    assert a.id_map == IdMap("pg1", "shardctl_adopt_ids")  # no global_host: the first host
+    assert a.tables["likes"] == AdoptedTable("likes", None, "user_id") and a.on_source

@@ -29,6 +29,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +43,10 @@ from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, LockBusy, OperationFailed, WaitTimeout, first_few
 from ...ids.old_ids import id_floor
-from ...model.adoption import SOURCE_HOST, Adoption, tables_from_plan
+from ...model.adoption import SOURCE_HOST, Adoption, IdMap, tables_from_plan
 from ...model.documents import Result
 from ...model.ranges import format_shards
-from ...model.topology import Host, Topology
+from ...model.topology import Host, Topology, server_database
 from ...model.topology_file import write_adoption
 from ...sql.catalog import adopt_copy as catalog
 from ...sql.catalog import inspect, replication
@@ -53,6 +56,7 @@ from ..move import transfer
 from ..move.copy import MAX_COPY_WORKERS, in_new_slot
 from ..move.run import Pacer, Progress, checkpoint, server_side
 from .baseline import _compare
+from .id_map import ID_MAP_NAME, ensure_id_map, id_map_place, wait_id_map
 from .plan import read_plan, read_plan_snapshot, read_source, source_host
 from .state import Phase, Run, load_run, plan_hash, slot_name, start_run
 
@@ -115,6 +119,8 @@ class AdoptStatus(Result):
     hosts: list[HostCopy] = field(default_factory=list)
     replica_identity_full: list[str] = field(default_factory=list)
     held_bytes: int = 0  # WAL the source keeps for the copy: the largest a slot retains
+    id_map_lag_bytes: int | None = None  # the id map's subscription, behind the source
+    routed: list[str] = field(default_factory=list)  # see AdoptCopyResult.routed
     id_floor: int | None = None
 
     @property
@@ -162,6 +168,11 @@ class Copy:
         self.pacers: list[Pacer] = []
         self.run: Run | None = None
         self.routed: dict[str, list[tuple]] | None = None  # see _routed
+        self.source_columns: dict[str, set[str]] = {}  # table → its columns on the source
+        self.lock = threading.Lock()  # the run's record and result, written by the hosts' threads
+        self.active: set[psycopg.Connection] = set()  # the COPYs' connections (cancel)
+        self.stop = threading.Event()  # set by cancel
+        self.workers = options.get("copy_workers", MAX_COPY_WORKERS)  # per host (_copy_hosts)
         self.result = AdoptCopyResult(source=source.masked_dsn, phase=str(Phase.NEW))
         self.global_host = topo.global_host or topo.hosts[0].name
 
@@ -174,12 +185,20 @@ class Copy:
             purpose=purpose,
         )
 
-    def pause(self):
-        if self.options["nice"] <= 0:
-            return None
-        pacer = Pacer(self.options["nice"])
-        self.pacers.append(pacer)
-        return pacer.rest
+    def pause(self) -> Callable[[], None]:
+        """A COPY worker's pause between units (a MB): rests for ``--nice``, and stops the worker
+        once the run is cancelled (Ctrl-C)."""
+        pacer = Pacer(self.options["nice"], self.stop) if self.options["nice"] > 0 else None
+        if pacer is not None:
+            self.pacers.append(pacer)
+
+        def pause() -> None:
+            if pacer is not None:
+                pacer.rest()
+            if self.stop.is_set():
+                raise OperationFailed("adopt copy: interrupted")
+
+        return pause
 
     def publisher_conninfo(self) -> str:
         """How the fleet hosts' subscriptions reach the source: ``--publisher-dsn``, else ``--from``
@@ -200,10 +219,32 @@ class Copy:
                 out.append(Target(host, list(host.shards), list(self.globals) if is_global else []))
         return out
 
+    @contextmanager
+    def tracked(self, *conns: psycopg.Connection) -> Iterator[None]:
+        """The connections of a COPY under way, for :meth:`cancel`."""
+        with self.lock:
+            self.active.update(conns)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.active.difference_update(conns)
+
+    def cancel(self) -> None:
+        """Stop every COPY under way (Ctrl-C): each worker stops at its next MB, or at once when
+        its server-side statement is cancelled."""
+        self.stop.set()
+        with self.lock:
+            conns = list(self.active)
+        for conn in conns:
+            conn.cancel_safe(timeout=2)
+
     def save(self, src: psycopg.Connection, phase: Phase | None = None) -> None:
+        """Record the run (hosts copy in parallel threads: one save at a time)."""
         assert self.run is not None
-        self.run.save(src, phase)
-        self.result.phase = str(self.run.phase)
+        with self.lock:
+            self.run.save(src, phase)
+            self.result.phase = str(self.run.phase)
 
 
 def adopt_copy(
@@ -262,10 +303,8 @@ def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None
     for target in targets:
         _prepare_host(job, target)
         _publication(job, src, target)
-    for target in targets:
-        _copy_host(job, src, target)
-        _subscribe(job, target)
-    _ensure_id_map(job)
+    _ensure_id_map(job)  # its own initial copy runs on the servers meanwhile
+    _copy_hosts(job, targets)
     _wait_caught_up(job, src, targets)
     if job.run.phase == Phase.COPYING:
         job.save(src, Phase.SYNCED)
@@ -290,7 +329,9 @@ def _check_plan(job: Copy, path: Path) -> None:
     conn = read_source(job.source, job.options["connect_timeout"], "adopt copy")
     try:
         try:
-            fresh, _ = read_plan_snapshot(conn, job.topo, job.source, job.schema, job.doc["root"])
+            fresh, tables = read_plan_snapshot(
+                conn, job.topo, job.source, job.schema, job.doc["root"]
+            )
         except BadInput as exc:
             raise BadInput(
                 f"--plan {path} is not a plan of this database ({exc}): run adopt plan again"
@@ -299,6 +340,7 @@ def _check_plan(job: Copy, path: Path) -> None:
     finally:
         conn.close()
     _compare(job.doc, fresh, path)
+    job.source_columns = {name: {c.name for c in t.columns} for name, t in tables.items()}
     if fresh.blockers:
         raise OperationFailed(
             f"adopt copy: the plan has {len(fresh.blockers)} blocker(s): "
@@ -327,6 +369,14 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                         f"{', '.join(lacking[:3])}: the fleet is not at the baseline (run shardctl "
                         f"init with the baseline adopt baseline wrote)"
                     )
+            for table in tables if schemas else []:
+                extra = set(catalog.columns(conn, schemas[0], table)) - job.source_columns[table]
+                if extra:
+                    raise BadInput(
+                        f"host {target.host.name}: {schemas[0]}.{table} has column "
+                        f"{min(extra)}, which the old database has not: the fleet is past "
+                        f"the baseline; adopt before migrating further"
+                    )
 
 
 def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
@@ -341,12 +391,20 @@ def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> 
             f"the source has wal_level={facts['wal_level']}: adopt copy needs wal_level=logical "
             f"(ALTER SYSTEM SET wal_level = logical, then a restart)"
         )
-    needed = sum(1 for t in targets if not replication.slot_exists(src, t.name))
+    names = [t.name for t in targets] + [ID_MAP_NAME]
+    needed = sum(1 for name in names if not replication.slot_exists(src, name))
     free = facts["max_replication_slots"] - facts["slots_used"]
     if needed > free:
         raise BadInput(
             f"the source has {free} free replication slots (max_replication_slots="
-            f"{facts['max_replication_slots']}); adopt copy needs {needed}, one per fleet host"
+            f"{facts['max_replication_slots']}); adopt copy needs {needed}: one per fleet host and "
+            f"one for the id map"
+        )
+    senders = facts["max_wal_senders"] - facts["senders_used"]
+    if needed > senders:
+        raise BadInput(
+            f"the source has {senders} free WAL senders (max_wal_senders={facts['max_wal_senders']}); "
+            f"adopt copy needs {needed}: one per fleet host and one for the id map"
         )
 
 
@@ -511,23 +569,52 @@ def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
         routed = _routed(job, tgt, target)
         truncate_tables(
             tgt,
-            [(job.schema, t) for t in _tables(job, target)]
+            [(job.schema, t) for t in _tables(job, target) if t not in routed]
             + [(job.topo.schema_name(n), t) for t in routed for n in target.shards],
         )
+        # apart: a routed table's TRUNCATE trigger truncates its shards' tables in turn
+        truncate_tables(tgt, [(job.schema, t) for t in routed if target.shards])
         pairs = _copy_pairs(job, tgt, target)
-    state.update(copied=False, rows=0, bytes=0, tables=0)
-    job.run.detail["routed"] = job.result.routed = sorted(job.routed or {})
+    with job.lock:
+        state.update(copied=False, rows=0, bytes=0, tables=0)
+        job.run.detail["routed"] = job.result.routed = sorted(job.routed or {})
     job.save(src)
     done = _run_copy(job, target, pairs)
-    state.update(
-        copied=True,
-        rows=sum(r for r, _ in done),
-        bytes=sum(b for _, b in done),
-        tables=len(done),
-    )
-    job.result.copied_bytes += state["bytes"]
+    with job.lock:
+        state.update(
+            copied=True,
+            rows=sum(r for r, _ in done),
+            bytes=sum(b for _, b in done),
+            tables=len(done),
+        )
+        job.result.copied_bytes += state["bytes"]
     job.save(src)
     checkpoint("adopt-after-copy")
+
+
+def _copy_hosts(job: Copy, targets: list[Target]) -> None:
+    """Copy and subscribe every host, the hosts in parallel: ``--copy-workers`` COPY streams from the
+    source in all, spread over the hosts still to copy (the source's load stays the same; the hosts
+    write at once)."""
+    todo = [t for t in targets if not job.run.host(t.host.name).get("copied")]
+    job.workers = max(1, job.options["copy_workers"] // max(1, len(todo)))
+
+    def one(target: Target) -> None:
+        with job.connect(job.source) as src:
+            _copy_host(job, src, target)
+        _subscribe(job, target)
+
+    # Even one host in a thread of its own: this thread stays free to hear Ctrl-C, and to cancel
+    # the COPYs then (their hosts are copied again by the next run), rather than wait for them.
+    pool = ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="shardctl-host")
+    try:
+        for future in [pool.submit(one, t) for t in targets]:
+            future.result()
+    except KeyboardInterrupt:
+        job.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tuple]:
@@ -594,10 +681,13 @@ def _run_copy(job: Copy, target: Target, pairs: list[tuple]) -> list[tuple[int, 
         ):
             catalog.without_triggers(t)
             t.commit()
-            return transfer.copy_statements_in_snapshot(s, t, snapshot, chunk, tick, job.pause())
+            with job.tracked(s, t):
+                return transfer.copy_statements_in_snapshot(
+                    s, t, snapshot, chunk, tick, job.pause()
+                )
 
     job.progress(f"copy {target.host.name}", 0, len(pairs), "tables")
-    workers = min(job.options["copy_workers"], len(pairs))
+    workers = min(job.workers, len(pairs))
     try:
         return [x for part in in_new_slot(kwargs, target.name, pairs, workers, one) for x in part]
     except psycopg.Error as exc:
@@ -620,7 +710,8 @@ def _subscribe(job: Copy, target: Target) -> None:
             # stopped between ENABLE and REFRESH: the worker may have skipped changes; copy again
             transfer.disable_subscription(tgt, target.name)
             with job.connect(job.source) as src:
-                job.run.host(target.host.name)["copied"] = False
+                with job.lock:
+                    job.run.host(target.host.name)["copied"] = False
                 job.save(src)
                 _copy_host(job, src, target)
             return _subscribe(job, target)
@@ -644,6 +735,9 @@ def _wait_caught_up(job: Copy, src: psycopg.Connection, targets: list[Target]) -
         return replication.replayed(src, names, lsn)
 
     timeout = job.options["sync_timeout"]
+    wait_id_map(
+        job.topo, job.source, timeout=timeout, connect_timeout=job.options["connect_timeout"]
+    )
     transfer.wait_for(
         ready,
         time.monotonic() + timeout,
@@ -658,15 +752,13 @@ def _wait_caught_up(job: Copy, src: psycopg.Connection, targets: list[Target]) -
 
 
 def _ensure_id_map(job: Copy) -> None:
-    """The old ID -> key lookup database (``ops/adopt/id_map.py``, helper ``oldids``).
-
-    CALL SITE: ``ensure_id_map`` is not in this tree yet; once it is, call it here (it is idempotent)."""
-    try:
-        from .id_map import ensure_id_map  # type: ignore[attr-defined]
-    except ImportError:
-        job.result.notes.append("the old-ID map is not built yet (ops/adopt/id_map.py)")
-        return
-    ensure_id_map(job.topo, job.source, job.doc)
+    """The old ID -> key lookup database (:mod:`.id_map`; idempotent)."""
+    made = ensure_id_map(
+        job.topo, job.source, job.doc, connect_timeout=job.options["connect_timeout"]
+    )
+    job.result.notes += made.notes
+    for index in made.identity_indexes:
+        job.result.notes.append(f"replica identity: index {index} (the id map's column list)")
 
 
 def _write_adoption(job: Copy) -> None:
@@ -683,7 +775,7 @@ def _write_adoption(job: Copy) -> None:
         id_floor=job.run.detail["id_floor"],
         tables=tables,
         globals=globals_,
-        id_map=current.id_map if current is not None else None,
+        id_map=current.id_map if current is not None and current.id_map else _id_map(job.topo),
     )
     if current is not None and current.document() == wanted.document():
         return
@@ -691,6 +783,14 @@ def _write_adoption(job: Copy) -> None:
         job.topo.path, wanted, allow_inline_password=job.options["allow_inline_password"]
     )
     job.result.notes.append(f"wrote the adoption: section of {job.topo.path}")
+
+
+def _id_map(topo: Topology) -> IdMap:
+    """Where the id map goes unless the topology says: beside the fleet's database on the global
+    host, named after it (two fleets on one server never share one)."""
+    place = id_map_place(topo)
+    found = server_database(topo.host(place.host).dsn_for("admin"))
+    return IdMap(place.host, f"{found[2]}_adopt_ids"[:63]) if found else place
 
 
 # ---- status -------------------------------------------------------------------------------------
@@ -752,6 +852,10 @@ def adopt_status(
         result.updated_at = str(run.updated_at)
         result.hosts = host_figures(run, src, targets)
         result.replica_identity_full = sorted(run.detail.get("replica_identity") or {})
-        result.held_bytes = max([h.retained_bytes or 0 for h in result.hosts] or [0])
+        ids = catalog.slot_figures(src, [ID_MAP_NAME]).get(ID_MAP_NAME, {})
+        held = [h.retained_bytes or 0 for h in result.hosts] + [ids.get("retained_bytes") or 0]
+        result.held_bytes = max(held)
+        result.id_map_lag_bytes = ids.get("lag_bytes")
+        result.routed = list(run.detail.get("routed") or [])
         result.id_floor = run.detail.get("id_floor")
     return result

@@ -240,15 +240,20 @@ class Pacer:
     hosts' CPU goes to the application's queries meanwhile (gh-ost's --nice-ratio). One per worker
     thread; the work calls :meth:`rest` between units (a MB copied, a few tables checked)."""
 
-    def __init__(self, ratio: float):
+    def __init__(self, ratio: float, stop: threading.Event | None = None):
+        """``stop``: an event that cuts a rest short (the caller then stops its work)."""
         self.ratio = ratio
         self.resumed = time.monotonic()
         self.rested = 0.0
+        self.stop = stop
 
     def rest(self) -> None:
         pause = self.ratio * (time.monotonic() - self.resumed)
         if pause > 0:
-            time.sleep(pause)
+            if self.stop is not None:
+                self.stop.wait(pause)
+            else:
+                time.sleep(pause)
             self.rested += pause
         self.resumed = time.monotonic()
 

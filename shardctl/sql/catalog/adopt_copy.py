@@ -333,7 +333,14 @@ ROUTE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $route$
 DECLARE
     shards constant jsonb := {shards};
+    s text;
 BEGIN
+    IF TG_OP = 'TRUNCATE' THEN  -- DELETE: a TRUNCATE here would meet the tables the same
+        FOR s IN SELECT value FROM jsonb_each_text(shards) LOOP  -- TRUNCATE holds (referencing ones)
+            EXECUTE format('DELETE FROM %I.%I', s, TG_TABLE_NAME);
+        END LOOP;
+        RETURN NULL;
+    END IF;
     IF TG_OP <> 'INSERT' THEN
         EXECUTE format('DELETE FROM %I.%I WHERE ({pk}) = ({old_pk})',
                        shards ->> (OLD.{key} % {modulus})::text, TG_TABLE_NAME) USING OLD;
@@ -402,6 +409,13 @@ def create_routed_table(
         ).format(trigger, target, function)
     )
     conn.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(target, trigger))
+    truncate = sql.Identifier("shardctl_adopt_truncate")
+    conn.execute(
+        sql.SQL(
+            "CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()"
+        ).format(truncate, target, function)
+    )
+    conn.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(target, truncate))
 
 
 def text_cast(column: str, array: bool) -> sql.Composed:

@@ -38,11 +38,14 @@ def moved_out(rows: list[tuple]) -> bool:
     return bool(rows) and rows[0][0] == "moved_out"
 
 
-def id_map_key_query(table: str, id_column: str, key_column: str) -> sql.Composed:
+def id_map_key_query(schema: str, table: str, id_column: str, key_column: str) -> sql.Composed:
     """The key of a pre-adoption ID of ``table``, in the id map database (``ops/adopt/id_map.py``
-    keeps ``public.<table>(<id>, <key>)`` filled by logical replication from the old database)."""
-    return sql.SQL("SELECT {key} FROM public.{table} WHERE {id} = %s").format(
-        key=sql.Identifier(key_column), table=sql.Identifier(table), id=sql.Identifier(id_column)
+    keeps ``<schema>.<table>(<id>, <key>)`` filled by logical replication from the old database,
+    ``schema`` the old database's: ``public``)."""
+    return sql.SQL("SELECT {key} FROM {table} WHERE {id} = %s").format(
+        key=sql.Identifier(key_column),
+        table=sql.Identifier(schema, table),
+        id=sql.Identifier(id_column),
     )
 
 

@@ -192,9 +192,10 @@ class Bench:
 
     @contextlib.contextmanager
     def clones(self, target: str, tag: str):
-        """A fresh copy of the old database on pg1 and of ``target`` on pg2, dropped afterwards (with
-        any subscription and slot an adopt copy left)."""
+        """A fresh copy of the old database on pg1 and of ``target`` on pg2, dropped afterwards with
+        any database the copy made there (the id map's), and any subscription and slot left."""
         names = (f"{self.old}_{tag}", f"{target}_{tag}")
+        before = databases(self.dst.port)
         for host, tpl, db in ((self.src, self.old, names[0]), (self.dst, target, names[1])):
             with c.connect(host.port) as conn:
                 conn.execute(
@@ -206,10 +207,13 @@ class Bench:
         try:
             yield names
         finally:
+            made = sorted(databases(self.dst.port) - before)  # the target and the copy's own
+            for db in made:
+                with contextlib.suppress(psycopg.Error):
+                    _drop_replication(self.dsn(self.dst, db))
             with contextlib.suppress(psycopg.Error):
-                _drop_replication(self.dsn(self.dst, names[1]))
                 _drop_replication(self.dsn(self.src, names[0]))
-            c.drop_databases([self.src.port, self.dst.port], list(names))
+            c.drop_databases([self.src.port] + [self.dst.port] * len(made), [names[0], *made])
 
     def writes(self, db: str):
         return app_writes(self.dsn(self.src, db), self.app, self.args.writes)
@@ -271,6 +275,12 @@ def adopt_copy_call(topo_path: Path, source: str, plan_file: Path) -> dict:
     from shardctl import adopt_copy
 
     return adopt_copy(c.load_topology(topo_path), source, plan_file).to_dict()
+
+
+def databases(port: int) -> set[str]:
+    """The databases of the server at ``port``."""
+    with c.connect(port) as conn:
+        return {r[0] for r in conn.execute("SELECT datname FROM pg_database")}
 
 
 def quoted(name: str) -> str:

@@ -98,6 +98,8 @@ def main() -> int:
         base_name = Path(args.against).name if args.against else args.base
         env = dict(os.environ, PYTHONPATH=str(c.REPO))
         base_env = dict(os.environ, PYTHONPATH=str(base_dir))
+        for checkout_env in (env, base_env):  # as pip installs it: every module has its .pyc
+            c.log(f"compiled {c.compile_package(checkout_env)}")
         with c.sandbox(
             hosts=args.hosts,
             shards=min(shards, 8192),

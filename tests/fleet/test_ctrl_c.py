@@ -11,8 +11,10 @@ import subprocess
 import time
 from collections.abc import Callable
 
+import psycopg
 from support.fleet import connect, load, run_cli
 from support.migrations import add_migration, ledger, migrated, shards_with_column
+from support.moves import ids_on, load_rows
 from support.process import process_env, shardctl_argv
 
 SHARDS = 512
@@ -183,3 +185,60 @@ def test_ctrl_c_stops_add_shard_and_the_same_command_finishes(make_fleet):
     assert load(path).shard_count == total
     assert len(complete_or_absent(topo, 2)) == total
     assert run_cli("verify", config=path).exit_code == 0
+
+
+def test_ctrl_c_during_a_move_names_it_and_the_same_command_finishes(make_fleet):
+    """move-shard keeps its own state: Ctrl-C while its copy waits (a lock the test holds on the
+    target's table) exits 130 with one line naming the move in flight and both ways out; the same
+    command then finishes it, with every row on the target."""
+    path = make_fleet(hosts=2, shards=8, init=True)
+    topo = load(path)
+    load_rows(topo, [0], 500)
+    held = connect(topo, "pg2")  # not autocommit: the lock lasts until the rollback
+    argv = shardctl_argv("move-shard", "0", "--to", "pg2", "--copy-workers", "1", config=path)
+
+    def copy_is_waiting() -> bool:
+        try:
+            held.execute("LOCK TABLE insta0.photos IN ACCESS EXCLUSIVE MODE NOWAIT")
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):  # not made yet
+            held.rollback()
+            return False
+        with connect(topo, "pg2", autocommit=True) as conn:  # the move's COPY queues behind us
+            return bool(
+                conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = "
+                    "'insta0.photos'::regclass"
+                ).fetchone()[0]
+            )
+
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=process_env()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not copy_is_waiting():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        held.rollback()  # the COPY in hand finishes; no other starts
+        _, err = proc.communicate(timeout=120)
+    finally:
+        held.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    said = re.fullmatch(
+        r"error: move-shard: interrupted \(Ctrl-C\): move (mv\w+) \(shards 0 pg1 → pg2, phase "
+        r"\w+\): in flight \(migrate waits for it\): finish with shardctl move-shard 0 --to pg2, "
+        r"or roll back with shardctl move-shard --abort --move (mv\w+)",
+        lines[0],
+    )
+    assert said and said[1] == said[2], lines[0]
+
+    again = run_cli("move-shard", "0", "--to", "pg2", config=path)
+    assert again.exit_code == 0, again
+    assert load(path).host_of(0).name == "pg2"
+    assert len(ids_on(load(path), "pg2", [0])) == 500

@@ -188,22 +188,23 @@ def test_ctrl_c_stops_add_shard_and_the_same_command_finishes(make_fleet):
 
 
 def test_ctrl_c_during_a_move_names_it_and_the_same_command_finishes(make_fleet):
-    """move-shard keeps its own state: Ctrl-C while its copy waits (a lock the test holds on the
-    target's table) exits 130 with one line naming the move in flight and both ways out; the same
-    command then finishes it, with every row on the target."""
+    """move-shard keeps its own state: Ctrl-C while the move waits on the target (behind a lock the
+    test holds on the target's table) exits 130 with the lock still held, in one line naming the
+    move in flight and both ways out; the same command then finishes it, every row on the target."""
     path = make_fleet(hosts=2, shards=8, init=True)
     topo = load(path)
     load_rows(topo, [0], 500)
     held = connect(topo, "pg2")  # not autocommit: the lock lasts until the rollback
     argv = shardctl_argv("move-shard", "0", "--to", "pg2", "--copy-workers", "1", config=path)
 
-    def copy_is_waiting() -> bool:
+    def move_is_waiting() -> bool:
+        """The test holds the target's photos table as soon as prepare made it; the move queues."""
         try:
             held.execute("LOCK TABLE insta0.photos IN ACCESS EXCLUSIVE MODE NOWAIT")
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):  # not made yet
             held.rollback()
             return False
-        with connect(topo, "pg2", autocommit=True) as conn:  # the move's COPY queues behind us
+        with connect(topo, "pg2", autocommit=True) as conn:
             return bool(
                 conn.execute(
                     "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = "
@@ -216,18 +217,23 @@ def test_ctrl_c_during_a_move_names_it_and_the_same_command_finishes(make_fleet)
     )
     try:
         deadline = time.monotonic() + 120
-        while not copy_is_waiting():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        while not move_is_waiting():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                held.rollback()  # the move may be queued behind the lock: let it end
+                raise AssertionError(proc.communicate(timeout=120))
             time.sleep(0.05)
+        sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
-        held.rollback()  # the COPY in hand finishes; no other starts
-        _, err = proc.communicate(timeout=120)
+        # what it waits on is cancelled, not waited for: it stops while the lock is still held
+        _, err = proc.communicate(timeout=STOP_WITHIN)
+        stopped_after = time.monotonic() - sent
+        held.rollback()
     finally:
         held.close()
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, (proc.returncode, err)
+    assert stopped_after < STOP_WITHIN, stopped_after
     lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err
     said = re.fullmatch(

@@ -28,7 +28,6 @@ every run, and a checkout with stale or missing ``.pyc`` files would pay more th
 
 from __future__ import annotations
 
-import compileall
 import os
 import subprocess
 import sys
@@ -63,24 +62,6 @@ def candidates(topology: Path, env: dict, against: str | None) -> list[tuple[str
             }
             out.append((f"{label} @ {Path(against).name}", argv, other))
     return out
-
-
-def compile_package(env: dict) -> Path:
-    """Compile (to ``__pycache__``) the ``shardctl`` package that ``python -m shardctl`` imports with
-    ``env``; returns its directory. ``py_compile`` writes even under PYTHONDONTWRITEBYTECODE."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "import shardctl, os; print(os.path.dirname(shardctl.__file__))"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=CWD,
-        check=True,
-    )
-    package = Path(proc.stdout.strip())
-    if not compileall.compile_dir(str(package), quiet=2):
-        raise SystemExit(f"compileall failed for {package}")
-    return package
 
 
 def run_once(argv: list[str], env: dict) -> float:
@@ -140,7 +121,8 @@ def main() -> int:
         envs = {cenv.get("PYTHONPATH"): cenv for _, _, cenv in cands}  # one per checkout
         for cenv in envs.values():  # the installed state: every module has its .pyc
             print(
-                f"compiled {compile_package(cenv)} (bytecode, as pip installs it)", file=sys.stderr
+                f"compiled {c.compile_package(cenv)} (bytecode, as pip installs it)",
+                file=sys.stderr,
             )
         run_once([*SHARDCTL, "--config", str(box.topology_path), "init"], env)
         series = {label: c.Series(label) for label, _, _ in cands}

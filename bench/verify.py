@@ -6,8 +6,10 @@ One fleet is built with ``shardctl init`` (not timed), then each round times:
 
 * ``verify``            the library call the CLI makes (``shardctl.ops.verify.verify``): every shard's
                         catalog fingerprint compared with a reference built from the migration files in
-                        a scratch database on each host (``ops/reference.py``);
-* ``reference``         building the reference alone on one host (``reference.build``);
+                        a scratch database (``ops/reference.py``; after the first round, the reference
+                        kept on the host for these files, as every run after init reads it);
+* ``reference``         building the reference alone on one host (``reference.build``), the kept one
+                        deleted first;
 * ``no schemas``        the same verify with ``schemas=False`` (IDs, bodies, placement only): the
                         difference is what the schema comparison costs;
 * ``1 shard differs``   verify after one shard gets an extra column and loses an index (it must name
@@ -63,6 +65,19 @@ def run_process(topology: Path, env: dict) -> float:
     return seconds
 
 
+def forget_reference(topo) -> None:
+    """Delete the reference a run keeps on each host (ops/reference.py), if this shardctl keeps one."""
+    from shardctl.engine import connections as db
+    from shardctl.ops import reference
+
+    key = getattr(reference, "REFERENCE_KEY", None)
+    if key is None:
+        return
+    for host in topo.hosts:
+        with db.connect(host, autocommit=True) as conn:
+            conn.execute("DELETE FROM shardctl.meta WHERE key = %s", (key,))
+
+
 def main() -> int:
     p = c.base_parser(__doc__.split("\n\n")[0])
     p.add_argument(
@@ -83,7 +98,7 @@ def main() -> int:
 
     labels = {
         "verify": "verify (library), identical shards",
-        "reference": "reference alone, one host",
+        "reference": "reference alone, one host (built, not the kept one)",
         "plain": "verify without schemas (schemas=False)",
         "differs": "verify (library), 1 shard differs",
         "process": "shardctl verify (process)",
@@ -98,6 +113,8 @@ def main() -> int:
         base_name = Path(args.against).name if args.against else args.base
         env = dict(os.environ, PYTHONPATH=str(c.REPO))
         base_env = dict(os.environ, PYTHONPATH=str(base_dir))
+        for checkout_env in (env, base_env):  # as pip installs it: every module has its .pyc
+            c.log(f"compiled {c.compile_package(checkout_env)}")
         with c.sandbox(
             hosts=args.hosts,
             shards=min(shards, 8192),
@@ -143,6 +160,7 @@ def main() -> int:
                                     f"verify failed: {rep.violations[:3]} {rep.pending}"
                                 )
                         elif name == "reference":
+                            forget_reference(topo)  # the build itself, not the kept one
                             seconds, ref = c.timed(
                                 lambda: reference.build(
                                     topo, topo.hosts[0], migrations, host_level, per_shard

@@ -18,6 +18,7 @@ from .output import flagged, info, stderr, stdout, table
 from .params import AsciiFloat, AsciiInt, choice_option, flag_option, shown_option
 
 if TYPE_CHECKING:
+    from ..model.topology import Topology
     from ..ops.move import MoveOptions
 
 # A move's tuning (freeze, copy, batches, subscriptions) and its connection: move-shard and rebalance.
@@ -325,11 +326,36 @@ def move_shard_cmd(
             "--move names a move to abort or clean up; a move is named by its shards and --to"
         )
     phases = list(PHASE_NAMES) if phase in (None, "all") else [phase]
-    with move_progress(not as_json) as progress:
-        doc = move_shards(
-            topo, shards, target, phases=phases, options=options, progress=progress
-        ).to_dict()
+    try:
+        with move_progress(not as_json) as progress:
+            doc = move_shards(
+                topo, shards, target, phases=phases, options=options, progress=progress
+            ).to_dict()
+    except KeyboardInterrupt:
+        raise _interrupted(topo, shards, options.connect_timeout) from None
     finish(as_json, doc, lambda: _human_move(doc), None)
+
+
+def _interrupted(topo: Topology, shards: list[int], connect_timeout: int) -> ShardctlError:
+    """Ctrl-C during a move: the move stops where it was (every phase is recorded and resumable, as
+    after a crash); the error (exit 130) says which move is left in flight and the command that
+    finishes it or rolls it back, read back from the hosts."""
+    import psycopg
+
+    from ..errors import Interrupted
+    from ..model.ranges import format_shards
+    from ..model.topology import Topology
+    from ..ops.move import pending_moves
+
+    where = "run shardctl move-shard --status to see what is left"
+    try:
+        current = Topology.load(topo.path) if topo.path else topo  # a cutover may have flipped it
+        lines = pending_moves(current, connect_timeout=connect_timeout)
+        mine = [line for line in lines if f"(shards {format_shards(shards)} " in line]
+        where = "; ".join(mine or lines) or "no move is left in flight"
+    except (ShardctlError, OSError, psycopg.Error):
+        pass
+    return Interrupted(f"move-shard: interrupted (Ctrl-C): {where}")
 
 
 @cli.command("rebalance")

@@ -476,7 +476,9 @@ class ShardedModel(models.Model):
             value = getattr(self, field.attname)
             if value is not None:
                 value = _value(field, value)
-                return {"id": value} if self.shard_key_is_id else {"key": value}
+                if self.shard_key_is_id:  # an ID held as a key: a pre-adoption one is its key
+                    return {"shard": router().shard_of_id(value)}
+                return {"key": value}
         return None
 
     def save(self, *args: Any, **kwargs: Any) -> None:

@@ -299,6 +299,11 @@ class FleetReport:
     def not_started(self) -> int:
         return sum(len(self.outcome(h).not_started) for h in self.hosts)
 
+    @property
+    def rerun(self) -> str:
+        """What finishes an interrupted run: the command again."""
+        return f"shardctl {self.command}"
+
     def total(self, name: str) -> int:
         """Shards created / migrated over every host."""
         return sum(len(getattr(self.outcome(h), name)) for h in self.hosts)
@@ -350,7 +355,7 @@ class FleetReport:
         raise Interrupted(
             f"{self.command}: interrupted (Ctrl-C): stopped at a shard boundary; {done} shard(s) "
             f"done, {self.not_started} not started; every shard is complete or absent: run "
-            f"shardctl {self.command} again to finish",
+            f"{self.rerun} again to finish",
             report=self.to_dict(),
         )
 

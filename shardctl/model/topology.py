@@ -429,6 +429,14 @@ def _line_of(node: Any, key: Any = None) -> int | None:
 
 def _schema_names_problem(fmt: str, count: int) -> str | None:
     """The first shard whose schema name is not a safe identifier or repeats another's, or None."""
+    # prefix + str(n) + suffix: distinct for distinct n; a name with digits is no key word or taken
+    # name, and only its length changes with n, so the first and the last shard decide.
+    if (
+        count > 0
+        and _plain_affixes(fmt) is not None
+        and all(identifier_problem(format_schema(fmt, n)) is None for n in (0, count - 1))
+    ):
+        return None
     names: dict[str, int] = {}
     for n in range(count):
         try:

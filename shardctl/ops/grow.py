@@ -63,6 +63,12 @@ class AddShardResult(FleetReport):
     shard_count: int = 0
     topology_written: bool = False
 
+    @property
+    def rerun(self) -> str:
+        """The topology is written only once every new shard is ready, so the same command (the same
+        ``--count`` or ``--ids``) opens the same shards and finishes them; a bare init would not."""
+        return "the same shardctl add-shard command"
+
     def to_dict(self) -> dict:
         doc = {
             **super().to_dict(),

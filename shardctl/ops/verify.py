@@ -158,8 +158,8 @@ def verify(
     """Check every shard on every host: placement, records, next_id() bodies, sampled IDs (strictly
     increasing, minted for the right shard, near the host clock), and its schema against the
     reference the migration files define. Touches nothing but the ID sequences, a temporary function
-    of verify's own session, and the scratch database each host builds its reference in (dropped
-    again).
+    of verify's own session, the scratch database each host builds its reference in (dropped
+    again), and the reference kept in that host's ``shardctl.meta`` for the next run.
 
     A few set-based queries per host (docs/performance.md, Fleet-wide reads). Bodies: every
     shard's body, with its shard number and schema name taken out, must match the template

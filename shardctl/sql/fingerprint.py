@@ -59,9 +59,19 @@ def fingerprints(
     functions (``name/nargs``) whose bodies are left out."""
     if not schemas:
         return {}
-    return dict(
-        conn.execute(FINGERPRINT_SQL, {"schemas": schemas, "per_shard": list(per_shard)}).fetchall()
-    )
+    with conn.transaction():
+        conn.execute(_work_mem(len(schemas)))
+        rows = conn.execute(
+            FINGERPRINT_SQL, {"schemas": schemas, "per_shard": list(per_shard)}
+        ).fetchall()
+    return dict(rows)
+
+
+def _work_mem(schemas: int) -> str:
+    """``SET LOCAL work_mem`` for the fingerprint of ``schemas`` shards: at the default 4 MB its sort of
+    ~22 rows per shard spills to disk from a few hundred shards on, and the query takes about twice
+    as long (2,048 shards: 0.8 s against 0.4 s); 64 MB, and 32 kB more per shard above 2,048."""
+    return f"SET LOCAL work_mem = '{max(64 * 1024, schemas * 32)}kB'"
 
 
 def objects(

@@ -343,7 +343,17 @@ class _ShardConnection(Connection):
                 if session is None or getattr(exc, "shardctl_moved", None) is None:
                     raise
                 target = self.shardctl_moved_to = session._followed(self, exc)
+                args = _options_now(session, exc.shardctl_moved[0], args)
         return target._execute_context(dialect, constructor, *args, **kw)
+
+
+def _options_now(session: Any, shard: int, args: tuple) -> tuple:
+    """``_execute_context``'s (statement, parameters, execution_options, ...) with the shard's
+    options as placed now: its schema may differ on the new host (an adopted old database's
+    ``public``, the fleet's ``insta5`` after the cutover)."""
+    if len(args) < 3 or args[2].get("shardctl_shard") != shard:
+        return args
+    return (args[0], args[1], args[2].union(session.shards.options(shard)), *args[3:])
 
 
 # ---- routing ----------------------------------------------------------------------------------------

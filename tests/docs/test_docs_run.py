@@ -255,6 +255,60 @@ def check_stale_router(run: PageRun, block: Block) -> None:
     assert "SCM01: shard 2 moved to pg2" in direct.stderr, direct.stderr
 
 
+def check_adopt_blocker(run: PageRun, block: Block) -> None:
+    """adopting.md: the first plan names blockers and exits 1, and still writes the plan file."""
+    assert "adopt plan: exit 1" in run.output(), run.output()
+    plan = yaml.safe_load((Path(run.cwd) / "adopt-plan.yaml").read_text())
+    assert plan["blockers"] and all(b["fix"] for b in plan["blockers"]), plan["blockers"]
+
+
+def fleet_rows(fleet: Path, topo: dict, table: str, key: str) -> dict[int, tuple[int, int]]:
+    """id -> (shard, key) of every row of ``table`` in the fleet's shard schemas (read with psql);
+    an id in two shards fails."""
+    ports = server_ports(fleet)
+    found: dict[int, tuple[int, int]] = {}
+    for host in topo["hosts"]:
+        first, _, last = str(host["shards"]).partition("-")
+        shards = range(int(first), int(last or first) + 1)
+        union = " UNION ALL ".join(
+            f"SELECT {n} AS shard, id, {key} AS key FROM insta{n}.{table}" for n in shards
+        )
+        for r in rows(ports[host["name"]], "app", union):
+            assert int(r["id"]) not in found, f"{table} id {r['id']} on two shards"
+            found[int(r["id"])] = (int(r["shard"]), int(r["key"]))
+    return found
+
+
+def check_adopt_cutover(run: PageRun, block: Block) -> None:
+    """adopting.md: after the cutover the fleet is authoritative; every row of every adopted table
+    on the old database (frozen since) is on the fleet once, on its key's shard (an old key: key %
+    count), and the app, which ran through the cutover, wrote new rows there (next_id() IDs, on
+    their key's shard)."""
+    here = Path(run.cwd)
+    topo = yaml.safe_load((here / "fleet" / "shardctl.yaml").read_text())
+    adoption, count = topo["adoption"], topo["shards"]["count"]
+    assert adoption["authoritative"] == "fleet", adoption
+    floor = int(adoption["id_floor"])
+    old_port = server_ports(here / "olddb")["pg1"]
+    new_rows = 0
+    for table, cols in adoption["tables"].items():
+        old = {  # the rows of before the cutover (the way back for --abort brings later ones)
+            int(r["id"]): int(r["key"])
+            for r in rows(
+                old_port,
+                "app",
+                f"SELECT id, {cols['key']} AS key FROM public.{table} WHERE id < {floor}",
+            )
+        }
+        fleet = fleet_rows(here / "fleet", topo, table, cols["key"])
+        assert {i: k for i, (_, k) in fleet.items() if i < floor} == old, table
+        for i, (shard, k) in fleet.items():
+            want = k % count if k < floor else shard_bits(k, here / "fleet")
+            assert shard == want, (table, i, shard, k)
+        new_rows += sum(1 for i in fleet if i >= floor)
+    assert new_rows > 0, "the app wrote nothing to the fleet after the cutover"
+
+
 CHECKS = {
     "printed": check_printed,
     "demo": check_demo,
@@ -265,4 +319,6 @@ CHECKS = {
     "stats": check_stats,
     "pooler": check_pooler,
     "pooler-existing": check_pooler_existing,
+    "adopt-blocker": check_adopt_blocker,
+    "adopt-cutover": check_adopt_cutover,
 }

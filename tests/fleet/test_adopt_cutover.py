@@ -9,6 +9,9 @@ rows and the acknowledged writes (tests/support/history.py), never by the cutove
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -552,6 +555,74 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
     assert identities == {"forum_post": "d", "forum_vote": "d"}
     # no replication object of the adoption is left (the copy's, the way back's, the id map's)
     assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)
+
+
+def test_sqlalchemy_session_follows_the_cutover_into_the_shard_schema(make_fleet):
+    """A ``shardctl.sqlalchemy`` session on a topology copy that still says ``authoritative: source``:
+    its first statement after the cutover meets the old database's guard, follows the redirect to
+    the fleet host and runs again there in the shard's schema, not in the old database's ``public``
+    (where the copy's parent stays until the cleanup)."""
+    from sqlalchemy import BigInteger, Column, Text
+    from sqlalchemy.orm import declarative_base
+
+    from shardctl.sqlalchemy import sessionmaker
+
+    class Photo(declarative_base()):
+        __tablename__ = "photos"
+        __shard_key__, __shard_key_is_id__ = "user_id", True
+        id = Column(BigInteger, primary_key=True)
+        user_id = Column(BigInteger)
+        caption = Column(Text)
+
+    path, _ = adopting(make_fleet, users=20)
+    router = Router(load(stale_copy(path)))
+    try:
+        session_factory = sessionmaker(router)
+        with session_factory() as session:  # on the old database
+            assert session.get(Photo, 1) is not None
+        assert cli_json(path)["phase"] == "cut_over"
+        with session_factory() as session:
+            photo = Photo(user_id=3, caption="after the cutover")
+            session.add(photo)
+            session.commit()
+            new_id = photo.id
+    finally:
+        router.close()
+    topo = load(path)
+    assert new_id >= ID_FLOOR
+    assert fleet_rows(path, "photos")[new_id] == (topo.host_of(3).name, topo.schema_name(3))
+
+
+def django_photo(path: Path, user_id: int) -> int:
+    """The ID of a photo of ``user_id`` created by shardctl.django (tests/support/django_photo.py)."""
+    pytest.importorskip("django")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["SHARDCTL_CONFIG"] = str(path)
+    script = Path(__file__).resolve().parents[1] / "support" / "django_photo.py"
+    result = subprocess.run(
+        [sys.executable, str(script), str(user_id)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])["id"]
+
+
+def test_django_creates_rows_keyed_by_an_old_user_id(make_fleet):
+    """``Photo.objects.create(user_id=<an old user's ID>)`` with ``shard_key_is_id``: on the old
+    database before the cutover, on that user's shard (``id % N``) after it."""
+    path, src_dsn = adopting(make_fleet, users=20)
+    before = django_photo(path, 3)
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        assert sql(src, "SELECT user_id FROM photos WHERE id = %s", before) == [(3,)]
+    assert cli_json(path)["phase"] == "cut_over"
+    after = django_photo(path, 3)
+    topo = load(path)
+    assert after >= ID_FLOOR
+    assert fleet_rows(path, "photos")[after] == (topo.host_of(3).name, topo.schema_name(3))
 
 
 def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):

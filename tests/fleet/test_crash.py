@@ -132,8 +132,9 @@ def test_server_killed_during_init(box):
     assert run_cli("verify", config=path).exit_code == 0
 
 
-def test_shardctl_killed_during_init(box):
-    path = box.topology_path
+def test_shardctl_killed_during_init(make_fleet):
+    """shardctl dies, the servers do not: the session's servers serve (no private sandbox)."""
+    path = make_fleet(hosts=2, shards=SHARDS)
     dsn = load(path).host("pg2").dsn
     proc = start_cli("init", "--batch-size", "4", "--jobs", "2", config=path)
     wait_for(
@@ -204,9 +205,10 @@ def test_server_killed_during_add_shard(box, tmp_path):
     assert run_cli("verify", config=path).exit_code == 0
 
 
-def test_shardctl_killed_during_migrate(box):
-    path = box.topology_path
-    assert run_cli("init", config=path).exit_code == 0
+def test_shardctl_killed_during_migrate(make_fleet):
+    path = make_fleet(
+        hosts=2, shards=SHARDS, init=True
+    )  # a clone of the session's initialised fleet
     (path.parent / "migrations" / "V0003__add_photo_location.sql").write_text(ADD_COLUMN)
     dsn = load(path).host("pg1").dsn
     proc = start_cli("migrate", "--batch-size", "4", "--jobs", "2", config=path)

@@ -8,6 +8,12 @@ import re
 
 from support.fleet import connect, load, run_cli
 
+from shardctl.ops import reference
+from shardctl.ops.reference import REFERENCE_KEY
+from shardctl.ops.verify import per_shard_functions
+from shardctl.sql.host_migrations import host_for_topology
+from shardctl.sql.migrations import for_topology
+
 # A migration that tests for its constraint by name with no schema filter (the issue's eight lines).
 SHADOWED = """DO $$
 BEGIN
@@ -29,6 +35,13 @@ def scratch_databases(topo) -> set[str]:
                 "SELECT datname FROM pg_database WHERE datname LIKE 'shardctl\\_ref\\_%'"
             )
         }
+
+
+def forget_reference(topo) -> None:
+    """Delete the reference earlier runs kept on every host (ops/reference.py, REFERENCE_KEY)."""
+    for host in topo.hosts:
+        with connect(topo, host.name, autocommit=True) as conn:
+            conn.execute("DELETE FROM shardctl.meta WHERE key = %s", (REFERENCE_KEY,))
 
 
 def test_shadowed_migration_fails_verify_on_every_shard(make_fleet):
@@ -127,6 +140,11 @@ def test_verify_without_create_database_says_what_it_could_not_prove(make_fleet)
     try:
         limited = path.with_name("limited.yaml")
         limited.write_text(path.read_text().replace("://postgres@", f"://{role}@"))
+        # A reference an earlier run built here (init's check) proves the schemas for this role too:
+        kept = run_cli("verify", "--json", config=limited)
+        assert kept.exit_code == 0 and not json.loads(kept.stdout)["violations"], kept
+        # without it, this role cannot build one
+        forget_reference(topo)
         result = run_cli("verify", "--json", config=limited)
         assert result.exit_code == 1, result
         reasons = [v["reason"] for v in json.loads(result.stdout)["violations"]]
@@ -210,3 +228,32 @@ def test_a_scratch_database_a_killed_run_left_is_dropped(make_fleet):
     finally:
         with connect(topo, "pg1", autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {left}")
+
+
+def test_the_reference_is_kept_and_built_again_when_a_file_changes(make_fleet):
+    """A complete reference is kept on the host that built it and read back while every input is the
+    same (the same prints and objects as a fresh build); a new or edited migration builds a new one."""
+    path = make_fleet(hosts=1, shards=4, init=True)
+    topo = load(path)
+
+    def build() -> reference.Reference:
+        t = load(path)
+        return reference.build(
+            t, t.hosts[0], for_topology(t), host_for_topology(t), per_shard_functions(t)
+        )
+
+    forget_reference(topo)
+    fresh, kept = build(), build()
+    assert (fresh.cached, kept.cached) == (False, True)
+    assert kept.prints == fresh.prints and kept.objects == fresh.objects and len(kept.prints) == 3
+
+    v3 = path.parent / "migrations" / "V0003__photo_location.sql"
+    v3.write_text(ADD_COLUMN)
+    added = build()
+    assert not added.cached and len(added.prints) == 4
+    assert ("column", "photos", "location") in added.objects[3]
+    v3.write_text(ADD_COLUMN.replace("location", "place"))
+    edited = build()
+    assert not edited.cached and ("column", "photos", "place") in edited.objects[3]
+    assert ("column", "photos", "location") not in edited.objects[3]
+    assert build().cached

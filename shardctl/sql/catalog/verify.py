@@ -215,6 +215,15 @@ def default_privilege_statements(conn: psycopg.Connection) -> list[str]:
     return out
 
 
+def available_extensions(conn: psycopg.Connection) -> list[tuple[str, str]]:
+    """(name, default version) of every extension the server could install: a host-level
+    ``CREATE EXTENSION`` in verify's reference takes the default version, so a changed package
+    changes the reference (its cache is keyed by this list)."""
+    return conn.execute(
+        "SELECT name, coalesce(default_version, '') FROM pg_available_extensions ORDER BY 1"
+    ).fetchall()
+
+
 def idle_databases(conn: psycopg.Connection, prefix: str) -> list[str]:
     """The databases whose name starts with ``prefix`` and that no session is connected to."""
     return [

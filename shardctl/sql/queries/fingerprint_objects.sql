@@ -16,12 +16,14 @@ WITH s AS MATERIALIZED (
            || ' :funcresulttype 20 :funcretset false :funcvariadic false :funcformat 0 :funccollid 0 '
               ':inputcollid 0 :args <> :location -1}' AS next_id_call
       FROM unnest(:'schemas'::text[]) AS u(name) JOIN pg_namespace n ON n.nspname = u.name
-), d AS MATERIALIZED (  -- column defaults, their node trees as text
-    SELECT d.adrelid, d.adnum, d.adbin, d.adbin::text AS node
+), d AS MATERIALIZED (  -- column defaults, their node trees as text; own: a call of its shard's next_id()
+    SELECT d.adrelid, d.adnum, d.adbin, d.adbin::text AS node, d.adbin::text = s.next_id_call AS own
       FROM s JOIN pg_class c ON c.relnamespace = s.oid JOIN pg_attrdef d ON d.adrelid = c.oid
-), dx AS MATERIALIZED (  -- each node tree without a column reference, deparsed once for every shard
+), dx AS MATERIALIZED (  -- each other node tree without a column reference, deparsed once for every
+                         -- shard (a next_id() call differs per shard: deparsing them all was ~15%)
     SELECT k.node, pg_get_expr(x.adbin, 0) AS expr
-      FROM (SELECT DISTINCT ON (node) node, adrelid, adnum FROM d WHERE position('{VAR ' IN node) = 0) AS k
+      FROM (SELECT DISTINCT ON (node) node, adrelid, adnum FROM d
+             WHERE NOT own AND position('{VAR ' IN node) = 0) AS k
       JOIN pg_attrdef x ON x.adrelid = k.adrelid AND x.adnum = k.adnum
 ), o(schema, kind, tbl, name, def) AS (
     SELECT s.schema, 'schema', '', '', concat_ws(' ', 'owner', pg_get_userbyid(s.nspowner), 'acl', s.nspacl::text)
@@ -49,7 +51,7 @@ WITH s AS MATERIALIZED (
                      CASE WHEN a.attcollation <> 0 THEN 'collate ' || a.attcollation::regcollation::text END,
                      CASE WHEN a.attidentity <> '' THEN 'identity ' || a.attidentity::text END,
                      CASE WHEN a.attgenerated <> '' THEN 'generated' END,
-                     'default ' || CASE WHEN d.node = s.next_id_call THEN '{schema}.next_id()'
+                     'default ' || CASE WHEN d.own THEN '{schema}.next_id()'
                                         ELSE replace(coalesce(dx.expr, pg_get_expr(d.adbin, d.adrelid)), s.q, '{schema}.') END,
                      'acl ' || a.attacl::text)
       FROM s JOIN pg_class c ON c.relnamespace = s.oid AND c.relkind IN ('r', 'p', 'f', 'c', 'v', 'm')

@@ -1,0 +1,39 @@
+"""``python django_photo.py USER_ID``, with SHARDCTL_CONFIG set to an adopting fleet's topology (the
+Django example app's settings): ``Photo.objects.create(user_id=USER_ID)`` on a model of the adopted
+``photos`` table whose key holds a user's ID (``shard_key_is_id``), and prints its ID as one JSON
+line (tests/fleet/test_adopt_cutover.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "examples" / "django_app"), str(ROOT)]
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gramsite.settings")
+
+import django
+
+django.setup()
+
+from django.db import models
+
+from shardctl.django.models import ShardedModel
+
+
+class AdoptedPhoto(ShardedModel):
+    shard_key, shard_key_is_id = "user_id", True
+    user_id = models.BigIntegerField()
+    caption = models.TextField()
+
+    class Meta:
+        app_label = "gram"
+        db_table = "photos"
+        managed = False
+
+
+if __name__ == "__main__":
+    photo = AdoptedPhoto.objects.create(user_id=int(sys.argv[1]), caption="by django")
+    print(json.dumps({"id": photo.id}))

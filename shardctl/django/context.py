@@ -34,6 +34,9 @@ _current: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
 _lock = threading.Lock()
 _state: dict[str, Any] = {"router": None, "path": None, "prefix": ""}
 _aliases: dict[tuple[str, str], str] = {}  # (host name, dsn) -> its alias, once checked
+_targets: dict[
+    int, Target
+] = {}  # shard -> its Target, valid while the placement gives the same Host
 
 
 def configure(topology: str | Path | Topology, *, alias_prefix: str = "") -> Router:
@@ -43,6 +46,7 @@ def configure(topology: str | Path | Topology, *, alias_prefix: str = "") -> Rou
         old = _state["router"]
         _state.update(router=Router(topo), path=topo.path, prefix=alias_prefix)
         _aliases.clear()
+        _targets.clear()
     if old is not None:
         old.close()
     return _state["router"]
@@ -119,9 +123,21 @@ def target(
     ``next_id()``) or ``shard`` (the Router's keywords: ``force_string`` too), with its host as of
     now."""
     r = router()
-    number = r.target(key, id=id, shard=shard, force_string=force_string)
+    return shard_target(r.target(key, id=id, shard=shard, force_string=force_string))
+
+
+def shard_target(number: int) -> Target:
+    """The Target of shard ``number`` (a shard of the topology), with its host as of now. Every ORM
+    call routes through here, so the Target is kept until the placement gives the shard another Host
+    (a move followed, the topology file reloaded)."""
+    r = router()
     host = r.placement.locate(number)
-    return Target(number, r.topology.schema_name(number), host, alias_of(host))
+    known = _targets.get(number)
+    if known is not None and known.host is host:
+        return known
+    made = Target(number, r.topology.schema_name(number), host, alias_of(host))
+    _targets[number] = made
+    return made
 
 
 def current() -> Target | None:

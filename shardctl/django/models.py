@@ -16,7 +16,7 @@ from django.db.models import Q
 
 from ..errors import BadInput, ShardMoved
 from ..sql.catalog.control import MOVED_SQLSTATE
-from .context import Target, current, on_shard, router
+from .context import Target, _current, current, router, shard_target
 
 T = TypeVar("T")
 Hint = dict[str, Any] | None  # {"key": v} | {"id": v} | {"shard": n} | None (the current block's)
@@ -54,11 +54,7 @@ def routed(model: type, hint: Hint, work: Callable[[], T], *, write: bool = Fals
     file reloaded, or the old host's redirect): outside a transaction ``work()`` runs once more there;
     inside one, which cannot be replayed, :class:`~shardctl.errors.ShardMoved` says so."""
     here = current()
-    if (
-        here is not None
-        and _routing.get() is here
-        and (hint is None or router().target(**hint) == here.shard)
-    ):
+    if here is not None and _routing.get() is here and (hint is None or _shard(hint) == here.shard):
         # inside a routed call on this very shard (create() -> save()): it follows moves
         return work()
     if hint is None:
@@ -67,28 +63,43 @@ def routed(model: type, hint: Hint, work: Callable[[], T], *, write: bool = Fals
                 f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "
                 "or run it in shardctl.django.on_shard(key=|id=|shard=)"
             )
-        hint = {"shard": here.shard}
+        number = here.shard
+    else:
+        number = _shard(hint)
     for attempt in (1, 2):
-        with on_shard(**hint) as where:
-            if write:
-                _check_covered(model, where)
-            token = _routing.set(where)
-            try:
-                return work()
-            except DatabaseError as exc:
-                if attempt == 2:
-                    raise
-                conn = connections[where.alias]
-                if conn.in_atomic_block and _sqlstate(exc) in GONE:
-                    _abandon(conn)
-                if not _moved(where, exc):
-                    raise
-                if conn.in_atomic_block:
-                    new = router().placement.locate(where.shard).name
-                    raise ShardMoved(where.shard, new) from exc
-            finally:
-                _routing.reset(token)
+        where = shard_target(number)  # as on_shard(shard=number), without a generator per call
+        if write:
+            _check_covered(model, where)
+        shard_token, routing_token = _current.set(where), _routing.set(where)
+        try:
+            return work()
+        except DatabaseError as exc:
+            if attempt == 2:
+                raise
+            conn = connections[where.alias]
+            if conn.in_atomic_block and _sqlstate(exc) in GONE:
+                _abandon(conn)
+            if not _moved(where, exc):
+                raise
+            if conn.in_atomic_block:
+                new = router().placement.locate(where.shard).name
+                raise ShardMoved(where.shard, new) from exc
+        finally:
+            _routing.reset(routing_token)
+            _current.reset(shard_token)
     raise AssertionError("unreachable")
+
+
+def _shard(hint: dict[str, Any]) -> int:
+    """The shard a hint (``{"key"|"id"|"shard": value}``) names: what ``Router.target(**hint)`` says (a
+    ``{"shard": n}`` hint comes from a shard this module computed or checked), without its keyword
+    checks on every call."""
+    ((kind, value),) = hint.items()
+    if kind == "shard":
+        return value
+    if kind == "id":
+        return router().shard_of_id(value)
+    return router().shard_for(value)
 
 
 def _sqlstate(exc: DatabaseError) -> str | None:
@@ -117,8 +128,12 @@ def _check_covered(model: type, where: Target) -> None:
     """Refuse a write that a transaction open on another database would not cover."""
     if connections[where.alias].in_atomic_block:
         return
-    for other in connections.all(initialized_only=True):
-        if other.in_atomic_block:
+    # this thread's open connections (as alias_of reads them): one look at each alias, where
+    # connections.all(initialized_only=True) takes two
+    opened = connections._connections
+    for alias in connections.settings:
+        other = getattr(opened, alias, None)
+        if other is not None and other.in_atomic_block:
             raise UncoveredWrite(
                 f"{model.__name__}: a write to shard {where.shard} (database {where.alias!r}) inside "
                 f"transaction.atomic() on {other.alias!r}, which does not cover it: use "
@@ -164,14 +179,15 @@ def _lookup_shards(model: Any, name: str, value: Any) -> Shards:
     r = router()
     shards = set()
     for v in values:
-        if v is None:  # = None matches no row; IN drops None
-            continue
-        if hasattr(v, "resolve_expression"):
-            return name
-        try:
-            v = _value(field, v)
-        except (ValidationError, ValueError, TypeError):
-            return None  # not a value of the field: Django says so when it builds the query
+        if type(v) is not int:  # a key or an ID as the field holds it: most lookups
+            if v is None:  # = None matches no row; IN drops None
+                continue
+            if hasattr(v, "resolve_expression"):
+                return name
+            try:
+                v = _value(field, v)
+            except (ValidationError, ValueError, TypeError):
+                return None  # not a value of the field: Django says so when it builds the query
         shards.add(r.shard_of_id(v) if by_id else r.shard_for(v))
     return frozenset(shards)
 
@@ -189,12 +205,10 @@ def _q_shards(model: Any, q: Q) -> Shards:
         else None  # a boolean expression: no lookup on the key or the pk by name
         for child in q.children
     ]
+    if q.connector == Q.AND:
+        return _and(parts)
     sets = [p for p in parts if isinstance(p, frozenset)]
     unrouted = [p for p in parts if isinstance(p, str)]
-    if q.connector == Q.AND:
-        if sets:
-            return frozenset.intersection(*sets)
-        return unrouted[0] if unrouted else None
     if len(sets) == len(parts):
         return frozenset().union(*sets)
     if not sets and not unrouted:
@@ -202,9 +216,23 @@ def _q_shards(model: Any, q: Q) -> Shards:
     return unrouted[0] if unrouted else f"an OR of {model.shard_key} or pk with other terms"
 
 
+def _and(parts: list[Shards]) -> Shards:
+    """What terms joined by AND name: the shards every set names, else the first unroutable term."""
+    sets = [p for p in parts if isinstance(p, frozenset)]
+    if sets:
+        return frozenset.intersection(*sets)
+    return next((p for p in parts if isinstance(p, str)), None)
+
+
+def _kwargs_shards(model: Any, lookups: dict[str, Any]) -> Shards:
+    """What ``filter(**lookups)`` names: ``_q_shards(model, Q(**lookups))`` without building the Q
+    (every create and get by key or ID comes here)."""
+    return _and([_lookup_shards(model, name, lookups[name]) for name in sorted(lookups)])
+
+
 def hint_from(model: Any, lookups: dict[str, Any]) -> Hint:
     """The one shard that field values (``create(**kwargs)``) or filters name, else None."""
-    shards = _q_shards(model, Q(**lookups)) if lookups else None
+    shards = _kwargs_shards(model, lookups) if lookups else None
     if isinstance(shards, frozenset) and len(shards) == 1:
         return {"shard": next(iter(shards))}
     return None
@@ -230,7 +258,11 @@ class ShardedQuerySet(models.QuerySet):
     def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> ShardedQuerySet:
         clone = super()._filter_or_exclude(negate, args, kwargs)
         if not negate:
-            named = _q_shards(self.model, Q(*args, **kwargs))
+            named = (
+                _q_shards(self.model, Q(*args, **kwargs))
+                if args
+                else _kwargs_shards(self.model, kwargs)
+            )
             if isinstance(named, frozenset):
                 clone._shards = named if clone._shards is None else clone._shards & named
             elif named is not None and clone._unrouted is None:
@@ -433,7 +465,7 @@ def current_shard(model: type, hint: Hint) -> int:
         if here is None:
             raise ShardNotChosen(f"{model.__name__}: no shard chosen for a new object")
         return here.shard
-    return router().target(**hint)
+    return _shard(hint)
 
 
 ShardedManager = models.Manager.from_queryset(ShardedQuerySet)

@@ -69,8 +69,13 @@ class ShardCursor(postgresql.Cursor):
                 return super().execute(query, params, **kwargs)
             finally:
                 self._end(alone)
+        if params is not None:
+            # Bound here, so psycopg's cache of parsed query texts (128 of them) keeps one entry per
+            # query, not one per query and shard; the text sent is what binding it with the
+            # settings in front would give.
+            query, params = self.mogrify(query, params), None
         # Alone (autocommit): the two statements are one implicit transaction, ending with the query.
-        super().execute(f"{settings_sql(schema, params is not None)}; {query}", params, **kwargs)
+        super().execute(f"{settings_sql(schema, False)}; {query}", params, **kwargs)
         self.nextset()
         if not alone:
             conn.shardctl_schema = schema

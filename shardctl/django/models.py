@@ -53,7 +53,7 @@ def routed(model: type, hint: Hint, work: Callable[[], T], *, write: bool = Fals
     fails because the shard has just moved away, the Router's placement finds the new host (topology
     file reloaded, or the old host's redirect): outside a transaction ``work()`` runs once more there;
     inside one, which cannot be replayed, :class:`~shardctl.errors.ShardMoved` says so."""
-    here = current()
+    here = _current.get()  # current(), without a call: every ORM call comes here, some twice
     if here is not None and _routing.get() is here and (hint is None or _shard(hint) == here.shard):
         # inside a routed call on this very shard (create() -> save()): it follows moves
         return work()
@@ -128,11 +128,11 @@ def _check_covered(model: type, where: Target) -> None:
     """Refuse a write that a transaction open on another database would not cover."""
     if connections[where.alias].in_atomic_block:
         return
-    # this thread's open connections (as alias_of reads them): one look at each alias, where
-    # connections.all(initialized_only=True) takes two
+    # this thread's open connections (as alias_of reads them): one look at each other alias, where
+    # connections.all(initialized_only=True) takes two at each
     opened = connections._connections
     for alias in connections.settings:
-        other = getattr(opened, alias, None)
+        other = getattr(opened, alias, None) if alias != where.alias else None
         if other is not None and other.in_atomic_block:
             raise UncoveredWrite(
                 f"{model.__name__}: a write to shard {where.shard} (database {where.alias!r}) inside "
@@ -149,34 +149,39 @@ def _value(field: Any, value: Any) -> Any:
     return value if type(value) is int else field.to_python(value)
 
 
-def _names(model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the names of the pk, the names of the shard key), cached on the model."""
-    names = model.__dict__.get("_shard_names")
-    if names is None:
+def _routes(model: Any) -> dict[str, tuple[Any, bool]]:
+    """A name of the pk (``pk``, its name and attname) or of the shard key -> (its field, whether its
+    values are IDs); the pk wins where both have a name. Cached on the model."""
+    routes = model.__dict__.get("_shard_routes")
+    if routes is None:
         pk = model._meta.pk
-        field = model._meta.get_field(model.shard_key) if model.shard_key else None
-        names = (("pk", pk.name, pk.attname), (field.name, field.attname) if field else ())
-        model._shard_names = names
-    return names
+        routes = dict.fromkeys(("pk", pk.name, pk.attname), (pk, True))
+        if model.shard_key:
+            field = model._meta.get_field(model.shard_key)
+            for name in (field.name, field.attname):
+                routes.setdefault(name, (field, model.shard_key_is_id))
+        model._shard_routes = routes
+    return routes
 
 
 def _lookup_shards(model: Any, name: str, value: Any) -> Shards:
     """The shards one lookup names: a set (``=`` or ``__in`` on the pk or the shard key), its name
     when it is on one of them but names no set, None when it is on neither."""
     field_name, _, lookup = name.partition("__")
-    pk_names, key_names = _names(model)
-    if field_name in pk_names:
-        field, by_id = model._meta.pk, True
-    elif field_name in key_names:
-        field, by_id = model._meta.get_field(model.shard_key), model.shard_key_is_id
-    else:
+    route = _routes(model).get(field_name)
+    if route is None:
         return None
+    field, by_id = route
     if lookup not in ("", "exact", "in"):
         return name
-    values: Iterable[Any] = [value] if lookup != "in" else value
-    if lookup == "in" and not isinstance(value, (list, tuple, set, frozenset)):
+    if lookup != "in":
+        values: Iterable[Any] = (value,)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        values = value
+    else:
         return name  # a subquery or an expression
     r = router()
+    shard_of = r.shard_of_id if by_id else r.shard_for
     shards = set()
     for v in values:
         if type(v) is not int:  # a key or an ID as the field holds it: most lookups
@@ -188,7 +193,7 @@ def _lookup_shards(model: Any, name: str, value: Any) -> Shards:
                 v = _value(field, v)
             except (ValidationError, ValueError, TypeError):
                 return None  # not a value of the field: Django says so when it builds the query
-        shards.add(r.shard_of_id(v) if by_id else r.shard_for(v))
+        shards.add(shard_of(v))
     return frozenset(shards)
 
 
@@ -226,8 +231,12 @@ def _and(parts: list[Shards]) -> Shards:
 
 def _kwargs_shards(model: Any, lookups: dict[str, Any]) -> Shards:
     """What ``filter(**lookups)`` names: ``_q_shards(model, Q(**lookups))`` without building the Q
-    (every create and get by key or ID comes here)."""
-    return _and([_lookup_shards(model, name, lookups[name]) for name in sorted(lookups)])
+    (every create and get by key or ID comes here), looking only at the lookups on the pk or the key."""
+    routes = _routes(model)
+    named = [name for name in lookups if name.partition("__")[0] in routes]
+    if len(named) == 1:
+        return _lookup_shards(model, named[0], lookups[named[0]])
+    return _and([_lookup_shards(model, name, lookups[name]) for name in sorted(named)])
 
 
 def hint_from(model: Any, lookups: dict[str, Any]) -> Hint:
@@ -297,11 +306,18 @@ class ShardedQuerySet(models.QuerySet):
         return None
 
     def _run(
-        self, work: Callable[[], T], each: Callable[[ShardedQuerySet], T], *, write=False
+        self,
+        work: Callable[[], T],
+        each: Callable[[ShardedQuerySet], T],
+        *,
+        write: bool = False,
+        shards: tuple[int, ...] | None = None,
     ) -> Any:
         """``work()`` on this query's one shard (or the block's); else ``each(clone)`` for a clone of
-        it on each of its shards: the list of their results."""
-        shards = self._targets()
+        it on each of its shards: the list of their results. ``shards``: ``_targets()``, when the
+        caller has it already."""
+        if shards is None:
+            shards = self._targets()
         if shards is None:
             return routed(self.model, None, work, write=write)
         if len(shards) == 1:
@@ -318,7 +334,8 @@ class ShardedQuerySet(models.QuerySet):
             return
         q = self.query
         low, high = q.low_mark, q.high_mark
-        many = len(self._targets() or ()) > 1
+        shards = self._targets()
+        many = shards is not None and len(shards) > 1
         order = self._merge_order() if many else []
         if q.is_sliced and order is None:
             raise UnroutableQuery(
@@ -333,7 +350,7 @@ class ShardedQuerySet(models.QuerySet):
             clone._fetch_all()
             return clone._result_cache  # type: ignore[return-value]
 
-        got = self._run(super()._fetch_all, each)
+        got = self._run(super()._fetch_all, each, shards=shards)
         if isinstance(got, Parts):
             rows = [row for part in got for row in part]
             for attname, descending in reversed(order or ()):  # stable: the last key first

@@ -8,7 +8,7 @@ from typing import Any
 from django.apps import apps
 from django.db import connections
 
-from .context import collecting, current
+from .context import _current, collecting
 from .models import ShardedModel, ShardNotChosen
 
 
@@ -24,7 +24,7 @@ class DatabaseRouter:
     def _alias(self, model: Any) -> str | None:
         if not sharded(model):
             return None
-        here = current()
+        here = _current.get()  # current(), without a call: Django asks on every query
         if here is None:
             raise ShardNotChosen(
                 f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "

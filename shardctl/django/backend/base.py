@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql import base as postgresql
 
 from ...sql.session import BEGIN_SCRIPT, set_local_search_path
-from ..context import current
+from ..context import _current
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
 NO_SHARD = ""  # the search_path outside shards
@@ -45,7 +45,7 @@ class ShardCursor(postgresql.Cursor):
     def _needs(self) -> tuple[str | None, bool]:
         """(the settings to send, or None; whether the statement is a transaction of its own)."""
         conn = self.connection
-        target = current()
+        target = _current.get()  # current(), without a call: every statement comes here
         schema = (
             target.schema
             if target is not None and target.alias == conn.shardctl_alias

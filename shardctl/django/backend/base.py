@@ -42,9 +42,9 @@ def settings_sql(schema: str, escape: bool) -> str:
 class ShardCursor(postgresql.Cursor):
     """Django's client-binding cursor, putting each transaction on the current shard."""
 
-    def _needs(self) -> tuple[str | None, bool]:
-        """(the settings to send, or None; whether the statement is a transaction of its own)."""
-        conn = self.connection
+    def _needs(self, conn: Any) -> tuple[str | None, bool]:
+        """(the settings to send, or None; whether the statement is a transaction of its own), on this
+        cursor's connection ``conn``."""
         target = _current.get()  # current(), without a call: every statement comes here
         schema = (
             target.schema
@@ -59,10 +59,10 @@ class ShardCursor(postgresql.Cursor):
         return (None if schema == conn.shardctl_schema else schema), False
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        schema, alone = self._needs()
+        conn = self.connection
+        schema, alone = self._needs(conn)
         if schema is None:
             return super().execute(query, params, **kwargs)
-        conn = self.connection
         if not isinstance(query, str):  # a Composable: the settings in a round trip of their own
             self._settings(schema, alone)
             try:
@@ -82,7 +82,7 @@ class ShardCursor(postgresql.Cursor):
         return self
 
     def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
-        schema, alone = self._needs()
+        schema, alone = self._needs(self.connection)
         if schema is None:
             return super().executemany(query, params_seq, **kwargs)
         self._settings(schema, alone)

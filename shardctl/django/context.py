@@ -34,6 +34,9 @@ _current: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
 _lock = threading.Lock()
 _state: dict[str, Any] = {"router": None, "path": None, "prefix": ""}
 _aliases: dict[tuple[str, str], str] = {}  # (host name, dsn) -> its alias, once checked
+_targets: dict[
+    int, Target
+] = {}  # shard -> its Target, valid while the placement gives the same Host
 
 
 def configure(topology: str | Path | Topology, *, alias_prefix: str = "") -> Router:
@@ -43,6 +46,7 @@ def configure(topology: str | Path | Topology, *, alias_prefix: str = "") -> Rou
         old = _state["router"]
         _state.update(router=Router(topo), path=topo.path, prefix=alias_prefix)
         _aliases.clear()
+        _targets.clear()
     if old is not None:
         old.close()
     return _state["router"]
@@ -124,8 +128,21 @@ def target(
     number = r.resolve(
         key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
     )
+    return shard_target(number)
+
+
+def shard_target(number: int) -> Target:
+    """The Target of shard ``number`` (a shard of the topology, or the global tables), with its host
+    as of now. Every ORM call routes through here, so the Target is kept until the placement gives
+    the shard another Host (a move followed, the topology file reloaded, an adoption's flip)."""
+    r = router()
     host = r._locate(number)
-    return Target(number, r.placement.schema_on(host, number), host, alias_of(host))
+    known = _targets.get(number)
+    if known is not None and known.host is host:
+        return known
+    made = Target(number, r.placement.schema_on(host, number), host, alias_of(host))
+    _targets[number] = made
+    return made
 
 
 def current() -> Target | None:

@@ -16,7 +16,7 @@ from django.db.models import Q
 
 from ..errors import BadInput, ShardMoved
 from ..sql.catalog.control import MOVED_SQLSTATE
-from .context import Target, current, on_shard, router
+from .context import Target, _current, current, router, shard_target
 
 T = TypeVar("T")
 Hint = dict[str, Any] | None  # {"key": v} | {"id": v} | {"shard": n} | None (the current block's)
@@ -53,12 +53,8 @@ def routed(model: type, hint: Hint, work: Callable[[], T], *, write: bool = Fals
     fails because the shard has just moved away, the Router's placement finds the new host (topology
     file reloaded, or the old host's redirect): outside a transaction ``work()`` runs once more there;
     inside one, which cannot be replayed, :class:`~shardctl.errors.ShardMoved` says so."""
-    here = current()
-    if (
-        here is not None
-        and _routing.get() is here
-        and (hint is None or router().resolve(**hint) == here.shard)
-    ):
+    here = _current.get()  # current(), without a call: every ORM call comes here, some twice
+    if here is not None and _routing.get() is here and (hint is None or _shard(hint) == here.shard):
         # inside a routed call on this very shard (create() -> save()): it follows moves
         return work()
     if hint is None:
@@ -67,28 +63,45 @@ def routed(model: type, hint: Hint, work: Callable[[], T], *, write: bool = Fals
                 f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "
                 "or run it in shardctl.django.on_shard(key=|id=|shard=)"
             )
-        hint = {"shard": here.shard}
+        number = here.shard
+    else:
+        number = _shard(hint)
     for attempt in (1, 2):
-        with on_shard(**hint) as where:
-            if write:
-                _check_covered(model, where)
-            token = _routing.set(where)
-            try:
-                return work()
-            except DatabaseError as exc:
-                if attempt == 2:
-                    raise
-                conn = connections[where.alias]
-                if conn.in_atomic_block and _sqlstate(exc) in GONE:
-                    _abandon(conn)
-                if not _moved(where, exc):
-                    raise
-                if conn.in_atomic_block:
-                    new = router().placement.locate(where.shard).name
-                    raise ShardMoved(where.shard, new) from exc
-            finally:
-                _routing.reset(token)
+        where = shard_target(number)  # as on_shard(shard=number), without a generator per call
+        if write:
+            _check_covered(model, where)
+        shard_token, routing_token = _current.set(where), _routing.set(where)
+        try:
+            return work()
+        except DatabaseError as exc:
+            if attempt == 2:
+                raise
+            conn = connections[where.alias]
+            if conn.in_atomic_block and _sqlstate(exc) in GONE:
+                _abandon(conn)
+            if not _moved(where, exc):
+                raise
+            if conn.in_atomic_block:
+                new = router().placement.locate(where.shard).name
+                raise ShardMoved(where.shard, new) from exc
+        finally:
+            _routing.reset(routing_token)
+            _current.reset(shard_token)
     raise AssertionError("unreachable")
+
+
+def _shard(hint: dict[str, Any]) -> int:
+    """The shard a hint (``{"key"|"id"|"shard": value}``, or an ``id`` with its ``table``) names:
+    what ``Router.resolve(**hint)`` says (a ``{"shard": n}`` hint comes from a shard this module
+    computed or checked), without its keyword checks on the common one-keyword hints."""
+    if len(hint) != 1:  # an ID with its table (a pre-adoption ID's key is in the id map)
+        return router().resolve(**hint)
+    ((kind, value),) = hint.items()
+    if kind == "shard":
+        return value
+    if kind == "id":
+        return router().shard_of_id(value)
+    return router().shard_for(value)
 
 
 def _sqlstate(exc: DatabaseError) -> str | None:
@@ -117,8 +130,12 @@ def _check_covered(model: type, where: Target) -> None:
     """Refuse a write that a transaction open on another database would not cover."""
     if connections[where.alias].in_atomic_block:
         return
-    for other in connections.all(initialized_only=True):
-        if other.in_atomic_block:
+    # this thread's open connections (as alias_of reads them): one look at each other alias, where
+    # connections.all(initialized_only=True) takes two at each
+    opened = connections._connections
+    for alias in connections.settings:
+        other = getattr(opened, alias, None) if alias != where.alias else None
+        if other is not None and other.in_atomic_block:
             raise UncoveredWrite(
                 f"{model.__name__}: a write to shard {where.shard} (database {where.alias!r}) inside "
                 f"transaction.atomic() on {other.alias!r}, which does not cover it: use "
@@ -134,48 +151,54 @@ def _value(field: Any, value: Any) -> Any:
     return value if type(value) is int else field.to_python(value)
 
 
-def _names(model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the names of the pk, the names of the shard key), cached on the model."""
-    names = model.__dict__.get("_shard_names")
-    if names is None:
+def _routes(model: Any) -> dict[str, tuple[Any, bool]]:
+    """A name of the pk (``pk``, its name and attname) or of the shard key -> (its field, whether its
+    values are IDs); the pk wins where both have a name. Cached on the model."""
+    routes = model.__dict__.get("_shard_routes")
+    if routes is None:
         pk = model._meta.pk
-        field = model._meta.get_field(model.shard_key) if model.shard_key else None
-        names = (("pk", pk.name, pk.attname), (field.name, field.attname) if field else ())
-        model._shard_names = names
-    return names
+        routes = dict.fromkeys(("pk", pk.name, pk.attname), (pk, True))
+        if model.shard_key:
+            field = model._meta.get_field(model.shard_key)
+            for name in (field.name, field.attname):
+                routes.setdefault(name, (field, model.shard_key_is_id))
+        model._shard_routes = routes
+    return routes
 
 
 def _lookup_shards(model: Any, name: str, value: Any) -> Shards:
     """The shards one lookup names: a set (``=`` or ``__in`` on the pk or the shard key), its name
     when it is on one of them but names no set, None when it is on neither."""
     field_name, _, lookup = name.partition("__")
-    pk_names, key_names = _names(model)
-    if field_name in pk_names:
-        field, by_id = model._meta.pk, True
-    elif field_name in key_names:
-        field, by_id = model._meta.get_field(model.shard_key), model.shard_key_is_id
-    else:
+    route = _routes(model).get(field_name)
+    if route is None:
         return None
+    field, by_id = route
     if lookup not in ("", "exact", "in"):
         return name
-    values: Iterable[Any] = [value] if lookup != "in" else value
-    if lookup == "in" and not isinstance(value, (list, tuple, set, frozenset)):
+    if lookup != "in":
+        values: Iterable[Any] = (value,)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        values = value
+    else:
         return name  # a subquery or an expression
     r = router()
+    shard_of = r.shard_of_id if by_id else r.shard_for
     shards = set()
     for v in values:
-        if v is None:  # = None matches no row; IN drops None
-            continue
-        if hasattr(v, "resolve_expression"):
-            return name
-        try:
-            v = _value(field, v)
-        except (ValidationError, ValueError, TypeError):
-            return None  # not a value of the field: Django says so when it builds the query
+        if type(v) is not int:  # a key or an ID as the field holds it: most lookups
+            if v is None:  # = None matches no row; IN drops None
+                continue
+            if hasattr(v, "resolve_expression"):
+                return name
+            try:
+                v = _value(field, v)
+            except (ValidationError, ValueError, TypeError):
+                return None  # not a value of the field: Django says so when it builds the query
         if by_id and field is model._meta.pk:  # a pre-adoption ID: its table's key (id map)
             shards.add(r.resolve(id=v, table=model._meta.db_table))
         else:
-            shards.add(r.shard_of_id(v) if by_id else r.shard_for(v))
+            shards.add(shard_of(v))
     return frozenset(shards)
 
 
@@ -192,12 +215,10 @@ def _q_shards(model: Any, q: Q) -> Shards:
         else None  # a boolean expression: no lookup on the key or the pk by name
         for child in q.children
     ]
+    if q.connector == Q.AND:
+        return _and(parts)
     sets = [p for p in parts if isinstance(p, frozenset)]
     unrouted = [p for p in parts if isinstance(p, str)]
-    if q.connector == Q.AND:
-        if sets:
-            return frozenset.intersection(*sets)
-        return unrouted[0] if unrouted else None
     if len(sets) == len(parts):
         return frozenset().union(*sets)
     if not sets and not unrouted:
@@ -205,9 +226,27 @@ def _q_shards(model: Any, q: Q) -> Shards:
     return unrouted[0] if unrouted else f"an OR of {model.shard_key} or pk with other terms"
 
 
+def _and(parts: list[Shards]) -> Shards:
+    """What terms joined by AND name: the shards every set names, else the first unroutable term."""
+    sets = [p for p in parts if isinstance(p, frozenset)]
+    if sets:
+        return frozenset.intersection(*sets)
+    return next((p for p in parts if isinstance(p, str)), None)
+
+
+def _kwargs_shards(model: Any, lookups: dict[str, Any]) -> Shards:
+    """What ``filter(**lookups)`` names: ``_q_shards(model, Q(**lookups))`` without building the Q
+    (every create and get by key or ID comes here), looking only at the lookups on the pk or the key."""
+    routes = _routes(model)
+    named = [name for name in lookups if name.partition("__")[0] in routes]
+    if len(named) == 1:
+        return _lookup_shards(model, named[0], lookups[named[0]])
+    return _and([_lookup_shards(model, name, lookups[name]) for name in sorted(named)])
+
+
 def hint_from(model: Any, lookups: dict[str, Any]) -> Hint:
     """The one shard that field values (``create(**kwargs)``) or filters name, else None."""
-    shards = _q_shards(model, Q(**lookups)) if lookups else None
+    shards = _kwargs_shards(model, lookups) if lookups else None
     if isinstance(shards, frozenset) and len(shards) == 1:
         return {"shard": next(iter(shards))}
     return None
@@ -233,7 +272,11 @@ class ShardedQuerySet(models.QuerySet):
     def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> ShardedQuerySet:
         clone = super()._filter_or_exclude(negate, args, kwargs)
         if not negate:
-            named = _q_shards(self.model, Q(*args, **kwargs))
+            named = (
+                _q_shards(self.model, Q(*args, **kwargs))
+                if args
+                else _kwargs_shards(self.model, kwargs)
+            )
             if isinstance(named, frozenset):
                 clone._shards = named if clone._shards is None else clone._shards & named
             elif named is not None and clone._unrouted is None:
@@ -268,11 +311,18 @@ class ShardedQuerySet(models.QuerySet):
         return None
 
     def _run(
-        self, work: Callable[[], T], each: Callable[[ShardedQuerySet], T], *, write=False
+        self,
+        work: Callable[[], T],
+        each: Callable[[ShardedQuerySet], T],
+        *,
+        write: bool = False,
+        shards: tuple[int, ...] | None = None,
     ) -> Any:
         """``work()`` on this query's one shard (or the block's); else ``each(clone)`` for a clone of
-        it on each of its shards: the list of their results."""
-        shards = self._targets()
+        it on each of its shards: the list of their results. ``shards``: ``_targets()``, when the
+        caller has it already."""
+        if shards is None:
+            shards = self._targets()
         if shards is None:
             return routed(self.model, None, work, write=write)
         if len(shards) == 1:
@@ -289,7 +339,8 @@ class ShardedQuerySet(models.QuerySet):
             return
         q = self.query
         low, high = q.low_mark, q.high_mark
-        many = len(self._targets() or ()) > 1
+        shards = self._targets()
+        many = shards is not None and len(shards) > 1
         order = self._merge_order() if many else []
         if q.is_sliced and order is None:
             raise UnroutableQuery(
@@ -304,7 +355,7 @@ class ShardedQuerySet(models.QuerySet):
             clone._fetch_all()
             return clone._result_cache  # type: ignore[return-value]
 
-        got = self._run(super()._fetch_all, each)
+        got = self._run(super()._fetch_all, each, shards=shards)
         if isinstance(got, Parts):
             rows = [row for part in got for row in part]
             for attname, descending in reversed(order or ()):  # stable: the last key first
@@ -436,7 +487,7 @@ def current_shard(model: type, hint: Hint) -> int:
         if here is None:
             raise ShardNotChosen(f"{model.__name__}: no shard chosen for a new object")
         return here.shard
-    return router().resolve(**hint)
+    return _shard(hint)
 
 
 ShardedManager = models.Manager.from_queryset(ShardedQuerySet)

@@ -9,7 +9,7 @@ from django.apps import apps
 from django.db import connections
 
 from ..router.placement import GLOBAL
-from .context import alias_of, collecting, current, router
+from .context import _current, alias_of, collecting, router
 from .models import ShardedModel, ShardNotChosen
 
 
@@ -35,7 +35,7 @@ class DatabaseRouter:
     def _alias(self, model: Any) -> str | None:
         if not sharded(model):
             return global_alias(model)
-        here = current()
+        here = _current.get()  # current(), without a call: Django asks on every query
         if here is None:
             raise ShardNotChosen(
                 f"{model.__name__}: no shard chosen: filter by {model.shard_key} or pk, "

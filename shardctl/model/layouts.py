@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
@@ -176,7 +177,16 @@ class Layout:
     def shard_of(self, id_value: int) -> int:
         """The shard inside an ID, checked as :meth:`decode` checks it (the Router's routing by ID: no
         other field is decoded)."""
-        return (self._unsigned(id_value) >> self.shift("shard")) & ((1 << self.bits("shard")) - 1)
+        shift, mask, payload = self._shard_field
+        if type(id_value) is int and 0 <= id_value and not id_value >> payload:
+            return (id_value >> shift) & mask  # what _unsigned passes through as it is
+        return (self._unsigned(id_value) >> shift) & mask
+
+    @functools.cached_property
+    def _shard_field(self) -> tuple[int, int, int]:
+        """(shift, mask) of the shard field and the payload bits: :meth:`shard_of` runs on every call
+        an ORM routes by ID, so it does not walk the fields each time."""
+        return self.shift("shard"), (1 << self.bits("shard")) - 1, self.payload_bits
 
     def _unsigned(self, id_value: int) -> int:
         """``id_value`` as the unsigned 64-bit number, or BadInput when it is not an ID of this layout."""

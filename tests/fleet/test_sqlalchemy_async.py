@@ -191,23 +191,29 @@ def test_fastapi_example_app(pooled_fleet, mode):
     )
 
 
-def test_fastapi_apps_during_move(make_fleet):
+def test_fastapi_apps_during_move(pooled_fleet, mode, request):
     """Two uvicorn processes of the FastAPI example, one on the topology file and one on a stale copy that
-    is never updated, serve writers and readers while 4 shards move pg1 → pg2. The history checker
-    finds no lost, doubled or misplaced photo, no read answered by another shard or missing an
-    acknowledged photo, and no error (no HTTP 500: every request begins its transaction, whose first
-    statement follows the move); afterwards both apps find every photo by its ID."""
+    is never updated, serve writers and readers while 4 shards move pg1 → pg2, directly and through
+    PgBouncer in transaction mode (the apps on PgBouncer's DSNs, the move on the direct ones). The
+    history checker finds no lost, doubled or misplaced photo, no read answered by another shard or
+    missing an acknowledged photo, and no error (no HTTP 500: every request begins its transaction,
+    whose first statement follows the move); afterwards both apps find every photo by its ID."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    path = make_fleet(hosts=2, shards=16, pooler="none", init=True)  # pg1 0-7, pg2 8-15
+    path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
     moved = [4, 5, 6, 7]
     history = History(path, key_is_id=True)
     keys = user_ids(load(path), moved + [0, 9], 3)
     probe = ("fastapi_probe:app", SUPPORT)
+    pooler = request.getfixturevalue("pgbouncer") if mode != "direct" else None
     with served(path, *probe) as live, served(stale_copy(path), *probe) as stale:
         apps = {"live": live, "stale": stale}
+        before = pooler.transactions(path) if pooler else 0
         with WebTraffic(history, apps, keys, writers=2, readers=1):
             report = move_shards(load(path), moved, "pg2")
+        if pooler:  # the apps' transactions went through PgBouncer: at least one per write
+            served_count = pooler.transactions(path) - before
+            assert served_count >= len(history.writes), (served_count, len(history.writes))
         for url in apps.values():
             with httpx.Client(base_url=url, timeout=60) as client:
                 for w in history.writes:

@@ -73,6 +73,20 @@ class PoolerFronts:
         doc.save()
         return path
 
+    def transactions(self, path: Path, mode: str = "transaction") -> int:
+        """Transactions ``mode``'s PgBouncer has served for the databases of the fleet at ``path``
+        (``SHOW STATS``: how a test knows its clients went through it)."""
+        names = {
+            conninfo_to_dict(str(node["dsn"]))["dbname"]
+            for node in TopologyFile(path).doc.get("hosts") or []
+        }
+        pooler = self.pooler(mode)
+        with pooler._console() as conn:
+            cur = conn.execute("SHOW STATS")
+            columns = [d.name for d in cur.description]
+            stats = [dict(zip(columns, row)) for row in cur.fetchall()]
+        return sum(int(r["total_xact_count"]) for r in stats if r["database"] in names)
+
     def close(self) -> None:
         for pooler in self.poolers.values():
             pooler.stop()

@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.postgresql import base as postgresql
 
 from ...sql.session import BEGIN_SCRIPT, set_local_search_path
-from ..context import current
+from ..context import _current
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
 NO_SHARD = ""  # the search_path outside shards
@@ -42,10 +42,10 @@ def settings_sql(schema: str, escape: bool) -> str:
 class ShardCursor(postgresql.Cursor):
     """Django's client-binding cursor, putting each transaction on the current shard."""
 
-    def _needs(self) -> tuple[str | None, bool]:
-        """(the settings to send, or None; whether the statement is a transaction of its own)."""
-        conn = self.connection
-        target = current()
+    def _needs(self, conn: Any) -> tuple[str | None, bool]:
+        """(the settings to send, or None; whether the statement is a transaction of its own), on this
+        cursor's connection ``conn``."""
+        target = _current.get()  # current(), without a call: every statement comes here
         schema = (
             target.schema
             if target is not None and target.alias == conn.shardctl_alias
@@ -59,25 +59,30 @@ class ShardCursor(postgresql.Cursor):
         return (None if schema == conn.shardctl_schema else schema), False
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        schema, alone = self._needs()
+        conn = self.connection
+        schema, alone = self._needs(conn)
         if schema is None:
             return super().execute(query, params, **kwargs)
-        conn = self.connection
         if not isinstance(query, str):  # a Composable: the settings in a round trip of their own
             self._settings(schema, alone)
             try:
                 return super().execute(query, params, **kwargs)
             finally:
                 self._end(alone)
+        if params is not None:
+            # Bound here, so psycopg's cache of parsed query texts (128 of them) keeps one entry per
+            # query, not one per query and shard; the text sent is what binding it with the
+            # settings in front would give.
+            query, params = self.mogrify(query, params), None
         # Alone (autocommit): the two statements are one implicit transaction, ending with the query.
-        super().execute(f"{settings_sql(schema, params is not None)}; {query}", params, **kwargs)
+        super().execute(f"{settings_sql(schema, False)}; {query}", params, **kwargs)
         self.nextset()
         if not alone:
             conn.shardctl_schema = schema
         return self
 
     def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
-        schema, alone = self._needs()
+        schema, alone = self._needs(self.connection)
         if schema is None:
             return super().executemany(query, params_seq, **kwargs)
         self._settings(schema, alone)

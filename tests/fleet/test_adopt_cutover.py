@@ -196,26 +196,60 @@ def leftovers(path: Path, src_dsn: str) -> dict[str, list]:
             )
             found += sql(
                 c,
-                "SELECT 'parent ' || relname FROM pg_class "
-                "WHERE relkind = 'p' AND relnamespace = 'public'::regnamespace",
+                "SELECT 'parent ' || relname FROM pg_class WHERE relkind = 'p' "
+                "AND relnamespace::regnamespace::text IN ('public', 'shardctl_adopted')",
             )
             if found:
                 out[name] = [r[0] for r in found]
     return out
 
 
+def came_back(src_dsn: str, table: str, id_: int, timeout: float = 30) -> None:
+    """Until the old database's ``table`` holds row ``id_`` (the way back applied it)."""
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sql(src, f"SELECT 1 FROM {table} WHERE id = %s", id_):
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"row {id_} never came back to the old database's {table}")
+
+
 def cli_json(path: Path, *args: str) -> dict:
     r = run_cli("adopt", "cutover", *args, "--json", config=path)
-    assert r.exit_code == 0, r
+    assert r.exit_code == 0, (r.stdout, r.stderr)
     return json.loads(r.stdout)
 
 
+READ_SQL = "SELECT current_schema(), coalesce(array_agg(id), '{}') FROM photos WHERE user_id = %s"
+
+
 @contextmanager
-def writing(routers: dict[str, Router], history: History, plans: list[int]) -> Iterator[None]:
+def writing(
+    routers: dict[str, Router],
+    history: History,
+    plans: list[int],
+    readers: dict[str, Router] | None = None,
+) -> Iterator[None]:
     """One writer thread per Router inserting photos of users 1-200 (and every fifth time a plan, a
     global table) until the block ends; each acknowledged photo (and any error) recorded in
-    ``history``, each acknowledged plan's ID in ``plans``."""
+    ``history``, each acknowledged plan's ID in ``plans``. One thread per Router of ``readers``
+    that only reads users' photos, each read (the schema that answered, the IDs) recorded."""
     stop = threading.Event()
+
+    def reader(client: str, router: Router) -> None:
+        k = 0
+        while not stop.is_set():
+            k += 1
+            key = 1 + (k * 7) % 200
+            t0 = time.time()
+            try:
+                schema, ids = router.execute(key, READ_SQL, (key,))[0]
+            except psycopg.Error as exc:
+                history.failed(client, "read", key, exc, t0, time.time())
+                return
+            history.read(client, key, schema, ids, t0, time.time())
+            time.sleep(0.003)
 
     def writer(client: str, router: Router) -> None:
         k = 0
@@ -245,6 +279,9 @@ def writing(routers: dict[str, Router], history: History, plans: list[int]) -> I
             time.sleep(0.003)
 
     threads = [threading.Thread(target=writer, args=i, daemon=True) for i in routers.items()]
+    threads += [
+        threading.Thread(target=reader, args=i, daemon=True) for i in (readers or {}).items()
+    ]
     for t in threads:
         t.start()
     try:
@@ -259,9 +296,11 @@ def writing(routers: dict[str, Router], history: History, plans: list[int]) -> I
 
 def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
     """Writers through two Routers (one on a topology copy never updated) write across the cutover
-    and follow to the fleet; the freeze fits --max-freeze; every acknowledged write is once in its
-    key's shard; a direct client of the old table gets one line naming the new home. Then across
-    --abort: the writes made on the fleet come back to the old database, the writers follow there."""
+    and follow to the fleet; a third Router on a stale copy only reads, and after the cutover its
+    reads see the writes acknowledged on the fleet; the freeze fits --max-freeze; every acknowledged
+    write is once in its key's shard; a direct client of the old table gets one line naming the new
+    home, on a read as on a write. Then across --abort: the writes made on the fleet come back to
+    the old database, the writers follow there."""
     path, src_dsn = adopting(make_fleet)
     stale_path = stale_copy(path)
     history, plans = History(path), []
@@ -269,12 +308,14 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
         "fresh": Router(load(path), move_wait=15),
         "stale": Router(load(stale_path), move_wait=15),
     }
+    readers = {"stale-reader": Router(load(stale_path), move_wait=15)}
     assert routers["stale"]._locate(0).name == "source"  # both write to the old database first
     try:
-        with writing(routers, history, plans):
+        with writing(routers, history, plans, readers):
             before = time.time()
             result = cli_json(path, "--max-freeze", "0.5")
             switched = time.time()
+        readers.pop("stale-reader").close()
         print(
             f"\nadopt cutover: freeze {result['freeze_seconds']:.3f}s (locked at "
             f"{result['freeze_lock_seconds']}, lag 0 at {result['freeze_caught_up_seconds']}), "
@@ -286,16 +327,35 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
         assert load(stale_path).adoption.authoritative == "source"  # its file never changed
         late = {w.client for w in history.writes if w.start > switched}
         assert late == {"fresh", "stale"}, "a Router did not write after the cutover"
+        # The reader's reads that began after the cutover, judged by the acknowledged writes: the
+        # old database's answers before it are the old app's (schema public), not the fleet's.
+        history.reads = [r for r in history.reads if r.start > switched]
+        fleet_ids = {w.id for w in history.writes if w.start > switched}
+        assert any(r.ids & fleet_ids for r in history.reads), "no read saw a fleet's write"
         report = history.check()
         assert report.ok, report
         topo = load(path)
         with psycopg.connect(src_dsn, autocommit=True) as src:
-            old = dict(sql(src, "SELECT id, user_id FROM photos WHERE id < %s", ID_FLOOR))
-            with pytest.raises(psycopg.Error) as err:
-                sql(src, "INSERT INTO photos (user_id, caption) VALUES (1, 'direct')")
-        assert err.value.sqlstate == "SCM01"
-        message = str(err.value).splitlines()[0]
-        assert "adopted into the shardctl fleet" in message and "pg1" in message, message
+            old = dict(
+                sql(
+                    src,
+                    "SELECT id, user_id FROM shardctl_adopted.photos WHERE id < %s",
+                    ID_FLOOR,
+                )
+            )
+            errors = []
+            for statement in (
+                "INSERT INTO photos (user_id, caption) VALUES (1, 'direct')",
+                "SELECT count(*) FROM photos",
+                "SELECT id FROM public.likes WHERE false",
+            ):
+                with pytest.raises(psycopg.Error) as err:
+                    sql(src, statement)
+                errors.append(err.value)
+        for error in errors:
+            assert error.sqlstate == "SCM01"
+            message = str(error).splitlines()[0]
+            assert "adopted into the shardctl fleet" in message and "pg1" in message, message
         # every row the old database had at the cutover is on the fleet once, in its key's shard
         on_fleet = fleet_rows(path, "photos")
         for i, user in old.items():
@@ -325,7 +385,7 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
         assert all(rows.get(w.id) == w.key for w in acked), "an acknowledged write is missing"
         assert set(on_fleet) <= set(rows)
     finally:
-        for r in routers.values():
+        for r in [*routers.values(), *readers.values()]:
             r.close()
     with (
         psycopg.connect(**topo.host("pg2").connect_kwargs(), autocommit=True) as conn,
@@ -348,7 +408,7 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
         ids = dict(sql(src, "SELECT id, user_id FROM likes"))
     cli_json(path)
     r = run_cli("adopt", "cutover", "--cleanup", "--json", config=path)
-    assert r.exit_code == 0, r
+    assert r.exit_code == 0, (r.stdout, r.stderr)
     topo = load(path)
     assert topo.adoption.source is None and topo.adoption.id_floor == ID_FLOOR
     assert leftovers(path, src_dsn) == {}
@@ -360,10 +420,19 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
         assert dict(
             sql(
                 src,
-                "SELECT relname, relreplident::text FROM pg_class WHERE relname IN ('photos', 'likes')",
+                "SELECT relname, relreplident::text FROM pg_class "
+                "WHERE relname IN ('photos', 'likes') AND relkind = 'r'",
             )
         ) == {"photos": "d", "likes": "d"}
+        # the stubs stay under the old names: a direct client is still told where the rows went
+        with pytest.raises(psycopg.Error) as err:
+            sql(src, "SELECT count(*) FROM likes")
+        assert err.value.sqlstate == "SCM01" and "pg2" in str(err.value).splitlines()[0]
+        assert sql(src, "SELECT count(*) FROM shardctl_adopted.likes") == [(len(ids),)]
+        schemas = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'shardctl\\_adopt%%'"
+        assert sorted(sql(src, schemas)) == [("shardctl_adopt",), ("shardctl_adopted",)]
     with psycopg.connect(**topo.host("pg2").connect_kwargs(), autocommit=True) as conn:
+        assert sql(conn, schemas) == []
         shard_tables = sql(
             conn, "SELECT DISTINCT relreplident::text FROM pg_class WHERE relname = 'likes'"
         )
@@ -378,6 +447,7 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
         pytest.param("adopt-after-flip", marks=pytest.mark.slow),
         pytest.param("adopt-in-freeze", marks=pytest.mark.slow),
         pytest.param("adopt-after-forward-dropped", marks=pytest.mark.slow),
+        pytest.param("adopt-fleet-moved", marks=pytest.mark.slow),
     ],
 )
 def test_sigkill_at_each_boundary_then_rerun_finishes(make_fleet, point):
@@ -387,11 +457,15 @@ def test_sigkill_at_each_boundary_then_rerun_finishes(make_fleet, point):
     cli_json(path)
     assert load(path).adoption.authoritative == "fleet"
     with psycopg.connect(src_dsn, autocommit=True) as src:
-        old = dict(sql(src, "SELECT id, user_id FROM photos"))
+        old = dict(sql(src, "SELECT id, user_id FROM shardctl_adopted.photos"))
         assert sql(src, "SELECT phase, detail->>'switched' FROM shardctl_adopt.run") == [
             ("cut_over", "true")
         ]
     assert set(fleet_rows(path, "photos")) == set(old)
+    # the way back carries a write made on the fleet into the moved table
+    with Router(load(path)) as router:
+        new = router.execute(6, "INSERT INTO photos (user_id) VALUES (6) RETURNING id")[0][0]
+    came_back(src_dsn, "shardctl_adopted.photos", new)
     assert all(
         k.split(" ")[0] == "parent" or k.split(" ")[1].startswith("shardctl_adopt_back_")
         for v in leftovers(path, src_dsn).values()
@@ -463,7 +537,8 @@ def test_freeze_does_not_grow_with_the_data_large(make_fleet):
 @pytest.mark.parametrize(
     "point",
     [
-        "adopt-abort-source-open",
+        "adopt-abort-fleet-committed",
+        pytest.param("adopt-abort-source-open", marks=pytest.mark.slow),
         pytest.param("adopt-cleanup-recorded", marks=pytest.mark.slow),
         pytest.param("adopt-abort-fleet-locked", marks=pytest.mark.slow),
         pytest.param("adopt-abort-flipped", marks=pytest.mark.slow),
@@ -479,9 +554,10 @@ def test_sigkill_in_abort_or_cleanup_then_rerun_finishes(make_fleet, point):
     r = crash_at.run(point, "--config", str(path), "adopt", "cutover", action, "--json")
     assert r.returncode == -9, r.stderr[-2000:]
     cli_json(path, action)
+    table = "photos" if action == "--abort" else "shardctl_adopted.photos"
     with psycopg.connect(src_dsn, autocommit=True) as src:
         phase = sql(src, "SELECT phase FROM shardctl_adopt.run")[0][0]
-        on_source = {i for (i,) in sql(src, "SELECT id FROM photos")}
+        on_source = {i for (i,) in sql(src, f"SELECT id FROM {table}")}
     if action == "--abort":
         assert phase == "aborted" and load(path).adoption.authoritative == "source"
         assert new in on_source  # the write made on the fleet came back
@@ -516,10 +592,14 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
         r = run_cli(*step, config=path)
         assert r.exit_code == 0, (step, r)
     topo = load(path)
-    with psycopg.connect(dsn, autocommit=True) as src:
-        post, author = sql(src, "SELECT id, author_id FROM forum_post ORDER BY id LIMIT 1")[0]
-        vote, voter = sql(src, "SELECT id, user_id FROM forum_vote ORDER BY id LIMIT 1")[0]
-        count = sql(src, "SELECT count(*) FROM forum_post")[0][0]
+    with psycopg.connect(dsn, autocommit=True) as src:  # the old rows, moved at the cutover
+        post, author = sql(
+            src, "SELECT id, author_id FROM shardctl_adopted.forum_post ORDER BY id LIMIT 1"
+        )[0]
+        vote, voter = sql(
+            src, "SELECT id, user_id FROM shardctl_adopted.forum_vote ORDER BY id LIMIT 1"
+        )[0]
+        count = sql(src, "SELECT count(*) FROM shardctl_adopted.forum_post")[0][0]
     on_fleet = 0
     for host in topo.hosts:
         with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
@@ -535,6 +615,15 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
                 if n == voter % SHARDS:
                     sql(conn, f"DELETE FROM {s}.forum_vote WHERE id = %s", vote)
     assert on_fleet == count
+    # the delete made on the fleet reaches the id map too (the way back, then the id map's
+    # subscription, both by the moved tables' names); its readers keep their query
+    id_map = topo.host(topo.adoption.id_map.host if topo.adoption.id_map else "pg1")
+    ids_db = topo.adoption.id_map.dbname if topo.adoption.id_map else "shardctl_adopt_ids"
+    with psycopg.connect(**id_map.connect_kwargs(dbname=ids_db), autocommit=True) as ids:
+        deadline = time.monotonic() + 30
+        while sql(ids, "SELECT count(*) FROM public.forum_vote WHERE id = %s", vote) != [(0,)]:
+            assert time.monotonic() < deadline, "the fleet's delete never reached the id map"
+            time.sleep(0.05)
     assert cli_json(path, "--abort")["phase"] == "aborted"
     with psycopg.connect(dsn, autocommit=True) as src:
         assert sql(src, "SELECT body FROM forum_post WHERE id = %s", post) == [

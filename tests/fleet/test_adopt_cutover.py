@@ -680,3 +680,23 @@ def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_
         sql(src, "INSERT INTO photos (user_id, caption) VALUES (4, 'after')")
         assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("synced",)]
         assert sql(src, "SELECT count(*) FROM shardctl.redirects") == [(0,)]
+
+
+@pytest.mark.slow
+def test_a_long_read_of_the_old_tables_delays_the_cutover_and_nothing_breaks(make_fleet):
+    """Moving the old tables under their stubs waits for their readers' locks: an attempt that meets
+    a read longer than --max-freeze gives up in time and the next one, after the read, goes through."""
+    path, src_dsn = adopting(make_fleet, users=40)
+    with psycopg.connect(src_dsn) as reader:
+        sql(reader, "SELECT count(*) FROM photos")  # its transaction holds the table's read lock
+        release = threading.Timer(1.0, reader.rollback)
+        release.start()
+        try:
+            result = cli_json(path, "--max-freeze", "0.3", "--attempts", "5")
+        finally:
+            release.join()
+    assert result["phase"] == "cut_over" and result["attempts"] > 1, result
+    assert any("attempt 1" in n for n in result["notes"]), result["notes"]
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        old = {i for (i,) in sql(src, "SELECT id FROM shardctl_adopted.photos")}
+    assert set(fleet_rows(path, "photos")) == old

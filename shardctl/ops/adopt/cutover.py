@@ -320,7 +320,11 @@ class AdoptFreeze(BoundedFreeze):
             src.commit()
             self._mark("commit")
             checkpoint("adopt-after-freeze")
-        except psycopg.errors.QueryCanceled as exc:
+        except (
+            psycopg.errors.QueryCanceled,
+            psycopg.errors.LockNotAvailable,  # moving the tables waits for readers' locks
+            psycopg.errors.DeadlockDetected,
+        ) as exc:
             self._rollback()
             self._unmove_fleet()
             raise FreezeTimeout(

@@ -642,6 +642,25 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
     # no replication object of the adoption is left (the copy's, the way back's, the id map's)
     assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)
 
+    # A second attempt: adopt copy starts a fresh run; the fleet then holds the old database's
+    # rows as they are now (a vote deleted there since the abort is gone), each once in its shard.
+    with psycopg.connect(dsn, autocommit=True) as src:
+        sql(src, "DELETE FROM forum_vote WHERE id = (SELECT max(id) FROM forum_vote)")
+    r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert json.loads(r.stdout)["phase"] == "synced"
+    with psycopg.connect(dsn, autocommit=True) as src:
+        for table, key in (("forum_post", "author_id"), ("forum_vote", "user_id")):
+            want = {
+                i: (topo.host_of(k % SHARDS).name, topo.schema_name(k % SHARDS))
+                for i, k in sql(src, f"SELECT id, {key} FROM {table}")
+            }
+            assert fleet_rows(path, table) == want, table
+        assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("synced",)]
+    assert load(path).adoption.id_floor == topo.adoption.id_floor  # the IDs minted meanwhile
+    r = run_cli("adopt", "cutover", config=path)
+    assert r.exit_code == 2 and "adopt verify never ran" in r.stderr, r  # the old one is stale
+
 
 def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):
     """With pg1's subscription disabled (its apply worker gone), lag 0 never comes: each

@@ -99,7 +99,7 @@ def adopt_cutover(
     with site.connect(site.source) as src:
         phase, _detail = site.run_state(src)
         if phase in READY:
-            _require_verified(src)
+            _require_verified(src, _detail.get("restarted_at"))
     if phase == CUT_OVER:
         site.note("the old database was already frozen: finishing the switch")
     elif phase in READY:
@@ -121,10 +121,11 @@ def adopt_cutover(
     return result
 
 
-def _require_verified(src: psycopg.Connection) -> None:
-    """The precondition ``adopt verify`` provides: its last run on the old database finished and
-    found no problem. Without it, nothing is frozen."""
-    last = catalog.last_verify(src)
+def _require_verified(src: psycopg.Connection, since: float | None = None) -> None:
+    """The precondition ``adopt verify`` provides: its last run on the old database (since the copy
+    started again after an abort, ``since``) finished and found no problem. Without it, nothing is
+    frozen."""
+    last = catalog.last_verify(src, since)
     if last is None:
         why = "never ran"
     elif not last[0]:

@@ -49,16 +49,19 @@ def merge_detail(conn: psycopg.Connection, detail: dict) -> None:
     )
 
 
-def last_verify(conn: psycopg.Connection) -> tuple[bool, dict] | None:
+def last_verify(conn: psycopg.Connection, since: float | None = None) -> tuple[bool, dict] | None:
     """(finished, summary) of the last ``adopt verify`` run recorded on the old database; None when
-    none ran (its tables are ``adopt verify``'s: ``sql/catalog/adopt_verify.py``)."""
+    none ran, or none started at or after ``since`` (epoch seconds: a copy started again after an
+    abort needs a verification of its own). Its tables are ``adopt verify``'s
+    (``sql/catalog/adopt_verify.py``)."""
     if not conn.execute("SELECT to_regclass('shardctl_adopt.verify_runs') IS NOT NULL").fetchone()[
         0
     ]:
         return None
     row = conn.execute(
         "SELECT finished_at IS NOT NULL, summary FROM shardctl_adopt.verify_runs "
-        "ORDER BY run_id DESC LIMIT 1"
+        "WHERE started_at >= to_timestamp(%s) ORDER BY run_id DESC LIMIT 1",
+        (since or 0,),
     ).fetchone()
     return None if row is None else (bool(row[0]), dict(row[1] or {}))
 
@@ -216,3 +219,8 @@ def view_over_sql(schema: str, table: str, moved: str) -> sql.Composed:
     return sql.SQL("CREATE VIEW {} AS SELECT * FROM {};\n").format(
         sql.Identifier(schema, table), sql.Identifier(moved, table)
     )
+
+
+def source_now(conn: psycopg.Connection) -> float:
+    """The database's clock, epoch seconds (what its ``now()`` defaults record)."""
+    return float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])

@@ -356,6 +356,15 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
             assert error.sqlstate == "SCM01"
             message = str(error).splitlines()[0]
             assert "adopted into the shardctl fleet" in message and "pg1" in message, message
+        # an upsert naming its conflict target, from a Router on the stale copy, follows too (a
+        # stub has no unique index to infer: 42P10 before any trigger)
+        with Router(load(stale_path), move_wait=15) as upserter:
+            upsert = (
+                "INSERT INTO likes (photo_id, user_id) VALUES (%s, %s) "
+                "ON CONFLICT (photo_id, user_id) DO UPDATE SET created_at = now() RETURNING id"
+            )
+            liked = upserter.execute(7, upsert, (424242, 7))[0][0]
+        assert fleet_rows(path, "likes")[liked] == (topo.host_of(3).name, topo.schema_name(3))
         # every row the old database had at the cutover is on the fleet once, in its key's shard
         on_fleet = fleet_rows(path, "photos")
         for i, user in old.items():

@@ -577,10 +577,9 @@ def test_sigkill_in_abort_or_cleanup_then_rerun_finishes(make_fleet, point):
         assert new in fleet_rows(path, "photos")
 
 
-def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(make_fleet, tmp_path):
-    """The whole path on the Django forum's schema with ``adopt copy`` and ``adopt verify``: after the
-    cutover, an edit and a delete made on the fleet (a post, whose replica identity on the old
-    database is FULL, and a vote) reach the old database through --abort."""
+def real_adoption(make_fleet, tmp_path: Path) -> tuple[Path, str, Path]:
+    """The Django forum's schema adopted with the real commands up to the cutover: (topology, old
+    database's DSN, plan file)."""
     dsn = make_fleet.new_database(0)
     path = make_fleet(hosts=2, shards=SHARDS, extra="routing:\n  key: user_id\n")
     for f in (path.parent / "migrations").iterdir():
@@ -600,6 +599,27 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
     for step in steps:
         r = run_cli(*step, config=path)
         assert r.exit_code == 0, (step, r)
+    return path, dsn, plan_file
+
+
+def same_rows_as_the_old_database(path: Path, dsn: str) -> None:
+    """Each old row (posts, votes) once on the fleet, in its key's shard, and no other row."""
+    topo = load(path)
+    with psycopg.connect(dsn, autocommit=True) as src:
+        for table, key in (("forum_post", "author_id"), ("forum_vote", "user_id")):
+            want = {
+                i: (topo.host_of(k % SHARDS).name, topo.schema_name(k % SHARDS))
+                for i, k in sql(src, f"SELECT id, {key} FROM {table}")
+            }
+            assert fleet_rows(path, table) == want, table
+
+
+def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(make_fleet, tmp_path):
+    """The whole path on the Django forum's schema with ``adopt copy`` and ``adopt verify``: after the
+    cutover, an edit and a delete made on the fleet (a post, whose replica identity on the old
+    database is FULL, and a vote) reach the old database through --abort. Then adopt copy starts
+    again."""
+    path, dsn, plan_file = real_adoption(make_fleet, tmp_path)
     topo = load(path)
     with psycopg.connect(dsn, autocommit=True) as src:  # the old rows, moved at the cutover
         post, author = sql(
@@ -658,17 +678,44 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
     r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, "--json", config=path)
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert json.loads(r.stdout)["phase"] == "synced"
+    same_rows_as_the_old_database(path, dsn)
     with psycopg.connect(dsn, autocommit=True) as src:
-        for table, key in (("forum_post", "author_id"), ("forum_vote", "user_id")):
-            want = {
-                i: (topo.host_of(k % SHARDS).name, topo.schema_name(k % SHARDS))
-                for i, k in sql(src, f"SELECT id, {key} FROM {table}")
-            }
-            assert fleet_rows(path, table) == want, table
         assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("synced",)]
     assert load(path).adoption.id_floor == topo.adoption.id_floor  # the IDs minted meanwhile
     r = run_cli("adopt", "cutover", config=path)
     assert r.exit_code == 2 and "adopt verify never ran" in r.stderr, r  # the old one is stale
+    finish_second_attempt(path, dsn, plan_file)
+
+
+def finish_second_attempt(path: Path, dsn: str, plan_file: Path) -> None:
+    """Verify, cut over and clean up (slot names are the server's: the next test may reuse them)."""
+    steps = [
+        ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
+        ("adopt", "cutover"),
+        ("adopt", "cutover", "--cleanup"),
+    ]
+    for step in steps:
+        r = run_cli(*step, config=path)
+        assert r.exit_code == 0, (step, r.stdout, r.stderr)
+    assert leftovers(path, dsn) == {}
+
+
+@pytest.mark.slow
+def test_sigkill_in_the_copy_after_an_abort_then_rerun_starts_again(make_fleet, tmp_path):
+    """adopt copy after an abort, killed once the fleet was emptied: run again, it starts the new run
+    and the fleet holds the old database's rows (written to meanwhile)."""
+    path, dsn, plan_file = real_adoption(make_fleet, tmp_path)
+    assert cli_json(path, "--abort")["phase"] == "aborted"
+    copy = ("adopt", "copy", "--from", dsn, "--plan", str(plan_file), "--json")
+    r = crash_at.run("adopt-restart-cleared", "--config", str(path), *copy)
+    assert r.returncode == -9, r.stderr[-2000:]
+    with psycopg.connect(dsn, autocommit=True) as src:
+        assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("aborted",)]
+        sql(src, "DELETE FROM forum_vote WHERE id = (SELECT min(id) FROM forum_vote)")
+    r = run_cli(*copy, config=path)
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    same_rows_as_the_old_database(path, dsn)
+    finish_second_attempt(path, dsn, plan_file)
 
 
 def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):

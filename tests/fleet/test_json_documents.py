@@ -108,6 +108,14 @@ def test_every_json_document_starts_with_command_and_ok(make_fleet, server_dir, 
             ),
             1,
         ),
+        # the fleet holds the example app's migrations, not this app's baseline: refused, exit 2
+        (
+            "adopt copy",
+            ("adopt", "copy", "--from", app, "--plan", tmp_path / "plan.yaml"),
+            2,
+        ),
+        ("adopt status", ("adopt", "status", "--from", app), 0),  # no copy yet: said, not an error
+        ("adopt cutover", ("adopt", "cutover"), 2),  # the topology names no adoption
     ]
     seen = set()
     for name, args, code in runs:

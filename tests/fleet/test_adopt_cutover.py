@@ -26,7 +26,7 @@ from support.fleet import load, run_cli, stale_copy
 from support.history import History
 
 from shardctl.router import Router
-from shardctl.sql.catalog import adopt_verify
+from shardctl.sql.catalog import adopt_copy, adopt_verify
 
 SHARDS = 4
 TABLES = {"users": "id", "photos": "user_id", "likes": "user_id"}  # table -> key
@@ -77,30 +77,26 @@ def load_source(src: psycopg.Connection, users: int) -> None:
 
 
 def forward(path: Path, src_dsn: str) -> None:
-    """What ``adopt copy`` leaves: publications, slots, parents, subscriptions (rows stream after)."""
+    """What ``adopt copy`` leaves: publications, slots, parents, subscriptions (rows stream after).
+    The row filters and the parents' partition key are ``adopt copy``'s own (``adopt_copy``)."""
     topo = load(path)
+    shards = {t: adopt_copy.key_shard(k, SHARDS, topo.layout, ID_FLOOR) for t, k in TABLES.items()}
     with psycopg.connect(src_dsn, autocommit=True) as src:
         for host in topo.hosts:
-            mine = ", ".join(str(n) for n in host.shards)
-            items = [f"public.{t} WHERE (({k} %% {SHARDS}) IN ({mine}))" for t, k in TABLES.items()]
-            if host.name == topo.hosts[0].name:
-                items.append("public.plans")
+            plain = ["plans"] if host.name == topo.hosts[0].name else []
             name = f"shardctl_adopt_{host.name}"
-            sql(src, f"CREATE PUBLICATION {name} FOR TABLE {', '.join(items)}")
+            ranges = [(n, n) for n in host.shards]
+            adopt_copy.create_filtered_publication(
+                src, name, "public", list(shards.items()), ranges, plain
+            )
             sql(src, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", name)
     for i, host in enumerate(topo.hosts):
         with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
-            for t, k in TABLES.items():
+            for t in TABLES:
                 first = topo.schema_name(host.shards[0])
-                sql(
-                    conn,
-                    f"CREATE TABLE public.{t} (LIKE {first}.{t}) PARTITION BY LIST (({k} %% {SHARDS}))",
-                )
+                adopt_copy.create_parent(conn, "public", t, (first, t), shards[t])
                 for n in host.shards:
-                    sql(
-                        conn,
-                        f"ALTER TABLE public.{t} ATTACH PARTITION {topo.schema_name(n)}.{t} FOR VALUES IN ({n})",
-                    )
+                    adopt_copy.attach_shard(conn, ("public", t), (topo.schema_name(n), t), n)
             if i == 0:
                 sql(conn, "CREATE TABLE public.plans (id serial PRIMARY KEY, name text NOT NULL)")
             name = f"shardctl_adopt_{host.name}"
@@ -623,6 +619,94 @@ def test_django_creates_rows_keyed_by_an_old_user_id(make_fleet):
     topo = load(path)
     assert after >= ID_FLOOR
     assert fleet_rows(path, "photos")[after] == (topo.host_of(3).name, topo.schema_name(3))
+
+
+def new_users_rows(path: Path) -> dict[str, dict[int, int]]:
+    """After the cutover, a new user on every shard (its ID from that shard's next_id()) and rows
+    keyed by each one's ID, written through the Router, shardctl.django and shardctl.sqlalchemy:
+    table -> {row ID: the shard its key names (the user's ID's own)}."""
+    from sqlalchemy import BigInteger, Column, Text
+    from sqlalchemy.orm import declarative_base
+
+    from shardctl.sqlalchemy import sessionmaker
+
+    Base = declarative_base()
+
+    class User(Base):
+        __tablename__, __shard_key__ = "users", "username"
+        id = Column(BigInteger, primary_key=True)
+        username = Column(Text)
+
+    class Photo(Base):
+        __tablename__ = "photos"
+        __shard_key__, __shard_key_is_id__ = "user_id", True
+        id = Column(BigInteger, primary_key=True)
+        user_id = Column(BigInteger)
+        caption = Column(Text)
+
+    topo = load(path)
+    made: dict[str, dict[int, int]] = {"users": {}, "photos": {}, "likes": {}}
+    with Router(topo) as router:
+        for n in range(SHARDS):
+            user = router.execute(
+                query="INSERT INTO users (username) VALUES (%s) RETURNING id",
+                params=(f"new{n}",),
+                shard=n,
+            )[0][0]
+            assert user >= ID_FLOOR and topo.layout.shard_of(user) == n
+            photo = router.execute(
+                query="INSERT INTO photos (user_id, caption) VALUES (%s, 'new') RETURNING id",
+                params=(user,),
+                id=user,
+            )[0][0]
+            like = router.execute(
+                query="INSERT INTO likes (photo_id, user_id) VALUES (%s, %s) RETURNING id",
+                params=(photo, user),
+                id=user,
+            )[0][0]
+            made["users"][user], made["photos"][photo], made["likes"][like] = n, n, n
+        with sessionmaker(router)() as session:
+            alice = User(username="alice")  # the shard of its name
+            session.add(alice)
+            session.commit()
+            photo = Photo(user_id=alice.id, caption="by sqlalchemy")
+            session.add(photo)
+            session.commit()
+            n = topo.layout.shard_of(alice.id)
+            made["users"][alice.id], made["photos"][photo.id] = n, n
+    for user, n in list(made["users"].items())[:2]:
+        made["photos"][django_photo(path, user)] = n
+    return made
+
+
+def placed(path: Path, made: dict[str, dict[int, int]]) -> None:
+    """Each row of ``made`` is once on the fleet, in its shard's schema on its host."""
+    topo = load(path)
+    for table, rows in made.items():
+        on_fleet = fleet_rows(path, table)
+        for i, n in rows.items():
+            assert on_fleet.get(i) == (topo.host_of(n).name, topo.schema_name(n)), (table, i, n)
+
+
+@pytest.mark.parametrize("end", ["--cleanup", "--abort"])
+def test_a_new_users_rows_are_written_between_the_cutover_and_its_end(make_fleet, end):
+    """Until --cleanup the shard tables are the partitions of the copy's parents: their bound is the
+    Router's rule (an old key by its remainder, a next_id() ID by its shard bits), so a new user and
+    its rows, placed by their IDs' bits, are taken (with ``key % N`` they were refused: "violates
+    partition constraint"). After --cleanup they stay where they are; --abort brings them back to
+    the old database, big next_id() IDs and all."""
+    path, src_dsn = adopting(make_fleet, users=20)
+    assert cli_json(path)["phase"] == "cut_over"
+    made = new_users_rows(path)
+    placed(path, made)
+    cli_json(path, end)
+    if end == "--cleanup":
+        placed(path, made)
+        return
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        for table, rows in made.items():
+            there = {i for (i,) in sql(src, f"SELECT id FROM {table} WHERE id >= %s", ID_FLOOR)}
+            assert set(rows) <= there, table
 
 
 def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):

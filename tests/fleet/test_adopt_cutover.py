@@ -709,6 +709,24 @@ def test_a_new_users_rows_are_written_between_the_cutover_and_its_end(make_fleet
             assert set(rows) <= there, table
 
 
+def test_a_get_by_an_old_id_routed_before_the_flip_finds_its_row_after_it(make_fleet):
+    """The race at the cutover, made deterministic: a get by a like's old ID is routed while the old
+    database is authoritative, and runs after the topology flipped to the fleet. The shard it was
+    routed to must be the like's own (its user's), not ``id % N``, which on the fleet is another
+    shard that does not have it."""
+    path, src_dsn = adopting(make_fleet, users=20)
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        likes = sql(src, "SELECT id, user_id FROM likes WHERE id %% 4 <> user_id %% 4 LIMIT 3")
+    assert likes
+    get = "SELECT user_id FROM likes WHERE id = %s"
+    with Router(load(path)) as router:
+        routed = [router.resolve(id=i, table="likes") for i, _ in likes]  # on the old database
+        assert cli_json(path)["phase"] == "cut_over"  # the flip
+        for (i, user), shard in zip(likes, routed):
+            assert router.execute(query=get, params=(i,), shard=shard) == [(user,)], (i, shard)
+            assert router.placement.locate(shard).name != "source"  # it ran on the fleet
+
+
 def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):
     """With pg1's subscription disabled (its apply worker gone), lag 0 never comes: each
     attempt gives up within --max-freeze, a writer of the old database never waits longer, and after

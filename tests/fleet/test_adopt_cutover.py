@@ -8,6 +8,7 @@ rows and the acknowledged writes (tests/support/history.py), never by the cutove
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,6 +26,9 @@ from support.apps import apply_fixes, load_app
 from support.fleet import load, run_cli, stale_copy
 from support.history import History
 
+from shardctl.model.adoption import IdMap
+from shardctl.model.topology_file import write_adoption
+from shardctl.ops.adopt.id_map import drop_id_map, ensure_id_map, wait_id_map
 from shardctl.router import Router
 from shardctl.sql.catalog import adopt_copy, adopt_verify
 
@@ -725,6 +729,52 @@ def test_a_get_by_an_old_id_routed_before_the_flip_finds_its_row_after_it(make_f
         for (i, user), shard in zip(likes, routed):
             assert router.execute(query=get, params=(i,), shard=shard) == [(user,)], (i, shard)
             assert router.placement.locate(shard).name != "source"  # it ran on the fleet
+
+
+@contextmanager
+def id_map(path: Path, src_dsn: str) -> Iterator[psycopg.Connection]:
+    """The adopting fleet's id map (``ensure_id_map``, as ``adopt copy`` makes it), named in the
+    topology and caught up; a connection to its database for the block; dropped after it."""
+    topo = load(path)
+    name = "ids_" + psycopg.conninfo.conninfo_to_dict(src_dsn)["dbname"]
+    topo = write_adoption(path, dataclasses.replace(topo.adoption, id_map=IdMap("pg1", name)))
+    try:
+        ensure_id_map(topo, topo.adoption.source)
+        wait_id_map(topo, topo.adoption.source)
+        with psycopg.connect(**topo.host("pg1").connect_kwargs(), dbname=name) as conn:
+            conn.autocommit = True
+            yield conn
+    finally:
+        drop_id_map(topo, None, connect_timeout=3)
+
+
+def test_the_freeze_waits_for_the_id_map(make_fleet):
+    """A photo written just before the freeze is found by its old ID right after the cutover: the
+    freeze's wait for lag 0 includes the id map's subscription. With it stopped, the cutover cannot
+    finish (the attempt gives up within --max-freeze, the old database stays authoritative); once it
+    runs again the cutover does, and each such photo is found by ID with table=."""
+    path, src_dsn = adopting(make_fleet, users=20)
+    with id_map(path, src_dsn) as ids:
+        sql(ids, "ALTER SUBSCRIPTION shardctl_adopt_ids DISABLE")
+        with psycopg.connect(src_dsn, autocommit=True) as src:
+            photos = [  # one of the two has id % 4 <> user_id % 4 (consecutive IDs)
+                (sql(src, "INSERT INTO photos (user_id) VALUES (%s) RETURNING id", u)[0][0], u)
+                for u in (1, 3)
+            ]
+        r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "1", config=path)
+        assert r.exit_code == 1 and "gave up after 1 attempts" in r.stderr, r
+        assert load(path).adoption.authoritative == "source"
+        sql(ids, "ALTER SUBSCRIPTION shardctl_adopt_ids ENABLE")
+        wait_id_map(load(path), load(path).adoption.source)
+        assert cli_json(path)["phase"] == "cut_over"
+        with Router(load(path)) as router:
+            for i, user in photos:
+                assert router.execute(
+                    query="SELECT user_id FROM photos WHERE id = %s",
+                    params=(i,),
+                    id=i,
+                    table="photos",
+                ) == [(user,)], i
 
 
 def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):

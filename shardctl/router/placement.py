@@ -30,8 +30,10 @@ from .pool import HostPool, PoolBase, foreign_connect_error, log
 from .session import Call
 
 # Errors a statement meets on the host a shard has just moved away from: the guard trigger on the
-# old tables, and the old schema's name no longer resolving (it was renamed at the cutover).
-MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883"})
+# old tables, the old schema's name no longer resolving (it was renamed at the cutover), and an
+# upsert's conflict target on a stub view (it has no unique index: 42P10 comes before its trigger).
+# Each is followed only when the old host records a redirect for the shard.
+MOVED_ERRORS = frozenset({MOVED_SQLSTATE, "42P01", "3F000", "42883", "42P10"})
 # What a Router call is routed by: an int or a str, which the topology's routing rule maps to a shard
 # (None when the call names its shard with ``id=`` or ``shard=``)
 Key: TypeAlias = int | str | None

@@ -3,23 +3,25 @@ since the cutover) and ``adopt cutover --cleanup`` (the replication and the pare
 
 Abort, until cleanup: one freeze bounded by ``--max-freeze`` (the move's ``BoundedFreeze``): on each
 fleet host a transaction locks its adopted tables, waits until the way back (the old database's
-subscription) has applied the host's WAL up to there, and adds a guard trigger on each shard table
+subscription) has applied the host's WAL up to there, adds a guard trigger on each shard table
 (one line naming the old database) and a redirect per shard to the old database (for Routers whose
-topology copy still says ``fleet``). Then one transaction on the old database drops its guards and
-redirects and records the run ``aborted``, and commits; then the fleet hosts commit: a writer blocked on
-the fleet meets the guard and finds the old database open. Then ``adoption.authoritative: source`` in
-the topology file, the way back and the id map dropped, the replica identities ``adopt copy``
-changed restored (a new attempt starts with ``adopt copy``). A run killed between the two commits left the fleet
-unguarded while the old database took writes: run ``--abort`` again at once (it guards the fleet and
-carries back what was written there).
+topology copy still says ``fleet``), and moves its parents back to the app's schema. Then one
+transaction on the old database drops its guards and redirects, puts the stubs away and the tables
+back under their names, and records the run ``aborted``. The fleet hosts commit, then the old
+database: a writer blocked on the fleet meets the guard and waits on the old database's locks until
+it is open. Then ``adoption.authoritative: source`` in the topology file, the way back and the id
+map dropped, the replica identities ``adopt copy`` changed restored (a new attempt starts with
+``adopt copy``). A run killed between the two commits left every side closed to writes: run
+``--abort`` again at once.
 
 Cleanup, after a cutover: the way back dropped, each parent's partitions detached (they stay, as the
 shards' tables) and the parent dropped, the id map's replication dropped (its rows stay), the replica
 identities ``adopt copy`` changed on the old database restored, the run recorded ``cleaned``, and
 ``adoption.source`` dropped from the topology (``id_floor``, ``tables`` and ``id_map`` stay: old IDs
-live forever). The old tables themselves stay on the old database, guarded: reads still work, a write
-is refused with the line naming the fleet, and stale Routers still find the redirects. Dropping them
-is the team's decision, when nothing reads them.
+live forever). The old tables themselves stay on the old database, guarded, in schema
+``shardctl_adopted`` (their rows as of the cutover); the stubs keep their old names: a direct client's
+read or write is refused with the line naming the fleet, and stale Routers still find the redirects.
+Dropping them is the team's decision, when nothing reads them.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def adopt_abort(
     if phase in READY:
         # No cutover ran: the old database is authoritative; only the way back made for it goes.
         result.dropped = drop_back(site)
+        _drop_moved_schemas(site)
         site.note("no cutover ran: the old database is authoritative; nothing was frozen")
     elif phase in (CUT_OVER, ABORTED):
         if site.routed_tables and phase == CUT_OVER:
@@ -86,6 +89,7 @@ def adopt_abort(
         with site.connect(site.source) as src:
             restored = _restore_identities(site, src, detail)
         restored += restore_fleet_identities(site, detail)
+        _drop_moved_schemas(site)
         with site.connect(site.source) as src, src.transaction():
             catalog.set_run(
                 src,
@@ -133,10 +137,16 @@ class AbortFreeze(BoundedFreeze):
                 self._budget()
                 _reopen_source(site, self.src)
                 self._late()
-                self.src.commit()  # the old database takes writes; the fleet is locked still
-                checkpoint("adopt-abort-source-open")
+            # The fleet first: its writers meet the guard and wait on the old database's locks (its
+            # tables' names) until it commits. The other way round, a run killed between the two
+            # commits would leave the fleet open with its parents moved: its writes would come back
+            # under names the old database no longer has.
             for conn in self.fleet:
                 conn.commit()
+            checkpoint("adopt-abort-fleet-committed")
+            if self.reopen:
+                self.src.commit()  # the old database takes writes
+                checkpoint("adopt-abort-source-open")
             self._mark("commit")
         except psycopg.errors.QueryCanceled as exc:
             raise FreezeTimeout(
@@ -156,14 +166,18 @@ class AbortFreeze(BoundedFreeze):
         them and redirect its shards to the old database (uncommitted)."""
         site = self.site
         self._timeouts()
-        self._lock(site.parents(host))  # a parent's lock covers its partitions
+        parents = site.located(self.src, host)  # moved at the cutover (back home if it ran before)
+        self._lock(parents)  # a parent's lock covers its partitions
         self._wait_applied([site.back(host)])
         self._budget()
-        guarded = site.shard_tables(host) + site.parents(host)
+        guarded = site.shard_tables(host) + parents
         message = fleet_message(site)
         self.src.execute(
             "".join(stubs.unguard_sql(s, t) + stubs.guard_sql(s, t, message) for s, t in guarded)
         )
+        # The parents home again (committed after the old database: no change is decoded between)
+        moved = [p for p in parents if p[0] == catalog.MOVED_SCHEMA]
+        self.src.execute(catalog.set_schema_sql(moved, site.schema))
         # Routers whose topology copy still says fleet follow back (the cutover clears these).
         source, shards = site.source, site.redirected(host)
         control.write_redirects(
@@ -203,7 +217,14 @@ def _abort_freeze(site: Site, max_freeze: float, attempts: int, reopen: bool) ->
 def _reopen_source(site: Site, src: psycopg.Connection) -> None:
     """In the abort's freeze, on the old database: its guards and redirects gone, the run
     ``aborted`` (committed by the caller)."""
-    src.execute(catalog.drop_guards_sql(site.source_tables()))
+    tables = site.located(src)
+    src.execute(catalog.drop_guards_sql(tables))
+    # the stubs out of the tables' names (back to their staging schema), the tables back in
+    moved = [t for s, t in tables if s == catalog.MOVED_SCHEMA]
+    src.execute(
+        catalog.set_schema_sql([(site.schema, t) for t in moved], catalog.STUB_STAGING, True)
+    )
+    src.execute(catalog.set_schema_sql([(catalog.MOVED_SCHEMA, t) for t in moved], site.schema))
     control.clear_redirects(src, [n for h in site.fleet_hosts() for n in site.redirected(h)])
     catalog.set_run(src, ABORTED, {"abort": {"at": time.time()}, "switched": False})
 
@@ -255,10 +276,19 @@ def adopt_cleanup(
     checkpoint("adopt-cleanup-back-dropped")
     result.dropped["parents"] = _drop_parents(site)
     # Old IDs live forever: the id map keeps its rows, only its replication goes.
-    drop_id_map(topo, site.source, keep_data=True, connect_timeout=site.connect_timeout)
+    drop_id_map(
+        topo,
+        site.source,
+        keep_data=True,
+        schema=catalog.MOVED_SCHEMA,
+        connect_timeout=site.connect_timeout,
+    )
     restored = restore_fleet_identities(site, detail)
     with site.connect(site.source) as src:
-        restored += _restore_identities(site, src, detail)
+        # The stubs keep the old names (a direct client is told where the rows went); the frozen
+        # tables stay in their schema: dropping them is the team's decision.
+        stubs.drop_moved_stubs(src, [catalog.STUB_STAGING])  # only its next_id() is left
+        restored += _restore_identities(site, src, detail, catalog.MOVED_SCHEMA)
         with src.transaction():
             catalog.set_run(src, CLEANED, {"cleanup": {"at": time.time(), "restored": restored}})
     checkpoint("adopt-cleanup-recorded")
@@ -273,23 +303,40 @@ def _drop_parents(site: Site) -> list[str]:
     out = []
     for host in site.fleet_hosts():
         with site.connect(host, autocommit=False) as conn:
-            for schema, table in site.parents(host):
-                if table in site.globals or not catalog.relation_exists(conn, schema, table):
+            for schema, table in site.located(conn, host):
+                if table in site.globals:
                     continue
                 children = catalog.partitions(conn, schema, table)
                 conn.execute(catalog.detach_and_drop_sql((schema, table), children))
                 out.append(f"{host.name}:{schema}.{table}")
             catalog.drop_state_schema(conn)
             conn.commit()
+            catalog.drop_empty_schema(conn, catalog.MOVED_SCHEMA)
     return out
 
 
-def _restore_identities(site: Site, src: psycopg.Connection, detail: dict) -> list[str]:
+def _drop_moved_schemas(site: Site) -> None:
+    """After an abort: the stubs' staging schema on the old database, and the emptied schema the
+    cutover moved the tables to there and on the fleet hosts."""
+    with site.connect(site.source) as src:
+        stubs.drop_moved_stubs(src, [catalog.STUB_STAGING])
+        catalog.drop_empty_schema(src, catalog.MOVED_SCHEMA)
+    for host in site.fleet_hosts():
+        with site.connect(host) as conn:
+            catalog.drop_empty_schema(conn, catalog.MOVED_SCHEMA)
+
+
+def _restore_identities(
+    site: Site, src: psycopg.Connection, detail: dict, schema: str | None = None
+) -> list[str]:
     """Put back the replica identities ``adopt copy`` set to FULL (its run's detail
-    ``replica_identity``: table → [kind, index] before)."""
+    ``replica_identity``: table → [kind, index] before), on the tables in ``schema`` (default: the
+    app's)."""
+    schema = schema or site.schema
     out = []
     for table, (kind, index) in (detail.get("replica_identity") or {}).items():
-        if catalog.relation_exists(src, site.schema, table):
-            copy_catalog.restore_replica_identity(src, site.schema, table, kind, index)
+        where = schema if table in site.adoption.tables else site.schema
+        if catalog.relation_exists(src, where, table):
+            copy_catalog.restore_replica_identity(src, where, table, kind, index)
             out.append(table)
     return out

@@ -51,6 +51,7 @@ from ...model.ranges import format_shards
 from ...model.topology import Host, Topology, server_database
 from ...model.topology_file import write_adoption
 from ...sql.catalog import adopt_copy as catalog
+from ...sql.catalog import adopt_cutover as cut_catalog
 from ...sql.catalog import inspect, replication
 from ...sql.catalog.data import truncate_tables
 from ..health import read_host
@@ -293,7 +294,7 @@ def adopt_copy(
         with job.connect(job.source) as src:
             _check_source(job, src, targets)
             _begin(job, src, targets)
-            if job.run.phase in (Phase.CUT_OVER, Phase.CLEANED, Phase.ABORTED):
+            if job.run.phase in (Phase.CUT_OVER, Phase.CLEANED):
                 job.result.notes.append(f"adopt copy: nothing to do (phase {job.run.phase})")
             else:
                 _copy_all(job, src, targets)
@@ -426,6 +427,8 @@ def _begin(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
             f"the source records an adoption of another plan (phase {run.phase}): abort and clean "
             f"it up first, or give its plan file"
         )
+    if run is not None and run.phase == Phase.ABORTED:
+        run = _restart(job, src, run, digest)
     if run is None or run.phase == Phase.CLEANED:
         run = start_run(src, digest, str(job.topo.path) if job.topo.path else None)
     job.run = run
@@ -439,6 +442,28 @@ def _begin(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
             run.host(target.host.name)
         job.save(src)
     job.result.id_floor = run.detail["id_floor"]
+
+
+def _restart(job: Copy, src: psycopg.Connection, run: Run, digest: str) -> Run:
+    """After an abort: the fleet emptied of the aborted run (``restart.py``), a new run with its
+    ID floor."""
+    from .restart import clear_aborted_run
+    from .site import Site
+
+    site = Site.of(job.topo, job.options["connect_timeout"], None, need_source=True)
+    site.run_state(src)
+    hosts = clear_aborted_run(site, src, run.detail)
+    checkpoint("adopt-restart-cleared")
+    floor = run.detail.get("id_floor")
+    run = start_run(src, digest, str(job.topo.path) if job.topo.path else None)
+    run.detail.update({"id_floor": floor, "restarted_at": cut_catalog.source_now(src)})
+    run.detail["globals"] = list(job.globals)
+    run.save(src)
+    job.result.notes.append(
+        f"adopt copy: the aborted run's rows removed from {', '.join(hosts)}; a new run started "
+        f"(adopt verify must pass again before the cutover)"
+    )
+    return run
 
 
 # ---- the source: replica identity and publications ----------------------------------------------

@@ -9,9 +9,15 @@ slot, the parents' replica identity FULL), the control objects the guard and the
 The freeze, the move's (``ops/move/cutover.BoundedFreeze``): one transaction on the old database,
 ``LOCK … IN EXCLUSIVE MODE`` on the adopted tables, wait until every forward subscription applied its
 WAL up to there, the global tables' sequences set on the global host, a guard trigger on each adopted
-table (SQLSTATE ``SCM01``, one line naming the new home, for direct clients), a redirect per shard
-(Routers whose topology copy still says ``authoritative: source`` follow it to the fleet), the run
-recorded ``cut_over``; commit. A failed or late attempt rolls back: the source stays authoritative.
+table (SQLSTATE ``SCM01``, one line naming the new home, for direct clients), the sharded tables moved
+to schema ``shardctl_adopted`` and stubs put under their names (views made before the freeze whose
+reads and writes raise ``SCM01``: a Router on a stale topology copy follows on a read too, as after a
+move), a redirect per shard (Routers whose topology copy still says ``authoritative: source`` follow
+it to the fleet), the run recorded ``cut_over``. Before the commit, each fleet host's partitioned
+parents move to ``shardctl_adopted`` too (committed; the forward subscriptions have nothing left to
+apply): the way back publishes each change under the name its parent has when it is made, so the
+fleet's writes, which start once the old database commits, come back into the moved tables. A failed
+or late attempt rolls back and moves the parents back: the source stays authoritative.
 
 Then: ``adoption.authoritative: fleet`` in the topology file, the forward replication dropped, and the
 way back started: a subscription per fleet host on the old database (``origin = none``: only the
@@ -40,7 +46,7 @@ from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
 from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze
 from ..move.run import Progress, checkpoint, human_bytes, server_side
-from .id_map import ID_MAP_NAME
+from .id_map import ID_MAP_NAME, move_id_map
 from .site import Site
 
 CUT_OVER = "cut_over"
@@ -93,7 +99,7 @@ def adopt_cutover(
     with site.connect(site.source) as src:
         phase, _detail = site.run_state(src)
         if phase in READY:
-            _require_verified(src)
+            _require_verified(src, _detail.get("restarted_at"))
     if phase == CUT_OVER:
         site.note("the old database was already frozen: finishing the switch")
     elif phase in READY:
@@ -115,10 +121,11 @@ def adopt_cutover(
     return result
 
 
-def _require_verified(src: psycopg.Connection) -> None:
-    """The precondition ``adopt verify`` provides: its last run on the old database finished and
-    found no problem. Without it, nothing is frozen."""
-    last = catalog.last_verify(src)
+def _require_verified(src: psycopg.Connection, since: float | None = None) -> None:
+    """The precondition ``adopt verify`` provides: its last run on the old database (since the copy
+    started again after an abort, ``since``) finished and found no problem. Without it, nothing is
+    frozen."""
+    last = catalog.last_verify(src, since)
     if last is None:
         why = "never ran"
     elif not last[0]:
@@ -137,7 +144,11 @@ def prepare(site: Site, detail: dict) -> None:
     """Before the freeze, idempotent: the control objects on the old database, and the way back on
     each fleet host (replica identity FULL on its parents and shard tables, the publication, its slot)."""
     with site.connect(site.source) as src:
-        control.ensure_move_objects(src)  # the guard function and the redirects table
+        control.ensure_move_objects(src)  # the guard function, the stubs' functions, the redirects
+        catalog.ensure_schema(src, catalog.MOVED_SCHEMA)
+        stubs.create_moved_stubs(
+            src, {catalog.STUB_STAGING: (site.schema, stub_message(site))}, only=site.tables
+        )
     recorded: dict[str, list[str]] = dict(detail.get(FLEET_IDENTITY) or {})
     for host in site.fleet_hosts():
         with site.connect(host) as conn:
@@ -145,6 +156,7 @@ def prepare(site: Site, detail: dict) -> None:
             session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT}, local=False)
             # an earlier abort's redirects, back to the old database
             control.clear_redirects(conn, site.redirected(host))
+            _parents_home(site, host, conn)
             _identities_full(site, host, conn, recorded)
             name = site.back(host)
             catalog.create_root_publication(conn, name, site.back_tables(host))
@@ -158,6 +170,15 @@ def prepare(site: Site, detail: dict) -> None:
                     f"up first; nothing was frozen"
                 )
     checkpoint("adopt-prepared")
+
+
+def _parents_home(site: Site, host: Host, conn: psycopg.Connection) -> None:
+    """``host``'s parents in the app's schema, where the forward subscription applies: a freeze
+    killed after it moved them (:meth:`AdoptFreeze._move_fleet`) left them moved."""
+    catalog.ensure_schema(conn, catalog.MOVED_SCHEMA)
+    moved = [p for p in site.located(conn, host) if p[0] == catalog.MOVED_SCHEMA]
+    if moved:
+        conn.execute(catalog.set_schema_sql(moved, site.schema))
 
 
 def _identities_full(
@@ -260,6 +281,16 @@ def _freeze(site: Site, max_freeze: float, attempts: int, result: CutoverResult)
     )
 
 
+def stub_message(site: Site) -> str:
+    """What a direct client reading or writing an adopted table's old name is told (one line)."""
+    hosts = ", ".join(h.name for h in site.fleet_hosts())
+    return (
+        f"this table of {site.schema} was adopted into the shardctl fleet ({hosts}; topology "
+        f"{site.topo.path}): read and write it through shardctl's Router (the rows as of the "
+        f"cutover: schema {catalog.MOVED_SCHEMA})"
+    )
+
+
 def guard_message(site: Site, table: str) -> str:
     """What a direct client writing an adopted table on the old database is told: one line."""
     hosts = ", ".join(h.name for h in site.fleet_hosts())
@@ -275,6 +306,7 @@ class AdoptFreeze(BoundedFreeze):
     def __init__(self, site: Site, max_freeze: float):
         super().__init__(max_freeze, site.progress)
         self.site = site
+        self.fleet_moved: list[Host] = []
 
     def attempt(self) -> None:
         site = self.site
@@ -299,13 +331,19 @@ class AdoptFreeze(BoundedFreeze):
             src.commit()
             self._mark("commit")
             checkpoint("adopt-after-freeze")
-        except psycopg.errors.QueryCanceled as exc:
+        except (
+            psycopg.errors.QueryCanceled,
+            psycopg.errors.LockNotAvailable,  # moving the tables waits for readers' locks
+            psycopg.errors.DeadlockDetected,
+        ) as exc:
             self._rollback()
+            self._unmove_fleet()
             raise FreezeTimeout(
                 f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})"
             ) from None
         except BaseException:
             self._rollback()
+            self._unmove_fleet()
             raise
         finally:
             for c in (self.src, self.aux, glob):
@@ -329,6 +367,13 @@ class AdoptFreeze(BoundedFreeze):
         src.execute(
             "".join(stubs.guard_sql(s, t, guard_message(site, t)) for s, t in site.source_tables())
         )
+        # The stubs take the sharded tables' names: a Router on a stale topology copy meets SCM01 on
+        # a read too, and follows the redirect (catalog only: no row is touched).
+        sharded = [(site.schema, t) for t in site.tables]
+        src.execute(catalog.set_schema_sql(sharded, catalog.MOVED_SCHEMA))
+        staged = [(catalog.STUB_STAGING, t) for t in site.tables]
+        src.execute(catalog.set_schema_sql(staged, site.schema, view=True))
+        self._move_fleet()
         for host in site.fleet_hosts():
             shards = site.redirected(host)
             schemas = [site.topo.schema_name(n) if n >= 0 else site.schema for n in shards]
@@ -345,6 +390,41 @@ class AdoptFreeze(BoundedFreeze):
         )
         self._mark("retired")
 
+    def _move_fleet(self) -> None:
+        """Each fleet host's parents to :data:`MOVED_SCHEMA`, committed before the old database's
+        commit: the way back decodes each change of the fleet under the name its parent has then,
+        and the first ones come once the old database committed. The forward subscriptions have
+        nothing left to apply (lag 0, the old tables locked); a failed attempt moves them back."""
+        site = self.site
+        for host in site.fleet_hosts():
+            if not host.shards:
+                continue
+            left = session.duration(max(self.deadline - time.monotonic(), 0.001))
+            with site.connect(host) as conn:
+                session.set_settings(
+                    conn, {"lock_timeout": left, "statement_timeout": left}, local=False
+                )
+                self.fleet_moved.append(host)
+                parents = [p for p in site.located(conn, host) if p[0] == site.schema]
+                parents = [p for p in parents if p[1] in site.adoption.tables]
+                conn.execute(catalog.set_schema_sql(parents, catalog.MOVED_SCHEMA))
+        checkpoint("adopt-fleet-moved")
+        self._mark("fleet_moved")
+
+    def _unmove_fleet(self) -> None:
+        """After a failed attempt: the parents back where the forward subscriptions apply (unless the
+        old database's commit went through after all: then they stay moved)."""
+        if not self.fleet_moved:
+            return
+        site = self.site
+        with site.connect(site.source) as src:
+            if site.run_state(src)[0] == CUT_OVER:
+                return
+        for host in self.fleet_moved:
+            with site.connect(host) as conn:
+                _parents_home(site, host, conn)
+        self.fleet_moved = []
+
 
 def finish(site: Site) -> tuple[bool, dict]:
     """After the freeze committed: the topology flipped, the forward replication dropped, the way back
@@ -353,6 +433,8 @@ def finish(site: Site) -> tuple[bool, dict]:
     checkpoint("adopt-after-flip")
     dropped = drop_forward(site)
     checkpoint("adopt-after-forward-dropped")
+    # The old database's tables moved: so do the id map's, which its changes reach by that name.
+    move_id_map(site.topo, catalog.MOVED_SCHEMA, connect_timeout=site.connect_timeout)
     start_back(site)
     with site.connect(site.source) as src, src.transaction():
         catalog.set_run(src, CUT_OVER, {"switched": True})
@@ -402,4 +484,5 @@ def start_back(site: Site) -> None:
                         f"cutover: the way back from {host.name} could not be made on the old "
                         f"database ({db.first_line(exc)}; {mask(host.dsn)})"
                     ) from None
-            replication.start_subscription(src, name, False, hold, site.back_tables(host))
+            moved = site.back_tables(host, moved=True)  # the old database's tables, moved
+            replication.start_subscription(src, name, False, hold, moved)

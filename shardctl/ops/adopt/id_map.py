@@ -29,6 +29,7 @@ from ...errors import BadInput, OperationFailed
 from ...model.adoption import AdoptedTable, IdMap, default_id_map, tables_from_plan
 from ...model.topology import Host, Topology
 from ...sql import databases
+from ...sql.catalog import adopt_cutover as cut_catalog
 from ...sql.catalog import adopt_ids as catalog
 from ...sql.catalog import replication
 from ..move.run import server_side
@@ -204,17 +205,47 @@ def wait_id_map(
                 time.sleep(0.05)
 
 
+def move_id_map(
+    topology: Topology, moved: str, *, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+) -> list[str]:
+    """At the cutover, the id map's tables follow the old database's (they move to schema ``moved``):
+    its subscription applies by the published name, which is the moved one for every change made
+    after the old database's freeze (the fleet's writes coming back). A view under each old name
+    keeps the readers' query. Idempotent; nothing without an id map database. Returns the moved."""
+    place = id_map_place(topology)
+    host = topology.host(place.host)
+    schema = topology.adoption.schema
+    with db.connect(host, autocommit=True, connect_timeout=connect_timeout) as admin:
+        if not databases.database_exists(admin, place.dbname):
+            return []
+    names = [t.name for t in mapped_tables(topology.adoption.tables)]
+    with db.connect(
+        host, autocommit=True, connect_timeout=connect_timeout, database=place.dbname
+    ) as ids:
+        where = cut_catalog.table_schemas(ids, names, [schema, moved])
+        todo = [t for t in names if where.get(t) == schema]
+        if todo:
+            with ids.transaction():
+                cut_catalog.ensure_schema(ids, moved)
+                ids.execute(cut_catalog.set_schema_sql([(schema, t) for t in todo], moved))
+                for t in todo:
+                    ids.execute(cut_catalog.view_over_sql(schema, t, moved))
+    return todo
+
+
 def drop_id_map(
     topology: Topology,
     source: Host | None,
     *,
     keep_data: bool = False,
+    schema: str | None = None,
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Undo :func:`ensure_id_map`: the subscription, the publication(s), the slot and the replica
     identity indexes made for it on the old database; with ``keep_data`` (``--cleanup``: old IDs live
     forever) the id map database and its rows stay, else (``--abort``) the database goes too.
-    ``source`` None: the old database is gone; only the id map's side is undone."""
+    ``source`` None: the old database is gone; only the id map's side is undone. ``schema``: where
+    the adopted tables are on the old database (default: the adoption's schema)."""
     place = id_map_place(topology)
     host = topology.host(place.host)
     with db.connect(host, autocommit=True, connect_timeout=connect_timeout) as admin:
@@ -227,14 +258,16 @@ def drop_id_map(
             # went with it
             replication.drop_subscription(ids, ID_MAP_NAME)
     if source is not None:
-        _drop_source_side(topology, source, connect_timeout)
+        _drop_source_side(topology, source, connect_timeout, schema)
     if exists and not keep_data:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout) as admin:
             databases.drop_database(admin, place.dbname)
 
 
-def _drop_source_side(topology: Topology, source: Host, connect_timeout: int) -> None:
-    schema = topology.adoption.schema if topology.adoption else "public"
+def _drop_source_side(
+    topology: Topology, source: Host, connect_timeout: int, schema: str | None = None
+) -> None:
+    schema = schema or (topology.adoption.schema if topology.adoption else "public")
     tables = mapped_tables(topology.adoption.tables) if topology.adoption else []
     with db.connect(source, autocommit=True, connect_timeout=connect_timeout) as src:
         replication.drop_publications(src, [ID_MAP_NAME])

@@ -90,18 +90,31 @@ class Site:
         tables' types differ), as its run recorded them."""
         return [t for t in detail.get("routed") or [] if t in self.adoption.tables]
 
-    def parents(self, host: Host) -> list[tuple[str, str]]:
+    def parents(self, host: Host, moved: bool = False) -> list[tuple[str, str]]:
         """What ``host`` holds under the old database's names: a partitioned parent per sharded table
-        (when the host owns shards), and the global tables on the global host."""
-        out = [(self.schema, t) for t in self.tables] if host.shards else []
+        (when the host owns shards; in :data:`MOVED_SCHEMA` from the cutover, ``moved``), and the
+        global tables on the global host."""
+        where = catalog.MOVED_SCHEMA if moved else self.schema
+        out = [(where, t) for t in self.tables] if host.shards else []
         if host.name == self.global_host.name:
             out += [(self.schema, t) for t in self.globals]
         return out
 
-    def back_tables(self, host: Host) -> list[tuple[str, str]]:
+    def back_tables(self, host: Host, moved: bool = False) -> list[tuple[str, str]]:
         """What the way back publishes from ``host``: its parents and global tables, not the tables
         routed by trigger (their rows are in the shard tables only, under no name the old database has)."""
-        return [p for p in self.parents(host) if p[1] not in self.routed_tables]
+        return [p for p in self.parents(host, moved) if p[1] not in self.routed_tables]
+
+    def located(self, conn: psycopg.Connection, host: Host | None = None) -> list[tuple[str, str]]:
+        """Where the sharded tables are now on ``conn``'s database (the old database, or fleet host
+        ``host``'s parents): in the app's schema before the cutover, in :data:`MOVED_SCHEMA` after
+        it; then the global tables (on the old database, and on the global host)."""
+        sharded = [] if host is not None and not host.shards else self.tables
+        where = catalog.table_schemas(conn, sharded, [catalog.MOVED_SCHEMA, self.schema])
+        out = [(where[t], t) for t in sharded if t in where]
+        if host is None or host.name == self.global_host.name:
+            out += [(self.schema, t) for t in self.globals]
+        return out
 
     def redirected(self, host: Host) -> list[int]:
         """The shards whose redirects name ``host`` (or are recorded on it): its own, and the Routers'

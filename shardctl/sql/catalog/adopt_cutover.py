@@ -49,16 +49,19 @@ def merge_detail(conn: psycopg.Connection, detail: dict) -> None:
     )
 
 
-def last_verify(conn: psycopg.Connection) -> tuple[bool, dict] | None:
+def last_verify(conn: psycopg.Connection, since: float | None = None) -> tuple[bool, dict] | None:
     """(finished, summary) of the last ``adopt verify`` run recorded on the old database; None when
-    none ran (its tables are ``adopt verify``'s: ``sql/catalog/adopt_verify.py``)."""
+    none ran, or none started at or after ``since`` (epoch seconds: a copy started again after an
+    abort needs a verification of its own). Its tables are ``adopt verify``'s
+    (``sql/catalog/adopt_verify.py``)."""
     if not conn.execute("SELECT to_regclass('shardctl_adopt.verify_runs') IS NOT NULL").fetchone()[
         0
     ]:
         return None
     row = conn.execute(
         "SELECT finished_at IS NOT NULL, summary FROM shardctl_adopt.verify_runs "
-        "ORDER BY run_id DESC LIMIT 1"
+        "WHERE started_at >= to_timestamp(%s) ORDER BY run_id DESC LIMIT 1",
+        (since or 0,),
     ).fetchone()
     return None if row is None else (bool(row[0]), dict(row[1] or {}))
 
@@ -161,3 +164,63 @@ def drop_guards_sql(items: list[tuple[str, str]]) -> str:
 def drop_state_schema(conn: psycopg.Connection) -> None:
     """``shardctl_adopt`` on a fleet host: the routing functions of ``adopt copy``'s routed tables."""
     conn.execute("DROP SCHEMA IF EXISTS shardctl_adopt CASCADE")
+
+
+# ---- the old names handed to stubs at the cutover --------------------------------------------------
+# The schema the adopted tables move to at the cutover: on the old database (their old names in the
+# app's schema then hold stubs), and on each fleet host (its partitioned parents, so the way back
+# publishes them under the names the old database's tables have there).
+MOVED_SCHEMA = "shardctl_adopted"
+STUB_STAGING = "shardctl_adopt_stubs"  # the stubs, made before the freeze, moved in by it
+
+
+def ensure_schema(conn: psycopg.Connection, schema: str) -> None:
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+
+
+def drop_empty_schema(conn: psycopg.Connection, schema: str) -> bool:
+    """Drop ``schema`` if it exists and holds nothing; False when it still holds something."""
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {}").format(sql.Identifier(schema)))
+    except psycopg.errors.DependentObjectsStillExist:
+        return False
+    return True
+
+
+def set_schema_sql(items: list[tuple[str, str]], schema: str, view: bool = False) -> sql.Composed:
+    """ALTER TABLE (or VIEW) … SET SCHEMA of each of ``items`` (catalog only: no row is touched;
+    indexes, owned sequences, triggers and publications' memberships go along)."""
+    kind = sql.SQL("VIEW" if view else "TABLE")
+    return sql.Composed(
+        sql.SQL("ALTER {} {} SET SCHEMA {};\n").format(
+            kind, sql.Identifier(s, t), sql.Identifier(schema)
+        )
+        for s, t in items
+    )
+
+
+def table_schemas(
+    conn: psycopg.Connection, tables: list[str], schemas: list[str]
+) -> dict[str, str]:
+    """table → the first of ``schemas`` that holds a table (plain or partitioned) of that name."""
+    rows = conn.execute(
+        """SELECT DISTINCT ON (c.relname) c.relname, n.nspname FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE c.relname = ANY(%s) AND n.nspname = ANY(%s) AND c.relkind IN ('r', 'p')
+            ORDER BY c.relname, array_position(%s, n.nspname::text)""",
+        (tables, schemas, schemas),
+    ).fetchall()
+    return dict(rows)
+
+
+def view_over_sql(schema: str, table: str, moved: str) -> sql.Composed:
+    """A view ``schema.table`` of every row of ``moved.table`` (the id map's readers keep their name)."""
+    return sql.SQL("CREATE VIEW {} AS SELECT * FROM {};\n").format(
+        sql.Identifier(schema, table), sql.Identifier(moved, table)
+    )
+
+
+def source_now(conn: psycopg.Connection) -> float:
+    """The database's clock, epoch seconds (what its ``now()`` defaults record)."""
+    return float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])

@@ -20,12 +20,16 @@ from .inspect import present_schemas
 WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 
 
-def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str]]) -> int:
+def create_moved_stubs(
+    conn: psycopg.Connection, stubs: dict[str, tuple[str, str]], only: list[str] | None = None
+) -> int:
     """A stub schema named by each key for the shard schema ``value[0]``: one view per table with the
     table's columns, and a ``next_id()``, whose reads, writes and calls raise SQLSTATE SCM01 with the
     message ``value[1]`` (it names the new host), so direct clients (psql, other languages) are told
     where the shard went once the stub takes the shard's old name (:func:`place_moved_stubs`). Marked by
-    its comment (:data:`STUB_COMMENT`); stubs that exist already are kept. Returns the number of views made."""
+    its comment (:data:`STUB_COMMENT`); stubs that exist already are kept. ``only``: views for these
+    tables alone (an adopted database's schema holds the app's other tables too). Returns the number of
+    views made."""
     present = present_schemas(conn, list(stubs))
     stubs = {k: v for k, v in stubs.items() if k not in present}
     if not stubs:
@@ -38,8 +42,9 @@ def create_moved_stubs(conn: psycopg.Connection, stubs: dict[str, tuple[str, str
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
             WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+              AND (%s::text[] IS NULL OR c.relname = ANY(%s))
             GROUP BY 1, 2 ORDER BY 1, 2""",
-        (list(old_of),),
+        (list(old_of), only, only),
     ).fetchall()
     parts = []
     for old, (_new, message) in stubs.items():

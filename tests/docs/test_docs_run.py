@@ -292,12 +292,13 @@ def check_adopt_cutover(run: PageRun, block: Block) -> None:
     old_port = server_ports(here / "olddb")["pg1"]
     new_rows = 0
     for table, cols in adoption["tables"].items():
-        old = {  # the rows of before the cutover (the way back for --abort brings later ones)
+        old = {  # the rows of before the cutover (the way back for --abort brings later ones),
+            # moved to schema shardctl_adopted at the cutover (stubs raise SCM01 under the old names)
             int(r["id"]): int(r["key"])
             for r in rows(
                 old_port,
                 "app",
-                f"SELECT id, {cols['key']} AS key FROM public.{table} WHERE id < {floor}",
+                f"SELECT id, {cols['key']} AS key FROM shardctl_adopted.{table} WHERE id < {floor}",
             )
         }
         fleet = fleet_rows(here / "fleet", topo, table, cols["key"])

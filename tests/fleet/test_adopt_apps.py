@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
 import psycopg
+import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict
-from support.fleet import load, run_cli
+from support.fleet import load, run_cli, sandbox_dir
 from support.history import History, Report
 from support.orm import OrmAppProcess
 from support.statements import Statements
+from support.versions import need
 
-from shardctl.model.adoption import SOURCE_HOST, Adoption, tables_from_plan
+from shardctl.dev.sandbox import Sandbox
+from shardctl.model.adoption import SOURCE_HOST, Adoption, IdMap, tables_from_plan
 from shardctl.model.topology import Host
 from shardctl.model.topology_file import write_adoption
 from shardctl.router import Router
@@ -113,10 +117,15 @@ def pool_the_source(path: Path, pooled: str, direct: str, plan: dict | None = No
     """The topology's adoption.source through PgBouncer (admin DSN direct): before the copy a
     section of our own (the apps are deployed first); after it, the copy's section re-pooled."""
     source = Host(name=SOURCE_HOST, dsn=pooled, shards=[], admin_dsn=direct, pooler="transaction")
-    current = load(path).adoption
-    if current is None:
+    topo = load(path)
+    current = topo.adoption
+    if current is None:  # the id map where adopt copy puts it: named after the fleet's database
         tables, globals_ = tables_from_plan(plan)
-        current = Adoption(source=source, id_floor=1 << 40, tables=tables, globals=globals_)
+        first = topo.hosts[0]
+        ids = IdMap(first.name, conninfo_to_dict(first.admin_dsn)["dbname"] + "_adopt_ids")
+        current = Adoption(
+            source=source, id_floor=1 << 40, tables=tables, globals=globals_, id_map=ids
+        )
     write_adoption(path, dataclasses.replace(current, source=source))
 
 
@@ -158,8 +167,11 @@ def adopt_under_apps(make_fleet, pgbouncer, tmp_path: Path, dsn: str, abort: boo
         OrmAppProcess(histories["sa"], path, KEYS, "sa", writers=2, readers=1),
         OrmAppProcess(histories["dj"], path, KEYS, "dj", writers=2, readers=1, script=DJANGO_APP),
     ):
+        times["copy"] = time.time()
         step(path, "adopt", "copy", "--from", dsn, "--plan", plan_file)
+        times["copied"] = time.time()
         pool_the_source(path, pooled, dsn)  # the copy wrote its --from DSN
+        times["repooled"] = time.time()
         pool_the_id_map(pgbouncer, path)
         step(path, "adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0")
         times["cutover"] = time.time()
@@ -186,19 +198,42 @@ def h_clients(history: History) -> set[str]:
 
 
 def lost_where(h: History, report: Report, dsn: str, times: dict) -> list:
-    """For a failed check: each lost write's times against the steps', and where the old database
-    holds it."""
-    lost = {int(t.split(" id ")[1].split()[0]) for t in report.violations.get("lost", [])}
+    """For a failed check: each lost or missed write's times against the steps' (seconds after
+    it was acknowledged) and every place (the old database's schemas, the fleet's) holding its ID;
+    each error's relations and times."""
+    text = "\n".join(t for v in report.violations.values() for t in v)
+    lost = {int(x) for x in re.findall(r" id (\d+)", text)}
+    lost |= {int(x) for m in re.findall(r"e\.g\. \[([\d, ]+)\]", text) for x in m.split(",")}
+    topo = load(h.path)
     out = []
+    for w in h.writes:
+        if w.id not in lost:
+            continue
+        held = []
+        conns = [("source", {"conninfo": dsn})] + [
+            (x.name, x.connect_kwargs(purpose="admin")) for x in topo.hosts
+        ]
+        for name, kwargs in conns:
+            with psycopg.connect(**kwargs, autocommit=True) as conn:
+                for (schema,) in sql(
+                    conn,
+                    "SELECT relnamespace::regnamespace::text FROM pg_class WHERE relname = %s "
+                    "AND relkind IN ('r', 'p')",
+                    h.table,
+                ):
+                    got = sql(
+                        conn,
+                        f'SELECT user_id, caption FROM "{schema}".{h.table} WHERE id = %s',
+                        w.id,
+                    )
+                    if got:
+                        held.append((name, schema, got))
+        out.append((w, {k: round(v - w.end, 3) for k, v in times.items()}, held))
     with psycopg.connect(dsn, autocommit=True) as src:
-        for w in h.writes:
-            if w.id in lost:
-                held = sql(
-                    src,
-                    f"SELECT 'moved', user_id FROM shardctl_adopted.{h.table} WHERE id = %s",
-                    w.id,
-                )
-                out.append((w, {k: round(v - w.end, 3) for k, v in times.items()}, held))
+        for f in h.failures:
+            oids = sorted(set(re.findall(r"relation (\d+) of", f.error)))
+            names = [sql(src, "SELECT %s::oid::regclass::text", int(o))[0][0] for o in oids]
+            out.append((names, {k: round(v - f.end, 3) for k, v in times.items()}, f.error[-200:]))
     return out
 
 
@@ -222,11 +257,36 @@ def old_ids_by_id(path: Path, old: dict[str, dict[int, int]], counter: Statement
                 assert sum(calls.values()) == 1 and sum(lookups.values()) <= 1, (table, i, calls)
 
 
-def test_apps_through_pgbouncer_adopt_then_clean_up(make_fleet, pgbouncer, tmp_path):
+@pytest.fixture
+def old_database(request, make_fleet):
+    """The old database: on the session's server 0 (the sandbox's default major), or alone on a
+    server of the major ``request.param`` names (skipped where no installed wheel ships it)."""
+    major = getattr(request, "param", "default")
+    if major == "default":
+        yield make_fleet.new_database(0)
+        return
+    box = Sandbox(sandbox_dir(f"old{major}"))
+    try:
+        box.up(hosts=1, shards=1, pg=need(major))
+        host = box.state.hosts[0]
+        with psycopg.connect(host.dsn_to("postgres"), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE old_app_{major}")
+        yield host.dsn_to(f"old_app_{major}")
+    finally:
+        box.destroy()
+
+
+@pytest.mark.parametrize(
+    "old_database",
+    ["default", *(pytest.param(m, marks=pytest.mark.slow) for m in ("16", "17"))],
+    indirect=True,
+)
+def test_apps_through_pgbouncer_adopt_then_clean_up(make_fleet, pgbouncer, tmp_path, old_database):
     """Run 1: plan … cutover, --cleanup under both apps. Every acknowledged write and every old row
     is once on the fleet, in its key's shard (user_id % 4); no read missed an acknowledged write or
-    was answered by another shard; the old database kept what it had at the cutover; old IDs work."""
-    dsn = make_fleet.new_database(0)
+    was answered by another shard; the old database kept what it had at the cutover; old IDs work.
+    The old database on the sandbox's default major, and (slow) on PostgreSQL 16 and 17."""
+    dsn = old_database
     path, histories, old, times = adopt_under_apps(make_fleet, pgbouncer, tmp_path, dsn, False)
     topo = load(path)
     assert topo.adoption.source is None
@@ -255,7 +315,7 @@ def test_apps_through_pgbouncer_adopt_then_abort(make_fleet, pgbouncer, tmp_path
     the cutover included); the fleet's writes were in their key's shard; no read missed an
     acknowledged write."""
     dsn = make_fleet.new_database(0)
-    path, histories, old, _ = adopt_under_apps(make_fleet, pgbouncer, tmp_path, dsn, True)
+    path, histories, old, times = adopt_under_apps(make_fleet, pgbouncer, tmp_path, dsn, True)
     topo = load(path)
     assert topo.adoption.authoritative == "source"
     floor = topo.adoption.id_floor
@@ -265,7 +325,7 @@ def test_apps_through_pgbouncer_adopt_then_abort(make_fleet, pgbouncer, tmp_path
         for f in h.failures:
             report.add("error", f"{f.client} {f.op} key {f.key}: {f.error}")
         print(f"\n{name}: {report}")
-        assert report.ok, report
+        assert report.ok, (report, lost_where(h, report, dsn, times))
         with psycopg.connect(dsn, autocommit=True) as src:
             rows = sql(src, f"SELECT id, user_id FROM public.{h.table}")
         ids = [i for i, _ in rows]

@@ -271,6 +271,8 @@ def old_database(request, make_fleet):
         host = box.state.hosts[0]
         with psycopg.connect(host.dsn_to("postgres"), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE old_app_{major}")
+            version = conn.execute("SHOW server_version_num").fetchone()[0]
+        assert version.startswith(major), version
         yield host.dsn_to(f"old_app_{major}")
     finally:
         box.destroy()

@@ -28,14 +28,16 @@ def atomic(
     id: int | None = None,
     shard: int | None = None,
     force_string: bool = False,
+    table: str | None = None,
     savepoint: bool = True,
     durable: bool = False,
 ) -> Iterator[Target]:
     """``on_shard(key=|id=|shard=)`` and ``transaction.atomic`` on that shard's host connection: the
     block's writes to the shard (and to other shards of that host) commit or roll back together.
+    ``table`` names the table of ``id`` (a pre-adoption ID needs it, as in ``on_shard``).
     A write to a shard of another host inside it is refused (``UncoveredWrite``)."""
     with (
-        on_shard(key, id=id, shard=shard, force_string=force_string) as here,
+        on_shard(key, id=id, shard=shard, force_string=force_string, table=table) as here,
         transaction.atomic(using=here.alias, savepoint=savepoint, durable=durable),
     ):
         yield here

@@ -29,6 +29,7 @@ from psycopg import sql
 from sqlalchemy import select
 from support.apps import apply_fixes, load_app
 from support.fleet import load, run_cli, stale_copy
+from support.statements import Statements
 
 from shardctl.errors import BadInput
 from shardctl.ids.old_ids import id_floor
@@ -171,45 +172,6 @@ def pairs(dsn: str, table: str, id_col: str, key_col: str, schema: str = "public
             sql.Identifier(id_col), sql.Identifier(key_col), sql.Identifier(schema, table)
         )
         return set(conn.execute(q).fetchall())
-
-
-class Statements:
-    """pg_stat_statements' calls per database of the statements that mention ``needle``."""
-
-    QUERY = (
-        "SELECT d.datname, sum(s.calls)::int FROM pg_stat_statements s JOIN pg_database d "
-        "ON d.oid = s.dbid WHERE s.query ILIKE %s AND s.query NOT ILIKE %s GROUP BY 1"
-    )
-
-    def __init__(self, dsns: list[str]):
-        self.dsns = dsns  # one database per server: where the extension is created
-        for dsn in dsns:
-            with psycopg.connect(dsn, autocommit=True) as c:
-                c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-
-    def calls(self, needle: str) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for dsn in self.dsns:
-            with psycopg.connect(dsn) as c:
-                for db, n in c.execute(self.QUERY, (f"%{needle}%", "%pg_stat_statements%")):
-                    out[db] = out.get(db, 0) + n
-        return out
-
-    def delta(self, needle: str, work, lookup: str | None = None) -> tuple[object, dict[str, int]]:
-        """``work()``'s value and the calls it made per database of the statements with ``needle``
-        (and, under the key "lookups", of those with ``lookup``: the id map's)."""
-        needles = [needle] + ([lookup] if lookup else [])
-        before = [self.calls(n) for n in needles]
-        value = work()
-        after = [self.calls(n) for n in needles]
-        grown = [
-            {db: n - b.get(db, 0) for db, n in a.items() if n != b.get(db, 0)}
-            for b, a in zip(before, after)
-        ]
-        out = grown[0]
-        if lookup:
-            out["lookups"] = grown[1]
-        return value, out
 
 
 def dbname(dsn_or_host) -> str:

@@ -103,12 +103,23 @@ def schemas_with_column(topo, table: str, column: str) -> list[str]:
 
 class OrmAppProcess:
     """The SQLAlchemy example as a second app server, in a process of its own
-    (``support/orm_app_process.py``) on the topology file ``path``: its writers and readers (client
+    (``support/orm_app_process.py``; or ``script``: the Django example's, django_app_process.py)
+    on the topology file ``path``: its writers and readers (client
     names ``clients``) are fed into ``history`` as they report, its sessions' follows of a move as
     retries of ``name``. Started (and reporting) on entry; stopped after its clients outlast the block."""
 
-    def __init__(self, history, path: Path, keys: list[int], name: str, writers: int, readers: int):
+    def __init__(
+        self,
+        history,
+        path: Path,
+        keys: list[int],
+        name: str,
+        writers: int,
+        readers: int,
+        script: Path | None = None,
+    ):
         self.history, self.path, self.name = history, Path(path), name
+        self.script = script or Path(__file__).with_name("orm_app_process.py")
         self.argv = [
             ",".join(map(str, keys)),
             str(self.path.with_name(f"stop-{name}")),
@@ -125,7 +136,7 @@ class OrmAppProcess:
         self.log = self.path.with_name(f"{self.name}.log")
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("orm_app_process.py")), *self.argv],
+                [sys.executable, str(self.script), *self.argv],
                 stdout=subprocess.PIPE,
                 stderr=err,
                 text=True,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadInput
+from ..errors import BadInput, ShardMoved
 from ..model.topology import Host, Topology
 from ..router import Router
 from ..router.placement import Key
@@ -68,9 +68,10 @@ def router() -> Router:
     return r
 
 
-def alias_of(host: Host) -> str:
+def alias_of(host: Host, shard: int) -> str:
     """The Django database alias of a host (``<prefix><host name>``); a host met only through a move's
-    redirect (or whose DSN changed) is registered with Django on first use."""
+    redirect (or whose DSN changed) is registered with Django on first use. A DSN that changed under
+    an atomic block on ``shard`` raises :class:`~shardctl.errors.ShardMoved` (retry the request)."""
     alias = _aliases.get((host.name, host.dsn))
     if alias is not None:
         return alias
@@ -82,8 +83,14 @@ def alias_of(host: Host) -> str:
         with _lock:
             fresh = dict(host_database(host), ALIAS=alias)
             connections.settings[alias] = _complete(fresh)
+            for seen in [k for k in _aliases if k[0] == host.name]:  # a DSN met before may return
+                del _aliases[seen]
             if known is not None:  # the host's DSN changed: this thread reconnects
                 stale = getattr(connections._connections, alias, None)
+                if stale is not None and stale.in_atomic_block:
+                    # closing it would end the block without its commit and without an error:
+                    # the block's writes would be lost while the request reports success
+                    raise ShardMoved(shard, host.name)
                 if stale is not None:
                     stale.close()
                     delattr(connections._connections, alias)
@@ -140,7 +147,7 @@ def shard_target(number: int) -> Target:
     known = _targets.get(number)
     if known is not None and known.host is host:
         return known
-    made = Target(number, r.placement.schema_on(host, number), host, alias_of(host))
+    made = Target(number, r.placement.schema_on(host, number), host, alias_of(host, number))
     _targets[number] = made
     return made
 

@@ -28,7 +28,7 @@ def global_alias(model: Any) -> str | None:
     meta = getattr(model, "_meta", None)
     if topo.adoption is None or meta is None or meta.db_table not in topo.adoption.globals:
         return None
-    return alias_of(router()._locate(GLOBAL))
+    return alias_of(router()._locate(GLOBAL), GLOBAL)
 
 
 class DatabaseRouter:

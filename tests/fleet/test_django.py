@@ -320,3 +320,13 @@ def test_transactions_savepoints_and_lookups_write_and_read_the_named_shards(dir
     assert updated == expected, (updated, expected)
     # a view's ShardMoved, not retried by the view: 503, and the client's next try is routed right
     assert done["moved_answer"][:2] == [503, "0"] and "retry" in done["moved_answer"][2], done
+
+
+def test_a_dsn_changed_under_an_atomic_block_fails_it_loudly(direct_django_fleet):
+    """Seen under PgBouncer during an adoption: the host's DSN changed in the topology file while a
+    view's atomic block was open; the connection was closed under it, Django skipped the commit
+    without an error and the view answered 200 for a write that was rolled back. Now the block
+    raises ShardMoved (retry_on_move reruns the request) and nothing of it is committed."""
+    done = scenario(direct_django_fleet, "dsn_change")
+    assert done["raised"] and "retry" in done["raised"], done
+    assert done["kept"] is False, done

@@ -603,5 +603,37 @@ def _traffic_during(
     return done, history
 
 
+def dsn_change() -> dict:
+    """The host's DSN changes in the topology file (a pooler put in front, a password variable
+    added) while an atomic block on one of its shards is open: the block must fail loudly, never
+    lose its writes behind a success (closing its connection would end it without a commit)."""
+    from django.db import transaction
+
+    from shardctl.errors import ShardMoved
+
+    r = router()
+    path = r.topology.path
+    text = path.read_text()
+    key = key_on(0, 11)
+    host = r.placement.locate(r.shard_of_id(key)).name
+    raised, kept = None, None
+    try:
+        with on_shard(id=key) as where, transaction.atomic(using=where.alias):
+            first = Photo.objects.create(user_id=key, caption="before the change").id
+            old = r.topology.host(host).dsn
+            changed = old + ("&" if "?" in old else "?") + "application_name=changed"
+            path.write_text(text.replace(old, changed, 1))
+            r.reload()
+            Photo.objects.create(user_id=key, caption="after the change")
+    except ShardMoved as exc:
+        raised = str(exc)
+    finally:
+        path.write_text(text)
+        r.reload()
+    with on_shard(id=key):
+        kept = Photo.objects.filter(pk=first).exists()
+    return {"raised": raised, "kept": kept, "first": first}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

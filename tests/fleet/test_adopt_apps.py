@@ -115,7 +115,7 @@ def source_transactions(pgbouncer, dsn: str) -> int:
 
 def pool_the_source(path: Path, pooled: str, direct: str, plan: dict | None = None) -> None:
     """The topology's adoption.source through PgBouncer (admin DSN direct): before the copy a
-    section of our own (the apps are deployed first); after it, the copy's section re-pooled."""
+    section of our own (the apps are deployed first), which adopt copy keeps."""
     source = Host(name=SOURCE_HOST, dsn=pooled, shards=[], admin_dsn=direct, pooler="transaction")
     topo = load(path)
     current = topo.adoption
@@ -170,8 +170,8 @@ def adopt_under_apps(make_fleet, pgbouncer, tmp_path: Path, dsn: str, abort: boo
         times["copy"] = time.time()
         step(path, "adopt", "copy", "--from", dsn, "--plan", plan_file)
         times["copied"] = time.time()
-        pool_the_source(path, pooled, dsn)  # the copy wrote its --from DSN
-        times["repooled"] = time.time()
+        kept = load(path).adoption.source  # the apps' way in, not the copy's --from
+        assert (kept.dsn, kept.pooler) == (pooled, "transaction"), kept
         pool_the_id_map(pgbouncer, path)
         step(path, "adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0")
         times["cutover"] = time.time()
@@ -242,9 +242,10 @@ def old_ids_by_id(path: Path, old: dict[str, dict[int, int]], counter: Statement
     at most two statements (the id map's lookup, the shard's get), never a fan-out."""
     with Router(load(path)) as router:
         for table, rows in old.items():
-            get = f"SELECT user_id FROM {table} WHERE id = %s"
+            get = f"SELECT id, user_id, 'the app''s own' FROM {table} WHERE id = %s"
             for i, user in rows.items():
-                assert router.execute(None, get, (i,), id=i, table=table) == [(user,)], (table, i)
+                found = router.execute(None, get, (i,), id=i, table=table)
+                assert found == [(i, user, "the app's own")], (table, i, found)
             for i in list(rows)[:: max(1, len(rows) // 4)]:
                 _, calls = counter.delta(
                     f"FROM {table} WHERE id",

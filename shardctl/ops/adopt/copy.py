@@ -797,13 +797,17 @@ def _ensure_id_map(job: Copy) -> None:
 
 def _write_adoption(job: Copy) -> None:
     """The topology's ``adoption:`` section, ``authoritative: source`` (``model.adoption``), unless
-    the file already says as much, or the cutover has made the fleet authoritative."""
+    the file already says as much, or the cutover has made the fleet authoritative. A ``source``
+    the file already names is kept as it is."""
     current = job.topo.adoption
     if job.topo.path is None or (current is not None and not current.on_source):
         return
     tables, globals_ = tables_from_plan(job.doc)
+    # The apps may already route by this section (through their pooler, with their password
+    # variable): keep their way to the old database; --from is only how the copy reaches it.
+    kept = current.source if current is not None and current.source is not None else None
     wanted = Adoption(
-        source=Host(name=SOURCE_HOST, dsn=job.source.dsn, shards=[], pooler="none"),
+        source=kept or Host(name=SOURCE_HOST, dsn=job.source.dsn, shards=[], pooler="none"),
         schema=job.schema,
         authoritative="source",
         id_floor=job.run.detail["id_floor"],

@@ -25,6 +25,7 @@ from .placement import (
     Key,
     RouterOptions,
     Routing,
+    lookup_fallback,
 )
 from .pool import HostPool, PoolBase, Watchdog
 from .session import (
@@ -293,9 +294,10 @@ class Router(Routing):
         table: str | None = None,
         global_: bool = False,
     ) -> int:
-        """The shard a call goes to (:meth:`Routing.target`), with the one id-map lookup a
-        pre-adoption ID of a non-root ``table`` needs once the fleet is authoritative: an old ID is
-        found in at most two round trips (this one and the call's), never by a fan-out."""
+        """The shard a call goes to (:meth:`Routing.target`), with the one lookup of its key a
+        pre-adoption ID of a non-root ``table`` needs (on the old database while it is
+        authoritative, else in the id map): an old ID is found in at most two round trips (this one
+        and the call's), never by a fan-out."""
         found = self.route(
             key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
         )
@@ -304,15 +306,8 @@ class Router(Routing):
         return found
 
     def _look_up(self, lookup: IdLookup) -> int:
-        """The shard of a pre-adoption ID's key, read from the id map database (one round trip)."""
-        host = self.id_map_host()
-        call = Call(GLOBAL_SCHEMA, self._timeout(SAME), "statement", True)
-        query = catalog.id_map_key_query(
-            self.topology.adoption.schema, lookup.table.name, lookup.table.id, lookup.table.key
-        )
-        with _session(self, self._pool(host), call) as conn:
-            rows = conn.run_statement(query, (lookup.id,))
-        return self.shard_of_key(catalog.id_map_key(rows), lookup)
+        """The shard of a pre-adoption ID's key (one round trip: :func:`_looked_up_key`)."""
+        return self.shard_of_key(_looked_up_key(self, lookup), lookup)
 
     def shard_connection(self, shard: int, **kwargs: Any) -> Any:
         """``connection(shard=...)``."""
@@ -493,6 +488,26 @@ class Router(Routing):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _looked_up_key(router: Router, lookup: IdLookup) -> Any:
+    """The key of a pre-adoption ID, read where ``router.lookup_host()`` says (the id map's tables
+    have the old database's names: one query serves both); in the id map when the old database's
+    tables have gone meanwhile (``lookup_fallback``). None: no such row."""
+    host = router.lookup_host()
+    call = Call(GLOBAL_SCHEMA, router._timeout(SAME), "statement", True)
+    query = catalog.id_map_key_query(
+        router.topology.adoption.schema, lookup.table.name, lookup.table.id, lookup.table.key
+    )
+    try:
+        with _session(router, router._pool(host), call) as conn:
+            return catalog.id_map_key(conn.run_statement(query, (lookup.id,)))
+    except psycopg.Error as exc:
+        fallback = lookup_fallback(router.topology, host, exc)
+        if fallback is None:
+            raise
+    with _session(router, router._pool(fallback), call) as conn:
+        return catalog.id_map_key(conn.run_statement(query, (lookup.id,)))
 
 
 @contextmanager

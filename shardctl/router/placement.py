@@ -68,7 +68,7 @@ def is_source(topology: Topology, host: Host) -> bool:
 
 @dataclass(frozen=True)
 class IdLookup:
-    """A pre-adoption ID of a non-root table, after the cutover: its key is in the id map."""
+    """A pre-adoption ID of a non-root table: its key is looked up (:meth:`Routing.lookup_host`)."""
 
     table: AdoptedTable
     id: int
@@ -229,7 +229,11 @@ class Redirects:
 
 def route_old_id(topology: Topology, value: int, table: str | None) -> int | IdLookup:
     """The shard of an object by its ID: inside a ``next_id()`` ID; for a pre-adoption ID (below
-    ``adoption.id_floor``) its key: the ID itself for the root table, else the id map's."""
+    ``adoption.id_floor``) its key's: the ID itself for the root table, else a lookup's.
+
+    Looked up while the old database is authoritative too, though any shard is the old database
+    then: the call may run after the cutover's flip (its host is located later, from the file), and
+    only the row's own shard finds it on the fleet."""
     adoption = topology.adoption
     if adoption is None or type(value) is not int or not adoption.is_old_id(value):
         return topology.layout.shard_of(value)
@@ -237,14 +241,26 @@ def route_old_id(topology: Topology, value: int, table: str | None) -> int | IdL
     shard = root_shard(found, value, topology.modulus)
     if shard is not None:
         return shard
-    if adoption.on_source:  # every shard is the old database: any one finds the row
-        return shard_for_key(value, topology.modulus)
-    if adoption.id_map is None:
+    if not adoption.on_source and adoption.id_map is None:
         raise BadInput(
             f"{value} is a pre-adoption ID of {found.name}, and the topology's adoption names no "
             f"id_map to find its key in"
         )
     return IdLookup(found, value)
+
+
+def lookup_fallback(topology: Topology, host: Host, exc: BaseException) -> Host | None:
+    """The id map, when a lookup on the old database (``host``) met its tables gone (``exc``: moved
+    away at a cutover the file does not show yet, or renamed); None: ``exc`` stands."""
+    adoption = topology.adoption
+    if (
+        adoption is None
+        or adoption.id_map is None
+        or not is_source(topology, host)
+        or getattr(exc, "sqlstate", None) not in MOVED_ERRORS
+    ):
+        return None
+    return id_map_host(topology)
 
 
 def id_map_host(topology: Topology) -> Host:
@@ -417,13 +433,28 @@ class Routing:
         While an adoption names its old database (from the copy to the cleanup), the file is looked at
         first (one ``stat``): the cutover's flip, and its abort's flip back, are seen by the next
         call, reads included, which the tables left behind still answer."""
+        self._look_at_file()
+        return self.placement.locate(shard)
+
+    def _look_at_file(self) -> None:
+        """While an adoption names its old database, reload the topology file if it changed."""
         adoption = self.placement.topology.adoption
         if adoption is not None and adoption.source is not None:
             try:
                 self.reload()
             except ConfigError as exc:  # a file edited badly: route by the last good one
                 log.warning("topology file not reloaded: %s", exc)
-        return self.placement.locate(shard)
+
+    def lookup_host(self) -> Host:
+        """Where a pre-adoption ID's key is read (:class:`IdLookup`), the file looked at first: the
+        old database while it is authoritative (it holds every row, a row written a moment ago
+        too, which the id map may not have yet; from the cutover's freeze on, its keys are the
+        fleet's), else the id map (:meth:`id_map_host`), which the freeze waited for."""
+        self._look_at_file()
+        adoption = self.topology.adoption
+        if adoption is not None and adoption.on_source and adoption.source is not None:
+            return adoption.source
+        return self.id_map_host()
 
     def redirects(self) -> dict[int, str]:
         """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""
@@ -442,15 +473,16 @@ class Routing:
         """The shard a call goes to: exactly one of ``key`` (the topology's routing rule), ``id`` (an ID
         minted by ``next_id()``: the shard inside it; a pre-adoption ID with its ``table``: see
         :meth:`route`), ``shard`` (a shard number) or ``global_`` (:data:`GLOBAL`, the global tables);
-        ``force_string``: route an int ``key`` as its digits. A pre-adoption ID whose key is in the id
-        map needs a lookup: the Router's calls and ``resolve()`` make it; here it is BadInput."""
+        ``force_string``: route an int ``key`` as its digits. A pre-adoption ID of a non-root table
+        needs a lookup of its key: the Router's calls and ``resolve()`` make it; here it is BadInput."""
         found = self.route(
             key, id=id, shard=shard, force_string=force_string, table=table, global_=global_
         )
         if isinstance(found, IdLookup):
             raise BadInput(
                 f"{id} is a pre-adoption ID of {found.table.name}: its shard is looked up in the id "
-                f"map (use the Router's calls or resolve(id=..., table=...))"
+                f"map (on the old database while it is authoritative): use the Router's calls or "
+                f"resolve(id=..., table=...)"
             )
         return found
 
@@ -465,7 +497,7 @@ class Routing:
         global_: bool = False,
     ) -> int | IdLookup:
         """:meth:`target` without I/O: the shard, or the :class:`IdLookup` a pre-adoption ID of a
-        non-root table needs once the fleet is authoritative (its key is in the id map)."""
+        non-root table needs (its key is looked up: :meth:`lookup_host`)."""
         given = [
             name
             for name, value in (
@@ -502,9 +534,12 @@ class Routing:
         return id_map_host(self.topology)
 
     def shard_of_key(self, key: int | None, lookup: IdLookup) -> int:
-        """The shard of the key the id map gave for ``lookup`` (None: no such row anywhere, so any
-        shard answers "not found"; the ID's own remainder is used)."""
-        return shard_for_key(lookup.id if key is None else key, self.topology.modulus)
+        """The shard of the key a lookup gave for ``lookup`` (an ID-valued key, placed as
+        :meth:`shard_of_id` places it; None: no such row anywhere, so any shard answers "not
+        found"; the ID's own remainder is used)."""
+        if key is None:
+            return shard_for_key(lookup.id, self.topology.modulus)
+        return self.shard_of_id(key) if type(key) is int else self.shard_for(key)
 
     def _call(
         self,

@@ -8,6 +8,7 @@ rows and the acknowledged writes (tests/support/history.py), never by the cutove
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,8 +26,11 @@ from support.apps import apply_fixes, load_app
 from support.fleet import load, run_cli, stale_copy
 from support.history import History
 
+from shardctl.model.adoption import IdMap
+from shardctl.model.topology_file import write_adoption
+from shardctl.ops.adopt.id_map import drop_id_map, ensure_id_map, wait_id_map
 from shardctl.router import Router
-from shardctl.sql.catalog import adopt_verify
+from shardctl.sql.catalog import adopt_copy, adopt_verify
 
 SHARDS = 4
 TABLES = {"users": "id", "photos": "user_id", "likes": "user_id"}  # table -> key
@@ -77,30 +81,26 @@ def load_source(src: psycopg.Connection, users: int) -> None:
 
 
 def forward(path: Path, src_dsn: str) -> None:
-    """What ``adopt copy`` leaves: publications, slots, parents, subscriptions (rows stream after)."""
+    """What ``adopt copy`` leaves: publications, slots, parents, subscriptions (rows stream after).
+    The row filters and the parents' partition key are ``adopt copy``'s own (``adopt_copy``)."""
     topo = load(path)
+    shards = {t: adopt_copy.key_shard(k, SHARDS, topo.layout, ID_FLOOR) for t, k in TABLES.items()}
     with psycopg.connect(src_dsn, autocommit=True) as src:
         for host in topo.hosts:
-            mine = ", ".join(str(n) for n in host.shards)
-            items = [f"public.{t} WHERE (({k} %% {SHARDS}) IN ({mine}))" for t, k in TABLES.items()]
-            if host.name == topo.hosts[0].name:
-                items.append("public.plans")
+            plain = ["plans"] if host.name == topo.hosts[0].name else []
             name = f"shardctl_adopt_{host.name}"
-            sql(src, f"CREATE PUBLICATION {name} FOR TABLE {', '.join(items)}")
+            ranges = [(n, n) for n in host.shards]
+            adopt_copy.create_filtered_publication(
+                src, name, "public", list(shards.items()), ranges, plain
+            )
             sql(src, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", name)
     for i, host in enumerate(topo.hosts):
         with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
-            for t, k in TABLES.items():
+            for t in TABLES:
                 first = topo.schema_name(host.shards[0])
-                sql(
-                    conn,
-                    f"CREATE TABLE public.{t} (LIKE {first}.{t}) PARTITION BY LIST (({k} %% {SHARDS}))",
-                )
+                adopt_copy.create_parent(conn, "public", t, (first, t), shards[t])
                 for n in host.shards:
-                    sql(
-                        conn,
-                        f"ALTER TABLE public.{t} ATTACH PARTITION {topo.schema_name(n)}.{t} FOR VALUES IN ({n})",
-                    )
+                    adopt_copy.attach_shard(conn, ("public", t), (topo.schema_name(n), t), n)
             if i == 0:
                 sql(conn, "CREATE TABLE public.plans (id serial PRIMARY KEY, name text NOT NULL)")
             name = f"shardctl_adopt_{host.name}"
@@ -787,6 +787,158 @@ def test_django_creates_rows_keyed_by_an_old_user_id(make_fleet):
     topo = load(path)
     assert after >= ID_FLOOR
     assert fleet_rows(path, "photos")[after] == (topo.host_of(3).name, topo.schema_name(3))
+
+
+def new_users_rows(path: Path) -> dict[str, dict[int, int]]:
+    """After the cutover, a new user on every shard (its ID from that shard's next_id()) and rows
+    keyed by each one's ID, written through the Router, shardctl.django and shardctl.sqlalchemy:
+    table -> {row ID: the shard its key names (the user's ID's own)}."""
+    from sqlalchemy import BigInteger, Column, Text
+    from sqlalchemy.orm import declarative_base
+
+    from shardctl.sqlalchemy import sessionmaker
+
+    Base = declarative_base()
+
+    class User(Base):
+        __tablename__, __shard_key__ = "users", "username"
+        id = Column(BigInteger, primary_key=True)
+        username = Column(Text)
+
+    class Photo(Base):
+        __tablename__ = "photos"
+        __shard_key__, __shard_key_is_id__ = "user_id", True
+        id = Column(BigInteger, primary_key=True)
+        user_id = Column(BigInteger)
+        caption = Column(Text)
+
+    topo = load(path)
+    made: dict[str, dict[int, int]] = {"users": {}, "photos": {}, "likes": {}}
+    with Router(topo) as router:
+        for n in range(SHARDS):
+            user = router.execute(
+                query="INSERT INTO users (username) VALUES (%s) RETURNING id",
+                params=(f"new{n}",),
+                shard=n,
+            )[0][0]
+            assert user >= ID_FLOOR and topo.layout.shard_of(user) == n
+            photo = router.execute(
+                query="INSERT INTO photos (user_id, caption) VALUES (%s, 'new') RETURNING id",
+                params=(user,),
+                id=user,
+            )[0][0]
+            like = router.execute(
+                query="INSERT INTO likes (photo_id, user_id) VALUES (%s, %s) RETURNING id",
+                params=(photo, user),
+                id=user,
+            )[0][0]
+            made["users"][user], made["photos"][photo], made["likes"][like] = n, n, n
+        with sessionmaker(router)() as session:
+            alice = User(username="alice")  # the shard of its name
+            session.add(alice)
+            session.commit()
+            photo = Photo(user_id=alice.id, caption="by sqlalchemy")
+            session.add(photo)
+            session.commit()
+            n = topo.layout.shard_of(alice.id)
+            made["users"][alice.id], made["photos"][photo.id] = n, n
+    for user, n in list(made["users"].items())[:2]:
+        made["photos"][django_photo(path, user)] = n
+    return made
+
+
+def placed(path: Path, made: dict[str, dict[int, int]]) -> None:
+    """Each row of ``made`` is once on the fleet, in its shard's schema on its host."""
+    topo = load(path)
+    for table, rows in made.items():
+        on_fleet = fleet_rows(path, table)
+        for i, n in rows.items():
+            assert on_fleet.get(i) == (topo.host_of(n).name, topo.schema_name(n)), (table, i, n)
+
+
+@pytest.mark.parametrize("end", ["--cleanup", "--abort"])
+def test_a_new_users_rows_are_written_between_the_cutover_and_its_end(make_fleet, end):
+    """Until --cleanup the shard tables are the partitions of the copy's parents: their bound is the
+    Router's rule (an old key by its remainder, a next_id() ID by its shard bits), so a new user and
+    its rows, placed by their IDs' bits, are taken (with ``key % N`` they were refused: "violates
+    partition constraint"). After --cleanup they stay where they are; --abort brings them back to
+    the old database, big next_id() IDs and all."""
+    path, src_dsn = adopting(make_fleet, users=20)
+    assert cli_json(path)["phase"] == "cut_over"
+    made = new_users_rows(path)
+    placed(path, made)
+    cli_json(path, end)
+    if end == "--cleanup":
+        placed(path, made)
+        return
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        for table, rows in made.items():
+            there = {i for (i,) in sql(src, f"SELECT id FROM {table} WHERE id >= %s", ID_FLOOR)}
+            assert set(rows) <= there, table
+
+
+def test_a_get_by_an_old_id_routed_before_the_flip_finds_its_row_after_it(make_fleet):
+    """The race at the cutover, made deterministic: a get by a like's old ID is routed while the old
+    database is authoritative, and runs after the topology flipped to the fleet. The shard it was
+    routed to must be the like's own (its user's), not ``id % N``, which on the fleet is another
+    shard that does not have it."""
+    path, src_dsn = adopting(make_fleet, users=20)
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        likes = sql(src, "SELECT id, user_id FROM likes WHERE id %% 4 <> user_id %% 4 LIMIT 3")
+    assert likes
+    get = "SELECT user_id FROM likes WHERE id = %s"
+    with Router(load(path)) as router:
+        routed = [router.resolve(id=i, table="likes") for i, _ in likes]  # on the old database
+        assert cli_json(path)["phase"] == "cut_over"  # the flip
+        for (i, user), shard in zip(likes, routed):
+            assert router.execute(query=get, params=(i,), shard=shard) == [(user,)], (i, shard)
+            assert router.placement.locate(shard).name != "source"  # it ran on the fleet
+
+
+@contextmanager
+def id_map(path: Path, src_dsn: str) -> Iterator[psycopg.Connection]:
+    """The adopting fleet's id map (``ensure_id_map``, as ``adopt copy`` makes it), named in the
+    topology and caught up; a connection to its database for the block; dropped after it."""
+    topo = load(path)
+    name = "ids_" + psycopg.conninfo.conninfo_to_dict(src_dsn)["dbname"]
+    topo = write_adoption(path, dataclasses.replace(topo.adoption, id_map=IdMap("pg1", name)))
+    try:
+        ensure_id_map(topo, topo.adoption.source)
+        wait_id_map(topo, topo.adoption.source)
+        with psycopg.connect(**topo.host("pg1").connect_kwargs(), dbname=name) as conn:
+            conn.autocommit = True
+            yield conn
+    finally:
+        drop_id_map(topo, None, connect_timeout=3)
+
+
+def test_the_freeze_waits_for_the_id_map(make_fleet):
+    """A photo written just before the freeze is found by its old ID right after the cutover: the
+    freeze's wait for lag 0 includes the id map's subscription. With it stopped, the cutover cannot
+    finish (the attempt gives up within --max-freeze, the old database stays authoritative); once it
+    runs again the cutover does, and each such photo is found by ID with table=."""
+    path, src_dsn = adopting(make_fleet, users=20)
+    with id_map(path, src_dsn) as ids:
+        sql(ids, "ALTER SUBSCRIPTION shardctl_adopt_ids DISABLE")
+        with psycopg.connect(src_dsn, autocommit=True) as src:
+            photos = [  # one of the two has id % 4 <> user_id % 4 (consecutive IDs)
+                (sql(src, "INSERT INTO photos (user_id) VALUES (%s) RETURNING id", u)[0][0], u)
+                for u in (1, 3)
+            ]
+        r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "1", config=path)
+        assert r.exit_code == 1 and "gave up after 1 attempts" in r.stderr, r
+        assert load(path).adoption.authoritative == "source"
+        sql(ids, "ALTER SUBSCRIPTION shardctl_adopt_ids ENABLE")
+        wait_id_map(load(path), load(path).adoption.source)
+        assert cli_json(path)["phase"] == "cut_over"
+        with Router(load(path)) as router:
+            for i, user in photos:
+                assert router.execute(
+                    query="SELECT user_id FROM photos WHERE id = %s",
+                    params=(i,),
+                    id=i,
+                    table="photos",
+                ) == [(user,)], i
 
 
 def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):

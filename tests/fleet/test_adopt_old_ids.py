@@ -28,7 +28,7 @@ import pytest
 from psycopg import sql
 from sqlalchemy import select
 from support.apps import apply_fixes, load_app
-from support.fleet import load, run_cli
+from support.fleet import load, run_cli, stale_copy
 
 from shardctl.errors import BadInput
 from shardctl.ids.old_ids import id_floor
@@ -302,8 +302,11 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         rows, calls = counter.delta(
             "FROM tasks WHERE id",
             lambda: router.execute(None, get_task, (task_id,), id=task_id, table="tasks"),
+            lookup='FROM "public"."tasks"',
         )
-        assert rows == [(task_title,)] and calls == {dbname(src): 1}
+        # the key looked up there too (no replication lag: the truth while it is authoritative),
+        # so that the shard is the row's own if the statement runs after the cutover's flip
+        assert rows == [(task_title,)] and calls == {dbname(src): 1, "lookups": {dbname(src): 1}}
         plans = psycopg.connect(src).execute("SELECT count(*) FROM plans").fetchone()[0]
         assert router.execute(query="SELECT count(*) FROM plans", global_=True) == [(plans,)]
         with pytest.raises(BadInput, match=r"pre-adoption ID .* pass table="):
@@ -326,14 +329,20 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             .execute("SELECT id, title, user_id FROM tasks ORDER BY id")
             .fetchall()
         )
+        stale = Router(load(stale_copy(path)))  # another app server's, its copy never updated
         assert flip_adoption(path, "fleet")
         with psycopg.connect(src, autocommit=True) as conn:
             conn.execute("ALTER TABLE tasks RENAME TO tasks_cut_over")
             try:
-                tid, title, _ = wanted[1]
+                tid, title, user = wanted[1]
                 got = router.execute(None, get_task, (tid,), id=tid, table="tasks")
+                # the old table gone from under a Router that still sees the old database as
+                # authoritative: its lookup there fails, and the id map answers instead
+                assert stale.topology.adoption.on_source
+                assert stale.resolve(id=tid, table="tasks") == user % 4
             finally:
                 conn.execute("ALTER TABLE tasks_cut_over RENAME TO tasks")
+                stale.close()
         assert got == [(title,)] and not router.topology.adoption.on_source
         for tid, title, user in wanted[:: max(1, len(wanted) // 6)]:
             rows, calls = counter.delta(

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from shardctl.model.layouts import instagram
 from shardctl.ops.adopt.copy import _ranges
 from shardctl.ops.adopt.state import plan_hash, slot_name
-from shardctl.sql.catalog.adopt_copy import shard_filter
+from shardctl.sql.catalog.adopt_copy import key_shard, shard_filter
 
 
 def test_ranges_join_consecutive_shards():
@@ -16,10 +17,19 @@ def test_ranges_join_consecutive_shards():
 
 
 def test_row_filter_names_the_key_and_every_range():
-    text = shard_filter("user_id", 64, [(0, 31), (40, 40)]).as_string(None)
-    assert text == '(("user_id" % 64) BETWEEN 0 AND 31 OR ("user_id" % 64) BETWEEN 40 AND 40)'
-    quoted = shard_filter('we"ird', 4, [(1, 2)]).as_string(None)
-    assert '"we""ird"' in quoted and isinstance(shard_filter("k", 4, [(0, 0)]), sql.Composed)
+    layout = instagram(0)  # 41 time, 13 shard (shift 10, mask 8191), 10 sequence bits
+    shard = key_shard("user_id", 64, layout, 1 << 40)
+    # the Router's rule for an ID-valued key: a pre-adoption ID by its remainder, a next_id() ID
+    # by its shard bits (Routing.shard_of_id; a fleet test compares the two on a server)
+    expr = (
+        '(CASE WHEN "user_id" >= 0 AND "user_id" < 1099511627776 THEN "user_id" % 64 '
+        'ELSE (("user_id" >> 10) & 8191) END)'
+    )
+    assert shard.as_string(None) == expr
+    text = shard_filter(shard, [(0, 31), (40, 40)]).as_string(None)
+    assert text == f"({expr} BETWEEN 0 AND 31 OR {expr} BETWEEN 40 AND 40)"
+    quoted = shard_filter(key_shard('we"ird', 4, layout, 9), [(1, 2)]).as_string(None)
+    assert '"we""ird"' in quoted and isinstance(shard_filter(shard, [(0, 0)]), sql.Composed)
 
 
 def test_slot_names_are_what_a_slot_may_be_called():

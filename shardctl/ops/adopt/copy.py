@@ -7,9 +7,11 @@ Per fleet host H (a host that owns shards, and the global host):
   FULL`` (a row filter on the key needs the key in the identity for UPDATE and DELETE; without it the
   app's own UPDATEs would fail on the source once the table is published). The old identity is
   recorded first, so abort and cleanup can put it back;
-* on H, in the source's schema name (``public``), a parent per sharded table, partitioned by
-  ``key % modulus``, whose partitions are H's shard tables (``ATTACH PARTITION insta7.posts FOR
-  VALUES IN (7)``); the global tables, plainly, on the global host;
+* on H, in the source's schema name (``public``), a parent per sharded table, partitioned by its
+  rows' shard as the Router places them (``key % modulus`` for a pre-adoption key, the shard bits of
+  a ``next_id()`` one: the fleet's own new rows fit until the cleanup), whose partitions are H's
+  shard tables (``ATTACH PARTITION insta7.posts FOR VALUES IN (7)``); the global tables, plainly,
+  on the global host;
 * on the source, publication ``shardctl_adopt_<H>``: each sharded table with the row filter of H's
   shards, the global tables whole for the global host; a logical slot of the same name created with
   an exported snapshot; the rows as of that snapshot copied in binary into H's parents (they route
@@ -200,6 +202,14 @@ class Copy:
                 raise OperationFailed("adopt copy: interrupted")
 
         return pause
+
+    def key_shard(self, key: str) -> Any:
+        """The shard of a row by its key column as SQL (``catalog.key_shard``: the Router's rule,
+        with this run's ID floor), for the row filters and the partitioned parents."""
+        assert self.run is not None
+        return catalog.key_shard(
+            key, self.topo.modulus, self.topo.layout, self.run.detail["id_floor"]
+        )
 
     def publisher_conninfo(self) -> str:
         """How the fleet hosts' subscriptions reach the source: ``--publisher-dsn``, else ``--from``
@@ -503,8 +513,7 @@ def _create_publication(job: Copy, src: psycopg.Connection, target: Target) -> N
         src,
         target.name,
         job.schema,
-        job.sharded if target.shards else [],
-        job.topo.modulus,
+        [(t, job.key_shard(k)) for t, k in job.sharded] if target.shards else [],
         _ranges(target.shards),
         target.globals,
     )
@@ -553,7 +562,7 @@ def _parents(job: Copy, conn: psycopg.Connection, target: Target) -> None:
                 )
             continue
         if table not in attached:
-            catalog.create_parent(conn, job.schema, table, first, key, job.topo.modulus)
+            catalog.create_parent(conn, job.schema, table, first, job.key_shard(key))
         for shard in target.shards:
             schema = job.topo.schema_name(shard)
             if schema not in attached.get(table, set()):
@@ -654,7 +663,7 @@ def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tupl
         as_text = routed.get(table, {})
         out = [catalog.text_cast(c, as_text[c]) if c in as_text else c for c in cols]
         where = (
-            catalog.shard_filter(keys[table], job.topo.modulus, _ranges(target.shards))
+            catalog.shard_filter(job.key_shard(keys[table]), _ranges(target.shards))
             if table in keys
             else None
         )

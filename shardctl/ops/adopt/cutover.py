@@ -46,7 +46,7 @@ from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
 from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze
 from ..move.run import Progress, checkpoint, human_bytes, server_side
-from .id_map import move_id_map
+from .id_map import ID_MAP_NAME, move_id_map
 from .site import Site
 
 CUT_OVER = "cut_over"
@@ -222,9 +222,18 @@ def restore_fleet_identities(site: Site, detail: dict) -> list[str]:
     return out
 
 
-def _wait_small_lag(site: Site, src: psycopg.Connection, deadline: float) -> None:
-    """Before freezing, the forward subscriptions must be a few MB behind at most."""
+def streams(site: Site, src: psycopg.Connection) -> list[str]:
+    """The slots on the old database whose subscribers the freeze waits for: the copy's, and the id
+    map's when it has one (a row written just before the freeze is found by its old ID right after)."""
     names = site.forward_names()
+    if catalog.slot_database(src, ID_MAP_NAME) == src.info.dbname:  # not another adoption's
+        names.append(ID_MAP_NAME)
+    return names
+
+
+def _wait_small_lag(site: Site, src: psycopg.Connection, deadline: float) -> None:
+    """Before freezing, the forward subscriptions (and the id map's) must be a few MB behind at most."""
+    names = streams(site, src)
     lag: int | None = None
 
     def caught_up() -> bool:
@@ -306,10 +315,11 @@ class AdoptFreeze(BoundedFreeze):
         glob = site.connect(site.global_host) if site.globals else None
         try:
             self._timeouts()
+            names = streams(site, self.aux)  # before the clock: nothing is locked yet
             self.start_clock()
             self._lock(site.source_tables())
             checkpoint("adopt-in-freeze")
-            self._wait_applied(site.forward_names())
+            self._wait_applied(names)
             if glob is not None:
                 self._sequences(glob)
             self._budget()

@@ -1,6 +1,6 @@
 """The statements of ``adopt copy`` and ``adopt status``: the run's record on the database being
 adopted (schema ``shardctl_adopt``), replica identities, the per-host publications with row filters on
-``key % modulus``, the partitioned parents on each fleet host whose partitions are the shard tables,
+the rows' shard (:func:`key_shard`), the partitioned parents on each fleet host whose partitions are the shard tables,
 the filtered COPYs, and what the source holds for the copy (slots, their WAL, the lag).
 
 The publications, slots and subscriptions themselves are made and dropped by ``replication`` (the
@@ -15,6 +15,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
+
+from ...model.layouts import Layout
 
 STATE_SCHEMA = "shardctl_adopt"
 # pg_try_advisory_lock(classid, objid) = ('AD', 0): "an adopt copy runs on this database".
@@ -125,11 +127,31 @@ def restore_replica_identity(
 # ---- row filters and publications ---------------------------------------------------------------
 
 
-def shard_filter(key: str, modulus: int, ranges: list[tuple[int, int]]) -> sql.Composed:
-    """``(key % modulus) BETWEEN a AND b OR …``: the rows whose shard is in ``ranges`` (inclusive)."""
-    expr = sql.SQL("({} % {})").format(sql.Identifier(key), sql.Literal(modulus))
+def layout_shard(expr: sql.Composable, layout: Layout) -> sql.Composed:
+    """The shard field of the ID ``expr`` as SQL: ``((expr >> shift) & mask)`` (what
+    ``Layout.shard_of`` reads; a negative bigint of the 64-bit split gives the same bits)."""
+    mask = (1 << layout.bits("shard")) - 1
+    return sql.SQL("(({} >> {}) & {})").format(
+        expr, sql.Literal(layout.shift("shard")), sql.Literal(mask)
+    )
+
+
+def key_shard(key: str, modulus: int, layout: Layout, id_floor: int) -> sql.Composed:
+    """The shard of a row by its key column, as the Router places an ID-valued key
+    (``Routing.shard_of_id``): a pre-adoption ID (``0 <= key < id_floor``) is its own key,
+    ``key % modulus``; a ``next_id()`` ID names its shard in its bits (:func:`layout_shard`). A
+    new user's rows, made on the fleet after the cutover, thus fit the partition of their shard."""
+    k = sql.Identifier(key)
+    return sql.SQL("(CASE WHEN {k} >= 0 AND {k} < {floor} THEN {k} % {n} ELSE {bits} END)").format(
+        k=k, floor=sql.Literal(id_floor), n=sql.Literal(modulus), bits=layout_shard(k, layout)
+    )
+
+
+def shard_filter(shard: sql.Composable, ranges: list[tuple[int, int]]) -> sql.Composed:
+    """``shard BETWEEN a AND b OR …``: the rows whose shard (:func:`key_shard`) is in ``ranges``
+    (inclusive)."""
     parts = [
-        sql.SQL("{} BETWEEN {} AND {}").format(expr, sql.Literal(lo), sql.Literal(hi))
+        sql.SQL("{} BETWEEN {} AND {}").format(shard, sql.Literal(lo), sql.Literal(hi))
         for lo, hi in ranges
     ]
     return sql.SQL("({})").format(sql.SQL(" OR ").join(parts))
@@ -139,18 +161,16 @@ def create_filtered_publication(
     conn: psycopg.Connection,
     name: str,
     schema: str,
-    sharded: list[tuple[str, str]],
-    modulus: int,
+    sharded: list[tuple[str, sql.Composable]],
     ranges: list[tuple[int, int]],
     plain: list[str],
 ) -> None:
-    """``CREATE PUBLICATION name FOR TABLE t WHERE (<key> % N …), …``: each sharded (table, key)
-    filtered to the host's shards, the ``plain`` (global) tables whole."""
+    """``CREATE PUBLICATION name FOR TABLE t WHERE (<shard> BETWEEN …), …``: each sharded (table,
+    its rows' shard: :func:`key_shard`) filtered to the host's shards, the ``plain`` (global)
+    tables whole."""
     items = [
-        sql.SQL("{} WHERE {}").format(
-            sql.Identifier(schema, table), shard_filter(key, modulus, ranges)
-        )
-        for table, key in sharded
+        sql.SQL("{} WHERE {}").format(sql.Identifier(schema, table), shard_filter(shard, ranges))
+        for table, shard in sharded
     ]
     items += [sql.Identifier(schema, table) for table in plain]
     conn.execute(
@@ -164,16 +184,19 @@ def create_filtered_publication(
 
 
 def create_parent(
-    conn: psycopg.Connection, schema: str, table: str, like: tuple[str, str], key: str, modulus: int
+    conn: psycopg.Connection,
+    schema: str,
+    table: str,
+    like: tuple[str, str],
+    shard: sql.Composable,
 ) -> None:
-    """``schema.table`` partitioned by ``key % modulus``, with the columns of the shard table ``like``."""
+    """``schema.table`` partitioned by its rows' shard (:func:`key_shard`: the Router's rule, so that
+    every row the Router or an ORM writes into a shard table fits its partition, a new user's rows
+    too), with the columns of the shard table ``like``."""
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
     conn.execute(
-        sql.SQL("CREATE TABLE {} (LIKE {}) PARTITION BY LIST (({} % {}))").format(
-            sql.Identifier(schema, table),
-            sql.Identifier(*like),
-            sql.Identifier(key),
-            sql.Literal(modulus),
+        sql.SQL("CREATE TABLE {} (LIKE {}) PARTITION BY LIST ({})").format(
+            sql.Identifier(schema, table), sql.Identifier(*like), shard
         )
     )
 

@@ -17,12 +17,11 @@ import psycopg
 import pytest
 from support import crash_at
 from support.apps import apply_fixes, load_app
+from support.apps import drop_id_maps as drop_id_maps_of
 from support.fleet import admin_dsn, load, run_cli, sandbox_dir
 from support.versions import need
 
 from shardctl.dev.sandbox import Sandbox
-from shardctl.errors import ShardctlError
-from shardctl.ops.adopt.id_map import drop_id_map
 
 ROUTING = "routing:\n  key: user_id\n"
 SHARDS = 4
@@ -33,13 +32,7 @@ APP = "forum_django"
 def drop_id_maps(make_fleet):
     """After each test: the id map databases its copies made (the fleet maker does not know them)."""
     yield
-    for path in make_fleet.base.glob("fleet-*/shardctl.yaml"):
-        topo = load(path)
-        if topo.adoption is not None:
-            try:
-                drop_id_map(topo, topo.adoption.source, connect_timeout=3)
-            except (psycopg.Error, ShardctlError):
-                drop_id_map(topo, None, connect_timeout=3)
+    drop_id_maps_of(make_fleet)
 
 
 def adopted_fleet(make_fleet, tmp_path, dsn: str, app: str = APP, users: int = 40):

@@ -319,3 +319,21 @@ def fleet_rows(topo, plan: dict) -> dict[tuple[str, int | None], tuple[int, int]
                         ).fetchone()
                         out[(t["name"], None)] = (got[0], int(got[1]))
     return out
+
+
+def drop_id_maps(make_fleet) -> None:
+    """The id map databases the copies of a test made on its fleets' hosts, dropped (the fleet
+    maker does not know them, and the hosts outlive the test: the next test's copy would find the
+    id map database, and its subscription to a dropped database, under the same name)."""
+    from shardctl.errors import ShardctlError
+    from shardctl.ops.adopt.id_map import drop_id_map
+
+    from .fleet import load
+
+    for path in make_fleet.base.glob("fleet-*/shardctl.yaml"):
+        topo = load(path)
+        if topo.adoption is not None:
+            try:
+                drop_id_map(topo, topo.adoption.source, connect_timeout=3)
+            except (psycopg.Error, ShardctlError):
+                drop_id_map(topo, None, connect_timeout=3)

@@ -330,8 +330,8 @@ def _restore_identities(
     site: Site, src: psycopg.Connection, detail: dict, schema: str | None = None
 ) -> list[str]:
     """Put back the replica identities ``adopt copy`` set to FULL (its run's detail
-    ``replica_identity``: table → [kind, index] before), on the tables in ``schema`` (default: the
-    app's)."""
+    ``replica_identity``: table → [kind, index] before) and drop its triggers (``retoast``), on the
+    tables in ``schema`` (default: the app's)."""
     schema = schema or site.schema
     out = []
     for table, (kind, index) in (detail.get("replica_identity") or {}).items():
@@ -339,4 +339,8 @@ def _restore_identities(
         if catalog.relation_exists(src, where, table):
             copy_catalog.restore_replica_identity(src, where, table, kind, index)
             out.append(table)
+    for table in detail.get("retoast") or []:
+        where = schema if table in site.adoption.tables else site.schema
+        if catalog.relation_exists(src, where, table):
+            copy_catalog.drop_retoast_trigger(src, where, table)
     return out

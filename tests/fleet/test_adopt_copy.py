@@ -17,7 +17,6 @@ import psycopg
 import pytest
 from support import crash_at
 from support.apps import apply_fixes, load_app
-from support.apps import drop_id_maps as drop_id_maps_of
 from support.fleet import admin_dsn, load, run_cli, sandbox_dir
 from support.versions import need
 
@@ -26,13 +25,6 @@ from shardctl.dev.sandbox import Sandbox
 ROUTING = "routing:\n  key: user_id\n"
 SHARDS = 4
 APP = "forum_django"
-
-
-@pytest.fixture(autouse=True)
-def drop_id_maps(make_fleet):
-    """After each test: the id map databases its copies made (the fleet maker does not know them)."""
-    yield
-    drop_id_maps_of(make_fleet)
 
 
 def adopted_fleet(make_fleet, tmp_path, dsn: str, app: str = APP, users: int = 40):

@@ -8,7 +8,7 @@ every row) are exactly the shard's table's rows on its host; global tables whole
 from __future__ import annotations
 
 import pytest
-from support.apps import app_writes, caught_up, drop_id_maps, fleet_rows, prepare, source_rows
+from support.apps import app_writes, caught_up, fleet_rows, prepare, source_rows
 from support.fleet import load
 
 from shardctl import adopt_copy
@@ -16,13 +16,6 @@ from shardctl.ops.provision import init
 
 ROUTING = "routing:\n  key: user_id\n"
 SHARDS = 16
-
-
-@pytest.fixture(autouse=True)
-def _drop_id_maps(make_fleet):
-    """After each app: its id map gone from the hosts (the next app's copy makes its own)."""
-    yield
-    drop_id_maps(make_fleet)
 
 
 @pytest.mark.slow

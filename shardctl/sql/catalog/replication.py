@@ -19,6 +19,10 @@ STANDBY_LAG_SQL = (
 )
 
 
+# pg_subscription and its statistics are the cluster's: every query of them keeps to this database.
+_THIS_DB_OID = "(SELECT oid FROM pg_database WHERE datname = current_database())"
+
+
 def publication_exists(conn: psycopg.Connection, name: str) -> bool:
     return conn.execute(
         "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s)", (name,)
@@ -97,8 +101,8 @@ def subscriptions(conn: psycopg.Connection, names: list[str]) -> dict[str, int]:
     """name → oid of the named subscriptions in this database."""
     return dict(
         conn.execute(
-            """SELECT subname, oid::int FROM pg_subscription
-            WHERE subname = ANY(%s) AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())""",
+            f"""SELECT subname, oid::int FROM pg_subscription
+            WHERE subname = ANY(%s) AND subdbid = {_THIS_DB_OID}""",
             (names,),
         ).fetchall()
     )
@@ -188,8 +192,8 @@ def started_without_tables(conn: psycopg.Connection, name: str) -> bool:
 def _subscription_state(conn: psycopg.Connection, name: str) -> tuple[bool, int]:
     """(enabled, tables registered) of a subscription; (False, 0) when there is none."""
     row = conn.execute(
-        """SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
-             FROM pg_subscription s WHERE s.subname = %s""",
+        f"""SELECT s.subenabled, (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid)
+             FROM pg_subscription s WHERE s.subname = %s AND s.subdbid = {_THIS_DB_OID}""",
         (name,),
     ).fetchone()
     return (bool(row[0]), int(row[1])) if row else (False, 0)
@@ -203,8 +207,8 @@ def disable_subscription(conn: psycopg.Connection, name: str) -> None:
 def apply_workers(conn: psycopg.Connection, name: str) -> int:
     """How many workers of the subscription are running."""
     return conn.execute(
-        """SELECT count(*) FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid
-            WHERE s.subname = %s AND st.pid IS NOT NULL""",
+        f"""SELECT count(*) FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid
+            WHERE s.subname = %s AND s.subdbid = {_THIS_DB_OID} AND st.pid IS NOT NULL""",
         (name,),
     ).fetchone()[0]
 
@@ -232,15 +236,16 @@ def sync_state(conn: psycopg.Connection, names: list[str]) -> dict:
     """Table states of the subscriptions: counts by state letter, and error counters."""
     states: dict[str, int] = {}
     for state, count in conn.execute(
-        """SELECT r.srsubstate::text, count(*)::int FROM pg_subscription s
+        f"""SELECT r.srsubstate::text, count(*)::int FROM pg_subscription s
                  JOIN pg_subscription_rel r ON r.srsubid = s.oid
-                WHERE s.subname = ANY(%s) GROUP BY 1""",
+                WHERE s.subname = ANY(%s) AND s.subdbid = {_THIS_DB_OID} GROUP BY 1""",
         (names,),
     ).fetchall():
         states[state] = count
     errors = conn.execute(
-        """SELECT coalesce(sum(apply_error_count), 0)::bigint, coalesce(sum(sync_error_count), 0)::bigint
-             FROM pg_stat_subscription_stats WHERE subname = ANY(%s)""",
+        f"""SELECT coalesce(sum(apply_error_count), 0)::bigint, coalesce(sum(sync_error_count), 0)::bigint
+             FROM pg_stat_subscription_stats st JOIN pg_subscription s ON s.oid = st.subid
+            WHERE s.subname = ANY(%s) AND s.subdbid = {_THIS_DB_OID}""",
         (names,),
     ).fetchone()
     return {
@@ -286,13 +291,13 @@ def subscription_problems(conn: psycopg.Connection, names: list[str]) -> list[st
     apply worker running, table-sync workers waiting for a free worker slot, error counters."""
     out = []
     for name, enabled, workers, syncing, apply_errors, sync_errors in conn.execute(
-        """SELECT s.subname, s.subenabled,
+        f"""SELECT s.subname, s.subenabled,
                       (SELECT count(*) FROM pg_stat_subscription w WHERE w.subid = s.oid AND w.pid IS NOT NULL
                           AND w.relid IS NULL)::int,
                       (SELECT count(*) FROM pg_stat_subscription w WHERE w.subid = s.oid AND w.relid IS NOT NULL)::int,
                       coalesce(st.apply_error_count, 0), coalesce(st.sync_error_count, 0)
                  FROM pg_subscription s LEFT JOIN pg_stat_subscription_stats st ON st.subid = s.oid
-                WHERE s.subname = ANY(%s) ORDER BY 1""",
+                WHERE s.subname = ANY(%s) AND s.subdbid = {_THIS_DB_OID} ORDER BY 1""",
         (names,),
     ).fetchall():
         if not enabled:

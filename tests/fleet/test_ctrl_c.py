@@ -21,6 +21,8 @@ SHARDS = 512
 # Generous: the machine running the suite may be loaded. The stop itself is one batch away (one
 # transaction of --batch-size shards).
 STOP_WITHIN = 30.0
+# A copy paced to run for tens of seconds more must stop at once: its COPY is cancelled.
+COPY_STOP_WITHIN = 5.0
 
 
 def recorded(topo) -> dict[str, set[int]]:
@@ -66,9 +68,11 @@ def complete_or_absent(topo, latest: int) -> set[int]:
     return complete
 
 
-def interrupted(argv: list[str], mid_run: Callable[[], bool]) -> tuple[str, str, str]:
+def interrupted(
+    argv: list[str], mid_run: Callable[[], bool], within: float = STOP_WITHIN
+) -> tuple[str, str, str]:
     """Run ``argv`` as a real process, send it a real SIGINT once ``mid_run()`` is true, and return its
-    stdout, stderr and its one ``error:`` line, having checked exit 130 within STOP_WITHIN."""
+    stdout, stderr and its one ``error:`` line, having checked exit 130 within ``within`` seconds."""
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=process_env()
     )
@@ -85,7 +89,7 @@ def interrupted(argv: list[str], mid_run: Callable[[], bool]) -> tuple[str, str,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, (proc.returncode, err)
-    assert stopped_after < STOP_WITHIN, stopped_after
+    assert stopped_after < within, stopped_after
     lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err
     return out, err, lines[0]
@@ -248,3 +252,34 @@ def test_ctrl_c_during_a_move_names_it_and_the_same_command_finishes(make_fleet)
     assert again.exit_code == 0, again
     assert load(path).host_of(0).name == "pg2"
     assert len(ids_on(load(path), "pg2", [0])) == 500
+
+
+def test_ctrl_c_during_a_moves_copy_stops_it_now(make_fleet):
+    """Ctrl-C while a move's copy streams (paced by --nice, so it would run for many seconds more)
+    stops the COPY at once rather than after its table: exit 130 within a few seconds, the one line
+    naming the move; the same command then finishes it, every row on the target."""
+    path = make_fleet(hosts=2, shards=8, init=True)
+    topo = load(path)
+    rows = 300_000
+    with connect(topo, "pg1", autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO insta0.photos (user_id, caption) "
+            f"SELECT g, repeat(md5(g::text), 3) FROM generate_series(1, {rows}) g"
+        )
+    argv = shardctl_argv(
+        "move-shard", "0", "--to", "pg2", "--copy-workers", "1", "--nice", "30", config=path
+    )
+
+    def copying() -> bool:
+        with connect(topo, "pg1", autocommit=True) as conn:
+            return bool(
+                conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'COPY%insta0%photos%'"
+                ).fetchone()[0]
+            )
+
+    _, _, line = interrupted(argv, copying, within=COPY_STOP_WITHIN)
+    assert line.startswith("error: move-shard: interrupted (Ctrl-C): move "), line
+    again = run_cli("move-shard", "0", "--to", "pg2", config=path)
+    assert again.exit_code == 0, again
+    assert len(ids_on(load(path), "pg2", [0])) == rows

@@ -67,8 +67,14 @@ def in_new_slot(
         with ThreadPoolExecutor(
             max_workers=max(1, len(chunks)), thread_name_prefix="shardctl-copy"
         ) as pool:
-            return list(pool.map(lambda chunk: copy(snapshot, chunk), chunks))
+            futures = [pool.submit(copy, snapshot, chunk) for chunk in chunks]
+            try:
+                return [f.result() for f in futures]
+            except KeyboardInterrupt:
+                transfer.COPIES.abandon()  # the pool's exit waits for the threads: stop them now
+                raise
     finally:
+        transfer.COPIES.abandoned.clear()
         repl.close()
 
 

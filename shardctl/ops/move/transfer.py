@@ -4,6 +4,7 @@ themselves are ``sql/catalog`` (``data``, ``replication``)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -102,6 +103,51 @@ def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator
                 session.set_settings(conn, {"client_encoding": before}, local=False)
 
 
+class CopiesInFlight:
+    """The connections of the copies running in worker threads, so that Ctrl-C in the main thread
+    stops them now rather than after their table: :meth:`abandon` cancels each one's statement (a
+    COPY streaming, or waiting on a lock) and makes the copy loops raise at their next chunk."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conns: set[psycopg.Connection] = set()
+        self.abandoned = threading.Event()
+
+    @contextmanager
+    def tracking(self, *conns: psycopg.Connection) -> Iterator[None]:
+        with self._lock:
+            self._conns.update(conns)
+        try:
+            if self.abandoned.is_set():
+                raise CopyAbandoned("the copy was abandoned (Ctrl-C)")
+            yield
+        finally:
+            with self._lock:
+                self._conns.difference_update(conns)
+
+    def abandon(self) -> None:
+        self.abandoned.set()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.cancel_safe(timeout=2.0)
+            except (psycopg.Error, OSError):
+                pass  # the statement ends anyway; the copy loop raises at its next chunk
+
+    def check(self) -> None:
+        if self.abandoned.is_set():
+            raise CopyAbandoned("the copy was abandoned (Ctrl-C)")
+
+
+class CopyAbandoned(Exception):
+    """A copy stopped because the command was interrupted (the caller re-raises KeyboardInterrupt)."""
+
+
+# One per process: Ctrl-C stops every copy of the process (``copy.in_new_slot``).
+COPIES = CopiesInFlight()
+
+
 def _copy_table(
     frm: psycopg.Connection,
     into: psycopg.Connection,
@@ -116,6 +162,7 @@ def _copy_table(
     cur = frm.cursor()
     with cur.copy(out_sql) as out, into.cursor().copy(in_sql) as dst:
         for chunk in out:
+            COPIES.check()
             dst.write(chunk)
             if on_data:
                 on_data(len(chunk))
@@ -179,7 +226,12 @@ def copy_statements_in_snapshot(
             pause()
             next_pause = copied + PAUSE_BYTES
 
-    with data.snapshot_transaction(src, snapshot), tgt.transaction(), copy_encoding(src, tgt):
+    with (
+        COPIES.tracking(src, tgt),
+        data.snapshot_transaction(src, snapshot),
+        tgt.transaction(),
+        copy_encoding(src, tgt),
+    ):
         for source, target, *around in pairs:
             start, then = around or ([], [])
             for statement in start:

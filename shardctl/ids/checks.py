@@ -25,7 +25,9 @@ def sample_problems(
     the host's clock read ``host_ms``; an empty list for a healthy shard."""
     problems: list[str] = []
     try:
-        parts = [layout.decode(i) for i in ids]
+        # the shard of every ID (refused as decode refuses it); only the IDs a message names are
+        # decoded in full: verify checks ~30,000 IDs at 8,192 shards
+        shards = [layout.shard_of(i) for i in ids]
     except BadInput as exc:
         return [f"next_id() returns an ID that is not a {layout.name} ID: {exc}"]
     dup = duplicate(ids)
@@ -42,13 +44,13 @@ def sample_problems(
             f"IDs do not strictly increase across milliseconds: {a} then {b} "
             f"(the second is from an earlier millisecond)"
         )
-    wrong = next((p for p in parts if p["shard"] != shard), None)
+    wrong = next((layout.decode(i) for i, n in zip(ids, shards) if n != shard), None)
     if wrong is not None:
         problems.append(
             f"next_id() mints IDs for shard {wrong['shard']}, not {shard} (e.g. {wrong['id']})"
         )
     if layout.has_time:
-        for p in (parts[0], parts[-1]) if parts else ():
+        for p in (layout.decode(ids[0]), layout.decode(ids[-1])) if ids else ():
             off = p["unix_ms"] - host_ms
             if abs(off) > tolerance_ms:
                 problems.append(

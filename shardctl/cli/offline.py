@@ -96,7 +96,8 @@ def _foreign_layout(layout: str, epoch: str | None):
 @click.option(
     "--table",
     help="The table of pre-adoption IDs (below an adoption's ID floor): shows which shard holds "
-    "each (a non-root table's is looked up in the id map).",
+    "each (a non-root table's key is looked up where the Router looks it up: on the old database "
+    "while it is authoritative, else in the id map).",
 )
 @flag_option("--csv", "as_csv", help="Write CSV (fast, for many IDs).")
 @json_option
@@ -151,7 +152,8 @@ def decode_id(
 
 
 def _id_map_lookup(topo):
-    """The id map's key of a pre-adoption ID (connects, only when an ID needs it)."""
+    """The key of a pre-adoption ID, read where the Router reads it (``lookup_key``: the old database
+    while it is authoritative, else the id map; connects only when an ID needs it)."""
 
     def lookup(found, value: int):
         from ..ops.adopt.id_map import lookup_key

@@ -52,6 +52,15 @@ def root_shard(table: AdoptedTable, value: int, modulus: int) -> int | None:
     return shard_for_key(value, modulus) if table.root else None
 
 
+def shard_of_id(topology: Any, value: int) -> int:
+    """The shard of an ID-valued key (an object's own ID, or a key column holding one): a
+    pre-adoption ID is its own key, ``value % modulus``; a ``next_id()`` ID names it in its bits."""
+    adoption = topology.adoption
+    if adoption is not None and type(value) is int and adoption.is_old_id(value):
+        return shard_for_key(value, topology.modulus)
+    return topology.layout.shard_of(value)
+
+
 def describe(
     topology: Any,
     value: int,
@@ -60,7 +69,8 @@ def describe(
 ) -> dict[str, Any]:
     """What ``decode-id`` says of pre-adoption ID ``value``: that it is one (its bits name no shard),
     the floor, and with ``table`` where its row lives: the root's shard is ``id % modulus``; another
-    table's is its key's, which ``lookup(table, id)`` reads from the id map (None: not found)."""
+    table's is its key's (:func:`shard_of_id`), which ``lookup(table, id)`` reads where the Router
+    reads it: on the old database while it is authoritative, else in the id map (None: not found)."""
     adoption = topology.adoption
     out: dict[str, Any] = {
         "id": value,
@@ -85,12 +95,15 @@ def describe(
         return out
     if found.root:
         out["shard"] = shard_for_key(value, topology.modulus)
-    elif not adoption.on_source and lookup is not None:
+    elif lookup is not None:
         key = lookup(found, value)
         if key is None:
-            out["note"] = f"{note}: no row of {table} has it (the id map does not know it)"
+            where = "the old database has" if adoption.on_source else "the id map knows"
+            out["note"] = f"{note}: no row of {table} has it ({where} none)"
             return out
-        out["shard"] = shard_for_key(key, topology.modulus)
+        out["shard"] = (
+            shard_of_id(topology, key) if type(key) is int else shard_for_key(key, topology.modulus)
+        )
     if out["shard"] is not None and not adoption.on_source:
         out["schema"] = topology.schema_name(out["shard"])
         out["host"] = topology.host_of(out["shard"]).name

@@ -21,8 +21,9 @@ from ..engine.connections import APPLICATION_NAME
 from ..engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput, ConfigError
 from ..ids.old_ids import adopted_table, root_shard
+from ..ids.old_ids import shard_of_id as id_shard
 from ..ids.routing import placement_shard, shard_for_key
-from ..model.adoption import AdoptedTable
+from ..model.adoption import AdoptedTable, default_id_map
 from ..model.dsn import mask
 from ..model.topology import Host, Topology
 from ..sql.catalog.control import MOVED_SQLSTATE
@@ -249,6 +250,16 @@ def route_old_id(topology: Topology, value: int, table: str | None) -> int | IdL
     return IdLookup(found, value)
 
 
+def lookup_host(topology: Topology) -> Host:
+    """Where a pre-adoption ID's key is read (:class:`IdLookup`): the old database while it is
+    authoritative (it holds every row, one written a moment ago too, which the id map may not have
+    yet), else the id map (:func:`id_map_host`)."""
+    adoption = topology.adoption
+    if adoption is not None and adoption.on_source and adoption.source is not None:
+        return adoption.source
+    return id_map_host(topology)
+
+
 def lookup_fallback(topology: Topology, host: Host, exc: BaseException) -> Host | None:
     """The id map, when a lookup on the old database (``host``) met its tables gone (``exc``: moved
     away at a cutover the file does not show yet, or renamed); None: ``exc`` stands."""
@@ -264,8 +275,11 @@ def lookup_fallback(topology: Topology, host: Host, exc: BaseException) -> Host 
 
 
 def id_map_host(topology: Topology) -> Host:
-    """The id map database (``adoption.id_map``) as a host: its fleet host's DSN, ``dbname`` its own."""
-    id_map = topology.adoption.id_map  # type: ignore[union-attr]
+    """The id map database (``adoption.id_map``, else its default place) as a host: its fleet host's
+    DSN, ``dbname`` its own."""
+    id_map = topology.adoption.id_map or default_id_map(  # type: ignore[union-attr]
+        topology.global_host, topology.hosts[0].name
+    )
     host = topology.host(id_map.host)
     return Host(
         name=f"{host.name}/{id_map.dbname}",
@@ -422,11 +436,8 @@ class Routing:
 
     def shard_of_id(self, id_value: int) -> int:
         """An object's own ID names its shard; a pre-adoption ID (a root row's ID, or a key column
-        holding one) is its own key: ``id % modulus``."""
-        adoption = self.topology.adoption
-        if adoption is not None and type(id_value) is int and adoption.is_old_id(id_value):
-            return shard_for_key(id_value, self.topology.modulus)
-        return self.topology.layout.shard_of(id_value)
+        holding one) is its own key: ``id % modulus`` (:func:`old_ids.shard_of_id`)."""
+        return id_shard(self.topology, id_value)
 
     def _locate(self, shard: int) -> Host:
         """The host serving ``shard``: a redirect this Router followed, else the topology's owner.
@@ -451,10 +462,7 @@ class Routing:
         too, which the id map may not have yet; from the cutover's freeze on, its keys are the
         fleet's), else the id map (:meth:`id_map_host`), which the freeze waited for."""
         self._look_at_file()
-        adoption = self.topology.adoption
-        if adoption is not None and adoption.on_source and adoption.source is not None:
-            return adoption.source
-        return self.id_map_host()
+        return lookup_host(self.topology)
 
     def redirects(self) -> dict[int, str]:
         """Shards this Router routes by a redirect (its topology file still names the old host) → host name."""

@@ -428,3 +428,51 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
             ).fetchone()[0]
             == "d"
         )
+
+
+def test_decode_id_names_the_shard_while_the_old_database_is_authoritative(make_fleet):
+    """Before the cutover (or after its --abort) the id map may lag the old database: decode-id
+    looks a pre-adoption ID's key up where the Router does, on the old database itself, and names
+    the shard: its key's remainder for an old key, the shard in its bits for a ``next_id()`` key (a
+    user made on the fleet, copied back by an abort). No id map exists here at all."""
+    path = make_fleet(hosts=2, shards=4, extra=ROUTING)
+    src = make_fleet.new_database(0)
+    load_app(src, "tasks_prisma", users=8)
+    topo = load(path)
+    now_ms = int(time.time() * 1000)
+    floor = id_floor(topo.layout, now_ms - 60_000)
+    new_user = next(
+        u
+        for seq in range(8)
+        if (u := topo.layout.encode(unix_ms=now_ms, shard=3, sequence=seq)) % 4 != 3
+    )
+    with psycopg.connect(src, autocommit=True) as conn:
+        old_project, old_user = conn.execute(  # a key change: its ID's remainder is not its shard
+            "UPDATE projects SET user_id = 2 WHERE id = 1 RETURNING id, user_id"
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO users (id, email, plan_id) VALUES (%s, 'new@example.com', 1)", (new_user,)
+        )
+        new_project = conn.execute(  # an old-style ID (the old database's sequence) after --abort
+            "INSERT INTO projects (user_id, name) VALUES (%s, 'new') RETURNING id", (new_user,)
+        ).fetchone()[0]
+    write_adoption(
+        path,
+        source={"dsn": src},
+        schema="public",
+        authoritative="source",
+        id_floor=floor,
+        tables={"users": {"id": "id", "key": "id"}, "projects": {"id": "id", "key": "user_id"}},
+        globals=["plans", "countries"],
+    )
+    assert new_project < floor <= new_user
+    for project, shard in ((old_project, old_user % 4), (new_project, 3)):
+        r = run_cli("decode-id", str(project), "--table", "projects", "--json", config=path)
+        assert r.exit_code == 0, r
+        doc = json.loads(r.stdout)["ids"][0]
+        assert doc["pre_adoption"] and doc["shard"] == shard, doc
+        assert (doc["host"], doc["schema"]) == ("source", "public"), doc  # where it is read now
+    r = run_cli("decode-id", "999999", "--table", "projects", "--json", config=path)
+    doc = json.loads(r.stdout)["ids"][0]
+    assert r.exit_code == 0 and doc["shard"] is None, r
+    assert "no row of projects has it (the old database has none)" in doc["note"], doc

@@ -433,6 +433,92 @@ def test_while_the_app_writes_differences_are_rechecked_at_lag_zero(fleet, adopt
     assert on_source(dsn, slots) == []
 
 
+def new_user_rows(dsn: str, topo, shard: int, user: int) -> None:
+    """A user made by ``next_id()`` on ``shard`` and a project of theirs, written on the source as
+    they are after a cutover and its ``--abort`` (the fleet's writes copied back); the same rows put
+    on ``shard``, where the copy puts them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO users (id, email, name, plan_id) VALUES (%s, %s, 'new', 1)",
+            (user, f"new{user}@example.com"),
+        )
+        project = conn.execute(
+            "INSERT INTO projects (user_id, name) VALUES (%s, 'new') RETURNING id", (user,)
+        ).fetchone()[0]
+        conn.execute("INSERT INTO memberships VALUES (%s, %s, 'owner')", (user, project))
+        with connect(topo, topo.host_of(shard).name, autocommit=True) as dst:
+            dst.execute("SET session_replication_role = replica")
+            for table, key in (
+                ("users", "id"),
+                ("projects", "user_id"),
+                ("memberships", "user_id"),
+            ):
+                copy_rows(
+                    conn,
+                    dst,
+                    sql.SQL("COPY (SELECT * FROM public.{} WHERE {} = {}) TO STDOUT").format(
+                        sql.Identifier(table), sql.Identifier(key), sql.Literal(user)
+                    ),
+                    sql.SQL("COPY {} FROM STDIN").format(
+                        sql.Identifier(topo.schema_name(shard), table)
+                    ),
+                )
+
+
+def test_new_ids_as_keys_are_checked_on_the_shard_their_bits_name(fleet, adopted):
+    """After a cutover and its --abort, users made on the fleet (``next_id()`` IDs, at or above the ID
+    floor) live on in the old database; a fresh copy puts their rows on the shard their IDs name, as
+    the Router reads them (not ``key % N``). Verify groups the source's rows by the same rule: green,
+    and a row of theirs planted on the ``key % N`` shard is named as on the wrong shard."""
+    from shardctl.ids.old_ids import id_floor
+    from shardctl.model.adoption import Adoption, tables_from_plan
+    from shardctl.model.topology_file import write_adoption
+    from shardctl.ops.adopt.plan import source_host
+
+    path, topo = fleet
+    dsn, plan_file, doc, _ = adopted
+    now_ms = int(time.time() * 1000)
+    floor = id_floor(topo.layout, now_ms - 60_000)  # the first copy's, a minute ago
+    tables, globals_ = tables_from_plan(doc)
+    adoption = Adoption(source_host(dsn), "public", "source", floor, tables, globals_)
+    topo = write_adoption(path, adoption)
+    shard = 2  # the user's ID names shard 2; its remainder another
+    user = next(
+        u
+        for seq in range(8)
+        if (u := topo.layout.encode(unix_ms=now_ms, shard=shard, sequence=seq)) % SHARDS != shard
+    )
+    assert user >= floor
+    try:
+        new_user_rows(dsn, topo, shard, user)
+        r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
+        assert r.exit_code == 0 and got["problems"] == [], r
+        assert got["source_rows"] == got["fleet_rows"], got
+
+        wrong = user % SHARDS  # where key % N would put them
+        on_shard(
+            topo,
+            wrong,
+            "INSERT INTO projects (id, user_id, name) VALUES (999999, %s, 'x')",
+            (user,),
+        )
+        r, got = verify(path, dsn, plan_file, "--dark-reads", "0", "--chunk-rows", "60")
+        assert r.exit_code == 1, r
+        named = [(p["table"], p["shard"], p["rows"]) for p in got["problems"]]
+        assert named == [
+            (
+                "projects",
+                wrong,
+                [f"id 999999: user_id {user} belongs on shard {shard}, not {wrong}"],
+            )
+        ], named
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM memberships WHERE user_id = %s", (user,))
+            conn.execute("DELETE FROM projects WHERE user_id = %s", (user,))
+            conn.execute("DELETE FROM users WHERE id = %s", (user,))
+
+
 @pytest.mark.slow
 def test_verify_at_size(make_fleet, tmp_path):
     """The task tracker with 5,000 users (some 100 MB, most of it TOAST) on 2 hosts of 4 shards:

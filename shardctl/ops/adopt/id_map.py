@@ -289,16 +289,22 @@ def lookup_key(
     *,
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
 ) -> Any:
-    """The key the id map holds for pre-adoption ID ``value`` of ``table`` (None: no such row)."""
+    """The key of pre-adoption ID ``value`` of ``table`` (None: no such row), read where the Router
+    reads it (``placement.lookup_host``): on the old database while it is authoritative, else in the
+    id map; in the id map too when the old database's tables have gone (``lookup_fallback``)."""
+    from ...router.placement import id_map_host, lookup_fallback, lookup_host
     from ...sql.catalog import router as queries
 
-    place = id_map_place(topology)
-    host = topology.host(place.host)
-    with db.connect(
-        host, connect_timeout=connect_timeout, purpose="decode-id", database=place.dbname
-    ) as conn:
-        schema = topology.adoption.schema if topology.adoption else "public"
-        rows = conn.execute(
-            queries.id_map_key_query(schema, table.name, table.id, table.key), (value,)
-        ).fetchall()
-    return queries.id_map_key(rows)
+    query = queries.id_map_key_query(topology.adoption.schema, table.name, table.id, table.key)
+
+    def read(host: Host) -> Any:
+        with db.connect(host, connect_timeout=connect_timeout, purpose="decode-id") as conn:
+            return queries.id_map_key(conn.execute(query, (value,)).fetchall())
+
+    host = lookup_host(topology)
+    try:
+        return read(host)
+    except psycopg.Error as exc:
+        if lookup_fallback(topology, host, exc) is None:
+            raise
+    return read(id_map_host(topology))

@@ -35,6 +35,7 @@ from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, OperationFailed, WaitTimeout, first_few
 from ...model.documents import Result
 from ...model.topology import Topology
+from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_verify as state
 from ...sql.catalog import data
 from ..move import transfer
@@ -42,6 +43,7 @@ from ..move.run import checkpoint
 from .dark_reads import DarkRead, run_dark_reads
 from .keys import SHARDED
 from .plan import read_plan, source_host
+from .state import load_run
 
 CHUNK_ROWS = 100_000  # source rows per chunk (by the table's estimate)
 ROUNDS = 3  # a differing shard is checked up to this many times in all
@@ -193,6 +195,15 @@ def _check_plan(doc: dict[str, Any], path: Path) -> None:
             raise BadInput(f"--plan {path}: table {t['name']} has no key column; plan again")
 
 
+def _id_floor(topo: Topology, src: psycopg.Connection) -> int | None:
+    """The ID floor the fleet places ID-valued keys by: the topology's adoption's (the Router's),
+    else the copy's run's on the source; None (every key an old ID: ``key % modulus``) without."""
+    if topo.adoption is not None:
+        return topo.adoption.id_floor
+    run = load_run(src)
+    return None if run is None else run.detail.get("id_floor")
+
+
 class Check:
     """One verify run: the source's connection (state and reads), one connection per fleet host."""
 
@@ -217,6 +228,15 @@ class Check:
             self.close()
             raise
         self.slots = state.copy_slots(self.src)
+        self.id_floor = _id_floor(topo, self.src)
+
+    def shard_of(self, key: str) -> str:
+        """A row's shard by its key as SQL: the Router's rule (``adopt_copy.key_shard``, as the copy's
+        row filters and partitions place rows) with the ID floor; plain ``key % modulus`` without."""
+        if self.id_floor is None:
+            return ""
+        rule = copy_catalog.key_shard(key, self.modulus, self.topo.layout, self.id_floor)
+        return rule.as_string(self.src)
 
     def close(self) -> None:
         for conn in [getattr(self, "src", None), *self.conns.values()]:
@@ -250,6 +270,7 @@ class Check:
     def fingerprint(self, tables: list[Table], chunk_rows: int) -> str:
         owners = {h.name: h.shards for h in self.topo.hosts}
         what = [self.schema, self.modulus, owners, chunk_rows, [t.__dict__ for t in tables]]
+        what.append(self.id_floor)
         return hashlib.sha256(json.dumps(what, default=list).encode()).hexdigest()[:16]
 
     def plan_chunks(self, tables: list[Table], chunk_rows: int) -> list[tuple]:
@@ -345,6 +366,7 @@ class Check:
             "lo": chunk.lo,
             "hi": chunk.hi,
             "key": t.key,
+            "shard_of": self.shard_of(t.key),
         }
         source = data.Scope(self.schema, t.name, modulus=self.modulus, **common)
         fleet = {
@@ -441,7 +463,7 @@ class Check:
     ) -> Problem:
         """The problem of one shard of a chunk, with the first rows that differ named."""
         where = say_range(chunk.column, chunk.lo, chunk.hi)
-        if got is None:  # a key % modulus that is no shard of the topology (a negative key)
+        if got is None:  # a key placed on no shard of the topology (a negative key, foreign bits)
             return Problem(
                 t.name,
                 shard,
@@ -452,8 +474,8 @@ class Check:
                 src[0],
                 0,
                 message=(
-                    f"{t.name}, {where}: {src[0]} row(s) on the source whose {t.key} % {self.modulus} is "
-                    f"{shard}: no shard holds them"
+                    f"{t.name}, {where}: {src[0]} row(s) on the source whose {t.key} places them "
+                    f"on shard {shard}: no shard holds them"
                 ),
             )
         host = self.global_host if t.key is None else self.topo.host_of(shard).name
@@ -462,7 +484,7 @@ class Check:
         method = (src_sum or got[1])[:1]
         on_source = data.row_hashes(self.src, source, method, shard, DRILL_ROWS + 1)
         on_shard = data.row_hashes(self.conns[host], scope, method, None, DRILL_ROWS + 1)
-        rows = _rows_that_differ(t, self.modulus, shard, on_source, on_shard)
+        rows = _rows_that_differ(t, shard, on_source, on_shard)
         what = f"{src_rows} row(s) on the source, {got[0]} on {'the host' if t.key is None else 'the shard'}"
         if src_rows == got[0]:
             what += ", checksums differ"
@@ -500,20 +522,21 @@ def _differs(src: tuple | None, got: tuple | None) -> bool:
 
 
 def _rows_that_differ(
-    t: Table, modulus: int, shard: int, on_source: list[tuple], on_shard: list[tuple]
+    t: Table, shard: int, on_source: list[tuple], on_shard: list[tuple]
 ) -> list[str]:
-    """Each row (by ``t.column``) that is on one side only, differs, or sits on the wrong shard."""
+    """Each row (by ``t.column``) that is on one side only, differs, or sits on the wrong shard (its
+    shard as :func:`data.row_hashes` reads it: the fleet's rule)."""
     if len(on_source) > DRILL_ROWS or len(on_shard) > DRILL_ROWS:
         return []
     out = []
-    for value, _, key in on_shard:
-        if t.key is not None and key is not None and key % modulus != shard:
+    for value, _, key, owner in on_shard:
+        if t.key is not None and owner is not None and owner != shard:
             whose = "" if t.column == t.key else f" {t.key} {key}"
-            out.append(f"{t.column} {value}:{whose} belongs on shard {key % modulus}, not {shard}")
+            out.append(f"{t.column} {value}:{whose} belongs on shard {owner}, not {shard}")
     src: dict = {}
     got: dict = {}
     for rows, into in ((on_source, src), (on_shard, got)):
-        for value, hashed, _ in rows:
+        for value, hashed, *_ in rows:
             into.setdefault(value, Counter())[hashed] += 1
     for value in sorted(set(src) | set(got)):
         missing = src.get(value, Counter()) - got.get(value, Counter())

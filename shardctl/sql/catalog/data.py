@@ -81,7 +81,9 @@ class Scope:
     ``column``/``lo``/``hi``: only the rows with ``lo <= column < hi`` (a None bound is open).
     With ``key`` and ``modulus``: ``shard`` None groups the rows by ``key % modulus`` (one result row
     per shard; NULL for rows without a key), a ``shard`` counts the rows whose ``key % modulus`` is
-    another shard (``wrong``). ``columns``: the columns hashed, in order, each ``(name, as_text)``
+    another shard (``wrong``). ``shard_of``: the row's shard as SQL over the table's columns, in place
+    of ``key % modulus`` (an adoption's rule for ID-valued keys, ``adopt_copy.key_shard``).
+    ``columns``: the columns hashed, in order, each ``(name, as_text)``
     (text for types whose hash depends on the database, such as an enum's OID); empty: the whole row.
     ``tag`` comes back with the scope's result rows."""
 
@@ -95,6 +97,7 @@ class Scope:
     key: str | None = None
     modulus: int = 0
     shard: int | None = None
+    shard_of: str = ""
 
     def row(self) -> str:
         if not self.columns:
@@ -116,6 +119,8 @@ class Scope:
         return f" WHERE {' AND '.join(terms)}" if terms else ""
 
     def _shard_of(self) -> str:
+        if self.shard_of:
+            return f"({self.shard_of})"
         return f"(x.{quote_ident(self.key or '')} % {int(self.modulus)})"
 
     def select(self, total: str) -> str:
@@ -190,12 +195,13 @@ def _checksum_query(chunk: list[Item], row_hash: str | None, method: str) -> str
 def row_hashes(
     conn: psycopg.Connection, scope: Scope, method: str, shard: int | None, limit: int
 ) -> list[tuple]:
-    """(``scope.column``, the row's hash, ``scope.key``) of up to ``limit`` rows of ``scope`` (those of
-    ``shard`` when given), hashed as the checksum of ``method`` hashed them: to name the rows that
-    differ within a chunk whose checksums differ."""
+    """(``scope.column``, the row's hash, ``scope.key``, the row's shard by its key) of up to ``limit``
+    rows of ``scope`` (those of ``shard`` when given), hashed as the checksum of ``method`` hashed
+    them: to name the rows that differ within a chunk whose checksums differ."""
     hashed = ROW_HASH.get(method, ROW_HASH["r"]).format(scope.row())
     key = f"x.{quote_ident(scope.key)}" if scope.key else "NULL"
+    owner = f"{scope._shard_of()}::bigint" if scope.key else "NULL"
     return conn.execute(
-        f"SELECT x.{quote_ident(scope.column or '')}, {hashed}, {key} FROM {quote_ident(scope.schema)}."
+        f"SELECT x.{quote_ident(scope.column or '')}, {hashed}, {key}, {owner} FROM {quote_ident(scope.schema)}."
         f"{quote_ident(scope.table)} AS x{scope.where(shard)} ORDER BY 1 LIMIT {int(limit)}"
     ).fetchall()

@@ -359,6 +359,38 @@ def test_copy_from_an_older_major(make_fleet, tmp_path, old_server):
             writer.tasks_prisma(conn, rnd, big if n % 2 else "s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 100
+    assert_staged_by_shard(path, dsn, "tasks", "user_id")
+
+
+def assert_staged_by_shard(path, dsn: str, table: str, key: str) -> None:
+    """The routed table on each host holds each of its shards' rows (the source's ids of that
+    shard, the initial copy's and the live changes') in a partition of that shard alone, so the
+    initial copy reads each shard's rows once; its long values stored uncompressed (compressed once,
+    by the shard's table)."""
+    topo = load(path)
+    with psycopg.connect(dsn, autocommit=True) as src:
+        want = {
+            shard: sorted(r[0] for r in source_rows(src, table, key, shard))  # r[0]: its id
+            for shard in range(SHARDS)
+        }
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            parts = conn.execute(
+                "SELECT c.oid::regclass::text, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+                "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+                (f"public.{table}",),
+            ).fetchall()
+            bounds = {name: int(bound.strip("FORVALUESIN ()'")) for name, bound in parts}
+            assert sorted(bounds.values()) == sorted(host.shards), (host.name, parts)
+            for name, shard in bounds.items():
+                ids = [r[0] for r in conn.execute(f"SELECT id FROM {name}").fetchall()]
+                assert sorted(ids) == want[shard], (name, len(ids), len(want[shard]))
+            storage = conn.execute(
+                "SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass "
+                "AND attname = 'body'",
+                (parts[0][0],),
+            ).fetchone()
+            assert storage == ("e",), storage
 
 
 def source_state(dsn: str) -> tuple:

@@ -359,6 +359,38 @@ def test_copy_from_an_older_major(make_fleet, tmp_path, old_server):
             writer.tasks_prisma(conn, rnd, big if n % 2 else "s")
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc, app) > 100
+    assert_staged_by_shard(path, dsn, "tasks", "user_id")
+
+
+def assert_staged_by_shard(path, dsn: str, table: str, key: str) -> None:
+    """The routed table on each host holds each of its shards' rows (the source's ids of that
+    shard, the initial copy's and the live changes') in a partition of that shard alone, so the
+    initial copy reads each shard's rows once; its long values stored uncompressed (compressed once,
+    by the shard's table)."""
+    topo = load(path)
+    with psycopg.connect(dsn, autocommit=True) as src:
+        want = {
+            shard: sorted(r[0] for r in source_rows(src, table, key, shard))  # r[0]: its id
+            for shard in range(SHARDS)
+        }
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            parts = conn.execute(
+                "SELECT c.oid::regclass::text, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+                "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+                (f"public.{table}",),
+            ).fetchall()
+            bounds = {name: int(bound.strip("FORVALUESIN ()'")) for name, bound in parts}
+            assert sorted(bounds.values()) == sorted(host.shards), (host.name, parts)
+            for name, shard in bounds.items():
+                ids = [r[0] for r in conn.execute(f"SELECT id FROM {name}").fetchall()]
+                assert sorted(ids) == want[shard], (name, len(ids), len(want[shard]))
+            storage = conn.execute(
+                "SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass "
+                "AND attname = 'body'",
+                (parts[0][0],),
+            ).fetchone()
+            assert storage == ("e",), storage
 
 
 def source_state(dsn: str) -> tuple:
@@ -478,3 +510,42 @@ def test_ctrl_c_during_the_copy_stops_it_and_a_rerun_finishes(make_fleet, tmp_pa
     assert r.exit_code == 0 and json.loads(r.stdout)["phase"] == "synced", r
     wait_caught_up(dsn)
     assert assert_same_as_source(path, dsn, doc) > 10_000
+
+
+@pytest.mark.slow
+def test_routed_table_through_cutover_and_cleanup_leaves_its_shards_rows(make_fleet, tmp_path):
+    """The task tracker (an enum: routed by trigger) copied (staged by shard), verified, cut over and
+    cleaned up: the routed table and its per-shard partitions are gone from every host, each shard keeps exactly
+    the old database's rows of its keys (compared before the cutover)."""
+    dsn, app = make_fleet.new_database(0), "tasks_prisma"
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, app)
+    doc = plan_doc(path, dsn)
+    result, _ = copy_under_writes(path, plan_file, dsn, app=app)
+    assert result["routed"] == ["tasks"], result
+    wait_caught_up(dsn)
+    assert_same_as_source(path, dsn, doc, app)
+    assert_staged_by_shard(path, dsn, "tasks", "user_id")
+    topo = load(path)
+    before = {}
+    for shard in range(SHARDS):
+        host = topo.host_of(shard)
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            before[shard] = table_rows(conn, topo.schema_name(shard), "tasks")
+    for step in (
+        ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
+        ("adopt", "cutover"),
+        ("adopt", "cutover", "--cleanup"),
+    ):
+        r = run_cli(*step, config=path)
+        assert r.exit_code == 0, (step, r.stdout, r.stderr)
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE c.relname LIKE 'tasks%%' "
+                "AND n.nspname IN ('public', 'shardctl_adopt', 'shardctl_adopted')"
+            ).fetchall()
+            assert left == [], (host.name, left)
+            for shard in host.shards:
+                got = table_rows(conn, topo.schema_name(shard), "tasks")
+                assert got == before[shard], (shard, len(got), len(before[shard]))

@@ -581,7 +581,7 @@ def _parents(job: Copy, conn: psycopg.Connection, target: Target) -> None:
                 schemas = {n: job.topo.schema_name(n) for n in target.shards}
                 pk = catalog.primary_key(conn, first)
                 catalog.create_routed_table(
-                    conn, job.schema, table, routed[table], pk, key, job.topo.modulus, schemas
+                    conn, job.schema, table, routed[table], pk, job.key_shard(key), schemas
                 )
             continue
         if table not in attached:
@@ -630,19 +630,27 @@ def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
             + [(job.topo.schema_name(n), t) for t in routed for n in target.shards],
         )
         # apart: a routed table's TRUNCATE trigger truncates its shards' tables in turn
-        truncate_tables(tgt, [(job.schema, t) for t in routed if target.shards])
+        routed_here = [t for t in routed if target.shards]
+        truncate_tables(tgt, [(job.schema, t) for t in routed_here])
+        # the routing triggers off while the copy routes the rows itself, set-based; on again
+        # below, before the subscription exists (a copy cut short meanwhile starts over here)
+        for table in routed_here:
+            tgt.execute(catalog.route_trigger(job.schema, table, enable=False))
         pairs = _copy_pairs(job, tgt, target)
     with job.lock:
         state.update(copied=False, rows=0, bytes=0, tables=0)
         job.run.detail["routed"] = job.result.routed = sorted(job.routed or {})
     job.save(src)
     done = _run_copy(job, target, pairs)
+    with job.connect(target.host) as tgt:
+        for table in routed_here:
+            tgt.execute(catalog.route_trigger(job.schema, table, enable=True))
     with job.lock:
         state.update(
             copied=True,
             rows=sum(r for r, _ in done),
             bytes=sum(b for _, b in done),
-            tables=len(done),
+            tables=len(_tables(job, target)),
         )
         job.result.copied_bytes += state["bytes"]
     job.save(src)
@@ -676,43 +684,44 @@ def _copy_hosts(job: Copy, targets: list[Target]) -> None:
 
 def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tuple]:
     """(COPY out of the source, COPY into the host) per table, columns named as on the host (a
-    routed table's per-shard-typed columns read as text)."""
+    routed table's per-shard-typed columns read as text); a routed table in one part per COPY worker
+    (:func:`_parts`), each followed by its shards' routing, the parts first (they are the most work)."""
     keys = dict(job.sharded)
     routed = {t: {c[0]: c[3] for c in cols if c[2]} for t, cols in (job.routed or {}).items()}
-    # rows of routed tables are read as text there, and routed into the shards by the copy itself
-    pairs = []
+    first, pairs = [], []
     for table in _tables(job, target):
         cols = catalog.columns(tgt, job.schema, table)
         as_text = routed.get(table, {})
         out = [catalog.text_cast(c, as_text[c]) if c in as_text else c for c in cols]
-        where = (
-            catalog.shard_filter(job.key_shard(keys[table]), _ranges(target.shards))
-            if table in keys
-            else None
-        )
-        pair = (
-            catalog.copy_out_rows(job.schema, table, out, where),
-            catalog.copy_in_columns(job.schema, table, cols),
-        )
-        if as_text:  # the trigger off while the copy routes the rows itself, set-based
-            into = [
-                catalog.route_rows(
-                    job.schema,
-                    table,
-                    job.topo.schema_name(n),
-                    n,
-                    keys[table],
-                    job.topo.modulus,
-                    job.routed[table],
-                )
-                for n in target.shards
+        into = catalog.copy_in_columns(job.schema, table, cols)
+        if table not in keys:
+            pairs.append((catalog.copy_out_rows(job.schema, table, out, None), into))
+            continue
+        shard = job.key_shard(keys[table])
+        if not as_text:
+            where = catalog.shard_filter(shard, _ranges(target.shards))
+            pairs.append((catalog.copy_out_rows(job.schema, table, out, where), into))
+            continue
+        for part in _parts(target.shards, job.workers):
+            where = catalog.shard_filter(shard, _ranges(part))
+            route = [
+                catalog.route_rows(table, job.topo.schema_name(n), n, job.routed[table])
+                for n in part
             ]
-            pair += (
-                [catalog.route_trigger(job.schema, table, enable=False)],
-                [*into, catalog.route_trigger(job.schema, table, enable=True)],
-            )
-        pairs.append(pair)
-    return pairs
+            first.append((catalog.copy_out_rows(job.schema, table, out, where), into, [], route))
+    return first + pairs
+
+
+def _parts(shards: list[int], count: int) -> list[list[int]]:
+    """``shards`` in at most ``count`` runs of neighbours, as even as can be."""
+    ordered = sorted(shards)
+    size, extra = divmod(len(ordered), max(1, min(count, len(ordered))))
+    out, at = [], 0
+    while at < len(ordered):
+        step = size + (1 if len(out) < extra else 0)
+        out.append(ordered[at : at + step])
+        at += step
+    return out
 
 
 def _run_copy(job: Copy, target: Target, pairs: list[tuple]) -> list[tuple[int, int]]:

@@ -379,9 +379,11 @@ def global_table_ddl(table: Any, schema: str) -> str:
 #
 # A partition's column types must be its parent's, but each shard has its own copy of the app's enum
 # types (the baseline creates them per shard), so such a table cannot be attached under one parent.
-# Its rows go instead into a plain table of the same name in the source's schema, the per-shard
-# types as text, whose trigger (ENABLE ALWAYS: it fires in the subscription's apply worker too)
-# writes each change into the table of the row's shard.
+# Its rows go instead into a table of the same name in the source's schema, the per-shard types as
+# text, partitioned by the rows' shard (:func:`key_shard`, as the parents are) into one table per shard
+# in ``shardctl_adopt`` (:func:`routed_partition`), whose trigger (ENABLE ALWAYS: it fires in the
+# subscription's apply worker too) writes each change into the table of the row's shard: the shard
+# of the partition it fired on. The initial copy reads each shard's rows from its own partition.
 
 SHARD_TYPED = """
 SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typnamespace = c.relnamespace,
@@ -396,6 +398,9 @@ SELECT ARRAY(SELECT a.attname::text FROM unnest(k.conkey) WITH ORDINALITY u(n, i
                JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.n ORDER BY u.i)
   FROM pg_constraint k WHERE k.conrelid = %s::regclass AND k.contype = 'p'"""
 
+# ``shards``: partition name -> the schema of its shard. A row-level trigger fires on the partition
+# that holds the row (an UPDATE that moves a row to another partition fires DELETE there and INSERT
+# in the new one), so TG_TABLE_NAME names the row's shard.
 ROUTE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $route$
 DECLARE
@@ -404,17 +409,17 @@ DECLARE
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN  -- DELETE: a TRUNCATE here would meet the tables the same
         FOR s IN SELECT value FROM jsonb_each_text(shards) LOOP  -- TRUNCATE holds (referencing ones)
-            EXECUTE format('DELETE FROM %I.%I', s, TG_TABLE_NAME);
+            EXECUTE format('DELETE FROM %I.%I', s, {table});
         END LOOP;
         RETURN NULL;
     END IF;
     IF TG_OP <> 'INSERT' THEN
         EXECUTE format('DELETE FROM %I.%I WHERE ({pk}) = ({old_pk})',
-                       shards ->> (OLD.{key} % {modulus})::text, TG_TABLE_NAME) USING OLD;
+                       shards ->> TG_TABLE_NAME, {table}) USING OLD;
     END IF;
     IF TG_OP <> 'DELETE' THEN
         EXECUTE format('INSERT INTO %1$I.%2$I SELECT * FROM json_populate_record(NULL::%1$I.%2$I, $1)',
-                       shards ->> (NEW.{key} % {modulus})::text, TG_TABLE_NAME) USING to_json(NEW);
+                       shards ->> TG_TABLE_NAME, {table}) USING to_json(NEW);
     END IF;
     RETURN NULL;
 END
@@ -434,17 +439,25 @@ def primary_key(conn: psycopg.Connection, table: tuple[str, str]) -> list[str]:
     return list(row[0]) if row else []
 
 
+def routed_partition(table: str, shard: int) -> tuple[str, str]:
+    """The partition of routed table ``table`` that holds shard ``shard``'s rows (in
+    ``shardctl_adopt``, which the cleanup drops whole)."""
+    suffix = f"_{shard}"
+    return STATE_SCHEMA, table[: 63 - len(suffix)] + suffix
+
+
 def create_routed_table(
     conn: psycopg.Connection,
     schema: str,
     table: str,
     cols: list[tuple[str, str, bool, bool, str]],
     pk: list[str],
-    key: str,
-    modulus: int,
+    shard: sql.Composable,
     shard_schemas: dict[int, str],
 ) -> None:
-    """``schema.table`` (the per-shard types as text) and its routing trigger (see above)."""
+    """``schema.table`` (the per-shard types as text), partitioned by ``shard`` (the rows' shard:
+    :func:`key_shard`) into one partition per shard of ``shard_schemas``, and its routing trigger
+    (see above)."""
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(STATE_SCHEMA)))
     defs = [
@@ -454,19 +467,30 @@ def create_routed_table(
         )
         for name, typ, own, array, _ in cols
     ]
-    defs.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, pk))))
     target = sql.Identifier(schema, table)
-    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(target, sql.SQL(", ").join(defs)))
+    conn.execute(
+        sql.SQL("CREATE TABLE {} ({}) PARTITION BY LIST ({})").format(
+            target, sql.SQL(", ").join(defs), shard
+        )
+    )
+    key = sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, pk)))
+    for n in shard_schemas:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} PARTITION OF {} ({}) FOR VALUES IN ({})").format(
+                sql.Identifier(*routed_partition(table, n)), target, key, sql.Literal(n)
+            )
+        )
+    uncompressed(conn, (schema, table))
     function = sql.Identifier(STATE_SCHEMA, f"route_{table}"[:63])
     pk_list = ", ".join(sql.Identifier(c).as_string(conn) for c in pk)
     old_pk = ", ".join(f"$1.{sql.Identifier(c).as_string(conn)}" for c in pk)
+    shards = {routed_partition(table, n)[1]: s for n, s in shard_schemas.items()}
     body = sql.SQL(ROUTE_FUNCTION).format(
         function=function,
-        shards=sql.Literal(Jsonb({str(k): v for k, v in shard_schemas.items()})),
+        shards=sql.Literal(Jsonb(shards)),
+        table=sql.Literal(table),
         pk=sql.SQL(pk_list.replace("'", "''")),
         old_pk=sql.SQL(old_pk.replace("'", "''")),
-        key=sql.Identifier(key),
-        modulus=sql.Literal(modulus),
     )
     conn.execute(body)
     trigger = sql.Identifier("shardctl_adopt_route")
@@ -485,6 +509,30 @@ def create_routed_table(
     conn.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(target, truncate))
 
 
+COMPRESSED = """
+SELECT a.attname::text FROM pg_attribute a
+ WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attstorage = 'x'
+ ORDER BY a.attnum"""
+
+
+def uncompressed(conn: psycopg.Connection, table: tuple[str, str]) -> None:
+    """``STORAGE EXTERNAL`` for every column of ``table`` (and its partitions) that would be
+    compressed: a routed table's values are written there once and read back once by the initial
+    copy, then compressed by the shard's table; compressing them twice (pglz) made the copy of a
+    table of long text values some three times as slow."""
+    names = [r[0] for r in conn.execute(COMPRESSED, (sql.Identifier(*table).as_string(conn),))]
+    if names:
+        conn.execute(
+            sql.SQL("ALTER TABLE {} {}").format(
+                sql.Identifier(*table),
+                sql.SQL(", ").join(
+                    sql.SQL("ALTER COLUMN {} SET STORAGE EXTERNAL").format(sql.Identifier(n))
+                    for n in names
+                ),
+            )
+        )
+
+
 def text_cast(column: str, array: bool) -> sql.Composed:
     """``column::text`` (``::text[]``): a per-shard-typed column as the routed table holds it."""
     return sql.SQL("{}::{}").format(sql.Identifier(column), sql.SQL("text[]" if array else "text"))
@@ -492,7 +540,7 @@ def text_cast(column: str, array: bool) -> sql.Composed:
 
 def route_trigger(schema: str, table: str, enable: bool) -> sql.Composed:
     """Disable (for the initial copy, which routes the rows itself: :func:`route_rows`) or enable
-    again the routing trigger of a routed table."""
+    again the routing trigger of a routed table (its partitions' with it)."""
     return sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(
         sql.Identifier(schema, table),
         sql.SQL("ENABLE ALWAYS" if enable else "DISABLE"),
@@ -501,16 +549,11 @@ def route_trigger(schema: str, table: str, enable: bool) -> sql.Composed:
 
 
 def route_rows(
-    schema: str,
-    table: str,
-    shard_schema: str,
-    shard: int,
-    key: str,
-    modulus: int,
-    cols: list[tuple[str, str, bool, bool, str]],
+    table: str, shard_schema: str, shard: int, cols: list[tuple[str, str, bool, bool, str]]
 ) -> sql.Composed:
-    """``INSERT INTO shard.table SELECT … FROM schema.table WHERE key % modulus = shard``: the rows
-    of one shard from the routed table, its per-shard-typed columns cast back to the shard's types."""
+    """``INSERT INTO shard.table SELECT … FROM <its partition>``: the rows of one shard from its
+    partition of the routed table (:func:`routed_partition`: no other shard's rows read), its
+    per-shard-typed columns cast back to the shard's types."""
     items = []
     for name, _, own, array, typname in cols:
         if own:
@@ -523,12 +566,9 @@ def route_rows(
             )
         else:
             items.append(sql.Identifier(name))
-    return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE ({} % {}) = {}").format(
+    return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
         sql.Identifier(shard_schema, table),
         sql.SQL(", ").join(sql.Identifier(c[0]) for c in cols),
         sql.SQL(", ").join(items),
-        sql.Identifier(schema, table),
-        sql.Identifier(key),
-        sql.Literal(modulus),
-        sql.Literal(shard),
+        sql.Identifier(*routed_partition(table, shard)),
     )

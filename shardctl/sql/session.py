@@ -77,6 +77,15 @@ def text_round_trips(conn: psycopg.Connection, value: str) -> None:
     conn.execute("SELECT %s::text IS NULL", (value,))
 
 
+def deadlock_timeout(conn: psycopg.Connection) -> float:
+    """The server's ``deadlock_timeout`` in seconds (as this session has it)."""
+    return float(
+        conn.execute(
+            "SELECT setting::float8 / 1000 FROM pg_settings WHERE name = 'deadlock_timeout'"
+        ).fetchone()[0]
+    )
+
+
 def synchronous_commit_on(conn: psycopg.Connection) -> None:
     """Flush the WAL up to here now: ``synchronous_commit`` on for the session, and a transaction ID
     taken (its commit then waits for the flush)."""

@@ -29,6 +29,7 @@ from support.history import History
 from shardctl.model.adoption import IdMap
 from shardctl.model.topology_file import write_adoption
 from shardctl.ops.adopt.id_map import drop_id_map, ensure_id_map, wait_id_map
+from shardctl.ops.move.run import HOOKS
 from shardctl.router import Router
 from shardctl.sql.catalog import adopt_copy, adopt_verify
 
@@ -978,6 +979,57 @@ def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_
         sql(src, "INSERT INTO photos (user_id, caption) VALUES (4, 'after')")
         assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("synced",)]
         assert sql(src, "SELECT count(*) FROM shardctl.redirects") == [(0,)]
+
+
+def test_an_app_queued_behind_the_freeze_is_never_its_deadlock_victim(make_fleet, monkeypatch):
+    """An app transaction that read users (so holds its read lock) writes photos during the freeze
+    and queues behind the freeze's lock; the freeze then waits for the read lock on users to move
+    that table: a deadlock across two tables, which PostgreSQL finds only by its check after
+    deadlock_timeout (1 s) of waiting, in whichever backend waited first: the app's. With
+    --max-freeze above that, the app's transaction would be aborted. The freeze must give up first:
+    the app's write commits, and the next attempt cuts over with that row on the fleet."""
+    path, src_dsn = adopting(make_fleet, users=40)
+    app = psycopg.connect(src_dsn)
+    sql(app, "SELECT count(*) FROM users")  # the app's transaction holds the table's read lock
+    outcome: dict[str, object] = {}
+
+    def write() -> None:
+        try:
+            app.execute("INSERT INTO photos (user_id, caption) VALUES (4, 'queued')")
+            app.commit()
+            outcome["committed"] = True
+        except psycopg.Error as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=write, daemon=True)
+
+    def queue_the_app() -> None:
+        """In the first attempt, once the freeze holds its locks: the app's write queues."""
+        if thread.ident is not None:
+            return
+        thread.start()
+        with psycopg.connect(src_dsn, autocommit=True) as watch:
+            deadline = time.monotonic() + 10
+            while not sql(
+                watch,
+                "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted",
+                app.info.backend_pid,
+            )[0][0]:
+                assert time.monotonic() < deadline, "the app's write did not queue"
+                time.sleep(0.005)
+
+    monkeypatch.setitem(HOOKS, "adopt-in-freeze", queue_the_app)
+    try:
+        result = cli_json(path, "--max-freeze", "3", "--attempts", "3")
+    finally:
+        thread.join(10)
+        app.close()
+    assert "error" not in outcome, outcome["error"]
+    assert outcome == {"committed": True}, outcome
+    assert result["phase"] == "cut_over" and result["attempts"] == 2, result
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        queued = sql(src, "SELECT id FROM shardctl_adopted.photos WHERE caption = 'queued'")
+    assert len(queued) == 1 and queued[0][0] in fleet_rows(path, "photos"), queued
 
 
 @pytest.mark.slow

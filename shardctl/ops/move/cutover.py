@@ -274,6 +274,10 @@ def verify_after(
         )
 
 
+# The share of the server's deadlock_timeout the freeze may spend waiting on locks (BoundedFreeze).
+LOCK_WINDOW_SHARE = 0.8
+
+
 class BoundedFreeze:
     """What every freeze shares (a move's cutover, an adoption's): one source transaction whose every
     statement is bounded by what is left of ``max_freeze``: the timeouts, the table locks, the wait
@@ -285,6 +289,10 @@ class BoundedFreeze:
         self.progress = progress
         self.t0 = 0.0
         self.deadline = 0.0
+        self.lock_window = (
+            max_freeze  # seconds the freeze may wait on locks after its first (below)
+        )
+        self.locks_until: float | None = None
         self.marks: dict[str, float] = {}
         self.src: psycopg.Connection | None = None
         self.aux: psycopg.Connection | None = None
@@ -298,8 +306,17 @@ class BoundedFreeze:
         left = self.deadline - time.monotonic()
         if left < 0.001:
             raise FreezeTimeout(f"the freeze used up --max-freeze {self.max_freeze:g}s")
-        limit = session.duration(left)
-        session.set_settings(self.src, {"lock_timeout": limit, "statement_timeout": limit})
+        now = time.monotonic()
+        if self.locks_until is None:  # the first lock: from here the app's writers queue behind us
+            self.locks_until = now + self.lock_window
+        lock_left = min(left, max(0.001, self.locks_until - now))
+        session.set_settings(
+            self.src,
+            {
+                "lock_timeout": session.duration(lock_left),
+                "statement_timeout": session.duration(left),
+            },
+        )
 
     def _rollback(self) -> None:
         if self.src is not None and not self.src.closed and not self.src.broken:
@@ -312,6 +329,18 @@ class BoundedFreeze:
         self.marks[name] = round(time.monotonic() - self.t0, 3)
 
     def _timeouts(self) -> None:
+        """Bound the freeze's statements on ``src`` (a new connection: its lock window starts over).
+
+        A writer queued behind the freeze's locks that holds a lock the freeze then waits for makes a
+        deadlock; PostgreSQL's check (after ``deadlock_timeout`` of waiting) aborts whichever process
+        runs it, which may be the app's. So the freeze stops waiting on locks before any writer
+        queued behind it can have waited ``deadlock_timeout``: within LOCK_WINDOW_SHARE of it after
+        its first lock. A cycle then ends in the freeze's lock timeout (a retry), never in an app's
+        error, whatever ``--max-freeze`` is."""
+        self.lock_window = min(
+            self.max_freeze, LOCK_WINDOW_SHARE * session.deadlock_timeout(self.src)
+        )
+        self.locks_until = None
         limit = session.duration(self.max_freeze)
         # No statement of the freeze may outlast it; nor may the transaction outlive a stalled run.
         session.set_settings(

@@ -581,16 +581,16 @@ def test_sigkill_in_abort_or_cleanup_then_rerun_finishes(make_fleet, point):
         assert new in fleet_rows(path, "photos")
 
 
-def real_adoption(make_fleet, tmp_path: Path) -> tuple[Path, str, Path]:
-    """The Django forum's schema adopted with the real commands up to the cutover: (topology, old
-    database's DSN, plan file)."""
+def real_adoption(make_fleet, tmp_path: Path, app: str = "forum_django") -> tuple[Path, str, Path]:
+    """``app``'s schema (the Django forum's) adopted with the real commands up to the cutover:
+    (topology, old database's DSN, plan file)."""
     dsn = make_fleet.new_database(0)
     path = make_fleet(hosts=2, shards=SHARDS, extra="routing:\n  key: user_id\n")
     for f in (path.parent / "migrations").iterdir():
         f.unlink()
-    load_app(dsn, "forum_django", users=20)
+    load_app(dsn, app, users=20)
     r = run_cli("adopt", "plan", "--from", dsn, "--json", config=path)
-    apply_fixes(dsn, "forum_django", json.loads(r.stdout))
+    apply_fixes(dsn, app, json.loads(r.stdout))
     plan_file = tmp_path / "plan.yaml"
     steps = [
         ("adopt", "plan", "--from", dsn, "--out", plan_file),
@@ -689,6 +689,76 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
     r = run_cli("adopt", "cutover", config=path)
     assert r.exit_code == 2 and "adopt verify never ran" in r.stderr, r  # the old one is stale
     finish_second_attempt(path, dsn, plan_file)
+
+
+def fleet_tasks(path: Path) -> dict[int, dict]:
+    """id -> the row (as jsonb: the enum as its label) of every task on the fleet's shards."""
+    topo = load(path)
+    out: dict[int, dict] = {}
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            for n in host.shards:
+                s = topo.schema_name(n)
+                for i, row in sql(conn, f"SELECT id, to_jsonb(t) FROM {s}.tasks t"):
+                    assert i not in out, f"task {i} twice"
+                    out[i] = row
+    return out
+
+
+def test_abort_brings_back_the_fleets_writes_to_a_table_routed_by_trigger(make_fleet, tmp_path):
+    """The task tracker's tasks (an enum column whose type is each shard's own: adopt copy routes it
+    by trigger, it has no parent) copied, verified and cut over; on the fleet a task is inserted, one
+    updated (its enum value changed) and one deleted. --abort then gives the old database exactly the
+    fleet's tasks, the app's table takes writes again and no mirror trigger is left on the fleet."""
+    path, dsn, _ = real_adoption(make_fleet, tmp_path, "tasks_prisma")
+    topo = load(path)
+    with psycopg.connect(dsn, autocommit=True) as src:
+        assert sql(src, "SELECT detail -> 'routed' FROM shardctl_adopt.run") == [(["tasks"],)]
+        (edit, edit_user, status), (gone, gone_user) = (
+            sql(
+                src,
+                "SELECT id, user_id, status::text FROM shardctl_adopted.tasks ORDER BY id LIMIT 1",
+            )[0],
+            sql(src, "SELECT id, user_id FROM shardctl_adopted.tasks ORDER BY id DESC LIMIT 1")[0],
+        )
+    new_status = "DONE" if status != "DONE" else "TODO"
+    home = {n: (topo.host_of(n), topo.schema_name(n)) for n in range(SHARDS)}
+    host, s = home[edit_user % SHARDS]
+    with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+        sql(
+            conn,
+            f"UPDATE {s}.tasks SET status = %s, title = 'edited on the fleet' WHERE id = %s",
+            new_status,
+            edit,
+        )
+        made = sql(
+            conn,
+            f"INSERT INTO {s}.tasks (project_id, user_id, title, status) SELECT project_id, "
+            f"user_id, 'made on the fleet', 'DOING' FROM {s}.tasks WHERE id = %s RETURNING id",
+            edit,
+        )[0][0]
+    host, s = home[gone_user % SHARDS]
+    with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+        assert sql(conn, f"DELETE FROM {s}.tasks WHERE id = %s RETURNING id", gone) == [(gone,)]
+
+    assert cli_json(path, "--abort")["phase"] == "aborted"
+    want = fleet_tasks(path)
+    assert want[edit]["status"] == new_status and made in want and gone not in want
+    with psycopg.connect(dsn, autocommit=True) as src:
+        got = dict(sql(src, "SELECT id, to_jsonb(t) FROM public.tasks t"))
+        assert got == want
+        # the app's table takes writes again, its enum values included
+        sql(src, "UPDATE tasks SET status = 'TODO' WHERE id = %s", made)
+        sql(
+            src,
+            "INSERT INTO tasks (project_id, user_id, title, status) "
+            "SELECT project_id, user_id, 'after the abort', 'DONE' FROM tasks WHERE id = %s",
+            made,
+        )
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            assert sql(conn, "SELECT tgname FROM pg_trigger WHERE tgname LIKE '%%mirror%%'") == []
+    assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)
 
 
 def finish_second_attempt(path: Path, dsn: str, plan_file: Path) -> None:

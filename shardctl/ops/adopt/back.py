@@ -41,7 +41,14 @@ from ...sql.catalog import control, replication, stubs
 from ..move import transfer
 from ..move.cutover import BoundedFreeze
 from ..move.run import Progress, checkpoint
-from .cutover import CUT_OVER, READY, CutoverResult, finish, restore_fleet_identities
+from .cutover import (
+    CUT_OVER,
+    READY,
+    CutoverResult,
+    finish,
+    mirror_routed,
+    restore_fleet_identities,
+)
 from .id_map import drop_id_map
 from .site import Site
 
@@ -69,11 +76,6 @@ def adopt_abort(
         _drop_moved_schemas(site)
         site.note("no cutover ran: the old database is authoritative; nothing was frozen")
     elif phase in (CUT_OVER, ABORTED):
-        if site.routed_tables and phase == CUT_OVER:
-            raise OperationFailed(
-                f"abort: the writes made on the fleet to {', '.join(site.routed_tables)} (routed by "
-                f"trigger by adopt copy) have no way back to the old database; nothing was changed"
-            )
         if phase == CUT_OVER and not detail.get("switched"):
             finish(site)  # the way back must carry the writes Routers made after the freeze
         if not (detail.get("abort") or {}).get("finished"):
@@ -167,7 +169,9 @@ class AbortFreeze(BoundedFreeze):
         site = self.site
         self._timeouts()
         parents = site.located(self.src, host)  # moved at the cutover (back home if it ran before)
-        self._lock(parents)  # a parent's lock covers its partitions
+        # a parent's lock covers its partitions; a routed table's shard tables first (their writers
+        # then write its partitions: the same order, no deadlock)
+        self._lock(site.routed_shard_tables(host) + parents)
         self._wait_applied([site.back(host)])
         self._budget()
         guarded = site.shard_tables(host) + parents
@@ -230,7 +234,8 @@ def _reopen_source(site: Site, src: psycopg.Connection) -> None:
 
 
 def drop_back(site: Site) -> dict:
-    """The way back: the old database's subscriptions, each fleet host's publication and slot."""
+    """The way back: the old database's subscriptions, each fleet host's publication, slot and
+    mirror triggers (of the tables routed by trigger)."""
     out: dict[str, list] = {"subscriptions": [], "publications": [], "slots": []}
     oids: dict[str, int] = {}
     with site.connect(site.source) as src:
@@ -247,6 +252,7 @@ def drop_back(site: Site) -> dict:
             ]
             sub = [oids[name]] if name in oids else []
             out["slots"] += [f"{host.name}:{s}" for s in transfer.drop_slots(conn, [name], sub)]
+            mirror_routed(site, host, conn, make=False)
     return out
 
 

@@ -3,7 +3,9 @@ authoritative, in a freeze bounded by ``--max-freeze`` whatever the data size.
 
 Before the freeze (writes go on): the last ``adopt verify`` must have passed; the way back is made
 (on each fleet host a publication of its parents ``WITH (publish_via_partition_root = true)`` and its
-slot, the parents' replica identity FULL), the control objects the guard and the redirects need
+slot, the parents' replica identity FULL; for a table ``adopt copy`` routes by trigger, which has no
+parent, a trigger on each shard table mirrors its writes into the routed table, published likewise:
+:func:`mirror_routed`), the control objects the guard and the redirects need
 (schema ``shardctl`` on the old database), and the forward subscriptions' lag must be small.
 
 The freeze, the move's (``ops/move/cutover.BoundedFreeze``): one transaction on the old database,
@@ -41,6 +43,7 @@ from ...model.dsn import mask
 from ...model.topology import Host, Topology
 from ...model.topology_file import flip_adoption
 from ...sql import session
+from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
 from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
@@ -103,11 +106,6 @@ def adopt_cutover(
     if phase == CUT_OVER:
         site.note("the old database was already frozen: finishing the switch")
     elif phase in READY:
-        if site.routed_tables:
-            site.note(
-                f"no way back for {', '.join(site.routed_tables)} (routed by trigger): --abort "
-                f"will refuse; --cleanup makes the adoption final"
-            )
         prepare(site, _detail)
         _freeze(site, max_freeze, attempts, result)
     else:
@@ -158,8 +156,9 @@ def prepare(site: Site, detail: dict) -> None:
             control.clear_redirects(conn, site.redirected(host))
             _parents_home(site, host, conn)
             _identities_full(site, host, conn, recorded)
+            mirror_routed(site, host, conn, make=True)
             name = site.back(host)
-            catalog.create_root_publication(conn, name, site.back_tables(host))
+            catalog.create_root_publication(conn, name, site.parents(host))
             owner = catalog.slot_database(conn, name)
             if owner is None:
                 replication.create_slot(conn, name)
@@ -191,8 +190,10 @@ def _identities_full(
     identity logs it. The old database finds the row by its own identity, which may hold more than
     the ID (``adopt copy``'s ``FULL``, the id map's index on (ID, key)): only a full old row serves
     every identity there, and only a parent with identity FULL declares every column a key column."""
-    parents = site.back_tables(host)
+    parents = site.parents(host)
     leaves = [(s, t) for s, t in site.shard_tables(host) if (site.schema, t) in parents]
+    leaves = [x for x in leaves if x not in site.routed_shard_tables(host)]
+    leaves += site.routed_partitions(host)
     ident = catalog.replica_identities(conn, parents + leaves)
     todo = [(s, t) for s, t in parents + leaves if ident.get(f"{s}.{t}") not in ("f", None)]
     if not todo:
@@ -203,6 +204,20 @@ def _identities_full(
         catalog.merge_detail(src, {FLEET_IDENTITY: recorded})
     for s, t in todo:
         conn.execute(catalog.set_replica_identity_sql(s, t, full=True))
+
+
+def mirror_routed(site: Site, host: Host, conn: psycopg.Connection, make: bool) -> None:
+    """The way back of the tables routed by trigger on ``host`` (``make``; else dropped): each shard
+    table's writes mirrored into its partition of the routed table, which the way back publishes
+    like a parent (``sql/catalog/adopt_copy.create_mirror``). The apply worker's writes there before
+    the cutover are not mirrored (the trigger fires for the app's sessions only), nor routed again."""
+    for table in site.routed_tables if host.shards else []:
+        shards = {n: site.topo.schema_name(n) for n in host.shards}
+        if not make:
+            copy_catalog.drop_mirror(conn, table, shards)
+            continue
+        pk = copy_catalog.primary_key(conn, (shards[host.shards[0]], table))
+        copy_catalog.create_mirror(conn, table, shards, pk)
 
 
 def restore_fleet_identities(site: Site, detail: dict) -> list[str]:
@@ -484,5 +499,5 @@ def start_back(site: Site) -> None:
                         f"cutover: the way back from {host.name} could not be made on the old "
                         f"database ({db.first_line(exc)}; {mask(host.dsn)})"
                     ) from None
-            moved = site.back_tables(host, moved=True)  # the old database's tables, moved
+            moved = site.parents(host, moved=True)  # the old database's tables, moved
             replication.start_subscription(src, name, False, hold, moved)

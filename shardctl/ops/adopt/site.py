@@ -15,6 +15,7 @@ from ...errors import BadInput
 from ...model.adoption import Adoption
 from ...model.topology import Host, Topology
 from ...router.placement import GLOBAL
+from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
 from ..move.run import Progress
 from .state import slot_name
@@ -92,18 +93,24 @@ class Site:
 
     def parents(self, host: Host, moved: bool = False) -> list[tuple[str, str]]:
         """What ``host`` holds under the old database's names: a partitioned parent per sharded table
-        (when the host owns shards; in :data:`MOVED_SCHEMA` from the cutover, ``moved``), and the
-        global tables on the global host."""
+        (for a table ``adopt copy`` routes by trigger, its routed table; when the host owns shards;
+        in :data:`MOVED_SCHEMA` from the cutover, ``moved``), and the global tables on the global
+        host."""
         where = catalog.MOVED_SCHEMA if moved else self.schema
         out = [(where, t) for t in self.tables] if host.shards else []
         if host.name == self.global_host.name:
             out += [(self.schema, t) for t in self.globals]
         return out
 
-    def back_tables(self, host: Host, moved: bool = False) -> list[tuple[str, str]]:
-        """What the way back publishes from ``host``: its parents and global tables, not the tables
-        routed by trigger (their rows are in the shard tables only, under no name the old database has)."""
-        return [p for p in self.parents(host, moved) if p[1] not in self.routed_tables]
+    def routed_shard_tables(self, host: Host) -> list[tuple[str, str]]:
+        """``host``'s shard tables of the tables routed by trigger (not partitions of a parent)."""
+        return [(self.topo.schema_name(n), t) for n in host.shards for t in self.routed_tables]
+
+    def routed_partitions(self, host: Host) -> list[tuple[str, str]]:
+        """The partitions (one per shard of ``host``) of its tables routed by trigger."""
+        return [
+            copy_catalog.routed_partition(t, n) for n in host.shards for t in self.routed_tables
+        ]
 
     def located(self, conn: psycopg.Connection, host: Host | None = None) -> list[tuple[str, str]]:
         """Where the sharded tables are now on ``conn``'s database (the old database, or fleet host

@@ -381,9 +381,15 @@ def global_table_ddl(table: Any, schema: str) -> str:
 # types (the baseline creates them per shard), so such a table cannot be attached under one parent.
 # Its rows go instead into a table of the same name in the source's schema, the per-shard types as
 # text, partitioned by the rows' shard (:func:`key_shard`, as the parents are) into one table per shard
-# in ``shardctl_adopt`` (:func:`routed_partition`), whose trigger (ENABLE ALWAYS: it fires in the
-# subscription's apply worker too) writes each change into the table of the row's shard: the shard
+# in ``shardctl_adopt`` (:func:`routed_partition`), whose trigger (ENABLE REPLICA: it fires in the
+# subscription's apply worker only) writes each change into the table of the row's shard: the shard
 # of the partition it fired on. The initial copy reads each shard's rows from its own partition.
+#
+# The way back (after the cutover, for ``--abort``) is the same function the other way: a trigger on
+# each shard table (:func:`create_mirror`, ENABLE: it fires for the app's writes only) writes each
+# change into the shard's partition of the routed table, which holds the rows as of the cutover and
+# goes back through the way back's publication like a parent. Neither trigger fires for the other's
+# writes (session_replication_role), so nothing loops.
 
 SHARD_TYPED = """
 SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typnamespace = c.relnamespace,
@@ -398,32 +404,34 @@ SELECT ARRAY(SELECT a.attname::text FROM unnest(k.conkey) WITH ORDINALITY u(n, i
                JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.n ORDER BY u.i)
   FROM pg_constraint k WHERE k.conrelid = %s::regclass AND k.contype = 'p'"""
 
-# ``shards``: partition name -> the schema of its shard. A row-level trigger fires on the partition
-# that holds the row (an UPDATE that moves a row to another partition fires DELETE there and INSERT
-# in the new one), so TG_TABLE_NAME names the row's shard.
+# ``targets``: "schema.table" a row-level trigger fires on -> [schema, table] its change goes to. A
+# row-level trigger fires on the partition that holds the row (an UPDATE that moves a row to another
+# partition fires DELETE there and INSERT in the new one), so the table fired on names the row's shard.
 ROUTE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $route$
 DECLARE
-    shards constant jsonb := {shards};
-    s text;
+    targets constant jsonb := {targets};
+    t jsonb;
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN  -- DELETE: a TRUNCATE here would meet the tables the same
-        FOR s IN SELECT value FROM jsonb_each_text(shards) LOOP  -- TRUNCATE holds (referencing ones)
-            EXECUTE format('DELETE FROM %I.%I', s, {table});
+        FOR t IN SELECT value FROM jsonb_each(targets) LOOP  -- TRUNCATE holds (referencing ones)
+            EXECUTE format('DELETE FROM %I.%I', t ->> 0, t ->> 1);
         END LOOP;
         RETURN NULL;
     END IF;
+    t := targets -> (TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME);
     IF TG_OP <> 'INSERT' THEN
-        EXECUTE format('DELETE FROM %I.%I WHERE ({pk}) = ({old_pk})',
-                       shards ->> TG_TABLE_NAME, {table}) USING OLD;
+        EXECUTE format('DELETE FROM %I.%I WHERE ({pk}) = ({old_pk})', t ->> 0, t ->> 1) USING OLD;
     END IF;
     IF TG_OP <> 'DELETE' THEN
         EXECUTE format('INSERT INTO %1$I.%2$I SELECT * FROM json_populate_record(NULL::%1$I.%2$I, $1)',
-                       shards ->> TG_TABLE_NAME, {table}) USING to_json(NEW);
+                       t ->> 0, t ->> 1) USING to_json(NEW);
     END IF;
     RETURN NULL;
 END
 $route$"""
+ROUTE_TRIGGER = "shardctl_adopt_route"
+MIRROR_TRIGGER = "shardctl_adopt_mirror"
 
 
 def shard_typed_columns(
@@ -481,32 +489,83 @@ def create_routed_table(
             )
         )
     uncompressed(conn, (schema, table))
-    function = sql.Identifier(STATE_SCHEMA, f"route_{table}"[:63])
-    pk_list = ", ".join(sql.Identifier(c).as_string(conn) for c in pk)
-    old_pk = ", ".join(f"$1.{sql.Identifier(c).as_string(conn)}" for c in pk)
-    shards = {routed_partition(table, n)[1]: s for n, s in shard_schemas.items()}
-    body = sql.SQL(ROUTE_FUNCTION).format(
-        function=function,
-        shards=sql.Literal(Jsonb(shards)),
-        table=sql.Literal(table),
-        pk=sql.SQL(pk_list.replace("'", "''")),
-        old_pk=sql.SQL(old_pk.replace("'", "''")),
-    )
-    conn.execute(body)
-    trigger = sql.Identifier("shardctl_adopt_route")
+    function = (STATE_SCHEMA, f"route_{table}"[:63])
+    targets = {routed_partition(table, n): (s, table) for n, s in shard_schemas.items()}
+    create_route_function(conn, function, targets, pk)
+    trigger = sql.Identifier(ROUTE_TRIGGER)
     conn.execute(
         sql.SQL(
             "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW EXECUTE FUNCTION {}()"
-        ).format(trigger, target, function)
+        ).format(trigger, target, sql.Identifier(*function))
     )
-    conn.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(target, trigger))
+    conn.execute(route_trigger(schema, table, enable=True))
     truncate = sql.Identifier("shardctl_adopt_truncate")
     conn.execute(
         sql.SQL(
             "CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()"
-        ).format(truncate, target, function)
+        ).format(truncate, target, sql.Identifier(*function))
     )
     conn.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(target, truncate))
+
+
+def create_route_function(
+    conn: psycopg.Connection,
+    function: tuple[str, str],
+    targets: dict[tuple[str, str], tuple[str, str]],
+    pk: list[str],
+) -> None:
+    """:data:`ROUTE_FUNCTION` as ``function``: each row change of a table of ``targets`` (fired on →
+    written to) applied to its target, by the primary key ``pk``."""
+    pk_list = ", ".join(sql.Identifier(c).as_string(conn) for c in pk)
+    old_pk = ", ".join(f"$1.{sql.Identifier(c).as_string(conn)}" for c in pk)
+    conn.execute(
+        sql.SQL(ROUTE_FUNCTION).format(
+            function=sql.Identifier(*function),
+            targets=sql.Literal(Jsonb({f"{s}.{t}": list(to) for (s, t), to in targets.items()})),
+            pk=sql.SQL(pk_list.replace("'", "''")),
+            old_pk=sql.SQL(old_pk.replace("'", "''")),
+        )
+    )
+
+
+def mirror_function(table: str) -> tuple[str, str]:
+    return STATE_SCHEMA, f"mirror_{table}"[:63]
+
+
+def create_mirror(
+    conn: psycopg.Connection, table: str, shard_schemas: dict[int, str], pk: list[str]
+) -> None:
+    """The way back of routed table ``table`` (see above): on each shard table of ``shard_schemas``
+    (shard → schema) a trigger that writes its row changes into the shard's partition of the routed
+    table. Idempotent."""
+    function = mirror_function(table)
+    targets = {(s, table): routed_partition(table, n) for n, s in shard_schemas.items()}
+    create_route_function(conn, function, targets, pk)
+    for s in shard_schemas.values():
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW "
+                "EXECUTE FUNCTION {}()"
+            ).format(
+                sql.Identifier(MIRROR_TRIGGER),
+                sql.Identifier(s, table),
+                sql.Identifier(*function),
+            )
+        )
+
+
+def drop_mirror(conn: psycopg.Connection, table: str, shard_schemas: dict[int, str]) -> None:
+    """:func:`create_mirror`'s triggers and function gone (those that exist)."""
+    for s in shard_schemas.values():
+        if table_exists(conn, s, table):
+            conn.execute(
+                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                    sql.Identifier(MIRROR_TRIGGER), sql.Identifier(s, table)
+                )
+            )
+    conn.execute(
+        sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(*mirror_function(table)))
+    )
 
 
 COMPRESSED = """
@@ -540,11 +599,12 @@ def text_cast(column: str, array: bool) -> sql.Composed:
 
 def route_trigger(schema: str, table: str, enable: bool) -> sql.Composed:
     """Disable (for the initial copy, which routes the rows itself: :func:`route_rows`) or enable
-    again the routing trigger of a routed table (its partitions' with it)."""
+    again the routing trigger of a routed table (its partitions' with it), for the subscription's
+    apply worker only (``REPLICA``: the way back's writes into the partitions are not routed)."""
     return sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(
         sql.Identifier(schema, table),
-        sql.SQL("ENABLE ALWAYS" if enable else "DISABLE"),
-        sql.Identifier("shardctl_adopt_route"),
+        sql.SQL("ENABLE REPLICA" if enable else "DISABLE"),
+        sql.Identifier(ROUTE_TRIGGER),
     )
 
 

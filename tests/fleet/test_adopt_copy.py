@@ -546,6 +546,8 @@ def test_routed_table_through_cutover_and_cleanup_leaves_its_shards_rows(make_fl
                 "AND n.nspname IN ('public', 'shardctl_adopt', 'shardctl_adopted')"
             ).fetchall()
             assert left == [], (host.name, left)
+            mirrors = "SELECT tgname FROM pg_trigger WHERE tgname = 'shardctl_adopt_mirror'"
+            assert conn.execute(mirrors).fetchall() == [], host.name  # the way back's, gone
             for shard in host.shards:
                 got = table_rows(conn, topo.schema_name(shard), "tasks")
                 assert got == before[shard], (shard, len(got), len(before[shard]))

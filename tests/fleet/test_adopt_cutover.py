@@ -708,8 +708,10 @@ def fleet_tasks(path: Path) -> dict[int, dict]:
 def test_abort_brings_back_the_fleets_writes_to_a_table_routed_by_trigger(make_fleet, tmp_path):
     """The task tracker's tasks (an enum column whose type is each shard's own: adopt copy routes it
     by trigger, it has no parent) copied, verified and cut over; on the fleet a task is inserted, one
-    updated (its enum value changed) and one deleted. --abort then gives the old database exactly the
-    fleet's tasks, the app's table takes writes again and no mirror trigger is left on the fleet."""
+    updated (its enum value changed) and one deleted, and a writer inserts tasks there during the
+    abort. --abort then gives the old database exactly the fleet's tasks (every insert acknowledged
+    before the abort's guard stopped the writer), the app's table takes writes again and no mirror
+    trigger is left on the fleet."""
     path, dsn, _ = real_adoption(make_fleet, tmp_path, "tasks_prisma")
     topo = load(path)
     with psycopg.connect(dsn, autocommit=True) as src:
@@ -741,9 +743,38 @@ def test_abort_brings_back_the_fleets_writes_to_a_table_routed_by_trigger(make_f
     with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
         assert sql(conn, f"DELETE FROM {s}.tasks WHERE id = %s RETURNING id", gone) == [(gone,)]
 
+    # and a writer on the fleet during the abort: what it was told is written comes back too
+    acked: list[int] = []
+    stopped: list[psycopg.Error] = []
+
+    def write() -> None:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            while True:
+                try:
+                    acked.extend(
+                        sql(
+                            conn,
+                            f"INSERT INTO {s}.tasks (project_id, user_id, title, status) SELECT "
+                            f"project_id, user_id, 'during the abort', 'TODO' FROM {s}.tasks "
+                            f"WHERE id = %s RETURNING id",
+                            made,
+                        )[0]
+                    )
+                except psycopg.Error as exc:
+                    stopped.append(exc)
+                    return
+                time.sleep(0.002)
+
+    host, s = home[edit_user % SHARDS]
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    time.sleep(0.3)
     assert cli_json(path, "--abort")["phase"] == "aborted"
+    writer.join(30)
+    assert stopped and stopped[0].sqlstate == "SCM01", stopped  # the abort's guard
     want = fleet_tasks(path)
     assert want[edit]["status"] == new_status and made in want and gone not in want
+    assert len(acked) > 10 and set(acked) <= set(want), len(acked)
     with psycopg.connect(dsn, autocommit=True) as src:
         got = dict(sql(src, "SELECT id, to_jsonb(t) FROM public.tasks t"))
         assert got == want

@@ -916,8 +916,9 @@ def id_map(path: Path, src_dsn: str) -> Iterator[psycopg.Connection]:
 def test_the_freeze_waits_for_the_id_map(make_fleet):
     """A photo written just before the freeze is found by its old ID right after the cutover: the
     freeze's wait for lag 0 includes the id map's subscription. With it stopped, the cutover cannot
-    finish (the attempt gives up within --max-freeze, the old database stays authoritative); once it
-    runs again the cutover does, and each such photo is found by ID with table=."""
+    start (it names the id map's subscription, freezes nothing, the old database stays
+    authoritative); once it runs again the cutover does, and each such photo is found by ID with
+    table=."""
     path, src_dsn = adopting(make_fleet, users=20)
     with id_map(path, src_dsn) as ids:
         sql(ids, "ALTER SUBSCRIPTION shardctl_adopt_ids DISABLE")
@@ -927,7 +928,8 @@ def test_the_freeze_waits_for_the_id_map(make_fleet):
                 for u in (1, 3)
             ]
         r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "1", config=path)
-        assert r.exit_code == 1 and "gave up after 1 attempts" in r.stderr, r
+        said = "shardctl_adopt_ids (no subscriber streaming); nothing was frozen"
+        assert r.exit_code == 1 and said in r.stderr, r
         assert load(path).adoption.authoritative == "source"
         sql(ids, "ALTER SUBSCRIPTION shardctl_adopt_ids ENABLE")
         wait_id_map(load(path), load(path).adoption.source)
@@ -942,14 +944,14 @@ def test_the_freeze_waits_for_the_id_map(make_fleet):
                 ) == [(user,)], i
 
 
-def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):
-    """With pg1's subscription disabled (its apply worker gone), lag 0 never comes: each
-    attempt gives up within --max-freeze, a writer of the old database never waits longer, and after
-    the last one the old database takes writes, unguarded and without redirects, still authoritative."""
+def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet, monkeypatch):
+    """pg1's subscription is disabled inside the freeze (its apply worker goes): lag 0 never comes,
+    the attempt gives up within --max-freeze, and a writer of the old database never waits longer.
+    Run again with the subscription still disabled, the cutover sees before any freeze that pg1's
+    subscriber does not stream, and says so without freezing. After both, the old database takes
+    writes, unguarded and without redirects, still authoritative."""
     path, src_dsn = adopting(make_fleet, users=40)
     topo = load(path)
-    with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as conn:
-        sql(conn, "ALTER SUBSCRIPTION shardctl_adopt_pg1 DISABLE")
     stop, waits, errors = threading.Event(), [], []
 
     def writer() -> None:
@@ -964,16 +966,32 @@ def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_
                 waits.append(time.monotonic() - t0)
                 time.sleep(0.005)
 
+    def disable_pg1() -> None:
+        with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as conn:
+            sql(conn, "ALTER SUBSCRIPTION shardctl_adopt_pg1 DISABLE")
+
+    monkeypatch.setitem(HOOKS, "adopt-in-freeze", disable_pg1)
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
     try:
-        r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "2", config=path)
+        r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "1", config=path)
+        monkeypatch.delitem(HOOKS, "adopt-in-freeze")
+        frozen_waits, waits[:] = list(waits), []
+        again = run_cli("adopt", "cutover", "--max-freeze", "0.3", config=path)
     finally:
         stop.set()
         thread.join(10)
-    assert r.exit_code == 1 and "gave up after 2 attempts" in r.stderr, r
+    assert r.exit_code == 1 and "gave up after 1 attempts" in r.stderr, r
+    assert "shardctl_adopt_pg1 (no subscriber streaming)" in r.stderr, r.stderr
     assert not errors, errors[:1]
-    assert max(waits) <= 0.3 + 0.25, max(waits)
+    assert max(frozen_waits) <= 0.3 + 0.25, max(frozen_waits)
+    assert again.exit_code != 0, again
+    assert again.stderr.strip().splitlines()[-1] == (
+        "error: cutover: the copy's subscriptions are not applying the old database's changes: "
+        "shardctl_adopt_pg1 (no subscriber streaming); nothing was frozen (see `shardctl adopt "
+        "status`)"
+    ), again.stderr
+    assert max(waits) <= 0.25, max(waits)  # nothing was frozen
     assert load(path).adoption.authoritative == "source"
     with psycopg.connect(src_dsn, autocommit=True) as src:
         sql(src, "INSERT INTO photos (user_id, caption) VALUES (4, 'after')")

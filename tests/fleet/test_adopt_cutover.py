@@ -453,6 +453,50 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
     assert cli_json(path, "--cleanup")["notes"]  # again: nothing left to do
 
 
+def test_cleanup_detaches_under_an_app_transaction_without_a_deadlock(make_fleet):
+    """--cleanup detaches pg1's shard tables from their parents while an app's transaction there
+    reads one of them (photos: the detaches wait for it) and then the others (likes and users, one
+    of which is detached before photos). Holding every detached table until the end made a deadlock
+    (one side aborted: the cleanup, in CI). Each detach now commits alone and waits briefly: the
+    app's reads and commit go through, then the cleanup."""
+    path, src_dsn = adopting(make_fleet, users=40)
+    cli_json(path)
+    topo = load(path)
+    shard = topo.schema_name(min(topo.host("pg1").shards))
+    app = psycopg.connect(**topo.host("pg1").connect_kwargs())
+    sql(app, f"SELECT count(*) FROM {shard}.photos")  # the app's transaction holds its read lock
+    outcome: dict[str, object] = {}
+
+    def app_reads_on() -> None:
+        try:
+            with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as watch:
+                deadline = time.monotonic() + 20
+                while not sql(
+                    watch,
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                    f"{shard}.photos",
+                )[0][0]:  # the cleanup waits for the app's table
+                    assert time.monotonic() < deadline, "the cleanup never waited for photos"
+                    time.sleep(0.005)
+            outcome["likes"] = sql(app, f"SELECT count(*) FROM {shard}.likes")[0][0]
+            outcome["users"] = sql(app, f"SELECT count(*) FROM {shard}.users")[0][0]
+            app.commit()
+        except (psycopg.Error, AssertionError) as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=app_reads_on, daemon=True)
+    thread.start()
+    try:
+        r = run_cli("adopt", "cutover", "--cleanup", "--json", config=path)
+    finally:
+        thread.join(30)
+        app.close()
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["users"] > 0, outcome
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert leftovers(path, src_dsn) == {}
+
+
 @pytest.mark.parametrize(
     "point",
     [

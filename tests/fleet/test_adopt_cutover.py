@@ -453,6 +453,50 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
     assert cli_json(path, "--cleanup")["notes"]  # again: nothing left to do
 
 
+def test_cleanup_detaches_under_an_app_transaction_without_a_deadlock(make_fleet):
+    """--cleanup detaches pg1's shard tables from their parents while an app's transaction there
+    reads one of them (photos: the detaches wait for it) and then the others (likes and users, one
+    of which is detached before photos). Holding every detached table until the end made a deadlock
+    (one side aborted: the cleanup, in CI). Each detach now commits alone and waits briefly: the
+    app's reads and commit go through, then the cleanup."""
+    path, src_dsn = adopting(make_fleet, users=40)
+    cli_json(path)
+    topo = load(path)
+    shard = topo.schema_name(min(topo.host("pg1").shards))
+    app = psycopg.connect(**topo.host("pg1").connect_kwargs())
+    sql(app, f"SELECT count(*) FROM {shard}.photos")  # the app's transaction holds its read lock
+    outcome: dict[str, object] = {}
+
+    def app_reads_on() -> None:
+        try:
+            with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as watch:
+                deadline = time.monotonic() + 20
+                while not sql(
+                    watch,
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                    f"{shard}.photos",
+                )[0][0]:  # the cleanup waits for the app's table
+                    assert time.monotonic() < deadline, "the cleanup never waited for photos"
+                    time.sleep(0.005)
+            outcome["likes"] = sql(app, f"SELECT count(*) FROM {shard}.likes")[0][0]
+            outcome["users"] = sql(app, f"SELECT count(*) FROM {shard}.users")[0][0]
+            app.commit()
+        except (psycopg.Error, AssertionError) as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=app_reads_on, daemon=True)
+    thread.start()
+    try:
+        r = run_cli("adopt", "cutover", "--cleanup", "--json", config=path)
+    finally:
+        thread.join(30)
+        app.close()
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["users"] > 0, outcome
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert leftovers(path, src_dsn) == {}
+
+
 @pytest.mark.parametrize(
     "point",
     [
@@ -1017,8 +1061,9 @@ def id_map(path: Path, src_dsn: str) -> Iterator[psycopg.Connection]:
 def test_the_freeze_waits_for_the_id_map(make_fleet):
     """A photo written just before the freeze is found by its old ID right after the cutover: the
     freeze's wait for lag 0 includes the id map's subscription. With it stopped, the cutover cannot
-    finish (the attempt gives up within --max-freeze, the old database stays authoritative); once it
-    runs again the cutover does, and each such photo is found by ID with table=."""
+    start (it names the id map's subscription, freezes nothing, the old database stays
+    authoritative); once it runs again the cutover does, and each such photo is found by ID with
+    table=."""
     path, src_dsn = adopting(make_fleet, users=20)
     with id_map(path, src_dsn) as ids:
         sql(ids, "ALTER SUBSCRIPTION shardctl_adopt_ids DISABLE")
@@ -1028,7 +1073,8 @@ def test_the_freeze_waits_for_the_id_map(make_fleet):
                 for u in (1, 3)
             ]
         r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "1", config=path)
-        assert r.exit_code == 1 and "gave up after 1 attempts" in r.stderr, r
+        said = "shardctl_adopt_ids (no subscriber streaming); nothing was frozen"
+        assert r.exit_code == 1 and said in r.stderr, r
         assert load(path).adoption.authoritative == "source"
         sql(ids, "ALTER SUBSCRIPTION shardctl_adopt_ids ENABLE")
         wait_id_map(load(path), load(path).adoption.source)
@@ -1043,14 +1089,14 @@ def test_the_freeze_waits_for_the_id_map(make_fleet):
                 ) == [(user,)], i
 
 
-def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet):
-    """With pg1's subscription disabled (its apply worker gone), lag 0 never comes: each
-    attempt gives up within --max-freeze, a writer of the old database never waits longer, and after
-    the last one the old database takes writes, unguarded and without redirects, still authoritative."""
+def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_fleet, monkeypatch):
+    """pg1's subscription is disabled inside the freeze (its apply worker goes): lag 0 never comes,
+    the attempt gives up within --max-freeze, and a writer of the old database never waits longer.
+    Run again with the subscription still disabled, the cutover sees before any freeze that pg1's
+    subscriber does not stream, and says so without freezing. After both, the old database takes
+    writes, unguarded and without redirects, still authoritative."""
     path, src_dsn = adopting(make_fleet, users=40)
     topo = load(path)
-    with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as conn:
-        sql(conn, "ALTER SUBSCRIPTION shardctl_adopt_pg1 DISABLE")
     stop, waits, errors = threading.Event(), [], []
 
     def writer() -> None:
@@ -1065,16 +1111,32 @@ def test_failed_freezes_roll_back_and_the_old_database_stays_authoritative(make_
                 waits.append(time.monotonic() - t0)
                 time.sleep(0.005)
 
+    def disable_pg1() -> None:
+        with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as conn:
+            sql(conn, "ALTER SUBSCRIPTION shardctl_adopt_pg1 DISABLE")
+
+    monkeypatch.setitem(HOOKS, "adopt-in-freeze", disable_pg1)
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
     try:
-        r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "2", config=path)
+        r = run_cli("adopt", "cutover", "--max-freeze", "0.3", "--attempts", "1", config=path)
+        monkeypatch.delitem(HOOKS, "adopt-in-freeze")
+        frozen_waits, waits[:] = list(waits), []
+        again = run_cli("adopt", "cutover", "--max-freeze", "0.3", config=path)
     finally:
         stop.set()
         thread.join(10)
-    assert r.exit_code == 1 and "gave up after 2 attempts" in r.stderr, r
+    assert r.exit_code == 1 and "gave up after 1 attempts" in r.stderr, r
+    assert "shardctl_adopt_pg1 (no subscriber streaming)" in r.stderr, r.stderr
     assert not errors, errors[:1]
-    assert max(waits) <= 0.3 + 0.25, max(waits)
+    assert max(frozen_waits) <= 0.3 + 0.25, max(frozen_waits)
+    assert again.exit_code != 0, again
+    assert again.stderr.strip().splitlines()[-1] == (
+        "error: cutover: the copy's subscriptions are not applying the old database's changes: "
+        "shardctl_adopt_pg1 (no subscriber streaming); nothing was frozen (see `shardctl adopt "
+        "status`)"
+    ), again.stderr
+    assert max(waits) <= 0.25, max(waits)  # nothing was frozen
     assert load(path).adoption.authoritative == "source"
     with psycopg.connect(src_dsn, autocommit=True) as src:
         sql(src, "INSERT INTO photos (user_id, caption) VALUES (4, 'after')")

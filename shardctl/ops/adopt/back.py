@@ -29,17 +29,19 @@ from __future__ import annotations
 import time
 
 import psycopg
+from psycopg import sql
 
 from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, FreezeTimeout, OperationFailed
 from ...model.topology import Host, Topology
 from ...model.topology_file import drop_adoption_source, flip_adoption
+from ...sql import session
 from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
 from ...sql.catalog import control, replication, stubs
 from ..move import transfer
-from ..move.cutover import BoundedFreeze
+from ..move.cutover import LOCK_WINDOW_SHARE, BoundedFreeze
 from ..move.run import Progress, checkpoint
 from .cutover import (
     CUT_OVER,
@@ -54,6 +56,8 @@ from .site import Site
 
 ABORTED = "aborted"
 CLEANED = "cleaned"
+DETACH_LOCK_WAIT = 0.5  # seconds the app's queries on a shard table may queue behind its detach
+DETACH_TRIES = 60  # detaches of one partition (then: run again)
 
 
 def adopt_abort(
@@ -308,17 +312,40 @@ def _drop_parents(site: Site) -> list[str]:
     trigger, with their routing functions (schema ``shardctl_adopt``); the global tables stay."""
     out = []
     for host in site.fleet_hosts():
-        with site.connect(host, autocommit=False) as conn:
+        with site.connect(host) as conn:
+            # One partition per statement, each waiting briefly for its shard table: the app's
+            # queries queue behind a detach for DETACH_LOCK_WAIT at most, and a detach holds no
+            # other shard table meanwhile. An app's write to a partition also locks its parent,
+            # so a detach can still be in a deadlock with it; waiting within LOCK_WINDOW_SHARE of
+            # deadlock_timeout, the detach gives up (and retries) before the app's check runs.
+            wait = min(DETACH_LOCK_WAIT, LOCK_WINDOW_SHARE * session.deadlock_timeout(conn))
+            session.set_settings(conn, {"lock_timeout": session.duration(wait)}, local=False)
             for schema, table in site.located(conn, host):
                 if table in site.globals:
                     continue
-                children = catalog.partitions(conn, schema, table)
-                conn.execute(catalog.detach_and_drop_sql((schema, table), children))
+                parent = (schema, table)
+                for child in catalog.partitions(conn, schema, table):
+                    _while_locked(host, child, conn, catalog.detach_sql(parent, child))
+                _while_locked(host, parent, conn, catalog.drop_table_sql(parent))
                 out.append(f"{host.name}:{schema}.{table}")
             catalog.drop_state_schema(conn)
-            conn.commit()
             catalog.drop_empty_schema(conn, catalog.MOVED_SCHEMA)
     return out
+
+
+def _while_locked(
+    host: Host, table: tuple[str, str], conn: psycopg.Connection, statement: sql.Composed
+) -> None:
+    """Run the DDL ``statement`` on ``table`` (autocommit), retried while others hold the table."""
+    transfer.retry_while_locked(
+        lambda: conn.execute(statement),
+        DETACH_TRIES,
+        lambda: OperationFailed(
+            f"{host.name}: {table[0]}.{table[1]} stayed locked by other transactions for "
+            f"{DETACH_TRIES} tries of {DETACH_LOCK_WAIT:g}s; nothing is lost: run the same command "
+            f"again"
+        ),
+    )
 
 
 def _drop_moved_schemas(site: Site) -> None:

@@ -482,17 +482,15 @@ def _replica_identity(job: Copy, src: psycopg.Connection) -> None:
         if table not in recorded:
             recorded[table] = [kind, index]
             job.save(src)
-        for attempt in range(IDENTITY_ATTEMPTS):
-            try:
-                catalog.set_replica_identity_full(src, job.schema, table)
-                break
-            except psycopg.errors.LockNotAvailable:
-                if attempt == IDENTITY_ATTEMPTS - 1:
-                    raise OperationFailed(
-                        f"adopt copy: could not lock {table} on the source for REPLICA IDENTITY "
-                        f"FULL in {IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); "
-                        f"run the command again"
-                    ) from None
+        transfer.retry_while_locked(
+            lambda table=table: catalog.set_replica_identity_full(src, job.schema, table),
+            IDENTITY_ATTEMPTS,
+            lambda table=table: OperationFailed(
+                f"adopt copy: could not lock {table} on the source for REPLICA IDENTITY "
+                f"FULL in {IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); "
+                f"run the command again"
+            ),
+        )
         job.progress("note", 0, 0, f"{table}: replica identity FULL (its key {key} is not in it)")
     job.result.replica_identity_full = sorted(recorded)
     _retoast(job, src)
@@ -507,17 +505,17 @@ def _retoast(job: Copy, src: psycopg.Connection) -> None:
         if table not in recorded:
             recorded.append(table)
             job.save(src)
-        for attempt in range(IDENTITY_ATTEMPTS):
-            try:
-                catalog.create_retoast_trigger(src, job.schema, table, key)
-                break
-            except psycopg.errors.LockNotAvailable:
-                if attempt == IDENTITY_ATTEMPTS - 1:
-                    raise OperationFailed(
-                        f"adopt copy: could not lock {table} on the source for its trigger in "
-                        f"{IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); run the "
-                        f"command again"
-                    ) from None
+        transfer.retry_while_locked(
+            lambda table=table, key=key: catalog.create_retoast_trigger(
+                src, job.schema, table, key
+            ),
+            IDENTITY_ATTEMPTS,
+            lambda table=table: OperationFailed(
+                f"adopt copy: could not lock {table} on the source for its trigger in "
+                f"{IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); run the "
+                f"command again"
+            ),
+        )
 
 
 def _publication(job: Copy, src: psycopg.Connection, target: Target) -> None:

@@ -47,7 +47,7 @@ from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
 from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
-from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze
+from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze, lagging
 from ..move.run import Progress, checkpoint, human_bytes, server_side
 from .id_map import ID_MAP_NAME, move_id_map
 from .site import Site
@@ -57,6 +57,9 @@ READY = ("synced",)  # the phase a cutover starts from: the copy caught up and s
 SEQUENCE_MARGIN = 1000  # global tables' sequences on the global host start past the source's
 FLEET_IDENTITY = "fleet_identity"  # run detail: host → its shard tables made REPLICA IDENTITY FULL
 PREPARE_LOCK_TIMEOUT = "5s"  # the way back's DDL on a fleet host gives up past it (run again)
+# Before a freeze, how long every subscriber may take to stream again (an apply worker restarts
+# within wal_retrieve_retry_interval, 5 s by default) before the cutover gives up unfrozen.
+STREAMING_WAIT = 10.0
 
 
 @dataclass
@@ -268,6 +271,19 @@ def _wait_small_lag(site: Site, src: psycopg.Connection, deadline: float) -> Non
         lambda: WaitTimeout(
             f"cutover: the copy stays {human_bytes(lag or 0)} behind the old database: a freeze now "
             f"could not finish within --max-freeze; nothing was frozen, try when the load is lower"
+        ),
+    )
+    # A small lag is the slots' confirmed position: a subscription whose apply worker is restarting
+    # (for up to wal_retrieve_retry_interval) has one too, and no freeze would see lag 0 before it
+    # is back. So, still outside the freeze: every subscriber streams and applies what is there now.
+    lsn = replication.wal_insert_lsn(src)
+    transfer.wait_for(
+        lambda: replication.replayed(src, names, lsn),
+        min(deadline, time.monotonic() + STREAMING_WAIT),
+        lambda: WaitTimeout(
+            f"cutover: the copy's subscriptions are not applying the old database's changes: "
+            f"{lagging(src, names, lsn)}; nothing was frozen (see "
+            f"`shardctl adopt status`)"
         ),
     )
 

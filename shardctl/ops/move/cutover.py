@@ -274,6 +274,14 @@ def verify_after(
         )
 
 
+def lagging(conn: psycopg.Connection, names: list[str], lsn: str) -> str:
+    """Which subscriptions have not applied up to ``lsn`` and why, for a message (never raises)."""
+    try:
+        return "; ".join(replication.behind(conn, names, lsn)) or "all caught up just now"
+    except psycopg.Error as exc:
+        return f"their state could not be read ({db.first_line(exc)})"
+
+
 # The share of the server's deadlock_timeout the freeze may spend waiting on locks (BoundedFreeze).
 LOCK_WINDOW_SHARE = 0.8
 
@@ -389,7 +397,7 @@ class BoundedFreeze:
             self.deadline,
             lambda: FreezeTimeout(
                 f"the subscriptions did not apply the source's WAL up to {lsn} within "
-                f"--max-freeze {self.max_freeze:g}s"
+                f"--max-freeze {self.max_freeze:g}s: {lagging(self.aux, names, lsn)}"
             ),
             cap=transfer.FREEZE_POLL,
         )

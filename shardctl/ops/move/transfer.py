@@ -103,6 +103,22 @@ def copy_encoding(frm: psycopg.Connection, into: psycopg.Connection) -> Iterator
                 session.set_settings(conn, {"client_encoding": before}, local=False)
 
 
+def retry_while_locked(
+    action: Callable[[], T], tries: int, busy: Callable[[], Exception], pause: float = 0.2
+) -> T:
+    """``action()``, one autocommit DDL statement bounded by the session's ``lock_timeout``, until it
+    gets its locks: at most ``tries`` times, ``pause`` seconds apart (the app's queries that queued
+    behind it run meanwhile); then what ``busy()`` builds is raised. A deadlock counts as busy."""
+    for attempt in range(tries):
+        try:
+            return action()
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+            if attempt == tries - 1:
+                raise busy() from None
+            time.sleep(pause)
+    raise ValueError("retry_while_locked needs tries >= 1")
+
+
 class CopiesInFlight:
     """The connections of the copies running in worker threads, so that Ctrl-C in the main thread
     stops them now rather than after their table: :meth:`abandon` cancels each one's statement (a

@@ -144,16 +144,15 @@ def create_back_subscription(conn: psycopg.Connection, name: str, conninfo: str)
     )
 
 
-def detach_and_drop_sql(parent: tuple[str, str], children: list[tuple[str, str]]) -> sql.Composed:
-    """Detach every partition from ``parent`` (they stay, as the shards' own tables), then drop it."""
-    parts = [
-        sql.SQL("ALTER TABLE {} DETACH PARTITION {};\n").format(
-            sql.Identifier(*parent), sql.Identifier(*c)
-        )
-        for c in children
-    ]
-    parts.append(sql.SQL("DROP TABLE IF EXISTS {};\n").format(sql.Identifier(*parent)))
-    return sql.Composed(parts)
+def detach_sql(parent: tuple[str, str], child: tuple[str, str]) -> sql.Composed:
+    """Detach partition ``child`` from ``parent`` (it stays, as the shard's own table)."""
+    return sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
+        sql.Identifier(*parent), sql.Identifier(*child)
+    )
+
+
+def drop_table_sql(table: tuple[str, str]) -> sql.Composed:
+    return sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*table))
 
 
 def drop_guards_sql(items: list[tuple[str, str]]) -> str:

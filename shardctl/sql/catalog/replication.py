@@ -273,6 +273,21 @@ def slot_lag(conn: psycopg.Connection, names: list[str]) -> int | None:
     return None if not row[1] else max(0, int(row[0] or 0))
 
 
+def behind(conn: psycopg.Connection, names: list[str], lsn: str) -> list[str]:
+    """The named slots whose subscriber has not applied WAL up to ``lsn``, each with why: no
+    walsender streaming from it (its apply worker is not running), or how far it has applied."""
+    return [
+        f"{name} ({'applied up to ' + str(replay) if active else 'no subscriber streaming'})"
+        for name, active, replay in conn.execute(
+            """SELECT s.slot_name, r.pid IS NOT NULL, r.replay_lsn
+                 FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+                WHERE s.slot_name = ANY(%s) AND (r.replay_lsn IS NULL OR r.replay_lsn < %s::pg_lsn)
+                ORDER BY 1""",
+            (names, lsn),
+        )
+    ]
+
+
 def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
     """True when every subscription's walsender reports having applied WAL up to ``lsn``.
 

@@ -15,7 +15,6 @@ import logging
 import os
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import django
 
 django.setup()
 
+from app_clients import args, json_lines, run_clients  # this directory (the script's)
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connections
 from django.db.models import Max, TextField
@@ -36,14 +36,11 @@ from gram.models import Photo
 
 
 def main() -> None:
-    keys, stop, tag, name = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-    keys = [int(k) for k in keys.split(",")]
-    lock = threading.Lock()
+    run = args()
+    keys, stop, tag, name = run.keys, run.stop, run.tag, run.name
     schema_sql = Max(RawSQL("current_schema()", (), output_field=TextField()))
 
-    def emit(**doc) -> None:
-        with lock:
-            print(json.dumps(doc), flush=True)
+    emit = json_lines()
 
     class Retries(logging.Handler):  # the view's reruns after ShardMoved: documented retries
         def emit(self, record: logging.LogRecord) -> None:
@@ -78,14 +75,7 @@ def main() -> None:
             time.sleep(0.01)
         connections.close_all()
 
-    writers, readers = int(sys.argv[5]), int(sys.argv[6])
-    threads = [
-        threading.Thread(target=loop, args=(f"{name}-w{i}", True)) for i in range(writers)
-    ] + [threading.Thread(target=loop, args=(f"{name}-r{i}", False)) for i in range(readers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_clients(run, loop)
 
 
 if __name__ == "__main__":

@@ -9,15 +9,13 @@ move the sessions followed, is printed as one JSON line.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
-import sys
-import threading
 import time
 
 from app import make_sessions, post_photo  # examples/sqlalchemy_app on the path
+from app_clients import args, json_lines, run_clients  # this directory
 from models import Photo
 from sqlalchemy import func, select
 
@@ -25,15 +23,12 @@ from shardctl.errors import ShardMoved
 
 
 def main() -> None:
-    keys, stop, tag, name = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-    keys = [int(k) for k in keys.split(",")]
+    run = args()
+    keys, stop, tag, name = run.keys, run.stop, run.tag, run.name
     logging.basicConfig(level=logging.WARNING)  # the Router's redirect warnings, on stderr
     Session = make_sessions()
-    lock = threading.Lock()
 
-    def emit(**doc) -> None:
-        with lock:
-            print(json.dumps(doc), flush=True)
+    emit = json_lines()
 
     follow = Session.shards.follow_move
 
@@ -73,14 +68,7 @@ def main() -> None:
                 emit(op="failed", client=client, key=key, error=error, start=start, end=time.time())
             time.sleep(0.01)
 
-    writers, readers = int(sys.argv[5]), int(sys.argv[6])
-    threads = [
-        threading.Thread(target=loop, args=(f"{name}-w{i}", True)) for i in range(writers)
-    ] + [threading.Thread(target=loop, args=(f"{name}-r{i}", False)) for i in range(readers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_clients(run, loop)
     Session.shards.router.close()
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import ConfigError, ConfigErrors
 from . import dsn as dsnlib
 from . import yaml_doc, yaml_guard
-from .adoption import Adoption, adoption_section
+from .adoption import Adoption, IdMap, adoption_section, default_id_map
 from .identifiers import MAX_IDENTIFIER_BYTES, identifier_problem
 from .layouts import MINTABLE, Layout, by_name, iso, parse_epoch
 from .numbers import echo
@@ -216,6 +216,13 @@ class Topology:
         if self._schema_shards is None:
             self._schema_shards = {self.schema_name(n): n for n in range(limit)}
         return self._schema_shards.get(name)
+
+    def id_map_place(self) -> IdMap:
+        """Where an adoption's id map is: ``adoption.id_map``, else the global host (or the first)
+        and the default database name."""
+        if self.adoption is not None and self.adoption.id_map is not None:
+            return self.adoption.id_map
+        return default_id_map(self.global_host, self.hosts[0].name)
 
     def host_of(self, shard: int) -> Host:
         try:

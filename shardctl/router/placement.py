@@ -23,7 +23,7 @@ from ..errors import BadInput, ConfigError
 from ..ids.old_ids import adopted_table, root_shard
 from ..ids.old_ids import shard_of_id as id_shard
 from ..ids.routing import placement_shard, shard_for_key
-from ..model.adoption import AdoptedTable, default_id_map
+from ..model.adoption import AdoptedTable
 from ..model.dsn import mask
 from ..model.topology import Host, Topology
 from ..sql.catalog.control import MOVED_SQLSTATE
@@ -277,9 +277,7 @@ def lookup_fallback(topology: Topology, host: Host, exc: BaseException) -> Host 
 def id_map_host(topology: Topology) -> Host:
     """The id map database (``adoption.id_map``, else its default place) as a host: its fleet host's
     DSN, ``dbname`` its own."""
-    id_map = topology.adoption.id_map or default_id_map(  # type: ignore[union-attr]
-        topology.global_host, topology.hosts[0].name
-    )
+    id_map = topology.id_map_place()
     host = topology.host(id_map.host)
     return Host(
         name=f"{host.name}/{id_map.dbname}",

@@ -59,7 +59,7 @@ from ..move import transfer
 from ..move.copy import MAX_COPY_WORKERS, in_new_slot
 from ..move.run import Pacer, Progress, checkpoint, server_side
 from .baseline import _compare
-from .id_map import ID_MAP_NAME, ensure_id_map, id_map_place, wait_id_map
+from .id_map import ID_MAP_NAME, ensure_id_map, wait_id_map
 from .plan import read_plan, read_plan_snapshot, read_source, source_host
 from .state import Phase, Run, load_run, plan_hash, slot_name, start_run
 
@@ -856,7 +856,7 @@ def _write_adoption(job: Copy) -> None:
 def _id_map(topo: Topology) -> IdMap:
     """Where the id map goes unless the topology says: beside the fleet's database on the global
     host, named after it (two fleets on one server never share one)."""
-    place = id_map_place(topo)
+    place = topo.id_map_place()
     found = server_database(topo.host(place.host).dsn_for("admin"))
     return IdMap(place.host, f"{found[2]}_adopt_ids"[:63]) if found else place
 

@@ -26,7 +26,7 @@ from psycopg import conninfo as pg_conninfo
 from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ...errors import BadInput, OperationFailed
-from ...model.adoption import AdoptedTable, IdMap, default_id_map, tables_from_plan
+from ...model.adoption import AdoptedTable, IdMap, tables_from_plan
 from ...model.topology import Host, Topology
 from ...sql import databases
 from ...sql.catalog import adopt_cutover as cut_catalog
@@ -62,13 +62,6 @@ def _plan_tables(topo: Topology, plan: Any) -> tuple[dict[str, AdoptedTable], st
     return dict(topo.adoption.tables), topo.adoption.schema
 
 
-def id_map_place(topo: Topology) -> IdMap:
-    """The topology's ``adoption.id_map``, else the global host (or the first) and the default name."""
-    if topo.adoption is not None and topo.adoption.id_map is not None:
-        return topo.adoption.id_map
-    return default_id_map(topo.global_host, topo.hosts[0].name)
-
-
 def publisher_conninfo(source: Host) -> str:
     """How the id map host's server reaches the old database (as a move's subscription reaches its
     source: ``peer_dsn`` as it is, else shardctl's DSN without client files, with the password)."""
@@ -93,7 +86,7 @@ def ensure_id_map(
     topology's adoption section. Returns the :class:`IdMapResult`; the rows arrive asynchronously
     (:func:`wait_id_map` waits for them)."""
     tables, schema = _plan_tables(topology, plan)
-    place = id_map_place(topology)
+    place = topology.id_map_place()
     host = topology.host(place.host)
     result = IdMapResult(place, tables=[t.name for t in mapped_tables(tables)])
     if not result.tables:
@@ -185,7 +178,7 @@ def wait_id_map(
 ) -> None:
     """Wait until the id map's subscription has copied its tables and replayed what the old database
     had written when the wait began (OperationFailed after ``timeout`` seconds)."""
-    place = id_map_place(topology)
+    place = topology.id_map_place()
     host = topology.host(place.host)
     deadline = time.monotonic() + timeout
     with db.connect(source, autocommit=True, connect_timeout=connect_timeout) as src:
@@ -212,7 +205,7 @@ def move_id_map(
     its subscription applies by the published name, which is the moved one for every change made
     after the old database's freeze (the fleet's writes coming back). A view under each old name
     keeps the readers' query. Idempotent; nothing without an id map database. Returns the moved."""
-    place = id_map_place(topology)
+    place = topology.id_map_place()
     host = topology.host(place.host)
     schema = topology.adoption.schema
     with db.connect(host, autocommit=True, connect_timeout=connect_timeout) as admin:
@@ -246,7 +239,7 @@ def drop_id_map(
     forever) the id map database and its rows stay, else (``--abort``) the database goes too.
     ``source`` None: the old database is gone; only the id map's side is undone. ``schema``: where
     the adopted tables are on the old database (default: the adoption's schema)."""
-    place = id_map_place(topology)
+    place = topology.id_map_place()
     host = topology.host(place.host)
     with db.connect(host, autocommit=True, connect_timeout=connect_timeout) as admin:
         exists = databases.database_exists(admin, place.dbname)

@@ -134,8 +134,7 @@ class CopiesInFlight:
         with self._lock:
             self._conns.update(conns)
         try:
-            if self.abandoned.is_set():
-                raise CopyAbandoned("the copy was abandoned (Ctrl-C)")
+            self.check()
             yield
         finally:
             with self._lock:

@@ -482,14 +482,10 @@ def _replica_identity(job: Copy, src: psycopg.Connection) -> None:
         if table not in recorded:
             recorded[table] = [kind, index]
             job.save(src)
-        transfer.retry_while_locked(
+        _locking(
+            table,
+            "REPLICA IDENTITY FULL",
             lambda table=table: catalog.set_replica_identity_full(src, job.schema, table),
-            IDENTITY_ATTEMPTS,
-            lambda table=table: OperationFailed(
-                f"adopt copy: could not lock {table} on the source for REPLICA IDENTITY "
-                f"FULL in {IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); "
-                f"run the command again"
-            ),
         )
         job.progress("note", 0, 0, f"{table}: replica identity FULL (its key {key} is not in it)")
     job.result.replica_identity_full = sorted(recorded)
@@ -505,17 +501,25 @@ def _retoast(job: Copy, src: psycopg.Connection) -> None:
         if table not in recorded:
             recorded.append(table)
             job.save(src)
-        transfer.retry_while_locked(
+        _locking(
+            table,
+            "its trigger",
             lambda table=table, key=key: catalog.create_retoast_trigger(
                 src, job.schema, table, key
             ),
-            IDENTITY_ATTEMPTS,
-            lambda table=table: OperationFailed(
-                f"adopt copy: could not lock {table} on the source for its trigger in "
-                f"{IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); run the "
-                f"command again"
-            ),
         )
+
+
+def _locking(table: str, purpose: str, ddl: Callable[[], object]) -> None:
+    """``ddl`` on source table ``table`` (its session waits 2 s per try for the lock), retried."""
+    transfer.retry_while_locked(
+        ddl,
+        IDENTITY_ATTEMPTS,
+        lambda: OperationFailed(
+            f"adopt copy: could not lock {table} on the source for {purpose} in "
+            f"{IDENTITY_ATTEMPTS} tries of 2 s (a long transaction holds it); run the command again"
+        ),
+    )
 
 
 def _publication(job: Copy, src: psycopg.Connection, target: Target) -> None:

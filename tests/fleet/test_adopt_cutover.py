@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -234,11 +234,14 @@ def writing(
     history: History,
     plans: list[int],
     readers: dict[str, Router] | None = None,
+    until: Callable[[], bool] | None = None,
 ) -> Iterator[None]:
     """One writer thread per Router inserting photos of users 1-200 (and every fifth time a plan, a
     global table) until the block ends; each acknowledged photo (and any error) recorded in
     ``history``, each acknowledged plan's ID in ``plans``. One thread per Router of ``readers``
-    that only reads users' photos, each read (the schema that answered, the IDs) recorded."""
+    that only reads users' photos, each read (the schema that answered, the IDs) recorded. After
+    the block, the threads go on for a second, and then (at most 20 s) until ``until()`` holds:
+    on a loaded machine a second may hold too few reads to judge by."""
     stop = threading.Event()
 
     def reader(client: str, router: Router) -> None:
@@ -292,6 +295,9 @@ def writing(
         time.sleep(0.5)
         yield
         time.sleep(1.0)  # every Router keeps writing after the switch
+        deadline = time.time() + 20
+        while until is not None and not until() and time.time() < deadline:
+            time.sleep(0.1)
     finally:
         stop.set()
         for t in threads:
@@ -315,7 +321,13 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
     readers = {"stale-reader": Router(load(stale_path), move_wait=15)}
     assert routers["stale"]._locate(0).name == "source"  # both write to the old database first
     try:
-        with writing(routers, history, plans, readers):
+        switched = float("inf")
+
+        def a_read_saw_a_fleet_write() -> bool:
+            fleet_ids = {w.id for w in list(history.writes) if w.start > switched}
+            return any(r.ids & fleet_ids for r in list(history.reads) if r.start > switched)
+
+        with writing(routers, history, plans, readers, until=a_read_saw_a_fleet_write):
             before = time.time()
             result = cli_json(path, "--max-freeze", "0.5")
             switched = time.time()

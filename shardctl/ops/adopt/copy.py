@@ -28,7 +28,6 @@ is copied again from scratch: its subscription and slot dropped, its partitions 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import conninfo as pg_conninfo
 
 from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
@@ -57,7 +55,7 @@ from ...sql.catalog.data import truncate_tables
 from ..health import read_host
 from ..move import transfer
 from ..move.copy import MAX_COPY_WORKERS, in_new_slot
-from ..move.run import Pacer, Progress, checkpoint, server_side
+from ..move.run import Pacer, Progress, checkpoint, peer_conninfo
 from .baseline import _compare
 from .id_map import ID_MAP_NAME, ensure_id_map, wait_id_map
 from .plan import read_plan, read_plan_snapshot, read_source, source_host
@@ -214,13 +212,7 @@ class Copy:
     def publisher_conninfo(self) -> str:
         """How the fleet hosts' subscriptions reach the source: ``--publisher-dsn``, else ``--from``
         without the client's own files (and with ``PGPASSWORD``, when it supplied the password)."""
-        if self.options.get("publisher_dsn"):
-            return self.options["publisher_dsn"]
-        dsn = server_side(self.source.dsn)
-        password = os.environ.get("PGPASSWORD")
-        if password and "password" not in pg_conninfo.conninfo_to_dict(dsn):
-            return pg_conninfo.make_conninfo(dsn, password=password)
-        return dsn
+        return peer_conninfo(self.source, self.options.get("publisher_dsn"))
 
     def targets(self) -> list[Target]:
         out = []

@@ -48,7 +48,7 @@ from ...sql.catalog import adopt_cutover as catalog
 from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
 from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze, lagging
-from ..move.run import Progress, checkpoint, human_bytes, server_side
+from ..move.run import Progress, checkpoint, human_bytes, peer_conninfo
 from .id_map import ID_MAP_NAME, move_id_map
 from .site import Site
 
@@ -490,15 +490,8 @@ def drop_forward(site: Site) -> dict:
 
 
 def back_conninfo(site: Site, host: Host) -> str:
-    """How the old database's server reaches a fleet host (its peer DSN, else its DSN, server-side)."""
-    from psycopg import conninfo as pg_conninfo
-
-    kwargs = host.connect_kwargs(purpose="peer")
-    dsn = str(kwargs.pop("conninfo"))
-    if not host.peer_dsn:
-        dsn = server_side(dsn)
-    password = kwargs.get("password")
-    return pg_conninfo.make_conninfo(dsn, password=password) if password else dsn
+    """How the old database's server reaches a fleet host (``move.run.peer_conninfo``)."""
+    return peer_conninfo(host)
 
 
 def start_back(site: Site) -> None:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import conninfo as pg_conninfo
 
 from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
@@ -32,7 +31,7 @@ from ...sql import databases
 from ...sql.catalog import adopt_cutover as cut_catalog
 from ...sql.catalog import adopt_ids as catalog
 from ...sql.catalog import replication
-from ..move.run import server_side
+from ..move.run import peer_conninfo
 
 ID_MAP_NAME = "shardctl_adopt_ids"  # the publication and slot on the source, the subscription here
 
@@ -64,13 +63,8 @@ def _plan_tables(topo: Topology, plan: Any) -> tuple[dict[str, AdoptedTable], st
 
 def publisher_conninfo(source: Host) -> str:
     """How the id map host's server reaches the old database (as a move's subscription reaches its
-    source: ``peer_dsn`` as it is, else shardctl's DSN without client files, with the password)."""
-    kwargs = source.connect_kwargs(purpose="peer")
-    dsn = str(kwargs.pop("conninfo"))
-    if not source.peer_dsn:
-        dsn = server_side(dsn)
-    password = kwargs.get("password")
-    return pg_conninfo.make_conninfo(dsn, password=password) if password else dsn
+    source: ``move.run.peer_conninfo``)."""
+    return peer_conninfo(source)
 
 
 def ensure_id_map(

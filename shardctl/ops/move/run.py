@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
@@ -20,7 +21,7 @@ from ...engine.fanout import MIN_SHARDS_PER_STREAM, host_jobs, run_streams
 from ...engine.ledger import log_event
 from ...errors import BadInput, HostUnreachable, LockBusy, OperationFailed
 from ...model.documents import result_doc
-from ...model.dsn import CLIENT_FILE_KEYWORDS
+from ...model.dsn import CLIENT_FILE_KEYWORDS, remember_secret
 from ...model.identifiers import MAX_IDENTIFIER_BYTES
 from ...model.ranges import format_shards, parse_shards
 from ...model.topology import Host, Topology
@@ -375,14 +376,7 @@ class MoveRun:
         that name the client's files (``sslrootcert``, ``sslcert``, ``sslkey``, ``passfile``…) are left
         out, so the server's libpq uses its own (for ``sslmode=verify-full``, ``~/.postgresql/root.crt``
         of the server's OS user); everything else, ``sslmode`` included, stays."""
-        kwargs = self.source.connect_kwargs(purpose="peer")
-        dsn = str(kwargs.pop("conninfo"))
-        if self.options.publisher_dsn:
-            dsn = self.options.publisher_dsn
-        elif not self.source.peer_dsn:
-            dsn = server_side(dsn)
-        password = kwargs.get("password")
-        return pg_conninfo.make_conninfo(dsn, password=password) if password else dsn
+        return peer_conninfo(self.source, self.options.publisher_dsn)
 
     # ---- steps several phases share ------------------------------------------------------------
     def drop_shards(
@@ -524,6 +518,24 @@ def human_bytes(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def peer_conninfo(host: Host, given: str | None = None) -> str:
+    """How another server reaches ``host`` (a subscription's CONNECTION): ``given`` or the host's
+    ``peer_dsn`` as they are, else shardctl's DSN without the client's files (``server_side``); with
+    the password shardctl connects with (``password_env``, else ``PGPASSWORD``) unless it names
+    one: a subscription owned by a non-superuser must carry it (``password_required``)."""
+    kwargs = host.connect_kwargs(purpose="peer")
+    dsn = str(kwargs.pop("conninfo"))
+    if given:
+        dsn = given
+    elif not host.peer_dsn:
+        dsn = server_side(dsn)
+    password = kwargs.get("password") or os.environ.get("PGPASSWORD")
+    if not password or "password" in pg_conninfo.conninfo_to_dict(dsn):
+        return dsn
+    remember_secret(str(password))
+    return pg_conninfo.make_conninfo(dsn, password=password)
 
 
 def server_side(dsn: str) -> str:

@@ -1,0 +1,254 @@
+"""The whole adoption path as a managed service's app role (RDS, Cloud SQL and the like).
+
+The role ``app`` is no superuser. On every server it has exactly what such a service gives its
+admin role: LOGIN with a password (the servers ask for one: scram), REPLICATION, CREATEDB,
+membership in ``pg_create_subscription`` (PostgreSQL 16+) and ``pg_monitor``; it owns the old
+database and the app's tables in it (it created them), and owns the fleet's database. Nothing else
+(no superuser, no ``pg_read_all_data``, no SET on superuser-only settings).
+
+As that role: ``adopt plan``, ``adopt baseline``, ``init``, ``adopt copy``, ``adopt verify``,
+``adopt cutover``, then ``--cleanup`` in one run and ``--abort`` in another, with a writer through
+the Router the whole time. Judged by the old database's rows and the fleet's rows (SELECTs of this
+test's own) and by the acknowledged writes (tests/support/history.py), never by a command's
+report."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+from support.fleet import load, run_cli, sandbox_dir
+from support.history import History
+
+from shardctl.dev.sandbox import Sandbox
+from shardctl.model.adoption import SOURCE_HOST, Adoption, IdMap, tables_from_plan
+from shardctl.model.topology import Host
+from shardctl.model.topology_file import write_adoption
+from shardctl.router import Router
+
+SHARDS = 4
+USERS = 40
+ADMIN_PASSWORD, APP_PASSWORD = "Adm1n-secret-91d2", "App-secret-3b7e"
+ADMIN_ENV, APP_ENV = "SHARDCTL_TEST_ADOPT_ADMIN_PW", "SHARDCTL_TEST_ADOPT_APP_PW"
+GRANTS = (  # what a managed service gives its admin role, and nothing more
+    f"CREATE ROLE app LOGIN REPLICATION CREATEDB PASSWORD '{APP_PASSWORD}'",
+    "GRANT pg_create_subscription TO app",
+    "GRANT pg_monitor TO app",
+)
+SOURCE_DDL = f"""
+CREATE TABLE users (id bigserial PRIMARY KEY, username text NOT NULL);
+CREATE TABLE photos (id bigserial PRIMARY KEY, user_id bigint NOT NULL REFERENCES users,
+                     caption text, created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE plans (id serial PRIMARY KEY, name text NOT NULL);
+INSERT INTO users (username) SELECT 'u' || g FROM generate_series(1, {USERS}) g;
+INSERT INTO photos (user_id, caption) SELECT u.id, 'old' FROM users u, generate_series(1, 3);
+INSERT INTO plans (name) VALUES ('free'), ('pro');
+"""
+
+
+def sql(conn: psycopg.Connection, text: str, *args) -> list[tuple]:
+    cur = conn.execute(text, args)
+    return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture(scope="module")
+def managed_servers():
+    """Two password-only servers with the role ``app`` (GRANTS) on each."""
+    os.environ[ADMIN_ENV], os.environ[APP_ENV] = ADMIN_PASSWORD, APP_PASSWORD
+    box = Sandbox(sandbox_dir("adopt-managed"))
+    try:
+        box.up(hosts=2, shards=SHARDS, password_env=ADMIN_ENV)
+        for host in load(box.topology_path).hosts:
+            with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+                for statement in GRANTS:
+                    conn.execute(statement)
+        yield box
+    finally:
+        box.destroy()
+        os.environ.pop(ADMIN_ENV, None)
+        os.environ.pop(APP_ENV, None)
+
+
+def admin(box: Sandbox, host: int, dbname: str = "postgres") -> psycopg.Connection:
+    dsn = box.state.hosts[host].dsn_to(dbname)
+    return psycopg.connect(dsn, password=ADMIN_PASSWORD, autocommit=True)
+
+
+def as_app(dsn: str) -> str:
+    return dsn.replace("postgres@", "app@")
+
+
+def managed_fleet(box: Sandbox, tmp_path: Path, name: str) -> tuple[Path, str]:
+    """A fleet database and an old database of the app's own (owned by ``app``); the topology
+    (connecting as ``app``) in ``tmp_path`` with no migrations yet. Returns (topology, old DSN)."""
+    for i in range(2):
+        with admin(box, i) as conn:
+            conn.execute(f"CREATE DATABASE {name} OWNER app")
+    with admin(box, 1) as conn:
+        conn.execute(f"CREATE DATABASE {name}_old OWNER app")
+    old = as_app(box.state.hosts[1].dsn_to(f"{name}_old"))
+    with psycopg.connect(old, password=APP_PASSWORD, autocommit=True) as conn:
+        conn.execute(SOURCE_DDL)
+        assert sql(conn, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user") == [
+            (False,)
+        ]
+    text = box.topology_path.read_text().replace(ADMIN_ENV, APP_ENV)
+    for host in box.state.hosts:
+        text = text.replace(host.dsn, as_app(host.dsn_to(name)))
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(text)
+    (tmp_path / "migrations").mkdir()
+    return path, old
+
+
+def step(path: Path, *args) -> dict | None:
+    r = run_cli(*args, config=path, env={"PGPASSWORD": APP_PASSWORD})
+    assert r.exit_code == 0, (args, r.stdout[-2000:], r.stderr[-3000:])
+    return json.loads(r.stdout) if "--json" in args else None
+
+
+def route_to_source(path: Path, old: str, plan: dict, name: str) -> None:
+    """The apps deploy the Router first: the adoption section naming the old database (with the
+    app role's password), which ``adopt copy`` keeps."""
+    tables, globals_ = tables_from_plan(plan)
+    source = Host(name=SOURCE_HOST, dsn=old, shards=[], password_env=APP_ENV, pooler="session")
+    first = load(path).hosts[0].name
+    write_adoption(
+        path,
+        Adoption(
+            source=source,
+            id_floor=1 << 40,
+            tables=tables,
+            globals=globals_,
+            id_map=IdMap(first, f"{name}_ids"),
+        ),
+    )
+
+
+@contextmanager
+def writer(path: Path, history: History, plans: list[int]) -> Iterator[None]:
+    """One thread writing photos (and every fifth time a plan, a global table) through a Router on
+    the topology file until the block ends, then a second more; each acknowledged write recorded."""
+    stop = threading.Event()
+
+    def run() -> None:
+        with Router(load(path), move_wait=15) as router:
+            k = 0
+            while not stop.is_set():
+                k += 1
+                key = 1 + (k * 7) % USERS
+                t0 = time.time()
+                try:
+                    rows = router.execute(
+                        key,
+                        "INSERT INTO photos (user_id, caption) VALUES (%s, %s) RETURNING id",
+                        (key, history.caption("w")),
+                    )
+                    if k % 5 == 0:
+                        plan = "INSERT INTO plans (name) VALUES ('w') RETURNING id"
+                        plans.append(router.execute(None, plan, global_=True)[0][0])
+                except psycopg.Error as exc:
+                    history.failed("w", "insert", key, exc, t0, time.time())
+                    return
+                history.acked("w", key, rows[0][0], t0, time.time())
+                time.sleep(0.005)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        yield
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        thread.join(20)
+
+
+def fleet_photos(path: Path) -> dict[int, list[tuple[str, str, int]]]:
+    """id -> every (host, schema, user_id) holding it in a shard schema of the fleet."""
+    topo = load(path)
+    out: dict[int, list] = {}
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            for n in host.shards:
+                s = topo.schema_name(n)
+                for i, user in sql(conn, f"SELECT id, user_id FROM {s}.photos"):
+                    out.setdefault(i, []).append((host.name, s, user))
+    return out
+
+
+def adopt_as_app(box: Sandbox, tmp_path: Path, name: str, last: str):
+    """plan … cutover, then ``last`` (--cleanup or --abort), all as ``app`` under one writer."""
+    path, old = managed_fleet(box, tmp_path, name)
+    with psycopg.connect(old, password=APP_PASSWORD) as conn:
+        old_rows = dict(sql(conn, "SELECT id, user_id FROM photos"))
+    plan_file = tmp_path / "plan.yaml"
+    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
+    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
+    step(path, "init")
+    route_to_source(path, old, yaml.safe_load(plan_file.read_text()), name)
+    history, plans = History(path), []
+    with writer(path, history, plans):
+        step(path, "adopt", "copy", "--from", old, "--plan", plan_file)
+        step(path, "adopt", "verify", "--from", old, "--plan", plan_file, "--dark-reads", "0")
+        cutover = time.time()
+        cut = step(path, "adopt", "cutover", "--max-freeze", "1", "--attempts", "6", "--json")
+        switched = time.time()
+        history.settle({"w"}, writes=len(history.writes) + 20, reads=0)
+    assert cut["phase"] == "cut_over", cut
+    assert history.failures == [], history.failures[:3]
+    assert any(w.start > switched for w in history.writes), "no write after the cutover"
+    done = step(path, "adopt", "cutover", last, "--json")
+    return path, old, old_rows, history, plans, cutover, done
+
+
+def test_managed_role_adopts_then_cleans_up(managed_servers, tmp_path):
+    """Every old row and every acknowledged write is once on the fleet, in its key's shard
+    (user_id % 4); the old database kept every row it had at the cutover; every plan written is
+    on the global host."""
+    path, old, old_rows, history, plans, cutover, _ = adopt_as_app(
+        managed_servers, tmp_path, "mclean", "--cleanup"
+    )
+    topo = load(path)
+    assert topo.adoption.source is None
+    report = history.check()
+    assert report.ok, report
+    on_fleet = fleet_photos(path)
+    for i, user in old_rows.items():
+        n = user % SHARDS
+        assert on_fleet.get(i) == [(topo.host_of(n).name, topo.schema_name(n), user)], i
+    with psycopg.connect(old, password=APP_PASSWORD) as conn:
+        kept = dict(sql(conn, "SELECT id, user_id FROM shardctl_adopted.photos"))
+    before = {w.id: w.key for w in history.writes if w.end < cutover}
+    assert set(old_rows) <= set(kept) and all(kept.get(i) == k for i, k in before.items())
+    glob = topo.host(topo.placement.global_host or topo.hosts[0].name)
+    with psycopg.connect(**glob.connect_kwargs()) as conn:
+        on_global = {i for (i,) in sql(conn, "SELECT id FROM public.plans")}
+    assert plans and set(plans) <= on_global
+
+
+def test_managed_role_adopts_then_aborts(managed_servers, tmp_path):
+    """After --abort the old database is authoritative again and holds, once each, every old row
+    and every acknowledged write (the fleet's, made after the cutover, included)."""
+    path, old, old_rows, history, plans, _, _ = adopt_as_app(
+        managed_servers, tmp_path, "mabort", "--abort"
+    )
+    assert load(path).adoption.authoritative == "source"
+    floor = load(path).adoption.id_floor
+    assert any(w.id >= floor for w in history.writes), "no write was made on the fleet"
+    with psycopg.connect(old, password=APP_PASSWORD) as conn:
+        rows = sql(conn, "SELECT id, user_id FROM public.photos")
+        plan_ids = {i for (i,) in sql(conn, "SELECT id FROM public.plans")}
+    ids = [i for i, _ in rows]
+    assert len(ids) == len(set(ids)), "a row twice on the old database"
+    want = dict(old_rows) | {w.id: w.key for w in history.writes}
+    assert dict(rows) == want
+    assert set(plans) <= plan_ids

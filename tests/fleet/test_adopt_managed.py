@@ -97,9 +97,7 @@ def managed_fleet(box: Sandbox, tmp_path: Path, name: str) -> tuple[Path, str]:
     old = as_app(box.state.hosts[1].dsn_to(f"{name}_old"))
     with psycopg.connect(old, password=APP_PASSWORD, autocommit=True) as conn:
         conn.execute(SOURCE_DDL)
-        assert sql(conn, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user") == [
-            (False,)
-        ]
+        assert sql(conn, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user") == [(False,)]
     text = box.topology_path.read_text().replace(ADMIN_ENV, APP_ENV)
     for host in box.state.hosts:
         text = text.replace(host.dsn, as_app(host.dsn_to(name)))
@@ -229,7 +227,7 @@ def test_managed_role_adopts_then_cleans_up(managed_servers, tmp_path):
         kept = dict(sql(conn, "SELECT id, user_id FROM shardctl_adopted.photos"))
     before = {w.id: w.key for w in history.writes if w.end < cutover}
     assert set(old_rows) <= set(kept) and all(kept.get(i) == k for i, k in before.items())
-    glob = topo.host(topo.placement.global_host or topo.hosts[0].name)
+    glob = topo.host(topo.global_host or topo.hosts[0].name)
     with psycopg.connect(**glob.connect_kwargs()) as conn:
         on_global = {i for (i,) in sql(conn, "SELECT id FROM public.plans")}
     assert plans and set(plans) <= on_global

@@ -631,11 +631,15 @@ def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
         for table in routed_here:
             tgt.execute(catalog.route_trigger(job.schema, table, enable=False))
         pairs = _copy_pairs(job, tgt, target)
+        serial = not catalog.may_skip_triggers(tgt)
+        if serial:  # foreign keys checked: one COPY at a time, referenced tables first
+            schemas = [job.schema] + [job.topo.schema_name(n) for n in target.shards[:1]]
+            pairs = _referenced_first(pairs, catalog.references(tgt, schemas))
     with job.lock:
         state.update(copied=False, rows=0, bytes=0, tables=0)
         job.run.detail["routed"] = job.result.routed = sorted(job.routed or {})
     job.save(src)
-    done = _run_copy(job, target, pairs)
+    done = _run_copy(job, target, [p[1:] for p in pairs], serial)
     with job.connect(target.host) as tgt:
         for table in routed_here:
             tgt.execute(catalog.route_trigger(job.schema, table, enable=True))
@@ -677,7 +681,7 @@ def _copy_hosts(job: Copy, targets: list[Target]) -> None:
 
 
 def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tuple]:
-    """(COPY out of the source, COPY into the host) per table, columns named as on the host (a
+    """(table, COPY out of the source, COPY into the host) per table, columns named as on the host (a
     routed table's per-shard-typed columns read as text); a routed table in one part per COPY worker
     (:func:`_parts`), each followed by its shards' routing, the parts first (they are the most work)."""
     keys = dict(job.sharded)
@@ -689,12 +693,12 @@ def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tupl
         out = [catalog.text_cast(c, as_text[c]) if c in as_text else c for c in cols]
         into = catalog.copy_in_columns(job.schema, table, cols)
         if table not in keys:
-            pairs.append((catalog.copy_out_rows(job.schema, table, out, None), into))
+            pairs.append((table, catalog.copy_out_rows(job.schema, table, out, None), into))
             continue
         shard = job.key_shard(keys[table])
         if not as_text:
             where = catalog.shard_filter(shard, _ranges(target.shards))
-            pairs.append((catalog.copy_out_rows(job.schema, table, out, where), into))
+            pairs.append((table, catalog.copy_out_rows(job.schema, table, out, where), into))
             continue
         for part in _parts(target.shards, job.workers):
             where = catalog.shard_filter(shard, _ranges(part))
@@ -702,7 +706,9 @@ def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tupl
                 catalog.route_rows(table, job.topo.schema_name(n), n, job.routed[table])
                 for n in part
             ]
-            first.append((catalog.copy_out_rows(job.schema, table, out, where), into, [], route))
+            first.append(
+                (table, catalog.copy_out_rows(job.schema, table, out, where), into, [], route)
+            )
     return first + pairs
 
 
@@ -718,8 +724,25 @@ def _parts(shards: list[int], count: int) -> list[list[int]]:
     return out
 
 
-def _run_copy(job: Copy, target: Target, pairs: list[tuple]) -> list[tuple[int, int]]:
-    """Create the host's slot with a snapshot and run the COPYs as of it, in parallel workers."""
+def _referenced_first(pairs: list[tuple], refs: list[tuple[str, str]]) -> list[tuple]:
+    """``pairs`` (each led by its table's name) with every table after the tables it references
+    (a cycle keeps its order: its foreign keys fail the copy, with their own message)."""
+    depth: dict[str, int] = {}
+
+    def level(table: str, seen: frozenset[str] = frozenset()) -> int:
+        if table not in depth:
+            up = [f for t, f in refs if t == table and f not in seen]
+            depth[table] = 1 + max((level(f, seen | {table}) for f in up), default=-1)
+        return depth[table]
+
+    return sorted(pairs, key=lambda p: level(p[0]))
+
+
+def _run_copy(
+    job: Copy, target: Target, pairs: list[tuple], serial: bool = False
+) -> list[tuple[int, int]]:
+    """Create the host's slot with a snapshot and run the COPYs as of it, in parallel workers
+    (``serial``: in one, foreign keys checked, for a role that may not skip them)."""
     kwargs = job.source.connect_kwargs(
         purpose="admin",
         connect_timeout=job.options["connect_timeout"],
@@ -739,7 +762,8 @@ def _run_copy(job: Copy, target: Target, pairs: list[tuple]) -> list[tuple[int, 
             job.connect(job.source, purpose=purpose) as s,
             job.connect(target.host, autocommit=False, purpose=purpose) as t,
         ):
-            catalog.without_triggers(t)
+            if not serial:
+                catalog.without_triggers(t)
             t.commit()
             with job.tracked(s, t):
                 return transfer.copy_statements_in_snapshot(
@@ -747,7 +771,7 @@ def _run_copy(job: Copy, target: Target, pairs: list[tuple]) -> list[tuple[int, 
                 )
 
     job.progress(f"copy {target.host.name}", 0, len(pairs), "tables")
-    workers = min(job.workers, len(pairs))
+    workers = 1 if serial else min(job.workers, len(pairs))
     try:
         return [x for part in in_new_slot(kwargs, target.name, pairs, workers, one) for x in part]
     except psycopg.Error as exc:

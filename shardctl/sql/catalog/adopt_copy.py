@@ -280,6 +280,28 @@ def without_triggers(conn: psycopg.Connection) -> None:
     conn.execute("SET session_replication_role = replica")
 
 
+def may_skip_triggers(conn: psycopg.Connection) -> bool:
+    """Whether this role may ``SET session_replication_role`` (a superuser, or one granted SET on
+    it); a managed service's app role may not."""
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
+
+
+def references(conn: psycopg.Connection, schemas: list[str]) -> list[tuple[str, str]]:
+    """(table, the table it references) for each foreign key of a table in ``schemas``, by name."""
+    return conn.execute(
+        """SELECT r.relname, f.relname FROM pg_constraint c
+             JOIN pg_class r ON r.oid = c.conrelid JOIN pg_class f ON f.oid = c.confrelid
+            WHERE c.contype = 'f' AND r.relnamespace::regnamespace::text = ANY(%s)
+              AND c.conrelid <> c.confrelid""",
+        (schemas,),
+    ).fetchall()
+
+
 def copy_out_rows(
     schema: str, table: str, columns: list[str | sql.Composable], where: sql.Composable | None
 ) -> sql.Composed:

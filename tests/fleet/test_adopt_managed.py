@@ -1,10 +1,11 @@
 """The whole adoption path as a managed service's app role (RDS, Cloud SQL and the like).
 
 The role ``app`` is no superuser. On every server it has exactly what such a service gives its
-admin role: LOGIN with a password (the servers ask for one: scram), REPLICATION, CREATEDB,
-membership in ``pg_create_subscription`` (PostgreSQL 16+) and ``pg_monitor``; it owns the old
-database and the app's tables in it (it created them), and owns the fleet's database. Nothing else
-(no superuser, no ``pg_read_all_data``, no SET on superuser-only settings).
+admin role: LOGIN with a password (the servers ask for one: scram), REPLICATION, CREATEDB and
+membership in ``pg_create_subscription`` (PostgreSQL 16+); it owns the old database and the app's
+tables in it (it created them), and owns the fleet's database. Nothing else: no superuser, no
+``pg_monitor`` / ``pg_read_all_stats`` (so no walsender's replay position), no SET on
+``session_replication_role``.
 
 As that role: ``adopt plan``, ``adopt baseline``, ``init``, ``adopt copy``, ``adopt verify``,
 ``adopt cutover``, then ``--cleanup`` in one run and ``--abort`` in another, with a writer through
@@ -41,7 +42,6 @@ ADMIN_ENV, APP_ENV = "SHARDCTL_TEST_ADOPT_ADMIN_PW", "SHARDCTL_TEST_ADOPT_APP_PW
 GRANTS = (  # what a managed service gives its admin role, and nothing more
     f"CREATE ROLE app LOGIN REPLICATION CREATEDB PASSWORD '{APP_PASSWORD}'",
     "GRANT pg_create_subscription TO app",
-    "GRANT pg_monitor TO app",
 )
 SOURCE_DDL = f"""
 CREATE TABLE users (id bigserial PRIMARY KEY, username text NOT NULL);

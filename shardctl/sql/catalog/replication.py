@@ -273,15 +273,19 @@ def slot_lag(conn: psycopg.Connection, names: list[str]) -> int | None:
     return None if not row[1] else max(0, int(row[0] or 0))
 
 
+# how far a slot's subscriber has applied (see ``replayed``)
+_APPLIED = "coalesce(r.replay_lsn, s.confirmed_flush_lsn)"
+
+
 def behind(conn: psycopg.Connection, names: list[str], lsn: str) -> list[str]:
     """The named slots whose subscriber has not applied WAL up to ``lsn``, each with why: no
     walsender streaming from it (its apply worker is not running), or how far it has applied."""
     return [
         f"{name} ({'applied up to ' + str(replay) if active else 'no subscriber streaming'})"
         for name, active, replay in conn.execute(
-            """SELECT s.slot_name, r.pid IS NOT NULL, r.replay_lsn
+            f"""SELECT s.slot_name, r.pid IS NOT NULL, {_APPLIED}
                  FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
-                WHERE s.slot_name = ANY(%s) AND (r.replay_lsn IS NULL OR r.replay_lsn < %s::pg_lsn)
+                WHERE s.slot_name = ANY(%s) AND ({_APPLIED} IS NULL OR {_APPLIED} < %s::pg_lsn)
                 ORDER BY 1""",
             (names, lsn),
         )
@@ -291,9 +295,11 @@ def behind(conn: psycopg.Connection, names: list[str], lsn: str) -> list[str]:
 def replayed(conn: psycopg.Connection, names: list[str], lsn: str) -> bool:
     """True when every subscription's walsender reports having applied WAL up to ``lsn``.
 
-    The walsender is found by its slot (not by application_name, which a DSN may set)."""
+    The walsender is found by its slot (not by application_name, which a DSN may set). Its
+    ``replay_lsn`` shows only to pg_read_all_stats (not to the role it runs as): without it, the
+    slot's ``confirmed_flush_lsn`` (applied and flushed by the subscriber) answers."""
     row = conn.execute(
-        """SELECT count(*) FILTER (WHERE r.replay_lsn >= %s::pg_lsn), count(*)
+        f"""SELECT count(*) FILTER (WHERE {_APPLIED} >= %s::pg_lsn), count(*)
              FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
             WHERE s.slot_name = ANY(%s)""",
         (lsn, names),

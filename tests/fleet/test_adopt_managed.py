@@ -26,6 +26,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
+from psycopg.conninfo import make_conninfo
 from support.fleet import load, run_cli, sandbox_dir
 from support.history import History
 
@@ -188,8 +189,36 @@ def fleet_photos(path: Path) -> dict[int, list[tuple[str, str, int]]]:
     return out
 
 
+def adoption_objects(path: Path, old: str) -> list[str]:
+    """The adoption's slots, publications and subscriptions (shardctl_adopt*) and partitioned
+    parents in ``public`` left in the old database, the fleet's databases and the id map's."""
+    topo = load(path)
+    like = "shardctl\\_adopt%%"
+    dsns = [old] + [h.dsn for h in topo.hosts]
+    ids = topo.adoption.id_map
+    dsns.append(make_conninfo(topo.host(ids.host).dsn, dbname=ids.dbname))
+    found = []
+    for dsn in dsns:
+        with psycopg.connect(dsn, password=APP_PASSWORD, autocommit=True) as conn:
+            for query in (
+                (
+                    "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() "
+                    f"AND slot_name LIKE '{like}'"
+                ),
+                f"SELECT pubname FROM pg_publication WHERE pubname LIKE '{like}'",
+                (
+                    "SELECT subname FROM pg_subscription s JOIN pg_database d ON d.oid = s.subdbid "
+                    f"WHERE d.datname = current_database() AND subname LIKE '{like}'"
+                ),
+                "SELECT relname FROM pg_class WHERE relkind = 'p' AND relnamespace = 'public'::regnamespace",
+            ):
+                found += [f"{dsn}: {name}" for (name,) in sql(conn, query)]
+    return found
+
+
 def adopt_as_app(box: Sandbox, tmp_path: Path, name: str, last: str):
-    """plan … cutover, then ``last`` (--cleanup or --abort), all as ``app`` under one writer."""
+    """plan … cutover, then ``last`` (--cleanup or --abort), all as ``app``; a writer through the
+    Router from the copy to the cutover's end, and again across ``last``."""
     path, old = managed_fleet(box, tmp_path, name)
     with psycopg.connect(old, password=APP_PASSWORD) as conn:
         old_rows = dict(sql(conn, "SELECT id, user_id FROM photos"))
@@ -209,7 +238,9 @@ def adopt_as_app(box: Sandbox, tmp_path: Path, name: str, last: str):
     assert cut["phase"] == "cut_over", cut
     assert history.failures == [], history.failures[:3]
     assert any(w.start > switched for w in history.writes), "no write after the cutover"
-    done = step(path, "adopt", "cutover", last, "--json")
+    with writer(path, history, plans):
+        done = step(path, "adopt", "cutover", last, "--json")
+    assert history.failures == [], history.failures[:3]
     return path, old, old_rows, history, plans, cutover, done
 
 
@@ -232,6 +263,7 @@ def test_managed_role_adopts_then_cleans_up(managed_servers, tmp_path):
         kept = dict(sql(conn, "SELECT id, user_id FROM shardctl_adopted.photos"))
     before = {w.id: w.key for w in history.writes if w.end < cutover}
     assert set(old_rows) <= set(kept) and all(kept.get(i) == k for i, k in before.items())
+    assert adoption_objects(path, old) == [], "the cleanup left replication objects"
     glob = topo.host(topo.global_host or topo.hosts[0].name)
     with psycopg.connect(**glob.connect_kwargs()) as conn:
         on_global = {i for (i,) in sql(conn, "SELECT id FROM public.plans")}

@@ -287,3 +287,57 @@ def test_managed_role_adopts_then_aborts(managed_servers, tmp_path):
     want = dict(old_rows) | {w.id: w.key for w in history.writes}
     assert dict(rows) == want
     assert set(plans) <= plan_ids
+
+
+@pytest.mark.parametrize(
+    "host, take, give, named",
+    [
+        (1, "ALTER ROLE app NOREPLICATION", "ALTER ROLE app REPLICATION", "lacks REPLICATION"),
+        (
+            0,
+            "REVOKE pg_create_subscription FROM app",
+            "GRANT pg_create_subscription TO app",
+            "host pg1: role app lacks pg_create_subscription",
+        ),
+    ],
+)
+def test_a_missing_privilege_is_refused_before_anything_changes(
+    managed_servers, tmp_path, host, take, give, named
+):
+    """Without REPLICATION on the old database's server, or pg_create_subscription on a fleet
+    host, ``adopt copy`` refuses in one line naming it (exit 2): no schema, slot or publication on
+    the old database, the topology file as it was."""
+    name = f"mrefuse{host}"
+    path, old = managed_fleet(managed_servers, tmp_path, name)
+    plan_file = tmp_path / "plan.yaml"
+    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
+    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
+    step(path, "init")
+    before = path.read_text()
+    with admin(managed_servers, host) as conn:
+        conn.execute(take)
+    try:
+        r = run_cli(
+            "adopt",
+            "copy",
+            "--from",
+            old,
+            "--plan",
+            plan_file,
+            config=path,
+            env={"PGPASSWORD": APP_PASSWORD},
+        )
+    finally:
+        with admin(managed_servers, host) as conn:
+            conn.execute(give)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and named in lines[0], r.stderr
+    assert path.read_text() == before
+    with psycopg.connect(old, password=APP_PASSWORD) as conn:
+        assert sql(conn, "SELECT to_regnamespace('shardctl_adopt') IS NULL") == [(True,)]
+        assert sql(conn, "SELECT count(*) FROM pg_publication") == [(0,)]
+        assert sql(
+            conn,
+            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+        ) == [(0,)]

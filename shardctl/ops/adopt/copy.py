@@ -55,6 +55,7 @@ from ...sql.catalog.data import truncate_tables
 from ..health import read_host
 from ..move import transfer
 from ..move.copy import MAX_COPY_WORKERS, in_new_slot
+from ..move.preflight import publisher_problems, subscriber_problems
 from ..move.run import Pacer, Progress, checkpoint, peer_conninfo
 from .baseline import _compare
 from .id_map import ID_MAP_NAME, ensure_id_map, wait_id_map
@@ -409,6 +410,32 @@ def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> 
             f"the source has {senders} free WAL senders (max_wal_senders={facts['max_wal_senders']}); "
             f"adopt copy needs {needed}: one per fleet host and one for the id map"
         )
+    problems = _role_problems(job, src, facts, targets)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise BadInput(f"adopt copy: {problems[0]}{more}")
+
+
+def _role_problems(job: Copy, src: psycopg.Connection, facts: dict, targets: list[Target]):
+    """What a role that is not superuser lacks (docs/adopting.md, on a managed service): on the
+    source, to publish, to own the app's tables, and to subscribe (the cutover's way back); on
+    each fleet host and the id map's, to subscribe."""
+    role = inspect.role_facts(src, [job.schema])
+    out = publisher_problems(SOURCE_HOST, role)
+    out += subscriber_problems(SOURCE_HOST, role, facts["version_num"])
+    if not role["superuser"] and role["tables_not_owned"]:
+        out.append(
+            f"host {SOURCE_HOST}: role {role['name']} does not own {role['tables_not_owned']} of "
+            f"the tables in {job.schema} (their replica identity, publications and the cutover's "
+            f"renaming need ownership)"
+        )
+    hosts = {t.host.name: t.host for t in targets}
+    hosts.setdefault(job.topo.id_map_place().host, job.topo.host(job.topo.id_map_place().host))
+    for host in hosts.values():
+        with job.connect(host) as conn:
+            version = inspect.server_facts(conn)["version_num"]
+            out += subscriber_problems(host.name, inspect.role_facts(conn, []), version)
+    return out
 
 
 def _begin(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:

@@ -111,15 +111,8 @@ def _source_problems(run: MoveRun, conn, facts: dict) -> list[str]:
             f"a move needs 2 free; raise it (a restart)"
         )
     role = inspect.role_facts(conn, run.schemas)
+    out += publisher_problems(name, role)
     if not role["superuser"]:
-        if not role["replication"]:
-            out.append(
-                f"host {name}: role {role['name']} lacks REPLICATION (ALTER ROLE {role['name']} REPLICATION)"
-            )
-        if not role["create_on_database"]:
-            out.append(
-                f"host {name}: role {role['name']} lacks CREATE on the database (to create publications)"
-            )
         # pg_stat_replication hides the subscriptions' progress otherwise
         if not role["read_all_stats"]:
             out.append(
@@ -143,23 +136,46 @@ def _target_problems(run: MoveRun, conn, facts: dict) -> list[str]:
             f"host {name} has log_statement={facts['log_statement']}: it would write the subscription's "
             f"password to the server log; set log_statement to none or mod for the move"
         )
-    role = inspect.role_facts(conn, [])
-    if not role["superuser"]:
-        if facts["version_num"] < 160000:
-            out.append(
-                f"host {name} runs PostgreSQL {facts['version_num'] // 10000}: a role that is not superuser "
-                f"can create subscriptions from PostgreSQL 16 on (pg_create_subscription)"
-            )
-        elif not role["create_subscription"]:
-            out.append(
-                f"host {name}: role {role['name']} lacks pg_create_subscription "
-                f"(GRANT pg_create_subscription TO {role['name']})"
-            )
-        if not role["create_on_database"]:
-            out.append(
-                f"host {name}: role {role['name']} lacks CREATE on the database (for the shards' schemas "
-                f"and subscriptions)"
-            )
+    return out + subscriber_problems(name, inspect.role_facts(conn, []), facts["version_num"])
+
+
+def publisher_problems(name: str, role: dict) -> list[str]:
+    """What the role (``inspect.role_facts``) lacks to publish from host ``name``: a slot, a
+    publication."""
+    out: list[str] = []
+    if role["superuser"]:
+        return out
+    if not role["replication"]:
+        out.append(
+            f"host {name}: role {role['name']} lacks REPLICATION (ALTER ROLE {role['name']} REPLICATION)"
+        )
+    if not role["create_on_database"]:
+        out.append(
+            f"host {name}: role {role['name']} lacks CREATE on the database (to create publications)"
+        )
+    return out
+
+
+def subscriber_problems(name: str, role: dict, version_num: int) -> list[str]:
+    """What the role (``inspect.role_facts``) lacks to subscribe on host ``name``."""
+    out: list[str] = []
+    if role["superuser"]:
+        return out
+    if version_num < 160000:
+        out.append(
+            f"host {name} runs PostgreSQL {version_num // 10000}: a role that is not superuser "
+            f"can create subscriptions from PostgreSQL 16 on (pg_create_subscription)"
+        )
+    elif not role["create_subscription"]:
+        out.append(
+            f"host {name}: role {role['name']} lacks pg_create_subscription "
+            f"(GRANT pg_create_subscription TO {role['name']})"
+        )
+    if not role["create_on_database"]:
+        out.append(
+            f"host {name}: role {role['name']} lacks CREATE on the database (for the shards' schemas "
+            f"and subscriptions)"
+        )
     return out
 
 

@@ -236,6 +236,7 @@ def adopt_as_app(box: Sandbox, tmp_path: Path, name: str, last: str):
         switched = time.time()
         history.settle({"w"}, writes=len(history.writes) + 20, reads=0)
     assert cut["phase"] == "cut_over", cut
+    print(f"\n{name}: adopt cutover froze writes {cut['freeze_seconds']:.3f}s")
     assert history.failures == [], history.failures[:3]
     assert any(w.start > switched for w in history.writes), "no write after the cutover"
     with writer(path, history, plans):

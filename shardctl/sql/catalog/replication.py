@@ -285,7 +285,8 @@ def behind(conn: psycopg.Connection, names: list[str], lsn: str) -> list[str]:
         for name, active, replay in conn.execute(
             f"""SELECT s.slot_name, r.pid IS NOT NULL, {_APPLIED}
                  FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
-                WHERE s.slot_name = ANY(%s) AND ({_APPLIED} IS NULL OR {_APPLIED} < %s::pg_lsn)
+                WHERE s.slot_name = ANY(%s)
+                  AND (r.pid IS NULL OR {_APPLIED} IS NULL OR {_APPLIED} < %s::pg_lsn)
                 ORDER BY 1""",
             (names, lsn),
         )

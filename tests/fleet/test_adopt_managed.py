@@ -342,3 +342,32 @@ def test_a_missing_privilege_is_refused_before_anything_changes(
             conn,
             "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
         ) == [(0,)]
+
+
+def test_a_password_only_in_pgpass_is_refused(managed_servers, tmp_path):
+    """``--from``'s password only in a password file: shardctl connects, but the fleet hosts'
+    subscriptions to the old database could not carry it (a role that is not superuser must):
+    ``adopt copy`` refuses in one line (exit 2) with nothing changed."""
+    path, old = managed_fleet(managed_servers, tmp_path, "mpgpass")
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"*:*:*:app:{APP_PASSWORD}\n")
+    passfile.chmod(0o600)
+    plan_file = tmp_path / "plan.yaml"
+    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
+    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
+    step(path, "init")
+    before = path.read_text()
+    r = run_cli(
+        *("adopt", "copy", "--from", old, "--plan", plan_file),
+        config=path,
+        env={"PGPASSFILE": str(passfile), "PGPASSWORD": None},
+    )
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert (
+        len(lines) == 1
+        and "host pg1: its subscription to source would carry no password" in (lines[0])
+    ), r.stderr
+    assert path.read_text() == before
+    with psycopg.connect(old, password=APP_PASSWORD) as conn:
+        assert sql(conn, "SELECT to_regnamespace('shardctl_adopt') IS NULL") == [(True,)]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import conninfo as pg_conninfo
 
 from ...engine import connections as db
 from ...engine.defaults import DEFAULT_CONNECT_TIMEOUT
@@ -434,8 +435,25 @@ def _role_problems(job: Copy, src: psycopg.Connection, facts: dict, targets: lis
     for host in hosts.values():
         with job.connect(host) as conn:
             version = inspect.server_facts(conn)["version_num"]
-            out += subscriber_problems(host.name, inspect.role_facts(conn, []), version)
+            facts = inspect.role_facts(conn, [])
+            out += subscriber_problems(host.name, facts, version)
+        if not facts["superuser"] and not _has_password(job.publisher_conninfo()):
+            out.append(_no_password(host.name, SOURCE_HOST))
+        if not role["superuser"] and not _has_password(peer_conninfo(host)):
+            out.append(_no_password(SOURCE_HOST, host.name))
     return out
+
+
+def _has_password(conninfo: str) -> bool:
+    return bool(pg_conninfo.conninfo_to_dict(conninfo).get("password"))
+
+
+def _no_password(on: str, to: str) -> str:
+    """A subscription owned by a role that is not superuser must carry a password."""
+    return (
+        f"host {on}: its subscription to {to} would carry no password, which a role that is "
+        f"not superuser must give (PGPASSWORD or password_env: one in ~/.pgpass stays with shardctl)"
+    )
 
 
 def _begin(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:

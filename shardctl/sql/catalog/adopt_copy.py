@@ -390,6 +390,11 @@ def global_table_ddl(table: Any, schema: str) -> str:
 # change into the shard's partition of the routed table, which holds the rows as of the cutover and
 # goes back through the way back's publication like a parent. Neither trigger fires for the other's
 # writes (session_replication_role), so nothing loops.
+#
+# A global table's way back is a mirror of the same kind (:func:`create_table_mirror`): a copy of the
+# table under the name the old database's table takes at the cutover, kept equal to it by the same
+# function for every write (the apply worker's too, from before the cutover: the mirror holds the
+# rows as of the cutover, so the way back's updates and deletes find them on the old database).
 
 SHARD_TYPED = """
 SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typnamespace = c.relnamespace,
@@ -432,6 +437,7 @@ END
 $route$"""
 ROUTE_TRIGGER = "shardctl_adopt_route"
 MIRROR_TRIGGER = "shardctl_adopt_mirror"
+MIRROR_TRUNCATE_TRIGGER = "shardctl_adopt_mirror_truncate"
 
 
 def shard_typed_columns(
@@ -538,31 +544,96 @@ def create_mirror(
     """The way back of routed table ``table`` (see above): on each shard table of ``shard_schemas``
     (shard → schema) a trigger that writes its row changes into the shard's partition of the routed
     table. Idempotent."""
-    function = mirror_function(table)
     targets = {(s, table): routed_partition(table, n) for n, s in shard_schemas.items()}
+    mirror_into(conn, mirror_function(table), targets, pk)
+
+
+def mirror_into(
+    conn: psycopg.Connection,
+    function: tuple[str, str],
+    targets: dict[tuple[str, str], tuple[str, str]],
+    pk: list[str],
+    whole: bool = False,
+) -> None:
+    """On each table of ``targets`` (→ the table its row changes are written to, by the primary key
+    ``pk``) a trigger ``function`` that writes them there, for the app's sessions only; ``whole`` (one
+    table mirrored whole): for every session, the subscription's apply worker's too, and its
+    TRUNCATEs (as DELETEs). Idempotent."""
     create_route_function(conn, function, targets, pk)
-    for s in shard_schemas.values():
+    for source in targets:
         conn.execute(
             sql.SQL(
                 "CREATE OR REPLACE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW "
                 "EXECUTE FUNCTION {}()"
             ).format(
-                sql.Identifier(MIRROR_TRIGGER),
-                sql.Identifier(s, table),
+                sql.Identifier(MIRROR_TRIGGER), sql.Identifier(*source), sql.Identifier(*function)
+            )
+        )
+        if not whole:
+            continue
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
+                "EXECUTE FUNCTION {}()"
+            ).format(
+                sql.Identifier(MIRROR_TRUNCATE_TRIGGER),
+                sql.Identifier(*source),
                 sql.Identifier(*function),
             )
         )
+        for trigger in (MIRROR_TRIGGER, MIRROR_TRUNCATE_TRIGGER):
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(
+                    sql.Identifier(*source), sql.Identifier(trigger)
+                )
+            )
+
+
+def create_table_mirror(
+    conn: psycopg.Connection, table: tuple[str, str], mirror: tuple[str, str]
+) -> bool:
+    """``mirror``: ``table``'s rows (its stored columns, its primary key, REPLICA IDENTITY FULL: the
+    subscriber finds each old row by its own identity), kept equal to it by :func:`mirror_into`
+    (``whole``). Made, filled and triggered in one transaction that stops ``table``'s writers
+    meanwhile; False when it exists already (its trigger has kept it equal since)."""
+    if table_exists(conn, *mirror):
+        return False
+    pk = primary_key(conn, table)
+    columns = sql.SQL(", ").join(sql.Identifier(c[0]) for c in shard_typed_columns(conn, table))
+    with conn.transaction():
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(*table))
+        )
+        if table_exists(conn, *mirror):
+            return False
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(mirror[0])))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(STATE_SCHEMA)))
+        target = sql.Identifier(*mirror)
+        conn.execute(
+            sql.SQL("CREATE TABLE {} AS SELECT {} FROM {}").format(
+                target, columns, sql.Identifier(*table)
+            )
+        )
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ADD PRIMARY KEY ({}), REPLICA IDENTITY FULL").format(
+                target, sql.SQL(", ").join(map(sql.Identifier, pk))
+            )
+        )
+        mirror_into(conn, mirror_function(table[1]), {table: mirror}, pk, whole=True)
+    return True
 
 
 def drop_mirror(conn: psycopg.Connection, table: str, shard_schemas: dict[int, str]) -> None:
-    """:func:`create_mirror`'s triggers and function gone (those that exist)."""
+    """:func:`create_mirror`'s (or :func:`mirror_into`'s) triggers and function gone (those that
+    exist)."""
     for s in shard_schemas.values():
         if table_exists(conn, s, table):
-            conn.execute(
-                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-                    sql.Identifier(MIRROR_TRIGGER), sql.Identifier(s, table)
+            for trigger in (MIRROR_TRIGGER, MIRROR_TRUNCATE_TRIGGER):
+                conn.execute(
+                    sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                        sql.Identifier(trigger), sql.Identifier(s, table)
+                    )
                 )
-            )
     conn.execute(
         sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(*mirror_function(table)))
     )

@@ -412,8 +412,11 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
 
 
 def global_rows(conn: psycopg.Connection, table: str = "plans") -> dict:
-    """Key -> name of every row of global ``table`` (its first column is its key)."""
-    return {r[0]: r[1] for r in sql(conn, f"SELECT * FROM {table}")}
+    """ID -> name of every row of global ``table``."""
+    return dict(sql(conn, f"SELECT id, name FROM {table}"))
+
+
+COUNTRIES = "SELECT code, name, count(*) FROM {} GROUP BY 1, 2 ORDER BY 1, 2"
 
 
 def pause_way_back(src_dsn: str, pause: bool) -> None:
@@ -428,15 +431,16 @@ def test_a_stale_router_reading_a_global_table_follows_and_abort_brings_it_back(
     the cutover and a change of that table on the fleet by another client, it reads the change (its
     old name on the old database is a stub: SCM01, then the redirect to the global host), and a
     direct client gets the one line. The fleet's inserts, updates and deletes of it (a TRUNCATE of
-    another global table too) all come back with --abort, judged by the global host's rows; the
-    table has its name again."""
+    another global table too, one without a primary key, with equal rows and NULLs) all come back
+    with --abort, judged by the global host's rows; the table has its name again."""
     path, src_dsn = adopting(make_fleet, users=40)
     with psycopg.connect(src_dsn, autocommit=True) as src:
-        sql(src, "CREATE TABLE countries (code text PRIMARY KEY, name text NOT NULL)")
+        sql(src, "CREATE TABLE countries (code text, name text)")
+        sql(src, "ALTER TABLE countries REPLICA IDENTITY FULL")
         sql(src, "INSERT INTO countries VALUES ('fr', 'France'), ('de', 'Germany')")
     topo = load(path)
     with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as glob:
-        sql(glob, "CREATE TABLE countries (code text PRIMARY KEY, name text NOT NULL)")
+        sql(glob, "CREATE TABLE countries (code text, name text)")
         sql(glob, "INSERT INTO countries VALUES ('fr', 'France'), ('de', 'Germany')")
     path.write_text(path.read_text().replace("globals: [plans]", "globals: [plans, countries]"))
     stale = Router(load(stale_copy(path)), move_wait=15)
@@ -450,10 +454,28 @@ def test_a_stale_router_reading_a_global_table_follows_and_abort_brings_it_back(
             fresh.execute(None, "UPDATE plans SET name = 'pro+' WHERE id = 2", global_=True)
             fresh.execute(None, "DELETE FROM plans WHERE id = 1", global_=True)
             fresh.execute(None, "INSERT INTO plans (name) VALUES ('enterprise')", global_=True)
-            fresh.execute(None, "TRUNCATE countries", global_=True)
-            fresh.execute(None, "INSERT INTO countries VALUES ('it', 'Italy')", global_=True)
+            for statement in (
+                "TRUNCATE countries",
+                (
+                    "INSERT INTO countries VALUES ('it', 'Italy'), ('it', 'Italy'), ('es', 'Spain'), "
+                    "('es', 'Spain'), ('xx', NULL)"
+                ),
+                "UPDATE countries SET name = 'unknown' WHERE code = 'xx'",  # its old row: a NULL
+                (
+                    "DELETE FROM countries WHERE ctid = (SELECT min(ctid) FROM countries "
+                    "WHERE code = 'it')"
+                ),  # one of two equal rows
+                "UPDATE countries SET name = 'España' WHERE code = 'es'",  # both equal rows
+            ):
+                fresh.execute(None, statement, global_=True)
         assert stale.execute(None, read, global_=True) == [("pro+",)]
-        assert stale.execute(None, "SELECT code FROM countries", global_=True) == [("it",)]
+        assert stale.execute(
+            None, "SELECT DISTINCT code FROM countries ORDER BY 1", global_=True
+        ) == [
+            ("es",),
+            ("it",),
+            ("xx",),
+        ]
     finally:
         stale.close()
     with psycopg.connect(src_dsn, autocommit=True) as src:
@@ -463,7 +485,8 @@ def test_a_stale_router_reading_a_global_table_follows_and_abort_brings_it_back(
         assert err.value.sqlstate == "SCM01" and "adopted into the shardctl fleet" in message
         assert "pg1" in message, message
     with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as glob:
-        on_fleet = (global_rows(glob), global_rows(glob, "countries"))
+        on_fleet = (global_rows(glob), sql(glob, COUNTRIES.format("countries")))
+    assert on_fleet[1] == [("es", "España", 2), ("it", "Italy", 1), ("xx", "unknown", 1)]
     assert on_fleet[0][2] == "pro+" and 1 not in on_fleet[0] and len(on_fleet[0]) == 3
     pause_way_back(src_dsn, False)
     with psycopg.connect(src_dsn, autocommit=True) as src:  # the moved table, once it caught up
@@ -473,7 +496,7 @@ def test_a_stale_router_reading_a_global_table_follows_and_abort_brings_it_back(
             time.sleep(0.1)
     assert cli_json(path, "--abort")["phase"] == "aborted"
     with psycopg.connect(src_dsn, autocommit=True) as src:
-        assert (global_rows(src), global_rows(src, "countries")) == on_fleet
+        assert (global_rows(src), sql(src, COUNTRIES.format("countries"))) == on_fleet
         # its name again, no guard, and its sequence past the IDs the fleet gave
         again = sql(src, "INSERT INTO plans (name) VALUES ('writable again') RETURNING id")
         assert again[0][0] > max(on_fleet[0])

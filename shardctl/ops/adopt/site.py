@@ -94,12 +94,13 @@ class Site:
     def parents(self, host: Host, moved: bool = False) -> list[tuple[str, str]]:
         """What ``host`` holds under the old database's names: a partitioned parent per sharded table
         (for a table ``adopt copy`` routes by trigger, its routed table; when the host owns shards;
-        in :data:`MOVED_SCHEMA` from the cutover, ``moved``), and the global tables on the global
-        host."""
+        in :data:`MOVED_SCHEMA` from the cutover, ``moved``), and on the global host each global
+        table's mirror (``cutover.mirror_globals``), always in :data:`MOVED_SCHEMA`: the old
+        database's global tables move there at the cutover too."""
         where = catalog.MOVED_SCHEMA if moved else self.schema
         out = [(where, t) for t in self.tables] if host.shards else []
         if host.name == self.global_host.name:
-            out += [(self.schema, t) for t in self.globals]
+            out += [(catalog.MOVED_SCHEMA, t) for t in self.globals]
         return out
 
     def routed_shard_tables(self, host: Host) -> list[tuple[str, str]]:
@@ -113,13 +114,15 @@ class Site:
         ]
 
     def located(self, conn: psycopg.Connection, host: Host | None = None) -> list[tuple[str, str]]:
-        """Where the sharded tables are now on ``conn``'s database (the old database, or fleet host
+        """Where the adopted tables are now on ``conn``'s database (the old database, or fleet host
         ``host``'s parents): in the app's schema before the cutover, in :data:`MOVED_SCHEMA` after
-        it; then the global tables (on the old database, and on the global host)."""
+        it; then the global tables (on the old database, there too; on the global host, the tables
+        the app uses, in its schema: their mirrors are not listed)."""
         sharded = [] if host is not None and not host.shards else self.tables
-        where = catalog.table_schemas(conn, sharded, [catalog.MOVED_SCHEMA, self.schema])
-        out = [(where[t], t) for t in sharded if t in where]
-        if host is None or host.name == self.global_host.name:
+        names = sharded + (self.globals if host is None else [])
+        where = catalog.table_schemas(conn, names, [catalog.MOVED_SCHEMA, self.schema])
+        out = [(where[t], t) for t in names if t in where]
+        if host is not None and host.name == self.global_host.name:
             out += [(self.schema, t) for t in self.globals]
         return out
 

@@ -573,11 +573,11 @@ class _HostCheck:
         checkable = self.placement()
         if not checkable:
             return
-        if per_shard is not None:
-            schema = self.topo.schema_name
-            found = fingerprint.fingerprints(self.conn, [schema(n) for n in checkable], per_shard)
+        if per_shard is not None:  # kept on the host while no DDL commits there (as status's)
+            found = fingerprint.kept(self.conn, self.topo, set(checkable), per_shard)
+            mine = set(checkable)
             self.result.fingerprints = {
-                n: found[schema(n)] for n in checkable if schema(n) in found
+                n: fp for fp, shards in found.items() for n in shards if n in mine
             }
         bodies_ok, suspect = self.bodies(checkable, full, body_samples)
         if not full:

@@ -97,8 +97,10 @@ def _host_status(
     records: list[tuple],
     prints: set[str],
     per_shard: tuple[str, ...],
+    second: fingerprint.Opener | None = None,
 ) -> str | None:
-    """Fill ``st``; returns an error line when the host has no control schema."""
+    """Fill ``st``; returns an error line when the host has no control schema (``second``: another
+    connection to the host, for half of the fingerprints)."""
     st.server_version = conn.execute(SERVER_VERSION).fetchone()[0]
     health = st.health = read_host(conn, topo, host)
     st.missing = format_shards(health.missing)
@@ -119,7 +121,7 @@ def _host_status(
     st.unexpected = format_shards((present | stray) - owned)
     st.moving = _moving(rows)
     records.extend(move_records(conn))
-    by_print = fingerprint.kept(conn, topo, present, per_shard)
+    by_print = fingerprint.kept(conn, topo, present, per_shard, second)
     mine = present & owned
     prints.update(fp for fp, shards in by_print.items() if mine.intersection(shards))
     if versions:
@@ -181,6 +183,9 @@ def status(
                 records.setdefault(host.name, []),
                 prints.setdefault(host.name, set()),
                 per_shard,
+                lambda: db.connect(
+                    host, autocommit=True, connect_timeout=connect_timeout, purpose="status"
+                ),
             )
 
     results = fan_out(

@@ -8,6 +8,9 @@ import json
 import pytest
 from support.fleet import connect, load, run_cli
 
+from shardctl.sql import fingerprint
+from shardctl.sql.catalog.control import REPEATABLE_READ
+
 
 def distinct(path) -> int:
     result = run_cli("status", "--json", config=path)
@@ -116,3 +119,25 @@ def test_init_brings_an_older_watch_function_up_to_date(fleet):
     first = cached(topo, "pg1")
     assert run_cli("verify", config=fleet).exit_code == 0
     assert cached(topo, "pg1") == first
+
+
+def test_fingerprints_split_over_two_connections_read_one_snapshot(fleet, monkeypatch):
+    """With a second connection, half of a host's fingerprints are computed on it, in the first
+    connection's snapshot: a column committed after that snapshot is seen on neither half, and the
+    digests are the ones a single connection computes."""
+    monkeypatch.setattr(fingerprint, "SPLIT_FROM", 2)
+    topo = load(fleet)
+    schemas = [topo.schema_name(n) for n in range(4, 8)]  # pg2; the second connection: 6-7
+    with connect(topo, "pg2", autocommit=True) as conn:
+        alone = fingerprint.fingerprints(conn, schemas)
+        conn.execute(REPEATABLE_READ)
+        conn.execute("SELECT count(*) FROM pg_class").fetchone()  # the snapshot is taken
+        with connect(topo, "pg2", autocommit=True) as other:
+            other.execute("ALTER TABLE insta7.photos ADD COLUMN later int")
+        split = fingerprint._split(
+            conn, schemas, fingerprint.NEXT_ID, lambda: connect(topo, "pg2", autocommit=True)
+        )
+        conn.execute("COMMIT")
+        after = fingerprint.fingerprints(conn, schemas)
+    assert split == alone and len(set(split.values())) == 1
+    assert after["insta7"] != alone["insta7"] and after["insta6"] == alone["insta6"]

@@ -583,7 +583,7 @@ class _HostCheck:
             return
         if per_shard is not None:  # kept on the host while no DDL commits there (as status's)
             found = fingerprint.kept(
-                self.conn, self.topo, set(checkable), per_shard, self.second_connection
+                self.conn, self.topo, set(checkable), per_shard, self.second_connection, full
             )
             mine = set(checkable)
             self.result.fingerprints = {

@@ -178,6 +178,7 @@ def kept(
     shards: set[int],
     per_shard: tuple[str, ...],
     second: Opener | None = None,
+    fresh: bool = False,
 ) -> dict[str, list[int]]:
     """Catalog fingerprint → the ``shards`` that have it (``status``, ``verify``).
 
@@ -186,12 +187,14 @@ def kept(
     schema, read back while no DDL has committed since: the token and the fingerprints come from one
     snapshot, so a change committed while they are computed is never taken for seen. A host with no
     watch (made by a role that may not create event triggers) computes them every time. ``second``:
-    a second connection that computes half of them at once (``_split``)."""
+    a second connection that computes half of them at once (``_split``). ``fresh``: never read
+    them back (``verify --full``: DDL run where the watch does not fire, with
+    ``session_replication_role = replica`` or ``event_triggers = off``, is seen too)."""
     conn.execute(REPEATABLE_READ)
     try:
         token = catalog_token(conn)
         key = {"token": token, "query": _PRINTS_TEXT, "per_shard": list(per_shard)}
-        cached = ledger_q.read_meta(conn, PRINTS_KEY) if token is not None else None
+        cached = ledger_q.read_meta(conn, PRINTS_KEY) if token is not None and not fresh else None
         if isinstance(cached, dict) and cached.get("key") == key:
             found = {fp: parse_shards(spec) for fp, spec in cached["prints"].items()}
             if set().union(*found.values()) >= shards:

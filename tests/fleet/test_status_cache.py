@@ -99,6 +99,21 @@ def test_verify_shares_the_kept_fingerprints_and_sees_new_ddl(fleet):
     assert sorted(cached(topo, "pg2")["prints"].values()) == ["4,7", "5", "6"]
 
 
+def test_verify_full_sees_ddl_the_watch_missed(fleet):
+    """DDL run where the watch does not fire (``session_replication_role = replica``) leaves the kept
+    fingerprints as they were; ``verify --full`` never reads them back, so it names the shard."""
+    topo = load(fleet)
+    assert run_cli("verify", config=fleet).exit_code == 0
+    kept = cached(topo, "pg2")
+    with connect(topo, "pg2", autocommit=True) as conn:
+        conn.execute("SET session_replication_role = replica")
+        conn.execute("ALTER TABLE insta5.photos ALTER COLUMN caption SET NOT NULL")
+    assert cached(topo, "pg2") == kept  # the watch did not see it
+    result = run_cli("verify", "--full", "--json", config=fleet)
+    assert result.exit_code == 1, result
+    assert {v["shard"] for v in json.loads(result.stdout)["violations"]} == {5}, result.stdout
+
+
 def test_init_brings_an_older_watch_function_up_to_date(fleet):
     """A watch made by an older shardctl (noting every DDL, temporary objects too) is brought up to
     date by the next ``init``, so that verify's own temporary function stops emptying the cache."""

@@ -38,6 +38,20 @@ def test_slot_names_are_what_a_slot_may_be_called():
     assert len(slot_name("h" * 200)) == 63
 
 
+def test_a_runs_tag_makes_its_names_its_own_whatever_the_host_name():
+    assert slot_name("pg1", "0a1b2c3d") == "shardctl_adopt_pg1_0a1b2c3d"
+    assert slot_name("back_pg1", "0a1b2c3d") == "shardctl_adopt_back_pg1_0a1b2c3d"
+    assert slot_name("pg1", "0a1b2c3d") != slot_name("pg1", "99aa88bb")
+    # long host names: at most 63 bytes, the tag kept whole, and two hosts sharing a long prefix
+    # (which plain truncation would merge) keep names of their own
+    one, two = slot_name("h" * 100 + "1", "0a1b2c3d"), slot_name("h" * 100 + "2", "0a1b2c3d")
+    assert len(one) == len(two) == 63 and one != two
+    assert one.endswith("_0a1b2c3d") and two.endswith("_0a1b2c3d")
+    # no tag (a run recorded before tags existed): the names such a run made
+    assert slot_name("ids") == "shardctl_adopt_ids"
+    assert slot_name("h" * 200) == ("shardctl_adopt_" + "h" * 200)[:63]
+
+
 def test_plan_hash_ignores_what_does_not_place_a_table():
     doc = {
         "schema": "public",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 from support.apps import caught_up, fleet_rows, source_rows
-from support.fleet import load, run_cli
+from support.fleet import connect, load, run_cli
 
 from shardctl import adopt_copy
 from shardctl.ops.adopt.state import load_run, run_tag, slot_name
@@ -93,17 +93,23 @@ def copy(path: Path, plan_file: Path, dsn: str) -> str:
     return adopt_copy(load(path), dsn, plan_file, sync_timeout=60).phase
 
 
-def names_of(dsn: str, hosts: list[str]) -> list[str]:
-    """The replication objects' names of the run recorded at ``dsn`` (its tag)."""
+def tag_of(dsn: str) -> str:
+    """The tag of the run recorded at ``dsn``."""
     with psycopg.connect(dsn) as conn:
         tag = run_tag(load_run(conn))
     assert tag, "a run of adopt copy records the tag of its names"
-    return sorted(slot_name(h, tag) for h in hosts)
+    return tag
 
 
-def slots(dsn: str) -> list[str]:
-    """The logical slots of the database at ``dsn`` (the server's catalog, read here)."""
-    with psycopg.connect(dsn) as conn:
+def names_of(dsn: str, hosts: list[str]) -> list[str]:
+    """The replication objects' names of the run recorded at ``dsn``."""
+    return sorted(slot_name(h, tag_of(dsn)) for h in hosts)
+
+
+def slots(db: str | psycopg.Connection) -> list[str]:
+    """The logical slots of the database at DSN ``db`` (or of connection ``db``; the server's
+    catalog, read here)."""
+    with db if isinstance(db, psycopg.Connection) else psycopg.connect(db) as conn:
         rows = conn.execute(
             "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() "
             "ORDER BY 1"
@@ -163,6 +169,9 @@ def test_two_adoptions_from_one_server_at_once(make_fleet, tmp_path):
         r = run_cli("adopt", "cutover", config=path_a)
         assert r.exit_code == 0, r
         assert load(path_a).adoption.authoritative == "fleet"
+        for host in ("pg1", "pg2"):  # the way back's slots, on servers the other fleet shares
+            back = [slot_name(f"back_{host}", tag_of(dsn_a))]
+            assert slots(connect(load(path_a), host)) == back
         r = run_cli("adopt", "cutover", "--cleanup", config=path_a)
         assert r.exit_code == 0, r
         before = writer.done

@@ -7,7 +7,7 @@ from psycopg import sql
 
 from shardctl.model.layouts import instagram
 from shardctl.ops.adopt.copy import _ranges
-from shardctl.ops.adopt.state import plan_hash, slot_name
+from shardctl.ops.adopt.state import Phase, Run, copy_tag, plan_hash, run_tag, slot_name
 from shardctl.sql.catalog.adopt_copy import key_shard, shard_filter
 
 
@@ -50,6 +50,20 @@ def test_a_runs_tag_makes_its_names_its_own_whatever_the_host_name():
     # no tag (a run recorded before tags existed): the names such a run made
     assert slot_name("ids") == "shardctl_adopt_ids"
     assert slot_name("h" * 200) == ("shardctl_adopt_" + "h" * 200)[:63]
+
+
+def test_copy_keeps_a_runs_tag_and_an_untagged_run_its_untagged_names():
+    tagged = Run(Phase.COPYING, "p", None, detail={"tag": "0a1b2c3d"})
+    assert copy_tag(tagged) == run_tag(tagged) == "0a1b2c3d"  # a re-run finds its objects
+    assert run_tag(None) == "" and run_tag({"hosts": {}}) == ""
+    for phase in (Phase.NEW, Phase.COPYING, Phase.SYNCED, Phase.CUT_OVER):
+        # recorded before tags existed and still running: finished under the names it made
+        assert copy_tag(Run(phase, "p", None, detail={"hosts": {}})) == ""
+    for old in (None, Run(Phase.ABORTED, "p", None), Run(Phase.CLEANED, "p", None)):
+        # a new run (its objects all gone, or none yet): a tag of its own, a new one each time
+        one, two = copy_tag(old), copy_tag(old)
+        assert len(one) == 8 and one != two
+        assert slot_name("pg1", one) == f"shardctl_adopt_pg1_{one}"
 
 
 def test_plan_hash_ignores_what_does_not_place_a_table():

@@ -118,15 +118,21 @@ def slots(db: str | psycopg.Connection) -> list[str]:
 
 
 def same_rows(path: Path, dsn: str, doc: dict, who: str) -> int:
-    """The fleet at ``path`` holds exactly the old database's rows, shard by shard (and so none of
-    the other adoption's: every row names its ``who``); returns the rows compared."""
+    """The fleet at ``path`` holds exactly the old database's rows, shard by shard, and none of the
+    other adoption's (every post names its ``who``); returns the rows compared."""
     caught_up(dsn, timeout=60)
     want, got = source_rows(dsn, doc), fleet_rows(load(path), doc)
     assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) | set(want)}
-    with psycopg.connect(dsn) as conn:
-        foreign = conn.execute(
-            "SELECT count(*) FROM posts WHERE left(body, 1) <> %s", (who,)
-        ).fetchone()[0]
+    topo, foreign = load(path), 0
+    for host in topo.hosts:  # and, read on the fleet: no row of the other adoption's
+        with connect(topo, host.name) as conn:
+            for n in host.shards:
+                foreign += conn.execute(
+                    psycopg.sql.SQL("SELECT count(*) FROM {} WHERE left(body, 1) <> %s").format(
+                        psycopg.sql.Identifier(topo.schema_name(n), "posts")
+                    ),
+                    (who,),
+                ).fetchone()[0]
     assert foreign == 0
     return sum(n for n, _ in want.values())
 

@@ -29,6 +29,7 @@ from support.history import History
 from shardctl.model.adoption import IdMap
 from shardctl.model.topology_file import write_adoption
 from shardctl.ops.adopt.id_map import drop_id_map, ensure_id_map, wait_id_map
+from shardctl.ops.adopt.state import slot_name
 from shardctl.ops.move.run import HOOKS
 from shardctl.router import Router
 from shardctl.sql.catalog import adopt_copy, adopt_verify
@@ -89,7 +90,7 @@ def forward(path: Path, src_dsn: str) -> None:
     with psycopg.connect(src_dsn, autocommit=True) as src:
         for host in topo.hosts:
             plain = ["plans"] if host.name == topo.hosts[0].name else []
-            name = f"shardctl_adopt_{host.name}"
+            name = slot_name(host.name)  # no tag: the run below is recorded without one
             ranges = [(n, n) for n in host.shards]
             adopt_copy.create_filtered_publication(
                 src, name, "public", list(shards.items()), ranges, plain
@@ -104,7 +105,7 @@ def forward(path: Path, src_dsn: str) -> None:
                     adopt_copy.attach_shard(conn, ("public", t), (topo.schema_name(n), t), n)
             if i == 0:
                 sql(conn, "CREATE TABLE public.plans (id serial PRIMARY KEY, name text NOT NULL)")
-            name = f"shardctl_adopt_{host.name}"
+            name = slot_name(host.name)
             sql(
                 conn,
                 f"CREATE SUBSCRIPTION {name} CONNECTION '{src_dsn}' PUBLICATION {name} "

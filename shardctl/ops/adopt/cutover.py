@@ -52,7 +52,7 @@ from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
 from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze, lagging
 from ..move.run import Progress, checkpoint, human_bytes, server_side
-from .id_map import ID_MAP_NAME, move_id_map
+from .id_map import move_id_map
 from .site import Site
 
 CUT_OVER = "cut_over"
@@ -268,8 +268,8 @@ def streams(site: Site, src: psycopg.Connection) -> list[str]:
     """The slots on the old database whose subscribers the freeze waits for: the copy's, and the id
     map's when it has one (a row written just before the freeze is found by its old ID right after)."""
     names = site.forward_names()
-    if catalog.slot_database(src, ID_MAP_NAME) == src.info.dbname:  # not another adoption's
-        names.append(ID_MAP_NAME)
+    if catalog.slot_database(src, site.id_map()) == src.info.dbname:  # not another adoption's
+        names.append(site.id_map())
     return names
 
 

@@ -191,7 +191,10 @@ BEGIN
     RETURN NULL;
 END
 $back$"""
-TRUNCATE_BACK_TABLES = "SELECT tgrelid::regclass::text FROM pg_trigger WHERE tgname = %s"
+TRUNCATE_BACK_TABLES = """
+SELECT n.nspname::text, c.relname::text FROM pg_trigger t
+  JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE t.tgname = %s"""
 
 
 def create_truncate_back(conn: psycopg.Connection, tables: list[tuple[str, str]]) -> None:
@@ -215,8 +218,14 @@ def create_truncate_back(conn: psycopg.Connection, tables: list[tuple[str, str]]
 def drop_truncate_back(conn: psycopg.Connection) -> None:
     """:func:`create_truncate_back`'s triggers (wherever they are) and function gone."""
     trigger = sql.Identifier(TRUNCATE_BACK_TRIGGER)
-    for (table,) in conn.execute(TRUNCATE_BACK_TABLES, (TRUNCATE_BACK_TRIGGER,)).fetchall():
-        conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, sql.SQL(table)))
+    drop = sql.SQL("DROP TRIGGER IF EXISTS {} ON {}")
+    tables = conn.execute(TRUNCATE_BACK_TABLES, (TRUNCATE_BACK_TRIGGER,)).fetchall()
+    for i in range(0, len(tables), 500):
+        conn.execute(
+            sql.SQL("; ").join(
+                drop.format(trigger, sql.Identifier(*t)) for t in tables[i : i + 500]
+            )
+        )
     conn.execute(
         sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(*TRUNCATE_BACK_FUNCTION))
     )

@@ -76,8 +76,11 @@ def shard_of_key(topology: Any, key: int | str, *, force_string: bool = False) -
 
 def _integer(key: Any) -> int | None:
     """The integer an integer-looking text key routes as (``shard_for_key``'s reading), else None."""
-    if isinstance(key, str) and is_integer_key(key) and len(key) < 40:
-        return int(key.strip())
+    if isinstance(key, str) and is_integer_key(key):
+        try:
+            return int(key.strip())
+        except ValueError:  # beyond int()'s digits: shard_for_key says so
+            return None
     return None
 
 

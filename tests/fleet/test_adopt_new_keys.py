@@ -82,3 +82,6 @@ def test_a_key_at_or_above_the_id_floor_routes_by_its_bits(make_fleet):
         )[0][0]
     assert photo_shards(topo, photo) == [shard]
     assert photo_shards(topo, old_photo) == [old % SHARDS]
+    # an adopted fleet's integer keys are bigint IDs: one beyond 64 bits is refused, exit 2
+    r = run_cli("locate", str(1 << 70), config=path)
+    assert r.exit_code == 2 and "does not fit in 64 bits" in r.stderr, r

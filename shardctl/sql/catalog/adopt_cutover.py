@@ -199,33 +199,26 @@ SELECT n.nspname::text, c.relname::text FROM pg_trigger t
 
 def create_truncate_back(conn: psycopg.Connection, tables: list[tuple[str, str]]) -> None:
     """The ``BEFORE TRUNCATE`` trigger of :data:`TRUNCATE_BACK` on each of ``tables`` (schema,
-    table). Idempotent."""
+    table). Idempotent. One table a statement (``conn`` in autocommit): a trigger's DDL locks its
+    table, and several held at once could deadlock with a transaction using them in another order."""
     conn.execute("CREATE SCHEMA IF NOT EXISTS shardctl_adopt")
     function = sql.Identifier(*TRUNCATE_BACK_FUNCTION)
     conn.execute(sql.SQL(TRUNCATE_BACK).format(function=function))
-    trigger = sql.Identifier(TRUNCATE_BACK_TRIGGER)
     make = sql.SQL(
         "CREATE OR REPLACE TRIGGER {} BEFORE TRUNCATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()"
     )
-    for i in range(0, len(tables), 500):
+    for table in tables:
         conn.execute(
-            sql.SQL("; ").join(
-                make.format(trigger, sql.Identifier(*t), function) for t in tables[i : i + 500]
-            )
+            make.format(sql.Identifier(TRUNCATE_BACK_TRIGGER), sql.Identifier(*table), function)
         )
 
 
 def drop_truncate_back(conn: psycopg.Connection) -> None:
-    """:func:`create_truncate_back`'s triggers (wherever they are) and function gone."""
-    trigger = sql.Identifier(TRUNCATE_BACK_TRIGGER)
+    """:func:`create_truncate_back`'s triggers (wherever they are, one table a statement: see there)
+    and function gone."""
     drop = sql.SQL("DROP TRIGGER IF EXISTS {} ON {}")
-    tables = conn.execute(TRUNCATE_BACK_TABLES, (TRUNCATE_BACK_TRIGGER,)).fetchall()
-    for i in range(0, len(tables), 500):
-        conn.execute(
-            sql.SQL("; ").join(
-                drop.format(trigger, sql.Identifier(*t)) for t in tables[i : i + 500]
-            )
-        )
+    for table in conn.execute(TRUNCATE_BACK_TABLES, (TRUNCATE_BACK_TRIGGER,)).fetchall():
+        conn.execute(drop.format(sql.Identifier(TRUNCATE_BACK_TRIGGER), sql.Identifier(*table)))
     conn.execute(
         sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(*TRUNCATE_BACK_FUNCTION))
     )

@@ -216,10 +216,16 @@ def _identities_full(
 
 
 def mirror_routed(site: Site, host: Host, conn: psycopg.Connection, make: bool) -> None:
-    """The way back of the tables routed by trigger on ``host`` (``make``; else dropped): each shard
-    table's writes mirrored into its partition of the routed table, which the way back publishes
-    like a parent (``sql/catalog/adopt_copy.create_mirror``). The apply worker's writes there before
-    the cutover are not mirrored (the trigger fires for the app's sessions only), nor routed again."""
+    """The way back's triggers on ``host`` (``make``; else dropped): the tables routed by trigger
+    have each shard table's writes mirrored into its partition of the routed table, which the way
+    back publishes like a parent (``sql/catalog/adopt_copy.create_mirror``); and every shard table's
+    TRUNCATE deletes its rows first, so that it comes back (``catalog.create_truncate_back``). The
+    apply worker's writes before the cutover fire neither (they fire for the app's sessions only)."""
+    if not make:
+        catalog.drop_truncate_back(conn)
+    elif host.shards:
+        shard_tables = [(site.topo.schema_name(n), t) for n in host.shards for t in site.tables]
+        catalog.create_truncate_back(conn, shard_tables)
     for table in site.routed_tables if host.shards else []:
         shards = {n: site.topo.schema_name(n) for n in host.shards}
         if not make:

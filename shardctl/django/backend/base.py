@@ -39,24 +39,8 @@ def settings_sql(schema: str, escape: bool) -> str:
     return text.replace("%", "%%") if escape else text
 
 
-@functools.lru_cache(maxsize=8192)
-def settings_prefix(schema: str, encoding: str) -> bytes:
-    """``settings_sql(schema)`` and the separator, encoded: what goes in front of a bound query."""
-    return f"{settings_sql(schema, False)}; ".encode(encoding)
-
-
 class ShardCursor(postgresql.Cursor):
     """Django's client-binding cursor, putting each transaction on the current shard."""
-
-    _front: str | None = None  # the schema whose settings go in front of the statement sent
-
-    def _convert_query(self, query: Any, params: Any = None) -> Any:
-        """psycopg's bound query, with the settings of :meth:`execute` in front of its text."""
-        pgq = super()._convert_query(query, params)
-        schema = self._front
-        if schema is not None:
-            pgq.query = settings_prefix(schema, self._tx.encoding) + pgq.query
-        return pgq
 
     def _needs(self, conn: Any) -> tuple[str | None, bool]:
         """(the settings to send, or None; whether the statement is a transaction of its own), on this
@@ -85,15 +69,13 @@ class ShardCursor(postgresql.Cursor):
                 return super().execute(query, params, **kwargs)
             finally:
                 self._end(alone)
-        # The settings go in front of the query's text once it is bound (_convert_query), so that
-        # psycopg's cache of parsed query texts (128 of them) keeps one entry per query, not one per
-        # query and shard, and the bound text is not built, decoded and encoded twice.
+        if params is not None:
+            # Bound here, so psycopg's cache of parsed query texts (128 of them) keeps one entry per
+            # query, not one per query and shard; the text sent is what binding it with the
+            # settings in front would give.
+            query, params = self.mogrify(query, params), None
         # Alone (autocommit): the two statements are one implicit transaction, ending with the query.
-        self._front = schema
-        try:
-            super().execute(query, params, **kwargs)
-        finally:
-            self._front = None
+        super().execute(f"{settings_sql(schema, False)}; {query}", params, **kwargs)
         self.nextset()
         if not alone:
             conn.shardctl_schema = schema

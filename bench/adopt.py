@@ -45,7 +45,7 @@ import psycopg
 from psycopg import sql
 from support.apps import ROWS, app_writes, caught_up, fleet_rows, prepare, source_rows, table_bytes
 
-from shardctl.ops.adopt.state import slot_name  # publication = slot = subscription
+from shardctl.ops.adopt.state import load_run, run_tag, slot_name  # pub = slot = subscription
 from shardctl.testing import _drop_replication  # what the test suite drops after a failed move
 
 TARGET = 1.2
@@ -60,14 +60,9 @@ class Sampler(threading.Thread):
     """Every ``every`` s: does the fleet host's subscription exist yet (the initial copy is over), and
     how much WAL the old database's slots hold (the most seen)."""
 
-    def __init__(self, source: str, target_port: int, subscription: str, every: float = 0.1):
+    def __init__(self, source: str, target_port: int, host: str, every: float = 0.1):
         super().__init__(daemon=True)
-        self.source, self.target_port, self.subscription, self.every = (
-            source,
-            target_port,
-            subscription,
-            every,
-        )
+        self.source, self.target_port, self.host, self.every = (source, target_port, host, every)
         self.started = 0.0
         self.subscribed: float | None = None  # seconds from the start
         self.held_max = 0
@@ -89,10 +84,12 @@ class Sampler(threading.Thread):
                     (held,) = src.execute(HELD).fetchone()
                     self.held_max = max(self.held_max, held)
                     self.samples += 1
+                    run = load_run(src) if self.subscribed is None else None
                     if (
-                        self.subscribed is None
+                        run is not None
                         and dst.execute(
-                            "SELECT 1 FROM pg_subscription WHERE subname = %s", (self.subscription,)
+                            "SELECT 1 FROM pg_subscription WHERE subname = %s",
+                            (slot_name(self.host, run_tag(run)),),  # the run's tag names it
                         ).fetchone()
                     ):
                         self.subscribed = time.perf_counter() - self.started
@@ -238,7 +235,7 @@ class Bench:
         with self.clones(self.fleet, tag) as (old, target):
             source = self.dsn(self.src, old)
             topo_path = self.topology(target)
-            sampler = Sampler(source, self.dst.port, slot_name(self.dst.name))
+            sampler = Sampler(source, self.dst.port, self.dst.name)
             with self.writes(old) as w:
                 sampler.start()
                 returned, report = c.timed(

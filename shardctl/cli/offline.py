@@ -14,7 +14,8 @@ import click
 
 from ..errors import BadInput
 from ..ids import decode as decoding
-from ..ids.routing import is_integer_key, shard_for_key
+from ..ids.old_ids import shard_of_key
+from ..ids.routing import is_integer_key
 from ..model.layouts import by_name, parse_epoch, utc_from_ms
 from ..model.ranges import parse_shards
 from . import cli, json_option, settings
@@ -284,10 +285,15 @@ def encode_id(
 def locate(key: str, force_string: bool, as_json: bool) -> None:
     """Which shard, schema and host a routing key maps to."""
     topo = settings().topology()
-    shard = shard_for_key(key, topo.modulus, force_string=force_string)
+    shard = shard_of_key(topo, key, force_string=force_string)
     host = topo.host_of(shard)
     kind = "string" if force_string or not is_integer_key(key) else "integer"
     rule = f"md5(key) mod {topo.modulus}" if kind == "string" else f"key % {topo.modulus}"
+    adoption = topo.adoption
+    if kind == "integer" and adoption is not None:  # an adopted fleet's integer keys are IDs
+        old = adoption.is_old_id(int(key.strip()))
+        rule = f"key % {topo.modulus}" if old else "the shard in its bits (a next_id() ID)"
+        rule += f" (ID floor {adoption.id_floor})"
     schema = topo.schema_name(shard)
     if topo.adoption is not None and topo.adoption.on_source:
         # every shard is on the old database while it is authoritative, in the app's schema

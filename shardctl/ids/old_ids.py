@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import BadInput
 from ..model.adoption import AdoptedTable, Adoption
 from ..model.layouts import Layout
-from .routing import shard_for_key
+from .routing import is_integer_key, shard_for_key
 
 
 def id_floor(layout: Layout, at_ms: int | None = None) -> int:
@@ -61,6 +61,29 @@ def shard_of_id(topology: Any, value: int) -> int:
     return topology.layout.shard_of(value)
 
 
+def shard_of_key(topology: Any, key: int | str, *, force_string: bool = False) -> int:
+    """The shard of a routing key: ``key % modulus`` (strings: ``md5``), except on a fleet with an
+    adoption, where an integer key is an ID (the key columns hold the root's IDs): one at or above
+    ``id_floor`` is a ``next_id()`` ID minted on the fleet (a user made after the cutover) and names
+    its shard in its bits (:func:`shard_of_id`). The rule the copy's row filters, ``adopt verify``
+    and the way back apply in SQL (``adopt_copy.key_shard``)."""
+    if topology.adoption is not None and not force_string:
+        value = key if type(key) is int else _integer(key)
+        if value is not None:
+            return shard_of_id(topology, value)
+    return shard_for_key(key, topology.modulus, force_string=force_string)
+
+
+def _integer(key: Any) -> int | None:
+    """The integer an integer-looking text key routes as (``shard_for_key``'s reading), else None."""
+    if isinstance(key, str) and is_integer_key(key):
+        try:
+            return int(key.strip())
+        except ValueError:  # beyond int()'s digits: shard_for_key says so
+            return None
+    return None
+
+
 def describe(
     topology: Any,
     value: int,
@@ -101,9 +124,7 @@ def describe(
             where = "the old database has" if adoption.on_source else "the id map knows"
             out["note"] = f"{note}: no row of {table} has it ({where} none)"
             return out
-        out["shard"] = (
-            shard_of_id(topology, key) if type(key) is int else shard_for_key(key, topology.modulus)
-        )
+        out["shard"] = shard_of_key(topology, key)
     if out["shard"] is not None and not adoption.on_source:
         out["schema"] = topology.schema_name(out["shard"])
         out["host"] = topology.host_of(out["shard"]).name

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -12,14 +10,11 @@ import psycopg
 from ..engine import connections as db
 from ..engine.fanout import HostResult, fan_out, raise_unreachable, select_hosts
 from ..model.documents import Result, result_doc
-from ..model.ranges import format_shards, parse_shards
+from ..model.ranges import format_shards
 from ..model.topology import Host, Topology
-from ..sql import fingerprint, session
-from ..sql.catalog import ledger as ledger_q
+from ..sql import fingerprint
 from ..sql.catalog.control import (
-    REPEATABLE_READ,
     applied_versions,
-    catalog_token,
     last_event,
     move_records,
 )
@@ -102,8 +97,10 @@ def _host_status(
     records: list[tuple],
     prints: set[str],
     per_shard: tuple[str, ...],
+    second: fingerprint.Opener | None = None,
 ) -> str | None:
-    """Fill ``st``; returns an error line when the host has no control schema."""
+    """Fill ``st``; returns an error line when the host has no control schema (``second``: another
+    connection to the host, for half of the fingerprints)."""
     st.server_version = conn.execute(SERVER_VERSION).fetchone()[0]
     health = st.health = read_host(conn, topo, host)
     st.missing = format_shards(health.missing)
@@ -124,7 +121,7 @@ def _host_status(
     st.unexpected = format_shards((present | stray) - owned)
     st.moving = _moving(rows)
     records.extend(move_records(conn))
-    by_print = shard_prints(conn, topo, present, per_shard)
+    by_print = fingerprint.kept(conn, topo, present, per_shard, second)
     mine = present & owned
     prints.update(fp for fp, shards in by_print.items() if mine.intersection(shards))
     if versions:
@@ -132,48 +129,6 @@ def _host_status(
     if rows:
         st.orphan_versions = sorted(applied_versions(conn) - known_versions)
     return None
-
-
-# shardctl.meta's key for the shards' catalog fingerprints, kept while no DDL commits on the host
-PRINTS_KEY = "status_fingerprints"
-_PRINTS_TEXT = hashlib.md5(fingerprint.FINGERPRINT_SQL.encode()).hexdigest()
-
-
-def shard_prints(
-    conn: psycopg.Connection, topo: Topology, shards: set[int], per_shard: tuple[str, ...]
-) -> dict[str, list[int]]:
-    """Catalog fingerprint → the ``shards`` that have it (sql/fingerprint.py).
-
-    Computing them reads every shard's catalog (about a second at 8,192 shards), so a host whose DDL
-    is watched (``catalog_token``: the DDL transactions committed so far) keeps them in its control
-    schema, read back while no DDL has committed since: the token and the fingerprints come from one
-    snapshot, so a change committed while they are computed is never taken for seen. A host with no
-    watch (made by a role that may not create event triggers) computes them every time."""
-    conn.execute(REPEATABLE_READ)
-    try:
-        token = catalog_token(conn)
-        key = {"token": token, "query": _PRINTS_TEXT, "per_shard": list(per_shard)}
-        cached = ledger_q.read_meta(conn, PRINTS_KEY) if token is not None else None
-        if isinstance(cached, dict) and cached.get("key") == key:
-            found = {fp: parse_shards(spec) for fp, spec in cached["prints"].items()}
-            if set().union(*found.values()) >= shards:
-                return found
-        schema = topo.schema_name
-        computed = fingerprint.fingerprints(conn, [schema(n) for n in sorted(shards)], per_shard)
-    finally:
-        conn.execute(session.COMMIT)
-    found = {}
-    for n in sorted(shards):
-        if schema(n) in computed:
-            found.setdefault(computed[schema(n)], []).append(n)
-    if token is not None:
-        value = {"key": key, "prints": {fp: format_shards(s) for fp, s in found.items()}}
-        try:
-            with conn.transaction():
-                ledger_q.write_meta(conn, PRINTS_KEY, json.dumps(value))
-        except psycopg.Error:  # a read-only role or standby: no cache, same answer
-            pass
-    return found
 
 
 def _moving(rows: dict) -> str:
@@ -228,6 +183,9 @@ def status(
                 records.setdefault(host.name, []),
                 prints.setdefault(host.name, set()),
                 per_shard,
+                lambda: db.connect(
+                    host, autocommit=True, connect_timeout=connect_timeout, purpose="status"
+                ),
             )
 
     results = fan_out(

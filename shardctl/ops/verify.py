@@ -201,6 +201,7 @@ def verify(
             host, autocommit=True, connect_timeout=connect_timeout, purpose="verify"
         ) as conn:
             check = _HostCheck(conn, topo, host, result.value, expected_body, tolerance_ms)
+            check.connect_timeout = connect_timeout
             check.run(samples, full, body_samples, id_shards, per_shard if schemas else None)
 
     per_shard = per_shard_functions(topo) if schemas else fingerprint.NEXT_ID
@@ -556,6 +557,13 @@ class _HostCheck:
         self.conn, self.topo, self.host, self.result = conn, topo, host, result
         self.expected_body = expected_body
         self.tolerance_ms = tolerance_ms
+        self.connect_timeout = db.DEFAULT_CONNECT_TIMEOUT
+
+    def second_connection(self) -> psycopg.Connection:
+        """Another connection to the host (half of the fingerprints are computed on it)."""
+        return db.connect(
+            self.host, autocommit=True, connect_timeout=self.connect_timeout, purpose="verify"
+        )
 
     def violation(self, shard: int | None, reason: str) -> None:
         schema = self.topo.schema_name(shard) if shard is not None else None
@@ -573,11 +581,13 @@ class _HostCheck:
         checkable = self.placement()
         if not checkable:
             return
-        if per_shard is not None:
-            schema = self.topo.schema_name
-            found = fingerprint.fingerprints(self.conn, [schema(n) for n in checkable], per_shard)
+        if per_shard is not None:  # kept on the host while no DDL commits there (as status's)
+            found = fingerprint.kept(
+                self.conn, self.topo, set(checkable), per_shard, self.second_connection, full
+            )
+            mine = set(checkable)
             self.result.fingerprints = {
-                n: found[schema(n)] for n in checkable if schema(n) in found
+                n: fp for fp, shards in found.items() for n in shards if n in mine
             }
         bodies_ok, suspect = self.bodies(checkable, full, body_samples)
         if not full:

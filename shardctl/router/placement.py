@@ -20,7 +20,7 @@ import psycopg.conninfo
 from ..engine.connections import APPLICATION_NAME
 from ..engine.defaults import DEFAULT_CONNECT_TIMEOUT
 from ..errors import BadInput, ConfigError
-from ..ids.old_ids import adopted_table, root_shard
+from ..ids.old_ids import adopted_table, root_shard, shard_of_key
 from ..ids.old_ids import shard_of_id as id_shard
 from ..ids.routing import placement_shard, shard_for_key
 from ..model.adoption import AdoptedTable
@@ -414,8 +414,10 @@ class Routing:
         return conn
 
     def shard_for(self, key: int | str, *, force_string: bool = False) -> int:
-        """Integer keys: ``key % modulus``; strings: ``md5(key) mod modulus``."""
-        return shard_for_key(key, self.topology.modulus, force_string=force_string)
+        """Integer keys: ``key % modulus``; strings: ``md5(key) mod modulus``. On an adopted fleet an
+        integer key at or above the ID floor is a new ID: its bits name the shard
+        (:func:`old_ids.shard_of_key`)."""
+        return shard_of_key(self.topology, key, force_string=force_string)
 
     def host_for(self, key: int | str, *, force_string: bool = False) -> Host:
         return self._locate(self.shard_for(key, force_string=force_string))
@@ -545,7 +547,7 @@ class Routing:
         found"; the ID's own remainder is used)."""
         if key is None:
             return shard_for_key(lookup.id, self.topology.modulus)
-        return self.shard_of_id(key) if type(key) is int else self.shard_for(key)
+        return self.shard_for(key)
 
     def _call(
         self,

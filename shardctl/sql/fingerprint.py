@@ -33,11 +33,24 @@ digest differs, so the difference can be named object by object (``differences``
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 
 import psycopg
+from psycopg import sql
 
+from ..errors import ShardctlError
+from ..model.ranges import format_shards, parse_shards
+from ..model.topology import Topology
 from . import queries
+from .catalog import ledger as ledger_q
+from .catalog.control import REPEATABLE_READ, catalog_token
+from .session import COMMIT
+
+# a second connection to the same database, from the caller (this layer opens none)
+Opener = Callable[[], AbstractContextManager[psycopg.Connection]]
 
 # Every object of the schemas asked for, one row each (queries/fingerprint_objects.sql, which
 # leaves the guard triggers of a move out: GUARD_TRIGGER); the fingerprint hashes one schema's rows.
@@ -152,3 +165,95 @@ def differences(
             continue
         out.append(line + (f" ({why(key, case)})" if why is not None else ""))
     return out
+
+
+# shardctl.meta's key for the shards' catalog fingerprints, kept while no DDL commits on the host
+PRINTS_KEY = "status_fingerprints"
+_PRINTS_TEXT = hashlib.md5(FINGERPRINT_SQL.encode()).hexdigest()
+
+
+def kept(
+    conn: psycopg.Connection,
+    topo: Topology,
+    shards: set[int],
+    per_shard: tuple[str, ...],
+    second: Opener | None = None,
+    fresh: bool = False,
+) -> dict[str, list[int]]:
+    """Catalog fingerprint → the ``shards`` that have it (``status``, ``verify``).
+
+    Computing them reads every shard's catalog (about a second at 8,192 shards), so a host whose DDL
+    is watched (``catalog_token``: the DDL transactions committed so far) keeps them in its control
+    schema, read back while no DDL has committed since: the token and the fingerprints come from one
+    snapshot, so a change committed while they are computed is never taken for seen. A host with no
+    watch (made by a role that may not create event triggers) computes them every time. ``second``:
+    a second connection that computes half of them at once (``_split``). ``fresh``: never read
+    them back (``verify --full``: DDL run where the watch does not fire, with
+    ``session_replication_role = replica`` or ``event_triggers = off``, is seen too)."""
+    conn.execute(REPEATABLE_READ)
+    try:
+        token = catalog_token(conn)
+        key = {"token": token, "query": _PRINTS_TEXT, "per_shard": list(per_shard)}
+        cached = ledger_q.read_meta(conn, PRINTS_KEY) if token is not None and not fresh else None
+        if isinstance(cached, dict) and cached.get("key") == key:
+            found = {fp: parse_shards(spec) for fp, spec in cached["prints"].items()}
+            if set().union(*found.values()) >= shards:
+                return found
+        schema = topo.schema_name
+        computed = _split(conn, [schema(n) for n in sorted(shards)], per_shard, second)
+    finally:
+        conn.execute(COMMIT)
+    found = {}
+    for n in sorted(shards):
+        if schema(n) in computed:
+            found.setdefault(computed[schema(n)], []).append(n)
+    if token is not None:
+        value = {"key": key, "prints": {fp: format_shards(s) for fp, s in found.items()}}
+        try:
+            with conn.transaction():
+                ledger_q.write_meta(conn, PRINTS_KEY, json.dumps(value))
+        except psycopg.Error:  # a read-only role or standby: no cache, same answer
+            pass
+    return found
+
+
+SPLIT_FROM = 512  # schemas: below, a second connection costs more than half the query saves
+# a standby exports none: its half is computed on the one connection
+EXPORT_SNAPSHOT = "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_export_snapshot() END"
+
+
+def _split(
+    conn: psycopg.Connection,
+    schemas: list[str],
+    per_shard: tuple[str, ...],
+    second: Opener | None,
+) -> dict[str, str]:
+    """:func:`fingerprints` of ``schemas``, with ``conn`` in a transaction; with ``second``, the later
+    half on a second connection at the same time, in ``conn``'s snapshot (``pg_export_snapshot``),
+    so the result is the one snapshot's as the cache's key requires. The query is one server
+    process's CPU (a second of it at 2,048 shards): two processes halve it where the server has the
+    cores. A second connection that fails leaves its half to ``conn``."""
+    if second is None or len(schemas) < SPLIT_FROM:
+        return fingerprints(conn, schemas, per_shard)
+    snapshot = conn.execute(EXPORT_SNAPSHOT).fetchone()[0]
+    if snapshot is None:
+        return fingerprints(conn, schemas, per_shard)
+    half = len(schemas) // 2
+
+    def other() -> dict[str, str]:
+        with second() as helper:
+            helper.execute(REPEATABLE_READ)
+            try:
+                helper.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(snapshot))
+                return fingerprints(helper, schemas[half:], per_shard)
+            finally:
+                helper.execute(COMMIT)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
+        later = pool.submit(other)
+        found = fingerprints(conn, schemas[:half], per_shard)
+        try:
+            found.update(later.result())
+        except (psycopg.Error, OSError, ShardctlError):  # no second connection: this one does it
+            found.update(fingerprints(conn, schemas[half:], per_shard))
+    return found

@@ -29,6 +29,7 @@ from support.history import History
 from shardctl.model.adoption import IdMap
 from shardctl.model.topology_file import write_adoption
 from shardctl.ops.adopt.id_map import drop_id_map, ensure_id_map, wait_id_map
+from shardctl.ops.adopt.state import slot_name
 from shardctl.ops.move.run import HOOKS
 from shardctl.router import Router
 from shardctl.sql.catalog import adopt_copy, adopt_verify
@@ -89,7 +90,7 @@ def forward(path: Path, src_dsn: str) -> None:
     with psycopg.connect(src_dsn, autocommit=True) as src:
         for host in topo.hosts:
             plain = ["plans"] if host.name == topo.hosts[0].name else []
-            name = f"shardctl_adopt_{host.name}"
+            name = slot_name(host.name)  # no tag: the run below is recorded without one
             ranges = [(n, n) for n in host.shards]
             adopt_copy.create_filtered_publication(
                 src, name, "public", list(shards.items()), ranges, plain
@@ -104,7 +105,7 @@ def forward(path: Path, src_dsn: str) -> None:
                     adopt_copy.attach_shard(conn, ("public", t), (topo.schema_name(n), t), n)
             if i == 0:
                 sql(conn, "CREATE TABLE public.plans (id serial PRIMARY KEY, name text NOT NULL)")
-            name = f"shardctl_adopt_{host.name}"
+            name = slot_name(host.name)
             sql(
                 conn,
                 f"CREATE SUBSCRIPTION {name} CONNECTION '{src_dsn}' PUBLICATION {name} "
@@ -423,6 +424,97 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
     )
 
 
+def global_rows(conn: psycopg.Connection, table: str = "plans") -> dict:
+    """ID -> name of every row of global ``table``."""
+    return dict(sql(conn, f"SELECT id, name FROM {table}"))
+
+
+COUNTRIES = "SELECT code, name, count(*) FROM {} GROUP BY 1, 2 ORDER BY 1, 2"
+
+
+def pause_way_back(src_dsn: str, pause: bool) -> None:
+    """Stop (or start again) every subscription on the old database: the way back."""
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        for (name,) in sql(src, "SELECT subname FROM pg_subscription"):
+            sql(src, f"ALTER SUBSCRIPTION {name} {'DISABLE' if pause else 'ENABLE'}")
+
+
+def test_a_stale_router_reading_a_global_table_follows_and_abort_brings_it_back(make_fleet):
+    """A Router on a topology copy taken before the cutover that only reads a global table: after
+    the cutover and a change of that table on the fleet by another client, it reads the change (its
+    old name on the old database is a stub: SCM01, then the redirect to the global host), and a
+    direct client gets the one line. The fleet's inserts, updates and deletes of it (a TRUNCATE of
+    another global table too, one without a primary key, with equal rows and NULLs) all come back
+    with --abort, judged by the global host's rows; the table has its name again."""
+    path, src_dsn = adopting(make_fleet, users=40)
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        sql(src, "CREATE TABLE countries (code text, name text)")
+        sql(src, "ALTER TABLE countries REPLICA IDENTITY FULL")
+        sql(src, "INSERT INTO countries VALUES ('fr', 'France'), ('de', 'Germany')")
+    topo = load(path)
+    with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as glob:
+        sql(glob, "CREATE TABLE countries (code text, name text)")
+        sql(glob, "INSERT INTO countries VALUES ('fr', 'France'), ('de', 'Germany')")
+    path.write_text(path.read_text().replace("globals: [plans]", "globals: [plans, countries]"))
+    stale = Router(load(stale_copy(path)), move_wait=15)
+    read = "SELECT name FROM plans WHERE id = 2"
+    try:
+        assert stale.execute(None, read, global_=True) == [("pro",)]  # on the old database
+        cli_json(path)
+        # the way back lags (here: stopped) and the read does not depend on it
+        pause_way_back(src_dsn, True)
+        with Router(load(path)) as fresh:
+            fresh.execute(None, "UPDATE plans SET name = 'pro+' WHERE id = 2", global_=True)
+            fresh.execute(None, "DELETE FROM plans WHERE id = 1", global_=True)
+            fresh.execute(None, "INSERT INTO plans (name) VALUES ('enterprise')", global_=True)
+            for statement in (
+                "TRUNCATE countries",
+                (
+                    "INSERT INTO countries VALUES ('it', 'Italy'), ('it', 'Italy'), ('es', 'Spain'), "
+                    "('es', 'Spain'), ('xx', NULL)"
+                ),
+                "UPDATE countries SET name = 'unknown' WHERE code = 'xx'",  # its old row: a NULL
+                (
+                    "DELETE FROM countries WHERE ctid = (SELECT min(ctid) FROM countries "
+                    "WHERE code = 'it')"
+                ),  # one of two equal rows
+                "UPDATE countries SET name = 'España' WHERE code = 'es'",  # both equal rows
+            ):
+                fresh.execute(None, statement, global_=True)
+        assert stale.execute(None, read, global_=True) == [("pro+",)]
+        assert stale.execute(
+            None, "SELECT DISTINCT code FROM countries ORDER BY 1", global_=True
+        ) == [
+            ("es",),
+            ("it",),
+            ("xx",),
+        ]
+    finally:
+        stale.close()
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        with pytest.raises(psycopg.Error) as err:
+            sql(src, "SELECT name FROM plans")
+        message = str(err.value).splitlines()[0]
+        assert err.value.sqlstate == "SCM01" and "adopted into the shardctl fleet" in message
+        assert "pg1" in message, message
+    with psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as glob:
+        on_fleet = (global_rows(glob), sql(glob, COUNTRIES.format("countries")))
+    assert on_fleet[1] == [("es", "España", 2), ("it", "Italy", 1), ("xx", "unknown", 1)]
+    assert on_fleet[0][2] == "pro+" and 1 not in on_fleet[0] and len(on_fleet[0]) == 3
+    pause_way_back(src_dsn, False)
+    with psycopg.connect(src_dsn, autocommit=True) as src:  # the moved table, once it caught up
+        deadline = time.monotonic() + 30
+        while global_rows(src, "shardctl_adopted.plans") != on_fleet[0]:
+            assert time.monotonic() < deadline, "the way back never caught up"
+            time.sleep(0.1)
+    assert cli_json(path, "--abort")["phase"] == "aborted"
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        assert (global_rows(src), sql(src, COUNTRIES.format("countries"))) == on_fleet
+        # its name again, no guard, and its sequence past the IDs the fleet gave
+        again = sql(src, "INSERT INTO plans (name) VALUES ('writable again') RETURNING id")
+        assert again[0][0] > max(on_fleet[0])
+
+
 def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
     path, src_dsn = adopting(make_fleet, users=40, verified=False)
     r = run_cli("adopt", "cutover", config=path)
@@ -431,10 +523,17 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
     with psycopg.connect(src_dsn, autocommit=True) as src:
         passed_verify(src)
         ids = dict(sql(src, "SELECT id, user_id FROM likes"))
+    stale = Router(load(stale_copy(path)), move_wait=15)  # it only reads a global table
     cli_json(path)
     r = run_cli("adopt", "cutover", "--cleanup", "--json", config=path)
     assert r.exit_code == 0, (r.stdout, r.stderr)
     topo = load(path)
+    with Router(topo) as fresh:  # nothing carries it back now: the old table is frozen
+        fresh.execute(None, "UPDATE plans SET name = 'gold' WHERE id = 3", global_=True)
+    with stale:
+        assert stale.execute(None, "SELECT name FROM plans WHERE id = 3", global_=True) == [
+            ("gold",)
+        ]
     assert topo.adoption.source is None and topo.adoption.id_floor == ID_FLOOR
     assert leftovers(path, src_dsn) == {}
     assert {
@@ -453,14 +552,19 @@ def test_cleanup_leaves_nothing_and_refuses_without_verify(make_fleet):
         with pytest.raises(psycopg.Error) as err:
             sql(src, "SELECT count(*) FROM likes")
         assert err.value.sqlstate == "SCM01" and "pg2" in str(err.value).splitlines()[0]
+        with pytest.raises(psycopg.Error) as err:
+            sql(src, "SELECT name FROM plans")  # a global table's too
+        assert err.value.sqlstate == "SCM01"
         assert sql(src, "SELECT count(*) FROM shardctl_adopted.likes") == [(len(ids),)]
         schemas = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'shardctl\\_adopt%%'"
         assert sorted(sql(src, schemas)) == [("shardctl_adopt",), ("shardctl_adopted",)]
-    with psycopg.connect(**topo.host("pg2").connect_kwargs(), autocommit=True) as conn:
-        assert sql(conn, schemas) == []
-        shard_tables = sql(
-            conn, "SELECT DISTINCT relreplident::text FROM pg_class WHERE relname = 'likes'"
-        )
+    for host in ("pg1", "pg2"):  # pg1: the global tables' host, its mirrors gone too
+        with psycopg.connect(**topo.host(host).connect_kwargs(), autocommit=True) as conn:
+            assert sql(conn, schemas) == []
+            assert sql(conn, "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'shardctl%%'") == []
+            shard_tables = sql(
+                conn, "SELECT DISTINCT relreplident::text FROM pg_class WHERE relname = 'likes'"
+            )
     assert shard_tables == [("d",)]  # FULL for the way back, DEFAULT again
     assert cli_json(path, "--cleanup")["notes"]  # again: nothing left to do
 

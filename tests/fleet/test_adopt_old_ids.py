@@ -35,8 +35,9 @@ from shardctl.errors import BadInput
 from shardctl.ids.old_ids import id_floor
 from shardctl.model.adoption import Adoption, tables_from_plan
 from shardctl.model.topology_file import flip_adoption, write_adoption
-from shardctl.ops.adopt.id_map import ID_MAP_NAME, drop_id_map, ensure_id_map, wait_id_map
+from shardctl.ops.adopt.id_map import drop_id_map, ensure_id_map, wait_id_map
 from shardctl.ops.adopt.plan import source_host
+from shardctl.ops.adopt.state import slot_name
 from shardctl.router import AsyncRouter, Router
 from shardctl.sqlalchemy import sessionmaker
 
@@ -420,7 +421,7 @@ def test_old_ids_are_found_by_id_in_two_round_trips_at_most(make_fleet, tmp_path
         ).fetchall()
     with psycopg.connect(src) as conn:
         assert not conn.execute(
-            "SELECT 1 FROM pg_publication WHERE pubname LIKE %s", (f"{ID_MAP_NAME}%",)
+            "SELECT 1 FROM pg_publication WHERE pubname LIKE %s", (f"{slot_name('ids')}%",)
         ).fetchall()
         assert (
             conn.execute(

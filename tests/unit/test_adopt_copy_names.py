@@ -7,7 +7,7 @@ from psycopg import sql
 
 from shardctl.model.layouts import instagram
 from shardctl.ops.adopt.copy import _ranges
-from shardctl.ops.adopt.state import plan_hash, slot_name
+from shardctl.ops.adopt.state import Phase, Run, copy_tag, plan_hash, run_tag, slot_name
 from shardctl.sql.catalog.adopt_copy import key_shard, shard_filter
 
 
@@ -36,6 +36,34 @@ def test_slot_names_are_what_a_slot_may_be_called():
     assert slot_name("pg1") == "shardctl_adopt_pg1"
     assert slot_name("DB-East.2") == "shardctl_adopt_db_east_2"
     assert len(slot_name("h" * 200)) == 63
+
+
+def test_a_runs_tag_makes_its_names_its_own_whatever_the_host_name():
+    assert slot_name("pg1", "0a1b2c3d") == "shardctl_adopt_pg1_0a1b2c3d"
+    assert slot_name("back_pg1", "0a1b2c3d") == "shardctl_adopt_back_pg1_0a1b2c3d"
+    assert slot_name("pg1", "0a1b2c3d") != slot_name("pg1", "99aa88bb")
+    # long host names: at most 63 bytes, the tag kept whole, and two hosts sharing a long prefix
+    # (which plain truncation would merge) keep names of their own
+    one, two = slot_name("h" * 100 + "1", "0a1b2c3d"), slot_name("h" * 100 + "2", "0a1b2c3d")
+    assert len(one) == len(two) == 63 and one != two
+    assert one.endswith("_0a1b2c3d") and two.endswith("_0a1b2c3d")
+    # no tag (a run recorded before tags existed): the names such a run made
+    assert slot_name("ids") == "shardctl_adopt_ids"
+    assert slot_name("h" * 200) == ("shardctl_adopt_" + "h" * 200)[:63]
+
+
+def test_copy_keeps_a_runs_tag_and_an_untagged_run_its_untagged_names():
+    tagged = Run(Phase.COPYING, "p", None, detail={"tag": "0a1b2c3d"})
+    assert copy_tag(tagged) == run_tag(tagged) == "0a1b2c3d"  # a re-run finds its objects
+    assert run_tag(None) == "" and run_tag({"hosts": {}}) == ""
+    for phase in (Phase.NEW, Phase.COPYING, Phase.SYNCED, Phase.CUT_OVER):
+        # recorded before tags existed and still running: finished under the names it made
+        assert copy_tag(Run(phase, "p", None, detail={"hosts": {}})) == ""
+    for old in (None, Run(Phase.ABORTED, "p", None), Run(Phase.CLEANED, "p", None)):
+        # a new run (its objects all gone, or none yet): a tag of its own, a new one each time
+        one, two = copy_tag(old), copy_tag(old)
+        assert len(one) == 8 and one != two
+        assert slot_name("pg1", one) == f"shardctl_adopt_pg1_{one}"
 
 
 def test_plan_hash_ignores_what_does_not_place_a_table():

@@ -93,6 +93,39 @@ def test_the_check_sees_a_driver_import(tmp_path):
     assert "psycopg" in imported(proc.stderr)
 
 
+def test_a_fleet_command_imports_psycopg_without_importlib_metadata(tmp_path):
+    """The CLI gives psycopg its version from the dist-info directory's name (``cli.main``): the
+    process never loads importlib.metadata (and email, zipfile...), and psycopg's version is the one
+    importlib.metadata reads."""
+    from importlib import metadata
+
+    path = tmp_path / "shardctl.yaml"
+    path.write_text(TOPOLOGY)
+    proc = run_shardctl(
+        "-c", path, "migrate", "--check", "--connect-timeout", "1",
+        python_flags=("-X", "importtime"), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr[-2000:]  # port 1: refused
+    modules = imported(proc.stderr)
+    assert "psycopg" in modules and "psycopg_binary._psycopg" in modules
+    assert "importlib.metadata" not in modules and "email" not in modules
+    versions = subprocess.run(
+        [sys.executable, "-c", _VERSIONS], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert versions == [metadata.version("psycopg"), metadata.version("psycopg-binary")] * 2
+
+
+_VERSIONS = """
+import sys
+from shardctl import cli
+cli._psycopg_versions_from_dist_info()
+import psycopg, psycopg._cmodule
+assert "importlib.metadata" not in sys.modules
+print(psycopg.__version__, psycopg._cmodule.__version__)
+print(sys.modules["psycopg.version"].__version__, sys.modules["psycopg_binary.version"].__version__)
+"""
+
+
 def test_help_lists_every_command():
     proc = run_shardctl("--help")
     assert proc.returncode == 0

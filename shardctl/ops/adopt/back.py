@@ -7,12 +7,12 @@ subscription) has applied the host's WAL up to there, adds a guard trigger on ea
 (one line naming the old database) and a redirect per shard to the old database (for Routers whose
 topology copy still says ``fleet``), and moves its parents back to the app's schema. Then one
 transaction on the old database drops its guards and redirects, puts the stubs away and the tables
-back under their names, and records the run ``aborted``. The fleet hosts commit, then the old
-database: a writer blocked on the fleet meets the guard and waits on the old database's locks until
-it is open. Then ``adoption.authoritative: source`` in the topology file, the way back and the id
-map dropped, the replica identities ``adopt copy`` changed restored (a new attempt starts with
-``adopt copy``). A run killed between the two commits left every side closed to writes: run
-``--abort`` again at once.
+back under their names, sets the global tables' sequences past the global host's, and records the
+run ``aborted``. The fleet hosts commit, then the old database: a writer blocked on the fleet meets
+the guard and waits on the old database's locks until it is open. Then ``adoption.authoritative:
+source`` in the topology file, the way back and the id map dropped, the replica identities ``adopt
+copy`` changed restored (a new attempt starts with ``adopt copy``). A run killed between the two
+commits left every side closed to writes: run ``--abort`` again at once.
 
 Cleanup, after a cutover: the way back dropped, each parent's partitions detached (they stay, as the
 shards' tables) and the parent dropped, the id map's replication dropped (its rows stay), the replica
@@ -39,7 +39,7 @@ from ...model.topology_file import drop_adoption_source, flip_adoption
 from ...sql import session
 from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
-from ...sql.catalog import control, replication, stubs
+from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
 from ..move.cutover import LOCK_WINDOW_SHARE, BoundedFreeze
 from ..move.run import Progress, checkpoint
@@ -48,6 +48,7 @@ from .cutover import (
     READY,
     CutoverResult,
     finish,
+    mirror_globals,
     mirror_routed,
     restore_fleet_identities,
 )
@@ -123,6 +124,7 @@ class AbortFreeze(BoundedFreeze):
         super().__init__(max_freeze, site.progress)
         self.site, self.reopen = site, reopen
         self.fleet: list[psycopg.Connection] = []
+        self.sequences: dict[tuple[str, str], dict] = {}  # the global host's, once it is locked
 
     def attempt(self) -> None:
         site = self.site
@@ -141,7 +143,7 @@ class AbortFreeze(BoundedFreeze):
                 opened.append(self.src)
                 self._timeouts()
                 self._budget()
-                _reopen_source(site, self.src)
+                _reopen_source(site, self.src, self.sequences)
                 self._late()
             # The fleet first: its writers meet the guard and wait on the old database's locks (its
             # tables' names) until it commits. The other way round, a run killed between the two
@@ -178,6 +180,8 @@ class AbortFreeze(BoundedFreeze):
         self._lock(site.routed_shard_tables(host) + parents)
         self._wait_applied([site.back(host)])
         self._budget()
+        if site.globals and host.name == site.global_host.name:
+            self.sequences = inspect.sequences(self.src, [site.schema])
         guarded = site.shard_tables(host) + parents
         message = fleet_message(site)
         self.src.execute(
@@ -222,8 +226,11 @@ def _abort_freeze(site: Site, max_freeze: float, attempts: int, reopen: bool) ->
     )
 
 
-def _reopen_source(site: Site, src: psycopg.Connection) -> None:
-    """In the abort's freeze, on the old database: its guards and redirects gone, the run
+def _reopen_source(
+    site: Site, src: psycopg.Connection, sequences: dict[tuple[str, str], dict]
+) -> None:
+    """In the abort's freeze, on the old database: its guards and redirects gone, the global tables'
+    sequences past the global host's ``sequences`` (the rows made there came back), the run
     ``aborted`` (committed by the caller)."""
     tables = site.located(src)
     src.execute(catalog.drop_guards_sql(tables))
@@ -233,13 +240,22 @@ def _reopen_source(site: Site, src: psycopg.Connection) -> None:
         catalog.set_schema_sql([(site.schema, t) for t in moved], catalog.STUB_STAGING, True)
     )
     src.execute(catalog.set_schema_sql([(catalog.MOVED_SCHEMA, t) for t in moved], site.schema))
+    here = inspect.sequences(src, [site.schema])
+    inspect.set_sequences(
+        src,
+        [
+            (s, n, int(v["last_value"]))
+            for (s, n), v in sequences.items()
+            if v["last_value"] is not None and (s, n) in here
+        ],
+    )
     control.clear_redirects(src, [n for h in site.fleet_hosts() for n in site.redirected(h)])
     catalog.set_run(src, ABORTED, {"abort": {"at": time.time()}, "switched": False})
 
 
 def drop_back(site: Site) -> dict:
     """The way back: the old database's subscriptions, each fleet host's publication, slot and
-    mirror triggers (of the tables routed by trigger)."""
+    mirror triggers (of the tables routed by trigger), and the global tables' mirrors."""
     out: dict[str, list] = {"subscriptions": [], "publications": [], "slots": []}
     oids: dict[str, int] = {}
     with site.connect(site.source) as src:
@@ -257,6 +273,7 @@ def drop_back(site: Site) -> dict:
             sub = [oids[name]] if name in oids else []
             out["slots"] += [f"{host.name}:{s}" for s in transfer.drop_slots(conn, [name], sub)]
             mirror_routed(site, host, conn, make=False)
+            mirror_globals(site, host, conn, make=False)
     return out
 
 

@@ -12,13 +12,15 @@ Per fleet host H (a host that owns shards, and the global host):
   a ``next_id()`` one: the fleet's own new rows fit until the cleanup), whose partitions are H's
   shard tables (``ATTACH PARTITION insta7.posts FOR VALUES IN (7)``); the global tables, plainly,
   on the global host;
-* on the source, publication ``shardctl_adopt_<H>``: each sharded table with the row filter of H's
-  shards, the global tables whole for the global host; a logical slot of the same name created with
-  an exported snapshot; the rows as of that snapshot copied in binary into H's parents (they route
-  each row to its shard), in parallel and paced (``--nice``), in one transaction per worker;
-* on H, subscription ``shardctl_adopt_<H>`` on that slot (``copy_data = false``): every change after
-  the snapshot follows, an UPDATE that changes a row's key included (the publisher sends a DELETE to
-  the old shard's host and an INSERT to the new one's).
+* on the source, publication ``shardctl_adopt_<H>_<tag>`` (``state.slot_name``: the run's tag, as
+  slots are the server's and another adoption may use the same server): each sharded table with
+  the row filter of H's shards, the global tables whole for the global host; a logical slot of the
+  same name created with an exported snapshot; the rows as of that snapshot copied in binary into
+  H's parents (they route each row to its shard), in parallel and paced (``--nice``), in one
+  transaction per worker;
+* on H, subscription ``shardctl_adopt_<H>_<tag>`` on that slot (``copy_data = false``): every
+  change after the snapshot follows, an UPDATE that changes a row's key included (the publisher
+  sends a DELETE to the old shard's host and an INSERT to the new one's).
 
 The source holds one slot per fleet host, and the WAL the slowest of them has not confirmed
 (``adopt status`` says how much). The run's state is on the source (:mod:`.state`); a re-run keeps
@@ -59,9 +61,9 @@ from ..move.copy import MAX_COPY_WORKERS, in_new_slot
 from ..move.preflight import publisher_problems, subscriber_problems
 from ..move.run import Pacer, Progress, checkpoint, peer_conninfo
 from .baseline import _compare
-from .id_map import ID_MAP_NAME, ensure_id_map, wait_id_map
+from .id_map import ensure_id_map, wait_id_map
 from .plan import read_plan, read_plan_snapshot, read_source, source_host
-from .state import Phase, Run, load_run, plan_hash, slot_name, start_run
+from .state import Phase, Run, copy_tag, load_run, plan_hash, run_tag, slot_name, start_run
 
 MIN_SOURCE_VERSION = 150000  # publication row filters
 IDENTITY_ATTEMPTS = 5  # ALTER TABLE … REPLICA IDENTITY FULL tries, 2 s of lock wait each
@@ -141,10 +143,11 @@ class Target:
     host: Host
     shards: list[int]
     globals: list[str]
+    tag: str = ""  # the run's (state.slot_name)
 
     @property
     def name(self) -> str:
-        return slot_name(self.host.name)
+        return slot_name(self.host.name, self.tag)
 
 
 class Copy:
@@ -170,6 +173,7 @@ class Copy:
         self.progress: Progress = progress or (lambda step, done, total, note: None)
         self.pacers: list[Pacer] = []
         self.run: Run | None = None
+        self.tag = ""  # of the replication objects' names (state.copy_tag), set before any is made
         self.routed: dict[str, list[tuple]] | None = None  # see _routed
         self.source_columns: dict[str, set[str]] = {}  # table → its columns on the source
         self.lock = threading.Lock()  # the run's record and result, written by the hosts' threads
@@ -213,7 +217,7 @@ class Copy:
 
     def publisher_conninfo(self) -> str:
         """How the fleet hosts' subscriptions reach the source: ``--publisher-dsn``, else ``--from``
-        without the client's own files (and with ``PGPASSWORD``, when it supplied the password)."""
+        without the client's own files, with the password (``move.run.peer_conninfo``)."""
         return peer_conninfo(self.source, self.options.get("publisher_dsn"))
 
     def targets(self) -> list[Target]:
@@ -286,6 +290,9 @@ def adopt_copy(
         if not catalog.try_run_lock(lock):
             raise LockBusy("another shardctl adopt copy is running on this database")
         with job.connect(job.source) as src:
+            job.tag = copy_tag(load_run(src))
+            for target in targets:
+                target.tag = job.tag
             _check_source(job, src, targets)
             _begin(job, src, targets)
             if job.run.phase in (Phase.CUT_OVER, Phase.CLEANED):
@@ -396,7 +403,7 @@ def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> 
             f"the source has wal_level={facts['wal_level']}: adopt copy needs wal_level=logical "
             f"(ALTER SYSTEM SET wal_level = logical, then a restart)"
         )
-    names = [t.name for t in targets] + [ID_MAP_NAME]
+    names = [t.name for t in targets] + [slot_name("ids", job.tag)]
     needed = sum(1 for name in names if not replication.slot_exists(src, name))
     free = facts["max_replication_slots"] - facts["slots_used"]
     if needed > free:
@@ -467,7 +474,7 @@ def _begin(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
     if run is not None and run.phase == Phase.ABORTED:
         run = _restart(job, src, run, digest)
     if run is None or run.phase == Phase.CLEANED:
-        run = start_run(src, digest, str(job.topo.path) if job.topo.path else None)
+        run = start_run(src, digest, str(job.topo.path) if job.topo.path else None, job.tag)
     job.run = run
     job.result.phase = str(run.phase)
     job.result.global_host = job.global_host if job.globals else None
@@ -492,7 +499,7 @@ def _restart(job: Copy, src: psycopg.Connection, run: Run, digest: str) -> Run:
     hosts = clear_aborted_run(site, src, run.detail)
     checkpoint("adopt-restart-cleared")
     floor = run.detail.get("id_floor")
-    run = start_run(src, digest, str(job.topo.path) if job.topo.path else None)
+    run = start_run(src, digest, str(job.topo.path) if job.topo.path else None, job.tag)
     run.detail.update({"id_floor": floor, "restarted_at": cut_catalog.source_now(src)})
     run.detail["globals"] = list(job.globals)
     run.save(src)
@@ -977,15 +984,17 @@ def adopt_status(
         run = load_run(src)
         if run is None:
             return result
+        tag = run_tag(run)
         targets = [
-            Target(h, list(h.shards), []) for h in topo.hosts if h.name in run.detail["hosts"]
+            Target(h, list(h.shards), [], tag) for h in topo.hosts if h.name in run.detail["hosts"]
         ]
         result.phase = str(run.phase)
         result.started_at = str(run.started_at)
         result.updated_at = str(run.updated_at)
         result.hosts = host_figures(run, src, targets)
         result.replica_identity_full = sorted(run.detail.get("replica_identity") or {})
-        ids = catalog.slot_figures(src, [ID_MAP_NAME]).get(ID_MAP_NAME, {})
+        ids_name = slot_name("ids", tag)
+        ids = catalog.slot_figures(src, [ids_name]).get(ids_name, {})
         held = [h.retained_bytes or 0 for h in result.hosts] + [ids.get("retained_bytes") or 0]
         result.held_bytes = max(held)
         result.id_map_lag_bytes = ids.get("lag_bytes")

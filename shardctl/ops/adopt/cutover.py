@@ -5,21 +5,23 @@ Before the freeze (writes go on): the last ``adopt verify`` must have passed; th
 (on each fleet host a publication of its parents ``WITH (publish_via_partition_root = true)`` and its
 slot, the parents' replica identity FULL; for a table ``adopt copy`` routes by trigger, which has no
 parent, a trigger on each shard table mirrors its writes into the routed table, published likewise:
-:func:`mirror_routed`), the control objects the guard and the redirects need
-(schema ``shardctl`` on the old database), and the forward subscriptions' lag must be small.
+:func:`mirror_routed`; for a global table, its mirror on the global host: :func:`mirror_globals`),
+the control objects the guard and the redirects need (schema ``shardctl`` on the old database), and
+the forward subscriptions' lag must be small.
 
 The freeze, the move's (``ops/move/cutover.BoundedFreeze``): one transaction on the old database,
 ``LOCK … IN EXCLUSIVE MODE`` on the adopted tables, wait until every forward subscription applied its
 WAL up to there, the global tables' sequences set on the global host, a guard trigger on each adopted
-table (SQLSTATE ``SCM01``, one line naming the new home, for direct clients), the sharded tables moved
-to schema ``shardctl_adopted`` and stubs put under their names (views made before the freeze whose
-reads and writes raise ``SCM01``: a Router on a stale topology copy follows on a read too, as after a
-move), a redirect per shard (Routers whose topology copy still says ``authoritative: source`` follow
-it to the fleet), the run recorded ``cut_over``. Before the commit, each fleet host's partitioned
-parents move to ``shardctl_adopted`` too (committed; the forward subscriptions have nothing left to
-apply): the way back publishes each change under the name its parent has when it is made, so the
-fleet's writes, which start once the old database commits, come back into the moved tables. A failed
-or late attempt rolls back and moves the parents back: the source stays authoritative.
+table (SQLSTATE ``SCM01``, one line naming the new home, for direct clients), the adopted tables (the
+global ones too) moved to schema ``shardctl_adopted`` and stubs put under their names (views made
+before the freeze whose reads and writes raise ``SCM01``: a Router on a stale topology copy follows
+on a read too, as after a move), a redirect per shard (Routers whose topology copy still says
+``authoritative: source`` follow it to the fleet), the run recorded ``cut_over``. Before the commit,
+each fleet host's partitioned parents move to ``shardctl_adopted`` too (committed; the forward
+subscriptions have nothing left to apply): the way back publishes each change under the name its
+parent has when it is made, so the fleet's writes, which start once the old database commits, come
+back into the moved tables. A failed or late attempt rolls back and moves the parents back: the
+source stays authoritative.
 
 Then: ``adoption.authoritative: fleet`` in the topology file, the forward replication dropped, and the
 way back started: a subscription per fleet host on the old database (``origin = none``: only the
@@ -42,6 +44,7 @@ from ...model.documents import Result
 from ...model.dsn import mask
 from ...model.topology import Host, Topology
 from ...model.topology_file import flip_adoption
+from ...router.placement import GLOBAL
 from ...sql import session
 from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
@@ -49,7 +52,7 @@ from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
 from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze, lagging
 from ..move.run import Progress, checkpoint, human_bytes, peer_conninfo
-from .id_map import ID_MAP_NAME, move_id_map
+from .id_map import move_id_map
 from .site import Site
 
 CUT_OVER = "cut_over"
@@ -148,7 +151,9 @@ def prepare(site: Site, detail: dict) -> None:
         control.ensure_move_objects(src)  # the guard function, the stubs' functions, the redirects
         catalog.ensure_schema(src, catalog.MOVED_SCHEMA)
         stubs.create_moved_stubs(
-            src, {catalog.STUB_STAGING: (site.schema, stub_message(site))}, only=site.tables
+            src,
+            {catalog.STUB_STAGING: (site.schema, stub_message(site))},
+            only=site.tables + site.globals,
         )
     recorded: dict[str, list[str]] = dict(detail.get(FLEET_IDENTITY) or {})
     for host in site.fleet_hosts():
@@ -158,6 +163,7 @@ def prepare(site: Site, detail: dict) -> None:
             # an earlier abort's redirects, back to the old database
             control.clear_redirects(conn, site.redirected(host))
             _parents_home(site, host, conn)
+            mirror_globals(site, host, conn, make=True)
             _identities_full(site, host, conn, recorded)
             mirror_routed(site, host, conn, make=True)
             name = site.back(host)
@@ -210,10 +216,16 @@ def _identities_full(
 
 
 def mirror_routed(site: Site, host: Host, conn: psycopg.Connection, make: bool) -> None:
-    """The way back of the tables routed by trigger on ``host`` (``make``; else dropped): each shard
-    table's writes mirrored into its partition of the routed table, which the way back publishes
-    like a parent (``sql/catalog/adopt_copy.create_mirror``). The apply worker's writes there before
-    the cutover are not mirrored (the trigger fires for the app's sessions only), nor routed again."""
+    """The way back's triggers on ``host`` (``make``; else dropped): the tables routed by trigger
+    have each shard table's writes mirrored into its partition of the routed table, which the way
+    back publishes like a parent (``sql/catalog/adopt_copy.create_mirror``); and every shard table's
+    TRUNCATE deletes its rows first, so that it comes back (``catalog.create_truncate_back``). The
+    apply worker's writes before the cutover fire neither (they fire for the app's sessions only)."""
+    if not make:
+        catalog.drop_truncate_back(conn)
+    elif host.shards:
+        shard_tables = [(site.topo.schema_name(n), t) for n in host.shards for t in site.tables]
+        catalog.create_truncate_back(conn, shard_tables)
     for table in site.routed_tables if host.shards else []:
         shards = {n: site.topo.schema_name(n) for n in host.shards}
         if not make:
@@ -221,6 +233,24 @@ def mirror_routed(site: Site, host: Host, conn: psycopg.Connection, make: bool) 
             continue
         pk = copy_catalog.primary_key(conn, (shards[host.shards[0]], table))
         copy_catalog.create_mirror(conn, table, shards, pk)
+
+
+def mirror_globals(site: Site, host: Host, conn: psycopg.Connection, make: bool) -> None:
+    """The way back of the global tables, on the global host (``make``; else dropped): each kept
+    whole in a mirror under the name the old database's table takes at the cutover
+    (:data:`MOVED_SCHEMA`, where a stub then takes its old name), which the way back publishes
+    (``sql/catalog/adopt_copy.create_table_mirror``). The mirror holds the rows as of the cutover:
+    the forward subscription's writes are mirrored too (and, having its origin, never go back)."""
+    if host.name != site.global_host.name:
+        return
+    for table in site.globals:
+        if make:
+            copy_catalog.create_table_mirror(
+                conn, (site.schema, table), (catalog.MOVED_SCHEMA, table)
+            )
+        else:
+            copy_catalog.drop_mirror(conn, table, {GLOBAL: site.schema})
+            conn.execute(catalog.drop_table_sql((catalog.MOVED_SCHEMA, table)))
 
 
 def restore_fleet_identities(site: Site, detail: dict) -> list[str]:
@@ -244,8 +274,8 @@ def streams(site: Site, src: psycopg.Connection) -> list[str]:
     """The slots on the old database whose subscribers the freeze waits for: the copy's, and the id
     map's when it has one (a row written just before the freeze is found by its old ID right after)."""
     names = site.forward_names()
-    if catalog.slot_database(src, ID_MAP_NAME) == src.info.dbname:  # not another adoption's
-        names.append(ID_MAP_NAME)
+    if catalog.slot_database(src, site.id_map()) == src.info.dbname:  # not another adoption's
+        names.append(site.id_map())
     return names
 
 
@@ -398,11 +428,11 @@ class AdoptFreeze(BoundedFreeze):
         src.execute(
             "".join(stubs.guard_sql(s, t, guard_message(site, t)) for s, t in site.source_tables())
         )
-        # The stubs take the sharded tables' names: a Router on a stale topology copy meets SCM01 on
-        # a read too, and follows the redirect (catalog only: no row is touched).
-        sharded = [(site.schema, t) for t in site.tables]
-        src.execute(catalog.set_schema_sql(sharded, catalog.MOVED_SCHEMA))
-        staged = [(catalog.STUB_STAGING, t) for t in site.tables]
+        # The stubs take the adopted tables' names, the global ones' too: a Router on a stale
+        # topology copy meets SCM01 on a read too, and follows the redirect (catalog only: no row is
+        # touched; the way back applies into the moved tables, by their new names).
+        src.execute(catalog.set_schema_sql(site.source_tables(), catalog.MOVED_SCHEMA))
+        staged = [(catalog.STUB_STAGING, t) for t in site.tables + site.globals]
         src.execute(catalog.set_schema_sql(staged, site.schema, view=True))
         self._move_fleet()
         for host in site.fleet_hosts():

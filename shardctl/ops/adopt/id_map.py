@@ -4,8 +4,9 @@ Old rows keep their IDs, which name no shard. The root table's old ID is its key
 other table's key is looked up in the id map database (``adoption.id_map``: ``dbname`` on a fleet
 host), which holds ``public.<table>(<id> PRIMARY KEY, <key>)`` per sharded table with an ID column,
 filled by PostgreSQL's logical replication from the old database: publication
-``shardctl_adopt_ids`` with column lists ``(<id>, <key>)`` there, subscription of the same name here
-(its initial copy is narrow: two columns). Inserts, deletes and key changes replicate by themselves.
+``shardctl_adopt_ids_<tag>`` (:func:`id_map_name`) with column lists ``(<id>, <key>)`` there,
+subscription of the same name here (its initial copy is narrow: two columns). Inserts, deletes
+and key changes replicate by themselves.
 
 A column list must cover the table's replica identity, or the app's UPDATEs on the old database
 fail ("column list ... does not cover the replica identity"). The copy gives tables whose identity
@@ -32,8 +33,13 @@ from ...sql.catalog import adopt_cutover as cut_catalog
 from ...sql.catalog import adopt_ids as catalog
 from ...sql.catalog import replication
 from ..move.run import peer_conninfo
+from .state import load_run, run_tag, slot_name
 
-ID_MAP_NAME = "shardctl_adopt_ids"  # the publication and slot on the source, the subscription here
+
+def id_map_name(src: psycopg.Connection) -> str:
+    """The id map's publication and slot on the old database ``src``, and its subscription in the
+    id map database: named with the tag of the run recorded there (``state.slot_name``)."""
+    return slot_name("ids", run_tag(load_run(src)))
 
 
 @dataclass
@@ -88,7 +94,8 @@ def ensure_id_map(
         return result
     src = db.connect(source, autocommit=True, connect_timeout=connect_timeout, purpose="adopt ids")
     try:
-        types = _source_side(src, schema, mapped_tables(tables), result)
+        name = id_map_name(src)
+        types = _source_side(src, name, schema, mapped_tables(tables), result)
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout) as admin:
             databases.ensure_database(admin, place.dbname)
         ids = db.connect(
@@ -99,12 +106,12 @@ def ensure_id_map(
                 catalog.create_id_table(
                     ids, schema, t.name, t.id, types[t.name][0], t.key, types[t.name][1]
                 )
-            if not replication.slot_exists(src, ID_MAP_NAME):
-                replication.create_slot(src, ID_MAP_NAME)
-            if not replication.subscriptions(ids, [ID_MAP_NAME]):
-                replication.create_subscription(ids, ID_MAP_NAME, publisher_conninfo(source))
+            if not replication.slot_exists(src, name):
+                replication.create_slot(src, name)
+            if not replication.subscriptions(ids, [name]):
+                replication.create_subscription(ids, name, publisher_conninfo(source))
             else:
-                replication.start_subscription(ids, ID_MAP_NAME)
+                replication.start_subscription(ids, name)
         finally:
             ids.close()
     except psycopg.Error as exc:
@@ -115,7 +122,11 @@ def ensure_id_map(
 
 
 def _source_side(
-    src: psycopg.Connection, schema: str, tables: list[AdoptedTable], result: IdMapResult
+    src: psycopg.Connection,
+    name: str,
+    schema: str,
+    tables: list[AdoptedTable],
+    result: IdMapResult,
 ) -> dict[str, tuple[str, str]]:
     """On the old database: replica identities the column lists cover, and the publication. Returns
     each table's (id type, key type)."""
@@ -128,8 +139,8 @@ def _source_side(
         types[t.name] = (cols[t.id][0], cols[t.key][0])
         _cover_identity(src, schema, t, cols, result)
         entries.append((t.name, t.id, t.key))
-    exists = replication.publication_exists(src, ID_MAP_NAME)
-    catalog.ids_publication(src, ID_MAP_NAME, schema, entries, exists=exists)
+    exists = replication.publication_exists(src, name)
+    catalog.ids_publication(src, name, schema, entries, exists=exists)
     return types
 
 
@@ -176,14 +187,15 @@ def wait_id_map(
     host = topology.host(place.host)
     deadline = time.monotonic() + timeout
     with db.connect(source, autocommit=True, connect_timeout=connect_timeout) as src:
+        name = id_map_name(src)
         lsn = replication.wal_insert_lsn(src)
         with db.connect(
             host, autocommit=True, connect_timeout=connect_timeout, database=place.dbname
         ) as ids:
             while True:
-                state = replication.sync_state(ids, [ID_MAP_NAME])
+                state = replication.sync_state(ids, [name])
                 ready = state["tables"] and state["ready"] == state["tables"]
-                if ready and replication.replayed(src, [ID_MAP_NAME], lsn):
+                if ready and replication.replayed(src, [name], lsn):
                     return
                 if time.monotonic() > deadline:
                     raise OperationFailed(
@@ -231,10 +243,15 @@ def drop_id_map(
     """Undo :func:`ensure_id_map`: the subscription, the publication(s), the slot and the replica
     identity indexes made for it on the old database; with ``keep_data`` (``--cleanup``: old IDs live
     forever) the id map database and its rows stay, else (``--abort``) the database goes too.
-    ``source`` None: the old database is gone; only the id map's side is undone. ``schema``: where
-    the adopted tables are on the old database (default: the adoption's schema)."""
+    ``source`` None: the old database is gone; only the id map's side is undone (every id map
+    subscription in its database: the run's tag is recorded on the old database). ``schema``:
+    where the adopted tables are on the old database (default: the adoption's schema)."""
     place = topology.id_map_place()
     host = topology.host(place.host)
+    name = None
+    if source is not None:
+        with db.connect(source, autocommit=True, connect_timeout=connect_timeout) as src:
+            name = id_map_name(src)
     with db.connect(host, autocommit=True, connect_timeout=connect_timeout) as admin:
         exists = databases.database_exists(admin, place.dbname)
     if exists:
@@ -243,24 +260,25 @@ def drop_id_map(
         ) as ids:
             # "detached" when the old database cannot be reached: its slot is dropped below, or
             # went with it
-            replication.drop_subscription(ids, ID_MAP_NAME)
-    if source is not None:
-        _drop_source_side(topology, source, connect_timeout, schema)
+            for sub in [name] if name else catalog.subscriptions_from(ids, slot_name("ids")):
+                replication.drop_subscription(ids, sub)
+    if source is not None and name is not None:
+        _drop_source_side(topology, source, name, connect_timeout, schema)
     if exists and not keep_data:
         with db.connect(host, autocommit=True, connect_timeout=connect_timeout) as admin:
             databases.drop_database(admin, place.dbname)
 
 
 def _drop_source_side(
-    topology: Topology, source: Host, connect_timeout: int, schema: str | None = None
+    topology: Topology, source: Host, name: str, connect_timeout: int, schema: str | None = None
 ) -> None:
     schema = schema or (topology.adoption.schema if topology.adoption else "public")
     tables = mapped_tables(topology.adoption.tables) if topology.adoption else []
     with db.connect(source, autocommit=True, connect_timeout=connect_timeout) as src:
-        replication.drop_publications(src, [ID_MAP_NAME])
-        if replication.slot_exists(src, ID_MAP_NAME):
-            replication.end_slot_holder(src, ID_MAP_NAME)
-            replication.drop_slot(src, ID_MAP_NAME)
+        replication.drop_publications(src, [name])
+        if replication.slot_exists(src, name):
+            replication.end_slot_holder(src, name)
+            replication.drop_slot(src, name)
         for t in tables:
             index = identity_index_name(t.name)
             ident = catalog.identity(src, schema, t.name)

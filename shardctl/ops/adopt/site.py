@@ -1,7 +1,8 @@
 """Where an adoption's cutover acts: the old database (the topology's ``adoption.source``), the fleet
 hosts that receive its rows, the tables on each side and the names of the replication objects
-(forward: ``shardctl_adopt_<host>``, made by ``adopt copy``; back: ``shardctl_adopt_back_<host>``,
-made by the cutover for ``--abort``)."""
+(forward: ``shardctl_adopt_<host>_<tag>``, made by ``adopt copy``; back:
+``shardctl_adopt_back_<host>_<tag>``, made by the cutover for ``--abort``; the id map's:
+``shardctl_adopt_ids_<tag>``; the tag is the run's, see ``state.slot_name``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ...router.placement import GLOBAL
 from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
 from ..move.run import Progress
-from .state import slot_name
+from .state import run_tag, slot_name
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Site:
     progress: Progress = field(default=lambda step, done, total, note: None)
     notes: list[str] = field(default_factory=list)
     routed_tables: list[str] = field(default_factory=list)  # see routed()
+    tag: str = ""  # of the replication objects' names: the run's, read by run_state()
 
     @classmethod
     def of(
@@ -94,12 +96,13 @@ class Site:
     def parents(self, host: Host, moved: bool = False) -> list[tuple[str, str]]:
         """What ``host`` holds under the old database's names: a partitioned parent per sharded table
         (for a table ``adopt copy`` routes by trigger, its routed table; when the host owns shards;
-        in :data:`MOVED_SCHEMA` from the cutover, ``moved``), and the global tables on the global
-        host."""
+        in :data:`MOVED_SCHEMA` from the cutover, ``moved``), and on the global host each global
+        table's mirror (``cutover.mirror_globals``), always in :data:`MOVED_SCHEMA`: the old
+        database's global tables move there at the cutover too."""
         where = catalog.MOVED_SCHEMA if moved else self.schema
         out = [(where, t) for t in self.tables] if host.shards else []
         if host.name == self.global_host.name:
-            out += [(self.schema, t) for t in self.globals]
+            out += [(catalog.MOVED_SCHEMA, t) for t in self.globals]
         return out
 
     def routed_shard_tables(self, host: Host) -> list[tuple[str, str]]:
@@ -113,13 +116,15 @@ class Site:
         ]
 
     def located(self, conn: psycopg.Connection, host: Host | None = None) -> list[tuple[str, str]]:
-        """Where the sharded tables are now on ``conn``'s database (the old database, or fleet host
+        """Where the adopted tables are now on ``conn``'s database (the old database, or fleet host
         ``host``'s parents): in the app's schema before the cutover, in :data:`MOVED_SCHEMA` after
-        it; then the global tables (on the old database, and on the global host)."""
+        it; then the global tables (on the old database, there too; on the global host, the tables
+        the app uses, in its schema: their mirrors are not listed)."""
         sharded = [] if host is not None and not host.shards else self.tables
-        where = catalog.table_schemas(conn, sharded, [catalog.MOVED_SCHEMA, self.schema])
-        out = [(where[t], t) for t in sharded if t in where]
-        if host is None or host.name == self.global_host.name:
+        names = sharded + (self.globals if host is None else [])
+        where = catalog.table_schemas(conn, names, [catalog.MOVED_SCHEMA, self.schema])
+        out = [(where[t], t) for t in names if t in where]
+        if host is not None and host.name == self.global_host.name:
             out += [(self.schema, t) for t in self.globals]
         return out
 
@@ -136,16 +141,18 @@ class Site:
             out += [(self.schema, t) for t in self.globals]
         return out
 
-    # ---- names -------------------------------------------------------------------------------
-    @staticmethod
-    def forward(host: Host) -> str:
+    # ---- names (the run's tag: call run_state() first) ---------------------------------------
+    def forward(self, host: Host) -> str:
         """``adopt copy``'s publication, slot and subscription for ``host``."""
-        return slot_name(host.name)
+        return slot_name(host.name, self.tag)
 
-    @staticmethod
-    def back(host: Host) -> str:
+    def back(self, host: Host) -> str:
         """The way back's publication, slot and subscription for ``host``."""
-        return slot_name(f"back_{host.name}")
+        return slot_name(f"back_{host.name}", self.tag)
+
+    def id_map(self) -> str:
+        """The id map's publication and slot (old database) and subscription (id map database)."""
+        return slot_name("ids", self.tag)
 
     def forward_names(self) -> list[str]:
         return [self.forward(h) for h in self.fleet_hosts()]
@@ -162,6 +169,7 @@ class Site:
                 f"`shardctl adopt copy` first"
             )
         self.routed_tables = self.routed(state[1])
+        self.tag = run_tag(state[1])
         return state
 
     def note(self, message: str) -> None:

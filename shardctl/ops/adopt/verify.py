@@ -5,7 +5,7 @@ Each sharded table is split into chunks by ranges of its ID column (its key wher
 recorded on the source in ``shardctl_adopt.verify_chunks`` before the first is checked. A chunk is
 checked as the move's ``--verify-before full`` checks a table (``data.checksum_rows``, by
 ``transfer.at_lag_zero``): on the source, one snapshot, the chunk's row count and checksum per
-``key % modulus``; on every host, once the subscriptions ``shardctl_adopt_<host>`` have applied the
+``key % modulus``; on every host, once the subscriptions ``shardctl_adopt_<host>_<tag>`` have applied the
 source's WAL up to past that snapshot, the same per shard, with the rows whose key belongs to another
 shard. A shard that differs is checked again: while the app writes it may differ because its rows were
 written meanwhile (the source's figures changed: "busy", left to the cutover's own check); one that

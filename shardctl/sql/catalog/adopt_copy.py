@@ -412,6 +412,11 @@ def global_table_ddl(table: Any, schema: str) -> str:
 # change into the shard's partition of the routed table, which holds the rows as of the cutover and
 # goes back through the way back's publication like a parent. Neither trigger fires for the other's
 # writes (session_replication_role), so nothing loops.
+#
+# A global table's way back is a mirror of the same kind (:func:`create_table_mirror`): a copy of the
+# table under the name the old database's table takes at the cutover, kept equal to it by the same
+# function for every write (the apply worker's too, from before the cutover: the mirror holds the
+# rows as of the cutover, so the way back's updates and deletes find them on the old database).
 
 SHARD_TYPED = """
 SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typnamespace = c.relnamespace,
@@ -429,6 +434,8 @@ SELECT ARRAY(SELECT a.attname::text FROM unnest(k.conkey) WITH ORDINALITY u(n, i
 # ``targets``: "schema.table" a row-level trigger fires on -> [schema, table] its change goes to. A
 # row-level trigger fires on the partition that holds the row (an UPDATE that moves a row to another
 # partition fires DELETE there and INSERT in the new one), so the table fired on names the row's shard.
+# ``match``: the old row in the target, by its primary key (``KEY_MATCH``), or, for a table without
+# one, one row equal to it, NULLs included (``ROW_MATCH``: one of two equal rows goes, as in the source).
 ROUTE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $route$
 DECLARE
@@ -443,7 +450,7 @@ BEGIN
     END IF;
     t := targets -> (TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME);
     IF TG_OP <> 'INSERT' THEN
-        EXECUTE format('DELETE FROM %I.%I WHERE ({pk}) = ({old_pk})', t ->> 0, t ->> 1) USING OLD;
+        EXECUTE format('DELETE FROM %1$I.%2$I WHERE {match}', t ->> 0, t ->> 1) USING OLD;
     END IF;
     IF TG_OP <> 'DELETE' THEN
         EXECUTE format('INSERT INTO %1$I.%2$I SELECT * FROM json_populate_record(NULL::%1$I.%2$I, $1)',
@@ -452,8 +459,13 @@ BEGIN
     RETURN NULL;
 END
 $route$"""
+KEY_MATCH = "({pk}) = ({old_pk})"
+ROW_MATCH = (
+    "ctid = (SELECT ctid FROM %1$I.%2$I WHERE ({pk}) IS NOT DISTINCT FROM ({old_pk}) LIMIT 1)"
+)
 ROUTE_TRIGGER = "shardctl_adopt_route"
 MIRROR_TRIGGER = "shardctl_adopt_mirror"
+MIRROR_TRUNCATE_TRIGGER = "shardctl_adopt_mirror_truncate"
 
 
 def shard_typed_columns(
@@ -535,17 +547,22 @@ def create_route_function(
     function: tuple[str, str],
     targets: dict[tuple[str, str], tuple[str, str]],
     pk: list[str],
+    columns: list[str] | None = None,
 ) -> None:
     """:data:`ROUTE_FUNCTION` as ``function``: each row change of a table of ``targets`` (fired on →
-    written to) applied to its target, by the primary key ``pk``."""
-    pk_list = ", ".join(sql.Identifier(c).as_string(conn) for c in pk)
-    old_pk = ", ".join(f"$1.{sql.Identifier(c).as_string(conn)}" for c in pk)
+    written to) applied to its target, by the primary key ``pk``; without one, by all its
+    ``columns``."""
+    match = sql.SQL(KEY_MATCH if pk else ROW_MATCH).format(
+        pk=sql.SQL(", ").join(map(sql.Identifier, pk or columns or [])),
+        old_pk=sql.SQL(", ").join(
+            sql.SQL("$1.{}").format(sql.Identifier(c)) for c in pk or columns or []
+        ),
+    )
     conn.execute(
         sql.SQL(ROUTE_FUNCTION).format(
             function=sql.Identifier(*function),
             targets=sql.Literal(Jsonb({f"{s}.{t}": list(to) for (s, t), to in targets.items()})),
-            pk=sql.SQL(pk_list.replace("'", "''")),
-            old_pk=sql.SQL(old_pk.replace("'", "''")),
+            match=sql.SQL(match.as_string(conn).replace("'", "''")),
         )
     )
 
@@ -560,31 +577,100 @@ def create_mirror(
     """The way back of routed table ``table`` (see above): on each shard table of ``shard_schemas``
     (shard → schema) a trigger that writes its row changes into the shard's partition of the routed
     table. Idempotent."""
-    function = mirror_function(table)
     targets = {(s, table): routed_partition(table, n) for n, s in shard_schemas.items()}
-    create_route_function(conn, function, targets, pk)
-    for s in shard_schemas.values():
+    mirror_into(conn, mirror_function(table), targets, pk)
+
+
+def mirror_into(
+    conn: psycopg.Connection,
+    function: tuple[str, str],
+    targets: dict[tuple[str, str], tuple[str, str]],
+    pk: list[str],
+    whole: bool = False,
+    columns: list[str] | None = None,
+) -> None:
+    """On each table of ``targets`` (→ the table its row changes are written to, by the primary key
+    ``pk``, else by all its ``columns``) a trigger ``function`` that writes them there, for the app's
+    sessions only; ``whole`` (one table mirrored whole): for every session, the subscription's apply
+    worker's too, and its TRUNCATEs (as DELETEs). Idempotent."""
+    create_route_function(conn, function, targets, pk, columns)
+    for source in targets:
         conn.execute(
             sql.SQL(
                 "CREATE OR REPLACE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW "
                 "EXECUTE FUNCTION {}()"
             ).format(
-                sql.Identifier(MIRROR_TRIGGER),
-                sql.Identifier(s, table),
+                sql.Identifier(MIRROR_TRIGGER), sql.Identifier(*source), sql.Identifier(*function)
+            )
+        )
+        if not whole:
+            continue
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
+                "EXECUTE FUNCTION {}()"
+            ).format(
+                sql.Identifier(MIRROR_TRUNCATE_TRIGGER),
+                sql.Identifier(*source),
                 sql.Identifier(*function),
             )
         )
+        for trigger in (MIRROR_TRIGGER, MIRROR_TRUNCATE_TRIGGER):
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(
+                    sql.Identifier(*source), sql.Identifier(trigger)
+                )
+            )
+
+
+def create_table_mirror(
+    conn: psycopg.Connection, table: tuple[str, str], mirror: tuple[str, str]
+) -> bool:
+    """``mirror``: ``table``'s rows (its stored columns, its primary key if it has one, REPLICA
+    IDENTITY FULL: the subscriber finds each old row by its own identity), kept equal to it by
+    :func:`mirror_into` (``whole``). Made, filled and triggered in one transaction that stops
+    ``table``'s writers meanwhile; False when it exists already (its trigger has kept it equal
+    since)."""
+    if table_exists(conn, *mirror):
+        return False
+    pk = primary_key(conn, table)
+    names = [c[0] for c in shard_typed_columns(conn, table)]
+    columns = sql.SQL(", ").join(map(sql.Identifier, names))
+    with conn.transaction():
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(*table))
+        )
+        if table_exists(conn, *mirror):
+            return False
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(mirror[0])))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(STATE_SCHEMA)))
+        target = sql.Identifier(*mirror)
+        conn.execute(
+            sql.SQL("CREATE TABLE {} AS SELECT {} FROM {}").format(
+                target, columns, sql.Identifier(*table)
+            )
+        )
+        key = sql.SQL("ADD PRIMARY KEY ({}), ").format(sql.SQL(", ").join(map(sql.Identifier, pk)))
+        conn.execute(
+            sql.SQL("ALTER TABLE {} {}REPLICA IDENTITY FULL").format(
+                target, key if pk else sql.SQL("")
+            )
+        )
+        mirror_into(conn, mirror_function(table[1]), {table: mirror}, pk, True, names)
+    return True
 
 
 def drop_mirror(conn: psycopg.Connection, table: str, shard_schemas: dict[int, str]) -> None:
-    """:func:`create_mirror`'s triggers and function gone (those that exist)."""
+    """:func:`create_mirror`'s (or :func:`mirror_into`'s) triggers and function gone (those that
+    exist)."""
     for s in shard_schemas.values():
         if table_exists(conn, s, table):
-            conn.execute(
-                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-                    sql.Identifier(MIRROR_TRIGGER), sql.Identifier(s, table)
+            for trigger in (MIRROR_TRIGGER, MIRROR_TRUNCATE_TRIGGER):
+                conn.execute(
+                    sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                        sql.Identifier(trigger), sql.Identifier(s, table)
+                    )
                 )
-            )
     conn.execute(
         sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(*mirror_function(table)))
     )

@@ -165,6 +165,65 @@ def drop_state_schema(conn: psycopg.Connection) -> None:
     conn.execute("DROP SCHEMA IF EXISTS shardctl_adopt CASCADE")
 
 
+# ---- TRUNCATE on the fleet, carried back --------------------------------------------------------
+# The way back carries row changes only: a TRUNCATE of a shard table is not published (a partition's
+# is not, under ``publish_via_partition_root``) and fires no row trigger (the mirror of a table
+# routed by trigger). Until the way back is dropped, each shard table's TRUNCATE first deletes its
+# rows, and those of the tables referencing it (which the TRUNCATE empties too: it refuses
+# otherwise), the deepest first so their foreign keys hold: each delete comes back as any other.
+TRUNCATE_BACK_TRIGGER = "shardctl_adopt_mirror_truncate"
+TRUNCATE_BACK_FUNCTION = ("shardctl_adopt", "mirror_truncate")
+TRUNCATE_BACK = """
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $back$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        WITH RECURSIVE refs(rel, depth) AS (
+            SELECT TG_RELID, 0
+            UNION ALL
+            SELECT k.conrelid, refs.depth + 1 FROM pg_constraint k JOIN refs ON k.confrelid = refs.rel
+             WHERE k.contype = 'f' AND k.conrelid <> k.confrelid AND refs.depth < 16)
+        SELECT rel FROM refs GROUP BY rel ORDER BY max(depth) DESC
+    LOOP
+        EXECUTE format('DELETE FROM %s', r.rel::regclass);
+    END LOOP;
+    RETURN NULL;
+END
+$back$"""
+TRUNCATE_BACK_TABLES = """
+SELECT n.nspname::text, c.relname::text FROM pg_trigger t
+  JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE t.tgname = %s"""
+
+
+def create_truncate_back(conn: psycopg.Connection, tables: list[tuple[str, str]]) -> None:
+    """The ``BEFORE TRUNCATE`` trigger of :data:`TRUNCATE_BACK` on each of ``tables`` (schema,
+    table). Idempotent. One table a statement (``conn`` in autocommit): a trigger's DDL locks its
+    table, and several held at once could deadlock with a transaction using them in another order."""
+    conn.execute("CREATE SCHEMA IF NOT EXISTS shardctl_adopt")
+    function = sql.Identifier(*TRUNCATE_BACK_FUNCTION)
+    conn.execute(sql.SQL(TRUNCATE_BACK).format(function=function))
+    make = sql.SQL(
+        "CREATE OR REPLACE TRIGGER {} BEFORE TRUNCATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()"
+    )
+    for table in tables:
+        conn.execute(
+            make.format(sql.Identifier(TRUNCATE_BACK_TRIGGER), sql.Identifier(*table), function)
+        )
+
+
+def drop_truncate_back(conn: psycopg.Connection) -> None:
+    """:func:`create_truncate_back`'s triggers (wherever they are, one table a statement: see there)
+    and function gone."""
+    drop = sql.SQL("DROP TRIGGER IF EXISTS {} ON {}")
+    for table in conn.execute(TRUNCATE_BACK_TABLES, (TRUNCATE_BACK_TRIGGER,)).fetchall():
+        conn.execute(drop.format(sql.Identifier(TRUNCATE_BACK_TRIGGER), sql.Identifier(*table)))
+    conn.execute(
+        sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(*TRUNCATE_BACK_FUNCTION))
+    )
+
+
 # ---- the old names handed to stubs at the cutover --------------------------------------------------
 # The schema the adopted tables move to at the cutover: on the old database (their old names in the
 # app's schema then hold stubs), and on each fleet host (its partitioned parents, so the way back

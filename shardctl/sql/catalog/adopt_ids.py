@@ -135,3 +135,17 @@ def create_id_table(
             sql.SQL(key_type),
         )
     )
+
+
+def subscriptions_from(conn: psycopg.Connection, prefix: str) -> list[str]:
+    """This database's subscriptions whose names start with ``prefix`` (an id map database's, when
+    the old database that names its run is out of reach)."""
+    like = prefix.replace("\\", "\\\\").replace("_", "\\_").replace("%", "\\%") + "%"
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT subname FROM pg_subscription WHERE subname LIKE %s AND subdbid = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY 1",
+            (like,),
+        ).fetchall()
+    ]

@@ -232,7 +232,7 @@ def last_run(conn: psycopg.Connection) -> tuple | None:
 
 
 def copy_slots(conn: psycopg.Connection) -> list[str]:
-    """The adoption's logical slots in this database (``shardctl_adopt_<host>``, one per fleet host,
+    """The adoption's logical slots in this database (``shardctl_adopt_<host>_<tag>``, one per fleet host,
     and the id map's): while any exists, the copy replicates and the shards follow the source."""
     rows = conn.execute(
         "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical' "

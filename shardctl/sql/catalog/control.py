@@ -303,26 +303,36 @@ def record_template(conn: psycopg.Connection, shard: int, obj: str, checksum: st
 # while the set of noted transactions is the same. Made only by a superuser (event triggers need
 # one); without it there is no watch, and nothing is cached.
 CATALOG_WATCH = "shardctl_catalog_watch"
-_WATCH_SQL = f"""
-CREATE TABLE IF NOT EXISTS shardctl.catalog_changes (
-    xid xid8 PRIMARY KEY DEFAULT pg_current_xact_id(),
-    at timestamptz NOT NULL DEFAULT now()
-);
-CREATE OR REPLACE FUNCTION shardctl.note_catalog_change() RETURNS event_trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+_NOTE_BODY = """
 BEGIN
     -- once per transaction; a failure here must never fail the DDL that fired it
     IF current_setting('shardctl.catalog_noted', true) = 'on' THEN
         RETURN;
     END IF;
-    PERFORM set_config('shardctl.catalog_noted', 'on', true);
     BEGIN
+        -- a session's own temporary objects (verify's sampling function) change no shard: a
+        -- command that names only pg_temp schemas is not noted (a DROP names none: noted)
+        IF (SELECT count(*) > 0 AND bool_and(coalesce(c.schema_name ~ '^pg_temp(_[0-9]+)?$', false))
+              FROM pg_event_trigger_ddl_commands() AS c) THEN
+            RETURN;
+        END IF;
+        PERFORM set_config('shardctl.catalog_noted', 'on', true);
         INSERT INTO shardctl.catalog_changes DEFAULT VALUES ON CONFLICT DO NOTHING;
     EXCEPTION WHEN OTHERS THEN
         NULL;
     END;
-END $$;
+END """
+_NOTE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION shardctl.note_catalog_change() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $${_NOTE_BODY}$$;
 REVOKE ALL ON FUNCTION shardctl.note_catalog_change() FROM PUBLIC;
+"""
+_WATCH_SQL = f"""
+CREATE TABLE IF NOT EXISTS shardctl.catalog_changes (
+    xid xid8 PRIMARY KEY DEFAULT pg_current_xact_id(),
+    at timestamptz NOT NULL DEFAULT now()
+);
+{_NOTE_FUNCTION}
 CREATE EVENT TRIGGER {CATALOG_WATCH} ON ddl_command_end
     EXECUTE FUNCTION shardctl.note_catalog_change();
 """
@@ -338,16 +348,24 @@ def catalog_watch_on(conn: psycopg.Connection) -> bool:
 
 
 def ensure_catalog_watch(conn: psycopg.Connection) -> bool:
-    """Start noting DDL transactions when the role may (a superuser); whether the watch is on."""
-    if catalog_watch_on(conn):
+    """Start noting DDL transactions when the role may (a superuser), or bring the noting function
+    of an older shardctl up to date; whether the watch is on."""
+    on = catalog_watch_on(conn)
+    if (
+        on
+        and conn.execute(
+            "SELECT prosrc = %s FROM pg_proc WHERE oid = 'shardctl.note_catalog_change()'::regprocedure",
+            (_NOTE_BODY,),
+        ).fetchone()[0]
+    ):
         return True
     if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
-        return False
+        return on
     try:
         with conn.transaction():
-            conn.execute(_WATCH_SQL)
+            conn.execute(_NOTE_FUNCTION if on else _WATCH_SQL)
     except psycopg.Error:  # a server too old for xid8, or a managed one that refuses event triggers
-        return False
+        return on
     return True
 
 

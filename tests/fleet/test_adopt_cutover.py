@@ -22,7 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from support import crash_at
-from support.apps import apply_fixes, load_app
+from support.adopt_cutover import SHARDS, cli_json, fleet_tasks, leftovers, real_adoption, sql
 from support.fleet import load, run_cli, stale_copy
 from support.history import History
 
@@ -34,7 +34,6 @@ from shardctl.ops.move.run import HOOKS
 from shardctl.router import Router
 from shardctl.sql.catalog import adopt_copy, adopt_verify
 
-SHARDS = 4
 TABLES = {"users": "id", "photos": "user_id", "likes": "user_id"}  # table -> key
 ID_FLOOR = 1 << 40
 SOURCE_DDL = """
@@ -61,11 +60,6 @@ def adoption_text(dsn: str) -> str:
         f'adoption:\n  source: {{dsn: "{dsn}"}}\n  schema: public\n  authoritative: source\n'
         f"  id_floor: {ID_FLOOR}\n  tables: {{{tables}}}\n  globals: [plans]\n"
     )
-
-
-def sql(conn: psycopg.Connection, text: str, *args) -> list[tuple]:
-    cur = conn.execute(text, args)
-    return cur.fetchall() if cur.description else []
 
 
 def load_source(src: psycopg.Connection, users: int) -> None:
@@ -176,39 +170,6 @@ def fleet_rows(path: Path, table: str) -> dict[int, tuple[str, str]]:
     return out
 
 
-def leftovers(path: Path, src_dsn: str) -> dict[str, list]:
-    """Replication objects and parents of the adoption left on any database."""
-    topo = load(path)
-    out: dict[str, list] = {}
-    conns = [("source", src_dsn, {})] + [(h.name, None, h.connect_kwargs()) for h in topo.hosts]
-    for name, dsn, kwargs in conns:
-        with (
-            psycopg.connect(dsn, autocommit=True)
-            if dsn
-            else psycopg.connect(**kwargs, autocommit=True)
-        ) as c:
-            found = sql(
-                c,
-                "SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'shardctl\\_adopt%%'",
-            )
-            found += sql(
-                c,
-                "SELECT 'publication ' || pubname FROM pg_publication WHERE pubname LIKE 'shardctl\\_adopt%%'",
-            )
-            found += sql(
-                c,
-                "SELECT 'subscription ' || subname FROM pg_subscription WHERE subname LIKE 'shardctl\\_adopt%%'",
-            )
-            found += sql(
-                c,
-                "SELECT 'parent ' || relname FROM pg_class WHERE relkind = 'p' "
-                "AND relnamespace::regnamespace::text IN ('public', 'shardctl_adopted')",
-            )
-            if found:
-                out[name] = [r[0] for r in found]
-    return out
-
-
 def came_back(src_dsn: str, table: str, id_: int, timeout: float = 30) -> None:
     """Until the old database's ``table`` holds row ``id_`` (the way back applied it)."""
     with psycopg.connect(src_dsn, autocommit=True) as src:
@@ -218,12 +179,6 @@ def came_back(src_dsn: str, table: str, id_: int, timeout: float = 30) -> None:
                 return
             time.sleep(0.05)
     raise AssertionError(f"row {id_} never came back to the old database's {table}")
-
-
-def cli_json(path: Path, *args: str) -> dict:
-    r = run_cli("adopt", "cutover", *args, "--json", config=path)
-    assert r.exit_code == 0, (r.stdout, r.stderr)
-    return json.loads(r.stdout)
 
 
 READ_SQL = "SELECT current_schema(), coalesce(array_agg(id), '{}') FROM photos WHERE user_id = %s"
@@ -741,31 +696,6 @@ def test_sigkill_in_abort_or_cleanup_then_rerun_finishes(make_fleet, point):
         assert new in fleet_rows(path, "photos")
 
 
-def real_adoption(make_fleet, tmp_path: Path, app: str = "forum_django") -> tuple[Path, str, Path]:
-    """``app``'s schema (the Django forum's) adopted with the real commands up to the cutover:
-    (topology, old database's DSN, plan file)."""
-    dsn = make_fleet.new_database(0)
-    path = make_fleet(hosts=2, shards=SHARDS, extra="routing:\n  key: user_id\n")
-    for f in (path.parent / "migrations").iterdir():
-        f.unlink()
-    load_app(dsn, app, users=20)
-    r = run_cli("adopt", "plan", "--from", dsn, "--json", config=path)
-    apply_fixes(dsn, app, json.loads(r.stdout))
-    plan_file = tmp_path / "plan.yaml"
-    steps = [
-        ("adopt", "plan", "--from", dsn, "--out", plan_file),
-        ("adopt", "baseline", "--from", dsn, "--plan", plan_file),
-        ("init",),
-        ("adopt", "copy", "--from", dsn, "--plan", plan_file),
-        ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
-        ("adopt", "cutover"),
-    ]
-    for step in steps:
-        r = run_cli(*step, config=path)
-        assert r.exit_code == 0, (step, r)
-    return path, dsn, plan_file
-
-
 def same_rows_as_the_old_database(path: Path, dsn: str) -> None:
     """Each old row (posts, votes) once on the fleet, in its key's shard, and no other row."""
     topo = load(path)
@@ -849,20 +779,6 @@ def test_real_copy_verify_cutover_then_abort_carries_back_updates_and_deletes(ma
     r = run_cli("adopt", "cutover", config=path)
     assert r.exit_code == 2 and "adopt verify never ran" in r.stderr, r  # the old one is stale
     finish_second_attempt(path, dsn, plan_file)
-
-
-def fleet_tasks(path: Path) -> dict[int, dict]:
-    """id -> the row (as jsonb: the enum as its label) of every task on the fleet's shards."""
-    topo = load(path)
-    out: dict[int, dict] = {}
-    for host in topo.hosts:
-        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
-            for n in host.shards:
-                s = topo.schema_name(n)
-                for i, row in sql(conn, f"SELECT id, to_jsonb(t) FROM {s}.tasks t"):
-                    assert i not in out, f"task {i} twice"
-                    out[i] = row
-    return out
 
 
 def test_abort_brings_back_the_fleets_writes_to_a_table_routed_by_trigger(make_fleet, tmp_path):

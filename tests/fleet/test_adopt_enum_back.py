@@ -16,8 +16,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from support import crash_at
+from support.adopt_cutover import SHARDS, cli_json, fleet_tasks, leftovers, real_adoption, sql
 from support.fleet import load
-from test_adopt_cutover import SHARDS, cli_json, fleet_tasks, leftovers, real_adoption, sql
 
 
 def shard_rows(path: Path, table: str, cols: str) -> set[tuple]:

@@ -1,0 +1,98 @@
+"""What the adoption's cutover tests share (tests/fleet/test_adopt_cutover.py and the files that
+test one side of it): the real commands up to the cutover, the cutover's JSON, and what is left on
+the databases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+
+from support.apps import apply_fixes, load_app
+from support.fleet import load, run_cli
+
+SHARDS = 4
+
+
+def sql(conn: psycopg.Connection, text: str, *args) -> list[tuple]:
+    cur = conn.execute(text, args)
+    return cur.fetchall() if cur.description else []
+
+
+def leftovers(path: Path, src_dsn: str) -> dict[str, list]:
+    """Replication objects and parents of the adoption left on any database."""
+    topo = load(path)
+    out: dict[str, list] = {}
+    conns = [("source", src_dsn, {})] + [(h.name, None, h.connect_kwargs()) for h in topo.hosts]
+    for name, dsn, kwargs in conns:
+        with (
+            psycopg.connect(dsn, autocommit=True)
+            if dsn
+            else psycopg.connect(**kwargs, autocommit=True)
+        ) as c:
+            found = sql(
+                c,
+                "SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'shardctl\\_adopt%%'",
+            )
+            found += sql(
+                c,
+                "SELECT 'publication ' || pubname FROM pg_publication WHERE pubname LIKE 'shardctl\\_adopt%%'",
+            )
+            found += sql(
+                c,
+                "SELECT 'subscription ' || subname FROM pg_subscription WHERE subname LIKE 'shardctl\\_adopt%%'",
+            )
+            found += sql(
+                c,
+                "SELECT 'parent ' || relname FROM pg_class WHERE relkind = 'p' "
+                "AND relnamespace::regnamespace::text IN ('public', 'shardctl_adopted')",
+            )
+            if found:
+                out[name] = [r[0] for r in found]
+    return out
+
+
+def cli_json(path: Path, *args: str) -> dict:
+    r = run_cli("adopt", "cutover", *args, "--json", config=path)
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    return json.loads(r.stdout)
+
+
+def real_adoption(make_fleet, tmp_path: Path, app: str = "forum_django") -> tuple[Path, str, Path]:
+    """``app``'s schema (the Django forum's) adopted with the real commands up to the cutover:
+    (topology, old database's DSN, plan file)."""
+    dsn = make_fleet.new_database(0)
+    path = make_fleet(hosts=2, shards=SHARDS, extra="routing:\n  key: user_id\n")
+    for f in (path.parent / "migrations").iterdir():
+        f.unlink()
+    load_app(dsn, app, users=20)
+    r = run_cli("adopt", "plan", "--from", dsn, "--json", config=path)
+    apply_fixes(dsn, app, json.loads(r.stdout))
+    plan_file = tmp_path / "plan.yaml"
+    steps = [
+        ("adopt", "plan", "--from", dsn, "--out", plan_file),
+        ("adopt", "baseline", "--from", dsn, "--plan", plan_file),
+        ("init",),
+        ("adopt", "copy", "--from", dsn, "--plan", plan_file),
+        ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
+        ("adopt", "cutover"),
+    ]
+    for step in steps:
+        r = run_cli(*step, config=path)
+        assert r.exit_code == 0, (step, r)
+    return path, dsn, plan_file
+
+
+def fleet_tasks(path: Path) -> dict[int, dict]:
+    """id -> the row (as jsonb: the enum as its label) of every task on the fleet's shards."""
+    topo = load(path)
+    out: dict[int, dict] = {}
+    for host in topo.hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            for n in host.shards:
+                s = topo.schema_name(n)
+                for i, row in sql(conn, f"SELECT id, to_jsonb(t) FROM {s}.tasks t"):
+                    assert i not in out, f"task {i} twice"
+                    out[i] = row
+    return out

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 import yaml
 from psycopg.conninfo import make_conninfo
+from support.adopt_cutover import shard_rows, sql
 from support.fleet import load, run_cli, sandbox_dir
 from support.history import History
 
@@ -54,11 +55,6 @@ INSERT INTO users (username) SELECT 'u' || g FROM generate_series(1, {USERS}) g;
 INSERT INTO photos (user_id, caption) SELECT u.id, 'old' FROM users u, generate_series(1, 3);
 INSERT INTO plans (name) VALUES ('free'), ('pro');
 """
-
-
-def sql(conn: psycopg.Connection, text: str, *args) -> list[tuple]:
-    cur = conn.execute(text, args)
-    return cur.fetchall() if cur.description else []
 
 
 @pytest.fixture(scope="module", params=["password", pytest.param("tls", marks=pytest.mark.slow)])
@@ -178,14 +174,9 @@ def writer(path: Path, history: History, plans: list[int]) -> Iterator[None]:
 
 def fleet_photos(path: Path) -> dict[int, list[tuple[str, str, int]]]:
     """id -> every (host, schema, user_id) holding it in a shard schema of the fleet."""
-    topo = load(path)
     out: dict[int, list] = {}
-    for host in topo.hosts:
-        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
-            for n in host.shards:
-                s = topo.schema_name(n)
-                for i, user in sql(conn, f"SELECT id, user_id FROM {s}.photos"):
-                    out.setdefault(i, []).append((host.name, s, user))
+    for host, schema, (i, user) in shard_rows(path, "SELECT id, user_id FROM {}.photos"):
+        out.setdefault(i, []).append((host, schema, user))
     return out
 
 

@@ -5,6 +5,7 @@ the databases."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -84,15 +85,22 @@ def real_adoption(make_fleet, tmp_path: Path, app: str = "forum_django") -> tupl
     return path, dsn, plan_file
 
 
-def fleet_tasks(path: Path) -> dict[int, dict]:
-    """id -> the row (as jsonb: the enum as its label) of every task on the fleet's shards."""
+def shard_rows(path: Path, query: str) -> Iterator[tuple[str, str, tuple]]:
+    """(host, shard schema, row) for each row of ``query`` run in every shard of the fleet, its
+    ``{}`` the shard's schema."""
     topo = load(path)
-    out: dict[int, dict] = {}
     for host in topo.hosts:
         with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
             for n in host.shards:
-                s = topo.schema_name(n)
-                for i, row in sql(conn, f"SELECT id, to_jsonb(t) FROM {s}.tasks t"):
-                    assert i not in out, f"task {i} twice"
-                    out[i] = row
+                schema = topo.schema_name(n)
+                for row in sql(conn, query.format(schema)):
+                    yield host.name, schema, row
+
+
+def fleet_tasks(path: Path) -> dict[int, dict]:
+    """id -> the row (as jsonb: the enum as its label) of every task on the fleet's shards."""
+    out: dict[int, dict] = {}
+    for _, _, (i, row) in shard_rows(path, "SELECT id, to_jsonb(t) FROM {}.tasks t"):
+        assert i not in out, f"task {i} twice"
+        out[i] = row
     return out

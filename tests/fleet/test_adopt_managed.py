@@ -291,15 +291,21 @@ def test_managed_role_adopts_then_aborts(managed_servers, tmp_path):
             "GRANT pg_create_subscription TO app",
             "host pg1: role app lacks pg_create_subscription",
         ),
+        (
+            0,
+            "ALTER ROLE app NOCREATEDB",
+            "ALTER ROLE app CREATEDB",
+            "lacks CREATEDB to create the id map",
+        ),
     ],
 )
 def test_a_missing_privilege_is_refused_before_anything_changes(
     managed_servers, tmp_path, host, take, give, named
 ):
-    """Without REPLICATION on the old database's server, or pg_create_subscription on a fleet
-    host, ``adopt copy`` refuses in one line naming it (exit 2): no schema, slot or publication on
-    the old database, the topology file as it was."""
-    name = f"mrefuse{host}"
+    """Without REPLICATION on the old database's server, or pg_create_subscription or CREATEDB
+    (for the id map's database) on a fleet host, ``adopt copy`` refuses in one line naming it
+    (exit 2): no schema, slot or publication on the old database, the topology file as it was."""
+    name = f"mrefuse{host}_{take.split()[1].lower()}"  # a database per case
     path, old = managed_fleet(managed_servers, tmp_path, name)
     plan_file = tmp_path / "plan.yaml"
     step(path, "adopt", "plan", "--from", old, "--out", plan_file)

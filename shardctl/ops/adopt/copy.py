@@ -51,6 +51,7 @@ from ...model.documents import Result
 from ...model.ranges import format_shards
 from ...model.topology import Host, Topology, server_database
 from ...model.topology_file import write_adoption
+from ...sql import databases
 from ...sql.catalog import adopt_copy as catalog
 from ...sql.catalog import adopt_cutover as cut_catalog
 from ...sql.catalog import inspect, replication
@@ -437,13 +438,25 @@ def _role_problems(job: Copy, src: psycopg.Connection, facts: dict, targets: lis
             f"the tables in {job.schema} (their replica identity, publications and the cutover's "
             f"renaming need ownership)"
         )
+    place = job.topo.id_map_place()
     hosts = {t.host.name: t.host for t in targets}
-    hosts.setdefault(job.topo.id_map_place().host, job.topo.host(job.topo.id_map_place().host))
+    hosts.setdefault(place.host, job.topo.host(place.host))
     for host in hosts.values():
         with job.connect(host) as conn:
             version = inspect.server_facts(conn)["version_num"]
             facts = inspect.role_facts(conn, [])
             out += subscriber_problems(host.name, facts, version)
+            may_create = facts["superuser"] or facts["createdb"]
+            if (
+                host.name == place.host
+                and not may_create
+                and not databases.database_exists(conn, place.dbname)
+            ):
+                out.append(
+                    f"host {host.name}: role {facts['name']} lacks CREATEDB to create the id "
+                    f"map's database {place.dbname} (ALTER ROLE {facts['name']} CREATEDB, or "
+                    f"create it owned by {facts['name']})"
+                )
         if not facts["superuser"] and not _has_password(job.publisher_conninfo()):
             out.append(_no_password(host.name, SOURCE_HOST))
         if not role["superuser"] and not _has_password(peer_conninfo(host)):

@@ -1,11 +1,11 @@
--- What the connected role may do for a move: superuser, REPLICATION, CREATE on the database,
+-- What the connected role may do for a move: superuser, REPLICATION, CREATEDB, CREATE on the database,
 -- pg_create_subscription membership, pg_read_all_stats, and how many tables in the schemas it does
 -- not own (sql/catalog/inspect.py, role_facts).
 --
 -- In psql:
 --   \set schemas '{insta4,insta5}'
 --   \i shardctl/sql/queries/role_facts.sql
-SELECT current_user AS name, r.rolsuper AS superuser, r.rolreplication AS replication,
+SELECT current_user AS name, r.rolsuper AS superuser, r.rolreplication AS replication, r.rolcreatedb AS createdb,
        has_database_privilege(current_database(), 'CREATE') AS create_on_database,
        CASE WHEN to_regrole('pg_create_subscription') IS NULL THEN false
             ELSE pg_has_role(current_user, to_regrole('pg_create_subscription'), 'MEMBER') END

@@ -171,8 +171,10 @@ def drop_state_schema(conn: psycopg.Connection) -> None:
 # routed by trigger). Until the way back is dropped, each shard table's TRUNCATE first deletes its
 # rows, and those of the tables referencing it (which the TRUNCATE empties too: it refuses
 # otherwise), the deepest first so their foreign keys hold: each delete comes back as any other.
-TRUNCATE_BACK_TRIGGER = "shardctl_adopt_mirror_truncate"
-TRUNCATE_BACK_FUNCTION = ("shardctl_adopt", "mirror_truncate")
+# Names of their own: the global tables' mirrors have an AFTER TRUNCATE trigger
+# (``adopt_copy.MIRROR_TRUNCATE_TRIGGER``), and ``mirror_<table>`` functions are the mirrors'.
+TRUNCATE_BACK_TRIGGER = "shardctl_adopt_truncate_back"
+TRUNCATE_BACK_FUNCTION = ("shardctl_adopt", "truncate_back")
 TRUNCATE_BACK = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $back$
 DECLARE

@@ -444,20 +444,20 @@ def _role_problems(job: Copy, src: psycopg.Connection, facts: dict, targets: lis
     for host in hosts.values():
         with job.connect(host) as conn:
             version = inspect.server_facts(conn)["version_num"]
-            facts = inspect.role_facts(conn, [])
-            out += subscriber_problems(host.name, facts, version)
-            may_create = facts["superuser"] or facts["createdb"]
+            host_role = inspect.role_facts(conn, [])
+            out += subscriber_problems(host.name, host_role, version)
+            may_create = host_role["superuser"] or host_role["createdb"]
             if (
                 host.name == place.host
                 and not may_create
                 and not databases.database_exists(conn, place.dbname)
             ):
                 out.append(
-                    f"host {host.name}: role {facts['name']} lacks CREATEDB to create the id "
-                    f"map's database {place.dbname} (ALTER ROLE {facts['name']} CREATEDB, or "
-                    f"create it owned by {facts['name']})"
+                    f"host {host.name}: role {host_role['name']} lacks CREATEDB to create the id "
+                    f"map's database {place.dbname} (ALTER ROLE {host_role['name']} CREATEDB, or "
+                    f"create it owned by {host_role['name']})"
                 )
-        if not facts["superuser"] and not _has_password(job.publisher_conninfo()):
+        if not host_role["superuser"] and not _has_password(job.publisher_conninfo()):
             out.append(_no_password(host.name, SOURCE_HOST))
         if not role["superuser"] and not _has_password(peer_conninfo(host)):
             out.append(_no_password(SOURCE_HOST, host.name))

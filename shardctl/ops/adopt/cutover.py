@@ -519,11 +519,6 @@ def drop_forward(site: Site) -> dict:
     return out
 
 
-def back_conninfo(site: Site, host: Host) -> str:
-    """How the old database's server reaches a fleet host (``move.run.peer_conninfo``)."""
-    return peer_conninfo(host)
-
-
 def start_back(site: Site) -> None:
     """On the old database, a subscription per fleet host on the slot made before the freeze: every
     write made on the fleet after the cutover reaches the old tables (for ``--abort``)."""
@@ -532,7 +527,7 @@ def start_back(site: Site) -> None:
             name = site.back(host)
             if name not in replication.subscriptions(src, [name]):
                 try:
-                    catalog.create_back_subscription(src, name, back_conninfo(site, host))
+                    catalog.create_back_subscription(src, name, peer_conninfo(host))
                 except psycopg.Error as exc:
                     raise OperationFailed(
                         f"cutover: the way back from {host.name} could not be made on the old "

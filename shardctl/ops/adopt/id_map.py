@@ -67,12 +67,6 @@ def _plan_tables(topo: Topology, plan: Any) -> tuple[dict[str, AdoptedTable], st
     return dict(topo.adoption.tables), topo.adoption.schema
 
 
-def publisher_conninfo(source: Host) -> str:
-    """How the id map host's server reaches the old database (as a move's subscription reaches its
-    source: ``move.run.peer_conninfo``)."""
-    return peer_conninfo(source)
-
-
 def ensure_id_map(
     topology: Topology,
     source: Host,
@@ -109,7 +103,7 @@ def ensure_id_map(
             if not replication.slot_exists(src, name):
                 replication.create_slot(src, name)
             if not replication.subscriptions(ids, [name]):
-                replication.create_subscription(ids, name, publisher_conninfo(source))
+                replication.create_subscription(ids, name, peer_conninfo(source))
             else:
                 replication.start_subscription(ids, name)
         finally:

@@ -163,6 +163,11 @@ class _LendingPool(Pool):
     def dispose(self) -> None:
         """Nothing to close: the connections are the Router's."""
 
+    @property
+    def host(self) -> str:
+        """The name of the host whose connections it lends."""
+        return self._host
+
     def status(self) -> str:
         return f"shardctl lending pool for host {self._host}: {len(self._loans)} on loan"
 
@@ -210,20 +215,28 @@ class Shards:
     def host_engine(self, shard: int) -> Engine:
         return self.engine(self.router._locate(shard).name)
 
-    def shard_engine(self, shard: int) -> Engine:
-        """The host's Engine with the shard's execution options (cached while the shard stays there)."""
-        host = self.router._locate(shard).name
+    def shard_engine(self, shard: int, host: str) -> Engine:
+        """Host ``host``'s Engine with the shard's execution options there (cached per host)."""
         cached = self._shard_engines.get(shard)
         if cached is None or cached[0] != host:
-            engine = self.engine(host).execution_options(**self.options(shard))
+            engine = self.engine(host).execution_options(**self.options(shard, host))
             engine._connection_cls = _ShardConnection
             cached = self._shard_engines[shard] = (host, engine)
         return cached[1]
 
-    def options(self, shard: int) -> dict[str, Any]:
-        """Execution options running a statement on ``shard`` (in its schema on its host as of now:
-        the app's schema on an adopted old database while it is authoritative)."""
-        schema = self.router.placement.schema_on(self.router._locate(shard), shard)
+    def placed(self, shard: int) -> tuple[str, dict[str, Any]]:
+        """Where ``shard`` is as of now: its host's name and the execution options running a statement
+        there, from one look at the placement. Two looks would race an adoption's flip: the fleet's
+        ``insta5`` sent to the old database, or the app's schema to the fleet."""
+        host = self.router._locate(shard).name
+        return host, self.options(shard, host)
+
+    def options(self, shard: int, host: str | None = None) -> dict[str, Any]:
+        """Execution options running a statement on ``shard`` in its schema on ``host`` (default: its
+        host as of now): the app's schema on an adopted old database, else the shard's schema."""
+        placement = self.router.placement
+        where = self.router._locate(shard) if host is None else placement.host_named(host)
+        schema = placement.schema_on(where, shard)
         opts = self._options.get((shard, schema))
         if opts is None:
             opts = self._options[(shard, schema)] = {
@@ -343,17 +356,18 @@ class _ShardConnection(Connection):
                 if session is None or getattr(exc, "shardctl_moved", None) is None:
                     raise
                 target = self.shardctl_moved_to = session._followed(self, exc)
-                args = _options_now(session, exc.shardctl_moved[0], args)
+                args = _options_on(target, session.shards, exc.shardctl_moved[0], args)
         return target._execute_context(dialect, constructor, *args, **kw)
 
 
-def _options_now(session: Any, shard: int, args: tuple) -> tuple:
+def _options_on(target: Connection, shards: Shards, shard: int, args: tuple) -> tuple:
     """``_execute_context``'s (statement, parameters, execution_options, ...) with the shard's
-    options as placed now: its schema may differ on the new host (an adopted old database's
-    ``public``, the fleet's ``insta5`` after the cutover)."""
+    options on ``target``'s host: its schema may differ there (an adopted old database's ``public``,
+    the fleet's ``insta5`` after the cutover)."""
     if len(args) < 3 or args[2].get("shardctl_shard") != shard:
         return args
-    return (args[0], args[1], args[2].union(session.shards.options(shard)), *args[3:])
+    host = target.engine.pool.host  # type: ignore[attr-defined]
+    return (args[0], args[1], args[2].union(shards.options(shard, host)), *args[3:])
 
 
 # ---- routing ----------------------------------------------------------------------------------------
@@ -483,11 +497,14 @@ class ShardSession(Session):
         return self._shard_connection(self.shard_of(instance), mapper)
 
     def _shard_connection(self, shard: int, mapper: Any = None) -> Connection:
-        host = super().connection(bind_arguments={"mapper": mapper, "shard": shard})
+        name = self.router._locate(shard).name
+        host = super().connection(bind_arguments={"mapper": mapper, "shard": shard, "host": name})
         cached = self._shard_conns.get(shard)
         if cached is None or cached[0] is not host:
             on_shard = _ShardConnection(
-                self.shards.shard_engine(shard), connection=host.connection, _allow_autobegin=False
+                self.shards.shard_engine(shard, name),
+                connection=host.connection,
+                _allow_autobegin=False,
             )
             on_shard.shardctl_session, on_shard.shardctl_host_conn = self, host
             cached = self._shard_conns[shard] = (host, on_shard)
@@ -541,13 +558,12 @@ class ShardSession(Session):
     def connection(self, bind_arguments: Any = None, execution_options: Any = None) -> Connection:
         """The session's connection to a shard's host, ``bind_arguments={"shard": N}``: its statements
         (Core, text, ``exec_driver_sql``) run on shard N until another shard of the host is named."""
-        conn = super().connection(bind_arguments, execution_options)
         shard = (bind_arguments or {}).get("shard")
-        return (
-            conn
-            if shard is None
-            else conn.execution_options(**self.shards.options(self.router.target(shard=shard)))
-        )
+        if shard is None:
+            return super().connection(bind_arguments, execution_options)
+        host, options = self.shards.placed(self.router.target(shard=shard))
+        conn = super().connection({**bind_arguments, "host": host}, execution_options)
+        return conn.execution_options(**options)
 
     # -- binds
     def get_bind(
@@ -557,10 +573,13 @@ class ShardSession(Session):
         clause: Any = None,
         bind: Any = None,
         shard: int | None = None,
+        host: str | None = None,
         **kw: Any,
     ) -> Any:
         if bind is not None:
             return bind
+        if host is not None:  # placed with the statement's schema (Shards.placed)
+            return self.shards.engine(host)
         if shard is None:
             raise UnroutableStatement(
                 "no shard given: route the statement (execution_options(shard=N) or "
@@ -593,16 +612,19 @@ class ShardSession(Session):
             shards = self._statement_shards(orm) or {0}  # IN (): no row anywhere, any shard says so
         if len(shards) == 1:
             (one,) = shards
-            orm.bind_arguments["shard"] = one
-            orm.update_execution_options(**self.shards.options(one))
+            host, options = self.shards.placed(one)
+            orm.bind_arguments.update(shard=one, host=host)
+            orm.update_execution_options(**options)
             return None
-        results = [
-            orm.invoke_statement(
-                execution_options=self.shards.options(n),
-                bind_arguments={**orm.bind_arguments, "shard": n},
+        results = []
+        for n in sorted(shards):
+            host, options = self.shards.placed(n)
+            results.append(
+                orm.invoke_statement(
+                    execution_options=options,
+                    bind_arguments={**orm.bind_arguments, "shard": n, "host": host},
+                )
             )
-            for n in sorted(shards)
-        ]
         # rows shard after shard; an UPDATE's or DELETE's rowcount summed
         return results[0].merge(*results[1:])
 

@@ -477,3 +477,55 @@ def test_decode_id_names_the_shard_while_the_old_database_is_authoritative(make_
     doc = json.loads(r.stdout)["ids"][0]
     assert r.exit_code == 0 and doc["shard"] is None, r
     assert "no row of projects has it (the old database has none)" in doc["note"], doc
+
+
+def test_sqlalchemy_statement_runs_where_its_schema_was_placed(make_fleet, tmp_path):
+    """A statement's host and its schema come from one look at the placement: the cutover's flip (or
+    its abort's flip back) landing between the routing and the connection must not send the fleet's
+    ``insta2`` to the old database or the app's ``public`` to the fleet (seen under the apps of
+    test_adopt_apps: ``relation "insta0.photos" does not exist``). The flip is made to land in that
+    window: a listener of the session, run right after shardctl's routing, rewrites the file."""
+    from sqlalchemy import event, func
+
+    path, src, plan = adopted_fleet(make_fleet, tmp_path)
+    topo = load(path)
+    tables, globals_ = tables_from_plan(plan)
+    filled(topo, src, plan)
+    write_adoption(
+        path,
+        Adoption(
+            source=source_host(src),
+            schema="public",
+            authoritative="source",
+            id_floor=id_floor(topo.layout, int(time.time() * 1000)),
+            tables=tables,
+            globals=globals_,
+        ),
+    )
+    user = psycopg.connect(src).execute("SELECT min(user_id) FROM tasks").fetchone()[0]
+    want = sorted(
+        t
+        for (t,) in psycopg.connect(src).execute(
+            "SELECT title FROM tasks WHERE user_id = %s", (user,)
+        )
+    )
+    _, Task, _ = orm_models()
+    query = select(func.current_schema(), func.array_agg(Task.title)).where(Task.user_id == user)
+    with Router(load(path)) as router:
+        Session = sessionmaker(router)
+        for authoritative, flipped_to, schema in (
+            ("source", "fleet", "public"),
+            ("fleet", "source", load(path).schema_name(user % 4)),
+        ):
+            flip_adoption(path, authoritative)
+            with Session() as session:
+                flips = []
+
+                def flip_after_routing(orm, to=flipped_to, flips=flips):
+                    if not flips:
+                        flips.append(flip_adoption(path, to))
+
+                event.listen(session, "do_orm_execute", flip_after_routing)
+                ran_in, titles = session.execute(query).one()
+            assert flips == [True]
+            assert (ran_in, sorted(titles)) == (schema, want), authoritative

@@ -1,6 +1,7 @@
-"""Managed Postgres: a role that is not superuser, with REPLICATION, pg_create_subscription (PG16+) and
-pg_monitor (to see replication progress), owning the database, moves shards (publications name the
-tables). No server log ever holds its password, even when the subscription cannot reach the publisher."""
+"""Managed Postgres: a role that is not superuser, with REPLICATION and pg_create_subscription (PG16+),
+owning the database, moves shards (publications name the tables). Without pg_monitor: the
+walsenders' replay positions are hidden from it, and the slots tell how far the target applied. No
+server log ever holds its password, even when the subscription cannot reach the publisher."""
 
 from __future__ import annotations
 
@@ -34,9 +35,6 @@ def managed():
             db = conn.execute("SELECT current_database()").fetchone()[0]
             conn.execute(f"CREATE ROLE mover LOGIN REPLICATION PASSWORD '{MOVER_PASSWORD}'")
             conn.execute("GRANT pg_create_subscription TO mover")
-            conn.execute(
-                "GRANT pg_monitor TO mover"
-            )  # managed services give their admin role pg_monitor
             conn.execute(f'ALTER DATABASE "{db}" OWNER TO mover')
     text = box.topology_path.read_text()
     for host in topo.hosts:

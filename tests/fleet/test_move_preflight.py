@@ -45,7 +45,7 @@ def test_role_without_replication_is_refused_before_any_change(fleet3):
             "preflight: host pg1: role mover_norepl lacks REPLICATION (ALTER ROLE mover_norepl REPLICATION)"
             in r.stderr
         )
-        assert "GRANT pg_monitor or pg_read_all_stats TO mover_norepl" in r.stderr
+        assert "pg_monitor" not in r.stderr and "pg_read_all_stats" not in r.stderr  # not needed
         assert (
             "lacks CREATE on the database" in r.stderr
             and "does not own 12 of the shards' tables" in r.stderr

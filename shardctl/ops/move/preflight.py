@@ -112,18 +112,13 @@ def _source_problems(run: MoveRun, conn, facts: dict) -> list[str]:
         )
     role = inspect.role_facts(conn, run.schemas)
     out += publisher_problems(name, role)
-    if not role["superuser"]:
-        # pg_stat_replication hides the subscriptions' progress otherwise
-        if not role["read_all_stats"]:
-            out.append(
-                f"host {name}: role {role['name']} cannot see replication progress (GRANT pg_monitor or "
-                f"pg_read_all_stats TO {role['name']})"
-            )
-        if role["tables_not_owned"]:
-            out.append(
-                f"host {name}: role {role['name']} does not own {role['tables_not_owned']} of the shards' "
-                f"tables (publishing them needs ownership)"
-            )
+    # No pg_read_all_stats: without it the slots' confirmed_flush_lsn tells how far the target has
+    # applied (replication.replayed), where the walsender's replay_lsn is hidden.
+    if not role["superuser"] and role["tables_not_owned"]:
+        out.append(
+            f"host {name}: role {role['name']} does not own {role['tables_not_owned']} of the shards' "
+            f"tables (publishing them needs ownership)"
+        )
     return out
 
 

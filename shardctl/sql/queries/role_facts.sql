@@ -1,6 +1,6 @@
 -- What the connected role may do for a move: superuser, REPLICATION, CREATEDB, CREATE on the database,
--- pg_create_subscription membership, pg_read_all_stats, and how many tables in the schemas it does
--- not own (sql/catalog/inspect.py, role_facts).
+-- pg_create_subscription membership, and how many tables in the schemas it does not own
+-- (sql/catalog/inspect.py, role_facts).
 --
 -- In psql:
 --   \set schemas '{insta4,insta5}'
@@ -10,7 +10,6 @@ SELECT current_user AS name, r.rolsuper AS superuser, r.rolreplication AS replic
        CASE WHEN to_regrole('pg_create_subscription') IS NULL THEN false
             ELSE pg_has_role(current_user, to_regrole('pg_create_subscription'), 'MEMBER') END
            AS create_subscription,
-       pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') AS read_all_stats,
        (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = ANY(:'schemas'::text[]) AND c.relkind IN ('r', 'p')
            AND NOT pg_has_role(current_user, c.relowner, 'USAGE'))::int AS tables_not_owned

@@ -368,3 +368,44 @@ def test_a_password_only_in_pgpass_is_refused(managed_servers, tmp_path):
     assert path.read_text() == before
     with psycopg.connect(old, password=APP_PASSWORD) as conn:
         assert sql(conn, "SELECT to_regnamespace('shardctl_adopt') IS NULL") == [(True,)]
+
+
+def test_a_foreign_key_cycle_is_refused_before_anything_changes(managed_servers, tmp_path):
+    """Tables whose foreign keys form a cycle (a user's cover album, an album's user) cannot be
+    copied one table after the other with the keys checked, which is how this role copies (it may
+    not set ``session_replication_role``): ``adopt copy`` refuses in one line naming the tables and
+    the grant (exit 2) before it changes anything, instead of failing half-way through the copy."""
+    path, old = managed_fleet(managed_servers, tmp_path, "mcycle")
+    with psycopg.connect(old, password=APP_PASSWORD, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE albums (id bigserial PRIMARY KEY, user_id bigint NOT NULL REFERENCES users, "
+            "UNIQUE (user_id, id));"
+            "ALTER TABLE users ADD COLUMN cover_album_id bigint, ADD FOREIGN KEY (id, cover_album_id) "
+            "REFERENCES albums (user_id, id);"
+            "INSERT INTO albums (user_id) SELECT id FROM users;"
+            "UPDATE users u SET cover_album_id = a.id FROM albums a WHERE a.user_id = u.id"
+        )
+    plan_file = tmp_path / "plan.yaml"
+    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
+    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
+    step(path, "init")
+    before = path.read_text()
+    r = run_cli(
+        "adopt",
+        "copy",
+        "--from",
+        old,
+        "--plan",
+        plan_file,
+        config=path,
+        env={"PGPASSWORD": APP_PASSWORD},
+    )
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "tables albums, users reference each other in a cycle" in lines[0], r.stderr
+    assert "GRANT SET ON PARAMETER session_replication_role TO app" in lines[0], r.stderr
+    assert path.read_text() == before
+    with psycopg.connect(old, password=APP_PASSWORD) as conn:
+        assert sql(conn, "SELECT to_regnamespace('shardctl_adopt') IS NULL") == [(True,)]
+        assert sql(conn, "SELECT count(*) FROM pg_publication") == [(0,)]

@@ -457,11 +457,60 @@ def _role_problems(job: Copy, src: psycopg.Connection, facts: dict, targets: lis
                     f"map's database {place.dbname} (ALTER ROLE {host_role['name']} CREATEDB, or "
                     f"create it owned by {host_role['name']})"
                 )
+            if host.name in {t.host.name for t in targets if _tables(job, t)}:
+                out += _cycle_problems(job, src, host.name, host_role["name"], conn)
         if not host_role["superuser"] and not _has_password(job.publisher_conninfo()):
             out.append(_no_password(host.name, SOURCE_HOST))
         if not role["superuser"] and not _has_password(peer_conninfo(host)):
             out.append(_no_password(SOURCE_HOST, host.name))
     return out
+
+
+def _cycle_problems(
+    job: Copy, src: psycopg.Connection, host: str, role: str, conn: psycopg.Connection
+) -> list[str]:
+    """Tables whose foreign keys go round in a cycle cannot be copied one after the other with their
+    foreign keys checked, which a role that may not skip them needs (``_run_copy``'s ``serial``)."""
+    if catalog.may_skip_triggers(conn):
+        return []
+    copied = {t for t, _ in job.sharded} | set(job.globals)
+    refs = [(t, f) for t, f in catalog.references(src, [job.schema]) if {t, f} <= copied]
+    cycle = _a_cycle(refs)
+    if not cycle:
+        return []
+    tables = ", ".join(cycle)
+    line = (
+        f"host {host}: tables {tables} reference each other in a cycle, and role {role} may not "
+        f"skip their foreign keys during the copy (GRANT SET ON PARAMETER "
+        f"session_replication_role TO {role})"
+    )
+    return [line]
+
+
+def _a_cycle(refs: list[tuple[str, str]]) -> list[str]:
+    """The tables of one cycle of ``refs`` ((table, the table it references)), sorted; [] if none."""
+    up: dict[str, set[str]] = {}
+    for table, referenced in refs:
+        up.setdefault(table, set()).add(referenced)
+    done: set[str] = set()
+
+    def walk(table: str, path: list[str]) -> list[str]:
+        if table in path:
+            return sorted(path[path.index(table) :])
+        if table in done:
+            return []
+        for referenced in sorted(up.get(table, ())):
+            found = walk(referenced, [*path, table])
+            if found:
+                return found
+        done.add(table)
+        return []
+
+    for table in sorted(up):
+        found = walk(table, [])
+        if found:
+            return found
+    return []
 
 
 def _has_password(conninfo: str) -> bool:

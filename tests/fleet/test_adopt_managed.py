@@ -207,16 +207,22 @@ def adoption_objects(path: Path, old: str) -> list[str]:
     return found
 
 
+def planned(path: Path, old: str, tmp_path: Path) -> Path:
+    """``adopt plan``, ``adopt baseline`` and ``init`` as the app role; returns the plan file."""
+    plan_file = tmp_path / "plan.yaml"
+    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
+    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
+    step(path, "init")
+    return plan_file
+
+
 def adopt_as_app(box: Sandbox, tmp_path: Path, name: str, last: str):
     """plan … cutover, then ``last`` (--cleanup or --abort), all as ``app``; a writer through the
     Router from the copy to the cutover's end, and again across ``last``."""
     path, old = managed_fleet(box, tmp_path, name)
     with psycopg.connect(old, password=APP_PASSWORD) as conn:
         old_rows = dict(sql(conn, "SELECT id, user_id FROM photos"))
-    plan_file = tmp_path / "plan.yaml"
-    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
-    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
-    step(path, "init")
+    plan_file = planned(path, old, tmp_path)
     route_to_source(path, old, yaml.safe_load(plan_file.read_text()), name)
     history, plans = History(path), []
     with writer(path, history, plans):
@@ -281,6 +287,30 @@ def test_managed_role_adopts_then_aborts(managed_servers, tmp_path):
     assert set(plans) <= plan_ids
 
 
+def refused_copy(path: Path, old: str, plan_file: Path, env: dict | None = None) -> str:
+    """``adopt copy`` as the app role (``env``: its password's; default ``PGPASSWORD``), which must
+    refuse: exit 2, one line (returned), the topology file as it was, and no schema, publication or
+    slot on the old database."""
+    before = path.read_text()
+    r = run_cli(
+        *("adopt", "copy", "--from", old, "--plan", plan_file),
+        config=path,
+        env=env or {"PGPASSWORD": APP_PASSWORD},
+    )
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert path.read_text() == before
+    with psycopg.connect(old, password=APP_PASSWORD) as conn:
+        assert sql(conn, "SELECT to_regnamespace('shardctl_adopt') IS NULL") == [(True,)]
+        assert sql(conn, "SELECT count(*) FROM pg_publication") == [(0,)]
+        assert sql(
+            conn,
+            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+        ) == [(0,)]
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     "host, take, give, named",
     [
@@ -307,38 +337,15 @@ def test_a_missing_privilege_is_refused_before_anything_changes(
     (exit 2): no schema, slot or publication on the old database, the topology file as it was."""
     name = f"mrefuse{host}_{take.split()[1].lower()}"  # a database per case
     path, old = managed_fleet(managed_servers, tmp_path, name)
-    plan_file = tmp_path / "plan.yaml"
-    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
-    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
-    step(path, "init")
-    before = path.read_text()
+    plan_file = planned(path, old, tmp_path)
     with admin(managed_servers, host) as conn:
         conn.execute(take)
     try:
-        r = run_cli(
-            "adopt",
-            "copy",
-            "--from",
-            old,
-            "--plan",
-            plan_file,
-            config=path,
-            env={"PGPASSWORD": APP_PASSWORD},
-        )
+        line = refused_copy(path, old, plan_file)
     finally:
         with admin(managed_servers, host) as conn:
             conn.execute(give)
-    assert r.exit_code == 2, (r.stdout, r.stderr)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and named in lines[0], r.stderr
-    assert path.read_text() == before
-    with psycopg.connect(old, password=APP_PASSWORD) as conn:
-        assert sql(conn, "SELECT to_regnamespace('shardctl_adopt') IS NULL") == [(True,)]
-        assert sql(conn, "SELECT count(*) FROM pg_publication") == [(0,)]
-        assert sql(
-            conn,
-            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
-        ) == [(0,)]
+    assert named in line, line
 
 
 def test_a_password_only_in_pgpass_is_refused(managed_servers, tmp_path):
@@ -349,25 +356,9 @@ def test_a_password_only_in_pgpass_is_refused(managed_servers, tmp_path):
     passfile = tmp_path / "pgpass"
     passfile.write_text(f"*:*:*:app:{APP_PASSWORD}\n")
     passfile.chmod(0o600)
-    plan_file = tmp_path / "plan.yaml"
-    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
-    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
-    step(path, "init")
-    before = path.read_text()
-    r = run_cli(
-        *("adopt", "copy", "--from", old, "--plan", plan_file),
-        config=path,
-        env={"PGPASSFILE": str(passfile), "PGPASSWORD": None},
-    )
-    assert r.exit_code == 2, (r.stdout, r.stderr)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert (
-        len(lines) == 1
-        and "host pg1: its subscription to source would carry no password" in (lines[0])
-    ), r.stderr
-    assert path.read_text() == before
-    with psycopg.connect(old, password=APP_PASSWORD) as conn:
-        assert sql(conn, "SELECT to_regnamespace('shardctl_adopt') IS NULL") == [(True,)]
+    plan_file = planned(path, old, tmp_path)
+    line = refused_copy(path, old, plan_file, env={"PGPASSFILE": str(passfile), "PGPASSWORD": None})
+    assert "host pg1: its subscription to source would carry no password" in line, line
 
 
 def test_a_foreign_key_cycle_is_refused_before_anything_changes(managed_servers, tmp_path):
@@ -385,27 +376,6 @@ def test_a_foreign_key_cycle_is_refused_before_anything_changes(managed_servers,
             "INSERT INTO albums (user_id) SELECT id FROM users;"
             "UPDATE users u SET cover_album_id = a.id FROM albums a WHERE a.user_id = u.id"
         )
-    plan_file = tmp_path / "plan.yaml"
-    step(path, "adopt", "plan", "--from", old, "--out", plan_file)
-    step(path, "adopt", "baseline", "--from", old, "--plan", plan_file)
-    step(path, "init")
-    before = path.read_text()
-    r = run_cli(
-        "adopt",
-        "copy",
-        "--from",
-        old,
-        "--plan",
-        plan_file,
-        config=path,
-        env={"PGPASSWORD": APP_PASSWORD},
-    )
-    assert r.exit_code == 2, (r.stdout, r.stderr)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr
-    assert "tables albums, users reference each other in a cycle" in lines[0], r.stderr
-    assert "GRANT SET ON PARAMETER session_replication_role TO app" in lines[0], r.stderr
-    assert path.read_text() == before
-    with psycopg.connect(old, password=APP_PASSWORD) as conn:
-        assert sql(conn, "SELECT to_regnamespace('shardctl_adopt') IS NULL") == [(True,)]
-        assert sql(conn, "SELECT count(*) FROM pg_publication") == [(0,)]
+    line = refused_copy(path, old, planned(path, old, tmp_path))
+    assert "tables albums, users reference each other in a cycle" in line, line
+    assert "GRANT SET ON PARAMETER session_replication_role TO app" in line, line

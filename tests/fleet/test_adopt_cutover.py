@@ -391,12 +391,13 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
 
 def test_a_stale_router_reading_a_shard_after_the_abort_reads_the_old_database(make_fleet):
     """Routers on a copy of the topology file taken after the cutover (it says ``fleet``), that
-    only read: a plain Router, a ``shardctl.sqlalchemy`` session, each on shard 3 of the fleet
-    before the abort, and one reading the global tables. After --abort, rows written on the old
-    database directly are in what they read: the fleet's tables are out of their names, each read
-    meets undefined_table and follows the fleet host's redirect to the old database (the app's
-    schema there), never the fleet's stale rows. A direct client of the fleet gets an error, by the
-    shard's name and through the parents' old names alike."""
+    only read: a plain Router, a ``shardctl.sqlalchemy`` session and a ``shardctl.django`` process,
+    each on shard 3 of the fleet before the abort, and one reading the global tables. After
+    --abort, rows written (and deleted) on the old database directly are in what they read: the
+    fleet's tables are out of their names, each read meets undefined_table and follows the fleet
+    host's redirect to the old database (the app's schema there), never the fleet's stale rows. A
+    direct client of the fleet gets an error, by the shard's name and through the parents' old
+    names alike."""
     from sqlalchemy import BigInteger, Column, Text, select
     from sqlalchemy.orm import declarative_base
 
@@ -420,6 +421,7 @@ def test_a_stale_router_reading_a_shard_after_the_abort_reads_the_old_database(m
     routers = [Router(load(stale_path), move_wait=5) for _ in range(3)]
     plain, orm, glob = routers
     session_factory = sessionmaker(orm)
+    django = DjangoReader(stale_path, user)
 
     def orm_read() -> set[tuple]:
         with session_factory() as session:
@@ -429,7 +431,7 @@ def test_a_stale_router_reading_a_shard_after_the_abort_reads_the_old_database(m
 
     try:
         before = set(plain.execute(user, read, (user,)))
-        assert before and orm_read() == before  # on the fleet
+        assert before and orm_read() == before == django.read()  # on the fleet
         plans_before = set(glob.execute(None, plans, global_=True))
         assert plans_before
         assert {r._locate(user % SHARDS).name for r in routers[:2]} == {fleet_host.name}
@@ -447,11 +449,13 @@ def test_a_stale_router_reading_a_shard_after_the_abort_reads_the_old_database(m
         want = {r for r in before if r[0] != min(i for i, _ in before)} | {(new, "after the abort")}
         assert set(plain.execute(user, read, (user,))) == want
         assert orm_read() == want
+        assert django.read() == want
         assert set(glob.execute(None, plans, global_=True)) == plans_before | {
             (plan, "after the abort")
         }
         assert {r._locate(user % SHARDS).name for r in routers[:2]} == {"source"}
     finally:
+        django.close()
         for r in routers:
             r.close()
     with psycopg.connect(**fleet_host.connect_kwargs(), autocommit=True) as conn:
@@ -1048,6 +1052,40 @@ def django_photo(path: Path, user_id: int) -> int:
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])["id"]
+
+
+class DjangoReader:
+    """A Django process (tests/support/django_photo.py --reads) on topology ``path``: each
+    :meth:`read` the (id, caption) of every photo of ``user``, by ``filter(user_id=)``."""
+
+    def __init__(self, path: Path, user: int):
+        pytest.importorskip("django")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        env["SHARDCTL_CONFIG"] = str(path)
+        script = Path(__file__).resolve().parents[1] / "support" / "django_photo.py"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), "--reads", str(user)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def read(self) -> set[tuple]:
+        self.proc.stdin.write("read\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(30)
+            raise AssertionError(self.proc.stderr.read()[-3000:])
+        return {tuple(r) for r in json.loads(line)["rows"]}
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
 
 
 def test_django_creates_rows_keyed_by_an_old_user_id(make_fleet):

@@ -3,16 +3,23 @@ since the cutover) and ``adopt cutover --cleanup`` (the replication and the pare
 
 Abort, until cleanup: one freeze bounded by ``--max-freeze`` (the move's ``BoundedFreeze``): on each
 fleet host a transaction locks its adopted tables, waits until the way back (the old database's
-subscription) has applied the host's WAL up to there, adds a guard trigger on each shard table
-(one line naming the old database) and a redirect per shard to the old database (for Routers whose
-topology copy still says ``fleet``), and moves its parents back to the app's schema. Then one
-transaction on the old database drops its guards and redirects, puts the stubs away and the tables
-back under their names, sets the global tables' sequences past the global host's, and records the
-run ``aborted``. The fleet hosts commit, then the old database: a writer blocked on the fleet meets
-the guard and waits on the old database's locks until it is open. Then ``adoption.authoritative:
-source`` in the topology file, the way back and the id map dropped, the replica identities ``adopt
-copy`` changed restored (a new attempt starts with ``adopt copy``). A run killed between the two
-commits left every side closed to writes: run ``--abort`` again at once.
+subscription) has applied the host's WAL up to there, takes each shard table (and, on the global
+host, each global table) out of its name (renamed within its schema to ``shardctl_aborted_<name>``,
+``catalog.aborted_name``), guards its parents (one line naming the old database), which stay in
+``shardctl_adopted``, and writes a redirect per shard to the old database. A Router whose topology
+copy still says ``fleet`` reads and writes by name (``search_path``: the shard's schema, then
+``public``): it meets undefined_table, which it follows through the redirect to the old database,
+so it never reads the fleet's rows, stale from the moment the old database takes writes (a read
+fires no trigger: a guard alone stopped only its writes). Then one transaction on the old database
+drops its guards and redirects, puts the stubs away and the tables back under their names, sets the
+global tables' sequences past the global host's, and records the run ``aborted``. The fleet hosts
+commit, then the old database: a writer blocked on the fleet finds its table's name gone once it
+has the lock, and its Router waits on the old database's locks until it is open. Then
+``adoption.authoritative: source`` in the topology file, the way back and the id map dropped, the
+replica identities ``adopt copy`` changed restored (a new attempt starts with ``adopt copy``, which
+puts the fleet's tables back under their names and the parents in the app's schema before emptying
+them: ``restart.py``). A run killed between the two commits left every side closed to writes: run
+``--abort`` again at once (a table renamed already is left as it is).
 
 Cleanup, after a cutover: the way back dropped, each parent's partitions detached (they stay, as the
 shards' tables) and the parent dropped, the id map's replication dropped (its rows stay), the replica

@@ -3,9 +3,11 @@ fleet.
 
 The fleet is not authoritative after an abort: every row it holds is on the old database too (the
 abort's freeze waited until the way back had applied each fleet host's WAL), and the shards' tables
-are guarded. So, and only when the abort finished, the topology says ``authoritative: source`` and the
-way back is gone: on each fleet host, in one transaction, the abort's guards and redirects dropped and
-the adopted shard tables (and the global tables on the global host) truncated. The new run keeps the
+are out of their names (``back.py``). So, and only when the abort finished, the topology says
+``authoritative: source`` and the way back is gone: on each fleet host, in one transaction, the
+adopted shard tables (and the global tables on the global host) back under their names, the parents
+back in the app's schema (where the copy finds them), the abort's guards and redirects dropped and
+the tables truncated. The new run keeps the
 aborted run's ID floor: the IDs the fleet minted meanwhile, now on the old database, stay above it and
 keep decoding to the shard that made them. The last ``adopt verify`` no longer counts: the cutover
 wants one of the new run."""

@@ -1380,3 +1380,26 @@ def test_a_long_read_of_the_old_tables_delays_the_cutover_and_nothing_breaks(mak
     with psycopg.connect(src_dsn, autocommit=True) as src:
         old = {i for (i,) in sql(src, "SELECT id FROM shardctl_adopted.photos")}
     assert set(fleet_rows(path, "photos")) == old
+
+
+@pytest.mark.slow
+def test_a_long_read_of_the_fleets_tables_delays_the_abort_and_nothing_breaks(make_fleet):
+    """Renaming the fleet's shard tables at --abort waits for their readers' locks (as the cutover's
+    move of the old tables does): an attempt that meets a read longer than --max-freeze gives up in
+    time, writes resume on the fleet, and the next one, after the read, goes through."""
+    path, src_dsn = adopting(make_fleet, users=40)
+    assert cli_json(path)["phase"] == "cut_over"
+    topo = load(path)
+    with psycopg.connect(**topo.host_of(3).connect_kwargs()) as reader:
+        sql(reader, f"SELECT count(*) FROM {topo.schema_name(3)}.photos")  # holds its read lock
+        release = threading.Timer(1.0, reader.rollback)
+        release.start()
+        try:
+            result = cli_json(path, "--abort", "--max-freeze", "0.3", "--attempts", "5")
+        finally:
+            release.join()
+    assert result["phase"] == "aborted", result
+    assert any("abort, attempt 1" in n for n in result["notes"]), result["notes"]
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        old = {i for (i,) in sql(src, "SELECT id FROM photos")}
+    assert set(fleet_rows(path, "photos", aborted=True)) == old

@@ -162,7 +162,11 @@ class AbortFreeze(BoundedFreeze):
                 self.src.commit()  # the old database takes writes
                 checkpoint("adopt-abort-source-open")
             self._mark("commit")
-        except psycopg.errors.QueryCanceled as exc:
+        except (
+            psycopg.errors.QueryCanceled,
+            psycopg.errors.LockNotAvailable,  # renaming the shard tables waits for readers' locks
+            psycopg.errors.DeadlockDetected,
+        ) as exc:
             raise FreezeTimeout(
                 f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})"
             ) from None

@@ -1386,18 +1386,31 @@ def test_a_long_read_of_the_old_tables_delays_the_cutover_and_nothing_breaks(mak
 def test_a_long_read_of_the_fleets_tables_delays_the_abort_and_nothing_breaks(make_fleet):
     """Renaming the fleet's shard tables at --abort waits for their readers' locks (as the cutover's
     move of the old tables does): an attempt that meets a read longer than --max-freeze gives up in
-    time, writes resume on the fleet, and the next one, after the read, goes through."""
+    time, writes resume on the fleet, and the next one, after the read, goes through. The read ends
+    once an attempt was seen waiting for it and giving up (whatever the machine's load)."""
     path, src_dsn = adopting(make_fleet, users=40)
     assert cli_json(path)["phase"] == "cut_over"
     topo = load(path)
-    with psycopg.connect(**topo.host_of(3).connect_kwargs()) as reader:
-        sql(reader, f"SELECT count(*) FROM {topo.schema_name(3)}.photos")  # holds its read lock
-        release = threading.Timer(1.0, reader.rollback)
-        release.start()
+    host, table = topo.host_of(3), f"{topo.schema_name(3)}.photos"
+    waiting = "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted"
+    with psycopg.connect(**host.connect_kwargs()) as reader:
+        sql(reader, f"SELECT count(*) FROM {table}")  # its transaction holds the read lock
+
+        def release() -> None:
+            with psycopg.connect(**host.connect_kwargs(), autocommit=True) as watch:
+                deadline = time.monotonic() + 60
+                for blocked in (False, True):  # until an attempt waits, then until it gave up
+                    while (sql(watch, waiting, table)[0][0] > 0) == blocked:
+                        assert time.monotonic() < deadline, "no attempt waited for the read"
+                        time.sleep(0.01)
+            reader.rollback()
+
+        releaser = threading.Thread(target=release, daemon=True)
+        releaser.start()
         try:
-            result = cli_json(path, "--abort", "--max-freeze", "0.3", "--attempts", "5")
+            result = cli_json(path, "--abort", "--max-freeze", "1", "--attempts", "5")
         finally:
-            release.join()
+            releaser.join(60)
     assert result["phase"] == "aborted", result
     assert any("abort, attempt 1" in n for n in result["notes"]), result["notes"]
     with psycopg.connect(src_dsn, autocommit=True) as src:

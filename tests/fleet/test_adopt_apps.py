@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict
+from support.adopt_cutover import fleet_name
 from support.fleet import load, run_cli, sandbox_dir
 from support.history import History, Report
 from support.orm import OrmAppProcess
@@ -130,15 +131,19 @@ def pool_the_source(path: Path, pooled: str, direct: str, plan: dict | None = No
     write_adoption(path, dataclasses.replace(current, source=source))
 
 
-def fleet_rows(path: Path, table: str) -> dict[int, list[tuple[str, str, int]]]:
-    """id -> every (host, schema, user_id) holding it in a shard schema of the fleet."""
+def fleet_rows(
+    path: Path, table: str, aborted: bool = False
+) -> dict[int, list[tuple[str, str, int]]]:
+    """id -> every (host, schema, user_id) holding it in a shard schema of the fleet (after an
+    abort: ``aborted``, under the name it gave the shard tables)."""
     topo = load(path)
     out: dict[int, list] = {}
+    name = fleet_name(table, aborted)
     for host in topo.hosts:
         with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
             for n in host.shards:
                 s = topo.schema_name(n)
-                for i, user in sql(conn, f"SELECT id, user_id FROM {s}.{table}"):
+                for i, user in sql(conn, f"SELECT id, user_id FROM {s}.{name}"):
                     out.setdefault(i, []).append((host.name, s, user))
     return out
 
@@ -341,7 +346,7 @@ def test_apps_through_pgbouncer_adopt_then_abort(make_fleet, pgbouncer, tmp_path
         assert dict(rows) == {i: want[i] for i in dict(rows)} and set(want) <= set(dict(rows))
         made_on_fleet = [w for w in h.writes if w.id >= floor]
         assert made_on_fleet, "no write was made on the fleet"
-        on_fleet = fleet_rows(path, h.table)
+        on_fleet = fleet_rows(path, h.table, aborted=True)
         for w in made_on_fleet:
             n = w.key % SHARDS
             assert on_fleet.get(w.id) == [(topo.host_of(n).name, topo.schema_name(n), w.key)]

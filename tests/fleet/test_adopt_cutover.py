@@ -22,7 +22,15 @@ from pathlib import Path
 import psycopg
 import pytest
 from support import crash_at
-from support.adopt_cutover import SHARDS, cli_json, fleet_tasks, leftovers, real_adoption, sql
+from support.adopt_cutover import (
+    SHARDS,
+    cli_json,
+    fleet_name,
+    fleet_tasks,
+    leftovers,
+    real_adoption,
+    sql,
+)
 from support.fleet import load, run_cli, stale_copy
 from support.history import History
 
@@ -156,15 +164,17 @@ def adopting(make_fleet, users: int = 200, verified: bool = True) -> tuple[Path,
     return path, src_dsn
 
 
-def fleet_rows(path: Path, table: str) -> dict[int, tuple[str, str]]:
-    """id -> (host, schema) of every row of ``table`` in a shard schema of the fleet."""
+def fleet_rows(path: Path, table: str, aborted: bool = False) -> dict[int, tuple[str, str]]:
+    """id -> (host, schema) of every row of ``table`` in a shard schema of the fleet (after an
+    abort: ``aborted``, under the name it gave the shard tables)."""
     topo = load(path)
     out: dict[int, tuple[str, str]] = {}
+    name = fleet_name(table, aborted)
     for host in topo.hosts:
         with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
             for n in host.shards:
                 s = topo.schema_name(n)
-                for (i,) in sql(conn, f"SELECT id FROM {s}.{table}"):
+                for (i,) in sql(conn, f"SELECT id FROM {s}.{name}"):
                     assert i not in out, f"{table} row {i} twice"
                     out[i] = (host.name, s)
     return out
@@ -373,10 +383,96 @@ def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
         pytest.raises(psycopg.Error) as err,
     ):
         sql(conn, "INSERT INTO insta3.photos (user_id) VALUES (3)")
-    assert err.value.sqlstate == "SCM01"
+    assert err.value.sqlstate == "42P01"  # the abort took the fleet's tables out of their names
     assert not any(
         "slot" in x or "subscription" in x for v in leftovers(path, src_dsn).values() for x in v
     )
+
+
+def test_a_stale_router_reading_a_shard_after_the_abort_reads_the_old_database(make_fleet):
+    """Routers on a copy of the topology file taken after the cutover (it says ``fleet``), that
+    only read: a plain Router, a ``shardctl.sqlalchemy`` session and a ``shardctl.django`` process,
+    each on shard 3 of the fleet before the abort, and one reading the global tables. After
+    --abort, rows written (and deleted) on the old database directly are in what they read: the
+    fleet's tables are out of their names, each read meets undefined_table and follows the fleet
+    host's redirect to the old database (the app's schema there), never the fleet's stale rows. A
+    direct client of the fleet gets an error, by the shard's name and through the parents' old
+    names alike."""
+    from sqlalchemy import BigInteger, Column, Text, select
+    from sqlalchemy.orm import declarative_base
+
+    from shardctl.sqlalchemy import sessionmaker
+
+    class Photo(declarative_base()):
+        __tablename__ = "photos"
+        __shard_key__, __shard_key_is_id__ = "user_id", True
+        id = Column(BigInteger, primary_key=True)
+        user_id = Column(BigInteger)
+        caption = Column(Text)
+
+    path, src_dsn = adopting(make_fleet, users=20)
+    assert cli_json(path)["phase"] == "cut_over"
+    stale_path = stale_copy(path)
+    assert load(stale_path).adoption.authoritative == "fleet"
+    topo, user = load(path), 3
+    fleet_host, schema = topo.host_of(user % SHARDS), topo.schema_name(user % SHARDS)
+    read = "SELECT id, caption FROM photos WHERE user_id = %s"
+    plans = "SELECT id, name FROM plans"
+    routers = [Router(load(stale_path), move_wait=5) for _ in range(3)]
+    plain, orm, glob = routers
+    session_factory = sessionmaker(orm)
+    django = DjangoReader(stale_path, user)
+
+    def orm_read() -> set[tuple]:
+        with session_factory() as session:
+            return set(
+                session.execute(select(Photo.id, Photo.caption).where(Photo.user_id == user))
+            )
+
+    try:
+        before = set(plain.execute(user, read, (user,)))
+        assert before and orm_read() == before == django.read()  # on the fleet
+        plans_before = set(glob.execute(None, plans, global_=True))
+        assert plans_before
+        assert {r._locate(user % SHARDS).name for r in routers[:2]} == {fleet_host.name}
+        assert cli_json(path, "--abort")["phase"] == "aborted"
+        with psycopg.connect(src_dsn, autocommit=True) as src:
+            new = sql(
+                src,
+                "INSERT INTO photos (user_id, caption) VALUES (%s, 'after the abort') RETURNING id",
+                user,
+            )[0][0]
+            sql(src, "DELETE FROM photos WHERE id = %s", min(i for i, _ in before))
+            plan = sql(src, "INSERT INTO plans (name) VALUES ('after the abort') RETURNING id")[0][
+                0
+            ]
+        want = {r for r in before if r[0] != min(i for i, _ in before)} | {(new, "after the abort")}
+        assert set(plain.execute(user, read, (user,))) == want
+        assert orm_read() == want
+        assert django.read() == want
+        assert set(glob.execute(None, plans, global_=True)) == plans_before | {
+            (plan, "after the abort")
+        }
+        assert {r._locate(user % SHARDS).name for r in routers[:2]} == {"source"}
+    finally:
+        django.close()
+        for r in routers:
+            r.close()
+    with psycopg.connect(**fleet_host.connect_kwargs(), autocommit=True) as conn:
+        for path_, statement in (
+            (None, f"SELECT count(*) FROM {schema}.photos"),
+            (f"{schema}, public", "SELECT count(*) FROM photos"),  # the Router's search_path
+            (None, "SELECT count(*) FROM public.photos"),
+        ):
+            if path_:
+                sql(conn, f"SET search_path = {path_}")
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                sql(conn, statement)
+    with (
+        psycopg.connect(**topo.host("pg1").connect_kwargs(), autocommit=True) as conn,
+        pytest.raises(psycopg.errors.UndefinedTable),
+    ):
+        sql(conn, "SELECT count(*) FROM public.plans")  # the global tables' host
 
 
 def global_rows(conn: psycopg.Connection, table: str = "plans") -> dict:
@@ -690,6 +786,10 @@ def test_sigkill_in_abort_or_cleanup_then_rerun_finishes(make_fleet, point):
         assert phase == "aborted" and load(path).adoption.authoritative == "source"
         assert new in on_source  # the write made on the fleet came back
         assert not leftovers(path, src_dsn).get("source")
+        # the fleet's shard tables out of their names once, whichever run renamed them
+        assert new in fleet_rows(path, "photos", aborted=True)
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            fleet_rows(path, "photos")
     else:
         assert phase == "cleaned" and load(path).adoption.source is None
         assert leftovers(path, src_dsn) == {}
@@ -847,8 +947,9 @@ def test_abort_brings_back_the_fleets_writes_to_a_table_routed_by_trigger(make_f
     time.sleep(0.3)
     assert cli_json(path, "--abort")["phase"] == "aborted"
     writer.join(30)
-    assert stopped and stopped[0].sqlstate == "SCM01", stopped  # the abort's guard
-    want = fleet_tasks(path)
+    # the abort took its table out of its name: undefined_table (a Router follows the redirect)
+    assert stopped and stopped[0].sqlstate == "42P01", stopped
+    want = fleet_tasks(path, aborted=True)
     assert want[edit]["status"] == new_status and made in want and gone not in want
     assert len(acked) > 10 and set(acked) <= set(want), len(acked)
     with psycopg.connect(dsn, autocommit=True) as src:
@@ -951,6 +1052,40 @@ def django_photo(path: Path, user_id: int) -> int:
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])["id"]
+
+
+class DjangoReader:
+    """A Django process (tests/support/django_photo.py --reads) on topology ``path``: each
+    :meth:`read` the (id, caption) of every photo of ``user``, by ``filter(user_id=)``."""
+
+    def __init__(self, path: Path, user: int):
+        pytest.importorskip("django")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        env["SHARDCTL_CONFIG"] = str(path)
+        script = Path(__file__).resolve().parents[1] / "support" / "django_photo.py"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), "--reads", str(user)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def read(self) -> set[tuple]:
+        self.proc.stdin.write("read\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(30)
+            raise AssertionError(self.proc.stderr.read()[-3000:])
+        return {tuple(r) for r in json.loads(line)["rows"]}
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
 
 
 def test_django_creates_rows_keyed_by_an_old_user_id(make_fleet):
@@ -1245,3 +1380,39 @@ def test_a_long_read_of_the_old_tables_delays_the_cutover_and_nothing_breaks(mak
     with psycopg.connect(src_dsn, autocommit=True) as src:
         old = {i for (i,) in sql(src, "SELECT id FROM shardctl_adopted.photos")}
     assert set(fleet_rows(path, "photos")) == old
+
+
+@pytest.mark.slow
+def test_a_long_read_of_the_fleets_tables_delays_the_abort_and_nothing_breaks(make_fleet):
+    """Renaming the fleet's shard tables at --abort waits for their readers' locks (as the cutover's
+    move of the old tables does): an attempt that meets a read longer than --max-freeze gives up in
+    time, writes resume on the fleet, and the next one, after the read, goes through. The read ends
+    once an attempt was seen waiting for it and giving up (whatever the machine's load)."""
+    path, src_dsn = adopting(make_fleet, users=40)
+    assert cli_json(path)["phase"] == "cut_over"
+    topo = load(path)
+    host, table = topo.host_of(3), f"{topo.schema_name(3)}.photos"
+    waiting = "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted"
+    with psycopg.connect(**host.connect_kwargs()) as reader:
+        sql(reader, f"SELECT count(*) FROM {table}")  # its transaction holds the read lock
+
+        def release() -> None:
+            with psycopg.connect(**host.connect_kwargs(), autocommit=True) as watch:
+                deadline = time.monotonic() + 60
+                for blocked in (False, True):  # until an attempt waits, then until it gave up
+                    while (sql(watch, waiting, table)[0][0] > 0) == blocked:
+                        assert time.monotonic() < deadline, "no attempt waited for the read"
+                        time.sleep(0.01)
+            reader.rollback()
+
+        releaser = threading.Thread(target=release, daemon=True)
+        releaser.start()
+        try:
+            result = cli_json(path, "--abort", "--max-freeze", "1", "--attempts", "5")
+        finally:
+            releaser.join(60)
+    assert result["phase"] == "aborted", result
+    assert any("abort, attempt 1" in n for n in result["notes"]), result["notes"]
+    with psycopg.connect(src_dsn, autocommit=True) as src:
+        old = {i for (i,) in sql(src, "SELECT id FROM photos")}
+    assert set(fleet_rows(path, "photos", aborted=True)) == old

@@ -16,18 +16,28 @@ from pathlib import Path
 import psycopg
 import pytest
 from support import crash_at
-from support.adopt_cutover import SHARDS, cli_json, fleet_tasks, leftovers, real_adoption, sql
+from support.adopt_cutover import (
+    SHARDS,
+    cli_json,
+    fleet_name,
+    fleet_tasks,
+    leftovers,
+    real_adoption,
+    sql,
+)
 from support.fleet import load
 
 
-def shard_rows(path: Path, table: str, cols: str) -> set[tuple]:
-    """(cols) of every row of ``table`` on the fleet's shards, each read directly."""
+def shard_rows(path: Path, table: str, cols: str, aborted: bool = False) -> set[tuple]:
+    """(cols) of every row of ``table`` on the fleet's shards, each read directly (after an abort:
+    ``aborted``, under the name it gave them)."""
     topo = load(path)
     out: set[tuple] = set()
+    name = fleet_name(table, aborted)
     for host in topo.hosts:
         with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
             for n in host.shards:
-                out |= set(sql(conn, f"SELECT {cols} FROM {topo.schema_name(n)}.{table}"))
+                out |= set(sql(conn, f"SELECT {cols} FROM {topo.schema_name(n)}.{name}"))
     return out
 
 
@@ -79,13 +89,13 @@ def test_abort_carries_back_a_truncate_of_a_shard_table_routed_by_trigger(make_f
             *keep,
         )[0][0]
     assert cli_json(path, "--abort")["phase"] == "aborted"
-    want = fleet_tasks(path)
+    want = fleet_tasks(path, aborted=True)
     assert made in want and len(want) == others + 1
     with psycopg.connect(dsn, autocommit=True) as src:
         got = dict(sql(src, "SELECT id, to_jsonb(t) FROM public.tasks t"))
     assert got == want
     cols = "task_id, label"
-    assert old_rows(dsn, "task_labels", cols) == shard_rows(path, "task_labels", cols)
+    assert old_rows(dsn, "task_labels", cols) == shard_rows(path, "task_labels", cols, aborted=True)
     no_mirror_left(path)
 
 
@@ -151,11 +161,12 @@ def test_sigkill_in_abort_with_a_table_routed_by_trigger_then_rerun(make_fleet, 
     abort = ("--abort", "--max-freeze", "3")
     r = crash_at.run(point, "--config", str(path), "adopt", "cutover", *abort, "--json")
     assert r.returncode == -9, r.stderr[-2000:]
-    assert writer.thread.is_alive() or writer.stopped[0].sqlstate == "SCM01", writer.stopped
+    assert writer.thread.is_alive() or writer.stopped[0].sqlstate == "42P01", writer.stopped
     assert cli_json(path, *abort)["phase"] == "aborted"
     writer.thread.join(30)
-    assert writer.stopped and writer.stopped[0].sqlstate == "SCM01", writer.stopped  # the guard
-    want = fleet_tasks(path)
+    # its table's name gone (the abort renamed it): undefined_table
+    assert writer.stopped and writer.stopped[0].sqlstate == "42P01", writer.stopped
+    want = fleet_tasks(path, aborted=True)
     assert want[edit]["status"] == "DONE" and gone not in want
     assert not any(t["user_id"] % SHARDS == other for t in want.values())
     assert len(writer.acked) > 5 and set(writer.acked) <= set(want), len(writer.acked)
@@ -164,7 +175,7 @@ def test_sigkill_in_abort_with_a_table_routed_by_trigger_then_rerun(make_fleet, 
         assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("aborted",)]
         sql(src, "UPDATE tasks SET status = 'TODO' WHERE id = %s", edit)  # writable again
     cols = "task_id, label"
-    assert old_rows(dsn, "task_labels", cols) == shard_rows(path, "task_labels", cols)
+    assert old_rows(dsn, "task_labels", cols) == shard_rows(path, "task_labels", cols, aborted=True)
     assert load(path).adoption.authoritative == "source"
     no_mirror_left(path)
     assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)

@@ -10,10 +10,17 @@ from pathlib import Path
 
 import psycopg
 
+from shardctl.sql.catalog.adopt_cutover import aborted_name
 from support.apps import apply_fixes, load_app
 from support.fleet import load, run_cli
 
 SHARDS = 4
+
+
+def fleet_name(table: str, aborted: bool = False) -> str:
+    """The name of adopted ``table``'s shard tables on the fleet: after an ``--abort`` (``aborted``),
+    the one it gave them (a stale Router's read by the old name meets undefined_table)."""
+    return aborted_name(table) if aborted else table
 
 
 def sql(conn: psycopg.Connection, text: str, *args) -> list[tuple]:
@@ -97,10 +104,12 @@ def shard_rows(path: Path, query: str) -> Iterator[tuple[str, str, tuple]]:
                     yield host.name, schema, row
 
 
-def fleet_tasks(path: Path) -> dict[int, dict]:
-    """id -> the row (as jsonb: the enum as its label) of every task on the fleet's shards."""
+def fleet_tasks(path: Path, aborted: bool = False) -> dict[int, dict]:
+    """id -> the row (as jsonb: the enum as its label) of every task on the fleet's shards (after an
+    abort: ``aborted``, under the name it gave them)."""
     out: dict[int, dict] = {}
-    for _, _, (i, row) in shard_rows(path, "SELECT id, to_jsonb(t) FROM {}.tasks t"):
+    query = f"SELECT id, to_jsonb(t) FROM {{}}.{fleet_name('tasks', aborted)} t"
+    for _, _, (i, row) in shard_rows(path, query):
         assert i not in out, f"task {i} twice"
         out[i] = row
     return out

@@ -1,7 +1,11 @@
 """``python django_photo.py USER_ID``, with SHARDCTL_CONFIG set to an adopting fleet's topology (the
 Django example app's settings): ``Photo.objects.create(user_id=USER_ID)`` on a model of the adopted
 ``photos`` table whose key holds a user's ID (``shard_key_is_id``), and prints its ID as one JSON
-line (tests/fleet/test_adopt_cutover.py)."""
+line (tests/fleet/test_adopt_cutover.py).
+
+``python django_photo.py --reads USER_ID``: for each line read from stdin, the (id, caption) of every
+photo of USER_ID (``filter(user_id=...)``), printed as one JSON line, until stdin closes (a process
+whose Router keeps its placement between the reads)."""
 
 from __future__ import annotations
 
@@ -35,5 +39,11 @@ class AdoptedPhoto(ShardedModel):
 
 
 if __name__ == "__main__":
-    photo = AdoptedPhoto.objects.create(user_id=int(sys.argv[1]), caption="by django")
-    print(json.dumps({"id": photo.id}))
+    if sys.argv[1] == "--reads":
+        user = int(sys.argv[2])
+        for _ in sys.stdin:
+            rows = AdoptedPhoto.objects.filter(user_id=user).values_list("id", "caption")
+            print(json.dumps({"rows": sorted(rows)}), flush=True)
+    else:
+        photo = AdoptedPhoto.objects.create(user_id=int(sys.argv[1]), caption="by django")
+        print(json.dumps({"id": photo.id}))

@@ -3,16 +3,23 @@ since the cutover) and ``adopt cutover --cleanup`` (the replication and the pare
 
 Abort, until cleanup: one freeze bounded by ``--max-freeze`` (the move's ``BoundedFreeze``): on each
 fleet host a transaction locks its adopted tables, waits until the way back (the old database's
-subscription) has applied the host's WAL up to there, adds a guard trigger on each shard table
-(one line naming the old database) and a redirect per shard to the old database (for Routers whose
-topology copy still says ``fleet``), and moves its parents back to the app's schema. Then one
-transaction on the old database drops its guards and redirects, puts the stubs away and the tables
-back under their names, sets the global tables' sequences past the global host's, and records the
-run ``aborted``. The fleet hosts commit, then the old database: a writer blocked on the fleet meets
-the guard and waits on the old database's locks until it is open. Then ``adoption.authoritative:
-source`` in the topology file, the way back and the id map dropped, the replica identities ``adopt
-copy`` changed restored (a new attempt starts with ``adopt copy``). A run killed between the two
-commits left every side closed to writes: run ``--abort`` again at once.
+subscription) has applied the host's WAL up to there, takes each shard table (and, on the global
+host, each global table) out of its name (renamed within its schema to ``shardctl_aborted_<name>``,
+``catalog.aborted_name``), guards its parents (one line naming the old database), which stay in
+``shardctl_adopted``, and writes a redirect per shard to the old database. A Router whose topology
+copy still says ``fleet`` reads and writes by name (``search_path``: the shard's schema, then
+``public``): it meets undefined_table, which it follows through the redirect to the old database,
+so it never reads the fleet's rows, stale from the moment the old database takes writes (a read
+fires no trigger: a guard alone stopped only its writes). Then one transaction on the old database
+drops its guards and redirects, puts the stubs away and the tables back under their names, sets the
+global tables' sequences past the global host's, and records the run ``aborted``. The fleet hosts
+commit, then the old database: a writer blocked on the fleet finds its table's name gone once it
+has the lock, and its Router waits on the old database's locks until it is open. Then
+``adoption.authoritative: source`` in the topology file, the way back and the id map dropped, the
+replica identities ``adopt copy`` changed restored (a new attempt starts with ``adopt copy``, which
+puts the fleet's tables back under their names and the parents in the app's schema before emptying
+them: ``restart.py``). A run killed between the two commits left every side closed to writes: run
+``--abort`` again at once (a table renamed already is left as it is).
 
 Cleanup, after a cutover: the way back dropped, each parent's partitions detached (they stay, as the
 shards' tables) and the parent dropped, the id map's replication dropped (its rows stay), the replica
@@ -145,10 +152,9 @@ class AbortFreeze(BoundedFreeze):
                 self._budget()
                 _reopen_source(site, self.src, self.sequences)
                 self._late()
-            # The fleet first: its writers meet the guard and wait on the old database's locks (its
-            # tables' names) until it commits. The other way round, a run killed between the two
-            # commits would leave the fleet open with its parents moved: its writes would come back
-            # under names the old database no longer has.
+            # The fleet first: its writers (their tables' names gone: a Router follows the redirect)
+            # wait on the old database's locks (its tables' names) until it commits. The other way
+            # round, a run killed between the two commits would leave both sides open to writes.
             for conn in self.fleet:
                 conn.commit()
             checkpoint("adopt-abort-fleet-committed")
@@ -156,7 +162,11 @@ class AbortFreeze(BoundedFreeze):
                 self.src.commit()  # the old database takes writes
                 checkpoint("adopt-abort-source-open")
             self._mark("commit")
-        except psycopg.errors.QueryCanceled as exc:
+        except (
+            psycopg.errors.QueryCanceled,
+            psycopg.errors.LockNotAvailable,  # renaming the shard tables waits for readers' locks
+            psycopg.errors.DeadlockDetected,
+        ) as exc:
             raise FreezeTimeout(
                 f"a statement of the freeze ran past --max-freeze ({db.first_line(exc)})"
             ) from None
@@ -170,26 +180,42 @@ class AbortFreeze(BoundedFreeze):
                 conn.close()
 
     def _freeze_host(self, host: Host) -> None:
-        """Lock ``host``'s adopted tables, wait until the old database applied its WAL, then guard
-        them and redirect its shards to the old database (uncommitted)."""
+        """Lock ``host``'s adopted tables, wait until the old database applied its WAL, then take its
+        shard tables (and global tables) out of their names, guard its parents and redirect its
+        shards to the old database (uncommitted). Idempotent: a table renamed already is left as is."""
         site = self.site
         self._timeouts()
-        parents = site.located(self.src, host)  # moved at the cutover (back home if it ran before)
+        now = site.shard_table_names(self.src, host)  # (a run killed after the commit renamed them)
+        located = site.located(self.src, host)  # in MOVED_SCHEMA since the cutover
+        parents = [p for p in located if p[1] not in site.globals]
+        routed = [(s, now.get((s, t), t)) for s, t in site.routed_shard_tables(host)]
+        globals_ = [
+            (s, now.get((s, t), t)) for s, t in site.shard_tables(host) if t in site.globals
+        ]
         # a parent's lock covers its partitions; a routed table's shard tables first (their writers
         # then write its partitions: the same order, no deadlock)
-        self._lock(site.routed_shard_tables(host) + parents)
+        self._lock(routed + parents + globals_)
         self._wait_applied([site.back(host)])
         self._budget()
         if site.globals and host.name == site.global_host.name:
             self.sequences = inspect.sequences(self.src, [site.schema])
-        guarded = site.shard_tables(host) + parents
+        # A Router whose topology copy still says fleet reads by name, and a read fires no trigger:
+        # under their names the tables would answer with the rows as of now, stale from the moment
+        # the old database takes writes. Renamed, a read meets undefined_table and the Router follows
+        # the redirect (a write too: it looks the name up again once it has its lock). The parents
+        # stay out of the app's schema (its name would be found through search_path) and keep the
+        # guard: nothing else writes them.
+        hide = [(s, t, catalog.aborted_name(t)) for (s, t), name in now.items() if name == t]
         message = fleet_message(site)
         self.src.execute(
-            "".join(stubs.unguard_sql(s, t) + stubs.guard_sql(s, t, message) for s, t in guarded)
+            "".join(stubs.unguard_sql(s, t) + stubs.guard_sql(s, t, message) for s, t in parents)
+            + catalog.rename_tables_sql(hide)
         )
-        # The parents home again (committed after the old database: no change is decoded between)
-        moved = [p for p in parents if p[0] == catalog.MOVED_SCHEMA]
-        self.src.execute(catalog.set_schema_sql(moved, site.schema))
+        # parents an earlier version moved home at its abort go out of the app's schema too
+        home = [p for p in parents if p[0] == site.schema]
+        if home:
+            catalog.ensure_schema(self.src, catalog.MOVED_SCHEMA)
+            self.src.execute(catalog.set_schema_sql(home, catalog.MOVED_SCHEMA))
         # Routers whose topology copy still says fleet follow back (the cutover clears these).
         source, shards = site.source, site.redirected(host)
         control.write_redirects(

@@ -374,8 +374,14 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                 )
             schemas = [job.topo.schema_name(n) for n in target.shards]
             have = set(inspect.tables(conn, schemas, "r"))
+            # an aborted run's shard tables are out of their names until the restart puts them back
+            name = {
+                (s, t): t if (s, t) in have else cut_catalog.aborted_name(t)
+                for s in schemas
+                for t in tables
+            }
             for schema in schemas:
-                lacking = [t for t in tables if (schema, t) not in have]
+                lacking = [t for t in tables if (schema, name[schema, t]) not in have]
                 if lacking:
                     raise BadInput(
                         f"host {target.host.name}: shard schema {schema} has no table "
@@ -383,7 +389,8 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                         f"init with the baseline adopt baseline wrote)"
                     )
             for table in tables if schemas else []:
-                extra = set(catalog.columns(conn, schemas[0], table)) - job.source_columns[table]
+                now = name[schemas[0], table]
+                extra = set(catalog.columns(conn, schemas[0], now)) - job.source_columns[table]
                 if extra:
                     raise BadInput(
                         f"host {target.host.name}: {schemas[0]}.{table} has column "

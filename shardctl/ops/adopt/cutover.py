@@ -228,8 +228,8 @@ def mirror_routed(site: Site, host: Host, conn: psycopg.Connection, make: bool) 
         catalog.create_truncate_back(conn, shard_tables)
     for table in site.routed_tables if host.shards else []:
         shards = {n: site.topo.schema_name(n) for n in host.shards}
-        if not make:
-            copy_catalog.drop_mirror(conn, table, shards)
+        if not make:  # after an abort, the shard tables have its names
+            copy_catalog.drop_mirror(conn, table, shards, (table, catalog.aborted_name(table)))
             continue
         pk = copy_catalog.primary_key(conn, (shards[host.shards[0]], table))
         copy_catalog.create_mirror(conn, table, shards, pk)
@@ -249,7 +249,8 @@ def mirror_globals(site: Site, host: Host, conn: psycopg.Connection, make: bool)
                 conn, (site.schema, table), (catalog.MOVED_SCHEMA, table)
             )
         else:
-            copy_catalog.drop_mirror(conn, table, {GLOBAL: site.schema})
+            names = (table, catalog.aborted_name(table))  # its name after an abort
+            copy_catalog.drop_mirror(conn, table, {GLOBAL: site.schema}, names)
             conn.execute(catalog.drop_table_sql((catalog.MOVED_SCHEMA, table)))
 
 
@@ -264,9 +265,12 @@ def restore_fleet_identities(site: Site, detail: dict) -> list[str]:
             session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT}, local=False)
             for name in names:
                 schema, table = name.split(".", 1)
-                if catalog.relation_exists(conn, schema, table):
-                    conn.execute(catalog.set_replica_identity_sql(schema, table, full=False))
-                    out.append(f"{host.name}:{name}")
+                # after an abort, under the name it gave the table
+                for now in (table, catalog.aborted_name(table)):
+                    if catalog.relation_exists(conn, schema, now):
+                        conn.execute(catalog.set_replica_identity_sql(schema, now, full=False))
+                        out.append(f"{host.name}:{name}")
+                        break
     return out
 
 

@@ -141,6 +141,20 @@ class Site:
             out += [(self.schema, t) for t in self.globals]
         return out
 
+    def shard_table_names(self, conn: psycopg.Connection, host: Host) -> dict[tuple[str, str], str]:
+        """Each of ``host``'s :meth:`shard_tables` (on ``conn``) → the name it has there now: its
+        own, or the one an abort gave it (``catalog.aborted_name``); absent ones are left out."""
+        items = self.shard_tables(host)
+        hidden = {(s, t): catalog.aborted_name(t) for s, t in items}
+        present = catalog.present_tables(conn, items + [(s, hidden[s, t]) for s, t in items])
+        out = {}
+        for s, t in items:
+            if (s, t) in present:
+                out[s, t] = t
+            elif (s, hidden[s, t]) in present:
+                out[s, t] = hidden[s, t]
+        return out
+
     # ---- names (the run's tag: call run_state() first) ---------------------------------------
     def forward(self, host: Host) -> str:
         """``adopt copy``'s publication, slot and subscription for ``host``."""

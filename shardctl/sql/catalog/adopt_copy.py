@@ -660,15 +660,23 @@ def create_table_mirror(
     return True
 
 
-def drop_mirror(conn: psycopg.Connection, table: str, shard_schemas: dict[int, str]) -> None:
+def drop_mirror(
+    conn: psycopg.Connection,
+    table: str,
+    shard_schemas: dict[int, str],
+    names: tuple[str, ...] = (),
+) -> None:
     """:func:`create_mirror`'s (or :func:`mirror_into`'s) triggers and function gone (those that
-    exist)."""
+    exist), from ``table`` in each schema or whichever of ``names`` it has there now (an abort
+    renames the fleet's tables)."""
     for s in shard_schemas.values():
-        if table_exists(conn, s, table):
+        for name in names or (table,):
+            if not table_exists(conn, s, name):
+                continue
             for trigger in (MIRROR_TRIGGER, MIRROR_TRUNCATE_TRIGGER):
                 conn.execute(
                     sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-                        sql.Identifier(trigger), sql.Identifier(s, table)
+                        sql.Identifier(trigger), sql.Identifier(s, name)
                     )
                 )
     conn.execute(

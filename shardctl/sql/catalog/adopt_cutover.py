@@ -7,9 +7,12 @@ The guard triggers and redirects are the move's (``stubs.guard_sql``, ``control.
 
 from __future__ import annotations
 
+import hashlib
+
 import psycopg
 from psycopg import sql
 
+from ...model.identifiers import quote_ident
 from .control import dumps
 from .stubs import unguard_sql
 
@@ -232,6 +235,50 @@ def drop_truncate_back(conn: psycopg.Connection) -> None:
 # publishes them under the names the old database's tables have there).
 MOVED_SCHEMA = "shardctl_adopted"
 STUB_STAGING = "shardctl_adopt_stubs"  # the stubs, made before the freeze, moved in by it
+
+
+# ---- the fleet's shard tables out of their names at --abort -----------------------------------------
+# A Router whose topology copy still says ``fleet`` reads a shard's tables by name (search_path: the
+# shard's schema, then public). Reads fire no trigger: only a missing name (undefined_table, which
+# the Router follows through the host's redirect) keeps it from the fleet's stale rows. So the abort
+# renames each adopted shard table (and the global tables on the global host) within its schema,
+# and ``adopt copy`` puts them back before emptying them.
+ABORTED_PREFIX = "shardctl_aborted_"
+NAME_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
+
+
+def aborted_name(table: str) -> str:
+    """The name ``table`` has on the fleet after an abort: :data:`ABORTED_PREFIX` and the name, or,
+    past 63 bytes, its head and a digest of the whole name (deterministic: the way back is computed)."""
+    name = ABORTED_PREFIX + table
+    if len(name.encode()) <= NAME_BYTES:
+        return name
+    digest = hashlib.sha256(table.encode()).hexdigest()[:10]
+    head = name.encode()[: NAME_BYTES - len(digest) - 1].decode("utf-8", "ignore")
+    return f"{head}_{digest}"
+
+
+def present_tables(conn: psycopg.Connection, items: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The (schema, table) of ``items`` that exist on ``conn`` as tables (plain or partitioned)."""
+    if not items:
+        return set()
+    rows = conn.execute(
+        """SELECT n.nspname::text, c.relname::text FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             JOIN unnest(%s::text[], %s::text[]) AS i(s, t) ON i.s = n.nspname AND i.t = c.relname
+            WHERE c.relkind IN ('r', 'p')""",
+        ([s for s, _ in items], [t for _, t in items]),
+    ).fetchall()
+    return {(s, t) for s, t in rows}
+
+
+def rename_tables_sql(items: list[tuple[str, str, str]]) -> str:
+    """ALTER TABLE schema.old RENAME TO new for each (schema, old, new), as one script (catalog
+    only; a partition keeps its parent, indexes and triggers go along)."""
+    return "".join(
+        f"ALTER TABLE {quote_ident(s)}.{quote_ident(old)} RENAME TO {quote_ident(new)};\n"
+        for s, old, new in items
+    )
 
 
 def ensure_schema(conn: psycopg.Connection, schema: str) -> None:

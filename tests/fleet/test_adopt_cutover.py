@@ -270,6 +270,21 @@ def writing(
             t.join(10)
 
 
+def photo_model():
+    """The SQLAlchemy model of the app's ``photos`` (its shard key a user's ID)."""
+    from sqlalchemy import BigInteger, Column, Text
+    from sqlalchemy.orm import declarative_base
+
+    class Photo(declarative_base()):
+        __tablename__ = "photos"
+        __shard_key__, __shard_key_is_id__ = "user_id", True
+        id = Column(BigInteger, primary_key=True)
+        user_id = Column(BigInteger)
+        caption = Column(Text)
+
+    return Photo
+
+
 def test_cutover_follows_writers_abort_brings_back_later_writes(make_fleet):
     """Writers through two Routers (one on a topology copy never updated) write across the cutover
     and follow to the fleet; a third Router on a stale copy only reads, and after the cutover its
@@ -398,17 +413,11 @@ def test_a_stale_router_reading_a_shard_after_the_abort_reads_the_old_database(m
     host's redirect to the old database (the app's schema there), never the fleet's stale rows. A
     direct client of the fleet gets an error, by the shard's name and through the parents' old
     names alike."""
-    from sqlalchemy import BigInteger, Column, Text, select
-    from sqlalchemy.orm import declarative_base
+    from sqlalchemy import select
 
     from shardctl.sqlalchemy import sessionmaker
 
-    class Photo(declarative_base()):
-        __tablename__ = "photos"
-        __shard_key__, __shard_key_is_id__ = "user_id", True
-        id = Column(BigInteger, primary_key=True)
-        user_id = Column(BigInteger)
-        caption = Column(Text)
+    Photo = photo_model()
 
     path, src_dsn = adopting(make_fleet, users=20)
     assert cli_json(path)["phase"] == "cut_over"
@@ -1005,17 +1014,9 @@ def test_sqlalchemy_session_follows_the_cutover_into_the_shard_schema(make_fleet
     its first statement after the cutover meets the old database's guard, follows the redirect to
     the fleet host and runs again there in the shard's schema, not in the old database's ``public``
     (where the copy's parent stays until the cleanup)."""
-    from sqlalchemy import BigInteger, Column, Text
-    from sqlalchemy.orm import declarative_base
-
     from shardctl.sqlalchemy import sessionmaker
 
-    class Photo(declarative_base()):
-        __tablename__ = "photos"
-        __shard_key__, __shard_key_is_id__ = "user_id", True
-        id = Column(BigInteger, primary_key=True)
-        user_id = Column(BigInteger)
-        caption = Column(Text)
+    Photo = photo_model()
 
     path, _ = adopting(make_fleet, users=20)
     router = Router(load(stale_copy(path)))

@@ -330,8 +330,7 @@ def _freeze(site: Site, max_freeze: float, attempts: int, result: CutoverResult)
         except FreezeTimeout as exc:
             last = exc
             site.note(f"cutover attempt {attempt}: {exc}; writes resumed on the old database")
-            if attempt < attempts:  # a pause before the next try, none after the last
-                time.sleep(min(5.0, attempt * 0.5))
+            time.sleep(min(5.0, attempt * 0.5))
             continue
         result.freeze_seconds = freeze.marks.get("commit")
         result.freeze_lock_seconds = freeze.marks.get("lock")

@@ -326,7 +326,16 @@ class FleetMaker:
         )
         text += extra
         if init:
-            templates = self.fleet.template(text, directory / "migrations", servers, encoding)
+            # One template for fleets that differ only in their hosts' ``pooler:`` keys: ``init``
+            # never reads the key (what the app ``dsn`` goes through, for the Router), and every
+            # DSN here is the server's own, so their databases come out the same.
+            shape = text
+            if pooler:
+                shape = _topology_text(
+                    servers, shards, function, schema, epoch, ranges, None, self.routing_key
+                )
+                shape += extra
+            templates = self.fleet.template(shape, directory / "migrations", servers, encoding)
             dbs = [self._create(s, template=t) for s, t in zip(servers, templates)]
         else:
             dbs = [self._create(s, encoding=encoding) for s in servers]

@@ -49,6 +49,21 @@ def wait_for(dsn: str, sql: str, minimum: int, timeout: float = 60) -> int:
     raise AssertionError(f"timed out waiting for {sql!r} >= {minimum}")
 
 
+def wait_until_alone(path, timeout: float = 30) -> None:
+    """Until no other session is left in any host's database of the fleet at ``path``: the backends
+    of a killed shardctl have noticed their client is gone and exited, and a backend rolls back its
+    transaction (and releases its locks) before it leaves pg_stat_activity."""
+    deadline = time.monotonic() + timeout
+    for host in load(path).hosts:
+        with psycopg.connect(host.dsn, autocommit=True) as conn:
+            while conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            ).fetchone()[0]:
+                assert time.monotonic() < deadline, f"{host.name}: a killed client's session stays"
+                time.sleep(0.02)
+
+
 def assert_consistent(dsn: str, latest: int) -> dict[int, int]:
     """Every recorded shard is whole at its version; every shard schema is recorded; nothing half-built.
 
@@ -145,7 +160,7 @@ def test_shardctl_killed_during_init(make_fleet):
     )
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    time.sleep(0.5)  # the server notices the dead client and rolls back its transaction
+    wait_until_alone(path)  # the server noticed the dead client and rolled back its transaction
     for host in load(path).hosts:
         assert_consistent(host.dsn, 2)
     assert run_cli("init", config=path).exit_code == 0
@@ -215,7 +230,7 @@ def test_shardctl_killed_during_migrate(make_fleet):
     wait_for(dsn, "SELECT count(*) FROM shardctl.migrations WHERE version = 3", 16)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    time.sleep(0.5)
+    wait_until_alone(path)
     for host in load(path).hosts:
         assert_consistent(host.dsn, 3)
     assert run_cli("migrate", config=path).exit_code == 0

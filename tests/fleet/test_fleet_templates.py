@@ -64,6 +64,22 @@ def test_a_fleet_shape_of_its_own_gets_a_template_of_its_own(make_fleet, shardct
         ).fetchone() == (2,)
 
 
+def test_fleets_that_differ_only_in_their_pooler_keys_share_a_template(make_fleet, shardctl_fleet):
+    """init never reads ``pooler:``: a direct fleet, a pooled one and one without the key are copies
+    of one template (one init, not three), and each file keeps its own key."""
+    direct = make_fleet(hosts=2, shards=4, init=True, pooler="none")
+    before = len(shardctl_fleet.templates)
+    pooled = make_fleet(hosts=2, shards=4, init=True, pooler="session")
+    plain = make_fleet(hosts=2, shards=4, init=True)
+    assert len(shardctl_fleet.templates) == before
+    assert [h.pooler for h in load(direct).hosts] == ["none", "none"]
+    assert [h.pooler for h in load(pooled).hosts] == ["session", "session"]
+    assert "pooler" not in plain.read_text()
+    for path in (direct, pooled, plain):
+        assert run_cli("migrate", "--check", config=path).exit_code == 0
+        assert run_cli("verify", config=path).exit_code == 0
+
+
 def test_cleanup_drops_the_databases_and_what_a_failed_move_left_in_them(shardctl_fleet, tmp_path):
     maker = shardctl_fleet.maker(tmp_path, hosts=2, shards=4, routing=False)
     maker(init=True)

@@ -86,7 +86,8 @@ def cutover(run: MoveRun) -> None:
         except FreezeTimeout as exc:
             last = exc
             run.note(f"cutover attempt {attempt}: {exc}; writes resumed on {run.source.name}")
-            time.sleep(min(5.0, attempt * 1.0))
+            if attempt < run.options.attempts:  # a pause before the next try, none after the last
+                time.sleep(min(5.0, attempt * 1.0))
     else:
         raise OperationFailed(
             f"cutover: gave up after {run.options.attempts} attempts ({last}); the source "

@@ -137,17 +137,24 @@ class AbortFreeze(BoundedFreeze):
         site = self.site
         opened: list[psycopg.Connection] = []
         try:
-            self.start_clock()
+            # Every connection before the clock starts, as the cutover's freeze does: opening one
+            # holds no lock, and under load the openings alone could use up --max-freeze while the
+            # first host's tables are locked.
+            hosts = []
             for host in site.fleet_hosts():
-                self.src = site.connect(host, autocommit=False)
-                self.aux = site.connect(host)
-                opened += [self.src, self.aux]
-                self.fleet.append(self.src)
+                conns = site.connect(host, autocommit=False), site.connect(host)
+                opened += conns
+                hosts.append((host, *conns))
+            source = site.connect(site.source, autocommit=False) if self.reopen else None
+            opened += [source] if source is not None else []
+            self.start_clock()
+            for host, src, aux in hosts:
+                self.src, self.aux = src, aux
+                self.fleet.append(src)
                 self._freeze_host(host)
             checkpoint("adopt-abort-fleet-locked")
-            if self.reopen:
-                self.src = site.connect(site.source, autocommit=False)
-                opened.append(self.src)
+            if source is not None:
+                self.src = source
                 self._timeouts()
                 self._budget()
                 _reopen_source(site, self.src, self.sequences)

@@ -231,12 +231,11 @@ class Shards:
         host = self.router._locate(shard).name
         return host, self.options(shard, host)
 
-    def options(self, shard: int, host: str | None = None) -> dict[str, Any]:
-        """Execution options running a statement on ``shard`` in its schema on ``host`` (default: its
-        host as of now): the app's schema on an adopted old database, else the shard's schema."""
+    def options(self, shard: int, host: str) -> dict[str, Any]:
+        """Execution options running a statement on ``shard`` in its schema on host ``host``: the
+        app's schema on an adopted old database, else the shard's schema."""
         placement = self.router.placement
-        where = self.router._locate(shard) if host is None else placement.host_named(host)
-        schema = placement.schema_on(where, shard)
+        schema = placement.schema_on(placement.host_named(host), shard)
         opts = self._options.get((shard, schema))
         if opts is None:
             opts = self._options[(shard, schema)] = {

@@ -445,6 +445,8 @@ def _role_problems(job: Copy, src: psycopg.Connection, facts: dict, targets: lis
             f"the tables in {job.schema} (their replica identity, publications and the cutover's "
             f"renaming need ownership)"
         )
+    cycle = _a_cycle(_copied_references(job, src))
+    copying = {t.host.name for t in targets if _tables(job, t)}
     place = job.topo.id_map_place()
     hosts = {t.host.name: t.host for t in targets}
     hosts.setdefault(place.host, job.topo.host(place.host))
@@ -464,8 +466,8 @@ def _role_problems(job: Copy, src: psycopg.Connection, facts: dict, targets: lis
                     f"map's database {place.dbname} (ALTER ROLE {host_role['name']} CREATEDB, or "
                     f"create it owned by {host_role['name']})"
                 )
-            if host.name in {t.host.name for t in targets if _tables(job, t)}:
-                out += _cycle_problems(job, src, host.name, host_role["name"], conn)
+            if cycle and host.name in copying and not catalog.may_skip_triggers(conn):
+                out.append(_cycle_problem(host.name, host_role["name"], cycle))
         if not host_role["superuser"] and not _has_password(job.publisher_conninfo()):
             out.append(_no_password(host.name, SOURCE_HOST))
         if not role["superuser"] and not _has_password(peer_conninfo(host)):
@@ -473,25 +475,20 @@ def _role_problems(job: Copy, src: psycopg.Connection, facts: dict, targets: lis
     return out
 
 
-def _cycle_problems(
-    job: Copy, src: psycopg.Connection, host: str, role: str, conn: psycopg.Connection
-) -> list[str]:
+def _copied_references(job: Copy, src: psycopg.Connection) -> list[tuple[str, str]]:
+    """(table, the table it references) for each foreign key between two tables the copy copies."""
+    copied = {t for t, _ in job.sharded} | set(job.globals)
+    return [(t, f) for t, f in catalog.references(src, [job.schema]) if {t, f} <= copied]
+
+
+def _cycle_problem(host: str, role: str, cycle: list[str]) -> str:
     """Tables whose foreign keys go round in a cycle cannot be copied one after the other with their
     foreign keys checked, which a role that may not skip them needs (``_run_copy``'s ``serial``)."""
-    if catalog.may_skip_triggers(conn):
-        return []
-    copied = {t for t, _ in job.sharded} | set(job.globals)
-    refs = [(t, f) for t, f in catalog.references(src, [job.schema]) if {t, f} <= copied]
-    cycle = _a_cycle(refs)
-    if not cycle:
-        return []
-    tables = ", ".join(cycle)
-    line = (
-        f"host {host}: tables {tables} reference each other in a cycle, and role {role} may not "
-        f"skip their foreign keys during the copy (GRANT SET ON PARAMETER "
+    return (
+        f"host {host}: tables {', '.join(cycle)} reference each other in a cycle, and role {role} "
+        f"may not skip their foreign keys during the copy (GRANT SET ON PARAMETER "
         f"session_replication_role TO {role})"
     )
-    return [line]
 
 
 def _a_cycle(refs: list[tuple[str, str]]) -> list[str]:

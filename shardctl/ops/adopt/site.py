@@ -18,6 +18,7 @@ from ...model.topology import Host, Topology
 from ...router.placement import GLOBAL
 from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
+from ...sql.catalog import inspect
 from ..move.run import Progress
 from .state import run_tag, slot_name
 
@@ -146,7 +147,7 @@ class Site:
         own, or the one an abort gave it (``catalog.aborted_name``); absent ones are left out."""
         items = self.shard_tables(host)
         hidden = {(s, t): catalog.aborted_name(t) for s, t in items}
-        present = catalog.present_tables(conn, items + [(s, hidden[s, t]) for s, t in items])
+        present = set(inspect.tables(conn, sorted({s for s, _ in items}), "rp"))
         out = {}
         for s, t in items:
             if (s, t) in present:

@@ -258,20 +258,6 @@ def aborted_name(table: str) -> str:
     return f"{head}_{digest}"
 
 
-def present_tables(conn: psycopg.Connection, items: list[tuple[str, str]]) -> set[tuple[str, str]]:
-    """The (schema, table) of ``items`` that exist on ``conn`` as tables (plain or partitioned)."""
-    if not items:
-        return set()
-    rows = conn.execute(
-        """SELECT n.nspname::text, c.relname::text FROM pg_class c
-             JOIN pg_namespace n ON n.oid = c.relnamespace
-             JOIN unnest(%s::text[], %s::text[]) AS i(s, t) ON i.s = n.nspname AND i.t = c.relname
-            WHERE c.relkind IN ('r', 'p')""",
-        ([s for s, _ in items], [t for _, t in items]),
-    ).fetchall()
-    return {(s, t) for s, t in rows}
-
-
 def rename_tables_sql(items: list[tuple[str, str, str]]) -> str:
     """ALTER TABLE schema.old RENAME TO new for each (schema, old, new), as one script (catalog
     only; a partition keeps its parent, indexes and triggers go along)."""

@@ -419,11 +419,11 @@ def _restore_identities(
     out = []
     for table, (kind, index) in (detail.get("replica_identity") or {}).items():
         where = schema if table in site.adoption.tables else site.schema
-        if catalog.relation_exists(src, where, table):
+        if copy_catalog.table_exists(src, where, table):
             copy_catalog.restore_replica_identity(src, where, table, kind, index)
             out.append(table)
     for table in detail.get("retoast") or []:
         where = schema if table in site.adoption.tables else site.schema
-        if catalog.relation_exists(src, where, table):
+        if copy_catalog.table_exists(src, where, table):
             copy_catalog.drop_retoast_trigger(src, where, table)
     return out

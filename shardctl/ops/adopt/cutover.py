@@ -267,7 +267,7 @@ def restore_fleet_identities(site: Site, detail: dict) -> list[str]:
                 schema, table = name.split(".", 1)
                 # after an abort, under the name it gave the table
                 for now in (table, catalog.aborted_name(table)):
-                    if catalog.relation_exists(conn, schema, now):
+                    if copy_catalog.table_exists(conn, schema, now):
                         conn.execute(catalog.set_replica_identity_sql(schema, now, full=False))
                         out.append(f"{host.name}:{name}")
                         break

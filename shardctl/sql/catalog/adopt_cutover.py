@@ -69,12 +69,6 @@ def last_verify(conn: psycopg.Connection, since: float | None = None) -> tuple[b
     return None if row is None else (bool(row[0]), dict(row[1] or {}))
 
 
-def relation_exists(conn: psycopg.Connection, schema: str, table: str) -> bool:
-    return conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(schema, table).as_string(conn),)
-    ).fetchone()[0]
-
-
 def partitions(conn: psycopg.Connection, schema: str, table: str) -> list[tuple[str, str]]:
     """(schema, table) of each partition attached to ``schema.table`` (none when it is not a parent)."""
     return [

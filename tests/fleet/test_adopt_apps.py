@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict
-from support.adopt_cutover import fleet_name
+from support.adopt_cutover import fleet_name, shard_rows
 from support.fleet import load, run_cli, sandbox_dir
 from support.history import History, Report
 from support.orm import OrmAppProcess
@@ -136,15 +136,10 @@ def fleet_rows(
 ) -> dict[int, list[tuple[str, str, int]]]:
     """id -> every (host, schema, user_id) holding it in a shard schema of the fleet (after an
     abort: ``aborted``, under the name it gave the shard tables)."""
-    topo = load(path)
     out: dict[int, list] = {}
-    name = fleet_name(table, aborted)
-    for host in topo.hosts:
-        with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
-            for n in host.shards:
-                s = topo.schema_name(n)
-                for i, user in sql(conn, f"SELECT id, user_id FROM {s}.{name}"):
-                    out.setdefault(i, []).append((host.name, s, user))
+    query = f"SELECT id, user_id FROM {{}}.{fleet_name(table, aborted)}"
+    for host, schema, (i, user) in shard_rows(path, query):
+        out.setdefault(i, []).append((host, schema, user))
     return out
 
 

@@ -23,22 +23,17 @@ from support.adopt_cutover import (
     fleet_tasks,
     leftovers,
     real_adoption,
+    shard_rows,
     sql,
 )
 from support.fleet import load
 
 
-def shard_rows(path: Path, table: str, cols: str, aborted: bool = False) -> set[tuple]:
+def fleet_table_rows(path: Path, table: str, cols: str, aborted: bool = False) -> set[tuple]:
     """(cols) of every row of ``table`` on the fleet's shards, each read directly (after an abort:
     ``aborted``, under the name it gave them)."""
-    topo = load(path)
-    out: set[tuple] = set()
-    name = fleet_name(table, aborted)
-    for host in topo.hosts:
-        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
-            for n in host.shards:
-                out |= set(sql(conn, f"SELECT {cols} FROM {topo.schema_name(n)}.{name}"))
-    return out
+    query = f"SELECT {cols} FROM {{}}.{fleet_name(table, aborted)}"
+    return {row for _, _, row in shard_rows(path, query)}
 
 
 def old_rows(dsn: str, table: str, cols: str) -> set[tuple]:
@@ -95,7 +90,9 @@ def test_abort_carries_back_a_truncate_of_a_shard_table_routed_by_trigger(make_f
         got = dict(sql(src, "SELECT id, to_jsonb(t) FROM public.tasks t"))
     assert got == want
     cols = "task_id, label"
-    assert old_rows(dsn, "task_labels", cols) == shard_rows(path, "task_labels", cols, aborted=True)
+    assert old_rows(dsn, "task_labels", cols) == fleet_table_rows(
+        path, "task_labels", cols, aborted=True
+    )
     no_mirror_left(path)
 
 
@@ -175,7 +172,9 @@ def test_sigkill_in_abort_with_a_table_routed_by_trigger_then_rerun(make_fleet, 
         assert sql(src, "SELECT phase FROM shardctl_adopt.run") == [("aborted",)]
         sql(src, "UPDATE tasks SET status = 'TODO' WHERE id = %s", edit)  # writable again
     cols = "task_id, label"
-    assert old_rows(dsn, "task_labels", cols) == shard_rows(path, "task_labels", cols, aborted=True)
+    assert old_rows(dsn, "task_labels", cols) == fleet_table_rows(
+        path, "task_labels", cols, aborted=True
+    )
     assert load(path).adoption.authoritative == "source"
     no_mirror_left(path)
     assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)

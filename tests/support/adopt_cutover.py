@@ -94,10 +94,10 @@ def real_adoption(make_fleet, tmp_path: Path, app: str = "forum_django") -> tupl
 
 def shard_rows(path: Path, query: str) -> Iterator[tuple[str, str, tuple]]:
     """(host, shard schema, row) for each row of ``query`` run in every shard of the fleet, its
-    ``{}`` the shard's schema."""
+    ``{}`` the shard's schema: on each server directly (its admin DSN, not through a pooler)."""
     topo = load(path)
     for host in topo.hosts:
-        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+        with psycopg.connect(**host.connect_kwargs(purpose="admin"), autocommit=True) as conn:
             for n in host.shards:
                 schema = topo.schema_name(n)
                 for row in sql(conn, query.format(schema)):

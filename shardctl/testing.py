@@ -321,20 +321,19 @@ class FleetMaker:
         self.base.mkdir(parents=True, exist_ok=True)
         directory = Path(tempfile.mkdtemp(prefix="fleet-", dir=self.base))
         shutil.copytree(self._migrations(migrations), directory / "migrations")
-        text = _topology_text(
-            servers, shards, function, schema, epoch, ranges, pooler, self.routing_key
-        )
-        text += extra
+
+        def topology(pooler_key: str | None) -> str:
+            text = _topology_text(
+                servers, shards, function, schema, epoch, ranges, pooler_key, self.routing_key
+            )
+            return text + extra
+
+        text = topology(pooler)
         if init:
             # One template for fleets that differ only in their hosts' ``pooler:`` keys: ``init``
             # never reads the key (what the app ``dsn`` goes through, for the Router), and every
             # DSN here is the server's own, so their databases come out the same.
-            shape = text
-            if pooler:
-                shape = _topology_text(
-                    servers, shards, function, schema, epoch, ranges, None, self.routing_key
-                )
-                shape += extra
+            shape = topology(None)
             templates = self.fleet.template(shape, directory / "migrations", servers, encoding)
             dbs = [self._create(s, template=t) for s, t in zip(servers, templates)]
         else:

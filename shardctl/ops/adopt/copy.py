@@ -30,6 +30,7 @@ is copied again from scratch: its subscription and slot dropped, its partitions 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,7 +56,7 @@ from ...sql import databases
 from ...sql.catalog import adopt_copy as catalog
 from ...sql.catalog import adopt_cutover as cut_catalog
 from ...sql.catalog import inspect, replication
-from ...sql.catalog.data import truncate_tables
+from ...sql.catalog.data import TABLES_PER_TRANSACTION, truncate_groups
 from ..health import read_host
 from ..move import transfer
 from ..move.copy import MAX_COPY_WORKERS, in_new_slot
@@ -324,6 +325,10 @@ def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None
     checkpoint("adopt-after-sync")
 
 
+# The share of a host's lock table the abort's freeze may need: the rest is for the app's sessions
+# and the replication workers (PostgreSQL's table can grow somewhat past its nominal size).
+LOCK_TABLE_SHARE = 0.8
+
 # ---- checks (nothing changed before they pass) --------------------------------------------------
 
 
@@ -372,6 +377,7 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                     f"host {target.host.name}: shards {format_shards(health.missing)} are not "
                     f"created: run shardctl init (with the baseline) first"
                 )
+            _check_lock_table(job, target, inspect.server_facts(conn))
             schemas = [job.topo.schema_name(n) for n in target.shards]
             have = set(inspect.tables(conn, schemas, "r"))
             # an aborted run's shard tables are out of their names until the restart puts them back
@@ -397,6 +403,24 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                         f"{min(extra)}, which the old database has not: the fleet is past "
                         f"the baseline; adopt before migrating further"
                     )
+
+
+def _check_lock_table(job: Copy, target: Target, facts: dict) -> None:
+    """BadInput unless ``target``'s lock table can hold ``--abort``'s freeze: one transaction that
+    locks every adopted table of the host (it must be possible once the fleet takes writes, when
+    restarting the host to raise the setting is no longer free), with room for the app's locks."""
+    sharded = len(job.sharded) if target.shards else 0
+    tables = sharded * len(target.shards) + sharded + 2 * len(target.globals)  # + parents, mirrors
+    per, processes = facts["max_locks_per_transaction"], facts["lock_processes"]
+    if tables > LOCK_TABLE_SHARE * per * processes:
+        least = math.ceil(tables / LOCK_TABLE_SHARE / processes)
+        raise BadInput(
+            f"host {target.host.name}: adopt cutover --abort locks its {tables:,} adopted tables "
+            f"in one transaction, and its lock table holds about {per * processes:,} locks "
+            f"(max_locks_per_transaction {per} x {processes} server processes): set "
+            f"max_locks_per_transaction to at least {least} there (ALTER SYSTEM, then a restart); "
+            f"nothing was changed"
+        )
 
 
 def _check_source(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None:
@@ -670,7 +694,8 @@ def _ranges(shards: list[int]) -> list[tuple[int, int]]:
 def _prepare_host(job: Copy, target: Target) -> None:
     """The partitioned parents with every shard table of the host attached (a routed table instead
     where the shard's own types make a parent impossible), and the global tables; what exists is
-    kept (one transaction: all or nothing)."""
+    kept. The attaches commit a batch at a time (each locks its table and indexes until the commit:
+    all of a host's at once could overflow its lock table); a re-run attaches what is missing."""
     try:
         with job.connect(target.host, autocommit=False) as conn:
             _parents(job, conn, target)
@@ -681,11 +706,12 @@ def _prepare_host(job: Copy, target: Target) -> None:
 
 
 def _parents(job: Copy, conn: psycopg.Connection, target: Target) -> None:
-    """See :func:`_prepare_host` (in ``conn``'s transaction, committed at the end)."""
+    """See :func:`_prepare_host` (``conn`` not in autocommit; everything committed at the end)."""
     from .globals import create_global_tables
 
     attached = catalog.partitions(conn, job.schema)
     routed = _routed(job, conn, target)
+    pending = 0  # attaches not yet committed
     for table, key in job.sharded if target.shards else []:
         first = (job.topo.schema_name(target.shards[0]), table)
         if table in routed:
@@ -702,6 +728,10 @@ def _parents(job: Copy, conn: psycopg.Connection, target: Target) -> None:
             schema = job.topo.schema_name(shard)
             if schema not in attached.get(table, set()):
                 catalog.attach_shard(conn, (job.schema, table), (schema, table), shard)
+                pending += 1
+                if pending == TABLES_PER_TRANSACTION:
+                    conn.commit()
+                    pending = 0
     if target.globals:
         create_global_tables(job, conn, target.globals)
     conn.commit()
@@ -736,14 +766,18 @@ def _copy_host(job: Copy, src: psycopg.Connection, target: Target) -> None:
         if replication.slot_exists(src, target.name):
             transfer.drop_slots(src, [target.name], [])
         routed = _routed(job, tgt, target)
-        truncate_tables(
-            tgt,
-            [(job.schema, t) for t in _tables(job, target) if t not in routed]
-            + [(job.topo.schema_name(n), t) for t in routed for n in target.shards],
-        )
-        # apart: a routed table's TRUNCATE trigger truncates its shards' tables in turn
         routed_here = [t for t in routed if target.shards]
-        truncate_tables(tgt, [(job.schema, t) for t in routed_here])
+        # each shard's tables (partitions, and routed tables' partitions: no trigger fires), never
+        # the parents: a parent's TRUNCATE locks every shard table of the host at once
+        truncate_groups(
+            tgt,
+            [
+                [(job.topo.schema_name(n), t) for t, _ in job.sharded]
+                + [catalog.routed_partition(t, n) for t in routed_here]
+                for n in target.shards
+            ]
+            + [[(job.schema, t) for t in target.globals]],
+        )
         # the routing triggers off while the copy routes the rows itself, set-based; on again
         # below, before the subscription exists (a copy cut short meanwhile starts over here)
         for table in routed_here:

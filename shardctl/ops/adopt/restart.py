@@ -4,10 +4,10 @@ fleet.
 The fleet is not authoritative after an abort: every row it holds is on the old database too (the
 abort's freeze waited until the way back had applied each fleet host's WAL), and the shards' tables
 are out of their names (``back.py``). So, and only when the abort finished, the topology says
-``authoritative: source`` and the way back is gone: on each fleet host, in one transaction, the
-adopted shard tables (and the global tables on the global host) back under their names, the parents
-back in the app's schema (where the copy finds them), the abort's guards and redirects dropped and
-the tables truncated. The new run keeps the
+``authoritative: source`` and the way back is gone: on each fleet host, the
+adopted shard tables (and the global tables on the global host) truncated and back under their
+names, the abort's guards and redirects dropped, a batch of shards a transaction, then the parents
+back in the app's schema (where the copy finds them). The new run keeps the
 aborted run's ID floor: the IDs the fleet minted meanwhile, now on the old database, stay above it and
 keep decoding to the shard that made them. The last ``adopt verify`` no longer counts: the cutover
 wants one of the new run."""
@@ -17,6 +17,7 @@ from __future__ import annotations
 import psycopg
 
 from ...errors import BadInput
+from ...model.topology import Host
 from ...sql import session
 from ...sql.catalog import adopt_cutover as catalog
 from ...sql.catalog import control, data, replication
@@ -45,24 +46,42 @@ def clear_aborted_run(site: Site, src: psycopg.Connection, detail: dict) -> list
         )
     out = []
     for host in site.fleet_hosts():
-        with site.connect(host, autocommit=False) as conn:
-            session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT})
-            # the tables back under their names, the parents back in the app's schema (where the
-            # copy finds them), as before the cutover
+        with site.connect(host) as conn:
+            session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT}, local=False)
             now = site.shard_table_names(conn, host)
-            renamed = [(s, name, t) for (s, t), name in now.items() if name != t]
-            if renamed:
-                conn.execute(catalog.rename_tables_sql(renamed))
-            moved = [p for p in site.located(conn, host) if p[0] == catalog.MOVED_SCHEMA]
-            if moved:
-                conn.execute(catalog.set_schema_sql(moved, site.schema))
-            tables = site.shard_tables(host)
-            parents = site.located(conn, host)
-            conn.execute(catalog.drop_guards_sql(tables + parents))
-            control.clear_redirects(conn, site.redirected(host))
-            data.truncate_tables(conn, tables)  # one statement: their foreign keys hold
-            conn.commit()
-            conn.autocommit = True
+            groups, redirects = _groups(site, host)
+            # A batch of shards a transaction, never every table of the host at once (their locks
+            # would overflow its lock table at a few thousand): their tables emptied under the
+            # name they have, back under their own, unguarded, their redirects gone. A stale
+            # Router reading a shard meanwhile meets the redirect or an empty table.
+            for batch in data.batched(groups):
+                tables = [t for i in batch for t in groups[i]]
+                with conn.transaction():
+                    data.truncate_tables(conn, [(s, now[s, t]) for s, t in tables if (s, t) in now])
+                    renamed = [(s, now[s, t], t) for s, t in tables if now.get((s, t), t) != t]
+                    if renamed:
+                        conn.execute(catalog.rename_tables_sql(renamed))
+                    conn.execute(catalog.drop_guards_sql(tables))
+                    control.clear_redirects(conn, [n for i in batch for n in redirects[i]])
+            # The parents last, back in the app's schema (where the copy finds them): there before
+            # the tables were back, they would answer a stale Router's reads through search_path.
+            # A parent's statement trigger and schema are its own: no partition is locked.
+            with conn.transaction():
+                moved = [p for p in site.located(conn, host) if p[0] == catalog.MOVED_SCHEMA]
+                if moved:
+                    conn.execute(catalog.set_schema_sql(moved, site.schema))
+                conn.execute(catalog.drop_guards_sql(site.located(conn, host)))
             catalog.drop_empty_schema(conn, catalog.MOVED_SCHEMA)
         out.append(host.name)
     return out
+
+
+def _groups(site: Site, host: Host) -> tuple[list[list[tuple[str, str]]], list[list[int]]]:
+    """``host``'s :meth:`Site.shard_tables` grouped as their foreign keys go (a shard's tables; the
+    global tables), with the redirects each group's clearing ends (its shard; the global tables')."""
+    groups = [[(site.topo.schema_name(n), t) for t in site.tables] for n in host.shards]
+    redirects = [[n] for n in host.shards]
+    if site.globals and host.name == site.global_host.name:
+        groups.append([(site.schema, t) for t in site.globals])
+        redirects.append([n for n in site.redirected(host) if n not in host.shards])
+    return groups, redirects

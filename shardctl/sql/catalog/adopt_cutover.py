@@ -265,8 +265,17 @@ def ensure_schema(conn: psycopg.Connection, schema: str) -> None:
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
 
 
+SCHEMA_HOLDS_SOMETHING = """
+SELECT EXISTS (SELECT 1 FROM pg_depend d JOIN pg_namespace n ON n.oid = d.refobjid
+                WHERE d.refclassid = 'pg_namespace'::regclass AND n.nspname = %s)"""
+
+
 def drop_empty_schema(conn: psycopg.Connection, schema: str) -> bool:
-    """Drop ``schema`` if it exists and holds nothing; False when it still holds something."""
+    """Drop ``schema`` if it exists and holds nothing; False when it still holds something.
+    Asked of the catalog first: a DROP that fails still locks every object it would have dropped
+    (after an abort: each of the host's shard tables, their indexes, triggers and constraints)."""
+    if conn.execute(SCHEMA_HOLDS_SOMETHING, (schema,)).fetchone()[0]:
+        return False
     try:
         with conn.transaction():
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {}").format(sql.Identifier(schema)))

@@ -32,14 +32,18 @@ def lock_tables(
     items: list[tuple[str, str]],
     per_statement: int = 500,
     mode: str = "EXCLUSIVE",
+    only: bool = False,
 ) -> None:
-    """LOCK TABLE … IN EXCLUSIVE MODE (``mode``): writes wait, reads go on."""
+    """LOCK TABLE … IN EXCLUSIVE MODE (``mode``): writes wait, reads go on. ``only``: a partitioned
+    table's partitions are not locked with it (one lock slot, not one per partition)."""
     if mode not in ("EXCLUSIVE", "SHARE"):
         raise ValueError(f"lock mode {mode}")
     for i in range(0, len(items), per_statement):
         conn.execute(
-            sql.SQL("LOCK TABLE {} IN {} MODE").format(
-                _names(items[i : i + per_statement]), sql.SQL(mode)
+            sql.SQL("LOCK TABLE {}{} IN {} MODE").format(
+                sql.SQL("ONLY " if only else ""),
+                _names(items[i : i + per_statement]),
+                sql.SQL(mode),
             )
         )
 
@@ -47,6 +51,35 @@ def lock_tables(
 def truncate_tables(conn: psycopg.Connection, items: list[tuple[str, str]]) -> None:
     if items:
         conn.execute(sql.SQL("TRUNCATE {}").format(_names(items)))
+
+
+# Tables a transaction of a host-wide chore holds locked at most: a TRUNCATE or a rename locks each
+# table (a TRUNCATE its indexes and TOAST too, ~4 slots a table) until the transaction ends, and a
+# server's lock table holds about max_locks_per_transaction x its processes (64 x ~150 by default):
+# every shard table of a host at once overflows it ("out of shared memory") at a few thousand.
+TABLES_PER_TRANSACTION = 256
+
+
+def batched(groups: list[list], per_batch: int = TABLES_PER_TRANSACTION) -> Iterator[list[int]]:
+    """Indexes into ``groups`` (each a list of tables that must go together, e.g. one shard's, whose
+    foreign keys stay among them), consecutive groups whole, about ``per_batch`` tables a batch."""
+    batch: list[int] = []
+    size = 0
+    for i, group in enumerate(groups):
+        if batch and size + len(group) > per_batch:
+            yield batch
+            batch, size = [], 0
+        batch.append(i)
+        size += len(group)
+    if batch:
+        yield batch
+
+
+def truncate_groups(conn: psycopg.Connection, groups: list[list[tuple[str, str]]]) -> None:
+    """TRUNCATE every table of ``groups`` (see :func:`batched`), a batch a statement: on an
+    autocommit ``conn``, a transaction each."""
+    for batch in batched(groups):
+        truncate_tables(conn, [t for i in batch for t in groups[i]])
 
 
 def copy_out(schema: str, table: str) -> sql.Composed:

@@ -159,14 +159,16 @@ def start_subscription(
     unknown) and still confirms them, so rows written in between would never reach the target while
     ``replay_lsn`` says they did (a lost write that the freeze's lag-0 wait cannot see). With the locks,
     the worker waits on its first change (it opens the table in ROW EXCLUSIVE mode) and reads the table's
-    state only once the lock is granted, after REFRESH committed (REFRESH takes ACCESS SHARE only)."""
+    state only once the lock is granted, after REFRESH committed (REFRESH takes ACCESS SHARE only).
+    The worker opens a partitioned table before its partitions, so a parent's lock is enough: its
+    partitions (thousands of shard tables, for an adoption) are left out of the host's lock table."""
     enabled, rels = _subscription_state(conn, name)
     ident = sql.Identifier(name)
     held = not copy_data and not rels
     if held:
         if hold is None or not tables:
             raise ValueError("start_subscription without copy_data needs hold and tables")
-        lock_tables(hold, tables, mode="SHARE")
+        lock_tables(hold, tables, mode="SHARE", only=True)
     try:
         if not enabled:
             conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))

@@ -265,8 +265,8 @@ def _print_hosts(title: str, hosts: list) -> None:
 @json_option
 @connect_timeout_option
 def status_cmd(as_json: bool, **given: Any) -> None:
-    """The adoption's phase, each fleet host's copy and lag, and the WAL the old database holds
-    for it (read-only)."""
+    """The adoption's phase, each fleet host's copy and lag, the WAL the old database holds for it,
+    and the last adopt verify of the run (read-only)."""
     topo = settings().topology()
     if given["dsn"]:
         _refuse_inline_password(given["dsn"])
@@ -285,8 +285,33 @@ def status_cmd(as_json: bool, **given: Any) -> None:
             f"{human_bytes(result.id_map_lag_bytes)} behind)",
             highlight=False,
         )
+        stdout.print(_verification_line(result.verification, result.verified), highlight=False)
 
     finish(as_json, result.to_dict(), human, None)
+
+
+def _verification_line(run: dict | None, verified: bool) -> str:
+    """``adopt status``'s line on the last ``adopt verify`` of the run."""
+    if run is None:
+        return "adopt verify: not run yet for this copy (the cutover needs a passing run)"
+    if run["finished_at"] is None:
+        return (
+            f"adopt verify: started {run['started_at']}, not finished: {run['checked']} of "
+            f"{run['chunks']} chunks checked (run it again to finish; the cutover needs a passing run)"
+        )
+    summary = run["summary"]
+    figures = (
+        f"{summary.get('source_rows', 0):,} rows on the source, {summary.get('fleet_rows', 0):,} "
+        f"on the fleet, {summary.get('chunks', run['chunks'])} chunks"
+    )
+    if verified:
+        return f"adopt verify: passed at {run['finished_at']} ({figures}); the cutover may run"
+    problems = summary.get("problems") or []
+    found = f"{problems[0]}" if problems else f"dark reads {summary.get('dark_reads')}"
+    return (
+        f"adopt verify: failed at {run['finished_at']} ({figures}): {found}; fix it and run "
+        f"adopt verify again before the cutover"
+    )
 
 
 @adopt_group.command("verify")

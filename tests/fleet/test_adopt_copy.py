@@ -550,3 +550,53 @@ def test_routed_table_through_cutover_and_cleanup_leaves_its_shards_rows(make_fl
             for shard in host.shards:
                 got = table_rows(conn, topo.schema_name(shard), "tasks")
                 assert got == before[shard], (shard, len(got), len(before[shard]))
+
+
+def test_status_shows_the_runs_verification_killed_then_passed(make_fleet, tmp_path):
+    """``adopt status`` reports the last ``adopt verify`` of the run: none yet; one SIGKILLed after
+    its first chunk (not finished, with its chunks checked so far); then the finished run, whose
+    row counts equal the old database's own count of the adopted tables' rows."""
+    dsn = make_fleet.new_database(0)
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn)
+    doc = plan_doc(path, dsn)
+    r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, config=path)
+    assert r.exit_code == 0, r
+
+    def status() -> tuple[dict, str]:
+        got = run_cli("adopt", "status", "--json", config=path)
+        human = run_cli("adopt", "status", config=path)
+        assert got.exit_code == 0 and human.exit_code == 0, (got, human)
+        line = [x for x in human.stdout.splitlines() if x.startswith("adopt verify:")]
+        assert len(line) == 1, human.stdout
+        return json.loads(got.stdout), line[0]
+
+    got, line = status()
+    assert got["verification"] is None and not got["verified"], got
+    assert line.startswith("adopt verify: not run yet"), line
+
+    args = ["--config", str(path), "adopt", "verify", "--from", dsn, "--plan", str(plan_file)]
+    killed = crash_at.run("adopt-verify-chunk", *args, "--dark-reads", "0", "--chunk-rows", "60")
+    assert killed.returncode == -9, killed
+    got, line = status()
+    run = got["verification"]
+    assert run["finished_at"] is None and not got["verified"], got
+    assert run["checked"] == 1 and run["chunks"] > 2, run
+    assert f"not finished: 1 of {run['chunks']} chunks checked" in line, line
+
+    r = run_cli(*args[2:], "--dark-reads", "0", "--chunk-rows", "60", config=path)
+    assert r.exit_code == 0, r
+    with psycopg.connect(dsn) as conn:
+        rows = sum(
+            conn.execute(
+                psycopg.sql.SQL("SELECT count(*) FROM public.{}").format(
+                    psycopg.sql.Identifier(t["name"])
+                )
+            ).fetchone()[0]
+            for t in doc["tables"]
+            if t["kind"] in ("root", "column", "global")
+        )
+    got, line = status()
+    run = got["verification"]
+    assert got["verified"] and run["finished_at"] and run["checked"] == run["chunks"], got
+    assert run["summary"]["source_rows"] == run["summary"]["fleet_rows"] == rows, (run, rows)
+    assert line.startswith("adopt verify: passed at ") and f"{rows:,} rows on the source" in line

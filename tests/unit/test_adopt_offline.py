@@ -219,3 +219,31 @@ def test_blockers_of_hand_made_tables():
             "FOREIGN KEY (user_id, post_id) REFERENCES posts (user_id, id);"
         ),
     ]
+
+
+def _run(finished: bool, **summary) -> dict:
+    return {
+        "started_at": "t0",
+        "finished_at": "t1" if finished else None,
+        "chunks": 3,
+        "checked": 3 if finished else 1,
+        "summary": summary,
+    }
+
+
+@pytest.mark.parametrize(
+    ("run", "passes"),
+    [
+        (None, False),  # never ran
+        (_run(False), False),  # killed or still running
+        (_run(True, ok=True, problems=[]), True),
+        (_run(True, ok=False, problems=["insta1.users: 1 row differs"]), False),
+        # no row differs, but a dark read does: verify exits 1, so the cutover must refuse too
+        (_run(True, ok=False, problems=[], dark_reads={"differs": 1, "same": 9}), False),
+        (_run(True, problems=[]), True),  # a summary recorded before it had "ok"
+    ],
+)
+def test_the_cutover_takes_a_finished_run_with_no_difference(run, passes):
+    from shardctl.sql.catalog.adopt_verify import passed
+
+    assert passed(run) is passes

@@ -55,6 +55,7 @@ from ...model.topology_file import write_adoption
 from ...sql import databases
 from ...sql.catalog import adopt_copy as catalog
 from ...sql.catalog import adopt_cutover as cut_catalog
+from ...sql.catalog import adopt_verify as verify_catalog
 from ...sql.catalog import inspect, replication
 from ...sql.catalog.data import TABLES_PER_TRANSACTION, truncate_groups
 from ..health import read_host
@@ -129,6 +130,10 @@ class AdoptStatus(Result):
     id_map_lag_bytes: int | None = None  # the id map's subscription, behind the source
     routed: list[str] = field(default_factory=list)  # see AdoptCopyResult.routed
     id_floor: int | None = None
+    # the last adopt verify of this run (adopt_verify.last_run; None: none yet), and whether the
+    # cutover takes it: finished, with no problem
+    verification: dict[str, Any] | None = None
+    verified: bool = False
 
     @property
     def ok(self) -> bool:
@@ -1100,4 +1105,7 @@ def adopt_status(
         result.id_map_lag_bytes = ids.get("lag_bytes")
         result.routed = list(run.detail.get("routed") or [])
         result.id_floor = run.detail.get("id_floor")
+        # since the run last started, as the cutover asks for it
+        result.verification = verify_catalog.last_run(src, run.detail.get("restarted_at"))
+        result.verified = verify_catalog.passed(result.verification)
     return result

@@ -48,6 +48,7 @@ from ...router.placement import GLOBAL
 from ...sql import session
 from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
+from ...sql.catalog import adopt_verify as verify_catalog
 from ...sql.catalog import control, inspect, replication, stubs
 from ..move import transfer
 from ..move.cutover import CATCH_UP_BYTES, BoundedFreeze, lagging
@@ -129,15 +130,17 @@ def _require_verified(src: psycopg.Connection, since: float | None = None) -> No
     """The precondition ``adopt verify`` provides: its last run on the old database (since the copy
     started again after an abort, ``since``) finished and found no problem. Without it, nothing is
     frozen."""
-    last = catalog.last_verify(src, since)
+    last = verify_catalog.last_run(src, since)
+    if verify_catalog.passed(last):
+        return
     if last is None:
         why = "never ran"
-    elif not last[0]:
+    elif last["finished_at"] is None:
         why = "did not finish its last run"
-    elif last[1].get("problems"):
-        why = f"found {last[1]['problems']} problem(s) in its last run"
+    elif last["summary"].get("problems"):
+        why = f"found differences in its last run ({last['summary']['problems'][0]} …)"
     else:
-        return
+        why = f"found dark reads that differ in its last run ({last['summary'].get('dark_reads')})"
     raise BadInput(
         f"adopt verify {why}: the cutover needs a verified copy (run `shardctl adopt verify` until "
         f"it passes); nothing was frozen"

@@ -52,23 +52,6 @@ def merge_detail(conn: psycopg.Connection, detail: dict) -> None:
     )
 
 
-def last_verify(conn: psycopg.Connection, since: float | None = None) -> tuple[bool, dict] | None:
-    """(finished, summary) of the last ``adopt verify`` run recorded on the old database; None when
-    none ran, or none started at or after ``since`` (epoch seconds: a copy started again after an
-    abort needs a verification of its own). Its tables are ``adopt verify``'s
-    (``sql/catalog/adopt_verify.py``)."""
-    if not conn.execute("SELECT to_regclass('shardctl_adopt.verify_runs') IS NOT NULL").fetchone()[
-        0
-    ]:
-        return None
-    row = conn.execute(
-        "SELECT finished_at IS NOT NULL, summary FROM shardctl_adopt.verify_runs "
-        "WHERE started_at >= to_timestamp(%s) ORDER BY run_id DESC LIMIT 1",
-        (since or 0,),
-    ).fetchone()
-    return None if row is None else (bool(row[0]), dict(row[1] or {}))
-
-
 def partitions(conn: psycopg.Connection, schema: str, table: str) -> list[tuple[str, str]]:
     """(schema, table) of each partition attached to ``schema.table`` (none when it is not a parent)."""
     return [

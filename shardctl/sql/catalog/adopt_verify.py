@@ -41,6 +41,42 @@ CREATE TABLE IF NOT EXISTS shardctl_adopt.verify_chunks (
     PRIMARY KEY (run_id, chunk)
 )"""
 
+LAST_RUN = """
+SELECT r.started_at, r.finished_at, r.summary, count(c.chunk)::int,
+       (count(c.chunk) FILTER (WHERE c.status <> 'pending'))::int
+  FROM shardctl_adopt.verify_runs r LEFT JOIN shardctl_adopt.verify_chunks c USING (run_id)
+ WHERE r.started_at >= to_timestamp(%s)
+ GROUP BY r.run_id ORDER BY r.run_id DESC LIMIT 1"""
+
+
+def last_run(conn: psycopg.Connection, since: float | None = None) -> dict[str, Any] | None:
+    """The last run recorded on the source (one started at or after ``since``, epoch seconds): when
+    it started and finished (None: not yet, or killed), its chunks and how many are checked, and the
+    summary a finished run recorded. None when none ran."""
+    exists = conn.execute("SELECT to_regclass('shardctl_adopt.verify_runs') IS NOT NULL").fetchone()
+    if not exists[0]:
+        return None
+    row = conn.execute(LAST_RUN, (since or 0,)).fetchone()
+    if row is None:
+        return None
+    started, finished, summary, chunks, checked = row
+    return {
+        "started_at": str(started),
+        "finished_at": None if finished is None else str(finished),
+        "chunks": chunks,
+        "checked": checked,
+        "summary": dict(summary or {}),
+    }
+
+
+def passed(run: dict[str, Any] | None) -> bool:
+    """What the cutover asks of :func:`last_run`: it finished and found no difference, in the rows
+    or in the dark reads (a summary without ``ok``: no problem listed)."""
+    if run is None or run["finished_at"] is None:
+        return False
+    return bool(run["summary"].get("ok", not run["summary"].get("problems")))
+
+
 # One verify at a time per source: a session lock on the state connection.
 LOCK = "SELECT pg_try_advisory_lock(hashtext('shardctl_adopt.verify'))"
 
@@ -217,18 +253,6 @@ def read_only_on(conn: psycopg.Connection, schema: str) -> None:
     """The dark read's transaction on the source: read-only, the app's schema first on the path."""
     conn.execute("SET TRANSACTION READ ONLY")
     conn.execute(f"SET LOCAL search_path TO {quote_ident(schema)}")
-
-
-def last_run(conn: psycopg.Connection) -> tuple | None:
-    """(run id, started, finished or None, summary or None) of the latest verify run on the source,
-    or None when none ran (or the state schema does not exist): for ``adopt status``."""
-    exists = conn.execute("SELECT to_regclass('shardctl_adopt.verify_runs') IS NOT NULL").fetchone()
-    if not exists[0]:
-        return None
-    return conn.execute(
-        "SELECT run_id, started_at, finished_at, summary FROM shardctl_adopt.verify_runs "
-        "ORDER BY run_id DESC LIMIT 1"
-    ).fetchone()
 
 
 def copy_slots(conn: psycopg.Connection) -> list[str]:

@@ -115,3 +115,32 @@ def test_failed_shard_names_the_file_and_status_exits_4_until_it_is_fixed(ready)
     assert run_cli("migrate", config=ready).exit_code == 0
     fixed = run_cli("status", "--json", config=ready)
     assert fixed.exit_code == 0 and json.loads(fixed.stdout)["ok"] is True, fixed
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_servers_error_no_library_function_expected_is_one_line_and_exit_1(
+    ready, monkeypatch, as_json
+):
+    """A psycopg error that reaches the CLI (a bug of ours, or a server limit nobody foresaw, as
+    "out of shared memory" was) is one line with the server's own first line and SQLSTATE, exit 1,
+    never a traceback. The error is a real one, from a real server: ``status`` is made to run a
+    division by zero there."""
+    import shardctl.ops.status as ops_status
+
+    topo = load(ready)
+
+    def failing(*args, **kwargs):
+        with connect(topo, "pg1", autocommit=True) as conn:
+            conn.execute("SELECT 1 / 0")
+
+    monkeypatch.setattr(ops_status, "status", failing)
+    r = run_cli("status", *(["--json"] if as_json else []), config=ready)
+    assert r.exit_code == 1, r
+    line = error_line(r)
+    assert line == (
+        "error: status: stopped by a server's error: division by zero (SQLSTATE 22012) "
+        "(--debug: where)"
+    ), line
+    if as_json:
+        doc = json.loads(r.stdout)
+        assert doc["ok"] is False and doc["error"] == line.removeprefix("error: "), doc

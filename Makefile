@@ -12,10 +12,11 @@ test-unit:
 test-fleet:
 	python -m pytest -q tests/fleet
 
-# The slow scale tests. test_migrate_live.py's hold a rate and stall limits: alone, in one process
-# (beside a decode test on the other core, its load generator fell to 383 ops/s at load ~25). The
-# others on two workers; worksteal, not loadfile: the three 10-million-ID decode tests are in one
-# file, and would otherwise all wait for one worker.
+# The slow tests: the scale tests, and second variants of what the default suite covers
+# (docs/testing.md, "The default suite's time"). test_migrate_live.py's hold a rate and stall
+# limits: alone, in one process (beside a decode test on the other core, its load generator fell to
+# 383 ops/s at load ~25). The others on two workers; worksteal, not loadfile: the three
+# 10-million-ID decode tests are in one file, and would otherwise all wait for one worker.
 test-slow:
 	python -m pytest -q -m slow -n 0 tests/fleet/test_migrate_live.py
 	python -m pytest -q -m slow -n 2 --dist worksteal --ignore tests/fleet/test_migrate_live.py

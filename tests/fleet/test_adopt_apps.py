@@ -316,6 +316,7 @@ def test_apps_through_pgbouncer_adopt_then_clean_up(make_fleet, pgbouncer, tmp_p
     old_ids_by_id(path, old, counter)
 
 
+@pytest.mark.slow
 def test_apps_through_pgbouncer_adopt_then_abort(make_fleet, pgbouncer, tmp_path):
     """Run 2: plan … cutover, --abort under both apps. The old database is authoritative again and
     holds, once each, every old row and every write the apps acknowledged (the fleet's made after

@@ -47,7 +47,9 @@ def without_ids(items: list[str], ids: dict[str, str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("app", ["tasks_prisma", "forum_django"])
+@pytest.mark.parametrize(
+    "app", ["tasks_prisma", pytest.param("forum_django", marks=pytest.mark.slow)]
+)
 def test_baseline_inits_verifies_and_matches_the_source(make_fleet, tmp_path, app):
     path = fleet_without_migrations(make_fleet)
     dsn = make_fleet.new_database(0)

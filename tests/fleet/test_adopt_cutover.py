@@ -754,6 +754,7 @@ def check_freeze(small: tuple[dict, float], big: tuple[dict, float]) -> None:
         assert wait <= 0.5 + 0.25  # scheduling slack on a loaded machine (as the move's test)
 
 
+@pytest.mark.slow
 def test_freeze_does_not_grow_with_the_data(make_fleet):
     """The freeze holds no copy and no comparison: at 1x and at 4x the rows, a writer of the old
     database never waits longer than --max-freeze (a failed attempt rolls back in time too)."""
@@ -1170,7 +1171,7 @@ def placed(path: Path, made: dict[str, dict[int, int]]) -> None:
             assert on_fleet.get(i) == (topo.host_of(n).name, topo.schema_name(n)), (table, i, n)
 
 
-@pytest.mark.parametrize("end", ["--cleanup", "--abort"])
+@pytest.mark.parametrize("end", ["--cleanup", pytest.param("--abort", marks=pytest.mark.slow)])
 def test_a_new_users_rows_are_written_between_the_cutover_and_its_end(make_fleet, end):
     """Until --cleanup the shard tables are the partitions of the copy's parents: their bound is the
     Router's rule (an old key by its remainder, a next_id() ID by its shard bits), so a new user and

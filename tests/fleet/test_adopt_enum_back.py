@@ -128,7 +128,7 @@ class Writer:
 @pytest.mark.parametrize(
     "point",
     [
-        "adopt-abort-fleet-committed",
+        pytest.param("adopt-abort-fleet-committed", marks=pytest.mark.slow),
         pytest.param("adopt-abort-fleet-locked", marks=pytest.mark.slow),
         pytest.param("adopt-abort-source-open", marks=pytest.mark.slow),
         pytest.param("adopt-abort-flipped", marks=pytest.mark.slow),

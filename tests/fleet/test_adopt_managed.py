@@ -268,6 +268,7 @@ def test_managed_role_adopts_then_cleans_up(managed_servers, tmp_path):
     assert plans and set(plans) <= on_global
 
 
+@pytest.mark.slow
 def test_managed_role_adopts_then_aborts(managed_servers, tmp_path):
     """After --abort the old database is authoritative again and holds, once each, every old row
     and every acknowledged write (the fleet's, made after the cutover, included)."""

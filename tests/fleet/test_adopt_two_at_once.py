@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 from support.apps import caught_up, fleet_rows, source_rows
 from support.fleet import connect, load, run_cli
 
@@ -137,6 +138,7 @@ def same_rows(path: Path, dsn: str, doc: dict, who: str) -> int:
     return sum(n for n, _ in want.values())
 
 
+@pytest.mark.slow
 def test_two_adoptions_from_one_server_at_once(make_fleet, tmp_path):
     path_a, plan_a, dsn_a, doc_a = adopting(make_fleet, tmp_path, "a")
     path_b, plan_b, dsn_b, doc_b = adopting(make_fleet, tmp_path, "b")

@@ -188,6 +188,7 @@ def test_server_killed_during_migrate(box):
     assert run_cli("migrate", "--check", config=path).exit_code == 0
 
 
+@pytest.mark.slow
 def test_server_killed_during_add_shard(box, tmp_path):
     path = box.topology_path
     text = path.read_text()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 import psycopg
+import pytest
 from support.fleet import connect, load, run_cli
 from support.migrations import add_migration, ledger, migrated, shards_with_column
 from support.moves import ids_on, load_rows
@@ -140,6 +141,7 @@ def with_column(topo, table: str, column: str) -> set[int]:
     return set().union(*(shards_with_column(topo, h.name, table, column) for h in topo.hosts))
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_migrate_at_a_shard_boundary_and_a_rerun_finishes(make_fleet):
     path = make_fleet(hosts=2, shards=SHARDS, init=True)
     topo = load(path)
@@ -254,6 +256,7 @@ def test_ctrl_c_during_a_move_names_it_and_the_same_command_finishes(make_fleet)
     assert len(ids_on(load(path), "pg2", [0])) == 500
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_moves_copy_stops_it_now(make_fleet):
     """Ctrl-C while a move's copy streams (paced by --nice, so it would run for many seconds more)
     stops the COPY at once rather than after its table: exit 130 within a few seconds, the one line

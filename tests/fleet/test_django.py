@@ -112,6 +112,9 @@ def rows(path: Path, table: str) -> dict[int, list[tuple[str, str, tuple]]]:
     return out
 
 
+@pytest.mark.parametrize(
+    "django_fleet", ["direct", pytest.param("transaction", marks=pytest.mark.slow)], indirect=True
+)
 def test_makemigrations_writes_unqualified_shardctl_files(django_fleet):
     text = (django_fleet.parent / "migrations" / "V0003__gram_0001_initial.sql").read_text()
     assert 'CREATE TABLE "gram_photos"' in text and "DEFAULT next_id()" in text, text
@@ -163,6 +166,9 @@ def test_example_app_rows_live_in_their_shards(django_fleet):
     assert len(photos[first]) == 1 and photos[first][0][2][2] == "updated by id"
 
 
+@pytest.mark.parametrize(
+    "django_fleet", ["direct", pytest.param("transaction", marks=pytest.mark.slow)], indirect=True
+)
 def test_nested_blocks_and_requests_never_leak_a_shard_under_16_threads(django_fleet):
     done = scenario(django_fleet, "leaks")
     assert done["error_count"] == 0, done
@@ -186,6 +192,9 @@ def test_transaction_atomic_across_two_shards_of_a_host(django_fleet):
     assert done["rolled"] not in photos
 
 
+@pytest.mark.parametrize(
+    "django_fleet", ["direct", pytest.param("transaction", marks=pytest.mark.slow)], indirect=True
+)
 def test_app_servers_write_and_read_through_a_move_one_with_a_stale_topology(
     django_fleet, tmp_path
 ):
@@ -235,6 +244,9 @@ def test_app_servers_write_and_read_through_a_move_one_with_a_stale_topology(
     assert scenario(path, "lookup", SHARDCTL_IDS=str(ids))["missing"] == []
 
 
+@pytest.mark.parametrize(
+    "django_fleet", [pytest.param("direct", marks=pytest.mark.slow), "transaction"], indirect=True
+)
 def test_orm_writes_and_reads_during_migrate(django_fleet):
     """6 ORM writers and 2 readers on every shard while ``shardctl migrate`` applies a migration that adds
     a column with a default, backfills it and indexes it: no application-visible error, and the history

@@ -201,7 +201,10 @@ CONTRIB = {  # extension → a shard migration using it, and a query on every sh
 }
 
 
-@pytest.mark.parametrize("extension", sorted(CONTRIB))
+@pytest.mark.parametrize(
+    "extension",
+    [e if e == "pgcrypto" else pytest.param(e, marks=pytest.mark.slow) for e in sorted(CONTRIB)],
+)
 def test_contrib_extension_from_host_level_migration(make_fleet, private_sandbox, extension):
     path = make_fleet(hosts=2, shards=8)
     topo = load(path)
@@ -240,7 +243,9 @@ VERSION_HISTORY = {
 }
 
 
-@pytest.mark.parametrize("pg", ["16", "17", "18"])
+@pytest.mark.parametrize(
+    "pg", [pytest.param(v, marks=pytest.mark.slow) for v in ("16", "17")] + ["18"]
+)
 def test_an_extension_using_history_on_every_version(private_sandbox, pg):
     box = private_sandbox(hosts=2, shards=8, pg=pg)
     path = box.topology_path

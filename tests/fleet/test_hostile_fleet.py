@@ -64,18 +64,30 @@ def ready(make_fleet):
                 "(at most 4096 shards; the fleet has 16, so at most 4080 more)"
             ),
         ),
-        (
+        pytest.param(
             ["add-shard", "--host", "pg2", "--ids", "16-99999999999999999999"],
             "--ids: shard 99999999999999999999 is out of range (0..4095): beyond the custom layout's 12 shard bits",
+            marks=pytest.mark.slow,
         ),
-        (
+        pytest.param(
             ["add-shard", "--host", "pg2", "--ids", "16-999999999999999999999999999"],
             "--ids: shard number too large",
+            marks=pytest.mark.slow,
         ),
-        (["add-shard", "--host", "pg2", "--count", "٣"], "--count: '٣' uses non-ASCII digits"),
-        (["add-shard", "--host", "pg2", "--ids", "١٦-١٧"], "digits must be ASCII 0-9"),
+        pytest.param(
+            ["add-shard", "--host", "pg2", "--count", "٣"],
+            "--count: '٣' uses non-ASCII digits",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["add-shard", "--host", "pg2", "--ids", "١٦-١٧"],
+            "digits must be ASCII 0-9",
+            marks=pytest.mark.slow,
+        ),
         (["migrate", "--shards", "０-３"], "digits must be ASCII 0-9"),
-        (["move-shard", "٠-١", "--to", "pg2"], "digits must be ASCII 0-9"),
+        pytest.param(
+            ["move-shard", "٠-١", "--to", "pg2"], "digits must be ASCII 0-9", marks=pytest.mark.slow
+        ),
         (["move-shard", "0-99999999999999999999", "--to", "pg2"], "is out of range (0..15)"),
     ],
 )

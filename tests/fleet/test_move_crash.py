@@ -22,7 +22,9 @@ POINTS = [
 ]
 
 
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize(
+    "point", [p if p == "in-freeze" else pytest.param(p, marks=pytest.mark.slow) for p in POINTS]
+)
 def test_sigkill_then_one_rerun_finishes(fleet3, point):
     topo = load(fleet3)
     moving = [0, 1, 2, 3]

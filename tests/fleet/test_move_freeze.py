@@ -15,6 +15,7 @@ from shardctl.errors import OperationFailed
 from shardctl.ops.move import MoveOptions, abort_move, move_shards
 
 
+@pytest.mark.slow
 def test_freeze_does_not_grow_with_the_data(make_fleet):
     """Two moves of 8 shards under load, the second with 50x the rows loaded: the freeze holds no checksum, so it
     stays below a second either way; every row is verified after the cutover."""

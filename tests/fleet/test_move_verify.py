@@ -51,7 +51,7 @@ def test_rows_missing_on_the_target_stop_the_move_before_the_freeze(fleet3):
     assert len(captions(fleet3, "pg1", "insta4")) == 151
 
 
-@pytest.mark.parametrize("nice", [0, 1])
+@pytest.mark.parametrize("nice", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_a_changed_value_passes_the_counts_and_is_caught_after_the_cutover(fleet3, nice):
     tamper_target(
         fleet3,

@@ -288,6 +288,7 @@ def test_100k_ids_from_4_concurrent_sessions_are_distinct_plpgsql(topo):
     insert_concurrently(topo, 45, pipelined=True)
 
 
+@pytest.mark.slow
 def test_100k_ids_from_4_concurrent_sessions_are_distinct_sql(make_fleet):
     path = make_fleet(hosts=1, shards=16, function="sql", init=True)
     insert_concurrently(load(path), 9)

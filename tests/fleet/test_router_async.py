@@ -282,7 +282,16 @@ def test_async_clients_during_migrate(pooled_fleet, mode):
 
 
 # "indexed": what an application writes (a moved shard's stub raises SCM01 for it too); "scan": the whole table.
-@pytest.mark.parametrize("read", ["indexed", "scan"])
+@pytest.mark.parametrize(
+    "mode, read",
+    [
+        ("direct", "indexed"),
+        pytest.param("direct", "scan", marks=pytest.mark.slow),
+        pytest.param("transaction", "indexed", marks=pytest.mark.slow),
+        ("transaction", "scan"),
+    ],
+    indirect=["mode"],
+)
 def test_async_clients_during_move(pooled_fleet, mode, read):
     """6 async writers and 2 async readers while 4 shards move pg1 → pg2 (and on two shards that stay)."""
     path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
@@ -388,7 +397,7 @@ def test_stopped_host_fails_fast_with_the_breaker_other_hosts_unaffected(box):
     run(main())
 
 
-@pytest.mark.parametrize("pool", ["cold", "warm"])
+@pytest.mark.parametrize("pool", [pytest.param("cold", marks=pytest.mark.slow), "warm"])
 def test_sigstopped_server_fails_within_the_bound(box, pool):
     bound = 0.5
 

@@ -168,7 +168,7 @@ def test_silent_listener_fails_within_connect_timeout(make_fleet):
         listener.close()
 
 
-@pytest.mark.parametrize("pool", ["cold", "warm"])
+@pytest.mark.parametrize("pool", ["cold", pytest.param("warm", marks=pytest.mark.slow)])
 def test_sigstopped_server_fails_within_connect_timeout_plus_bound(box, pool):
     bound = 0.5
     with Router(load(box.topology_path), connect_timeout=CONNECT_TIMEOUT, timeout=bound) as router:

@@ -43,6 +43,11 @@ def test_pooled_topology_goes_through_pgbouncer(pooled_fleet, mode):
             assert conn.execute("SELECT current_setting('port')::int").fetchone()[0] == server_port
 
 
+@pytest.mark.parametrize(
+    "mode",
+    ["direct", "transaction", pytest.param("session", marks=pytest.mark.slow)],
+    indirect=True,
+)
 def test_router_clients_during_migrate(pooled_fleet, mode):
     """6 writers and 2 readers on every shard while ``shardctl migrate`` adds a column to all of them."""
     path = pooled_fleet(hosts=2, shards=16)
@@ -58,6 +63,11 @@ def test_router_clients_during_migrate(pooled_fleet, mode):
     assert report.counts["writes"] > 50 and report.counts["reads"] > 20, report
 
 
+@pytest.mark.parametrize(
+    "mode",
+    ["direct", "transaction", pytest.param("session", marks=pytest.mark.slow)],
+    indirect=True,
+)
 def test_router_clients_during_move(pooled_fleet, mode):
     """6 writers and 2 readers while 4 shards move pg1 → pg2 (and on two shards that stay)."""
     path = pooled_fleet(hosts=2, shards=16)  # pg1 0-7, pg2 8-15
@@ -76,7 +86,9 @@ def test_router_clients_during_move(pooled_fleet, mode):
     assert checked.counts["writes"] > 50 and checked.counts["reads"] > 20, checked
 
 
-@pytest.mark.parametrize("mode", ["direct", "transaction"], indirect=True)
+@pytest.mark.parametrize(
+    "mode", [pytest.param("direct", marks=pytest.mark.slow), "transaction"], indirect=True
+)
 def test_psql_and_pgbench_during_move(pooled_fleet, mode, servers, tmp_path):
     """psql (schema-qualified statements, one process each) and pgbench (-f, bursts of 1 s) write to
     the moving shards through the host's dsn; told "moved" (SCM01) they re-read the topology."""
@@ -103,6 +115,15 @@ def test_psql_and_pgbench_during_move(pooled_fleet, mode, servers, tmp_path):
     assert checked.counts["writes"] > 10 and bench5.acked > 20 and bench6.acked > 20, checked
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("direct", marks=pytest.mark.slow),
+        "transaction",
+        pytest.param("session", marks=pytest.mark.slow),
+    ],
+    indirect=True,
+)
 def test_router_clients_during_growth(pooled_fleet, mode, make_fleet):
     """6 writers and 2 readers on every shard while the fleet grows: add-host, add-shard on the new host,
     rebalance --apply (moves toward it) and redeploy of next_id() in the other dialect."""

@@ -324,6 +324,9 @@ def orm_app_server(path, history: History, name: str):
     return router, Session
 
 
+@pytest.mark.parametrize(
+    "mode", ["direct", pytest.param("transaction", marks=pytest.mark.slow)], indirect=True
+)
 def test_orm_clients_during_move(pooled_fleet, mode, caplog):
     """ORM writers and readers of two app servers while 4 shards move pg1 → pg2, one in this process
     reading the live topology file and one, the example app in a process of its own, on a copy that is

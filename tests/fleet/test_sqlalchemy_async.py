@@ -149,6 +149,9 @@ def assert_in_their_shards(topo, users, photos, likes) -> None:
             assert host == router._locate(router.shard_of_id(ident)).name, (table, row, host)
 
 
+@pytest.mark.parametrize(
+    "mode", ["direct", pytest.param("transaction", marks=pytest.mark.slow)], indirect=True
+)
 def test_fastapi_example_app(pooled_fleet, mode):
     """examples/fastapi_app served by uvicorn, as a user runs it (``SHARDCTL_CONFIG``): sign-ups, photos
     and likes land in their key's shard (a photo on its owner's, a like with its photo), each user and
@@ -191,6 +194,9 @@ def test_fastapi_example_app(pooled_fleet, mode):
     )
 
 
+@pytest.mark.parametrize(
+    "mode", [pytest.param("direct", marks=pytest.mark.slow), "transaction"], indirect=True
+)
 def test_fastapi_apps_during_move(pooled_fleet, mode, request):
     """Two uvicorn processes of the FastAPI example, one on the topology file and one on a stale copy that
     is never updated, serve writers and readers while 4 shards move pg1 → pg2, directly and through
@@ -462,6 +468,9 @@ class AsyncOrmTraffic:
         self.history.read(client, key, schema, ids, start, now())
 
 
+@pytest.mark.parametrize(
+    "mode", [pytest.param("direct", marks=pytest.mark.slow), "transaction"], indirect=True
+)
 def test_async_orm_clients_during_move(pooled_fleet, mode, caplog):
     """Async ORM writers and readers of two app servers while 4 shards move pg1 → pg2, one reading the
     live topology file and one a copy that is never updated: every acknowledged write is in its shard

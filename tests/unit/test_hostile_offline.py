@@ -60,7 +60,9 @@ def bad_lines(count: int, chunk: int = 100_000):
 # ---- a million bad lines -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "mode", [m if m == "table" else pytest.param(m, marks=pytest.mark.slow) for m in MODES]
+)
 def test_a_million_bad_lines_cost_one_line(topo, mode):
     result = run_measured("-c", topo, "decode-id", *MODES[mode], stdin=bad_lines(1_000_000))
     line = assert_refused_cheaply(
@@ -139,7 +141,9 @@ def _stream(topo, mode: str, lines: int):
     return result
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "mode", [m if m == "table" else pytest.param(m, marks=pytest.mark.slow) for m in MODES]
+)
 def test_decode_streams_in_every_mode(topo, mode):
     """300k IDs take no more memory than 1000 (a few MB of slack), and stay under 100 MB."""
     small = _stream(topo, mode, 1000)

@@ -162,6 +162,7 @@ class AbortFreeze(BoundedFreeze):
             # The fleet first: its writers (their tables' names gone: a Router follows the redirect)
             # wait on the old database's locks (its tables' names) until it commits. The other way
             # round, a run killed between the two commits would leave both sides open to writes.
+            self._before_commit()
             for conn in self.fleet:
                 conn.commit()
             checkpoint("adopt-abort-fleet-committed")

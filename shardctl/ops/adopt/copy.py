@@ -382,7 +382,6 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                     f"host {target.host.name}: shards {format_shards(health.missing)} are not "
                     f"created: run shardctl init (with the baseline) first"
                 )
-            _check_lock_table(job, target, inspect.server_facts(conn))
             schemas = [job.topo.schema_name(n) for n in target.shards]
             have = set(inspect.tables(conn, schemas, "r"))
             # an aborted run's shard tables are out of their names until the restart puts them back
@@ -408,21 +407,35 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                         f"{min(extra)}, which the old database has not: the fleet is past "
                         f"the baseline; adopt before migrating further"
                     )
+            first = [(schemas[0], name[schemas[0], t]) for t in tables] if schemas else []
+            _check_lock_table(
+                job, target, inspect.server_facts(conn), catalog.lock_footprints(conn, first)
+            )
 
 
-def _check_lock_table(job: Copy, target: Target, facts: dict) -> None:
-    """BadInput unless ``target``'s lock table can hold ``--abort``'s freeze: one transaction that
-    locks every adopted table of the host (it must be possible once the fleet takes writes, when
-    restarting the host to raise the setting is no longer free), with room for the app's locks."""
-    sharded = len(job.sharded) if target.shards else 0
-    tables = sharded * len(target.shards) + sharded + 2 * len(target.globals)  # + parents, mirrors
+def _check_lock_table(job: Copy, target: Target, facts: dict, footprints: list[int]) -> None:
+    """BadInput unless ``target``'s lock table, with room to spare for the app's locks, can hold the
+    adoption's largest transactions there: ``--abort``'s freeze, which locks every adopted table of
+    the host at once (it must be possible once the fleet takes writes, when a restart to raise the
+    setting is no longer free), and the copy's COPY of one table into its parent, which locks each
+    partition it fills with its indexes and TOAST (``footprints``: one shard's tables')."""
+    shards = len(target.shards)
+    sharded = len(job.sharded) if shards else 0
+    abort = sharded * shards + sharded + 2 * len(target.globals)  # + parents, global mirrors
+    copy = shards * max(footprints, default=0) + 1
     per, processes = facts["max_locks_per_transaction"], facts["lock_processes"]
-    if tables > LOCK_TABLE_SHARE * per * processes:
-        least = math.ceil(tables / LOCK_TABLE_SHARE / processes)
+    need = max(abort, copy)
+    if need > LOCK_TABLE_SHARE * per * processes:
+        least = math.ceil(need / LOCK_TABLE_SHARE / processes)
+        what = (
+            f"adopt cutover --abort locks its {abort:,} adopted tables in one transaction"
+            if abort >= copy
+            else f"adopt copy fills the {shards:,} shard tables of a table in one COPY, with their "
+            f"indexes: {copy:,} locks"
+        )
         raise BadInput(
-            f"host {target.host.name}: adopt cutover --abort locks its {tables:,} adopted tables "
-            f"in one transaction, and its lock table holds about {per * processes:,} locks "
-            f"(max_locks_per_transaction {per} x {processes} server processes): set "
+            f"host {target.host.name}: {what}, and its lock table holds about {per * processes:,} "
+            f"locks (max_locks_per_transaction {per} x {processes} server processes): set "
             f"max_locks_per_transaction to at least {least} there (ALTER SYSTEM, then a restart); "
             f"nothing was changed"
         )
@@ -922,10 +935,13 @@ def _run_copy(
             if not serial:
                 catalog.without_triggers(t)
             t.commit()
+            pause, out = job.pause(), []
             with job.tracked(s, t):
-                return transfer.copy_statements_in_snapshot(
-                    s, t, snapshot, chunk, tick, job.pause()
-                )
+                # a transaction a table: a COPY into a parent locks each partition it fills, with
+                # its indexes, until the commit (a copy cut short is thrown away whole anyway)
+                for pair in chunk:
+                    out += transfer.copy_statements_in_snapshot(s, t, snapshot, [pair], tick, pause)
+            return out
 
     job.progress(f"copy {target.host.name}", 0, len(pairs), "tables")
     workers = 1 if serial else min(job.workers, len(pairs))

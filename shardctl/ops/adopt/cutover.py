@@ -392,10 +392,7 @@ class AdoptFreeze(BoundedFreeze):
                 self._sequences(glob)
             self._budget()
             self._retire()
-            if time.monotonic() > self.deadline:
-                raise FreezeTimeout(
-                    f"the freeze ran past --max-freeze {self.max_freeze:g}s before its commit"
-                )
+            self._before_commit()
             src.commit()
             self._mark("commit")
             checkpoint("adopt-after-freeze")

@@ -285,6 +285,7 @@ def lagging(conn: psycopg.Connection, names: list[str], lsn: str) -> str:
 
 # The share of the server's deadlock_timeout the freeze may spend waiting on locks (BoundedFreeze).
 LOCK_WINDOW_SHARE = 0.8
+COMMIT_RESERVE = 0.1  # of --max-freeze, left for the freeze's commit (BoundedFreeze._before_commit)
 
 
 class BoundedFreeze:
@@ -326,6 +327,15 @@ class BoundedFreeze:
                 "statement_timeout": session.duration(left),
             },
         )
+
+    def _before_commit(self) -> None:
+        """FreezeTimeout unless the commit has time left: the freeze is measured to its commit's end,
+        and the commit takes time of its own (a WAL flush, a busy machine's scheduling), so
+        COMMIT_RESERVE of --max-freeze is kept for it."""
+        if time.monotonic() > self.deadline - COMMIT_RESERVE * self.max_freeze:
+            raise FreezeTimeout(
+                f"the freeze ran past --max-freeze {self.max_freeze:g}s before its commit"
+            )
 
     def _rollback(self) -> None:
         if self.src is not None and not self.src.closed and not self.src.broken:
@@ -443,11 +453,7 @@ class Freeze(BoundedFreeze):
             self._wait_clock()
             self._budget()
             detail = self._retire(started_at, len(values))
-            if time.monotonic() > self.deadline:
-                raise FreezeTimeout(
-                    f"the freeze ran past --max-freeze {self.options.max_freeze:g}s before its "
-                    f"commit"
-                )
+            self._before_commit()
             src.commit()
             checkpoint("after-source-commit")
             run.freeze_t0 = self.t0

@@ -227,6 +227,21 @@ def create_filtered_publication(
 # ---- the fleet host's side ----------------------------------------------------------------------
 
 
+LOCK_FOOTPRINT = """
+SELECT 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid)::int
+         + CASE WHEN c.reltoastrelid <> 0 THEN 2 ELSE 0 END
+  FROM unnest(%s::text[]) AS t(name) JOIN pg_class c ON c.oid = t.name::regclass"""
+
+
+def lock_footprints(conn: psycopg.Connection, tables: list[tuple[str, str]]) -> list[int]:
+    """The locks a write into each of ``tables`` takes: the table, its indexes, its TOAST table and
+    that one's index."""
+    if not tables:
+        return []
+    names = [sql.Identifier(*t).as_string(conn) for t in tables]
+    return [row[0] for row in conn.execute(LOCK_FOOTPRINT, (names,))]
+
+
 def create_parent(
     conn: psycopg.Connection,
     schema: str,

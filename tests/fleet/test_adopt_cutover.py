@@ -25,6 +25,7 @@ from support import crash_at
 from support.adopt_cutover import (
     SHARDS,
     cli_json,
+    finish_second_attempt,
     fleet_name,
     fleet_tasks,
     leftovers,
@@ -977,19 +978,6 @@ def test_abort_brings_back_the_fleets_writes_to_a_table_routed_by_trigger(make_f
         with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
             assert sql(conn, "SELECT tgname FROM pg_trigger WHERE tgname LIKE '%%mirror%%'") == []
     assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)
-
-
-def finish_second_attempt(path: Path, dsn: str, plan_file: Path) -> None:
-    """Verify, cut over and clean up (slot names are the server's: the next test may reuse them)."""
-    steps = [
-        ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
-        ("adopt", "cutover"),
-        ("adopt", "cutover", "--cleanup"),
-    ]
-    for step in steps:
-        r = run_cli(*step, config=path)
-        assert r.exit_code == 0, (step, r.stdout, r.stderr)
-    assert leftovers(path, dsn) == {}
 
 
 @pytest.mark.slow

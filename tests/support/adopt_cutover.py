@@ -113,3 +113,16 @@ def fleet_tasks(path: Path, aborted: bool = False) -> dict[int, dict]:
         assert i not in out, f"task {i} twice"
         out[i] = row
     return out
+
+
+def finish_second_attempt(path: Path, dsn: str, plan_file: Path) -> None:
+    """Verify, cut over and clean up (slot names are the server's: the next test may reuse them)."""
+    steps = [
+        ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
+        ("adopt", "cutover"),
+        ("adopt", "cutover", "--cleanup"),
+    ]
+    for step in steps:
+        r = run_cli(*step, config=path)
+        assert r.exit_code == 0, (step, r.stdout, r.stderr)
+    assert leftovers(path, dsn) == {}

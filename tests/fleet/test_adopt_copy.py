@@ -600,3 +600,34 @@ def test_status_shows_the_runs_verification_killed_then_passed(make_fleet, tmp_p
     assert got["verified"] and run["finished_at"] and run["checked"] == run["chunks"], got
     assert run["summary"]["source_rows"] == run["summary"]["fleet_rows"] == rows, (run, rows)
     assert line.startswith("adopt verify: passed at ") and f"{rows:,} rows on the source" in line
+
+
+def test_a_routed_table_copied_in_many_parts_equals_the_source(make_fleet, tmp_path, monkeypatch):
+    """The task tracker's tasks (routed by trigger: an enum of each shard's own) copied in parts of
+    one shard each, as a host of thousands of shards copies them in parts of 128 (each part one
+    transaction, its locks bounded): every shard holds exactly the source's rows of its keys."""
+    import shardctl.ops.adopt.copy as copy_module
+
+    monkeypatch.setattr(copy_module, "ROUTED_SHARDS_PER_PART", 1)
+    dsn = make_fleet.new_database(0)
+    path, plan_file, _ = adopted_fleet(make_fleet, tmp_path, dsn, "tasks_prisma")
+    doc = plan_doc(path, dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # TOAST-sized values, in several shards
+        conn.execute("UPDATE tasks SET body = repeat(md5(id::text), 400) WHERE id % 7 = 0")
+    # one COPY worker: the old code made one part of each host's shards, this makes one a shard
+    r = run_cli(
+        "adopt",
+        "copy",
+        "--from",
+        dsn,
+        "--plan",
+        plan_file,
+        "--copy-workers",
+        "1",
+        "--json",
+        config=path,
+    )
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert json.loads(r.stdout)["routed"] == ["tasks"], r.stdout
+    wait_caught_up(dsn)
+    assert assert_same_as_source(path, dsn, doc, "tasks_prisma") > 100

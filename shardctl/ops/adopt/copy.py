@@ -330,6 +330,12 @@ def _copy_all(job: Copy, src: psycopg.Connection, targets: list[Target]) -> None
     checkpoint("adopt-after-sync")
 
 
+# A routed table's part (one COPY out of the source, then its shards' routing, one transaction)
+# locks ~8 relations a shard (its partition and shard table, their indexes and TOAST): at most this
+# many shards a part keeps it within data.TABLES_PER_TRANSACTION's reason; more parts read the
+# source table once more each.
+ROUTED_SHARDS_PER_PART = 128
+
 # The share of a host's lock table the abort's freeze may need: the rest is for the app's sessions
 # and the replication workers (PostgreSQL's table can grow somewhat past its nominal size).
 LOCK_TABLE_SHARE = 0.8
@@ -852,8 +858,9 @@ def _copy_hosts(job: Copy, targets: list[Target]) -> None:
 
 def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tuple]:
     """(table, COPY out of the source, COPY into the host) per table, columns named as on the host (a
-    routed table's per-shard-typed columns read as text); a routed table in one part per COPY worker
-    (:func:`_parts`), each followed by its shards' routing, the parts first (they are the most work)."""
+    routed table's per-shard-typed columns read as text); a routed table in parts (:func:`_parts`):
+    one per COPY worker, more when a part would exceed ROUTED_SHARDS_PER_PART shards, each followed
+    by its shards' routing in the same transaction; the parts first (they are the most work)."""
     keys = dict(job.sharded)
     routed = {t: {c[0]: c[3] for c in cols if c[2]} for t, cols in (job.routed or {}).items()}
     first, pairs = [], []
@@ -870,7 +877,8 @@ def _copy_pairs(job: Copy, tgt: psycopg.Connection, target: Target) -> list[tupl
             where = catalog.shard_filter(shard, _ranges(target.shards))
             pairs.append((table, catalog.copy_out_rows(job.schema, table, out, where), into))
             continue
-        for part in _parts(target.shards, job.workers):
+        parts = max(job.workers, math.ceil(len(target.shards) / ROUTED_SHARDS_PER_PART))
+        for part in _parts(target.shards, parts):
             where = catalog.shard_filter(shard, _ranges(part))
             route = [
                 catalog.route_rows(table, job.topo.schema_name(n), n, job.routed[table])

@@ -29,13 +29,18 @@ FIRST = TOTAL - ADDED
 MOVED = 64
 MAX_RSS_MB = 300
 
-RSS_WRAPPER = """import resource, sys
+# The peak is this process's VmHWM, never getrusage's ru_maxrss: Linux carries the largest RSS of
+# the memory image an exec replaced into ru_maxrss, and subprocess forks (vfork) the pytest worker,
+# so ru_maxrss reported the worker's own peak (667 MB after other slow tests) as init's.
+RSS_WRAPPER = """import sys
 from shardctl.cli import main
 sys.argv = ["shardctl"] + sys.argv[1:]
 try:
     main()
 finally:
-    print(f"peak-rss-kb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr)
+    with open("/proc/self/status") as status:
+        peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    print(f"peak-rss-kb {peak}", file=sys.stderr)
 """
 
 
@@ -62,7 +67,7 @@ def topology_text(box) -> str:
 
 
 def timed_cli(*args: str, config) -> tuple[float, subprocess.CompletedProcess]:
-    """Run shardctl in a new process (a script file, so its peak RSS is its own); (seconds, result)."""
+    """Run shardctl in a new process and read its own peak RSS (VmHWM); (seconds, result)."""
     wrapper = Path(config).parent / "shardctl_rss.py"
     wrapper.write_text(RSS_WRAPPER)
     started = time.perf_counter()

@@ -86,13 +86,6 @@ def deadlock_timeout(conn: psycopg.Connection) -> float:
     )
 
 
-def synchronous_commit_on(conn: psycopg.Connection) -> None:
-    """Flush the WAL up to here now: ``synchronous_commit`` on for the session, and a transaction ID
-    taken (its commit then waits for the flush)."""
-    conn.execute("SET synchronous_commit = on")
-    conn.execute("SELECT pg_current_xact_id()")
-
-
 # ---- the Router's transactions (router/session.py) ---------------------------------------------
 
 _ROUTER_SETTINGS = sql.SQL(

@@ -272,9 +272,14 @@ def test_managed_role_adopts_then_cleans_up(managed_servers, tmp_path):
 def test_managed_role_adopts_then_aborts(managed_servers, tmp_path):
     """After --abort the old database is authoritative again and holds, once each, every old row
     and every acknowledged write (the fleet's, made after the cutover, included)."""
-    path, old, old_rows, history, plans, _, _ = adopt_as_app(
+    path, old, old_rows, history, plans, _, done = adopt_as_app(
         managed_servers, tmp_path, "mabort", "--abort"
     )
+    print(
+        f"mabort: the abort froze the fleet's writes {done['freeze_seconds']:.3f}s (lag 0 at "
+        f"{done['freeze_caught_up_seconds']}s, {done['attempts']} attempt(s))"
+    )
+    assert done["phase"] == "aborted" and 0 < done["freeze_seconds"] <= 0.5, done
     assert load(path).adoption.authoritative == "source"
     floor = load(path).adoption.id_floor
     assert any(w.id >= floor for w in history.writes), "no write was made on the fleet"

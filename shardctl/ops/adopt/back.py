@@ -93,7 +93,7 @@ def adopt_abort(
         if not (detail.get("abort") or {}).get("finished"):
             # From aborted too: a run killed between the old database's commit and the fleet's
             # left the fleet unguarded; this brings back what was written there meanwhile.
-            _abort_freeze(site, max_freeze, attempts, reopen=phase == CUT_OVER)
+            _abort_freeze(site, max_freeze, attempts, phase == CUT_OVER, result)
         result.topology_flipped = flip_adoption(topo.path, "source")
         checkpoint("adopt-abort-flipped")
         result.dropped = drop_back(site)
@@ -147,6 +147,9 @@ class AbortFreeze(BoundedFreeze):
                 hosts.append((host, *conns))
             source = site.connect(site.source, autocommit=False) if self.reopen else None
             opened += [source] if source is not None else []
+            subscriber = site.connect(site.source)  # the way back's subscriptions are there
+            opened.append(subscriber)
+            self._watch([subscriber])
             self.start_clock()
             for host, src, aux in hosts:
                 self.src, self.aux = src, aux
@@ -236,7 +239,9 @@ class AbortFreeze(BoundedFreeze):
             raise FreezeTimeout(f"the freeze ran past --max-freeze {self.max_freeze:g}s")
 
 
-def _abort_freeze(site: Site, max_freeze: float, attempts: int, reopen: bool) -> None:
+def _abort_freeze(
+    site: Site, max_freeze: float, attempts: int, reopen: bool, result: CutoverResult
+) -> None:
     with site.connect(site.source) as src:
         names = site.back_names()
         missing = [n for n in names if n not in replication.subscriptions(src, names)]
@@ -247,8 +252,13 @@ def _abort_freeze(site: Site, max_freeze: float, attempts: int, reopen: bool) ->
         )
     last: Exception | None = None
     for attempt in range(1, attempts + 1):
+        result.attempts = attempt
+        freeze = AbortFreeze(site, max_freeze, reopen)
         try:
-            AbortFreeze(site, max_freeze, reopen).attempt()
+            freeze.attempt()
+            result.freeze_seconds = freeze.marks.get("commit")
+            result.freeze_lock_seconds = freeze.marks.get("lock")
+            result.freeze_caught_up_seconds = freeze.marks.get("caught_up")
             return
         except FreezeTimeout as exc:
             last = exc

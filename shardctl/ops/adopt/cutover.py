@@ -76,7 +76,7 @@ class CutoverResult(Result):
     phase: str
     authoritative: str | None
     attempts: int = 0
-    freeze_seconds: float | None = None  # the old database's tables locked, to its commit
+    freeze_seconds: float | None = None  # the frozen side locked (fleet for abort), to commit
     freeze_lock_seconds: float | None = None
     freeze_caught_up_seconds: float | None = None
     topology_flipped: bool = False
@@ -381,8 +381,10 @@ class AdoptFreeze(BoundedFreeze):
         self.src = src = site.connect(site.source, autocommit=False)
         self.aux = site.connect(site.source)
         glob = site.connect(site.global_host) if site.globals else None
+        self.subscribers = [site.connect(h) for h in site.subscriber_hosts()]
         try:
             self._timeouts()
+            self._watch(self.subscribers)
             names = streams(site, self.aux)  # before the clock: nothing is locked yet
             self.start_clock()
             self._lock(site.source_tables())
@@ -411,7 +413,7 @@ class AdoptFreeze(BoundedFreeze):
             self._unmove_fleet()
             raise
         finally:
-            for c in (self.src, self.aux, glob):
+            for c in (self.src, self.aux, glob, *self.subscribers):
                 if c is not None:
                     c.close()
 

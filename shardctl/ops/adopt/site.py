@@ -68,6 +68,15 @@ class Site:
         glob = self.global_host.name
         return [h for h in self.topo.hosts if h.shards or (h.name == glob and self.globals)]
 
+    def subscriber_hosts(self) -> list[Host]:
+        """The servers whose subscriptions the cutover's freeze waits for: the fleet hosts (the
+        copy's) and the id map's (it may be none of them)."""
+        hosts = self.fleet_hosts()
+        place = self.topo.id_map_place()
+        if place.host not in {h.name for h in hosts}:
+            hosts.append(self.topo.host(place.host))
+        return hosts
+
     def connect(self, host: Host, autocommit: bool = True) -> psycopg.Connection:
         return db.connect(
             host,

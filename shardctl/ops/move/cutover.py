@@ -292,7 +292,8 @@ class BoundedFreeze:
     """What every freeze shares (a move's cutover, an adoption's): one source transaction whose every
     statement is bounded by what is left of ``max_freeze``: the timeouts, the table locks, the wait
     until subscriptions have applied the source's WAL, the time marks. Subclasses open ``src`` (not
-    autocommit: the freeze's transaction) and ``aux`` (autocommit, the same server) and drive it."""
+    autocommit: the freeze's transaction), ``aux`` (autocommit, the same server) and ``subscribers``
+    and drive it."""
 
     def __init__(self, max_freeze: float, progress: Callable[[str, int, int, str], None]):
         self.max_freeze = max_freeze
@@ -306,6 +307,8 @@ class BoundedFreeze:
         self.marks: dict[str, float] = {}
         self.src: psycopg.Connection | None = None
         self.aux: psycopg.Connection | None = None
+        # autocommit, to the servers whose subscriptions _wait_applied waits for (FeedbackPrompt)
+        self.subscribers: list[psycopg.Connection] = []
 
     def start_clock(self) -> None:
         self.t0 = time.monotonic()
@@ -371,6 +374,15 @@ class BoundedFreeze:
             },
         )
 
+    def _watch(self, subscribers: list[psycopg.Connection]) -> None:
+        """The servers whose subscriptions ``_wait_applied`` waits for (autocommit connections, prompted
+        there to report): none of their statements may outlast the freeze either."""
+        for conn in subscribers:
+            session.set_settings(
+                conn, {"statement_timeout": session.duration(self.max_freeze)}, local=False
+            )
+        self.subscribers = subscribers
+
     def _lock(self, tables: list[tuple[str, str]]) -> None:
         self.progress("freeze", 0, 0, "locking")
         try:
@@ -400,11 +412,17 @@ class BoundedFreeze:
         # not skips, what it receives: every table was registered before it streamed (see
         # replication.start_subscription; rows written while it was not were the lost rows once seen here).
         lsn = replication.wal_insert_lsn(self.src)
-        # Flush the WAL up to here now (sandbox-style servers run synchronous_commit=off).
-        session.synchronous_commit_on(self.aux)
+        prompt = replication.FeedbackPrompt(self.aux, self.subscribers)
         self.progress("freeze", 0, 0, "waiting for lag 0")
+
+        def applied() -> bool:
+            if replication.replayed(self.aux, names, lsn):
+                return True
+            prompt()  # the walsender sends only flushed WAL: the first prompt flushes up to lsn
+            return False
+
         transfer.wait_for(
-            lambda: replication.replayed(self.aux, names, lsn),
+            applied,
             self.deadline,
             lambda: FreezeTimeout(
                 f"the subscriptions did not apply the source's WAL up to {lsn} within "
@@ -440,9 +458,7 @@ class Freeze(BoundedFreeze):
         self.aux = run.connect(run.source)
         try:
             self._timeouts()
-            session.set_settings(
-                self.tgt, {"statement_timeout": session.duration(self.max_freeze)}, local=False
-            )
+            self._watch([self.tgt])
             started_at = time.time()
             self.start_clock()
             self._lock(self.tables_rp)

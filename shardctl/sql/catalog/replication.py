@@ -4,6 +4,8 @@ few statements each. The waits on them (a slot's walsender, an apply worker exit
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 from psycopg import sql
 
@@ -262,6 +264,61 @@ def sync_state(conn: psycopg.Connection, names: list[str]) -> dict:
 def wal_insert_lsn(conn: psycopg.Connection) -> str:
     """The server's WAL insert position now, as text."""
     return conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+
+
+# One WAL record of the transaction's own (a non-transactional logical decoding message: pgoutput
+# passes messages on only to a subscription that asks for them, and ours never do), a transaction ID
+# and a synchronous commit. The record is what makes the commit wait for the flush: PostgreSQL
+# flushes at commit only a transaction that wrote WAL, whatever synchronous_commit says.
+_FLUSH_WAL = (
+    "SELECT set_config('synchronous_commit', 'on', true), pg_current_xact_id(), "
+    "pg_logical_emit_message(false, 'shardctl', '')"
+)
+
+
+def flush_wal(conn: psycopg.Connection) -> bool:
+    """Flush the server's WAL up to now (``conn`` in autocommit). False when the server refuses
+    (wal_level below logical, or the function revoked): its WAL writer then flushes within
+    ``wal_writer_delay``."""
+    try:
+        conn.execute(_FLUSH_WAL)
+    except (
+        psycopg.errors.ObjectNotInPrerequisiteState,
+        psycopg.errors.InsufficientPrivilege,
+        psycopg.errors.UndefinedFunction,
+    ):
+        return False
+    return True
+
+
+class FeedbackPrompt:
+    """Makes subscriptions report how far they have applied now, not a few hundred ms later.
+
+    An apply worker commits what it applies asynchronously and reports as applied only what its
+    server has flushed, and it reports when its walsender pings it, which a walsender does when it
+    has read new WAL. With the publisher's writers stopped (a freeze's locks) neither happens soon:
+    its WAL writer flushes within ``wal_writer_delay`` and nothing pings. So each call (at most
+    every ``every`` seconds) flushes each subscriber's WAL, then writes and flushes a record on the
+    publisher: its walsender reads it and pings, and the worker answers with its position."""
+
+    def __init__(
+        self,
+        publisher: psycopg.Connection,
+        subscribers: list[psycopg.Connection],
+        every: float = 0.02,
+    ):
+        self.publisher = publisher
+        self.subscribers = list(subscribers)
+        self.every = every
+        self.due = 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now < self.due:
+            return
+        self.subscribers = [conn for conn in self.subscribers if flush_wal(conn)]
+        flush_wal(self.publisher)
+        self.due = now + self.every
 
 
 def slot_lag(conn: psycopg.Connection, names: list[str]) -> int | None:

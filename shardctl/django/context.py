@@ -20,12 +20,14 @@ from .hosts import host_database
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where statements go: the shard, its schema, its host and that host's Django alias."""
+    """Where statements go: the shard, its schema, its host and that host's Django alias, and the
+    shard whose redirect each transaction looks for first (``Placement.redirect_check``)."""
 
     shard: int
     schema: str
     host: Host
     alias: str
+    checked: int | None = None
 
 
 _current: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
@@ -147,7 +149,13 @@ def shard_target(number: int) -> Target:
     known = _targets.get(number)
     if known is not None and known.host is host:
         return known
-    made = Target(number, r.placement.schema_on(host, number), host, alias_of(host, number))
+    made = Target(
+        number,
+        r.placement.schema_on(host, number),
+        host,
+        alias_of(host, number),
+        r.placement.redirect_check(host, number),
+    )
     _targets[number] = made
     return made
 

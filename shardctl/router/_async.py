@@ -13,6 +13,7 @@ either cutting the connection's socket. One AsyncRouter belongs to one event loo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -440,7 +441,7 @@ class AsyncRouter(Routing):
                     return
             except Fallback as why:
                 standby.count(f"fallbacks.{why.args[0]}")
-        primary = Call(call.schema, call.timeout, call.kind, call.readonly)
+        primary = dataclasses.replace(call, max_lag=None)
         async with _session(self, self._pool(host), primary) as conn:
             yield conn
 

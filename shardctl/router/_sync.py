@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -426,7 +427,7 @@ class Router(Routing):
                     return
             except Fallback as why:
                 standby.count(f"fallbacks.{why.args[0]}")
-        primary = Call(call.schema, call.timeout, call.kind, call.readonly)
+        primary = dataclasses.replace(call, max_lag=None)
         with _session(self, self._pool(host), primary) as conn:
             yield conn
 

@@ -112,6 +112,17 @@ class Placement:
             return GLOBAL_SCHEMA
         return self.topology.schema_name(shard)
 
+    def redirect_check(self, host: Host, shard: int) -> int | None:
+        """The shard whose redirect a transaction on ``host`` looks for first
+        (``sql.session.redirect_check``), or None: only while the file says an adoption's fleet is
+        authoritative, and only on a fleet host. This copy of the file may be stale, the adoption
+        aborted since: the fleet host then records the redirect back to the old database, and its
+        tables may be refilling for the next attempt, readable under their names."""
+        adoption = self.topology.adoption
+        if adoption is None or adoption.on_source or is_source(self.topology, host):
+            return None
+        return shard
+
     def reload(self) -> tuple[Topology, set[str]]:
         """Read the file again when it changed: (the topology, names of hosts that left or changed)."""
         if self.topology.path is None:
@@ -561,19 +572,25 @@ class Routing:
         """What a call of ``kind`` (``Call.kind``) asks of ``shard`` (:meth:`target`): its schema, its
         ``timeout`` and, when it reads only, its lag bound ``max_lag`` (the Router's unless given).
         The Routers' methods take these as keyword-only arguments and pass them here."""
+        host = self._locate(shard)
         return Call(
-            self.placement.schema_on(self._locate(shard), shard),
+            self.placement.schema_on(host, shard),
             self._timeout(timeout),
             kind,
             readonly,
             self._lag_bound(max_lag) if readonly else None,
+            self.placement.redirect_check(host, shard),
         )
 
     def _on(self, host: Host, shard: int, call: Call) -> Call:
-        """``call`` with the schema ``shard`` has on ``host`` (:meth:`Placement.schema_on`): a retry
-        after the cutover of an adoption goes from the old database's schema to the shard's."""
+        """``call`` with the schema ``shard`` has on ``host`` (:meth:`Placement.schema_on`) and its
+        redirect check there: a retry after the cutover of an adoption goes from the old database's
+        schema to the shard's, one after an abort from the fleet to the old database."""
         schema = self.placement.schema_on(host, shard)
-        return call if schema == call.schema else dataclasses.replace(call, schema=schema)
+        checked = self.placement.redirect_check(host, shard)
+        if (schema, checked) == (call.schema, call.checked):
+            return call
+        return dataclasses.replace(call, schema=schema, checked=checked)
 
     def _timeout(self, timeout: Any) -> float | None:
         return self.options.timeout if timeout is SAME else timeout

@@ -56,6 +56,8 @@ class Call:
     kind: str
     readonly: bool = False
     max_lag: float | None = None  # a standby read: the staleness bound, seconds
+    # the shard whose redirect each transaction looks for first (Placement.redirect_check)
+    checked: int | None = None
 
     @property
     def tracked(self) -> bool:
@@ -72,7 +74,9 @@ class Call:
         # work again when a migration made a plan stale (a block has no retry; execute() binds on the client).
         conn.prepare_threshold = 5 if keeps and self.kind == "run" else None
         conn.session_dirty = False
-        conn.begin = session_sql.transaction_start(self.schema, ms(self.timeout), self.readonly)
+        conn.begin = session_sql.transaction_start(
+            self.schema, ms(self.timeout), self.readonly, self.checked
+        )
         conn.one_transaction = self.kind == "run"
 
     def keeps_after(self, error: str, conn: Any, keeps: bool) -> bool | None:

@@ -89,18 +89,38 @@ def deadlock_timeout(conn: psycopg.Connection) -> float:
 # ---- the Router's transactions (router/session.py) ---------------------------------------------
 
 _ROUTER_SETTINGS = sql.SQL(
-    "SELECT set_config('search_path', {}, true), set_config('statement_timeout', {}, true)"
+    "SELECT set_config('search_path', {}, true), set_config('statement_timeout', {}, true){}"
 )
+
+# While an adoption's topology says the fleet is authoritative, a Router's copy of the file may be
+# stale: the adoption aborted since (the fleet host recorded a redirect per shard back to the old
+# database) and a new copy may be refilling the shard's tables under their names. So each of its
+# transactions on a fleet host first looks for the shard's redirect there (the control schema's
+# shardctl.redirect_check: one primary-key probe) and, when there is one, fails with SCM01 before
+# any statement of the app runs: the Router then asks the host and follows the redirect, as it does
+# from a moved shard's stub.
+_REDIRECT_CHECK = sql.SQL(", shardctl.redirect_check({})")
+
+
+def redirect_check(shard: int | None) -> sql.Composable:
+    """The settings' column that fails with SCM01 when the host records a redirect for ``shard``
+    (nothing for None: no check)."""
+    if shard is None:
+        return sql.SQL("")
+    return _REDIRECT_CHECK.format(sql.Literal(int(shard)))
 
 
 # Every Router and ORM transaction starts with one of these: composing it costs ~50 µs, a lookup
 # next to nothing (bench/orm.py). Bounded: a shard, a timeout and a mode per entry.
 @functools.lru_cache(maxsize=16384)
-def transaction_start(schema: str, timeout_ms: int, readonly: bool) -> tuple[bytes, bytes]:
-    """(BEGIN, the transaction's settings) as texts: values inlined as literals, never prepared."""
+def transaction_start(
+    schema: str, timeout_ms: int, readonly: bool, checked: int | None = None
+) -> tuple[bytes, bytes]:
+    """(BEGIN, the transaction's settings) as texts: values inlined as literals, never prepared.
+    ``checked``: the shard whose redirect the settings look for first (``redirect_check``)."""
     begin = b"BEGIN READ ONLY" if readonly else b"BEGIN"
     settings = _ROUTER_SETTINGS.format(
-        sql.Literal(search_path(schema)), sql.Literal(str(timeout_ms))
+        sql.Literal(search_path(schema)), sql.Literal(str(timeout_ms)), redirect_check(checked)
     )
     return begin, settings.as_string(None).encode()
 
@@ -115,18 +135,22 @@ def then(first: bytes, text: bytes) -> bytes:
     return first + b"; " + text
 
 
-def switch_search_path(schema: str) -> str:
-    """The statement that moves an open transaction to ``schema`` (for SQLAlchemy's sessions)."""
+def switch_search_path(schema: str, checked: int | None = None) -> str:
+    """The statement that moves an open transaction to ``schema`` (for SQLAlchemy's sessions),
+    looking for ``checked``'s redirect first (``redirect_check``)."""
     return (
-        sql.SQL("SELECT set_config('search_path', {}, true)")
-        .format(sql.Literal(f'"{schema}", public'))
+        sql.SQL("SELECT set_config('search_path', {}, true){}")
+        .format(sql.Literal(f'"{schema}", public'), redirect_check(checked))
         .as_string(None)
     )
 
 
-def set_local_search_path(schema: str | None) -> str:
+def set_local_search_path(schema: str | None, checked: int | None = None) -> str:
     """``SET LOCAL search_path`` to ``schema`` (None: the default path), to the end of the transaction
-    (Django's backend: a utility statement, about half the server time of ``set_config``)."""
+    (Django's backend: a utility statement, about half the server time of ``set_config``); with
+    ``checked``, a ``set_config`` that looks for that shard's redirect first (``redirect_check``)."""
+    if checked is not None:
+        return switch_search_path(schema or "public", checked)
     path = search_path(schema) if schema else '"$user", public'
     return f"SET LOCAL search_path = {path}"
 

@@ -191,7 +191,7 @@ class Shards:
         self.timeout = router.options.timeout if timeout is SAME else timeout
         self.echo = echo
         self._engines: dict[str, Engine] = {}
-        self._options: dict[tuple[int, str], dict[str, Any]] = {}
+        self._options: dict[tuple[int, str, int | None], dict[str, Any]] = {}
         self._shard_engines: dict[int, tuple[str, Engine]] = {}
         self._lock = threading.Lock()
 
@@ -235,14 +235,15 @@ class Shards:
         """Execution options running a statement on ``shard`` in its schema on host ``host``: the
         app's schema on an adopted old database, else the shard's schema."""
         placement = self.router.placement
-        schema = placement.schema_on(placement.host_named(host), shard)
-        opts = self._options.get((shard, schema))
+        on = placement.host_named(host)
+        schema, checked = placement.schema_on(on, shard), placement.redirect_check(on, shard)
+        opts = self._options.get((shard, schema, checked))
         if opts is None:
-            opts = self._options[(shard, schema)] = {
+            opts = self._options[(shard, schema, checked)] = {
                 "schema_translate_map": {None: schema},
                 "shardctl_shard": shard,
-                "shardctl_begin": transaction_start(schema, ms(self.timeout), False),
-                "shardctl_switch": switch_search_path(schema),
+                "shardctl_begin": transaction_start(schema, ms(self.timeout), False, checked),
+                "shardctl_switch": switch_search_path(schema, checked),
             }
         return opts
 

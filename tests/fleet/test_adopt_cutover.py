@@ -980,6 +980,121 @@ def test_abort_brings_back_the_fleets_writes_to_a_table_routed_by_trigger(make_f
     assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)
 
 
+def pause_copy(path: Path, pause: bool) -> None:
+    """Stop (or start again) the copy's subscriptions on every fleet host."""
+    for host in load(path).hosts:
+        with psycopg.connect(**host.connect_kwargs(), autocommit=True) as conn:
+            for (name,) in sql(
+                conn,
+                "SELECT subname FROM pg_subscription "
+                "WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            ):
+                sql(conn, f"ALTER SUBSCRIPTION {name} {'DISABLE' if pause else 'ENABLE'}")
+
+
+def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_fleet(
+    make_fleet, tmp_path
+):
+    """Across an --abort and the next ``adopt copy``: Routers on a copy of the file taken after the
+    cutover (it says ``fleet``) that last used the shard before the abort, a plain Router, a
+    ``shardctl.sqlalchemy`` session and a ``shardctl.django`` process. The new copy refills the
+    fleet's tables under their names; with its subscriptions paused, the old database's rows
+    differ from the fleet's. Each of them reads the old database's rows and writes there, as the
+    old database itself shows, and the fleet's tables do not change. After the next cutover their
+    writes are on the fleet."""
+    from sqlalchemy import BigInteger, Column, Integer, Text, select, update
+    from sqlalchemy.orm import declarative_base
+
+    from shardctl.sqlalchemy import sessionmaker
+
+    class Post(declarative_base()):
+        __tablename__ = "forum_post"
+        __shard_key__, __shard_key_is_id__ = "author_id", True
+        id = Column(BigInteger, primary_key=True)
+        author_id = Column(Integer)
+        body = Column(Text)
+
+    path, dsn, plan_file = real_adoption(make_fleet, tmp_path)
+    stale_path, topo = stale_copy(path), load(path)
+    with psycopg.connect(dsn, autocommit=True) as src:
+        (author,) = sql(
+            src,
+            "SELECT author_id FROM shardctl_adopted.forum_post GROUP BY 1 HAVING count(*) >= 3 "
+            "ORDER BY 1 LIMIT 1",
+        )[0]
+    shard_table = f"{topo.schema_name(author % SHARDS)}.forum_post"
+    read = "SELECT id, body FROM forum_post WHERE author_id = %s"
+
+    def on_fleet() -> set[tuple]:
+        with psycopg.connect(**topo.host_of(author % SHARDS).connect_kwargs()) as conn:
+            return set(
+                sql(conn, f"SELECT id, body FROM {shard_table} WHERE author_id = %s", author)
+            )
+
+    def on_old_database() -> set[tuple]:
+        with psycopg.connect(dsn) as conn:
+            return set(
+                sql(conn, "SELECT id, body FROM public.forum_post WHERE author_id = %s", author)
+            )
+
+    router, orm = Router(load(stale_path), move_wait=5), Router(load(stale_path), move_wait=5)
+    session_factory = sessionmaker(orm)
+    django = DjangoReader(stale_path, author, "--posts")
+
+    def orm_read() -> set[tuple]:
+        with session_factory() as session:
+            return set(session.execute(select(Post.id, Post.body).where(Post.author_id == author)))
+
+    try:
+        before = set(router.execute(author, read, (author,)))
+        assert len(before) >= 3 and orm_read() == before == django.read() == on_fleet()
+        assert cli_json(path, "--abort")["phase"] == "aborted"
+        r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, config=path)
+        assert r.exit_code == 0, r
+        pause_copy(path, True)
+        first, second, third = sorted(i for i, _ in before)[:3]
+        with psycopg.connect(dsn, autocommit=True) as src:
+            sql(src, "UPDATE forum_post SET body = 'old database' WHERE id = %s", first)
+        refilled = on_fleet()
+        assert refilled == before, "the new copy did not refill the shard's table"
+        want = {(i, "old database" if i == first else b) for i, b in before}
+        assert set(router.execute(author, read, (author,))) == want
+        assert orm_read() == want
+        assert django.read() == want
+        router.execute(author, "UPDATE forum_post SET body = 'router' WHERE id = %s", (second,))
+        with session_factory() as session:
+            session.execute(
+                update(Post)
+                .where(Post.author_id == author, Post.id == third)
+                .values(body="sqlalchemy")
+            )
+            session.commit()
+        written = {first: "old database", second: "router", third: "sqlalchemy"}
+        want = {(i, written.get(i, b)) for i, b in before}
+        assert on_old_database() == want
+        assert django.edit(first, "django") == {(i, "django" if i == first else b) for i, b in want}
+        want = {(i, "django" if i == first else b) for i, b in want}
+        assert on_old_database() == want
+        assert on_fleet() == refilled, "a stale Router wrote to the refilling fleet"
+        pause_copy(path, False)
+        for step in (
+            ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
+            ("adopt", "cutover"),
+        ):
+            r = run_cli(*step, config=path)
+            assert r.exit_code == 0, (step, r)
+        assert on_fleet() == want
+        assert set(router.execute(author, read, (author,))) == want == orm_read()
+        assert django.read() == want
+    finally:
+        django.close()
+        router.close()
+        orm.close()
+    r = run_cli("adopt", "cutover", "--cleanup", config=path)
+    assert r.exit_code == 0, r
+    assert leftovers(path, dsn) == {}
+
+
 @pytest.mark.slow
 def test_sigkill_in_the_copy_after_an_abort_then_rerun_starts_again(make_fleet, tmp_path):
     """adopt copy after an abort, killed once the fleet was emptied: run again, it starts the new run
@@ -1046,15 +1161,16 @@ def django_photo(path: Path, user_id: int) -> int:
 
 class DjangoReader:
     """A Django process (tests/support/django_photo.py --reads) on topology ``path``: each
-    :meth:`read` the (id, caption) of every photo of ``user``, by ``filter(user_id=)``."""
+    :meth:`read` the (id, caption) of every photo of ``user``, by ``filter(user_id=)``; with
+    ``mode`` ``--posts``, the (id, body) of every forum post of author ``user``, and :meth:`edit`."""
 
-    def __init__(self, path: Path, user: int):
+    def __init__(self, path: Path, user: int, mode: str = "--reads"):
         pytest.importorskip("django")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env["SHARDCTL_CONFIG"] = str(path)
         script = Path(__file__).resolve().parents[1] / "support" / "django_photo.py"
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), "--reads", str(user)],
+            [sys.executable, str(script), mode, str(user)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -1062,14 +1178,18 @@ class DjangoReader:
             text=True,
         )
 
-    def read(self) -> set[tuple]:
-        self.proc.stdin.write("read\n")
+    def read(self, line: str = "read") -> set[tuple]:
+        self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(30)
             raise AssertionError(self.proc.stderr.read()[-3000:])
         return {tuple(r) for r in json.loads(line)["rows"]}
+
+    def edit(self, post: int, body: str) -> set[tuple]:
+        """Set post ``post``'s body (``--posts``), then :meth:`read`."""
+        return self.read(f"edit {post} {body}")
 
     def close(self) -> None:
         self.proc.stdin.close()

@@ -27,44 +27,48 @@ from ..context import _current
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
 NO_SHARD = ""  # the search_path outside shards
+# Where a transaction is put: (schema, the shard whose redirect it looks for first, or None).
+Place = tuple[str, int | None]
+NO_PLACE: Place = (NO_SHARD, None)
 UNKNOWN = None  # the transaction's search_path is not known here: the next statement sets it
 
 
 @functools.lru_cache(maxsize=8192)
-def settings_sql(schema: str, escape: bool) -> str:
+def settings_sql(schema: str, escape: bool, checked: int | None = None) -> str:
     """The statement that puts a transaction on ``schema`` (``NO_SHARD``: the default path). ``SET LOCAL``
     (a utility statement: about half the server time of ``SELECT set_config(..., true)``), which lasts
-    until the end of the transaction, explicit or the implicit one of a multi-statement query."""
-    text = set_local_search_path(schema)
+    until the end of the transaction, explicit or the implicit one of a multi-statement query; with
+    ``checked`` (``Target.checked``), a ``set_config`` that looks for that shard's redirect first."""
+    text = set_local_search_path(schema, checked)
     return text.replace("%", "%%") if escape else text
 
 
 class ShardCursor(postgresql.Cursor):
     """Django's client-binding cursor, putting each transaction on the current shard."""
 
-    def _needs(self, conn: Any) -> tuple[str | None, bool]:
-        """(the settings to send, or None; whether the statement is a transaction of its own), on this
-        cursor's connection ``conn``."""
+    def _needs(self, conn: Any) -> tuple[Place | None, bool]:
+        """(the place to put the transaction on, or None; whether the statement is a transaction of
+        its own), on this cursor's connection ``conn``."""
         target = _current.get()  # current(), without a call: every statement comes here
-        schema = (
-            target.schema
+        place = (
+            (target.schema, target.checked)
             if target is not None and target.alias == conn.shardctl_alias
-            else NO_SHARD
+            else NO_PLACE
         )
         if conn.pgconn.transaction_status == IDLE:
-            conn.shardctl_schema = NO_SHARD
-            if not schema:
+            conn.shardctl_place = NO_PLACE
+            if not place[0]:
                 return None, False
-            return schema, conn.autocommit
-        return (None if schema == conn.shardctl_schema else schema), False
+            return place, conn.autocommit
+        return (None if place == conn.shardctl_place else place), False
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         conn = self.connection
-        schema, alone = self._needs(conn)
-        if schema is None:
+        place, alone = self._needs(conn)
+        if place is None:
             return super().execute(query, params, **kwargs)
         if not isinstance(query, str):  # a Composable: the settings in a round trip of their own
-            self._settings(schema, alone)
+            self._settings(place, alone)
             try:
                 return super().execute(query, params, **kwargs)
             finally:
@@ -75,28 +79,28 @@ class ShardCursor(postgresql.Cursor):
             # settings in front would give.
             query, params = self.mogrify(query, params), None
         # Alone (autocommit): the two statements are one implicit transaction, ending with the query.
-        super().execute(f"{settings_sql(schema, False)}; {query}", params, **kwargs)
+        super().execute(f"{settings_sql(place[0], False, place[1])}; {query}", params, **kwargs)
         self.nextset()
         if not alone:
-            conn.shardctl_schema = schema
+            conn.shardctl_place = place
         return self
 
     def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
-        schema, alone = self._needs(self.connection)
-        if schema is None:
+        place, alone = self._needs(self.connection)
+        if place is None:
             return super().executemany(query, params_seq, **kwargs)
-        self._settings(schema, alone)
+        self._settings(place, alone)
         try:
             return super().executemany(query, params_seq, **kwargs)
         finally:
             self._end(alone)
 
-    def _settings(self, schema: str, alone: bool) -> None:
+    def _settings(self, place: Place, alone: bool) -> None:
         conn = self.connection
         psycopg.ClientCursor(conn).execute(
-            (BEGIN_SCRIPT if alone else "") + settings_sql(schema, False)
+            (BEGIN_SCRIPT if alone else "") + settings_sql(place[0], False, place[1])
         )
-        conn.shardctl_schema = schema
+        conn.shardctl_place = place
 
     def _end(self, alone: bool) -> None:
         if alone:  # commit what succeeded; a failure left the transaction aborted: roll back
@@ -132,7 +136,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     def get_new_connection(self, conn_params: dict) -> Any:
         conn = super().get_new_connection(conn_params)
         conn.shardctl_alias = self.alias
-        conn.shardctl_schema = NO_SHARD
+        conn.shardctl_place = NO_PLACE
         return conn
 
     def _savepoint_rollback(self, sid: str) -> None:
@@ -140,7 +144,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         savepoint: the server may be back on another shard than the last one set here, so the next
         statement sends its shard again."""
         super()._savepoint_rollback(sid)
-        self.connection.shardctl_schema = UNKNOWN
+        self.connection.shardctl_place = UNKNOWN
 
     def ensure_timezone(self) -> bool:
         return (

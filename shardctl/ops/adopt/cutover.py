@@ -163,8 +163,8 @@ def prepare(site: Site, detail: dict) -> None:
         with site.connect(host) as conn:
             # DDL on tables the app may use: wait for their locks a bounded time, never queue behind
             session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT}, local=False)
-            # an earlier abort's redirects, back to the old database
-            control.clear_redirects(conn, site.redirected(host))
+            # the redirects an abort records, and the function of the Routers' check of them
+            control.ensure_move_objects(conn)
             _parents_home(site, host, conn)
             mirror_globals(site, host, conn, make=True)
             _identities_full(site, host, conn, recorded)
@@ -496,6 +496,12 @@ class AdoptFreeze(BoundedFreeze):
 def finish(site: Site) -> tuple[bool, dict]:
     """After the freeze committed: the topology flipped, the forward replication dropped, the way back
     started. Idempotent. Returns (whether this call flipped the file, what was dropped)."""
+    # An earlier abort's redirects on the fleet, back to the old database: kept until now, so that
+    # a Router on a copy of the file from that attempt went to the old database (its tables
+    # refilling here); before the flip, so no Router on the new file meets one.
+    for host in site.fleet_hosts():
+        with site.connect(host) as conn:
+            control.clear_redirects(conn, site.redirected(host))
     flipped = flip_adoption(site.topo.path, "fleet")
     checkpoint("adopt-after-flip")
     dropped = drop_forward(site)

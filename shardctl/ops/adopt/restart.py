@@ -6,8 +6,9 @@ abort's freeze waited until the way back had applied each fleet host's WAL), and
 are out of their names (``back.py``). So, and only when the abort finished, the topology says
 ``authoritative: source`` and the way back is gone: on each fleet host, the
 adopted shard tables (and the global tables on the global host) truncated and back under their
-names, the abort's guards and redirects dropped, a batch of shards a transaction, then the parents
-back in the app's schema (where the copy finds them). The new run keeps the
+names, the abort's guards dropped, a batch of shards a transaction, then the parents back in the
+app's schema (where the copy finds them). The abort's redirects stay until the next cutover's
+commit (:func:`.cutover.finish`). The new run keeps the
 aborted run's ID floor: the IDs the fleet minted meanwhile, now on the old database, stay above it and
 keep decoding to the shard that made them. The last ``adopt verify`` no longer counts: the cutover
 wants one of the new run."""
@@ -20,7 +21,7 @@ from ...errors import BadInput
 from ...model.topology import Host
 from ...sql import session
 from ...sql.catalog import adopt_cutover as catalog
-from ...sql.catalog import control, data, replication
+from ...sql.catalog import data, replication
 from .cutover import PREPARE_LOCK_TIMEOUT
 from .site import Site
 
@@ -49,11 +50,13 @@ def clear_aborted_run(site: Site, src: psycopg.Connection, detail: dict) -> list
         with site.connect(host) as conn:
             session.set_settings(conn, {"lock_timeout": PREPARE_LOCK_TIMEOUT}, local=False)
             now = site.shard_table_names(conn, host)
-            groups, redirects = _groups(site, host)
+            groups = _groups(site, host)
             # A batch of shards a transaction, never every table of the host at once (their locks
             # would overflow its lock table at a few thousand): their tables emptied under the
-            # name they have, back under their own, unguarded, their redirects gone. A stale
-            # Router reading a shard meanwhile meets the redirect or an empty table.
+            # name they have, back under their own, unguarded. Their redirects stay until the
+            # next cutover's commit: a Router whose copy of the file still says fleet finds the
+            # redirect before each transaction (Placement.redirect_check) and goes to the old
+            # database, never to the tables this copy refills.
             for batch in data.batched(groups):
                 tables = [t for i in batch for t in groups[i]]
                 with conn.transaction():
@@ -62,7 +65,6 @@ def clear_aborted_run(site: Site, src: psycopg.Connection, detail: dict) -> list
                     if renamed:
                         conn.execute(catalog.rename_tables_sql(renamed))
                     conn.execute(catalog.drop_guards_sql(tables))
-                    control.clear_redirects(conn, [n for i in batch for n in redirects[i]])
             # The parents last, back in the app's schema (where the copy finds them): there before
             # the tables were back, they would answer a stale Router's reads through search_path.
             # A parent's statement trigger and schema are its own: no partition is locked.
@@ -76,12 +78,10 @@ def clear_aborted_run(site: Site, src: psycopg.Connection, detail: dict) -> list
     return out
 
 
-def _groups(site: Site, host: Host) -> tuple[list[list[tuple[str, str]]], list[list[int]]]:
+def _groups(site: Site, host: Host) -> list[list[tuple[str, str]]]:
     """``host``'s :meth:`Site.shard_tables` grouped as their foreign keys go (a shard's tables; the
-    global tables), with the redirects each group's clearing ends (its shard; the global tables')."""
+    global tables)."""
     groups = [[(site.topo.schema_name(n), t) for t in site.tables] for n in host.shards]
-    redirects = [[n] for n in host.shards]
     if site.globals and host.name == site.global_host.name:
         groups.append([(site.schema, t) for t in site.globals])
-        redirects.append([n for n in site.redirected(host) if n not in host.shards])
-    return groups, redirects
+    return groups

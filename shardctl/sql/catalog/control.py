@@ -31,6 +31,10 @@ STUB_READ_FUNCTION = "shardctl.moved_shard_read"
 STUB_PLAN_FUNCTION = "shardctl.moved_shard_planned"
 
 
+# a stale client's transactions look for their shard's redirect through it (sql.session.redirect_check)
+REDIRECT_CHECK_FUNCTION = "shardctl.redirect_check"
+
+
 STUB_COMMENT = "shardctl: moved-shard stub"  # COMMENT ON SCHEMA of a stub: never a shard
 
 
@@ -56,8 +60,13 @@ def ensure_move_objects(conn: psycopg.Connection) -> None:
     ready = conn.execute(
         "SELECT to_regclass('shardctl.moves') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
         "AND to_regclass('shardctl.redirects') IS NOT NULL AND to_regprocedure(%s) IS NOT NULL "
-        "AND to_regprocedure(%s) IS NOT NULL",
-        (f"{GUARD_FUNCTION}()", f"{STUB_READ_FUNCTION}(text)", f"{STUB_PLAN_FUNCTION}(text)"),
+        "AND to_regprocedure(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL",
+        (
+            f"{GUARD_FUNCTION}()",
+            f"{STUB_READ_FUNCTION}(text)",
+            f"{STUB_PLAN_FUNCTION}(text)",
+            f"{REDIRECT_CHECK_FUNCTION}(integer)",
+        ),
     ).fetchone()[0]
     if not ready:
         with conn.transaction():

@@ -8,6 +8,7 @@ rows and the acknowledged writes (tests/support/history.py), never by the cutove
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -40,7 +41,7 @@ from shardctl.model.topology_file import write_adoption
 from shardctl.ops.adopt.id_map import drop_id_map, ensure_id_map, wait_id_map
 from shardctl.ops.adopt.state import slot_name
 from shardctl.ops.move.run import HOOKS
-from shardctl.router import Router
+from shardctl.router import AsyncRouter, Router
 from shardctl.sql.catalog import adopt_copy, adopt_verify
 
 TABLES = {"users": "id", "photos": "user_id", "likes": "user_id"}  # table -> key
@@ -980,6 +981,11 @@ def test_abort_brings_back_the_fleets_writes_to_a_table_routed_by_trigger(make_f
     assert all(x.startswith("parent") for v in leftovers(path, dsn).values() for x in v)
 
 
+async def open_async_router(path: Path) -> AsyncRouter:
+    """An AsyncRouter on topology ``path`` (made in the loop that will run it)."""
+    return AsyncRouter(load(path), move_wait=5)
+
+
 def pause_copy(path: Path, pause: bool) -> None:
     """Stop (or start again) the copy's subscriptions on every fleet host."""
     for host in load(path).hosts:
@@ -996,8 +1002,9 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
     make_fleet, tmp_path
 ):
     """Across an --abort and the next ``adopt copy``: Routers on a copy of the file taken after the
-    cutover (it says ``fleet``) that last used the shard before the abort, a plain Router, a
-    ``shardctl.sqlalchemy`` session and a ``shardctl.django`` process. The new copy refills the
+    cutover (it says ``fleet``) that last used the shard before the abort, a plain Router, an
+    AsyncRouter, a ``shardctl.sqlalchemy`` session and a ``shardctl.django`` process. The new copy
+    refills the
     fleet's tables under their names; with its subscriptions paused, the old database's rows
     differ from the fleet's. Each of them reads the old database's rows and writes there, as the
     old database itself shows, and the fleet's tables do not change. After the next cutover their
@@ -1045,9 +1052,16 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
         with session_factory() as session:
             return set(session.execute(select(Post.id, Post.body).where(Post.author_id == author)))
 
+    loop = asyncio.new_event_loop()
+    async_router = loop.run_until_complete(open_async_router(stale_path))
+
+    def async_read() -> set[tuple]:
+        return set(loop.run_until_complete(async_router.execute(author, read, (author,))))
+
     try:
         before = set(router.execute(author, read, (author,)))
         assert len(before) >= 3 and orm_read() == before == django.read() == on_fleet()
+        assert async_read() == before
         assert cli_json(path, "--abort")["phase"] == "aborted"
         r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, config=path)
         assert r.exit_code == 0, r
@@ -1061,6 +1075,7 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
         assert set(router.execute(author, read, (author,))) == want
         assert orm_read() == want
         assert django.read() == want
+        assert async_read() == want
         router.execute(author, "UPDATE forum_post SET body = 'router' WHERE id = %s", (second,))
         with session_factory() as session:
             session.execute(
@@ -1085,11 +1100,13 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
             assert r.exit_code == 0, (step, r)
         assert on_fleet() == want
         assert set(router.execute(author, read, (author,))) == want == orm_read()
-        assert django.read() == want
+        assert django.read() == want == async_read()
     finally:
         django.close()
         router.close()
         orm.close()
+        loop.run_until_complete(async_router.close())
+        loop.close()
     r = run_cli("adopt", "cutover", "--cleanup", config=path)
     assert r.exit_code == 0, r
     assert leftovers(path, dsn) == {}

@@ -339,6 +339,9 @@ ROUTED_SHARDS_PER_PART = 128
 # The share of a host's lock table the abort's freeze may need: the rest is for the app's sessions
 # and the replication workers (PostgreSQL's table can grow somewhat past its nominal size).
 LOCK_TABLE_SHARE = 0.8
+# A routed table's partitions are made in one transaction, each with its primary key, TOAST table
+# and TOAST index (catalog.create_routed_table): this many locks a shard.
+ROUTED_PARTITION_LOCKS = 4
 
 # ---- checks (nothing changed before they pass) --------------------------------------------------
 
@@ -414,31 +417,46 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                         f"the baseline; adopt before migrating further"
                     )
             first = [(schemas[0], name[schemas[0], t]) for t in tables] if schemas else []
+            routed = any(any(c[2] for c in catalog.shard_typed_columns(conn, t)) for t in first)
             _check_lock_table(
-                job, target, inspect.server_facts(conn), catalog.lock_footprints(conn, first)
+                job,
+                target,
+                inspect.server_facts(conn),
+                catalog.lock_footprints(conn, first),
+                routed,
             )
 
 
-def _check_lock_table(job: Copy, target: Target, facts: dict, footprints: list[int]) -> None:
+def _check_lock_table(
+    job: Copy, target: Target, facts: dict, footprints: list[int], routed: bool
+) -> None:
     """BadInput unless ``target``'s lock table, with room to spare for the app's locks, can hold the
     adoption's largest transactions there: ``--abort``'s freeze, which locks every adopted table of
     the host at once (it must be possible once the fleet takes writes, when a restart to raise the
-    setting is no longer free), and the copy's COPY of one table into its parent, which locks each
-    partition it fills with its indexes and TOAST (``footprints``: one shard's tables')."""
+    setting is no longer free), the copy's COPY of one table into its parent, which locks each
+    partition it fills with its indexes and TOAST (``footprints``: one shard's tables'), and, when a
+    table is ``routed`` (by its shard's own types), the making of its partitions."""
     shards = len(target.shards)
     sharded = len(job.sharded) if shards else 0
     abort = sharded * shards + sharded + 2 * len(target.globals)  # + parents, global mirrors
     copy = shards * max(footprints, default=0) + 1
+    make = shards * ROUTED_PARTITION_LOCKS + 1 if routed else 0
     per, processes = facts["max_locks_per_transaction"], facts["lock_processes"]
-    need = max(abort, copy)
+    need = max(abort, copy, make)
     if need > LOCK_TABLE_SHARE * per * processes:
         least = math.ceil(need / LOCK_TABLE_SHARE / processes)
-        what = (
-            f"adopt cutover --abort locks its {abort:,} adopted tables in one transaction"
-            if abort >= copy
-            else f"adopt copy fills the {shards:,} shard tables of a table in one COPY, with their "
-            f"indexes: {copy:,} locks"
-        )
+        if need == abort:
+            what = f"adopt cutover --abort locks its {abort:,} adopted tables in one transaction"
+        elif need == copy:
+            what = (
+                f"adopt copy fills the {shards:,} shard tables of a table in one COPY, with their "
+                f"indexes: {copy:,} locks"
+            )
+        else:
+            what = (
+                f"adopt copy makes the {shards:,} partitions of a table routed by its shard's own "
+                f"types in one transaction, with their indexes: {make:,} locks"
+            )
         raise BadInput(
             f"host {target.host.name}: {what}, and its lock table holds about {per * processes:,} "
             f"locks (max_locks_per_transaction {per} x {processes} server processes): set "
@@ -742,9 +760,14 @@ def _parents(job: Copy, conn: psycopg.Connection, target: Target) -> None:
             if not catalog.table_exists(conn, job.schema, table):
                 schemas = {n: job.topo.schema_name(n) for n in target.shards}
                 pk = catalog.primary_key(conn, first)
+                # A transaction of its own (the lock check counts it alone): the attaches before it
+                # commit first.
+                conn.commit()
+                pending = 0
                 catalog.create_routed_table(
                     conn, job.schema, table, routed[table], pk, job.key_shard(key), schemas
                 )
+                conn.commit()
             continue
         if table not in attached:
             catalog.create_parent(conn, job.schema, table, first, job.key_shard(key))

@@ -9,8 +9,8 @@ initialised by ``shardctl init``; ids from the shard's next_id()):
 * ``Router.execute``          ``router.execute(key, insert, params)``, key routing to shard 5;
 * ``Router.run``              ``router.run(key, work)`` (a transaction and the session reset: informational);
 * ``Router.execute, redirect check``  ``Router.execute`` whose transactions open with the fleet's
-  redirect check (``shardctl.redirect_check(5)``), as while an adoption's topology says the fleet is
-  authoritative (forced on here: the fleet has no adoption).
+  redirect check (``shardctl.redirect_check(5)``), as on a fleet host from an adoption's copy to
+  its cleanup (forced on here: the fleet has no adoption).
 
 The asyncio comparison (``--async-tasks``, default 100 concurrent tasks sharing ``--async-connections``
 connections, 16 by default, for both candidates):
@@ -356,7 +356,7 @@ def main() -> int:
                 )
             }
             with Router(topo) as router, Router(topo) as checking:
-                # as while an adoption's topology says the fleet is authoritative
+                # as on a fleet host from an adoption's copy to its cleanup
                 checking.placement.redirect_check = lambda host, shard: shard
                 router.execute(KEY, INSERT, ("warm-up",))
                 checking.execute(KEY, INSERT, ("warm-up",))

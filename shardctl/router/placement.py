@@ -114,12 +114,14 @@ class Placement:
 
     def redirect_check(self, host: Host, shard: int) -> int | None:
         """The shard whose redirect a transaction on ``host`` looks for first
-        (``sql.session.redirect_check``), or None: only while the file says an adoption's fleet is
-        authoritative, and only on a fleet host. This copy of the file may be stale, the adoption
-        aborted since: the fleet host then records the redirect back to the old database, and its
-        tables may be refilling for the next attempt, readable under their names."""
+        (``sql.session.redirect_check``), or None: only while the file has an adoption, and only on
+        a fleet host, whether the file sends the shard there (it says ``fleet``) or a redirect of the
+        old database did (it says ``source``: a copy older than the cutover). Either may be stale,
+        the adoption aborted since: the fleet host then records the redirect back to the old
+        database, and its tables may be refilling for the next attempt, readable under their
+        names. Not after the cleanup (the file has no ``adoption.source``): there is no way back then."""
         adoption = self.topology.adoption
-        if adoption is None or adoption.on_source or is_source(self.topology, host):
+        if adoption is None or adoption.source is None or is_source(self.topology, host):
             return None
         return shard
 

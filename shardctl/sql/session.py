@@ -92,10 +92,10 @@ _ROUTER_SETTINGS = sql.SQL(
     "SELECT set_config('search_path', {}, true), set_config('statement_timeout', {}, true){}"
 )
 
-# While an adoption's topology says the fleet is authoritative, a Router's copy of the file may be
-# stale: the adoption aborted since (the fleet host recorded a redirect per shard back to the old
-# database) and a new copy may be refilling the shard's tables under their names. So each of its
-# transactions on a fleet host first looks for the shard's redirect there (the control schema's
+# Until an adoption's cleanup, what sent a Router to a fleet host (its file saying fleet, or the
+# old database's redirect) may be stale: the adoption aborted since (the fleet host recorded a
+# redirect per shard back to the old database) and a new copy may be refilling the shard's tables
+# under their names. So each of its transactions there first looks for the shard's redirect (the control schema's
 # shardctl.redirect_check: one primary-key probe) and, when there is one, fails with SCM01 before
 # any statement of the app runs: the Router then asks the host and follows the redirect, as it does
 # from a moved shard's stub.

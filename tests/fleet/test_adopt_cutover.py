@@ -36,8 +36,9 @@ from support.adopt_cutover import (
 from support.fleet import load, run_cli, stale_copy
 from support.history import History
 
+from shardctl.errors import FreezeTimeout
 from shardctl.model.adoption import IdMap
-from shardctl.model.topology_file import write_adoption
+from shardctl.model.topology_file import flip_adoption, write_adoption
 from shardctl.ops.adopt.id_map import drop_id_map, ensure_id_map, wait_id_map
 from shardctl.ops.adopt.state import slot_name
 from shardctl.ops.move.run import HOOKS
@@ -999,16 +1000,18 @@ def pause_copy(path: Path, pause: bool) -> None:
 
 
 def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_fleet(
-    make_fleet, tmp_path
+    make_fleet, tmp_path, monkeypatch
 ):
     """Across an --abort and the next ``adopt copy``: Routers on a copy of the file taken after the
     cutover (it says ``fleet``) that last used the shard before the abort, a plain Router, an
-    AsyncRouter, a ``shardctl.sqlalchemy`` session and a ``shardctl.django`` process. The new copy
-    refills the
+    AsyncRouter, a ``shardctl.sqlalchemy`` session and a ``shardctl.django`` process; and a Router on
+    a copy older than the cutover (``source``), which the old database's redirect sent to the fleet.
+    The new copy refills the
     fleet's tables under their names; with its subscriptions paused, the old database's rows
     differ from the fleet's. Each of them reads the old database's rows and writes there, as the
     old database itself shows, and the fleet's tables do not change. After the next cutover their
-    writes are on the fleet."""
+    writes are on the fleet. A cutover attempt that fails after the fleet's side of its freeze
+    committed leaves the fleet's redirects as they were."""
     from sqlalchemy import BigInteger, Column, Integer, Text, select, update
     from sqlalchemy.orm import declarative_base
 
@@ -1023,6 +1026,8 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
 
     path, dsn, plan_file = real_adoption(make_fleet, tmp_path)
     stale_path, topo = stale_copy(path), load(path)
+    older_path = stale_copy(path, "older.yaml")
+    flip_adoption(older_path, "source")  # as the file was before the cutover
     with psycopg.connect(dsn, autocommit=True) as src:
         (author,) = sql(
             src,
@@ -1045,6 +1050,7 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
             )
 
     router, orm = Router(load(stale_path), move_wait=5), Router(load(stale_path), move_wait=5)
+    older = Router(load(older_path), move_wait=5)
     session_factory = sessionmaker(orm)
     django = DjangoReader(stale_path, author, "--posts")
 
@@ -1062,6 +1068,8 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
         before = set(router.execute(author, read, (author,)))
         assert len(before) >= 3 and orm_read() == before == django.read() == on_fleet()
         assert async_read() == before
+        assert set(older.execute(author, read, (author,))) == before  # the redirect to the fleet
+        assert older._locate(author % SHARDS).name == topo.host_of(author % SHARDS).name
         assert cli_json(path, "--abort")["phase"] == "aborted"
         r = run_cli("adopt", "copy", "--from", dsn, "--plan", plan_file, config=path)
         assert r.exit_code == 0, r
@@ -1076,6 +1084,7 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
         assert orm_read() == want
         assert django.read() == want
         assert async_read() == want
+        assert set(older.execute(author, read, (author,))) == want
         router.execute(author, "UPDATE forum_post SET body = 'router' WHERE id = %s", (second,))
         with session_factory() as session:
             session.execute(
@@ -1092,19 +1101,35 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
         assert on_old_database() == want
         assert on_fleet() == refilled, "a stale Router wrote to the refilling fleet"
         pause_copy(path, False)
-        for step in (
-            ("adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0"),
-            ("adopt", "cutover"),
-        ):
-            r = run_cli(*step, config=path)
-            assert r.exit_code == 0, (step, r)
+        r = run_cli(
+            "adopt", "verify", "--from", dsn, "--plan", plan_file, "--dark-reads", "0", config=path
+        )
+        assert r.exit_code == 0, r
+
+        def fail() -> None:
+            raise FreezeTimeout("the test's failure once the fleet's side committed")
+
+        monkeypatch.setitem(HOOKS, "adopt-fleet-moved", fail)
+        r = run_cli("adopt", "cutover", "--attempts", "1", config=path)
+        monkeypatch.delitem(HOOKS, "adopt-fleet-moved")
+        assert r.exit_code == 1 and "the test's failure" in r.stderr, r
+        with psycopg.connect(**topo.host_of(author % SHARDS).connect_kwargs()) as conn:
+            redirected = sql(
+                conn, "SELECT host FROM shardctl.redirects WHERE shard_id = %s", author % SHARDS
+            )
+        assert redirected == [("source",)], redirected
+        assert set(older.execute(author, read, (author,))) == want
+        r = run_cli("adopt", "cutover", config=path)
+        assert r.exit_code == 0, r
         assert on_fleet() == want
         assert set(router.execute(author, read, (author,))) == want == orm_read()
         assert django.read() == want == async_read()
+        assert set(older.execute(author, read, (author,))) == want
     finally:
         django.close()
         router.close()
         orm.close()
+        older.close()
         loop.run_until_complete(async_router.close())
         loop.close()
     r = run_cli("adopt", "cutover", "--cleanup", config=path)

@@ -375,6 +375,8 @@ class AdoptFreeze(BoundedFreeze):
         super().__init__(max_freeze, site.progress)
         self.site = site
         self.fleet_moved: list[Host] = []
+        # fleet host -> the shards whose redirects (an earlier abort's) _move_fleet dropped there
+        self.fleet_redirects: dict[str, list[int]] = {}
 
     def attempt(self) -> None:
         site = self.site
@@ -458,47 +460,63 @@ class AdoptFreeze(BoundedFreeze):
         self._mark("retired")
 
     def _move_fleet(self) -> None:
-        """Each fleet host's parents to :data:`MOVED_SCHEMA`, committed before the old database's
-        commit: the way back decodes each change of the fleet under the name its parent has then,
-        and the first ones come once the old database committed. The forward subscriptions have
-        nothing left to apply (lag 0, the old tables locked); a failed attempt moves them back."""
+        """Each fleet host's parents to :data:`MOVED_SCHEMA`, and an earlier abort's redirects there
+        (back to the old database) dropped, committed before the old database's commit: the way back
+        decodes each change of the fleet under the name its parent has then, and the first ones come
+        once the old database committed; a Router sent to the fleet from then on must not be sent
+        back (``Placement.redirect_check``). The forward subscriptions have nothing left to apply
+        (lag 0, the old tables locked); a failed attempt puts both back."""
         site = self.site
         for host in site.fleet_hosts():
-            if not host.shards:
-                continue
             left = session.duration(max(self.deadline - time.monotonic(), 0.001))
             with site.connect(host) as conn:
                 session.set_settings(
                     conn, {"lock_timeout": left, "statement_timeout": left}, local=False
                 )
                 self.fleet_moved.append(host)
-                parents = [p for p in site.located(conn, host) if p[0] == site.schema]
-                parents = [p for p in parents if p[1] in site.adoption.tables]
-                conn.execute(catalog.set_schema_sql(parents, catalog.MOVED_SCHEMA))
+                with conn.transaction():
+                    if host.shards:
+                        parents = [p for p in site.located(conn, host) if p[0] == site.schema]
+                        parents = [p for p in parents if p[1] in site.adoption.tables]
+                        conn.execute(catalog.set_schema_sql(parents, catalog.MOVED_SCHEMA))
+                    shards = site.redirected(host)
+                    self.fleet_redirects[host.name] = list(control.read_redirects(conn, shards))
+                    control.clear_redirects(conn, shards)
         checkpoint("adopt-fleet-moved")
         self._mark("fleet_moved")
 
     def _unmove_fleet(self) -> None:
-        """After a failed attempt: the parents back where the forward subscriptions apply (unless the
-        old database's commit went through after all: then they stay moved)."""
+        """After a failed attempt: the parents back where the forward subscriptions apply, and the
+        abort's redirects back (unless the old database's commit went through after all: then they
+        stay as the attempt left them)."""
         if not self.fleet_moved:
             return
         site = self.site
         with site.connect(site.source) as src:
             if site.run_state(src)[0] == CUT_OVER:
                 return
+        source = site.source
         for host in self.fleet_moved:
-            with site.connect(host) as conn:
+            with site.connect(host) as conn, conn.transaction():
                 _parents_home(site, host, conn)
+                shards = self.fleet_redirects.get(host.name) or []
+                if shards:
+                    control.write_redirects(
+                        conn,
+                        shards,
+                        [site.schema] * len(shards),
+                        source.name,
+                        source.dsn,
+                        "adoption",
+                    )
         self.fleet_moved = []
 
 
 def finish(site: Site) -> tuple[bool, dict]:
     """After the freeze committed: the topology flipped, the forward replication dropped, the way back
     started. Idempotent. Returns (whether this call flipped the file, what was dropped)."""
-    # An earlier abort's redirects on the fleet, back to the old database: kept until now, so that
-    # a Router on a copy of the file from that attempt went to the old database (its tables
-    # refilling here); before the flip, so no Router on the new file meets one.
+    # An earlier abort's redirects on the fleet, back to the old database (the freeze dropped them
+    # before its commit: a run killed in between finishes here, before the flip).
     for host in site.fleet_hosts():
         with site.connect(host) as conn:
             control.clear_redirects(conn, site.redirected(host))

@@ -1109,15 +1109,28 @@ def test_stale_routers_use_the_old_database_while_the_next_copy_refills_the_flee
         def fail() -> None:
             raise FreezeTimeout("the test's failure once the fleet's side committed")
 
+        def fleet_redirect() -> list[tuple]:
+            with psycopg.connect(**topo.host_of(author % SHARDS).connect_kwargs()) as conn:
+                return sql(
+                    conn, "SELECT host FROM shardctl.redirects WHERE shard_id = %s", author % SHARDS
+                )
+
         monkeypatch.setitem(HOOKS, "adopt-fleet-moved", fail)
         r = run_cli("adopt", "cutover", "--attempts", "1", config=path)
         monkeypatch.delitem(HOOKS, "adopt-fleet-moved")
         assert r.exit_code == 1 and "the test's failure" in r.stderr, r
-        with psycopg.connect(**topo.host_of(author % SHARDS).connect_kwargs()) as conn:
-            redirected = sql(
-                conn, "SELECT host FROM shardctl.redirects WHERE shard_id = %s", author % SHARDS
-            )
-        assert redirected == [("source",)], redirected
+        assert fleet_redirect() == [("source",)]
+        assert set(older.execute(author, read, (author,))) == want
+        # killed once the freeze's fleet side committed: the next run's preparation puts the
+        # redirects back before it freezes (this one fails in its freeze, before the fleet side)
+        r = crash_at.run("adopt-fleet-moved", "--config", str(path), "adopt", "cutover")
+        assert r.returncode == -9, r.stderr[-2000:]
+        assert fleet_redirect() == []
+        monkeypatch.setitem(HOOKS, "adopt-in-freeze", fail)
+        r = run_cli("adopt", "cutover", "--attempts", "1", config=path)
+        monkeypatch.delitem(HOOKS, "adopt-in-freeze")
+        assert r.exit_code == 1 and "the test's failure" in r.stderr, r
+        assert fleet_redirect() == [("source",)]
         assert set(older.execute(author, read, (author,))) == want
         r = run_cli("adopt", "cutover", config=path)
         assert r.exit_code == 0, r

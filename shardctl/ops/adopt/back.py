@@ -228,10 +228,7 @@ class AbortFreeze(BoundedFreeze):
             catalog.ensure_schema(self.src, catalog.MOVED_SCHEMA)
             self.src.execute(catalog.set_schema_sql(home, catalog.MOVED_SCHEMA))
         # Routers whose topology copy still says fleet follow back (the cutover clears these).
-        source, shards = site.source, site.redirected(host)
-        control.write_redirects(
-            self.src, shards, [site.schema] * len(shards), source.name, source.dsn, "adoption"
-        )
+        site.redirect_back(self.src, host)
         self._late()
 
     def _late(self) -> None:
@@ -256,9 +253,7 @@ def _abort_freeze(
         freeze = AbortFreeze(site, max_freeze, reopen)
         try:
             freeze.attempt()
-            result.freeze_seconds = freeze.marks.get("commit")
-            result.freeze_lock_seconds = freeze.marks.get("lock")
-            result.freeze_caught_up_seconds = freeze.marks.get("caught_up")
+            result.record(freeze.marks)
             return
         except FreezeTimeout as exc:
             last = exc

@@ -417,13 +417,13 @@ def _check_fleet(job: Copy, targets: list[Target]) -> None:
                         f"the baseline; adopt before migrating further"
                     )
             first = [(schemas[0], name[schemas[0], t]) for t in tables] if schemas else []
-            routed = any(any(c[2] for c in catalog.shard_typed_columns(conn, t)) for t in first)
+            now = {t: name[schemas[0], t] for t in tables} if schemas else {}
             _check_lock_table(
                 job,
                 target,
                 inspect.server_facts(conn),
                 catalog.lock_footprints(conn, first),
-                routed,
+                bool(_routed(job, conn, target, now)),
             )
 
 
@@ -784,14 +784,17 @@ def _parents(job: Copy, conn: psycopg.Connection, target: Target) -> None:
     conn.commit()
 
 
-def _routed(job: Copy, conn: psycopg.Connection, target: Target) -> dict[str, list[tuple]]:
+def _routed(
+    job: Copy, conn: psycopg.Connection, target: Target, now: dict[str, str] | None = None
+) -> dict[str, list[tuple]]:
     """The sharded tables with a column of the shard's own types (enums), with their columns: the
-    same on every host (the baseline's), read from this host's first shard."""
+    same on every host (the baseline's), read once from this host's first shard (``now``: a
+    table's name there when an abort left it under another)."""
     if job.routed is None and target.shards:
         first = job.topo.schema_name(target.shards[0])
         job.routed = {}
         for table, _ in job.sharded:
-            cols = catalog.shard_typed_columns(conn, (first, table))
+            cols = catalog.shard_typed_columns(conn, (first, (now or {}).get(table, table)))
             if any(c[2] for c in cols):
                 job.routed[table] = cols
     return job.routed or {}

@@ -91,6 +91,12 @@ class CutoverResult(Result):
     def raise_for_status(self) -> CutoverResult:
         return self
 
+    def record(self, marks: dict[str, float]) -> None:
+        """The committed freeze's times (``BoundedFreeze.marks``)."""
+        self.freeze_seconds = marks.get("commit")
+        self.freeze_lock_seconds = marks.get("lock")
+        self.freeze_caught_up_seconds = marks.get("caught_up")
+
 
 def adopt_cutover(
     topo: Topology,
@@ -188,12 +194,8 @@ def _redirects_back(site: Site, host: Host, conn: psycopg.Connection, detail: di
     """In a run that follows an abort (``restarted_at``), ``host``'s redirects back to the old
     database, as the abort left them until a freeze commits (a freeze killed after its fleet side
     dropped them, :meth:`AdoptFreeze._move_fleet`, left them dropped). Idempotent."""
-    if detail.get("restarted_at") is None:
-        return
-    shards, source = site.redirected(host), site.source
-    control.write_redirects(
-        conn, shards, [site.schema] * len(shards), source.name, source.dsn, "adoption"
-    )
+    if detail.get("restarted_at") is not None:
+        site.redirect_back(conn, host)
 
 
 def _parents_home(site: Site, host: Host, conn: psycopg.Connection) -> None:
@@ -352,9 +354,7 @@ def _freeze(site: Site, max_freeze: float, attempts: int, result: CutoverResult)
             site.note(f"cutover attempt {attempt}: {exc}; writes resumed on the old database")
             time.sleep(min(5.0, attempt * 0.5))
             continue
-        result.freeze_seconds = freeze.marks.get("commit")
-        result.freeze_lock_seconds = freeze.marks.get("lock")
-        result.freeze_caught_up_seconds = freeze.marks.get("caught_up")
+        result.record(freeze.marks)
         return
     raise OperationFailed(
         f"cutover: gave up after {attempts} attempts ({last}); the old database stays "
@@ -515,11 +515,6 @@ class AdoptFreeze(BoundedFreeze):
 def finish(site: Site) -> tuple[bool, dict]:
     """After the freeze committed: the topology flipped, the forward replication dropped, the way back
     started. Idempotent. Returns (whether this call flipped the file, what was dropped)."""
-    # An earlier abort's redirects on the fleet, back to the old database (the freeze dropped them
-    # before its commit: a run killed in between finishes here, before the flip).
-    for host in site.fleet_hosts():
-        with site.connect(host) as conn:
-            control.clear_redirects(conn, site.redirected(host))
     flipped = flip_adoption(site.topo.path, "fleet")
     checkpoint("adopt-after-flip")
     dropped = drop_forward(site)

@@ -8,7 +8,7 @@ are out of their names (``back.py``). So, and only when the abort finished, the 
 adopted shard tables (and the global tables on the global host) truncated and back under their
 names, the abort's guards dropped, a batch of shards a transaction, then the parents back in the
 app's schema (where the copy finds them). The abort's redirects stay until the next cutover's
-commit (:func:`.cutover.finish`). The new run keeps the
+freeze drops them, just before its commit (:meth:`.cutover.AdoptFreeze._move_fleet`). The new run keeps the
 aborted run's ID floor: the IDs the fleet minted meanwhile, now on the old database, stay above it and
 keep decoding to the shard that made them. The last ``adopt verify`` no longer counts: the cutover
 wants one of the new run."""
@@ -54,7 +54,7 @@ def clear_aborted_run(site: Site, src: psycopg.Connection, detail: dict) -> list
             # A batch of shards a transaction, never every table of the host at once (their locks
             # would overflow its lock table at a few thousand): their tables emptied under the
             # name they have, back under their own, unguarded. Their redirects stay until the
-            # next cutover's commit: a Router whose copy of the file still says fleet finds the
+            # next cutover's freeze: a Router whose copy of the file still says fleet finds the
             # redirect before each transaction (Placement.redirect_check) and goes to the old
             # database, never to the tables this copy refills.
             for batch in data.batched(groups):

@@ -18,7 +18,7 @@ from ...model.topology import Host, Topology
 from ...router.placement import GLOBAL
 from ...sql.catalog import adopt_copy as copy_catalog
 from ...sql.catalog import adopt_cutover as catalog
-from ...sql.catalog import inspect
+from ...sql.catalog import control, inspect
 from ..move.run import Progress
 from .state import run_tag, slot_name
 
@@ -76,6 +76,14 @@ class Site:
         if place.host not in {h.name for h in hosts}:
             hosts.append(self.topo.host(place.host))
         return hosts
+
+    def redirect_back(self, conn: psycopg.Connection, host: Host) -> None:
+        """On ``host`` (``conn``), a redirect for each of its :meth:`redirected` shards back to the
+        old database, in the app's schema there (an abort's; upserted)."""
+        shards, source = self.redirected(host), self.source
+        control.write_redirects(
+            conn, shards, [self.schema] * len(shards), source.name, source.dsn, "adoption"
+        )
 
     def connect(self, host: Host, autocommit: bool = True) -> psycopg.Connection:
         return db.connect(
